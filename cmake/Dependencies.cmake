@@ -1,0 +1,30 @@
+# Debian packages (installed by scripts/install-deps.sh). Static archives are used when
+# PATCHGEN_STATIC is on; CMake's find_library picks .a through CMAKE_FIND_LIBRARY_SUFFIXES.
+find_package(PkgConfig REQUIRED)
+
+# tree-sitter runtime 0.20.7: no CMake config; its .pc reports a wrong version, so only the paths are used.
+find_path(TREE_SITTER_INCLUDE_DIR tree_sitter/api.h REQUIRED)
+find_library(TREE_SITTER_LIBRARY NAMES tree-sitter REQUIRED)
+add_library(tree_sitter_runtime INTERFACE)
+target_include_directories(tree_sitter_runtime SYSTEM INTERFACE ${TREE_SITTER_INCLUDE_DIR})
+target_link_libraries(tree_sitter_runtime INTERFACE ${TREE_SITTER_LIBRARY})
+
+# yaml-cpp 0.7: the target is `yaml-cpp`; link the archive/library directly so static mode works.
+find_path(YAML_CPP_INCLUDE_DIR yaml-cpp/yaml.h REQUIRED)
+find_library(YAML_CPP_LIBRARY NAMES yaml-cpp REQUIRED)
+add_library(yaml_cpp_lib INTERFACE)
+target_include_directories(yaml_cpp_lib SYSTEM INTERFACE ${YAML_CPP_INCLUDE_DIR})
+target_link_libraries(yaml_cpp_lib INTERFACE ${YAML_CPP_LIBRARY})
+
+# Header-only: nlohmann-json, dtl, CLI11, toml++.
+find_package(nlohmann_json 3 REQUIRED)
+find_path(DTL_INCLUDE_DIR dtl/dtl.hpp REQUIRED)
+find_path(CLI11_INCLUDE_DIR CLI/CLI.hpp REQUIRED)
+find_path(TOMLPP_INCLUDE_DIR toml++/toml.h REQUIRED)
+
+find_package(Threads REQUIRED)
+
+if(PATCHGEN_TESTS)
+  find_package(Catch2 2 REQUIRED)
+  list(APPEND CMAKE_MODULE_PATH ${Catch2_DIR})
+endif()

@@ -1,0 +1,103 @@
+#include "base/diagnostic.h"
+
+#include <algorithm>
+#include <tuple>
+
+namespace patchgen {
+
+Diagnostic MakeDiagnostic(std::string path, std::string_view text, const LineIndex& lines,
+                          ByteRange range, std::string message, std::string help,
+                          ErrorKind kind) {
+  Diagnostic d;
+  d.kind = kind;
+  d.path = std::move(path);
+  LineCol lc = lines.At(range.start);
+  d.line = lc.line;
+  d.col = lc.col;
+  uint32_t line0 = lc.line - 1;
+  std::string_view line_text = lines.LineText(line0);
+  d.source_line = std::string(line_text);
+  uint32_t line_start = lines.LineStart(line0);
+  uint32_t line_end = line_start + static_cast<uint32_t>(line_text.size());
+  uint32_t end = std::min(range.end, line_end);
+  if (end > range.start && range.start <= text.size()) {
+    d.length = std::max<uint32_t>(1, CodePointCount(text.substr(range.start, end - range.start)));
+  }
+  d.message = std::move(message);
+  d.help = std::move(help);
+  return d;
+}
+
+Diagnostic ErrorAt(const SourceLoc& loc, std::string message, std::string help, ErrorKind kind) {
+  Diagnostic d;
+  d.kind = kind;
+  d.path = loc.path;
+  d.line = loc.line;
+  d.col = loc.col;
+  d.length = loc.length;
+  d.source_line = loc.source_line;
+  d.message = std::move(message);
+  d.help = std::move(help);
+  return d;
+}
+
+SourceLoc LocOf(std::string path, std::string_view text, const LineIndex& lines, ByteRange range) {
+  Diagnostic d = MakeDiagnostic(std::move(path), text, lines, range, "");
+  return SourceLoc{std::move(d.path), d.line, d.col, d.length, std::move(d.source_line)};
+}
+
+std::string FormatDiagnostic(const Diagnostic& d) {
+  std::string out;
+  if (!d.path.empty()) {
+    out += d.path;
+    if (d.line > 0) {
+      out += ':' + std::to_string(d.line) + ':' + std::to_string(d.col);
+    }
+    out += ": ";
+  }
+  switch (d.severity) {
+    case Severity::kError: out += "error: "; break;
+    case Severity::kWarning: out += "warning: "; break;
+    case Severity::kNote: out += "note: "; break;
+  }
+  out += d.message;
+  out += '\n';
+  if (d.line > 0 && !d.source_line.empty()) {
+    std::string num = std::to_string(d.line);
+    std::string gutter(num.size() < 4 ? 4 : num.size(), ' ');
+    std::string lead = std::string(gutter.size() - num.size(), ' ') + num;
+    out += ' ' + lead + " | " + d.source_line + '\n';
+    // Caret line: copy tabs from the source prefix so the caret lines up in a terminal.
+    std::string marker;
+    uint32_t cp = 0;
+    for (size_t i = 0; i < d.source_line.size() && cp + 1 < d.col; ++i) {
+      unsigned char c = static_cast<unsigned char>(d.source_line[i]);
+      if ((c & 0xC0) == 0x80) continue;
+      marker += (c == '\t') ? '\t' : ' ';
+      ++cp;
+    }
+    while (cp + 1 < d.col) {
+      marker += ' ';
+      ++cp;
+    }
+    marker += '^';
+    for (uint32_t i = 1; i < d.length; ++i) marker += '~';
+    out += ' ' + gutter + " | " + marker + '\n';
+  }
+  for (const std::string& n : d.notes) out += n + '\n';
+  if (!d.help.empty()) out += "help: " + d.help + '\n';
+  return out;
+}
+
+void SortDiagnostics(std::vector<Diagnostic>& diags) {
+  auto key = [](const Diagnostic& d) { return std::tie(d.path, d.line, d.col, d.message); };
+  std::stable_sort(diags.begin(), diags.end(),
+                   [&](const Diagnostic& a, const Diagnostic& b) { return key(a) < key(b); });
+  diags.erase(std::unique(diags.begin(), diags.end(),
+                          [&](const Diagnostic& a, const Diagnostic& b) {
+                            return key(a) == key(b) && a.help == b.help;
+                          }),
+              diags.end());
+}
+
+}  // namespace patchgen

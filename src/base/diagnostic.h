@@ -1,0 +1,99 @@
+// Diagnostic: the one error format of patchgen, shared by every layer.
+//
+//   specs/qwen3/qwen3_gpu.yaml:14:22: error: no method 'fowrard' in class 'Qwen3MLP'
+//      14 |   - override_method: Qwen3MLP.fowrard
+//         |                      ^~~~~~~~~~~~~~~~
+//   help: did you mean 'forward'? Methods of Qwen3MLP: __init__, forward
+//
+// Libraries return diagnostics (never print, never exit); only tools/patchgen maps them to
+// stderr and exit codes.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "base/byte_range.h"
+#include "base/line_index.h"
+
+namespace patchgen {
+
+enum class Severity { kError, kWarning, kNote };
+
+/// What kind of failure a diagnostic reports; the CLI maps it to an exit code.
+enum class ErrorKind {
+  kSpec,      ///< invalid spec: YAML, schema, unresolved target, overlap, output does not parse (exit 3)
+  kUpstream,  ///< upstream module not found or does not parse (exit 4)
+  kIo,        ///< file system error (exit 5)
+  kInternal,  ///< a bug in patchgen (exit 70)
+};
+
+struct Diagnostic {
+  Severity severity = Severity::kError;
+  ErrorKind kind = ErrorKind::kSpec;
+  std::string path;          ///< As printed (relative to the working directory); may be empty.
+  uint32_t line = 0;         ///< 1-based; 0 when the diagnostic has no location.
+  uint32_t col = 0;          ///< 1-based, in code points.
+  uint32_t length = 1;       ///< Caret length in code points (>= 1).
+  std::string message;       ///< One line, no trailing period.
+  std::string source_line;   ///< Text of the line at `line`; empty prints no excerpt.
+  std::vector<std::string> notes;  ///< Extra lines printed after the excerpt (e.g. candidates).
+  std::string help;          ///< Printed as "help: ..."; empty prints nothing.
+};
+
+/// A position in a text file (a spec, a patch file, an upstream module), resolved for printing.
+struct SourceLoc {
+  std::string path;         ///< As printed; empty = unknown.
+  uint32_t line = 0;        ///< 1-based; 0 = unknown.
+  uint32_t col = 0;         ///< 1-based, code points.
+  uint32_t length = 1;      ///< Caret length in code points.
+  std::string source_line;  ///< The text of that line, for the excerpt.
+};
+
+/// An error diagnostic at `loc`.
+Diagnostic ErrorAt(const SourceLoc& loc, std::string message, std::string help = {},
+                   ErrorKind kind = ErrorKind::kSpec);
+
+/// A SourceLoc for `range` of `text`.
+SourceLoc LocOf(std::string path, std::string_view text, const LineIndex& lines, ByteRange range);
+
+/// Builds a located diagnostic from a byte range of `text` (the caret spans the range's part on
+/// its first line).
+Diagnostic MakeDiagnostic(std::string path, std::string_view text, const LineIndex& lines,
+                          ByteRange range, std::string message, std::string help = {},
+                          ErrorKind kind = ErrorKind::kSpec);
+
+/// Formats one diagnostic in the format shown at the top of this file (ends with '\n').
+std::string FormatDiagnostic(const Diagnostic& d);
+
+/// Sorts by (path, line, col, message) and removes exact duplicates.
+void SortDiagnostics(std::vector<Diagnostic>& diags);
+
+/// Either a value or at least one error diagnostic.
+template <class T>
+class Result {
+ public:
+  Result(T value) : v_(std::move(value)) {}  // NOLINT: implicit by design
+  Result(Diagnostic d) : v_(std::vector<Diagnostic>{std::move(d)}) {}  // NOLINT
+  Result(std::vector<Diagnostic> ds) : v_(std::move(ds)) {}            // NOLINT
+
+  bool ok() const { return v_.index() == 0; }
+  explicit operator bool() const { return ok(); }
+  T& value() { return std::get<0>(v_); }
+  const T& value() const { return std::get<0>(v_); }
+  T& operator*() { return value(); }
+  const T& operator*() const { return value(); }
+  T* operator->() { return &value(); }
+  const T* operator->() const { return &value(); }
+  const std::vector<Diagnostic>& errors() const { return std::get<1>(v_); }
+  std::vector<Diagnostic>& errors() { return std::get<1>(v_); }
+
+ private:
+  std::variant<T, std::vector<Diagnostic>> v_;
+};
+
+}  // namespace patchgen

@@ -1,0 +1,2 @@
+#include "diff/unified_diff.h"
+// Stub: implemented by the diff work.

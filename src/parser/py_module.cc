@@ -1,0 +1,2 @@
+#include "parser/py_module.h"
+// Stub: implemented by the parser work.

@@ -1,0 +1,139 @@
+// PyModule: one Python source file, its tree-sitter tree, and the index patchgen splices by.
+//
+// The index is exact to the byte: every range is half-open and 0-based (see base/byte_range.h).
+// A PyModule owns the text and the tree together, so TSNode values obtained from it stay valid
+// while it lives. Files with ERROR or MISSING nodes are refused at Parse().
+#pragma once
+
+#include <tree_sitter/api.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/byte_range.h"
+#include "base/diagnostic.h"
+#include "base/line_index.h"
+
+namespace patchgen::parser {
+
+/// One name of an import statement: `a.b` or `a.b as c` (for `import`), `x` or `x as y` (for `from`).
+struct ImportedName {
+  std::string name;   ///< Dotted name as written, e.g. "torch.nn" or "ACT2FN".
+  std::string alias;  ///< "" when there is no `as`.
+  ByteRange range;    ///< The whole `name` or `name as alias` node.
+};
+
+/// One import statement at any depth.
+struct Import {
+  enum class Kind { kImport, kFrom, kFuture };
+  Kind kind = Kind::kImport;
+  ByteRange stmt;            ///< The whole statement (no trailing newline).
+  ByteRange module;          ///< `from` imports: the module part incl. leading dots ("..utils"); empty otherwise.
+  int relative_level = 0;    ///< Number of leading dots of a `from` import.
+  std::string module_name;   ///< Module part without the dots ("utils"; "" for `from . import x`).
+  std::vector<ImportedName> names;
+  bool wildcard = false;     ///< `from x import *`.
+  bool parenthesized = false;///< `from x import (a, b)`.
+  int depth = 0;             ///< 0 = directly in the module body; >0 nested (if/try/def...).
+  /// Qualified name of the enclosing def/class ("" when none), e.g. "LlamaModel.forward".
+  std::string scope;
+};
+
+/// A class or a function/method.
+struct Definition {
+  enum class Kind { kClass, kFunction };
+  Kind kind = Kind::kFunction;
+  std::string name;          ///< "forward"
+  std::string qualname;      ///< "Outer.Inner.forward"
+  bool is_async = false;
+  /// Whole definition: first attached leading comment line (comment block directly above, no blank
+  /// line between) or first decorator or the keyword, through the last byte of the body.
+  ByteRange whole;
+  /// Like `whole` but without the leading comments: first decorator (or keyword) through body end.
+  ByteRange definition;
+  ByteRange decorators;      ///< From the first `@` through the end of the last decorator line; empty when none.
+  ByteRange comments;        ///< The attached leading comment block; empty when none.
+  ByteRange header;          ///< `def`/`class` (or `async`) keyword through the header's colon, inclusive.
+  ByteRange name_range;      ///< The name identifier.
+  ByteRange parameters;      ///< `(...)` of a function, superclasses `(...)` of a class; empty when absent.
+  ByteRange body;            ///< The body block: first statement (or comment) through last byte of the last statement.
+  std::optional<ByteRange> docstring;  ///< The docstring expression statement, when the body starts with a string.
+  uint32_t indent = 0;       ///< Column (bytes) of the first decorator / keyword.
+  /// Column (bytes) of the body's statements. For an inline body (`class A(B): ...`) it is
+  /// `indent + 4`, the column a re-indented body should use.
+  uint32_t body_indent = 0;
+  bool inline_body = false;  ///< Body on the header's line (`class A(B): ...`).
+  bool empty_body = false;   ///< Body is only `...` or `pass` (optionally after a docstring).
+  int parent = -1;           ///< Index into PyModule::definitions() of the enclosing def/class, or -1.
+  std::vector<int> children; ///< Indices of directly nested classes and functions (methods), in order.
+  uint32_t line = 0;         ///< 1-based line of `definition.start` (for printing).
+};
+
+/// One statement directly in the module body, in source order.
+struct TopLevelStatement {
+  enum class Kind { kImport, kClass, kFunction, kAssignment, kOther };
+  Kind kind = Kind::kOther;
+  bool decorated = false;          ///< A decorated class/function.
+  ByteRange range;                 ///< The statement (for definitions: Definition::whole).
+  std::vector<std::string> names;  ///< Names it binds: class/def name, assignment targets, import aliases.
+  int definition = -1;             ///< Index into definitions() for classes and functions.
+};
+
+const char* KindName(TopLevelStatement::Kind kind);
+
+class PyModule {
+ public:
+  /// Parses `source`. `path` is used only in diagnostics. Refuses files with ERROR or MISSING
+  /// nodes (first one's line:col, an excerpt, ErrorKind::kUpstream).
+  static Result<std::unique_ptr<PyModule>> Parse(std::string path, std::string source);
+
+  ~PyModule();
+  PyModule(const PyModule&) = delete;
+  PyModule& operator=(const PyModule&) = delete;
+
+  const std::string& path() const { return path_; }
+  const std::string& source() const { return source_; }
+  std::string_view Text(ByteRange r) const { return r.In(source_); }
+  const LineIndex& lines() const { return lines_; }
+
+  const std::vector<Import>& imports() const { return imports_; }
+  const std::vector<TopLevelStatement>& top_level() const { return top_level_; }
+  const std::vector<Definition>& definitions() const { return definitions_; }
+
+  /// Top-level class or function by name; nullptr when absent.
+  const Definition* FindTopLevel(std::string_view name) const;
+  /// Definition by qualified name ("A", "A.B", "A.B.m", "f"); nullptr when absent.
+  const Definition* Find(std::string_view qualname) const;
+  /// Names of the direct children of `def` of the given kind (methods: kFunction).
+  std::vector<std::string> ChildNames(const Definition& def, Definition::Kind kind) const;
+  /// Names of all top-level classes and functions.
+  std::vector<std::string> TopLevelNames(std::optional<Definition::Kind> kind = std::nullopt) const;
+
+  TSTree* tree() const { return tree_; }
+  TSNode root() const;
+
+ private:
+  PyModule() : lines_("") {}
+  std::string path_;
+  std::string source_;
+  LineIndex lines_;
+  TSTree* tree_ = nullptr;
+  std::vector<Import> imports_;
+  std::vector<TopLevelStatement> top_level_;
+  std::vector<Definition> definitions_;
+  friend class Indexer;
+};
+
+/// The tree-sitter-python language (ABI 14), compiled from the npm grammar.
+const TSLanguage* PythonLanguage();
+
+/// Parses `source` and returns the tree (caller owns it), or nullptr. No error checking.
+TSTree* ParseTree(std::string_view source);
+
+/// First ERROR or MISSING node of `tree` in document order, if any.
+std::optional<TSNode> FirstErrorNode(TSNode root);
+
+}  // namespace patchgen::parser

@@ -1,0 +1,2 @@
+#include "rewriter/generate.h"
+// Stub: implemented by the rewriter work.

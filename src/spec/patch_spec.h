@@ -1,0 +1,128 @@
+// PatchSpec: a validated patch spec (format: docs/spec-format.md). Produced by LoadSpec() in
+// spec_loader.h from YAML; consumed by the rewriter. Every entry keeps the SourceLoc of the YAML
+// it came from, so later layers can report errors at `spec.yaml:line:col`.
+//
+// Nothing here knows Python: bodies are kept as text; the rewriter parses them.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "base/diagnostic.h"
+
+namespace patchgen::spec {
+
+/// Where a piece of code text came from, so that line `i` (0-based) / column `c` (1-based) of
+/// `text` can be reported at `path:(first_line + i):(c + col_offset)`.
+struct TextOrigin {
+  std::string path;                          ///< Spec file or patch file, as printed.
+  std::shared_ptr<const std::string> file_text;  ///< Whole file, for excerpts.
+  uint32_t first_line = 1;                   ///< 1-based line of the text's first line in `path`.
+  uint32_t col_offset = 0;                   ///< Columns to add (block scalar indentation).
+};
+
+/// One `old: new` identifier rename.
+struct NameMapEntry {
+  std::string from;
+  std::string to;
+  SourceLoc loc;  ///< The key.
+};
+
+/// Where a body comes from.
+struct Body {
+  enum class Source { kNone, kCode, kFile, kFrom };
+  Source source = Source::kNone;
+  /// kCode: the code as written in YAML (block scalar text, with its final newline).
+  /// kFile: the whole patch file; `symbol` names the def/class in it.
+  std::string text;
+  TextOrigin origin;       ///< For kCode: the YAML block; for kFile: the patch file (first_line 1).
+  std::string file;        ///< kFile: path as written in the spec (relative to the spec's folder).
+  std::string symbol;      ///< kFile: def/class name in the file.
+  SourceLoc symbol_loc;    ///< kFile: the `symbol` value.
+  std::string from_module; ///< kFrom: "liger_kernel.transformers.swiglu"
+  std::string from_name;   ///< kFrom: "LigerSwiGLUMLP"
+  SourceLoc loc;           ///< The `code` / `file` / `from` value.
+};
+
+enum class PatchKind { kReplaceClass, kReplaceFunction, kOverrideMethod, kAddMethod, kModifyInit };
+
+/// The YAML key of a kind ("replace_class", ...).
+const char* PatchKindKey(PatchKind kind);
+
+struct Patch {
+  PatchKind kind = PatchKind::kReplaceClass;
+  std::string target;       ///< "Qwen3MLP", "Qwen3MLP.forward", "Outer.Inner.m", "rotate_half"
+  SourceLoc target_loc;     ///< The target value (after the kind key).
+  std::string description;  ///< May be empty.
+  Body body;
+  enum class InitAt { kEnd, kAfterSuperInit };
+  InitAt init_at = InitAt::kEnd;   ///< modify_init only (`after: end | super_init`).
+  std::vector<NameMapEntry> name_map;  ///< Patch-level renames (added to the spec's).
+  SourceLoc loc;            ///< The entry (its kind key).
+};
+
+struct Guard {
+  std::string in;           ///< "Qwen3RMSNorm.forward", "apply_rotary_pos_emb", "A.B.m"
+  SourceLoc in_loc;
+  std::optional<std::string> at;       ///< Leading text of the first statement (call-site guard).
+  SourceLoc at_loc;
+  std::optional<std::string> through;  ///< Leading text of the last statement (optional).
+  SourceLoc through_loc;
+  std::string call;         ///< One or more statements (entry guard: one expression, returned).
+  TextOrigin call_origin;
+  SourceLoc loc;            ///< The guard entry.
+};
+
+struct Slot {
+  std::string name;         ///< Python identifier of the module-level variable / attribute.
+  std::string op;
+  std::string variant;
+  enum class Scope { kModule, kInstance };
+  Scope scope = Scope::kModule;
+  std::vector<Guard> guards;
+  SourceLoc loc;            ///< The `name` value.
+};
+
+struct Helper {
+  std::string name;         ///< Def/class name (explicit `name:` or read from the code); used by extends.
+  std::optional<std::string> after;  ///< Top-level definition to place it after; none = after the slots.
+  SourceLoc after_loc;
+  Body body;                ///< kCode or kFile.
+  SourceLoc loc;
+};
+
+struct Block {
+  std::string code;
+  TextOrigin origin;
+  SourceLoc loc;
+};
+
+struct LocatedName {
+  std::string name;
+  SourceLoc loc;
+};
+
+struct PatchSpec {
+  std::string path;          ///< The spec file as printed (relative).
+  std::shared_ptr<const std::string> text;  ///< The spec file's bytes.
+  std::vector<std::string> extends_chain;    ///< Parent spec paths, nearest first (as printed).
+  int version = 1;
+  std::string upstream;      ///< Dotted module.
+  SourceLoc upstream_loc;
+  std::string output;        ///< Output file name.
+  SourceLoc output_loc;
+  std::string description;
+  std::optional<std::string> runtime;  ///< Module providing OpSlot; none = project default.
+  std::vector<NameMapEntry> name_map;  ///< Spec-level renames (apply to every body).
+  std::vector<Block> import_adds;      ///< Whole import statements (`imports.add`).
+  std::vector<LocatedName> import_drops;  ///< Names removed from upstream imports (`imports.drop`).
+  std::vector<Slot> slots;
+  std::vector<Patch> patches;
+  std::vector<Helper> helpers;
+  std::vector<Block> blocks;
+  std::vector<LocatedName> excludes;
+};
+
+}  // namespace patchgen::spec

@@ -1,0 +1,2 @@
+#include "spec/spec_loader.h"
+// Stub: implemented by the spec work.

@@ -1,0 +1,2 @@
+// Stub: the CLI work replaces this.
+int main() { return 0; }
