@@ -1,0 +1,1 @@
+#include "rewriter/edit_plan.h"
