@@ -16,8 +16,6 @@ struct TextEdit {
   std::string text;     ///< Replacement text.
   SourceLoc origin;     ///< Spec location of the operation that produced this edit.
   std::string what;     ///< Short description for overlap errors, e.g. "override_method Qwen3MLP.forward".
-  /// Edits with `inside_of` set are nested in (and applied within the replacement text of) no other
-  /// edit; kept simple: patchgen never produces nested edits, overlaps are errors.
 };
 
 class EditPlan {
