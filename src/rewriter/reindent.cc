@@ -1,0 +1,1 @@
+#include "rewriter/reindent.h"
