@@ -1,0 +1,26 @@
+"""opslot: kernel dispatch for patchgen-generated modeling files.
+
+Generated files declare `OpSlot(op, variant)` handles and guard upstream code with
+`if slot.use_non_eager_impl: return slot(...)`. This package decides which implementation each
+slot runs (`OpsImplementationConfig`, `bind_ops`, `build_model`), keeps the catalogue of kernels
+(`KERNEL_REGISTRY`, extensible by plug-ins) and ships portable PyTorch and NPU kernels with fp32
+references. See docs/runtime.md and docs/ops.md.
+"""
+
+from .binding import bind_ops, build_model, load_private_copy, module_slots
+from .config import CUDA_DEFAULTS, FIELD_FOR_OP, NPU_DEFAULTS, OpsImplementationConfig
+from .hardware import DeviceInfo, HardwareRequirement, current_device, set_device_detector, use_device
+from .kernels import register_builtin_kernels
+from .ops import EAGER, KNOWN_OPS
+from .registry import KERNEL_REGISTRY, PLUGIN_GROUP, KernelRegistry, KernelSpec, register_kernel
+from .slot import OpSlot
+
+register_builtin_kernels(KERNEL_REGISTRY)
+
+__all__ = [
+    "CUDA_DEFAULTS", "DeviceInfo", "EAGER", "FIELD_FOR_OP", "HardwareRequirement", "KERNEL_REGISTRY",
+    "KNOWN_OPS", "KernelRegistry", "KernelSpec", "NPU_DEFAULTS", "OpSlot", "OpsImplementationConfig",
+    "PLUGIN_GROUP", "bind_ops", "build_model", "current_device", "load_private_copy", "module_slots",
+    "register_builtin_kernels", "register_kernel", "set_device_detector", "use_device",
+]
+__version__ = "0.1.0"

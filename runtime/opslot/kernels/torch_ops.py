@@ -1,0 +1,247 @@
+"""Portable PyTorch kernels (impl name "torch"): run wherever PyTorch runs (CPU, CUDA, NPU).
+
+They compute the same mathematics as the upstream eager code (see `opslot.reference`) but are
+organised for speed where plain PyTorch allows it: MoE experts as sorted, contiguous per-expert
+matmuls instead of a one-hot mask per expert; the load-balancing loss over all layers at once; the
+causal conv without computing the right-hand padding. Only torch 1.13 APIs are used.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from .. import reference
+
+_SILU_NAMES = ("silu", "swish")
+
+
+def _rms(x32: torch.Tensor, eps: float) -> torch.Tensor:
+    return x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def rms_norm_standard(hidden_states: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """`w * norm(x).to(dtype)` (Llama/Qwen)."""
+    return weight * _rms(hidden_states.float(), eps).to(hidden_states.dtype)
+
+
+def rms_norm_offset(hidden_states: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """`(norm(x) * (1 + w)).to(dtype)` in fp32 (Gemma3/Qwen3.5)."""
+    return (_rms(hidden_states.float(), eps) * (1.0 + weight.float())).to(hidden_states.dtype)
+
+
+def rms_norm_unweighted(hidden_states: torch.Tensor, weight: Optional[torch.Tensor], eps: float) -> torch.Tensor:
+    """`norm(x).to(dtype)`; `weight` must be None."""
+    if weight is not None:
+        raise ValueError("rms_norm/unweighted takes weight=None")
+    return _rms(hidden_states.float(), eps).to(hidden_states.dtype)
+
+
+def rms_norm_gated(hidden_states: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """`(w * norm(x).to(dtype)) * silu(gate.float())`, cast back (Qwen3.5 RMSNormGated)."""
+    dtype = hidden_states.dtype
+    normed = weight * _rms(hidden_states.float(), eps).to(dtype)
+    return (normed * F.silu(gate.float())).to(dtype)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    c1, c2 = cos[..., :half], cos[..., half:]
+    s1, s2 = sin[..., :half], sin[..., half:]
+    return torch.cat((x1 * c1 - x2 * s1, x2 * c2 + x1 * s2), dim=-1)
+
+
+def rotary_pos_emb_full(q, k, cos, sin, unsqueeze_dim: int = 1) -> Tuple[torch.Tensor, torch.Tensor]:
+    """RoPE over the whole head dimension."""
+    cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+    return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def rotary_pos_emb_partial(q, k, cos, sin, unsqueeze_dim: int = 1) -> Tuple[torch.Tensor, torch.Tensor]:
+    """RoPE over the first `cos.shape[-1]` features; the rest pass through."""
+    cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+    d = cos.shape[-1]
+    return (
+        torch.cat((_rotate(q[..., :d], cos, sin), q[..., d:]), dim=-1),
+        torch.cat((_rotate(k[..., :d], cos, sin), k[..., d:]), dim=-1),
+    )
+
+
+def _is_silu(fn: Any) -> bool:
+    """True for torch's and Transformers' SiLU modules and for F.silu itself."""
+    return fn is F.silu or isinstance(fn, torch.nn.SiLU) or type(fn).__name__ in ("SiLUActivation", "SiLU")
+
+
+def _check_silu(module: Any, op: str) -> None:
+    """Refuse modules whose activation is not SiLU (by `config.hidden_act`, else by `act_fn`)."""
+    act = getattr(getattr(module, "config", None), "hidden_act", None)
+    if act is not None and act not in _SILU_NAMES:
+        raise ValueError(f"{op} computes SiLU gating but the model's hidden_act is {act!r}; use 'eager'")
+    act_fn = getattr(module, "act_fn", None)
+    if act is None and act_fn is not None and not _is_silu(act_fn):
+        raise ValueError(f"{op} computes SiLU gating but the module's act_fn is {type(act_fn).__name__}; use 'eager'")
+
+
+def check_no_softcapping(module: Any) -> None:
+    """Refuse causal-LM heads that soft-cap their logits (Gemma): the loss would silently differ."""
+    cap = getattr(getattr(module, "config", None), "final_logit_softcapping", None)
+    if cap is not None:
+        raise ValueError(f"cross_entropy_loss/causal kernels do not apply final_logit_softcapping ({cap}); use 'eager'")
+
+
+def swiglu_mlp(module: Any, x: torch.Tensor) -> torch.Tensor:
+    """`down(silu(gate(x)) * up(x))`; refuses models whose `config.hidden_act` is not SiLU."""
+    _check_silu(module, "swiglu_mlp")
+    return module.down_proj(F.silu(module.gate_proj(x)) * module.up_proj(x))
+
+
+def cross_entropy_causal(module: Any, hidden_states: torch.Tensor, labels: Optional[torch.Tensor], **kwargs):
+    """lm_head, then HF's causal-LM loss (fp32 upcast, shift, ignore_index): `(logits, loss)`."""
+    check_no_softcapping(module)
+    logits = module.lm_head(hidden_states)
+    if labels is None:
+        return logits, None
+    return logits, reference.for_causal_lm_loss(logits, labels, vocab_size=module.config.vocab_size, **kwargs)
+
+
+def cross_entropy_sequence_classification(logits=None, labels=None, pooled_logits=None, config=None, **kwargs):
+    """HF `ForSequenceClassificationLoss` (regression / single-label / multi-label by problem_type)."""
+    return reference.cross_entropy_sequence_classification(
+        logits=logits, labels=labels, pooled_logits=pooled_logits, config=config, **kwargs)
+
+
+def load_balancing_loss(gate_logits, num_experts=None, top_k=2, attention_mask=None):
+    """Switch-Transformer auxiliary loss, all layers in one softmax/top-k."""
+    if gate_logits is None or not isinstance(gate_logits, tuple):
+        return 0
+    device = gate_logits[0].device
+    layers = len(gate_logits)
+    logits = torch.cat([g.to(device) for g in gate_logits], dim=0)  # [layers * rows, E]
+    probs = F.softmax(logits, dim=-1)
+    selected = torch.topk(probs, top_k, dim=-1).indices  # [layers * rows, top_k]
+    if attention_mask is None:
+        counts = torch.bincount(selected.reshape(-1), minlength=num_experts).float()
+        prob_sum = probs.float().sum(dim=0)
+        rows = float(probs.shape[0])
+    else:
+        mask = attention_mask.reshape(-1).to(device=device, dtype=torch.float32).repeat(layers)
+        counts = torch.zeros(num_experts, dtype=torch.float32, device=device).scatter_add_(
+            0, selected.reshape(-1), mask.repeat_interleave(top_k))
+        prob_sum = (probs.float() * mask.unsqueeze(-1)).sum(dim=0)
+        rows = mask.sum()
+    return torch.sum((counts / rows) * (prob_sum / rows)) * num_experts
+
+
+def _sort_by_expert(top_k_index: torch.Tensor, num_experts: int):
+    """Flattened (token, k) assignments sorted by expert: (order, token of each, per-expert counts).
+    Assignments to the masking index `num_experts` are dropped, as upstream skips them."""
+    flat = top_k_index.reshape(-1)
+    sorted_experts, order = torch.sort(flat, stable=True)
+    counts = torch.bincount(sorted_experts, minlength=num_experts + 1)[:num_experts]
+    kept = int(counts.sum())
+    order = order[:kept]
+    return order, order // top_k_index.shape[-1], counts.tolist()
+
+
+def _grouped(x_sorted: torch.Tensor, counts, expert_fn) -> torch.Tensor:
+    outs, start = [], 0
+    for e, n in enumerate(counts):
+        if n:
+            outs.append(expert_fn(e, x_sorted[start:start + n]))
+            start += n
+    return torch.cat(outs, dim=0)
+
+
+def moe_standard(module: Any, hidden_states, top_k_index, top_k_weights):
+    """Qwen3-MoE-style experts (`gate_up_proj [E, 2I, H]`, `down_proj [E, H, I]`) as sorted
+    per-expert matmuls over contiguous token segments."""
+    order, token_idx, counts = _sort_by_expert(top_k_index, module.num_experts)
+    final = torch.zeros_like(hidden_states)
+    if not token_idx.numel():
+        return final
+
+    def expert(e: int, x: torch.Tensor) -> torch.Tensor:
+        gate, up = F.linear(x, module.gate_up_proj[e]).chunk(2, dim=-1)
+        return F.linear(module.act_fn(gate) * up, module.down_proj[e])
+
+    out = _grouped(hidden_states[token_idx], counts, expert)
+    out = out * top_k_weights.reshape(-1)[order, None]
+    return final.index_add(0, token_idx, out.to(final.dtype))
+
+
+def moe_gpt_oss(module: Any, hidden_states, router_indices, routing_weights):
+    """GPT-OSS experts (biases, interleaved gate/up, clamped alpha-SwiGLU) as sorted per-expert matmuls."""
+    order, token_idx, counts = _sort_by_expert(router_indices, module.num_experts)
+    final = torch.zeros_like(hidden_states)
+    if not token_idx.numel():
+        return final
+
+    def expert(e: int, x: torch.Tensor) -> torch.Tensor:
+        gate_up = torch.addmm(module.gate_up_proj_bias[e], x, module.gate_up_proj[e])
+        return torch.addmm(module.down_proj_bias[e], reference.gpt_oss_gate(module, gate_up), module.down_proj[e])
+
+    out = _grouped(hidden_states[token_idx], counts, expert)
+    out = out * routing_weights.reshape(-1)[order, None]
+    return final.index_add(0, token_idx, out.to(final.dtype))
+
+
+def causal_conv1d(hidden_states, weight, bias=None, activation=None, **kwargs):
+    """Depthwise causal conv: left-pad by `width - 1`, convolve without padding."""
+    if activation is not None and activation not in _SILU_NAMES:
+        raise ValueError(f"causal_conv1d supports activation None, 'silu' or 'swish', got {activation!r}")
+    channels = hidden_states.shape[1]
+    x = F.pad(hidden_states.to(weight.dtype), (weight.shape[-1] - 1, 0))
+    out = F.conv1d(x, weight.unsqueeze(1), bias, groups=channels)
+    if activation is not None:
+        out = F.silu(out)
+    return out.to(hidden_states.dtype)
+
+
+def chunk_gated_delta_rule(query, key, value, g, beta, chunk_size: int = 64, initial_state=None,
+                           output_final_state: bool = False, use_qk_l2norm_in_kernel: bool = False, **kwargs):
+    """Gated delta rule, chunk-parallel (UT transform per chunk, sequential scan over chunks).
+
+    Shapes: q/k `[B, T, H, Dk]`, v `[B, T, H, Dv]`, g/beta `[B, T, H]`; returns
+    (`[B, T, H, Dv]` in q's dtype, final state `[B, H, Dk, Dv]` fp32 or None)."""
+    dtype = query.dtype
+    B, T, H, Dk = key.shape
+    Dv = value.shape[-1]
+    q, k, v, b, decay = (x.transpose(1, 2).float().contiguous() for x in (query, key, value, beta, g))
+    if use_qk_l2norm_in_kernel:
+        q, k = reference.l2norm(q), reference.l2norm(k)
+    q = q * Dk ** -0.5
+    C = chunk_size
+    pad = (C - T % C) % C
+    q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
+    b, decay = (F.pad(x, (0, pad)) for x in (b, decay))
+    n = (T + pad) // C
+    q, k, v = (x.reshape(B, H, n, C, x.shape[-1]) for x in (q, k, v))
+    b, decay = b.reshape(B, H, n, C), decay.reshape(B, H, n, C)
+    k_beta, v_beta = k * b.unsqueeze(-1), v * b.unsqueeze(-1)
+
+    cum = decay.cumsum(-1)  # log of the decay from chunk start to each position
+    causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+    pair = (cum.unsqueeze(-1) - cum.unsqueeze(-2)).masked_fill(~causal, float("-inf")).exp()
+    strictly_lower = torch.ones(C, C, dtype=torch.bool, device=q.device).tril(-1)
+    # (I + A) with A = strictly lower part of (k_beta k^T * decay): the UT transform system.
+    system = ((k_beta @ k.transpose(-1, -2)) * pair).masked_fill(~strictly_lower, 0.0)
+    system = system + torch.eye(C, dtype=system.dtype, device=system.device)
+    u = torch.linalg.solve_triangular(system, v_beta, upper=False, unitriangular=True)
+    w = torch.linalg.solve_triangular(system, k_beta * cum.exp().unsqueeze(-1), upper=False, unitriangular=True)
+    attn = (q @ k.transpose(-1, -2)) * pair
+    q_decayed = q * cum.exp().unsqueeze(-1)
+    k_decayed = k * (cum[..., -1:] - cum).exp().unsqueeze(-1)
+    chunk_decay = cum[..., -1].exp()[..., None, None]
+
+    state = (torch.zeros(B, H, Dk, Dv, dtype=torch.float32, device=q.device)
+             if initial_state is None else initial_state.float())
+    outs = []
+    for i in range(n):
+        v_new = u[:, :, i] - w[:, :, i] @ state
+        outs.append(q_decayed[:, :, i] @ state + attn[:, :, i] @ v_new)
+        state = state * chunk_decay[:, :, i] + k_decayed[:, :, i].transpose(-1, -2) @ v_new
+    out = torch.stack(outs, dim=2).reshape(B, H, n * C, Dv)[:, :, :T]
+    return out.transpose(1, 2).contiguous().to(dtype), (state if output_final_state else None)

@@ -1,0 +1,104 @@
+"""`OpSlot`: the dispatch handle a generated modeling file declares and its guards call.
+
+    rms_norm_slot = OpSlot("rms_norm", "standard")          # module scope, bound by bind_ops
+    self.rope_slot = OpSlot("rotary_pos_emb", "full").bind_from(config)   # instance scope
+
+An unbound slot (or one bound to "eager") reports `use_non_eager_impl == False`, so the guard falls
+through to the upstream code. A module-scoped slot is shared by every model built from that module;
+rebinding it while such models are alive warns, because it silently changes them too.
+"""
+
+from __future__ import annotations
+
+import warnings
+import weakref
+from typing import Any, Callable, Optional
+
+from .ops import EAGER
+from .registry import KERNEL_REGISTRY, KernelRegistry
+
+
+class OpSlot:
+    """A named dispatch point for one (op, variant)."""
+
+    __slots__ = ("op", "variant", "name", "_impl", "_fn", "_bind_count", "_users", "__weakref__")
+
+    def __init__(self, op: str, variant: str) -> None:
+        if not isinstance(op, str) or not op or not isinstance(variant, str) or not variant:
+            raise ValueError(f"OpSlot needs a non-empty op and variant, got {op!r}, {variant!r}")
+        self.op = op
+        self.variant = variant
+        self.name: Optional[str] = None  # the module attribute name, set by bind_ops
+        self._impl = EAGER
+        self._fn: Optional[Callable[..., Any]] = None
+        self._bind_count = 0
+        self._users: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+    @property
+    def impl(self) -> str:
+        """Name of the bound implementation ("eager" when unbound)."""
+        return self._impl
+
+    @property
+    def use_non_eager_impl(self) -> bool:
+        """True when a kernel is bound: the guard calls the slot instead of the upstream code."""
+        return self._fn is not None
+
+    @property
+    def bind_count(self) -> int:
+        """How many times this slot has been bound."""
+        return self._bind_count
+
+    def bind(self, impl: str, *, registry: Optional[KernelRegistry] = None) -> "OpSlot":
+        """Bind to implementation `impl` ("eager" unbinds); resolves it in `registry`.
+
+        Raises the registry's KeyError/RuntimeError when the kernel is missing or cannot run here.
+        Warns when the binding changes while models built with this slot are alive."""
+        fn = (registry or KERNEL_REGISTRY).resolve(self.op, self.variant, impl)
+        users = len(self._users)
+        if users and impl != self._impl:
+            warnings.warn(
+                f"rebinding {self._label()} from {self._impl!r} to {impl!r} changes the "
+                f"{users} live model instance(s) that share it; build models with "
+                f"opslot.build_model (private module copy) or instance-scoped slots to keep them apart",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        self._impl, self._fn = impl, fn
+        self._bind_count += 1
+        return self
+
+    def bind_from(self, config: Any, *, registry: Optional[KernelRegistry] = None) -> "OpSlot":
+        """Bind from `config.ops_implementation` (set by build_model on its config copy: a dict or
+        an OpsImplementationConfig); a config without it leaves the slot on eager. For
+        instance-scoped slots: `self.x = OpSlot(op, variant).bind_from(config)` in `__init__`."""
+        ops = getattr(config, "ops_implementation", None)
+        if ops is None:
+            return self
+        from .config import OpsImplementationConfig
+
+        if not isinstance(ops, OpsImplementationConfig):
+            ops = OpsImplementationConfig.from_dict(ops)
+        return self.bind(ops.effective_impl(self.op, self.variant, registry=registry), registry=registry)
+
+    def attach(self, model: Any) -> None:
+        """Record that `model` uses this slot (weakly), for the rebinding warning."""
+        self._users.add(model)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        fn = self._fn
+        if fn is None:
+            raise RuntimeError(
+                f"{self._label()} is not bound to a kernel (impl 'eager'): a guard must check "
+                f"`use_non_eager_impl` before calling it; bind it with opslot.bind_ops(module, ops) "
+                f"or slot.bind('<impl>')"
+            )
+        return fn(*args, **kwargs)
+
+    def _label(self) -> str:
+        named = f" {self.name!r}" if self.name else ""
+        return f"OpSlot{named} ({self.op}/{self.variant})"
+
+    def __repr__(self) -> str:
+        named = f", name={self.name!r}" if self.name else ""
+        return f"OpSlot({self.op!r}, {self.variant!r}, impl={self._impl!r}{named})"

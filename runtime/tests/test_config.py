@@ -1,0 +1,121 @@
+"""OpsImplementationConfig: loading, strict fields, device defaults and validation messages."""
+
+import pytest
+
+from opslot import (CUDA_DEFAULTS, DeviceInfo, HardwareRequirement, KernelRegistry, KernelSpec,
+                    OpsImplementationConfig, register_builtin_kernels, use_device)
+
+NPU = DeviceInfo("npu")
+H200 = DeviceInfo("cuda", (9, 0))
+
+
+def test_from_dict_accepts_three_shapes():
+    flat = {"rms_norm_implementation": "torch", "moe_implementation": "fused_torch"}
+    expected = OpsImplementationConfig(rms_norm_implementation="torch", moe_implementation="fused_torch")
+    assert OpsImplementationConfig.from_dict(flat) == expected
+    assert OpsImplementationConfig.from_dict({"ops_implementation": flat}) == expected
+    assert OpsImplementationConfig.from_dict({"model": {"ops_implementation": flat}}) == expected
+    assert OpsImplementationConfig.from_dict({"model": {}}) == OpsImplementationConfig()
+    assert OpsImplementationConfig.from_dict(None) == OpsImplementationConfig()
+
+
+def test_unknown_fields_are_rejected_with_suggestions():
+    with pytest.raises(ValueError) as err:
+        OpsImplementationConfig.from_dict({"rms_norm_implemntation": "torch"})
+    assert str(err.value) == "unknown ops_implementation field 'rms_norm_implemntation'; did you mean 'rms_norm_implementation'?"
+    with pytest.raises(ValueError) as err:
+        OpsImplementationConfig.from_dict({"rms_norm": "torch"})
+    assert str(err.value) == "unknown ops_implementation field 'rms_norm'; did you mean 'rms_norm_implementation'?"
+    with pytest.raises(ValueError) as err:
+        OpsImplementationConfig.from_dict({"flash": "torch"})
+    assert str(err.value) == "unknown ops_implementation field 'flash'"
+
+
+def test_values_are_checked():
+    with pytest.raises(ValueError) as err:
+        OpsImplementationConfig(moe_implementation="torch")
+    assert str(err.value) == ("ops_implementation.moe_implementation must be 'eager' or 'fused_<impl>', "
+                              "got 'torch'; did you mean 'fused_torch'?")
+    with pytest.raises(ValueError) as err:
+        OpsImplementationConfig.from_dict({"rms_norm_implementation": 3})
+    assert str(err.value) == "ops_implementation.rms_norm_implementation must be a non-empty string, got 3"
+    with pytest.raises(TypeError, match=r"^ops_implementation must be a mapping, got list$"):
+        OpsImplementationConfig.from_dict(["torch"])
+
+
+def test_from_yaml(tmp_path):
+    path = tmp_path / "train.yaml"
+    path.write_text("model:\n  ops_implementation:\n    rms_norm_implementation: torch\n"
+                    "    cross_entropy_loss_implementation: torch_chunked\n    attn_implementation: sdpa\n")
+    cfg = OpsImplementationConfig.from_yaml(str(path))
+    assert cfg.to_dict() == {"rms_norm_implementation": "torch", "cross_entropy_loss_implementation": "torch_chunked",
+                             "attn_implementation": "sdpa"}
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("ops_implementation:\n  rope_implementation: torch\n")
+    with pytest.raises(ValueError) as err:
+        OpsImplementationConfig.coerce(str(bad))
+    assert str(err.value) == (f"{bad}: unknown ops_implementation field 'rope_implementation'; "
+                              "did you mean 'rotary_pos_emb_implementation'?")
+
+
+def test_cuda_defaults_are_eager():
+    cfg = OpsImplementationConfig()
+    with use_device(H200):
+        assert all(cfg.impl_for(op) == "eager" for op in ("rms_norm", "moe", "cross_entropy_loss", "rotary_pos_emb"))
+        assert cfg.value("attn_implementation") is None
+    assert set(CUDA_DEFAULTS) == {f.name for f in __import__("dataclasses").fields(cfg)}
+
+
+def test_npu_normalises_only_unset_fields():
+    cfg = OpsImplementationConfig(rotary_pos_emb_implementation="eager", swiglu_mlp_implementation="torch")
+    with use_device(NPU):
+        assert cfg.impl_for("rms_norm") == "npu"  # unset: NPU default
+        assert cfg.impl_for("moe") == "npu"  # fused_npu -> npu
+        assert cfg.impl_for("rotary_pos_emb") == "eager"  # explicit eager is kept
+        assert cfg.impl_for("swiglu_mlp") == "torch"  # explicit portable kernel is kept
+        assert cfg.impl_for("cross_entropy_loss") == "eager"  # no NPU default
+        # a default without a kernel for the slot's variant falls back to eager ...
+        assert cfg.effective_impl("moe", "gpt_oss") == "eager"
+        assert cfg.effective_impl("moe", "standard") == "npu"
+        assert cfg.validate([("rms_norm", "offset"), ("moe", "gpt_oss"), ("moe", "standard")]) == {
+            ("moe", "gpt_oss"): "eager", ("moe", "standard"): "npu", ("rms_norm", "offset"): "npu"}
+    # ... but an explicit value never does
+    with use_device(NPU), pytest.raises(ValueError) as err:
+        OpsImplementationConfig(moe_implementation="fused_npu").validate([("moe", "gpt_oss")])
+    assert str(err.value) == ("invalid ops_implementation:\n"
+                              "  moe/gpt_oss (moe_implementation='fused_npu'): no kernel 'npu' for moe/gpt_oss; "
+                              "available: eager, torch ('npu' implements moe variant(s) standard only)")
+
+
+def test_explicit_unsupported_value_on_npu_is_an_error():
+    reg = KernelRegistry()
+    register_builtin_kernels(reg)
+    reg.register(KernelSpec("cuda_fast", "rms_norm", "standard", lambda: abs, HardwareRequirement("cuda")))
+    cfg = OpsImplementationConfig(rms_norm_implementation="cuda_fast")
+    with use_device(H200):
+        assert cfg.validate([("rms_norm", "standard")], registry=reg) == {("rms_norm", "standard"): "cuda_fast"}
+    with use_device(NPU), pytest.raises(ValueError) as err:
+        cfg.validate([("rms_norm", "standard")], registry=reg)
+    assert str(err.value) == ("invalid ops_implementation:\n  rms_norm/standard (rms_norm_implementation="
+                              "'cuda_fast'): kernel 'cuda_fast' for rms_norm/standard cannot run here: "
+                              "needs cuda; this machine has npu")
+
+
+def test_validate_reports_every_problem_at_once():
+    cfg = OpsImplementationConfig(rms_norm_implementation="torch", cross_entropy_loss_implementation="torch_chunked")
+    with use_device(H200), pytest.raises(ValueError) as err:
+        cfg.validate([("rms_norm", "standard"), ("cross_entropy_loss", "sequence_classification"),
+                      ("fancy_op", "standard")])
+    assert str(err.value) == (
+        "invalid ops_implementation:\n"
+        "  cross_entropy_loss/sequence_classification (cross_entropy_loss_implementation='torch_chunked'): "
+        "no kernel 'torch_chunked' for cross_entropy_loss/sequence_classification; available: eager, torch "
+        "('torch_chunked' implements cross_entropy_loss variant(s) causal only)\n"
+        "  fancy_op/standard (no config field): slot op 'fancy_op' has no field in OpsImplementationConfig "
+        "(ops with a field: attn, causal_conv1d, chunk_gated_delta_rule, cross_entropy_loss, load_balancing_loss, "
+        "moe, rms_norm, rms_norm_gated, rotary_pos_emb, swiglu_mlp)")
+
+
+def test_to_dict_keeps_only_explicit_fields():
+    assert OpsImplementationConfig(attn_implementation="sdpa").to_dict() == {"attn_implementation": "sdpa"}
+    assert OpsImplementationConfig().to_dict() == {}
