@@ -1,2 +1,899 @@
+// LoadSpec: YAML text -> RawNode tree (positions kept) -> validated PatchSpec, then `extends`
+// merged. Every check records a diagnostic and moves on, so one run reports all of a spec's
+// errors; the result is an error as soon as any was recorded.
 #include "spec/spec_loader.h"
-// Stub: implemented by the spec work.
+
+#include <algorithm>
+#include <cerrno>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "base/line_index.h"
+#include "base/text_util.h"
+#include "spec/raw_node.h"
+#include "spec/spec_keys.h"
+
+namespace patchgen::spec {
+namespace {
+
+namespace fs = std::filesystem;
+using Kind = RawNode::Kind;
+
+const std::set<std::string>& PythonKeywords() {
+  static const std::set<std::string> kw = {
+      "False", "None",   "True",    "and",      "as",   "assert", "async",  "await",
+      "break", "class",  "continue", "def",     "del",  "elif",   "else",   "except",
+      "finally", "for",  "from",    "global",   "if",   "import", "in",     "is",
+      "lambda", "nonlocal", "not",  "or",       "pass", "raise",  "return", "try",
+      "while", "with",   "yield"};
+  return kw;
+}
+
+bool IsIdentifier(std::string_view s) {
+  if (s.empty()) return false;
+  for (size_t i = 0; i < s.size(); ++i) {
+    unsigned char c = static_cast<unsigned char>(s[i]);
+    bool ok = c == '_' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c >= 0x80 ||
+              (i > 0 && c >= '0' && c <= '9');
+    if (!ok) return false;
+  }
+  return !PythonKeywords().count(std::string(s));
+}
+
+bool IsDotted(std::string_view s) {
+  size_t start = 0;
+  while (true) {
+    size_t dot = s.find('.', start);
+    if (!IsIdentifier(s.substr(start, dot == std::string_view::npos ? dot : dot - start))) {
+      return false;
+    }
+    if (dot == std::string_view::npos) return true;
+    start = dot + 1;
+  }
+}
+
+size_t CountDots(std::string_view s) { return static_cast<size_t>(std::count(s.begin(), s.end(), '.')); }
+
+std::string ReadFile(const std::string& path, std::string* error) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    *error = std::error_code(errno, std::generic_category()).message();
+    return {};
+  }
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// `rel` resolved against the folder of `spec_path`, normalised, printed relative as given.
+std::string JoinRelative(const std::string& spec_path, const std::string& rel) {
+  fs::path joined = fs::path(spec_path).parent_path() / fs::path(rel);
+  std::string out = joined.lexically_normal().generic_string();
+  return out.empty() ? "." : out;
+}
+
+std::string LocText(const SourceLoc& loc) {
+  return loc.path + ":" + std::to_string(loc.line) + ":" + std::to_string(loc.col);
+}
+
+// The name of the first top-level def/class in `code` (decorators and comments skipped).
+std::optional<std::string> FirstDefName(std::string_view code) {
+  for (std::string_view line : SplitLines(code)) {
+    if (line.empty() || line[0] == ' ' || line[0] == '\t' || line[0] == '#' || line[0] == '@') {
+      continue;
+    }
+    if (line.substr(0, 6) == "async " || line.substr(0, 6) == "async\t") {
+      size_t def = line.find_first_not_of(" \t", 5);
+      if (def == std::string_view::npos) return std::nullopt;
+      line = line.substr(def);
+    }
+    for (std::string_view kw : {"def ", "class "}) {
+      if (line.substr(0, kw.size()) == kw) {
+        std::string_view rest = line.substr(kw.size());
+        size_t i = rest.find_first_not_of(' ');
+        if (i == std::string_view::npos) return std::nullopt;
+        rest = rest.substr(i);
+        size_t end = 0;
+        while (end < rest.size() && (rest[end] == '_' || std::isalnum(static_cast<unsigned char>(rest[end])) ||
+                                     static_cast<unsigned char>(rest[end]) >= 0x80)) {
+          ++end;
+        }
+        if (end == 0) return std::nullopt;
+        return std::string(rest.substr(0, end));
+      }
+    }
+    return std::nullopt;
+  }
+  return std::nullopt;
+}
+
+// One spec file as written (before `extends` is merged), plus what only merging needs.
+struct OneSpec {
+  PatchSpec spec;
+  std::optional<LocatedName> extends;
+  std::vector<LocatedName> removes;
+  bool parsed = false;  ///< The YAML was a mapping (otherwise missing keys are not reported).
+  bool has_version = false, has_upstream = false, has_output = false, has_description = false;
+};
+
+class FileLoader {
+ public:
+  FileLoader(std::string path, std::shared_ptr<const std::string> text)
+      : path_(std::move(path)), text_(std::move(text)), lines_(*text_) {}
+
+  std::vector<Diagnostic>& diags() { return diags_; }
+
+  OneSpec Load() {
+    OneSpec out;
+    out.spec.path = path_;
+    out.spec.text = text_;
+    Result<RawNode> raw = ParseRawYaml(path_, *text_);
+    if (!raw.ok()) {
+      for (Diagnostic& d : raw.errors()) diags_.push_back(std::move(d));
+      return out;
+    }
+    const RawNode& root = *raw;
+    if (root.kind != Kind::kMapping) {
+      if (root.kind == Kind::kNull && !root.explicit_null) {
+        diags_.push_back(ErrorAt(LocAt(ByteRange{0, 0}), "the spec is empty",
+                                 "a spec needs at least `upstream:` and `output:`"));
+      } else {
+        Error(root, std::string("expected a mapping, found ") + DescribeKind(root),
+              "a spec is a mapping of keys such as `upstream:` and `output:`");
+      }
+      return out;
+    }
+    out.parsed = true;
+    LoadTop(root, out);
+    return out;
+  }
+
+ private:
+  // --- locations and messages -------------------------------------------------------------
+
+  SourceLoc LocAt(ByteRange r) {
+    if (text_->empty()) return SourceLoc{path_, 1, 1, 1, ""};
+    return LocOf(path_, *text_, lines_, r);
+  }
+  SourceLoc Loc(const RawNode& n) { return LocAt(n.range); }
+
+  void Error(const RawNode& at, std::string msg, std::string help = {}) {
+    diags_.push_back(ErrorAt(Loc(at), std::move(msg), std::move(help)));
+  }
+  void ErrorWithNote(const RawNode& at, std::string msg, const SourceLoc& first, std::string note,
+                     std::string help = {}) {
+    Diagnostic d = ErrorAt(Loc(at), std::move(msg), std::move(help));
+    d.notes.push_back(LocText(first) + ": note: " + note);
+    diags_.push_back(std::move(d));
+  }
+
+  // --- typed access -------------------------------------------------------------------------
+
+  // Checks the keys of mapping `m` at `level`: non-scalar, unknown and duplicate keys are errors.
+  // Returns key -> (key node, value node) for the known keys (first occurrence).
+  std::map<std::string, std::pair<const RawNode*, const RawNode*>> Keys(const RawNode& m,
+                                                                        KeyLevel level) {
+    std::map<std::string, std::pair<const RawNode*, const RawNode*>> out;
+    const std::vector<std::string>& known = KnownKeys(level);
+    for (const auto& [key, value] : m.entries) {
+      if (key.kind != Kind::kScalar) {
+        Error(key, std::string("expected a key, found ") + DescribeKind(key));
+        continue;
+      }
+      if (std::find(known.begin(), known.end(), key.scalar) == known.end()) {
+        std::string help;
+        if (auto near = DidYouMean(key.scalar, known)) help = "did you mean '" + *near + "'? ";
+        help += "valid keys in " + Article(level) + ": " + JoinNames(known, 100);
+        Error(key, "unknown key '" + key.scalar + "' in " + Article(level), help);
+        continue;
+      }
+      auto [it, inserted] = out.emplace(key.scalar, std::make_pair(&key, &value));
+      if (!inserted) {
+        ErrorWithNote(key, "duplicate key '" + key.scalar + "'", Loc(*it->second.first),
+                      "first given here");
+      }
+    }
+    return out;
+  }
+
+  static std::string Article(KeyLevel level) {
+    switch (level) {
+      case KeyLevel::kSpec: return "the spec";
+      case KeyLevel::kImports: return "imports";
+      default: return std::string("a ") + KeyLevelName(level);
+    }
+  }
+
+  std::optional<std::string> String(const RawNode& n, std::string_view what) {
+    if (n.kind == Kind::kScalar) return n.scalar;
+    Error(n, std::string("expected a string, found ") + DescribeKind(n),
+          std::string("'") + std::string(what) + "' takes a string");
+    return std::nullopt;
+  }
+
+  // A one-line string (descriptions).
+  std::optional<std::string> OneLine(const RawNode& n, std::string_view what) {
+    auto s = String(n, what);
+    if (!s) return s;
+    while (!s->empty() && s->back() == '\n') s->pop_back();
+    if (s->find('\n') != std::string::npos) {
+      Error(n, "'" + std::string(what) + "' must be one line", "write a single line of text");
+      return std::nullopt;
+    }
+    return s;
+  }
+
+  std::optional<std::string> Identifier(const RawNode& n, std::string_view what) {
+    auto s = String(n, what);
+    if (s && !IsIdentifier(*s)) {
+      Error(n, "'" + *s + "' is not a Python identifier",
+            std::string("'") + std::string(what) + "' takes a name like `rms_norm_slot`");
+      return std::nullopt;
+    }
+    return s;
+  }
+
+  std::optional<std::string> Dotted(const RawNode& n, std::string_view what, std::string_view example) {
+    auto s = String(n, what);
+    if (s && !IsDotted(*s)) {
+      Error(n, "'" + *s + "' is not a dotted Python name",
+            std::string("'") + std::string(what) + "' takes a name like `" + std::string(example) + "`");
+      return std::nullopt;
+    }
+    return s;
+  }
+
+  const std::vector<RawNode>* Sequence(const RawNode& n, std::string_view what) {
+    if (n.kind == Kind::kSequence) return &n.items;
+    Error(n, std::string("expected a sequence, found ") + DescribeKind(n),
+          std::string("'") + std::string(what) + "' takes a list (`- item` lines or `[a, b]`)");
+    return nullptr;
+  }
+
+  bool Mapping(const RawNode& n, std::string_view what) {
+    if (n.kind == Kind::kMapping) return true;
+    Error(n, std::string("expected a mapping, found ") + DescribeKind(n),
+          std::string("'") + std::string(what) + "' takes a mapping (`key: value` lines)");
+    return false;
+  }
+
+  // Code text with its origin: literal blocks start on the line after the `|`, at the block's
+  // indentation; one-line scalars start at the value (after the quote).
+  std::optional<std::pair<std::string, TextOrigin>> Code(const RawNode& n, std::string_view what) {
+    auto s = String(n, what);
+    if (!s) return std::nullopt;
+    if (n.style == RawNode::Style::kFolded) {
+      Error(n, "'" + std::string(what) + "' must not be a folded block (`>`)",
+            "use a literal block (`|`) so that line breaks are kept");
+      return std::nullopt;
+    }
+    if (s->find_first_not_of(" \t\n") == std::string::npos) {
+      Error(n, "'" + std::string(what) + "' is empty");
+      return std::nullopt;
+    }
+    TextOrigin origin;
+    origin.path = path_;
+    origin.file_text = text_;
+    uint32_t line0 = lines_.LineOf(n.range.start);
+    if (n.style == RawNode::Style::kLiteral) {
+      origin.first_line = line0 + 2;
+      for (uint32_t l = line0 + 1; l < lines_.line_count(); ++l) {
+        std::string_view t = lines_.LineText(l);
+        size_t indent = t.find_first_not_of(' ');
+        if (indent == std::string_view::npos) continue;
+        origin.col_offset = static_cast<uint32_t>(indent);
+        break;
+      }
+    } else {
+      if (n.style == RawNode::Style::kPlain) {
+        std::string_view rest = std::string_view(*text_).substr(n.range.start);
+        if (rest.substr(0, s->size()) != *s) {
+          Error(n, "'" + std::string(what) + "' spans several lines but is not a literal block",
+                "write it as a literal block: `" + std::string(what) + ": |` and the code below");
+          return std::nullopt;
+        }
+      }
+      origin.first_line = line0 + 1;
+      origin.col_offset = lines_.At(n.range.start).col - 1 +
+                          (n.style == RawNode::Style::kQuoted ? 1 : 0);
+    }
+    return std::make_pair(std::move(*s), std::move(origin));
+  }
+
+  std::vector<NameMapEntry> NameMap(const RawNode& n) {
+    std::vector<NameMapEntry> out;
+    if (!Mapping(n, "name_map")) return out;
+    std::map<std::string, const RawNode*> seen;
+    for (const auto& [key, value] : n.entries) {
+      auto from = Identifier(key, "name_map");
+      auto to = Identifier(value, "name_map");
+      if (!from || !to) continue;
+      auto [it, inserted] = seen.emplace(*from, &key);
+      if (!inserted) {
+        ErrorWithNote(key, "duplicate key '" + *from + "'", Loc(*it->second), "first given here");
+        continue;
+      }
+      out.push_back(NameMapEntry{*from, *to, Loc(key)});
+    }
+    return out;
+  }
+
+  std::vector<LocatedName> Names(const RawNode& n, std::string_view what, bool dotted) {
+    std::vector<LocatedName> out;
+    const auto* items = Sequence(n, what);
+    if (!items) return out;
+    std::map<std::string, const RawNode*> seen;
+    for (const RawNode& item : *items) {
+      auto name = dotted ? Dotted(item, what, "Qwen3MLP") : Identifier(item, what);
+      if (!name) continue;
+      auto [it, inserted] = seen.emplace(*name, &item);
+      if (!inserted) {
+        ErrorWithNote(item, "'" + *name + "' is listed twice in '" + std::string(what) + "'",
+                      Loc(*it->second), "first listed here");
+        continue;
+      }
+      out.push_back(LocatedName{*name, Loc(item)});
+    }
+    return out;
+  }
+
+  std::vector<Block> Blocks(const RawNode& n, std::string_view what) {
+    std::vector<Block> out;
+    const auto* items = Sequence(n, what);
+    if (!items) return out;
+    for (const RawNode& item : *items) {
+      auto code = Code(item, what);
+      if (!code) continue;
+      out.push_back(Block{std::move(code->first), std::move(code->second), Loc(item)});
+    }
+    return out;
+  }
+
+  // A body from `code`, `file`+`symbol` or `from` (the latter only when `allow_from`).
+  Body BodyOf(const RawNode& entry, const std::map<std::string, std::pair<const RawNode*, const RawNode*>>& keys,
+              bool allow_from, const std::string& kind_for_from) {
+    Body body;
+    auto get = [&](const char* k) -> const RawNode* {
+      auto it = keys.find(k);
+      return it == keys.end() ? nullptr : it->second.second;
+    };
+    auto key_of = [&](const char* k) -> const RawNode* {
+      auto it = keys.find(k);
+      return it == keys.end() ? nullptr : it->second.first;
+    };
+    const RawNode* code = get("code");
+    const RawNode* file = get("file");
+    const RawNode* symbol = get("symbol");
+    const RawNode* from = get("from");
+    bool from_refused = from && !allow_from;
+    if (from_refused) {
+      Error(*key_of("from"), "'from' is not allowed on " + kind_for_from,
+            "'from' (an external import) replaces a class or a function; give `code` or "
+            "`file` + `symbol`");
+      from = nullptr;
+    }
+    std::vector<std::pair<const char*, const RawNode*>> sources;
+    if (code) sources.emplace_back("code", key_of("code"));
+    if (file) sources.emplace_back("file", key_of("file"));
+    if (from) sources.emplace_back("from", key_of("from"));
+    if (sources.size() > 1) {
+      Error(*sources[1].second,
+            std::string("more than one body: '") + sources[0].first + "' and '" + sources[1].first + "'",
+            "give exactly one of `code`, `file` + `symbol`" + std::string(allow_from ? ", `from`" : ""));
+      return body;
+    }
+    if (symbol && !file) {
+      Error(*key_of("symbol"), "'symbol' needs 'file'", "add `file:` naming the patch file that defines it");
+    }
+    if (code) {
+      auto c = Code(*code, "code");
+      if (!c) return body;
+      body.source = Body::Source::kCode;
+      body.text = std::move(c->first);
+      body.origin = std::move(c->second);
+      body.loc = Loc(*code);
+    } else if (file) {
+      auto rel = String(*file, "file");
+      if (!symbol) {
+        Error(*key_of("file"), "'file' needs 'symbol'", "add `symbol:` naming the def or class in the file");
+      }
+      auto sym = symbol ? Identifier(*symbol, "symbol") : std::nullopt;
+      if (!rel) return body;
+      std::string printed = JoinRelative(path_, *rel);
+      std::string err;
+      std::string content = ReadFile(printed, &err);
+      if (!err.empty()) {
+        Error(*file, "cannot read patch file '" + printed + "': " + err,
+              "'file' is relative to the spec's folder");
+        return body;
+      }
+      if (!sym) return body;
+      body.source = Body::Source::kFile;
+      body.text = content;
+      body.origin = TextOrigin{printed, std::make_shared<const std::string>(std::move(content)), 1, 0};
+      body.file = *rel;
+      body.symbol = *sym;
+      body.symbol_loc = Loc(*symbol);
+      body.loc = Loc(*file);
+    } else if (from) {
+      auto dotted = Dotted(*from, "from", "liger_kernel.transformers.swiglu.LigerSwiGLUMLP");
+      if (!dotted) return body;
+      if (CountDots(*dotted) == 0) {
+        Error(*from, "'from' needs a module and a name, like `package.module.Name`");
+        return body;
+      }
+      size_t dot = dotted->rfind('.');
+      body.source = Body::Source::kFrom;
+      body.from_module = dotted->substr(0, dot);
+      body.from_name = dotted->substr(dot + 1);
+      body.loc = Loc(*from);
+    } else if (!from_refused) {
+      Error(entry.entries.front().first,
+            "no body: give `code`, `file` + `symbol`" + std::string(allow_from ? " or `from`" : ""));
+    }
+    return body;
+  }
+
+  // --- levels -------------------------------------------------------------------------------
+
+  void LoadTop(const RawNode& root, OneSpec& out) {
+    PatchSpec& spec = out.spec;
+    auto keys = Keys(root, KeyLevel::kSpec);
+    auto get = [&](const char* k) -> const RawNode* {
+      auto it = keys.find(k);
+      return it == keys.end() ? nullptr : it->second.second;
+    };
+    if (const RawNode* v = get("version")) {
+      out.has_version = true;
+      if (v->kind != Kind::kScalar || v->style != RawNode::Style::kPlain) {
+        Error(*v, std::string("expected an integer, found ") + DescribeKind(*v), "write `version: 1`");
+      } else if (v->scalar != "1") {
+        Error(*v, "unsupported spec version '" + v->scalar + "'", "this patchgen reads `version: 1`");
+      }
+    }
+    if (const RawNode* v = get("upstream")) {
+      out.has_upstream = true;
+      if (auto s = Dotted(*v, "upstream", "transformers.models.qwen3.modeling_qwen3")) {
+        spec.upstream = *s;
+        spec.upstream_loc = Loc(*v);
+      }
+    }
+    if (const RawNode* v = get("output")) {
+      out.has_output = true;
+      if (auto s = String(*v, "output")) {
+        if (s->size() < 4 || s->substr(s->size() - 3) != ".py" || s->find('/') != std::string::npos ||
+            s->find('\\') != std::string::npos) {
+          Error(*v, "'output' must be a file name ending in '.py'",
+                "the folder comes from the spec's place under the specs root (or `-o`)");
+        } else {
+          spec.output = *s;
+          spec.output_loc = Loc(*v);
+        }
+      }
+    }
+    if (const RawNode* v = get("description")) {
+      if (auto s = OneLine(*v, "description")) {
+        spec.description = *s;
+        out.has_description = true;
+      }
+    }
+    if (const RawNode* v = get("runtime")) {
+      if (auto s = Dotted(*v, "runtime", "opslot")) spec.runtime = *s;
+    }
+    if (const RawNode* v = get("extends")) {
+      if (auto s = String(*v, "extends")) out.extends = LocatedName{*s, Loc(*v)};
+    }
+    if (const RawNode* v = get("name_map")) spec.name_map = NameMap(*v);
+    if (const RawNode* v = get("imports")) {
+      if (Mapping(*v, "imports")) {
+        auto ik = Keys(*v, KeyLevel::kImports);
+        if (auto it = ik.find("add"); it != ik.end()) spec.import_adds = Blocks(*it->second.second, "add");
+        if (auto it = ik.find("drop"); it != ik.end()) {
+          spec.import_drops = Names(*it->second.second, "drop", true);
+        }
+      }
+    }
+    if (const RawNode* v = get("slots")) LoadSlots(*v, spec);
+    if (const RawNode* v = get("patches")) LoadPatches(*v, spec);
+    if (const RawNode* v = get("helpers")) LoadHelpers(*v, spec);
+    if (const RawNode* v = get("blocks")) spec.blocks = Blocks(*v, "blocks");
+    if (const RawNode* v = get("exclude")) spec.excludes = Names(*v, "exclude", false);
+    if (const RawNode* v = get("remove")) {
+      out.removes = Names(*v, "remove", true);
+      if (!out.extends) {
+        Error(*keys["remove"].first, "'remove' needs 'extends'",
+              "'remove' drops entries inherited from the spec named by `extends`");
+      }
+    }
+  }
+
+  void LoadSlots(const RawNode& n, PatchSpec& spec) {
+    const auto* items = Sequence(n, "slots");
+    if (!items) return;
+    std::map<std::string, size_t> by_name;
+    for (const RawNode& item : *items) {
+      if (!Mapping(item, "slots")) continue;
+      auto keys = Keys(item, KeyLevel::kSlot);
+      if (!RequireKeys(item, keys, KeyLevel::kSlot)) continue;
+      Slot slot;
+      auto name = Identifier(*keys["name"].second, "name");
+      auto op = String(*keys["op"].second, "op");
+      auto variant = String(*keys["variant"].second, "variant");
+      bool ok = name && op && variant;
+      if (auto it = keys.find("scope"); it != keys.end()) {
+        auto scope = EnumValue(*it->second.second, "scope", ScopeValues());
+        ok = ok && scope;
+        if (scope) slot.scope = *scope == "instance" ? Slot::Scope::kInstance : Slot::Scope::kModule;
+      }
+      if (auto it = keys.find("guards"); it != keys.end()) {
+        if (const auto* guards = Sequence(*it->second.second, "guards")) {
+          for (const RawNode& g : *guards) {
+            if (auto guard = LoadGuard(g)) slot.guards.push_back(std::move(*guard));
+          }
+        }
+      }
+      if (!ok) continue;
+      slot.name = *name;
+      slot.op = *op;
+      slot.variant = *variant;
+      slot.loc = Loc(*keys["name"].second);
+      auto [it, inserted] = by_name.emplace(slot.name, spec.slots.size());
+      if (inserted) {
+        spec.slots.push_back(std::move(slot));
+        continue;
+      }
+      Slot& first = spec.slots[it->second];
+      if (first.op != slot.op || first.variant != slot.variant || first.scope != slot.scope) {
+        ErrorWithNote(*keys["name"].second,
+                      "slot '" + slot.name + "' is declared again with a different op/variant/scope",
+                      first.loc, "first declared here as " + first.op + "/" + first.variant,
+                      "use another slot name, or the same op, variant and scope");
+        continue;
+      }
+      // The same declaration again: its guards join the first one's.
+      for (Guard& g : slot.guards) first.guards.push_back(std::move(g));
+    }
+  }
+
+  std::optional<std::string> EnumValue(const RawNode& n, std::string_view what,
+                                       const std::vector<std::string>& values) {
+    auto s = String(n, what);
+    if (!s) return s;
+    if (std::find(values.begin(), values.end(), *s) != values.end()) return s;
+    std::string help;
+    if (auto near = DidYouMean(*s, values)) help = "did you mean '" + *near + "'? ";
+    help += "valid values: " + JoinNames(values, 100);
+    Error(n, "invalid value '" + *s + "' for '" + std::string(what) + "'", help);
+    return std::nullopt;
+  }
+
+  template <class Keys>
+  bool RequireKeys(const RawNode& entry, const Keys& keys, KeyLevel level) {
+    bool ok = true;
+    for (const std::string& k : RequiredKeys(level)) {
+      if (!keys.count(k)) {
+        Error(entry.entries.empty() ? entry : entry.entries.front().first,
+              std::string("missing key '") + k + "' in " + Article(level),
+              std::string("a ") + KeyLevelName(level) + " needs: " + JoinNames(RequiredKeys(level), 100));
+        ok = false;
+      }
+    }
+    return ok;
+  }
+
+  std::optional<Guard> LoadGuard(const RawNode& n) {
+    if (!Mapping(n, "guards")) return std::nullopt;
+    auto keys = Keys(n, KeyLevel::kGuard);
+    if (!RequireKeys(n, keys, KeyLevel::kGuard)) return std::nullopt;
+    Guard g;
+    g.loc = Loc(n.entries.front().first);
+    auto in = Dotted(*keys["in"].second, "in", "Qwen3RMSNorm.forward");
+    auto call = Code(*keys["call"].second, "call");
+    bool ok = in && call;
+    if (auto it = keys.find("at"); it != keys.end()) {
+      if (auto at = String(*it->second.second, "at")) {
+        g.at = *at;
+        g.at_loc = Loc(*it->second.second);
+      } else {
+        ok = false;
+      }
+    }
+    if (auto it = keys.find("through"); it != keys.end()) {
+      if (!g.at && keys.find("at") == keys.end()) {
+        Error(*it->second.first, "'through' needs 'at'",
+              "`at` names the first statement of the range, `through` the last");
+        ok = false;
+      } else if (auto through = String(*it->second.second, "through")) {
+        g.through = *through;
+        g.through_loc = Loc(*it->second.second);
+      } else {
+        ok = false;
+      }
+    }
+    if (!ok) return std::nullopt;
+    g.in = *in;
+    g.in_loc = Loc(*keys["in"].second);
+    g.call = std::move(call->first);
+    g.call_origin = std::move(call->second);
+    return g;
+  }
+
+  void LoadPatches(const RawNode& n, PatchSpec& spec) {
+    const auto* items = Sequence(n, "patches");
+    if (!items) return;
+    std::map<std::string, SourceLoc> targets;
+    const std::vector<std::string>& kinds = PatchKindKeys();
+    for (const RawNode& item : *items) {
+      if (!Mapping(item, "patches")) continue;
+      auto keys = Keys(item, KeyLevel::kPatch);
+      std::vector<std::pair<const RawNode*, const RawNode*>> kind_keys;
+      for (const auto& [key, value] : item.entries) {
+        if (key.kind == Kind::kScalar &&
+            std::find(kinds.begin(), kinds.end(), key.scalar) != kinds.end()) {
+          kind_keys.emplace_back(&key, &value);
+        }
+      }
+      if (kind_keys.empty()) {
+        Error(item.entries.empty() ? item : item.entries.front().first, "patch has no kind",
+              "start the entry with one of: " + JoinNames(kinds, 100));
+        continue;
+      }
+      if (kind_keys.size() > 1) {
+        Error(*kind_keys[1].first,
+              "patch has more than one kind: '" + kind_keys[0].first->scalar + "' and '" +
+                  kind_keys[1].first->scalar + "'",
+              "split it into one patch per kind");
+        continue;
+      }
+      Patch p;
+      const std::string& kind = kind_keys[0].first->scalar;
+      size_t kind_index = std::find(kinds.begin(), kinds.end(), kind) - kinds.begin();
+      p.kind = static_cast<PatchKind>(kind_index);
+      p.loc = Loc(*kind_keys[0].first);
+      const RawNode& target_node = *kind_keys[0].second;
+      auto target = Dotted(target_node, kind, "Qwen3MLP.forward");
+      bool ok = target.has_value();
+      if (target) {
+        size_t dots = CountDots(*target);
+        if ((p.kind == PatchKind::kReplaceClass || p.kind == PatchKind::kReplaceFunction) && dots > 0) {
+          Error(target_node, "'" + kind + "' takes a top-level name, found '" + *target + "'",
+                "to change a method, use `override_method: " + *target + "`");
+          ok = false;
+        } else if ((p.kind == PatchKind::kOverrideMethod || p.kind == PatchKind::kAddMethod) &&
+                   dots == 0) {
+          Error(target_node, "'" + kind + "' takes `Class.method`, found '" + *target + "'",
+                p.kind == PatchKind::kOverrideMethod
+                    ? "to replace a top-level function, use `replace_function: " + *target + "`"
+                    : "name the class and the new method, like `" + *target + ".forward`");
+          ok = false;
+        }
+      }
+      if (auto it = keys.find("description"); it != keys.end()) {
+        if (auto d = OneLine(*it->second.second, "description")) p.description = *d;
+      }
+      if (auto it = keys.find("after"); it != keys.end()) {
+        if (p.kind != PatchKind::kModifyInit) {
+          Error(*it->second.first, "'after' is only for modify_init",
+                "`after: super_init` places modify_init statements right after super().__init__(...)");
+        } else if (auto v = EnumValue(*it->second.second, "after", InitAfterValues())) {
+          p.init_at = *v == "super_init" ? Patch::InitAt::kAfterSuperInit : Patch::InitAt::kEnd;
+        }
+      }
+      if (auto it = keys.find("name_map"); it != keys.end()) p.name_map = NameMap(*it->second.second);
+      bool allow_from = p.kind == PatchKind::kReplaceClass || p.kind == PatchKind::kReplaceFunction;
+      p.body = BodyOf(item, keys, allow_from, kind);
+      if (!ok) continue;
+      p.target = *target;
+      p.target_loc = Loc(target_node);
+      auto [it, inserted] = targets.emplace(p.target, p.target_loc);
+      if (!inserted) {
+        ErrorWithNote(target_node, "duplicate target '" + p.target + "'", it->second,
+                      "first patched here",
+                      "a target can be patched once per spec; merge the two patches");
+        continue;
+      }
+      spec.patches.push_back(std::move(p));
+    }
+  }
+
+  void LoadHelpers(const RawNode& n, PatchSpec& spec) {
+    const auto* items = Sequence(n, "helpers");
+    if (!items) return;
+    std::map<std::string, SourceLoc> names;
+    for (const RawNode& item : *items) {
+      if (!Mapping(item, "helpers")) continue;
+      auto keys = Keys(item, KeyLevel::kHelper);
+      Helper h;
+      h.loc = Loc(item.entries.empty() ? item : item.entries.front().first);
+      if (auto it = keys.find("after"); it != keys.end()) {
+        auto after = Identifier(*it->second.second, "after");
+        if (!after) continue;
+        h.after = *after;
+        h.after_loc = Loc(*it->second.second);
+      }
+      h.body = BodyOf(item, keys, false, "a helper");
+      if (h.body.source == Body::Source::kNone) continue;
+      const RawNode* name_node = nullptr;
+      if (auto it = keys.find("name"); it != keys.end()) {
+        name_node = it->second.second;
+        auto name = Identifier(*name_node, "name");
+        if (!name) continue;
+        h.name = *name;
+      } else if (h.body.source == Body::Source::kFile) {
+        h.name = h.body.symbol;
+      } else if (auto derived = FirstDefName(h.body.text)) {
+        h.name = *derived;
+      } else {
+        Error(*keys["code"].first, "cannot tell the helper's name: its code has no top-level def or class",
+              "add `name:` so that specs extending this one can replace or remove it");
+        continue;
+      }
+      auto [it, inserted] = names.emplace(h.name, h.loc);
+      if (!inserted) {
+        Diagnostic d = ErrorAt(name_node ? Loc(*name_node) : h.body.loc, "duplicate helper '" + h.name + "'");
+        d.notes.push_back(LocText(it->second) + ": note: first defined here");
+        diags_.push_back(std::move(d));
+        continue;
+      }
+      spec.helpers.push_back(std::move(h));
+    }
+  }
+
+  std::string path_;
+  std::shared_ptr<const std::string> text_;
+  LineIndex lines_;
+  std::vector<Diagnostic> diags_;
+};
+
+// Replaces the entry of `list` whose key equals `item`'s in place, or appends it.
+template <class T, class KeyFn>
+void Upsert(std::vector<T>& list, T item, KeyFn key) {
+  for (T& existing : list) {
+    if (key(existing) == key(item)) {
+      existing = std::move(item);
+      return;
+    }
+  }
+  list.push_back(std::move(item));
+}
+
+void Merge(OneSpec& parent_one, OneSpec&& child_one, const std::string& parent_path,
+           std::vector<Diagnostic>& diags) {
+  PatchSpec& parent = parent_one.spec;
+  PatchSpec& child = child_one.spec;
+  parent_one.parsed = child_one.parsed;
+  parent_one.has_upstream |= child_one.has_upstream;
+  parent_one.has_output |= child_one.has_output;
+  // `remove` first: it names inherited entries only.
+  for (const LocatedName& r : child_one.removes) {
+    size_t before = parent.patches.size() + parent.slots.size() + parent.helpers.size();
+    std::erase_if(parent.patches, [&](const Patch& p) { return p.target == r.name; });
+    std::erase_if(parent.slots, [&](const Slot& s) { return s.name == r.name; });
+    std::erase_if(parent.helpers, [&](const Helper& h) { return h.name == r.name; });
+    if (parent.patches.size() + parent.slots.size() + parent.helpers.size() == before) {
+      std::vector<std::string> names;
+      for (const Patch& p : parent.patches) names.push_back(p.target);
+      for (const Slot& s : parent.slots) names.push_back(s.name);
+      for (const Helper& h : parent.helpers) names.push_back(h.name);
+      std::string help;
+      if (auto near = DidYouMean(r.name, names)) help = "did you mean '" + *near + "'? ";
+      help += names.empty() ? std::string("the parent has no patches, slots or helpers")
+                            : "inherited patch targets, slots and helpers: " + JoinNames(names);
+      diags.push_back(ErrorAt(r.loc, "nothing named '" + r.name + "' to remove in '" + parent_path + "'", help));
+    }
+  }
+  parent.extends_chain.insert(parent.extends_chain.begin(), parent_path);
+  parent.path = child.path;
+  parent.text = child.text;
+  if (child_one.has_version) parent.version = child.version;
+  if (child_one.has_upstream) {
+    parent.upstream = child.upstream;
+    parent.upstream_loc = child.upstream_loc;
+  }
+  if (child_one.has_output) {
+    parent.output = child.output;
+    parent.output_loc = child.output_loc;
+  }
+  if (child_one.has_description) parent.description = child.description;
+  if (child.runtime) parent.runtime = child.runtime;
+  for (NameMapEntry& e : child.name_map) {
+    Upsert(parent.name_map, std::move(e), [](const NameMapEntry& x) { return x.from; });
+  }
+  for (Block& b : child.import_adds) parent.import_adds.push_back(std::move(b));
+  for (LocatedName& n : child.import_drops) {
+    Upsert(parent.import_drops, std::move(n), [](const LocatedName& x) { return x.name; });
+  }
+  for (Slot& s : child.slots) Upsert(parent.slots, std::move(s), [](const Slot& x) { return x.name; });
+  for (Patch& p : child.patches) Upsert(parent.patches, std::move(p), [](const Patch& x) { return x.target; });
+  for (Helper& h : child.helpers) Upsert(parent.helpers, std::move(h), [](const Helper& x) { return x.name; });
+  for (Block& b : child.blocks) parent.blocks.push_back(std::move(b));
+  for (LocatedName& n : child.excludes) {
+    Upsert(parent.excludes, std::move(n), [](const LocatedName& x) { return x.name; });
+  }
+}
+
+std::string Identity(const std::string& path) {
+  std::error_code ec;
+  fs::path p = fs::weakly_canonical(fs::path(path), ec);
+  return ec ? fs::path(path).lexically_normal().generic_string() : p.generic_string();
+}
+
+// Loads `path` with its `extends` chain merged. `stack` holds the identities of the specs being
+// loaded (for cycles); `diags` collects errors of every file in the chain.
+std::optional<OneSpec> LoadMerged(const std::string& path, std::shared_ptr<const std::string> text,
+                                    std::vector<std::string>& stack, std::vector<Diagnostic>& diags) {
+  FileLoader loader(path, std::move(text));
+  OneSpec one = loader.Load();
+  for (Diagnostic& d : loader.diags()) diags.push_back(std::move(d));
+  if (!one.extends) return one;
+
+  const LocatedName& ext = *one.extends;
+  std::string parent_path = JoinRelative(path, ext.name);
+  std::string id = Identity(parent_path);
+  if (std::find(stack.begin(), stack.end(), id) != stack.end()) {
+    diags.push_back(ErrorAt(ext.loc, "'extends' cycle: '" + parent_path + "' is already being loaded",
+                            "a spec cannot extend itself, directly or through others"));
+    return std::nullopt;
+  }
+  std::string err;
+  std::string parent_text = ReadFile(parent_path, &err);
+  if (!err.empty()) {
+    diags.push_back(ErrorAt(ext.loc, "cannot read spec '" + parent_path + "': " + err,
+                            "'extends' is relative to this spec's folder"));
+    return std::nullopt;
+  }
+  stack.push_back(id);
+  std::optional<OneSpec> parent =
+      LoadMerged(parent_path, std::make_shared<const std::string>(std::move(parent_text)), stack, diags);
+  stack.pop_back();
+  if (!parent) return std::nullopt;
+  Merge(*parent, std::move(one), parent_path, diags);
+  return parent;
+}
+
+Result<PatchSpec> LoadTopLevel(const std::string& path, std::string text) {
+  std::vector<Diagnostic> diags;
+  std::vector<std::string> stack = {Identity(path)};
+  auto shared = std::make_shared<const std::string>(std::move(text));
+  std::optional<OneSpec> spec = LoadMerged(path, shared, stack, diags);
+  if (spec && spec->parsed) {
+    // Required keys are checked on the merged spec, so a parent may leave them to its children.
+    LineIndex lines(*shared);
+    for (const char* key : {"upstream", "output"}) {
+      bool present = std::string(key) == "upstream" ? spec->has_upstream : spec->has_output;
+      if (present) continue;
+      SourceLoc loc = shared->empty() ? SourceLoc{path, 1, 1, 1, ""}
+                                      : LocOf(path, *shared, lines, ByteRange{0, 0});
+      diags.push_back(ErrorAt(loc, std::string("missing required key '") + key + "'",
+                              std::string(key) == "upstream"
+                                  ? "add `upstream: <dotted module>`, e.g. transformers.models.qwen3.modeling_qwen3"
+                                  : "add `output: <file name>.py`"));
+    }
+  }
+  if (!diags.empty()) {
+    SortDiagnostics(diags);
+    return diags;
+  }
+  return std::move(spec->spec);
+}
+
+}  // namespace
+
+Result<PatchSpec> LoadSpec(const std::string& path) {
+  std::string err;
+  std::string text = ReadFile(path, &err);
+  if (!err.empty()) {
+    return Diagnostic{Severity::kError, ErrorKind::kIo, path, 0, 0, 1, "cannot read spec: " + err, "", {}, ""};
+  }
+  return LoadTopLevel(path, std::move(text));
+}
+
+Result<PatchSpec> LoadSpecFromString(const std::string& path, std::string text) {
+  return LoadTopLevel(path, std::move(text));
+}
+
+}  // namespace patchgen::spec

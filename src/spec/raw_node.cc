@@ -1,0 +1,147 @@
+#include "spec/raw_node.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include "base/line_index.h"
+
+namespace patchgen::spec {
+namespace {
+
+bool IsSpace(char c) { return c == ' ' || c == '\t'; }
+
+// End of the token that starts at `pos` on its line: a quoted scalar up to its closing quote, a
+// block indicator (`|-`, `>2`), or a plain scalar up to a comment, a `: ` (keys) or, in flow
+// context, a flow indicator.
+uint32_t TokenEnd(const std::string& text, uint32_t pos, RawNode::Style style, bool flow) {
+  size_t eol = text.find('\n', pos);
+  if (eol == std::string::npos) eol = text.size();
+  if (eol > pos && text[eol - 1] == '\r') --eol;
+  size_t i = pos;
+  if (style == RawNode::Style::kQuoted) {
+    char q = text[pos];
+    for (i = pos + 1; i < eol; ++i) {
+      if (q == '"' && text[i] == '\\') {
+        ++i;
+      } else if (text[i] == q) {
+        if (q == '\'' && i + 1 < eol && text[i + 1] == '\'') {
+          ++i;
+        } else {
+          return static_cast<uint32_t>(i + 1);
+        }
+      }
+    }
+    return static_cast<uint32_t>(eol);
+  }
+  if (style == RawNode::Style::kLiteral || style == RawNode::Style::kFolded) {
+    for (i = pos; i < eol && !IsSpace(text[i]); ++i) {
+    }
+    return static_cast<uint32_t>(i);
+  }
+  for (i = pos; i < eol; ++i) {
+    char c = text[i];
+    if (c == '#' && i > pos && IsSpace(text[i - 1])) break;
+    if (c == ':' && (i + 1 == eol || IsSpace(text[i + 1]) || (flow && text[i + 1] == ','))) break;
+    if (flow && (c == ',' || c == ']' || c == '}')) break;
+  }
+  while (i > pos && IsSpace(text[i - 1])) --i;
+  return static_cast<uint32_t>(i);
+}
+
+RawNode::Style StyleAt(const std::string& text, uint32_t pos) {
+  if (pos >= text.size()) return RawNode::Style::kPlain;
+  switch (text[pos]) {
+    case '"':
+    case '\'': return RawNode::Style::kQuoted;
+    case '|': return RawNode::Style::kLiteral;
+    case '>': return RawNode::Style::kFolded;
+    default: return RawNode::Style::kPlain;
+  }
+}
+
+RawNode Convert(const YAML::Node& node, const std::string& text, bool flow) {
+  RawNode out;
+  YAML::Mark mark = node.Mark();
+  uint32_t pos = mark.is_null() ? 0 : static_cast<uint32_t>(std::min<size_t>(mark.pos, text.size()));
+  out.range = ByteRange{pos, pos};
+  switch (node.Type()) {
+    case YAML::NodeType::Scalar: {
+      out.kind = RawNode::Kind::kScalar;
+      out.scalar = node.Scalar();
+      out.style = StyleAt(text, pos);
+      out.range.end = std::max(pos + 1, TokenEnd(text, pos, out.style, flow));
+      break;
+    }
+    case YAML::NodeType::Sequence: {
+      out.kind = RawNode::Kind::kSequence;
+      bool inner_flow = flow || node.Style() == YAML::EmitterStyle::Flow;
+      for (const YAML::Node& item : node) {
+        RawNode raw = Convert(item, text, inner_flow);
+        if (raw.kind == RawNode::Kind::kNull && !raw.explicit_null) {
+          // An empty item (`-` alone) is marked at the next token; point at its `-` instead.
+          uint32_t i = raw.range.start;
+          while (i > 0 && (text[i - 1] == ' ' || text[i - 1] == '\t' || text[i - 1] == '\n' ||
+                           text[i - 1] == '\r')) {
+            --i;
+          }
+          if (i > 0 && text[i - 1] == '-') raw.range = ByteRange{i - 1, i};
+        }
+        out.items.push_back(std::move(raw));
+      }
+      out.range.end = pos + 1;
+      break;
+    }
+    case YAML::NodeType::Map: {
+      out.kind = RawNode::Kind::kMapping;
+      bool inner_flow = flow || node.Style() == YAML::EmitterStyle::Flow;
+      for (const auto& kv : node) {
+        RawNode key = Convert(kv.first, text, inner_flow);
+        RawNode value = Convert(kv.second, text, inner_flow);
+        if (value.kind == RawNode::Kind::kNull && !value.explicit_null) {
+          // yaml-cpp marks an empty value at the next token; point at the key instead.
+          value.range = key.range;
+        }
+        out.entries.emplace_back(std::move(key), std::move(value));
+      }
+      out.range.end = pos + 1;
+      break;
+    }
+    default: {
+      out.kind = RawNode::Kind::kNull;
+      out.explicit_null = pos < text.size() && (text[pos] == '~' || text[pos] == 'n' ||
+                                                text[pos] == 'N');
+      out.range.end = out.explicit_null ? TokenEnd(text, pos, RawNode::Style::kPlain, flow)
+                                        : pos + 1;
+      break;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+const char* DescribeKind(const RawNode& node) {
+  switch (node.kind) {
+    case RawNode::Kind::kNull: return "nothing";
+    case RawNode::Kind::kScalar: return "a string";
+    case RawNode::Kind::kSequence: return "a sequence";
+    case RawNode::Kind::kMapping: return "a mapping";
+  }
+  return "?";
+}
+
+Result<RawNode> ParseRawYaml(const std::string& path, const std::string& text) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::ParserException& e) {
+    LineIndex lines(text);
+    uint32_t pos = e.mark.is_null() ? 0 : static_cast<uint32_t>(std::min<size_t>(e.mark.pos, text.size()));
+    return MakeDiagnostic(path, text, lines, ByteRange{pos, pos + 1}, "invalid YAML: " + e.msg);
+  } catch (const YAML::Exception& e) {
+    return Diagnostic{Severity::kError, ErrorKind::kSpec, path, 0, 0, 1,
+                      std::string("invalid YAML: ") + e.msg, "", {}, ""};
+  }
+  return Convert(root, text, false);
+}
+
+}  // namespace patchgen::spec

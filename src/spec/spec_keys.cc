@@ -1,0 +1,89 @@
+#include "spec/spec_keys.h"
+
+#include "spec/patch_spec.h"
+
+namespace patchgen::spec {
+
+const std::vector<KeyLevel>& AllKeyLevels() {
+  static const std::vector<KeyLevel> levels = {KeyLevel::kSpec,  KeyLevel::kImports,
+                                               KeyLevel::kSlot,  KeyLevel::kGuard,
+                                               KeyLevel::kPatch, KeyLevel::kHelper};
+  return levels;
+}
+
+const char* KeyLevelName(KeyLevel level) {
+  switch (level) {
+    case KeyLevel::kSpec: return "spec";
+    case KeyLevel::kImports: return "imports";
+    case KeyLevel::kSlot: return "slot";
+    case KeyLevel::kGuard: return "guard";
+    case KeyLevel::kPatch: return "patch";
+    case KeyLevel::kHelper: return "helper";
+  }
+  return "?";
+}
+
+const std::vector<std::string>& KnownKeys(KeyLevel level) {
+  static const std::vector<std::string> spec = {
+      "version", "upstream", "output",  "description", "runtime", "extends", "name_map",
+      "imports", "slots",    "patches", "helpers",     "blocks",  "exclude", "remove"};
+  static const std::vector<std::string> imports = {"add", "drop"};
+  static const std::vector<std::string> slot = {"name", "op", "variant", "scope", "guards"};
+  static const std::vector<std::string> guard = {"in", "at", "through", "call"};
+  static const std::vector<std::string> patch = {
+      "replace_class", "replace_function", "override_method", "add_method", "modify_init",
+      "description",   "code",             "file",            "symbol",     "from",
+      "after",         "name_map"};
+  static const std::vector<std::string> helper = {"after", "name", "code", "file", "symbol"};
+  switch (level) {
+    case KeyLevel::kSpec: return spec;
+    case KeyLevel::kImports: return imports;
+    case KeyLevel::kSlot: return slot;
+    case KeyLevel::kGuard: return guard;
+    case KeyLevel::kPatch: return patch;
+    case KeyLevel::kHelper: return helper;
+  }
+  return spec;
+}
+
+const std::vector<std::string>& RequiredKeys(KeyLevel level) {
+  static const std::vector<std::string> spec = {"upstream", "output"};
+  static const std::vector<std::string> slot = {"name", "op", "variant"};
+  static const std::vector<std::string> guard = {"in", "call"};
+  static const std::vector<std::string> none;
+  switch (level) {
+    case KeyLevel::kSpec: return spec;
+    case KeyLevel::kSlot: return slot;
+    case KeyLevel::kGuard: return guard;
+    default: return none;
+  }
+}
+
+const std::vector<std::string>& PatchKindKeys() {
+  static const std::vector<std::string> kinds = {"replace_class", "replace_function",
+                                                 "override_method", "add_method", "modify_init"};
+  return kinds;
+}
+
+const std::vector<std::string>& ScopeValues() {
+  static const std::vector<std::string> v = {"module", "instance"};
+  return v;
+}
+
+const std::vector<std::string>& InitAfterValues() {
+  static const std::vector<std::string> v = {"end", "super_init"};
+  return v;
+}
+
+const char* PatchKindKey(PatchKind kind) {
+  switch (kind) {
+    case PatchKind::kReplaceClass: return "replace_class";
+    case PatchKind::kReplaceFunction: return "replace_function";
+    case PatchKind::kOverrideMethod: return "override_method";
+    case PatchKind::kAddMethod: return "add_method";
+    case PatchKind::kModifyInit: return "modify_init";
+  }
+  return "?";
+}
+
+}  // namespace patchgen::spec
