@@ -13,20 +13,28 @@
 namespace patchgen::rewriter {
 
 struct GuardPlan {
-  /// Text inserted once after the last top-level import: `from <runtime> import OpSlot` and one
-  /// `name = OpSlot("op", "variant")` per module-scoped slot (identical duplicates once). Empty
-  /// when the spec has no module-scoped slots.
+  /// Text inserted once after the last top-level import: `from <runtime> import OpSlot\n`, then
+  /// (when there are module-scoped slots) a blank line and one `name = OpSlot("op", "variant")\n`
+  /// per module-scoped slot (identical duplicates once). No blank lines around the block: the
+  /// caller separates it from the imports. Empty when the spec has no slots; only the import
+  /// when every slot is instance-scoped.
   std::string declarations;
-  /// Entry and call-site guards, and `self.<name> = OpSlot(...).bind_from(config)` lines appended to
-  /// `__init__` of owners of instance-scoped slots.
+  /// Entry and call-site guards, and `self.<name> = OpSlot(...).bind_from(config)` lines
+  /// appended to `__init__` of owners of instance-scoped slots. Entry guards come first, so a
+  /// call-site guard on a body's first statement follows the entry guard at the same offset.
+  /// `TextEdit::code` maps a guard's `call` text back to the spec (one-line entry calls and
+  /// every call-site call).
   std::vector<TextEdit> edits;
-  /// For the header: one entry per guard ("guard", "Qwen3RMSNorm.forward", "rms_norm_slot -> rms_norm/standard").
+  /// For the header: one (target, description) per guard, e.g. ("Qwen3RMSNorm.forward",
+  /// "rms_norm_slot -> rms_norm/standard"); the kind is always "guard".
   std::vector<std::pair<std::string, std::string>> applied;
-  /// Qualified names of definitions that guards edit (for "guard inside an overridden method" errors).
+  /// Qualified names of definitions that guards edit, with the guard's `in` location (for
+  /// "guard inside an overridden method" errors).
   std::vector<std::pair<std::string, SourceLoc>> guarded_targets;
 };
 
-/// Plans every slot and guard of `spec` against `upstream`. `runtime` is the module providing OpSlot.
+/// Plans every slot and guard of `spec` against `upstream` (docs/guards.md). `runtime` is the
+/// module providing OpSlot. All errors are collected, located in the spec, and sorted.
 Result<GuardPlan> PlanGuards(const spec::PatchSpec& spec, const parser::PyModule& upstream,
                              const std::string& runtime);
 
