@@ -1,0 +1,578 @@
+#!/usr/bin/env python3
+"""GPU end-to-end test of the real-model specs (specs/<model>/*.yaml) on transformers 5.17.0.
+
+First, `patchgen --validate` on every spec under specs/ (example excluded), and every
+specs/<model>/ folder must have a case below. Then, for every model:
+  1. generate its GPU (and NPU) spec with patchgen against the installed transformers;
+  2. build a tiny random config, construct the upstream *ForCausalLM and the generated one, and
+     load the same state_dict into both (strict);
+  3. eager: every slot on "eager" -> logits (and loss) must be torch.equal to upstream, fp32;
+  4. torch: every slot on opslot's portable `torch` kernel (wrapped so each call is counted: a slot
+     that never fires fails the model) -> logits, loss and every parameter gradient must be close
+     to upstream's; the max abs errors are recorded; then again with the causal-LM loss on the
+     chunked fused linear + cross-entropy (`torch_chunked`, no full logits): loss and gradients;
+  5. one AdamW step on the torch-kernel model: losses finite before and after, weights moved;
+  6. NPU sibling: generates, imports, declares the GPU slots minus the ones it removes, binds with
+     the NPU defaults (pretending to be an NPU machine; a fake `torch_npu` is installed when the
+     real one is missing) and, run eagerly here, equals upstream.
+One model's failure is reported and the others continue; the exit status is 1 if any failed.
+The per-model table is printed and written to $OUT (gpu_e2e.md, gpu_e2e.csv, gpu_e2e.json).
+
+Usage (normally through tests/gpu/run_e2e.sh):
+  python3 tests/gpu/e2e.py --patchgen .device-bin/patchgen --source-root SITE --gen-dir DIR [--only qwen3,llama]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import dataclasses
+import importlib
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+import traceback
+import types
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS; before torch
+os.environ.setdefault("USE_HUB_KERNELS", "0")                # upstream must run its own code
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "runtime"))
+
+import torch  # noqa: E402
+
+#: Tolerances for the `torch` kernels against upstream eager, fp32 (outputs and gradients).
+RTOL, ATOL = 1e-3, 1e-4
+#: Name under which the counting wrappers of the `torch` kernels are registered.
+COUNTED_IMPL = "e2e_torch"
+
+BATCH, SEQ = 2, 16
+
+
+# -- the models ------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class Case:
+    key: str                       # folder under specs/
+    config_class: str              # transformers.<name>
+    config_kwargs: Dict[str, Any]  # model-specific (passed as is)
+    causal_lm: str                 # class name in the modeling module
+    offset_norm: bool = False      # (1 + w) RMSNorm: norm weights are initialised around 0
+    moe: bool = False              # forward with output_router_logits=True
+    npu_removes: Optional[List[str]] = None  # None: no NPU sibling; else the slots it removes
+    softcapped_loss_refused: bool = False    # the loss slot covers final_logit_softcapping (Gemma3)
+
+    @property
+    def upstream_module(self) -> str:
+        return f"transformers.models.{self.key}.modeling_{self.key}"
+
+    def spec(self, target: str) -> Path:
+        return ROOT / "specs" / self.key / f"{self.key}_{target}.yaml"
+
+    def output_name(self, target: str) -> str:
+        return f"patched_modeling_{self.key}_{target}.py"
+
+
+#: Dense defaults, passed only where the config class has the field.
+BASE = dict(
+    vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=128,
+    rms_norm_eps=1e-6, tie_word_embeddings=False, attention_dropout=0.0, use_cache=False,
+)
+
+CASES = [
+    Case("llama", "LlamaConfig", {}, "LlamaForCausalLM"),
+    Case("qwen2", "Qwen2Config", {}, "Qwen2ForCausalLM"),
+    Case("qwen3", "Qwen3Config", {}, "Qwen3ForCausalLM", npu_removes=[]),
+    Case("qwen3_moe", "Qwen3MoeConfig",
+         dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, decoder_sparse_step=1,
+              mlp_only_layers=[0], norm_topk_prob=True, output_router_logits=True, router_aux_loss_coef=0.01),
+         "Qwen3MoeForCausalLM", moe=True, npu_removes=[]),
+    Case("qwen3_5", "Qwen3_5TextConfig",
+         dict(linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
+              linear_num_key_heads=2, linear_num_value_heads=4,
+              layer_types=["linear_attention", "full_attention"],
+              rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
+                               "mrope_section": [2, 1, 1], "mrope_interleaved": True}),
+         "Qwen3_5ForCausalLM", offset_norm=True,
+         npu_removes=["causal_conv1d_slot", "chunk_gated_delta_rule_slot"]),
+    Case("qwen3_5_moe", "Qwen3_5MoeTextConfig",
+         dict(linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
+              linear_num_key_heads=2, linear_num_value_heads=4,
+              layer_types=["linear_attention", "full_attention"],
+              rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
+                               "mrope_section": [2, 1, 1], "mrope_interleaved": True},
+              num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32,
+              output_router_logits=True, router_aux_loss_coef=0.01),
+         "Qwen3_5MoeForCausalLM", offset_norm=True, moe=True,
+         npu_removes=["causal_conv1d_slot", "chunk_gated_delta_rule_slot"]),
+    Case("gemma3", "Gemma3TextConfig",
+         dict(query_pre_attn_scalar=16, sliding_window=8, layer_types=["sliding_attention", "full_attention"],
+              hidden_activation="gelu_pytorch_tanh", final_logit_softcapping=None, attn_logit_softcapping=None),
+         "Gemma3ForCausalLM", offset_norm=True, softcapped_loss_refused=True),
+    Case("seed_oss", "SeedOssConfig", dict(residual_dropout=0.0, attention_bias=True), "SeedOssForCausalLM"),
+    Case("deepseek_v3", "DeepseekV3Config",
+         dict(num_key_value_heads=4, moe_intermediate_size=32, first_k_dense_replace=1, n_shared_experts=1,
+              n_routed_experts=8, num_experts_per_tok=2, n_group=2, topk_group=1, kv_lora_rank=16,
+              q_lora_rank=32, qk_rope_head_dim=8, v_head_dim=16, qk_nope_head_dim=16,
+              rope_interleave=False, norm_topk_prob=True),
+         "DeepseekV3ForCausalLM"),
+    Case("gpt_oss", "GptOssConfig",
+         dict(num_local_experts=8, num_experts_per_tok=2, sliding_window=8,
+              layer_types=["sliding_attention", "full_attention"], output_router_logits=True,
+              router_aux_loss_coef=0.01),
+         "GptOssForCausalLM", moe=True),
+]
+
+
+# -- result record -----------------------------------------------------------------------------------
+@dataclasses.dataclass
+class Result:
+    model: str
+    status: str = "FAIL"
+    gen_lines: Optional[int] = None
+    diff_added: Optional[int] = None
+    diff_removed: Optional[int] = None
+    slots: str = ""
+    eager_logits_equal: Optional[bool] = None
+    eager_loss_equal: Optional[bool] = None
+    eager_grads_equal: Optional[bool] = None
+    torch_logits_max_abs_err: Optional[float] = None
+    torch_loss_abs_err: Optional[float] = None
+    chunked_ce_loss_abs_err: Optional[float] = None
+    chunked_ce_grads_max_abs_err: Optional[float] = None
+    torch_grads_max_abs_err: Optional[float] = None
+    slot_calls: str = ""
+    step: str = ""
+    npu: str = ""
+    errors: List[str] = dataclasses.field(default_factory=list)
+    seconds: float = 0.0
+
+
+class CheckFailed(Exception):
+    """A check of the e2e run did not hold (the message says which)."""
+
+
+# -- generation ---------------------------------------------------------------------------------------
+def generate(patchgen: str, spec: Path, source_root: str, out_dir: Path, output_name: str) -> Tuple[Path, Path]:
+    """Run patchgen on one spec; returns (generated .py, .diff). Raises CheckFailed with its stderr."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cmd = [patchgen, str(spec.relative_to(ROOT)), "--source-root", source_root, "-o", str(out_dir), "--diff"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise CheckFailed(f"patchgen exit {proc.returncode}: {' '.join(cmd)}\n{proc.stderr.strip()}")
+    found = sorted(out_dir.rglob(output_name))
+    if len(found) != 1:
+        raise CheckFailed(f"patchgen wrote {len(found)} files named {output_name} under {out_dir}")
+    diff = found[0].with_suffix(".diff")
+    if not diff.is_file():
+        raise CheckFailed(f"patchgen --diff wrote no {diff.name}")
+    return found[0], diff
+
+
+def diff_counts(diff: Path) -> Tuple[int, int]:
+    added = removed = 0
+    for line in diff.read_text(encoding="utf-8").splitlines():
+        if line.startswith("+") and not line.startswith("+++"):
+            added += 1
+        elif line.startswith("-") and not line.startswith("---"):
+            removed += 1
+    return added, removed
+
+
+def import_generated(path: Path) -> types.ModuleType:
+    name = path.stem
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+# -- models and inputs --------------------------------------------------------------------------------
+def make_config(case: Case):
+    import transformers
+
+    cls = getattr(transformers, case.config_class)
+    fields = getattr(cls, "__dataclass_fields__", None)
+    kwargs = {k: v for k, v in BASE.items() if fields is None or k in fields}
+    kwargs.update(case.config_kwargs)
+    config = cls(**kwargs)
+    config._attn_implementation = "eager"
+    if case.moe or hasattr(config, "num_experts") or hasattr(config, "n_routed_experts"):
+        config._experts_implementation = "eager"  # the moe guards live in the eager experts forward
+    return config
+
+
+def randomize_(model: torch.nn.Module, offset_norm: bool, seed: int = 1234) -> None:
+    """Deterministic non-trivial weights: matrices N(0, 0.1); RMSNorm weights around 1, or around 0
+    for the (1 + w) norms of offset models (gated norms multiply by w: around 1); other vectors
+    (biases, A_log, dt_bias, sinks) N(0, 0.1)."""
+    gen = torch.Generator().manual_seed(seed)
+    norm_centre = {}
+    for mod_name, mod in model.named_modules():
+        kind = type(mod).__name__
+        if kind.endswith("RMSNorm") or kind.endswith("RMSNormGated"):
+            offset = offset_norm and not kind.endswith("Gated")
+            norm_centre[f"{mod_name}.weight" if mod_name else "weight"] = 0.0 if offset else 1.0
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters()):
+            noise = torch.randn(p.shape, generator=gen, dtype=torch.float32)
+            centre = norm_centre.get(name, 0.0)
+            p.copy_((centre + 0.1 * noise).to(p.dtype))
+
+
+def make_inputs(vocab: int, device: torch.device) -> Dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(4321)
+    input_ids = torch.randint(0, vocab, (BATCH, SEQ), generator=gen)
+    attention_mask = torch.ones(BATCH, SEQ, dtype=torch.long)
+    attention_mask[1, -4:] = 0                                   # right padding in the second row
+    labels = input_ids.clone()
+    labels[attention_mask == 0] = -100
+    return {k: v.to(device) for k, v in
+            dict(input_ids=input_ids, attention_mask=attention_mask, labels=labels).items()}
+
+
+def forward_kwargs(inputs, moe: bool) -> Dict[str, Any]:
+    kwargs = dict(inputs, use_cache=False)
+    if moe:
+        kwargs["output_router_logits"] = True  # reaches load_balancing_loss_func
+    return kwargs
+
+
+def run_model(model, inputs, moe: bool):
+    """Forward + backward; returns (logits, loss, {param name: grad})."""
+    model.zero_grad(set_to_none=True)
+    out = model(**forward_kwargs(inputs, moe))
+    if out.loss is None or not torch.isfinite(out.loss):
+        raise CheckFailed(f"loss is {out.loss}")
+    out.loss.backward()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    logits = None if out.logits is None else out.logits.detach().clone()
+    return logits, out.loss.detach().clone(), grads
+
+
+def max_abs(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
+
+
+# -- counting torch kernels ----------------------------------------------------------------------------
+CALLS: Dict[Tuple[str, str], int] = {}
+
+
+def register_counted_kernels() -> None:
+    """Register, for every (op, variant) that has a `torch` kernel, an impl COUNTED_IMPL that calls
+    it and counts the call (public registry API; proves that each guard really dispatches)."""
+    from opslot.registry import KERNEL_REGISTRY, KernelSpec
+
+    for (op, variant), names in sorted(KERNEL_REGISTRY.list_available(include_unsupported=True).items()):
+        if "torch" not in names or KERNEL_REGISTRY.get(op, variant, COUNTED_IMPL) is not None:
+            continue
+
+        def factory(op=op, variant=variant):
+            inner = KERNEL_REGISTRY.get(op, variant, "torch").load()
+
+            def counted(*args, **kwargs):
+                CALLS[(op, variant)] = CALLS.get((op, variant), 0) + 1
+                return inner(*args, **kwargs)
+
+            return counted
+
+        KERNEL_REGISTRY.register(KernelSpec(COUNTED_IMPL, op, variant, factory, description="e2e: counted torch"))
+
+
+def ops_for(slots: Dict[str, Any], impl: str) -> Dict[str, str]:
+    """An ops config choosing `impl` for every op the slots use (`fused_<impl>` for moe)."""
+    ops = {}
+    for slot in slots.values():
+        ops[f"{slot.op}_implementation"] = f"fused_{impl}" if (slot.op == "moe" and impl != "eager") else impl
+    return ops
+
+
+@contextlib.contextmanager
+def fake_torch_npu():
+    """Install a stand-in `torch_npu` module when the real one is not importable (binding only)."""
+    if importlib.util.find_spec("torch_npu") is not None:
+        yield
+        return
+    fake = types.ModuleType("torch_npu")
+    fake.__dict__["__opslot_e2e_fake__"] = True
+    sys.modules["torch_npu"] = fake
+    try:
+        yield
+    finally:
+        sys.modules.pop("torch_npu", None)
+
+
+# -- one model -------------------------------------------------------------------------------------
+def check_model(case: Case, args, device: torch.device) -> Result:
+    from opslot import build_model, module_slots
+    from opslot.testing import compare_models
+
+    res = Result(case.key)
+    started = time.time()
+    try:
+        # 1. generate
+        gen_py, gen_diff = generate(args.patchgen, case.spec("gpu"), args.source_root,
+                                    Path(args.gen_dir) / case.key, case.output_name("gpu"))
+        res.gen_lines = len(gen_py.read_text(encoding="utf-8").splitlines())
+        res.diff_added, res.diff_removed = diff_counts(gen_diff)
+        module = import_generated(gen_py)
+        slots = module_slots(module)
+        if not slots:
+            raise CheckFailed("generated module declares no OpSlot")
+        res.slots = " ".join(f"{s.op}/{s.variant}" for _, s in sorted(slots.items()))
+
+        # 2. upstream model with deterministic random weights
+        config = make_config(case)
+        upstream_cls = getattr(importlib.import_module(case.upstream_module), case.causal_lm)
+        torch.manual_seed(0)
+        upstream = upstream_cls(config)
+        randomize_(upstream, case.offset_norm)
+        upstream.to(device).train()
+        state = upstream.state_dict()
+        inputs = make_inputs(config.vocab_size, device)
+        up_logits, up_loss, up_grads = run_model(upstream, inputs, case.moe)
+
+        def build(ops, module_=module):
+            model = build_model(config, ops=ops, module=module_, model_class=case.causal_lm)
+            model.load_state_dict(state, strict=True)
+            return model.to(device).train()
+
+        # 3. eager: bit-exact
+        eager = build(ops_for(slots, "eager"))
+        e_logits, e_loss, e_grads = run_model(eager, inputs, case.moe)
+        res.eager_logits_equal = bool(torch.equal(e_logits, up_logits))
+        res.eager_loss_equal = bool(torch.equal(e_loss, up_loss))
+        res.eager_grads_equal = (set(e_grads) == set(up_grads)
+                                 and all(torch.equal(e_grads[n], up_grads[n]) for n in up_grads))
+        if not res.eager_logits_equal:
+            res.errors.append(f"eager logits differ from upstream (max abs {max_abs(e_logits, up_logits):.3g})")
+        if not res.eager_loss_equal:
+            res.errors.append(f"eager loss {e_loss.item()!r} != upstream {up_loss.item()!r}")
+        del eager
+
+        # 4. torch kernels (counted): close to upstream (opslot.testing.compare_models), every slot fires
+        CALLS.clear()
+        tmodel = build(ops_for(slots, COUNTED_IMPL))
+        diff = compare_models(upstream, tmodel, forward_kwargs(inputs, case.moe))
+        if diff.logits is None:
+            res.errors.append("torch kernels returned no logits")
+        else:
+            res.torch_logits_max_abs_err = diff.logits
+            if diff.logits > ATOL + RTOL * float(up_logits.abs().max()):
+                res.errors.append(f"torch logits not close (max abs {diff.logits:.3g})")
+        if diff.loss is None:
+            res.errors.append("torch kernels returned no loss")
+        else:
+            res.torch_loss_abs_err = diff.loss
+            if diff.loss > ATOL + RTOL * abs(float(up_loss)):
+                res.errors.append(f"torch loss off by {diff.loss:.3g} (upstream {float(up_loss):.6f})")
+        res.torch_grads_max_abs_err = diff.grads
+        for n, err in diff.grad_by_param.items():
+            if err > ATOL + RTOL * float(up_grads[n].abs().max()):
+                res.errors.append(f"torch grad of {n} not close (max abs {err:.3g})")
+        fired = {f"{s.op}/{s.variant}": CALLS.get((s.op, s.variant), 0) for s in slots.values()}
+        res.slot_calls = " ".join(f"{k}:{v}" for k, v in sorted(fired.items()))
+        for k, v in sorted(fired.items()):
+            if v == 0:
+                res.errors.append(f"slot {k} never dispatched with the torch kernels")
+
+        # 4b. the chunked fused linear + cross-entropy (no full logits) in place of the causal-LM loss
+        if any(sl.op == "cross_entropy_loss" for sl in slots.values()):
+            ops = dict(ops_for(slots, COUNTED_IMPL), cross_entropy_loss_implementation="torch_chunked")
+            cdiff = compare_models(upstream, build(ops), forward_kwargs(inputs, case.moe))
+            res.chunked_ce_loss_abs_err, res.chunked_ce_grads_max_abs_err = cdiff.loss, cdiff.grads
+            if cdiff.loss is None or cdiff.loss > ATOL + RTOL * abs(float(up_loss)):
+                res.errors.append(f"chunked cross-entropy loss off by {cdiff.loss}")
+            for n, err in cdiff.grad_by_param.items():
+                if err > ATOL + RTOL * float(up_grads[n].abs().max()):
+                    res.errors.append(f"chunked cross-entropy: grad of {n} not close (max abs {err:.3g})")
+
+        # 5. one optimizer step on the torch-kernel model
+        _, loss_before, _ = run_model(tmodel, inputs, case.moe)
+        opt = torch.optim.AdamW(tmodel.parameters(), lr=1e-3)
+        before = {n: p.detach().clone() for n, p in tmodel.named_parameters()}
+        opt.step()
+        moved = max(max_abs(p.detach(), before[n]) for n, p in tmodel.named_parameters())
+        _, loss_after, _ = run_model(tmodel, inputs, case.moe)
+        res.step = f"loss {float(loss_before):.4f} -> {float(loss_after):.4f}"
+        if not math.isfinite(float(loss_after)) or moved == 0.0:
+            res.errors.append(f"optimizer step: loss after {float(loss_after)}, max weight change {moved}")
+        del tmodel, opt
+
+        # 5b. a soft-capped config must make the loss kernel refuse, never silently drop the capping
+        if case.softcapped_loss_refused:
+            res.step += "; " + check_softcap_refused(case, config, state, inputs, build_model, module, device, res)
+
+        # 6. NPU sibling
+        if case.npu_removes is not None:
+            res.npu = check_npu(case, args, config, slots, state, inputs, up_logits, device, res)
+    except CheckFailed as exc:
+        res.errors.append(str(exc))
+    except Exception as exc:  # one model's crash must not stop the others
+        res.errors.append(f"{type(exc).__name__}: {exc}")
+        traceback.print_exc()
+    res.status = "PASS" if not res.errors else "FAIL"
+    res.seconds = round(time.time() - started, 1)
+    return res
+
+
+def check_softcap_refused(case, config, state, inputs, build_model, module, device, res) -> str:
+    import copy
+
+    capped = copy.deepcopy(config)
+    capped.final_logit_softcapping = 30.0
+    model = build_model(capped, ops={"cross_entropy_loss_implementation": COUNTED_IMPL}, module=module,
+                        model_class=case.causal_lm)
+    model.load_state_dict(state, strict=True)
+    model.to(device).train()
+    try:
+        model(**forward_kwargs(inputs, case.moe))
+    except ValueError as exc:
+        if "softcapping" in str(exc):
+            return "softcapped loss refused"
+        res.errors.append(f"softcapped config: unexpected ValueError {exc}")
+        return "softcapped: wrong error"
+    res.errors.append("softcapped config: the causal-LM loss kernel ran instead of refusing")
+    return "softcapped: NOT refused"
+
+
+def check_npu(case, args, config, gpu_slots, state, inputs, up_logits, device, res) -> str:
+    from opslot import DeviceInfo, OpsImplementationConfig, build_model, module_slots, use_device
+
+    npu_py, _ = generate(args.patchgen, case.spec("npu"), args.source_root,
+                         Path(args.gen_dir) / case.key, case.output_name("npu"))
+    module = import_generated(npu_py)
+    slots = module_slots(module)
+    expected = sorted(set(gpu_slots) - set(case.npu_removes))
+    if sorted(slots) != expected:
+        res.errors.append(f"NPU slots {sorted(slots)} != GPU slots minus removed {expected}")
+    with fake_torch_npu(), use_device(DeviceInfo("npu")):
+        chosen = OpsImplementationConfig().validate({(s.op, s.variant) for s in slots.values()})
+    model = build_model(config, ops=ops_for(slots, "eager"), module=module, model_class=case.causal_lm)
+    model.load_state_dict(state, strict=True)
+    model.to(device).train()
+    with torch.no_grad():
+        logits = model(**forward_kwargs(inputs, case.moe)).logits
+    if not torch.equal(logits, up_logits):
+        res.errors.append(f"NPU file, eager on {device.type}: logits differ (max abs {max_abs(logits, up_logits):.3g})")
+    npu_kernels = sorted(f"{op}:{impl}" for (op, _), impl in chosen.items() if impl != "eager")
+    return f"{len(slots)} slots, NPU defaults {'/'.join(npu_kernels) or 'eager'}, eager equal={torch.equal(logits, up_logits)}"
+
+
+# -- report ---------------------------------------------------------------------------------------
+COLUMNS = [
+    ("model", "model"), ("status", "status"), ("gen_lines", "generated lines"), ("diff", "diff +/-"),
+    ("slots", "slots (op/variant)"), ("eager_logits_equal", "eager logits equal"),
+    ("eager_grads_equal", "eager grads equal"), ("torch_logits_max_abs_err", "torch max abs err logits"),
+    ("torch_grads_max_abs_err", "torch max abs err grads"), ("torch_loss_abs_err", "torch loss abs err"),
+    ("chunked_ce_loss_abs_err", "chunked CE loss abs err"), ("chunked_ce_grads_max_abs_err", "chunked CE max abs err grads"),
+    ("step", "AdamW step"), ("npu", "NPU sibling"),
+]
+
+
+def cell(res: Result, key: str) -> str:
+    if key == "diff":
+        return "" if res.diff_added is None else f"+{res.diff_added}/-{res.diff_removed}"
+    value = getattr(res, key)
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "NO"
+    if isinstance(value, float):
+        return f"{value:.2e}"
+    return str(value)
+
+
+def write_report(results: List[Result], out_dir: Path, env: Dict[str, str], setup_errors: List[str]) -> str:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    header = "| " + " | ".join(title for _, title in COLUMNS) + " |"
+    rule = "|" + "|".join("---" for _ in COLUMNS) + "|"
+    rows = ["| " + " | ".join(cell(r, k).replace("|", "\\|") for k, _ in COLUMNS) + " |" for r in results]
+    env_line = ", ".join(f"{k} {v}" for k, v in env.items())
+    md = "\n".join([f"GPU end-to-end ({env_line}); torch-kernel tolerance rtol={RTOL:g}, atol={ATOL:g}.", "",
+                    header, rule, *rows, ""])
+    md += "\nCalls per slot with the `torch` kernels (one forward + backward):\n\n"
+    md += "\n".join(f"- {r.model}: {r.slot_calls or '-'}" for r in results) + "\n"
+    failures = [f"- setup: {e}" for e in setup_errors]
+    failures += [f"- {r.model}: " + "; ".join(r.errors) for r in results if r.errors]
+    if failures:
+        md += "\nFailures:\n" + "\n".join(failures) + "\n"
+    (out_dir / "gpu_e2e.md").write_text(md, encoding="utf-8")
+    with open(out_dir / "gpu_e2e.csv", "w", newline="", encoding="utf-8") as fh:
+        writer = csv.writer(fh)
+        writer.writerow([title for _, title in COLUMNS] + ["slot calls", "seconds", "errors"])
+        for r in results:
+            writer.writerow([cell(r, k) for k, _ in COLUMNS] + [r.slot_calls, r.seconds, "; ".join(r.errors)])
+    (out_dir / "gpu_e2e.json").write_text(
+        json.dumps({"env": env, "setup_errors": setup_errors, "results": [dataclasses.asdict(r) for r in results]},
+                   indent=2), encoding="utf-8")
+    return md
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--patchgen", required=True, help="patchgen binary")
+    parser.add_argument("--source-root", required=True, help="folder holding the transformers package")
+    parser.add_argument("--gen-dir", required=True, help="where generated files go (not committed)")
+    parser.add_argument("--out", default=os.environ.get("OUT", str(ROOT / "build-gpu-e2e")),
+                        help="where the table goes (default $OUT)")
+    parser.add_argument("--only", default="", help="comma-separated model keys")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = parser.parse_args(argv)
+
+    import transformers
+    import opslot  # registers the built-in kernels
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    register_counted_kernels()
+    device = torch.device(args.device)
+    env = {"torch": torch.__version__, "transformers": transformers.__version__, "opslot": opslot.__version__,
+           "device": torch.cuda.get_device_name() if device.type == "cuda" else device.type}
+    only = {k for k in args.only.split(",") if k}
+    unknown = only - {c.key for c in CASES}
+    if unknown:
+        parser.error(f"unknown model(s) {sorted(unknown)}; known: {', '.join(c.key for c in CASES)}")
+
+    # Every real-model spec is covered by a case, and validates without its upstream.
+    specs = sorted(p for p in (ROOT / "specs").glob("*/*.yaml") if p.parent.name != "example")
+    uncovered = sorted({p.parent.name for p in specs} - {c.key for c in CASES})
+    proc = subprocess.run([args.patchgen, "--validate", *[str(p.relative_to(ROOT)) for p in specs]],
+                          cwd=ROOT, capture_output=True, text=True)
+    validate_line = (proc.stdout.strip().splitlines() or ["(no output)"])[-1]
+    env["patchgen --validate"] = validate_line.replace("validate: ", "")
+    setup_errors = []
+    if proc.returncode != 0:
+        setup_errors.append(f"patchgen --validate failed (exit {proc.returncode}):\n{proc.stdout}{proc.stderr}")
+    if uncovered:
+        setup_errors.append(f"specs without a case in tests/gpu/e2e.py: {', '.join(uncovered)}")
+    for err in setup_errors:
+        print(f"FAIL {err}", flush=True)
+
+    results = []
+    for case in CASES:
+        if only and case.key not in only:
+            continue
+        print(f"== {case.key}", flush=True)
+        res = check_model(case, args, device)
+        for err in res.errors:
+            print(f"   FAIL {err}", flush=True)
+        print(f"   {res.status} in {res.seconds}s", flush=True)
+        results.append(res)
+    md = write_report(results, Path(args.out), env, setup_errors)
+    print(md)
+    return 0 if not setup_errors and all(r.status == "PASS" for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
