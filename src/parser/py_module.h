@@ -103,9 +103,11 @@ class PyModule {
   const std::vector<TopLevelStatement>& top_level() const { return top_level_; }
   const std::vector<Definition>& definitions() const { return definitions_; }
 
-  /// Top-level class or function by name; nullptr when absent.
+  /// Top-level class or function by name (a direct child of the module; a definition under a
+  /// module-level `if`/`try` is found by Find only); nullptr when absent.
   const Definition* FindTopLevel(std::string_view name) const;
-  /// Definition by qualified name ("A", "A.B", "A.B.m", "f"); nullptr when absent.
+  /// Definition by qualified name ("A", "A.B", "A.B.m", "f"); the first in document order when
+  /// several share it (a property and its setter); nullptr when absent.
   const Definition* Find(std::string_view qualname) const;
   /// Names of the direct children of `def` of the given kind (methods: kFunction).
   std::vector<std::string> ChildNames(const Definition& def, Definition::Kind kind) const;
