@@ -59,6 +59,10 @@ run: build
 generate: build
 	$(PATCHGEN) --all --diff
 
+# Whole-process timings of patchgen (docs/benchmarks.md); CSV with BENCH_ARGS="--csv out.csv".
+bench: build
+	$(PYTHON) bench/patchgen_bench.py --patchgen $(PATCHGEN) $(BENCH_ARGS)
+
 # A fully static binary for the GPU machine, copied to .device-bin/ (git-ignored, carried).
 static: deps
 	cmake -S . -B $(BUILD_STATIC) -G Ninja -DCMAKE_BUILD_TYPE=Release -DPATCHGEN_STATIC=ON -DPATCHGEN_TESTS=OFF

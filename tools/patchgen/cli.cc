@@ -1,0 +1,760 @@
+// The patchgen command line (see cli.h and docs/cli.md).
+//
+// Every run goes through the same stages, each spec independently:
+//   1. load specs (parallel)                 -> PatchSpec or spec errors (exit 3)
+//   2. find upstream modules (serial, cached) -> file, version; "not found" (exit 4 or skipped)
+//   3. read + parse each distinct upstream file once (parallel), shared read-only by its specs
+//   4. generate in memory (parallel)         -> .py text and, when needed, the .diff text
+//   5. act in spec order (serial): write / dry-run / check / list / report
+// Nothing is written for a spec that failed, and nothing at all under --check (without --fix),
+// --dry-run, --list or --validate.
+#include "cli.h"
+
+#include <sched.h>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <thread>
+
+#include "diff/unified_diff.h"
+#include "files.h"
+#include "parser/index_printer.h"
+#include "parser/py_module.h"
+#include "project_config.h"
+#include "rewriter/generate.h"
+#include "source_lookup.h"
+#include "spec/spec_loader.h"
+#include "validate.h"
+
+namespace patchgen::cli {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr int kExitOk = 0;
+constexpr int kExitDrift = 1;
+constexpr int kExitUsage = 2;
+
+int ExitCodeOf(ErrorKind kind) {
+  switch (kind) {
+    case ErrorKind::kSpec: return 3;
+    case ErrorKind::kUpstream: return 4;
+    case ErrorKind::kIo: return 5;
+    case ErrorKind::kInternal: return 70;
+  }
+  return 70;
+}
+
+const char* KindName(ErrorKind kind) {
+  switch (kind) {
+    case ErrorKind::kSpec: return "spec";
+    case ErrorKind::kUpstream: return "upstream";
+    case ErrorKind::kIo: return "io";
+    case ErrorKind::kInternal: return "internal";
+  }
+  return "internal";
+}
+
+/// Cores this process may run on (its CPU affinity, e.g. under `taskset`), at least 1.
+unsigned AvailableCores() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+/// Runs fn(i) for i in [0, n) on up to `jobs` threads.
+template <class F>
+void ParallelFor(size_t n, unsigned jobs, F fn) {
+  unsigned threads = std::max(1u, std::min<unsigned>(jobs, static_cast<unsigned>(n)));
+  if (threads <= 1) {
+    for (size_t i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  std::atomic<size_t> next{0};
+  std::vector<std::thread> pool;
+  for (unsigned t = 0; t < threads; ++t) {
+    pool.emplace_back([&] {
+      for (size_t i = next++; i < n; i = next++) fn(i);
+    });
+  }
+  for (auto& th : pool) th.join();
+}
+
+struct Options {
+  std::vector<std::string> specs;
+  bool all = false;
+  bool diff = false;
+  bool dry_run = false;
+  bool verbose = false;
+  bool json = false;
+  bool list = false;
+  bool check = false;
+  bool fix = false;
+  bool validate = false;
+  std::string output_dir;
+  unsigned jobs = 0;
+  std::vector<std::string> source_roots;
+  // `patchgen index`
+  std::vector<std::string> index_files;
+  bool index_json = false;
+};
+
+/// A parsed upstream file, shared by every spec that names it.
+struct Upstream {
+  std::string source;
+  std::unique_ptr<parser::PyModule> module;
+  std::vector<Diagnostic> errors;
+};
+
+/// One spec's journey through the stages.
+struct Job {
+  fs::path spec_abs;
+  std::string spec_shown;   // as printed (relative to cwd)
+  bool discovered = false;  // found by --all / bare --check rather than named
+  std::optional<spec::PatchSpec> spec;
+  std::vector<Diagnostic> errors;
+  LookupResult lookup;
+  bool skipped = false;     // upstream package absent on a discovered spec
+  Upstream* upstream = nullptr;
+  fs::path out_py, out_diff;
+  std::string py_text, diff_text;
+  size_t patches = 0;
+  std::string upstream_sha;
+  std::string status;       // final, for reports
+};
+
+int WorstExit(const std::vector<Diagnostic>& errors) {
+  int code = 0;
+  for (const auto& d : errors) code = std::max(code, ExitCodeOf(d.kind));
+  return code;
+}
+
+void PrintDiagnostics(const std::vector<Diagnostic>& errors) {
+  for (const auto& d : errors) std::cerr << FormatDiagnostic(d);
+}
+
+nlohmann::json DiagnosticJson(const Diagnostic& d) {
+  return {{"path", d.path}, {"line", d.line}, {"col", d.col},   {"kind", KindName(d.kind)},
+          {"message", d.message}, {"help", d.help}};
+}
+
+std::string Short(const std::string& sha) { return sha.substr(0, 12); }
+
+/// "1.0.0 (sha256 0123456789ab)", leaving out what is unknown.
+std::string Fingerprint(const std::string& version, const std::string& sha) {
+  std::string s = version.empty() ? "" : version;
+  if (!sha.empty()) s += (s.empty() ? "sha256 " : " (sha256 ") + Short(sha) + (s.empty() ? "" : ")");
+  return s.empty() ? "unknown" : s;
+}
+
+/// Spec files under `root` (*.yaml, recursively), sorted by their '/'-separated relative path.
+std::vector<fs::path> DiscoverSpecs(const fs::path& root) {
+  std::vector<std::pair<std::string, fs::path>> found;
+  std::error_code ec;
+  for (fs::recursive_directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
+    if (it->is_regular_file(ec) && it->path().extension() == ".yaml") {
+      found.emplace_back(it->path().lexically_relative(root).generic_string(), it->path());
+    }
+  }
+  std::sort(found.begin(), found.end());
+  std::vector<fs::path> out;
+  for (auto& [rel, path] : found) out.push_back(path);
+  return out;
+}
+
+class Runner {
+ public:
+  Runner(Options opts, fs::path cwd, ProjectConfig config)
+      : opts_(std::move(opts)), cwd_(std::move(cwd)), config_(std::move(config)) {}
+
+  int Main();
+
+ private:
+  std::string Show(const fs::path& p) const { return DisplayPath(p, cwd_); }
+  bool CollectSpecs();
+  void LoadSpecs();
+  void FindUpstreams();
+  void ParseUpstreams();
+  void GenerateAll();
+  int Validate();
+  int Generate();
+  int Check();
+  int List();
+  nlohmann::json JobJson(const Job& job) const;
+  void Fail(Job& job, std::vector<Diagnostic> errors) {
+    for (auto& d : errors) job.errors.push_back(std::move(d));
+  }
+  bool NeedDiff(const Job& job) const;
+
+  Options opts_;
+  fs::path cwd_;
+  ProjectConfig config_;
+  std::vector<Job> jobs_;
+  std::map<fs::path, std::unique_ptr<Upstream>> upstreams_;
+};
+
+bool Runner::CollectSpecs() {
+  const bool discover = opts_.specs.empty();
+  std::vector<fs::path> paths;
+  if (discover) {
+    std::error_code ec;
+    if (!fs::is_directory(config_.specs, ec)) {
+      std::cerr << "patchgen: error: specs folder '" << Show(config_.specs) << "' does not exist\n"
+                << "help: set `specs` in the project config (" <<
+                   (config_.file ? Show(*config_.file) : std::string("no pyproject.toml with [tool.patchgen] or patchgen.toml found"))
+                << ") or name spec files on the command line\n";
+      return false;
+    }
+    paths = DiscoverSpecs(config_.specs);
+  } else {
+    for (const auto& s : opts_.specs) {
+      fs::path p(s);
+      paths.push_back((p.is_absolute() ? p : cwd_ / p).lexically_normal());
+    }
+  }
+  for (const auto& p : paths) {
+    Job job;
+    job.spec_abs = p;
+    job.spec_shown = Show(p);
+    job.discovered = discover;
+    jobs_.push_back(std::move(job));
+  }
+  return true;
+}
+
+void Runner::LoadSpecs() {
+  ParallelFor(jobs_.size(), opts_.jobs, [&](size_t i) {
+    Job& job = jobs_[i];
+    std::error_code ec;
+    if (!fs::is_regular_file(job.spec_abs, ec)) {
+      SourceLoc loc{job.spec_shown, 0, 0, 1, {}};
+      job.errors.push_back(ErrorAt(loc, "spec file not found", {}, ErrorKind::kIo));
+      return;
+    }
+    auto loaded = spec::LoadSpec(job.spec_shown);
+    if (!loaded.ok()) {
+      Fail(job, loaded.errors());
+      return;
+    }
+    job.spec = std::move(loaded.value());
+  });
+}
+
+void Runner::FindUpstreams() {
+  std::vector<SourceRoot> roots;
+  for (const auto& r : opts_.source_roots) {
+    fs::path p(r);
+    roots.push_back({(p.is_absolute() ? p : cwd_ / p).lexically_normal(), "--source-root"});
+  }
+  if (const char* env = std::getenv("PATCHGEN_SOURCE_PATH")) {
+    for (auto& p : SourceLookup::SplitPathList(env, cwd_)) roots.push_back({p, "PATCHGEN_SOURCE_PATH"});
+  }
+  for (const auto& p : config_.source_roots) {
+    roots.push_back({p, "source_roots in " + (config_.file ? Show(*config_.file) : std::string("config"))});
+  }
+  SourceLookup lookup(std::move(roots), config_.python, cwd_);
+
+  for (Job& job : jobs_) {
+    if (!job.spec) continue;
+    const spec::PatchSpec& s = *job.spec;
+    job.lookup = lookup.Find(s.upstream);
+    const std::string top = s.upstream.substr(0, s.upstream.find('.'));
+    using Status = LookupResult::Status;
+    if (job.lookup.status == Status::kFound) continue;
+    if (job.lookup.status == Status::kPackageMissing && job.discovered && !opts_.validate) {
+      job.skipped = true;
+      continue;
+    }
+    Diagnostic d = ErrorAt(s.upstream_loc, "upstream module '" + s.upstream + "' not found",
+                           SourceLookup::Help(top), ErrorKind::kUpstream);
+    d.notes.push_back("looked in:");
+    for (const auto& place : job.lookup.looked) d.notes.push_back("  " + place);
+    job.errors.push_back(std::move(d));
+  }
+}
+
+void Runner::ParseUpstreams() {
+  std::vector<Upstream*> todo;
+  std::vector<fs::path> paths;
+  for (Job& job : jobs_) {
+    if (!job.spec || !job.errors.empty() || job.skipped) continue;
+    auto& slot = upstreams_[job.lookup.file.file];
+    if (!slot) {
+      slot = std::make_unique<Upstream>();
+      todo.push_back(slot.get());
+      paths.push_back(job.lookup.file.file);
+    }
+    job.upstream = slot.get();
+  }
+  ParallelFor(todo.size(), opts_.jobs, [&](size_t i) {
+    Upstream& u = *todo[i];
+    std::string shown = Show(paths[i]);
+    auto text = ReadFile(paths[i]);
+    if (!text) {
+      SourceLoc loc{shown, 0, 0, 1, {}};
+      u.errors.push_back(ErrorAt(loc, "cannot read upstream file", {}, ErrorKind::kIo));
+      return;
+    }
+    u.source = *text;
+    auto parsed = parser::PyModule::Parse(shown, std::move(*text));
+    if (!parsed.ok()) {
+      u.errors = parsed.errors();
+      return;
+    }
+    u.module = std::move(parsed.value());
+  });
+}
+
+bool Runner::NeedDiff(const Job& job) const {
+  std::error_code ec;
+  return opts_.diff || (opts_.check && fs::is_regular_file(job.out_diff, ec)) || opts_.list;
+}
+
+void Runner::GenerateAll() {
+  for (Job& job : jobs_) {
+    if (!job.spec) continue;
+    const std::string& name = job.spec->output;
+    if (!opts_.output_dir.empty()) {
+      fs::path dir(opts_.output_dir);
+      job.out_py = ((dir.is_absolute() ? dir : cwd_ / dir) / name).lexically_normal();
+    } else {
+      fs::path rel = job.spec_abs.parent_path().lexically_relative(config_.specs);
+      bool inside = !rel.empty() && *rel.begin() != "..";
+      job.out_py = (inside ? config_.output / rel / name : config_.output / name).lexically_normal();
+    }
+    job.out_diff = job.out_py.parent_path() / DiffNameFor(job.out_py.filename().string());
+  }
+  ParallelFor(jobs_.size(), opts_.jobs, [&](size_t i) {
+    Job& job = jobs_[i];
+    if (!job.spec || job.skipped || !job.errors.empty() || job.upstream == nullptr) return;
+    if (!job.upstream->errors.empty()) {
+      Fail(job, job.upstream->errors);
+      return;
+    }
+    rewriter::GenerateOptions options;
+    options.upstream_path = job.lookup.file.rel_path;
+    options.upstream_version = job.lookup.file.version;
+    options.default_runtime = config_.runtime;
+    // The header names the spec relative to the project root, wherever patchgen runs from.
+    spec::PatchSpec spec = *job.spec;
+    spec.path = DisplayPath(job.spec_abs, config_.root);
+    auto result = rewriter::Generate(spec, *job.upstream->module, options);
+    if (!result.ok()) {
+      Fail(job, result.errors());
+      return;
+    }
+    job.py_text = std::move(result->text);
+    job.patches = result->applied.size();
+    job.upstream_sha = result->upstream_sha256;
+    if (NeedDiff(job)) {
+      job.diff_text = diff::UnifiedDiff(job.upstream->source, job.py_text,
+                                        "a/" + job.lookup.file.rel_path, "b/" + job.spec->output);
+    }
+  });
+}
+
+nlohmann::json Runner::JobJson(const Job& job) const {
+  nlohmann::json j;
+  j["spec"] = job.spec_shown;
+  j["upstream"] = job.spec ? nlohmann::json(job.spec->upstream) : nlohmann::json(nullptr);
+  bool found = job.spec && job.lookup.status == LookupResult::Status::kFound;
+  j["upstream_path"] = found ? nlohmann::json(Show(job.lookup.file.file)) : nlohmann::json(nullptr);
+  j["upstream_version"] = found ? nlohmann::json(job.lookup.file.version) : nlohmann::json(nullptr);
+  j["output"] = job.out_py.empty() ? nlohmann::json(nullptr) : nlohmann::json(Show(job.out_py));
+  j["status"] = job.status;
+  j["patches"] = job.patches;
+  j["bytes"] = job.py_text.size();
+  nlohmann::json errors = nlohmann::json::array();
+  for (const auto& d : job.errors) errors.push_back(DiagnosticJson(d));
+  j["errors"] = errors;
+  return j;
+}
+
+int Runner::Validate() {
+  int code = kExitOk;
+  size_t ok = 0;
+  nlohmann::json report = nlohmann::json::array();
+  for (Job& job : jobs_) {
+    if (job.spec) Fail(job, ValidateSpecWithoutUpstream(*job.spec));
+    job.status = job.errors.empty() ? "valid" : "invalid";
+    if (job.errors.empty()) {
+      ++ok;
+      if (opts_.verbose && !opts_.json) std::cout << "valid: " << job.spec_shown << "\n";
+    }
+    PrintDiagnostics(job.errors);
+    code = std::max(code, WorstExit(job.errors));
+    report.push_back(JobJson(job));
+  }
+  if (opts_.json) {
+    std::cout << nlohmann::json{{"specs", report}, {"exit_code", code}}.dump(2) << "\n";
+  } else {
+    std::cout << "validate: " << ok << " of " << jobs_.size() << " specs valid\n";
+  }
+  return code;
+}
+
+int Runner::Generate() {
+  int code = kExitOk;
+  size_t written = 0, unchanged = 0, skipped = 0, failed = 0;
+  nlohmann::json report = nlohmann::json::array();
+  for (Job& job : jobs_) {
+    if (job.skipped) {
+      ++skipped;
+      job.status = "upstream not found";
+      if (!opts_.json) {
+        std::cout << "skipped " << job.spec_shown << ": upstream package '"
+                  << job.spec->upstream.substr(0, job.spec->upstream.find('.'))
+                  << "' not found (upstream not found)\n";
+      }
+    } else if (!job.errors.empty()) {
+      ++failed;
+      job.status = "error";
+      PrintDiagnostics(job.errors);
+      code = std::max(code, WorstExit(job.errors));
+    } else {
+      std::vector<std::pair<fs::path, const std::string*>> files = {{job.out_py, &job.py_text}};
+      if (opts_.diff) files.push_back({job.out_diff, &job.diff_text});
+      bool any_written = false;
+      for (const auto& [path, bytes] : files) {
+        std::string verb;
+        if (opts_.dry_run) {
+          auto existing = ReadFile(path);
+          bool same = existing && *existing == *bytes;
+          verb = same ? "unchanged" : "would write";
+          any_written |= !same;
+        } else {
+          std::string error;
+          auto outcome = WriteIfChanged(path, *bytes, &error);
+          if (!outcome) {
+            SourceLoc loc{Show(path), 0, 0, 1, {}};
+            job.errors.push_back(ErrorAt(loc, error, {}, ErrorKind::kIo));
+            PrintDiagnostics({job.errors.back()});
+            code = std::max(code, 5);
+            break;
+          }
+          verb = *outcome == WriteOutcome::kWritten ? "wrote" : "unchanged";
+          any_written |= *outcome == WriteOutcome::kWritten;
+        }
+        if (opts_.json || (verb == "unchanged" && !opts_.verbose)) continue;
+        std::cout << verb << " " << Show(path) << " (" << bytes->size() << " bytes";
+        if (path == job.out_py) std::cout << ", " << job.patches << (job.patches == 1 ? " patch" : " patches");
+        std::cout << ")\n";
+      }
+      if (!job.errors.empty()) {
+        ++failed;
+        job.status = "error";
+      } else {
+        any_written ? ++written : ++unchanged;
+        job.status = opts_.dry_run ? (any_written ? "would write" : "unchanged")
+                                   : (any_written ? "written" : "unchanged");
+        if (opts_.verbose && !opts_.json) {
+          std::cout << "  " << job.spec_shown << ": " << job.spec->upstream << " "
+                    << job.lookup.file.version << " from " << Show(job.lookup.file.file) << "\n";
+        }
+      }
+    }
+    report.push_back(JobJson(job));
+  }
+  if (opts_.json) {
+    std::cout << nlohmann::json{{"specs", report}, {"exit_code", code}}.dump(2) << "\n";
+  } else {
+    std::cout << jobs_.size() << " specs: " << written << (opts_.dry_run ? " to write, " : " written, ")
+              << unchanged << " unchanged, " << skipped << " skipped, " << failed << " failed\n";
+  }
+  return code;
+}
+
+int Runner::Check() {
+  int code = kExitOk;
+  size_t clean = 0, stale = 0, skipped = 0, failed = 0, fixed = 0;
+  nlohmann::json report = nlohmann::json::array();
+  for (Job& job : jobs_) {
+    if (job.skipped) {
+      ++skipped;
+      job.status = "upstream not found";
+      if (!opts_.json) {
+        std::cout << "skipped " << job.spec_shown << ": upstream package '"
+                  << job.spec->upstream.substr(0, job.spec->upstream.find('.'))
+                  << "' not found on any source root\n";
+      }
+      report.push_back(JobJson(job));
+      continue;
+    }
+    if (!job.errors.empty()) {
+      ++failed;
+      job.status = "error";
+      PrintDiagnostics(job.errors);
+      code = std::max(code, WorstExit(job.errors));
+      report.push_back(JobJson(job));
+      continue;
+    }
+    std::error_code ec;
+    std::vector<std::pair<fs::path, const std::string*>> files = {{job.out_py, &job.py_text}};
+    if (opts_.diff || fs::is_regular_file(job.out_diff, ec)) files.push_back({job.out_diff, &job.diff_text});
+    bool drift = false;
+    bool py_missing = false;
+    for (const auto& [path, bytes] : files) {
+      auto on_disk = ReadFile(path);
+      if (on_disk && *on_disk == *bytes) continue;
+      drift = true;
+      py_missing |= !on_disk && path == job.out_py;
+      if (opts_.json) continue;
+      std::string shown = Show(path);
+      std::cout << (on_disk ? "stale: " : "missing: ") << shown << " (from " << job.spec_shown << ")\n";
+      if (on_disk && path == job.out_py) {
+        HeaderUpstream old = ParseHeaderUpstream(*on_disk);
+        if (!old.sha256.empty() && old.sha256 != job.upstream_sha) {
+          std::cout << "upstream changed since generation: " << Fingerprint(old.version, old.sha256)
+                    << " -> " << Fingerprint(job.lookup.file.version, job.upstream_sha) << "\n";
+        }
+      }
+      std::cout << diff::UnifiedDiff(on_disk.value_or(""), *bytes, "a/" + shown, "b/" + shown);
+    }
+    if (!drift) {
+      ++clean;
+      job.status = "up to date";
+    } else if (opts_.fix) {
+      job.status = "fixed";
+      for (const auto& [path, bytes] : files) {
+        std::string error;
+        if (!WriteIfChanged(path, *bytes, &error)) {
+          SourceLoc loc{Show(path), 0, 0, 1, {}};
+          job.errors.push_back(ErrorAt(loc, error, {}, ErrorKind::kIo));
+        }
+      }
+      if (job.errors.empty()) {
+        ++fixed;
+        if (!opts_.json) std::cout << "fixed: " << Show(job.out_py) << "\n";
+      } else {
+        ++failed;
+        job.status = "error";
+        PrintDiagnostics(job.errors);
+        code = std::max(code, WorstExit(job.errors));
+      }
+    } else {
+      ++stale;
+      job.status = py_missing ? "missing" : "stale";
+      code = std::max(code, kExitDrift);
+    }
+    report.push_back(JobJson(job));
+  }
+  if (opts_.json) {
+    std::cout << nlohmann::json{{"specs", report}, {"exit_code", code}}.dump(2) << "\n";
+  } else {
+    std::cout << "check: " << clean << " up to date, " << stale << " stale, ";
+    if (opts_.fix) std::cout << fixed << " fixed, ";
+    std::cout << skipped << " skipped, " << failed << " failed\n";
+  }
+  return code;
+}
+
+int Runner::List() {
+  int code = kExitOk;
+  nlohmann::json report = nlohmann::json::array();
+  std::vector<std::array<std::string, 4>> rows = {{"SPEC", "UPSTREAM", "OUTPUT", "STATUS"}};
+  for (Job& job : jobs_) {
+    if (!job.spec || (!job.errors.empty() && job.lookup.status == LookupResult::Status::kFound)) {
+      job.status = "error";
+      PrintDiagnostics(job.errors);
+      code = std::max(code, WorstExit(job.errors));
+    } else if (job.lookup.status != LookupResult::Status::kFound) {
+      job.status = "upstream not found";
+    } else {
+      auto py = ReadFile(job.out_py);
+      std::error_code ec;
+      bool diff_stale = fs::is_regular_file(job.out_diff, ec) && ReadFile(job.out_diff) != job.diff_text;
+      job.status = !py ? "missing" : (*py == job.py_text && !diff_stale) ? "up to date" : "stale";
+    }
+    // `--list` never fails because an upstream is absent; it only reports it.
+    if (job.status == "upstream not found") job.errors.clear();
+    report.push_back(JobJson(job));
+    rows.push_back({job.spec_shown, job.spec ? job.spec->upstream : "-",
+                    job.out_py.empty() ? "-" : Show(job.out_py), job.status});
+  }
+  if (opts_.json) {
+    std::cout << nlohmann::json{{"specs", report}, {"exit_code", code}}.dump(2) << "\n";
+    return code;
+  }
+  std::array<size_t, 3> width{};
+  for (const auto& r : rows) {
+    for (size_t c = 0; c < 3; ++c) width[c] = std::max(width[c], r[c].size());
+  }
+  for (const auto& r : rows) {
+    std::string line;
+    for (size_t c = 0; c < 3; ++c) line += r[c] + std::string(width[c] - r[c].size() + 2, ' ');
+    std::cout << line << r[3] << "\n";
+  }
+  return code;
+}
+
+int Runner::Main() {
+  if (!CollectSpecs()) return kExitUsage;
+  LoadSpecs();
+  if (opts_.validate) return Validate();
+  FindUpstreams();
+  ParseUpstreams();
+  GenerateAll();
+  if (opts_.list) return List();
+  if (opts_.check) return Check();
+  return Generate();
+}
+
+int RunIndex(const Options& opts) {
+  // Files are parsed on all workers; results are printed in argument order.
+  struct Indexed {
+    std::string output;
+    std::vector<Diagnostic> errors;
+  };
+  std::vector<Indexed> results(opts.index_files.size());
+  ParallelFor(results.size(), opts.jobs, [&](size_t i) {
+    const std::string& file = opts.index_files[i];
+    auto text = ReadFile(file);
+    if (!text) {
+      SourceLoc loc{file, 0, 0, 1, {}};
+      results[i].errors.push_back(ErrorAt(loc, "cannot read file", {}, ErrorKind::kIo));
+      return;
+    }
+    auto module = parser::PyModule::Parse(file, std::move(*text));
+    if (!module.ok()) {
+      results[i].errors = module.errors();
+      for (auto& d : results[i].errors) d.kind = ErrorKind::kUpstream;
+      return;
+    }
+    results[i].output = opts.index_json ? parser::FormatIndexJson(**module)
+                                        : parser::FormatIndexText(**module);
+  });
+  int code = kExitOk;
+  std::vector<const std::string*> outputs;
+  for (const auto& r : results) {
+    PrintDiagnostics(r.errors);
+    code = std::max(code, WorstExit(r.errors));
+    if (r.errors.empty()) outputs.push_back(&r.output);
+  }
+  if (opts.index_json && opts.index_files.size() > 1) {
+    nlohmann::json all = nlohmann::json::array();
+    for (const auto* o : outputs) all.push_back(nlohmann::json::parse(*o));
+    std::cout << all.dump(2) << "\n";
+  } else {
+    for (size_t i = 0; i < outputs.size(); ++i) std::cout << (i ? "\n" : "") << *outputs[i];
+  }
+  return code;
+}
+
+}  // namespace
+
+std::string DiffNameFor(const std::string& output_name) {
+  if (output_name.size() > 3 && output_name.compare(output_name.size() - 3, 3, ".py") == 0) {
+    return output_name.substr(0, output_name.size() - 3) + ".diff";
+  }
+  return output_name + ".diff";
+}
+
+HeaderUpstream ParseHeaderUpstream(const std::string& text) {
+  HeaderUpstream h;
+  auto is_hex = [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); };
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t end = text.find('\n', pos);
+    if (end == std::string::npos) end = text.size();
+    std::string_view line(text.data() + pos, end - pos);
+    pos = end + 1;
+    size_t first = line.find_first_not_of(" \t");
+    if (first == std::string_view::npos) continue;  // blank lines inside the header
+    if (line[first] != '#') break;                    // end of the leading comment block
+    if (h.sha256.empty() && line.find("sha256") != std::string_view::npos) {
+      for (size_t i = 0; i + 64 <= line.size(); ++i) {
+        if ((i > 0 && is_hex(line[i - 1])) || !is_hex(line[i])) continue;
+        size_t n = 0;
+        while (i + n < line.size() && is_hex(line[i + n])) ++n;
+        if (n == 64) {
+          h.sha256 = std::string(line.substr(i, 64));
+          break;
+        }
+        i += n;
+      }
+    }
+    if (h.version.empty()) {
+      size_t v = line.find("version");
+      if (v != std::string_view::npos) {
+        size_t b = line.find_first_not_of(" \t:=", v + 7);
+        size_t e = b == std::string_view::npos ? b : line.find_first_of(" \t,;()", b);
+        if (b != std::string_view::npos) {
+          h.version = std::string(line.substr(b, e == std::string_view::npos ? std::string_view::npos : e - b));
+        }
+      }
+    }
+  }
+  return h;
+}
+
+int Run(int argc, char** argv) {
+  Options opts;
+  CLI::App app{"patchgen: generate patched modeling files from YAML specs (docs/cli.md)", "patchgen"};
+  app.add_option("SPEC", opts.specs, "spec files (default with --check/--list/--validate: every spec)");
+  app.add_flag("--all", opts.all, "generate every spec under the specs root");
+  app.add_flag("--diff", opts.diff, "also write <output>.diff (upstream -> generated)");
+  app.add_option("-o,--output", opts.output_dir, "write outputs to DIR instead of the output root");
+  app.add_flag("--dry-run", opts.dry_run, "say what would be written; write nothing");
+  app.add_flag("-v,--verbose", opts.verbose, "also report unchanged files and where upstreams came from");
+  app.add_option("-j,--jobs", opts.jobs, "worker threads (default: the cores this process may use)")->check(CLI::PositiveNumber);
+  app.add_flag("--json", opts.json, "machine-readable report on stdout");
+  app.add_flag("--list", opts.list, "list specs with upstream, output and status");
+  app.add_flag("--check", opts.check, "compare with the files on disk; exit 1 on drift; write nothing");
+  app.add_flag("--fix", opts.fix, "with --check: write what differs");
+  app.add_flag("--validate", opts.validate, "validate specs without their upstream modules");
+  app.add_option("--source-root", opts.source_roots, "folder searched first for upstream modules (repeatable)");
+  CLI::App* index = app.add_subcommand("index", "print the index of Python files");
+  index->add_option("FILE", opts.index_files, "Python files")->required();
+  index->add_flag("--json", opts.index_json, "JSON instead of text");
+  index->add_option("-j,--jobs", opts.jobs, "worker threads (default: the cores this process may use)")
+      ->check(CLI::PositiveNumber);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int rc = app.exit(e);
+    return rc == 0 ? kExitOk : kExitUsage;
+  }
+  if (opts.jobs == 0) opts.jobs = AvailableCores();
+  if (index->parsed()) return RunIndex(opts);
+
+  auto usage = [](const std::string& msg) {
+    std::cerr << "patchgen: error: " << msg << "\nRun with --help for more information.\n";
+    return kExitUsage;
+  };
+  int modes = opts.check + opts.list + opts.validate;
+  if (modes > 1) return usage("--check, --list and --validate cannot be combined");
+  if (opts.fix && !opts.check) return usage("--fix needs --check");
+  if (opts.all && !opts.specs.empty()) return usage("give SPEC files or --all, not both");
+  if (modes == 0 && !opts.all && opts.specs.empty()) return usage("give SPEC files or --all");
+  if (opts.dry_run && (opts.check || opts.list || opts.validate)) {
+    return usage("--dry-run only applies when generating");
+  }
+
+  try {
+    fs::path cwd = fs::current_path();
+    auto config = FindProjectConfig(cwd);
+    if (!config.ok()) {
+      PrintDiagnostics(config.errors());
+      return kExitUsage;
+    }
+    Runner runner(std::move(opts), cwd, std::move(config.value()));
+    return runner.Main();
+  } catch (const std::exception& e) {
+    std::cerr << "patchgen: internal error: " << e.what() << "\n";
+    return 70;
+  }
+}
+
+}  // namespace patchgen::cli

@@ -1,0 +1,91 @@
+// Validate-only checks (see validate.h).
+#include "validate.h"
+
+#include <map>
+#include <memory>
+
+#include "base/text_util.h"
+#include "parser/py_module.h"
+
+namespace patchgen::cli {
+namespace {
+
+/// The text of 1-based line `line` of `text`, or "".
+std::string LineOf(const std::shared_ptr<const std::string>& text, uint32_t line) {
+  if (!text || line == 0) return "";
+  auto lines = SplitLines(*text);
+  return line <= lines.size() ? std::string(lines[line - 1]) : "";
+}
+
+/// Parses `code` as a Python module; on a syntax error, a diagnostic located through `origin`.
+void CheckParses(const std::string& code, const spec::TextOrigin& origin, const std::string& what,
+                 std::vector<Diagnostic>& out) {
+  TSTree* tree = parser::ParseTree(code);
+  if (tree == nullptr) return;
+  std::optional<TSNode> bad = parser::FirstErrorNode(ts_tree_root_node(tree));
+  if (bad) {
+    TSPoint p = ts_node_start_point(*bad);
+    SourceLoc loc;
+    loc.path = origin.path;
+    loc.line = origin.first_line + p.row;
+    loc.col = p.column + 1 + origin.col_offset;
+    loc.source_line = LineOf(origin.file_text, loc.line);
+    out.push_back(ErrorAt(loc, what + " does not parse as Python",
+                          "fix the syntax error at this position"));
+  }
+  ts_tree_delete(tree);
+}
+
+void CheckBody(const spec::Body& body, const std::string& what, std::vector<Diagnostic>& out) {
+  if (body.source == spec::Body::Source::kCode) {
+    CheckParses(body.text, body.origin, what, out);
+  } else if (body.source == spec::Body::Source::kFile) {
+    size_t before = out.size();
+    CheckParses(body.text, body.origin, "patch file '" + body.file + "'", out);
+    if (out.size() != before || body.symbol.empty()) return;
+    auto module = parser::PyModule::Parse(body.origin.path, body.text);
+    if (!module.ok()) return;
+    if ((*module)->FindTopLevel(body.symbol) != nullptr) return;
+    std::vector<std::string> names = (*module)->TopLevelNames();
+    std::string help = "definitions in " + body.file + ": " + JoinNames(names);
+    if (auto guess = DidYouMean(body.symbol, names)) help = "did you mean '" + *guess + "'? " + help;
+    out.push_back(ErrorAt(body.symbol_loc,
+                          "no def or class '" + body.symbol + "' in '" + body.file + "'", help));
+  }
+}
+
+}  // namespace
+
+std::vector<Diagnostic> ValidateSpecWithoutUpstream(const spec::PatchSpec& spec) {
+  std::vector<Diagnostic> out;
+  for (const auto& block : spec.import_adds) CheckParses(block.code, block.origin, "added import", out);
+  for (const auto& block : spec.blocks) CheckParses(block.code, block.origin, "block", out);
+  for (const auto& patch : spec.patches) {
+    CheckBody(patch.body, std::string("body of ") + spec::PatchKindKey(patch.kind) + " " + patch.target, out);
+  }
+  for (const auto& helper : spec.helpers) CheckBody(helper.body, "helper", out);
+
+  std::map<std::string, const spec::Slot*> by_name;
+  for (const auto& slot : spec.slots) {
+    auto [it, inserted] = by_name.emplace(slot.name, &slot);
+    if (!inserted && (it->second->op != slot.op || it->second->variant != slot.variant)) {
+      out.push_back(ErrorAt(slot.loc,
+                            "slot '" + slot.name + "' is declared again with op '" + slot.op + "' variant '" +
+                                slot.variant + "'",
+                            "it was declared with op '" + it->second->op + "' variant '" +
+                                it->second->variant + "' at line " + std::to_string(it->second->loc.line)));
+    }
+    for (const auto& guard : slot.guards) {
+      CheckParses(guard.call, guard.call_origin, "guard call", out);
+      if (slot.scope == spec::Slot::Scope::kInstance && guard.in.find('.') == std::string::npos) {
+        out.push_back(ErrorAt(guard.in_loc,
+                              "slot '" + slot.name + "' has scope: instance, so it can only guard methods",
+                              "write the target as Class.method, or use scope: module"));
+      }
+    }
+  }
+  SortDiagnostics(out);
+  return out;
+}
+
+}  // namespace patchgen::cli
