@@ -1,1 +1,75 @@
 #include "rewriter/edit_plan.h"
+
+#include <algorithm>
+#include <tuple>
+
+namespace patchgen::rewriter {
+namespace {
+
+/// True when `a` and `b` (a before b in plan order) touch the same upstream bytes.
+bool Overlap(const TextEdit& a, const TextEdit& b) {
+  if (a.range.empty() && b.range.empty()) return false;
+  if (a.range.empty()) return b.range.start < a.range.start && a.range.start < b.range.end;
+  if (b.range.empty()) return a.range.start < b.range.start && b.range.start < a.range.end;
+  return a.range.Overlaps(b.range);
+}
+
+std::string Where(const SourceLoc& loc) {
+  return loc.path + ":" + std::to_string(loc.line) + ":" + std::to_string(loc.col);
+}
+
+}  // namespace
+
+std::vector<Diagnostic> EditPlan::Validate() {
+  // Insertions sort before a replacement starting at the same offset, so the forward splice
+  // puts their text in front of it.
+  std::stable_sort(edits_.begin(), edits_.end(), [](const TextEdit& a, const TextEdit& b) {
+    return std::make_tuple(a.range.start, !a.range.empty()) <
+           std::make_tuple(b.range.start, !b.range.empty());
+  });
+  std::vector<Diagnostic> diags;
+  for (size_t i = 0; i < edits_.size(); ++i) {
+    for (size_t j = i + 1; j < edits_.size(); ++j) {
+      const TextEdit& a = edits_[i];
+      const TextEdit& b = edits_[j];
+      if (b.range.start > a.range.end) break;
+      if (!Overlap(a, b)) continue;
+      auto key = [](const SourceLoc& l) { return std::tie(l.path, l.line, l.col); };
+      bool b_later = !(key(b.origin) < key(a.origin));
+      const TextEdit& later = b_later ? b : a;
+      const TextEdit& earlier = b_later ? a : b;
+      Diagnostic d = ErrorAt(later.origin, "edits overlap: " + later.what + " and " + earlier.what,
+                             "each upstream region can be changed by one spec entry only; "
+                             "remove or merge one of them");
+      d.notes.push_back("note: " + earlier.what + " is at " + Where(earlier.origin));
+      diags.push_back(std::move(d));
+    }
+  }
+  return diags;
+}
+
+std::string EditPlan::Apply(const std::string& source) const {
+  std::string out;
+  out.reserve(source.size() + 1024);
+  uint32_t cursor = 0;
+  for (const TextEdit& e : edits_) {
+    out.append(source, cursor, e.range.start - cursor);
+    out += e.text;
+    cursor = e.range.end;
+  }
+  out.append(source, cursor, std::string::npos);
+  return out;
+}
+
+std::vector<ByteRange> EditPlan::OutputRanges() const {
+  std::vector<ByteRange> ranges;
+  int64_t delta = 0;
+  for (const TextEdit& e : edits_) {
+    auto start = static_cast<uint32_t>(e.range.start + delta);
+    ranges.push_back({start, start + static_cast<uint32_t>(e.text.size())});
+    delta += static_cast<int64_t>(e.text.size()) - e.range.size();
+  }
+  return ranges;
+}
+
+}  // namespace patchgen::rewriter

@@ -7,6 +7,10 @@
 // lines of brackets are shifted like any other line (their indentation is not significant).
 // Tabs in leading whitespace count as one column each; code mixing tabs and spaces is shifted
 // without re-expanding tabs (limitation: patchgen never converts between tabs and spaces).
+// Whitespace-only lines outside strings come out empty (no trailing whitespace is produced).
+// An indented fragment (a block's statements) is parsed under a synthetic `if 1:` header so that
+// tree-sitter sees a well-formed block; code that does not parse at all is still re-indented,
+// with strings found on a best-effort basis (callers validate bodies by parsing them first).
 #pragma once
 
 #include <string>

@@ -1,0 +1,284 @@
+#include "rewriter/name_resolution.h"
+
+#include <cstring>
+#include <map>
+#include <set>
+#include <unordered_set>
+
+namespace patchgen::rewriter {
+namespace {
+
+bool Is(TSNode n, const char* type) { return std::strcmp(ts_node_type(n), type) == 0; }
+
+bool Same(TSNode a, TSNode b) { return ts_node_eq(a, b); }
+
+TSNode Field(TSNode n, const char* field) {
+  return ts_node_child_by_field_name(n, field, static_cast<uint32_t>(std::strlen(field)));
+}
+
+bool IsFieldOf(TSNode child, TSNode parent, const char* field) {
+  TSNode f = Field(parent, field);
+  return !ts_node_is_null(f) && Same(f, child);
+}
+
+std::string_view TextOf(TSNode n, std::string_view source) {
+  return source.substr(ts_node_start_byte(n), ts_node_end_byte(n) - ts_node_start_byte(n));
+}
+
+bool Inside(TSNode inner, TSNode outer) {
+  return !ts_node_is_null(outer) && ts_node_start_byte(outer) <= ts_node_start_byte(inner) &&
+         ts_node_end_byte(inner) <= ts_node_end_byte(outer);
+}
+
+bool IsComprehension(TSNode n) {
+  return Is(n, "list_comprehension") || Is(n, "set_comprehension") ||
+         Is(n, "dictionary_comprehension") || Is(n, "generator_expression");
+}
+
+bool IsPatternContainer(TSNode n) {
+  return Is(n, "pattern_list") || Is(n, "tuple_pattern") || Is(n, "list_pattern") ||
+         Is(n, "list_splat_pattern") || Is(n, "dictionary_splat_pattern");
+}
+
+enum class Role { kUse, kBinding, kOther };
+
+/// What an identifier node does: read a name, bind one, or neither (attribute names, keyword
+/// names, import paths, global/nonlocal lists).
+Role RoleOf(TSNode id) {
+  TSNode p = ts_node_parent(id);
+  if (ts_node_is_null(p)) return Role::kUse;
+  if (Is(p, "attribute")) return IsFieldOf(id, p, "attribute") ? Role::kOther : Role::kUse;
+  if (Is(p, "keyword_argument")) return IsFieldOf(id, p, "name") ? Role::kOther : Role::kUse;
+  if (Is(p, "dotted_name") || Is(p, "aliased_import") || Is(p, "import_statement") ||
+      Is(p, "import_from_statement") || Is(p, "relative_import") || Is(p, "global_statement") ||
+      Is(p, "nonlocal_statement") || Is(p, "future_import_statement")) {
+    return Role::kOther;
+  }
+  if (Is(p, "function_definition") || Is(p, "class_definition")) {
+    return IsFieldOf(id, p, "name") ? Role::kBinding : Role::kUse;
+  }
+  if (Is(p, "parameters") || Is(p, "lambda_parameters")) return Role::kBinding;
+  if (Is(p, "default_parameter") || Is(p, "typed_default_parameter")) {
+    return IsFieldOf(id, p, "name") ? Role::kBinding : Role::kUse;
+  }
+  if (Is(p, "typed_parameter")) return IsFieldOf(id, p, "type") ? Role::kUse : Role::kBinding;
+  if (Is(p, "named_expression")) return IsFieldOf(id, p, "name") ? Role::kBinding : Role::kUse;
+  if (Is(p, "as_pattern_target")) return Role::kBinding;
+  if (Is(p, "except_clause")) return IsFieldOf(id, p, "alias") ? Role::kBinding : Role::kUse;
+  // Assignment-like targets, possibly nested in tuple/list patterns.
+  TSNode child = id;
+  while (IsPatternContainer(p)) {
+    child = p;
+    p = ts_node_parent(p);
+    if (ts_node_is_null(p)) return Role::kUse;
+  }
+  if ((Is(p, "assignment") || Is(p, "augmented_assignment") || Is(p, "for_statement") ||
+       Is(p, "for_in_clause")) &&
+      IsFieldOf(child, p, "left")) {
+    return Role::kBinding;
+  }
+  // Parameters written as patterns: `*args`, `**kwargs` (possibly typed).
+  if (!Same(child, id) && (Is(p, "parameters") || Is(p, "lambda_parameters") ||
+                           Is(p, "typed_parameter"))) {
+    return Role::kBinding;
+  }
+  return Role::kUse;
+}
+
+/// Names bound by an import statement: aliases, or the first component of `import a.b`.
+void ImportBindings(TSNode stmt, std::string_view source, std::set<std::string>& out,
+                    bool& wildcard) {
+  bool from = Is(stmt, "import_from_statement");
+  uint32_t n = ts_node_named_child_count(stmt);
+  for (uint32_t i = 0; i < n; ++i) {
+    TSNode c = ts_node_named_child(stmt, i);
+    if (from && IsFieldOf(c, stmt, "module_name")) continue;
+    if (Is(c, "wildcard_import")) wildcard = true;
+    if (Is(c, "aliased_import")) {
+      out.insert(std::string(TextOf(Field(c, "alias"), source)));
+    } else if (Is(c, "dotted_name")) {
+      std::string_view text = TextOf(c, source);
+      if (!from) text = text.substr(0, text.find('.'));
+      out.insert(std::string(text));
+    }
+  }
+}
+
+bool IsScope(TSNode n) {
+  return Is(n, "function_definition") || Is(n, "class_definition") || Is(n, "lambda") ||
+         IsComprehension(n);
+}
+
+/// Collects the names bound in `node`'s subtree without entering nested scopes (whose own names
+/// are recorded: a nested def/class binds its name here).
+void CollectBindings(TSNode node, std::string_view source, std::set<std::string>& out,
+                     bool& wildcard) {
+  uint32_t n = ts_node_named_child_count(node);
+  for (uint32_t i = 0; i < n; ++i) {
+    TSNode c = ts_node_named_child(node, i);
+    if (Is(c, "identifier")) {
+      if (RoleOf(c) == Role::kBinding) out.insert(std::string(TextOf(c, source)));
+      continue;
+    }
+    if (Is(c, "import_statement") || Is(c, "import_from_statement")) {
+      ImportBindings(c, source, out, wildcard);
+      continue;
+    }
+    if (Is(c, "global_statement") || Is(c, "nonlocal_statement")) {
+      uint32_t m = ts_node_named_child_count(c);
+      for (uint32_t j = 0; j < m; ++j) out.insert(std::string(TextOf(ts_node_named_child(c, j), source)));
+      continue;
+    }
+    if (Is(c, "function_definition") || Is(c, "class_definition")) {
+      TSNode name = Field(c, "name");
+      if (!ts_node_is_null(name)) out.insert(std::string(TextOf(name, source)));
+      // Decorators, defaults, annotations and base classes are evaluated here, but bind nothing.
+      continue;
+    }
+    if (IsScope(c)) continue;
+    CollectBindings(c, source, out, wildcard);
+  }
+}
+
+void CollectGlobals(TSNode node, std::string_view source, std::set<std::string>& out) {
+  if (Is(node, "global_statement")) {
+    uint32_t m = ts_node_named_child_count(node);
+    for (uint32_t j = 0; j < m; ++j) out.insert(std::string(TextOf(ts_node_named_child(node, j), source)));
+    return;
+  }
+  uint32_t n = ts_node_named_child_count(node);
+  for (uint32_t i = 0; i < n; ++i) CollectGlobals(ts_node_named_child(node, i), source, out);
+}
+
+/// Resolves uses against the scopes around them, caching each scope's bindings.
+class Resolver {
+ public:
+  Resolver(TSNode root, std::string_view source) : source_(source) {
+    CollectBindings(root, source, module_, module_wildcard_);
+    CollectGlobals(root, source, module_);
+  }
+
+  bool Resolves(TSNode id) {
+    std::string name(TextOf(id, source_));
+    if (module_wildcard_ || module_.count(name) || IsBuiltinName(name)) return true;
+    bool crossed_function = false;
+    for (TSNode a = ts_node_parent(id); !ts_node_is_null(a); a = ts_node_parent(a)) {
+      if (Is(a, "function_definition") || Is(a, "lambda")) {
+        if (!Inside(id, Field(a, "body"))) continue;  // defaults/annotations: enclosing scope
+        crossed_function = true;
+        if (Bindings(a).count(name)) return true;
+      } else if (Is(a, "class_definition")) {
+        if (crossed_function || !Inside(id, Field(a, "body"))) continue;
+        if (Bindings(a).count(name)) return true;
+      } else if (IsComprehension(a)) {
+        if (Bindings(a).count(name)) return true;
+      }
+    }
+    return false;
+  }
+
+ private:
+  const std::set<std::string>& Bindings(TSNode scope) {
+    uint32_t key = ts_node_start_byte(scope);
+    auto it = cache_.find({key, ts_node_type(scope)});
+    if (it != cache_.end()) return it->second;
+    std::set<std::string>& out = cache_[{key, ts_node_type(scope)}];
+    bool wildcard = false;
+    if (Is(scope, "function_definition") || Is(scope, "lambda")) {
+      TSNode params = Field(scope, "parameters");
+      if (!ts_node_is_null(params)) CollectParams(params, out);
+      CollectBindings(Field(scope, "body"), source_, out, wildcard);
+    } else if (Is(scope, "class_definition")) {
+      CollectBindings(Field(scope, "body"), source_, out, wildcard);
+    } else {
+      uint32_t n = ts_node_named_child_count(scope);
+      for (uint32_t i = 0; i < n; ++i) {
+        TSNode c = ts_node_named_child(scope, i);
+        if (Is(c, "for_in_clause")) CollectBindings(c, source_, out, wildcard);
+      }
+    }
+    return out;
+  }
+
+  void CollectParams(TSNode node, std::set<std::string>& out) {
+    if (Is(node, "identifier")) {
+      if (RoleOf(node) == Role::kBinding) out.insert(std::string(TextOf(node, source_)));
+      return;
+    }
+    if (IsScope(node)) return;
+    uint32_t n = ts_node_named_child_count(node);
+    for (uint32_t i = 0; i < n; ++i) CollectParams(ts_node_named_child(node, i), out);
+  }
+
+  std::string_view source_;
+  std::set<std::string> module_;
+  bool module_wildcard_ = false;
+  std::map<std::pair<uint32_t, std::string>, std::set<std::string>> cache_;
+};
+
+void Walk(TSNode node, const std::vector<ByteRange>& ranges, std::vector<TSNode>& out) {
+  uint32_t s = ts_node_start_byte(node), e = ts_node_end_byte(node);
+  bool touches = false;
+  for (const ByteRange& r : ranges) {
+    if (s < r.end && r.start < e) touches = true;
+  }
+  if (!touches) return;
+  if (Is(node, "identifier")) {
+    for (const ByteRange& r : ranges) {
+      if (r.start <= s && e <= r.end) out.push_back(node);
+    }
+    return;
+  }
+  uint32_t n = ts_node_named_child_count(node);
+  for (uint32_t i = 0; i < n; ++i) Walk(ts_node_named_child(node, i), ranges, out);
+}
+
+}  // namespace
+
+bool IsBuiltinName(std::string_view name) {
+  static const std::unordered_set<std::string_view> kBuiltins = {
+      "ArithmeticError", "AssertionError", "AttributeError", "BaseException",
+      "BaseExceptionGroup", "BlockingIOError", "BrokenPipeError", "BufferError", "BytesWarning",
+      "ChildProcessError", "ConnectionAbortedError", "ConnectionError", "ConnectionRefusedError",
+      "ConnectionResetError", "DeprecationWarning", "EOFError", "Ellipsis", "EncodingWarning",
+      "EnvironmentError", "Exception", "ExceptionGroup", "False", "FileExistsError",
+      "FileNotFoundError", "FloatingPointError", "FutureWarning", "GeneratorExit", "IOError",
+      "ImportError", "ImportWarning", "IndentationError", "IndexError", "InterruptedError",
+      "IsADirectoryError", "KeyError", "KeyboardInterrupt", "LookupError", "MemoryError",
+      "ModuleNotFoundError", "NameError", "None", "NotADirectoryError", "NotImplemented",
+      "NotImplementedError", "OSError", "OverflowError", "PendingDeprecationWarning",
+      "PermissionError", "ProcessLookupError", "RecursionError", "ReferenceError",
+      "ResourceWarning", "RuntimeError", "RuntimeWarning", "StopAsyncIteration", "StopIteration",
+      "SyntaxError", "SyntaxWarning", "SystemError", "SystemExit", "TabError", "TimeoutError",
+      "True", "TypeError", "UnboundLocalError", "UnicodeDecodeError", "UnicodeEncodeError",
+      "UnicodeError", "UnicodeTranslateError", "UnicodeWarning", "UserWarning", "ValueError",
+      "Warning", "ZeroDivisionError", "__build_class__", "__debug__", "__doc__", "__import__",
+      "__loader__", "__name__", "__package__", "__spec__", "abs", "aiter", "all", "anext", "any",
+      "ascii", "bin", "bool", "breakpoint", "bytearray", "bytes", "callable", "chr",
+      "classmethod", "compile", "complex", "copyright", "credits", "delattr", "dict", "dir",
+      "divmod", "enumerate", "eval", "exec", "exit", "filter", "float", "format", "frozenset",
+      "getattr", "globals", "hasattr", "hash", "help", "hex", "id", "input", "int", "isinstance",
+      "issubclass", "iter", "len", "license", "list", "locals", "map", "max", "memoryview", "min",
+      "next", "object", "oct", "open", "ord", "pow", "print", "property", "quit", "range", "repr",
+      "reversed", "round", "set", "setattr", "slice", "sorted", "staticmethod", "str", "sum",
+      "super", "tuple", "type", "vars", "zip",
+      // Implicit module attributes, class-body names and the method-level `__class__` cell.
+      "__file__", "__builtins__", "__annotations__", "__dict__", "__path__", "__cached__",
+      "__class__", "__module__", "__qualname__"};
+  return kBuiltins.count(name) > 0;
+}
+
+std::vector<NameUse> FindUnresolvedNames(TSNode root, std::string_view source,
+                                         const std::vector<ByteRange>& ranges) {
+  std::vector<TSNode> ids;
+  Walk(root, ranges, ids);
+  Resolver resolver(root, source);
+  std::vector<NameUse> out;
+  for (TSNode id : ids) {
+    if (RoleOf(id) != Role::kUse) continue;
+    if (!resolver.Resolves(id)) out.push_back({std::string(TextOf(id, source)), ts_node_start_byte(id)});
+  }
+  return out;
+}
+
+}  // namespace patchgen::rewriter
