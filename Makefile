@@ -60,6 +60,11 @@ generate: build
 	$(PATCHGEN) --all --diff
 
 # Whole-process timings of patchgen (docs/benchmarks.md); CSV with BENCH_ARGS="--csv out.csv".
+# GPU end-to-end test of the real-model specs (on the H200 machine; needs `make static` first,
+# whose binary travels in .device-bin/).
+gpu-e2e:
+	tests/gpu/run_e2e.sh $(E2E_ARGS)
+
 bench: build
 	$(PYTHON) bench/patchgen_bench.py --patchgen $(PATCHGEN) $(BENCH_ARGS)
 
