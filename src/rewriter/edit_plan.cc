@@ -14,6 +14,19 @@ bool Overlap(const TextEdit& a, const TextEdit& b) {
   return a.range.Overlaps(b.range);
 }
 
+/// Indentation (columns) of the first non-blank line of an inserted text.
+size_t InsertIndent(const std::string& text) {
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t end = text.find('\n', pos);
+    if (end == std::string::npos) end = text.size();
+    size_t first = text.find_first_not_of(" \t", pos);
+    if (first != std::string::npos && first < end) return first - pos;
+    pos = end + 1;
+  }
+  return 0;
+}
+
 std::string Where(const SourceLoc& loc) {
   return loc.path + ":" + std::to_string(loc.line) + ":" + std::to_string(loc.col);
 }
@@ -22,10 +35,15 @@ std::string Where(const SourceLoc& loc) {
 
 std::vector<Diagnostic> EditPlan::Validate() {
   // Insertions sort before a replacement starting at the same offset, so the forward splice
-  // puts their text in front of it.
+  // puts their text in front of it. Among insertions at one offset, deeper-indented text goes
+  // first: at the end of a class, statements appended to its last method (`modify_init`, an
+  // instance slot's binding) must come before a new method (`add_method`), which must come before
+  // a module-level helper. Insertions of equal indentation keep plan (spec) order.
   std::stable_sort(edits_.begin(), edits_.end(), [](const TextEdit& a, const TextEdit& b) {
-    return std::make_tuple(a.range.start, !a.range.empty()) <
-           std::make_tuple(b.range.start, !b.range.empty());
+    size_t ia = a.range.empty() ? InsertIndent(a.text) : 0;
+    size_t ib = b.range.empty() ? InsertIndent(b.text) : 0;
+    return std::make_tuple(a.range.start, !a.range.empty(), static_cast<size_t>(-1) - ia) <
+           std::make_tuple(b.range.start, !b.range.empty(), static_cast<size_t>(-1) - ib);
   });
   std::vector<Diagnostic> diags;
   for (size_t i = 0; i < edits_.size(); ++i) {

@@ -130,6 +130,7 @@ class Generator {
 
   Result<GenerateResult> Run() {
     PlanImports();
+    CheckNestedInReplaced();
     for (const Patch& p : spec_.patches) PlanPatch(p);
     PlanGuardsAndConflicts();
     PlanInsertionsAfterImports();
@@ -509,6 +510,31 @@ class Generator {
     if (auto dym = DidYouMean(qualname, candidates)) help = "did you mean '" + *dym + "'?";
     Error(loc, "no class '" + qualname + "' in " + up_.path(), help);
     return nullptr;
+  }
+
+  /// A patch on a member of a class that another patch replaces wholesale (e.g. `add_method X.m`
+  /// with `replace_class X`) would edit text that is no longer there: the two overlap, even when
+  /// their text edits only touch at the class's last byte.
+  void CheckNestedInReplaced() {
+    for (const Patch& outer : spec_.patches) {
+      if (outer.kind != PatchKind::kReplaceClass && outer.kind != PatchKind::kReplaceFunction) {
+        continue;
+      }
+      for (const Patch& inner : spec_.patches) {
+        if (inner.target.size() <= outer.target.size() ||
+            inner.target.compare(0, outer.target.size() + 1, outer.target + ".") != 0) {
+          continue;
+        }
+        std::string outer_what = std::string(PatchKindKey(outer.kind)) + " " + outer.target;
+        std::string inner_what = std::string(PatchKindKey(inner.kind)) + " " + inner.target;
+        Diagnostic d = ErrorAt(inner.loc, "edits overlap: " + inner_what + " and " + outer_what,
+                               "each upstream region can be changed by one spec entry only; "
+                               "remove or merge one of them");
+        d.notes.push_back("note: " + outer_what + " is at " + outer.loc.path + ":" +
+                          std::to_string(outer.loc.line) + ":" + std::to_string(outer.loc.col));
+        errors_.push_back(std::move(d));
+      }
+    }
   }
 
   void PlanPatch(const Patch& p) {

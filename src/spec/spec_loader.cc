@@ -768,17 +768,18 @@ void Merge(OneSpec& parent_one, OneSpec&& child_one, const std::string& parent_p
   parent_one.parsed = child_one.parsed;
   parent_one.has_upstream |= child_one.has_upstream;
   parent_one.has_output |= child_one.has_output;
-  // `remove` first: it names inherited entries only.
+  // `remove` first: it names inherited entries only. Suggestions list every inherited entry,
+  // including those an earlier `remove` entry already dropped.
+  std::vector<std::string> names;
+  for (const Patch& p : parent.patches) names.push_back(p.target);
+  for (const Slot& s : parent.slots) names.push_back(s.name);
+  for (const Helper& h : parent.helpers) names.push_back(h.name);
   for (const LocatedName& r : child_one.removes) {
     size_t before = parent.patches.size() + parent.slots.size() + parent.helpers.size();
     std::erase_if(parent.patches, [&](const Patch& p) { return p.target == r.name; });
     std::erase_if(parent.slots, [&](const Slot& s) { return s.name == r.name; });
     std::erase_if(parent.helpers, [&](const Helper& h) { return h.name == r.name; });
     if (parent.patches.size() + parent.slots.size() + parent.helpers.size() == before) {
-      std::vector<std::string> names;
-      for (const Patch& p : parent.patches) names.push_back(p.target);
-      for (const Slot& s : parent.slots) names.push_back(s.name);
-      for (const Helper& h : parent.helpers) names.push_back(h.name);
       std::string help;
       if (auto near = DidYouMean(r.name, names)) help = "did you mean '" + *near + "'? ";
       help += names.empty() ? std::string("the parent has no patches, slots or helpers")

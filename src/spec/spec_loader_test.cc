@@ -997,7 +997,7 @@ help: did you mean 'rotate_half'? inherited patch targets, slots and helpers: ro
 specs/remover.yaml:2:32: error: nothing named 'nothing' to remove in 'specs/good_parent.yaml'
     2 | remove: [rotate_hlf, rms_slot, nothing]
       |                                ^~~~~~~
-help: inherited patch targets, slots and helpers: rotate_half
+help: inherited patch targets, slots and helpers: rotate_half, rms_slot
 )");
 }
 
