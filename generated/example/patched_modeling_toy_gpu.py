@@ -4,7 +4,9 @@
 #   upstream: toyformers.models.toy.modeling_toy (toyformers/models/toy/modeling_toy.py)
 #   version:  0.1.0
 #   sha256:   6de6bca04fa9aa358a9c2e95b9c3abf3d0c768f93d8a68f856c54863be0133c1
+#   about:    Toy decoder with OpSlot dispatch for norm, RoPE, MLP and the causal-LM loss
 #   applied:
+#   - imports.drop SequenceClassifierOutput
 #   - replace_class ToyRotaryEmbedding: HF's newer rotary embedding with attention_scaling
 #   - replace_function rotate_half: rotate_half via chunk (same values, one fewer slice)
 #   - override_method ToyDecoderLayer.forward: decoder layer with an optional residual hook for activation offloading
@@ -16,6 +18,10 @@
 #   - guard apply_rotary_pos_emb: rope_slot -> rotary_pos_emb/full
 #   - guard ToyMLP.forward: swiglu_mlp_slot -> swiglu_mlp/standard
 #   - guard ToyForCausalLM.forward: causal_lm_loss_slot -> cross_entropy_loss/causal
+#   - imports.add import math
+#   - block after the imports (specs/example/toy_gpu.yaml:88)
+#   - helper _rope_scale: after the imports
+#   - helper count_toy_parameters: after ToyPreTrainedModel
 #   - exclude ToyForSequenceClassification
 # ============================================================================
 # Copyright 2026 The patchgen authors. All rights reserved.

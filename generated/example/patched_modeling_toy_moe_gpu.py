@@ -4,11 +4,13 @@
 #   upstream: toyformers.models.toy_moe.modeling_toy_moe (toyformers/models/toy_moe/modeling_toy_moe.py)
 #   version:  0.1.0
 #   sha256:   fd25923cf4ab7d0a02ac7f49cc9df287f96b4d581ecdc3b41e9da8df5c0571fb
+#   about:    ToyMoe with OpSlot dispatch for experts, load-balancing loss and the causal-LM loss
 #   applied:
 #   - add_method ToyMoeForCausalLM.num_parameters: parameter count, shared with the Toy spec
 #   - guard ToyMoeExperts.forward: moe_experts_slot -> moe/standard
 #   - guard load_balancing_loss_func: load_balancing_loss_slot -> load_balancing_loss/standard
 #   - guard ToyMoeForCausalLM.forward: causal_lm_loss_slot -> cross_entropy_loss/causal
+#   - helper count_toy_parameters: after ToyMoePreTrainedModel
 # ============================================================================
 # Copyright 2026 The patchgen authors. All rights reserved.
 #

@@ -291,6 +291,9 @@ class Generator {
                          std::nullopt});
     }
     for (size_t d = 0; d < spec_.import_drops.size(); ++d) {
+      if (drop_used[d]) applied_.push_back({"imports.drop", spec_.import_drops[d].name, ""});
+    }
+    for (size_t d = 0; d < spec_.import_drops.size(); ++d) {
       if (drop_used[d]) continue;
       std::vector<std::string> names;
       for (const Import& imp : up_.imports()) {
@@ -850,6 +853,7 @@ class Generator {
         continue;
       }
       add("\n", *s, b.loc, "imports.add");
+      applied_.push_back({"imports.add", OneLine(std::string(TrimTrailingNewlines(b.code))), ""});
     }
     if (!declarations_.empty()) {
       Snippet s;
@@ -860,11 +864,17 @@ class Generator {
       first = false;
     }
     for (const spec::Block& b : spec_.blocks) {
-      if (auto s = StandaloneSnippet(b.code, b.origin)) add("\n\n", *s, b.loc, "block");
+      if (auto s = StandaloneSnippet(b.code, b.origin)) {
+        add("\n\n", *s, b.loc, "block");
+        applied_.push_back({"block", "after the imports (" + Where(b.loc) + ")", ""});
+      }
     }
     for (const spec::Helper& h : spec_.helpers) {
       if (h.after) continue;
-      if (auto s = HelperSnippet(h)) add("\n\n\n", *s, h.loc, "helper " + h.name);
+      if (auto s = HelperSnippet(h)) {
+        add("\n\n\n", *s, h.loc, "helper " + h.name);
+        applied_.push_back({"helper", h.name, "after the imports"});
+      }
     }
     if (at_top && !first) {
       plan_.Add(TextEdit{{at, at}, "\n\n\n", spec_.upstream_loc, "code after the imports",
@@ -915,6 +925,7 @@ class Generator {
         uint32_t end = LineEndOf(anchor->range.end);
         plan_.Add(SnippetEdit({end, end}, "\n\n\n", *s, "", h.loc,
                               "helper " + h.name));
+        applied_.push_back({"helper", h.name, "after " + *h.after});
       }
     }
   }
@@ -1007,6 +1018,7 @@ class Generator {
     h += "#   upstream: " + spec_.upstream + " (" + options_.upstream_path + ")\n";
     h += "#   version:  " + options_.upstream_version + "\n";
     h += "#   sha256:   " + sha + "\n";
+    if (!spec_.description.empty()) h += "#   about:    " + OneLine(spec_.description) + "\n";
     if (applied_.empty()) {
       h += "#   applied:  nothing (upstream with absolute imports)\n";
     } else {

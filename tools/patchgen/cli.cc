@@ -662,6 +662,29 @@ std::string DiffNameFor(const std::string& output_name) {
 
 HeaderUpstream ParseHeaderUpstream(const std::string& text) {
   HeaderUpstream h;
+  // patchgen's own header has exact `#   version:` / `#   sha256:` fields; read those when present,
+  // so that a spec path or description that happens to contain "version" cannot be mistaken for it.
+  {
+    size_t pos = 0;
+    while (pos < text.size()) {
+      size_t end = text.find('\n', pos);
+      if (end == std::string::npos) end = text.size();
+      std::string_view line(text.data() + pos, end - pos);
+      pos = end + 1;
+      if (line.empty() || line[0] != '#') break;
+      auto field = [&](std::string_view key) -> std::optional<std::string> {
+        if (line.substr(0, key.size()) != key) return std::nullopt;
+        std::string_view v = line.substr(key.size());
+        size_t b = v.find_first_not_of(' ');
+        if (b == std::string_view::npos) return std::nullopt;
+        return std::string(v.substr(b));
+      };
+      if (auto v = field("#   version:")) h.version = *v;
+      if (auto v = field("#   sha256:")) h.sha256 = *v;
+    }
+    if (!h.version.empty() && h.sha256.size() == 64) return h;
+    h = HeaderUpstream{};
+  }
   auto is_hex = [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); };
   size_t pos = 0;
   while (pos < text.size()) {

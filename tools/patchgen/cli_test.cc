@@ -42,6 +42,15 @@ TEST_CASE("ParseHeaderUpstream reads sha256 and version from the leading comment
   CHECK(ParseHeaderUpstream("# sha256 " + std::string(65, 'c') + "\n").sha256.empty());
 }
 
+TEST_CASE("ParseHeaderUpstream prefers patchgen's exact header fields") {
+  std::string sha(64, 'd');
+  HeaderUpstream h = ParseHeaderUpstream(
+      "# ====\n#   spec:     specs/versioned/x.yaml\n#   version:  5.17.0\n#   sha256:   " + sha +
+      "\n#   about:    a version 2 of the model\n# ====\n");
+  CHECK(h.version == "5.17.0");
+  CHECK(h.sha256 == sha);
+}
+
 TEST_CASE("DiffNameFor replaces .py by .diff") {
   CHECK(DiffNameFor("patched_modeling_x.py") == "patched_modeling_x.diff");
   CHECK(DiffNameFor("out.txt") == "out.txt.diff");

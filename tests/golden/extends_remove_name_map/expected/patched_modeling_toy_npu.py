@@ -4,9 +4,12 @@
 #   upstream: toypkg.models.toy.modeling_toy (toypkg/models/toy/modeling_toy.py)
 #   version:  1.0.0
 #   sha256:   ad07823b17bd3a4565f0ca2007c3bccbb82fd2828eddae6e9b26860bdb5efbc5
+#   about:    NPU sibling of the parent spec
 #   applied:
 #   - modify_init ToyModel: an extra norm on the embeddings
 #   - add_method ToyMLP.extra_repr: child replaces the parent's entry for the same target
+#   - imports.add from npu_kernels.norms import NpuRMSNorm
+#   - helper make_norm: after ToyRMSNorm
 # ============================================================================
 # Copyright 2026 The Toy Authors. All rights reserved.
 #

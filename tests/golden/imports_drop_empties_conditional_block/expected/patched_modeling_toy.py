@@ -4,7 +4,8 @@
 #   upstream: toypkg.models.toy.modeling_toy (toypkg/models/toy/modeling_toy.py)
 #   version:  1.0.0
 #   sha256:   ad07823b17bd3a4565f0ca2007c3bccbb82fd2828eddae6e9b26860bdb5efbc5
-#   applied:  nothing (upstream with absolute imports)
+#   applied:
+#   - imports.drop Cache
 # ============================================================================
 # Copyright 2026 The Toy Authors. All rights reserved.
 #
