@@ -55,7 +55,7 @@ class ToyMoeExperts(nn.Module):
         self.gate_up_proj = nn.Parameter(torch.empty(self.num_experts, 2 * self.intermediate_dim, self.hidden_dim))
         self.down_proj = nn.Parameter(torch.empty(self.num_experts, self.hidden_dim, self.intermediate_dim))
         self.act_fn = ACT2FN[config.hidden_act]
-        # patchgen: instance slots (specs/example/toy_moe_gpu.yaml)
+        # patchgen: instance slots moe_experts_slot (specs/example/toy_moe_gpu.yaml:10)
         self.moe_experts_slot = OpSlot("moe", "standard").bind_from(config)
 
     def forward(

@@ -854,7 +854,10 @@ class Planner {
                                        "instance slots " + init.qualname,
                                        std::nullopt});
       }
-      std::string text = "\n" + ind + "# patchgen: instance slots (" + spec_.path + ")";
+      std::string names;
+      for (const std::string& n : e.slots) names += (names.empty() ? "" : ", ") + n;
+      std::string text = "\n" + ind + "# patchgen: instance slots " + names + " (" +
+                         e.origin.path + ":" + std::to_string(e.origin.line) + ")";
       for (const std::string& l : e.lines) text += "\n" + ind + l;
       uint32_t at = LineEndOf(init.body.end);
       plan_.edits.push_back(TextEdit{

@@ -563,7 +563,7 @@ TEST_CASE("instance scope binds in __init__ and guards use self", "[guards]") {
   std::string expected = kMoe;
   std::string init_end = "        self.act_fn = ACT2FN[config.hidden_act]\n";
   expected.insert(expected.find(init_end) + init_end.size(),
-                  "        # patchgen: instance slots (specs/qwen3/spec.yaml)\n"
+                  "        # patchgen: instance slots moe_slot (specs/qwen3/spec.yaml:5)\n"
                   "        self.moe_slot = OpSlot(\"moe\", \"standard\").bind_from(config)\n");
   std::string anchor = "        final_hidden_states = torch.zeros_like(hidden_states)\n";
   expected.insert(
@@ -593,7 +593,7 @@ TEST_CASE("instance scope expands an inline __init__ and keeps explicit self.<sl
   CHECK(out.text ==
         "class Outer:\n    class Inner(Base):\n        def __init__(self, config):\n"
         "            super().__init__()\n"
-        "            # patchgen: instance slots (specs/qwen3/spec.yaml)\n"
+        "            # patchgen: instance slots s (specs/qwen3/spec.yaml:5)\n"
         "            self.s = OpSlot(\"o\", \"v\").bind_from(config)\n\n"
         "        def forward(self, x):\n"
         "            # patchgen: guard s -> o/v (specs/qwen3/spec.yaml:10)\n"

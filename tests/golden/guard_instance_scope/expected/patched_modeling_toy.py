@@ -66,7 +66,7 @@ class ToyMoeExperts(nn.Module):
         self.gate_up_proj = nn.Parameter(torch.empty(self.num_experts, 2 * config.moe_intermediate_size, config.hidden_size))
         self.down_proj = nn.Parameter(torch.empty(self.num_experts, config.hidden_size, config.moe_intermediate_size))
         self.act_fn = ACT2FN[config.hidden_act]
-        # patchgen: instance slots (spec.yaml)
+        # patchgen: instance slots moe_experts_slot (spec.yaml:5)
         self.moe_experts_slot = OpSlot("moe", "standard").bind_from(config)
 
     def forward(self, hidden_states, top_k_index, top_k_weights):

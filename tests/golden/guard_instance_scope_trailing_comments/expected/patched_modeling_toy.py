@@ -23,7 +23,7 @@ class ToyExperts(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.num_experts = config.num_experts  # experts per layer
-        # patchgen: instance slots (spec.yaml)
+        # patchgen: instance slots experts_slot (spec.yaml:5)
         self.experts_slot = OpSlot("moe", "standard").bind_from(config)
 
     def forward(self, hidden_states, top_k_index, top_k_weights):

@@ -30,7 +30,7 @@ class ToyGate(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(config.hidden_size))
-        # patchgen: instance slots (spec.yaml)
+        # patchgen: instance slots gate_slot (spec.yaml:5)
         self.gate_slot = OpSlot("gate", "standard").bind_from(config)
 
     # patchgen: add_method ToyGate.extra_repr (spec.yaml:13)
