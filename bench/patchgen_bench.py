@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Whole-process benchmarks of the patchgen binary (method: /work/shared/design/benchmarks.md).
+"""Whole-process benchmarks of the patchgen binary (method: the design notes, shared/design/benchmarks.md; targets also in docs/benchmarks.md).
 
 Measures, each as the median of --runs runs of the whole process:
   one spec     generate + diff of one spec (a real-model spec when .upstream/ exists, else the example)
