@@ -41,11 +41,13 @@ cli-test: build
 runtime-test: deps
 	cd runtime && $(PYTHON) -m pytest -q tests
 
-# Unit tests under AddressSanitizer + UndefinedBehaviorSanitizer.
+# Unit tests and golden cases under AddressSanitizer + UndefinedBehaviorSanitizer.
 asan-test: deps
 	cmake -S . -B $(BUILD_ASAN) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DPATCHGEN_SANITIZE=ON
 	cmake --build $(BUILD_ASAN) -j $(JOBS) --target unit_tests patchgen
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 $(BUILD_ASAN)/tests/unit_tests
+	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+	  $(PYTHON) tests/golden/run_golden.py --patchgen $(BUILD_ASAN)/tools/patchgen/patchgen
 
 # The drift gate on the committed example outputs.
 check: build
