@@ -172,7 +172,8 @@ class Generator {
   void ReportUnusedKey(const MapUse& u) {
     if (u.used) return;
     Error(u.entry->loc, "name_map key '" + u.entry->from + "' is never used",
-          "name_map renames identifiers in patch bodies, helpers and blocks; no identifier '" +
+          "name_map renames identifiers in patch bodies, helpers, blocks and guard targets; "
+          "no identifier '" +
               u.entry->from + "' appears in them");
   }
 
@@ -739,9 +740,39 @@ class Generator {
 
   // ----- guards ----------------------------------------------------------------------------
 
+  /// The spec's slots with the spec-level name_map applied to guard targets, component by
+  /// component (`Qwen3_5MLP.forward` -> `Qwen3_5MoeMLP.forward` with `{Qwen3_5MLP: Qwen3_5MoeMLP}`),
+  /// so that a sibling model can inherit another model's guards through `extends`.
+  spec::PatchSpec SpecWithMappedGuardTargets() {
+    spec::PatchSpec mapped = spec_;
+    for (spec::Slot& slot : mapped.slots) {
+      for (spec::Guard& g : slot.guards) {
+        std::string out;
+        size_t pos = 0;
+        while (pos <= g.in.size()) {
+          size_t dot = g.in.find('.', pos);
+          if (dot == std::string::npos) dot = g.in.size();
+          std::string part = g.in.substr(pos, dot - pos);
+          for (MapUse& u : spec_map_) {
+            if (u.entry->from == part) {
+              part = u.entry->to;
+              u.used = true;
+              break;
+            }
+          }
+          out += (out.empty() && pos == 0 ? "" : ".") + part;
+          pos = dot + 1;
+        }
+        g.in = out;
+      }
+    }
+    return mapped;
+  }
+
   void PlanGuardsAndConflicts() {
     size_t errors_before = errors_.size();
-    for (const spec::Slot& slot : spec_.slots) {
+    const spec::PatchSpec mapped = SpecWithMappedGuardTargets();
+    for (const spec::Slot& slot : mapped.slots) {
       for (const spec::Guard& g : slot.guards) {
         for (const auto& [target, p] : added_methods_) {
           if (g.in == target) {
@@ -753,8 +784,8 @@ class Generator {
       }
     }
     // PlanGuards would only add "no method" for a guard inside an added method.
-    if (spec_.slots.empty() || errors_.size() > errors_before) return;
-    auto guards = PlanGuards(spec_, up_, spec_.runtime.value_or(options_.default_runtime));
+    if (mapped.slots.empty() || errors_.size() > errors_before) return;
+    auto guards = PlanGuards(mapped, up_, spec_.runtime.value_or(options_.default_runtime));
     if (!guards) {
       for (Diagnostic& d : guards.errors()) errors_.push_back(std::move(d));
       return;

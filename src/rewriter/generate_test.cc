@@ -527,7 +527,7 @@ specs/qwen3/s.yaml:29:11: error: override_method Qwen3MLP.Inner.m needs a def, b
 specs/qwen3/s.yaml:32:12: error: name_map key 'NeverUsed' is never used
    32 | name_map: {NeverUsed: Other}
       |            ^~~~~~~~~
-help: name_map renames identifiers in patch bodies, helpers and blocks; no identifier 'NeverUsed' appears in them
+help: name_map renames identifiers in patch bodies, helpers, blocks and guard targets; no identifier 'NeverUsed' appears in them
 specs/qwen3/s.yaml:34:10: error: imports.drop: 'nothing_here' is not imported in transformers/models/qwen3/modeling_qwen3.py
    34 |   drop: [nothing_here]
       |          ^~~~~~~~~~~~
