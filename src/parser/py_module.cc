@@ -11,6 +11,7 @@
 // - `type(x).attr = v` parses as a type_alias_statement (grammar bug); a type alias is only
 //   genuine when `type` is followed by a plain name.
 #include "parser/py_module.h"
+#include "parser/ts_node.h"
 
 #include <cctype>
 #include <cstring>
@@ -22,13 +23,9 @@ extern "C" const TSLanguage* tree_sitter_python(void);
 
 namespace {
 
-bool Is(TSNode n, const char* type) { return std::strcmp(ts_node_type(n), type) == 0; }
-
 bool IsComment(TSNode n) { return Is(n, "comment"); }
 
 bool IsSpace(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
-
-ByteRange RangeOf(TSNode n) { return {ts_node_start_byte(n), ts_node_end_byte(n)}; }
 
 /// The node's end without trailing comments, blank lines or whitespace folded into it.
 uint32_t TrimmedEnd(TSNode n, std::string_view src) {
@@ -124,6 +121,19 @@ TSTree* ParseTree(std::string_view source) {
                                         static_cast<uint32_t>(source.size()));
   ts_parser_delete(parser);
   return tree;
+}
+
+void MarkLinesInsideStrings(TSNode node, ByteRange within, const LineIndex& lines,
+                            std::set<uint32_t>& out) {
+  if (ts_node_end_byte(node) <= within.start || ts_node_start_byte(node) >= within.end) return;
+  if (Is(node, "string")) {
+    uint32_t first = lines.LineOf(ts_node_start_byte(node));
+    uint32_t last = lines.LineOf(ts_node_end_byte(node));
+    for (uint32_t l = first + 1; l <= last; ++l) out.insert(l);
+    return;
+  }
+  uint32_t n = ts_node_child_count(node);
+  for (uint32_t i = 0; i < n; ++i) MarkLinesInsideStrings(ts_node_child(node, i), within, lines, out);
 }
 
 std::optional<TSNode> FirstErrorNode(TSNode root) {

@@ -9,6 +9,7 @@
 
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -137,5 +138,11 @@ TSTree* ParseTree(std::string_view source);
 
 /// First ERROR or MISSING node of `tree` in document order, if any.
 std::optional<TSNode> FirstErrorNode(TSNode root);
+
+/// Adds to `out` the 0-based numbers of the lines that start inside a multi-line string literal
+/// overlapping `within` (the lines after a string's first line, through its last). Re-indenting
+/// code must leave those lines alone: they are part of the string's value.
+void MarkLinesInsideStrings(TSNode node, ByteRange within, const LineIndex& lines,
+                            std::set<uint32_t>& out);
 
 }  // namespace patchgen::parser

@@ -33,6 +33,15 @@ std::string Where(const SourceLoc& loc) {
 
 }  // namespace
 
+Diagnostic OverlapError(const SourceLoc& later, const std::string& later_what,
+                        const SourceLoc& earlier, const std::string& earlier_what) {
+  Diagnostic d = ErrorAt(later, "edits overlap: " + later_what + " and " + earlier_what,
+                         "each upstream region can be changed by one spec entry only; "
+                         "remove or merge one of them");
+  d.notes.push_back("note: " + earlier_what + " is at " + Where(earlier));
+  return d;
+}
+
 std::vector<Diagnostic> EditPlan::Validate() {
   // Insertions sort before a replacement starting at the same offset, so the forward splice
   // puts their text in front of it. Among insertions at one offset, deeper-indented text goes
@@ -56,11 +65,7 @@ std::vector<Diagnostic> EditPlan::Validate() {
       bool b_later = !(key(b.origin) < key(a.origin));
       const TextEdit& later = b_later ? b : a;
       const TextEdit& earlier = b_later ? a : b;
-      Diagnostic d = ErrorAt(later.origin, "edits overlap: " + later.what + " and " + earlier.what,
-                             "each upstream region can be changed by one spec entry only; "
-                             "remove or merge one of them");
-      d.notes.push_back("note: " + earlier.what + " is at " + Where(earlier.origin));
-      diags.push_back(std::move(d));
+      diags.push_back(OverlapError(later.origin, later.what, earlier.origin, earlier.what));
     }
   }
   return diags;

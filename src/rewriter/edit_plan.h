@@ -34,6 +34,11 @@ struct TextEdit {
   std::optional<CodeSpan> code;  ///< Inserted code with a known origin (optional).
 };
 
+/// The error for two spec entries that change the same upstream region: reported at `later`, with
+/// a note naming `earlier`.
+Diagnostic OverlapError(const SourceLoc& later, const std::string& later_what,
+                        const SourceLoc& earlier, const std::string& earlier_what);
+
 class EditPlan {
  public:
   void Add(TextEdit edit) { edits_.push_back(std::move(edit)); }

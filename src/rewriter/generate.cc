@@ -6,11 +6,11 @@
 #include <tree_sitter/api.h>
 
 #include <algorithm>
-#include <cstring>
 #include <map>
 #include <set>
 
 #include "base/text_util.h"
+#include "parser/ts_node.h"
 #include "rewriter/edit_plan.h"
 #include "rewriter/guards.h"
 #include "rewriter/name_resolution.h"
@@ -30,13 +30,9 @@ using spec::Patch;
 using spec::PatchKind;
 using spec::TextOrigin;
 
-bool Is(TSNode n, const char* type) { return std::strcmp(ts_node_type(n), type) == 0; }
-
-TSNode Field(TSNode n, const char* field) {
-  return ts_node_child_by_field_name(n, field, static_cast<uint32_t>(std::strlen(field)));
-}
-
-ByteRange RangeOf(TSNode n) { return {ts_node_start_byte(n), ts_node_end_byte(n)}; }
+using parser::Field;
+using parser::Is;
+using parser::RangeOf;
 
 uint32_t LineStartOf(std::string_view text, uint32_t offset) {
   while (offset > 0 && text[offset - 1] != '\n') --offset;
@@ -529,21 +525,17 @@ class Generator {
             inner.target.compare(0, outer.target.size() + 1, outer.target + ".") != 0) {
           continue;
         }
-        std::string outer_what = std::string(PatchKindKey(outer.kind)) + " " + outer.target;
-        std::string inner_what = std::string(PatchKindKey(inner.kind)) + " " + inner.target;
-        Diagnostic d = ErrorAt(inner.loc, "edits overlap: " + inner_what + " and " + outer_what,
-                               "each upstream region can be changed by one spec entry only; "
-                               "remove or merge one of them");
-        d.notes.push_back("note: " + outer_what + " is at " + outer.loc.path + ":" +
-                          std::to_string(outer.loc.line) + ":" + std::to_string(outer.loc.col));
-        errors_.push_back(std::move(d));
+        errors_.push_back(OverlapError(inner.loc, What(inner), outer.loc, What(outer)));
       }
     }
   }
 
+  /// "override_method Qwen3MLP.forward": how edits of a patch are named in errors.
+  static std::string What(const Patch& p) { return std::string(PatchKindKey(p.kind)) + " " + p.target; }
+
   void PlanPatch(const Patch& p) {
     std::vector<MapUse> patch_map = PatchMap(p);
-    std::string what = std::string(PatchKindKey(p.kind)) + " " + p.target;
+    std::string what = What(p);
     switch (p.kind) {
       case PatchKind::kReplaceClass:
       case PatchKind::kReplaceFunction: PlanReplace(p, patch_map, what); break;
@@ -747,11 +739,9 @@ class Generator {
     spec::PatchSpec mapped = spec_;
     for (spec::Slot& slot : mapped.slots) {
       for (spec::Guard& g : slot.guards) {
-        std::string out;
-        size_t pos = 0;
-        while (pos <= g.in.size()) {
-          size_t dot = g.in.find('.', pos);
-          if (dot == std::string::npos) dot = g.in.size();
+        std::string mapped_in;
+        for (size_t pos = 0; pos <= g.in.size();) {
+          size_t dot = std::min(g.in.find('.', pos), g.in.size());
           std::string part = g.in.substr(pos, dot - pos);
           for (MapUse& u : spec_map_) {
             if (u.entry->from == part) {
@@ -760,10 +750,10 @@ class Generator {
               break;
             }
           }
-          out += (out.empty() && pos == 0 ? "" : ".") + part;
+          mapped_in += (pos == 0 ? "" : ".") + part;
           pos = dot + 1;
         }
-        g.in = out;
+        g.in = std::move(mapped_in);
       }
     }
     return mapped;

@@ -15,19 +15,21 @@
 #include <string_view>
 
 #include "base/text_util.h"
+#include "parser/ts_node.h"
 
 namespace patchgen::rewriter {
 namespace {
 
 using parser::Definition;
+using parser::Field;
 using parser::PyModule;
+using parser::RangeOf;
+using parser::TypeOf;
 using spec::Guard;
 using spec::Slot;
 
 constexpr std::string_view kStep = "    ";  // One indentation level added by a guard.
 constexpr size_t kMaxCandidates = 8;        // Candidate statements listed in "no match" errors.
-
-std::string_view NodeType(TSNode n) { return ts_node_type(n); }
 
 std::string_view Trim(std::string_view s) {
   size_t b = s.find_first_not_of(" \t\r\n");
@@ -96,7 +98,7 @@ void CollectNested(TSNode node, const LineIndex& lines, std::vector<Stmt>& out) 
   uint32_t n = ts_node_named_child_count(node);
   for (uint32_t i = 0; i < n; ++i) {
     TSNode c = ts_node_named_child(node, i);
-    std::string_view t = NodeType(c);
+    std::string_view t = TypeOf(c);
     if (t == "block") {
       CollectBlock(c, lines, out);
     } else if (IsClause(t)) {
@@ -110,13 +112,13 @@ void CollectBlock(TSNode block, const LineIndex& lines, std::vector<Stmt>& out) 
   uint32_t index = 0;
   for (uint32_t i = 0; i < n; ++i) {
     TSNode c = ts_node_named_child(block, i);
-    std::string_view t = NodeType(c);
+    std::string_view t = TypeOf(c);
     if (t == "comment") continue;
     if (t == "case_clause") {  // `match` bodies hold clauses, not statements.
       CollectNested(c, lines, out);
       continue;
     }
-    ByteRange r{ts_node_start_byte(c), ts_node_end_byte(c)};
+    ByteRange r = RangeOf(c);
     out.push_back(Stmt{c, block, index++, r, lines.LineOf(r.start) + 1});
     if (!IsDefinitionNode(t)) CollectNested(c, lines, out);
   }
@@ -125,48 +127,34 @@ void CollectBlock(TSNode block, const LineIndex& lines, std::vector<Stmt>& out) 
 /// The `block` node of a function definition.
 TSNode BodyBlock(const PyModule& m, const Definition& def) {
   TSNode n = ts_node_descendant_for_byte_range(m.root(), def.name_range.start, def.name_range.end);
-  while (!ts_node_is_null(n) && NodeType(n) != "function_definition" &&
-         NodeType(n) != "class_definition") {
+  while (!ts_node_is_null(n) && TypeOf(n) != "function_definition" &&
+         TypeOf(n) != "class_definition") {
     n = ts_node_parent(n);
   }
   if (ts_node_is_null(n)) return n;
-  return ts_node_child_by_field_name(n, "body", 4);
+  return Field(n, "body");
 }
 
 /// Names of the parameters of a function definition.
 std::vector<std::string> ParameterNames(const PyModule& m, const Definition& def) {
   std::vector<std::string> names;
   TSNode n = ts_node_descendant_for_byte_range(m.root(), def.parameters.start, def.parameters.end);
-  while (!ts_node_is_null(n) && NodeType(n) != "parameters") n = ts_node_parent(n);
+  while (!ts_node_is_null(n) && TypeOf(n) != "parameters") n = ts_node_parent(n);
   if (ts_node_is_null(n)) return names;
   uint32_t count = ts_node_named_child_count(n);
   for (uint32_t i = 0; i < count; ++i) {
     TSNode p = ts_node_named_child(n, i);
     TSNode id = p;
-    if (NodeType(p) == "default_parameter" || NodeType(p) == "typed_default_parameter") {
-      id = ts_node_child_by_field_name(p, "name", 4);
-    } else if (NodeType(p) == "typed_parameter") {
+    if (TypeOf(p) == "default_parameter" || TypeOf(p) == "typed_default_parameter") {
+      id = Field(p, "name");
+    } else if (TypeOf(p) == "typed_parameter") {
       id = ts_node_named_child(p, 0);
     }
-    if (!ts_node_is_null(id) && NodeType(id) == "identifier") {
-      names.emplace_back(m.Text({ts_node_start_byte(id), ts_node_end_byte(id)}));
+    if (!ts_node_is_null(id) && TypeOf(id) == "identifier") {
+      names.emplace_back(m.Text(RangeOf(id)));
     }
   }
   return names;
-}
-
-/// Marks (by 0-based line number) the lines that start inside a multi-line string literal.
-void MarkStringLines(TSNode node, ByteRange within, const LineIndex& lines,
-                     std::set<uint32_t>& out) {
-  if (ts_node_end_byte(node) <= within.start || ts_node_start_byte(node) >= within.end) return;
-  if (NodeType(node) == "string") {
-    uint32_t first = lines.LineOf(ts_node_start_byte(node));
-    uint32_t last = lines.LineOf(ts_node_end_byte(node));
-    for (uint32_t l = first + 1; l <= last; ++l) out.insert(l);
-    return;
-  }
-  uint32_t n = ts_node_child_count(node);
-  for (uint32_t i = 0; i < n; ++i) MarkStringLines(ts_node_child(node, i), within, lines, out);
 }
 
 /// Every identifier in `code` equal to `name` that refers to the bare name (not `x.name`, not a
@@ -176,12 +164,12 @@ void FindNameRefs(TSNode node, std::string_view code, std::string_view name,
   uint32_t n = ts_node_child_count(node);
   for (uint32_t i = 0; i < n; ++i) {
     TSNode c = ts_node_child(node, i);
-    ByteRange r{ts_node_start_byte(c), ts_node_end_byte(c)};
-    if (NodeType(c) == "identifier" && r.In(code) == name) {
-      bool attribute = NodeType(node) == "attribute" &&
-                       ts_node_eq(c, ts_node_child_by_field_name(node, "attribute", 9));
-      bool keyword = NodeType(node) == "keyword_argument" &&
-                     ts_node_eq(c, ts_node_child_by_field_name(node, "name", 4));
+    ByteRange r = RangeOf(c);
+    if (TypeOf(c) == "identifier" && r.In(code) == name) {
+      bool attribute = TypeOf(node) == "attribute" &&
+                       ts_node_eq(c, Field(node, "attribute"));
+      bool keyword = TypeOf(node) == "keyword_argument" &&
+                     ts_node_eq(c, Field(node, "name"));
       if (!attribute && !keyword) out.push_back(r);
     }
     FindNameRefs(c, code, name, out);
@@ -454,12 +442,12 @@ class Planner {
       std::vector<TSNode> stmts;
       for (uint32_t i = 0; i < ts_node_named_child_count(root); ++i) {
         TSNode c = ts_node_named_child(root, i);
-        if (NodeType(c) != "comment") stmts.push_back(c);
+        if (TypeOf(c) != "comment") stmts.push_back(c);
       }
-      bool single = stmts.size() == 1 && NodeType(stmts[0]) == "expression_statement";
+      bool single = stmts.size() == 1 && TypeOf(stmts[0]) == "expression_statement";
       if (single) {
         for (uint32_t i = 0; i < ts_node_named_child_count(stmts[0]); ++i) {
-          std::string_view t = NodeType(ts_node_named_child(stmts[0], i));
+          std::string_view t = TypeOf(ts_node_named_child(stmts[0], i));
           if (t == "assignment" || t == "augmented_assignment" || t == "yield") single = false;
         }
       }
@@ -545,7 +533,7 @@ class Planner {
     if (!ts_node_is_null(block)) {
       for (uint32_t i = 0; i < ts_node_named_child_count(block); ++i) {
         TSNode c = ts_node_named_child(block, i);
-        if (NodeType(c) != "comment") return ts_node_start_byte(c);
+        if (TypeOf(c) != "comment") return ts_node_start_byte(c);
       }
     }
     return def.body.start;
@@ -740,7 +728,7 @@ class Planner {
   /// does not start inside a string literal.
   std::string IndentMoved(ByteRange range) const {
     std::set<uint32_t> in_string;
-    MarkStringLines(up_.root(), range, up_.lines(), in_string);
+    parser::MarkLinesInsideStrings(up_.root(), range, up_.lines(), in_string);
     std::string out;
     uint32_t first = up_.lines().LineOf(range.start);
     uint32_t last = up_.lines().LineOf(range.end);

@@ -1,20 +1,18 @@
 #include "rewriter/name_resolution.h"
 
-#include <cstring>
 #include <map>
 #include <set>
 #include <unordered_set>
 
+#include "parser/ts_node.h"
+
 namespace patchgen::rewriter {
 namespace {
 
-bool Is(TSNode n, const char* type) { return std::strcmp(ts_node_type(n), type) == 0; }
+using parser::Field;
+using parser::Is;
 
 bool Same(TSNode a, TSNode b) { return ts_node_eq(a, b); }
-
-TSNode Field(TSNode n, const char* field) {
-  return ts_node_child_by_field_name(n, field, static_cast<uint32_t>(std::strlen(field)));
-}
 
 bool IsFieldOf(TSNode child, TSNode parent, const char* field) {
   TSNode f = Field(parent, field);

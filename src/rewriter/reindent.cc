@@ -3,9 +3,10 @@
 #include <tree_sitter/api.h>
 
 #include <algorithm>
-#include <cstring>
+#include <set>
 #include <vector>
 
+#include "base/line_index.h"
 #include "parser/py_module.h"
 
 namespace patchgen::rewriter {
@@ -18,18 +19,6 @@ struct Line {
   size_t end = 0;
   bool in_string = false;
 };
-
-void CollectStrings(TSNode node, std::vector<std::pair<uint32_t, uint32_t>>& out) {
-  const char* type = ts_node_type(node);
-  if (std::strcmp(type, "string") == 0) {
-    TSPoint a = ts_node_start_point(node);
-    TSPoint b = ts_node_end_point(node);
-    if (b.row > a.row) out.emplace_back(ts_node_start_byte(node), ts_node_end_byte(node));
-    return;
-  }
-  uint32_t n = ts_node_child_count(node);
-  for (uint32_t i = 0; i < n; ++i) CollectStrings(ts_node_child(node, i), out);
-}
 
 /// Splits `code` into lines and marks those that start inside a multi-line string. Indented
 /// fragments are parsed under an `if 1:` so that tree-sitter sees a well-formed block.
@@ -48,14 +37,13 @@ std::vector<Line> Lines(std::string_view code) {
   std::string source = prefix + std::string(code);
   TSTree* tree = parser::ParseTree(source);
   if (!tree) return lines;
-  std::vector<std::pair<uint32_t, uint32_t>> strings;
-  CollectStrings(ts_tree_root_node(tree), strings);
+  std::set<uint32_t> in_string;
+  parser::MarkLinesInsideStrings(ts_tree_root_node(tree), {0, static_cast<uint32_t>(source.size())},
+                                 LineIndex(source), in_string);
   ts_tree_delete(tree);
-  for (Line& line : lines) {
-    size_t at = line.start + prefix.size();
-    for (auto [s, e] : strings) {
-      if (s < at && at < e) line.in_string = true;
-    }
+  uint32_t prefix_lines = prefix.empty() ? 0 : 1;
+  for (size_t i = 0; i < lines.size(); ++i) {
+    lines[i].in_string = in_string.count(static_cast<uint32_t>(i) + prefix_lines) > 0;
   }
   return lines;
 }

@@ -4,14 +4,12 @@
 #include "spec/spec_loader.h"
 
 #include <algorithm>
-#include <cerrno>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <map>
 #include <set>
-#include <sstream>
 
+#include "base/file_util.h"
 #include "base/line_index.h"
 #include "base/text_util.h"
 #include "spec/raw_node.h"
@@ -57,17 +55,6 @@ bool IsDotted(std::string_view s) {
 }
 
 size_t CountDots(std::string_view s) { return static_cast<size_t>(std::count(s.begin(), s.end(), '.')); }
-
-std::string ReadFile(const std::string& path, std::string* error) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    *error = std::error_code(errno, std::generic_category()).message();
-    return {};
-  }
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 // `rel` resolved against the folder of `spec_path`, normalised, printed relative as given.
 std::string JoinRelative(const std::string& spec_path, const std::string& rel) {
@@ -405,16 +392,16 @@ class FileLoader {
       if (!rel) return body;
       std::string printed = JoinRelative(path_, *rel);
       std::string err;
-      std::string content = ReadFile(printed, &err);
-      if (!err.empty()) {
+      std::optional<std::string> content = ReadFile(printed, &err);
+      if (!content) {
         Error(*file, "cannot read patch file '" + printed + "': " + err,
               "'file' is relative to the spec's folder");
         return body;
       }
       if (!sym) return body;
       body.source = Body::Source::kFile;
-      body.text = content;
-      body.origin = TextOrigin{printed, std::make_shared<const std::string>(std::move(content)), 1, 0};
+      body.text = *content;
+      body.origin = TextOrigin{printed, std::make_shared<const std::string>(std::move(*content)), 1, 0};
       body.file = *rel;
       body.symbol = *sym;
       body.symbol_loc = Loc(*symbol);
@@ -841,15 +828,15 @@ std::optional<OneSpec> LoadMerged(const std::string& path, std::shared_ptr<const
     return std::nullopt;
   }
   std::string err;
-  std::string parent_text = ReadFile(parent_path, &err);
-  if (!err.empty()) {
+  std::optional<std::string> parent_text = ReadFile(parent_path, &err);
+  if (!parent_text) {
     diags.push_back(ErrorAt(ext.loc, "cannot read spec '" + parent_path + "': " + err,
                             "'extends' is relative to this spec's folder"));
     return std::nullopt;
   }
   stack.push_back(id);
   std::optional<OneSpec> parent =
-      LoadMerged(parent_path, std::make_shared<const std::string>(std::move(parent_text)), stack, diags);
+      LoadMerged(parent_path, std::make_shared<const std::string>(std::move(*parent_text)), stack, diags);
   stack.pop_back();
   if (!parent) return std::nullopt;
   Merge(*parent, std::move(one), parent_path, diags);
@@ -886,11 +873,11 @@ Result<PatchSpec> LoadTopLevel(const std::string& path, std::string text) {
 
 Result<PatchSpec> LoadSpec(const std::string& path) {
   std::string err;
-  std::string text = ReadFile(path, &err);
-  if (!err.empty()) {
+  std::optional<std::string> text = ReadFile(path, &err);
+  if (!text) {
     return Diagnostic{Severity::kError, ErrorKind::kIo, path, 0, 0, 1, "cannot read spec: " + err, "", {}, ""};
   }
-  return LoadTopLevel(path, std::move(text));
+  return LoadTopLevel(path, std::move(*text));
 }
 
 Result<PatchSpec> LoadSpecFromString(const std::string& path, std::string text) {

@@ -661,31 +661,20 @@ std::string DiffNameFor(const std::string& output_name) {
 }
 
 HeaderUpstream ParseHeaderUpstream(const std::string& text) {
-  HeaderUpstream h;
-  // patchgen's own header has exact `#   version:` / `#   sha256:` fields; read those when present,
-  // so that a spec path or description that happens to contain "version" cannot be mistaken for it.
-  {
-    size_t pos = 0;
-    while (pos < text.size()) {
-      size_t end = text.find('\n', pos);
-      if (end == std::string::npos) end = text.size();
-      std::string_view line(text.data() + pos, end - pos);
-      pos = end + 1;
-      if (line.empty() || line[0] != '#') break;
-      auto field = [&](std::string_view key) -> std::optional<std::string> {
-        if (line.substr(0, key.size()) != key) return std::nullopt;
-        std::string_view v = line.substr(key.size());
-        size_t b = v.find_first_not_of(' ');
-        if (b == std::string_view::npos) return std::nullopt;
-        return std::string(v.substr(b));
-      };
-      if (auto v = field("#   version:")) h.version = *v;
-      if (auto v = field("#   sha256:")) h.sha256 = *v;
-    }
-    if (!h.version.empty() && h.sha256.size() == 64) return h;
-    h = HeaderUpstream{};
-  }
+  // patchgen's own header has exact `#   version:` / `#   sha256:` fields; they win when both are
+  // present, so that a spec path or description containing "version" cannot be mistaken for it.
+  // Other headers are read loosely: the first 64-hex-digit run on a line that mentions sha256, and
+  // the word after the first "version".
+  HeaderUpstream exact;
+  HeaderUpstream loose;
   auto is_hex = [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); };
+  auto field = [](std::string_view line, std::string_view key) -> std::optional<std::string> {
+    if (line.substr(0, key.size()) != key) return std::nullopt;
+    std::string_view v = line.substr(key.size());
+    size_t b = v.find_first_not_of(' ');
+    if (b == std::string_view::npos) return std::nullopt;
+    return std::string(v.substr(b));
+  };
   size_t pos = 0;
   while (pos < text.size()) {
     size_t end = text.find('\n', pos);
@@ -695,30 +684,32 @@ HeaderUpstream ParseHeaderUpstream(const std::string& text) {
     size_t first = line.find_first_not_of(" \t");
     if (first == std::string_view::npos) continue;  // blank lines inside the header
     if (line[first] != '#') break;                    // end of the leading comment block
-    if (h.sha256.empty() && line.find("sha256") != std::string_view::npos) {
+    if (auto v = field(line, "#   version:")) exact.version = *v;
+    if (auto v = field(line, "#   sha256:")) exact.sha256 = *v;
+    if (loose.sha256.empty() && line.find("sha256") != std::string_view::npos) {
       for (size_t i = 0; i + 64 <= line.size(); ++i) {
         if ((i > 0 && is_hex(line[i - 1])) || !is_hex(line[i])) continue;
         size_t n = 0;
         while (i + n < line.size() && is_hex(line[i + n])) ++n;
         if (n == 64) {
-          h.sha256 = std::string(line.substr(i, 64));
+          loose.sha256 = std::string(line.substr(i, 64));
           break;
         }
         i += n;
       }
     }
-    if (h.version.empty()) {
+    if (loose.version.empty()) {
       size_t v = line.find("version");
       if (v != std::string_view::npos) {
         size_t b = line.find_first_not_of(" \t:=", v + 7);
         size_t e = b == std::string_view::npos ? b : line.find_first_of(" \t,;()", b);
         if (b != std::string_view::npos) {
-          h.version = std::string(line.substr(b, e == std::string_view::npos ? std::string_view::npos : e - b));
+          loose.version = std::string(line.substr(b, e == std::string_view::npos ? std::string_view::npos : e - b));
         }
       }
     }
   }
-  return h;
+  return !exact.version.empty() && exact.sha256.size() == 64 ? exact : loose;
 }
 
 int Run(int argc, char** argv) {

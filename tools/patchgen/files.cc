@@ -7,21 +7,10 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 
 namespace patchgen::cli {
 
 namespace fs = std::filesystem;
-
-std::optional<std::string> ReadFile(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return std::nullopt;
-  std::ostringstream s;
-  s << in.rdbuf();
-  if (in.bad()) return std::nullopt;
-  return s.str();
-}
 
 std::optional<WriteOutcome> WriteIfChanged(const fs::path& path, const std::string& bytes,
                                            std::string* error) {

@@ -6,10 +6,11 @@
 #include <optional>
 #include <string>
 
+#include "base/file_util.h"
+
 namespace patchgen::cli {
 
-/// Reads the whole file; nullopt when it cannot be opened (missing or unreadable).
-std::optional<std::string> ReadFile(const std::filesystem::path& path);
+using patchgen::ReadFile;
 
 /// Outcome of WriteIfChanged.
 enum class WriteOutcome { kUnchanged, kWritten };
