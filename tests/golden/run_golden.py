@@ -2,7 +2,8 @@
 """Golden-case runner: runs the built patchgen on every case under tests/golden/ and compares.
 
 A case is a folder tests/golden/<case>/ holding
-  input/            an upstream package tree (e.g. input/toypkg/models/toy/modeling_toy.py)
+  input/            an upstream package tree (e.g. input/toypkg/models/toy/modeling_toy.py), or
+  input.ref         one line naming a shared input tree tests/golden/inputs/<name>/, used as input/
   spec.yaml         the spec to run (plus any parent specs and patches/*.py it uses)
 and its expectations, either
   expected/         positive case: every file patchgen writes (the .py and its .diff), byte for byte
@@ -33,6 +34,7 @@ import sys
 import tempfile
 
 GOLDEN_DIR = os.path.dirname(os.path.abspath(__file__))
+SHARED_INPUTS_DIR = os.path.join(GOLDEN_DIR, "inputs")
 EXPECTATION_NAMES = ("expected", "expected.stderr", "expected.exit")
 TIMEOUT_S = 60
 
@@ -79,6 +81,12 @@ def run_case(patchgen, case_dir):
         shutil.copytree(case_dir, work,
                         ignore=lambda d, names: [n for n in names
                                                  if d == case_dir and n in EXPECTATION_NAMES])
+        ref = os.path.join(case_dir, "input.ref")
+        if os.path.isfile(ref):
+            if os.path.isdir(os.path.join(case_dir, "input")):
+                raise SystemExit(f"{case_dir}: has both input/ and input.ref")
+            name = read_bytes(ref).decode().strip()
+            shutil.copytree(os.path.join(SHARED_INPUTS_DIR, name), os.path.join(work, "input"))
         proc = subprocess.run(
             [patchgen, "spec.yaml", "--source-root", "input", "-o", "out", "--diff"],
             cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=TIMEOUT_S)
