@@ -57,9 +57,8 @@ check: build
 run: build
 	$(PATCHGEN) --all --diff
 
-# Real-model specs only (needs transformers on the source path).
-generate: build
-	$(PATCHGEN) --all --diff
+# Every spec, real models included where transformers is on the source path (same job as `run`).
+generate: run
 
 # Whole-process timings of patchgen (docs/benchmarks.md); CSV with BENCH_ARGS="--csv out.csv".
 # GPU end-to-end test of the real-model specs (on the H200 machine; needs `make static` first,

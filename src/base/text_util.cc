@@ -44,6 +44,20 @@ std::string JoinNames(const std::vector<std::string>& names, size_t limit) {
   return out;
 }
 
+uint32_t LineStartOf(std::string_view text, uint32_t offset) {
+  while (offset > 0 && text[offset - 1] != '\n') --offset;
+  return offset;
+}
+
+uint32_t LineEndOf(std::string_view text, uint32_t offset) {
+  size_t nl = text.find('\n', offset);
+  return static_cast<uint32_t>(nl == std::string_view::npos ? text.size() : nl);
+}
+
+bool IsBlank(std::string_view line) {
+  return line.find_first_not_of(" \t\r") == std::string_view::npos;
+}
+
 std::vector<std::string_view> SplitLines(std::string_view text) {
   std::vector<std::string_view> lines;
   size_t pos = 0;

@@ -2,6 +2,7 @@
 // indentation handling.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -18,6 +19,15 @@ std::optional<std::string> DidYouMean(std::string_view name, const std::vector<s
 
 /// "a, b, c" (at most `limit` names, then ", ... (N more)").
 std::string JoinNames(const std::vector<std::string>& names, size_t limit = 12);
+
+/// Byte offset of the start of the line holding `offset`.
+uint32_t LineStartOf(std::string_view text, uint32_t offset);
+
+/// Byte offset of the end of the line holding `offset`: its '\n', or the end of `text`.
+uint32_t LineEndOf(std::string_view text, uint32_t offset);
+
+/// True when `line` holds only spaces, tabs or '\r'.
+bool IsBlank(std::string_view line);
 
 /// Splits into lines keeping no terminators; a trailing '\n' does not produce an empty last line.
 std::vector<std::string_view> SplitLines(std::string_view text);

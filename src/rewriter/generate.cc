@@ -34,15 +34,6 @@ using parser::Field;
 using parser::Is;
 using parser::RangeOf;
 
-uint32_t LineStartOf(std::string_view text, uint32_t offset) {
-  while (offset > 0 && text[offset - 1] != '\n') --offset;
-  return offset;
-}
-
-bool IsBlankLine(std::string_view line) {
-  return line.find_first_not_of(" \t\r") == std::string_view::npos;
-}
-
 /// One line for headers and markers: newlines folded, non-ASCII kept (the output is UTF-8).
 std::string OneLine(std::string s) {
   std::replace(s.begin(), s.end(), '\n', ' ');
@@ -175,10 +166,7 @@ class Generator {
 
   /// End of the line holding `offset` (its '\n', or the end of the file): edits after a
   /// statement go there, so a trailing `# comment` stays with its statement.
-  uint32_t LineEndOf(uint32_t offset) const {
-    size_t nl = src_.find('\n', offset);
-    return static_cast<uint32_t>(nl == std::string::npos ? src_.size() : nl);
-  }
+  uint32_t LineEndOf(uint32_t offset) const { return patchgen::LineEndOf(src_, offset); }
 
   // ----- imports -------------------------------------------------------------------------
 
@@ -960,7 +948,7 @@ class Generator {
     uint32_t start = LineStartOf(src_, stmt.start);
     while (start > 0) {
       uint32_t prev = LineStartOf(src_, start - 1);
-      if (!IsBlankLine(std::string_view(src_).substr(prev, start - 1 - prev))) break;
+      if (!IsBlank(std::string_view(src_).substr(prev, start - 1 - prev))) break;
       start = prev;
     }
     uint32_t end = LineEndOf(stmt.end);

@@ -38,10 +38,6 @@ std::string_view Trim(std::string_view s) {
   return s.substr(b, e - b + 1);
 }
 
-bool IsBlank(std::string_view line) {
-  return line.find_first_not_of(" \t\r") == std::string_view::npos;
-}
-
 /// `path:line:col: note: msg`, the form used for notes that point at another spec location.
 std::string NoteAt(const SourceLoc& loc, const std::string& msg) {
   std::string out;
@@ -331,10 +327,7 @@ class Planner {
   uint32_t LineStartOf(uint32_t offset) const {
     return up_.lines().LineStart(up_.lines().LineOf(offset));
   }
-  uint32_t LineEndOf(uint32_t offset) const {
-    size_t nl = up_.source().find('\n', offset);
-    return static_cast<uint32_t>(nl == std::string::npos ? up_.source().size() : nl);
-  }
+  uint32_t LineEndOf(uint32_t offset) const { return patchgen::LineEndOf(up_.source(), offset); }
   /// Leading whitespace of the line containing `offset`.
   std::string IndentAt(uint32_t offset) const {
     std::string_view line = up_.lines().LineText(up_.lines().LineOf(offset));
