@@ -18,7 +18,8 @@ class ModelDiff:
     grad_by_param: Dict[str, float]
 
 
-def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Largest absolute elementwise difference (0.0 for empty tensors)."""
     return float((a.detach().float() - b.detach().float()).abs().max()) if a.numel() else 0.0
 
 
@@ -45,10 +46,10 @@ def compare_models(upstream_model: torch.nn.Module, patched_model: torch.nn.Modu
     if set(g0) != set(g1):
         raise AssertionError(f"parameters with gradients differ: only upstream {sorted(set(g0) - set(g1))}, "
                              f"only patched {sorted(set(g1) - set(g0))}")
-    by_param = {n: _max_diff(g0[n], g1[n]) for n in sorted(g0)}
+    by_param = {n: max_abs_diff(g0[n], g1[n]) for n in sorted(g0)}
     return ModelDiff(
-        logits=_max_diff(l0, l1) if l0 is not None and l1 is not None else None,
-        loss=_max_diff(s0, s1) if s0 is not None and s1 is not None else None,
+        logits=max_abs_diff(l0, l1) if l0 is not None and l1 is not None else None,
+        loss=max_abs_diff(s0, s1) if s0 is not None and s1 is not None else None,
         grads=max(by_param.values(), default=0.0),
         grad_by_param=by_param,
     )

@@ -49,6 +49,8 @@ sys.path.insert(0, str(ROOT / "runtime"))
 
 import torch  # noqa: E402
 
+from opslot.testing import max_abs_diff  # noqa: E402  (runtime/ is on sys.path above)
+
 #: Tolerances for the `torch` kernels against upstream eager, fp32 (outputs and gradients).
 RTOL, ATOL = 1e-3, 1e-4
 #: Name under which the counting wrappers of the `torch` kernels are registered.
@@ -259,10 +261,6 @@ def run_model(model, inputs, moe: bool):
     return logits, out.loss.detach().clone(), grads
 
 
-def max_abs(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
-
-
 # -- counting torch kernels ----------------------------------------------------------------------------
 CALLS: Dict[Tuple[str, str], int] = {}
 
@@ -354,7 +352,7 @@ def check_model(case: Case, args, device: torch.device) -> Result:
         res.eager_grads_equal = (set(e_grads) == set(up_grads)
                                  and all(torch.equal(e_grads[n], up_grads[n]) for n in up_grads))
         if not res.eager_logits_equal:
-            res.errors.append(f"eager logits differ from upstream (max abs {max_abs(e_logits, up_logits):.3g})")
+            res.errors.append(f"eager logits differ from upstream (max abs {max_abs_diff(e_logits, up_logits):.3g})")
         if not res.eager_loss_equal:
             res.errors.append(f"eager loss {e_loss.item()!r} != upstream {up_loss.item()!r}")
         del eager
@@ -401,7 +399,7 @@ def check_model(case: Case, args, device: torch.device) -> Result:
         opt = torch.optim.AdamW(tmodel.parameters(), lr=1e-3)
         before = {n: p.detach().clone() for n, p in tmodel.named_parameters()}
         opt.step()
-        moved = max(max_abs(p.detach(), before[n]) for n, p in tmodel.named_parameters())
+        moved = max(max_abs_diff(p.detach(), before[n]) for n, p in tmodel.named_parameters())
         _, loss_after, _ = run_model(tmodel, inputs, case.moe)
         res.step = f"loss {float(loss_before):.4f} -> {float(loss_after):.4f}"
         if not math.isfinite(float(loss_after)) or moved == 0.0:
@@ -463,7 +461,7 @@ def check_npu(case, args, config, gpu_slots, state, inputs, up_logits, device, r
     with torch.no_grad():
         logits = model(**forward_kwargs(inputs, case.moe)).logits
     if not torch.equal(logits, up_logits):
-        res.errors.append(f"NPU file, eager on {device.type}: logits differ (max abs {max_abs(logits, up_logits):.3g})")
+        res.errors.append(f"NPU file, eager on {device.type}: logits differ (max abs {max_abs_diff(logits, up_logits):.3g})")
     npu_kernels = sorted(f"{op}:{impl}" for (op, _), impl in chosen.items() if impl != "eager")
     return f"{len(slots)} slots, NPU defaults {'/'.join(npu_kernels) or 'eager'}, eager equal={torch.equal(logits, up_logits)}"
 
