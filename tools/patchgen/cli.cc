@@ -269,7 +269,7 @@ void Runner::FindUpstreams() {
     if (!job.spec) continue;
     const spec::PatchSpec& s = *job.spec;
     job.lookup = lookup.Find(s.upstream);
-    const std::string top = s.upstream.substr(0, s.upstream.find('.'));
+    const std::string top = TopPackage(s.upstream);
     using Status = LookupResult::Status;
     if (job.lookup.status == Status::kFound) continue;
     if (job.lookup.status == Status::kPackageMissing && job.discovered && !opts_.validate) {
@@ -414,7 +414,7 @@ int Runner::Generate() {
       job.status = "upstream not found";
       if (!opts_.json) {
         std::cout << "skipped " << job.spec_shown << ": upstream package '"
-                  << job.spec->upstream.substr(0, job.spec->upstream.find('.'))
+                  << TopPackage(job.spec->upstream)
                   << "' not found (upstream not found)\n";
       }
     } else if (!job.errors.empty()) {
@@ -485,7 +485,7 @@ int Runner::Check() {
       job.status = "upstream not found";
       if (!opts_.json) {
         std::cout << "skipped " << job.spec_shown << ": upstream package '"
-                  << job.spec->upstream.substr(0, job.spec->upstream.find('.'))
+                  << TopPackage(job.spec->upstream)
                   << "' not found on any source root\n";
       }
       report.push_back(JobJson(job));

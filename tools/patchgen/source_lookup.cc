@@ -134,10 +134,12 @@ std::string SourceLookup::Version(const fs::path& root, const std::string& top) 
   return version;
 }
 
+std::string TopPackage(const std::string& module) { return module.substr(0, module.find('.')); }
+
 LookupResult SourceLookup::Find(const std::string& module) {
   std::string rel;
   for (char c : module) rel += c == '.' ? '/' : c;
-  const std::string top = module.substr(0, module.find('.'));
+  const std::string top = TopPackage(module);
 
   LookupResult result;
   bool package_seen = false;

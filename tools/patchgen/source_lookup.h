@@ -65,6 +65,9 @@ class SourceLookup {
 };
 
 /// `__version__ = "x"` from a package's __init__.py text; nullopt when absent.
+/// The top-level package of a dotted module: "transformers" for "transformers.models.x".
+std::string TopPackage(const std::string& module);
+
 std::optional<std::string> VersionFromInit(const std::string& text);
 /// `Version: x` from a dist-info METADATA text; nullopt when absent.
 std::optional<std::string> VersionFromMetadata(const std::string& text);
