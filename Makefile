@@ -1,30 +1,48 @@
-# patchgen — top-level entry points. `make` builds, `make test` runs every test, `make run`
-# generates the repository's specs (the bundled example always; real models when transformers
-# is installed). Dependencies are installed by scripts/install-deps.sh (idempotent).
+# patchgen + opslot — top-level entry points.
+#   make run    install what is missing, build, generate every spec (example + real models)
+#   make test   everything CI checks: unit, ASan/UBSan, golden, CLI, Python, runtime, real models
+#               on the CPU against Transformers 5.17.0, and the --check drift gate
+# Debian packages come from scripts/install-deps.sh; Python packages from PyPI into .venv/
+# (scripts/setup-venv.sh, requirements/test.txt, pinned with hashes); upstream Transformers trees
+# from PyPI wheels into .upstream/ (scripts/fetch-upstream.py, requirements/upstream.txt).
 
 BUILD        ?= build
 BUILD_ASAN   ?= build-asan
 BUILD_STATIC ?= build-static
-PYTHON       ?= /usr/bin/python3
+VENV         ?= .venv
+PYTHON       := $(VENV)/bin/python
 PATCHGEN     := $(BUILD)/tools/patchgen/patchgen
 JOBS         ?= $(shell nproc)
+UPSTREAM     := .upstream/transformers-5.17.0
 
-.PHONY: all deps build test unit-test asan-test golden-test cli-test runtime-test check run \
-        generate static gpu-e2e bench clean format
+.PHONY: all deps venv upstream build kernels test unit-test asan-test golden-test cli-test runtime-test \
+        models-test check run generate matrix static device-bin gpu-e2e bench clean
 
 all: build
 
 deps:
 	@scripts/install-deps.sh
 
-$(BUILD)/build.ninja: CMakeLists.txt package-lock.json | deps
-	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
+venv:
+	@scripts/setup-venv.sh
 
-build: deps $(BUILD)/build.ninja
+upstream: venv
+	@$(PYTHON) scripts/fetch-upstream.py >/dev/null
+
+$(BUILD)/build.ninja: CMakeLists.txt | deps
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPATCHGEN_TEST_PYTHON=$(abspath $(PYTHON))
+
+build: deps venv $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS)
 
+# libopslot_kernels.so (kernels/), also copied into the runtime package where opslot looks for it.
+kernels: build
+	mkdir -p runtime/opslot/_native
+	cp $(BUILD)/kernels/libopslot_kernels.so runtime/opslot/_native/
+
 # Everything that tests. Each suite is also a ctest entry, so `ctest --test-dir build` works too.
-test: build
+test: build upstream
+	$(MAKE) --no-print-directory run
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
 	$(MAKE) --no-print-directory asan-test
 	$(MAKE) --no-print-directory check
@@ -38,43 +56,54 @@ golden-test: build
 cli-test: build
 	ctest --test-dir $(BUILD) --output-on-failure -R cli
 
-runtime-test: deps
-	cd runtime && $(PYTHON) -m pytest -q tests
+runtime-test: build
+	ctest --test-dir $(BUILD) --output-on-failure -R runtime
+
+# The real-model specs against Transformers 5.17.0, on the CPU (tests/models/e2e.py).
+models-test: build upstream
+	ctest --test-dir $(BUILD) --output-on-failure -R real_models
 
 # Unit tests and golden cases under AddressSanitizer + UndefinedBehaviorSanitizer.
-asan-test: deps
-	cmake -S . -B $(BUILD_ASAN) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DPATCHGEN_SANITIZE=ON
+asan-test: deps venv
+	cmake -S . -B $(BUILD_ASAN) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DPATCHGEN_SANITIZE=ON -DPATCHGEN_KERNELS=OFF \
+	  -DPATCHGEN_TEST_PYTHON=$(abspath $(PYTHON))
 	cmake --build $(BUILD_ASAN) -j $(JOBS) --target unit_tests patchgen
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 $(BUILD_ASAN)/tests/unit_tests
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  $(PYTHON) tests/golden/run_golden.py --patchgen $(BUILD_ASAN)/tools/patchgen/patchgen
 
-# The drift gate on the committed example outputs.
-check: build
+# The drift gate: every spec (example and real models) against what is on disk.
+check: build upstream
 	$(PATCHGEN) --check
 
-# The main job: generate every spec of this repository.
-run: build
+# The main job: generate every spec of this repository (real models against $(UPSTREAM)).
+run: build upstream
 	$(PATCHGEN) --all --diff
 
-# Every spec, real models included where transformers is on the source path (same job as `run`).
 generate: run
 
-# Whole-process timings of patchgen (docs/benchmarks.md); CSV with BENCH_ARGS="--csv out.csv".
-# GPU end-to-end test of the real-model specs (on the H200 machine; needs `make static` first,
-# whose binary travels in .device-bin/).
-gpu-e2e:
-	tests/gpu/run_e2e.sh $(E2E_ARGS)
+# Generation + the CPU real-model test against every release in requirements/upstream.txt;
+# writes docs/results/transformers_matrix.md. Does not gate CI.
+matrix: build
+	$(PYTHON) scripts/fetch-upstream.py --all >/dev/null
+	$(PYTHON) tests/models/matrix.py --patchgen $(PATCHGEN) --out docs/results/transformers_matrix.md
 
-bench: build
+# Whole-process timings of patchgen (docs/benchmarks.md); CSV with BENCH_ARGS="--csv out.csv".
+bench: build upstream
 	$(PYTHON) bench/patchgen_bench.py --patchgen $(PATCHGEN) $(BENCH_ARGS)
 
-# A fully static binary for the GPU machine, copied to .device-bin/ (git-ignored, carried).
+# A fully static patchgen for the GPU machine, copied with the kernels' library to .device-bin/
+# (git-ignored; name it in the device tool's carry).
 static: deps
 	cmake -S . -B $(BUILD_STATIC) -G Ninja -DCMAKE_BUILD_TYPE=Release -DPATCHGEN_STATIC=ON -DPATCHGEN_TESTS=OFF
-	cmake --build $(BUILD_STATIC) -j $(JOBS) --target patchgen
-	mkdir -p .device-bin && cp $(BUILD_STATIC)/tools/patchgen/patchgen .device-bin/patchgen
+	cmake --build $(BUILD_STATIC) -j $(JOBS) --target patchgen opslot_kernels
+	mkdir -p .device-bin
+	cp $(BUILD_STATIC)/tools/patchgen/patchgen $(BUILD_STATIC)/kernels/libopslot_kernels.so .device-bin/
 	ldd .device-bin/patchgen || true
+
+# GPU end-to-end test of the real-model specs (on the H200 machine, after `make static`).
+gpu-e2e:
+	tests/models/run_e2e.sh $(E2E_ARGS)
 
 clean:
 	rm -rf $(BUILD) $(BUILD_ASAN) $(BUILD_STATIC)

@@ -3,19 +3,18 @@
 # (no apt-get update, no network) when every package is already installed.
 set -euo pipefail
 
+# Python packages (torch, transformers, pytest, ...) are not Debian's: they come from PyPI into
+# .venv/ (scripts/setup-venv.sh, pinned with hashes in requirements/test.txt).
 PACKAGES=(
-  build-essential cmake ninja-build pkg-config nodejs npm patch
+  build-essential cmake ninja-build pkg-config patch
   libtree-sitter-dev nlohmann-json3-dev libyaml-cpp-dev libdtl-dev
   libcli11-dev catch2 libtomlplusplus-dev
-  python3 python3-torch python3-pytest python3-yaml python3-numpy
+  python3 python3-venv
 )
 
 missing=()
 for p in "${PACKAGES[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed"; then
-    # node and npm may come from elsewhere (e.g. nodesource); accept any working binary.
-    if [[ "$p" == nodejs ]] && command -v node >/dev/null; then continue; fi
-    if [[ "$p" == npm ]] && command -v npm >/dev/null; then continue; fi
     if [[ "$p" == cmake ]] && command -v cmake >/dev/null; then continue; fi
     missing+=("$p")
   fi

@@ -84,7 +84,7 @@ def test_npu_normalises_only_unset_fields():
         OpsImplementationConfig(moe_implementation="fused_npu").validate([("moe", "gpt_oss")])
     assert str(err.value) == ("invalid ops_implementation:\n"
                               "  moe/gpt_oss (moe_implementation='fused_npu'): no kernel 'npu' for moe/gpt_oss; "
-                              "available: eager, torch ('npu' implements moe variant(s) standard only)")
+                              "available: eager, cuda [needs cuda sm_80+], torch ('npu' implements moe variant(s) standard only)")
 
 
 def test_explicit_unsupported_value_on_npu_is_an_error():
@@ -109,7 +109,7 @@ def test_validate_reports_every_problem_at_once():
     assert str(err.value) == (
         "invalid ops_implementation:\n"
         "  cross_entropy_loss/sequence_classification (cross_entropy_loss_implementation='torch_chunked'): "
-        "no kernel 'torch_chunked' for cross_entropy_loss/sequence_classification; available: eager, torch "
+        "no kernel 'torch_chunked' for cross_entropy_loss/sequence_classification; available: eager, cuda, torch "
         "('torch_chunked' implements cross_entropy_loss variant(s) causal only)\n"
         "  fancy_op/standard (no config field): slot op 'fancy_op' has no field in OpsImplementationConfig "
         "(ops with a field: attn, causal_conv1d, chunk_gated_delta_rule, cross_entropy_loss, load_balancing_loss, "

@@ -93,10 +93,14 @@ def test_resolve_eager_is_none():
     assert fresh().resolve("anything", "at_all", "eager") is None
 
 
+CPU = DeviceInfo("cpu")
+
+
 def test_resolve_unknown_names_say_what_exists():
-    with pytest.raises(KeyError) as err:
+    with pytest.raises(KeyError) as err, use_device(CPU):
         KERNEL_REGISTRY.resolve("rms_norm", "offset", "liger")
-    assert err.value.args[0] == "no kernel 'liger' for rms_norm/offset; available: eager, npu [needs npu], torch"
+    assert err.value.args[0] == ("no kernel 'liger' for rms_norm/offset; available: eager, cuda [needs cuda sm_80+], "
+                                 "npu [needs npu], torch")
     with pytest.raises(KeyError) as err:
         KERNEL_REGISTRY.resolve("rms_norm", "ofset", "torch")
     assert err.value.args[0] == ("unknown variant 'ofset' of op 'rms_norm'; did you mean 'offset'? "
@@ -106,18 +110,18 @@ def test_resolve_unknown_names_say_what_exists():
     assert err.value.args[0] == (
         "unknown op 'rmsnorm'; did you mean 'rms_norm'? (known ops: causal_conv1d, chunk_gated_delta_rule, "
         "cross_entropy_loss, load_balancing_loss, moe, rms_norm, rms_norm_gated, rotary_pos_emb, swiglu_mlp)")
-    with pytest.raises(KeyError) as err:
+    with pytest.raises(KeyError) as err, use_device(CPU):
         KERNEL_REGISTRY.resolve("rms_norm", "standard", "trch")
-    assert err.value.args[0] == ("no kernel 'trch' for rms_norm/standard; available: eager, npu [needs npu], torch; "
-                                 "did you mean 'torch'?")
+    assert err.value.args[0] == ("no kernel 'trch' for rms_norm/standard; available: eager, cuda [needs cuda sm_80+], "
+                                 "npu [needs npu], torch; did you mean 'torch'?")
 
 
 def test_resolve_kernel_of_another_variant_says_so():
-    with pytest.raises(KeyError) as err:
+    with pytest.raises(KeyError) as err, use_device(CPU):
         KERNEL_REGISTRY.resolve("cross_entropy_loss", "sequence_classification", "torch_chunked")
     assert err.value.args[0] == ("no kernel 'torch_chunked' for cross_entropy_loss/sequence_classification; "
-                                 "available: eager, torch ('torch_chunked' implements cross_entropy_loss "
-                                 "variant(s) causal only)")
+                                 "available: eager, cuda [needs cuda sm_80+], torch ('torch_chunked' implements "
+                                 "cross_entropy_loss variant(s) causal only)")
 
 
 def test_hardware_requirement():
@@ -158,7 +162,10 @@ def test_builtin_kernels_cover_every_documented_variant():
     from opslot import KNOWN_OPS
 
     assert torch_pairs == sorted((op, v) for op, vs in KNOWN_OPS.items() for v in vs)
-    assert everything[("cross_entropy_loss", "causal")] == ["torch", "torch_chunked"]
+    assert everything[("cross_entropy_loss", "causal")] == ["cuda", "torch", "torch_chunked"]
+    cuda_pairs = sorted(k for k, names in everything.items() if "cuda" in names)
+    assert cuda_pairs == sorted((op, v) for op, vs in KNOWN_OPS.items() for v in vs
+                                if op not in ("causal_conv1d", "chunk_gated_delta_rule"))
     npu_pairs = sorted(k for k, names in everything.items() if "npu" in names)
     assert npu_pairs == [("moe", "standard"), ("rms_norm", "offset"), ("rms_norm", "standard"),
                          ("rms_norm", "unweighted"), ("rotary_pos_emb", "full"), ("rotary_pos_emb", "partial"),

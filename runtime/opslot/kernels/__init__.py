@@ -7,6 +7,8 @@ from ..hardware import ANY, HardwareRequirement
 from ..registry import KernelRegistry, KernelSpec
 
 NPU = HardwareRequirement("npu")
+#: opslot's CUDA kernels (libopslot_kernels.so, built from kernels/): sm_80 or newer.
+CUDA = HardwareRequirement("cuda", min_cc=(8, 0))
 
 #: (impl name, op, variant, "module:attr", hardware, description)
 BUILTIN_KERNELS = [
@@ -27,6 +29,21 @@ BUILTIN_KERNELS = [
     ("torch", "moe", "gpt_oss", "torch_ops:moe_gpt_oss", ANY, "sorted per-expert matmuls"),
     ("torch", "causal_conv1d", "standard", "torch_ops:causal_conv1d", ANY, "portable PyTorch"),
     ("torch", "chunk_gated_delta_rule", "standard", "torch_ops:chunk_gated_delta_rule", ANY, "chunk-parallel PyTorch"),
+    ("cuda", "rms_norm", "standard", "cuda.norms:rms_norm_standard", CUDA, "CUDA kernel, one pass each way"),
+    ("cuda", "rms_norm", "offset", "cuda.norms:rms_norm_offset", CUDA, "CUDA kernel, one pass each way"),
+    ("cuda", "rms_norm", "unweighted", "cuda.norms:rms_norm_unweighted", CUDA, "CUDA kernel, one pass each way"),
+    ("cuda", "rms_norm_gated", "standard", "cuda.norms:rms_norm_gated", CUDA, "CUDA kernel, one pass each way"),
+    ("cuda", "rotary_pos_emb", "full", "cuda.rope:rotary_pos_emb_full", CUDA, "CUDA kernel on strided q/k"),
+    ("cuda", "rotary_pos_emb", "partial", "cuda.rope:rotary_pos_emb_partial", CUDA, "CUDA kernel on strided q/k"),
+    ("cuda", "swiglu_mlp", "standard", "cuda.swiglu:swiglu_mlp", CUDA, "cuBLAS GEMMs + fused SiLU-mul kernels"),
+    ("cuda", "load_balancing_loss", "standard", "cuda.load_balancing:load_balancing_loss", CUDA,
+     "CUDA kernel over the per-layer router logits"),
+    ("cuda", "cross_entropy_loss", "causal", "cuda.cross_entropy:cross_entropy_causal", CUDA,
+     "chunked lm_head GEMMs + fused CUDA softmax/loss/gradient, no full logits"),
+    ("cuda", "cross_entropy_loss", "sequence_classification", "cuda.cross_entropy:cross_entropy_sequence_classification",
+     CUDA, "CUDA cross-entropy on given logits"),
+    ("cuda", "moe", "standard", "cuda.moe:moe_standard", CUDA, "device routing + grouped GEMMs, no host sync"),
+    ("cuda", "moe", "gpt_oss", "cuda.moe:moe_gpt_oss", CUDA, "device routing + grouped GEMMs, no host sync"),
     ("npu", "rms_norm", "standard", "npu_ops:rms_norm_standard", NPU, "torch_npu.npu_rms_norm (unverified)"),
     ("npu", "rms_norm", "offset", "npu_ops:rms_norm_offset", NPU, "torch_npu.npu_rms_norm (unverified)"),
     ("npu", "rms_norm", "unweighted", "npu_ops:rms_norm_unweighted", NPU, "torch_npu.npu_rms_norm (unverified)"),

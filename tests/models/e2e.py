@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""GPU end-to-end test of the real-model specs (specs/<model>/*.yaml) on transformers 5.17.0.
+"""End-to-end test of the real-model specs (specs/<model>/*.yaml) against upstream Transformers,
+on the CPU (CI, `ctest -R real_models`, fp32) or the GPU (tests/models/run_e2e.sh): `--device`.
 
 First, `patchgen --validate` on every spec under specs/ (example excluded), and every
 specs/<model>/ folder must have a case below. Then, for every model:
@@ -16,10 +17,10 @@ specs/<model>/ folder must have a case below. Then, for every model:
      the NPU defaults (pretending to be an NPU machine; a fake `torch_npu` is installed when the
      real one is missing) and, run eagerly here, equals upstream.
 One model's failure is reported and the others continue; the exit status is 1 if any failed.
-The per-model table is printed and written to $OUT (gpu_e2e.md, gpu_e2e.csv, gpu_e2e.json).
+The per-model table is printed and written to $OUT (e2e.md, e2e.csv, e2e.json).
 
-Usage (normally through tests/gpu/run_e2e.sh):
-  python3 tests/gpu/e2e.py --patchgen .device-bin/patchgen --source-root SITE --gen-dir DIR [--only qwen3,llama]
+Usage (normally through tests/models/run_e2e.sh):
+  python3 tests/models/e2e.py --patchgen .device-bin/patchgen --source-root SITE --gen-dir DIR [--only qwen3,llama]
 """
 
 from __future__ import annotations
@@ -355,6 +356,11 @@ def check_model(case: Case, args, device: torch.device) -> Result:
             res.errors.append(f"eager logits differ from upstream (max abs {max_abs_diff(e_logits, up_logits):.3g})")
         if not res.eager_loss_equal:
             res.errors.append(f"eager loss {e_loss.item()!r} != upstream {up_loss.item()!r}")
+        if not res.eager_grads_equal:
+            differ = sorted(n for n in set(up_grads) | set(e_grads)
+                            if n not in e_grads or n not in up_grads or not torch.equal(e_grads[n], up_grads[n]))
+            res.errors.append(f"eager gradients differ from upstream: {', '.join(differ[:5])}"
+                              + (f" and {len(differ) - 5} more" if len(differ) > 5 else ""))
         del eager
 
         # 4. torch kernels (counted): close to upstream (opslot.testing.compare_models), every slot fires
@@ -496,7 +502,7 @@ def write_report(results: List[Result], out_dir: Path, env: Dict[str, str], setu
     rule = "|" + "|".join("---" for _ in COLUMNS) + "|"
     rows = ["| " + " | ".join(cell(r, k).replace("|", "\\|") for k, _ in COLUMNS) + " |" for r in results]
     env_line = ", ".join(f"{k} {v}" for k, v in env.items())
-    md = "\n".join([f"GPU end-to-end ({env_line}); torch-kernel tolerance rtol={RTOL:g}, atol={ATOL:g}.", "",
+    md = "\n".join([f"Real-model end-to-end ({env_line}); torch-kernel tolerance rtol={RTOL:g}, atol={ATOL:g}.", "",
                     header, rule, *rows, ""])
     md += "\nCalls per slot with the `torch` kernels (one forward + backward):\n\n"
     md += "\n".join(f"- {r.model}: {r.slot_calls or '-'}" for r in results) + "\n"
@@ -504,13 +510,13 @@ def write_report(results: List[Result], out_dir: Path, env: Dict[str, str], setu
     failures += [f"- {r.model}: " + "; ".join(r.errors) for r in results if r.errors]
     if failures:
         md += "\nFailures:\n" + "\n".join(failures) + "\n"
-    (out_dir / "gpu_e2e.md").write_text(md, encoding="utf-8")
-    with open(out_dir / "gpu_e2e.csv", "w", newline="", encoding="utf-8") as fh:
+    (out_dir / "e2e.md").write_text(md, encoding="utf-8")
+    with open(out_dir / "e2e.csv", "w", newline="", encoding="utf-8") as fh:
         writer = csv.writer(fh)
         writer.writerow([title for _, title in COLUMNS] + ["slot calls", "seconds", "errors"])
         for r in results:
             writer.writerow([cell(r, k) for k, _ in COLUMNS] + [r.slot_calls, r.seconds, "; ".join(r.errors)])
-    (out_dir / "gpu_e2e.json").write_text(
+    (out_dir / "e2e.json").write_text(
         json.dumps({"env": env, "setup_errors": setup_errors, "results": [dataclasses.asdict(r) for r in results]},
                    indent=2), encoding="utf-8")
     return md
@@ -553,7 +559,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if proc.returncode != 0:
         setup_errors.append(f"patchgen --validate failed (exit {proc.returncode}):\n{proc.stdout}{proc.stderr}")
     if uncovered:
-        setup_errors.append(f"specs without a case in tests/gpu/e2e.py: {', '.join(uncovered)}")
+        setup_errors.append(f"specs without a case in tests/models/e2e.py: {', '.join(uncovered)}")
     for err in setup_errors:
         print(f"FAIL {err}", flush=True)
 

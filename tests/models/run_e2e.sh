@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # GPU end-to-end test of the real-model specs: generate every spec under specs/<model>/ against the
 # installed transformers with the static patchgen, then check each generated model against
-# upstream on the GPU (tests/gpu/e2e.py says what is checked).
+# upstream on the GPU (tests/models/e2e.py says what is checked).
 #
-#   tests/gpu/run_e2e.sh [--only llama,qwen3]
+#   tests/models/run_e2e.sh [--only llama,qwen3]
 #
 # Environment: PATCHGEN (default .device-bin/patchgen, from `make static`), PYTHON (default
 # python3, the one with torch and transformers), OUT (where the result table goes; default
@@ -32,5 +32,5 @@ echo "patchgen: $PATCHGEN; transformers from: $SITE; generated files: $GEN_DIR; 
 
 export PYTHONUNBUFFERED=1 CUBLAS_WORKSPACE_CONFIG=:4096:8 USE_HUB_KERNELS=0
 export PYTHONPATH="$ROOT/runtime${PYTHONPATH:+:$PYTHONPATH}"
-exec "$PYTHON" "$ROOT/tests/gpu/e2e.py" --patchgen "$PATCHGEN" --source-root "$SITE" \
+exec "$PYTHON" "$ROOT/tests/models/e2e.py" --patchgen "$PATCHGEN" --source-root "$SITE" \
   --gen-dir "$GEN_DIR" --out "$OUT" "$@"

@@ -1,0 +1,46 @@
+// Internal helpers shared by the kernel sources (not part of the C ABI).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdarg>
+#include <cstdint>
+
+#include "opslot_kernels/common.h"
+
+namespace opslot {
+
+// Records the message returned by opslot_last_error() for this thread; returns `code`.
+int set_error(int code, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+
+// After a launch: the launch error, if any, as the entry point's return value.
+int check_launch(const char* what);
+
+// Storage type of each dtype code.
+template <int D> struct DtypeOf;
+template <> struct DtypeOf<OPSLOT_FLOAT32> { using type = float; };
+template <> struct DtypeOf<OPSLOT_FLOAT16> { using type = __half; };
+template <> struct DtypeOf<OPSLOT_BFLOAT16> { using type = __nv_bfloat16; };
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <typename T> __device__ __forceinline__ T from_float(float x);
+template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+// Calls f(T{}) with T the storage type of `dtype`; an unknown code is an error.
+template <typename F>
+int dispatch_dtype(int dtype, const char* what, F&& f) {
+  switch (dtype) {
+    case OPSLOT_FLOAT32: return f(float{});
+    case OPSLOT_FLOAT16: return f(__half{});
+    case OPSLOT_BFLOAT16: return f(__nv_bfloat16{});
+    default: return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: unknown dtype code %d", what, dtype);
+  }
+}
+
+}  // namespace opslot
