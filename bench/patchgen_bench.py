@@ -2,10 +2,10 @@
 """Whole-process benchmarks of the patchgen binary (method: the design notes, shared/design/benchmarks.md; targets also in docs/benchmarks.md).
 
 Measures, each as the median of --runs runs of the whole process:
-  one spec     generate + diff of one spec (a real-model spec when .upstream/ exists, else the example)
+  one spec     generate + diff of one spec (a real-model spec when .upstream/transformers-5.17.0 exists, else the example)
   29 specs     `--all --diff` on a temporary tree of 29 specs (the repository's specs replicated)
   --check      `--check` of that tree right after generating it (everything up to date)
-  index        `patchgen index` over every .py file of a corpus folder (default .upstream/transformers),
+  index        `patchgen index` over every .py file of a corpus folder (default .upstream/transformers-5.17.0/transformers),
                on one thread (`-j 1`) and on every core the process may use
 "CPU ms" is the median user+system time of the process, a figure that a busy shared machine
 distorts much less than wall time. Peak memory is the child's ru_maxrss (os.wait4), the same figure `/usr/bin/time -v` prints.
@@ -122,11 +122,11 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--patchgen", default=os.path.join(REPO, "build/tools/patchgen/patchgen"))
     ap.add_argument("--runs", type=int, default=5)
-    ap.add_argument("--corpus", default=os.path.join(REPO, ".upstream/transformers"))
+    ap.add_argument("--corpus", default=os.path.join(REPO, ".upstream/transformers-5.17.0/transformers"))
     ap.add_argument("--csv", help="also write the rows to this CSV file")
     args = ap.parse_args()
     binary = os.path.abspath(args.patchgen)
-    upstream = os.path.join(REPO, ".upstream")
+    upstream = os.path.join(REPO, ".upstream/transformers-5.17.0")  # `make upstream`
     use_real = os.path.isdir(os.path.join(upstream, "transformers"))
     source_roots = [os.path.join(REPO, "examples/upstream")] + ([upstream] if use_real else [])
 

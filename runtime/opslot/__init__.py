@@ -7,6 +7,25 @@ slot runs (`OpsImplementationConfig`, `bind_ops`, `build_model`), keeps the cata
 references. See docs/runtime.md and docs/ops.md.
 """
 
+import torch as _torch
+
+#: The oldest torch opslot supports: torch.library.custom_op (the CUDA kernels' binding) is 2.4's.
+MIN_TORCH = (2, 4)
+
+
+def _check_torch(version: str) -> None:
+    """Raise ImportError when `version` (a torch.__version__) is older than MIN_TORCH."""
+    parts = []
+    for piece in version.split("+")[0].split(".")[:2]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits or 0))
+    if tuple(parts) < MIN_TORCH:
+        raise ImportError(f"opslot needs torch >= {MIN_TORCH[0]}.{MIN_TORCH[1]}, found torch {version}")
+
+
+_check_torch(_torch.__version__)
+
+from . import hf  # noqa: F401  (Transformers integration: opslot.hf)
 from .binding import bind_ops, build_model, load_private_copy, module_slots
 from .config import CUDA_DEFAULTS, FIELD_FOR_OP, NPU_DEFAULTS, OpsImplementationConfig
 from .hardware import DeviceInfo, HardwareRequirement, current_device, set_device_detector, use_device

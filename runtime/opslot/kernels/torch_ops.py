@@ -3,7 +3,7 @@
 They compute the same mathematics as the upstream eager code (see `opslot.reference`) but are
 organised for speed where plain PyTorch allows it: MoE experts as sorted, contiguous per-expert
 matmuls instead of a one-hot mask per expert; the load-balancing loss over all layers at once; the
-causal conv without computing the right-hand padding. Only torch 1.13 APIs are used.
+causal conv without computing the right-hand padding.
 """
 
 from __future__ import annotations
