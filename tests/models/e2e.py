@@ -153,6 +153,10 @@ class Result:
     chunked_ce_grads_max_abs_err: Optional[float] = None
     torch_grads_max_abs_err: Optional[float] = None
     slot_calls: str = ""
+    cuda_logits_max_abs_err: Optional[float] = None
+    cuda_loss_abs_err: Optional[float] = None
+    cuda_grads_max_abs_err: Optional[float] = None
+    cuda_slot_calls: str = ""
     step: str = ""
     npu: str = ""
     errors: List[str] = dataclasses.field(default_factory=list)
@@ -262,29 +266,43 @@ def run_model(model, inputs, moe: bool):
     return logits, out.loss.detach().clone(), grads
 
 
-# -- counting torch kernels ----------------------------------------------------------------------------
+# -- counting kernels ------------------------------------------------------------------------------
+#: Calls per (op, variant) of the counted kernels, per counted implementation name.
 CALLS: Dict[Tuple[str, str], int] = {}
+CUDA_CALLS: Dict[Tuple[str, str], int] = {}
+#: Name under which the counting wrappers of the `cuda` kernels are registered.
+COUNTED_CUDA = "e2e_cuda"
+#: (op, variant) pairs that have a `cuda` kernel (filled by main on a GPU).
+CUDA_PAIRS: List[Tuple[str, str]] = []
 
 
-def register_counted_kernels() -> None:
-    """Register, for every (op, variant) that has a `torch` kernel, an impl COUNTED_IMPL that calls
-    it and counts the call (public registry API; proves that each guard really dispatches)."""
+def register_counted_kernels(base: str = "torch", counted: str = COUNTED_IMPL, calls=CALLS) -> List[Tuple[str, str]]:
+    """Register, for every (op, variant) that has a `base` kernel, an impl `counted` that calls it
+    and counts the call (public registry API; proves that each guard really dispatches). Returns
+    the (op, variant) pairs covered."""
     from opslot.registry import KERNEL_REGISTRY, KernelSpec
 
+    pairs = []
     for (op, variant), names in sorted(KERNEL_REGISTRY.list_available(include_unsupported=True).items()):
-        if "torch" not in names or KERNEL_REGISTRY.get(op, variant, COUNTED_IMPL) is not None:
+        if base not in names:
             continue
+        pairs.append((op, variant))
+        if KERNEL_REGISTRY.get(op, variant, counted) is not None:
+            continue
+        spec = KERNEL_REGISTRY.get(op, variant, base)
 
         def factory(op=op, variant=variant):
-            inner = KERNEL_REGISTRY.get(op, variant, "torch").load()
+            inner = KERNEL_REGISTRY.get(op, variant, base).load()
 
-            def counted(*args, **kwargs):
-                CALLS[(op, variant)] = CALLS.get((op, variant), 0) + 1
+            def wrapper(*args, **kwargs):
+                calls[(op, variant)] = calls.get((op, variant), 0) + 1
                 return inner(*args, **kwargs)
 
-            return counted
+            return wrapper
 
-        KERNEL_REGISTRY.register(KernelSpec(COUNTED_IMPL, op, variant, factory, description="e2e: counted torch"))
+        KERNEL_REGISTRY.register(KernelSpec(counted, op, variant, factory, spec.hardware,
+                                            description=f"e2e: counted {base}"))
+    return pairs
 
 
 def ops_for(slots: Dict[str, Any], impl: str) -> Dict[str, str]:
@@ -412,6 +430,10 @@ def check_model(case: Case, args, device: torch.device) -> Result:
             res.errors.append(f"optimizer step: loss after {float(loss_after)}, max weight change {moved}")
         del tmodel, opt
 
+        # 5c. on a GPU: every slot that has a `cuda` kernel on it (the others on `torch`), counted
+        if device.type == "cuda" and args.cuda_kernels:
+            check_cuda_kernels(slots, build, upstream, inputs, case, up_loss, up_logits, up_grads, res)
+
         # 5b. a soft-capped config must make the loss kernel refuse, never silently drop the capping
         if case.softcapped_loss_refused:
             res.step += "; " + check_softcap_refused(case, config, state, inputs, build_model, module, device, res)
@@ -427,6 +449,42 @@ def check_model(case: Case, args, device: torch.device) -> Result:
     res.status = "PASS" if not res.errors else "FAIL"
     res.seconds = round(time.time() - started, 1)
     return res
+
+
+def check_cuda_kernels(slots, build, upstream, inputs, case, up_loss, up_logits, up_grads, res) -> None:
+    """opslot's `cuda` kernels in the model: close to upstream (fp32), every cuda slot fires, and an
+    AdamW step works."""
+    from opslot.testing import compare_models
+
+    cuda_pairs = set(CUDA_PAIRS)
+    ops = ops_for(slots, COUNTED_IMPL)
+    for slot in slots.values():
+        if (slot.op, slot.variant) in cuda_pairs:
+            ops[f"{slot.op}_implementation"] = f"fused_{COUNTED_CUDA}" if slot.op == "moe" else COUNTED_CUDA
+    CUDA_CALLS.clear()
+    cmodel = build(ops)
+    diff = compare_models(upstream, cmodel, forward_kwargs(inputs, case.moe))
+    res.cuda_logits_max_abs_err, res.cuda_loss_abs_err, res.cuda_grads_max_abs_err = diff.logits, diff.loss, diff.grads
+    if diff.logits is not None and diff.logits > ATOL + RTOL * float(up_logits.abs().max()):
+        res.errors.append(f"cuda logits not close (max abs {diff.logits:.3g})")
+    if diff.loss is None or diff.loss > ATOL + RTOL * abs(float(up_loss)):
+        res.errors.append(f"cuda loss off by {diff.loss}")
+    for n, err in diff.grad_by_param.items():
+        if err > ATOL + RTOL * float(up_grads[n].abs().max()):
+            res.errors.append(f"cuda: grad of {n} not close (max abs {err:.3g})")
+    fired = {f"{s.op}/{s.variant}": CUDA_CALLS.get((s.op, s.variant), 0)
+             for s in slots.values() if (s.op, s.variant) in cuda_pairs}
+    res.cuda_slot_calls = " ".join(f"{k}:{v}" for k, v in sorted(fired.items()))
+    for k, v in sorted(fired.items()):
+        if v == 0:
+            res.errors.append(f"slot {k} never dispatched with the cuda kernels")
+    _, loss_before, _ = run_model(cmodel, inputs, case.moe)
+    opt = torch.optim.AdamW(cmodel.parameters(), lr=1e-3)
+    opt.step()
+    _, loss_after, _ = run_model(cmodel, inputs, case.moe)
+    res.step += f"; cuda: loss {float(loss_before):.4f} -> {float(loss_after):.4f}"
+    if not math.isfinite(float(loss_after)):
+        res.errors.append(f"cuda optimizer step: loss after {float(loss_after)}")
 
 
 def check_softcap_refused(case, config, state, inputs, build_model, module, device, res) -> str:
@@ -479,7 +537,8 @@ COLUMNS = [
     ("eager_grads_equal", "eager grads equal"), ("torch_logits_max_abs_err", "torch max abs err logits"),
     ("torch_grads_max_abs_err", "torch max abs err grads"), ("torch_loss_abs_err", "torch loss abs err"),
     ("chunked_ce_loss_abs_err", "chunked CE loss abs err"), ("chunked_ce_grads_max_abs_err", "chunked CE max abs err grads"),
-    ("step", "AdamW step"), ("npu", "NPU sibling"),
+    ("cuda_logits_max_abs_err", "cuda max abs err logits"), ("cuda_grads_max_abs_err", "cuda max abs err grads"),
+    ("cuda_loss_abs_err", "cuda loss abs err"), ("step", "AdamW step"), ("npu", "NPU sibling"),
 ]
 
 
@@ -506,6 +565,9 @@ def write_report(results: List[Result], out_dir: Path, env: Dict[str, str], setu
                     header, rule, *rows, ""])
     md += "\nCalls per slot with the `torch` kernels (one forward + backward):\n\n"
     md += "\n".join(f"- {r.model}: {r.slot_calls or '-'}" for r in results) + "\n"
+    if any(r.cuda_slot_calls for r in results):
+        md += "\nCalls per slot with the `cuda` kernels (one forward + backward):\n\n"
+        md += "\n".join(f"- {r.model}: {r.cuda_slot_calls or '-'}" for r in results) + "\n"
     failures = [f"- setup: {e}" for e in setup_errors]
     failures += [f"- {r.model}: " + "; ".join(r.errors) for r in results if r.errors]
     if failures:
@@ -531,6 +593,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                         help="where the table goes (default $OUT)")
     parser.add_argument("--only", default="", help="comma-separated model keys")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--no-cuda-kernels", dest="cuda_kernels", action="store_false",
+                        help="on a GPU, skip the stage with opslot's cuda kernels")
     args = parser.parse_args(argv)
 
     import transformers
@@ -541,6 +605,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     torch.use_deterministic_algorithms(True, warn_only=True)
     register_counted_kernels()
     device = torch.device(args.device)
+    CUDA_PAIRS.clear()
+    if device.type == "cuda" and args.cuda_kernels:
+        from opslot.kernels.cuda import unavailable_reason
+
+        reason = unavailable_reason()
+        if reason is not None:
+            parser.error(f"opslot's cuda kernels cannot run here ({reason}); pass --no-cuda-kernels to skip them")
+        CUDA_PAIRS.extend(register_counted_kernels("cuda", COUNTED_CUDA, CUDA_CALLS))
     env = {"torch": torch.__version__, "transformers": transformers.__version__, "opslot": opslot.__version__,
            "device": torch.cuda.get_device_name() if device.type == "cuda" else device.type}
     only = {k for k in args.only.split(",") if k}
