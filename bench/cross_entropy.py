@@ -183,7 +183,9 @@ def main():
     ap.add_argument("--hidden", type=int, default=4096)
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--sweep", default="1024,2048,2816,4096,8192", help="cuda chunk sizes at 16k x first vocab")
+    ap.add_argument("--sweep", default="1024,2048,2816,3072,4096", help="cuda chunk sizes at 16k x first vocab")
+    ap.add_argument("--full-tokens", default=None,
+                    help="token counts at which every implementation runs (default: all); others: floor + opslot cuda")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -248,7 +250,10 @@ def main():
             except torch.cuda.OutOfMemoryError:
                 floor = None
             torch.cuda.empty_cache()
+            full = args.full_tokens is None or n in [int(x) for x in args.full_tokens.split(",")]
             for name, fn in impls(v).items():
+                if not full and name != "opslot cuda":
+                    continue
                 try:
                     ms, peak = measure(fn, module, h, labels, args.iters, args.warmup)
                     row = {"tokens": n, "vocab": v, "impl": name, "ms": ms, "peak_gib": peak / GiB,

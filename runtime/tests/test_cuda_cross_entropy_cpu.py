@@ -113,7 +113,10 @@ def test_default_chunk_size_within_budget():
                 assert 1 <= c <= max(tokens, 1)
                 if tokens > ce.CHUNK_MULTIPLE:
                     assert c * vocab * itemsize <= max(ce.CHUNK_BUDGET_BYTES, ce.CHUNK_MULTIPLE * vocab * itemsize)
-    assert ce.default_chunk_size(16384, 151936, 2) == 2816  # 6 even chunks of 0.80 GiB tiles
+    assert ce.default_chunk_size(16384, 151936, 2) == 3072  # 0.87 GiB tiles, 5 x 3072 + 1024
+    assert ce.default_chunk_size(4096, 151936, 2) == 2048
+    assert ce.default_chunk_size(16384, 262208, 2) == 1024
+    assert ce.default_chunk_size(1000, 151936, 2) == 1000
 
 
 # -- Python side with emulated kernels -------------------------------------------------------------

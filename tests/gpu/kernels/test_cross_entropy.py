@@ -166,6 +166,25 @@ def test_forward_only_does_no_backward_work():
     assert loss2.grad_fn is None and torch.equal(loss2, loss_grad)
 
 
+def test_training_step_memory_is_one_tile_plus_gradients():
+    vocab, hidden_size, tokens, dtype = 151936, 256, 2048, torch.bfloat16
+    module = make_module(vocab, hidden_size, dtype)
+    hidden, labels = make_inputs(1, tokens, hidden_size, vocab, dtype)
+    h = hidden.clone().requires_grad_(True)
+    for _ in range(2):  # the second step is measured (cuBLAS workspace etc. already allocated)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        _, loss = ce.cross_entropy_causal(module, h, labels)
+        grads = torch.autograd.grad(loss, [h, module.lm_head.weight])
+        torch.cuda.synchronize()
+        extra = torch.cuda.max_memory_allocated() - before
+        del loss, grads
+    chunk = ce.default_chunk_size(tokens, vocab, 2)
+    tile, grad_bytes = chunk * vocab * 2, (tokens + vocab) * hidden_size * 2
+    assert extra <= tile + grad_bytes + (4 << 20), (extra, tile, grad_bytes)
+
+
 def test_incoming_gradient_scales_and_second_backward_is_refused():
     vocab, dtype = 32001, torch.bfloat16
     module = make_module(vocab, 64, dtype)

@@ -50,20 +50,24 @@ from . import _lib
 #: Bytes one logits tile may take (the chunk's logits and, in place, their gradient). With the
 #: fp32 row losses and cuBLAS' workspace this keeps the extra peak under 1 GiB.
 CHUNK_BUDGET_BYTES = 960 << 20
-#: Chunks are multiples of this many tokens (GEMM-friendly) unless the input is smaller.
+#: Chunks are multiples of this many tokens when the budget allows (cuBLAS' 128x256 output tiles
+#: then fill whole waves of the dgrad GEMM [chunk, H] on 132 SMs), else of CHUNK_MULTIPLE.
+CHUNK_STEP = 1024
 CHUNK_MULTIPLE = 128
 
 _MODE_MEAN, _MODE_VALUE, _MODE_TENSOR = 0, 1, 2
 
 
 def default_chunk_size(tokens: int, vocab: int, itemsize: int, budget: int = CHUNK_BUDGET_BYTES) -> int:
-    """Tokens per chunk: the largest multiple of CHUNK_MULTIPLE whose `[chunk, vocab]` tile fits in
-    `budget`, then evened out over the chunks that `tokens` needs (fewer, equal GEMMs)."""
-    cap = max(CHUNK_MULTIPLE, budget // max(1, vocab * itemsize) // CHUNK_MULTIPLE * CHUNK_MULTIPLE)
+    """Tokens per chunk: the largest multiple of CHUNK_STEP (or CHUNK_MULTIPLE for huge rows) whose
+    `[chunk, vocab]` tile fits in `budget`, then evened out over the chunks `tokens` needs."""
+    cap = budget // max(1, vocab * itemsize)
+    step = CHUNK_STEP if cap >= CHUNK_STEP else CHUNK_MULTIPLE
+    cap = max(CHUNK_MULTIPLE, cap // step * step)
     if tokens <= cap:
         return max(1, tokens)
     chunks = math.ceil(tokens / cap)
-    even = math.ceil(math.ceil(tokens / chunks) / CHUNK_MULTIPLE) * CHUNK_MULTIPLE
+    even = math.ceil(math.ceil(tokens / chunks) / step) * step
     return min(cap, even)
 
 
@@ -180,6 +184,9 @@ def _(x, factor):
 
 
 def _linear_setup_context(ctx, inputs, output):
+    # The gradient outputs are never differentiated: without this, autograd would hand backward
+    # zero-filled [N, H] and [V, H] tensors for them (a second copy of the gradients' memory).
+    ctx.set_materialize_grads(False)
     _, grad_h, grad_w = output
     ctx.grad_hidden, ctx.grad_weight = inputs[8], inputs[9]
     ctx.save_for_backward(grad_h, grad_w)
@@ -307,6 +314,7 @@ def _(logits, targets, divisor, divisor_value, mode, ignore_index, compute_grad)
 
 
 def _logits_setup_context(ctx, inputs, output):
+    ctx.set_materialize_grads(False)
     ctx.compute_grad = inputs[6]
     ctx.save_for_backward(output[1])
 
