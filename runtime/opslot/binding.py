@@ -68,6 +68,23 @@ def load_private_copy(module: types.ModuleType) -> types.ModuleType:
     return clone
 
 
+#: What Transformers' `@use_experts_implementation` must dispatch to for the moe guard to run.
+EXPERTS_EAGER = "eager"
+
+
+def moe_runs_kernel(slots: Dict[str, OpSlot], config: OpsImplementationConfig,
+                    device: Optional[DeviceInfo] = None) -> bool:
+    """Whether a `moe` slot of the model runs a kernel. Transformers wraps `*Experts.forward` in
+    `@use_experts_implementation`, which calls the eager body (where the moe guard sits) only when
+    `config._experts_implementation == "eager"` and otherwise its own grouped_mm etc.; build_model
+    then sets that on its config copy. Module-level moe slots answer by their binding; without one
+    (instance-scoped slots bind from the config later), the config's moe choice decides."""
+    moe_slots = [slot for slot in slots.values() if slot.op == "moe"]
+    if moe_slots:
+        return any(slot.use_non_eager_impl for slot in moe_slots)
+    return config.impl_for("moe", device) != EXPERTS_EAGER
+
+
 def build_model(
     hf_config: Any,
     ops: Any = None,
@@ -82,8 +99,9 @@ def build_model(
 
     `module` is a module or its import name (default: the module of `model_class`); `model_class` a
     class or a class name in the module. The HF config is copied; the copy gets `ops_implementation`
-    (the explicit fields, a plain dict) for instance-scoped slots, and `_attn_implementation` when
-    `attn_implementation` is set. Module-level slots are bound in a private copy of the module
+    (the explicit fields, a plain dict) for instance-scoped slots, `_attn_implementation` when
+    `attn_implementation` is set, and `_experts_implementation = "eager"` when a moe slot runs a
+    kernel (see `moe_runs_kernel`). Module-level slots are bound in a private copy of the module
     (`private_copy=False` binds the module itself, shared with every model built from it)."""
     config = OpsImplementationConfig.coerce(ops)
     if isinstance(module, str):
@@ -111,6 +129,8 @@ def build_model(
     attn = config.value("attn_implementation", device)
     if attn is not None:
         hf_config._attn_implementation = attn
+    if moe_runs_kernel(slots, config, device):
+        hf_config._experts_implementation = EXPERTS_EAGER
     model = cls(hf_config)
     for slot in slots.values():
         slot.attach(model)

@@ -1,0 +1,285 @@
+#!/usr/bin/env python3
+"""MoE experts layer, forward + backward on one GPU: opslot `cuda` vs upstream and Liger.
+
+Per shape (Qwen3-30B-A3B, a Qwen3.5-MoE-like layer, GPT-OSS-20B) and token count it times one
+experts layer forward + backward (gradients of hidden states, routing weights and all expert
+parameters; median of CUDA-event timings after warm-up) for:
+
+  upstream eager         Transformers' per-expert loop (config._experts_implementation="eager"), 4k only
+  upstream grouped_mm    Transformers' experts_implementation="grouped_mm" (torch._grouped_mm)
+  liger                  Liger LigerExperts (standard layout only; GPT-OSS's biases/interleaving: n/a)
+  opslot torch           opslot's portable `torch` kernel (sorted per-expert matmuls), 4k only
+  opslot cuda            opslot's `cuda` kernel (this repository's kernels/src/moe.cu + torch._grouped_mm)
+
+TFLOP/s counts the six expert GEMMs of forward + backward (18 * tokens * top_k * H * I). In the same
+run it measures dense bf16 GEMMs (8192^3 and the layer's gate-up shape without grouping) as the
+ceiling, opslot cuda's stages (routing, gather, GEMM1, act, GEMM2, combine and their backwards), and
+the max difference of opslot cuda's output against upstream grouped_mm. Writes moe_bench.md/json and
+moe_stages.md to --out. Sections run in priority order (16k first) so a time limit keeps the main
+numbers. Usage:
+
+    OPSLOT_KERNELS_LIB=... python3 bench/moe.py --out results/ [--tokens 16384,4096,65536]
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+import types
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "runtime"))
+from opslot.kernels import torch_ops  # noqa: E402
+from opslot.kernels.cuda import moe  # noqa: E402
+
+MODELS = [
+    # name, variant, experts, top_k, hidden, expert width
+    ("Qwen3-30B-A3B", "standard", 128, 8, 2048, 768),
+    ("GPT-OSS-20B", "gpt_oss", 32, 4, 2880, 2880),
+    ("Qwen3.5-MoE (35B-A3B-like)", "standard", 256, 8, 2048, 512),
+]
+
+
+def timed(fn, reps=20, warmup=2, budget_ms=800.0):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    one = (time.perf_counter() - t0) * 1e3
+    reps = max(3, min(reps, int(budget_ms / max(one, 1e-3))))
+    times = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        times.append((s, e))
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in times)
+
+
+def make_layer(variant, E, K, H, I):
+    if variant == "standard":
+        from transformers import Qwen3MoeConfig
+        from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
+        cfg = Qwen3MoeConfig(hidden_size=H, moe_intermediate_size=I, num_experts=E, num_experts_per_tok=K)
+        with torch.device("cuda"):
+            mod = Qwen3MoeExperts(cfg)
+    else:
+        from transformers import GptOssConfig
+        from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
+        cfg = GptOssConfig(hidden_size=H, intermediate_size=I, num_local_experts=E, num_experts_per_tok=K)
+        with torch.device("cuda"):
+            mod = GptOssExperts(cfg)
+    mod.config = cfg
+    mod.to(torch.bfloat16)
+    with torch.no_grad():
+        for p in mod.parameters():
+            p.normal_(0, 0.02)
+    return mod
+
+
+def make_inputs(T, E, K, H, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(T, H, device="cuda", generator=g, dtype=torch.bfloat16)
+    logits = torch.randn(T, E, device="cuda", generator=g)
+    top, idx = torch.topk(torch.softmax(logits, -1), K, dim=-1)
+    w = (top / top.sum(-1, keepdim=True)).to(torch.bfloat16)
+    return x, idx, w
+
+
+def impls(variant, mod, E, K, H, I):
+    out = {}
+
+    def upstream(kind):
+        def f(x, idx, w):
+            mod.config._experts_implementation = kind
+            return mod(x, idx, w)
+        return f
+
+    out["upstream eager"] = upstream("eager")
+    out["upstream grouped_mm"] = upstream("grouped_mm")
+    if variant == "standard":
+        try:
+            from liger_kernel.transformers.swiglu import LigerExperts
+            lcfg = types.SimpleNamespace(num_experts=E, moe_intermediate_size=I, hidden_size=H, hidden_act="silu")
+            with torch.device("cuda"):
+                lig = LigerExperts(lcfg)
+            lig.gate_up_proj, lig.down_proj = mod.gate_up_proj, mod.down_proj
+            out["liger"] = lambda x, idx, w: lig(x, idx, w)
+            if os.environ.get("LIGER_FUSED_MOE_AUTOTUNE", "1").lower() in ("0", "false", "no"):
+                out["liger"].note = "Triton autotune off (one fixed config)"
+        except Exception as exc:  # reported in the table
+            out["liger"] = f"n/a ({type(exc).__name__}: {exc})"
+    else:
+        out["liger"] = "n/a (LigerExperts has no biases / interleaved clamped SwiGLU)"
+    if variant == "standard":
+        out["opslot torch"] = lambda x, idx, w: torch_ops.moe_standard(mod, x, idx, w)
+        out["opslot cuda"] = lambda x, idx, w: moe.moe_standard(mod, x, idx, w)
+    else:
+        out["opslot torch"] = lambda x, idx, w: torch_ops.moe_gpt_oss(mod, x, idx, w)
+        out["opslot cuda"] = lambda x, idx, w: moe.moe_gpt_oss(mod, x, idx, w)
+    return out
+
+
+def fwd_bwd(fn, mod, x, idx, w, go):
+    params = list(mod.parameters())
+    xs = x.detach().requires_grad_(True)
+    ws = w.detach().requires_grad_(True)
+
+    def step():
+        out = fn(xs, idx, ws)
+        torch.autograd.grad(out, [xs, ws] + params, go, allow_unused=True)
+    return step
+
+
+def dense_ceiling(rows):
+    res = {}
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    ms = timed(lambda: a @ b, reps=30)
+    res["dense bf16 GEMM 8192^3"] = (ms, 2 * 8192 ** 3 / ms / 1e9)
+    del a, b
+    x = torch.randn(rows, 2048, device="cuda", dtype=torch.bfloat16)
+    wt = torch.randn(1536, 2048, device="cuda", dtype=torch.bfloat16)
+    ms = timed(lambda: x @ wt.t(), reps=30)
+    res[f"dense bf16 GEMM {rows}x2048x1536 (Qwen3 gate-up, no grouping)"] = (ms, 2 * rows * 2048 * 1536 / ms / 1e9)
+    return res
+
+
+def stages(variant, mod, x, idx, w):
+    """Median ms of each piece of opslot cuda's forward and backward."""
+    E = mod.num_experts
+    K = idx.shape[1]
+    T = x.shape[0]
+    tr = variant == "standard"
+    kind = moe.KIND_SILU if tr else moe.KIND_GPT_OSS
+    b1 = None if tr else mod.gate_up_proj_bias
+    b2 = None if tr else mod.down_proj_bias
+    alpha = 0.0 if tr else float(mod.alpha)
+    limit = 0.0 if tr else float(mod.limit)
+    wf = w.float()
+    r = moe.route(idx, E)
+    xs = moe.moe_gather(x, r.inv, r.offs, K)
+    h = moe.moe_grouped_mm(xs, mod.gate_up_proj, r.offs, tr)
+    a = moe.moe_act(h, r.offs, r.row_expert, b1, kind, alpha, limit)
+    y = moe.moe_grouped_mm(a, mod.down_proj, r.offs, tr)
+    go = torch.randn(T, x.shape[1], device="cuda", dtype=x.dtype)
+    ops = torch.ops.opslot
+    dy = ops.moe_combine_backward(go, y, r.inv, r.offs, wf, r.row_expert, b2)[0]
+    da = ops.moe_grouped_mm_backward(dy, a, mod.down_proj, r.offs, tr)[0]
+    dh = ops.moe_act_backward(da, h, r.offs, r.row_expert, b1, kind, alpha, limit)[0]
+    dxs = ops.moe_grouped_mm_backward(dh, xs, mod.gate_up_proj, r.offs, tr)[0]
+    rows = {
+        "routing (sort, offsets, inverse)": lambda: moe.route(idx, E),
+        "gather": lambda: ops.moe_gather(x, r.inv, r.offs, K),
+        "GEMM1 gate-up": lambda: ops.moe_grouped_mm(xs, mod.gate_up_proj, r.offs, tr),
+        "activation": lambda: ops.moe_act(h, r.offs, r.row_expert, b1, kind, alpha, limit),
+        "GEMM2 down": lambda: ops.moe_grouped_mm(a, mod.down_proj, r.offs, tr),
+        "combine (weighted gather-sum)": lambda: ops.moe_combine(y, r.inv, r.offs, wf, r.row_expert, b2),
+        "bwd combine (scatter + weight grad)": lambda: ops.moe_combine_backward(go, y, r.inv, r.offs, wf,
+                                                                                 r.row_expert, b2),
+        "bwd GEMM2 (dgrad + wgrad)": lambda: ops.moe_grouped_mm_backward(dy, a, mod.down_proj, r.offs, tr),
+        "bwd activation": lambda: ops.moe_act_backward(da, h, r.offs, r.row_expert, b1, kind, alpha, limit),
+        "bwd GEMM1 (dgrad + wgrad)": lambda: ops.moe_grouped_mm_backward(dh, xs, mod.gate_up_proj, r.offs, tr),
+        "bwd gather (gather-sum)": lambda: ops.moe_gather_backward(dxs, r.inv, r.offs, K),
+    }
+    return {name: timed(fn, reps=20) for name, fn in rows.items()}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--tokens", default="16384,4096,65536")
+    ap.add_argument("--slow-at", type=int, default=4096, help="token count for eager and opslot torch")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    tokens = [int(t) for t in args.tokens.split(",")]
+    dev = torch.cuda.get_device_name()
+    print(f"# device {dev}, torch {torch.__version__}", flush=True)
+    results = {"device": dev, "torch": torch.__version__, "ceiling": {}, "rows": [], "stages": {}}
+
+    def dump():
+        with open(os.path.join(args.out, "moe_bench.json"), "w") as fh:
+            json.dump(results, fh, indent=1)
+        lines = [f"device: {dev}, torch {torch.__version__}", "",
+                 "| ceiling | ms | TFLOP/s |", "|---|---|---|"]
+        for k, (ms, tf) in results["ceiling"].items():
+            lines.append(f"| {k} | {ms:.3f} | {tf:.0f} |")
+        lines += ["", "| model | tokens | impl | fwd+bwd ms | TFLOP/s (6 expert GEMMs) | note |",
+                  "|---|---|---|---|---|---|"]
+        for row in results["rows"]:
+            ms = f"{row['ms']:.2f}" if row.get("ms") is not None else "—"
+            tf = f"{row['tflops']:.0f}" if row.get("tflops") is not None else "—"
+            lines.append(f"| {row['model']} | {row['tokens']} | {row['impl']} | {ms} | {tf} | {row.get('note', '')} |")
+        with open(os.path.join(args.out, "moe_bench.md"), "w") as fh:
+            fh.write("\n".join(lines) + "\n")
+        st = []
+        for key, d in results["stages"].items():
+            st += ["", f"{key}", "", "| stage | ms |", "|---|---|"]
+            st += [f"| {k} | {v:.3f} |" for k, v in d.items()]
+            st.append(f"| sum | {sum(d.values()):.3f} |")
+        with open(os.path.join(args.out, "moe_stages.md"), "w") as fh:
+            fh.write("\n".join(st) + "\n")
+
+    results["ceiling"] = dense_ceiling(16384 * 8)
+    for k, (ms, tf) in results["ceiling"].items():
+        print(f"{k}: {ms:.3f} ms, {tf:.0f} TFLOP/s", flush=True)
+    dump()
+
+    order = [(m, t) for t in tokens for m in MODELS]
+    for (name, variant, E, K, H, I), T in order:
+        mod = make_layer(variant, E, K, H, I)
+        x, idx, w = make_inputs(T, E, K, H)
+        go = torch.randn_like(x)
+        flops = 18.0 * T * K * H * I
+        ref = None
+        for impl, fn in impls(variant, mod, E, K, H, I).items():
+            row = {"model": name, "tokens": T, "impl": impl}
+            if getattr(fn, "note", None):
+                row["note"] = fn.note
+            if isinstance(fn, str):
+                row["note"] = fn
+                if T == tokens[0]:
+                    results["rows"].append(row)
+                continue
+            if impl in ("upstream eager", "opslot torch") and T != args.slow_at:
+                continue
+            try:
+                with torch.no_grad():
+                    o = fn(x, idx, w)
+                if impl == "upstream grouped_mm":
+                    ref = o.float()
+                if impl == "opslot cuda" and ref is not None:
+                    d = (o.float() - ref)
+                    row["note"] = (f"vs grouped_mm: max|Δ| {float(d.abs().max()):.2e}, "
+                                   f"rel {float(d.norm() / ref.norm()):.2e}")
+                del o
+                ms = timed(fwd_bwd(fn, mod, x, idx, w, go))
+                row["ms"], row["tflops"] = ms, flops / ms / 1e9
+            except Exception as exc:
+                row["note"] = f"failed: {type(exc).__name__}: {str(exc)[:160]}"
+            results["rows"].append(row)
+            print(row, flush=True)
+            dump()
+        if T == 16384 and name in ("Qwen3-30B-A3B", "GPT-OSS-20B"):
+            try:
+                results["stages"][f"{name}, {T} tokens (opslot cuda, ms per stage)"] = stages(variant, mod, x, idx, w)
+                print(results["stages"], flush=True)
+            except Exception as exc:
+                print(f"stages failed: {exc}", flush=True)
+            dump()
+        del mod, x, idx, w, go, ref
+        torch.cuda.empty_cache()
+    dump()
+    print(open(os.path.join(args.out, "moe_bench.md")).read())
+    print(open(os.path.join(args.out, "moe_stages.md")).read())
+
+
+if __name__ == "__main__":
+    main()
