@@ -1,0 +1,249 @@
+"""Transformers integration: generated models load and save checkpoints exactly as upstream does.
+
+Transformers converts checkpoints on the fly (per-expert MoE weights <-> the fused `gate_up_proj` /
+`down_proj`, renamed prefixes, ...) through its checkpoint conversion mapping, but skips that mapping
+for classes it takes for custom code: `PreTrainedModel.is_custom_code()` is true for every class
+whose module is not under `transformers.`, which includes every patchgen-generated module. A
+generated MoE model then loads a Hub checkpoint with UNEXPECTED per-expert keys, MISSING fused
+experts initialised at random, and only a log line says so.
+
+The real-model specs therefore give each generated `*PreTrainedModel` two methods:
+
+- `is_custom_code()` returns `cls.is_remote_code()`, which is what Transformers computes for its own
+  classes: the generated code *is* Transformers' code, patched, so it gets the same conversion
+  mapping on load and its reverse on save (`save_pretrained` writes what upstream writes), and the
+  same weight initialisation path;
+- `from_pretrained(...)` goes through `strict_from_pretrained` below: a checkpoint that would load
+  partially (missing, unexpected or shape-mismatched keys) raises `PartialLoadError` naming the keys,
+  instead of logging a report and initialising the rest at random. `strict=False` restores the
+  Transformers behaviour; `ignore_mismatched_sizes=True` still allows re-initialised mismatched keys.
+
+This module also has the user-facing entry points: `from_pretrained(path, module, ops=...)` (a
+generated model with its kernels bound, weights from a checkpoint) and `register_auto_classes(module)`
+(`AutoModelForCausalLM` & co. produce the generated classes). Transformers is imported lazily.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import re
+import sys
+import types
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
+
+#: Keyword arguments of `from_pretrained` that locate files (passed to AutoConfig as well).
+_HUB_KWARGS = ("cache_dir", "force_download", "local_files_only", "proxies", "revision", "subfolder", "token",
+               "trust_remote_code", "_commit_hash")
+#: How many keys of each kind a PartialLoadError message lists before summarising.
+_MAX_KEYS_LISTED = 50
+
+
+class PartialLoadError(RuntimeError):
+    """A checkpoint would load only partially into a generated model. `missing`, `unexpected` and
+    `mismatched` hold the keys (sorted; mismatched as (key, checkpoint shape, model shape))."""
+
+    def __init__(self, model_name: str, source: Any, missing: Iterable[str], unexpected: Iterable[str],
+                 mismatched: Iterable[Tuple[str, Any, Any]] = ()) -> None:
+        self.missing: List[str] = sorted(missing)
+        self.unexpected: List[str] = sorted(unexpected)
+        self.mismatched: List[Tuple[str, Any, Any]] = sorted(mismatched, key=lambda m: m[0])
+        lines = [f"{model_name}.from_pretrained({str(source)!r}) would load only part of the weights:"]
+        for title, keys in (("missing from the checkpoint (would be initialised at random)", self.missing),
+                            ("unexpected (in the checkpoint, not in the model)", self.unexpected),
+                            ("shape mismatch (checkpoint vs model)",
+                             [f"{k}: {tuple(a)} vs {tuple(b)}" for k, a, b in self.mismatched])):
+            if keys:
+                lines.append(f"  {len(keys)} {title}:")
+                lines += [f"    {k}" for k in keys[:_MAX_KEYS_LISTED]]
+                if len(keys) > _MAX_KEYS_LISTED:
+                    lines.append(f"    ... and {len(keys) - _MAX_KEYS_LISTED} more")
+        lines.append("Pass strict=False to accept a partial load (Transformers' default: a logged report).")
+        super().__init__("\n".join(lines))
+
+
+def check_loading_info(model: Any, info: Dict[str, Any], source: Any = None,
+                       ignore_mismatched_sizes: bool = False) -> None:
+    """Raise PartialLoadError when `info` (what `from_pretrained(..., output_loading_info=True)`
+    returns) reports missing or unexpected keys, or mismatched ones not explicitly allowed."""
+    missing = set(info.get("missing_keys") or ())
+    unexpected = set(info.get("unexpected_keys") or ())
+    mismatched = set() if ignore_mismatched_sizes else set(info.get("mismatched_keys") or ())
+    if missing or unexpected or mismatched:
+        raise PartialLoadError(type(model).__name__, source, missing, unexpected, mismatched)
+
+
+class _LoadReportCapture(logging.Handler):
+    """Collects the LOAD REPORT that Transformers logs while loading (it names the keys; the
+    RuntimeError it raises for conversion errors or size mismatches only points at the log)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.reports: List[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if "LOAD REPORT" in message:
+            self.reports.append(_ANSI.sub("", message))
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def strict_from_pretrained(load: Callable[..., Any], *args: Any, strict: bool = True, **kwargs: Any) -> Any:
+    """`load(*args, **kwargs)` (a bound `PreTrainedModel.from_pretrained`), then, when `strict`,
+    raise PartialLoadError if the checkpoint did not cover the model exactly. Returns what `load`
+    returns (the model, or `(model, loading_info)` with `output_loading_info=True`). When
+    Transformers itself refuses the checkpoint (a conversion error, a size mismatch), its
+    RuntimeError is re-raised with the load report, which names the keys, in the message."""
+    want_info = kwargs.pop("output_loading_info", False)
+    capture = _LoadReportCapture()
+    hf_logger = logging.getLogger("transformers.modeling_utils")
+    hf_logger.addHandler(capture)
+    try:
+        model, info = load(*args, output_loading_info=True, **kwargs)
+    except RuntimeError as exc:
+        if not capture.reports:
+            raise
+        raise RuntimeError(f"{exc}\n" + "\n".join(capture.reports)) from exc
+    finally:
+        hf_logger.removeHandler(capture)
+    if strict:
+        source = args[0] if args else kwargs.get("pretrained_model_name_or_path")
+        check_loading_info(model, info, source, ignore_mismatched_sizes=kwargs.get("ignore_mismatched_sizes", False))
+    return (model, info) if want_info else model
+
+
+def _resolve_module(module: Union[str, types.ModuleType]) -> types.ModuleType:
+    return importlib.import_module(module) if isinstance(module, str) else module
+
+
+def from_pretrained(pretrained_model_name_or_path: Any, module: Union[str, types.ModuleType],
+                    model_class: Union[str, type, None] = None, ops: Any = None, *, private_copy: bool = True,
+                    registry: Any = None, device: Any = None, **kwargs: Any) -> Any:
+    """A generated model with kernels chosen by `ops`, weights from a checkpoint.
+
+    What `opslot.build_model` does for a fresh model (private copy of `module` with its module-level
+    slots bound, `config.ops_implementation` for instance-scoped ones, `attn_implementation`), then
+    `model_class.from_pretrained(path, config=..., **kwargs)` of that copy: strict (see the module
+    docstring), Transformers' conversion mapping applied. `model_class` defaults to the checkpoint's
+    `config.architectures[0]`. `kwargs` are `from_pretrained`'s (dtype, attn_implementation,
+    experts_implementation, revision, strict, ...)."""
+    import torch
+    from transformers import AutoConfig
+
+    from .binding import build_model, module_slots
+
+    module = _resolve_module(module)
+    config = kwargs.pop("config", None)
+    if config is None:
+        hub = {k: kwargs[k] for k in _HUB_KWARGS if k in kwargs}
+        config = AutoConfig.from_pretrained(pretrained_model_name_or_path, **hub)
+    if model_class is None:
+        archs = getattr(config, "architectures", None) or []
+        if not archs:
+            raise ValueError(f"the config of {pretrained_model_name_or_path!r} names no architecture: pass model_class")
+        model_class = archs[0]
+    # The class, bound module copy and config that build_model would use, without allocating weights.
+    with torch.device("meta"):
+        shell = build_model(config, ops=ops, module=module, model_class=model_class, private_copy=private_copy,
+                            registry=registry, device=device)
+    cls, config = type(shell), shell.config
+    del shell
+    chosen_attn = (getattr(config, "ops_implementation", None) or {}).get("attn_implementation")
+    attn = kwargs.get("attn_implementation")
+    if attn is not None and chosen_attn is not None and attn != chosen_attn:
+        raise ValueError(f"attn_implementation={attn!r} contradicts the ops config's {chosen_attn!r}")
+    loaded = cls.from_pretrained(pretrained_model_name_or_path, config=config, **kwargs)
+    model = loaded[0] if isinstance(loaded, tuple) else loaded
+    for slot in module_slots(sys.modules[cls.__module__]).values():
+        slot.attach(model)
+    return loaded
+
+
+class AutoRegistration:
+    """What `register_auto_classes` registered: `classes` = {auto class name: {config class name:
+    generated class}}. `unregister()` (or leaving the `with` block) restores the previous mapping."""
+
+    def __init__(self) -> None:
+        self.classes: Dict[str, Dict[str, type]] = {}
+        self._undo: List[Tuple[Any, type, Any]] = []  # (auto mapping, config class, previous extra or _NONE)
+
+    def unregister(self) -> None:
+        for mapping, config_class, previous in reversed(self._undo):
+            if previous is _NONE:
+                mapping._extra_content.pop(config_class, None)
+            else:
+                mapping._extra_content[config_class] = previous
+        self._undo.clear()
+        self.classes.clear()
+
+    def __enter__(self) -> "AutoRegistration":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.unregister()
+
+    def __repr__(self) -> str:
+        return f"AutoRegistration({ {a: {c: k.__name__ for c, k in m.items()} for a, m in self.classes.items()} })"
+
+
+_NONE = object()
+
+
+def _auto_model_classes() -> List[type]:
+    from transformers.models.auto import modeling_auto
+    from transformers.models.auto.auto_factory import _BaseAutoModelClass
+
+    found = []
+    for name in sorted(dir(modeling_auto)):
+        obj = getattr(modeling_auto, name)
+        if (isinstance(obj, type) and issubclass(obj, _BaseAutoModelClass) and name.startswith("AutoModel")
+                and getattr(obj, "_model_mapping", None) is not None):
+            found.append(obj)
+    return found
+
+
+def register_auto_classes(module: Union[str, types.ModuleType], auto_classes: Optional[Iterable[type]] = None
+                          ) -> AutoRegistration:
+    """Make the Transformers auto classes (`AutoModelForCausalLM`, `AutoModel`, ... or those given)
+    produce the classes of the generated `module` wherever upstream would produce the class of the
+    same name for the same config class. Returns an `AutoRegistration` (usable as a context manager).
+
+    Registers with `auto.register(config_class, cls, exist_ok=True)`. Transformers before 5.23
+    silently ignores that for its own config classes (remote code must not hijack them), and
+    generated classes use upstream's configs: there the registration is written where `register`
+    would write it (the mapping's extra content). Either way it is checked to take effect; leaving
+    restores the previous entries. Kernels: bind `module` first
+    (`opslot.load_private_copy` + `opslot.bind_ops`); instance-scoped slots read
+    `config.ops_implementation`, which `from_pretrained(..., config=...)` can carry."""
+    from transformers import PreTrainedModel
+
+    module = _resolve_module(module)
+    generated = {name: obj for name, obj in vars(module).items()
+                 if isinstance(obj, type) and issubclass(obj, PreTrainedModel) and obj.__module__ == module.__name__
+                 and isinstance(getattr(obj, "config_class", None), type)}
+    reg = AutoRegistration()
+    for auto in (list(auto_classes) if auto_classes is not None else _auto_model_classes()):
+        mapping = auto._model_mapping
+        for cls in generated.values():
+            config_class = cls.config_class
+            try:
+                current = mapping[config_class]
+            except KeyError:
+                continue
+            if isinstance(current, (list, tuple)) or getattr(current, "__name__", None) != cls.__name__:
+                continue
+            previous = mapping._extra_content.get(config_class, _NONE)
+            reg._undo.append((mapping, config_class, previous))
+            auto.register(config_class, cls, exist_ok=True)
+            if mapping[config_class] is not cls:  # Transformers < 5.23 skips native configs
+                mapping._extra_content[config_class] = cls
+            if mapping[config_class] is not cls:
+                reg.unregister()
+                raise RuntimeError(f"could not register {cls.__name__} for {auto.__name__}: this Transformers "
+                                   f"version resolves auto classes differently")
+            reg.classes.setdefault(auto.__name__, {})[config_class.__name__] = cls
+    if not reg.classes:
+        raise ValueError(f"module {module.__name__!r} has no class that a Transformers auto class produces")
+    return reg
