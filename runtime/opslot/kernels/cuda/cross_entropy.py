@@ -215,6 +215,8 @@ def _scaled(grad: torch.Tensor, grad_loss: torch.Tensor) -> torch.Tensor:
 
 def _linear_backward(ctx, grad_loss, _grad_h_out, _grad_w_out):
     grad_h, grad_w = ctx.saved_tensors
+    if grad_loss is None:  # only the gradient outputs were used: they are constants
+        return None, None, None, None, None, None, None, None, None, None
     gh = _scaled(grad_h, grad_loss) if ctx.grad_hidden else None
     gw = _scaled(grad_w, grad_loss) if ctx.grad_weight else None
     return gh, gw, None, None, None, None, None, None, None, None
@@ -321,7 +323,7 @@ def _logits_setup_context(ctx, inputs, output):
 
 def _logits_backward(ctx, grad_loss, _grad_out):
     (grad,) = ctx.saved_tensors
-    if not ctx.compute_grad:
+    if not ctx.compute_grad or grad_loss is None:
         return None, None, None, None, None, None, None
     return _scaled(grad, grad_loss), None, None, None, None, None, None
 
