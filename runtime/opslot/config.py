@@ -10,9 +10,15 @@ YAML form (the `model.ops_implementation` section of a training config, or a bar
 
 Field names are `<op>_implementation` (the canonical spelling; the bare op name is rejected with a
 pointer to it). Values are plain strings so plug-ins can add backends. A field left unset takes the
-default of the machine's device: CUDA/CPU defaults are "eager" everywhere; on NPU, unset fields
-take NPU kernels where `NPU_DEFAULTS` has one. A default that has no kernel for a slot's variant
-falls back to eager; an explicitly written value that cannot be honoured is an error.
+default of the machine's device: on CPU every default is "eager"; on a CUDA machine where opslot's
+CUDA kernel library (libopslot_kernels.so, docs/kernels.md) loads and runs on the current device,
+unset fields take the `cuda` kernels listed in `CUDA_DEFAULTS` (else "eager"; the library check is
+lazy, done once, and only on CUDA machines); on NPU, unset fields take NPU kernels where
+`NPU_DEFAULTS` has one. A default that has no kernel for a slot's variant falls back to eager; an
+explicitly written value that cannot be honoured is an error (never a silent fallback).
+
+Which kernel each slot runs: `opslot.bind_ops(module, ops)` returns {slot name: impl}, and every
+bound slot reports it as `slot.impl`; `config.effective_impl(op, variant)` answers without binding.
 """
 
 from __future__ import annotations
@@ -43,13 +49,65 @@ FIELD_FOR_OP: Dict[str, str] = {
     )
 }
 
-#: Defaults on CUDA (and CPU) machines: the upstream code. attn None keeps the model config's choice.
-CUDA_DEFAULTS: Dict[str, Optional[str]] = {f: EAGER for f in FIELD_FOR_OP.values()}
-CUDA_DEFAULTS["attn_implementation"] = None
+#: Defaults on CPU machines: the upstream code. attn None keeps the model config's choice.
+CPU_DEFAULTS: Dict[str, Optional[str]] = {f: EAGER for f in FIELD_FOR_OP.values()}
+CPU_DEFAULTS["attn_implementation"] = None
+
+#: Defaults on CUDA machines whose kernel library loads (`cuda_kernels_unavailable_reason()` is
+#: None): opslot's CUDA kernels; where the library is unavailable, the CPU defaults (eager).
+CUDA_DEFAULTS: Dict[str, Optional[str]] = dict(
+    CPU_DEFAULTS,
+    rms_norm_implementation="cuda",
+    rms_norm_gated_implementation="cuda",
+    rotary_pos_emb_implementation="cuda",
+    swiglu_mlp_implementation="cuda",
+    load_balancing_loss_implementation="cuda",
+)
+
+_cuda_kernels_reason: Optional[Tuple[Optional[str]]] = None
+
+
+def cuda_kernels_unavailable_reason() -> Optional[str]:
+    """None when libopslot_kernels loads and runs on the current CUDA device, else why not.
+    Checked once (lazily: nothing is loaded until a CUDA default is asked for), then cached."""
+    global _cuda_kernels_reason
+    if _cuda_kernels_reason is None:
+        try:
+            from .kernels.cuda._lib import unavailable_reason
+
+            reason = unavailable_reason()
+        except Exception as exc:  # a broken install is "unavailable", with its reason
+            reason = f"{type(exc).__name__}: {exc}"
+        _cuda_kernels_reason = (reason,)
+    return _cuda_kernels_reason[0]
+
+
+def set_cuda_kernels_check(check: Optional[Any]) -> None:
+    """Replace the library check (a callable returning None or a reason; None restores the real
+    one and clears its cache). For tests."""
+    global _cuda_kernels_reason, cuda_kernels_unavailable_reason
+    _cuda_kernels_reason = None
+    if check is None:
+        cuda_kernels_unavailable_reason = _real_cuda_check
+    else:
+        cuda_kernels_unavailable_reason = check
+
+
+_real_cuda_check = cuda_kernels_unavailable_reason
+
+
+def device_defaults(device: Optional[DeviceInfo] = None) -> Dict[str, Optional[str]]:
+    """The defaults that apply on `device` (default: this machine)."""
+    device = device or current_device()
+    if device.type == "npu":
+        return NPU_DEFAULTS
+    if device.type == "cuda" and cuda_kernels_unavailable_reason() is None:
+        return CUDA_DEFAULTS
+    return CPU_DEFAULTS
 
 #: Defaults on NPU machines, applied to fields the user did not set.
 NPU_DEFAULTS: Dict[str, Optional[str]] = dict(
-    CUDA_DEFAULTS,
+    CPU_DEFAULTS,
     rms_norm_implementation="npu",
     rotary_pos_emb_implementation="npu",
     swiglu_mlp_implementation="npu",
@@ -144,8 +202,7 @@ class OpsImplementationConfig:
         explicit = getattr(self, field)
         if explicit is not None:
             return explicit
-        device = device or current_device()
-        return (NPU_DEFAULTS if device.type == "npu" else CUDA_DEFAULTS)[field]
+        return device_defaults(device)[field]
 
     def is_explicit(self, op: str) -> bool:
         return getattr(self, _field_of(op)) is not None

@@ -4,9 +4,11 @@ import pytest
 
 from opslot import (CUDA_DEFAULTS, DeviceInfo, HardwareRequirement, KernelRegistry, KernelSpec,
                     OpsImplementationConfig, register_builtin_kernels, use_device)
+from opslot.config import CPU_DEFAULTS, set_cuda_kernels_check
 
 NPU = DeviceInfo("npu")
 H200 = DeviceInfo("cuda", (9, 0))
+CPU = DeviceInfo("cpu")
 
 
 def test_from_dict_accepts_three_shapes():
@@ -58,12 +60,59 @@ def test_from_yaml(tmp_path):
                               "did you mean 'rotary_pos_emb_implementation'?")
 
 
-def test_cuda_defaults_are_eager():
+def test_cpu_defaults_are_eager_and_cuda_defaults_need_the_library():
     cfg = OpsImplementationConfig()
-    with use_device(H200):
+    fields = {f.name for f in __import__("dataclasses").fields(cfg)}
+    assert set(CUDA_DEFAULTS) == fields and set(CPU_DEFAULTS) == fields
+    with use_device(CPU):
         assert all(cfg.impl_for(op) == "eager" for op in ("rms_norm", "moe", "cross_entropy_loss", "rotary_pos_emb"))
         assert cfg.value("attn_implementation") is None
-    assert set(CUDA_DEFAULTS) == {f.name for f in __import__("dataclasses").fields(cfg)}
+    try:
+        # a CUDA machine without a usable kernel library: the upstream code
+        set_cuda_kernels_check(lambda: "libopslot_kernels.so not found")
+        with use_device(H200):
+            assert all(cfg.impl_for(op) == "eager" for op in ("rms_norm", "rotary_pos_emb", "swiglu_mlp"))
+        # ... with one: every op that has a CUDA kernel here takes it
+        set_cuda_kernels_check(lambda: None)
+        with use_device(H200):
+            for op in ("rms_norm", "rms_norm_gated", "rotary_pos_emb", "swiglu_mlp", "load_balancing_loss"):
+                assert cfg.impl_for(op) == "cuda", op
+            assert cfg.effective_impl("rms_norm", "offset") == "cuda"
+            assert cfg.value("attn_implementation") is None
+            assert OpsImplementationConfig(rms_norm_implementation="torch").impl_for("rms_norm") == "torch"
+        with use_device(DeviceInfo("cuda", (7, 5))):  # the kernels need sm_80+: the default falls back
+            assert cfg.effective_impl("rms_norm", "standard") == "eager"
+    finally:
+        set_cuda_kernels_check(None)
+
+
+def test_cuda_library_check_is_lazy_and_cached(monkeypatch):
+    calls = []
+
+    def check():
+        calls.append(1)
+        return None
+
+    try:
+        set_cuda_kernels_check(check)
+        cfg = OpsImplementationConfig()
+        with use_device(CPU):
+            cfg.impl_for("rms_norm")
+        with use_device(NPU):
+            cfg.impl_for("rms_norm")
+        assert calls == []  # never asked off CUDA machines
+        set_cuda_kernels_check(None)
+        import opslot.config as config_module
+        import opslot.kernels.cuda._lib as lib_module
+
+        monkeypatch.setattr(lib_module, "unavailable_reason", check)
+        with use_device(H200):
+            cfg.impl_for("rms_norm")
+            cfg.impl_for("swiglu_mlp")
+        assert calls == [1]
+        assert config_module.cuda_kernels_unavailable_reason() is None
+    finally:
+        set_cuda_kernels_check(None)
 
 
 def test_npu_normalises_only_unset_fields():

@@ -1,0 +1,263 @@
+"""Benchmark of opslot's CUDA kernels against upstream eager, torch.compile of eager, native torch
+ops, Liger 0.8.5 and opslot's portable `torch` kernels, in one run on one GPU (bf16, forward +
+backward). Prints and writes (to --out) one markdown table per op: median time (CUDA events,
+triton.testing.do_bench), the fraction of the device-to-device copy bandwidth measured in the same
+run (bytes as issue #12 counts them), peak extra memory of one call, and the host time of one
+forward+backward call on a tiny tensor.
+
+    python3 bench/kernels.py --out $OUT/kernels_h200.md [--no-compile] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "runtime"))
+
+from opslot import reference as R  # noqa: E402
+from opslot.kernels import torch_ops as T  # noqa: E402
+from opslot.kernels.cuda import load_balancing as CLB, norms as CN, rope as CR, swiglu as CS  # noqa: E402
+
+try:
+    from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+    from liger_kernel.ops.swiglu import LigerSiLUMulFunction
+    from liger_kernel.transformers.rope import liger_rotary_pos_emb
+    LIGER = True
+except Exception as exc:  # noqa: BLE001
+    print(f"liger unavailable: {exc}")
+    LIGER = False
+
+from triton.testing import do_bench  # noqa: E402
+
+BF = torch.bfloat16
+DEV = "cuda"
+
+
+def bench_ms(fn, reps=50):
+    return do_bench(fn, warmup=25, rep=reps * 2, return_mode="median")
+
+
+def copy_bandwidth():
+    n = 1 << 30  # 2 GiB of bf16
+    a = torch.empty(n, dtype=BF, device=DEV).normal_()
+    b = torch.empty_like(a)
+    ms = bench_ms(lambda: b.copy_(a))
+    bw = 2 * a.numel() * 2 / (ms * 1e-3)
+    del a, b
+    torch.cuda.empty_cache()
+    return bw
+
+
+def peak_extra(fn):
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2**20
+
+
+def host_us(fn, iters=300):
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / iters * 1e6
+
+
+def fwd_bwd(f, inputs, grad_seed=0):
+    """A callable running f(*inputs) and the gradient of all differentiable inputs."""
+    diff = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
+    for t in inputs:
+        if isinstance(t, tuple):
+            diff += [x for x in t if x.requires_grad]
+    state = {}
+
+    def run():
+        out = f(*inputs)
+        outs = out if isinstance(out, tuple) else (out,)
+        if "g" not in state:
+            gen = torch.Generator(device=DEV).manual_seed(grad_seed)
+            state["g"] = [torch.randn(o.shape, dtype=o.dtype, device=DEV, generator=gen) if o.dim() else torch.ones((), device=DEV)
+                          for o in outs]
+        torch.autograd.grad(outs, diff, state["g"])
+    return run
+
+
+def table(title, bytes_moved, copy_bw, rows, target_ms=None):
+    lines = [f"### {title}", ""]
+    lines.append("| implementation | fwd+bwd ms | % of copy BW | peak extra MiB | host µs/call (tiny) |")
+    lines.append("|---|---:|---:|---:|---:|")
+    for name, ms, peak, host in rows:
+        frac = f"{100 * bytes_moved / (ms * 1e-3) / copy_bw:.1f}" if (bytes_moved and ms == ms) else "-"
+        lines.append(f"| {name} | {ms:.4f} | {frac} | {peak:.1f} | {host:.1f} |")
+    if target_ms:
+        lines.append("")
+        lines.append(f"target: {target_ms}")
+    text = "\n".join(lines) + "\n"
+    print(text, flush=True)
+    return text
+
+
+def measure(name, make, tiny, do_compile_of=None):
+    """make(): (callable fwd+bwd on the big shape); tiny(): callable on a tiny shape."""
+    try:
+        run = make()
+        ms = bench_ms(run)
+        peak = peak_extra(run)
+        host = host_us(tiny()) if tiny else float("nan")
+        return (name, ms, peak, host)
+    except Exception as exc:  # noqa: BLE001
+        print(f"  {name}: FAILED {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+        return (name + " (failed)", float("nan"), float("nan"), float("nan"))
+
+
+def leaf(*shape, dtype=BF, scale=1.0):
+    return (torch.randn(*shape, device=DEV, dtype=torch.float32) * scale).to(dtype).requires_grad_(True)
+
+
+def bench_rms(copy_bw, args, out):
+    N, D = (16384, 4096) if not args.quick else (4096, 4096)
+    x, w = leaf(N, D), (1 + 0.1 * torch.randn(D, device=DEV)).to(BF).requires_grad_(True)
+    tx, tw = leaf(2, 64), (torch.ones(64, device=DEV, dtype=BF)).requires_grad_(True)
+    eps = 1e-6
+    impls = [
+        ("upstream eager", lambda x, w: R.rms_norm_standard(x, w, eps)),
+        ("native F.rms_norm", lambda x, w: F.rms_norm(x, (x.shape[-1],), w, eps)),
+        ("opslot torch", lambda x, w: T.rms_norm_standard(x, w, eps)),
+        ("opslot cuda", lambda x, w: CN.rms_norm_standard(x, w, eps)),
+    ]
+    if LIGER:
+        impls.insert(2, ("Liger 0.8.5", lambda x, w: LigerRMSNormFunction.apply(x, w, eps, 0.0, "llama", False)))
+    if not args.no_compile:
+        impls.insert(1, ("torch.compile(eager)", torch.compile(lambda x, w: R.rms_norm_standard(x, w, eps))))
+    rows = [measure(n, lambda f=f: fwd_bwd(f, (x, w)), lambda f=f: fwd_bwd(f, (tx, tw))) for n, f in impls]
+    if args.tune:  # launch-geometry variants of the cuda kernel (16-byte vectors per thread, backward waves)
+        import ctypes
+
+        from opslot.kernels.cuda import _lib
+        set_tuning = _lib.library().opslot_rms_norm_set_tuning
+        set_tuning.argtypes = [ctypes.c_int, ctypes.c_int]
+        for vpt, waves in ((1, 1), (4, 1), (2, 2), (2, 4)):
+            set_tuning(vpt, waves)
+            f = lambda x, w: CN.rms_norm_standard(x, w, eps)  # noqa: E731
+            rows.append(measure(f"opslot cuda [vectors/thread {vpt}, bwd waves {waves}]", lambda f=f: fwd_bwd(f, (x, w)), None))
+            fw = measure("  forward only", lambda: (lambda: CN.rms_norm_standard(x.detach(), w.detach(), eps)), None)
+            rows.append(fw)
+        set_tuning(2, 1)
+        rows.append(measure("opslot cuda forward only [default]", lambda: (lambda: CN.rms_norm_standard(x.detach(), w.detach(), eps)), None))
+    out.append(table(f"RMSNorm (standard) {N}x{D} bf16 — 10 B/element", 10 * N * D, copy_bw, rows,
+                     "≤ 0.19 ms, ≥ 83% of copy BW"))
+
+    g = leaf(N, D, scale=2.0)
+    tg = leaf(2, 64)
+    impls = [
+        ("upstream eager", lambda x, g, w: R.rms_norm_gated(x, g, w, eps)),
+        ("opslot torch", lambda x, g, w: T.rms_norm_gated(x, g, w, eps)),
+        ("opslot cuda", lambda x, g, w: CN.rms_norm_gated(x, g, w, eps)),
+    ]
+    if not args.no_compile:
+        impls.insert(1, ("torch.compile(eager)", torch.compile(lambda x, g, w: R.rms_norm_gated(x, g, w, eps))))
+    rows = [measure(n, lambda f=f: fwd_bwd(f, (x, g, w)), lambda f=f: fwd_bwd(f, (tx, tg, tw))) for n, f in impls]
+    out.append(table(f"Gated RMSNorm (Qwen3.5) {N}x{D} bf16 — 16 B/element (fwd: x, gate, y; bwd: x, gate, dy, dx, dgate)",
+                     16 * N * D, copy_bw, rows, "≥ 75% of copy BW"))
+
+
+def _rope_inputs(B, S, HQ, HK, D, RD, grad=True):
+    q = torch.randn(B, S, HQ, D, device=DEV, dtype=BF).transpose(1, 2).requires_grad_(grad)
+    k = torch.randn(B, S, HK, D, device=DEV, dtype=BF).transpose(1, 2).requires_grad_(grad)
+    inv = 1.0 / (10000 ** (torch.arange(0, RD, 2, device=DEV).float() / RD))
+    freqs = torch.arange(S, device=DEV).float()[:, None] * inv
+    emb = torch.cat((freqs, freqs), -1)[None].expand(B, S, RD)
+    return q, k, emb.cos().to(BF).contiguous(), emb.sin().to(BF).contiguous()
+
+
+def bench_rope(copy_bw, args, out):
+    S = 8192 if not args.quick else 2048
+    for label, RD, target in (("full", 128, "≤ 0.20 ms, ≥ 80% of copy BW"), ("partial (rotary dim 64 of 128)", 64, "≥ 75% of copy BW")):
+        q, k, cos, sin = _rope_inputs(2, S, 32, 8, 128, RD)
+        tq, tk, tcos, tsin = _rope_inputs(1, 4, 2, 1, 128, RD)
+        full = RD == 128
+        ref = R.rotary_pos_emb_full if full else R.rotary_pos_emb_partial
+        tor = T.rotary_pos_emb_full if full else T.rotary_pos_emb_partial
+        cud = CR.rotary_pos_emb_full if full else CR.rotary_pos_emb_partial
+        impls = [("upstream eager", ref), ("opslot torch", tor), ("opslot cuda", cud)]
+        if LIGER:
+            impls.insert(1, ("Liger 0.8.5", lambda q, k, c, s, rd=RD: liger_rotary_pos_emb(q, k, c, s, rotary_dim=rd)))
+        if not args.no_compile:
+            impls.insert(1, ("torch.compile(eager)", torch.compile(ref)))
+        rows = [measure(n, lambda f=f: fwd_bwd(f, (q, k, cos, sin)), lambda f=f: fwd_bwd(f, (tq, tk, tcos, tsin)))
+                for n, f in impls]
+        out.append(table(f"RoPE {label}: q [2,32,{S},128], k [2,8,{S},128] (transposed views), bf16 — 8 B per q/k element",
+                         8 * (q.numel() + k.numel()), copy_bw, rows, target))
+        del q, k
+        torch.cuda.empty_cache()
+
+
+def bench_silu(copy_bw, args, out):
+    N, D = (16384, 12288) if not args.quick else (4096, 12288)
+    a, b = leaf(N, D, scale=2.0), leaf(N, D)
+    ta, tb = leaf(2, 64), leaf(2, 64)
+    impls = [("upstream eager (F.silu(a) * b)", lambda a, b: F.silu(a) * b),
+             ("opslot cuda", lambda a, b: torch.ops.opslot.silu_mul(a, b))]
+    if LIGER:
+        impls.insert(1, ("Liger 0.8.5", lambda a, b: LigerSiLUMulFunction.apply(a, b)))
+    if not args.no_compile:
+        impls.insert(1, ("torch.compile(eager)", torch.compile(lambda a, b: F.silu(a) * b)))
+    rows = [measure(n, lambda f=f: fwd_bwd(f, (a, b)), lambda f=f: fwd_bwd(f, (ta, tb))) for n, f in impls]
+    out.append(table(f"SiLU·mul {N}x{D} bf16 — 16 B/element (opslot torch = upstream eager here)", 16 * N * D, copy_bw,
+                     rows, "≤ 0.82 ms, ≥ 92% of copy BW"))
+
+
+def bench_lb(copy_bw, args, out):
+    L, N, E, K = 48, 16384 if not args.quick else 4096, 128, 8
+    logits = tuple(torch.randn(N, E, device=DEV, dtype=BF).requires_grad_(True) for _ in range(L))
+    tiny = tuple(torch.randn(4, E, device=DEV, dtype=BF).requires_grad_(True) for _ in range(L))
+    impls = [("upstream eager", lambda *ls: R.load_balancing_loss(tuple(ls), E, K)),
+             ("opslot torch", lambda *ls: T.load_balancing_loss(tuple(ls), E, K)),
+             ("opslot cuda", lambda *ls: CLB.load_balancing_loss(tuple(ls), E, K))]
+    if not args.no_compile:
+        impls.insert(1, ("torch.compile(eager)", torch.compile(lambda *ls: R.load_balancing_loss(tuple(ls), E, K))))
+    rows = [measure(n, lambda f=f: fwd_bwd(f, logits), lambda f=f: fwd_bwd(f, tiny)) for n, f in impls]
+    # bytes: logits read twice (forward, backward), gradient written once
+    out.append(table(f"Load-balancing loss: {L} layers x {N} x {E} bf16, top-8 — bytes: logits read fwd + bwd, grads written",
+                     3 * L * N * E * 2, copy_bw, rows, "≤ 0.30 ms"))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--only", default="rms,rope,silu,lb")
+    ap.add_argument("--tune", action="store_true", help="also time launch-geometry variants of the RMSNorm kernel")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    out = []
+    bw = copy_bandwidth()
+    head = (f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}; device-to-device copy "
+            f"{bw / 1e12:.2f} TB/s (bytes read + written, 2 GiB bf16 copy, median)\n")
+    print(head, flush=True)
+    out.append(head)
+    steps = {"rms": bench_rms, "rope": bench_rope, "silu": bench_silu, "lb": bench_lb}
+    for key in args.only.split(","):
+        steps[key](bw, args, out)
+        torch.cuda.empty_cache()
+        if args.out:
+            with open(args.out, "w") as fh:
+                fh.write("\n".join(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,518 @@
+// RMSNorm (standard / offset / unweighted) and gated RMSNorm: forward, backward, and the
+// fixed-order weight-gradient reduction. See kernels/include/opslot_kernels/rms_norm.h and
+// docs/kernels.md ("rms_norm").
+//
+// Layout: a row is handled by `tpr` threads (a power of two, chosen from the width only), each
+// holding NV vectors of VEC elements in registers, so x is read once per pass. The row sums are a
+// butterfly over those threads (plus shared memory across warps for tpr > 32), whose order depends
+// only on the width: a row's result is the same whatever the batch. The backward accumulates each
+// thread's weight-gradient columns over the rows of its row group in registers and writes one fp32
+// partial row per row group; rms_dw_reduce then adds the partial rows in a fixed order.
+#include <type_traits>
+
+#include "common.cuh"
+#include "opslot_kernels/rms_norm.h"
+
+namespace opslot {
+namespace {
+
+constexpr int kMaxThreads = 512;
+
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Vec {
+  T v[N];
+};
+
+template <int VEC, typename T>
+__device__ __forceinline__ void load_vec(const T* p, float (&out)[VEC]) {
+  Vec<T, VEC> v = *reinterpret_cast<const Vec<T, VEC>*>(p);
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) out[j] = to_float(v.v[j]);
+}
+
+template <int VEC, typename T>
+__device__ __forceinline__ void store_vec(T* p, const float (&in)[VEC]) {
+  Vec<T, VEC> v;
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) v.v[j] = from_float<T>(in[j]);
+  *reinterpret_cast<Vec<T, VEC>*>(p) = v;
+}
+
+template <typename T>
+__device__ __forceinline__ float round_to(float x) {
+  return to_float(from_float<T>(x));
+}
+
+struct RmsArgs {
+  int mode;
+  int tpr;  // threads per row
+  int64_t rows;
+  int64_t cols;
+  float eps;
+  const void* x;
+  int64_t xs;
+  const void* gate;
+  int64_t gs;
+  const void* w;
+  void* y;
+  float* rstd;
+  const float* rstd_in;
+  const void* dy;
+  int64_t dys;
+  void* dx;
+  void* dgate;
+  float* dw_partial;
+};
+
+// Sum of v over the tpr threads of this thread's row group; every thread of the block calls it.
+__device__ __forceinline__ float row_sum(float v, int tpr, float* smem) {
+  if (tpr <= 32) {
+    for (int o = tpr >> 1; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (lane == 0) smem[warp] = v;
+  __syncthreads();
+  const int wpr = tpr >> 5, first = (warp / wpr) * wpr;
+  float s = 0.f;
+  for (int i = 0; i < wpr; ++i) s += smem[first + i];
+  __syncthreads();
+  return s;
+}
+
+template <typename Tx, typename Tw, typename To, int VEC, int NV>
+__global__ void __launch_bounds__(kMaxThreads) rms_fwd_kernel(RmsArgs a) {
+  __shared__ float smem[32];
+  const int tpr = a.tpr, rpb = blockDim.x / tpr;
+  const int t = threadIdx.x % tpr, sub = threadIdx.x / tpr;
+  const int nvec = static_cast<int>(a.cols / VEC);
+  const float fcols = static_cast<float>(a.cols);
+  const Tw* w = static_cast<const Tw*>(a.w);
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * rpb; base < a.rows;
+       base += static_cast<int64_t>(gridDim.x) * rpb) {
+    const int64_t row = base + sub;
+    const bool valid = row < a.rows;
+    const Tx* xr = static_cast<const Tx*>(a.x) + (valid ? row : 0) * a.xs;
+    float xv[NV][VEC];
+    float ss = 0.f;
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      const int c = t + i * tpr;
+      if (valid && c < nvec) {
+        load_vec<VEC>(xr + static_cast<int64_t>(c) * VEC, xv[i]);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) ss += xv[i][j] * xv[i][j];
+      } else {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) xv[i][j] = 0.f;
+      }
+    }
+    ss = row_sum(ss, tpr, smem);
+    const float r = rsqrtf(ss / fcols + a.eps);
+    if (!valid) continue;
+    if (t == 0) a.rstd[row] = r;
+    To* yr = static_cast<To*>(a.y) + row * a.cols;
+    const Tx* gr = static_cast<const Tx*>(a.gate) + row * a.gs;
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      const int c = t + i * tpr;
+      if (c >= nvec) continue;
+      const int64_t off = static_cast<int64_t>(c) * VEC;
+      float wv[VEC], gv[VEC], out[VEC];
+      if (a.mode != OPSLOT_RMS_UNWEIGHTED) load_vec<VEC>(w + off, wv);
+      if (a.mode == OPSLOT_RMS_GATED) load_vec<VEC>(gr + off, gv);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const float n = xv[i][j] * r;
+        float o;
+        if (a.mode == OPSLOT_RMS_STANDARD) {
+          o = wv[j] * round_to<Tx>(n);
+        } else if (a.mode == OPSLOT_RMS_OFFSET) {
+          o = n * (1.f + wv[j]);
+        } else if (a.mode == OPSLOT_RMS_UNWEIGHTED) {
+          o = n;
+        } else {
+          float m = wv[j] * round_to<Tx>(n);
+          if (!std::is_same<Tw, float>::value) m = round_to<Tx>(m);
+          const float z = gv[j];
+          o = m * (z / (1.f + expf(-z)));
+        }
+        out[j] = o;
+      }
+      store_vec<VEC>(yr + off, out);
+    }
+  }
+}
+
+template <typename Tx, typename Tw, typename To, int VEC, int NV>
+__global__ void __launch_bounds__(kMaxThreads) rms_bwd_kernel(RmsArgs a) {
+  __shared__ float smem[32];
+  const int tpr = a.tpr, rpb = blockDim.x / tpr;
+  const int t = threadIdx.x % tpr, sub = threadIdx.x / tpr;
+  const int nvec = static_cast<int>(a.cols / VEC);
+  const float fcols = static_cast<float>(a.cols);
+  const Tw* w = static_cast<const Tw*>(a.w);
+  float dwacc[NV][VEC];
+#pragma unroll
+  for (int i = 0; i < NV; ++i)
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) dwacc[i][j] = 0.f;
+
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * rpb; base < a.rows;
+       base += static_cast<int64_t>(gridDim.x) * rpb) {
+    const int64_t row = base + sub;
+    const bool valid = row < a.rows;
+    const int64_t vrow = valid ? row : 0;
+    const Tx* xr = static_cast<const Tx*>(a.x) + vrow * a.xs;
+    const To* dyr = static_cast<const To*>(a.dy) + vrow * a.dys;
+    const Tx* gr = static_cast<const Tx*>(a.gate) + vrow * a.gs;
+    Tx* dgr = static_cast<Tx*>(a.dgate) + vrow * a.cols;
+    const float r = valid ? a.rstd_in[row] : 0.f;
+    float nv[NV][VEC], dt[NV][VEC];
+    float dot = 0.f;
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      const int c = t + i * tpr;
+      if (valid && c < nvec) {
+        const int64_t off = static_cast<int64_t>(c) * VEC;
+        float d[VEC], wv[VEC], gv[VEC], dg[VEC];
+        load_vec<VEC>(xr + off, nv[i]);
+        load_vec<VEC>(dyr + off, d);
+        if (a.mode != OPSLOT_RMS_UNWEIGHTED) load_vec<VEC>(w + off, wv);
+        if (a.mode == OPSLOT_RMS_GATED) load_vec<VEC>(gr + off, gv);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const float n = nv[i][j] * r;
+          nv[i][j] = n;
+          float g;
+          if (a.mode == OPSLOT_RMS_STANDARD) {
+            g = d[j] * wv[j];
+            dwacc[i][j] += d[j] * round_to<Tx>(n);
+          } else if (a.mode == OPSLOT_RMS_OFFSET) {
+            g = d[j] * (1.f + wv[j]);
+            dwacc[i][j] += d[j] * n;
+          } else if (a.mode == OPSLOT_RMS_UNWEIGHTED) {
+            g = d[j];
+          } else {
+            const float tn = round_to<Tx>(n);
+            float m = wv[j] * tn;
+            if (!std::is_same<Tw, float>::value) m = round_to<Tx>(m);
+            const float z = gv[j];
+            const float s = 1.f / (1.f + expf(-z));
+            const float dm = d[j] * (z * s);
+            dg[j] = d[j] * m * s * (1.f + z * (1.f - s));
+            g = dm * wv[j];
+            dwacc[i][j] += dm * tn;
+          }
+          dt[i][j] = g;
+          dot += g * n;
+        }
+        if (a.mode == OPSLOT_RMS_GATED) store_vec<VEC>(dgr + off, dg);
+      } else {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) nv[i][j] = dt[i][j] = 0.f;
+      }
+    }
+    dot = row_sum(dot, tpr, smem);
+    if (!valid) continue;
+    const float mean = dot / fcols;
+    Tx* dxr = static_cast<Tx*>(a.dx) + row * a.cols;
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      const int c = t + i * tpr;
+      if (c >= nvec) continue;
+      float out[VEC];
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) out[j] = r * (dt[i][j] - nv[i][j] * mean);
+      store_vec<VEC>(dxr + static_cast<int64_t>(c) * VEC, out);
+    }
+  }
+  if (a.mode == OPSLOT_RMS_UNWEIGHTED) return;
+  float* pr = a.dw_partial + (static_cast<int64_t>(blockIdx.x) * rpb + sub) * a.cols;
+#pragma unroll
+  for (int i = 0; i < NV; ++i) {
+    const int c = t + i * tpr;
+    if (c < nvec) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) pr[static_cast<int64_t>(c) * VEC + j] = dwacc[i][j];
+    }
+  }
+}
+
+// dw[c] = sum over p of partial[p][c], in a fixed order: 8 strided lanes, then lane 0..7 in order.
+template <typename Tw>
+__global__ void __launch_bounds__(256) rms_dw_reduce_kernel(const float* partial, int64_t prow, int64_t cols, Tw* dw) {
+  __shared__ float sm[8][33];
+  const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * 32 + tx;
+  float s = 0.f;
+  if (col < cols)
+    for (int64_t p = ty; p < prow; p += 8) s += partial[p * cols + col];
+  sm[ty][tx] = s;
+  __syncthreads();
+  if (ty == 0 && col < cols) {
+    float total = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) total += sm[i][tx];
+    dw[col] = from_float<Tw>(total);
+  }
+}
+
+int num_sms() {
+  static int cached[64] = {0};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0) return 132;
+  if (dev < 64 && cached[dev]) return cached[dev];
+  int n = 0;
+  if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) n = 132;
+  if (dev < 64) cached[dev] = n;
+  return n;
+}
+
+int pow2ceil(int64_t v) {
+  int p = 1;
+  while (p < v) p <<= 1;
+  return p;
+}
+
+bool aligned(const void* p, int bytes) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+// Tuning knobs (opslot_rms_norm_set_tuning; benchmarks only): 16-byte vectors per thread the
+// geometry aims at, and resident waves of the backward (each wave adds partial rows).
+struct Tuning {
+  int vectors_per_thread = 2;
+  int bwd_waves = 1;
+};
+Tuning g_tuning;
+
+// Launch geometry, from the width and vector size only (so a row's arithmetic does not depend on the rows).
+struct Geometry {
+  int vec, tpr, nv, threads, rpb;
+};
+
+template <typename Tx, typename Tw, typename To>
+Geometry geometry(const RmsArgs& a, bool bwd) {
+  constexpr int kVec = 16 / sizeof(Tx);
+  bool ok = a.cols % kVec == 0 && a.xs % kVec == 0 && aligned(a.x, 16) && aligned(a.w, kVec * sizeof(Tw));
+  if (a.mode == OPSLOT_RMS_GATED) ok = ok && a.gs % kVec == 0 && aligned(a.gate, 16);
+  if (bwd) ok = ok && a.dys % kVec == 0 && aligned(a.dy, kVec * sizeof(To)) && aligned(a.dx, 16) && aligned(a.dgate, 16);
+  else ok = ok && aligned(a.y, kVec * sizeof(To));
+  Geometry g;
+  g.vec = ok ? kVec : 1;
+  const int64_t nvec = a.cols / g.vec;
+  const int64_t per_thread = g.vec > 1 ? g_tuning.vectors_per_thread : 4;
+  int64_t tpr = pow2ceil((nvec + per_thread - 1) / per_thread);
+  if (tpr > kMaxThreads) tpr = kMaxThreads;
+  g.tpr = static_cast<int>(tpr);
+  g.nv = pow2ceil((nvec + tpr - 1) / tpr);
+  g.threads = g.tpr < 256 ? 256 : g.tpr;
+  g.rpb = g.threads / g.tpr;
+  return g;
+}
+
+template <typename Tx, typename Tw, typename To, int VEC, int NV>
+int launch_nv(const RmsArgs& a, const Geometry& g, bool bwd, cudaStream_t stream, int64_t* partial_rows) {
+  const int64_t needed = (a.rows + g.rpb - 1) / g.rpb;
+  static int occupancy[2][2] = {{0, 0}, {0, 0}};  // [backward][block of 512 threads]
+  int& occ = occupancy[bwd ? 1 : 0][g.threads > 256 ? 1 : 0];
+  if (occ == 0) {
+    int n = 0;
+    cudaError_t err = bwd ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, rms_bwd_kernel<Tx, Tw, To, VEC, NV>, g.threads, 0)
+                          : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, rms_fwd_kernel<Tx, Tw, To, VEC, NV>, g.threads, 0);
+    if (err != cudaSuccess) return set_error(static_cast<int>(err), "rms_norm: occupancy query failed: %s", cudaGetErrorString(err));
+    occ = n > 0 ? n : 1;
+  }
+  // The forward may use many waves; the backward keeps one resident wave (one partial row per row group).
+  const int64_t cap = static_cast<int64_t>(num_sms()) * occ * (bwd ? g_tuning.bwd_waves : 16);
+  int64_t grid = needed < cap ? needed : cap;
+  if (grid < 1) grid = 1;
+  if (partial_rows) {
+    *partial_rows = grid * g.rpb;
+    return OPSLOT_OK;
+  }
+  if (a.rows == 0) return OPSLOT_OK;
+  if (bwd) {
+    rms_bwd_kernel<Tx, Tw, To, VEC, NV><<<static_cast<unsigned>(grid), g.threads, 0, stream>>>(a);
+    return check_launch("rms_norm backward");
+  }
+  rms_fwd_kernel<Tx, Tw, To, VEC, NV><<<static_cast<unsigned>(grid), g.threads, 0, stream>>>(a);
+  return check_launch("rms_norm forward");
+}
+
+template <typename Tx, typename Tw, typename To, int VEC>
+int launch_vec(const RmsArgs& a, const Geometry& g, bool bwd, cudaStream_t stream, int64_t* partial_rows) {
+  // At most 32 elements per thread (more would spill in the backward).
+  constexpr int kMaxNV = VEC >= 8 ? 4 : VEC == 4 ? 8 : 16;
+  switch (g.nv) {
+    case 1: return launch_nv<Tx, Tw, To, VEC, 1>(a, g, bwd, stream, partial_rows);
+    case 2: return launch_nv<Tx, Tw, To, VEC, 2>(a, g, bwd, stream, partial_rows);
+    case 4: return launch_nv<Tx, Tw, To, VEC, 4>(a, g, bwd, stream, partial_rows);
+    case 8:
+      if constexpr (kMaxNV >= 8) return launch_nv<Tx, Tw, To, VEC, 8>(a, g, bwd, stream, partial_rows);
+      break;
+    case 16:
+      if constexpr (kMaxNV >= 16) return launch_nv<Tx, Tw, To, VEC, 16>(a, g, bwd, stream, partial_rows);
+      break;
+    default: break;
+  }
+  return set_error(OPSLOT_ERR_UNSUPPORTED,
+                   "rms_norm: width %lld is too wide for the register-resident kernel with %d-element vectors "
+                   "(at most %d elements per row)%s",
+                   static_cast<long long>(a.cols), VEC, kMaxThreads * kMaxNV * VEC,
+                   VEC == 1 ? "; rows that are contiguous, 16-byte aligned and a multiple of 16 bytes wide take wider vectors" : "");
+}
+
+template <typename Tx, typename Tw, typename To>
+int launch(const RmsArgs& a, bool bwd, cudaStream_t stream, int64_t* partial_rows) {
+  const Geometry g = geometry<Tx, Tw, To>(a, bwd);
+  constexpr int kVec = 16 / sizeof(Tx);
+  if (g.vec == kVec) return launch_vec<Tx, Tw, To, kVec>(a, g, bwd, stream, partial_rows);
+  return launch_vec<Tx, Tw, To, 1>(a, g, bwd, stream, partial_rows);
+}
+
+// Calls f(Tx{}, Tw{}, To{}) for the dtype codes: w_dtype is x_dtype or fp32; To is fp32 for the
+// standard norm with an fp32 weight, else Tx.
+template <typename F>
+int dispatch_types(int mode, int x_dtype, int w_dtype, F&& f) {
+  if (mode < OPSLOT_RMS_STANDARD || mode > OPSLOT_RMS_GATED)
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "rms_norm: unknown mode %d", mode);
+  if (mode == OPSLOT_RMS_UNWEIGHTED) w_dtype = x_dtype;
+  if (w_dtype != x_dtype && w_dtype != OPSLOT_FLOAT32)
+    return set_error(OPSLOT_ERR_UNSUPPORTED, "rms_norm: weight dtype code %d with input dtype code %d (the weight must "
+                     "have the input's dtype or float32)", w_dtype, x_dtype);
+  const bool wf = w_dtype == OPSLOT_FLOAT32;
+  const bool of = wf && mode == OPSLOT_RMS_STANDARD;
+  switch (x_dtype) {
+    case OPSLOT_FLOAT32: return f(float{}, float{}, float{});
+    case OPSLOT_FLOAT16:
+      if (!wf) return f(__half{}, __half{}, __half{});
+      return of ? f(__half{}, float{}, float{}) : f(__half{}, float{}, __half{});
+    case OPSLOT_BFLOAT16:
+      if (!wf) return f(__nv_bfloat16{}, __nv_bfloat16{}, __nv_bfloat16{});
+      return of ? f(__nv_bfloat16{}, float{}, float{}) : f(__nv_bfloat16{}, float{}, __nv_bfloat16{});
+    default: return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "rms_norm: unknown dtype code %d", x_dtype);
+  }
+}
+
+int check_common(int mode, int64_t rows, int64_t cols, const void* x, const void* gate, const void* w) {
+  if (rows < 0 || cols <= 0)
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "rms_norm: bad shape rows=%lld cols=%lld",
+                     static_cast<long long>(rows), static_cast<long long>(cols));
+  if (rows > 0 && !x) return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "rms_norm: null input");
+  if (mode == OPSLOT_RMS_GATED && rows > 0 && !gate) return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "rms_norm: null gate");
+  if (mode != OPSLOT_RMS_UNWEIGHTED && !w) return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "rms_norm: null weight");
+  return OPSLOT_OK;
+}
+
+}  // namespace
+}  // namespace opslot
+
+using namespace opslot;
+
+extern "C" {
+
+OPSLOT_API int opslot_rms_norm_fwd(int mode, int x_dtype, int w_dtype, int64_t rows, int64_t cols, float eps,
+                                   const void* x, int64_t x_row_stride, const void* gate, int64_t gate_row_stride,
+                                   const void* weight, void* y, float* rstd, void* stream) {
+  if (int rc = check_common(mode, rows, cols, x, gate, weight)) return rc;
+  RmsArgs a{};
+  a.mode = mode;
+  a.rows = rows;
+  a.cols = cols;
+  a.eps = eps;
+  a.x = x;
+  a.xs = x_row_stride;
+  a.gate = gate;
+  a.gs = gate_row_stride;
+  a.w = weight;
+  a.y = y;
+  a.rstd = rstd;
+  return dispatch_types(mode, x_dtype, w_dtype, [&](auto tx, auto tw, auto to) -> int {
+    using Tx = decltype(tx);
+    using Tw = decltype(tw);
+    using To = decltype(to);
+    RmsArgs b = a;
+    b.tpr = geometry<Tx, Tw, To>(a, false).tpr;
+    return launch<Tx, Tw, To>(b, false, static_cast<cudaStream_t>(stream), nullptr);
+  });
+}
+
+static int rms_bwd_impl(int mode, int x_dtype, int w_dtype, const RmsArgs& a, void* dw, cudaStream_t stream,
+                        int64_t* partial_rows) {
+  return dispatch_types(mode, x_dtype, w_dtype, [&](auto tx, auto tw, auto to) -> int {
+    using Tx = decltype(tx);
+    using Tw = decltype(tw);
+    using To = decltype(to);
+    RmsArgs b = a;
+    b.tpr = geometry<Tx, Tw, To>(a, true).tpr;
+    int64_t prow = 0;
+    if (int rc = launch<Tx, Tw, To>(b, true, stream, &prow)) return rc;
+    if (partial_rows) {
+      *partial_rows = prow;
+      return OPSLOT_OK;
+    }
+    if (int rc = launch<Tx, Tw, To>(b, true, stream, nullptr)) return rc;
+    if (mode == OPSLOT_RMS_UNWEIGHTED) return OPSLOT_OK;
+    const int64_t blocks = (a.cols + 31) / 32;
+    // With no rows nothing wrote the partials: the reduction over zero partial rows writes zeros.
+    rms_dw_reduce_kernel<Tw><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(a.dw_partial, a.rows == 0 ? 0 : prow,
+                                                                                a.cols, static_cast<Tw*>(dw));
+    return check_launch("rms_norm weight-gradient reduction");
+  });
+}
+
+OPSLOT_API int64_t opslot_rms_norm_bwd_partial_rows(int mode, int x_dtype, int w_dtype, int64_t rows, int64_t cols,
+                                                    const void* x, int64_t x_row_stride, const void* gate,
+                                                    int64_t gate_row_stride, const void* dy, int64_t dy_row_stride) {
+  if (check_common(mode, rows, cols, x, gate, mode == OPSLOT_RMS_UNWEIGHTED ? nullptr : x)) return -1;
+  RmsArgs a{};
+  a.mode = mode;
+  a.rows = rows;
+  a.cols = cols;
+  a.x = x;
+  a.xs = x_row_stride;
+  a.gate = gate;
+  a.gs = gate_row_stride;
+  a.dy = dy;
+  a.dys = dy_row_stride;
+  int64_t prow = 0;
+  if (rms_bwd_impl(mode, x_dtype, w_dtype, a, nullptr, nullptr, &prow)) return -1;
+  return prow;
+}
+
+OPSLOT_API int opslot_rms_norm_bwd(int mode, int x_dtype, int w_dtype, int64_t rows, int64_t cols,
+                                   const void* x, int64_t x_row_stride, const void* gate, int64_t gate_row_stride,
+                                   const void* weight, const float* rstd, const void* dy, int64_t dy_row_stride,
+                                   void* dx, void* dgate, float* dw_partial, void* dw, void* stream) {
+  if (int rc = check_common(mode, rows, cols, x, gate, weight)) return rc;
+  if (mode != OPSLOT_RMS_UNWEIGHTED && (!dw || !dw_partial))
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "rms_norm backward: null weight-gradient buffers");
+  RmsArgs a{};
+  a.mode = mode;
+  a.rows = rows;
+  a.cols = cols;
+  a.x = x;
+  a.xs = x_row_stride;
+  a.gate = gate;
+  a.gs = gate_row_stride;
+  a.w = weight;
+  a.rstd_in = rstd;
+  a.dy = dy;
+  a.dys = dy_row_stride;
+  a.dx = dx;
+  a.dgate = dgate;
+  a.dw_partial = dw_partial;
+  return rms_bwd_impl(mode, x_dtype, w_dtype, a, dw, static_cast<cudaStream_t>(stream), nullptr);
+}
+
+OPSLOT_API int opslot_rms_norm_set_tuning(int vectors_per_thread, int bwd_waves) {
+  if (vectors_per_thread < 1 || vectors_per_thread > 8 || bwd_waves < 1 || bwd_waves > 16)
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "rms_norm tuning: vectors_per_thread 1..8, bwd_waves 1..16");
+  g_tuning.vectors_per_thread = vectors_per_thread;
+  g_tuning.bwd_waves = bwd_waves;
+  return OPSLOT_OK;
+}
+
+}  // extern "C"

@@ -1,0 +1,200 @@
+// Rotary position embedding on strided q/k, forward and backward: one thread per VEC-element pair
+// slot (x[i..i+VEC) with x[i+h..i+h+VEC)) or pass-through slot, q's and k's rows in one grid.
+// Each row's outer dimensions are ordered by the caller (largest stride first), so consecutive
+// threads walk memory in order. See kernels/include/opslot_kernels/rope.h and docs/kernels.md.
+#include "common.cuh"
+#include "opslot_kernels/rope.h"
+
+namespace opslot {
+namespace {
+
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Vec {
+  T v[N];
+};
+
+template <int VEC, typename T>
+__device__ __forceinline__ void load_vec(const T* p, float (&out)[VEC]) {
+  Vec<T, VEC> v = *reinterpret_cast<const Vec<T, VEC>*>(p);
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) out[j] = to_float(v.v[j]);
+}
+
+template <int VEC, typename T>
+__device__ __forceinline__ void store_vec(T* p, const float (&in)[VEC]) {
+  Vec<T, VEC> v;
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) v.v[j] = from_float<T>(in[j]);
+  *reinterpret_cast<Vec<T, VEC>*>(p) = v;
+}
+
+struct RopeTensor {
+  const void* in;
+  void* out;
+  int64_t n[3];
+  int64_t is[3], os[3], cs[3], ss[3];
+  uint32_t n1, n2;  // n[1], n[2] as 32-bit divisors
+  int64_t slots;    // threads for this tensor: rows * slots_per_row
+};
+
+struct RopeArgs {
+  RopeTensor t[2];
+  const void* cos;
+  const void* sin;
+  int half;           // rotary_dim / 2
+  int slots_per_row;  // half / VEC pairs + (head_dim - rotary_dim) / VEC pass-through vectors
+  int pairs;          // half / VEC
+  int rd;
+};
+
+template <typename T, typename Tc, int VEC, bool BWD>
+__global__ void __launch_bounds__(256) rope_kernel(RopeArgs a) {
+  int64_t gid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  int which = 0;
+  if (gid >= a.t[0].slots) {
+    gid -= a.t[0].slots;
+    which = 1;
+    if (gid >= a.t[1].slots) return;
+  }
+  const RopeTensor& t = a.t[which];
+  // rows < 2^32 is checked on the host: 32-bit index arithmetic.
+  const uint32_t g32 = static_cast<uint32_t>(gid);
+  const uint32_t spr = static_cast<uint32_t>(a.slots_per_row);
+  uint32_t row = g32 / spr;
+  const int slot = static_cast<int>(g32 - row * spr);
+  const uint32_t i2 = row % t.n2;
+  row /= t.n2;
+  const uint32_t i1 = row % t.n1;
+  const uint32_t i0 = row / t.n1;
+  const int64_t in_off = i0 * t.is[0] + i1 * t.is[1] + i2 * t.is[2];
+  const int64_t out_off = i0 * t.os[0] + i1 * t.os[1] + i2 * t.os[2];
+  const T* x = static_cast<const T*>(t.in) + in_off;
+  T* y = static_cast<T*>(t.out) + out_off;
+  if (slot < a.pairs) {
+    const int e = slot * VEC;
+    const Tc* c = static_cast<const Tc*>(a.cos) + (i0 * t.cs[0] + i1 * t.cs[1] + i2 * t.cs[2]);
+    const Tc* s = static_cast<const Tc*>(a.sin) + (i0 * t.ss[0] + i1 * t.ss[1] + i2 * t.ss[2]);
+    float x1[VEC], x2[VEC], c1[VEC], c2[VEC], s1[VEC], s2[VEC], o1[VEC], o2[VEC];
+    load_vec<VEC>(x + e, x1);
+    load_vec<VEC>(x + e + a.half, x2);
+    load_vec<VEC>(c + e, c1);
+    load_vec<VEC>(c + e + a.half, c2);
+    load_vec<VEC>(s + e, s1);
+    load_vec<VEC>(s + e + a.half, s2);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      if (BWD) {
+        o1[j] = x1[j] * c1[j] + x2[j] * s2[j];
+        o2[j] = x2[j] * c2[j] - x1[j] * s1[j];
+      } else {
+        o1[j] = x1[j] * c1[j] - x2[j] * s1[j];
+        o2[j] = x2[j] * c2[j] + x1[j] * s2[j];
+      }
+    }
+    store_vec<VEC>(y + e, o1);
+    store_vec<VEC>(y + e + a.half, o2);
+  } else {
+    const int e = a.rd + (slot - a.pairs) * VEC;
+    *reinterpret_cast<Vec<T, VEC>*>(y + e) = *reinterpret_cast<const Vec<T, VEC>*>(x + e);
+  }
+}
+
+bool aligned(const void* p, int bytes) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+template <typename T, typename Tc>
+int launch(bool bwd, int64_t head_dim, int64_t rotary_dim, const void* cos, const void* sin, const void* q_in,
+           void* q_out, const void* k_in, void* k_out, const int64_t* meta, cudaStream_t stream) {
+  constexpr int kVec = 16 / sizeof(T);
+  RopeArgs a{};
+  a.cos = cos;
+  a.sin = sin;
+  a.half = static_cast<int>(rotary_dim / 2);
+  a.rd = static_cast<int>(rotary_dim);
+  const void* ins[2] = {q_in, k_in};
+  void* outs[2] = {q_out, k_out};
+  bool vec_ok = a.half % kVec == 0 && head_dim % kVec == 0 && aligned(cos, kVec * sizeof(Tc)) &&
+                aligned(sin, kVec * sizeof(Tc));
+  int64_t rows_total[2] = {0, 0};
+  for (int w = 0; w < 2; ++w) {
+    RopeTensor& t = a.t[w];
+    if (!ins[w]) continue;
+    const int64_t* m = meta + 15 * w;
+    t.in = ins[w];
+    t.out = outs[w];
+    int64_t rows = 1;
+    for (int d = 0; d < 3; ++d) {
+      t.n[d] = m[d];
+      t.is[d] = m[3 + d];
+      t.os[d] = m[6 + d];
+      t.cs[d] = m[9 + d];
+      t.ss[d] = m[12 + d];
+      if (t.n[d] < 0) return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "rope: negative dimension");
+      rows *= t.n[d];
+      vec_ok = vec_ok && t.is[d] % kVec == 0 && t.os[d] % kVec == 0 && t.cs[d] % kVec == 0 && t.ss[d] % kVec == 0;
+    }
+    if (rows == 0) continue;
+    if (!t.in || !t.out) return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "rope: null tensor");
+    vec_ok = vec_ok && aligned(t.in, 16) && aligned(t.out, 16);
+    t.n1 = static_cast<uint32_t>(t.n[1] > 0 ? t.n[1] : 1);
+    t.n2 = static_cast<uint32_t>(t.n[2] > 0 ? t.n[2] : 1);
+    if (t.n[1] > UINT32_MAX || t.n[2] > UINT32_MAX)
+      return set_error(OPSLOT_ERR_UNSUPPORTED, "rope: a dimension of 2^32 or more");
+    rows_total[w] = rows;
+  }
+  const int vec = vec_ok ? kVec : 1;
+  a.pairs = a.half / vec;
+  a.slots_per_row = a.pairs + static_cast<int>((head_dim - rotary_dim) / vec);
+  int64_t total = 0;
+  for (int w = 0; w < 2; ++w) {
+    if (rows_total[w] * a.slots_per_row >= (int64_t(1) << 32))
+      return set_error(OPSLOT_ERR_UNSUPPORTED, "rope: 2^32 or more vectors in one tensor");
+    a.t[w].slots = rows_total[w] * a.slots_per_row;
+    total += a.t[w].slots;
+  }
+  if (total == 0) return OPSLOT_OK;
+  if (!cos || !sin) return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "rope: null cos/sin");
+  const int threads = 256;
+  const int64_t blocks = (total + threads - 1) / threads;
+  if (blocks > INT32_MAX) return set_error(OPSLOT_ERR_UNSUPPORTED, "rope: too many elements");
+  const unsigned g = static_cast<unsigned>(blocks);
+  if (vec_ok) {
+    if (bwd) rope_kernel<T, Tc, kVec, true><<<g, threads, 0, stream>>>(a);
+    else rope_kernel<T, Tc, kVec, false><<<g, threads, 0, stream>>>(a);
+  } else {
+    if (bwd) rope_kernel<T, Tc, 1, true><<<g, threads, 0, stream>>>(a);
+    else rope_kernel<T, Tc, 1, false><<<g, threads, 0, stream>>>(a);
+  }
+  return check_launch(bwd ? "rope backward" : "rope forward");
+}
+
+}  // namespace
+}  // namespace opslot
+
+using namespace opslot;
+
+extern "C" OPSLOT_API int opslot_rope(int backward, int dtype, int cs_dtype, int64_t head_dim, int64_t rotary_dim,
+                                      const void* cos, const void* sin, const void* q_in, void* q_out,
+                                      const void* k_in, void* k_out, const int64_t* meta, void* stream) {
+  if (!meta) return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "rope: null meta");
+  if (rotary_dim <= 0 || rotary_dim % 2 || rotary_dim > head_dim || head_dim > (1 << 30))
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "rope: rotary_dim %lld must be even, positive and <= head_dim %lld",
+                     static_cast<long long>(rotary_dim), static_cast<long long>(head_dim));
+  if (cs_dtype != dtype && cs_dtype != OPSLOT_FLOAT32)
+    return set_error(OPSLOT_ERR_UNSUPPORTED, "rope: cos/sin dtype code %d with q/k dtype code %d (cos/sin must have "
+                     "q's dtype or float32)", cs_dtype, dtype);
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const bool bwd = backward != 0;
+  const bool cf = cs_dtype == OPSLOT_FLOAT32;
+  switch (dtype) {
+    case OPSLOT_FLOAT32:
+      return launch<float, float>(bwd, head_dim, rotary_dim, cos, sin, q_in, q_out, k_in, k_out, meta, s);
+    case OPSLOT_FLOAT16:
+      return cf ? launch<__half, float>(bwd, head_dim, rotary_dim, cos, sin, q_in, q_out, k_in, k_out, meta, s)
+                : launch<__half, __half>(bwd, head_dim, rotary_dim, cos, sin, q_in, q_out, k_in, k_out, meta, s);
+    case OPSLOT_BFLOAT16:
+      return cf ? launch<__nv_bfloat16, float>(bwd, head_dim, rotary_dim, cos, sin, q_in, q_out, k_in, k_out, meta, s)
+                : launch<__nv_bfloat16, __nv_bfloat16>(bwd, head_dim, rotary_dim, cos, sin, q_in, q_out, k_in, k_out,
+                                                       meta, s);
+    default: return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "rope: unknown dtype code %d", dtype);
+  }
+}

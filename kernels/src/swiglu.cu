@@ -1,0 +1,144 @@
+// silu(gate) * up and its backward: elementwise, 16-byte vectors, UNROLL vectors per thread with
+// all loads issued before any arithmetic; a scalar tail for n not a multiple of the vector. See
+// kernels/include/opslot_kernels/swiglu.h and docs/kernels.md ("swiglu_mlp").
+#include "common.cuh"
+#include "opslot_kernels/swiglu.h"
+
+namespace opslot {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kUnroll = 2;
+
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Vec {
+  T v[N];
+};
+
+__device__ __forceinline__ float sigmoidf(float z) { return 1.f / (1.f + expf(-z)); }
+
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kThreads) silu_mul_fwd_kernel(int64_t nvec, int64_t n, const T* __restrict__ gate,
+                                                                const T* __restrict__ up, T* __restrict__ out) {
+  using V = Vec<T, VEC>;
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * kThreads * kUnroll + threadIdx.x;
+  V g[kUnroll], u[kUnroll];
+#pragma unroll
+  for (int k = 0; k < kUnroll; ++k) {
+    const int64_t i = base + k * kThreads;
+    if (i < nvec) {
+      g[k] = reinterpret_cast<const V*>(gate)[i];
+      u[k] = reinterpret_cast<const V*>(up)[i];
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < kUnroll; ++k) {
+    const int64_t i = base + k * kThreads;
+    if (i < nvec) {
+      V o;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const float z = to_float(g[k].v[j]);
+        o.v[j] = from_float<T>(z * sigmoidf(z) * to_float(u[k].v[j]));
+      }
+      reinterpret_cast<V*>(out)[i] = o;
+    }
+  }
+  if (blockIdx.x == 0) {  // the elements after the last whole vector
+    for (int64_t i = nvec * VEC + threadIdx.x; i < n; i += kThreads) {
+      const float z = to_float(gate[i]);
+      out[i] = from_float<T>(z * sigmoidf(z) * to_float(up[i]));
+    }
+  }
+}
+
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kThreads) silu_mul_bwd_kernel(int64_t nvec, int64_t n, const T* __restrict__ gate,
+                                                                const T* __restrict__ up, const T* __restrict__ grad,
+                                                                T* __restrict__ dgate, T* __restrict__ dup) {
+  using V = Vec<T, VEC>;
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * kThreads * kUnroll + threadIdx.x;
+  V g[kUnroll], u[kUnroll], d[kUnroll];
+#pragma unroll
+  for (int k = 0; k < kUnroll; ++k) {
+    const int64_t i = base + k * kThreads;
+    if (i < nvec) {
+      g[k] = reinterpret_cast<const V*>(gate)[i];
+      u[k] = reinterpret_cast<const V*>(up)[i];
+      d[k] = reinterpret_cast<const V*>(grad)[i];
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < kUnroll; ++k) {
+    const int64_t i = base + k * kThreads;
+    if (i < nvec) {
+      V dg, du;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const float z = to_float(g[k].v[j]), uu = to_float(u[k].v[j]), gg = to_float(d[k].v[j]);
+        const float s = sigmoidf(z);
+        du.v[j] = from_float<T>(gg * z * s);
+        dg.v[j] = from_float<T>(gg * uu * s * (1.f + z * (1.f - s)));
+      }
+      reinterpret_cast<V*>(dgate)[i] = dg;
+      reinterpret_cast<V*>(dup)[i] = du;
+    }
+  }
+  if (blockIdx.x == 0) {
+    for (int64_t i = nvec * VEC + threadIdx.x; i < n; i += kThreads) {
+      const float z = to_float(gate[i]), uu = to_float(up[i]), gg = to_float(grad[i]);
+      const float s = sigmoidf(z);
+      dup[i] = from_float<T>(gg * z * s);
+      dgate[i] = from_float<T>(gg * uu * s * (1.f + z * (1.f - s)));
+    }
+  }
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+template <typename T>
+int run(bool bwd, int64_t n, const void* gate, const void* up, const void* grad, void* a, void* b, cudaStream_t s) {
+  if (n < 0) return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "silu_mul: negative size");
+  if (n == 0) return OPSLOT_OK;
+  if (!gate || !up || !a || (bwd && (!grad || !b))) return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "silu_mul: null tensor");
+  constexpr int kVec = 16 / sizeof(T);
+  const bool vec = aligned16(gate) && aligned16(up) && aligned16(a) && (!bwd || (aligned16(grad) && aligned16(b)));
+  const int v = vec ? kVec : 1;
+  const int64_t nvec = n / v;
+  int64_t blocks = (nvec + kThreads * kUnroll - 1) / (kThreads * kUnroll);
+  if (blocks < 1) blocks = 1;
+  if (blocks > INT32_MAX) return set_error(OPSLOT_ERR_UNSUPPORTED, "silu_mul: too many elements");
+  const T* g = static_cast<const T*>(gate);
+  const T* u = static_cast<const T*>(up);
+  const unsigned grid = static_cast<unsigned>(blocks);
+  if (bwd) {
+    if (vec) silu_mul_bwd_kernel<T, kVec><<<grid, kThreads, 0, s>>>(nvec, n, g, u, static_cast<const T*>(grad), static_cast<T*>(a), static_cast<T*>(b));
+    else silu_mul_bwd_kernel<T, 1><<<grid, kThreads, 0, s>>>(nvec, n, g, u, static_cast<const T*>(grad), static_cast<T*>(a), static_cast<T*>(b));
+    return check_launch("silu_mul backward");
+  }
+  if (vec) silu_mul_fwd_kernel<T, kVec><<<grid, kThreads, 0, s>>>(nvec, n, g, u, static_cast<T*>(a));
+  else silu_mul_fwd_kernel<T, 1><<<grid, kThreads, 0, s>>>(nvec, n, g, u, static_cast<T*>(a));
+  return check_launch("silu_mul forward");
+}
+
+}  // namespace
+}  // namespace opslot
+
+using namespace opslot;
+
+extern "C" {
+
+OPSLOT_API int opslot_silu_mul_fwd(int dtype, int64_t n, const void* gate, const void* up, void* out, void* stream) {
+  return dispatch_dtype(dtype, "silu_mul", [&](auto t) -> int {
+    return run<decltype(t)>(false, n, gate, up, nullptr, out, nullptr, static_cast<cudaStream_t>(stream));
+  });
+}
+
+OPSLOT_API int opslot_silu_mul_bwd(int dtype, int64_t n, const void* gate, const void* up, const void* grad,
+                                   void* dgate, void* dup, void* stream) {
+  return dispatch_dtype(dtype, "silu_mul", [&](auto t) -> int {
+    return run<decltype(t)>(true, n, gate, up, grad, dgate, dup, static_cast<cudaStream_t>(stream));
+  });
+}
+
+}  // extern "C"

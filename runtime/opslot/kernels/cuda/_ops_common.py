@@ -1,0 +1,81 @@
+"""Helpers shared by the op modules of opslot.kernels.cuda (not public)."""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any, Callable, Dict, Optional, Sequence
+
+import torch
+
+from . import _lib
+
+_functions: Dict[str, Callable[..., None]] = {}
+
+
+def fn(name: str, argtypes: Sequence[Any]) -> Callable[..., None]:
+    """The library entry point `name` (looked up once)."""
+    f = _functions.get(name)
+    if f is None:
+        f = _functions[name] = _lib.function(name, argtypes)
+    return f
+
+
+def raw(name: str, restype: Any, argtypes: Sequence[Any]) -> Any:
+    """A raw ctypes function (for entry points that return a value instead of a status)."""
+    key = "raw:" + name
+    f = _functions.get(key)
+    if f is None:
+        f = getattr(_lib.library(), name)
+        f.argtypes = list(argtypes)
+        f.restype = restype
+        _functions[key] = f
+    return f
+
+
+def last_error() -> str:
+    return _lib.library().opslot_last_error().decode(errors="replace")
+
+
+def require_library_on_cuda_machines() -> None:
+    """Called when an op module is imported (which is when a slot binds to it): on a machine that
+    opslot sees as a CUDA machine, load the library now, so that a missing or mismatched library is
+    an error at bind time rather than at the first call. CPU-only machines can import the modules
+    (their fake implementations work everywhere)."""
+    from ...hardware import current_device
+
+    if current_device().type == "cuda":
+        _lib.library()
+
+
+def prepare(t: torch.Tensor) -> None:
+    """Check that `t` lives on a CUDA device the library runs on."""
+    _lib.check_device(t.device)
+
+
+def ptr(t: Optional[torch.Tensor]) -> Optional[int]:
+    return None if t is None or t.numel() == 0 else t.data_ptr()
+
+
+def stream(t: torch.Tensor) -> ctypes.c_void_p:
+    return ctypes.c_void_p(torch.cuda.current_stream(t.device).cuda_stream)
+
+
+def rows_view(t: torch.Tensor) -> torch.Tensor:
+    """`t` as [rows, last dim] with a contiguous last dimension (a view when possible)."""
+    if t.dim() == 0:
+        raise ValueError("expected a tensor with at least one dimension")
+    if t.shape[-1] > 1 and t.stride(-1) != 1:
+        t = t.contiguous()
+    v = t.reshape(-1, t.shape[-1])
+    if v.shape[-1] > 1 and v.stride(-1) != 1:
+        v = v.contiguous()
+    return v
+
+
+def row_stride(v: torch.Tensor) -> int:
+    return v.stride(0) if v.shape[0] > 1 else v.shape[1]
+
+
+def check_float(t: torch.Tensor, what: str) -> None:
+    if t.dtype not in _lib.DTYPE_CODES:
+        raise TypeError(f"{what}: opslot cuda kernels take float32, float16 or bfloat16 tensors, got {t.dtype}")

@@ -1,0 +1,66 @@
+"""Shared setup of the CUDA kernel tests (pytest; every test skips cleanly without CUDA or without
+libopslot_kernels). Kept generic: other ops' test files use the same helpers.
+
+- `requires_cuda`: skip marker (no CUDA device, or the kernel library cannot run here).
+- `seed` fixture (autouse): a fixed torch seed per test.
+- `assert_close(out, ref, dtype, what)`: relative L2 error of `out` against an fp32 reference,
+  with a tolerance per kernel dtype; NaN never passes; shapes must match.
+"""
+
+import os
+import sys
+
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+RUNTIME = os.path.join(ROOT, "runtime")
+if RUNTIME not in sys.path:
+    sys.path.insert(0, RUNTIME)
+
+torch.backends.cuda.matmul.allow_tf32 = False
+torch.backends.cudnn.allow_tf32 = False
+
+
+def _unavailable():
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    from opslot.kernels.cuda import unavailable_reason
+
+    return unavailable_reason()
+
+
+REASON = _unavailable()
+requires_cuda = pytest.mark.skipif(REASON is not None, reason=f"opslot cuda kernels unavailable: {REASON}")
+
+#: relative L2 tolerance of a kernel computing in fp32 and rounding its outputs to `dtype`.
+TOLERANCE = {torch.float32: 2e-5, torch.float16: 4e-3, torch.bfloat16: 2e-2}
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+@pytest.fixture(autouse=True)
+def seed():
+    torch.manual_seed(1234)
+    yield
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out, ref = out.double(), ref.double()
+    denom = ref.norm().item()
+    diff = (out - ref).norm().item()
+    return diff / denom if denom > 0 else diff
+
+
+def assert_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, what: str = "", scale: float = 1.0):
+    assert out.shape == ref.shape, f"{what}: shape {tuple(out.shape)} != {tuple(ref.shape)}"
+    assert not torch.isnan(out).any(), f"{what}: NaN in the output"
+    if out.numel() == 0:
+        return
+    err = rel_err(out, ref)
+    tol = TOLERANCE[dtype] * scale
+    assert err <= tol, f"{what}: relative error {err:.3g} > {tol:.3g}"
+
+
+def fp32_leaf(t: torch.Tensor) -> torch.Tensor:
+    """An fp32 copy of `t` that requires grad (for the reference)."""
+    return t.detach().float().requires_grad_(True)

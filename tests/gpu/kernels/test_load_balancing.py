@@ -1,0 +1,80 @@
+"""Load-balancing loss over the per-layer router logits: loss and every layer's gradient vs the fp32
+reference (with and without attention mask), layer counts past one launch's 64, expert counts,
+top-k, dtypes; bitwise determinism."""
+
+import pytest
+import torch
+
+from conftest import DTYPES, assert_close, fp32_leaf, requires_cuda
+
+pytestmark = requires_cuda
+
+
+def _logits(layers, rows, experts, dtype):
+    """Logits whose values are exact in `dtype` and distinct within a row (top-k without ties)."""
+    step = 1 / 16 if experts <= 128 else 1 / 4
+    out = []
+    for _ in range(layers):
+        perm = torch.argsort(torch.rand(rows, experts, device="cuda"), dim=-1).float()
+        out.append(((perm - experts / 2) * step).to(dtype))
+    return tuple(out)
+
+
+def check(layers, rows, experts, top_k, dtype, masked):
+    from opslot import reference as R
+    from opslot.kernels.cuda import load_balancing as LB
+
+    logits = _logits(layers, rows, experts, dtype)
+    mask = None
+    if masked:
+        mask = torch.rand(1, rows, device="cuda") > 0.3
+        mask[0, 0] = True
+    ours = tuple(t.detach().requires_grad_(True) for t in logits)
+    loss = LB.load_balancing_loss(ours, experts, top_k, mask)
+    loss.backward(torch.tensor(1.7, device="cuda"))
+    refs = tuple(fp32_leaf(t) for t in logits)
+    lref = R.load_balancing_loss(refs, experts, top_k, mask)
+    (lref * 1.7).backward()
+    assert loss.dtype == torch.float32 and loss.shape == ()
+    assert_close(loss, lref.detach(), torch.float32, "loss", scale=20)
+    for i, (a, b) in enumerate(zip(ours, refs)):
+        assert_close(a.grad, b.grad, dtype, f"grad of layer {i}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layers,rows,experts,top_k", [
+    (1, 1, 8, 2), (3, 37, 8, 2), (3, 37, 60, 4), (2, 1000, 128, 8), (70, 64, 128, 2), (2, 33, 512, 8),
+    (4, 20, 5, 1), (2, 10, 16, 16), (2, 300, 32, 3), (2, 65, 256, 2), (1, 9, 3, 0)])
+@pytest.mark.parametrize("masked", [False, True])
+def test_against_reference(dtype, layers, rows, experts, top_k, masked):
+    check(layers, rows, experts, top_k, dtype, masked)
+
+
+def test_big():
+    check(48, 16384, 128, 8, torch.bfloat16, True)
+
+
+def test_not_a_tuple_and_strided_layers():
+    from opslot import reference as R
+    from opslot.kernels.cuda import load_balancing as LB
+
+    assert LB.load_balancing_loss(None, 8) == 0
+    assert LB.load_balancing_loss([torch.randn(2, 8, device="cuda")], 8) == 0
+    wide = torch.randn(40, 3 * 64, device="cuda")
+    layers = (wide[:, :64], wide[:, 64:128])  # row stride 192
+    assert_close(LB.load_balancing_loss(layers, 64, 2), R.load_balancing_loss(layers, 64, 2), torch.float32, "loss")
+
+
+def test_bitwise_deterministic():
+    from opslot.kernels.cuda import load_balancing as LB
+
+    logits = _logits(48, 4096, 128, torch.bfloat16)
+    mask = torch.rand(4, 1024, device="cuda") > 0.2
+
+    def run():
+        xs = tuple(t.clone().requires_grad_(True) for t in logits)
+        loss = LB.load_balancing_loss(xs, 128, 8, mask)
+        loss.backward()
+        return [loss] + [x.grad for x in xs]
+
+    assert all(torch.equal(a, b) for a, b in zip(run(), run()))

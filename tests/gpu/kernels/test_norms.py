@@ -1,0 +1,107 @@
+"""RMSNorm (standard, offset, unweighted) and gated RMSNorm: outputs and all gradients vs the fp32
+references, dtypes, widths, empty/single/odd/huge row counts, strided inputs, determinism, batch
+invariance."""
+
+import pytest
+import torch
+
+from conftest import DTYPES, assert_close, fp32_leaf, requires_cuda
+
+pytestmark = requires_cuda
+
+WIDTHS = [1, 7, 127, 2048, 4096, 5120, 16384]
+ROWS = [0, 1, 3]
+VARIANTS = ["standard", "offset", "unweighted", "gated"]
+
+
+def _ops():
+    from opslot import reference as R
+    from opslot.kernels.cuda import norms as N
+
+    return {
+        "standard": (lambda x, g, w: N.rms_norm_standard(x, w, 1e-6), lambda x, g, w: R.rms_norm_standard(x, w, 1e-6)),
+        "offset": (lambda x, g, w: N.rms_norm_offset(x, w, 1e-6), lambda x, g, w: R.rms_norm_offset(x, w, 1e-6)),
+        "unweighted": (lambda x, g, w: N.rms_norm_unweighted(x, None, 1e-6),
+                       lambda x, g, w: R.rms_norm_unweighted(x, None, 1e-6)),
+        "gated": (lambda x, g, w: N.rms_norm_gated(x, g, w, 1e-6), lambda x, g, w: R.rms_norm_gated(x, g, w, 1e-6)),
+    }
+
+
+def _inputs(variant, rows, width, dtype, w_dtype=None, x=None):
+    x = torch.randn(rows, width, device="cuda", dtype=dtype) if x is None else x
+    g = torch.randn(x.shape, device="cuda", dtype=dtype) * 2 if variant == "gated" else None
+    w = None if variant == "unweighted" else (1 + 0.3 * torch.randn(width, device="cuda")).to(w_dtype or dtype)
+    return x, g, w
+
+
+def check(variant, x, g, w, dtype, scale=1.0):
+    ours, ref = _ops()[variant]
+    xs = [t.detach().requires_grad_(True) if t is not None else None for t in (x, g, w)]
+    y = ours(*xs)
+    dy = torch.randn(y.shape, device="cuda", dtype=y.dtype)
+    y.backward(dy)
+    rs = [fp32_leaf(t) if t is not None else None for t in (x, g, w)]
+    yr = ref(*rs)
+    yr.backward(dy.float())
+    assert y.dtype == ref(*[t.detach().to(t.dtype) if t is not None else None for t in (x, g, w)]).dtype
+    assert_close(y, yr, dtype, f"{variant} y", scale)
+    for name, a, b in zip(("dx", "dgate", "dw"), xs, rs):
+        if a is not None:
+            assert_close(a.grad, b.grad, dtype, f"{variant} {name}", scale * (4 if name == "dw" else 1))
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("rows", ROWS)
+def test_against_reference(variant, dtype, width, rows):
+    check(variant, *_inputs(variant, rows, width, dtype), dtype)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_a_million_rows(variant):
+    check(variant, *_inputs(variant, 1_000_003, 7, torch.bfloat16), torch.bfloat16)
+
+
+@pytest.mark.parametrize("variant", ["standard", "offset", "gated"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fp32_weight(variant, dtype):  # autocast-style: fp32 parameters, half activations
+    check(variant, *_inputs(variant, 5, 256, dtype, w_dtype=torch.float32), dtype)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_strided_inputs(variant):
+    wide = torch.randn(3, 9, 2 * 512, device="cuda", dtype=torch.bfloat16)
+    check(variant, *_inputs(variant, 0, 512, torch.bfloat16, x=wide[..., :512]), torch.bfloat16)  # row stride 1024
+    check(variant, *_inputs(variant, 0, 96, torch.bfloat16, x=wide[:, :, ::2][..., :96]), torch.bfloat16)  # inner stride 2
+    t = torch.randn(64, 40, device="cuda", dtype=torch.float16).t()  # transposed
+    check(variant, *_inputs(variant, 0, 64, torch.float16, x=t), torch.float16)
+
+
+def _run(variant, x, g, w, dy):
+    ours, _ = _ops()[variant]
+    xs = [t.detach().clone().requires_grad_(True) if t is not None else None for t in (x, g, w)]
+    y = ours(*xs)
+    y.backward(dy)
+    return [y] + [t.grad for t in xs if t is not None]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_bitwise_deterministic(variant):
+    x, g, w = _inputs(variant, 4099, 4096, torch.bfloat16)
+    dy = torch.randn(x.shape, device="cuda", dtype=torch.bfloat16)
+    a, b = _run(variant, x, g, w, dy), _run(variant, x, g, w, dy)
+    assert all(torch.equal(p, q) for p, q in zip(a, b))
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("width", [7, 4096])
+def test_batch_invariant(variant, width):
+    x, g, w = _inputs(variant, 3001, width, torch.bfloat16)
+    dy = torch.randn(x.shape, device="cuda", dtype=torch.bfloat16)
+    full = _run(variant, x, g, w, dy)
+    part = _run(variant, x[5:9], g[5:9] if g is not None else None, w, dy[5:9])
+    assert torch.equal(full[0][5:9], part[0])  # y
+    assert torch.equal(full[1][5:9], part[1])  # dx
+    if g is not None:
+        assert torch.equal(full[2][5:9], part[2])  # dgate
