@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Makes the one Python environment of the tests, .venv/ (git-ignored), from requirements/test.txt
 # (every package pinned with its sha256: pip --require-hashes). Idempotent: it does nothing when
-# .venv/ was made from the same requirements file (its sha256 is stored in .venv/.requirements.sha256).
+# .venv/ was made from the same requirements file (its sha256 is stored in .venv/.requirements.sha256);
+# after the file changed, pip brings the existing .venv/ to the new pins.
 # PyPI's torch 2.11.0 wheel is a CUDA build (about 3 GB with its nvidia-* wheels); it runs on the
 # CPU, and pip's cache makes a second install fast.
 set -euo pipefail
@@ -21,8 +22,10 @@ for cand in python3 /usr/bin/python3; do
 done
 [[ -n "$PY" ]] || { echo "setup-venv: no python3 >= 3.10 with venv and ensurepip" >&2; exit 2; }
 start=$(date +%s)
-rm -rf "$VENV"
-"$PY" -m venv "$VENV"
+if [[ ! -x "$VENV/bin/python" ]]; then
+  rm -rf "$VENV"
+  "$PY" -m venv "$VENV"
+fi
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-input --require-hashes -r "$REQ"
 echo "$want" > "$VENV/.requirements.sha256"
 echo "setup-venv: $VENV ready ($("$VENV/bin/python" -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)')) in $(( $(date +%s) - start )) s" >&2

@@ -24,12 +24,15 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <thread>
 
+#include "audit.h"
 #include "diff/unified_diff.h"
 #include "files.h"
 #include "parser/index_printer.h"
 #include "parser/py_module.h"
+#include "pins.h"
 #include "project_config.h"
 #include "rewriter/generate.h"
 #include "source_lookup.h"
@@ -105,6 +108,10 @@ struct Options {
   std::string output_dir;
   unsigned jobs = 0;
   std::vector<std::string> source_roots;
+  // `patchgen pin` / `patchgen audit`
+  bool pin = false;
+  bool audit = false;
+  std::vector<std::string> old_roots;  ///< audit --source-root-old
   // `patchgen index`
   std::vector<std::string> index_files;
   bool index_json = false;
@@ -131,6 +138,10 @@ struct Job {
   std::string py_text, diff_text;
   size_t patches = 0;
   std::string upstream_sha;
+  std::vector<rewriter::ContractPin> contract;    // what the applied entries rely on upstream
+  std::vector<rewriter::SkippedEntry> skipped_entries;  // conditional entries left out
+  std::optional<PinFile> pins;                    // the spec's pin file, when it has one
+  std::vector<PinFinding> pin_findings;           // audit: contract entries that differ from pins
   std::string status;       // final, for reports
 };
 
@@ -191,6 +202,8 @@ class Runner {
   int Generate();
   int Check();
   int List();
+  int Pin();
+  int Audit();
   nlohmann::json JobJson(const Job& job) const;
   void Fail(Job& job, std::vector<Diagnostic> errors) {
     for (auto& d : errors) job.errors.push_back(std::move(d));
@@ -357,6 +370,29 @@ void Runner::GenerateAll() {
     job.py_text = std::move(result->text);
     job.patches = result->applied.size();
     job.upstream_sha = result->upstream_sha256;
+    job.contract = std::move(result->contract);
+    job.skipped_entries = std::move(result->skipped);
+    // Contract pins: a spec with a pin file fails when upstream changed what it relies on.
+    fs::path pins_path = PinsPathFor(job.spec_abs);
+    auto pins = ReadPins(pins_path, Show(pins_path));
+    if (!pins.ok()) {
+      Fail(job, pins.errors());
+      return;
+    }
+    job.pins = std::move(*pins);
+    if (job.pins && !opts_.pin) {
+      job.pin_findings = ComparePins(*job.pins, job.contract);
+      if (!opts_.audit && !job.pin_findings.empty()) {
+        std::vector<Diagnostic> errors;
+        for (const PinFinding& f : job.pin_findings) {
+          errors.push_back(PinDiagnostic(f, Show(job.lookup.file.file), job.lookup.file.version,
+                                         Show(pins_path), job.spec_shown));
+        }
+        SortDiagnostics(errors);
+        Fail(job, std::move(errors));
+        return;
+      }
+    }
     if (NeedDiff(job)) {
       job.diff_text = diff::UnifiedDiff(job.upstream->source, job.py_text,
                                         "a/" + job.lookup.file.rel_path, "b/" + job.spec->output);
@@ -461,6 +497,10 @@ int Runner::Generate() {
         if (opts_.verbose && !opts_.json) {
           std::cout << "  " << job.spec_shown << ": " << job.spec->upstream << " "
                     << job.lookup.file.version << " from " << Show(job.lookup.file.file) << "\n";
+          for (const rewriter::SkippedEntry& sk : job.skipped_entries) {
+            std::cout << "  skipped " << sk.kind << " " << sk.target << " (" << sk.loc.path << ":"
+                      << sk.loc.line << "): " << sk.why << "\n";
+          }
         }
       }
     }
@@ -598,6 +638,311 @@ int Runner::List() {
   return code;
 }
 
+int Runner::Pin() {
+  int code = kExitOk;
+  size_t written = 0, unchanged = 0, skipped = 0, failed = 0;
+  nlohmann::json report = nlohmann::json::array();
+  for (Job& job : jobs_) {
+    nlohmann::json j = JobJson(job);
+    if (job.skipped) {
+      ++skipped;
+      job.status = "upstream not found";
+      if (!opts_.json) {
+        std::cout << "skipped " << job.spec_shown << ": upstream package '"
+                  << TopPackage(job.spec->upstream) << "' not found\n";
+      }
+    } else if (!job.errors.empty()) {
+      ++failed;
+      job.status = "error";
+      PrintDiagnostics(job.errors);
+      code = std::max(code, WorstExit(job.errors));
+    } else {
+      fs::path path = PinsPathFor(job.spec_abs);
+      PinFile pins = job.pins.value_or(PinFile{});
+      size_t added = UpdatePins(pins, job.contract, job.lookup.file.version);
+      std::string error;
+      auto outcome =
+          WriteIfChanged(path, FormatPins(pins, DisplayPath(job.spec_abs, config_.root)), &error);
+      if (!outcome) {
+        job.errors.push_back(ErrorAt(SourceLoc{Show(path), 0, 0, 1, {}}, error, {}, ErrorKind::kIo));
+        PrintDiagnostics(job.errors);
+        code = std::max(code, 5);
+        ++failed;
+        job.status = "error";
+      } else {
+        bool wrote = *outcome == WriteOutcome::kWritten;
+        wrote ? ++written : ++unchanged;
+        job.status = wrote ? "pinned" : "unchanged";
+        if (!opts_.json) {
+          std::cout << (wrote ? "pinned " : "unchanged ") << Show(path) << " ("
+                    << job.contract.size() << " entries, " << added << " new fingerprints, "
+                    << job.spec->upstream << " " << job.lookup.file.version << ")\n";
+        }
+      }
+      j = JobJson(job);
+      j["pins"] = Show(path);
+      j["new_fingerprints"] = added;
+    }
+    j["status"] = job.status;
+    report.push_back(j);
+  }
+  if (opts_.json) {
+    std::cout << nlohmann::json{{"specs", report}, {"exit_code", code}}.dump(2) << "\n";
+  } else {
+    std::cout << "pin: " << jobs_.size() << " specs: " << written << " pinned, " << unchanged
+              << " unchanged, " << skipped << " skipped, " << failed << " failed\n";
+  }
+  return code;
+}
+
+namespace {
+
+/// One thing `audit` reports about a spec.
+struct Finding {
+  std::string kind;      ///< "target missing", "body changed under a guard", ...
+  std::string entry;     ///< The spec entry (contract key or kind + target), "" for the spec.
+  SourceLoc spec_loc;    ///< Where in the spec.
+  std::string upstream;  ///< Upstream place (path:line[-line] (version)), "" when none.
+  std::string message;
+  std::vector<std::string> details;  ///< Signature changes, diff lines, notes.
+  bool attention = true;             ///< False for information (skipped entries).
+};
+
+/// Kind of a generation error, from its message.
+std::string ErrorFindingKind(const Diagnostic& d) {
+  const std::string& m = d.message;
+  if (m.starts_with("no statement in ")) return "anchor gone";
+  if (m.starts_with("no method ") || m.starts_with("no class or function ") ||
+      m.starts_with("no top-level ") || m.starts_with("no nested function ") ||
+      m.starts_with("no class ")) {
+    return "target missing";
+  }
+  if (m.find("already exists") != std::string::npos) return "target added upstream";
+  if (m.find("undefined name") != std::string::npos) return "name undefined";
+  if (m.find("imports.drop") != std::string::npos || m.find("import") != std::string::npos) {
+    return "import gone";
+  }
+  if (m.find("upstream module") != std::string::npos) return "module missing";
+  return "error";
+}
+
+std::string RegionFindingKind(const std::string& region) {
+  if (region == "function") return "body changed under a guard";
+  if (region == "statements") return "guarded statements changed";
+  if (region == "absent") return "added method now defined upstream";
+  return "signature changed";
+}
+
+std::string Loc(const SourceLoc& l) {
+  return l.path + (l.line ? ":" + std::to_string(l.line) + ":" + std::to_string(l.col) : "");
+}
+
+}  // namespace
+
+int Runner::Audit() {
+  // The old upstream (optional): every spec generated against it too, for the contract and the
+  // definitions to compare with.
+  std::map<size_t, rewriter::GenerateResult> old_results;
+  std::map<size_t, std::pair<UpstreamFile, parser::PyModule*>> old_modules;
+  std::map<fs::path, std::unique_ptr<parser::PyModule>> old_parsed;
+  if (!opts_.old_roots.empty()) {
+    std::vector<SourceRoot> roots;
+    for (const auto& r : opts_.old_roots) {
+      fs::path p(r);
+      roots.push_back({(p.is_absolute() ? p : cwd_ / p).lexically_normal(), "--source-root-old"});
+    }
+    SourceLookup lookup(std::move(roots), config_.python, cwd_);
+    for (size_t i = 0; i < jobs_.size(); ++i) {
+      Job& job = jobs_[i];
+      if (!job.spec) continue;
+      LookupResult found = lookup.Find(job.spec->upstream);
+      if (found.status != LookupResult::Status::kFound) continue;
+      auto& slot = old_parsed[found.file.file];
+      if (!slot) {
+        auto text = ReadFile(found.file.file);
+        if (!text) continue;
+        auto parsed = parser::PyModule::Parse(Show(found.file.file), std::move(*text));
+        if (!parsed.ok()) continue;
+        slot = std::move(parsed.value());
+      }
+      old_modules[i] = {found.file, slot.get()};
+      rewriter::GenerateOptions options;
+      options.upstream_path = found.file.rel_path;
+      options.upstream_version = found.file.version;
+      options.default_runtime = config_.runtime;
+      auto result = rewriter::Generate(*job.spec, *slot, options);
+      if (result.ok()) old_results[i] = std::move(result.value());
+    }
+  }
+
+  int code = kExitOk;
+  size_t attention = 0, clean = 0, skipped = 0;
+  nlohmann::json report = nlohmann::json::array();
+  std::string text;
+  for (size_t i = 0; i < jobs_.size(); ++i) {
+    Job& job = jobs_[i];
+    std::vector<Finding> findings;
+    std::string version = job.lookup.file.version;
+    std::string up_shown = job.spec && job.lookup.status == LookupResult::Status::kFound
+                               ? Show(job.lookup.file.file)
+                               : std::string();
+    auto where = [&](const rewriter::ContractPin& c) {
+      std::string w = up_shown;
+      if (c.first_line) {
+        w += ":" + std::to_string(c.first_line);
+        if (c.last_line > c.first_line) w += "-" + std::to_string(c.last_line);
+      }
+      return w + " (" + version + ")";
+    };
+    if (job.skipped) {
+      ++skipped;
+      job.status = "upstream not found";
+      report.push_back(JobJson(job));
+      text += job.spec_shown + ": skipped (upstream package '" + TopPackage(job.spec->upstream) +
+              "' not found)\n";
+      continue;
+    }
+    if (!job.spec) {
+      code = std::max(code, WorstExit(job.errors));
+      PrintDiagnostics(job.errors);
+    }
+    // 1. What no longer generates: missing targets, anchors, names, imports.
+    for (const Diagnostic& d : job.errors) {
+      Finding f{ErrorFindingKind(d), "", SourceLoc{d.path, d.line, d.col, 1, {}}, up_shown,
+                d.message, d.notes, true};
+      if (!d.help.empty()) f.details.push_back("help: " + d.help);
+      findings.push_back(std::move(f));
+    }
+    // 2. Contracts: against the pins, else against the old upstream.
+    const rewriter::GenerateResult* old = old_results.count(i) ? &old_results[i] : nullptr;
+    auto old_pin = [&](const std::string& key) -> const rewriter::ContractPin* {
+      if (!old) return nullptr;
+      for (const auto& c : old->contract) {
+        if (c.key == key) return &c;
+      }
+      return nullptr;
+    };
+    auto signature_details = [&](const rewriter::ContractPin& c) {
+      std::vector<std::string> out;
+      if (!old_modules.count(i) || !job.upstream || !job.upstream->module) return out;
+      const parser::PyModule& om = *old_modules[i].second;
+      const parser::PyModule& nm = *job.upstream->module;
+      std::vector<std::string> names = {c.qualname};
+      if (c.key.starts_with("modify_init ")) names.push_back(c.qualname + ".__init__");
+      for (const std::string& q : names) {
+        const parser::Definition* od = om.Find(q);
+        const parser::Definition* nd = nm.Find(q);
+        if (!od || !nd) continue;
+        for (std::string& l : SignatureChanges(ParametersOf(om, *od), ParametersOf(nm, *nd),
+                                               DecoratorsOf(om, *od), DecoratorsOf(nm, *nd))) {
+          out.push_back(q + ": " + l);
+        }
+      }
+      return out;
+    };
+    std::set<std::string> reported;
+    for (const PinFinding& pf : job.pin_findings) {
+      const rewriter::ContractPin& c = *pf.pin;
+      reported.insert(c.key);
+      if (pf.kind == PinFinding::Kind::kUnpinned) {
+        findings.push_back({"unpinned", c.key, c.loc, where(c),
+                            "no pin for this entry in " + Show(PinsPathFor(job.spec_abs)),
+                            {}, true});
+        continue;
+      }
+      Finding f{RegionFindingKind(c.region), c.key, c.loc, where(c),
+                "differs from the pin (verified with " + [&] {
+                  std::string v;
+                  for (const auto& x : pf.pinned->versions) v += (v.empty() ? "" : ", ") + x;
+                  return v;
+                }() + ")",
+                signature_details(c), true};
+      for (std::string& l : TextDiffLines(pf.pinned->text, c.text)) f.details.push_back("  " + l);
+      findings.push_back(std::move(f));
+    }
+    for (const rewriter::ContractPin& c : job.contract) {
+      if (reported.count(c.key)) continue;
+      const rewriter::ContractPin* o = old_pin(c.key);
+      if (!o || o->sha256 == c.sha256) continue;
+      Finding f{RegionFindingKind(c.region), c.key, c.loc, where(c),
+                "differs from " + old_modules[i].first.version, signature_details(c), true};
+      for (std::string& l : TextDiffLines(o->text, c.text)) f.details.push_back("  " + l);
+      findings.push_back(std::move(f));
+    }
+    if (!job.pins && job.errors.empty()) {
+      findings.push_back({"unpinned", "", SourceLoc{job.spec_shown, 0, 0, 1, {}}, "",
+                          "the spec has no pin file; run `patchgen pin " + job.spec_shown + "`",
+                          {}, false});
+    }
+    // 3. Entries the old upstream applied that the new one leaves out.
+    if (old && job.errors.empty()) {
+      for (const rewriter::ContractPin& c : old->contract) {
+        bool now = false;
+        for (const auto& n : job.contract) now |= n.key == c.key;
+        if (!now) {
+          findings.push_back({"entry no longer applies", c.key, c.loc, "",
+                              "applied to " + old_modules[i].first.version + ", not to " + version,
+                              {}, false});
+        }
+      }
+    }
+    for (const rewriter::SkippedEntry& sk : job.skipped_entries) {
+      findings.push_back({"skipped", sk.kind + " " + sk.target, sk.loc, "", sk.why, {}, false});
+    }
+    // 4. Imports the spec adds from the upstream package that the new upstream lacks.
+    if (job.spec && job.lookup.status == LookupResult::Status::kFound) {
+      fs::path root = job.lookup.file.file;
+      std::string rel = job.lookup.file.rel_path;
+      for (size_t n = std::count(rel.begin(), rel.end(), '/') + 1; n > 0; --n) root = root.parent_path();
+      for (const spec::Block& b : job.spec->import_adds) {
+        for (std::string& m : MissingImportedNames(b.code, job.spec->upstream, root)) {
+          findings.push_back({"import gone", "imports.add", b.loc, "", m, {}, true});
+        }
+      }
+    }
+    std::stable_sort(findings.begin(), findings.end(), [](const Finding& a, const Finding& b) {
+      return std::tie(a.spec_loc.path, a.spec_loc.line) < std::tie(b.spec_loc.path, b.spec_loc.line);
+    });
+    size_t need = std::count_if(findings.begin(), findings.end(),
+                                [](const Finding& f) { return f.attention; });
+    need ? ++attention : ++clean;
+    job.status = need ? "needs attention" : "ok";
+    nlohmann::json j = JobJson(job);
+    j["status"] = job.status;
+    j["upstream_old_version"] =
+        old_modules.count(i) ? nlohmann::json(old_modules[i].first.version) : nlohmann::json(nullptr);
+    nlohmann::json fj = nlohmann::json::array();
+    text += job.spec_shown + " (" + (job.spec ? job.spec->upstream : std::string("?")) + " " +
+            (old_modules.count(i) ? old_modules[i].first.version + " -> " : std::string()) +
+            version + "): " + job.status + "\n";
+    for (const Finding& f : findings) {
+      fj.push_back({{"kind", f.kind},
+                    {"entry", f.entry},
+                    {"spec", f.spec_loc.path},
+                    {"line", f.spec_loc.line},
+                    {"upstream", f.upstream},
+                    {"message", f.message},
+                    {"details", f.details},
+                    {"attention", f.attention}});
+      text += std::string("  ") + (f.attention ? "! " : "- ") + f.kind + ": " +
+              (f.entry.empty() ? "" : f.entry + " ") + "(" + Loc(f.spec_loc) + ")\n";
+      if (!f.upstream.empty()) text += "      upstream: " + f.upstream + "\n";
+      text += "      " + f.message + "\n";
+      for (const std::string& d : f.details) text += "      " + d + "\n";
+    }
+    j["findings"] = fj;
+    report.push_back(j);
+  }
+  if (attention) code = std::max(code, kExitDrift);
+  if (opts_.json) {
+    std::cout << nlohmann::json{{"specs", report}, {"exit_code", code}}.dump(2) << "\n";
+  } else {
+    std::cout << text << "audit: " << jobs_.size() << " specs: " << attention
+              << " need attention, " << clean << " ok, " << skipped << " skipped\n";
+  }
+  return code;
+}
+
 int Runner::Main() {
   if (!CollectSpecs()) return kExitUsage;
   LoadSpecs();
@@ -605,6 +950,8 @@ int Runner::Main() {
   FindUpstreams();
   ParseUpstreams();
   GenerateAll();
+  if (opts_.pin) return Pin();
+  if (opts_.audit) return Audit();
   if (opts_.list) return List();
   if (opts_.check) return Check();
   return Generate();
@@ -715,6 +1062,7 @@ HeaderUpstream ParseHeaderUpstream(const std::string& text) {
 int Run(int argc, char** argv) {
   Options opts;
   CLI::App app{"patchgen: generate patched modeling files from YAML specs (docs/cli.md)", "patchgen"};
+  app.set_version_flag("--version", std::string("patchgen ") + PATCHGEN_VERSION);
   app.add_option("SPEC", opts.specs, "spec files (default with --check/--list/--validate: every spec)");
   app.add_flag("--all", opts.all, "generate every spec under the specs root");
   app.add_flag("--diff", opts.diff, "also write <output>.diff (upstream -> generated)");
@@ -728,6 +1076,20 @@ int Run(int argc, char** argv) {
   app.add_flag("--fix", opts.fix, "with --check: write what differs");
   app.add_flag("--validate", opts.validate, "validate specs without their upstream modules");
   app.add_option("--source-root", opts.source_roots, "folder searched first for upstream modules (repeatable)");
+  CLI::App* pin = app.add_subcommand(
+      "pin", "record the upstream contracts of specs in their .pins files (docs/cli.md)");
+  pin->add_option("SPEC", opts.specs, "spec files");
+  pin->add_flag("--all", opts.all, "every spec under the specs root");
+  pin->add_option("--source-root", opts.source_roots, "folder searched first for upstream modules (repeatable)");
+  pin->add_flag("--json", opts.json, "machine-readable report on stdout");
+  pin->add_option("-j,--jobs", opts.jobs, "worker threads")->check(CLI::PositiveNumber);
+  CLI::App* audit = app.add_subcommand(
+      "audit", "upgrade survey: what a new upstream changes for every spec; writes nothing");
+  audit->add_option("SPEC", opts.specs, "spec files (default: every spec)");
+  audit->add_option("--source-root", opts.source_roots, "the new upstream (repeatable)")->required();
+  audit->add_option("--source-root-old", opts.old_roots, "the old upstream to compare with (repeatable)");
+  audit->add_flag("--json", opts.json, "machine-readable report on stdout");
+  audit->add_option("-j,--jobs", opts.jobs, "worker threads")->check(CLI::PositiveNumber);
   CLI::App* index = app.add_subcommand("index", "print the index of Python files");
   index->add_option("FILE", opts.index_files, "Python files")->required();
   index->add_flag("--json", opts.index_json, "JSON instead of text");
@@ -742,6 +1104,20 @@ int Run(int argc, char** argv) {
   }
   if (opts.jobs == 0) opts.jobs = AvailableCores();
   if (index->parsed()) return RunIndex(opts);
+  opts.pin = pin->parsed();
+  opts.audit = audit->parsed();
+  if (opts.pin || opts.audit) {
+    if (opts.check || opts.list || opts.validate || opts.fix || opts.dry_run || opts.diff ||
+        !opts.output_dir.empty()) {
+      std::cerr << "patchgen: error: `" << (opts.pin ? "pin" : "audit")
+                << "` takes no --check/--list/--validate/--fix/--dry-run/--diff/-o\n";
+      return kExitUsage;
+    }
+    if (opts.pin && opts.all == !opts.specs.empty()) {
+      std::cerr << "patchgen: error: `pin` needs SPEC files or --all (not both)\n";
+      return kExitUsage;
+    }
+  }
 
   auto usage = [](const std::string& msg) {
     std::cerr << "patchgen: error: " << msg << "\nRun with --help for more information.\n";
@@ -751,7 +1127,9 @@ int Run(int argc, char** argv) {
   if (modes > 1) return usage("--check, --list and --validate cannot be combined");
   if (opts.fix && !opts.check) return usage("--fix needs --check");
   if (opts.all && !opts.specs.empty()) return usage("give SPEC files or --all, not both");
-  if (modes == 0 && !opts.all && opts.specs.empty()) return usage("give SPEC files or --all");
+  if (modes == 0 && !opts.all && opts.specs.empty() && !opts.audit) {
+    return usage("give SPEC files or --all");
+  }
   if (opts.dry_run && (opts.check || opts.list || opts.validate)) {
     return usage("--dry-run only applies when generating");
   }
