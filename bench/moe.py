@@ -192,13 +192,76 @@ def stages(variant, mod, x, idx, w):
     return {name: timed(fn, reps=20) for name, fn in rows.items()}
 
 
+def train_step(out_dir, batch=4, seq=4096, layers=2):
+    """Tokens/s of a forward + backward training step (loss.backward(), no optimizer) of a 2-layer
+    Qwen3-30B-A3B-shaped causal LM: upstream Transformers (default experts_implementation, i.e.
+    grouped_mm) vs the generated module built by opslot.build_model with moe_implementation
+    fused_cuda (other slots eager), both with the same weights. Needs
+    generated/qwen3_moe/patched_modeling_qwen3_moe_gpu.py (`make generate`)."""
+    import importlib.util
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+    from opslot import build_model
+
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    path = os.path.join(root, "generated", "qwen3_moe", "patched_modeling_qwen3_moe_gpu.py")
+    spec = importlib.util.spec_from_file_location("bench_patched_qwen3_moe_gpu", path)
+    gen = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = gen
+    spec.loader.exec_module(gen)
+    cfg = Qwen3MoeConfig(hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768, num_experts=128,
+                         num_experts_per_tok=8, num_hidden_layers=layers, num_attention_heads=32,
+                         num_key_value_heads=4, head_dim=128, vocab_size=151936, max_position_embeddings=seq,
+                         norm_topk_prob=True)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        up = Qwen3MoeForCausalLM(cfg).to(torch.bfloat16)
+        op = build_model(cfg, ops={"moe_implementation": "fused_cuda"}, module=gen,
+                         model_class="Qwen3MoeForCausalLM").to(torch.bfloat16)
+    op.load_state_dict(up.state_dict())
+    bound = sys.modules[type(op).__module__]
+    info = {"upstream experts_implementation": up.config._experts_implementation,
+            "opslot experts_implementation": op.config._experts_implementation,
+            "opslot moe slot impl": bound.moe_slot.impl}
+    g = torch.Generator(device="cuda").manual_seed(1)
+    ids = torch.randint(0, cfg.vocab_size, (batch, seq), device="cuda", generator=g)
+    calls = []
+    orig_fn = bound.moe_slot._fn
+    bound.moe_slot._fn = lambda *a, **k: (calls.append(1), orig_fn(*a, **k))[1]
+    res = {}
+    for name, model in (("upstream (grouped_mm experts)", up), ("opslot build_model, moe fused_cuda", op)):
+        model.train()
+
+        def step():
+            model.zero_grad(set_to_none=True)
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            return loss
+        loss = float(step().detach())
+        ms = timed(step, reps=10, budget_ms=3000.0)
+        res[name] = {"loss": loss, "ms": ms, "tokens_per_s": batch * seq / ms * 1e3}
+        print(name, res[name], flush=True)
+    info["opslot moe kernel calls"] = len(calls)
+    lines = [f"2-layer Qwen3-30B-A3B-shaped causal LM (vocab 151936), batch {batch} x seq {seq}, bf16, "
+             f"forward + backward (no optimizer)", "", f"{info}", "",
+             "| model | loss (step 1) | step ms | tokens/s |", "|---|---|---|---|"]
+    for name, r in res.items():
+        lines.append(f"| {name} | {r['loss']:.5f} | {r['ms']:.1f} | {r['tokens_per_s']:.0f} |")
+    with open(os.path.join(out_dir, "moe_train_step.md"), "w") as fh:
+        fh.write("\n".join(lines) + "\n")
+    print("\n".join(lines), flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=".")
     ap.add_argument("--tokens", default="16384,4096,65536")
     ap.add_argument("--slow-at", type=int, default=4096, help="token count for eager and opslot torch")
+    ap.add_argument("--train-step", action="store_true", help="only the 2-layer training-step comparison")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
+    if args.train_step:
+        train_step(args.out)
+        return
     tokens = [int(t) for t in args.tokens.split(",")]
     dev = torch.cuda.get_device_name()
     print(f"# device {dev}, torch {torch.__version__}", flush=True)
