@@ -1,0 +1,81 @@
+"""Checkpoints on disk for the real-model parity tests (tests/models/test_hf_parity.py).
+
+`write_hub_layout` writes a model's weights the way the original Hub checkpoints store them,
+independently of Transformers' conversion code (so it can check that code, not repeat it):
+
+- MoE experts one module per expert, `mlp.experts.<e>.{gate,up,down}_proj.weight` (Qwen3-MoE,
+  Qwen3.5-MoE, DeepSeek-V3), where the models hold fused `gate_up_proj [E, 2I, H]` (gate rows
+  first) and `down_proj [E, H, I]`;
+- Qwen3.5 / Qwen3.5-MoE: the multimodal checkpoint's `model.language_model.` prefix, plus vision
+  tower and MTP tensors the causal LM must ignore (`_keys_to_ignore_on_load_unexpected`);
+- DeepSeek-V3: an MTP layer (`model.layers.61.*`), ignored the same way.
+
+Not covered: the quantized originals (DeepSeek-V3 FP8 block scales, GPT-OSS MXFP4), which need
+Transformers' quantizers; GPT-OSS's bf16 layout is the one `save_pretrained` writes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Dict
+
+import torch
+
+EXPERTS_SPLIT = {"qwen3_moe", "qwen3_5_moe", "deepseek_v3"}
+LANGUAGE_MODEL_PREFIX = {"qwen3_5", "qwen3_5_moe"}
+_FUSED = re.compile(r"^(?P<prefix>.*\.mlp\.experts)\.(?P<name>gate_up_proj|down_proj)$")
+
+
+def hub_layout(model_key: str, state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """The state dict of a `*ForCausalLM` (upstream layout) rewritten in the Hub checkpoints' layout."""
+    out: Dict[str, torch.Tensor] = {}
+    for key, value in state_dict.items():
+        value = value.detach().cpu()
+        m = _FUSED.match(key)
+        if m and model_key in EXPERTS_SPLIT:
+            prefix = m.group("prefix")
+            for e in range(value.shape[0]):
+                if m.group("name") == "gate_up_proj":
+                    gate, up = value[e].chunk(2, dim=0)
+                    out[f"{prefix}.{e}.gate_proj.weight"] = gate
+                    out[f"{prefix}.{e}.up_proj.weight"] = up
+                else:
+                    out[f"{prefix}.{e}.down_proj.weight"] = value[e]
+        else:
+            out[key] = value
+    if model_key in LANGUAGE_MODEL_PREFIX:
+        out = {("model.language_model." + k[len("model."):] if k.startswith("model.") else k): v
+               for k, v in out.items()}
+        gen = torch.Generator().manual_seed(7)
+        out["model.visual.patch_embed.proj.weight"] = torch.randn(8, 3, 2, 2, 2, generator=gen)
+        out["mtp.fc.weight"] = torch.randn(8, 8, generator=gen)
+    if model_key == "deepseek_v3":
+        out["model.layers.61.eh_proj.weight"] = torch.randn(8, 8, generator=torch.Generator().manual_seed(7))
+    return out
+
+
+def write_checkpoint(directory: str, config, state_dict: Dict[str, torch.Tensor]) -> str:
+    """Write `config.json` and a single `model.safetensors` holding `state_dict` as given."""
+    from safetensors.torch import save_file
+
+    os.makedirs(directory, exist_ok=True)
+    config.save_pretrained(directory)
+    tensors = {k: v.detach().cpu().contiguous().clone() for k, v in state_dict.items()}
+    save_file(tensors, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
+    return directory
+
+
+def write_hub_layout(directory: str, model_key: str, config, state_dict: Dict[str, torch.Tensor]) -> str:
+    return write_checkpoint(directory, config, hub_layout(model_key, state_dict))
+
+
+def read_safetensors(directory: str) -> Dict[str, torch.Tensor]:
+    """Every tensor of every `*.safetensors` file in `directory`."""
+    from safetensors.torch import load_file
+
+    out: Dict[str, torch.Tensor] = {}
+    for name in sorted(os.listdir(directory)):
+        if name.endswith(".safetensors"):
+            out.update(load_file(os.path.join(directory, name)))
+    return out
