@@ -222,3 +222,15 @@ def test_from_pretrained_binds_a_private_copy(checkpoint, tmp_path, monkeypatch)
     assert model in module_slots(copy)["rms_norm_slot"]._users
     with pytest.raises(ValueError, match="contradicts the ops config"):
         opslot.hf.from_pretrained(path, mod, ops={"attn_implementation": "eager"}, attn_implementation="sdpa")
+
+
+@needs_moe
+def test_tied_embeddings_are_not_a_partial_load(tmp_path, monkeypatch):
+    """A tied lm_head is not in the checkpoint (safetensors drops it) and is not missing."""
+    config = transformers.Qwen3MoeConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1, head_dim=16, num_experts=4,
+                                         num_experts_per_tok=2, moe_intermediate_size=16, tie_word_embeddings=True)
+    transformers.Qwen3MoeForCausalLM(config).save_pretrained(tmp_path / "tied")
+    mod = make_module(tmp_path, monkeypatch, plain=False)
+    model = mod.Qwen3MoeForCausalLM.from_pretrained(tmp_path / "tied")
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()

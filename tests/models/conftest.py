@@ -53,4 +53,5 @@ def device(request):
             pytest.skip("--device cuda without CUDA")
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
+        torch.use_deterministic_algorithms(True, warn_only=True)  # with e2e's CUBLAS_WORKSPACE_CONFIG
     return dev

@@ -144,6 +144,19 @@ def test_checkpoints_load_and_save_like_upstream(key, worlds, device):
         assert_state_equal(back, w.state, f"upstream from the generated model's save ({label})")
 
 
+@pytest.mark.parametrize("key", [k for k, c in CASES.items() if c.npu_removes is not None])
+def test_npu_sibling_loads_checkpoints_like_upstream(key, worlds, patchgen, source_root):
+    """The NPU specs `extends` the GPU ones: they inherit the checkpoint methods."""
+    w = worlds(key)
+    npu_py, _ = e2e.generate(patchgen, w.case.spec("npu"), source_root, w.tmp / "generated_npu",
+                             w.case.output_name("npu"))
+    cls = getattr(e2e.import_generated(npu_py), w.case.causal_lm)
+    assert cls.is_custom_code() is False
+    model, info = cls.from_pretrained(w.hub_dir, output_loading_info=True)
+    assert_clean(info, "NPU sibling from the Hub layout")
+    assert_state_equal(model, w.state, "NPU sibling from the Hub layout")
+
+
 @PER_MODEL
 def test_partial_load_is_an_error(key, worlds):
     from opslot.hf import PartialLoadError
