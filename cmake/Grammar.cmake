@@ -33,8 +33,11 @@ foreach(entry IN LISTS _sdists)
   endif()
   if(NOT EXISTS ${_path})
     message(STATUS "Downloading the ${_name} ${_version} sdist from PyPI into ${GRAMMAR_DEPS_DIR}")
+    # Without PYTHONPATH/PYTHONNOUSERSITE: inside pip's isolated build environment (pip install .)
+    # they hide the interpreter's own pip.
     execute_process(
-      COMMAND ${GRAMMAR_PYTHON} -m pip download --quiet --disable-pip-version-check --no-deps
+      COMMAND ${CMAKE_COMMAND} -E env --unset=PYTHONPATH --unset=PYTHONNOUSERSITE
+              ${GRAMMAR_PYTHON} -m pip download --quiet --disable-pip-version-check --no-deps
               --no-binary :all: -d ${GRAMMAR_DEPS_DIR} ${_name}==${_version}
       RESULT_VARIABLE _rc)
     if(NOT _rc EQUAL 0 OR NOT EXISTS ${_path})
