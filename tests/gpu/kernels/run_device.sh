@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU machine: the CUDA kernel tests, then the benchmark (tables to $OUT).
-#   OPSLOT_KERNELS_LIB=... OUT=... tests/gpu/kernels/run_device.sh [pytest args]
+#   OPSLOT_KERNELS_LIB=... OUT=... [TESTS='files'] [BENCH_ARGS=--tune] tests/gpu/kernels/run_device.sh [pytest args]
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)
 cd "$ROOT"
@@ -11,7 +11,7 @@ if ls .whl/liger_kernel-*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/liger_kernel-*.whl && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
 fi
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader || true
-timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q --maxfail=40 --tb=short -p no:cacheprovider tests/gpu/kernels "$@" 2>&1 | tee "$OUT/tests.txt" | tail -40
+timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q --maxfail=40 --tb=short -p no:cacheprovider ${TESTS:-tests/gpu/kernels} "$@" 2>&1 | tee "$OUT/tests.txt" | tail -40
 test_rc=${PIPESTATUS[0]}
 timeout ${BENCH_TIMEOUT:-280} python3 bench/kernels.py --out "$OUT/kernels_h200.md" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.txt"
 bench_rc=${PIPESTATUS[0]}

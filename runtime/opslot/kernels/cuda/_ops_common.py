@@ -56,8 +56,9 @@ def ptr(t: Optional[torch.Tensor]) -> Optional[int]:
     return None if t is None or t.numel() == 0 else t.data_ptr()
 
 
-def stream(t: torch.Tensor) -> ctypes.c_void_p:
-    return ctypes.c_void_p(torch.cuda.current_stream(t.device).cuda_stream)
+def stream(t: torch.Tensor) -> int:
+    """The current CUDA stream of `t`'s device (a raw cudaStream_t; no Stream object is made)."""
+    return torch._C._cuda_getCurrentRawStream(t.device.index)
 
 
 def rows_view(t: torch.Tensor) -> torch.Tensor:

@@ -68,10 +68,11 @@ def load_balancing_loss_fwd(logits: List[torch.Tensor], mask: Optional[torch.Ten
     loss = torch.empty((), dtype=torch.float32, device=first.device)
     coef = torch.empty(num_experts, dtype=torch.float32, device=first.device)
     m = mask.contiguous() if mask is not None else None
+    ptrs, strides = _pointers(logits), _strides(logits)  # kept alive across the call
     C.fn("opslot_load_balancing_fwd", [_lib.I32, _lib.I32, ctypes.c_void_p, ctypes.c_void_p, _lib.I64, _lib.I32,
                                        _lib.I32, _lib.PTR, _lib.PTR, _lib.PTR, _lib.PTR, _lib.PTR])(
-        _lib.DTYPE_CODES[first.dtype], len(logits), ctypes.cast(_pointers(logits), ctypes.c_void_p),
-        ctypes.cast(_strides(logits), ctypes.c_void_p), rows, num_experts, top_k,
+        _lib.DTYPE_CODES[first.dtype], len(logits), ctypes.addressof(ptrs), ctypes.addressof(strides), rows,
+        num_experts, top_k,
         m.data_ptr() if m is not None and m.numel() else None, scratch.data_ptr(), loss.data_ptr(), coef.data_ptr(),
         C.stream(first))
     return loss, coef
@@ -86,28 +87,31 @@ def _lb_fwd_fake(logits, mask, num_experts, top_k):
 
 @torch.library.custom_op("opslot::load_balancing_loss_bwd", mutates_args=())
 def load_balancing_loss_bwd(grad: torch.Tensor, logits: List[torch.Tensor], mask: Optional[torch.Tensor],
-                            coef: torch.Tensor) -> List[torch.Tensor]:
-    """The gradient of every layer's logits (contiguous, the logits' dtype)."""
+                            coef: torch.Tensor) -> torch.Tensor:
+    """The gradient of every layer's logits, stacked: [layers, rows, experts] in the logits' dtype."""
     first = logits[0]
     C.prepare(first)
     logits = _rows_ready(logits)
     rows, experts = first.shape
-    outs = [torch.empty((rows, experts), dtype=first.dtype, device=first.device) for _ in logits]
+    out = torch.empty((len(logits), rows, experts), dtype=first.dtype, device=first.device)
+    base, step = out.data_ptr(), rows * experts * out.element_size()
+    outs = (ctypes.c_void_p * len(logits))(*[base + i * step if out.numel() else None for i in range(len(logits))])
     g = grad.to(device=first.device, dtype=torch.float32).reshape(1).contiguous()
     c = coef.contiguous()
     m = mask.contiguous() if mask is not None else None
+    ptrs, strides = _pointers(logits), _strides(logits)  # kept alive across the call
     C.fn("opslot_load_balancing_bwd", [_lib.I32, _lib.I32, ctypes.c_void_p, ctypes.c_void_p, _lib.I64, _lib.I32,
                                        _lib.PTR, _lib.PTR, _lib.PTR, ctypes.c_void_p, _lib.PTR])(
-        _lib.DTYPE_CODES[first.dtype], len(logits), ctypes.cast(_pointers(logits), ctypes.c_void_p),
-        ctypes.cast(_strides(logits), ctypes.c_void_p), rows, experts,
-        m.data_ptr() if m is not None and m.numel() else None, c.data_ptr(), g.data_ptr(),
-        ctypes.cast(_pointers(outs), ctypes.c_void_p), C.stream(first))
-    return outs
+        _lib.DTYPE_CODES[first.dtype], len(logits), ctypes.addressof(ptrs), ctypes.addressof(strides), rows, experts,
+        m.data_ptr() if m is not None and m.numel() else None, c.data_ptr(), g.data_ptr(), ctypes.addressof(outs),
+        C.stream(first))
+    return out
 
 
 @load_balancing_loss_bwd.register_fake
 def _lb_bwd_fake(grad, logits, mask, coef):
-    return [t.new_empty(t.shape) for t in logits]
+    first = logits[0]
+    return first.new_empty((len(logits),) + tuple(first.shape))
 
 
 def _setup_context(ctx, inputs, output):
@@ -122,7 +126,7 @@ def _backward(ctx, grad_loss, _grad_coef):
     if grad_loss is None:
         return None, None, None, None
     grads = torch.ops.opslot.load_balancing_loss_bwd(grad_loss, list(logits), mask, coef)
-    return list(grads), None, None, None
+    return list(grads.unbind(0)), None, None, None
 
 
 load_balancing_loss_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -134,11 +138,10 @@ def load_balancing_loss(gate_logits, num_experts=None, top_k=2, attention_mask=N
     if gate_logits is None or not isinstance(gate_logits, tuple):
         return 0
     device = gate_logits[0].device
-    logits = [g.to(device) for g in gate_logits]
-    experts = logits[0].shape[-1]
+    experts = gate_logits[0].shape[-1]
     if num_experts is None:
         num_experts = experts
-    logits = [g.reshape(-1, experts) if g.dim() != 2 else g for g in logits]
+    logits = [g if g.dim() == 2 and g.device == device else g.to(device).reshape(-1, experts) for g in gate_logits]
     mask = None
     if attention_mask is not None:
         mask = attention_mask.reshape(-1).to(device=device, dtype=torch.float32)

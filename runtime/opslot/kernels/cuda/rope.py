@@ -19,14 +19,6 @@ from . import _ops_common as C
 C.require_library_on_cuda_machines()
 
 
-def _as4d(t: torch.Tensor, what: str) -> torch.Tensor:
-    if t.dim() > 4:
-        raise ValueError(f"rotary_pos_emb: {what} has {t.dim()} dimensions; the cuda kernel takes at most 4")
-    if t.dim() < 1:
-        raise ValueError(f"rotary_pos_emb: {what} is a scalar")
-    return t.view((1,) * (4 - t.dim()) + tuple(t.shape))
-
-
 def _check(q, k, cos, sin, unsqueeze_dim):
     C.check_float(q, "rotary_pos_emb")
     if k.dtype != q.dtype:
@@ -42,38 +34,75 @@ def _check(q, k, cos, sin, unsqueeze_dim):
                          f"(q {q.shape[-1]}, k {k.shape[-1]})")
 
 
-def _meta(t: torch.Tensor, out: torch.Tensor, cos_u: torch.Tensor, sin_u: torch.Tensor) -> List[int]:
-    """shape, in/out/cos/sin strides of the three outer dims, largest input stride first."""
-    t4, o4 = _as4d(t, "q/k"), _as4d(out, "output")
-    lead = tuple(t4.shape[:-1]) + (cos_u.shape[-1],)
-    c4 = cos_u.expand(lead)
-    s4 = sin_u.expand(lead)
-    perm = sorted(range(3), key=lambda i: -abs(t4.stride(i)))
-    meta = [t4.shape[i] for i in perm]
-    for src in (t4, o4, c4, s4):  # a dimension of size 1 is never stepped: stride 0 (keeps vectors aligned)
-        meta += [src.stride(i) if t4.shape[i] > 1 else 0 for i in perm]
-    return meta
+def _outer(shape, strides, what: str):
+    """The three outer (size, stride) pairs of a tensor of at most 4 dims, left-padded with size 1;
+    a dimension of size 1 gets stride 0 (it is never stepped; keeps the vector path aligned)."""
+    if len(shape) > 4 or len(shape) < 1:
+        raise ValueError(f"rotary_pos_emb: {what} has {len(shape)} dimensions; the cuda kernel takes 1 to 4")
+    pad = 4 - len(shape)
+    sizes = [1] * pad + list(shape[:-1])
+    st = [0] * pad + list(strides[:-1])
+    return sizes, [s if n > 1 else 0 for n, s in zip(sizes, st)]
+
+
+def _cs_outer(cos: torch.Tensor, unsqueeze_dim: int, lead):
+    """Strides of cos.unsqueeze(unsqueeze_dim) broadcast over the outer dims `lead` (no tensor made)."""
+    shape, strides = list(cos.shape), list(cos.stride())
+    pos = unsqueeze_dim if unsqueeze_dim >= 0 else unsqueeze_dim + len(shape) + 1
+    if not 0 <= pos <= len(shape):
+        raise IndexError(f"rotary_pos_emb: unsqueeze_dim {unsqueeze_dim} out of range for cos of {len(shape)} dims")
+    shape.insert(pos, 1)
+    strides.insert(pos, 0)
+    sizes, st = _outer(shape, strides, "cos/sin (unsqueezed)")
+    for n, m in zip(sizes, lead):
+        if n != 1 and n != m:
+            raise ValueError(f"rotary_pos_emb: cos/sin of shape {tuple(cos.shape)} (unsqueeze_dim {unsqueeze_dim}) do "
+                             f"not broadcast to q/k of outer shape {tuple(lead)}")
+    return st
+
+
+_META_CACHE: dict = {}
+
+
+def _meta(q, qo, k, ko, cos, sin, unsqueeze_dim: int):
+    """The kernel's int64 meta array (shape, in/out/cos/sin strides of the three outer dims of q
+    then k, largest input stride first); cached by layout."""
+    key = (q.shape, q.stride(), qo.stride(), k.shape, k.stride(), ko.stride(), cos.shape, cos.stride(),
+           sin.stride(), unsqueeze_dim)
+    arr = _META_CACHE.get(key)
+    if arr is None:
+        meta = []
+        for t, o in ((q, qo), (k, ko)):
+            sizes, ts = _outer(t.shape, t.stride(), "q/k")
+            _, os_ = _outer(o.shape, o.stride(), "output")
+            cs = _cs_outer(cos, unsqueeze_dim, sizes)
+            ss = _cs_outer(sin, unsqueeze_dim, sizes)
+            perm = sorted(range(3), key=lambda i: -ts[i])
+            meta += [sizes[i] for i in perm]
+            for src in (ts, os_, cs, ss):
+                meta += [src[i] for i in perm]
+        arr = (ctypes.c_int64 * 30)(*meta)
+        if len(_META_CACHE) > 256:
+            _META_CACHE.clear()
+        _META_CACHE[key] = arr
+    return arr
+
+
+_ARGS = [_lib.I32, _lib.I32, _lib.I32, _lib.I64, _lib.I64, _lib.PTR, _lib.PTR, _lib.PTR, _lib.PTR, _lib.PTR, _lib.PTR,
+         ctypes.c_void_p, _lib.PTR]
 
 
 def _launch(backward: bool, q_in, k_in, q_out, k_out, cos, sin, unsqueeze_dim: int) -> None:
     C.prepare(q_in)
-    if q_in.shape[-1] > 1 and q_in.stride(-1) != 1 or k_in.shape[-1] > 1 and k_in.stride(-1) != 1:
-        raise AssertionError("rope: inputs must have a contiguous last dimension here")
-    cos_u = cos.unsqueeze(unsqueeze_dim)
-    sin_u = sin.unsqueeze(unsqueeze_dim)
-    if cos_u.dim() > 4:
-        raise ValueError("rotary_pos_emb: cos/sin have too many dimensions for the cuda kernel")
-    if cos_u.stride(-1) != 1:
-        cos_u = cos_u.contiguous()
-    if sin_u.stride(-1) != 1:
-        sin_u = sin_u.contiguous()
-    meta = _meta(q_in, q_out, cos_u, sin_u) + _meta(k_in, k_out, cos_u, sin_u)
-    arr = (ctypes.c_int64 * 30)(*meta)
-    C.fn("opslot_rope", [_lib.I32, _lib.I32, _lib.I32, _lib.I64, _lib.I64, _lib.PTR, _lib.PTR, _lib.PTR, _lib.PTR,
-                         _lib.PTR, _lib.PTR, ctypes.POINTER(ctypes.c_int64), _lib.PTR])(
+    if cos.stride(-1) != 1:
+        cos = cos.contiguous()
+    if sin.stride(-1) != 1:
+        sin = sin.contiguous()
+    arr = _meta(q_in, q_out, k_in, k_out, cos, sin, unsqueeze_dim)
+    C.fn("opslot_rope", _ARGS)(
         1 if backward else 0, _lib.DTYPE_CODES[q_in.dtype], _lib.DTYPE_CODES[cos.dtype], q_in.shape[-1],
-        cos.shape[-1], C.ptr(cos_u), C.ptr(sin_u), C.ptr(q_in), C.ptr(q_out), C.ptr(k_in), C.ptr(k_out), arr,
-        C.stream(q_in))
+        cos.shape[-1], C.ptr(cos), C.ptr(sin), C.ptr(q_in), C.ptr(q_out), C.ptr(k_in), C.ptr(k_out),
+        ctypes.addressof(arr), C.stream(q_in))
 
 
 def _last_contiguous(t: torch.Tensor) -> torch.Tensor:
