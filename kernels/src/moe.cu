@@ -70,6 +70,103 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
   return s;
 }
 
+// ---- routing: stable counting sort of the (token, k) assignments by expert -------------------
+constexpr int kRouteChunk = 4096;   // assignments per block
+constexpr int kRouteThreads = 256;  // 8 warps; a chunk is processed in tiles of 256, in order
+constexpr int kRouteMaxExperts = 1024;
+
+template <typename I>
+__device__ __forceinline__ int route_key(const I* idx, int64_t a, int num_experts) {
+  const int64_t v = static_cast<int64_t>(idx[a]);
+  return (v < 0 || v > num_experts) ? num_experts : static_cast<int>(v);  // bin E: dropped
+}
+
+template <typename I>
+__global__ void __launch_bounds__(kRouteThreads) route_hist_kernel(const I* __restrict__ idx, int64_t n,
+                                                                   int num_experts, int32_t* __restrict__ counts) {
+  extern __shared__ int sh[];
+  const int bins = num_experts + 1;
+  for (int i = threadIdx.x; i < bins; i += blockDim.x) sh[i] = 0;
+  __syncthreads();
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * kRouteChunk;
+  for (int j = threadIdx.x; j < kRouteChunk; j += blockDim.x) {
+    const int64_t a = base + j;
+    if (a < n) atomicAdd(&sh[route_key(idx, a, num_experts)], 1);  // counts: order-independent
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < bins; i += blockDim.x) counts[static_cast<int64_t>(blockIdx.x) * bins + i] = sh[i];
+}
+
+// One block: per bin, exclusive prefix over the chunks, plus the bin's start; offs = segment ends.
+__global__ void route_scan_kernel(const int32_t* __restrict__ counts, int32_t* __restrict__ bases, int chunks,
+                                  int num_experts, int32_t* __restrict__ offs) {
+  __shared__ int totals[kRouteMaxExperts + 1];
+  __shared__ int starts[kRouteMaxExperts + 1];
+  const int bins = num_experts + 1;
+  for (int e = threadIdx.x; e < bins; e += blockDim.x) {
+    int total = 0;
+    for (int b = 0; b < chunks; ++b) {
+      const int c = counts[static_cast<int64_t>(b) * bins + e];
+      bases[static_cast<int64_t>(b) * bins + e] = total;
+      total += c;
+    }
+    totals[e] = total;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int run = 0;
+    for (int e = 0; e < bins; ++e) {
+      starts[e] = run;
+      run += totals[e];
+    }
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < bins; e += blockDim.x) {
+    const int start = starts[e];
+    for (int b = 0; b < chunks; ++b) bases[static_cast<int64_t>(b) * bins + e] += start;
+    if (e < num_experts) offs[e] = start + totals[e];
+  }
+}
+
+template <typename I>
+__global__ void __launch_bounds__(kRouteThreads) route_scatter_kernel(
+    const I* __restrict__ idx, int64_t n, int64_t top_k, int num_experts, const int32_t* __restrict__ bases,
+    int32_t* __restrict__ row_expert, int32_t* __restrict__ src_token, int32_t* __restrict__ inv) {
+  extern __shared__ int sh[];
+  const int bins = num_experts + 1;
+  int* running = sh;                 // [bins]: next row of each bin for this chunk
+  int* warp_hist = sh + bins;        // [8][bins]: per-warp counts of the current tile
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  for (int i = threadIdx.x; i < bins; i += blockDim.x) running[i] = bases[static_cast<int64_t>(blockIdx.x) * bins + i];
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * kRouteChunk;
+  const unsigned lower = (1u << lane) - 1u;
+  for (int t0 = 0; t0 < kRouteChunk && base + t0 < n; t0 += kRouteThreads) {
+    for (int i = threadIdx.x; i < (kRouteThreads / 32) * bins; i += blockDim.x) warp_hist[i] = 0;
+    __syncthreads();
+    const int64_t a = base + t0 + threadIdx.x;
+    const bool valid = a < n;
+    const int e = valid ? route_key(idx, a, num_experts) : -1;
+    const unsigned peers = __match_any_sync(0xffffffffu, e);
+    const int rank = __popc(peers & lower);
+    if (valid && rank == 0) warp_hist[warp * bins + e] = __popc(peers);
+    __syncthreads();
+    if (valid) {
+      int pos = running[e] + rank;
+      for (int w = 0; w < warp; ++w) pos += warp_hist[w * bins + e];
+      inv[a] = pos;
+      row_expert[pos] = e;
+      src_token[pos] = static_cast<int32_t>(a / top_k);
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < bins; i += blockDim.x) {
+      int add = 0;
+      for (int w = 0; w < kRouteThreads / 32; ++w) add += warp_hist[w * bins + i];
+      running[i] += add;
+    }
+    __syncthreads();
+  }
+}
+
 // ---- token-major scatter (gather into expert order; combine backward) -----------------------
 template <typename T, int V>
 __global__ void scatter_rows_kernel(const T* __restrict__ src, T* __restrict__ dst, const int32_t* __restrict__ inv,
@@ -476,6 +573,47 @@ int check_common(const char* what, const int32_t* offs, int64_t num_experts) {
 using namespace opslot;
 
 extern "C" {
+
+OPSLOT_API int64_t opslot_moe_route_scratch(int64_t n, int64_t num_experts) {
+  const int64_t chunks = (n + kRouteChunk - 1) / kRouteChunk;
+  return 2 * (chunks > 0 ? chunks : 1) * (num_experts + 1);
+}
+
+OPSLOT_API int opslot_moe_route(const void* idx, int idx_is_int64, int64_t n, int64_t top_k, int64_t num_experts,
+                                int32_t* offs, int32_t* row_expert, int32_t* src_token, int32_t* inv,
+                                int32_t* scratch, void* stream) {
+  const char* what = "opslot_moe_route";
+  if (num_experts < 1 || num_experts > kRouteMaxExperts)
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: num_experts %lld outside [1, %d]", what,
+                     static_cast<long long>(num_experts), kRouteMaxExperts);
+  if (n < 0 || n > 0x7fffffff || top_k < 1 || offs == nullptr || scratch == nullptr)
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: bad arguments (n %lld, top_k %lld)", what,
+                     static_cast<long long>(n), static_cast<long long>(top_k));
+  auto s = static_cast<cudaStream_t>(stream);
+  const int bins = static_cast<int>(num_experts) + 1;
+  const int64_t chunks = n > 0 ? (n + kRouteChunk - 1) / kRouteChunk : 0;
+  int32_t* counts = scratch;
+  int32_t* bases = scratch + (chunks > 0 ? chunks : 1) * bins;
+  auto launch = [&](auto tag) {
+    using I = decltype(tag);
+    const I* ix = static_cast<const I*>(idx);
+    if (chunks > 0) {
+      route_hist_kernel<I><<<static_cast<unsigned>(chunks), kRouteThreads, bins * sizeof(int), s>>>(
+          ix, n, static_cast<int>(num_experts), counts);
+      if (int rc = check_launch(what)) return rc;
+    }
+    route_scan_kernel<<<1, 1024, 0, s>>>(counts, bases, static_cast<int>(chunks), static_cast<int>(num_experts), offs);
+    if (int rc = check_launch(what)) return rc;
+    if (chunks > 0) {
+      const size_t smem = static_cast<size_t>(bins) * (1 + kRouteThreads / 32) * sizeof(int);
+      route_scatter_kernel<I><<<static_cast<unsigned>(chunks), kRouteThreads, smem, s>>>(
+          ix, n, top_k, static_cast<int>(num_experts), bases, row_expert, src_token, inv);
+      if (int rc = check_launch(what)) return rc;
+    }
+    return static_cast<int>(OPSLOT_OK);
+  };
+  return idx_is_int64 ? launch(int64_t{}) : launch(int32_t{});
+}
 
 OPSLOT_API int opslot_moe_scatter_rows(const void* src, void* dst, const int32_t* inv, const float* weights,
                                        const void* rows, const void* bias, const int32_t* row_expert,

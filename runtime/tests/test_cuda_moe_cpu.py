@@ -302,7 +302,7 @@ def test_standard_refuses_other_activations():
 
 
 def test_custom_ops_are_registered():
-    for name in ["moe_gather", "moe_gather_backward", "moe_combine", "moe_combine_backward", "moe_act",
+    for name in ["moe_route", "moe_gather", "moe_gather_backward", "moe_combine", "moe_combine_backward", "moe_act",
                  "moe_act_backward", "moe_grouped_mm", "moe_grouped_mm_backward"]:
         assert hasattr(torch.ops.opslot, name)
 

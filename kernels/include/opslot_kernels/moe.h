@@ -22,6 +22,16 @@
 extern "C" {
 #endif
 
+/* Routing metadata from the router's expert indices idx [N] (int64 when idx_is_int64, else int32;
+ * N = tokens * top_k, token-major), all on the device: offs [E], row_expert [N], src_token [N]
+ * (= assignment / top_k of each row), inv [N]. A stable counting sort: rows of one expert keep
+ * assignment order; indices outside [0, E) (upstream's masking index E) form a last, dropped
+ * segment. num_experts <= 1024. scratch: int32, opslot_moe_route_scratch(N, E) elements. */
+OPSLOT_API int64_t opslot_moe_route_scratch(int64_t n, int64_t num_experts);
+OPSLOT_API int opslot_moe_route(const void* idx, int idx_is_int64, int64_t n, int64_t top_k, int64_t num_experts,
+                                int32_t* offs, int32_t* row_expert, int32_t* src_token, int32_t* inv,
+                                int32_t* scratch, void* stream);
+
 /* For each token t and k < top_k with row r = inv[t*K+k] < kept:
  *   dst[r, :] = w[t,k] * src[t, :]                           (w = 1 when `weights` is NULL)
  *   dot_out[t*K+k] = <src[t, :], rows[r, :] + bias[row_expert[r], :]>   (only when dot_out != NULL;

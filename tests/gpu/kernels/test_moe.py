@@ -234,6 +234,26 @@ def test_cuda_graph_capture_and_replay(variant):
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("case", [
+    (1, 8, 1, torch.int64), (100, 8, 2, torch.int32), (257, 128, 8, torch.int64), (5000, 256, 8, torch.int64),
+    (70000, 64, 4, torch.int64), (3000, 1024, 2, torch.int32), (0, 16, 4, torch.int64),
+])
+def test_route_kernel_matches_torch(case):
+    """The routing kernel (stable counting sort) equals the torch formulation exactly, incl. the
+    masking index, out-of-range ids, skewed routing and many chunks."""
+    T, E, K, dt = case
+    g = torch.Generator(device="cuda").manual_seed(T + E)
+    idx = torch.randint(0, E + 1, (T, K), device="cuda", generator=g)      # E = masking index
+    if T > 10:
+        idx[::3, 0] = 5 % E                                                # skew
+        idx[1, -1] = E + 7                                                 # out of range: dropped
+        idx[2, -1] = -3
+    idx = idx.to(dt)
+    a, b = moe.route(idx, E), moe.route_torch(idx, E)
+    for name, x, y in zip(a._fields, a, b):
+        assert torch.equal(x, y), name
+
+
 def _routing(T=40, E=8, K=2, drop=True):
     _, idx, _ = make_inputs(T, 8, E, K, torch.bfloat16, "dropped" if drop else "uniform")
     return moe.route(idx, E), K
@@ -244,6 +264,8 @@ def test_opcheck(dtype):
     r, K = _routing()
     T, H, I, E = 40, 64, 32, 8
     dev = "cuda"
+    _, idx, _ = make_inputs(T, 8, E, K, torch.bfloat16, "dropped")
+    torch.library.opcheck(torch.ops.opslot.moe_route.default, (idx, E))
     x = torch.randn(T, H, device=dev, dtype=dtype, requires_grad=True)
     torch.library.opcheck(torch.ops.opslot.moe_gather.default, (x, r.inv, r.offs, K))
     rows = torch.randn(T * K, H, device=dev, dtype=dtype, requires_grad=True)

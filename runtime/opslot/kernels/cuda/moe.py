@@ -2,11 +2,12 @@
 
 One layer is, for T tokens routed to top_k of E experts (N = T * top_k assignments):
 
-1. `route` (torch ops on the device): a stable sort of the flattened expert indices gives the
-   permutation into expert order; `offs[E]` (int32, cumulative segment ends, torch._grouped_mm's
-   `offs`) comes from `searchsorted`; `inv[N]` is the row of each (token, k) assignment. The masking
-   index `E` (and anything outside [0, E]) sorts past the last expert: those rows (>= offs[-1],
-   "dropped") are skipped everywhere.
+1. `route` (`opslot::moe_route`, three small kernels: per-chunk histograms, a scan, a stable
+   scatter): the permutation of the (token, k) assignments into expert order, `offs[E]` (int32,
+   cumulative segment ends, torch._grouped_mm's `offs`), `inv[N]` the row of each assignment,
+   `row_expert`, `src_token`. The masking index `E` (and anything outside [0, E]) forms a last
+   segment: those rows (>= offs[-1], "dropped") are skipped everywhere. `route_torch` is the same in
+   torch ops (stable sort + searchsorted), used for CPU tensors and as the tests' reference.
 2. `opslot::moe_gather`: token-major copy of each token into its k rows (zero dropped rows).
 3. `opslot::moe_grouped_mm`: x_sorted @ gate_up per expert segment.
 4. `opslot::moe_act`: SiLU(gate) * up (Qwen/Mixtral layout), or GPT-OSS's clamped alpha-SwiGLU over
@@ -75,10 +76,9 @@ class Routing(NamedTuple):
     inv: Tensor         # [N] row of each (token, k) assignment, token-major
 
 
-def route(top_k_index: Tensor, num_experts: int) -> Routing:
-    """Sort the (token, k) assignments by expert on the device. `top_k_index` [T, K] holds expert
-    ids in [0, E]; E (upstream's masking index) and values outside [0, E] are dropped. Stable: the
-    rows of one expert keep token order, so results do not depend on the sort's tie-breaking."""
+def route_torch(top_k_index: Tensor, num_experts: int) -> Routing:
+    """`route` in torch ops (any device; the executable statement of its contract, and what CPU
+    tensors use): stable sort, searchsorted, inverse permutation."""
     if top_k_index.dim() != 2:
         raise ValueError(f"top_k_index must be [tokens, top_k], got shape {tuple(top_k_index.shape)}")
     tokens, top_k = top_k_index.shape
@@ -93,6 +93,52 @@ def route(top_k_index: Tensor, num_experts: int) -> Routing:
     inv = torch.empty(n, device=dev, dtype=torch.int32)
     inv.scatter_(0, perm, torch.arange(n, device=dev, dtype=torch.int32))
     return Routing(offs, keys, src_token, inv)
+
+
+@torch.library.custom_op("opslot::moe_route", mutates_args=())
+def moe_route(top_k_index: Tensor, num_experts: int) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The routing kernel (a stable counting sort on the device): (offs, row_expert, src_token, inv)."""
+    _check(top_k_index)
+    tokens, top_k = top_k_index.shape
+    n = tokens * top_k
+    idx = top_k_index.reshape(-1)
+    if idx.dtype not in (torch.int64, torch.int32):
+        idx = idx.to(torch.int64)
+    idx = idx.contiguous()
+    dev = top_k_index.device
+    offs = torch.empty(num_experts, device=dev, dtype=torch.int32)
+    row_expert = torch.empty(n, device=dev, dtype=torch.int32)
+    src_token = torch.empty(n, device=dev, dtype=torch.int32)
+    inv = torch.empty(n, device=dev, dtype=torch.int32)
+    lib = _lib.library()
+    size_fn = lib.opslot_moe_route_scratch
+    size_fn.argtypes, size_fn.restype = [ctypes.c_int64, ctypes.c_int64], ctypes.c_int64
+    scratch = torch.empty(int(size_fn(n, num_experts)), device=dev, dtype=torch.int32)
+    _fn("opslot_moe_route", [PTR, I32, I64, I64, I64, PTR, PTR, PTR, PTR, PTR, PTR])(
+        _p(idx), int(idx.dtype == torch.int64), n, top_k, num_experts, _p(offs), _p(row_expert), _p(src_token),
+        _p(inv), _p(scratch), _stream(idx))
+    return offs, row_expert, src_token, inv
+
+
+@moe_route.register_fake
+def _(top_k_index, num_experts):
+    n = top_k_index.shape[0] * top_k_index.shape[1]
+    new = top_k_index.new_empty
+    return (new(num_experts, dtype=torch.int32), new(n, dtype=torch.int32), new(n, dtype=torch.int32),
+            new(n, dtype=torch.int32))
+
+
+def route(top_k_index: Tensor, num_experts: int) -> Routing:
+    """Sort the (token, k) assignments by expert on the device. `top_k_index` [T, K] holds expert
+    ids in [0, E]; E (upstream's masking index) and values outside [0, E] are dropped. Stable: the
+    rows of one expert keep token order, so results do not depend on tie-breaking. CUDA tensors use
+    the routing kernel (opslot::moe_route, E <= 1024), others `route_torch`; both give identical
+    metadata."""
+    if top_k_index.dim() != 2:
+        raise ValueError(f"top_k_index must be [tokens, top_k], got shape {tuple(top_k_index.shape)}")
+    if top_k_index.is_cuda and num_experts <= 1024:
+        return Routing(*moe_route(top_k_index, num_experts))
+    return route_torch(top_k_index, num_experts)
 
 
 # -- kernel calls (one Python function per C entry point; outputs are preallocated tensors) --------
@@ -476,5 +522,5 @@ def moe_gpt_oss(module: Any, hidden_states: Tensor, router_indices: Tensor, rout
                     down_bias=module.down_proj_bias, alpha=float(module.alpha), limit=float(module.limit))
 
 
-__all__ = ["Routing", "route", "grouped_experts", "moe_standard", "moe_gpt_oss", "moe_gather", "moe_combine",
+__all__ = ["Routing", "route", "route_torch", "moe_route", "grouped_experts", "moe_standard", "moe_gpt_oss", "moe_gather", "moe_combine",
            "moe_act", "moe_grouped_mm", "GEMM_BACKEND"]
