@@ -12,10 +12,12 @@
 #include "base/text_util.h"
 #include "parser/ts_node.h"
 #include "rewriter/edit_plan.h"
+#include "rewriter/fingerprint.h"
 #include "rewriter/guards.h"
 #include "rewriter/name_resolution.h"
 #include "rewriter/reindent.h"
 #include "rewriter/sha256.h"
+#include "spec/version_condition.h"
 
 namespace patchgen::rewriter {
 namespace {
@@ -110,15 +112,26 @@ TextEdit SnippetEdit(ByteRange range, const std::string& prefix, const Snippet& 
 
 class Generator {
  public:
-  Generator(const spec::PatchSpec& spec, const PyModule& up, const GenerateOptions& options)
-      : spec_(spec), up_(up), src_(up.source()), options_(options) {
+  Generator(const spec::PatchSpec& spec, const PyModule& up, const GenerateOptions& options,
+            std::vector<SkippedEntry> skipped)
+      : spec_(spec), up_(up), src_(up.source()), options_(options), skipped_(std::move(skipped)) {
     for (const NameMapEntry& e : spec.name_map) spec_map_.push_back({&e, false});
   }
 
   Result<GenerateResult> Run() {
     PlanImports();
     CheckNestedInReplaced();
-    for (const Patch& p : spec_.patches) PlanPatch(p);
+    for (const Patch& p : spec_.patches) {
+      if (p.when.optional) {
+        if (std::optional<std::string> why = PatchAbsent(p)) {
+          skipped_.push_back({PatchKindKey(p.kind), p.target,
+                              *why + (p.when.reason.empty() ? "" : "; " + p.when.reason), p.loc});
+          continue;
+        }
+      }
+      PlanPatch(p);
+      PinPatch(p);
+    }
     PlanGuardsAndConflicts();
     PlanInsertionsAfterImports();
     PlanHelpersAfter();
@@ -133,6 +146,12 @@ class Generator {
     GenerateResult result;
     result.upstream_sha256 = Sha256Hex(src_);
     result.applied = applied_;
+    std::stable_sort(skipped_.begin(), skipped_.end(),
+                     [](const SkippedEntry& a, const SkippedEntry& b) {
+                       return std::tie(a.loc.path, a.loc.line) < std::tie(b.loc.path, b.loc.line);
+                     });
+    result.skipped = skipped_;
+    result.contract = contract_;
     std::string header = Header(result.upstream_sha256);
     result.text = header + plan_.Apply(src_);
     ValidateOutput(result.text, static_cast<uint32_t>(header.size()));
@@ -518,6 +537,84 @@ class Generator {
     }
   }
 
+  // ----- optional entries and contract pins ------------------------------------------------
+
+  /// Why an optional patch cannot apply (its target is absent upstream, or for add_method the
+  /// method already exists), or nullopt.
+  std::optional<std::string> PatchAbsent(const Patch& p) const {
+    const Definition* def = up_.Find(p.target);
+    switch (p.kind) {
+      case PatchKind::kReplaceClass:
+      case PatchKind::kReplaceFunction: {
+        Definition::Kind want = p.kind == PatchKind::kReplaceClass ? Definition::Kind::kClass
+                                                                   : Definition::Kind::kFunction;
+        const Definition* top = up_.FindTopLevel(p.target);
+        if (!top || top->kind != want) return "optional: no top-level '" + p.target + "' upstream";
+        return std::nullopt;
+      }
+      case PatchKind::kOverrideMethod:
+        if (!def || def->kind != Definition::Kind::kFunction) {
+          return "optional: no method '" + p.target + "' upstream";
+        }
+        return std::nullopt;
+      case PatchKind::kAddMethod:
+        if (!up_.Find(Owner(p.target))) return "optional: no class '" + Owner(p.target) + "' upstream";
+        if (def) return "optional: upstream already defines '" + p.target + "'";
+        return std::nullopt;
+      case PatchKind::kModifyInit:
+        if (!def || def->kind != Definition::Kind::kClass || !up_.Find(p.target + ".__init__")) {
+          return "optional: no class '" + p.target + "' with an __init__ upstream";
+        }
+        return std::nullopt;
+    }
+    return std::nullopt;
+  }
+
+  void AddPin(std::string key, std::string region, std::string expects, std::string qualname,
+              const SourceLoc& loc, const std::vector<ByteRange>& ranges,
+              const std::vector<ByteRange>& skip) {
+    ContractPin pin{std::move(key), std::move(region), std::move(expects), std::move(qualname),
+                    loc, 0, 0, {}, {}};
+    Fingerprint fp = ranges.empty() ? AbsentFingerprint() : FingerprintOf(up_, ranges, skip);
+    if (!ranges.empty()) {
+      pin.first_line = up_.lines().LineOf(ranges.front().start) + 1;
+      uint32_t last = 0;
+      for (const ByteRange& r : ranges) {
+        last = std::max(last, up_.lines().LineOf(r.end > r.start ? r.end - 1 : r.start) + 1);
+      }
+      pin.last_line = last;
+    }
+    pin.sha256 = std::move(fp.sha256);
+    pin.text = std::move(fp.text);
+    contract_.push_back(std::move(pin));
+  }
+
+  /// Decorators through the header's colon: what callers of `def` rely on.
+  static ByteRange SignatureOf(const Definition& def) {
+    return {def.definition.start, def.header.end};
+  }
+
+  void PinPatch(const Patch& p) {
+    std::string key = What(p);
+    if (p.when.upstream_version) key += " for upstream " + *p.when.upstream_version;
+    const Definition* def = up_.Find(p.target);
+    switch (p.kind) {
+      case PatchKind::kAddMethod:
+        if (!def) AddPin(key, "absent", PatchKindKey(p.kind), p.target, p.loc, {}, {});
+        return;
+      case PatchKind::kModifyInit: {
+        const Definition* init = up_.Find(p.target + ".__init__");
+        if (!def || !init) return;
+        AddPin(key, "signature", PatchKindKey(p.kind), p.target, p.loc,
+               {SignatureOf(*def), SignatureOf(*init)}, {});
+        return;
+      }
+      default:
+        if (def) AddPin(key, "signature", PatchKindKey(p.kind), p.target, p.loc, {SignatureOf(*def)}, {});
+        return;
+    }
+  }
+
   /// "override_method Qwen3MLP.forward": how edits of a patch are named in errors.
   static std::string What(const Patch& p) { return std::string(PatchKindKey(p.kind)) + " " + p.target; }
 
@@ -781,6 +878,23 @@ class Generator {
     }
     for (TextEdit& e : guards->edits) plan_.Add(std::move(e));
     declarations_ = guards->declarations;
+    for (const GuardPlan::Skipped& sk : guards->skipped) {
+      skipped_.push_back({"guard", sk.target, sk.why, sk.loc});
+    }
+    for (const GuardPlan::Region& r : guards->regions) {
+      std::string key = "guard " + r.slot + " in " + r.in;
+      if (r.at) key += " at '" + *r.at + "'";
+      if (r.through) key += " through '" + *r.through + "'";
+      if (r.upstream_version) key += " for upstream " + *r.upstream_version;
+      const Definition& def = up_.definitions()[static_cast<size_t>(r.definition)];
+      if (r.statements) {
+        AddPin(key, "statements", r.op_variant, r.in, r.loc, {*r.statements}, {});
+      } else {
+        std::vector<ByteRange> skip;
+        if (def.docstring) skip.push_back(*def.docstring);
+        AddPin(key, "function", r.op_variant, r.in, r.loc, {def.definition}, skip);
+      }
+    }
     for (const auto& [target, description] : guards->applied) {
       applied_.push_back({"guard", target, OneLine(description)});
     }
@@ -1028,6 +1142,13 @@ class Generator {
     h += "#   version:  " + options_.upstream_version + "\n";
     h += "#   sha256:   " + sha + "\n";
     if (!spec_.description.empty()) h += "#   about:    " + OneLine(spec_.description) + "\n";
+    if (!skipped_.empty()) {
+      h += "#   skipped:\n";
+      for (const SkippedEntry& sk : skipped_) {
+        h += "#   - " + sk.kind + " " + sk.target + " (" + Where(sk.loc) + "): " + OneLine(sk.why) +
+             "\n";
+      }
+    }
     if (applied_.empty()) {
       h += "#   applied:  nothing (upstream with absolute imports)\n";
     } else {
@@ -1147,13 +1268,80 @@ class Generator {
   std::vector<std::pair<std::string, const Patch*>> replaced_;
   std::vector<std::pair<std::string, const Patch*>> added_methods_;
   std::vector<const spec::LocatedName*> excluded_;
+  std::vector<SkippedEntry> skipped_;
+  std::vector<ContractPin> contract_;
 };
+
+/// Keeps the entries whose `upstream_version` matches `version`; the others go to `skipped`.
+/// A condition that cannot be evaluated (upstream version unknown) is an error.
+template <class T, class Describe>
+void FilterByVersion(std::vector<T>& entries, const std::string& version, Describe describe,
+                     std::vector<SkippedEntry>& skipped, std::vector<Diagnostic>& errors) {
+  std::vector<T> kept;
+  for (T& e : entries) {
+    if (!e.when.upstream_version) {
+      kept.push_back(std::move(e));
+      continue;
+    }
+    std::optional<bool> match = spec::VersionMatches(*e.when.upstream_version, version);
+    if (!match) {
+      errors.push_back(ErrorAt(e.when.version_loc,
+                               "cannot evaluate upstream_version '" + *e.when.upstream_version +
+                                   "': the upstream version is '" + version + "'",
+                               "the version comes from __version__ in the package's "
+                               "__init__.py or its dist-info METADATA"));
+      continue;
+    }
+    if (*match) {
+      kept.push_back(std::move(e));
+      continue;
+    }
+    auto [kind, target, loc] = describe(e);
+    skipped.push_back({kind, target,
+                       "upstream_version \"" + *e.when.upstream_version + "\" does not match " +
+                           version + (e.when.reason.empty() ? "" : "; " + e.when.reason),
+                       loc});
+  }
+  entries = std::move(kept);
+}
 
 }  // namespace
 
 Result<GenerateResult> Generate(const spec::PatchSpec& spec, const parser::PyModule& upstream,
                                 const GenerateOptions& options) {
-  return Generator(spec, upstream, options).Run();
+  spec::PatchSpec active = spec;
+  std::vector<SkippedEntry> skipped;
+  std::vector<Diagnostic> errors;
+  const std::string& v = options.upstream_version;
+  for (spec::Slot& slot : active.slots) {
+    FilterByVersion(slot.guards, v, [](const spec::Guard& g) {
+      return std::make_tuple(std::string("guard"), g.in, g.loc.line > 0 ? g.loc : g.in_loc);
+    }, skipped, errors);
+  }
+  FilterByVersion(active.patches, v, [](const Patch& p) {
+    return std::make_tuple(std::string(PatchKindKey(p.kind)), p.target, p.loc);
+  }, skipped, errors);
+  FilterByVersion(active.helpers, v, [](const spec::Helper& h) {
+    return std::make_tuple(std::string("helper"), h.name, h.loc);
+  }, skipped, errors);
+  // Two entries for one target must not both apply (their conditions overlap).
+  std::map<std::string, const Patch*> targets;
+  for (const Patch& p : active.patches) {
+    auto [it, inserted] = targets.emplace(p.target, &p);
+    if (inserted) continue;
+    Diagnostic d = ErrorAt(p.target_loc,
+                           "duplicate target '" + p.target + "' for upstream version " + v,
+                           "entries of one target need upstream_version conditions that do not "
+                           "overlap");
+    d.notes.push_back(it->second->target_loc.path + ":" + std::to_string(it->second->target_loc.line) +
+                      ":" + std::to_string(it->second->target_loc.col) + ": note: also applies");
+    errors.push_back(std::move(d));
+  }
+  if (!errors.empty()) {
+    SortDiagnostics(errors);
+    return errors;
+  }
+  return Generator(active, upstream, options, std::move(skipped)).Run();
 }
 
 }  // namespace patchgen::rewriter

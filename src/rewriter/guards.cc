@@ -198,6 +198,13 @@ class Planner {
         std::string key =
             g.in + '\0' + g.at.value_or("") + '\0' + g.through.value_or("") + '\0' + g.call;
         if (!seen_guards.insert(key).second) continue;  // Inherited twice: apply once.
+        if (g.when.optional) {
+          if (std::optional<std::string> why = Absent(g)) {
+            plan_.skipped.push_back({g.in, *why + (g.when.reason.empty() ? "" : "; " + g.when.reason),
+                                     g.loc.line > 0 ? g.loc : g.in_loc});
+            continue;
+          }
+        }
         PlanGuard(*slot, g);
       }
     }
@@ -468,6 +475,29 @@ class Planner {
 
   // ---- guards ---------------------------------------------------------------------------------
 
+  /// Why an optional guard cannot apply (its target, `at` or `through` is absent upstream), or
+  /// nullopt when everything it names is there (then it is planned, errors included).
+  std::optional<std::string> Absent(const Guard& g) const {
+    const Definition* def = up_.Find(g.in);
+    if (!def || def->kind != Definition::Kind::kFunction) {
+      return "optional guard: no function '" + g.in + "' upstream";
+    }
+    if (!g.at) return std::nullopt;
+    TSNode block = BodyBlock(up_, *def);
+    if (ts_node_is_null(block)) return std::nullopt;
+    std::vector<Stmt> stmts;
+    CollectBlock(block, up_.lines(), stmts);
+    if (Matching(stmts, Trim(*g.at)).empty()) {
+      return "optional guard: no statement starting with '" + std::string(Trim(*g.at)) + "' in " +
+             g.in;
+    }
+    if (g.through && Matching(stmts, Trim(*g.through)).empty()) {
+      return "optional guard: no statement starting with '" + std::string(Trim(*g.through)) +
+             "' in " + g.in;
+    }
+    return std::nullopt;
+  }
+
   void PlanGuard(const Slot& slot, const Guard& g) {
     if (g.through && !g.at) {  // The spec loader rejects this too; PatchSpecs may be built in code.
       errors_.push_back(ErrorAt(g.through_loc, "`through` without `at`",
@@ -483,6 +513,11 @@ class Planner {
     bool planned = g.at ? PlanCallSite(slot, g, *def, *call) : PlanEntry(slot, g, *def, *call);
     if (!planned) return;
     plan_.applied.emplace_back(def->qualname, slot.name + " -> " + slot.op + "/" + slot.variant);
+    GuardPlan::Region region{slot.name, slot.op + "/" + slot.variant, def->qualname, g.at,
+                             g.through, g.loc.line > 0 ? g.loc : g.in_loc, IndexOf(def),
+                             std::nullopt, g.when.upstream_version};
+    if (g.at) region.statements = last_call_site_;
+    plan_.regions.push_back(std::move(region));
     plan_.guarded_targets.emplace_back(def->qualname, g.in_loc);
   }
 
@@ -689,6 +724,7 @@ class Planner {
       return false;
     }
     ByteRange moved{LineStartOf(first.range.start), LineEndOf(last->range.end)};
+    last_call_site_ = ByteRange{first.range.start, last->range.end};
     uint32_t last_line = up_.lines().LineOf(last->range.end) + 1;
     for (const PlannedRange& other : call_sites_) {
       if (!other.range.Overlaps(moved)) continue;
@@ -854,6 +890,7 @@ class Planner {
   std::map<int, EntryEdit> entry_;
   std::vector<TextEdit> call_site_edits_;
   std::vector<PlannedRange> call_sites_;
+  ByteRange last_call_site_;  ///< Statements of the last planned call-site guard.
   std::map<int, InitEdit> init_;
 };
 

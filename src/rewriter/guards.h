@@ -2,6 +2,7 @@
 // guards injected into upstream bodies as TextEdits, so bodies keep tracking upstream.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,26 @@ struct GuardPlan {
   /// Qualified names of definitions that guards edit, with the guard's `in` location (for
   /// "guard inside an overridden method" errors).
   std::vector<std::pair<std::string, SourceLoc>> guarded_targets;
+  /// What each planned guard relies on upstream (for contract pins): the guarded definition
+  /// (entry guard) or the statements `at`..`through` (call-site guard).
+  struct Region {
+    std::string slot;        ///< Slot name.
+    std::string op_variant;  ///< "rms_norm/standard".
+    std::string in;          ///< Qualified name of the guarded function.
+    std::optional<std::string> at, through;
+    SourceLoc loc;           ///< The guard entry.
+    int definition = -1;     ///< Index into the upstream's definitions().
+    std::optional<ByteRange> statements;  ///< Call-site guards: first statement start .. last end.
+    std::optional<std::string> upstream_version;  ///< The guard's version condition.
+  };
+  std::vector<Region> regions;
+  /// Optional guards whose target or anchors are absent upstream: (target, why, guard entry).
+  struct Skipped {
+    std::string target;
+    std::string why;
+    SourceLoc loc;
+  };
+  std::vector<Skipped> skipped;
 };
 
 /// Plans every slot and guard of `spec` against `upstream` (docs/guards.md). `runtime` is the

@@ -46,6 +46,18 @@ struct Body {
   SourceLoc loc;           ///< The `code` / `file` / `from` value.
 };
 
+/// When an entry applies (docs/spec-format.md, "Entries that span upstream versions"):
+/// `upstream_version: ">=5.23"` restricts it to matching upstream versions; `optional: true`
+/// (with a `reason:`) skips it when its target or anchors are absent upstream. A skipped entry is
+/// listed in the generated header, never silently dropped.
+struct Condition {
+  std::optional<std::string> upstream_version;  ///< Comma-separated clauses: ">=5.23", "<5.23,>=5.17".
+  SourceLoc version_loc;
+  bool optional = false;
+  SourceLoc optional_loc;
+  std::string reason;  ///< Why (required with `optional: true`); shown in the header when skipped.
+};
+
 enum class PatchKind { kReplaceClass, kReplaceFunction, kOverrideMethod, kAddMethod, kModifyInit };
 
 /// The YAML key of a kind ("replace_class", ...).
@@ -60,6 +72,7 @@ struct Patch {
   enum class InitAt { kEnd, kAfterSuperInit };
   InitAt init_at = InitAt::kEnd;   ///< modify_init only (`after: end | super_init`).
   std::vector<NameMapEntry> name_map;  ///< Patch-level renames (added to the spec's).
+  Condition when;           ///< `upstream_version` / `optional`.
   SourceLoc loc;            ///< The entry (its kind key).
 };
 
@@ -72,6 +85,7 @@ struct Guard {
   SourceLoc through_loc;
   std::string call;         ///< One or more statements (entry guard: one expression, returned).
   TextOrigin call_origin;
+  Condition when;           ///< `upstream_version` / `optional`.
   SourceLoc loc;            ///< The guard entry.
 };
 
@@ -90,6 +104,7 @@ struct Helper {
   std::optional<std::string> after;  ///< Top-level definition to place it after; none = after the slots.
   SourceLoc after_loc;
   Body body;                ///< kCode or kFile.
+  Condition when;           ///< `upstream_version` (helpers cannot be optional).
   SourceLoc loc;
 };
 

@@ -29,12 +29,14 @@ const std::vector<std::string>& KnownKeys(KeyLevel level) {
       "imports", "slots",    "patches", "helpers",     "blocks",  "exclude", "remove"};
   static const std::vector<std::string> imports = {"add", "drop"};
   static const std::vector<std::string> slot = {"name", "op", "variant", "scope", "guards"};
-  static const std::vector<std::string> guard = {"in", "at", "through", "call"};
+  static const std::vector<std::string> guard = {"in", "at", "through", "call", "upstream_version",
+                                                 "optional", "reason"};
   static const std::vector<std::string> patch = {
       "replace_class", "replace_function", "override_method", "add_method", "modify_init",
       "description",   "code",             "file",            "symbol",     "from",
-      "after",         "name_map"};
-  static const std::vector<std::string> helper = {"after", "name", "code", "file", "symbol"};
+      "after",         "name_map",         "upstream_version", "optional", "reason"};
+  static const std::vector<std::string> helper = {"after", "name", "code", "file", "symbol",
+                                                  "upstream_version", "reason"};
   switch (level) {
     case KeyLevel::kSpec: return spec;
     case KeyLevel::kImports: return imports;

@@ -14,6 +14,7 @@
 #include "base/text_util.h"
 #include "spec/raw_node.h"
 #include "spec/spec_keys.h"
+#include "spec/version_condition.h"
 
 namespace patchgen::spec {
 namespace {
@@ -546,6 +547,49 @@ class FileLoader {
     }
   }
 
+  // `upstream_version`, `optional` and `reason` of a guard, patch or helper (the level's known
+  // keys decide which are accepted). False when one is invalid (reported).
+  bool LoadCondition(const std::map<std::string, std::pair<const RawNode*, const RawNode*>>& keys,
+                     Condition& c) {
+    bool ok = true;
+    if (auto it = keys.find("upstream_version"); it != keys.end()) {
+      if (auto v = String(*it->second.second, "upstream_version")) {
+        if (auto why = CheckVersionCondition(*v)) {
+          Error(*it->second.second, "invalid upstream_version '" + *v + "': " + *why,
+                "write clauses like \">=5.23\" or \">=5.17,<5.23\"");
+          ok = false;
+        } else {
+          c.upstream_version = *v;
+          c.version_loc = Loc(*it->second.second);
+        }
+      } else {
+        ok = false;
+      }
+    }
+    if (auto it = keys.find("optional"); it != keys.end()) {
+      const RawNode& v = *it->second.second;
+      if (v.kind == Kind::kScalar && v.style == RawNode::Style::kPlain &&
+          (v.scalar == "true" || v.scalar == "false")) {
+        c.optional = v.scalar == "true";
+        c.optional_loc = Loc(*it->second.first);
+      } else {
+        Error(v, "'optional' takes true or false", "write `optional: true` and a `reason:`");
+        ok = false;
+      }
+    }
+    if (auto it = keys.find("reason"); it != keys.end()) {
+      if (auto r = OneLine(*it->second.second, "reason")) c.reason = *r;
+      else ok = false;
+    }
+    if (c.optional && c.reason.empty() && keys.find("reason") == keys.end()) {
+      Error(*keys.find("optional")->second.first, "'optional: true' needs a 'reason'",
+            "say why the entry may be absent upstream, e.g. `reason: slice_logits_to_keep "
+            "appeared in 5.23`; it is shown when the entry is skipped");
+      ok = false;
+    }
+    return ok;
+  }
+
   std::optional<std::string> EnumValue(const RawNode& n, std::string_view what,
                                        const std::vector<std::string>& values) {
     auto s = String(n, what);
@@ -601,6 +645,7 @@ class FileLoader {
         ok = false;
       }
     }
+    if (!LoadCondition(keys, g.when)) ok = false;
     if (!ok) return std::nullopt;
     g.in = *in;
     g.in_loc = Loc(*keys["in"].second);
@@ -671,12 +716,16 @@ class FileLoader {
         }
       }
       if (auto it = keys.find("name_map"); it != keys.end()) p.name_map = NameMap(*it->second.second);
+      if (!LoadCondition(keys, p.when)) ok = false;
       bool allow_from = p.kind == PatchKind::kReplaceClass || p.kind == PatchKind::kReplaceFunction;
       p.body = BodyOf(item, keys, allow_from, kind);
       if (!ok) continue;
       p.target = *target;
       p.target_loc = Loc(target_node);
-      auto [it, inserted] = targets.emplace(p.target, p.target_loc);
+      // Entries conditioned on the upstream version may share a target (one per version range).
+      auto [it, inserted] = p.when.upstream_version
+                                ? std::make_pair(targets.end(), true)
+                                : targets.emplace(p.target, p.target_loc);
       if (!inserted) {
         ErrorWithNote(target_node, "duplicate target '" + p.target + "'", it->second,
                       "first patched here",
@@ -702,6 +751,7 @@ class FileLoader {
         h.after = *after;
         h.after_loc = Loc(*it->second.second);
       }
+      if (!LoadCondition(keys, h.when)) continue;
       h.body = BodyOf(item, keys, false, "a helper");
       if (h.body.source == Body::Source::kNone) continue;
       const RawNode* name_node = nullptr;
@@ -796,7 +846,11 @@ void Merge(OneSpec& parent_one, OneSpec&& child_one, const std::string& parent_p
     Upsert(parent.import_drops, std::move(n), [](const LocatedName& x) { return x.name; });
   }
   for (Slot& s : child.slots) Upsert(parent.slots, std::move(s), [](const Slot& x) { return x.name; });
-  for (Patch& p : child.patches) Upsert(parent.patches, std::move(p), [](const Patch& x) { return x.target; });
+  for (Patch& p : child.patches) {
+    Upsert(parent.patches, std::move(p), [](const Patch& x) {
+      return x.target + '\0' + x.when.upstream_version.value_or("");
+    });
+  }
   for (Helper& h : child.helpers) Upsert(parent.helpers, std::move(h), [](const Helper& x) { return x.name; });
   for (Block& b : child.blocks) parent.blocks.push_back(std::move(b));
   for (LocatedName& n : child.excludes) {

@@ -441,11 +441,11 @@ help: did you mean 'guards'? valid keys in a slot: name, op, variant, scope, gua
 s.yaml:12:5: error: unknown key 'cod' in a patch
    12 |     cod: x
       |     ^~~
-help: did you mean 'code'? valid keys in a patch: replace_class, replace_function, override_method, add_method, modify_init, description, code, file, symbol, from, after, name_map
+help: did you mean 'code'? valid keys in a patch: replace_class, replace_function, override_method, add_method, modify_init, description, code, file, symbol, from, after, name_map, upstream_version, optional, reason
 s.yaml:16:5: error: unknown key 'befor' in a helper
    16 |     befor: A
       |     ^~~~~
-help: valid keys in a helper: after, name, code, file, symbol
+help: valid keys in a helper: after, name, code, file, symbol, upstream_version, reason
 )");
 }
 
@@ -1003,7 +1003,9 @@ help: inherited patch targets, slots and helpers: rotate_half, rms_slot
 
 TEST_CASE("known keys and enum lists", "[spec]") {
   CHECK(KnownKeys(KeyLevel::kImports) == std::vector<std::string>{"add", "drop"});
-  CHECK(KnownKeys(KeyLevel::kGuard) == std::vector<std::string>{"in", "at", "through", "call"});
+  CHECK(KnownKeys(KeyLevel::kGuard) ==
+        std::vector<std::string>{"in", "at", "through", "call", "upstream_version", "optional",
+                                 "reason"});
   CHECK(RequiredKeys(KeyLevel::kSpec) == std::vector<std::string>{"upstream", "output"});
   CHECK(RequiredKeys(KeyLevel::kPatch).empty());
   CHECK(ScopeValues() == std::vector<std::string>{"module", "instance"});
@@ -1013,6 +1015,67 @@ TEST_CASE("known keys and enum lists", "[spec]") {
     CHECK(std::find(KnownKeys(KeyLevel::kPatch).begin(), KnownKeys(KeyLevel::kPatch).end(), kind) !=
           KnownKeys(KeyLevel::kPatch).end());
   }
+}
+
+}  // namespace
+}  // namespace patchgen::spec
+
+namespace patchgen::spec {
+namespace {
+
+TEST_CASE("upstream_version, optional and reason on guards, patches and helpers", "[spec]") {
+  std::string text = std::string(kMinimal) +
+                     "slots:\n"
+                     "  - name: s\n"
+                     "    op: rms_norm\n"
+                     "    variant: standard\n"
+                     "    guards:\n"
+                     "      - in: A.forward\n"
+                     "        upstream_version: \">=5.23\"\n"
+                     "        reason: new form\n"
+                     "        call: s(x)\n"
+                     "      - in: B.forward\n"
+                     "        optional: true\n"
+                     "        reason: B appeared in 5.23\n"
+                     "        call: s(x)\n"
+                     "patches:\n"
+                     "  - override_method: A.f\n"
+                     "    upstream_version: \"<5.23\"\n"
+                     "    code: \"def f(self): pass\"\n"
+                     "  - override_method: A.f\n"
+                     "    upstream_version: \">=5.23\"\n"
+                     "    code: \"def f(self): return 1\"\n"
+                     "helpers:\n"
+                     "  - upstream_version: \">=5.17,<5.23\"\n"
+                     "    code: \"def h(): pass\"\n";
+  auto r = LoadSpecFromString("s.yaml", text);
+  REQUIRE(Errors(r) == "OK");
+  const PatchSpec& s = *r;
+  REQUIRE(s.slots[0].guards.size() == 2);
+  CHECK(s.slots[0].guards[0].when.upstream_version == ">=5.23");
+  CHECK(s.slots[0].guards[0].when.reason == "new form");
+  CHECK_FALSE(s.slots[0].guards[0].when.optional);
+  CHECK(s.slots[0].guards[1].when.optional);
+  CHECK(s.slots[0].guards[1].when.reason == "B appeared in 5.23");
+  REQUIRE(s.patches.size() == 2);  // One target, two version ranges: not a duplicate.
+  CHECK(s.patches[1].when.upstream_version == ">=5.23");
+  CHECK(s.helpers[0].when.upstream_version == ">=5.17,<5.23");
+}
+
+TEST_CASE("invalid conditions are errors at their values", "[spec]") {
+  std::string base = std::string(kMinimal) + "patches:\n  - override_method: A.f\n    code: \"def f(self): pass\"\n";
+  CHECK(ErrorsOf(base + "    upstream_version: \"5.23\"\n") ==
+        "s.yaml:6:23: error: invalid upstream_version '5.23': clause '5.23' has no comparison (>=, >, <=, <, ==, !=)\n"
+        "    6 |     upstream_version: \"5.23\"\n"
+        "      |                       ^~~~~~\n"
+        "help: write clauses like \">=5.23\" or \">=5.17,<5.23\"\n");
+  CHECK(ErrorsOf(base + "    optional: yes please\n").find("'optional' takes true or false") !=
+        std::string::npos);
+  CHECK(ErrorsOf(base + "    optional: true\n").find("'optional: true' needs a 'reason'") !=
+        std::string::npos);
+  // Helpers cannot be optional (their placement anchor is checked anyway).
+  CHECK(ErrorsOf(std::string(kMinimal) + "helpers:\n  - optional: true\n    code: \"def h(): pass\"\n")
+            .find("unknown key 'optional' in a helper") != std::string::npos);
 }
 
 }  // namespace

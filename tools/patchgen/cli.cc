@@ -141,7 +141,8 @@ struct Job {
   std::vector<rewriter::ContractPin> contract;    // what the applied entries rely on upstream
   std::vector<rewriter::SkippedEntry> skipped_entries;  // conditional entries left out
   std::optional<PinFile> pins;                    // the spec's pin file, when it has one
-  std::vector<PinFinding> pin_findings;           // audit: contract entries that differ from pins
+  std::vector<PinFinding> pin_findings;           // contract entries that differ from the pins
+  std::vector<Diagnostic> warnings;               // entries without a pin
   std::string status;       // final, for reports
 };
 
@@ -383,14 +384,25 @@ void Runner::GenerateAll() {
     if (job.pins && !opts_.pin) {
       job.pin_findings = ComparePins(*job.pins, job.contract);
       if (!opts_.audit && !job.pin_findings.empty()) {
+        // A changed contract fails the spec; an entry without a pin (added to the spec since
+        // the last `patchgen pin`) is a warning.
         std::vector<Diagnostic> errors;
         for (const PinFinding& f : job.pin_findings) {
-          errors.push_back(PinDiagnostic(f, Show(job.lookup.file.file), job.lookup.file.version,
-                                         Show(pins_path), job.spec_shown));
+          Diagnostic d = PinDiagnostic(f, Show(job.lookup.file.file), job.lookup.file.version,
+                                       Show(pins_path), job.spec_shown);
+          if (f.kind == PinFinding::Kind::kUnpinned) {
+            d.severity = Severity::kWarning;
+            job.warnings.push_back(std::move(d));
+          } else {
+            errors.push_back(std::move(d));
+          }
         }
         SortDiagnostics(errors);
-        Fail(job, std::move(errors));
-        return;
+        SortDiagnostics(job.warnings);
+        if (!errors.empty()) {
+          Fail(job, std::move(errors));
+          return;
+        }
       }
     }
     if (NeedDiff(job)) {
@@ -459,6 +471,7 @@ int Runner::Generate() {
       PrintDiagnostics(job.errors);
       code = std::max(code, WorstExit(job.errors));
     } else {
+      PrintDiagnostics(job.warnings);
       std::vector<std::pair<fs::path, const std::string*>> files = {{job.out_py, &job.py_text}};
       if (opts_.diff) files.push_back({job.out_diff, &job.diff_text});
       bool any_written = false;
@@ -539,6 +552,7 @@ int Runner::Check() {
       report.push_back(JobJson(job));
       continue;
     }
+    PrintDiagnostics(job.warnings);
     std::error_code ec;
     std::vector<std::pair<fs::path, const std::string*>> files = {{job.out_py, &job.py_text}};
     if (opts_.diff || fs::is_regular_file(job.out_diff, ec)) files.push_back({job.out_diff, &job.diff_text});

@@ -1,0 +1,220 @@
+#include "audit.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "base/file_util.h"
+#include "parser/ts_node.h"
+
+namespace patchgen::cli {
+namespace fs = std::filesystem;
+
+namespace {
+
+using parser::Field;
+using parser::RangeOf;
+using parser::TypeOf;
+
+std::string Trimmed(std::string_view s) {
+  size_t b = s.find_first_not_of(" \t\r\n");
+  if (b == std::string_view::npos) return {};
+  size_t e = s.find_last_not_of(" \t\r\n");
+  std::string out;
+  bool space = false;
+  for (char c : s.substr(b, e - b + 1)) {  // Collapse runs of whitespace (multi-line defaults).
+    if (c == ' ' || c == '\t' || c == '\n' || c == '\r') {
+      space = true;
+      continue;
+    }
+    if (space && !out.empty()) out += ' ';
+    space = false;
+    out += c;
+  }
+  return out;
+}
+
+std::string Text(const parser::PyModule& m, TSNode n) {
+  return ts_node_is_null(n) ? std::string() : Trimmed(m.Text(RangeOf(n)));
+}
+
+}  // namespace
+
+std::vector<Param> ParametersOf(const parser::PyModule& m, const parser::Definition& def) {
+  std::vector<Param> out;
+  if (def.parameters.empty()) return out;
+  TSNode n = ts_node_descendant_for_byte_range(m.root(), def.parameters.start, def.parameters.end);
+  while (!ts_node_is_null(n) && TypeOf(n) != "parameters") n = ts_node_parent(n);
+  if (ts_node_is_null(n)) return out;
+  for (uint32_t i = 0; i < ts_node_named_child_count(n); ++i) {
+    TSNode p = ts_node_named_child(n, i);
+    std::string_view t = TypeOf(p);
+    if (t == "comment") continue;
+    Param param;
+    if (t == "default_parameter" || t == "typed_default_parameter") {
+      param.name = Text(m, Field(p, "name"));
+      param.annotation = Text(m, Field(p, "type"));
+      param.default_value = Text(m, Field(p, "value"));
+    } else if (t == "typed_parameter") {
+      param.name = Text(m, ts_node_named_child(p, 0));
+      param.annotation = Text(m, Field(p, "type"));
+    } else {
+      param.name = Text(m, p);  // identifier, *args, **kwargs, `*`, `/`
+    }
+    out.push_back(std::move(param));
+  }
+  return out;
+}
+
+std::vector<std::string> DecoratorsOf(const parser::PyModule& m, const parser::Definition& def) {
+  std::vector<std::string> out;
+  if (def.decorators.empty()) return out;
+  std::string_view text = m.Text(def.decorators);
+  // Decorators start lines with '@'; a decorator may span lines (its arguments).
+  std::string current;
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    size_t end = std::min(text.find('\n', pos), text.size());
+    std::string line = Trimmed(text.substr(pos, end - pos));
+    pos = end + 1;
+    if (line.starts_with("@")) {
+      if (!current.empty()) out.push_back(current);
+      current = line;
+    } else if (!line.empty() && !line.starts_with("#")) {
+      current += " " + line;
+    }
+    if (end == text.size()) break;
+  }
+  if (!current.empty()) out.push_back(current);
+  return out;
+}
+
+std::vector<std::string> SignatureChanges(const std::vector<Param>& old_params,
+                                          const std::vector<Param>& new_params,
+                                          const std::vector<std::string>& old_decorators,
+                                          const std::vector<std::string>& new_decorators) {
+  std::vector<std::string> out;
+  std::map<std::string, const Param*> old_by, new_by;
+  for (const Param& p : old_params) old_by[p.name] = &p;
+  for (const Param& p : new_params) new_by[p.name] = &p;
+  for (const Param& p : old_params) {
+    if (!new_by.count(p.name)) out.push_back("parameter '" + p.name + "' removed");
+  }
+  for (const Param& p : new_params) {
+    if (!old_by.count(p.name)) {
+      out.push_back("parameter '" + p.name + "' added" +
+                    (p.default_value.empty() ? " (no default)" : " (default " + p.default_value + ")"));
+    }
+  }
+  std::vector<std::string> old_common, new_common;
+  for (const Param& p : old_params) {
+    if (new_by.count(p.name)) old_common.push_back(p.name);
+  }
+  for (const Param& p : new_params) {
+    if (old_by.count(p.name)) new_common.push_back(p.name);
+  }
+  if (old_common != new_common) {
+    std::string a, b;
+    for (const auto& n : old_common) a += (a.empty() ? "" : ", ") + n;
+    for (const auto& n : new_common) b += (b.empty() ? "" : ", ") + n;
+    out.push_back("parameters reordered: " + a + " -> " + b);
+  }
+  for (const Param& p : new_params) {
+    auto it = old_by.find(p.name);
+    if (it == old_by.end()) continue;
+    const Param& o = *it->second;
+    if (o.default_value != p.default_value) {
+      out.push_back("default of '" + p.name + "' changed: " +
+                    (o.default_value.empty() ? "none" : o.default_value) + " -> " +
+                    (p.default_value.empty() ? "none" : p.default_value));
+    }
+    if (o.annotation != p.annotation) {
+      out.push_back("annotation of '" + p.name + "' changed: " +
+                    (o.annotation.empty() ? "none" : o.annotation) + " -> " +
+                    (p.annotation.empty() ? "none" : p.annotation));
+    }
+  }
+  for (const std::string& d : old_decorators) {
+    if (std::find(new_decorators.begin(), new_decorators.end(), d) == new_decorators.end()) {
+      out.push_back("decorator removed: " + d);
+    }
+  }
+  for (const std::string& d : new_decorators) {
+    if (std::find(old_decorators.begin(), old_decorators.end(), d) == old_decorators.end()) {
+      out.push_back("decorator added: " + d);
+    }
+  }
+  return out;
+}
+
+std::vector<std::string> MissingImportedNames(const std::string& statement,
+                                              const std::string& upstream_module,
+                                              const fs::path& root) {
+  std::vector<std::string> out;
+  auto parsed = parser::PyModule::Parse("<imports.add>", statement);
+  if (!parsed.ok()) return out;
+  const parser::PyModule& m = **parsed;
+  std::string top = upstream_module.substr(0, upstream_module.find('.'));
+  for (const parser::Import& imp : m.imports()) {
+    if (imp.kind != parser::Import::Kind::kFrom) continue;
+    std::string module;
+    if (imp.relative_level > 0) {
+      std::vector<std::string> parts;
+      for (size_t pos = 0; pos <= upstream_module.size();) {
+        size_t dot = std::min(upstream_module.find('.', pos), upstream_module.size());
+        parts.push_back(upstream_module.substr(pos, dot - pos));
+        pos = dot + 1;
+      }
+      if (parts.size() < static_cast<size_t>(imp.relative_level)) continue;
+      parts.resize(parts.size() - static_cast<size_t>(imp.relative_level));
+      for (const auto& p : parts) module += (module.empty() ? "" : ".") + p;
+      if (!imp.module_name.empty()) module += (module.empty() ? "" : ".") + imp.module_name;
+    } else {
+      module = imp.module_name;
+    }
+    if (module != top && !module.starts_with(top + ".")) continue;  // Another package.
+    fs::path rel;
+    for (size_t pos = 0; pos <= module.size();) {
+      size_t dot = std::min(module.find('.', pos), module.size());
+      rel /= module.substr(pos, dot - pos);
+      pos = dot + 1;
+    }
+    fs::path file = root / rel;
+    std::error_code ec;
+    fs::path py = file;
+    py += ".py";
+    fs::path init = file / "__init__.py";
+    std::optional<std::string> text = ReadFile(fs::is_regular_file(py, ec) ? py : init);
+    if (!text) {
+      out.push_back("module " + module + " not found");
+      continue;
+    }
+    auto target = parser::PyModule::Parse(module, std::move(*text));
+    if (!target.ok()) continue;
+    std::set<std::string> bound;
+    for (const auto& st : (*target)->top_level()) {
+      for (const std::string& n : st.names) bound.insert(n);
+    }
+    // Names bound inside top-level `if`/`try` blocks (lazy imports, fallbacks) count too.
+    for (const parser::Import& ti : (*target)->imports()) {
+      for (const auto& n : ti.names) {
+        std::string b = n.alias.empty() ? n.name.substr(0, n.name.find('.')) : n.alias;
+        bound.insert(b);
+      }
+    }
+    for (const auto& d : (*target)->definitions()) {
+      if (d.parent < 0) bound.insert(d.name);
+    }
+    for (const auto& n : imp.names) {
+      if (bound.count(n.name)) continue;
+      fs::path sub = file / n.name;
+      fs::path sub_py = sub;
+      sub_py += ".py";
+      if (fs::is_regular_file(sub_py, ec) || fs::is_directory(sub, ec)) continue;  // A submodule.
+      out.push_back("'" + n.name + "' not defined in " + module);
+    }
+  }
+  return out;
+}
+
+}  // namespace patchgen::cli

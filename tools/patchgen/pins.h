@@ -1,0 +1,73 @@
+// Contract pins (docs/cli.md, "Contract pins"): per spec, a reviewed file that records the
+// fingerprint of the upstream code every guard and patch relies on (rewriter::ContractPin), for
+// each upstream version it was verified against. `patchgen pin` writes it; generation and
+// --check compare the current upstream with it and fail, naming the spec line, the upstream
+// place and a diff of the normalised upstream text, when a contract changed.
+#pragma once
+
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "base/diagnostic.h"
+#include "rewriter/generate.h"
+
+namespace patchgen::cli {
+
+/// One fingerprint a person verified, and the upstream versions it was seen in.
+struct PinRecord {
+  std::string sha256;
+  std::vector<std::string> versions;
+  std::string text;  ///< Normalised upstream text (no trailing newline).
+};
+
+struct PinEntry {
+  std::string key;     ///< rewriter::ContractPin::key
+  std::string region;  ///< rewriter::ContractPin::region
+  std::vector<PinRecord> verified;  ///< Oldest first.
+};
+
+struct PinFile {
+  std::vector<PinEntry> entries;
+  const PinEntry* Find(const std::string& key) const;
+};
+
+/// `specs/x/y.yaml` -> `specs/x/y.pins` (a YAML file; not `*.yaml`, so that spec discovery and
+/// `specs/*/*.yaml` globs never take it for a spec).
+std::filesystem::path PinsPathFor(const std::filesystem::path& spec);
+
+/// Reads a pin file; nullopt (no error) when it does not exist. `shown` is the path as printed.
+Result<std::optional<PinFile>> ReadPins(const std::filesystem::path& path, const std::string& shown);
+
+/// The file's text, entries in `order` of keys first (the spec's current order), the others after.
+std::string FormatPins(const PinFile& pins, const std::string& spec_shown);
+
+/// Adds the current contract, seen in upstream `version`, to `pins`: a fingerprint already
+/// recorded gets the version added, a new one is appended. Entries of keys not in `contract` are
+/// kept (they may belong to entries of other upstream versions). Returns the number of new
+/// fingerprints.
+size_t UpdatePins(PinFile& pins, const std::vector<rewriter::ContractPin>& contract,
+                  const std::string& version);
+
+/// What checking one contract entry against the pins found.
+struct PinFinding {
+  enum class Kind { kChanged, kUnpinned };
+  Kind kind = Kind::kChanged;
+  const rewriter::ContractPin* pin = nullptr;
+  const PinRecord* pinned = nullptr;  ///< kChanged: the newest verified record.
+};
+
+std::vector<PinFinding> ComparePins(const PinFile& pins,
+                                    const std::vector<rewriter::ContractPin>& contract);
+
+/// The error for a finding: at the spec entry, naming the upstream place, with a diff of the
+/// pinned and current normalised text and what to do.
+Diagnostic PinDiagnostic(const PinFinding& f, const std::string& upstream_path,
+                         const std::string& version, const std::string& pins_shown,
+                         const std::string& spec_shown);
+
+/// "- pinned / + now" lines of a small diff between two normalised texts.
+std::vector<std::string> TextDiffLines(const std::string& before, const std::string& after);
+
+}  // namespace patchgen::cli
