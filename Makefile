@@ -29,7 +29,7 @@ venv:
 	@scripts/setup-venv.sh
 
 upstream: venv
-	@$(PYTHON) scripts/fetch-upstream.py >/dev/null
+	@$(PYTHON) scripts/fetch-upstream.py 5.17.0 5.23.0 >/dev/null
 
 $(BUILD)/build.ninja: CMakeLists.txt | deps
 	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPATCHGEN_TEST_PYTHON=$(abspath $(PYTHON))
