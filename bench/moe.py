@@ -215,7 +215,8 @@ def train_step(out_dir, batch=4, seq=4096, layers=2):
                          norm_topk_prob=True)
     import dataclasses
     from opslot import OpsImplementationConfig
-    ops = {f.name: "eager" for f in dataclasses.fields(OpsImplementationConfig) if f.name != "attn_implementation"}
+    ops = {f.name: "eager" for f in dataclasses.fields(OpsImplementationConfig)
+           if f.name.endswith("_implementation") and f.name != "attn_implementation"}
     ops["moe_implementation"] = "fused_cuda"   # every other slot explicitly eager: only the experts differ
     torch.manual_seed(0)
     with torch.device("cuda"):

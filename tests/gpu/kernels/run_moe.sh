@@ -17,3 +17,6 @@ timeout "${TEST_TIMEOUT:-120}" python3 -m pytest -q -rf -p no:cacheprovider test
   2>&1 | tee "$OUT/tests.txt" | tail -25
 timeout "${BENCH_TIMEOUT:-150}" python3 bench/moe.py --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_log.txt" \
   | grep -v "^{" | tail -40
+if [ -n "${TRAIN_STEP:-}" ]; then
+  timeout "${TRAIN_TIMEOUT:-60}" python3 bench/moe.py --train-step --out "$OUT" 2>&1 | grep -v Warning | tail -12
+fi
