@@ -121,16 +121,10 @@ __global__ void __launch_bounds__(kThreads) lb_fwd_kernel(const __grid_constant_
           bi = oi;
         }
       }
-      if (bi / EPL == q) {
-        const int i = bi - q * EPL;
-#pragma unroll
-        for (int j = 0; j < EPL; ++j)
-          if (j == i) {
-            taken |= 1u << j;
-            cnt[j] += m;
-          }
-      }
+      if (bi / EPL == q) taken |= 1u << (bi - q * EPL);
     }
+#pragma unroll
+    for (int i = 0; i < EPL; ++i) cnt[i] += (taken >> i & 1u) ? m : 0.f;
     softmax_row<EPL, LPR>(v, E, q);
     if (valid) {
 #pragma unroll
@@ -180,8 +174,10 @@ __global__ void __launch_bounds__(kFinalThreads) lb_finalize_kernel(const float*
   }
   __syncthreads();
   float s = 0.f;
-  if (grp < ngrp)
+  if (grp < ngrp) {
+#pragma unroll 8
     for (int64_t p = grp; p < prows; p += ngrp) s += partial[p * ncol + col];
+  }
   sm[threadIdx.x] = s;
   __syncthreads();
   float v = 0.f;

@@ -90,6 +90,18 @@ __global__ void __launch_bounds__(kMaxThreads) rms_fwd_kernel(RmsArgs a) {
   const int nvec = static_cast<int>(a.cols / VEC);
   const float fcols = static_cast<float>(a.cols);
   const Tw* w = static_cast<const Tw*>(a.w);
+  // The weight is the same for every row: loaded once, kept in registers (off the per-row latency chain).
+  float wreg[NV][VEC];
+#pragma unroll
+  for (int i = 0; i < NV; ++i) {
+    const int c = t + i * tpr;
+    if (a.mode != OPSLOT_RMS_UNWEIGHTED && c < nvec) {
+      load_vec<VEC>(w + static_cast<int64_t>(c) * VEC, wreg[i]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) wreg[i][j] = 0.f;
+    }
+  }
   for (int64_t base = static_cast<int64_t>(blockIdx.x) * rpb; base < a.rows;
        base += static_cast<int64_t>(gridDim.x) * rpb) {
     const int64_t row = base + sub;
@@ -120,8 +132,8 @@ __global__ void __launch_bounds__(kMaxThreads) rms_fwd_kernel(RmsArgs a) {
       const int c = t + i * tpr;
       if (c >= nvec) continue;
       const int64_t off = static_cast<int64_t>(c) * VEC;
-      float wv[VEC], gv[VEC], out[VEC];
-      if (a.mode != OPSLOT_RMS_UNWEIGHTED) load_vec<VEC>(w + off, wv);
+      float gv[VEC], out[VEC];
+      const float(&wv)[VEC] = wreg[i];
       if (a.mode == OPSLOT_RMS_GATED) load_vec<VEC>(gr + off, gv);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
@@ -154,11 +166,19 @@ __global__ void __launch_bounds__(kMaxThreads) rms_bwd_kernel(RmsArgs a) {
   const int nvec = static_cast<int>(a.cols / VEC);
   const float fcols = static_cast<float>(a.cols);
   const Tw* w = static_cast<const Tw*>(a.w);
-  float dwacc[NV][VEC];
+  float dwacc[NV][VEC], wreg[NV][VEC];
 #pragma unroll
-  for (int i = 0; i < NV; ++i)
+  for (int i = 0; i < NV; ++i) {
+    const int c = t + i * tpr;
+    if (a.mode != OPSLOT_RMS_UNWEIGHTED && c < nvec) {
+      load_vec<VEC>(w + static_cast<int64_t>(c) * VEC, wreg[i]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) wreg[i][j] = 0.f;
+    }
 #pragma unroll
     for (int j = 0; j < VEC; ++j) dwacc[i][j] = 0.f;
+  }
 
   for (int64_t base = static_cast<int64_t>(blockIdx.x) * rpb; base < a.rows;
        base += static_cast<int64_t>(gridDim.x) * rpb) {
@@ -177,10 +197,10 @@ __global__ void __launch_bounds__(kMaxThreads) rms_bwd_kernel(RmsArgs a) {
       const int c = t + i * tpr;
       if (valid && c < nvec) {
         const int64_t off = static_cast<int64_t>(c) * VEC;
-        float d[VEC], wv[VEC], gv[VEC], dg[VEC];
+        float d[VEC], gv[VEC], dg[VEC];
+        const float(&wv)[VEC] = wreg[i];
         load_vec<VEC>(xr + off, nv[i]);
         load_vec<VEC>(dyr + off, d);
-        if (a.mode != OPSLOT_RMS_UNWEIGHTED) load_vec<VEC>(w + off, wv);
         if (a.mode == OPSLOT_RMS_GATED) load_vec<VEC>(gr + off, gv);
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
@@ -466,7 +486,8 @@ static int rms_bwd_impl(int mode, int x_dtype, int w_dtype, const RmsArgs& a, vo
 OPSLOT_API int64_t opslot_rms_norm_bwd_partial_rows(int mode, int x_dtype, int w_dtype, int64_t rows, int64_t cols,
                                                     const void* x, int64_t x_row_stride, const void* gate,
                                                     int64_t gate_row_stride, const void* dy, int64_t dy_row_stride) {
-  if (check_common(mode, rows, cols, x, gate, mode == OPSLOT_RMS_UNWEIGHTED ? nullptr : x)) return -1;
+  static const char dummy = 0;  // the weight pointer is not needed to size the scratch
+  if (check_common(mode, rows, cols, x, gate, &dummy)) return -1;
   RmsArgs a{};
   a.mode = mode;
   a.rows = rows;
