@@ -27,19 +27,21 @@ _check_torch(_torch.__version__)
 
 from . import hf  # noqa: F401  (Transformers integration: opslot.hf)
 from .binding import bind_ops, build_model, load_private_copy, module_slots
-from .config import CUDA_DEFAULTS, FIELD_FOR_OP, NPU_DEFAULTS, OpsImplementationConfig
+from .config import CUDA_DEFAULTS, FIELD_FOR_OP, FORCE_ENV, NPU_DEFAULTS, OpsImplementationConfig
 from .hardware import DeviceInfo, HardwareRequirement, current_device, set_device_detector, use_device
 from .kernels import register_builtin_kernels
 from .ops import EAGER, KNOWN_OPS
+from .plan import BindingPlan, PlanEntry, binding_plan, declared_slots
 from .registry import KERNEL_REGISTRY, PLUGIN_GROUP, KernelRegistry, KernelSpec, register_kernel
 from .slot import OpSlot
 
 register_builtin_kernels(KERNEL_REGISTRY)
 
 __all__ = [
-    "CUDA_DEFAULTS", "DeviceInfo", "EAGER", "FIELD_FOR_OP", "HardwareRequirement", "KERNEL_REGISTRY",
-    "KNOWN_OPS", "KernelRegistry", "KernelSpec", "NPU_DEFAULTS", "OpSlot", "OpsImplementationConfig",
-    "PLUGIN_GROUP", "bind_ops", "build_model", "current_device", "load_private_copy", "module_slots",
-    "register_builtin_kernels", "register_kernel", "set_device_detector", "use_device",
+    "BindingPlan", "CUDA_DEFAULTS", "DeviceInfo", "EAGER", "FIELD_FOR_OP", "FORCE_ENV", "HardwareRequirement",
+    "KERNEL_REGISTRY", "KNOWN_OPS", "KernelRegistry", "KernelSpec", "NPU_DEFAULTS", "OpSlot",
+    "OpsImplementationConfig", "PLUGIN_GROUP", "PlanEntry", "bind_ops", "binding_plan", "build_model",
+    "current_device", "declared_slots", "load_private_copy", "module_slots", "register_builtin_kernels",
+    "register_kernel", "set_device_detector", "use_device",
 ]
 __version__ = "0.1.0"

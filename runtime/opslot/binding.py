@@ -10,15 +10,19 @@ that binding it cannot change models built earlier with other choices.
 from __future__ import annotations
 
 import copy
+import gc
 import importlib
 import importlib.util
 import itertools
 import sys
 import types
-from typing import Any, Dict, Optional, Union
+import warnings
+from typing import Any, Dict, Iterable, List, Optional, Union
 
-from .config import OpsImplementationConfig
+from .checks import check_model, saved_ops
+from .config import FIELD_FOR_OP, OpsImplementationConfig
 from .hardware import DeviceInfo
+from .plan import binding_plan, declared_slots, log_plan, logger
 from .registry import KernelRegistry
 from .slot import OpSlot
 
@@ -30,21 +34,108 @@ def module_slots(module: types.ModuleType) -> Dict[str, OpSlot]:
     return {name: value for name, value in vars(module).items() if isinstance(value, OpSlot)}
 
 
-def bind_ops(
-    module: types.ModuleType, ops: Any = None, *, registry: Optional[KernelRegistry] = None,
-    device: Optional[DeviceInfo] = None,
-) -> Dict[str, str]:
-    """Bind every module-level slot of `module` from `ops` (config, mapping, YAML path or None for
-    the device defaults). Everything is validated before anything is bound. Returns {slot name: impl}."""
-    config = OpsImplementationConfig.coerce(ops)
-    slots = module_slots(module)
+def _not_a_module(target: Any) -> str:
+    kind = type(target).__name__
+    if hasattr(target, "named_modules"):
+        return (f"bind_ops binds the module-level slots of a generated module, not a model ({kind}); build the model "
+                f"with opslot.build_model(config, ops, module=..., model_class=...) (or opslot.hf.from_pretrained), "
+                f"or bind its module: opslot.bind_ops(sys.modules[type(model).__module__], ops)")
+    return f"bind_ops takes a generated module (or its import name), got {kind}"
+
+
+def _no_slots(module: types.ModuleType, what: str) -> str:
+    return (f"{what}: module {module.__name__!r} declares no OpSlot, so there is nothing to bind (an upstream module? "
+            f"generate a patched one with patchgen and pass that, e.g. module='patched_modeling_<model>_gpu')")
+
+
+def _unbound_error(config: OpsImplementationConfig, ops: List[str], where: str, have: Iterable[str]) -> ValueError:
+    have = sorted(set(have))
+    asked = ", ".join(f"{FIELD_FOR_OP[op]}={getattr(config, FIELD_FOR_OP[op])!r}" for op in ops)
+    return ValueError(
+        f"{asked} binds no slot: {where} has no {'/'.join(ops)} slot (its slots: {', '.join(have) or 'none'}). "
+        f"Remove the field, or, if this model keeps {'/'.join(ops)} upstream on purpose, say so with "
+        f"ops_implementation.allow_unbound: [{', '.join(ops)}]")
+
+
+def _resolve_module(module: Union[str, types.ModuleType]) -> types.ModuleType:
+    if isinstance(module, str):
+        return importlib.import_module(module)
+    if not isinstance(module, types.ModuleType):
+        raise TypeError(_not_a_module(module))
+    return module
+
+
+def _live_models_of(module: types.ModuleType, exclude: Iterable[Any]) -> List[Any]:
+    """Objects alive now whose class is defined in `module` and that no slot records as a user
+    (models constructed directly from the module), outermost ones only."""
+    skip = {id(x) for x in exclude}
+    found = [o for o in gc.get_objects() if getattr(type(o), "__module__", None) == module.__name__
+             and hasattr(o, "named_modules")]
+    inner = set()
+    for obj in found + list(exclude):
+        for _, sub in obj.named_modules():
+            if sub is not obj:
+                inner.add(id(sub))
+    return [o for o in found if id(o) not in inner and id(o) not in skip]
+
+
+def _bind_module(module: types.ModuleType, config: OpsImplementationConfig, slots: Dict[str, OpSlot],
+                 registry: Optional[KernelRegistry], device: Optional[DeviceInfo], warn_live: bool) -> Dict[str, str]:
     chosen = config.validate({(s.op, s.variant) for s in slots.values()}, registry=registry, device=device)
+    changing = [(n, s) for n, s in sorted(slots.items()) if chosen[(s.op, s.variant)] != s.impl]
+    if warn_live and changing:
+        users = [u for s in slots.values() for u in s._users]
+        live = _live_models_of(module, users)
+        if live:
+            names = sorted({type(o).__name__ for o in live})
+            warnings.warn(
+                f"rebinding module {module.__name__!r} changes {len(live)} live model(s) built from it directly "
+                f"({', '.join(names)}): {', '.join(f'{n} {s.impl!r}->{chosen[(s.op, s.variant)]!r}' for n, s in changing)}; "
+                f"build models with opslot.build_model (private module copy) to keep them apart",
+                RuntimeWarning, stacklevel=3)
     bound = {}
     for name, slot in sorted(slots.items()):
         slot.name = name
         impl = chosen[(slot.op, slot.variant)]
-        slot.bind(impl, registry=registry)
+        _, why = config.choose(slot.op, slot.variant, registry=registry, device=device)
+        slot.bind(impl, registry=registry, why=why)
         bound[name] = impl
+    return bound
+
+
+def bind_ops(
+    module: Union[str, types.ModuleType], ops: Any = None, *, registry: Optional[KernelRegistry] = None,
+    device: Optional[DeviceInfo] = None,
+) -> Dict[str, str]:
+    """Bind every module-level slot of `module` from `ops` (config, mapping, YAML/JSON path or text,
+    or None for the device defaults). Everything is validated before anything is bound. Returns
+    {slot name: impl} and logs the module's binding plan at INFO.
+
+    Errors (nothing is bound): `module` is a model instance or declares no slot; an explicit choice
+    binds no module-level slot (an op the module does not have, or one whose slots are
+    instance-scoped: those bind from `config.ops_implementation`, use build_model), unless the op is
+    in `allow_unbound`. Rebinding a module that models were constructed from directly warns."""
+    module = _resolve_module(module)
+    config = OpsImplementationConfig.coerce(ops)
+    declared = declared_slots(module)
+    if not declared:
+        raise ValueError(_no_slots(module, "bind_ops"))
+    slots = module_slots(module)
+    module_ops = {s.op for s in slots.values()}
+    unbound = config.unbound_choices(module_ops)
+    if unbound:
+        instance = sorted({d.op for d in declared if d.scope == "instance"} & set(unbound))
+        if instance:
+            raise ValueError(
+                f"{', '.join(f'{FIELD_FOR_OP[op]}={getattr(config, FIELD_FOR_OP[op])!r}' for op in instance)}: the "
+                f"{'/'.join(instance)} slots of {module.__name__} are instance-scoped and bind from "
+                f"config.ops_implementation when a model is built, which bind_ops cannot do; use "
+                f"opslot.build_model(config, ops, module=..., model_class=...) or opslot.hf.from_pretrained")
+        raise _unbound_error(config, unbound, f"module {module.__name__}",
+                             [f"{d.op}/{d.variant}" for d in declared])
+    bound = _bind_module(module, config, slots, registry, device,
+                         warn_live="__opslot_copy" not in module.__name__)
+    log_plan(binding_plan(module))
     return bound
 
 
@@ -103,9 +194,16 @@ def build_model(
     `attn_implementation` is set, and `_experts_implementation = "eager"` when a moe slot runs a
     kernel (see `moe_runs_kernel`). Module-level slots are bound in a private copy of the module
     (`private_copy=False` binds the module itself, shared with every model built from it)."""
-    config = OpsImplementationConfig.coerce(ops)
-    if isinstance(module, str):
-        module = importlib.import_module(module)
+    saved = saved_ops(hf_config)
+    if ops is None and saved is not None:
+        config = saved  # a config that carries its choice (a saved model's) is built the same way again
+    else:
+        config = OpsImplementationConfig.coerce(ops)
+        if ops is not None and saved is not None and saved != config:
+            logger.warning("build_model: ops=%s replaces the config's ops_implementation %s", config.to_dict(),
+                           saved.to_dict())
+    if module is not None:
+        module = _resolve_module(module)
     if module is None:
         if not isinstance(model_class, type):
             raise ValueError("build_model needs `module`, or `model_class` as a class")
@@ -114,15 +212,26 @@ def build_model(
         raise ValueError(f"build_model needs `model_class` (a class or a class name in {module.__name__})")
     class_name = model_class if isinstance(model_class, str) else model_class.__name__
 
+    declared = declared_slots(module)
+    if not declared:
+        raise ValueError(_no_slots(module, "build_model"))
+    if not isinstance(getattr(module, class_name, None), type):
+        raise AttributeError(f"module {module.__name__!r} has no class {class_name!r}")
+    # Everything the model will bind, instance-scoped slots included, is checked before anything is.
+    pairs = {(d.op, d.variant) for d in declared}
+    chosen = config.validate(pairs, registry=registry, device=device)
+    unbound = config.unbound_choices(d.op for d in declared)
+    if unbound:
+        raise _unbound_error(config, unbound, f"module {module.__name__}", [f"{op}/{v}" for op, v in sorted(pairs)])
+    check_model([(op, v, impl) for (op, v), impl in chosen.items()], hf_config)
+
     slots = module_slots(module)
     if slots and private_copy:
         module = load_private_copy(module)
         slots = module_slots(module)
     if slots:
-        bind_ops(module, config, registry=registry, device=device)
-    cls = getattr(module, class_name, None)
-    if not isinstance(cls, type):
-        raise AttributeError(f"module {module.__name__!r} has no class {class_name!r}")
+        _bind_module(module, config, slots, registry, device, warn_live=not private_copy)
+    cls = getattr(module, class_name)
 
     hf_config = copy.deepcopy(hf_config)
     hf_config.ops_implementation = config.to_dict()
@@ -134,4 +243,10 @@ def build_model(
     model = cls(hf_config)
     for slot in slots.values():
         slot.attach(model)
+    plan = binding_plan(model)
+    unbound = config.unbound_choices(plan.ops())
+    if unbound:
+        raise _unbound_error(config, unbound, f"{class_name} (built from {module.__name__})",
+                             [f"{e.op}/{e.variant}" for e in plan])
+    log_plan(plan)
     return model

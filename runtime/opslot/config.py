@@ -25,8 +25,11 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
+import os
+import sys
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from .hardware import DeviceInfo, current_device
 from .ops import EAGER
@@ -139,9 +142,15 @@ class OpsImplementationConfig:
     causal_conv1d_implementation: Optional[str] = None
     chunk_gated_delta_rule_implementation: Optional[str] = None
     attn_implementation: Optional[str] = None
+    #: Ops whose explicit choice may bind no slot of a model (a model family that keeps the op
+    #: upstream on purpose); any other explicit choice that binds nowhere is an error.
+    allow_unbound: Tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "allow_unbound", _normalise_allow_unbound(self.allow_unbound))
         for f in dataclasses.fields(self):
+            if f.name == "allow_unbound":
+                continue
             value = getattr(self, f.name)
             if value is not None and (not isinstance(value, str) or not value):
                 raise ValueError(f"ops_implementation.{f.name} must be a non-empty string, got {value!r}")
@@ -151,22 +160,23 @@ class OpsImplementationConfig:
                 f"ops_implementation.moe_implementation must be 'eager' or 'fused_<impl>', "
                 f"got {moe!r}; did you mean 'fused_{moe}'?"
             )
+        if self.attn_implementation is not None:
+            _check_attn_implementation(self.attn_implementation)
 
     # -- loading ------------------------------------------------------------------------------
     @classmethod
     def from_dict(cls, data: Optional[Mapping[str, Any]]) -> "OpsImplementationConfig":
-        """From `{field: value}`, `{"ops_implementation": {...}}` or `{"model": {"ops_implementation": {...}}}`.
-        Unknown fields are errors with a did-you-mean."""
+        """From `{field: value}`, `{"ops_implementation": {...}}` or a whole training config
+        `{"model": {"ops_implementation": {...}, ...}, "train": {...}, ...}` (other sections and other
+        `model:` keys are ignored). Unknown fields are errors with a did-you-mean; so is an ops field
+        or a misspelt `ops_implementation` section anywhere else in a training config."""
         if data is None:
             return cls()
         if isinstance(data, OpsImplementationConfig):
             return data
         if not isinstance(data, Mapping):
             raise TypeError(f"ops_implementation must be a mapping, got {type(data).__name__}")
-        if set(data) == {"model"} and isinstance(data["model"], Mapping):
-            data = data["model"].get("ops_implementation") or {}
-        elif set(data) == {"ops_implementation"}:
-            data = data["ops_implementation"] or {}
+        data = _ops_section(data)
         names = [f.name for f in dataclasses.fields(cls)]
         for key in data:
             if key not in names:
@@ -174,8 +184,9 @@ class OpsImplementationConfig:
         return cls(**dict(data))
 
     @classmethod
-    def from_yaml(cls, path: str) -> "OpsImplementationConfig":
-        """Load a YAML file (a training config with `model.ops_implementation`, or a bare mapping)."""
+    def from_yaml(cls, path: Any) -> "OpsImplementationConfig":
+        """Load a YAML or JSON file (a training config with `model.ops_implementation`, an
+        `ops_implementation:` section, or a bare mapping)."""
         import yaml
 
         with open(path, encoding="utf-8") as fh:
@@ -187,14 +198,41 @@ class OpsImplementationConfig:
 
     @classmethod
     def coerce(cls, ops: Any) -> "OpsImplementationConfig":
-        """Accept None, a config, a mapping, or a YAML path."""
-        if isinstance(ops, str):
+        """Accept None, a config, a mapping, a path to a YAML/JSON file, or JSON/YAML text of a mapping."""
+        if isinstance(ops, os.PathLike):
             return cls.from_yaml(ops)
+        if isinstance(ops, str):
+            text = ops.strip()
+            if os.path.isfile(ops) or (text.endswith((".yaml", ".yml", ".json")) and "\n" not in text):
+                return cls.from_yaml(ops)
+            if text.startswith("{"):
+                try:
+                    data = json.loads(text)
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"ops is not valid JSON: {exc}") from None
+                return cls.from_dict(data)
+            if ":" in text:
+                import yaml
+
+                data = yaml.safe_load(text)
+                if isinstance(data, Mapping):
+                    return cls.from_dict(data)
+            raise ValueError(
+                f"ops={ops!r} is neither a YAML/JSON file nor a mapping; give a mapping such as "
+                f"{{'rms_norm_implementation': {text!r}}}, its JSON text, or the path of a (training) YAML file")
         return cls.from_dict(ops)
 
-    def to_dict(self) -> Dict[str, str]:
+    def to_dict(self) -> Dict[str, Any]:
         """The fields that were set explicitly (JSON-serialisable)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) is not None}
+        out: Dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "allow_unbound":
+                if value:
+                    out[f.name] = list(value)
+            elif value is not None:
+                out[f.name] = value
+        return out
 
     # -- values -------------------------------------------------------------------------------
     def value(self, field: str, device: Optional[DeviceInfo] = None) -> Optional[str]:
@@ -220,14 +258,43 @@ class OpsImplementationConfig:
     ) -> str:
         """The implementation to bind for a slot of `op`/`variant`. A device default without a
         usable kernel for that variant falls back to eager; explicit values are returned as written
-        (binding then raises if they cannot be honoured)."""
+        (binding then raises if they cannot be honoured). `$OPSLOT_FORCE_IMPL` overrides both."""
+        return self.choose(op, variant, registry=registry, device=device)[0]
+
+    def choose(
+        self, op: str, variant: str, *, registry: Optional[KernelRegistry] = None,
+        device: Optional[DeviceInfo] = None,
+    ) -> Tuple[str, str]:
+        """(implementation, why) for a slot of `op`/`variant`; why is "explicit" (a field set),
+        "default" (the device default), "fallback (...)" (a default without a usable kernel for
+        this variant: eager) or "forced (OPSLOT_FORCE_IMPL=...)"."""
+        forced = forced_impl(op, variant, registry=registry, device=device)
+        if forced is not None:
+            return forced
         impl = self.impl_for(op, device)
-        if impl == EAGER or self.is_explicit(op):
-            return impl
+        if self.is_explicit(op):
+            return impl, "explicit"
+        if impl == EAGER:
+            return impl, "default"
         spec = (registry or KERNEL_REGISTRY).get(op, variant, impl)
-        if spec is None or not spec.hardware.is_satisfied(device):
-            return EAGER
-        return impl
+        if spec is None:
+            return EAGER, f"fallback (default {impl!r} has no kernel for {op}/{variant})"
+        reason = spec.hardware.unmet_reason(device)
+        if reason is not None:
+            return EAGER, f"fallback (default {impl!r}: {reason})"
+        return impl, "default"
+
+    def unbound_choices(self, ops_with_slots: Iterable[str]) -> List[str]:
+        """Fields set explicitly to a kernel (not eager) whose op has no slot among `ops_with_slots`
+        and is not in `allow_unbound`: requests that would bind nowhere. `attn` (no slot) is skipped."""
+        have = set(ops_with_slots)
+        out = []
+        for op, field in sorted(FIELD_FOR_OP.items()):
+            value = getattr(self, field)
+            if op == "attn" or value is None or value == EAGER or op in have or op in self.allow_unbound:
+                continue
+            out.append(op)
+        return out
 
     def validate(
         self, slots: Iterable[Tuple[str, str]], *, registry: Optional[KernelRegistry] = None,
@@ -246,12 +313,202 @@ class OpsImplementationConfig:
                 msg = exc.args[0] if exc.args else str(exc)
                 field = FIELD_FOR_OP.get(op)
                 where = f"{field}={self.value(field, device)!r}" if field else "no config field"
+                if field and forced_impl_spec(op) is not None:
+                    where = f"{FORCE_ENV}={os.environ.get(FORCE_ENV)!r}"
+                if op == "moe" and isinstance(exc, KeyError) and msg.startswith("no kernel"):
+                    msg = _moe_missing_message(impl, variant, registry, device)
                 errors.append(f"  {op}/{variant} ({where}): {msg}")
                 continue
             chosen[(op, variant)] = impl
         if errors:
             raise ValueError("invalid ops_implementation:\n" + "\n".join(errors))
         return chosen
+
+
+def config_values(op: str, variant: str, registry: Optional[KernelRegistry] = None,
+                  device: Optional[DeviceInfo] = None) -> List[str]:
+    """The values a config field may take for a slot of `op`/`variant` here (moe: `fused_<impl>`)."""
+    impls = (registry or KERNEL_REGISTRY).list_available(op, variant, device=device).get((op, variant), [])
+    prefix = "fused_" if op == "moe" else ""
+    return [EAGER] + [prefix + name for name in impls]
+
+
+def _moe_missing_message(impl: str, variant: str, registry: KernelRegistry, device: Optional[DeviceInfo]) -> str:
+    """The registry's "no kernel" message in moe_implementation values (`fused_<impl>`)."""
+    every = registry.list_available("moe", include_unsupported=True)
+    here = every.get(("moe", variant), [])
+    listed = []
+    for name in here:
+        spec = registry.get("moe", variant, name)
+        ok = spec is not None and spec.hardware.is_satisfied(device)
+        listed.append(f"fused_{name}" if ok else f"fused_{name} [needs {spec.hardware.describe()}]")
+    msg = f"no kernel {impl!r} for moe/{variant}; available: {', '.join([EAGER] + listed)}"
+    elsewhere = sorted(v for (_, v), names in every.items() if impl in names)
+    if elsewhere:
+        return msg + f" ('fused_{impl}' implements moe variant(s) {', '.join(elsewhere)} only)"
+    close = difflib.get_close_matches(f"fused_{impl}", [f"fused_{n}" for n in here], n=1)
+    return msg + (f"; did you mean {close[0]!r}?" if close else "")
+
+
+# -- $OPSLOT_FORCE_IMPL ------------------------------------------------------------------------
+#: Debugging switch: `eager` (every slot runs the upstream code), `<kernel>` (every slot that has
+#: that kernel runs it, the others eager) or `op=kernel,op=kernel` (those ops, strictly).
+FORCE_ENV = "OPSLOT_FORCE_IMPL"
+
+
+def _parse_force(text: str) -> Tuple[Optional[str], Dict[str, str]]:
+    everything: Optional[str] = None
+    per_op: Dict[str, str] = {}
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        if "=" in item:
+            op, _, impl = (x.strip() for x in item.partition("="))
+            op = op[: -len("_implementation")] if op.endswith("_implementation") else op
+            if op not in FIELD_FOR_OP or op == "attn" or not impl:
+                raise ValueError(f"{FORCE_ENV}={text!r}: {item!r} is not op=kernel"
+                                 f"{_did_you_mean(op + '_implementation', FIELD_FOR_OP.values())}")
+            per_op[op] = impl[len("fused_"):] if op == "moe" and impl.startswith("fused_") else impl
+        else:
+            everything = item
+    return everything, per_op
+
+
+def forced_impl_spec(op: str) -> Optional[Tuple[str, bool]]:
+    """(kernel, strict) that $OPSLOT_FORCE_IMPL imposes on `op`, or None."""
+    text = os.environ.get(FORCE_ENV, "").strip()
+    if not text:
+        return None
+    everything, per_op = _parse_force(text)
+    if op in per_op:
+        return per_op[op], True
+    if everything is not None:
+        return everything, False
+    return None
+
+
+def forced_impl(op: str, variant: str, *, registry: Optional[KernelRegistry] = None,
+                device: Optional[DeviceInfo] = None) -> Optional[Tuple[str, str]]:
+    """(impl, why) imposed by $OPSLOT_FORCE_IMPL for a slot of `op`/`variant`, or None."""
+    spec = forced_impl_spec(op)
+    if spec is None:
+        return None
+    impl, strict = spec
+    why = f"forced ({FORCE_ENV}={os.environ.get(FORCE_ENV)})"
+    if impl == EAGER or strict:
+        return impl, why
+    kernel = (registry or KERNEL_REGISTRY).get(op, variant, impl)
+    if kernel is None or not kernel.hardware.is_satisfied(device):
+        return EAGER, f"forced ({FORCE_ENV}={os.environ.get(FORCE_ENV)}; no usable {impl!r} for {op}/{variant}: eager)"
+    return impl, why
+
+
+# -- training-config sections --------------------------------------------------------------------
+_SECTION = "ops_implementation"
+
+
+def _field_names() -> List[str]:
+    return [f.name for f in dataclasses.fields(OpsImplementationConfig)]
+
+
+def _looks_like_ops_key(key: str) -> bool:
+    return (key in _field_names() or key.endswith("_implementation")
+            or bool(difflib.get_close_matches(key, [_SECTION], n=1, cutoff=0.8)))
+
+
+def _check_misplaced(mapping: Mapping[str, Any], where: str, allowed: Iterable[str]) -> None:
+    """Refuse keys of a training config that look like ops settings outside model.ops_implementation."""
+    allowed = set(allowed)
+    problems = []
+    for key in mapping:
+        if not isinstance(key, str) or key in allowed or not _looks_like_ops_key(key):
+            continue
+        path = f"{where}.{key}" if where else key
+        if key == _SECTION or difflib.get_close_matches(key, [_SECTION], n=1, cutoff=0.8):
+            problems.append(f"{path!r}: the ops section is 'model.{_SECTION}'")
+        elif key in _field_names():
+            problems.append(f"{path!r}: ops fields go under 'model.{_SECTION}' (model.{_SECTION}.{key})")
+        else:
+            problems.append(f"{path!r}: not an ops field{_did_you_mean(key, _field_names())}; ops fields go "
+                            f"under 'model.{_SECTION}'")
+    if problems:
+        raise ValueError("misplaced ops settings in the training config: " + "; ".join(problems))
+
+
+def _section(value: Any, path: str) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{path} must be a mapping of <op>_implementation fields, got {type(value).__name__}")
+    return value
+
+
+def _ops_section(data: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The ops mapping inside `data`: a training config (`model:` present), an `ops_implementation:`
+    section, or `data` itself (a bare mapping of fields)."""
+    if "model" in data:
+        model = data["model"]
+        if model is None:
+            model = {}
+        if not isinstance(model, Mapping):
+            raise TypeError(f"'model' (the model section of a training config) must be a mapping, got "
+                            f"{type(model).__name__}")
+        _check_misplaced(data, "", allowed={"model"})
+        _check_misplaced(model, "model", allowed={_SECTION})
+        return _section(model.get(_SECTION), f"model.{_SECTION}")
+    if _SECTION in data:
+        _check_misplaced(data, "", allowed={_SECTION})
+        return _section(data[_SECTION], _SECTION)
+    return data
+
+
+def _normalise_allow_unbound(value: Any) -> Tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = [value]
+    out = []
+    for item in value:
+        op = item[: -len("_implementation")] if isinstance(item, str) and item.endswith("_implementation") else item
+        if op not in FIELD_FOR_OP or op == "attn":
+            raise ValueError(f"ops_implementation.allow_unbound: {item!r} is not an op with slots"
+                             f"{_did_you_mean(str(item) + '_implementation', FIELD_FOR_OP.values())}")
+        out.append(op)
+    return tuple(sorted(set(out)))
+
+
+# -- attention implementations -------------------------------------------------------------------
+#: Transformers' attention implementations (5.x); values registered with its AttentionInterface at
+#: run time and Hub kernels ("org/repo[:fn]") are accepted as well.
+KNOWN_ATTN_IMPLEMENTATIONS = (
+    "eager", "sdpa", "flash_attention_2", "flash_attention_3", "flash_attention_4", "flex_attention",
+    "paged|eager", "paged|sdpa", "paged|flash_attention_2", "paged|flash_attention_3", "paged|flash_attention_4",
+)
+
+
+def _registered_attn_implementations() -> List[str]:
+    """Keys of Transformers' AttentionInterface when Transformers is already imported."""
+    if "transformers" not in sys.modules:
+        return []
+    try:
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+        return list(ALL_ATTENTION_FUNCTIONS.valid_keys())
+    except Exception:
+        return []
+
+
+def _check_attn_implementation(value: str) -> None:
+    if "/" in value:  # a Hub kernel repository, resolved by Transformers itself
+        return
+    known = list(KNOWN_ATTN_IMPLEMENTATIONS) + _registered_attn_implementations()
+    if value in known:
+        return
+    close = difflib.get_close_matches(value, known, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    raise ValueError(
+        f"ops_implementation.attn_implementation={value!r} is not an attention implementation{hint} "
+        f"(known: {', '.join(dict.fromkeys(known))}; a Hub kernel is written 'org/repo')")
 
 
 #: Common other names of ops, for suggestions.

@@ -21,7 +21,7 @@ from .registry import KERNEL_REGISTRY, KernelRegistry
 class OpSlot:
     """A named dispatch point for one (op, variant)."""
 
-    __slots__ = ("op", "variant", "name", "_impl", "_fn", "_bind_count", "_users", "__weakref__")
+    __slots__ = ("op", "variant", "name", "_impl", "_fn", "_bind_count", "_users", "_why", "__weakref__")
 
     def __init__(self, op: str, variant: str) -> None:
         if not isinstance(op, str) or not op or not isinstance(variant, str) or not variant:
@@ -33,6 +33,7 @@ class OpSlot:
         self._fn: Optional[Callable[..., Any]] = None
         self._bind_count = 0
         self._users: "weakref.WeakSet[Any]" = weakref.WeakSet()
+        self._why = "unbound"
 
     @property
     def impl(self) -> str:
@@ -45,11 +46,17 @@ class OpSlot:
         return self._fn is not None
 
     @property
+    def why(self) -> str:
+        """Why the slot runs `impl`: "explicit", "default", "fallback (...)", "forced (...)",
+        "direct" (slot.bind called by hand) or "unbound"."""
+        return self._why
+
+    @property
     def bind_count(self) -> int:
         """How many times this slot has been bound."""
         return self._bind_count
 
-    def bind(self, impl: str, *, registry: Optional[KernelRegistry] = None) -> "OpSlot":
+    def bind(self, impl: str, *, registry: Optional[KernelRegistry] = None, why: str = "direct") -> "OpSlot":
         """Bind to implementation `impl` ("eager" unbinds); resolves it in `registry`.
 
         Raises the registry's KeyError/RuntimeError when the kernel is missing or cannot run here.
@@ -64,22 +71,22 @@ class OpSlot:
                 RuntimeWarning,
                 stacklevel=2,
             )
-        self._impl, self._fn = impl, fn
+        self._impl, self._fn, self._why = impl, fn, why
         self._bind_count += 1
         return self
 
     def bind_from(self, config: Any, *, registry: Optional[KernelRegistry] = None) -> "OpSlot":
         """Bind from `config.ops_implementation` (set by build_model on its config copy: a dict or
-        an OpsImplementationConfig); a config without it leaves the slot on eager. For
-        instance-scoped slots: `self.x = OpSlot(op, variant).bind_from(config)` in `__init__`."""
-        ops = getattr(config, "ops_implementation", None)
-        if ops is None:
-            return self
-        from .config import OpsImplementationConfig
+        an OpsImplementationConfig); a config without it leaves the slot on eager (why "unbound").
+        $OPSLOT_FORCE_IMPL applies as everywhere. For instance-scoped slots:
+        `self.x = OpSlot(op, variant).bind_from(config)` in `__init__`.
 
-        if not isinstance(ops, OpsImplementationConfig):
-            ops = OpsImplementationConfig.from_dict(ops)
-        return self.bind(ops.effective_impl(self.op, self.variant, registry=registry), registry=registry)
+        A choice that cannot be honoured is a ValueError in config terms (the field, its value, the
+        values possible for this slot); so is a model the op's kernels refuse (e.g. a swiglu_mlp
+        kernel on a model whose hidden_act is not SiLU)."""
+        from .checks import bind_from_config
+
+        return bind_from_config(self, config, registry=registry)
 
     def attach(self, model: Any) -> None:
         """Record that `model` uses this slot (weakly), for the rebinding warning."""

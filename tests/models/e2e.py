@@ -492,11 +492,11 @@ def check_softcap_refused(case, config, state, inputs, build_model, module, devi
 
     capped = copy.deepcopy(config)
     capped.final_logit_softcapping = 30.0
-    model = build_model(capped, ops={"cross_entropy_loss_implementation": COUNTED_IMPL}, module=module,
-                        model_class=case.causal_lm)
-    model.load_state_dict(state, strict=True)
-    model.to(device).train()
-    try:
+    try:  # refused when the model is built (opslot checks the config at bind time), else at the forward
+        model = build_model(capped, ops={"cross_entropy_loss_implementation": COUNTED_IMPL}, module=module,
+                            model_class=case.causal_lm)
+        model.load_state_dict(state, strict=True)
+        model.to(device).train()
         model(**forward_kwargs(inputs, case.moe))
     except ValueError as exc:
         if "softcapping" in str(exc):

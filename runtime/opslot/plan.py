@@ -1,0 +1,200 @@
+"""The binding plan: which implementation every slot of a model (or module) runs, and why.
+
+    >>> plan = opslot.binding_plan(model)
+    >>> plan
+    BindingPlan of ToyMoeForCausalLM (module patched_modeling_toy_moe_gpu__opslot_copy1):
+      slot                                        op/variant                 impl   why
+      causal_lm_loss_slot                         cross_entropy_loss/causal  torch  explicit
+      load_balancing_loss_slot                    load_balancing_loss/standard eager default
+      model.layers.*.mlp.experts.moe_experts_slot moe/standard (x2)          torch  explicit
+      attention: eager (config._attn_implementation)
+
+`build_model` and `bind_ops` log their plan once, at INFO, on the `opslot` logger.
+`declared_slots(module)` lists the slots a generated module declares, instance-scoped ones
+included (read from its source), so that a choice that binds nowhere is found before any model
+is constructed.
+"""
+
+from __future__ import annotations
+
+import ast
+import logging
+import os
+import re
+import sys
+import types
+from dataclasses import dataclass
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+from .slot import OpSlot
+
+logger = logging.getLogger("opslot")
+
+
+@dataclass(frozen=True)
+class DeclaredSlot:
+    """A slot a module declares: `scope` "module" (a module attribute) or "instance" (`self.<name>`
+    assigned in `owner.__init__` & co.)."""
+
+    op: str
+    variant: str
+    scope: str
+    name: str
+    owner: Optional[str] = None
+
+
+_source_cache: Dict[Tuple[str, float], List[DeclaredSlot]] = {}
+
+
+def _is_opslot_call(node: ast.AST) -> bool:
+    if not isinstance(node, ast.Call):
+        return False
+    func = node.func
+    return (isinstance(func, ast.Name) and func.id == "OpSlot") or (
+        isinstance(func, ast.Attribute) and func.attr == "OpSlot")
+
+
+def _instance_slots_in_source(path: str) -> List[DeclaredSlot]:
+    try:
+        key = (path, os.path.getmtime(path))
+    except OSError:
+        return []
+    if key in _source_cache:
+        return _source_cache[key]
+    try:
+        with open(path, encoding="utf-8") as fh:
+            tree = ast.parse(fh.read(), path)
+    except (OSError, SyntaxError, ValueError):
+        return []
+    found: List[DeclaredSlot] = []
+    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+        for node in ast.walk(cls):
+            if not isinstance(node, ast.Assign):
+                continue
+            targets = [t for t in node.targets if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name)
+                       and t.value.id == "self"]
+            if not targets:
+                continue
+            for call in (n for n in ast.walk(node.value) if _is_opslot_call(n)):
+                args = call.args
+                if len(args) >= 2 and all(isinstance(a, ast.Constant) and isinstance(a.value, str) for a in args[:2]):
+                    found.append(DeclaredSlot(args[0].value, args[1].value, "instance", targets[0].attr, cls.name))
+    _source_cache[key] = found
+    return found
+
+
+def declared_slots(module: types.ModuleType) -> List[DeclaredSlot]:
+    """Every slot `module` declares: its module-level OpSlot attributes, and the instance-scoped
+    `self.x = OpSlot(op, variant)...` assignments found in its source file."""
+    out = [DeclaredSlot(slot.op, slot.variant, "module", name)
+           for name, slot in sorted(vars(module).items()) if isinstance(slot, OpSlot)]
+    path = getattr(module, "__file__", None)
+    if path and path.endswith(".py"):
+        out += _instance_slots_in_source(path)
+    return out
+
+
+@dataclass(frozen=True)
+class PlanEntry:
+    """One slot (or a group of identical instance-scoped slots, `count` of them)."""
+
+    slot: str
+    scope: str
+    op: str
+    variant: str
+    impl: str
+    why: str
+    count: int = 1
+
+
+class BindingPlan:
+    """What runs where: `entries` (PlanEntry), `target` (the model class or module name),
+    `attention` (the model config's `_attn_implementation`, if any). Iterable; `as_dict()` gives
+    {slot: impl}; equal when the entries are."""
+
+    def __init__(self, target: str, entries: List[PlanEntry], module: Optional[str] = None,
+                 attention: Optional[str] = None) -> None:
+        self.target = target
+        self.entries = list(entries)
+        self.module = module
+        self.attention = attention
+
+    def __iter__(self) -> Iterator[PlanEntry]:
+        return iter(self.entries)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, BindingPlan) and [(e.slot, e.op, e.variant, e.impl, e.count) for e in self] == [
+            (e.slot, e.op, e.variant, e.impl, e.count) for e in other] and self.attention == other.attention
+
+    def as_dict(self) -> Dict[str, str]:
+        return {e.slot: e.impl for e in self.entries}
+
+    def ops(self) -> List[str]:
+        return sorted({e.op for e in self.entries})
+
+    def __repr__(self) -> str:
+        where = f" (module {self.module})" if self.module else ""
+        rows = [("slot", "op/variant", "impl", "why")]
+        for e in self.entries:
+            count = f" (x{e.count})" if e.count > 1 else ""
+            rows.append((e.slot, f"{e.op}/{e.variant}{count}", e.impl, e.why))
+        widths = [max(len(r[i]) for r in rows) for i in range(3)]
+        lines = [f"BindingPlan of {self.target}{where}:"]
+        for r in rows:
+            lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(r[:3], widths)) + "  " + r[3])
+        if not self.entries:
+            lines.append("  (no slots)")
+        if self.attention is not None:
+            lines.append(f"  attention: {self.attention} (config._attn_implementation)")
+        return "\n".join(lines)
+
+
+_INDEX = re.compile(r"(?<=\.)\d+(?=\.)|^\d+(?=\.)")
+
+
+def _module_entries(module: types.ModuleType) -> List[PlanEntry]:
+    return [PlanEntry(name, "module", s.op, s.variant, s.impl, s.why)
+            for name, s in sorted(vars(module).items()) if isinstance(s, OpSlot)]
+
+
+def binding_plan(target: Any) -> BindingPlan:
+    """The binding plan of a model (its modules' module-level slots and every instance-scoped slot
+    of its submodules, identical layers grouped as `layers.*`) or of a generated module."""
+    if isinstance(target, types.ModuleType):
+        return BindingPlan(target.__name__, _module_entries(target), module=target.__name__)
+    named = getattr(target, "named_modules", None)
+    if not callable(named):
+        raise TypeError(f"binding_plan takes a model (torch.nn.Module) or a generated module, got "
+                        f"{type(target).__name__}")
+    entries: List[PlanEntry] = []
+    modules_seen: List[str] = []
+    groups: Dict[Tuple[str, str, str, str, str], int] = {}
+    order: List[Tuple[str, str, str, str, str]] = []
+    for path, sub in named():
+        mod_name = type(sub).__module__
+        if mod_name not in modules_seen:
+            modules_seen.append(mod_name)
+        for attr, value in vars(sub).items():
+            if isinstance(value, OpSlot):
+                name = f"{path}.{attr}" if path else attr
+                key = (_INDEX.sub("*", name), value.op, value.variant, value.impl, value.why)
+                if key not in groups:
+                    order.append(key)
+                    groups[key] = 0
+                groups[key] += 1
+    for mod_name in modules_seen:
+        module = sys.modules.get(mod_name)
+        if module is not None:
+            entries += _module_entries(module)
+    entries += [PlanEntry(k[0], "instance", k[1], k[2], k[3], k[4], groups[k]) for k in order]
+    config = getattr(target, "config", None)
+    attention = getattr(config, "_attn_implementation", None) if config is not None else None
+    return BindingPlan(type(target).__name__, entries, module=type(target).__module__, attention=attention)
+
+
+def log_plan(plan: BindingPlan) -> None:
+    """Log `plan` once at INFO on the `opslot` logger."""
+    logger.info("%r", plan)
