@@ -6,6 +6,7 @@
 // inserted code resolve). No I/O: callers read files and write results.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -62,6 +63,13 @@ struct GenerateResult {
   std::vector<SkippedEntry> skipped;  ///< Conditional entries left out, in spec order.
   std::vector<ContractPin> contract;  ///< What the applied guards and patches rely on upstream.
 };
+
+/// The same contract entry fingerprinted in another version of the upstream module, found by
+/// qualified name, for regions that do not depend on `at`/`through` ("function", "signature",
+/// "absent"); nullopt for "statements" or when the definition is gone. Used by `patchgen audit`
+/// when a spec no longer generates against the new upstream.
+std::optional<ContractPin> RefingerprintContract(const ContractPin& pin,
+                                                 const parser::PyModule& upstream);
 
 /// Generates the patched module. Errors are located in the spec (or patch files) where possible.
 Result<GenerateResult> Generate(const spec::PatchSpec& spec, const parser::PyModule& upstream,

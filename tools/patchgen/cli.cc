@@ -874,7 +874,18 @@ int Runner::Audit() {
       for (std::string& l : TextDiffLines(pf.pinned->text, c.text)) f.details.push_back("  " + l);
       findings.push_back(std::move(f));
     }
-    for (const rewriter::ContractPin& c : job.contract) {
+    // A spec that no longer generates has no contract: its entries are looked up in the new
+    // upstream by name instead, so that a broken anchor does not hide a changed body.
+    std::vector<rewriter::ContractPin> refound;
+    if (!job.errors.empty() && old && job.upstream && job.upstream->module) {
+      for (const rewriter::ContractPin& c : old->contract) {
+        if (auto now = rewriter::RefingerprintContract(c, *job.upstream->module)) {
+          refound.push_back(std::move(*now));
+        }
+      }
+    }
+    const std::vector<rewriter::ContractPin>& current = job.errors.empty() ? job.contract : refound;
+    for (const rewriter::ContractPin& c : current) {
       if (reported.count(c.key)) continue;
       const rewriter::ContractPin* o = old_pin(c.key);
       if (!o || o->sha256 == c.sha256) continue;
