@@ -266,3 +266,22 @@ def test_pin_usage_errors(toy):
     assert toy.run("pin").returncode == 2
     assert toy.run("pin", "--all", "specs/toy/toy.yaml").returncode == 2
     assert toy.run("audit").returncode == 2  # --source-root is required
+
+
+def test_every_real_model_spec_is_pinned():
+    """The repository's own real-model specs carry pins (verified against the pinned release)."""
+    root = os.path.dirname(os.path.dirname(GOLDEN))
+    specs = os.path.join(root, "specs")
+    missing = []
+    for model in sorted(os.listdir(specs)):
+        if model == "example" or not os.path.isdir(os.path.join(specs, model)):
+            continue
+        for name in sorted(os.listdir(os.path.join(specs, model))):
+            if name.endswith(".yaml"):
+                pins = os.path.join(specs, model, name[:-len(".yaml")] + ".pins")
+                if not os.path.isfile(pins):
+                    missing.append(f"specs/{model}/{name}")
+                else:
+                    with open(pins) as f:
+                        assert '"5.17.0"' in f.read(), pins
+    assert missing == [], "run `patchgen pin` for: " + ", ".join(missing)

@@ -887,6 +887,12 @@ int Runner::Audit() {
     const std::vector<rewriter::ContractPin>& current = job.errors.empty() ? job.contract : refound;
     for (const rewriter::ContractPin& c : current) {
       if (reported.count(c.key)) continue;
+      // A fingerprint a person verified (in the pin file) needs no attention.
+      if (const PinEntry* e = job.pins ? job.pins->Find(c.key) : nullptr) {
+        bool verified = false;
+        for (const PinRecord& r : e->verified) verified |= r.sha256 == c.sha256;
+        if (verified) continue;
+      }
       const rewriter::ContractPin* o = old_pin(c.key);
       if (!o || o->sha256 == c.sha256) continue;
       Finding f{RegionFindingKind(c.region), c.key, c.loc, where(c),
