@@ -159,17 +159,18 @@ def bench_rms(copy_bw, args, out):
 
         from opslot.kernels.cuda import _lib
         set_tuning = _lib.library().opslot_rms_norm_set_tuning
-        set_tuning.argtypes = [ctypes.c_int, ctypes.c_int]
+        set_tuning.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
         fwd_bytes = 4 * N * D
         rows.append(measure("opslot cuda, forward only (4 B/element)",
                             lambda: (lambda: CN.rms_norm_standard(x.detach(), w.detach(), eps)), None, fwd_bytes))
-        for vpt, waves in ((1, 1), (4, 1), (2, 2), (1, 2), (4, 2)):
-            set_tuning(vpt, waves)
+        for vpt, waves, variant in ((2, 1, 1), (2, 2, 1), (1, 1, 2), (4, 1, 2), (2, 2, 2), (1, 2, 2)):
+            set_tuning(vpt, waves, variant)
             f = lambda x, w: CN.rms_norm_standard(x, w, eps)  # noqa: E731
-            rows.append(measure(f"opslot cuda [vectors/thread {vpt}, bwd waves {waves}]", lambda f=f: fwd_bwd(f, (x, w)), None))
+            rows.append(measure(f"opslot cuda [version {variant}, vectors/thread {vpt}, bwd waves {waves}]",
+                                lambda f=f: fwd_bwd(f, (x, w)), None))
             rows.append(measure("  its forward only", lambda: (lambda: CN.rms_norm_standard(x.detach(), w.detach(), eps)),
                                 None, fwd_bytes))
-        set_tuning(2, 1)
+        set_tuning(2, 1, 2)
     out.append(table(f"RMSNorm (standard) {N}x{D} bf16 — 10 B/element", 10 * N * D, copy_bw, rows,
                      "≤ 0.19 ms, ≥ 83% of copy BW"))
 
@@ -183,6 +184,18 @@ def bench_rms(copy_bw, args, out):
     if not args.no_compile:
         impls.insert(1, ("torch.compile(eager)", torch.compile(lambda x, g, w: R.rms_norm_gated(x, g, w, eps))))
     rows = [measure(n, lambda f=f: fwd_bwd(f, (x, g, w)), lambda f=f: fwd_bwd(f, (tx, tg, tw))) for n, f in impls]
+    if args.tune:
+        import ctypes
+
+        from opslot.kernels.cuda import _lib
+        set_tuning = _lib.library().opslot_rms_norm_set_tuning
+        set_tuning.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
+        for vpt, waves, variant in ((2, 1, 1), (2, 2, 2)):
+            set_tuning(vpt, waves, variant)
+            f = lambda x, g, w: CN.rms_norm_gated(x, g, w, eps)  # noqa: E731
+            rows.append(measure(f"opslot cuda [version {variant}, vectors/thread {vpt}, bwd waves {waves}]",
+                                lambda f=f: fwd_bwd(f, (x, g, w)), None))
+        set_tuning(2, 1, 2)
     out.append(table(f"Gated RMSNorm (Qwen3.5) {N}x{D} bf16 — 16 B/element (fwd: x, gate, y; bwd: x, gate, dy, dx, dgate)",
                      16 * N * D, copy_bw, rows, "≥ 75% of copy BW"))
 

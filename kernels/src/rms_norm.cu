@@ -82,8 +82,56 @@ __device__ __forceinline__ float row_sum(float v, int tpr, float* smem) {
   return s;
 }
 
+// Loads this thread's NV vectors of a row as raw storage (converted to fp32 only where used, which
+// keeps registers low enough for more resident rows); zeros where there is nothing to load.
+template <int VEC, int NV, typename T>
+__device__ __forceinline__ void load_raw(Vec<T, VEC> (&dst)[NV], const T* rowp, bool valid, int t, int tpr, int nvec) {
+#pragma unroll
+  for (int i = 0; i < NV; ++i) {
+    const int c = t + i * tpr;
+    if (valid && c < nvec) {
+      dst[i] = *reinterpret_cast<const Vec<T, VEC>*>(rowp + static_cast<int64_t>(c) * VEC);
+    } else {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) dst[i].v[j] = from_float<T>(0.f);
+    }
+  }
+}
+
+// The gradient w.r.t. the normalised value n (dt), for one element; also the weight-gradient term
+// (dwt) and, for the gated norm, the gate's gradient (dg).
+template <typename Tx, typename Tw, bool GATED>
+__device__ __forceinline__ float rms_dt(int mode, float n, float d, float w, float z, float& dwt, float& dg) {
+  if (!GATED) {
+    (void)z;
+    (void)dg;
+  }
+  if (GATED) {
+    const float tn = round_to<Tx>(n);
+    float m = w * tn;
+    if (!std::is_same<Tw, float>::value) m = round_to<Tx>(m);
+    const float s = 1.f / (1.f + expf(-z));
+    const float dm = d * (z * s);
+    dg = d * m * s * (1.f + z * (1.f - s));
+    dwt = dm * tn;
+    return dm * w;
+  }
+  if (mode == OPSLOT_RMS_STANDARD) {
+    dwt = d * round_to<Tx>(n);
+    return d * w;
+  }
+  if (mode == OPSLOT_RMS_OFFSET) {
+    dwt = d * n;
+    return d * (1.f + w);
+  }
+  dwt = 0.f;  // unweighted
+  return d;
+}
+
+// Version 1 (opslot_rms_norm_set_tuning variant 1): fp32 register arrays, one row in flight per
+// row group.
 template <typename Tx, typename Tw, typename To, int VEC, int NV>
-__global__ void __launch_bounds__(kMaxThreads) rms_fwd_kernel(RmsArgs a) {
+__global__ void __launch_bounds__(kMaxThreads) rms_fwd_kernel_v1(RmsArgs a) {
   __shared__ float smem[32];
   const int tpr = a.tpr, rpb = blockDim.x / tpr;
   const int t = threadIdx.x % tpr, sub = threadIdx.x / tpr;
@@ -159,7 +207,7 @@ __global__ void __launch_bounds__(kMaxThreads) rms_fwd_kernel(RmsArgs a) {
 }
 
 template <typename Tx, typename Tw, typename To, int VEC, int NV>
-__global__ void __launch_bounds__(kMaxThreads) rms_bwd_kernel(RmsArgs a) {
+__global__ void __launch_bounds__(kMaxThreads) rms_bwd_kernel_v1(RmsArgs a) {
   __shared__ float smem[32];
   const int tpr = a.tpr, rpb = blockDim.x / tpr;
   const int t = threadIdx.x % tpr, sub = threadIdx.x / tpr;
@@ -261,6 +309,184 @@ __global__ void __launch_bounds__(kMaxThreads) rms_bwd_kernel(RmsArgs a) {
   }
 }
 
+// Version 2 (the default): raw storage and the next row prefetched while the current one is
+// reduced and written; GATED is a template parameter (the other modes share one instantiation).
+template <typename Tx, typename Tw, typename To, int VEC, int NV, bool GATED>
+__global__ void __launch_bounds__(kMaxThreads) rms_fwd_kernel(RmsArgs a) {
+  __shared__ float smem[32];
+  const int tpr = a.tpr, rpb = blockDim.x / tpr;
+  const int t = threadIdx.x % tpr, sub = threadIdx.x / tpr;
+  const int nvec = static_cast<int>(a.cols / VEC);
+  const float fcols = static_cast<float>(a.cols);
+  const Tx* X = static_cast<const Tx*>(a.x);
+  // The weight is the same for every row: loaded once, kept in registers.
+  Vec<Tw, VEC> wreg[NV];
+  load_raw<VEC, NV>(wreg, static_cast<const Tw*>(a.w), a.mode != OPSLOT_RMS_UNWEIGHTED, t, tpr, nvec);
+  const int64_t step = static_cast<int64_t>(gridDim.x) * rpb;
+  int64_t base = static_cast<int64_t>(blockIdx.x) * rpb;
+  Vec<Tx, VEC> cur[NV];
+  {
+    const int64_t row = base + sub;
+    load_raw<VEC, NV>(cur, X + (row < a.rows ? row : 0) * a.xs, row < a.rows, t, tpr, nvec);
+  }
+  for (; base < a.rows; base += step) {
+    const int64_t row = base + sub;
+    const bool valid = row < a.rows;
+    // Prefetch this thread's part of its next row while this one is reduced and written.
+    Vec<Tx, VEC> nxt[NV];
+    const int64_t nrow = row + step;
+    load_raw<VEC, NV>(nxt, X + (nrow < a.rows ? nrow : 0) * a.xs, nrow < a.rows, t, tpr, nvec);
+    float ss = 0.f;
+#pragma unroll
+    for (int i = 0; i < NV; ++i)
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const float v = to_float(cur[i].v[j]);
+        ss += v * v;
+      }
+    ss = row_sum(ss, tpr, smem);
+    const float r = rsqrtf(ss / fcols + a.eps);
+    if (valid) {
+      if (t == 0) a.rstd[row] = r;
+      To* yr = static_cast<To*>(a.y) + row * a.cols;
+      const Tx* gr = static_cast<const Tx*>(a.gate) + row * a.gs;
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        const int c = t + i * tpr;
+        if (c >= nvec) continue;
+        const int64_t off = static_cast<int64_t>(c) * VEC;
+        float gv[VEC], out[VEC];
+        if (GATED) load_vec<VEC>(gr + off, gv);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const float n = to_float(cur[i].v[j]) * r;
+          const float w = to_float(wreg[i].v[j]);
+          float o;
+          if (GATED) {
+            float m = w * round_to<Tx>(n);
+            if (!std::is_same<Tw, float>::value) m = round_to<Tx>(m);
+            const float z = gv[j];
+            o = m * (z / (1.f + expf(-z)));
+          } else if (a.mode == OPSLOT_RMS_STANDARD) {
+            o = w * round_to<Tx>(n);
+          } else if (a.mode == OPSLOT_RMS_OFFSET) {
+            o = n * (1.f + w);
+          } else {
+            o = n;
+          }
+          out[j] = o;
+        }
+        store_vec<VEC>(yr + off, out);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < NV; ++i) cur[i] = nxt[i];
+  }
+}
+
+template <typename Tx, typename Tw, typename To, int VEC, int NV, bool GATED>
+__global__ void __launch_bounds__(kMaxThreads) rms_bwd_kernel(RmsArgs a) {
+  __shared__ float smem[32];
+  const int tpr = a.tpr, rpb = blockDim.x / tpr;
+  const int t = threadIdx.x % tpr, sub = threadIdx.x / tpr;
+  const int nvec = static_cast<int>(a.cols / VEC);
+  const float fcols = static_cast<float>(a.cols);
+  constexpr bool gated = GATED;
+  const Tx* X = static_cast<const Tx*>(a.x);
+  const To* DY = static_cast<const To*>(a.dy);
+  const Tx* G = static_cast<const Tx*>(a.gate);
+  Vec<Tw, VEC> wreg[NV];
+  load_raw<VEC, NV>(wreg, static_cast<const Tw*>(a.w), a.mode != OPSLOT_RMS_UNWEIGHTED, t, tpr, nvec);
+  float dwacc[NV][VEC];
+#pragma unroll
+  for (int i = 0; i < NV; ++i)
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) dwacc[i][j] = 0.f;
+
+  const int64_t step = static_cast<int64_t>(gridDim.x) * rpb;
+  int64_t base = static_cast<int64_t>(blockIdx.x) * rpb;
+  Vec<Tx, VEC> cx[NV], cg[NV];
+  Vec<To, VEC> cd[NV];
+  {
+    const int64_t row = base + sub;
+    const bool v = row < a.rows;
+    const int64_t vr = v ? row : 0;
+    load_raw<VEC, NV>(cx, X + vr * a.xs, v, t, tpr, nvec);
+    load_raw<VEC, NV>(cd, DY + vr * a.dys, v, t, tpr, nvec);
+    load_raw<VEC, NV>(cg, G + vr * a.gs, v && gated, t, tpr, nvec);
+  }
+  for (; base < a.rows; base += step) {
+    const int64_t row = base + sub;
+    const bool valid = row < a.rows;
+    const float r = valid ? a.rstd_in[row] : 0.f;
+    // Prefetch the next row (x, dy, gate) while this one is reduced and written.
+    Vec<Tx, VEC> nx[NV], ng[NV];
+    Vec<To, VEC> nd[NV];
+    {
+      const int64_t nrow = row + step;
+      const bool v = nrow < a.rows;
+      const int64_t vr = v ? nrow : 0;
+      load_raw<VEC, NV>(nx, X + vr * a.xs, v, t, tpr, nvec);
+      load_raw<VEC, NV>(nd, DY + vr * a.dys, v, t, tpr, nvec);
+      load_raw<VEC, NV>(ng, G + vr * a.gs, v && gated, t, tpr, nvec);
+    }
+    float dot = 0.f;
+    Tx* dgr = static_cast<Tx*>(a.dgate) + (valid ? row : 0) * a.cols;
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      const int c = t + i * tpr;
+      float dg[VEC];
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const float n = to_float(cx[i].v[j]) * r;
+        float dwt = 0.f;
+        dg[j] = 0.f;
+        const float g = rms_dt<Tx, Tw, GATED>(a.mode, n, to_float(cd[i].v[j]), to_float(wreg[i].v[j]), to_float(cg[i].v[j]),
+                                       dwt, dg[j]);
+        dwacc[i][j] += dwt;  // zero for rows past the end (their loads were zeros)
+        dot += g * n;
+      }
+      if (gated && valid && c < nvec) store_vec<VEC>(dgr + static_cast<int64_t>(c) * VEC, dg);
+    }
+    dot = row_sum(dot, tpr, smem);
+    if (valid) {
+      const float mean = dot / fcols;
+      Tx* dxr = static_cast<Tx*>(a.dx) + row * a.cols;
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        const int c = t + i * tpr;
+        if (c >= nvec) continue;
+        float out[VEC];
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const float n = to_float(cx[i].v[j]) * r;
+          float dwt, dg;
+          const float g = rms_dt<Tx, Tw, GATED>(a.mode, n, to_float(cd[i].v[j]), to_float(wreg[i].v[j]),
+                                         to_float(cg[i].v[j]), dwt, dg);
+          out[j] = r * (g - n * mean);
+        }
+        store_vec<VEC>(dxr + static_cast<int64_t>(c) * VEC, out);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      cx[i] = nx[i];
+      cd[i] = nd[i];
+      cg[i] = ng[i];
+    }
+  }
+  if (a.mode == OPSLOT_RMS_UNWEIGHTED) return;
+  float* pr = a.dw_partial + (static_cast<int64_t>(blockIdx.x) * rpb + sub) * a.cols;
+#pragma unroll
+  for (int i = 0; i < NV; ++i) {
+    const int c = t + i * tpr;
+    if (c < nvec) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) pr[static_cast<int64_t>(c) * VEC + j] = dwacc[i][j];
+    }
+  }
+}
+
 // dw[c] = sum over p of partial[p][c], in a fixed order: 8 strided lanes, then lane 0..7 in order.
 template <typename Tw>
 __global__ void __launch_bounds__(256) rms_dw_reduce_kernel(const float* partial, int64_t prow, int64_t cols, Tw* dw) {
@@ -304,6 +530,7 @@ bool aligned(const void* p, int bytes) { return p == nullptr || reinterpret_cast
 struct Tuning {
   int vectors_per_thread = 2;
   int bwd_waves = 1;
+  int variant = 2;
 };
 Tuning g_tuning;
 
@@ -335,16 +562,22 @@ Geometry geometry(const RmsArgs& a, bool bwd) {
 template <typename Tx, typename Tw, typename To, int VEC, int NV>
 int launch_nv(const RmsArgs& a, const Geometry& g, bool bwd, cudaStream_t stream, int64_t* partial_rows) {
   const int64_t needed = (a.rows + g.rpb - 1) / g.rpb;
-  static int occupancy[2][2] = {{0, 0}, {0, 0}};  // [backward][block of 512 threads]
-  int& occ = occupancy[bwd ? 1 : 0][g.threads > 256 ? 1 : 0];
+  const bool gated = a.mode == OPSLOT_RMS_GATED;
+  const int v = g_tuning.variant == 1 ? 0 : 1;
+  void (*kernel)(RmsArgs);
+  if (v == 0) kernel = bwd ? rms_bwd_kernel_v1<Tx, Tw, To, VEC, NV> : rms_fwd_kernel_v1<Tx, Tw, To, VEC, NV>;
+  else if (gated) kernel = bwd ? rms_bwd_kernel<Tx, Tw, To, VEC, NV, true> : rms_fwd_kernel<Tx, Tw, To, VEC, NV, true>;
+  else kernel = bwd ? rms_bwd_kernel<Tx, Tw, To, VEC, NV, false> : rms_fwd_kernel<Tx, Tw, To, VEC, NV, false>;
+  static int occupancy[2][2][2][2] = {};  // [variant][gated][backward][block of 512 threads]
+  int& occ = occupancy[v][gated ? 1 : 0][bwd ? 1 : 0][g.threads > 256 ? 1 : 0];
   if (occ == 0) {
     int n = 0;
-    cudaError_t err = bwd ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, rms_bwd_kernel<Tx, Tw, To, VEC, NV>, g.threads, 0)
-                          : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, rms_fwd_kernel<Tx, Tw, To, VEC, NV>, g.threads, 0);
+    cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, g.threads, 0);
     if (err != cudaSuccess) return set_error(static_cast<int>(err), "rms_norm: occupancy query failed: %s", cudaGetErrorString(err));
     occ = n > 0 ? n : 1;
   }
-  // The forward may use many waves; the backward keeps one resident wave (one partial row per row group).
+  // The forward may use many waves; the backward keeps bwd_waves resident waves (one partial row
+  // per row group).
   const int64_t cap = static_cast<int64_t>(num_sms()) * occ * (bwd ? g_tuning.bwd_waves : 16);
   int64_t grid = needed < cap ? needed : cap;
   if (grid < 1) grid = 1;
@@ -353,12 +586,8 @@ int launch_nv(const RmsArgs& a, const Geometry& g, bool bwd, cudaStream_t stream
     return OPSLOT_OK;
   }
   if (a.rows == 0) return OPSLOT_OK;
-  if (bwd) {
-    rms_bwd_kernel<Tx, Tw, To, VEC, NV><<<static_cast<unsigned>(grid), g.threads, 0, stream>>>(a);
-    return check_launch("rms_norm backward");
-  }
-  rms_fwd_kernel<Tx, Tw, To, VEC, NV><<<static_cast<unsigned>(grid), g.threads, 0, stream>>>(a);
-  return check_launch("rms_norm forward");
+  kernel<<<static_cast<unsigned>(grid), g.threads, 0, stream>>>(a);
+  return check_launch(bwd ? "rms_norm backward" : "rms_norm forward");
 }
 
 template <typename Tx, typename Tw, typename To, int VEC>
@@ -528,11 +757,12 @@ OPSLOT_API int opslot_rms_norm_bwd(int mode, int x_dtype, int w_dtype, int64_t r
   return rms_bwd_impl(mode, x_dtype, w_dtype, a, dw, static_cast<cudaStream_t>(stream), nullptr);
 }
 
-OPSLOT_API int opslot_rms_norm_set_tuning(int vectors_per_thread, int bwd_waves) {
-  if (vectors_per_thread < 1 || vectors_per_thread > 8 || bwd_waves < 1 || bwd_waves > 16)
-    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "rms_norm tuning: vectors_per_thread 1..8, bwd_waves 1..16");
+OPSLOT_API int opslot_rms_norm_set_tuning(int vectors_per_thread, int bwd_waves, int variant) {
+  if (vectors_per_thread < 1 || vectors_per_thread > 8 || bwd_waves < 1 || bwd_waves > 16 || variant < 1 || variant > 2)
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "rms_norm tuning: vectors_per_thread 1..8, bwd_waves 1..16, variant 1..2");
   g_tuning.vectors_per_thread = vectors_per_thread;
   g_tuning.bwd_waves = bwd_waves;
+  g_tuning.variant = variant;
   return OPSLOT_OK;
 }
 

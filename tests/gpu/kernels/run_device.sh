@@ -13,6 +13,10 @@ fi
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader || true
 timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q --maxfail=40 --tb=short -p no:cacheprovider ${TESTS:-tests/gpu/kernels} "$@" 2>&1 | tee "$OUT/tests.txt" | tail -40
 test_rc=${PIPESTATUS[0]}
+if [[ -n "${RMS_V1:-}" ]]; then  # the RMSNorm tests once more against the version-1 kernels
+  OPSLOT_RMS_TEST_VERSION=1 timeout 120 python3 -m pytest -q --maxfail=20 --tb=short -p no:cacheprovider \
+    tests/gpu/kernels/test_norms.py 2>&1 | tee "$OUT/tests_rms_v1.txt" | tail -8
+fi
 timeout ${BENCH_TIMEOUT:-280} python3 bench/kernels.py --out "$OUT/kernels_h200.md" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.txt"
 bench_rc=${PIPESTATUS[0]}
 echo "tests rc=$test_rc bench rc=$bench_rc"

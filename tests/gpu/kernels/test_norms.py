@@ -9,6 +9,25 @@ from conftest import DTYPES, assert_close, fp32_leaf, requires_cuda
 
 pytestmark = requires_cuda
 
+
+@pytest.fixture(autouse=True, scope="module")
+def kernel_version():
+    """OPSLOT_RMS_TEST_VERSION=1 runs this file against the library's version-1 kernels (the
+    default is version 2; opslot_rms_norm_set_tuning)."""
+    import ctypes
+    import os
+
+    version = int(os.environ.get("OPSLOT_RMS_TEST_VERSION", "2"))
+    if version != 2:
+        from opslot.kernels.cuda import _lib
+
+        f = _lib.library().opslot_rms_norm_set_tuning
+        f.argtypes = [ctypes.c_int] * 3
+        assert f(2, 1, version) == 0
+    yield version
+    if version != 2:
+        f(2, 1, 2)
+
 WIDTHS = [1, 7, 127, 2048, 4096, 5120, 16384]
 ROWS = [0, 1, 3]
 VARIANTS = ["standard", "offset", "unweighted", "gated"]
