@@ -116,6 +116,16 @@ class Generator {
             std::vector<SkippedEntry> skipped)
       : spec_(spec), up_(up), src_(up.source()), options_(options), skipped_(std::move(skipped)) {
     for (const NameMapEntry& e : spec.name_map) spec_map_.push_back({&e, false});
+    // A name_map key that only a version-skipped guard's target uses is not unused.
+    for (const SkippedEntry& sk : skipped_) {
+      if (sk.kind != "guard") continue;
+      for (size_t pos = 0; pos <= sk.target.size();) {
+        size_t dot = std::min(sk.target.find('.', pos), sk.target.size());
+        std::string part = sk.target.substr(pos, dot - pos);
+        for (MapUse& u : spec_map_) u.used |= u.entry->from == part;
+        pos = dot + 1;
+      }
+    }
   }
 
   Result<GenerateResult> Run() {

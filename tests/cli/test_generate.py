@@ -103,7 +103,8 @@ def test_json_report_shape(project):
     assert report["exit_code"] == 0
     (entry,) = report["specs"]
     assert set(entry) == {"spec", "upstream", "upstream_path", "upstream_version", "output", "status",
-                          "patches", "bytes", "errors"}
+                          "patches", "bytes", "errors", "warnings", "skipped_entries"}
+    assert entry["warnings"] == [] and entry["skipped_entries"] == []
     assert entry["spec"] == SPEC
     assert entry["upstream"] == "tinypkg.models.tiny.modeling_tiny"
     assert entry["upstream_path"] == "upstream/tinypkg/models/tiny/modeling_tiny.py"

@@ -426,6 +426,15 @@ nlohmann::json Runner::JobJson(const Job& job) const {
   nlohmann::json errors = nlohmann::json::array();
   for (const auto& d : job.errors) errors.push_back(DiagnosticJson(d));
   j["errors"] = errors;
+  nlohmann::json skipped = nlohmann::json::array();
+  for (const auto& sk : job.skipped_entries) {
+    skipped.push_back({{"kind", sk.kind}, {"target", sk.target}, {"why", sk.why},
+                       {"spec", sk.loc.path}, {"line", sk.loc.line}});
+  }
+  j["skipped_entries"] = skipped;
+  nlohmann::json warnings = nlohmann::json::array();
+  for (const auto& d : job.warnings) warnings.push_back(DiagnosticJson(d));
+  j["warnings"] = warnings;
   return j;
 }
 
