@@ -21,6 +21,7 @@ from typing import Any, Dict, Iterable, List, Optional, Union
 
 from .checks import check_model, saved_ops
 from .config import FIELD_FOR_OP, OpsImplementationConfig
+from .copies import is_copy, release_unused_copies, shared_copy
 from .hardware import DeviceInfo
 from .plan import binding_plan, declared_slots, log_plan, logger
 from .registry import KernelRegistry
@@ -134,7 +135,7 @@ def bind_ops(
         raise _unbound_error(config, unbound, f"module {module.__name__}",
                              [f"{d.op}/{d.variant}" for d in declared])
     bound = _bind_module(module, config, slots, registry, device,
-                         warn_live="__opslot_copy" not in module.__name__)
+                         warn_live=not is_copy(module.__name__))
     log_plan(binding_plan(module))
     return bound
 
@@ -227,7 +228,9 @@ def build_model(
 
     slots = module_slots(module)
     if slots and private_copy:
-        module = load_private_copy(module)
+        release_unused_copies()
+        module = shared_copy(module, {n: chosen[(s.op, s.variant)] for n, s in slots.items()}) or \
+            load_private_copy(module)
         slots = module_slots(module)
     if slots:
         _bind_module(module, config, slots, registry, device, warn_live=not private_copy)

@@ -2,7 +2,7 @@
 
     >>> plan = opslot.binding_plan(model)
     >>> plan
-    BindingPlan of ToyMoeForCausalLM (module patched_modeling_toy_moe_gpu__opslot_copy1):
+    BindingPlan of ToyMoeForCausalLM (module patched_modeling_toy_moe_gpu__opslot__eager-eager):
       slot                                        op/variant                 impl   why
       causal_lm_loss_slot                         cross_entropy_loss/causal  torch  explicit
       load_balancing_loss_slot                    load_balancing_loss/standard eager default
@@ -155,9 +155,10 @@ class BindingPlan:
 _INDEX = re.compile(r"(?<=\.)\d+(?=\.)|^\d+(?=\.)")
 
 
-def _module_entries(module: types.ModuleType) -> List[PlanEntry]:
+def _module_entries(module: Any) -> List[PlanEntry]:
+    items = module.items() if isinstance(module, dict) else vars(module).items()
     return [PlanEntry(name, "module", s.op, s.variant, s.impl, s.why)
-            for name, s in sorted(vars(module).items()) if isinstance(s, OpSlot)]
+            for name, s in sorted(items) if isinstance(s, OpSlot)]
 
 
 def binding_plan(target: Any) -> BindingPlan:
@@ -169,14 +170,14 @@ def binding_plan(target: Any) -> BindingPlan:
     if not callable(named):
         raise TypeError(f"binding_plan takes a model (torch.nn.Module) or a generated module, got "
                         f"{type(target).__name__}")
+    from .copies import slots_of_class
+
     entries: List[PlanEntry] = []
-    modules_seen: List[str] = []
+    modules_seen: Dict[str, type] = {}
     groups: Dict[Tuple[str, str, str, str, str], int] = {}
     order: List[Tuple[str, str, str, str, str]] = []
     for path, sub in named():
-        mod_name = type(sub).__module__
-        if mod_name not in modules_seen:
-            modules_seen.append(mod_name)
+        modules_seen.setdefault(type(sub).__module__, type(sub))
         for attr, value in vars(sub).items():
             if isinstance(value, OpSlot):
                 name = f"{path}.{attr}" if path else attr
@@ -185,10 +186,8 @@ def binding_plan(target: Any) -> BindingPlan:
                     order.append(key)
                     groups[key] = 0
                 groups[key] += 1
-    for mod_name in modules_seen:
-        module = sys.modules.get(mod_name)
-        if module is not None:
-            entries += _module_entries(module)
+    for cls in modules_seen.values():
+        entries += _module_entries(slots_of_class(cls))
     entries += [PlanEntry(k[0], "instance", k[1], k[2], k[3], k[4], groups[k]) for k in order]
     config = getattr(target, "config", None)
     attention = getattr(config, "_attn_implementation", None) if config is not None else None

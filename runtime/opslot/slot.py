@@ -102,6 +102,11 @@ class OpSlot:
             )
         return fn(*args, **kwargs)
 
+    def __reduce__(self) -> Any:
+        # Pickled as (op, variant, name, impl, why) and bound again on load: kernels are found in the
+        # registry of the loading process, the users of a module-level slot are not carried over.
+        return (_restore_slot, (self.op, self.variant, self.name, self._impl, self._why))
+
     def _label(self) -> str:
         named = f" {self.name!r}" if self.name else ""
         return f"OpSlot{named} ({self.op}/{self.variant})"
@@ -109,3 +114,13 @@ class OpSlot:
     def __repr__(self) -> str:
         named = f", name={self.name!r}" if self.name else ""
         return f"OpSlot({self.op!r}, {self.variant!r}, impl={self._impl!r}{named})"
+
+
+def _restore_slot(op: str, variant: str, name: Optional[str], impl: str, why: str) -> OpSlot:
+    slot = OpSlot(op, variant)
+    slot.name = name
+    if impl != EAGER:
+        slot.bind(impl, why=why)
+    else:
+        slot._why = why
+    return slot

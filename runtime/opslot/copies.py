@@ -1,0 +1,136 @@
+"""Private module copies that pickle, and that are released with their models.
+
+`build_model` binds a module's module-level slots in a copy of the module, so that models built
+with other choices cannot change it. The copy is named after its binding:
+`<module>__opslot__<impl>-<impl>-...` (the impls of the module-level slots, in slot-name order), e.g.
+`patched_modeling_toy_gpu__opslot__eager-torch-eager-eager`. Consequences:
+
+- models with the same module-level binding share one copy (copies no longer pile up per model);
+- the name alone re-creates the copy: a meta-path finder, installed by `import opslot`, imports any
+  such name by loading the original module's file again and binding its slots as the name says. So
+  `pickle` / `torch.save(model)` of a whole model loads in a new process (`import opslot` first);
+- copies whose models are all gone are dropped from `sys.modules` (`release_unused_copies`, run by
+  every `build_model`), and garbage-collected with their classes.
+
+`isinstance(model, generated.Class)` is False for a model of a copy: the copy's classes are other
+class objects (that is what keeps their slots apart). `is_instance(model, generated.Class)` answers
+by the class's qualified name and the copy's original module.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import re
+import sys
+import types
+from typing import Any, Dict, List, Optional
+
+from .slot import OpSlot
+
+COPY_MARK = "__opslot__"
+_IMPL_NAME = re.compile(r"^[A-Za-z0-9_]+$")
+
+
+def original_name(name: str) -> str:
+    """The module a copy was made from (the name itself for other modules)."""
+    base = name.split(COPY_MARK)[0]
+    return re.sub(r"__opslot_copy\d+$", "", base)
+
+
+def is_copy(name: str) -> bool:
+    return COPY_MARK in name or re.search(r"__opslot_copy\d+$", name) is not None
+
+
+def copy_name(module: types.ModuleType, impls: Dict[str, str]) -> Optional[str]:
+    """The name of the copy of `module` whose module-level slots run `impls` ({slot name: impl}),
+    None when an impl name cannot be spelt in it (then the copy gets a numbered, unpicklable name)."""
+    values = [impls[name] for name in sorted(impls)]
+    if not values or not all(_IMPL_NAME.match(v) and "__" not in v for v in values):
+        return None
+    return f"{original_name(module.__name__)}{COPY_MARK}{'-'.join(values)}"
+
+
+class _CopyLoader(importlib.machinery.SourceFileLoader):
+    def __init__(self, fullname: str, path: str, package: Optional[str], impls: List[str]) -> None:
+        super().__init__(fullname, path)
+        self._package = package
+        self._impls = impls
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        module.__package__ = self._package
+        super().exec_module(module)
+        slots = sorted((name, value) for name, value in vars(module).items() if isinstance(value, OpSlot))
+        if len(slots) != len(self._impls):
+            raise ImportError(f"{module.__name__}: the name binds {len(self._impls)} slot(s), the module has "
+                              f"{len(slots)} (its source changed?)", name=module.__name__)
+        for (name, slot), impl in zip(slots, self._impls):
+            slot.name = name
+            slot.bind(impl, why="restored (copy name)")
+
+
+class _CopyFinder(importlib.abc.MetaPathFinder):
+    """Imports `<module>__opslot__<impls>` names (see the module docstring)."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        base, mark, tail = fullname.rpartition(COPY_MARK)
+        if not mark or not base or not tail:
+            return None
+        original = importlib.import_module(base)
+        file = getattr(original, "__file__", None)
+        if not file or not file.endswith(".py"):
+            return None
+        loader = _CopyLoader(fullname, file, original.__package__, tail.split("-"))
+        return importlib.util.spec_from_file_location(fullname, file, loader=loader)
+
+
+def install_finder() -> None:
+    if not any(isinstance(f, _CopyFinder) for f in sys.meta_path):
+        sys.meta_path.append(_CopyFinder())
+
+
+def shared_copy(module: types.ModuleType, impls: Dict[str, str]) -> Optional[types.ModuleType]:
+    """The copy of `module` bound to `impls` (imported, or reused when already loaded); None when
+    the impls cannot be spelt in a module name."""
+    name = copy_name(module, impls)
+    if name is None:
+        return None
+    install_finder()
+    return importlib.import_module(name)
+
+
+def release_unused_copies() -> List[str]:
+    """Drop from sys.modules every private copy whose slots no live model uses; returns their names.
+    (A dropped copy lives on as long as objects of its classes do; its name imports it again.)"""
+    dropped = []
+    for name, module in list(sys.modules.items()):
+        if module is None or not is_copy(name):
+            continue
+        slots = [v for v in vars(module).values() if isinstance(v, OpSlot)]
+        if slots and not any(len(s._users) for s in slots):
+            del sys.modules[name]
+            dropped.append(name)
+    return dropped
+
+
+def is_instance(obj: Any, cls: type) -> bool:
+    """`isinstance(obj, cls)`, also true when `obj`'s class (or a base) is `cls`'s counterpart in a
+    private copy of `cls`'s module (same qualified name, copy of the same module)."""
+    if isinstance(obj, cls):
+        return True
+    target = (original_name(cls.__module__), cls.__qualname__)
+    return any((original_name(k.__module__), k.__qualname__) == target for k in type(obj).__mro__)
+
+
+def slots_of_class(cls: type) -> Dict[str, OpSlot]:
+    """The module-level slots the methods of `cls` read: those of the globals of its functions
+    (its module's, also for a private copy no longer in sys.modules)."""
+    for value in vars(cls).values():
+        fn = getattr(value, "__func__", value)
+        globs = getattr(fn, "__globals__", None)
+        if isinstance(globs, dict) and globs.get("__name__") == cls.__module__:
+            return {k: v for k, v in globs.items() if isinstance(v, OpSlot)}
+    module = sys.modules.get(cls.__module__)
+    return {k: v for k, v in vars(module).items() if isinstance(v, OpSlot)} if module is not None else {}
