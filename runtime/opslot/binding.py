@@ -3,8 +3,9 @@
 `bind_ops(module, ops)` binds every module-level `OpSlot`. `build_model(hf_config, ops=..., module=...)`
 does it the safe way for several models in one process: it copies the HF config, stores the ops
 choice on the copy (`config.ops_implementation`, read by instance-scoped slots through `bind_from`),
-and, when the module has module-level slots, loads a private copy of the module for this model so
-that binding it cannot change models built earlier with other choices.
+and, when the module has module-level slots, binds them in a private copy of the module (named after
+its binding, see copies.py) so that binding it cannot change models built earlier with other choices.
+Nothing asked for is dropped: see docs/runtime.md, "Strictness".
 """
 
 from __future__ import annotations

@@ -1,0 +1,27 @@
+"""opslot.hf.from_pretrained on a checkpoint that a bound model saved: every slot binds as in the
+first build (the saved config carries ops_implementation), without passing ops again."""
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from test_hf import checkpoint, make_module, needs_moe  # noqa: E402,F401  (the fixture, reused)
+
+import opslot  # noqa: E402
+import opslot.hf  # noqa: E402
+
+
+@needs_moe
+def test_saved_model_loads_with_the_same_plan(checkpoint, tmp_path, monkeypatch):  # noqa: F811
+    path, _ = checkpoint
+    mod = make_module(tmp_path, monkeypatch, plain=False)
+    first = opslot.hf.from_pretrained(path, mod, ops={"rms_norm_implementation": "torch"})
+    out = tmp_path / "saved"
+    first.save_pretrained(out)
+    again = opslot.hf.from_pretrained(str(out), mod)
+    assert again.config.ops_implementation == {"rms_norm_implementation": "torch"}
+    assert opslot.binding_plan(again) == opslot.binding_plan(first)
+    assert opslot.binding_plan(again).as_dict()["rms_norm_slot"] == "torch"
+    ids = torch.randint(0, 64, (1, 4))
+    assert torch.equal(again(input_ids=ids).logits, first(input_ids=ids).logits)
