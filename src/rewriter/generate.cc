@@ -1323,7 +1323,12 @@ std::optional<ContractPin> RefingerprintContract(const ContractPin& pin,
   const Definition* def = upstream.Find(pin.qualname);
   std::vector<ByteRange> ranges, skip;
   if (pin.region == "absent") {
-    if (!def) return out;
+    if (!def) {
+      Fingerprint fp = AbsentFingerprint();
+      out.sha256 = fp.sha256;
+      out.text = fp.text;
+      return out;
+    }
     out.text = "(defined upstream)";
     out.sha256 = Sha256Hex(out.text);
     out.first_line = out.last_line = def->line;

@@ -285,3 +285,21 @@ def test_every_real_model_spec_is_pinned():
                     with open(pins) as f:
                         assert '"5.17.0"' in f.read(), pins
     assert missing == [], "run `patchgen pin` for: " + ", ".join(missing)
+
+
+def test_audit_with_pins_only_finds_changed_bodies_of_a_spec_that_no_longer_generates(toy):
+    pin(toy)
+    drift(toy, "        logits = self.lm_head(hidden_states[:, slice_indices, :])",
+          "        hidden_states = hidden_states[:, slice_indices, :]\n"
+          "        logits = self.output_head(hidden_states)")
+    drift(toy, "return self.weight * hidden_states.to(input_dtype)",
+          "return (self.weight * hidden_states).to(input_dtype)")
+    before = toy.snapshot()
+    r = toy.run("audit", "--source-root", "new", "--json")
+    assert toy.snapshot() == before
+    assert r.returncode == 1
+    kinds = [(f["kind"], f["entry"]) for f in findings(json.loads(r.stdout)) if f["attention"]]
+    assert ("anchor gone", "") in kinds
+    assert ("body changed under a guard", "guard rms_norm_slot in ToyRMSNorm.forward") in kinds
+    # The unchanged override and the still-absent added method are not reported.
+    assert len(kinds) == 2, kinds

@@ -366,6 +366,10 @@ void Runner::GenerateAll() {
     auto result = rewriter::Generate(spec, *job.upstream->module, options);
     if (!result.ok()) {
       Fail(job, result.errors());
+      if (opts_.audit) {  // audit still compares what the pins name with the new upstream
+        fs::path pins_path = PinsPathFor(job.spec_abs);
+        if (auto pins = ReadPins(pins_path, Show(pins_path)); pins.ok()) job.pins = std::move(*pins);
+      }
       return;
     }
     job.py_text = std::move(result->text);
@@ -886,10 +890,29 @@ int Runner::Audit() {
     // A spec that no longer generates has no contract: its entries are looked up in the new
     // upstream by name instead, so that a broken anchor does not hide a changed body.
     std::vector<rewriter::ContractPin> refound;
-    if (!job.errors.empty() && old && job.upstream && job.upstream->module) {
-      for (const rewriter::ContractPin& c : old->contract) {
-        if (auto now = rewriter::RefingerprintContract(c, *job.upstream->module)) {
-          refound.push_back(std::move(*now));
+    if (!job.errors.empty() && job.upstream && job.upstream->module) {
+      std::set<std::string> keys;
+      if (old) {
+        for (const rewriter::ContractPin& c : old->contract) {
+          if (auto now = rewriter::RefingerprintContract(c, *job.upstream->module)) {
+            keys.insert(c.key);
+            refound.push_back(std::move(*now));
+          }
+        }
+      }
+      // Without the old upstream (or for entries it does not have), the pins name the targets.
+      if (job.pins) {
+        for (const PinEntry& e : job.pins->entries) {
+          if (keys.count(e.key) || e.target.empty() || e.verified.empty()) continue;
+          rewriter::ContractPin c;
+          c.key = e.key;
+          c.region = e.region;
+          c.expects = e.expects;
+          c.qualname = e.target;
+          c.loc = SourceLoc{job.spec_shown, 0, 0, 1, {}};
+          if (auto now = rewriter::RefingerprintContract(c, *job.upstream->module)) {
+            refound.push_back(std::move(*now));
+          }
         }
       }
     }
@@ -903,11 +926,23 @@ int Runner::Audit() {
         if (verified) continue;
       }
       const rewriter::ContractPin* o = old_pin(c.key);
-      if (!o || o->sha256 == c.sha256) continue;
-      Finding f{RegionFindingKind(c.region), c.key, c.loc, where(c),
-                "differs from " + old_modules[i].first.version, signature_details(c), true};
-      for (std::string& l : TextDiffLines(o->text, c.text)) f.details.push_back("  " + l);
-      findings.push_back(std::move(f));
+      if (o) {
+        if (o->sha256 == c.sha256) continue;
+        Finding f{RegionFindingKind(c.region), c.key, c.loc, where(c),
+                  "differs from " + old_modules[i].first.version, signature_details(c), true};
+        for (std::string& l : TextDiffLines(o->text, c.text)) f.details.push_back("  " + l);
+        findings.push_back(std::move(f));
+      } else if (const PinEntry* e = job.pins ? job.pins->Find(c.key) : nullptr) {
+        // Found by name through the pins (the spec does not generate): differs from every
+        // verified fingerprint (checked above); show the newest.
+        const PinRecord& newest = e->verified.back();
+        std::string versions;
+        for (const auto& x : newest.versions) versions += (versions.empty() ? "" : ", ") + x;
+        Finding f{RegionFindingKind(c.region), c.key, c.loc, where(c),
+                  "differs from the pin (verified with " + versions + ")", {}, true};
+        for (std::string& l : TextDiffLines(newest.text, c.text)) f.details.push_back("  " + l);
+        findings.push_back(std::move(f));
+      }
     }
     if (!job.pins && job.errors.empty()) {
       findings.push_back({"unpinned", "", SourceLoc{job.spec_shown, 0, 0, 1, {}}, "",

@@ -108,6 +108,8 @@ Result<std::optional<PinFile>> ReadPins(const fs::path& path, const std::string&
     PinEntry e;
     e.key = key->scalar;
     if (const RawNode* region = Get(item, "region")) e.region = region->scalar;
+    if (const RawNode* target = Get(item, "target")) e.target = target->scalar;
+    if (const RawNode* expects = Get(item, "expects")) e.expects = expects->scalar;
     for (const RawNode& v : verified->items) {
       const RawNode* sha = v.kind == RawNode::Kind::kMapping ? Get(v, "sha256") : nullptr;
       if (!sha || sha->kind != RawNode::Kind::kScalar) {
@@ -136,6 +138,8 @@ std::string FormatPins(const PinFile& pins, const std::string& spec_shown) {
   for (const PinEntry& e : pins.entries) {
     out += "  - key: " + Quote(e.key) + "\n";
     out += "    region: " + e.region + "\n";
+    if (!e.target.empty()) out += "    target: " + Quote(e.target) + "\n";
+    if (!e.expects.empty()) out += "    expects: " + Quote(e.expects) + "\n";
     out += "    verified:\n";
     for (const PinRecord& r : e.verified) {
       out += "      - versions: [";
@@ -162,7 +166,7 @@ size_t UpdatePins(PinFile& pins, const std::vector<rewriter::ContractPin>& contr
   std::vector<PinEntry> ordered;
   std::vector<bool> used(pins.entries.size(), false);
   for (const rewriter::ContractPin& c : contract) {
-    PinEntry entry{c.key, c.region, {}};
+    PinEntry entry{c.key, c.region, c.qualname, c.expects, {}};
     for (size_t i = 0; i < pins.entries.size(); ++i) {
       if (!used[i] && pins.entries[i].key == c.key) {
         entry = pins.entries[i];
@@ -184,6 +188,8 @@ size_t UpdatePins(PinFile& pins, const std::vector<rewriter::ContractPin>& contr
       ++added;
     }
     entry.region = c.region;
+    entry.target = c.qualname;
+    entry.expects = c.expects;
     // Keep one entry per key even when the contract lists a key twice.
     bool merged = false;
     for (PinEntry& o : ordered) {

@@ -25,6 +25,8 @@ struct PinRecord {
 struct PinEntry {
   std::string key;     ///< rewriter::ContractPin::key
   std::string region;  ///< rewriter::ContractPin::region
+  std::string target;  ///< rewriter::ContractPin::qualname (lets audit find it by name)
+  std::string expects; ///< rewriter::ContractPin::expects
   std::vector<PinRecord> verified;  ///< Oldest first.
 };
 
