@@ -90,9 +90,10 @@ def _bind_module(module: types.ModuleType, config: OpsImplementationConfig, slot
         live = _live_models_of(module, users)
         if live:
             names = sorted({type(o).__name__ for o in live})
+            changes = ", ".join(f"{n} {s.impl!r}->{chosen[(s.op, s.variant)]!r}" for n, s in changing)
             warnings.warn(
                 f"rebinding module {module.__name__!r} changes {len(live)} live model(s) built from it directly "
-                f"({', '.join(names)}): {', '.join(f'{n} {s.impl!r}->{chosen[(s.op, s.variant)]!r}' for n, s in changing)}; "
+                f"({', '.join(names)}): {changes}; "
                 f"build models with opslot.build_model (private module copy) to keep them apart",
                 RuntimeWarning, stacklevel=3)
     bound = {}

@@ -144,8 +144,9 @@ def test_rebinding_a_module_after_direct_construction_warns(tmp_path, monkeypatc
     module = importlib.import_module("toy_direct_copy")
     try:
         model = module.ToyForCausalLM(toy_config())
-        with pytest.warns(RuntimeWarning, match=r"^rebinding module 'toy_direct_copy' changes 1 live model\(s\) built "
-                                                 r"from it directly \(ToyForCausalLM\): rms_norm_slot 'eager'->'torch'"):
+        with pytest.warns(RuntimeWarning, match=r"^rebinding module 'toy_direct_copy' changes 1 live model\(s\) "
+                                                 r"built from it directly \(ToyForCausalLM\): rms_norm_slot "
+                                                 r"'eager'->'torch'"):
             bind_ops(module, {"rms_norm_implementation": "torch"})
         del model
     finally:
@@ -167,8 +168,8 @@ def test_instance_slot_errors_are_config_errors_before_construction():
     with pytest.raises(ValueError) as err:
         moe({"moe_implementation": "fused_torhc"})
     assert str(err.value) == ("invalid ops_implementation:\n  moe/standard (moe_implementation='fused_torhc'): "
-                              "no kernel 'torhc' for moe/standard; available: eager, fused_cuda [needs cuda sm_80+], fused_npu [needs npu], "
-                              "fused_torch; did you mean 'fused_torch'?")
+                              "no kernel 'torhc' for moe/standard; available: eager, fused_cuda [needs cuda sm_80+], "
+                              "fused_npu [needs npu], fused_torch; did you mean 'fused_torch'?")
     config = moe_config()
     config.ops_implementation = {"moe_implementation": "fused_torhc"}
     generated = importlib.import_module(TOY_MOE)
@@ -244,5 +245,6 @@ def test_environment_variable_forces_eager_or_a_kernel(monkeypatch):
     with pytest.raises(ValueError, match=r"rms_norm/standard \(OPSLOT_FORCE_IMPL='rms_norm=nope'\): no kernel 'nope'"):
         toy()
     monkeypatch.setenv("OPSLOT_FORCE_IMPL", "rope=torch")
-    with pytest.raises(ValueError, match=r"'rope=torch' is not op=kernel; did you mean 'rotary_pos_emb_implementation'"):
+    with pytest.raises(ValueError, match=r"'rope=torch' is not op=kernel; did you mean "
+                                         r"'rotary_pos_emb_implementation'"):
         toy()
