@@ -128,8 +128,8 @@ __device__ __forceinline__ float rms_dt(int mode, float n, float d, float w, flo
   return d;
 }
 
-// Version 1 (opslot_rms_norm_set_tuning variant 1): fp32 register arrays, one row in flight per
-// row group.
+// Version 1 (the default for the gated norm; opslot_rms_norm_set_tuning variant 1 for all):
+// fp32 register arrays, one row in flight per row group.
 template <typename Tx, typename Tw, typename To, int VEC, int NV>
 __global__ void __launch_bounds__(kMaxThreads) rms_fwd_kernel_v1(RmsArgs a) {
   __shared__ float smem[32];
@@ -309,8 +309,9 @@ __global__ void __launch_bounds__(kMaxThreads) rms_bwd_kernel_v1(RmsArgs a) {
   }
 }
 
-// Version 2 (the default): raw storage and the next row prefetched while the current one is
-// reduced and written; GATED is a template parameter (the other modes share one instantiation).
+// Version 2 (the default for the plain norms): raw storage and the next row prefetched while the
+// current one is reduced and written; GATED is a template parameter (the other modes share one
+// instantiation).
 template <typename Tx, typename Tw, typename To, int VEC, int NV, bool GATED>
 __global__ void __launch_bounds__(kMaxThreads) rms_fwd_kernel(RmsArgs a) {
   __shared__ float smem[32];
@@ -530,7 +531,7 @@ bool aligned(const void* p, int bytes) { return p == nullptr || reinterpret_cast
 struct Tuning {
   int vectors_per_thread = 2;
   int bwd_waves = 1;
-  int variant = 2;
+  int variant = 0;
 };
 Tuning g_tuning;
 
@@ -563,7 +564,9 @@ template <typename Tx, typename Tw, typename To, int VEC, int NV>
 int launch_nv(const RmsArgs& a, const Geometry& g, bool bwd, cudaStream_t stream, int64_t* partial_rows) {
   const int64_t needed = (a.rows + g.rpb - 1) / g.rpb;
   const bool gated = a.mode == OPSLOT_RMS_GATED;
-  const int v = g_tuning.variant == 1 ? 0 : 1;
+  // Version 0 (auto, the default): version 2 for the plain norms, version 1 for the gated norm
+  // (measured faster on an H200: docs/results/kernels_h200.md).
+  const int v = g_tuning.variant == 1 || (g_tuning.variant == 0 && gated) ? 0 : 1;
   void (*kernel)(RmsArgs);
   if (v == 0) kernel = bwd ? rms_bwd_kernel_v1<Tx, Tw, To, VEC, NV> : rms_fwd_kernel_v1<Tx, Tw, To, VEC, NV>;
   else if (gated) kernel = bwd ? rms_bwd_kernel<Tx, Tw, To, VEC, NV, true> : rms_fwd_kernel<Tx, Tw, To, VEC, NV, true>;
@@ -758,8 +761,8 @@ OPSLOT_API int opslot_rms_norm_bwd(int mode, int x_dtype, int w_dtype, int64_t r
 }
 
 OPSLOT_API int opslot_rms_norm_set_tuning(int vectors_per_thread, int bwd_waves, int variant) {
-  if (vectors_per_thread < 1 || vectors_per_thread > 8 || bwd_waves < 1 || bwd_waves > 16 || variant < 1 || variant > 2)
-    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "rms_norm tuning: vectors_per_thread 1..8, bwd_waves 1..16, variant 1..2");
+  if (vectors_per_thread < 1 || vectors_per_thread > 8 || bwd_waves < 1 || bwd_waves > 16 || variant < 0 || variant > 2)
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "rms_norm tuning: vectors_per_thread 1..8, bwd_waves 1..16, variant 0..2");
   g_tuning.vectors_per_thread = vectors_per_thread;
   g_tuning.bwd_waves = bwd_waves;
   g_tuning.variant = variant;

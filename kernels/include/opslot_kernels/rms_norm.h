@@ -50,8 +50,9 @@ OPSLOT_API int opslot_rms_norm_bwd(int mode, int x_dtype, int w_dtype, int64_t r
 
 /* Benchmarks and tests only (not thread-safe; changes the row-group count, so call it between
  * runs): the number of 16-byte vectors per thread the launch geometry aims at (default 2), the
- * resident waves of the backward (default 1), and the kernel version (2, the default: raw
- * registers and the next row prefetched; 1: fp32 registers, one row in flight). */
+ * resident waves of the backward (default 1), and the kernel version (0, the default: version 2
+ * for the plain norms and 1 for the gated norm; 2: raw registers and the next row prefetched;
+ * 1: fp32 registers, one row in flight). */
 OPSLOT_API int opslot_rms_norm_set_tuning(int vectors_per_thread, int bwd_waves, int variant);
 
 #ifdef __cplusplus

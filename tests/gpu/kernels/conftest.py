@@ -44,19 +44,21 @@ def seed():
     yield
 
 
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+def rel_err(out: torch.Tensor, ref: torch.Tensor, floor=None) -> float:
+    """‖out − ref‖ / ‖ref‖ (‖ref‖ raised to `floor` where given: for quantities that cancel to ~0)."""
     out, ref = out.double(), ref.double()
-    denom = ref.norm().item()
+    denom = max(ref.norm().item(), floor or 0.0)
     diff = (out - ref).norm().item()
     return diff / denom if denom > 0 else diff
 
 
-def assert_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, what: str = "", scale: float = 1.0):
+def assert_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, what: str = "", scale: float = 1.0,
+                 floor=None):
     assert out.shape == ref.shape, f"{what}: shape {tuple(out.shape)} != {tuple(ref.shape)}"
     assert not torch.isnan(out).any(), f"{what}: NaN in the output"
     if out.numel() == 0:
         return
-    err = rel_err(out, ref)
+    err = rel_err(out, ref, floor)
     tol = TOLERANCE[dtype] * scale
     assert err <= tol, f"{what}: relative error {err:.3g} > {tol:.3g}"
 

@@ -13,7 +13,7 @@ fi
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader || true
 timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q --maxfail=40 --tb=short -p no:cacheprovider ${TESTS:-tests/gpu/kernels} "$@" 2>&1 | tee "$OUT/tests.txt" | tail -40
 test_rc=${PIPESTATUS[0]}
-if [[ -n "${RMS_V1:-}" ]]; then  # the RMSNorm tests once more against the version-1 kernels
+if [[ -n "${RMS_V1:-}" ]]; then  # the RMSNorm tests once more, every variant on the version-1 kernels
   OPSLOT_RMS_TEST_VERSION=1 timeout 120 python3 -m pytest -q --maxfail=20 --tb=short -p no:cacheprovider \
     tests/gpu/kernels/test_norms.py 2>&1 | tee "$OUT/tests_rms_v1.txt" | tail -8
 fi

@@ -12,21 +12,22 @@ pytestmark = requires_cuda
 
 @pytest.fixture(autouse=True, scope="module")
 def kernel_version():
-    """OPSLOT_RMS_TEST_VERSION=1 runs this file against the library's version-1 kernels (the
-    default is version 2; opslot_rms_norm_set_tuning)."""
+    """OPSLOT_RMS_TEST_VERSION=1 (or 2) runs this file against the library's version-1 (or
+    version-2) kernels for every variant (the default, 0, picks per variant;
+    opslot_rms_norm_set_tuning)."""
     import ctypes
     import os
 
-    version = int(os.environ.get("OPSLOT_RMS_TEST_VERSION", "2"))
-    if version != 2:
+    version = int(os.environ.get("OPSLOT_RMS_TEST_VERSION", "0"))
+    if version != 0:
         from opslot.kernels.cuda import _lib
 
         f = _lib.library().opslot_rms_norm_set_tuning
         f.argtypes = [ctypes.c_int] * 3
         assert f(2, 1, version) == 0
     yield version
-    if version != 2:
-        f(2, 1, 2)
+    if version != 0:
+        f(2, 1, 0)
 
 WIDTHS = [1, 7, 127, 2048, 4096, 5120, 16384]
 ROWS = [0, 1, 3]
@@ -66,7 +67,12 @@ def check(variant, x, g, w, dtype, scale=1.0):
     assert_close(y, yr, dtype, f"{variant} y", scale)
     for name, a, b in zip(("dx", "dgate", "dw"), xs, rs):
         if a is not None:
-            assert_close(a.grad, b.grad, dtype, f"{variant} {name}", scale * (4 if name == "dw" else 1))
+            # dx = r (dt - n mean(dt n)) cancels to ~0 for very narrow rows (width 1: n = ±1): there
+            # the error is measured against the size of r * dt, not of dx itself.
+            floor = None
+            if name == "dx" and x.shape[-1] <= 2 and x.numel():
+                floor = (dy.float() * torch.rsqrt(x.float().square().mean(-1, keepdim=True) + 1e-6)).norm().item()
+            assert_close(a.grad, b.grad, dtype, f"{variant} {name}", scale * (4 if name == "dw" else 1), floor=floor)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

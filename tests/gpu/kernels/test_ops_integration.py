@@ -81,7 +81,7 @@ def test_compile_fullgraph_and_backward():
 
 
 def test_cuda_graph_capture():
-    from opslot.kernels.cuda import load_balancing, norms, rope  # noqa: F401
+    from opslot.kernels.cuda import load_balancing, norms, rope, swiglu  # noqa: F401
 
     O = torch.ops.opslot
     bf, dev = torch.bfloat16, "cuda"

@@ -10,6 +10,11 @@ from conftest import DTYPES, assert_close, fp32_leaf, requires_cuda
 pytestmark = requires_cuda
 
 
+@pytest.fixture(autouse=True)
+def _register_ops():
+    from opslot.kernels.cuda import swiglu  # noqa: F401  (registers torch.ops.opslot.silu_mul)
+
+
 def check(gate, up, dtype):
     ga, ua = gate.detach().requires_grad_(True), up.detach().requires_grad_(True)
     h = torch.ops.opslot.silu_mul(ga, ua)
