@@ -118,6 +118,26 @@ def bind_from_config(slot: Any, config: Any, *, registry: Any = None, _depth: in
     return slot.bind(impl, registry=registry, why=why)
 
 
+def _mismatched_module_slots(ops: Any, slots: Dict[str, Any], registry: Any) -> List[str]:
+    from .config import FIELD_FOR_OP
+
+    mismatched = []
+    for name, value in sorted(slots.items()):
+        if value.why == "direct" or value.op not in FIELD_FOR_OP:
+            continue
+        impl, _ = ops.choose(value.op, value.variant, registry=registry)
+        if impl != value.impl:
+            mismatched.append(f"{name} ({value.op}/{value.variant}) runs {value.impl!r}, the config chooses {impl!r}")
+    return mismatched
+
+
+def _not_followed(module: str, mismatched: List[str]) -> ValueError:
+    return ValueError(
+        f"a model of {module} is being built from a config whose ops_implementation its module-level slots do "
+        f"not follow: {'; '.join(mismatched)}. Build it with opslot.build_model(config, module=..., "
+        f"model_class=...) or opslot.hf.from_pretrained(path, module), which bind every slot")
+
+
 def _check_module_slots(ops: Any, registry: Any, depth: int) -> None:
     """A model constructed directly (`Class(config)`) from a config that carries ops_implementation
     binds its instance-scoped slots; refuse when the module-level slots of the calling module run
@@ -126,19 +146,30 @@ def _check_module_slots(ops: Any, registry: Any, depth: int) -> None:
         frame = sys._getframe(depth)
     except ValueError:
         return
-    from .config import FIELD_FOR_OP
     from .slot import OpSlot
 
-    mismatched = []
-    for name, value in list(frame.f_globals.items()):
-        if not isinstance(value, OpSlot) or value.why == "direct" or value.op not in FIELD_FOR_OP:
-            continue
-        impl, _ = ops.choose(value.op, value.variant, registry=registry)
-        if impl != value.impl:
-            mismatched.append(f"{name} ({value.op}/{value.variant}) runs {value.impl!r}, the config chooses {impl!r}")
+    slots = {k: v for k, v in list(frame.f_globals.items()) if isinstance(v, OpSlot)}
+    mismatched = _mismatched_module_slots(ops, slots, registry)
     if mismatched:
-        module = frame.f_globals.get("__name__", "?")
-        raise ValueError(
-            f"a model of {module} is being built from a config whose ops_implementation its module-level slots do "
-            f"not follow: {'; '.join(mismatched)}. Build it with opslot.build_model(config, module=..., "
-            f"model_class=...) or opslot.hf.from_pretrained(path, module), which bind every slot")
+        raise _not_followed(frame.f_globals.get("__name__", "?"), mismatched)
+
+
+def check_model_follows_config(model: Any, registry: Any = None) -> None:
+    """Refuse a loaded model (e.g. `generated.Class.from_pretrained(dir)` of a checkpoint saved with
+    ops_implementation) whose module-level slots do not run what its `config.ops_implementation`
+    chooses; nothing to check when the config carries none."""
+    ops = saved_ops(getattr(model, "config", None))
+    named = getattr(model, "named_modules", None)
+    if ops is None or not callable(named):
+        return
+    from .copies import slots_of_class
+
+    seen = set()
+    for _, sub in named():
+        cls = type(sub)
+        if cls.__module__ in seen:
+            continue
+        seen.add(cls.__module__)
+        mismatched = _mismatched_module_slots(ops, slots_of_class(cls), registry)
+        if mismatched:
+            raise _not_followed(cls.__module__, mismatched)

@@ -111,6 +111,9 @@ def strict_from_pretrained(load: Callable[..., Any], *args: Any, strict: bool = 
     if strict:
         source = args[0] if args else kwargs.get("pretrained_model_name_or_path")
         check_loading_info(model, info, source, ignore_mismatched_sizes=kwargs.get("ignore_mismatched_sizes", False))
+    from .checks import check_model_follows_config
+
+    check_model_follows_config(model)  # a saved ops_implementation the module-level slots ignore: error
     return (model, info) if want_info else model
 
 
