@@ -21,11 +21,11 @@ import warnings
 from typing import Any, Dict, Iterable, List, Optional, Union
 
 from .checks import check_model, saved_ops
-from .config import FIELD_FOR_OP, OpsImplementationConfig
+from .config import FIELD_FOR_OP, OpsImplementationConfig, forced_impl_spec
 from .copies import is_copy, release_unused_copies, shared_copy
 from .hardware import DeviceInfo
 from .plan import binding_plan, declared_slots, log_plan, logger
-from .registry import KernelRegistry
+from .registry import KERNEL_REGISTRY, KernelRegistry
 from .slot import OpSlot
 
 _copy_counter = itertools.count(1)
@@ -167,7 +167,7 @@ EXPERTS_EAGER = "eager"
 
 
 def moe_runs_kernel(slots: Dict[str, OpSlot], config: OpsImplementationConfig,
-                    device: Optional[DeviceInfo] = None) -> bool:
+                    device: Optional[DeviceInfo] = None, registry: Optional[KernelRegistry] = None) -> bool:
     """Whether a `moe` slot of the model runs a kernel. Transformers wraps `*Experts.forward` in
     `@use_experts_implementation`, which calls the eager body (where the moe guard sits) only when
     `config._experts_implementation == "eager"` and otherwise its own grouped_mm etc.; build_model
@@ -176,6 +176,13 @@ def moe_runs_kernel(slots: Dict[str, OpSlot], config: OpsImplementationConfig,
     moe_slots = [slot for slot in slots.values() if slot.op == "moe"]
     if moe_slots:
         return any(slot.use_non_eager_impl for slot in moe_slots)
+    forced = forced_impl_spec("moe")  # $OPSLOT_FORCE_IMPL decides the instance-scoped slots too
+    if forced is not None:
+        name, strict = forced
+        if name == EXPERTS_EAGER:
+            return False
+        available = (registry or KERNEL_REGISTRY).list_available("moe", device=device).values()
+        return strict or any(name in names for names in available)
     return config.impl_for("moe", device) != EXPERTS_EAGER
 
 
@@ -243,7 +250,7 @@ def build_model(
     attn = config.value("attn_implementation", device)
     if attn is not None:
         hf_config._attn_implementation = attn
-    if moe_runs_kernel(slots, config, device):
+    if moe_runs_kernel(slots, config, device, registry):
         hf_config._experts_implementation = EXPERTS_EAGER
     model = cls(hf_config)
     for slot in slots.values():

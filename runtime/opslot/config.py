@@ -499,7 +499,7 @@ def _registered_attn_implementations() -> List[str]:
 
 
 def _check_attn_implementation(value: str) -> None:
-    if "/" in value:  # a Hub kernel repository, resolved by Transformers itself
+    if "/" in value or value in KNOWN_ATTN_IMPLEMENTATIONS:  # a Hub kernel repository: Transformers resolves it
         return
     known = list(KNOWN_ATTN_IMPLEMENTATIONS) + _registered_attn_implementations()
     if value in known:

@@ -227,10 +227,12 @@ def test_environment_variable_forces_eager_or_a_kernel(monkeypatch):
     monkeypatch.setenv("OPSLOT_FORCE_IMPL", "eager")
     plan = binding_plan(toy(ops))
     assert {e.impl for e in plan} == {"eager"} and {e.why for e in plan} == {"forced (OPSLOT_FORCE_IMPL=eager)"}
+    assert not hasattr(moe({"moe_implementation": "fused_torch"}).config, "_experts_implementation")
     monkeypatch.setenv("OPSLOT_FORCE_IMPL", "torch")
-    plan = binding_plan(moe())
-    assert plan.as_dict() == {"causal_lm_loss_slot": "torch", "load_balancing_loss_slot": "torch",
-                              "model.layers.*.mlp.experts.moe_experts_slot": "torch"}
+    model = moe()
+    assert binding_plan(model).as_dict() == {"causal_lm_loss_slot": "torch", "load_balancing_loss_slot": "torch",
+                                             "model.layers.*.mlp.experts.moe_experts_slot": "torch"}
+    assert model.config._experts_implementation == "eager"  # Transformers' experts dispatch reaches the guard
     monkeypatch.setenv("OPSLOT_FORCE_IMPL", "torch_chunked")  # only cross_entropy has it: the rest eager, said so
     plan = {e.slot: (e.impl, e.why) for e in binding_plan(toy())}
     assert plan["causal_lm_loss_slot"] == ("torch_chunked", "forced (OPSLOT_FORCE_IMPL=torch_chunked)")
