@@ -91,7 +91,6 @@ def saved_ops(config: Any) -> Any:
 
 def bind_from_config(slot: Any, config: Any, *, registry: Any = None, _depth: int = 3) -> Any:
     """What `OpSlot.bind_from` does (see there)."""
-    from .config import forced_impl
     from .registry import KERNEL_REGISTRY
 
     registry = registry or KERNEL_REGISTRY
@@ -99,19 +98,15 @@ def bind_from_config(slot: Any, config: Any, *, registry: Any = None, _depth: in
         ops = saved_ops(config)
     except (ValueError, TypeError) as exc:
         raise ValueError(f"config.ops_implementation of {slot._label()}: {exc}") from None
-    if ops is None:
-        forced = forced_impl(slot.op, slot.variant, registry=registry)
-        if forced is None:
-            return slot
-        impl, why = forced
-    else:
-        impl, why = ops.choose(slot.op, slot.variant, registry=registry)
-        try:
-            ops.validate([(slot.op, slot.variant)], registry=registry)
-        except ValueError as exc:
-            raise ValueError(f"cannot bind instance-scoped {slot._label()} from config.ops_implementation: "
-                             f"{exc}") from None
-        _check_module_slots(ops, registry, _depth)
+    if ops is None:  # not built by opslot: like the module-level slots, nothing is bound
+        return slot
+    impl, why = ops.choose(slot.op, slot.variant, registry=registry)
+    try:
+        ops.validate([(slot.op, slot.variant)], registry=registry)
+    except ValueError as exc:
+        raise ValueError(f"cannot bind instance-scoped {slot._label()} from config.ops_implementation: "
+                         f"{exc}") from None
+    _check_module_slots(ops, registry, _depth)
     refusal = model_refusal(slot.op, slot.variant, impl, config)
     if refusal is not None:
         raise ValueError(f"cannot bind {slot._label()}: {refusal}")

@@ -77,8 +77,9 @@ class OpSlot:
 
     def bind_from(self, config: Any, *, registry: Optional[KernelRegistry] = None) -> "OpSlot":
         """Bind from `config.ops_implementation` (set by build_model on its config copy: a dict or
-        an OpsImplementationConfig); a config without it leaves the slot on eager (why "unbound").
-        $OPSLOT_FORCE_IMPL applies as everywhere. For instance-scoped slots:
+        an OpsImplementationConfig); a config without it leaves the slot on eager (why "unbound"),
+        as the module-level slots of a module nobody bound. $OPSLOT_FORCE_IMPL applies to what is
+        bound. For instance-scoped slots:
         `self.x = OpSlot(op, variant).bind_from(config)` in `__init__`.
 
         A choice that cannot be honoured is a ValueError in config terms (the field, its value, the

@@ -104,6 +104,12 @@ def test_string_configs(tmp_path):
     assert str(err.value) == ("ops='torch' is neither a YAML/JSON file nor a mapping; give a mapping such as "
                               "{'rms_norm_implementation': 'torch'}, its JSON text, or the path of a (training) YAML "
                               "file")
+    # a string where the section belongs (was "unknown field 't'")
+    with pytest.raises(TypeError, match=r"^model.ops_implementation must be a mapping of <op>_implementation "
+                                        r"fields, got str$"):
+        OpsImplementationConfig.from_dict({"model": {"ops_implementation": "torch"}})
+    with pytest.raises(TypeError, match=r"^ops_implementation must be a mapping"):
+        OpsImplementationConfig.coerce("ops_implementation: torch")
     json_file = tmp_path / "ops.json"
     json_file.write_text('{"model": {"ops_implementation": {"swiglu_mlp_implementation": "torch"}}}')
     assert OpsImplementationConfig.coerce(str(json_file)).swiglu_mlp_implementation == "torch"
