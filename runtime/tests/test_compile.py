@@ -6,10 +6,19 @@ Dynamo only (backend="eager"): what is checked is the tracing, and it stays fast
 import pytest
 import torch
 
+import opslot
 from example_models import TOY, TOY_MOE, moe_config, toy_config
 from opslot import binding_plan, build_model
 
 torch._dynamo.config.cache_size_limit = 64
+
+
+@pytest.fixture(autouse=True)
+def _cpu_defaults():
+    """The device defaults of a CPU whatever the machine (on a CUDA machine with opslot's kernel
+    library, unset fields would take the cuda kernels); conftest restores detection afterwards."""
+    opslot.set_device_detector(lambda: opslot.DeviceInfo("cpu"))
+    yield
 
 
 def inputs(vocab=64):

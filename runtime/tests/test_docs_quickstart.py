@@ -28,7 +28,8 @@ def test_doc_starts_with_installation_and_quick_start():
 
 def test_quick_start_runs_as_written():
     _, code, output = quick_start()
-    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "runtime"))  # what `pip install ./runtime` gives
+    # PYTHONPATH: what `pip install ./runtime` gives; no GPU: the doc shows a CPU's defaults
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "runtime"), CUDA_VISIBLE_DEVICES="")
     env.pop("OPSLOT_FORCE_IMPL", None)
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr

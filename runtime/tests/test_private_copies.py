@@ -10,6 +10,7 @@ import subprocess
 import sys
 import weakref
 
+import pytest
 import torch
 
 import opslot
@@ -17,6 +18,14 @@ from example_models import REPO, TOY, TOY_MOE, moe_config, toy_config
 from opslot import binding_plan, build_model
 
 OPS = {"rms_norm_implementation": "torch", "swiglu_mlp_implementation": "torch"}
+
+
+@pytest.fixture(autouse=True)
+def _cpu_defaults():
+    """The device defaults of a CPU whatever the machine (on a CUDA machine with opslot's kernel
+    library, unset fields would take the cuda kernels); conftest restores detection afterwards."""
+    opslot.set_device_detector(lambda: opslot.DeviceInfo("cpu"))
+    yield
 
 
 def batch():
@@ -49,7 +58,7 @@ def test_whole_model_pickles_in_process_and_in_a_new_process(tmp_path):
         f"io = torch.load({str(tmp_path / 'io.pt')!r})\n"
         "assert torch.equal(m(input_ids=io['ids']).logits, io['logits'])\n"
         "print(opslot.binding_plan(m).as_dict())\n")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONPATH=os.pathsep.join(
         [os.path.join(REPO, "runtime"), os.path.join(REPO, "examples", "upstream"),
          os.path.join(REPO, "generated", "example")]))
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, cwd=str(tmp_path))

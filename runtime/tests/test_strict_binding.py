@@ -14,6 +14,14 @@ from example_models import TOY, TOY_MOE, moe_config, toy_config
 from opslot import OpsImplementationConfig, bind_ops, binding_plan, build_model
 
 
+@pytest.fixture(autouse=True)
+def _cpu_defaults():
+    """The device defaults of a CPU whatever the machine (on a CUDA machine with opslot's kernel
+    library, unset fields would take the cuda kernels); conftest restores detection afterwards."""
+    opslot.set_device_detector(lambda: opslot.DeviceInfo("cpu"))
+    yield
+
+
 def toy(ops=None, **config):
     return build_model(toy_config(**config), ops=ops, module=TOY, model_class="ToyForCausalLM")
 
