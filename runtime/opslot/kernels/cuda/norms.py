@@ -20,6 +20,13 @@ _NAMES = {STANDARD: "rms_norm/standard", OFFSET: "rms_norm/offset", UNWEIGHTED: 
 
 C.require_library_on_cuda_machines()
 
+_FWD_ARGS = [_lib.I32, _lib.I32, _lib.I32, _lib.I64, _lib.I64, _lib.F32, _lib.PTR, _lib.I64, _lib.PTR, _lib.I64,
+             _lib.PTR, _lib.PTR, _lib.PTR, _lib.PTR]
+_QUERY_ARGS = [_lib.I32, _lib.I32, _lib.I32, _lib.I64, _lib.I64, _lib.PTR, _lib.I64, _lib.PTR, _lib.I64, _lib.PTR,
+               _lib.I64]
+_BWD_ARGS = [_lib.I32, _lib.I32, _lib.I32, _lib.I64, _lib.I64, _lib.PTR, _lib.I64, _lib.PTR, _lib.I64, _lib.PTR,
+             _lib.PTR, _lib.PTR, _lib.I64, _lib.PTR, _lib.PTR, _lib.PTR, _lib.PTR, _lib.PTR]
+
 
 def _out_dtype(x: torch.Tensor, weight: Optional[torch.Tensor], mode: int) -> torch.dtype:
     if mode == STANDARD and weight is not None:
@@ -72,8 +79,7 @@ def rms_norm_fwd(x: torch.Tensor, gate: Optional[torch.Tensor], weight: Optional
     wv = _aligned(weight)
     y = torch.empty(x.shape, dtype=_out_dtype(x, weight, mode), device=x.device)
     rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
-    C.fn("opslot_rms_norm_fwd", [_lib.I32, _lib.I32, _lib.I32, _lib.I64, _lib.I64, _lib.F32, _lib.PTR, _lib.I64,
-                                 _lib.PTR, _lib.I64, _lib.PTR, _lib.PTR, _lib.PTR, _lib.PTR])(
+    C.fn("opslot_rms_norm_fwd", _FWD_ARGS)(
         mode, _lib.DTYPE_CODES[x.dtype], _lib.DTYPE_CODES[(wv if wv is not None else x).dtype], xv.shape[0],
         xv.shape[1], float(eps), C.ptr(xv), C.row_stride(xv), C.ptr(gv), C.row_stride(gv) if gv is not None else 0,
         C.ptr(wv), C.ptr(y), C.ptr(rstd), C.stream(x))
@@ -104,16 +110,12 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, gate: Optional[torch.Tensor]
     gs = C.row_stride(gv) if gv is not None else 0
     partial = None
     if weight is not None:
-        prow = C.raw("opslot_rms_norm_bwd_partial_rows", _lib.I64,
-                     [_lib.I32, _lib.I32, _lib.I32, _lib.I64, _lib.I64, _lib.PTR, _lib.I64, _lib.PTR, _lib.I64,
-                      _lib.PTR, _lib.I64])(mode, _lib.DTYPE_CODES[x.dtype], w_code, rows, cols, C.ptr(xv),
+        prow = C.raw("opslot_rms_norm_bwd_partial_rows", _lib.I64, _QUERY_ARGS)(mode, _lib.DTYPE_CODES[x.dtype], w_code, rows, cols, C.ptr(xv),
                                            C.row_stride(xv), C.ptr(gv), gs, C.ptr(dyv), C.row_stride(dyv))
         if prow < 0:
             raise RuntimeError(f"opslot cuda kernel rms_norm backward: {C.last_error()}")
         partial = torch.empty((max(prow, 1), cols), dtype=torch.float32, device=x.device)
-    C.fn("opslot_rms_norm_bwd", [_lib.I32, _lib.I32, _lib.I32, _lib.I64, _lib.I64, _lib.PTR, _lib.I64, _lib.PTR,
-                                 _lib.I64, _lib.PTR, _lib.PTR, _lib.PTR, _lib.I64, _lib.PTR, _lib.PTR, _lib.PTR,
-                                 _lib.PTR, _lib.PTR])(
+    C.fn("opslot_rms_norm_bwd", _BWD_ARGS)(
         mode, _lib.DTYPE_CODES[x.dtype], w_code, rows, cols, C.ptr(xv), C.row_stride(xv), C.ptr(gv), gs, C.ptr(wv),
         C.ptr(rstd), C.ptr(dyv), C.row_stride(dyv), C.ptr(dx), C.ptr(dgate),
         partial.data_ptr() if partial is not None else None, C.ptr(dw), C.stream(x))
