@@ -97,6 +97,9 @@ def shared_copy(module: types.ModuleType, impls: Dict[str, str]) -> Optional[typ
     name = copy_name(module, impls)
     if name is None:
         return None
+    existing = sys.modules.get(name)
+    if existing is not None and getattr(existing, "__file__", None) != getattr(module, "__file__", None):
+        del sys.modules[name]  # a copy of another file of the same module name (e.g. generated elsewhere)
     install_finder()
     return importlib.import_module(name)
 

@@ -42,8 +42,13 @@ def generated(tmp_path_factory):
     sys.path.insert(0, UPSTREAM_ROOT)
     for folder in {os.path.dirname(p) for p in files.values()}:
         sys.path.insert(0, folder)
+    stale = ("patched_modeling_toy_gpu", "patched_modeling_toy_moe_gpu")  # e.g. the committed ones, imported earlier
+    for name in stale:
+        sys.modules.pop(name, None)
     yield files
     sys.path.remove(UPSTREAM_ROOT)
+    for name in stale:
+        sys.modules.pop(name, None)
 
 
 def bound_impls(model):
