@@ -264,3 +264,16 @@ def test_environment_variable_forces_eager_or_a_kernel(monkeypatch):
     with pytest.raises(ValueError, match=r"'rope=torch' is not op=kernel; did you mean "
                                          r"'rotary_pos_emb_implementation'"):
         toy()
+
+
+def test_explicit_ops_replace_the_config_choice_with_a_warning(caplog):
+    config = toy_config()
+    config.ops_implementation = {"rms_norm_implementation": "torch"}
+    with caplog.at_level(logging.WARNING, logger="opslot"):
+        model = build_model(config, ops={"swiglu_mlp_implementation": "torch"}, module=TOY,
+                            model_class="ToyForCausalLM")
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
+        "build_model: ops={'swiglu_mlp_implementation': 'torch'} replaces the config's ops_implementation "
+        "{'rms_norm_implementation': 'torch'}"]
+    assert binding_plan(model).as_dict()["rms_norm_slot"] == "eager"
+    assert model.config.ops_implementation == {"swiglu_mlp_implementation": "torch"}
