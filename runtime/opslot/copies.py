@@ -105,11 +105,12 @@ def shared_copy(module: types.ModuleType, impls: Dict[str, str]) -> Optional[typ
 
 
 def release_unused_copies() -> List[str]:
-    """Drop from sys.modules every private copy whose slots no live model uses; returns their names.
-    (A dropped copy lives on as long as objects of its classes do; its name imports it again.)"""
+    """Drop from sys.modules every copy made by build_model (named after its binding) whose slots no
+    live model uses; returns their names. (A dropped copy lives on as long as objects of its classes
+    do; its name imports it again.) Copies made with `load_private_copy` are the caller's to keep."""
     dropped = []
     for name, module in list(sys.modules.items()):
-        if module is None or not is_copy(name):
+        if module is None or COPY_MARK not in name:
             continue
         slots = [v for v in vars(module).values() if isinstance(v, OpSlot)]
         if slots and not any(len(s._users) for s in slots):
