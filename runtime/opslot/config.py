@@ -65,6 +65,8 @@ CUDA_DEFAULTS: Dict[str, Optional[str]] = dict(
     rotary_pos_emb_implementation="cuda",
     swiglu_mlp_implementation="cuda",
     load_balancing_loss_implementation="cuda",
+    cross_entropy_loss_implementation="cuda",
+    moe_implementation="fused_cuda",
 )
 
 _cuda_kernels_reason: Optional[Tuple[Optional[str]]] = None
