@@ -28,5 +28,9 @@ def device(request):
 
 @pytest.fixture(autouse=True)
 def _restore_device_detection():
+    """Every test sees a CPU machine's defaults (eager) unless it pretends otherwise (use_device):
+    the tests build models on the CPU, and on a GPU machine the unset fields would take the cuda
+    kernels, which need CUDA tensors. Tensors still go to the `device` fixture's devices."""
+    opslot.set_device_detector(lambda: opslot.DeviceInfo("cpu"))
     yield
     opslot.set_device_detector(None)

@@ -37,10 +37,20 @@ def missing_library(monkeypatch, tmp_path):
              and not name.endswith("._lib") and not name.endswith("._ops_common")}
     for name in saved:
         del sys.modules[name]
+    # Kernels already loaded by earlier tests (on a GPU machine) are cached in their specs: forget them.
+    from opslot.registry import KERNEL_REGISTRY
+    specs = [KERNEL_REGISTRY.get(op, variant, "cuda") for (op, variant) in
+             KERNEL_REGISTRY.list_available(include_unsupported=True)]
+    cached = [(spec, dict(spec._loaded)) for spec in specs if spec is not None]
+    for spec, _ in cached:
+        spec._loaded.clear()
     try:
         yield tmp_path / "libopslot_kernels.so"
     finally:
         sys.modules.update(saved)
+        for spec, loaded in cached:
+            spec._loaded.clear()
+            spec._loaded.update(loaded)
 
 
 def test_explicit_cuda_without_the_library_is_an_error_at_bind_time(missing_library):
@@ -59,7 +69,10 @@ def test_calling_a_cuda_kernel_without_a_gpu_is_an_error():
     from opslot.kernels.cuda import norms  # imports fine on a CPU machine (fake implementations work anywhere)
 
     x = torch.randn(2, 8)
-    with pytest.raises(_lib.KernelLibraryError, match=r"^opslot's cuda kernels run on CUDA tensors, got a tensor on cpu$"):
+    with pytest.raises(_lib.KernelLibraryError, match=r"^opslot's cuda kernels run on CUDA tensors, got a tensor on cpu "
+                                                      r"\(on a CUDA machine they are the default: move the model to the "
+                                                      r"GPU, or choose 'eager' or 'torch' for this op in ops_implementation, "
+                                                      r"or set OPSLOT_FORCE_IMPL=eager\)$"):
         norms.rms_norm_standard(x, torch.ones(8), 1e-6)
 
 

@@ -1,6 +1,7 @@
-"""patchgen as Python users install it: pre-commit installs this repository as a hook (a fresh
-venv, `pip install .`, which builds the static binary with scikit-build-core) and runs
-`patchgen --check` / `--check --fix` in a scratch git repository.
+"""patchgen as Python users install it: pre-commit installs this repository, at its committed HEAD,
+as a hook repository (a fresh venv, `pip install .`, which builds the static binary with
+scikit-build-core) and runs `patchgen --check` / `--check --fix` in a scratch git repository whose
+.pre-commit-config.yaml names this repository the way a user's would.
 
 Slow (one C++ build inside pre-commit's venv, a few minutes on 2 cores): ctest `packaging`.
 """
@@ -19,14 +20,28 @@ FIXTURE = os.path.join(ROOT, "tests", "cli", "fixtures", "project")
 
 
 
+CONFIG = """repos:
+  - repo: {root}
+    rev: {rev}
+    hooks:
+      - id: patchgen-check
+      - id: patchgen-fix
+        stages: [manual]
+"""
+
+
 @pytest.fixture(scope="module")
 def scratch(tmp_path_factory, request):
-    """A git repository holding the CLI fixture project with its outputs generated and committed."""
+    """A git repository holding the CLI fixture project with its outputs generated and committed,
+    and a pre-commit config that uses this repository's hooks at its HEAD commit."""
     patchgen = os.path.abspath(request.config.getoption("--patchgen"))
     repo = tmp_path_factory.mktemp("scratch")
     shutil.copytree(FIXTURE, repo, dirs_exist_ok=True)
     env = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@example.invalid",
                GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@example.invalid")
+    rev = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], check=True, capture_output=True,
+                         text=True).stdout.strip()
+    (repo / ".pre-commit-config.yaml").write_text(CONFIG.format(root=ROOT, rev=rev))
     subprocess.run([patchgen, "--all", "--diff"], cwd=repo, check=True, capture_output=True)
     for cmd in (["git", "init", "-q", "-b", "main"], ["git", "add", "-A"], ["git", "commit", "-q", "-m", "init"]):
         subprocess.run(cmd, cwd=repo, check=True, env=env)
@@ -36,7 +51,8 @@ def scratch(tmp_path_factory, request):
 def hook(scratch, hook_id):
     repo, env, home = scratch
     env = dict(env, PRE_COMMIT_HOME=str(home))
-    return subprocess.run([sys.executable, "-m", "pre_commit", "try-repo", ROOT, hook_id, "--all-files"],
+    stage = ["--hook-stage", "manual"] if hook_id == "patchgen-fix" else []
+    return subprocess.run([sys.executable, "-m", "pre_commit", "run", hook_id, "--all-files", *stage],
                           cwd=repo, env=env, capture_output=True, text=True)
 
 
@@ -73,7 +89,7 @@ def test_drifted_file_fails_and_fix_restores_it(scratch):
 
 def test_the_installed_command_is_the_static_binary(scratch):
     home = scratch[2]
-    found = glob.glob(os.path.join(home, "**", "bin", "patchgen"), recursive=True)
+    found = glob.glob(os.path.join(home, "repo*", "py_env-*", "bin", "patchgen"))
     assert len(found) == 1, found
     out = subprocess.run([found[0], "--version"], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "patchgen 0.1.0"

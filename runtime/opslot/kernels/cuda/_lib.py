@@ -96,7 +96,10 @@ def library() -> ctypes.CDLL:
 def check_device(device: torch.device) -> None:
     """Raise KernelLibraryError unless the library runs on `device` (a CUDA device)."""
     if device.type != "cuda":
-        raise KernelLibraryError(f"opslot's cuda kernels run on CUDA tensors, got a tensor on {device}")
+        raise KernelLibraryError(
+            f"opslot's cuda kernels run on CUDA tensors, got a tensor on {device} (on a CUDA machine they are "
+            "the default: move the model to the GPU, or choose 'eager' or 'torch' for this op in "
+            "ops_implementation, or set OPSLOT_FORCE_IMPL=eager)")
     index = device.index if device.index is not None else torch.cuda.current_device()
     if index not in _checked_devices:
         lib = library()
