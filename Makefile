@@ -1,7 +1,7 @@
 # patchgen + opslot — top-level entry points.
 #   make run    install what is missing, build, generate every spec (example + real models)
 #   make test   everything CI checks: unit, ASan/UBSan, golden, CLI, Python, runtime, real models
-#               on the CPU against Transformers 5.17.0, and the --check drift gate
+#               on the CPU against Transformers 5.17.0 and 5.23.0, and the --check drift gate
 # Debian packages come from scripts/install-deps.sh; Python packages from PyPI into .venv/
 # (scripts/setup-venv.sh, requirements/test.txt, pinned with hashes); upstream Transformers trees
 # from PyPI wheels into .upstream/ (scripts/fetch-upstream.py, requirements/upstream.txt).
@@ -63,9 +63,9 @@ cli-test: build
 runtime-test: build
 	ctest --test-dir $(BUILD) --output-on-failure -R runtime
 
-# The real-model specs against Transformers 5.17.0, on the CPU (tests/models/e2e.py).
+# The real-model specs against Transformers 5.17.0 and 5.23.0, on the CPU (tests/models/e2e.py).
 models-test: build upstream
-	ctest --test-dir $(BUILD) --output-on-failure -R real_models
+	ctest --test-dir $(BUILD) --output-on-failure -R "real_models|hf_parity"
 
 # Unit tests and golden cases under AddressSanitizer + UndefinedBehaviorSanitizer.
 asan-test: deps venv
