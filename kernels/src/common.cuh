@@ -32,6 +32,28 @@ template <> __device__ __forceinline__ float from_float<float>(float x) { return
 template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
 template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 
+// Vectorised access: N elements of T moved as one aligned load/store (16 bytes for bf16 x 8).
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Vec {
+  T v[N];
+};
+
+// VEC elements at p (aligned to the whole vector) to/from fp32 registers.
+template <int VEC, typename T>
+__device__ __forceinline__ void load_vec(const T* p, float (&out)[VEC]) {
+  Vec<T, VEC> v = *reinterpret_cast<const Vec<T, VEC>*>(p);
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) out[j] = to_float(v.v[j]);
+}
+
+template <int VEC, typename T>
+__device__ __forceinline__ void store_vec(T* p, const float (&in)[VEC]) {
+  Vec<T, VEC> v;
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) v.v[j] = from_float<T>(in[j]);
+  *reinterpret_cast<Vec<T, VEC>*>(p) = v;
+}
+
 // Calls f(T{}) with T the storage type of `dtype`; an unknown code is an error.
 template <typename F>
 int dispatch_dtype(int dtype, const char* what, F&& f) {

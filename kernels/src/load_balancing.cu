@@ -15,11 +15,6 @@ constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 constexpr int kFinalThreads = 1024;
 
-template <typename T, int N>
-struct alignas(sizeof(T) * N) Vec {
-  T v[N];
-};
-
 struct LbLayers {
   const void* ptr[kMaxLayers];
   int64_t stride[kMaxLayers];

@@ -18,26 +18,6 @@ namespace {
 
 constexpr int kMaxThreads = 512;
 
-template <typename T, int N>
-struct alignas(sizeof(T) * N) Vec {
-  T v[N];
-};
-
-template <int VEC, typename T>
-__device__ __forceinline__ void load_vec(const T* p, float (&out)[VEC]) {
-  Vec<T, VEC> v = *reinterpret_cast<const Vec<T, VEC>*>(p);
-#pragma unroll
-  for (int j = 0; j < VEC; ++j) out[j] = to_float(v.v[j]);
-}
-
-template <int VEC, typename T>
-__device__ __forceinline__ void store_vec(T* p, const float (&in)[VEC]) {
-  Vec<T, VEC> v;
-#pragma unroll
-  for (int j = 0; j < VEC; ++j) v.v[j] = from_float<T>(in[j]);
-  *reinterpret_cast<Vec<T, VEC>*>(p) = v;
-}
-
 template <typename T>
 __device__ __forceinline__ float round_to(float x) {
   return to_float(from_float<T>(x));

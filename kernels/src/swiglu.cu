@@ -10,11 +10,6 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kUnroll = 2;
 
-template <typename T, int N>
-struct alignas(sizeof(T) * N) Vec {
-  T v[N];
-};
-
 __device__ __forceinline__ float sigmoidf(float z) { return 1.f / (1.f + expf(-z)); }
 
 template <typename T, int VEC>
