@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <tuple>
+#include <vector>
 
 namespace patchgen {
 
@@ -66,22 +67,38 @@ std::string FormatDiagnostic(const Diagnostic& d) {
     std::string num = std::to_string(d.line);
     std::string gutter(num.size() < 4 ? 4 : num.size(), ' ');
     std::string lead = std::string(gutter.size() - num.size(), ' ') + num;
-    out += ' ' + lead + " | " + d.source_line + '\n';
-    // Caret line: copy tabs from the source prefix so the caret lines up in a terminal.
-    std::string marker;
-    uint32_t cp = 0;
-    for (size_t i = 0; i < d.source_line.size() && cp + 1 < d.col; ++i) {
-      unsigned char c = static_cast<unsigned char>(d.source_line[i]);
-      if ((c & 0xC0) == 0x80) continue;
-      marker += (c == '\t') ? '\t' : ' ';
-      ++cp;
+    // A line longer than kMaxExcerptColumns code points is cut to a window around the caret, with
+    // "..." where text was left out, so one huge line cannot flood the terminal.
+    std::vector<size_t> starts;  // byte offset of each code point
+    for (size_t i = 0; i < d.source_line.size(); ++i) {
+      if ((static_cast<unsigned char>(d.source_line[i]) & 0xC0) != 0x80) starts.push_back(i);
     }
-    while (cp + 1 < d.col) {
-      marker += ' ';
-      ++cp;
+    size_t total = starts.size();
+    size_t caret = d.col > 0 ? d.col - 1 : 0;  // 0-based code point of the caret
+    size_t first = 0, last = total;            // shown code points [first, last)
+    if (total > kMaxExcerptColumns) {
+      first = caret > kMaxExcerptColumns / 4 ? caret - kMaxExcerptColumns / 4 : 0;
+      if (first > total - kMaxExcerptColumns) first = total - kMaxExcerptColumns;
+      last = first + kMaxExcerptColumns;
     }
+    std::string shown;
+    std::string marker;  // caret line; tabs copied from the source so the caret lines up
+    if (first > 0) {
+      shown += "...";
+      marker += "   ";
+    }
+    size_t begin_byte = first < total ? starts[first] : d.source_line.size();
+    size_t end_byte = last < total ? starts[last] : d.source_line.size();
+    shown += d.source_line.substr(begin_byte, end_byte - begin_byte);
+    if (last < total) shown += "...";
+    out += ' ' + lead + " | " + shown + '\n';
+    size_t cp = first;
+    for (; cp < caret && cp < last; ++cp) marker += d.source_line[starts[cp]] == '\t' ? '\t' : ' ';
+    for (; cp < caret; ++cp) marker += ' ';
     marker += '^';
-    for (uint32_t i = 1; i < d.length; ++i) marker += '~';
+    size_t length = d.length;
+    if (total > kMaxExcerptColumns && caret + length > last + 3) length = caret < last ? last + 3 - caret : 1;
+    for (size_t i = 1; i < length; ++i) marker += '~';
     out += ' ' + gutter + " | " + marker + '\n';
   }
   for (const std::string& n : d.notes) out += n + '\n';

@@ -67,6 +67,9 @@ Diagnostic MakeDiagnostic(std::string path, std::string_view text, const LineInd
                           ByteRange range, std::string message, std::string help = {},
                           ErrorKind kind = ErrorKind::kSpec);
 
+/// Excerpt lines longer than this many code points are shortened around the caret, with "...".
+inline constexpr size_t kMaxExcerptColumns = 200;
+
 /// Formats one diagnostic in the format shown at the top of this file (ends with '\n').
 std::string FormatDiagnostic(const Diagnostic& d);
 

@@ -58,11 +58,59 @@ RawNode::Style StyleAt(const std::string& text, uint32_t pos) {
   }
 }
 
-RawNode Convert(const YAML::Node& node, const std::string& text, bool flow) {
-  RawNode out;
+// Bounds on the tree built from one spec: aliases are expanded (a node reached through an alias
+// is converted again), so a small file could otherwise name a huge or, with a recursive alias,
+// an endless tree.
+constexpr size_t kMaxNodes = 1000000;
+constexpr size_t kMaxDepth = 200;
+
+struct Walk {
+  explicit Walk(const std::string& t) : text(t) {}
+  const std::string& text;
+  size_t nodes = 0;
+  std::vector<YAML::Node> ancestors;  ///< The nodes being converted, outermost first.
+  bool failed = false;
+  uint32_t error_pos = 0;
+  std::string error, help;
+};
+
+uint32_t PosOf(const YAML::Node& node, const std::string& text) {
   YAML::Mark mark = node.Mark();
-  uint32_t pos = mark.is_null() ? 0 : static_cast<uint32_t>(std::min<size_t>(mark.pos, text.size()));
+  return mark.is_null() ? 0 : static_cast<uint32_t>(std::min<size_t>(mark.pos, text.size()));
+}
+
+RawNode Convert(const YAML::Node& node, Walk& w, bool flow) {
+  const std::string& text = w.text;
+  RawNode out;
+  uint32_t pos = PosOf(node, text);
   out.range = ByteRange{pos, pos};
+  if (w.failed) return out;
+  if (++w.nodes > kMaxNodes) {
+    w.failed = true;
+    w.error_pos = pos;
+    w.error = "the spec has more than " + std::to_string(kMaxNodes) + " YAML nodes once aliases are expanded";
+    w.help = "a spec is limited to " + std::to_string(kMaxNodes) + " nodes; write it without nested aliases";
+    return out;
+  }
+  if (w.ancestors.size() >= kMaxDepth) {
+    w.failed = true;
+    w.error_pos = pos;
+    bool recursive = false;
+    for (const YAML::Node& a : w.ancestors) recursive = recursive || a.is(node);
+    if (recursive) {
+      w.error = "recursive alias: this node contains itself";
+      w.help = "an alias (`*name`) cannot refer to a node that contains it";
+    } else {
+      w.error = "the spec nests deeper than the limit of " + std::to_string(kMaxDepth) + " levels";
+      w.help = "a spec's mappings and sequences nest at most " + std::to_string(kMaxDepth) + " levels deep";
+    }
+    return out;
+  }
+  struct Enter {
+    Walk& w;
+    Enter(Walk& w, const YAML::Node& n) : w(w) { w.ancestors.push_back(n); }
+    ~Enter() { w.ancestors.pop_back(); }
+  } enter(w, node);
   switch (node.Type()) {
     case YAML::NodeType::Scalar: {
       out.kind = RawNode::Kind::kScalar;
@@ -75,7 +123,7 @@ RawNode Convert(const YAML::Node& node, const std::string& text, bool flow) {
       out.kind = RawNode::Kind::kSequence;
       bool inner_flow = flow || node.Style() == YAML::EmitterStyle::Flow;
       for (const YAML::Node& item : node) {
-        RawNode raw = Convert(item, text, inner_flow);
+        RawNode raw = Convert(item, w, inner_flow);
         if (raw.kind == RawNode::Kind::kNull && !raw.explicit_null) {
           // An empty item (`-` alone) is marked at the next token; point at its `-` instead.
           uint32_t i = raw.range.start;
@@ -94,8 +142,8 @@ RawNode Convert(const YAML::Node& node, const std::string& text, bool flow) {
       out.kind = RawNode::Kind::kMapping;
       bool inner_flow = flow || node.Style() == YAML::EmitterStyle::Flow;
       for (const auto& kv : node) {
-        RawNode key = Convert(kv.first, text, inner_flow);
-        RawNode value = Convert(kv.second, text, inner_flow);
+        RawNode key = Convert(kv.first, w, inner_flow);
+        RawNode value = Convert(kv.second, w, inner_flow);
         if (value.kind == RawNode::Kind::kNull && !value.explicit_null) {
           // yaml-cpp marks an empty value at the next token; point at the key instead.
           value.range = key.range;
@@ -141,7 +189,14 @@ Result<RawNode> ParseRawYaml(const std::string& path, const std::string& text) {
     return Diagnostic{Severity::kError, ErrorKind::kSpec, path, 0, 0, 1,
                       std::string("invalid YAML: ") + e.msg, "", {}, ""};
   }
-  return Convert(root, text, false);
+  Walk walk(text);
+  RawNode out = Convert(root, walk, false);
+  if (walk.failed) {
+    LineIndex lines(text);
+    return MakeDiagnostic(path, text, lines, ByteRange{walk.error_pos, walk.error_pos + 1}, walk.error,
+                          walk.help);
+  }
+  return out;
 }
 
 }  // namespace patchgen::spec

@@ -393,7 +393,7 @@ class FileLoader {
       if (!rel) return body;
       std::string printed = JoinRelative(path_, *rel);
       std::string err;
-      std::optional<std::string> content = ReadFile(printed, &err);
+      std::optional<std::string> content = ReadFile(printed, &err, kMaxSpecFileBytes);
       if (!content) {
         Error(*file, "cannot read patch file '" + printed + "': " + err,
               "'file' is relative to the spec's folder");
@@ -858,6 +858,9 @@ void Merge(OneSpec& parent_one, OneSpec&& child_one, const std::string& parent_p
   }
 }
 
+// The most specs in one `extends` chain (the spec itself included).
+constexpr size_t kMaxExtendsDepth = 32;
+
 std::string Identity(const std::string& path) {
   std::error_code ec;
   fs::path p = fs::weakly_canonical(fs::path(path), ec);
@@ -867,7 +870,8 @@ std::string Identity(const std::string& path) {
 // Loads `path` with its `extends` chain merged. `stack` holds the identities of the specs being
 // loaded (for cycles); `diags` collects errors of every file in the chain.
 std::optional<OneSpec> LoadMerged(const std::string& path, std::shared_ptr<const std::string> text,
-                                    std::vector<std::string>& stack, std::vector<Diagnostic>& diags) {
+                                    std::vector<std::string>& stack, std::vector<std::string>& shown,
+                                    std::vector<Diagnostic>& diags) {
   FileLoader loader(path, std::move(text));
   OneSpec one = loader.Load();
   for (Diagnostic& d : loader.diags()) diags.push_back(std::move(d));
@@ -881,17 +885,29 @@ std::optional<OneSpec> LoadMerged(const std::string& path, std::shared_ptr<const
                             "a spec cannot extend itself, directly or through others"));
     return std::nullopt;
   }
+  if (stack.size() >= kMaxExtendsDepth) {
+    std::string chain;
+    for (const std::string& s : shown) chain += s + " -> ";
+    chain += parent_path;
+    diags.push_back(ErrorAt(ext.loc,
+                            "'extends' chain is deeper than the limit of " + std::to_string(kMaxExtendsDepth) +
+                                " specs",
+                            "the chain: " + chain));
+    return std::nullopt;
+  }
   std::string err;
-  std::optional<std::string> parent_text = ReadFile(parent_path, &err);
+  std::optional<std::string> parent_text = ReadFile(parent_path, &err, kMaxSpecFileBytes);
   if (!parent_text) {
     diags.push_back(ErrorAt(ext.loc, "cannot read spec '" + parent_path + "': " + err,
                             "'extends' is relative to this spec's folder"));
     return std::nullopt;
   }
   stack.push_back(id);
-  std::optional<OneSpec> parent =
-      LoadMerged(parent_path, std::make_shared<const std::string>(std::move(*parent_text)), stack, diags);
+  shown.push_back(parent_path);
+  std::optional<OneSpec> parent = LoadMerged(
+      parent_path, std::make_shared<const std::string>(std::move(*parent_text)), stack, shown, diags);
   stack.pop_back();
+  shown.pop_back();
   if (!parent) return std::nullopt;
   Merge(*parent, std::move(one), parent_path, diags);
   return parent;
@@ -900,8 +916,9 @@ std::optional<OneSpec> LoadMerged(const std::string& path, std::shared_ptr<const
 Result<PatchSpec> LoadTopLevel(const std::string& path, std::string text) {
   std::vector<Diagnostic> diags;
   std::vector<std::string> stack = {Identity(path)};
+  std::vector<std::string> shown = {path};
   auto shared = std::make_shared<const std::string>(std::move(text));
-  std::optional<OneSpec> spec = LoadMerged(path, shared, stack, diags);
+  std::optional<OneSpec> spec = LoadMerged(path, shared, stack, shown, diags);
   if (spec && spec->parsed) {
     // Required keys are checked on the merged spec, so a parent may leave them to its children.
     LineIndex lines(*shared);
@@ -927,7 +944,7 @@ Result<PatchSpec> LoadTopLevel(const std::string& path, std::string text) {
 
 Result<PatchSpec> LoadSpec(const std::string& path) {
   std::string err;
-  std::optional<std::string> text = ReadFile(path, &err);
+  std::optional<std::string> text = ReadFile(path, &err, kMaxSpecFileBytes);
   if (!text) {
     return Diagnostic{Severity::kError, ErrorKind::kIo, path, 0, 0, 1, "cannot read spec: " + err, "", {}, ""};
   }
