@@ -78,3 +78,61 @@ def test_deep_extends_chain_is_bounded(project):
             in r.stderr), r.stderr
     assert f"help: the chain: {chain}\n" in r.stderr
     assert not os.path.exists(project.path(PY))
+
+
+def test_output_over_the_upstream_file_is_refused(project):
+    upstream = "upstream/tinypkg/models/tiny/modeling_tiny.py"
+    before = project.snapshot()
+    project.write(SPEC, project.read(SPEC).replace("output: patched_modeling_tiny.py", "output: modeling_tiny.py"))
+    r = run(project, "specs/tiny/tiny.yaml", "-o", "upstream/tinypkg/models/tiny")
+    assert r.returncode == 3, r.stderr
+    assert r.stderr == (
+        f"specs/tiny/tiny.yaml:3:9: error: output '{upstream}' would overwrite the upstream file '{upstream}'\n"
+        "    3 | output: modeling_tiny.py\n"
+        "      |         ^~~~~~~~~~~~~~~~\n"
+        "help: patchgen never writes over its inputs; choose another `output:` name or output folder\n")
+    assert project.read(upstream) == before[upstream][0].decode()
+
+
+def test_output_over_a_patch_file_is_refused(project):
+    patch = "specs/tiny/patches/mlp.py"
+    before = project.read(patch)
+    project.write(SPEC, project.read(SPEC).replace("output: patched_modeling_tiny.py", "output: mlp.py"))
+    r = run(project, "--all", "--diff", "-o", "specs/tiny/patches")
+    assert r.returncode == 3, r.stderr
+    assert f"error: output '{patch}' would overwrite the patch file '{patch}'\n" in r.stderr
+    assert project.read(patch) == before
+    assert not os.path.exists(project.path("specs/tiny/patches/mlp.diff"))
+
+
+def test_output_over_the_spec_itself_via_symlink_is_refused(project):
+    os.makedirs(project.path("out"))
+    os.symlink(project.path(SPEC), project.path("out/patched_modeling_tiny.py"))
+    before = project.read(SPEC)
+    r = run(project, "--all", "-o", "out")
+    assert r.returncode == 3, r.stderr
+    assert ("error: output 'out/patched_modeling_tiny.py' would overwrite the spec 'specs/tiny/tiny.yaml'\n"
+            in r.stderr)
+    assert project.read(SPEC) == before
+
+
+def test_two_specs_with_one_output_fail_both_and_write_nothing(project):
+    spec = project.read(SPEC)
+    project.write("specs/tiny/other.yaml", spec.replace("patches/mlp.py", "patches/mlp.py"))
+    r = run(project, "--all", "-o", "out")
+    assert r.returncode == 3, r.stderr
+    assert r.stderr == (
+        "specs/tiny/other.yaml:3:9: error: output 'out/patched_modeling_tiny.py' is also written by the spec "
+        "'specs/tiny/tiny.yaml'\n"
+        "    3 | output: patched_modeling_tiny.py\n"
+        "      |         ^~~~~~~~~~~~~~~~~~~~~~~~\n"
+        "specs/tiny/tiny.yaml:3:9: note: its output is set here\n"
+        "help: two specs cannot write one file; give one of them another `output:` name\n"
+        "specs/tiny/tiny.yaml:3:9: error: output 'out/patched_modeling_tiny.py' is also written by the spec "
+        "'specs/tiny/other.yaml'\n"
+        "    3 | output: patched_modeling_tiny.py\n"
+        "      |         ^~~~~~~~~~~~~~~~~~~~~~~~\n"
+        "specs/tiny/other.yaml:3:9: note: its output is set here\n"
+        "help: two specs cannot write one file; give one of them another `output:` name\n")
+    assert "2 specs: 0 written, 0 unchanged, 0 skipped, 2 failed" in r.stdout
+    assert not os.path.exists(project.path("out"))

@@ -11,6 +11,7 @@
 #include "cli.h"
 
 #include <sched.h>
+#include <sys/stat.h>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -199,6 +200,7 @@ class Runner {
   void FindUpstreams();
   void ParseUpstreams();
   void GenerateAll();
+  void CheckOutputs();
   int Validate();
   int Generate();
   int Check();
@@ -414,6 +416,89 @@ void Runner::GenerateAll() {
                                         "a/" + job.lookup.file.rel_path, "b/" + job.spec->output);
     }
   });
+}
+
+namespace {
+
+// What identifies a file on disk: its device and inode when it exists (so symlinks and hard links
+// to one file compare equal), otherwise its normalised absolute path.
+std::string FileIdentity(const fs::path& p) {
+  struct stat st {};
+  if (::stat(p.c_str(), &st) == 0) return "#" + std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino);
+  std::error_code ec;
+  fs::path c = fs::weakly_canonical(p, ec);
+  return (ec ? p.lexically_normal() : c).generic_string();
+}
+
+}  // namespace
+
+// Never lose a file: an output that is one of the run's inputs (a spec, a parent spec, a patch
+// file, a pin file, an upstream file) or that two specs would both write fails those specs
+// before anything is written.
+void Runner::CheckOutputs() {
+  struct Input {
+    std::string what;  // "the upstream file 'x'"
+  };
+  std::map<std::string, Input> inputs;
+  auto add_input = [&](const fs::path& p, std::string what) {
+    std::error_code ec;
+    if (fs::exists(p, ec)) inputs.emplace(FileIdentity(p), Input{std::move(what)});
+  };
+  auto abs = [&](const std::string& shown) {
+    fs::path p(shown);
+    return (p.is_absolute() ? p : cwd_ / p).lexically_normal();
+  };
+  for (const Job& job : jobs_) {
+    add_input(job.spec_abs, "the spec '" + job.spec_shown + "'");
+    add_input(PinsPathFor(job.spec_abs), "the pin file '" + Show(PinsPathFor(job.spec_abs)) + "'");
+    if (!job.spec) continue;
+    for (const std::string& parent : job.spec->extends_chain) {
+      add_input(abs(parent), "the spec '" + Show(abs(parent)) + "'");
+    }
+    auto add_body = [&](const spec::Body& b) {
+      if (b.source == spec::Body::Source::kFile) {
+        add_input(abs(b.origin.path), "the patch file '" + Show(abs(b.origin.path)) + "'");
+      }
+    };
+    for (const spec::Patch& p : job.spec->patches) add_body(p.body);
+    for (const spec::Helper& h : job.spec->helpers) add_body(h.body);
+    if (job.lookup.status == LookupResult::Status::kFound) {
+      add_input(job.lookup.file.file, "the upstream file '" + Show(job.lookup.file.file) + "'");
+    }
+  }
+  std::map<std::string, size_t> writer;  // output identity -> index of the first job writing it
+  std::vector<std::vector<Diagnostic>> errors(jobs_.size());
+  for (size_t i = 0; i < jobs_.size(); ++i) {
+    const Job& job = jobs_[i];
+    if (!job.spec || job.skipped || !job.errors.empty() || job.out_py.empty()) continue;
+    std::vector<fs::path> outs = {job.out_py};
+    std::error_code ec;
+    if (opts_.diff || (opts_.check && fs::is_regular_file(job.out_diff, ec))) outs.push_back(job.out_diff);
+    for (const fs::path& out : outs) {
+      std::string id = FileIdentity(out);
+      if (auto in = inputs.find(id); in != inputs.end()) {
+        errors[i].push_back(ErrorAt(job.spec->output_loc,
+                                    "output '" + Show(out) + "' would overwrite " + in->second.what,
+                                    "patchgen never writes over its inputs; choose another `output:` "
+                                    "name or output folder"));
+        continue;
+      }
+      auto [it, inserted] = writer.emplace(id, i);
+      if (inserted) continue;
+      const Job& other = jobs_[it->second];
+      auto clash = [&](size_t at, const Job& with) {
+        Diagnostic d = ErrorAt(jobs_[at].spec->output_loc,
+                               "output '" + Show(out) + "' is also written by the spec '" + with.spec_shown + "'",
+                               "two specs cannot write one file; give one of them another `output:` name");
+        d.notes.push_back(with.spec->output_loc.path + ":" + std::to_string(with.spec->output_loc.line) + ":" +
+                          std::to_string(with.spec->output_loc.col) + ": note: its output is set here");
+        errors[at].push_back(std::move(d));
+      };
+      clash(i, other);
+      clash(it->second, job);
+    }
+  }
+  for (size_t i = 0; i < jobs_.size(); ++i) Fail(jobs_[i], std::move(errors[i]));
 }
 
 nlohmann::json Runner::JobJson(const Job& job) const {
@@ -1028,6 +1113,7 @@ int Runner::Main() {
   if (opts_.pin) return Pin();
   if (opts_.audit) return Audit();
   if (opts_.list) return List();
+  CheckOutputs();
   if (opts_.check) return Check();
   return Generate();
 }
