@@ -136,3 +136,19 @@ def test_two_specs_with_one_output_fail_both_and_write_nothing(project):
         "help: two specs cannot write one file; give one of them another `output:` name\n")
     assert "2 specs: 0 written, 0 unchanged, 0 skipped, 2 failed" in r.stdout
     assert not os.path.exists(project.path("out"))
+
+
+def test_check_fails_when_a_configured_source_root_is_missing(project):
+    r = run(project, "--all")
+    assert r.returncode == 0, r.stderr
+    os.rename(project.path("upstream"), project.path("upstream-moved"))
+    before = project.snapshot()
+    r = run(project, "--check")
+    assert r.returncode == 2
+    assert r.stderr == (
+        "pyproject.toml:7:17: error: source root 'upstream' does not exist\n"
+        '    7 | source_roots = ["upstream"]\n'
+        "      |                 ^~~~~~~~~~\n"
+        "help: --check would skip every spec whose upstream package lives there; create it "
+        "(e.g. `make upstream`) or remove it from `source_roots`\n")
+    assert project.snapshot() == before

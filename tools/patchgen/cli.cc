@@ -29,6 +29,7 @@
 #include <thread>
 
 #include "audit.h"
+#include "base/line_index.h"
 #include "diff/unified_diff.h"
 #include "files.h"
 #include "parser/index_printer.h"
@@ -201,6 +202,7 @@ class Runner {
   void ParseUpstreams();
   void GenerateAll();
   void CheckOutputs();
+  bool CheckSourceRoots();
   int Validate();
   int Generate();
   int Check();
@@ -499,6 +501,37 @@ void Runner::CheckOutputs() {
     }
   }
   for (size_t i = 0; i < jobs_.size(); ++i) Fail(jobs_[i], std::move(errors[i]));
+}
+
+// --check: a configured source root that does not exist would skip every spec whose package
+// lives there (an empty gate that passes); it is an error instead.
+bool Runner::CheckSourceRoots() {
+  bool ok = true;
+  std::string config_shown = config_.file ? Show(*config_.file) : std::string("config");
+  std::optional<std::string> text = config_.file ? ReadFile(*config_.file) : std::nullopt;
+  for (const fs::path& root : config_.source_roots) {
+    std::error_code ec;
+    if (fs::is_directory(root, ec)) continue;
+    std::string written = DisplayPath(root, config_.root);
+    SourceLoc loc{config_shown, 0, 0, 1, {}};
+    if (text) {  // point at the value in the config file when it is written there as given
+      size_t at = std::string::npos, key = text->find("source_roots");
+      for (char q : {'"', '\''}) {
+        if (key != std::string::npos) at = std::min(at, text->find(std::string(1, q) + written + q, key));
+      }
+      if (at != std::string::npos) {
+        LineIndex lines(*text);
+        loc = LocOf(config_shown, *text, lines,
+                    ByteRange{static_cast<uint32_t>(at), static_cast<uint32_t>(at + written.size() + 2)});
+      }
+    }
+    Diagnostic d = ErrorAt(loc, "source root '" + Show(root) + "' does not exist",
+                           "--check would skip every spec whose upstream package lives there; create it "
+                           "(e.g. `make upstream`) or remove it from `source_roots`");
+    PrintDiagnostics({d});
+    ok = false;
+  }
+  return ok;
 }
 
 nlohmann::json Runner::JobJson(const Job& job) const {
@@ -1107,6 +1140,7 @@ int Runner::Main() {
   if (!CollectSpecs()) return kExitUsage;
   LoadSpecs();
   if (opts_.validate) return Validate();
+  if (opts_.check && !CheckSourceRoots()) return kExitUsage;
   FindUpstreams();
   ParseUpstreams();
   GenerateAll();
