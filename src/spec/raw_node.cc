@@ -1,5 +1,6 @@
 #include "spec/raw_node.h"
 
+#include <yaml-cpp/depthguard.h>
 #include <yaml-cpp/yaml.h>
 
 #include "base/line_index.h"
@@ -181,6 +182,13 @@ Result<RawNode> ParseRawYaml(const std::string& path, const std::string& text) {
   YAML::Node root;
   try {
     root = YAML::Load(text);
+  } catch (const YAML::DeepRecursion& e) {  // yaml-cpp's own bound, far above ours
+    LineIndex lines(text);
+    uint32_t pos = e.mark.is_null() ? 0 : static_cast<uint32_t>(std::min<size_t>(e.mark.pos, text.size()));
+    return MakeDiagnostic(path, text, lines, ByteRange{pos, pos + 1},
+                          "the spec nests deeper than the limit of " + std::to_string(kMaxDepth) + " levels",
+                          "a spec's mappings and sequences nest at most " + std::to_string(kMaxDepth) +
+                              " levels deep");
   } catch (const YAML::ParserException& e) {
     LineIndex lines(text);
     uint32_t pos = e.mark.is_null() ? 0 : static_cast<uint32_t>(std::min<size_t>(e.mark.pos, text.size()));
