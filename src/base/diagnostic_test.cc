@@ -33,6 +33,42 @@ TEST_CASE("Columns count code points and carets copy tabs") {
         "      | \t          ^\n");
 }
 
+TEST_CASE("Long excerpt lines are cut to a window around the caret") {
+  // 300 code points of 'é' (2 bytes each), the culprit at code point 250, then 100 more.
+  std::string pad;
+  for (int i = 0; i < 250; ++i) pad += "\xc3\xa9";
+  std::string tail;
+  for (int i = 0; i < 100; ++i) tail += "\xc3\xa9";
+  std::string text = pad + "bad" + tail + "\n";
+  LineIndex lines(text);
+  uint32_t start = static_cast<uint32_t>(pad.size());
+  Diagnostic d = MakeDiagnostic("a.yaml", text, lines, {start, start + 3}, "bad value");
+  CHECK(d.col == 251);
+  // The window would start 50 code points before the caret but stays 200 wide, so it is the last
+  // 200 code points of the 353: [153, 353).
+  std::string shown;
+  for (int i = 0; i < 97; ++i) shown += "\xc3\xa9";
+  std::string expected = "a.yaml:1:251: error: bad value\n    1 | ..." + shown + "bad" + tail + "\n" +
+                         "      | " + std::string(100, ' ') + "^~~\n";
+  CHECK(FormatDiagnostic(d) == expected);
+
+  // Caret near the start: the line is cut at 200 code points, "..." after; a long underline stops
+  // at the cut.
+  std::string word(500, 'x');
+  std::string text2 = word + "\n";
+  LineIndex lines2(text2);
+  Diagnostic d2 = MakeDiagnostic("b.yaml", text2, lines2, {0, 500}, "unknown key");
+  CHECK(FormatDiagnostic(d2) == "b.yaml:1:1: error: unknown key\n    1 | " + std::string(200, 'x') +
+                                    "...\n      | ^" + std::string(202, '~') + "\n");
+
+  // A line of exactly 200 code points is printed whole.
+  std::string text3 = std::string(200, 'y') + "\n";
+  LineIndex lines3(text3);
+  Diagnostic d3 = MakeDiagnostic("c.yaml", text3, lines3, {199, 200}, "last");
+  CHECK(FormatDiagnostic(d3) == "c.yaml:1:200: error: last\n    1 | " + std::string(200, 'y') + "\n      | " +
+                                    std::string(199, ' ') + "^\n");
+}
+
 TEST_CASE("SortDiagnostics orders by location and drops duplicates") {
   std::vector<Diagnostic> ds(3);
   ds[0].path = "b"; ds[0].line = 1; ds[0].message = "x";
