@@ -152,3 +152,15 @@ def test_check_fails_when_a_configured_source_root_is_missing(project):
         "help: --check would skip every spec whose upstream package lives there; create it "
         "(e.g. `make upstream`) or remove it from `source_roots`\n")
     assert project.snapshot() == before
+
+
+@pytest.mark.parametrize("make, what", [
+    (lambda p: os.mkfifo(p), "is a FIFO (named pipe), not a regular file"),
+    (lambda p: os.mkdir(p), "is a folder, not a file"),
+    (lambda p: os.symlink("/dev/zero", p), "is a character device, not a regular file"),
+])
+def test_named_spec_that_is_no_regular_file_is_refused_at_once(project, make, what):
+    make(project.path("specs/odd.yaml"))
+    r = run(project, "specs/odd.yaml")
+    assert r.returncode == 5
+    assert r.stderr == f"specs/odd.yaml: error: cannot read spec: {what}\n"

@@ -255,7 +255,9 @@ void Runner::LoadSpecs() {
   ParallelFor(jobs_.size(), opts_.jobs, [&](size_t i) {
     Job& job = jobs_[i];
     std::error_code ec;
-    if (!fs::is_regular_file(job.spec_abs, ec)) {
+    // A path that exists but is no regular file (a folder, a FIFO, a device) is refused by
+    // LoadSpec's read, which says what it is.
+    if (!fs::exists(job.spec_abs, ec)) {
       SourceLoc loc{job.spec_shown, 0, 0, 1, {}};
       job.errors.push_back(ErrorAt(loc, "spec file not found", {}, ErrorKind::kIo));
       return;
