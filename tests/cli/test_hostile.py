@@ -118,7 +118,7 @@ def test_output_over_the_spec_itself_via_symlink_is_refused(project):
 
 def test_two_specs_with_one_output_fail_both_and_write_nothing(project):
     spec = project.read(SPEC)
-    project.write("specs/tiny/other.yaml", spec.replace("patches/mlp.py", "patches/mlp.py"))
+    project.write("specs/tiny/other.yaml", spec)  # same output name, same folder
     r = run(project, "--all", "-o", "out")
     assert r.returncode == 3, r.stderr
     assert r.stderr == (
@@ -164,3 +164,9 @@ def test_named_spec_that_is_no_regular_file_is_refused_at_once(project, make, wh
     r = run(project, "specs/odd.yaml")
     assert r.returncode == 5
     assert r.stderr == f"specs/odd.yaml: error: cannot read spec: {what}\n"
+
+
+def test_one_spec_named_twice_is_no_output_clash(project):
+    r = run(project, SPEC, SPEC)
+    assert r.returncode == 0, r.stderr
+    assert os.path.exists(project.path(PY))

@@ -490,6 +490,7 @@ void Runner::CheckOutputs() {
       auto [it, inserted] = writer.emplace(id, i);
       if (inserted) continue;
       const Job& other = jobs_[it->second];
+      if (FileIdentity(other.spec_abs) == FileIdentity(job.spec_abs)) continue;  // one spec named twice
       auto clash = [&](size_t at, const Job& with) {
         Diagnostic d = ErrorAt(jobs_[at].spec->output_loc,
                                "output '" + Show(out) + "' is also written by the spec '" + with.spec_shown + "'",
