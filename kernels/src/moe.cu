@@ -567,6 +567,17 @@ int check_common(const char* what, const int32_t* offs, int64_t num_experts) {
   return OPSLOT_OK;
 }
 
+// Arguments shared by the activation's forward and backward entry points.
+int check_act_args(const char* what, const int32_t* offs, int64_t num_experts, int kind, const void* bias,
+                   const int32_t* row_expert, int64_t rows, int64_t inter) {
+  if (int rc = check_common(what, offs, num_experts)) return rc;
+  if (kind != 0 && kind != 1) return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: unknown kind %d", what, kind);
+  if (kind == 0 && bias) return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: kind 0 takes no bias", what);
+  if (bias && row_expert == nullptr) return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: bias needs row_expert", what);
+  if (rows < 0 || inter < 1) return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: bad shape", what);
+  return OPSLOT_OK;
+}
+
 }  // namespace
 }  // namespace opslot
 
@@ -675,11 +686,7 @@ OPSLOT_API int opslot_moe_act_forward(const void* h, void* a, const void* bias, 
                                       const int32_t* offs, int64_t num_experts, int64_t rows, int64_t inter,
                                       int kind, float alpha, float limit, int dtype, void* stream) {
   const char* what = "opslot_moe_act_forward";
-  if (int rc = check_common(what, offs, num_experts)) return rc;
-  if (kind != 0 && kind != 1) return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: unknown kind %d", what, kind);
-  if (kind == 0 && bias) return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: kind 0 takes no bias", what);
-  if (bias && row_expert == nullptr) return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: bias needs row_expert", what);
-  if (rows < 0 || inter < 1) return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: bad shape", what);
+  if (int rc = check_act_args(what, offs, num_experts, kind, bias, row_expert, rows, inter)) return rc;
   if (rows == 0) return OPSLOT_OK;
   auto s = static_cast<cudaStream_t>(stream);
   return dispatch_dtype(dtype, what, [&](auto tag) {
@@ -711,11 +718,7 @@ OPSLOT_API int opslot_moe_act_backward(const void* da, const void* h, void* dh, 
                                        int64_t rows, int64_t inter, int kind, float alpha, float limit, int dtype,
                                        void* stream) {
   const char* what = "opslot_moe_act_backward";
-  if (int rc = check_common(what, offs, num_experts)) return rc;
-  if (kind != 0 && kind != 1) return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: unknown kind %d", what, kind);
-  if (kind == 0 && bias) return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: kind 0 takes no bias", what);
-  if (bias && row_expert == nullptr) return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: bias needs row_expert", what);
-  if (rows < 0 || inter < 1) return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: bad shape", what);
+  if (int rc = check_act_args(what, offs, num_experts, kind, bias, row_expert, rows, inter)) return rc;
   if (rows == 0) return OPSLOT_OK;
   auto s = static_cast<cudaStream_t>(stream);
   return dispatch_dtype(dtype, what, [&](auto tag) {

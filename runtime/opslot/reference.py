@@ -108,8 +108,8 @@ def cross_entropy_causal(module: Any, hidden_states: torch.Tensor, labels: Optio
     return logits, loss
 
 
-def cross_entropy_sequence_classification(logits=None, labels=None, pooled_logits=None, config=None, **kwargs):
-    """HF `ForSequenceClassificationLoss` (sets `config.problem_type` when unset, as upstream does)."""
+def sequence_classification_problem_type(config, labels) -> str:
+    """`config.problem_type`, set first when unset, exactly as upstream's ForSequenceClassificationLoss does."""
     num_labels = config.num_labels
     if config.problem_type is None:
         if num_labels == 1:
@@ -118,6 +118,13 @@ def cross_entropy_sequence_classification(logits=None, labels=None, pooled_logit
             config.problem_type = "single_label_classification"
         else:
             config.problem_type = "multi_label_classification"
+    return config.problem_type
+
+
+def cross_entropy_sequence_classification(logits=None, labels=None, pooled_logits=None, config=None, **kwargs):
+    """HF `ForSequenceClassificationLoss` (sets `config.problem_type` when unset, as upstream does)."""
+    num_labels = config.num_labels
+    sequence_classification_problem_type(config, labels)
     labels = labels.to(pooled_logits.device)
     if config.problem_type == "regression":
         if num_labels == 1:

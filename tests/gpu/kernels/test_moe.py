@@ -8,17 +8,11 @@ Run: OPSLOT_KERNELS_LIB=<path to libopslot_kernels.so> python3 -m pytest -q test
 Skips cleanly without CUDA or without the library.
 """
 
-import os
-import sys
 import types
 
 import pytest
 import torch
 import torch.nn as nn
-
-_RUNTIME = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "runtime")
-if os.path.abspath(_RUNTIME) not in sys.path:
-    sys.path.insert(0, os.path.abspath(_RUNTIME))
 
 from opslot import reference  # noqa: E402
 from opslot.kernels.cuda import unavailable_reason  # noqa: E402

@@ -351,23 +351,12 @@ def logits_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, *, ignore_
     return loss.to(logits.dtype)
 
 
-def _problem_type(config: Any, labels: torch.Tensor) -> str:
-    """As `reference.cross_entropy_sequence_classification` (sets config.problem_type when unset)."""
-    num_labels = config.num_labels
-    if config.problem_type is None:
-        if num_labels == 1:
-            config.problem_type = "regression"
-        elif num_labels > 1 and (labels.dtype in (torch.long, torch.int)):
-            config.problem_type = "single_label_classification"
-        else:
-            config.problem_type = "multi_label_classification"
-    return config.problem_type
 
 
 def cross_entropy_sequence_classification(logits=None, labels=None, pooled_logits=None, config=None, **kwargs):
     """HF `ForSequenceClassificationLoss`: single-label classification on the CUDA kernel;
     regression and multi-label through the reference math."""
-    if _problem_type(config, labels) != "single_label_classification":
+    if reference.sequence_classification_problem_type(config, labels) != "single_label_classification":
         return reference.cross_entropy_sequence_classification(
             logits=logits, labels=labels, pooled_logits=pooled_logits, config=config, **kwargs)
     labels = labels.to(pooled_logits.device)
