@@ -1,0 +1,104 @@
+"""What the distributed tests run inside every rank (one process group, all scenarios in turn; the
+test file asserts on the returned measurements).
+
+- `ep_layer`: one experts module of the generated Qwen3-MoE, expert-parallel over the group, against
+  the same module unsharded on every rank's tokens together: outputs, the gradients of the hidden
+  states, of the routing weights and of every expert parameter; twice, bitwise.
+- `train.run`: FSDP2 (+ EP, activation checkpointing, compile) against the 1-rank reference.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+from typing import Any, Dict, List
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import harness  # noqa: E402
+import train  # noqa: E402
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+import opslot.distributed as od  # noqa: E402
+
+
+def _inputs(total_tokens: int, hidden: int, experts: int, top_k: int, dtype, device, drop: bool, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(total_tokens, hidden, generator=g)
+    idx = torch.stack([torch.randperm(experts, generator=g)[:top_k] for _ in range(total_tokens)]) \
+        if total_tokens else torch.empty(0, top_k, dtype=torch.int64)
+    if drop and total_tokens > 2:
+        idx[1, 0] = experts          # upstream's masking index: dropped
+        idx[2, 1] = experts
+    w = torch.rand(total_tokens, top_k, generator=g)
+    gout = torch.randn(total_tokens, hidden, generator=g)
+    return [t.to(device) for t in (x.to(dtype), idx, w.to(dtype), gout.to(dtype))]
+
+
+def _err(a: torch.Tensor, b: torch.Tensor) -> float:
+    if a.numel() == 0:
+        return 0.0
+    return float((a.detach().float() - b.detach().float()).abs().max())
+
+
+def ep_layer(opts: Dict[str, Any]) -> Dict[str, Any]:
+    """EP layer vs the unsharded layer, for one (ops, dtype, mode, token split) case."""
+    args = train.resolve(train.opts_from(module_dir=opts["module_dir"], device=opts["device"], ops=opts["ops"],
+                                         dtype=opts["dtype"]))
+    dtype = train.DTYPES[args.dtype]
+    world, rank = dist.get_world_size(), dist.get_rank()
+    config = harness.tiny_config(num_experts=opts.get("experts", 8))
+    model = train.build(args, config)
+    experts = model.model.layers[1].mlp.experts.to(dtype)
+    ref = copy.deepcopy(experts)
+    split: List[int] = opts["tokens"]  # tokens per rank
+    top_k = config.num_experts_per_tok
+    x, idx, w, gout = _inputs(sum(split), config.hidden_size, config.num_experts, top_k, dtype, args.device,
+                              opts.get("drop", False), seed=7)
+    xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+    out_ref = ref(xr, idx, wr)
+    (out_ref.float() * gout.float()).sum().backward()
+
+    od.shard_experts(model, dist.group.WORLD, mode=opts["mode"], modules=[experts])
+    lo, hi = sum(split[:rank]), sum(split[:rank + 1])
+    runs = []
+    for _ in range(2):
+        for p in experts.parameters():
+            p.grad = None
+        xe, we = x[lo:hi].clone().requires_grad_(), w[lo:hi].clone().requires_grad_()
+        out = experts(xe, idx[lo:hi], we)
+        (out.float() * gout[lo:hi].float()).sum().backward()
+        runs.append([out.detach(), xe.grad, we.grad] + [p.grad for p in experts.parameters()])
+    st = experts._opslot_ep
+    first, local = st.first, st.local
+    errs = {"out": _err(runs[0][0], out_ref[lo:hi]), "grad_x": _err(runs[0][1], xr.grad[lo:hi]),
+            "grad_w": _err(runs[0][2], wr.grad[lo:hi])}
+    for (name, p_ref), g in zip(ref.named_parameters(), runs[0][3:]):
+        expect = p_ref.grad[first:first + local]
+        errs[f"grad_{name}"] = _err(g if g is not None else torch.zeros_like(expect), expect)
+    scale = max(float(out_ref.detach().float().abs().max()) if out_ref.numel() else 0.0,
+                max(float(p.grad.float().abs().max()) for p in ref.parameters()), 1.0)
+    bitwise = all(torch.equal(a, b) if a is not None else b is None for a, b in zip(runs[0], runs[1]))
+    return {"errors": errs, "max_error": max(errs.values()), "scale": scale, "bitwise": bitwise,
+            "impl": type(experts).__name__, "local": local, "received_tokens": hi - lo}
+
+
+def all_scenarios(cfg: Dict[str, Any]) -> Dict[str, Any]:
+    """Every scenario of cfg["scenarios"] ([(name, kind, options)]) in this rank; failures are results too."""
+    import traceback
+
+    out: Dict[str, Any] = {}
+    for name, kind, options in cfg["scenarios"]:
+        try:
+            if kind == "ep_layer":
+                out[name] = ep_layer(dict(options, module_dir=cfg["module_dir"], device=cfg["device"]))
+            else:
+                args = train.opts_from(module_dir=cfg["module_dir"], device=cfg["device"], **options)
+                out[name] = train.run(args)
+        except Exception:
+            out[name] = {"exception": traceback.format_exc()}
+            dist.barrier()
+    return out
