@@ -50,7 +50,7 @@ def ep_layer(opts: Dict[str, Any]) -> Dict[str, Any]:
                                          dtype=opts["dtype"]))
     dtype = train.DTYPES[args.dtype]
     world, rank = dist.get_world_size(), dist.get_rank()
-    config = harness.tiny_config(num_experts=opts.get("experts", 8))
+    config = harness.tiny_config(**opts.get("config", {}))
     model = train.build(args, config)
     experts = model.model.layers[1].mlp.experts.to(dtype)
     ref = copy.deepcopy(experts)
@@ -86,6 +86,38 @@ def ep_layer(opts: Dict[str, Any]) -> Dict[str, Any]:
             "impl": type(experts).__name__, "local": local, "received_tokens": hi - lo}
 
 
+def errors(opts: Dict[str, Any]) -> Dict[str, str]:
+    """The refusals of opslot.distributed, each as its message (or "no error")."""
+    args = train.resolve(train.opts_from(module_dir=opts["module_dir"], device=opts["device"], ops=opts["ops"]))
+    found: Dict[str, str] = {}
+
+    def attempt(name, fn):
+        try:
+            fn()
+            found[name] = "no error"
+        except (ValueError, RuntimeError, TypeError) as exc:
+            found[name] = f"{type(exc).__name__}: {exc}"
+
+    group = dist.group.WORLD
+    odd = train.build(args, harness.tiny_config(num_experts=3))
+    attempt("indivisible", lambda: od.shard_experts(odd, group))
+    model = train.build(args, harness.tiny_config())
+    attempt("bad_mode", lambda: od.shard_experts(model, group, mode="bogus"))
+    dense = train.build(args, harness.tiny_config(mlp_only_layers=[0, 1]))
+    attempt("no_experts", lambda: od.shard_experts(dense, group))
+    eager = train.build(train.resolve(train.opts_from(module_dir=opts["module_dir"], device=opts["device"],
+                                                      ops="eager")), harness.tiny_config())
+    attempt("padded_eager", lambda: od.shard_experts(eager, group, mode="padded"))
+    od.shard_experts(model, group)
+    attempt("twice", lambda: od.shard_experts(model, group, modules=[model.model.layers[1].mlp.experts]))
+    attempt("plain_mesh", lambda: od.fully_shard_model(model, od.init_meshes(args.device.split(":")[0]).dp))
+    capped = train.build(args, harness.tiny_config())
+    od.shard_experts(capped, group, mode="padded", capacity=4)
+    ids = torch.zeros(1, 8, dtype=torch.long, device=args.device)
+    attempt("over_capacity", lambda: capped(input_ids=ids))
+    return found
+
+
 def all_scenarios(cfg: Dict[str, Any]) -> Dict[str, Any]:
     """Every scenario of cfg["scenarios"] ([(name, kind, options)]) in this rank; failures are results too."""
     import traceback
@@ -95,8 +127,13 @@ def all_scenarios(cfg: Dict[str, Any]) -> Dict[str, Any]:
         try:
             if kind == "ep_layer":
                 out[name] = ep_layer(dict(options, module_dir=cfg["module_dir"], device=cfg["device"]))
+            elif kind == "errors":
+                out[name] = errors(dict(options, module_dir=cfg["module_dir"], device=cfg["device"]))
             else:
+                options = dict(options)
+                config = harness.tiny_config(**options.pop("config", {}))
                 args = train.opts_from(module_dir=cfg["module_dir"], device=cfg["device"], **options)
+                args.config = config
                 out[name] = train.run(args)
         except Exception:
             out[name] = {"exception": traceback.format_exc()}

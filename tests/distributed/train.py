@@ -63,7 +63,10 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--ac", action="store_true", help="activation checkpointing")
     p.add_argument("--compile", default=None, help="torch.compile backend for every decoder layer")
     p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--optim", default="adamw", choices=("adamw", "sgd"),
+                   help="sgd (momentum 0.9): the weights' difference follows the gradients' (AdamW's first steps are "
+                        "about lr * sign(grad), so in bf16 a sign flip of a near-zero gradient moves a weight by 2 lr)")
+    p.add_argument("--lr", type=float, default=None, help="default: 1e-3 (adamw), 0.1 (sgd)")
     p.add_argument("--batch", type=int, default=4, help="global batch (sequences)")
     p.add_argument("--seq", type=int, default=16)
     p.add_argument("--no-reference", action="store_true")
@@ -106,15 +109,21 @@ def _loss(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
     return model(input_ids=ids, labels=ids).loss
 
 
+def optimizer(args: argparse.Namespace, params) -> torch.optim.Optimizer:
+    if args.optim == "sgd":
+        return torch.optim.SGD(params, lr=args.lr or 0.1, momentum=0.9)
+    return torch.optim.AdamW(params, lr=args.lr or 1e-3, weight_decay=0.01)
+
+
 class Reference:
     """The 1-rank run: fp32 master weights stepped by AdamW; for bf16, forward and backward of a bf16
     copy of the parameters (buffers stay fp32, as under FSDP's mixed precision), gradients cast to fp32."""
 
-    def __init__(self, model: torch.nn.Module, dtype: torch.dtype, lr: float):
+    def __init__(self, model: torch.nn.Module, dtype: torch.dtype, args: argparse.Namespace):
         self.master = model
         self.dtype = dtype
         self.work = model if dtype == torch.float32 else copy.deepcopy(model)
-        self.opt = torch.optim.AdamW(self.master.parameters(), lr=lr, weight_decay=0.01)
+        self.opt = optimizer(args, self.master.parameters())
 
     def step(self, ids: torch.Tensor, grads: Optional[Dict[str, torch.Tensor]] = None) -> float:
         """One step on the whole batch; fills `grads` (when given) with the fp32 gradients it steps with."""
@@ -148,7 +157,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     if not args.no_reference:
         ref_model = build(args, config)
         ref_model.load_state_dict(model.state_dict())
-        ref = Reference(ref_model, dtype, args.lr)
+        ref = Reference(ref_model, dtype, args)
         initial = {k: v.detach().clone() for k, v in ref_model.state_dict().items()}
 
     meshes = od.init_meshes(args.device.split(":")[0], ep=args.ep)
@@ -164,7 +173,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
         from torch.distributed.fsdp import MixedPrecisionPolicy
         fsdp_kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
     od.fully_shard_model(model, meshes, **fsdp_kwargs)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
+    opt = optimizer(args, model.parameters())
 
     per_rank = args.batch // world
     if per_rank * world != args.batch:
@@ -186,6 +195,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
             ref_losses.append(ref.step(ids, ref_grads if step == 0 else None))
     result: Dict[str, Any] = {"world": world, "ep": args.ep, "ep_mode": args.ep_mode, "ac": args.ac,
                               "compile": args.compile, "ops": args.ops, "dtype": args.dtype, "steps": args.steps,
+                              "optim": args.optim,
                               "losses": losses, "plan": opslot.binding_plan(model).as_dict()}
     final = od.full_state_dict(model)
     if ref is not None:
@@ -198,10 +208,18 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
         grad_rel = {k: float((first_grads[k].float() - ref_grads[k].float()).abs().max())
                     / max(float(ref_grads[k].float().abs().max()), 1e-12) for k in ref_grads}
         worst_grad = max(grad_rel, key=grad_rel.get)
+        # the weights' difference relative to the update (Frobenius norms, per parameter)
+        weight_rel = {}
+        for k in ref_state:
+            update = float((ref_state[k].float() - initial[k].float()).norm())
+            if update > 0:
+                weight_rel[k] = float((final[k].float() - ref_state[k].float()).norm()) / update
+        worst_rel = max(weight_rel, key=weight_rel.get)
         result.update(ref_losses=ref_losses,
                       max_loss_diff=max(abs(a - b) for a, b in zip(losses, ref_losses)),
                       max_weight_diff=diffs[worst], worst_weight=worst,
                       max_grad_rel_diff=grad_rel[worst_grad], worst_grad=worst_grad,
+                      max_weight_rel_diff=weight_rel[worst_rel], worst_weight_rel=worst_rel,
                       max_weight_update=max(float((ref_state[k].float() - initial[k].float()).abs().max())
                                             for k in ref_state))
     result["seconds"] = time.time() - t0
