@@ -138,4 +138,9 @@ def all_scenarios(cfg: Dict[str, Any]) -> Dict[str, Any]:
         except Exception:
             out[name] = {"exception": traceback.format_exc()}
             dist.barrier()
+        if cfg.get("progress") and dist.get_rank() == 0:  # what finished, should a time limit stop the rest
+            import json
+
+            with open(cfg["progress"], "a") as fh:
+                fh.write(json.dumps({name: out[name]}, default=str) + "\n")
     return out

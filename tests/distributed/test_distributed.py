@@ -68,9 +68,10 @@ def _list(device: str):
 
 @pytest.fixture(scope="session")
 def results(request, device, module_dir):
-    cfg = {"module_dir": module_dir, "device": device, "scenarios": _list(device)}
-    ranks = harness.spawn(scenarios.all_scenarios, cfg, world=2, device=device)
     path = request.config.getoption("--results-json")
+    cfg = {"module_dir": module_dir, "device": device, "scenarios": _list(device),
+           "progress": path + "l" if path else None}
+    ranks = harness.spawn(scenarios.all_scenarios, cfg, world=2, device=device)
     if path:
         with open(path, "w") as fh:
             json.dump(ranks, fh, indent=1, default=str)
