@@ -20,11 +20,11 @@ GEN=$(mktemp -d /tmp/opslot-dist-gen.XXXXXX)
   python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__, "gpus", torch.cuda.device_count())'
   "$PATCHGEN" specs/qwen3_moe/qwen3_moe_gpu.yaml --source-root "$SITE" -o "$GEN"; } 2>&1 | tee "$OUT/summary.txt"
 t0=$SECONDS
-timeout "${TEST_TIMEOUT:-200}" python3 -m pytest -q -p no:cacheprovider -rf tests/distributed --device cuda \
+timeout "${TEST_TIMEOUT:-150}" python3 -m pytest -q -p no:cacheprovider -rf tests/distributed --device cuda \
   --patchgen "$PATCHGEN" --source-root "$SITE" --results-json "$OUT/tests_cuda.json" > "$OUT/tests.txt" 2>&1
 echo "tests rc=$? $((SECONDS - t0))s: $(tail -1 "$OUT/tests.txt")" | tee -a "$OUT/summary.txt"
 t0=$SECONDS
-timeout "${BENCH_TIMEOUT:-170}" python3 bench/distributed.py --module-dir "$GEN" --out "$OUT/throughput.md" ${BENCH_ARGS:-} \
+timeout "${BENCH_TIMEOUT:-140}" python3 bench/distributed.py --module-dir "$GEN" --out "$OUT/throughput.md" ${BENCH_ARGS:-} \
   > "$OUT/bench.txt" 2>&1
 echo "bench rc=$? $((SECONDS - t0))s" | tee -a "$OUT/summary.txt"
 grep -v Warning "$OUT/bench.txt" | tail -12
