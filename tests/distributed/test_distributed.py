@@ -123,7 +123,7 @@ def test_fsdp2_matches_one_rank(results, device, train_name):
     assert set(got["plan"].values()) == {impl}, got["plan"]
     assert all(math.isfinite(x) for x in got["losses"])
     for a, b in zip(got["losses"], got["ref_losses"]):
-        assert abs(a - b) <= (2e-6 if fp32 else 1e-2) * abs(b), (got["losses"], got["ref_losses"])
+        assert abs(a - b) <= (1e-5 if fp32 else 1e-2) * abs(b), (got["losses"], got["ref_losses"])
     assert got["max_grad_rel_diff"] <= (1e-4 if fp32 else 0.1), (got["worst_grad"], got["max_grad_rel_diff"])
     if fp32:
         assert got["max_weight_diff"] <= 1e-5, (got["worst_weight"], got["max_weight_diff"])
