@@ -9,7 +9,7 @@
 #   - imports.drop SequenceClassifierOutput
 #   - replace_class ToyRotaryEmbedding: HF's newer rotary embedding with attention_scaling
 #   - replace_function rotate_half: rotate_half via chunk (same values, one fewer slice)
-#   - override_method ToyDecoderLayer.forward: decoder layer with an optional residual hook for activation offloading
+#   - edit_body ToyDecoderLayer.forward: optional residual hook for activation offloading
 #   - add_method ToyForCausalLM.num_parameters: parameter count, for logging
 #   - add_method ToyPreTrainedModel.supports_opslot
 #   - modify_init ToyModel: the residual hook starts disabled
@@ -19,7 +19,7 @@
 #   - guard ToyMLP.forward: swiglu_mlp_slot -> swiglu_mlp/standard
 #   - guard ToyForCausalLM.forward: causal_lm_loss_slot -> cross_entropy_loss/causal
 #   - imports.add import math
-#   - block after the imports (specs/example/toy_gpu.yaml:88)
+#   - block after the imports (specs/example/toy_gpu.yaml:98)
 #   - helper _rope_scale: after the imports
 #   - helper count_toy_parameters: after ToyPreTrainedModel
 #   - exclude ToyForSequenceClassification
@@ -84,7 +84,7 @@ class ToyRMSNorm(nn.Module):
         self.variance_epsilon = eps
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        # patchgen: guard rms_norm_slot -> rms_norm/standard (specs/example/toy_gpu.yaml:19)
+        # patchgen: guard rms_norm_slot -> rms_norm/standard (specs/example/toy_gpu.yaml:20)
         if rms_norm_slot.use_non_eager_impl:
             return rms_norm_slot(hidden_states, self.weight, self.variance_epsilon)
         input_dtype = hidden_states.dtype
@@ -97,7 +97,7 @@ class ToyRMSNorm(nn.Module):
         return f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}"
 
 
-# patchgen: replace_class ToyRotaryEmbedding - HF's newer rotary embedding with attention_scaling (specs/example/toy_gpu.yaml:44)
+# patchgen: replace_class ToyRotaryEmbedding - HF's newer rotary embedding with attention_scaling (specs/example/toy_gpu.yaml:45)
 class ToyRotaryEmbedding(nn.Module):
     def __init__(self, config: ToyConfig):
         super().__init__()
@@ -118,7 +118,7 @@ class ToyRotaryEmbedding(nn.Module):
         return cos.to(dtype=x.dtype), sin.to(dtype=x.dtype)
 
 
-# patchgen: replace_function rotate_half - rotate_half via chunk (same values, one fewer slice) (specs/example/toy_gpu.yaml:48)
+# patchgen: replace_function rotate_half - rotate_half via chunk (same values, one fewer slice) (specs/example/toy_gpu.yaml:49)
 def rotate_half(x):
     """Rotates half the hidden dims of the input."""
     x1, x2 = x.chunk(2, dim=-1)
@@ -137,7 +137,7 @@ def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
     Returns:
         `tuple(torch.Tensor)` comprising of the query and key tensors rotated using the Rotary Position Embedding.
     """
-    # patchgen: guard rope_slot -> rotary_pos_emb/full (specs/example/toy_gpu.yaml:25)
+    # patchgen: guard rope_slot -> rotary_pos_emb/full (specs/example/toy_gpu.yaml:26)
     if rope_slot.use_non_eager_impl:
         return rope_slot(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
     cos = cos.unsqueeze(unsqueeze_dim)
@@ -159,7 +159,7 @@ class ToyMLP(nn.Module):
         self.act_fn = ACT2FN[config.hidden_act]
 
     def forward(self, x):
-        # patchgen: guard swiglu_mlp_slot -> swiglu_mlp/standard (specs/example/toy_gpu.yaml:31)
+        # patchgen: guard swiglu_mlp_slot -> swiglu_mlp/standard (specs/example/toy_gpu.yaml:32)
         if swiglu_mlp_slot.use_non_eager_impl:
             return swiglu_mlp_slot(self, x)
         down_proj = self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
@@ -255,30 +255,40 @@ class ToyDecoderLayer(nn.Module):
         self.mlp = ToyMLP(config)
         self.input_layernorm = ToyRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = ToyRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        # patchgen: modify_init ToyDecoderLayer (specs/example/toy_gpu.yaml:73)
+        # patchgen: modify_init ToyDecoderLayer (specs/example/toy_gpu.yaml:83)
         # Set by ToyModel when activation offloading is on.
         self.residual_hook = None
 
-    # patchgen: override_method ToyDecoderLayer.forward - decoder layer with an optional residual hook for activation offloading (specs/example/toy_gpu.yaml:55)
-    def forward(self, hidden_states, attention_mask=None, position_embeddings=None, **kwargs):
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+        **kwargs,
+    ) -> torch.Tensor:
         residual = hidden_states
         hidden_states = self.input_layernorm(hidden_states)
+        # Self Attention
         hidden_states, _ = self.self_attn(
             hidden_states=hidden_states,
             attention_mask=attention_mask,
             position_embeddings=position_embeddings,
             **kwargs,
         )
+        # patchgen: edit_body ToyDecoderLayer.forward: insert_after - optional residual hook for activation offloading (specs/example/toy_gpu.yaml:61)
         if self.residual_hook is not None:
             residual = self.residual_hook(residual)
         hidden_states = residual + hidden_states
 
+        # Fully Connected
         residual = hidden_states
         hidden_states = self.post_attention_layernorm(hidden_states)
         hidden_states = self.mlp(hidden_states)
+        # patchgen: edit_body ToyDecoderLayer.forward: insert_after - optional residual hook for activation offloading (specs/example/toy_gpu.yaml:65)
         if self.residual_hook is not None:
             residual = self.residual_hook(residual)
-        return residual + hidden_states
+        hidden_states = residual + hidden_states
+        return hidden_states
 
 
 @auto_docstring
@@ -287,7 +297,7 @@ class ToyPreTrainedModel(PreTrainedModel):
     base_model_prefix = "model"
     _no_split_modules = ["ToyDecoderLayer"]
 
-    # patchgen: add_method ToyPreTrainedModel.supports_opslot (specs/example/toy_gpu.yaml:63)
+    # patchgen: add_method ToyPreTrainedModel.supports_opslot (specs/example/toy_gpu.yaml:73)
     @classmethod
     def supports_opslot(cls):
         return True
@@ -312,7 +322,7 @@ def make_causal_mask(attention_mask, seq_len, dtype):
 class ToyModel(ToyPreTrainedModel):
     def __init__(self, config: ToyConfig):
         super().__init__(config)
-        # patchgen: modify_init ToyModel - the residual hook starts disabled (specs/example/toy_gpu.yaml:68)
+        # patchgen: modify_init ToyModel - the residual hook starts disabled (specs/example/toy_gpu.yaml:78)
         self.residual_hook = None
         self.padding_idx = getattr(config, "pad_token_id", None)
         self.vocab_size = config.vocab_size
@@ -403,7 +413,7 @@ class ToyForCausalLM(ToyPreTrainedModel):
         hidden_states = outputs.last_hidden_state
         # Only compute necessary logits, and do not upcast them to float if we are not computing the loss
         slice_indices = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
-        # patchgen: guard causal_lm_loss_slot -> cross_entropy_loss/causal (specs/example/toy_gpu.yaml:37)
+        # patchgen: guard causal_lm_loss_slot -> cross_entropy_loss/causal (specs/example/toy_gpu.yaml:38)
         if causal_lm_loss_slot.use_non_eager_impl:
             logits, loss = causal_lm_loss_slot(self, hidden_states[:, slice_indices, :], labels, **kwargs)
         else:
@@ -419,7 +429,7 @@ class ToyForCausalLM(ToyPreTrainedModel):
             hidden_states=outputs.hidden_states,
         )
 
-    # patchgen: add_method ToyForCausalLM.num_parameters - parameter count, for logging (specs/example/toy_gpu.yaml:59)
+    # patchgen: add_method ToyForCausalLM.num_parameters - parameter count, for logging (specs/example/toy_gpu.yaml:69)
     def num_parameters(self, trainable_only=False):
         """Number of (trainable) parameters of this model."""
         return count_toy_parameters(self, trainable_only)

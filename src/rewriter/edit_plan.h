@@ -32,6 +32,9 @@ struct TextEdit {
   SourceLoc origin;     ///< Spec location of the operation that produced this edit.
   std::string what;     ///< Short description for overlap errors, e.g. "override_method Qwen3MLP.forward".
   std::optional<CodeSpan> code;  ///< Inserted code with a known origin (optional).
+  /// A second span, after upstream text inside the same edit (a `wrap`'s code after the
+  /// wrapped statements).
+  std::optional<CodeSpan> tail_code = std::nullopt;
 };
 
 /// The error for two spec entries that change the same upstream region: reported at `later`, with

@@ -17,6 +17,7 @@
 #include "rewriter/name_resolution.h"
 #include "rewriter/reindent.h"
 #include "rewriter/sha256.h"
+#include "rewriter/statements.h"
 #include "spec/version_condition.h"
 
 namespace patchgen::rewriter {
@@ -30,6 +31,7 @@ using spec::Body;
 using spec::NameMapEntry;
 using spec::Patch;
 using spec::PatchKind;
+using spec::StatementEdit;
 using spec::TextOrigin;
 
 using parser::Field;
@@ -143,6 +145,7 @@ class Generator {
       PinPatch(p);
     }
     PlanGuardsAndConflicts();
+    AddStatementEdits();
     PlanInsertionsAfterImports();
     PlanHelpersAfter();
     PlanExcludes();
@@ -576,6 +579,17 @@ class Generator {
           return "optional: no class '" + p.target + "' with an __init__ upstream";
         }
         return std::nullopt;
+      case PatchKind::kEditBody: {
+        if (!def || def->kind != Definition::Kind::kFunction) {
+          return "optional: no function '" + p.target + "' upstream";
+        }
+        BodyStatements stmts(up_, *def);
+        if (!stmts.ok()) return std::nullopt;
+        for (const StatementEdit& e : p.edits) {
+          if (std::optional<std::string> why = stmts.Absent(QueryOf(e))) return "optional: " + *why;
+        }
+        return std::nullopt;
+      }
     }
     return std::nullopt;
   }
@@ -612,6 +626,8 @@ class Generator {
       case PatchKind::kAddMethod:
         if (!def) AddPin(key, "absent", PatchKindKey(p.kind), p.target, p.loc, {}, {});
         return;
+      case PatchKind::kEditBody:
+        return;  // Pinned per edit by PlanEditBody (the statements each edit relies on).
       case PatchKind::kModifyInit: {
         const Definition* init = up_.Find(p.target + ".__init__");
         if (!def || !init) return;
@@ -637,6 +653,7 @@ class Generator {
       case PatchKind::kOverrideMethod: PlanOverride(p, patch_map, what); break;
       case PatchKind::kAddMethod: PlanAddMethod(p, patch_map, what); break;
       case PatchKind::kModifyInit: PlanModifyInit(p, patch_map, what); break;
+      case PatchKind::kEditBody: PlanEditBody(p, patch_map, what); break;
     }
     for (const MapUse& u : patch_map) ReportUnusedKey(u);
     applied_.push_back({PatchKindKey(p.kind), p.target, OneLine(p.description)});
@@ -825,6 +842,276 @@ class Generator {
     return std::nullopt;
   }
 
+
+  // ----- statement edits (edit_body) -------------------------------------------------------
+
+  /// An edit's anchor lookup, with the edit's keys in messages.
+  static AnchorQuery QueryOf(const StatementEdit& e) {
+    AnchorQuery q;
+    q.at = e.at;
+    q.at_loc = e.at_loc;
+    q.at_key = spec::EditOpKey(e.op);
+    if (e.through) q.through = *e.through;
+    q.through_loc = e.through_loc;
+    q.noun = "edited";
+    q.why = "an edit works on whole lines";
+    return q;
+  }
+
+  /// A planned statement edit, kept until the guards are planned (overlaps with call-site
+  /// guards are errors; at one offset a guard's text comes first).
+  struct PendingEdit {
+    TextEdit edit;
+    ByteRange lines;          ///< The anchor statements' whole lines.
+    uint32_t first_line = 0;  ///< 1-based upstream lines of the anchor statements.
+    uint32_t last_line = 0;
+    bool modifies = false;    ///< replace / delete / wrap (insertions leave the anchor alone).
+    const StatementEdit* op = nullptr;
+    std::string qualname;
+  };
+
+  /// The function named by an edit_body target, or nullptr with an error.
+  const Definition* EditTarget(const Patch& p) {
+    const Definition* def = up_.Find(p.target);
+    if (def && def->kind == Definition::Kind::kFunction) return def;
+    if (def) {
+      Error(p.target_loc, "edit_body target '" + p.target + "' is a class, not a function or method",
+            "methods of " + def->qualname + ": " +
+                JoinNames(up_.ChildNames(*def, Definition::Kind::kFunction)) +
+                "; to edit its constructor, write `edit_body: " + p.target + ".__init__`");
+      return nullptr;
+    }
+    std::string owner = Owner(p.target);
+    if (owner.empty()) {
+      std::vector<std::string> names = up_.TopLevelNames(Definition::Kind::kFunction);
+      std::string help = "top-level functions: " + JoinNames(names);
+      if (auto dym = DidYouMean(p.target, names)) help = "did you mean '" + *dym + "'? " + help;
+      Error(p.target_loc, "no function '" + p.target + "' in " + up_.path(), help);
+      return nullptr;
+    }
+    const Definition* o = up_.Find(owner);
+    if (!o) {
+      FindClass(owner, p.target_loc);
+      return nullptr;
+    }
+    std::vector<std::string> methods = up_.ChildNames(*o, Definition::Kind::kFunction);
+    std::string help = "methods of " + o->qualname + ": " + JoinNames(methods);
+    if (auto dym = DidYouMean(LastComponent(p.target), methods)) {
+      help = "did you mean '" + *dym + "'? " + help;
+    }
+    Error(p.target_loc,
+          std::string("no ") + (o->kind == Definition::Kind::kClass ? "method '" : "nested function '") +
+              LastComponent(p.target) + "' in " +
+              (o->kind == Definition::Kind::kClass ? "class '" : "function '") + o->qualname + "'",
+          help);
+    return nullptr;
+  }
+
+  /// `code` of an edit, parsed and checked: its first statement must start at the code's
+  /// smallest indentation (a deeper first line cannot be re-indented to one block).
+  std::unique_ptr<PyModule> EditCode(const StatementEdit& e) {
+    std::vector<std::string_view> lines = SplitLines(e.code);
+    size_t common = CommonIndent(e.code);
+    for (size_t i = 0; i < lines.size(); ++i) {
+      std::string_view l = lines[i];
+      size_t first = l.find_first_not_of(" \t");
+      if (first == std::string_view::npos || l[first] == '#') continue;
+      if (first > common) {
+        Error(OriginLoc(e.code_origin, static_cast<uint32_t>(i), static_cast<uint32_t>(first + 1),
+                        static_cast<uint32_t>(CodePointCount(l.substr(first)))),
+              "the first statement of `code` is indented deeper than a later line",
+              "write the statements of an edit at one column; patchgen indents them to the "
+              "anchor statement's block");
+        return nullptr;
+      }
+      break;
+    }
+    return ParseCode(e.code, e.code_origin);
+  }
+
+  /// The single `...` statement of a wrap's code (alone on its line), or nullopt with an error.
+  std::optional<TSNode> WrapPlaceholder(const PyModule& m, const StatementEdit& e) {
+    std::vector<TSNode> found;
+    std::vector<TSNode> stack = {m.root()};
+    while (!stack.empty()) {
+      TSNode n = stack.back();
+      stack.pop_back();
+      if (Is(n, "expression_statement") && ts_node_named_child_count(n) == 1 &&
+          Is(ts_node_named_child(n, 0), "ellipsis") && StartsLine(m, ts_node_start_byte(n)) &&
+          EndsLine(m, ts_node_end_byte(n))) {
+        found.push_back(n);
+        continue;
+      }
+      for (uint32_t i = ts_node_named_child_count(n); i-- > 0;) {
+        stack.push_back(ts_node_named_child(n, i));
+      }
+    }
+    if (found.size() == 1) return found[0];
+    Error(e.code_loc,
+          "the code of `wrap` must have exactly one `...` line, where the wrapped statements go; "
+          "found " + std::to_string(found.size()),
+          "e.g. `with torch.no_grad():` and, indented below it, a line holding only `...`");
+    return std::nullopt;
+  }
+
+  std::string EditMarker(const Patch& p, const StatementEdit& e, const std::string& indent) const {
+    std::string m = indent + "# patchgen: edit_body " + p.target + ": " + spec::EditOpKey(e.op);
+    if (!p.description.empty()) m += " - " + OneLine(p.description);
+    return m + " (" + Where(e.loc) + ")";
+  }
+
+  void PlanEditBody(const Patch& p, std::vector<MapUse>& patch_map, const std::string& what) {
+    const Definition* def = EditTarget(p);
+    if (!def) return;
+    BodyStatements stmts(up_, *def);
+    if (!stmts.ok()) {
+      Error(p.target_loc, "cannot find the body of '" + def->qualname + "'", {}, ErrorKind::kInternal);
+      return;
+    }
+    size_t first_pending = pending_edits_.size();
+    for (const StatementEdit& e : p.edits) {
+      std::optional<AnchorRange> r = stmts.Locate(QueryOf(e), errors_);
+      if (!r) continue;
+      PendingEdit pe;
+      pe.op = &e;
+      pe.qualname = def->qualname;
+      pe.first_line = r->first->line;
+      pe.last_line = up_.lines().LineOf(r->last->range.end) + 1;
+      uint32_t start = LineStartOf(src_, r->first->range.start);
+      uint32_t end = LineEndOf(r->last->range.end);
+      pe.lines = {start, end};
+      pe.modifies = e.op != StatementEdit::Op::kInsertBefore && e.op != StatementEdit::Op::kInsertAfter;
+      std::string key = what + " " + spec::EditOpKey(e.op) + " '" + e.at + "'";
+      if (e.through) key += " through '" + *e.through + "'";
+      if (p.when.upstream_version) key += " for upstream " + *p.when.upstream_version;
+      AddPin(key, "statements", PatchKindKey(p.kind), def->qualname, e.loc,
+             {ByteRange{r->first->range.start, r->last->range.end}}, {});
+      // Two edits of one body must not touch the same statements (insertions next to each other
+      // are fine: they keep spec order).
+      bool clash = false;
+      for (size_t i = first_pending; i < pending_edits_.size(); ++i) {
+        const PendingEdit& o = pending_edits_[i];
+        if (!(pe.modifies || o.modifies) || !LinesOverlap(pe.lines, o.lines)) continue;
+        Diagnostic d = ErrorAt(e.loc,
+                               "edits overlap: `" + std::string(spec::EditOpKey(e.op)) + "` of " +
+                                   LineSpan(pe.first_line, pe.last_line) + " and `" +
+                                   spec::EditOpKey(o.op->op) + "` of " +
+                                   LineSpan(o.first_line, o.last_line) + " in " + def->qualname,
+                               "edits of one body must touch disjoint statements; merge them into "
+                               "one `replace`, or anchor the insertion elsewhere");
+        d.notes.push_back("note: the `" + std::string(spec::EditOpKey(o.op->op)) + "` edit is at " +
+                          Where(o.op->loc) + ":" + std::to_string(o.op->loc.col));
+        errors_.push_back(std::move(d));
+        clash = true;
+      }
+      if (clash) continue;
+      if (!PlanOneEdit(p, e, stmts, *r, patch_map, what, pe)) continue;
+      pending_edits_.push_back(std::move(pe));
+    }
+  }
+
+  static bool LinesOverlap(ByteRange a, ByteRange b) { return a.start < b.end && b.start < a.end; }
+
+  static std::string LineSpan(uint32_t first, uint32_t last) {
+    return first == last ? "line " + std::to_string(first)
+                         : "lines " + std::to_string(first) + "-" + std::to_string(last);
+  }
+
+  /// Builds the TextEdit of one statement edit into `pe.edit`; false on error (reported).
+  bool PlanOneEdit(const Patch& p, const StatementEdit& e, const BodyStatements& stmts,
+                   const AnchorRange& r, std::vector<MapUse>& patch_map, const std::string& what,
+                   PendingEdit& pe) {
+    std::string ind = IndentAt(up_, r.first->range.start);
+    std::string marker = EditMarker(p, e, ind);
+    std::string edit_what = what + " " + spec::EditOpKey(e.op);
+    if (e.op == StatementEdit::Op::kDelete) {
+      std::string text = marker;
+      if (stmts.WholeBlock(r)) text += "\n" + ind + "pass";  // The block must keep a statement.
+      pe.edit = TextEdit{pe.lines, std::move(text), e.loc, edit_what, std::nullopt};
+      return true;
+    }
+    std::unique_ptr<PyModule> m = EditCode(e);
+    if (!m) return false;
+    std::optional<TSNode> placeholder;
+    if (e.op == StatementEdit::Op::kWrap) {
+      placeholder = WrapPlaceholder(*m, e);
+      if (!placeholder) return false;
+    }
+    Snippet s = MakeSnippet(*m, {0, static_cast<uint32_t>(m->source().size())}, e.code_origin,
+                            &patch_map, std::nullopt, ind.size());
+    switch (e.op) {
+      case StatementEdit::Op::kInsertBefore:
+        pe.edit = SnippetEdit({pe.lines.start, pe.lines.start}, marker + "\n", s, "\n", e.loc, edit_what);
+        return true;
+      case StatementEdit::Op::kInsertAfter:
+        pe.edit = SnippetEdit({pe.lines.end, pe.lines.end}, "\n" + marker + "\n", s, "", e.loc, edit_what);
+        return true;
+      case StatementEdit::Op::kReplace:
+        pe.edit = SnippetEdit(pe.lines, marker + "\n", s, "", e.loc, edit_what);
+        return true;
+      case StatementEdit::Op::kDelete:
+      case StatementEdit::Op::kWrap:
+        break;
+    }
+    // Wrap: the snippet's lines before the placeholder, the anchor statements' upstream lines
+    // shifted to the placeholder's column, then the snippet's lines after it.
+    uint32_t hole = m->lines().LineOf(ts_node_start_byte(*placeholder));
+    std::vector<std::string_view> lines = SplitLines(s.text);
+    std::string before, after;
+    for (size_t i = 0; i < lines.size(); ++i) {
+      if (i < hole) before += std::string(lines[i]) + "\n";
+      if (i > hole) after += (after.empty() ? "" : "\n") + std::string(lines[i]);
+    }
+    std::string_view hole_line = hole < lines.size() ? lines[hole] : std::string_view();
+    size_t hole_col = hole_line.find_first_not_of(' ');
+    if (hole_col == std::string_view::npos) hole_col = ind.size();
+    std::string shift(hole_col > ind.size() ? hole_col - ind.size() : 0, ' ');
+    std::string text = marker + "\n";
+    std::optional<CodeSpan> head, tail;
+    if (!before.empty()) {
+      head = CodeSpan{static_cast<uint32_t>(text.size()),
+                      static_cast<uint32_t>(text.size() + before.size() - 1), s.origin,
+                      s.first_line, s.col_shift};
+    }
+    text += before + ShiftLines(up_, pe.lines, shift);
+    if (!after.empty()) {
+      text += "\n";
+      tail = CodeSpan{static_cast<uint32_t>(text.size()), static_cast<uint32_t>(text.size() + after.size()),
+                      s.origin, s.first_line + hole + 1, s.col_shift};
+      text += after;
+    }
+    pe.edit = TextEdit{pe.lines, std::move(text), e.loc, edit_what, head ? head : tail};
+    if (head && tail) pe.edit.tail_code = tail;
+    return true;
+  }
+
+  /// Adds the planned statement edits after the guards, so that at one offset (the first
+  /// statement of a body) an entry guard stays first; an edit touching the statements of a
+  /// call-site guard is an error naming both.
+  void AddStatementEdits() {
+    for (PendingEdit& pe : pending_edits_) {
+      bool clash = false;
+      for (const GuardPlan::Region& g : guard_regions_) {
+        if (!g.statements) continue;
+        ByteRange guarded{LineStartOf(src_, g.statements->start), LineEndOf(g.statements->end)};
+        if (!LinesOverlap(pe.lines, guarded)) continue;
+        uint32_t first = up_.lines().LineOf(g.statements->start) + 1;
+        uint32_t last = up_.lines().LineOf(g.statements->end) + 1;
+        Diagnostic d = ErrorAt(
+            pe.op->loc,
+            "`" + std::string(spec::EditOpKey(pe.op->op)) + "` edit of " +
+                LineSpan(pe.first_line, pe.last_line) + " in " + pe.qualname +
+                " overlaps the call-site guard of slot '" + g.slot + "' on " + LineSpan(first, last),
+            "the guard moves those statements into an `else:` branch; anchor the edit on "
+            "statements outside the guarded lines, or guard other statements");
+        d.notes.push_back("note: the guard is at " + Where(g.loc) + ":" + std::to_string(g.loc.col));
+        errors_.push_back(std::move(d));
+        clash = true;
+      }
+      if (!clash) plan_.Add(std::move(pe.edit));
+    }
+  }
+
   // ----- guards ----------------------------------------------------------------------------
 
   /// The spec's slots with the spec-level name_map applied to guard targets, component by
@@ -887,6 +1174,7 @@ class Generator {
       }
     }
     for (TextEdit& e : guards->edits) plan_.Add(std::move(e));
+    guard_regions_ = guards->regions;
     declarations_ = guards->declarations;
     for (const GuardPlan::Skipped& sk : guards->skipped) {
       skipped_.push_back({"guard", sk.target, sk.why, sk.loc});
@@ -1181,12 +1469,14 @@ class Generator {
       ByteRange r{ranges[i].start + header_size, ranges[i].end + header_size};
       if (!r.Contains(offset)) continue;
       const TextEdit& e = edits[i];
-      if (e.code && e.code->begin <= offset - r.start && offset - r.start < e.code->end) {
-        uint32_t span_start = r.start + e.code->begin;
+      for (const std::optional<CodeSpan>* span : {&e.code, &e.tail_code}) {
+        const std::optional<CodeSpan>& c = *span;
+        if (!c || c->begin > offset - r.start || offset - r.start >= c->end) continue;
+        uint32_t span_start = r.start + c->begin;
         uint32_t line0 = out_lines.LineOf(offset) - out_lines.LineOf(span_start);
-        int32_t col = static_cast<int32_t>(out_lines.At(offset).col) - e.code->col_shift;
-        spec::TextOrigin o = e.code->origin;
-        o.first_line = e.code->first_line;
+        int32_t col = static_cast<int32_t>(out_lines.At(offset).col) - c->col_shift;
+        spec::TextOrigin o = c->origin;
+        o.first_line = c->first_line;
         o.col_offset = 0;
         return OriginLoc(o, line0, static_cast<uint32_t>(std::max(1, col)));
       }
@@ -1280,6 +1570,8 @@ class Generator {
   std::vector<const spec::LocatedName*> excluded_;
   std::vector<SkippedEntry> skipped_;
   std::vector<ContractPin> contract_;
+  std::vector<PendingEdit> pending_edits_;           ///< Statement edits, added after the guards.
+  std::vector<GuardPlan::Region> guard_regions_;     ///< What the planned guards wrap.
 };
 
 /// Keeps the entries whose `upstream_version` matches `version`; the others go to `skipped`.

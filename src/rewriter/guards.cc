@@ -16,6 +16,7 @@
 
 #include "base/text_util.h"
 #include "parser/ts_node.h"
+#include "rewriter/statements.h"
 
 namespace patchgen::rewriter {
 namespace {
@@ -29,14 +30,6 @@ using spec::Guard;
 using spec::Slot;
 
 constexpr std::string_view kStep = "    ";  // One indentation level added by a guard.
-constexpr size_t kMaxCandidates = 8;        // Candidate statements listed in "no match" errors.
-
-std::string_view Trim(std::string_view s) {
-  size_t b = s.find_first_not_of(" \t\r\n");
-  if (b == std::string_view::npos) return {};
-  size_t e = s.find_last_not_of(" \t\r\n");
-  return s.substr(b, e - b + 1);
-}
 
 /// `path:line:col: note: msg`, the form used for notes that point at another spec location.
 std::string NoteAt(const SourceLoc& loc, const std::string& msg) {
@@ -67,68 +60,6 @@ std::vector<std::string> DedentLines(std::string_view code) {
   }
   for (std::string& l : lines) l = IsBlank(l) ? std::string() : l.substr(common);
   return lines;
-}
-
-/// Statement of a function body, found at any depth (not inside nested defs/classes).
-struct Stmt {
-  TSNode node;
-  TSNode block;        ///< The block the statement belongs to (siblings share it).
-  uint32_t index = 0;  ///< Position among the block's statements.
-  ByteRange range;
-  uint32_t line = 0;  ///< 1-based line of the statement's first byte.
-};
-
-bool IsDefinitionNode(std::string_view t) {
-  return t == "function_definition" || t == "class_definition" || t == "decorated_definition";
-}
-
-bool IsClause(std::string_view t) {
-  return t == "elif_clause" || t == "else_clause" || t == "except_clause" ||
-         t == "except_group_clause" || t == "finally_clause" || t == "case_clause";
-}
-
-void CollectBlock(TSNode block, const LineIndex& lines, std::vector<Stmt>& out);
-
-/// Visits the blocks of a compound statement or clause.
-void CollectNested(TSNode node, const LineIndex& lines, std::vector<Stmt>& out) {
-  uint32_t n = ts_node_named_child_count(node);
-  for (uint32_t i = 0; i < n; ++i) {
-    TSNode c = ts_node_named_child(node, i);
-    std::string_view t = TypeOf(c);
-    if (t == "block") {
-      CollectBlock(c, lines, out);
-    } else if (IsClause(t)) {
-      CollectNested(c, lines, out);
-    }
-  }
-}
-
-void CollectBlock(TSNode block, const LineIndex& lines, std::vector<Stmt>& out) {
-  uint32_t n = ts_node_named_child_count(block);
-  uint32_t index = 0;
-  for (uint32_t i = 0; i < n; ++i) {
-    TSNode c = ts_node_named_child(block, i);
-    std::string_view t = TypeOf(c);
-    if (t == "comment") continue;
-    if (t == "case_clause") {  // `match` bodies hold clauses, not statements.
-      CollectNested(c, lines, out);
-      continue;
-    }
-    ByteRange r = RangeOf(c);
-    out.push_back(Stmt{c, block, index++, r, lines.LineOf(r.start) + 1});
-    if (!IsDefinitionNode(t)) CollectNested(c, lines, out);
-  }
-}
-
-/// The `block` node of a function definition.
-TSNode BodyBlock(const PyModule& m, const Definition& def) {
-  TSNode n = ts_node_descendant_for_byte_range(m.root(), def.name_range.start, def.name_range.end);
-  while (!ts_node_is_null(n) && TypeOf(n) != "function_definition" &&
-         TypeOf(n) != "class_definition") {
-    n = ts_node_parent(n);
-  }
-  if (ts_node_is_null(n)) return n;
-  return Field(n, "body");
 }
 
 /// Names of the parameters of a function definition.
@@ -336,25 +267,7 @@ class Planner {
   }
   uint32_t LineEndOf(uint32_t offset) const { return patchgen::LineEndOf(up_.source(), offset); }
   /// Leading whitespace of the line containing `offset`.
-  std::string IndentAt(uint32_t offset) const {
-    std::string_view line = up_.lines().LineText(up_.lines().LineOf(offset));
-    return std::string(line.substr(0, line.find_first_not_of(" \t")));
-  }
-  /// True when only whitespace precedes `offset` on its line.
-  bool StartsLine(uint32_t offset) const {
-    return IsBlank(up_.source().substr(LineStartOf(offset), offset - LineStartOf(offset)));
-  }
-  /// True when only whitespace or a comment follows `offset` on its line.
-  bool EndsLine(uint32_t offset) const {
-    std::string_view rest =
-        Trim(std::string_view(up_.source()).substr(offset, LineEndOf(offset) - offset));
-    return rest.empty() || rest[0] == '#';
-  }
-  /// The statement's text from its start to the end of its first line.
-  std::string FirstLineOf(const Stmt& s) const {
-    return std::string(Trim(std::string_view(up_.source())
-                                .substr(s.range.start, LineEndOf(s.range.start) - s.range.start)));
-  }
+  std::string IndentAt(uint32_t offset) const { return rewriter::IndentAt(up_, offset); }
   std::string Marker(const Slot& slot, const Guard& g) const {
     const SourceLoc& at = g.loc.line > 0 ? g.loc : g.in_loc;
     return "# patchgen: guard " + slot.name + " -> " + slot.op + "/" + slot.variant + " (" +
@@ -483,18 +396,12 @@ class Planner {
       return "optional guard: no function '" + g.in + "' upstream";
     }
     if (!g.at) return std::nullopt;
-    TSNode block = BodyBlock(up_, *def);
-    if (ts_node_is_null(block)) return std::nullopt;
-    std::vector<Stmt> stmts;
-    CollectBlock(block, up_.lines(), stmts);
-    if (Matching(stmts, Trim(*g.at)).empty()) {
-      return "optional guard: no statement starting with '" + std::string(Trim(*g.at)) + "' in " +
-             g.in;
-    }
-    if (g.through && Matching(stmts, Trim(*g.through)).empty()) {
-      return "optional guard: no statement starting with '" + std::string(Trim(*g.through)) +
-             "' in " + g.in;
-    }
+    BodyStatements stmts(up_, *def);
+    if (!stmts.ok()) return std::nullopt;
+    AnchorQuery q;
+    q.at = *g.at;
+    if (g.through) q.through = *g.through;
+    if (std::optional<std::string> why = stmts.Absent(q)) return "optional guard: " + *why;
     return std::nullopt;
   }
 
@@ -578,151 +485,25 @@ class Planner {
     return first;
   }
 
-  /// Finds the statements of `def` (not inside nested defs) whose text starts with `prefix`.
-  std::vector<const Stmt*> Matching(const std::vector<Stmt>& stmts, std::string_view prefix) const {
-    std::vector<const Stmt*> out;
-    for (const Stmt& s : stmts) {
-      if (s.range.In(up_.source()).substr(0, prefix.size()) == prefix) out.push_back(&s);
-    }
-    return out;
-  }
-
-  /// `note: line N: text` for each statement; at most kMaxCandidates, then a count.
-  std::vector<std::string> StatementNotes(const std::vector<const Stmt*>& stmts) const {
-    std::vector<std::string> notes;
-    for (size_t i = 0; i < stmts.size() && i < kMaxCandidates; ++i) {
-      notes.push_back("note: line " + std::to_string(stmts[i]->line) + ": " +
-                      FirstLineOf(*stmts[i]));
-    }
-    if (stmts.size() > kMaxCandidates) {
-      notes.push_back("note: ... (" + std::to_string(stmts.size() - kMaxCandidates) + " more)");
-    }
-    return notes;
-  }
-
-  /// Candidates for a prefix that matched nothing: closest first-line prefix first.
-  std::vector<const Stmt*> Closest(const std::vector<const Stmt*>& stmts,
-                                   std::string_view prefix) const {
-    std::vector<std::pair<size_t, const Stmt*>> scored;
-    for (const Stmt* s : stmts) {
-      std::string first = FirstLineOf(*s);
-      scored.emplace_back(EditDistance(prefix, std::string_view(first).substr(0, prefix.size())),
-                          s);
-    }
-    std::stable_sort(scored.begin(), scored.end(),
-                     [](const auto& a, const auto& b) { return a.first < b.first; });
-    std::vector<const Stmt*> out;
-    for (const auto& [d, s] : scored) out.push_back(s);
-    return out;
-  }
-
-  void NoMatch(const SourceLoc& loc, std::string_view key, std::string_view prefix,
-               const std::string& where, const std::vector<const Stmt*>& candidates) {
-    Diagnostic d =
-        ErrorAt(loc, "no statement in " + where + " starts with '" + std::string(prefix) + "'",
-                "`" + std::string(key) +
-                    "` is the leading text of one statement, after its indentation; "
-                    "copy it from the upstream line");
-    if (!candidates.empty()) {
-      d.notes.push_back("note: closest statements in " + where + " (" + up_.path() + "):");
-      for (std::string& n : StatementNotes(Closest(candidates, prefix)))
-        d.notes.push_back(std::move(n));
-    }
-    errors_.push_back(std::move(d));
-  }
-
-  void Ambiguous(const SourceLoc& loc, std::string_view key, std::string_view prefix,
-                 const std::string& where, const std::vector<const Stmt*>& matches) {
-    Diagnostic d =
-        ErrorAt(loc,
-                "'" + std::string(prefix) + "' matches " + std::to_string(matches.size()) +
-                    " statements in " + where,
-                "make `" + std::string(key) + "` longer so that it matches exactly one statement");
-    d.notes = StatementNotes(matches);
-    errors_.push_back(std::move(d));
-  }
-
   /// Call-site guard: the lines of statements `at`..`through` become the else-branch.
   bool PlanCallSite(const Slot& slot, const Guard& g, const Definition& def,
                     const PreparedCall& call) {
-    TSNode block = BodyBlock(up_, def);
-    if (ts_node_is_null(block)) {
+    BodyStatements stmts(up_, def);
+    if (!stmts.ok()) {
       errors_.push_back(ErrorAt(g.in_loc, "cannot find the body of '" + def.qualname + "'", {},
                                 ErrorKind::kInternal));
       return false;
     }
-    std::vector<Stmt> stmts;
-    CollectBlock(block, up_.lines(), stmts);
-    std::vector<const Stmt*> all;
-    for (const Stmt& s : stmts) all.push_back(&s);
     std::string where = def.qualname;
-
-    std::string_view at = Trim(*g.at);
-    std::vector<const Stmt*> at_matches = Matching(stmts, at);
-    if (at_matches.empty()) {
-      NoMatch(g.at_loc, "at", at, where, all);
-      return false;
-    }
-    if (at_matches.size() > 1) {
-      Ambiguous(g.at_loc, "at", at, where, at_matches);
-      return false;
-    }
-    const Stmt& first = *at_matches[0];
-    const Stmt* last = &first;
-    if (g.through) {
-      std::string_view through = Trim(*g.through);
-      std::vector<const Stmt*> later;  // Statements of the same block from `at` on.
-      for (const Stmt& s : stmts) {
-        if (ts_node_eq(s.block, first.block) && s.index >= first.index) later.push_back(&s);
-      }
-      std::vector<const Stmt*> sibling_matches;
-      for (const Stmt* s : later) {
-        if (s->range.In(up_.source()).substr(0, through.size()) == through)
-          sibling_matches.push_back(s);
-      }
-      if (sibling_matches.size() > 1) {
-        Ambiguous(g.through_loc, "through", through, where, sibling_matches);
-        return false;
-      }
-      if (sibling_matches.empty()) {
-        std::vector<const Stmt*> anywhere = Matching(stmts, through);
-        if (anywhere.empty()) {
-          NoMatch(g.through_loc, "through", through,
-                  where + " after line " + std::to_string(first.line), later);
-          return false;
-        }
-        std::string lines;
-        for (const Stmt* s : anywhere)
-          lines += (lines.empty() ? "" : ", ") + std::to_string(s->line);
-        Diagnostic d = ErrorAt(
-            g.through_loc,
-            "`through` statement (line " + lines +
-                ") is not a later sibling of the `at` statement (line " +
-                std::to_string(first.line) + ") in " + where,
-            "`at` and `through` must be statements of the same block, `through` at or after `at`");
-        d.notes = StatementNotes(anywhere);
-        d.notes.insert(d.notes.begin(), "note: `at` is line " + std::to_string(first.line) + ": " +
-                                            FirstLineOf(first));
-        errors_.push_back(std::move(d));
-        return false;
-      }
-      last = sibling_matches[0];
-    }
-    if (!StartsLine(first.range.start)) {
-      errors_.push_back(
-          ErrorAt(g.at_loc,
-                  "the `at` statement (line " + std::to_string(first.line) +
-                      ") does not start its line; a call-site guard moves whole lines",
-                  {}));
-      return false;
-    }
-    if (!EndsLine(last->range.end)) {
-      errors_.push_back(ErrorAt(g.through ? g.through_loc : g.at_loc,
-                                "the last guarded statement (line " + std::to_string(last->line) +
-                                    ") does not end its line; a call-site guard moves whole lines",
-                                {}));
-      return false;
-    }
+    AnchorQuery q;
+    q.at = *g.at;
+    q.at_loc = g.at_loc;
+    if (g.through) q.through = *g.through;
+    q.through_loc = g.through_loc;
+    std::optional<AnchorRange> located = stmts.Locate(q, errors_);
+    if (!located) return false;
+    const Stmt& first = *located->first;
+    const Stmt* last = located->last;
     ByteRange moved{LineStartOf(first.range.start), LineEndOf(last->range.end)};
     last_call_site_ = ByteRange{first.range.start, last->range.end};
     uint32_t last_line = up_.lines().LineOf(last->range.end) + 1;
@@ -747,29 +528,10 @@ class Planner {
       text += l.empty() ? "\n" : ind + std::string(kStep) + l + "\n";
     std::optional<CodeSpan> span =
         CallSpan(g, call, begin, text.size() - 1, ind.size() + kStep.size());
-    text += ind + "else:\n" + IndentMoved(moved);
+    text += ind + "else:\n" + ShiftLines(up_, moved, kStep);
     call_site_edits_.push_back(
         TextEdit{moved, std::move(text), g.at_loc, "guard " + def.qualname, span});
     return true;
-  }
-
-  /// Upstream bytes of `range` (whole lines) with one level added to every non-blank line that
-  /// does not start inside a string literal.
-  std::string IndentMoved(ByteRange range) const {
-    std::set<uint32_t> in_string;
-    parser::MarkLinesInsideStrings(up_.root(), range, up_.lines(), in_string);
-    std::string out;
-    uint32_t first = up_.lines().LineOf(range.start);
-    uint32_t last = up_.lines().LineOf(range.end);
-    for (uint32_t l = first; l <= last; ++l) {
-      uint32_t start = up_.lines().LineStart(l);
-      uint32_t end = std::min(range.end, LineEndOf(start));
-      std::string_view line = std::string_view(up_.source()).substr(start, end - start);
-      if (!IsBlank(line) && !in_string.count(l)) out += kStep;
-      out += line;
-      if (l < last) out += '\n';
-    }
-    return out;
   }
 
   // ---- instance scope -------------------------------------------------------------------------

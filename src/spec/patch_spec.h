@@ -58,10 +58,36 @@ struct Condition {
   std::string reason;  ///< Why (required with `optional: true`); shown in the header when skipped.
 };
 
-enum class PatchKind { kReplaceClass, kReplaceFunction, kOverrideMethod, kAddMethod, kModifyInit };
+enum class PatchKind {
+  kReplaceClass,
+  kReplaceFunction,
+  kOverrideMethod,
+  kAddMethod,
+  kModifyInit,
+  kEditBody,
+};
 
 /// The YAML key of a kind ("replace_class", ...).
 const char* PatchKindKey(PatchKind kind);
+
+/// One statement-level edit of an `edit_body` patch (docs/spec-format.md, "Statement edits").
+/// The operation key's value is the anchor: the leading text of one statement of the target's
+/// body, located like a call-site guard's `at`.
+struct StatementEdit {
+  enum class Op { kInsertBefore, kInsertAfter, kReplace, kDelete, kWrap };
+  Op op = Op::kInsertBefore;
+  std::string at;                      ///< Leading text of the (first) anchor statement.
+  SourceLoc at_loc;                    ///< The operation key's value.
+  std::optional<std::string> through;  ///< replace/delete/wrap: leading text of the last statement.
+  SourceLoc through_loc;
+  std::string code;                    ///< Statements (empty for delete); wrap: with one `...` line.
+  TextOrigin code_origin;
+  SourceLoc code_loc;                  ///< The `code` value.
+  SourceLoc loc;                       ///< The operation key.
+};
+
+/// The YAML key of an edit operation ("insert_before", ...).
+const char* EditOpKey(StatementEdit::Op op);
 
 struct Patch {
   PatchKind kind = PatchKind::kReplaceClass;
@@ -72,6 +98,7 @@ struct Patch {
   enum class InitAt { kEnd, kAfterSuperInit };
   InitAt init_at = InitAt::kEnd;   ///< modify_init only (`after: end | super_init`).
   std::vector<NameMapEntry> name_map;  ///< Patch-level renames (added to the spec's).
+  std::vector<StatementEdit> edits;    ///< edit_body only: in spec order.
   Condition when;           ///< `upstream_version` / `optional`.
   SourceLoc loc;            ///< The entry (its kind key).
 };

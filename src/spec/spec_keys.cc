@@ -7,7 +7,8 @@ namespace patchgen::spec {
 const std::vector<KeyLevel>& AllKeyLevels() {
   static const std::vector<KeyLevel> levels = {KeyLevel::kSpec,  KeyLevel::kImports,
                                                KeyLevel::kSlot,  KeyLevel::kGuard,
-                                               KeyLevel::kPatch, KeyLevel::kHelper};
+                                               KeyLevel::kPatch, KeyLevel::kHelper,
+                                               KeyLevel::kEdit};
   return levels;
 }
 
@@ -19,6 +20,7 @@ const char* KeyLevelName(KeyLevel level) {
     case KeyLevel::kGuard: return "guard";
     case KeyLevel::kPatch: return "patch";
     case KeyLevel::kHelper: return "helper";
+    case KeyLevel::kEdit: return "edit";
   }
   return "?";
 }
@@ -33,10 +35,13 @@ const std::vector<std::string>& KnownKeys(KeyLevel level) {
                                                  "optional", "reason"};
   static const std::vector<std::string> patch = {
       "replace_class", "replace_function", "override_method", "add_method", "modify_init",
-      "description",   "code",             "file",            "symbol",     "from",
-      "after",         "name_map",         "upstream_version", "optional", "reason"};
+      "edit_body",     "description",      "code",            "file",       "symbol",
+      "from",          "after",            "edits",           "name_map",   "upstream_version",
+      "optional",      "reason"};
   static const std::vector<std::string> helper = {"after", "name", "code", "file", "symbol",
                                                   "upstream_version", "reason"};
+  static const std::vector<std::string> edit = {"insert_before", "insert_after", "replace", "delete",
+                                                "wrap",          "through",      "code"};
   switch (level) {
     case KeyLevel::kSpec: return spec;
     case KeyLevel::kImports: return imports;
@@ -44,6 +49,7 @@ const std::vector<std::string>& KnownKeys(KeyLevel level) {
     case KeyLevel::kGuard: return guard;
     case KeyLevel::kPatch: return patch;
     case KeyLevel::kHelper: return helper;
+    case KeyLevel::kEdit: return edit;
   }
   return spec;
 }
@@ -63,8 +69,15 @@ const std::vector<std::string>& RequiredKeys(KeyLevel level) {
 
 const std::vector<std::string>& PatchKindKeys() {
   static const std::vector<std::string> kinds = {"replace_class", "replace_function",
-                                                 "override_method", "add_method", "modify_init"};
+                                                 "override_method", "add_method", "modify_init",
+                                                 "edit_body"};
   return kinds;
+}
+
+const std::vector<std::string>& EditOpKeys() {
+  static const std::vector<std::string> ops = {"insert_before", "insert_after", "replace", "delete",
+                                               "wrap"};
+  return ops;
 }
 
 const std::vector<std::string>& ScopeValues() {
@@ -84,6 +97,18 @@ const char* PatchKindKey(PatchKind kind) {
     case PatchKind::kOverrideMethod: return "override_method";
     case PatchKind::kAddMethod: return "add_method";
     case PatchKind::kModifyInit: return "modify_init";
+    case PatchKind::kEditBody: return "edit_body";
+  }
+  return "?";
+}
+
+const char* EditOpKey(StatementEdit::Op op) {
+  switch (op) {
+    case StatementEdit::Op::kInsertBefore: return "insert_before";
+    case StatementEdit::Op::kInsertAfter: return "insert_after";
+    case StatementEdit::Op::kReplace: return "replace";
+    case StatementEdit::Op::kDelete: return "delete";
+    case StatementEdit::Op::kWrap: return "wrap";
   }
   return "?";
 }

@@ -15,6 +15,7 @@ enum class KeyLevel {
   kGuard,    ///< An entry of a slot's `guards:`
   kPatch,    ///< An entry of `patches:` (kind keys included)
   kHelper,   ///< An entry of `helpers:`
+  kEdit,     ///< An entry of an edit_body patch's `edits:` (operation keys included)
 };
 
 /// Every level, for tests that walk them all.
@@ -29,8 +30,12 @@ const std::vector<std::string>& KnownKeys(KeyLevel level);
 /// Keys that must be present at `level` (for kSpec: after `extends` is merged).
 const std::vector<std::string>& RequiredKeys(KeyLevel level);
 
-/// The patch kind keys: replace_class, replace_function, override_method, add_method, modify_init.
+/// The patch kind keys: replace_class, replace_function, override_method, add_method, modify_init,
+/// edit_body.
 const std::vector<std::string>& PatchKindKeys();
+
+/// The operation keys of an edit: insert_before, insert_after, replace, delete, wrap.
+const std::vector<std::string>& EditOpKeys();
 
 /// Values of a slot's `scope`: module, instance.
 const std::vector<std::string>& ScopeValues();

@@ -192,6 +192,7 @@ class FileLoader {
     switch (level) {
       case KeyLevel::kSpec: return "the spec";
       case KeyLevel::kImports: return "imports";
+      case KeyLevel::kEdit: return "an edit";
       default: return std::string("a ") + KeyLevelName(level);
     }
   }
@@ -269,11 +270,20 @@ class FileLoader {
     uint32_t line0 = lines_.LineOf(n.range.start);
     if (n.style == RawNode::Style::kLiteral) {
       origin.first_line = line0 + 2;
+      // The block's indentation: the first non-blank line's, less the spaces the text keeps in
+      // front of it (more than none only with an indentation indicator such as `|4`).
+      size_t kept = 0;
+      for (std::string_view l : SplitLines(*s)) {
+        size_t k = l.find_first_not_of(' ');
+        if (k == std::string_view::npos) continue;
+        kept = k;
+        break;
+      }
       for (uint32_t l = line0 + 1; l < lines_.line_count(); ++l) {
         std::string_view t = lines_.LineText(l);
         size_t indent = t.find_first_not_of(' ');
         if (indent == std::string_view::npos) continue;
-        origin.col_offset = static_cast<uint32_t>(indent);
+        origin.col_offset = static_cast<uint32_t>(indent >= kept ? indent - kept : 0);
         break;
       }
     } else {
@@ -717,8 +727,33 @@ class FileLoader {
       }
       if (auto it = keys.find("name_map"); it != keys.end()) p.name_map = NameMap(*it->second.second);
       if (!LoadCondition(keys, p.when)) ok = false;
-      bool allow_from = p.kind == PatchKind::kReplaceClass || p.kind == PatchKind::kReplaceFunction;
-      p.body = BodyOf(item, keys, allow_from, kind);
+      if (p.kind == PatchKind::kEditBody) {
+        // The edits carry their own code; a body key here would be ignored, so it is an error.
+        for (const char* k : {"code", "file", "symbol", "from"}) {
+          if (auto it = keys.find(k); it != keys.end()) {
+            Error(*it->second.first, std::string("'") + k + "' is not allowed on edit_body",
+                  "each entry of `edits:` has its own `code`");
+            ok = false;
+          }
+        }
+        if (auto it = keys.find("edits"); it != keys.end()) {
+          if (!LoadEdits(*it->second.second, p.edits)) ok = false;
+        } else {
+          Error(*kind_keys[0].first, "edit_body needs 'edits'",
+                "list the statement edits: insert_before, insert_after, replace, delete or wrap");
+          ok = false;
+        }
+      } else {
+        if (auto it = keys.find("edits"); it != keys.end()) {
+          Error(*it->second.first, "'edits' is only for edit_body",
+                "to change a few statements of " + (target ? *target : std::string("the target")) +
+                    " instead of replacing it, use `edit_body: " +
+                    (target ? *target : std::string("Class.method")) + "`");
+          ok = false;
+        }
+        bool allow_from = p.kind == PatchKind::kReplaceClass || p.kind == PatchKind::kReplaceFunction;
+        p.body = BodyOf(item, keys, allow_from, kind);
+      }
       if (!ok) continue;
       p.target = *target;
       p.target_loc = Loc(target_node);
@@ -734,6 +769,104 @@ class FileLoader {
       }
       spec.patches.push_back(std::move(p));
     }
+  }
+
+  // The `edits:` of an edit_body patch. False when any entry is invalid (reported).
+  bool LoadEdits(const RawNode& n, std::vector<StatementEdit>& out) {
+    const auto* items = Sequence(n, "edits");
+    if (!items) return false;
+    if (items->empty()) {
+      Error(n, "'edits' is empty",
+            "list the statement edits: insert_before, insert_after, replace, delete or wrap");
+      return false;
+    }
+    bool all_ok = true;
+    const std::vector<std::string>& ops = EditOpKeys();
+    for (const RawNode& item : *items) {
+      if (!Mapping(item, "edits")) {
+        all_ok = false;
+        continue;
+      }
+      auto keys = Keys(item, KeyLevel::kEdit);
+      std::vector<std::pair<const RawNode*, const RawNode*>> op_keys;
+      for (const auto& [key, value] : item.entries) {
+        if (key.kind == Kind::kScalar && std::find(ops.begin(), ops.end(), key.scalar) != ops.end()) {
+          op_keys.emplace_back(&key, &value);
+        }
+      }
+      if (op_keys.empty()) {
+        Error(item.entries.empty() ? item : item.entries.front().first, "edit has no operation",
+              "start the entry with one of: " + JoinNames(ops, 100));
+        all_ok = false;
+        continue;
+      }
+      if (op_keys.size() > 1) {
+        Error(*op_keys[1].first,
+              "edit has more than one operation: '" + op_keys[0].first->scalar + "' and '" +
+                  op_keys[1].first->scalar + "'",
+              "split it into one edit per operation");
+        all_ok = false;
+        continue;
+      }
+      StatementEdit e;
+      const std::string& op = op_keys[0].first->scalar;
+      e.op = static_cast<StatementEdit::Op>(std::find(ops.begin(), ops.end(), op) - ops.begin());
+      e.loc = Loc(*op_keys[0].first);
+      bool ok = true;
+      if (auto at = String(*op_keys[0].second, op)) {
+        if (at->find_first_not_of(" \t\n") == std::string::npos) {
+          Error(*op_keys[0].second, "'" + op + "' is empty",
+                "give the leading text of the statement, as written upstream after its indentation");
+          ok = false;
+        } else {
+          e.at = *at;
+          e.at_loc = Loc(*op_keys[0].second);
+        }
+      } else {
+        ok = false;
+      }
+      bool insert = e.op == StatementEdit::Op::kInsertBefore || e.op == StatementEdit::Op::kInsertAfter;
+      if (auto it = keys.find("through"); it != keys.end()) {
+        if (insert) {
+          Error(*it->second.first, "'through' is not allowed with '" + op + "'",
+                "an insertion has one anchor statement; `through` ends the range of replace, delete "
+                "and wrap");
+          ok = false;
+        } else if (auto through = String(*it->second.second, "through")) {
+          e.through = *through;
+          e.through_loc = Loc(*it->second.second);
+        } else {
+          ok = false;
+        }
+      }
+      auto code_it = keys.find("code");
+      if (e.op == StatementEdit::Op::kDelete) {
+        if (code_it != keys.end()) {
+          Error(*code_it->second.first, "'code' is not allowed with 'delete'",
+                "to put other statements in their place, use `replace`");
+          ok = false;
+        }
+      } else if (code_it == keys.end()) {
+        Error(*op_keys[0].first, "'" + op + "' needs 'code'",
+              e.op == StatementEdit::Op::kWrap
+                  ? std::string("give the wrapping code with a `...` line where the statements go")
+                  : "give the statements to " +
+                        std::string(insert ? "insert" : "put in place of the range"));
+        ok = false;
+      } else if (auto code = Code(*code_it->second.second, "code")) {
+        e.code = std::move(code->first);
+        e.code_origin = std::move(code->second);
+        e.code_loc = Loc(*code_it->second.second);
+      } else {
+        ok = false;
+      }
+      if (!ok) {
+        all_ok = false;
+        continue;
+      }
+      out.push_back(std::move(e));
+    }
+    return all_ok;
   }
 
   void LoadHelpers(const RawNode& n, PatchSpec& spec) {

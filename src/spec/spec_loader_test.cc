@@ -441,7 +441,7 @@ help: did you mean 'guards'? valid keys in a slot: name, op, variant, scope, gua
 s.yaml:12:5: error: unknown key 'cod' in a patch
    12 |     cod: x
       |     ^~~
-help: did you mean 'code'? valid keys in a patch: replace_class, replace_function, override_method, add_method, modify_init, description, code, file, symbol, from, after, name_map, upstream_version, optional, reason
+help: did you mean 'code'? valid keys in a patch: replace_class, replace_function, override_method, add_method, modify_init, edit_body, description, code, file, symbol, from, after, edits, name_map, upstream_version, optional, reason
 s.yaml:16:5: error: unknown key 'befor' in a helper
    16 |     befor: A
       |     ^~~~~
@@ -639,7 +639,7 @@ help: split it into one patch per kind
 s.yaml:7:5: error: patch has no kind
     7 |   - description: no kind
       |     ^~~~~~~~~~~
-help: start the entry with one of: replace_class, replace_function, override_method, add_method, modify_init
+help: start the entry with one of: replace_class, replace_function, override_method, add_method, modify_init, edit_body
 s.yaml:9:20: error: 'replace_class' takes a top-level name, found 'A.B'
     9 |   - replace_class: A.B
       |                    ^~~
@@ -1001,6 +1001,99 @@ help: inherited patch targets, slots and helpers: rotate_half, rms_slot
 )");
 }
 
+TEST_CASE("edit_body: edits in spec order, anchors and code kept with their places", "[spec]") {
+  auto r = LoadSpecFromString("s.yaml", std::string(kMinimal) + R"(patches:
+  - edit_body: A.forward
+    description: two small edits
+    edits:
+      - insert_before: "x = 1"
+        code: |
+          y = 2
+      - replace: "if a:"
+        through: "return b"
+        code: |
+          return c
+      - delete: "z = 3"
+      - wrap: "w = 4"
+        code: |
+          with m:
+              ...
+)");
+  REQUIRE(r.ok());
+  const Patch& p = r->patches.at(0);
+  CHECK(p.kind == PatchKind::kEditBody);
+  CHECK(p.target == "A.forward");
+  CHECK(p.body.source == Body::Source::kNone);
+  REQUIRE(p.edits.size() == 4);
+  CHECK(p.edits[0].op == StatementEdit::Op::kInsertBefore);
+  CHECK(p.edits[0].at == "x = 1");
+  CHECK(p.edits[0].at_loc.line == 7);
+  CHECK(p.edits[0].at_loc.col == 24);
+  CHECK(p.edits[0].code == "y = 2\n");
+  CHECK(p.edits[0].code_origin.first_line == 9);
+  CHECK(p.edits[0].code_origin.col_offset == 10);
+  CHECK(p.edits[1].op == StatementEdit::Op::kReplace);
+  CHECK(p.edits[1].through == std::optional<std::string>("return b"));
+  CHECK(p.edits[2].op == StatementEdit::Op::kDelete);
+  CHECK(p.edits[2].code.empty());
+  CHECK(p.edits[3].op == StatementEdit::Op::kWrap);
+  CHECK(p.edits[3].code == "with m:\n    ...\n");
+  CHECK(std::string(EditOpKey(p.edits[3].op)) == "wrap");
+  CHECK(std::string(PatchKindKey(p.kind)) == "edit_body");
+}
+
+TEST_CASE("edit_body: an indentation indicator keeps code columns right", "[spec]") {
+  auto r = LoadSpecFromString("s.yaml", std::string(kMinimal) + R"(patches:
+  - edit_body: f
+    edits:
+      - insert_after: "x = 1"
+        code: |2
+              deeper = 1
+            y = 2
+)");
+  REQUIRE(r.ok());
+  const StatementEdit& e = r->patches.at(0).edits.at(0);
+  CHECK(e.code == "    deeper = 1\n  y = 2\n");
+  CHECK(e.code_origin.col_offset == 10);  // The block's indentation, not the first line's.
+}
+
+TEST_CASE("edit_body: every malformed entry is reported", "[spec]") {
+  CHECK(ErrorsOf(std::string(kMinimal) + R"(patches:
+  - edit_body: A.f
+    file: p.py
+    edits: []
+  - edit_body: A.g
+    edits:
+      - insert_before: "   "
+        code: x
+      - wrap: "y"
+  - add_method: A.h
+    code: "def h(self): pass"
+    edits:
+      - delete: "x"
+)") == R"(s.yaml:5:5: error: 'file' is not allowed on edit_body
+    5 |     file: p.py
+      |     ^~~~
+help: each entry of `edits:` has its own `code`
+s.yaml:6:12: error: 'edits' is empty
+    6 |     edits: []
+      |            ^
+help: list the statement edits: insert_before, insert_after, replace, delete or wrap
+s.yaml:9:24: error: 'insert_before' is empty
+    9 |       - insert_before: "   "
+      |                        ^~~~~
+help: give the leading text of the statement, as written upstream after its indentation
+s.yaml:11:9: error: 'wrap' needs 'code'
+   11 |       - wrap: "y"
+      |         ^~~~
+help: give the wrapping code with a `...` line where the statements go
+s.yaml:14:5: error: 'edits' is only for edit_body
+   14 |     edits:
+      |     ^~~~~
+help: to change a few statements of A.h instead of replacing it, use `edit_body: A.h`
+)");
+}
+
 TEST_CASE("known keys and enum lists", "[spec]") {
   CHECK(KnownKeys(KeyLevel::kImports) == std::vector<std::string>{"add", "drop"});
   CHECK(KnownKeys(KeyLevel::kGuard) ==
@@ -1010,7 +1103,12 @@ TEST_CASE("known keys and enum lists", "[spec]") {
   CHECK(RequiredKeys(KeyLevel::kPatch).empty());
   CHECK(ScopeValues() == std::vector<std::string>{"module", "instance"});
   CHECK(InitAfterValues() == std::vector<std::string>{"end", "super_init"});
-  CHECK(PatchKindKeys().size() == 5);
+  CHECK(PatchKindKeys().size() == 6);
+  CHECK(EditOpKeys() ==
+        std::vector<std::string>{"insert_before", "insert_after", "replace", "delete", "wrap"});
+  CHECK(KnownKeys(KeyLevel::kEdit) ==
+        std::vector<std::string>{"insert_before", "insert_after", "replace", "delete", "wrap",
+                                 "through", "code"});
   for (const std::string& kind : PatchKindKeys()) {
     CHECK(std::find(KnownKeys(KeyLevel::kPatch).begin(), KnownKeys(KeyLevel::kPatch).end(), kind) !=
           KnownKeys(KeyLevel::kPatch).end());

@@ -1,0 +1,286 @@
+// BodyStatements: statement lookup by leading text, shared by call-site guards and statement
+// edits (statements.h). Statements come from the upstream tree-sitter tree, so matching never looks
+// inside nested defs, and the line shift of moved code never touches a line that starts inside a
+// multi-line string literal.
+#include "rewriter/statements.h"
+
+#include <algorithm>
+#include <set>
+
+#include "base/text_util.h"
+#include "parser/ts_node.h"
+
+namespace patchgen::rewriter {
+namespace {
+
+using parser::Definition;
+using parser::Field;
+using parser::PyModule;
+using parser::RangeOf;
+using parser::TypeOf;
+
+constexpr size_t kMaxCandidates = 8;  // Candidate statements listed in "no match" errors.
+
+bool IsDefinitionNode(std::string_view t) {
+  return t == "function_definition" || t == "class_definition" || t == "decorated_definition";
+}
+
+bool IsClause(std::string_view t) {
+  return t == "elif_clause" || t == "else_clause" || t == "except_clause" ||
+         t == "except_group_clause" || t == "finally_clause" || t == "case_clause";
+}
+
+void CollectBlock(TSNode block, const LineIndex& lines, std::vector<Stmt>& out);
+
+/// Visits the blocks of a compound statement or clause.
+void CollectNested(TSNode node, const LineIndex& lines, std::vector<Stmt>& out) {
+  uint32_t n = ts_node_named_child_count(node);
+  for (uint32_t i = 0; i < n; ++i) {
+    TSNode c = ts_node_named_child(node, i);
+    std::string_view t = TypeOf(c);
+    if (t == "block") {
+      CollectBlock(c, lines, out);
+    } else if (IsClause(t)) {
+      CollectNested(c, lines, out);
+    }
+  }
+}
+
+void CollectBlock(TSNode block, const LineIndex& lines, std::vector<Stmt>& out) {
+  uint32_t n = ts_node_named_child_count(block);
+  uint32_t index = 0;
+  for (uint32_t i = 0; i < n; ++i) {
+    TSNode c = ts_node_named_child(block, i);
+    std::string_view t = TypeOf(c);
+    if (t == "comment") continue;
+    if (t == "case_clause") {  // `match` bodies hold clauses, not statements.
+      CollectNested(c, lines, out);
+      continue;
+    }
+    ByteRange r = RangeOf(c);
+    out.push_back(Stmt{c, block, index++, r, lines.LineOf(r.start) + 1});
+    if (!IsDefinitionNode(t)) CollectNested(c, lines, out);
+  }
+}
+
+uint32_t LineStartOf(const PyModule& m, uint32_t offset) {
+  return m.lines().LineStart(m.lines().LineOf(offset));
+}
+
+}  // namespace
+
+std::string_view TrimSpace(std::string_view s) {
+  size_t b = s.find_first_not_of(" \t\r\n");
+  if (b == std::string_view::npos) return {};
+  size_t e = s.find_last_not_of(" \t\r\n");
+  return s.substr(b, e - b + 1);
+}
+
+bool StartsLine(const PyModule& m, uint32_t offset) {
+  uint32_t start = LineStartOf(m, offset);
+  return IsBlank(std::string_view(m.source()).substr(start, offset - start));
+}
+
+bool EndsLine(const PyModule& m, uint32_t offset) {
+  std::string_view rest = TrimSpace(
+      std::string_view(m.source()).substr(offset, LineEndOf(m.source(), offset) - offset));
+  return rest.empty() || rest[0] == '#';
+}
+
+std::string IndentAt(const PyModule& m, uint32_t offset) {
+  std::string_view line = m.lines().LineText(m.lines().LineOf(offset));
+  return std::string(line.substr(0, line.find_first_not_of(" \t")));
+}
+
+std::string ShiftLines(const PyModule& m, ByteRange range, std::string_view shift) {
+  std::set<uint32_t> in_string;
+  parser::MarkLinesInsideStrings(m.root(), range, m.lines(), in_string);
+  std::string out;
+  uint32_t first = m.lines().LineOf(range.start);
+  uint32_t last = m.lines().LineOf(range.end);
+  for (uint32_t l = first; l <= last; ++l) {
+    uint32_t start = m.lines().LineStart(l);
+    uint32_t end = std::min(range.end, LineEndOf(m.source(), start));
+    std::string_view line = std::string_view(m.source()).substr(start, end - start);
+    if (!IsBlank(line) && !in_string.count(l)) out += shift;
+    out += line;
+    if (l < last) out += '\n';
+  }
+  return out;
+}
+
+TSNode BodyBlock(const PyModule& m, const Definition& def) {
+  TSNode n = ts_node_descendant_for_byte_range(m.root(), def.name_range.start, def.name_range.end);
+  while (!ts_node_is_null(n) && TypeOf(n) != "function_definition" &&
+         TypeOf(n) != "class_definition") {
+    n = ts_node_parent(n);
+  }
+  if (ts_node_is_null(n)) return n;
+  return Field(n, "body");
+}
+
+BodyStatements::BodyStatements(const PyModule& m, const Definition& def)
+    : m_(m), where_(def.qualname) {
+  TSNode block = BodyBlock(m, def);
+  if (ts_node_is_null(block)) return;
+  CollectBlock(block, m.lines(), stmts_);
+  ok_ = true;
+}
+
+std::vector<const Stmt*> BodyStatements::Matching(std::string_view prefix) const {
+  std::vector<const Stmt*> out;
+  for (const Stmt& s : stmts_) {
+    if (s.range.In(m_.source()).substr(0, prefix.size()) == prefix) out.push_back(&s);
+  }
+  return out;
+}
+
+std::string BodyStatements::FirstLineOf(const Stmt& s) const {
+  return std::string(TrimSpace(std::string_view(m_.source())
+                                   .substr(s.range.start,
+                                           LineEndOf(m_.source(), s.range.start) - s.range.start)));
+}
+
+bool BodyStatements::WholeBlock(const AnchorRange& r) const {
+  if (r.first->index != 0) return false;
+  for (const Stmt& s : stmts_) {
+    if (ts_node_eq(s.block, r.last->block) && s.index > r.last->index) return false;
+  }
+  return true;
+}
+
+std::vector<std::string> BodyStatements::StatementNotes(
+    const std::vector<const Stmt*>& stmts) const {
+  std::vector<std::string> notes;
+  for (size_t i = 0; i < stmts.size() && i < kMaxCandidates; ++i) {
+    notes.push_back("note: line " + std::to_string(stmts[i]->line) + ": " +
+                    FirstLineOf(*stmts[i]));
+  }
+  if (stmts.size() > kMaxCandidates) {
+    notes.push_back("note: ... (" + std::to_string(stmts.size() - kMaxCandidates) + " more)");
+  }
+  return notes;
+}
+
+std::vector<const Stmt*> BodyStatements::Closest(const std::vector<const Stmt*>& stmts,
+                                                 std::string_view prefix) const {
+  std::vector<std::pair<size_t, const Stmt*>> scored;
+  for (const Stmt* s : stmts) {
+    std::string first = FirstLineOf(*s);
+    scored.emplace_back(EditDistance(prefix, std::string_view(first).substr(0, prefix.size())), s);
+  }
+  std::stable_sort(scored.begin(), scored.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<const Stmt*> out;
+  for (const auto& [d, s] : scored) out.push_back(s);
+  return out;
+}
+
+void BodyStatements::NoMatch(const SourceLoc& loc, std::string_view key, std::string_view prefix,
+                             const std::string& where, const std::vector<const Stmt*>& candidates,
+                             std::vector<Diagnostic>& errors) const {
+  Diagnostic d =
+      ErrorAt(loc, "no statement in " + where + " starts with '" + std::string(prefix) + "'",
+              "`" + std::string(key) +
+                  "` is the leading text of one statement, after its indentation; "
+                  "copy it from the upstream line");
+  if (!candidates.empty()) {
+    d.notes.push_back("note: closest statements in " + where + " (" + m_.path() + "):");
+    for (std::string& n : StatementNotes(Closest(candidates, prefix))) d.notes.push_back(std::move(n));
+  }
+  errors.push_back(std::move(d));
+}
+
+void BodyStatements::Ambiguous(const SourceLoc& loc, std::string_view key, std::string_view prefix,
+                               const std::string& where, const std::vector<const Stmt*>& matches,
+                               std::vector<Diagnostic>& errors) const {
+  Diagnostic d = ErrorAt(loc,
+                         "'" + std::string(prefix) + "' matches " + std::to_string(matches.size()) +
+                             " statements in " + where,
+                         "make `" + std::string(key) +
+                             "` longer so that it matches exactly one statement");
+  d.notes = StatementNotes(matches);
+  errors.push_back(std::move(d));
+}
+
+std::optional<AnchorRange> BodyStatements::Locate(const AnchorQuery& q,
+                                                  std::vector<Diagnostic>& errors) const {
+  std::vector<const Stmt*> all;
+  for (const Stmt& s : stmts_) all.push_back(&s);
+  std::string_view at = TrimSpace(q.at);
+  std::vector<const Stmt*> at_matches = Matching(at);
+  if (at_matches.empty()) {
+    NoMatch(q.at_loc, q.at_key, at, where_, all, errors);
+    return std::nullopt;
+  }
+  if (at_matches.size() > 1) {
+    Ambiguous(q.at_loc, q.at_key, at, where_, at_matches, errors);
+    return std::nullopt;
+  }
+  const Stmt& first = *at_matches[0];
+  const Stmt* last = &first;
+  if (q.through) {
+    std::string_view through = TrimSpace(*q.through);
+    std::vector<const Stmt*> later;  // Statements of the same block from `at` on.
+    for (const Stmt& s : stmts_) {
+      if (ts_node_eq(s.block, first.block) && s.index >= first.index) later.push_back(&s);
+    }
+    std::vector<const Stmt*> sibling_matches;
+    for (const Stmt* s : later) {
+      if (s->range.In(m_.source()).substr(0, through.size()) == through) sibling_matches.push_back(s);
+    }
+    if (sibling_matches.size() > 1) {
+      Ambiguous(q.through_loc, "through", through, where_, sibling_matches, errors);
+      return std::nullopt;
+    }
+    if (sibling_matches.empty()) {
+      std::vector<const Stmt*> anywhere = Matching(through);
+      if (anywhere.empty()) {
+        NoMatch(q.through_loc, "through", through,
+                where_ + " after line " + std::to_string(first.line), later, errors);
+        return std::nullopt;
+      }
+      std::string lines;
+      for (const Stmt* s : anywhere) lines += (lines.empty() ? "" : ", ") + std::to_string(s->line);
+      Diagnostic d = ErrorAt(
+          q.through_loc,
+          "`through` statement (line " + lines + ") is not a later sibling of the `" + q.at_key +
+              "` statement (line " + std::to_string(first.line) + ") in " + where_,
+          "`" + q.at_key + "` and `through` must be statements of the same block, `through` at or "
+              "after `" + q.at_key + "`");
+      d.notes = StatementNotes(anywhere);
+      d.notes.insert(d.notes.begin(), "note: `" + q.at_key + "` is line " +
+                                          std::to_string(first.line) + ": " + FirstLineOf(first));
+      errors.push_back(std::move(d));
+      return std::nullopt;
+    }
+    last = sibling_matches[0];
+  }
+  if (!StartsLine(m_, first.range.start)) {
+    errors.push_back(ErrorAt(q.at_loc,
+                             "the `" + q.at_key + "` statement (line " + std::to_string(first.line) +
+                                 ") does not start its line; " + q.why,
+                             {}));
+    return std::nullopt;
+  }
+  if (!EndsLine(m_, last->range.end)) {
+    errors.push_back(ErrorAt(q.through ? q.through_loc : q.at_loc,
+                             "the last " + q.noun + " statement (line " + std::to_string(last->line) +
+                                 ") does not end its line; " + q.why,
+                             {}));
+    return std::nullopt;
+  }
+  return AnchorRange{&first, last};
+}
+
+std::optional<std::string> BodyStatements::Absent(const AnchorQuery& q) const {
+  if (Matching(TrimSpace(q.at)).empty()) {
+    return "no statement starting with '" + std::string(TrimSpace(q.at)) + "' in " + where_;
+  }
+  if (q.through && Matching(TrimSpace(*q.through)).empty()) {
+    return "no statement starting with '" + std::string(TrimSpace(*q.through)) + "' in " + where_;
+  }
+  return std::nullopt;
+}
+
+}  // namespace patchgen::rewriter
