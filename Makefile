@@ -17,7 +17,7 @@ UPSTREAM     := .upstream/transformers-5.17.0
 # Real-model specs: their outputs are generated (git-ignored), never committed.
 REAL_SPECS   := $(filter-out specs/example/%,$(wildcard specs/*/*.yaml))
 
-.PHONY: all deps venv upstream build kernels test unit-test asan-test golden-test cli-test runtime-test \
+.PHONY: all deps venv upstream build kernels test unit-test asan-test fuzz golden-test cli-test runtime-test \
         models-test check run generate matrix static device-bin gpu-e2e bench clean
 
 all: build
@@ -75,6 +75,11 @@ asan-test: deps venv
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 $(BUILD_ASAN)/tests/unit_tests
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  $(PYTHON) tests/golden/run_golden.py --patchgen $(BUILD_ASAN)/tools/patchgen/patchgen
+
+# The fuzz targets (fuzz/, docs/fuzzing.md) for FUZZ_SECONDS each (the `fuzz` ctest suite runs 40 s).
+FUZZ_SECONDS ?= 600
+fuzz: deps venv
+	fuzz/run_fuzz.sh --seconds $(FUZZ_SECONDS) --python $(abspath $(PYTHON)) $(FUZZ_ARGS)
 
 # The drift gate: every spec (example and real models) against what is on disk.
 check: build upstream

@@ -3,6 +3,7 @@
 # (no apt-get update, no network) when every package is already installed.
 set -euo pipefail
 
+# clang-14 and its libFuzzer/sanitizer runtime build the fuzz targets (fuzz/, docs/fuzzing.md).
 # Python packages (torch, transformers, pytest, ...) are not Debian's: they come from PyPI into
 # .venv/ (scripts/setup-venv.sh, pinned with hashes in requirements/test.txt).
 PACKAGES=(
@@ -10,6 +11,7 @@ PACKAGES=(
   libtree-sitter-dev nlohmann-json3-dev libyaml-cpp-dev libdtl-dev
   libcli11-dev catch2 libtomlplusplus-dev
   python3 python3-venv
+  clang-14 libclang-rt-14-dev
 )
 
 missing=()

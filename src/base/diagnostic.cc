@@ -5,6 +5,49 @@
 #include <vector>
 
 namespace patchgen {
+namespace {
+
+bool IsControl(unsigned char c) { return c < 0x20 || c == 0x7f; }
+
+// Appends `s` as one line of at most kMaxMessageBytes: control characters (a newline or escape
+// sequence quoted from the input) become \xNN, a longer text is cut at a UTF-8 boundary with "...".
+void AppendOneLine(std::string& out, std::string_view s) {
+  size_t cut = s.size();
+  if (cut > kMaxMessageBytes) {
+    cut = kMaxMessageBytes;
+    while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xC0) == 0x80) --cut;
+  }
+  static const char kHex[] = "0123456789abcdef";
+  for (size_t i = 0; i < cut; ++i) {
+    unsigned char c = static_cast<unsigned char>(s[i]);
+    if (IsControl(c) && c != '\t') {
+      out += "\\x";
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  if (cut < s.size()) out += "... (" + std::to_string(s.size() - cut) + " more bytes)";
+}
+
+// The excerpt keeps one column per code point, so the caret stays aligned: a control character
+// other than a tab is shown as U+FFFD.
+std::string ExcerptText(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (char ch : s) {
+    unsigned char c = static_cast<unsigned char>(ch);
+    if (IsControl(c) && c != '\t') {
+      out += "\xEF\xBF\xBD";
+    } else {
+      out += ch;
+    }
+  }
+  return out;
+}
+
+}  // namespace
 
 Diagnostic MakeDiagnostic(std::string path, std::string_view text, const LineIndex& lines,
                           ByteRange range, std::string message, std::string help,
@@ -61,7 +104,7 @@ std::string FormatDiagnostic(const Diagnostic& d) {
     case Severity::kWarning: out += "warning: "; break;
     case Severity::kNote: out += "note: "; break;
   }
-  out += d.message;
+  AppendOneLine(out, d.message);
   out += '\n';
   if (d.line > 0 && !d.source_line.empty()) {
     std::string num = std::to_string(d.line);
@@ -89,7 +132,7 @@ std::string FormatDiagnostic(const Diagnostic& d) {
     }
     size_t begin_byte = first < total ? starts[first] : d.source_line.size();
     size_t end_byte = last < total ? starts[last] : d.source_line.size();
-    shown += d.source_line.substr(begin_byte, end_byte - begin_byte);
+    shown += ExcerptText(std::string_view(d.source_line).substr(begin_byte, end_byte - begin_byte));
     if (last < total) shown += "...";
     out += ' ' + lead + " | " + shown + '\n';
     size_t cp = first;
@@ -101,8 +144,15 @@ std::string FormatDiagnostic(const Diagnostic& d) {
     for (size_t i = 1; i < length; ++i) marker += '~';
     out += ' ' + gutter + " | " + marker + '\n';
   }
-  for (const std::string& n : d.notes) out += n + '\n';
-  if (!d.help.empty()) out += "help: " + d.help + '\n';
+  for (const std::string& n : d.notes) {
+    AppendOneLine(out, n);
+    out += '\n';
+  }
+  if (!d.help.empty()) {
+    out += "help: ";
+    AppendOneLine(out, d.help);
+    out += '\n';
+  }
   return out;
 }
 

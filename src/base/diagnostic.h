@@ -70,7 +70,13 @@ Diagnostic MakeDiagnostic(std::string path, std::string_view text, const LineInd
 /// Excerpt lines longer than this many code points are shortened around the caret, with "...".
 inline constexpr size_t kMaxExcerptColumns = 200;
 
-/// Formats one diagnostic in the format shown at the top of this file (ends with '\n').
+/// A message, note or help line longer than this many bytes is cut, with "... (N more bytes)".
+inline constexpr size_t kMaxMessageBytes = 1000;
+
+/// Formats one diagnostic in the format shown at the top of this file (ends with '\n'). Each of
+/// message, notes and help prints on one line: control characters in them (a newline quoted from
+/// the input, a terminal escape) print as \xNN, and each is cut to kMaxMessageBytes. In the excerpt
+/// a control character other than a tab prints as U+FFFD, one column, so the caret stays aligned.
 std::string FormatDiagnostic(const Diagnostic& d);
 
 /// Sorts by (path, line, col, message) and removes exact duplicates.

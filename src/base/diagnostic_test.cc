@@ -69,6 +69,34 @@ TEST_CASE("Long excerpt lines are cut to a window around the caret") {
                                     std::string(199, ' ') + "^\n");
 }
 
+TEST_CASE("Messages, notes and help print on one line; control characters are escaped") {
+  // yaml-cpp quotes the offending character ("unknown escape character: \v"); an upstream name
+  // may hold an escape sequence. Found by fuzz_spec.
+  std::string text = "key: \"a\\\vb\x1b[2J\"\n";
+  LineIndex lines(text);
+  Diagnostic d = MakeDiagnostic("s.yaml", text, lines, {5, 6}, "unknown escape character: \v\n");
+  d.notes.push_back("note: \x1b[31mred\r");
+  d.help = "a\tb\x7f";
+  CHECK(FormatDiagnostic(d) ==
+        "s.yaml:1:6: error: unknown escape character: \\x0b\\x0a\n"
+        "    1 | key: \"a\\\xEF\xBF\xBD" "b\xEF\xBF\xBD[2J\"\n"
+        "      |      ^\n"
+        "note: \\x1b[31mred\\x0d\n"
+        "help: a\tb\\x7f\n");
+}
+
+TEST_CASE("Long messages are cut at a UTF-8 boundary") {
+  std::string name = "x" + std::string(2000, 'y');
+  Diagnostic d;
+  d.path = "s.yaml";
+  d.message = "no class '" + name + "'";
+  std::string out = FormatDiagnostic(d);
+  CHECK(out == "s.yaml: error: no class 'x" + std::string(kMaxMessageBytes - 11, 'y') + "... (1012 more bytes)\n");
+  // A cut inside a two-byte code point moves back to its first byte.
+  d.message = std::string(kMaxMessageBytes - 1, 'a') + "\xc3\xa9";
+  CHECK(FormatDiagnostic(d) == "s.yaml: error: " + std::string(kMaxMessageBytes - 1, 'a') + "... (2 more bytes)\n");
+}
+
 TEST_CASE("SortDiagnostics orders by location and drops duplicates") {
   std::vector<Diagnostic> ds(3);
   ds[0].path = "b"; ds[0].line = 1; ds[0].message = "x";

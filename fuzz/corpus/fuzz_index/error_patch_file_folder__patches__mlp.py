@@ -1,0 +1,2 @@
+def forward(self, x):
+    return x

@@ -1,0 +1,36 @@
+# Copyright 2026 The patchgen authors. All rights reserved.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Activation functions by name, as configs spell them (`hidden_act: silu`)."""
+
+from collections import OrderedDict
+
+from torch import nn
+
+
+class ClassInstantier(OrderedDict):
+    """Maps a name to an activation class and returns a fresh instance on lookup."""
+
+    def __getitem__(self, key):
+        content = super().__getitem__(key)
+        cls, kwargs = content if isinstance(content, tuple) else (content, {})
+        return cls(**kwargs)
+
+
+ACT2CLS = {
+    "gelu": nn.GELU,
+    "gelu_pytorch_tanh": (nn.GELU, {"approximate": "tanh"}),
+    "relu": nn.ReLU,
+    "silu": nn.SiLU,
+}
+ACT2FN = ClassInstantier(ACT2CLS)

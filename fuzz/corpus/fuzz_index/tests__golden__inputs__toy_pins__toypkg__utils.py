@@ -1,0 +1,9 @@
+"""Toy utilities."""
+
+
+def can_return_tuple(fn):
+    return fn
+
+
+def old_helper():
+    return None
