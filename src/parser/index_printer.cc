@@ -169,7 +169,8 @@ std::string FormatIndexJson(const PyModule& m) {
     defs.push_back(std::move(dj));
   }
   j["definitions"] = std::move(defs);
-  return j.dump(2) + "\n";
+  // Valid UTF-8 whatever the source holds: a byte that is not UTF-8 prints as U+FFFD.
+  return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 }
 
 }  // namespace patchgen::parser

@@ -71,6 +71,23 @@ const char* KindName(ErrorKind kind) {
   return "internal";
 }
 
+/// The most worker threads --jobs accepts.
+constexpr unsigned kMaxJobs = 1024;
+
+/// --jobs N: a whole number of threads from 1 to kMaxJobs, with a message that says so.
+CLI::Validator JobsValidator() {
+  return CLI::Validator(
+      [](std::string& value) -> std::string {
+        bool digits = !value.empty() && value.size() <= 6 &&
+                      value.find_first_not_of("0123456789") == std::string::npos;
+        unsigned long n = digits ? std::stoul(value) : 0;
+        if (digits && n >= 1 && n <= kMaxJobs) return {};
+        return "takes a number of worker threads from 1 to " + std::to_string(kMaxJobs) + ", not '" +
+               value + "' (leave --jobs out to use every core this process may use)";
+      },
+      "1.." + std::to_string(kMaxJobs));
+}
+
 /// Cores this process may run on (its CPU affinity, e.g. under `taskset`), at least 1.
 unsigned AvailableCores() {
   cpu_set_t set;
@@ -158,6 +175,12 @@ void PrintDiagnostics(const std::vector<Diagnostic>& errors) {
   for (const auto& d : errors) std::cerr << FormatDiagnostic(d);
 }
 
+/// JSON as printed by --json: valid UTF-8 whatever the bytes of paths, names and messages (a byte
+/// that is not UTF-8 prints as U+FFFD, like Python's errors="replace").
+std::string JsonText(const nlohmann::json& j) {
+  return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 nlohmann::json DiagnosticJson(const Diagnostic& d) {
   return {{"path", d.path}, {"line", d.line}, {"col", d.col},   {"kind", KindName(d.kind)},
           {"message", d.message}, {"help", d.help}};
@@ -196,6 +219,12 @@ class Runner {
 
  private:
   std::string Show(const fs::path& p) const { return DisplayPath(p, cwd_); }
+  /// Where generated files go: -o DIR, else the configured output root.
+  fs::path OutputRoot() const {
+    if (opts_.output_dir.empty()) return config_.output;
+    fs::path dir(opts_.output_dir);
+    return (dir.is_absolute() ? dir : cwd_ / dir).lexically_normal();
+  }
   bool CollectSpecs();
   void LoadSpecs();
   void FindUpstreams();
@@ -579,7 +608,7 @@ int Runner::Validate() {
     report.push_back(JobJson(job));
   }
   if (opts_.json) {
-    std::cout << nlohmann::json{{"specs", report}, {"exit_code", code}}.dump(2) << "\n";
+    std::cout << JsonText(nlohmann::json{{"specs", report}, {"exit_code", code}}) << "\n";
   } else {
     std::cout << "validate: " << ok << " of " << jobs_.size() << " specs valid\n";
   }
@@ -618,7 +647,7 @@ int Runner::Generate() {
           any_written |= !same;
         } else {
           std::string error;
-          auto outcome = WriteIfChanged(path, *bytes, &error);
+          auto outcome = WriteIfChanged(path, *bytes, &error, OutputRoot());
           if (!outcome) {
             SourceLoc loc{Show(path), 0, 0, 1, {}};
             job.errors.push_back(ErrorAt(loc, error, {}, ErrorKind::kIo));
@@ -654,7 +683,7 @@ int Runner::Generate() {
     report.push_back(JobJson(job));
   }
   if (opts_.json) {
-    std::cout << nlohmann::json{{"specs", report}, {"exit_code", code}}.dump(2) << "\n";
+    std::cout << JsonText(nlohmann::json{{"specs", report}, {"exit_code", code}}) << "\n";
   } else {
     std::cout << jobs_.size() << " specs: " << written << (opts_.dry_run ? " to write, " : " written, ")
               << unchanged << " unchanged, " << skipped << " skipped, " << failed << " failed\n";
@@ -716,7 +745,7 @@ int Runner::Check() {
       job.status = "fixed";
       for (const auto& [path, bytes] : files) {
         std::string error;
-        if (!WriteIfChanged(path, *bytes, &error)) {
+        if (!WriteIfChanged(path, *bytes, &error, OutputRoot())) {
           SourceLoc loc{Show(path), 0, 0, 1, {}};
           job.errors.push_back(ErrorAt(loc, error, {}, ErrorKind::kIo));
         }
@@ -738,7 +767,7 @@ int Runner::Check() {
     report.push_back(JobJson(job));
   }
   if (opts_.json) {
-    std::cout << nlohmann::json{{"specs", report}, {"exit_code", code}}.dump(2) << "\n";
+    std::cout << JsonText(nlohmann::json{{"specs", report}, {"exit_code", code}}) << "\n";
   } else {
     std::cout << "check: " << clean << " up to date, " << stale << " stale, ";
     if (opts_.fix) std::cout << fixed << " fixed, ";
@@ -771,7 +800,7 @@ int Runner::List() {
                     job.out_py.empty() ? "-" : Show(job.out_py), job.status});
   }
   if (opts_.json) {
-    std::cout << nlohmann::json{{"specs", report}, {"exit_code", code}}.dump(2) << "\n";
+    std::cout << JsonText(nlohmann::json{{"specs", report}, {"exit_code", code}}) << "\n";
     return code;
   }
   std::array<size_t, 3> width{};
@@ -835,7 +864,7 @@ int Runner::Pin() {
     report.push_back(j);
   }
   if (opts_.json) {
-    std::cout << nlohmann::json{{"specs", report}, {"exit_code", code}}.dump(2) << "\n";
+    std::cout << JsonText(nlohmann::json{{"specs", report}, {"exit_code", code}}) << "\n";
   } else {
     std::cout << "pin: " << jobs_.size() << " specs: " << written << " pinned, " << unchanged
               << " unchanged, " << skipped << " skipped, " << failed << " failed\n";
@@ -1131,7 +1160,7 @@ int Runner::Audit() {
   }
   if (attention) code = std::max(code, kExitDrift);
   if (opts_.json) {
-    std::cout << nlohmann::json{{"specs", report}, {"exit_code", code}}.dump(2) << "\n";
+    std::cout << JsonText(nlohmann::json{{"specs", report}, {"exit_code", code}}) << "\n";
   } else {
     std::cout << text << "audit: " << jobs_.size() << " specs: " << attention
               << " need attention, " << clean << " ok, " << skipped << " skipped\n";
@@ -1189,7 +1218,7 @@ int RunIndex(const Options& opts) {
   if (opts.index_json && opts.index_files.size() > 1) {
     nlohmann::json all = nlohmann::json::array();
     for (const auto* o : outputs) all.push_back(nlohmann::json::parse(*o));
-    std::cout << all.dump(2) << "\n";
+    std::cout << JsonText(all) << "\n";
   } else {
     for (size_t i = 0; i < outputs.size(); ++i) std::cout << (i ? "\n" : "") << *outputs[i];
   }
@@ -1267,7 +1296,7 @@ int Run(int argc, char** argv) {
   app.add_option("-o,--output", opts.output_dir, "write outputs to DIR instead of the output root");
   app.add_flag("--dry-run", opts.dry_run, "say what would be written; write nothing");
   app.add_flag("-v,--verbose", opts.verbose, "also report unchanged files and where upstreams came from");
-  app.add_option("-j,--jobs", opts.jobs, "worker threads (default: the cores this process may use)")->check(CLI::PositiveNumber);
+  app.add_option("-j,--jobs", opts.jobs, "worker threads (default: the cores this process may use)")->check(JobsValidator());
   app.add_flag("--json", opts.json, "machine-readable report on stdout");
   app.add_flag("--list", opts.list, "list specs with upstream, output and status");
   app.add_flag("--check", opts.check, "compare with the files on disk; exit 1 on drift; write nothing");
@@ -1280,19 +1309,19 @@ int Run(int argc, char** argv) {
   pin->add_flag("--all", opts.all, "every spec under the specs root");
   pin->add_option("--source-root", opts.source_roots, "folder searched first for upstream modules (repeatable)");
   pin->add_flag("--json", opts.json, "machine-readable report on stdout");
-  pin->add_option("-j,--jobs", opts.jobs, "worker threads")->check(CLI::PositiveNumber);
+  pin->add_option("-j,--jobs", opts.jobs, "worker threads")->check(JobsValidator());
   CLI::App* audit = app.add_subcommand(
       "audit", "upgrade survey: what a new upstream changes for every spec; writes nothing");
   audit->add_option("SPEC", opts.specs, "spec files (default: every spec)");
   audit->add_option("--source-root", opts.source_roots, "the new upstream (repeatable)")->required();
   audit->add_option("--source-root-old", opts.old_roots, "the old upstream to compare with (repeatable)");
   audit->add_flag("--json", opts.json, "machine-readable report on stdout");
-  audit->add_option("-j,--jobs", opts.jobs, "worker threads")->check(CLI::PositiveNumber);
+  audit->add_option("-j,--jobs", opts.jobs, "worker threads")->check(JobsValidator());
   CLI::App* index = app.add_subcommand("index", "print the index of Python files");
   index->add_option("FILE", opts.index_files, "Python files")->required();
   index->add_flag("--json", opts.index_json, "JSON instead of text");
   index->add_option("-j,--jobs", opts.jobs, "worker threads (default: the cores this process may use)")
-      ->check(CLI::PositiveNumber);
+      ->check(JobsValidator());
 
   try {
     app.parse(argc, argv);
@@ -1301,6 +1330,7 @@ int Run(int argc, char** argv) {
     return rc == 0 ? kExitOk : kExitUsage;
   }
   if (opts.jobs == 0) opts.jobs = AvailableCores();
+  InstallTempFileCleanup();
   if (index->parsed()) return RunIndex(opts);
   opts.pin = pin->parsed();
   opts.audit = audit->parsed();
