@@ -23,6 +23,14 @@ __device__ __forceinline__ float round_to(float x) {
   return to_float(from_float<T>(x));
 }
 
+// The gate's sigmoid: exact division and expf in fp32; the fast intrinsics for 16-bit inputs
+// (their error is far below a 16-bit rounding).
+template <typename T>
+__device__ __forceinline__ float fast_sigmoid(float z) {
+  if (std::is_same<T, float>::value) return 1.f / (1.f + expf(-z));
+  return __fdividef(1.f, 1.f + __expf(-z));
+}
+
 struct RmsArgs {
   int mode;
   int tpr;  // threads per row
@@ -468,6 +476,231 @@ __global__ void __launch_bounds__(kMaxThreads) rms_bwd_kernel(RmsArgs a) {
   }
 }
 
+// Version 3 (the default where it applies: 16-byte vectors, rows of at most kPipeMaxRowBytes per
+// stream): one block per row at a time, the next kStages - 1 rows of the block (x; gate; dy) copied
+// into a shared-memory ring with cp.async while the current row is reduced and written. Each thread
+// copies exactly the 16-byte pieces it later reads, so the ring needs no barrier: only the row sum
+// does (one __syncthreads per row, double-buffered partials). The bytes in flight per SM come from
+// the ring, not from registers, which is what versions 1 and 2 lacked (docs/results/kernels_h200.md).
+constexpr int kStages = 4;      // ring depth (rows in flight per block, the current one included)
+constexpr int kStagesFwd = 6;   // the plain forward (8 KB rows at 4096 bf16): deeper, same blocks per SM
+constexpr int kPipeMaxThreads = 512;
+constexpr int64_t kPipeMaxSmem = 200 * 1024;
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+template <int BYTES>
+__device__ __forceinline__ void copy_piece(unsigned char* dst, const unsigned char* src) {
+#pragma unroll
+  for (int b = 0; b < BYTES; b += 16) cp_async16(dst + b, src + b);
+}
+
+// Sum over the block's threads (one row per block); `red` is this row's half of the double buffer.
+__device__ __forceinline__ float block_sum(float v, float* red) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int nw = blockDim.x >> 5;
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+  __syncthreads();
+  float s = 0.f;
+  for (int i = 0; i < nw; ++i) s += red[i];
+  return s;
+}
+
+template <typename Tx, typename Tw, typename To, int VEC, int NV, bool GATED, bool BWD, int S>
+__global__ void __launch_bounds__(kPipeMaxThreads) rms_pipe_kernel(RmsArgs a) {
+  extern __shared__ __align__(128) unsigned char ring[];
+  __shared__ float red[2][kPipeMaxThreads / 32];
+  constexpr int BX = VEC * static_cast<int>(sizeof(Tx));
+  constexpr int BG = GATED ? VEC * static_cast<int>(sizeof(Tx)) : 0;
+  constexpr int BD = BWD ? VEC * static_cast<int>(sizeof(To)) : 0;
+  const int T = blockDim.x, t = threadIdx.x;
+  const int nvec = static_cast<int>(a.cols / VEC);
+  const int64_t stage_bytes = static_cast<int64_t>(nvec) * (BX + BG + BD);
+  const float fcols = static_cast<float>(a.cols);
+  const int64_t G = gridDim.x;
+  const int mode = a.mode;
+
+  // Issues this thread's pieces of `row` into stage s (nothing past the end), then commits a group
+  // (always, so that group k is row k of this block).
+  auto issue = [&](int64_t row, int s) {
+    if (row < a.rows) {
+      unsigned char* st = ring + s * stage_bytes;
+      const unsigned char* xr = reinterpret_cast<const unsigned char*>(static_cast<const Tx*>(a.x) + row * a.xs);
+      const unsigned char* gr = GATED ? reinterpret_cast<const unsigned char*>(static_cast<const Tx*>(a.gate) + row * a.gs) : nullptr;
+      const unsigned char* dr = BWD ? reinterpret_cast<const unsigned char*>(static_cast<const To*>(a.dy) + row * a.dys) : nullptr;
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        const int c = t + i * T;
+        if (c < nvec) {
+          copy_piece<BX>(st + static_cast<int64_t>(c) * BX, xr + static_cast<int64_t>(c) * BX);
+          if (GATED) copy_piece<BG>(st + static_cast<int64_t>(nvec) * BX + static_cast<int64_t>(c) * BG, gr + static_cast<int64_t>(c) * BG);
+          if (BWD) copy_piece<BD>(st + static_cast<int64_t>(nvec) * (BX + BG) + static_cast<int64_t>(c) * BD, dr + static_cast<int64_t>(c) * BD);
+        }
+      }
+    }
+    cp_async_commit();
+  };
+
+  // The weight is the same for every row: in registers, as fp32.
+  float wreg[NV][VEC];
+  float dwacc[NV][VEC];
+#pragma unroll
+  for (int i = 0; i < NV; ++i) {
+    const int c = t + i * T;
+    if (mode != OPSLOT_RMS_UNWEIGHTED && c < nvec) {
+      load_vec<VEC>(static_cast<const Tw*>(a.w) + static_cast<int64_t>(c) * VEC, wreg[i]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) wreg[i][j] = 0.f;
+    }
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) dwacc[i][j] = 0.f;
+  }
+
+  const int64_t first = blockIdx.x;
+#pragma unroll
+  for (int s = 0; s < S - 1; ++s) issue(first + s * G, s);
+
+  int k = 0;
+  for (int64_t row = first; row < a.rows; row += G, ++k) {
+    issue(row + (S - 1) * G, (k + S - 1) % S);
+    cp_async_wait<S - 1>();
+    const unsigned char* st = ring + (k % S) * stage_bytes;
+    Vec<Tx, VEC> xv[NV];
+    Vec<Tx, VEC> gv[NV];
+    Vec<To, VEC> dv[NV];
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      const int c = t + i * T;
+      if (c < nvec) {
+        xv[i] = *reinterpret_cast<const Vec<Tx, VEC>*>(st + static_cast<int64_t>(c) * BX);
+        if (GATED) gv[i] = *reinterpret_cast<const Vec<Tx, VEC>*>(st + static_cast<int64_t>(nvec) * BX + static_cast<int64_t>(c) * BG);
+        if (BWD) dv[i] = *reinterpret_cast<const Vec<To, VEC>*>(st + static_cast<int64_t>(nvec) * (BX + BG) + static_cast<int64_t>(c) * BD);
+      } else {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          xv[i].v[j] = from_float<Tx>(0.f);
+          if (GATED) gv[i].v[j] = from_float<Tx>(0.f);
+          if (BWD) dv[i].v[j] = from_float<To>(0.f);
+        }
+      }
+    }
+    float* rb = red[k & 1];
+    if (!BWD) {
+      float ss = 0.f;
+#pragma unroll
+      for (int i = 0; i < NV; ++i)
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const float v = to_float(xv[i].v[j]);
+          ss += v * v;
+        }
+      ss = block_sum(ss, rb);
+      const float r = rsqrtf(ss / fcols + a.eps);
+      if (t == 0) a.rstd[row] = r;
+      To* yr = static_cast<To*>(a.y) + row * a.cols;
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        const int c = t + i * T;
+        if (c >= nvec) continue;
+        float out[VEC];
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const float n = to_float(xv[i].v[j]) * r;
+          const float w = wreg[i][j];
+          float o;
+          if (GATED) {
+            float m = w * round_to<Tx>(n);
+            if (!std::is_same<Tw, float>::value) m = round_to<Tx>(m);
+            const float z = to_float(gv[i].v[j]);
+            o = m * (z * fast_sigmoid<Tx>(z));
+          } else if (mode == OPSLOT_RMS_STANDARD) {
+            o = w * round_to<Tx>(n);
+          } else if (mode == OPSLOT_RMS_OFFSET) {
+            o = n * (1.f + w);
+          } else {
+            o = n;
+          }
+          out[j] = o;
+        }
+        store_vec<VEC>(yr + static_cast<int64_t>(c) * VEC, out);
+      }
+    } else {
+      const float r = a.rstd_in[row];
+      float gk[NV][VEC];  // the gradient w.r.t. n, kept for the second pass
+      float dot = 0.f;
+      Tx* dgr = GATED ? static_cast<Tx*>(a.dgate) + row * a.cols : nullptr;
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        float dg[VEC];
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const float n = to_float(xv[i].v[j]) * r;
+          const float d = to_float(dv[i].v[j]);
+          const float w = wreg[i][j];
+          float g;
+          if (GATED) {
+            const float tn = round_to<Tx>(n);
+            float m = w * tn;
+            if (!std::is_same<Tw, float>::value) m = round_to<Tx>(m);
+            const float z = to_float(gv[i].v[j]);
+            const float s = fast_sigmoid<Tx>(z);
+            const float dm = d * (z * s);
+            dg[j] = d * m * s * (1.f + z * (1.f - s));
+            g = dm * w;
+            dwacc[i][j] += dm * tn;
+          } else if (mode == OPSLOT_RMS_STANDARD) {
+            g = d * w;
+            dwacc[i][j] += d * round_to<Tx>(n);
+          } else if (mode == OPSLOT_RMS_OFFSET) {
+            g = d * (1.f + w);
+            dwacc[i][j] += d * n;
+          } else {
+            g = d;
+          }
+          gk[i][j] = g;
+          dot += g * n;
+        }
+        const int c = t + i * T;
+        if (GATED && c < nvec) store_vec<VEC>(dgr + static_cast<int64_t>(c) * VEC, dg);
+      }
+      dot = block_sum(dot, rb);
+      const float mean = dot / fcols;
+      Tx* dxr = static_cast<Tx*>(a.dx) + row * a.cols;
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        const int c = t + i * T;
+        if (c >= nvec) continue;
+        float out[VEC];
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) out[j] = r * (gk[i][j] - to_float(xv[i].v[j]) * r * mean);
+        store_vec<VEC>(dxr + static_cast<int64_t>(c) * VEC, out);
+      }
+    }
+  }
+  cp_async_wait<0>();
+  if (!BWD || mode == OPSLOT_RMS_UNWEIGHTED) return;
+  float* pr = a.dw_partial + static_cast<int64_t>(blockIdx.x) * a.cols;
+#pragma unroll
+  for (int i = 0; i < NV; ++i) {
+    const int c = t + i * T;
+    if (c < nvec) {
+      float4* p4 = reinterpret_cast<float4*>(pr + static_cast<int64_t>(c) * VEC);
+#pragma unroll
+      for (int j = 0; j < VEC; j += 4) p4[j / 4] = make_float4(dwacc[i][j], dwacc[i][j + 1], dwacc[i][j + 2], dwacc[i][j + 3]);
+    }
+  }
+}
+
 // dw[c] = sum over p of partial[p][c], in a fixed order: 8 strided lanes, then lane 0..7 in order.
 template <typename Tw>
 __global__ void __launch_bounds__(256) rms_dw_reduce_kernel(const float* partial, int64_t prow, int64_t cols, Tw* dw) {
@@ -596,9 +829,117 @@ int launch_vec(const RmsArgs& a, const Geometry& g, bool bwd, cudaStream_t strea
                    VEC == 1 ? "; rows that are contiguous, 16-byte aligned and a multiple of 16 bytes wide take wider vectors" : "");
 }
 
+// Version 3's launch: returns kNotEligible when the input does not fit it (the caller then uses
+// version 1 or 2).
+constexpr int kNotEligible = -12345;
+
+struct PipeGeometry {
+  int threads = 0, nv = 0, stages = kStages;
+  int64_t smem = 0;
+};
+
+template <typename Tx, typename Tw, typename To>
+PipeGeometry pipe_geometry(const RmsArgs& a, bool bwd, const Geometry& g) {
+  PipeGeometry p;
+  constexpr int kVec = 16 / sizeof(Tx);
+  if (g.vec != kVec) return p;
+  if (bwd && !aligned(a.dw_partial, 16)) return p;
+  const int64_t nvec = a.cols / kVec;
+  int64_t T = pow2ceil((nvec + 1) / 2);
+  if (T < 32) T = 32;
+  if (T > kPipeMaxThreads) T = kPipeMaxThreads;
+  const int64_t nv = pow2ceil((nvec + T - 1) / T);
+  if (nv > 2) return p;  // four vectors per thread (bf16 wider than 8192) spill in the backward
+  const int64_t per_chunk = kVec * (static_cast<int64_t>(sizeof(Tx)) * (a.mode == OPSLOT_RMS_GATED ? 2 : 1) +
+                                    (bwd ? static_cast<int64_t>(sizeof(To)) : 0));
+  // The plain forward of rows up to 8 KB takes the deeper ring by default (version 3 forced by
+  // opslot_rms_norm_set_tuning keeps 4 stages: the benchmark's comparison).
+  const bool deep = g_tuning.variant == 0 && !bwd && a.mode != OPSLOT_RMS_GATED && nvec * per_chunk <= 8192;
+  const int stages = deep ? kStagesFwd : kStages;
+  const int64_t smem = stages * nvec * per_chunk;
+  if (smem > kPipeMaxSmem) return p;
+  p.stages = stages;
+  p.threads = static_cast<int>(T);
+  p.nv = static_cast<int>(nv);
+  p.smem = smem;
+  return p;
+}
+
+int device_id() {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) dev = 0;
+  return dev;
+}
+
+template <typename Tx, typename Tw, typename To, int VEC, int NV, bool GATED, bool BWD, int S>
+int launch_pipe_inst(const RmsArgs& a, const PipeGeometry& p, cudaStream_t stream, int64_t* partial_rows) {
+  void (*kernel)(RmsArgs) = rms_pipe_kernel<Tx, Tw, To, VEC, NV, GATED, BWD, S>;
+  // Per device: the dynamic shared-memory opt-in (once), and the occupancy of the last geometry.
+  struct Cache {
+    bool attr = false;
+    int threads = 0;
+    int64_t smem = -1;
+    int occ = 0;
+  };
+  static Cache cache[64];
+  Cache& c = cache[device_id()];
+  if (!c.attr) {
+    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kPipeMaxSmem));
+    if (err != cudaSuccess) return set_error(static_cast<int>(err), "rms_norm: shared-memory opt-in failed: %s", cudaGetErrorString(err));
+    c.attr = true;
+  }
+  if (c.threads != p.threads || c.smem != p.smem) {
+    int n = 0;
+    cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, p.threads, static_cast<size_t>(p.smem));
+    if (err != cudaSuccess) return set_error(static_cast<int>(err), "rms_norm: occupancy query failed: %s", cudaGetErrorString(err));
+    c.threads = p.threads;
+    c.smem = p.smem;
+    c.occ = n > 0 ? n : 1;
+  }
+  const int64_t cap = static_cast<int64_t>(num_sms()) * c.occ;
+  int64_t grid = a.rows < cap ? a.rows : cap;
+  if (grid < 1) grid = 1;
+  if (partial_rows) {
+    *partial_rows = grid;
+    return OPSLOT_OK;
+  }
+  if (a.rows == 0) return OPSLOT_OK;
+  kernel<<<static_cast<unsigned>(grid), p.threads, static_cast<size_t>(p.smem), stream>>>(a);
+  return check_launch(BWD ? "rms_norm backward" : "rms_norm forward");
+}
+
+template <typename Tx, typename Tw, typename To, bool GATED, bool BWD>
+int launch_pipe_nv(const RmsArgs& a, const PipeGeometry& p, cudaStream_t stream, int64_t* partial_rows) {
+  constexpr int kVec = 16 / sizeof(Tx);
+  switch (p.nv) {
+    case 1:
+      if constexpr (!GATED && !BWD)
+        if (p.stages == kStagesFwd) return launch_pipe_inst<Tx, Tw, To, kVec, 1, GATED, BWD, kStagesFwd>(a, p, stream, partial_rows);
+      return launch_pipe_inst<Tx, Tw, To, kVec, 1, GATED, BWD, kStages>(a, p, stream, partial_rows);
+    default:
+      if constexpr (!GATED && !BWD)
+        if (p.stages == kStagesFwd) return launch_pipe_inst<Tx, Tw, To, kVec, 2, GATED, BWD, kStagesFwd>(a, p, stream, partial_rows);
+      return launch_pipe_inst<Tx, Tw, To, kVec, 2, GATED, BWD, kStages>(a, p, stream, partial_rows);
+  }
+}
+
+template <typename Tx, typename Tw, typename To>
+int launch_pipe(const RmsArgs& a, const Geometry& g, bool bwd, cudaStream_t stream, int64_t* partial_rows) {
+  if (g_tuning.variant != 0 && g_tuning.variant != 3) return kNotEligible;
+  const PipeGeometry p = pipe_geometry<Tx, Tw, To>(a, bwd, g);
+  if (p.threads == 0) return kNotEligible;
+  const bool gated = a.mode == OPSLOT_RMS_GATED;
+  if (gated) return bwd ? launch_pipe_nv<Tx, Tw, To, true, true>(a, p, stream, partial_rows)
+                        : launch_pipe_nv<Tx, Tw, To, true, false>(a, p, stream, partial_rows);
+  return bwd ? launch_pipe_nv<Tx, Tw, To, false, true>(a, p, stream, partial_rows)
+             : launch_pipe_nv<Tx, Tw, To, false, false>(a, p, stream, partial_rows);
+}
+
 template <typename Tx, typename Tw, typename To>
 int launch(const RmsArgs& a, bool bwd, cudaStream_t stream, int64_t* partial_rows) {
   const Geometry g = geometry<Tx, Tw, To>(a, bwd);
+  const int rc = launch_pipe<Tx, Tw, To>(a, g, bwd, stream, partial_rows);
+  if (rc != kNotEligible) return rc;
   constexpr int kVec = 16 / sizeof(Tx);
   if (g.vec == kVec) return launch_vec<Tx, Tw, To, kVec>(a, g, bwd, stream, partial_rows);
   return launch_vec<Tx, Tw, To, 1>(a, g, bwd, stream, partial_rows);
@@ -741,8 +1082,8 @@ OPSLOT_API int opslot_rms_norm_bwd(int mode, int x_dtype, int w_dtype, int64_t r
 }
 
 OPSLOT_API int opslot_rms_norm_set_tuning(int vectors_per_thread, int bwd_waves, int variant) {
-  if (vectors_per_thread < 1 || vectors_per_thread > 8 || bwd_waves < 1 || bwd_waves > 16 || variant < 0 || variant > 2)
-    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "rms_norm tuning: vectors_per_thread 1..8, bwd_waves 1..16, variant 0..2");
+  if (vectors_per_thread < 1 || vectors_per_thread > 8 || bwd_waves < 1 || bwd_waves > 16 || variant < 0 || variant > 3)
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "rms_norm tuning: vectors_per_thread 1..8, bwd_waves 1..16, variant 0..3");
   g_tuning.vectors_per_thread = vectors_per_thread;
   g_tuning.bwd_waves = bwd_waves;
   g_tuning.variant = variant;

@@ -12,8 +12,8 @@ pytestmark = requires_cuda
 
 @pytest.fixture(autouse=True, scope="module")
 def kernel_version():
-    """OPSLOT_RMS_TEST_VERSION=1 (or 2) runs this file against the library's version-1 (or
-    version-2) kernels for every variant (the default, 0, picks per variant;
+    """OPSLOT_RMS_TEST_VERSION=1, 2 or 3 runs this file against the library's version-1, -2 or -3
+    kernels for every variant, where the version applies (the default, 0, picks per input;
     opslot_rms_norm_set_tuning)."""
     import ctypes
     import os
