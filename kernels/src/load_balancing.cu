@@ -4,6 +4,8 @@
 // (up to 16) consecutive experts; softmax and top-k are butterflies over those lanes. Per-block partial sums (counts, probability
 // sums) go to scratch; lb_finalize adds them in a fixed order and writes the loss and the
 // coefficients the backward needs. See kernels/include/opslot_kernels/load_balancing.h.
+#include <type_traits>
+
 #include "common.cuh"
 #include "opslot_kernels/load_balancing.h"
 
@@ -238,6 +240,279 @@ __global__ void __launch_bounds__(kThreads) lb_bwd_kernel(const __grid_constant_
   }
 }
 
+// The forward's fast path (16-byte aligned rows, 8 <= E <= 256, 1 <= top_k <= 16): a warp copies
+// tiles of 32 rows into shared memory (cp.async, two tiles in flight), then each lane takes one
+// row (max, top-k threshold by a sorted insertion list, the softmax sum, the selection bits) and,
+// after a __syncwarp, each lane takes columns (experts lane, lane + 32, ...) over the tile's 32
+// rows in order to add the probabilities and the selections. No shuffle per element and no
+// per-round arg-max: the selection is a threshold (the k-th largest value; ties: lower index).
+constexpr int kFastWarps = 4;
+constexpr int kFastMaxE = 256;
+constexpr int kFastMaxWords = kFastMaxE / 32;
+
+__device__ __forceinline__ void lb_cp_async16(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void lb_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void lb_cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// R / rows, in 32 bits when both fit (a 64-bit division is a long software sequence).
+__device__ __forceinline__ int layer_of(int64_t R, int64_t rows) {
+  if (R < (int64_t(1) << 32) && rows < (int64_t(1) << 32))
+    return static_cast<int>(static_cast<uint32_t>(R) / static_cast<uint32_t>(rows));
+  return static_cast<int>(R / rows);
+}
+
+struct FastLayout {
+  int pitch;       // bytes per tile row (row bytes + 16: lanes reading their own rows hit distinct banks)
+  int tile_bytes;  // 32 rows
+  int warp_bytes;  // two tiles + selection words + row statistics
+};
+
+__host__ __device__ inline FastLayout fast_layout(int E, int elem) {
+  FastLayout f;
+  f.pitch = E * elem + 16;
+  f.tile_bytes = 32 * f.pitch;
+  f.warp_bytes = 2 * f.tile_bytes + 32 * kFastMaxWords * 4 + 3 * 32 * 4;
+  return f;
+}
+
+// The KMAX largest values of a row in shared memory (cpr 16-byte pieces), descending, by a
+// branch-free insertion list. 16-bit values are compared exactly in their own type, two at a time
+// (__hmax2/__hmin2: one list for the even and one for the odd positions), and the two lists are
+// merged at the end; fp32 values one at a time.
+template <int KMAX>
+__device__ __forceinline__ void sort_desc(float (&c)[KMAX]) {  // bitonic sort of KMAX (a power of two)
+#pragma unroll
+  for (int k = 2; k <= KMAX; k <<= 1)
+#pragma unroll
+    for (int j = k >> 1; j > 0; j >>= 1)
+#pragma unroll
+      for (int i = 0; i < KMAX; ++i) {
+        const int l = i ^ j;
+        if (l > i) {
+          const bool desc = (i & k) == 0;
+          const float a = c[i], b = c[l];
+          c[i] = desc ? fmaxf(a, b) : fminf(a, b);
+          c[l] = desc ? fminf(a, b) : fmaxf(a, b);
+        }
+      }
+}
+
+template <typename T2, int KMAX>
+__device__ __forceinline__ void top_values_packed(const unsigned char* rowp, int cpr, float (&lst)[KMAX], T2 neg_inf) {
+  T2 l2[KMAX];
+#pragma unroll
+  for (int i = 0; i < KMAX; ++i) l2[i] = neg_inf;
+  for (int pc = 0; pc < cpr; ++pc) {
+    const Vec<T2, 4> x = *reinterpret_cast<const Vec<T2, 4>*>(rowp + pc * 16);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      T2 v = x.v[j];
+#pragma unroll
+      for (int i = 0; i < KMAX; ++i) {
+        const T2 hi = __hmax2(l2[i], v);
+        v = __hmin2(l2[i], v);
+        l2[i] = hi;
+      }
+    }
+  }
+  // Even list descending, odd list ascending: their elementwise maximum holds the KMAX largest of
+  // both (a bitonic sequence), which a bitonic sort orders.
+#pragma unroll
+  for (int i = 0; i < KMAX; ++i) lst[i] = fmaxf(__low2float(l2[i]), __high2float(l2[KMAX - 1 - i]));
+  sort_desc<KMAX>(lst);
+}
+
+template <typename T, int KMAX>
+__device__ __forceinline__ void top_values(const unsigned char* rowp, int cpr, float (&lst)[KMAX]) {
+  if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+    top_values_packed<__nv_bfloat162, KMAX>(rowp, cpr, lst, __float2bfloat162_rn(-INFINITY));
+  } else if constexpr (std::is_same<T, __half>::value) {
+    top_values_packed<__half2, KMAX>(rowp, cpr, lst, __float2half2_rn(-INFINITY));
+  } else {
+#pragma unroll
+    for (int i = 0; i < KMAX; ++i) lst[i] = -INFINITY;
+    for (int pc = 0; pc < cpr; ++pc) {
+      const Vec<T, 4> x = *reinterpret_cast<const Vec<T, 4>*>(rowp + pc * 16);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        float v = to_float(x.v[j]);
+#pragma unroll
+        for (int i = 0; i < KMAX; ++i) {
+          const float hi = fmaxf(lst[i], v);
+          v = fminf(lst[i], v);
+          lst[i] = hi;
+        }
+      }
+    }
+  }
+}
+
+template <typename T, int KMAX>
+__global__ void __launch_bounds__(kFastWarps * 32) lb_fwd_fast_kernel(const __grid_constant__ LbLayers L, LbArgs a,
+                                                                      int64_t partial_rows) {
+  extern __shared__ __align__(16) unsigned char fsm[];
+  constexpr int VPC = 16 / sizeof(T);  // values per 16-byte piece
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int E = a.experts, K = a.top_k;
+  const FastLayout F = fast_layout(E, sizeof(T));
+  const int cpr = E / VPC;  // pieces per row
+  const int words = (E + 31) / 32;
+  unsigned char* base = fsm + warp * F.warp_bytes;
+  unsigned* selw = reinterpret_cast<unsigned*>(base + 2 * F.tile_bytes);  // [32][kFastMaxWords]
+  float* st_max = reinterpret_cast<float*>(selw + 32 * kFastMaxWords);
+  float* st_inv = st_max + 32;
+  float* st_m = st_inv + 32;
+  const int64_t total = a.rows * a.layers;
+  const int64_t ntiles = (total + 31) / 32;
+  const int64_t wstride = static_cast<int64_t>(gridDim.x) * kFastWarps;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kFastWarps + warp;
+
+  auto issue = [&](int64_t tile, int stage) {
+    if (tile < ntiles) {
+      const int64_t R = tile * 32 + lane;
+      const unsigned char* rp = nullptr;
+      if (R < total) {
+        const int layer = layer_of(R, a.rows);
+        const int64_t t = R - static_cast<int64_t>(layer) * a.rows;
+        rp = reinterpret_cast<const unsigned char*>(static_cast<const T*>(L.ptr[layer]) + t * L.stride[layer]);
+      }
+      unsigned char* dst = base + stage * F.tile_bytes;
+      for (int q = lane; q < 32 * cpr; q += 32) {
+        const int r = q / cpr, pc = q - r * cpr;
+        const unsigned char* src = reinterpret_cast<const unsigned char*>(
+            __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(rp), r));
+        if (src) lb_cp_async16(dst + r * F.pitch + pc * 16, src + pc * 16);
+      }
+    }
+    lb_cp_async_commit();
+  };
+
+  float cnt[kFastMaxWords], ps[kFastMaxWords];
+#pragma unroll
+  for (int j = 0; j < kFastMaxWords; ++j) cnt[j] = ps[j] = 0.f;
+
+  issue(first, 0);
+  issue(first + wstride, 1);
+  int it = 0;
+  for (int64_t tile = first; tile < ntiles; tile += wstride, ++it) {
+    lb_cp_async_wait<1>();
+    __syncwarp();
+    const unsigned char* tb = base + (it & 1) * F.tile_bytes;
+    // Row pass: lane = row.
+    {
+      const int64_t R = tile * 32 + lane;
+      const bool valid = R < total;
+      float m = 0.f;
+      if (valid) {
+        const int layer = layer_of(R, a.rows);
+        const int64_t t = R - static_cast<int64_t>(layer) * a.rows;
+        m = a.mask ? a.mask[t] : 1.f;
+      }
+      const unsigned char* rowp = tb + lane * F.pitch;
+      float lst[KMAX];  // the row's KMAX largest values, descending
+      if (valid) {
+        top_values<T, KMAX>(rowp, cpr, lst);
+      } else {
+#pragma unroll
+        for (int i = 0; i < KMAX; ++i) lst[i] = -INFINITY;
+      }
+      float thr = lst[0];
+#pragma unroll
+      for (int i = 0; i < KMAX; ++i)
+        if (i == K - 1) thr = lst[i];
+      const float mx = lst[0];
+      float s = 0.f;
+      int greater = 0;
+      if (valid) {
+        for (int pc = 0; pc < cpr; ++pc) {
+          const Vec<T, VPC> x = *reinterpret_cast<const Vec<T, VPC>*>(rowp + pc * 16);
+#pragma unroll
+          for (int j = 0; j < VPC; ++j) {
+            const float v = to_float(x.v[j]);
+            s += __expf(v - mx);
+            greater += v > thr;
+          }
+        }
+      }
+      int ties = K - greater;  // how many experts equal to the threshold are taken (lowest index first)
+      unsigned* sw = selw + lane * kFastMaxWords;
+#pragma unroll
+      for (int w = 0; w < kFastMaxWords; ++w) {
+        if (w >= words) break;
+        unsigned bits = 0;
+        if (valid) {
+          for (int pc = w * 32 / VPC; pc < (w + 1) * 32 / VPC && pc < cpr; ++pc) {
+            const Vec<T, VPC> x = *reinterpret_cast<const Vec<T, VPC>*>(rowp + pc * 16);
+#pragma unroll
+            for (int j = 0; j < VPC; ++j) {
+              const float v = to_float(x.v[j]);
+              bool sel = v > thr;
+              if (v == thr && ties > 0) {
+                sel = true;
+                --ties;
+              }
+              bits |= static_cast<unsigned>(sel) << ((pc * VPC + j) & 31);
+            }
+          }
+        }
+        sw[w] = bits;
+      }
+      st_max[lane] = mx;
+      st_inv[lane] = valid ? 1.f / s : 0.f;
+      st_m[lane] = valid ? m : 0.f;
+    }
+    __syncwarp();
+    // Column pass: lane = experts lane + 32 j, the tile's rows in order.
+    for (int r = 0; r < 32; ++r) {
+      const float mr = st_m[r];
+      if (mr == 0.f) continue;
+      const float mx = st_max[r], inv = st_inv[r];
+      const T* rowv = reinterpret_cast<const T*>(tb + r * F.pitch);
+      const unsigned* sw = selw + r * kFastMaxWords;
+#pragma unroll
+      for (int j = 0; j < kFastMaxWords; ++j) {
+        const int e = lane + 32 * j;
+        if (e < E) {
+          const float p = __expf(to_float(rowv[e]) - mx) * inv;
+          ps[j] += mr * p;
+          cnt[j] += (sw[j] >> lane & 1u) ? mr : 0.f;
+        }
+      }
+    }
+    __syncwarp();
+    issue(tile + 2 * wstride, it & 1);
+  }
+  lb_cp_async_wait<0>();
+  // Block partial: the warps in a fixed order (the tiles reuse is over: a barrier first).
+  __syncthreads();
+  float* red = reinterpret_cast<float*>(fsm);  // [kFastWarps][2E]
+#pragma unroll
+  for (int j = 0; j < kFastMaxWords; ++j) {
+    const int e = lane + 32 * j;
+    if (e < E) {
+      red[warp * 2 * E + e] = cnt[j];
+      red[warp * 2 * E + E + e] = ps[j];
+    }
+  }
+  __syncthreads();
+  for (int c = threadIdx.x; c < 2 * E; c += kFastWarps * 32) {
+    float s = 0.f;
+#pragma unroll
+    for (int w = 0; w < kFastWarps; ++w) s += red[w * 2 * E + c];
+    a.partial[static_cast<int64_t>(blockIdx.x) * 2 * E + c] = s;
+  }
+  // The partial rows this launch owns beyond its blocks (the grid is capped at the resident
+  // blocks) are zeros, so the finalize's fixed-order sum over all of them is unchanged.
+  for (int64_t p = blockIdx.x + gridDim.x; p < partial_rows; p += gridDim.x)
+    for (int c = threadIdx.x; c < 2 * E; c += kFastWarps * 32) a.partial[p * 2 * E + c] = 0.f;
+}
+
 int num_sms() {
   int dev = 0, n = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) return 132;
@@ -287,9 +562,79 @@ int launch_epl(bool bwd, int num_layers, const void* const* logits, const int64_
   return OPSLOT_OK;
 }
 
+constexpr int kNotEligible = -12345;
+
+template <typename T, int KMAX>
+int launch_fast_k(const LbLayers& L, const LbArgs& b, int64_t owned_rows, cudaStream_t s) {
+  const FastLayout F = fast_layout(b.experts, sizeof(T));
+  const int smem = kFastWarps * F.warp_bytes;
+  void (*kernel)(const LbLayers, LbArgs, int64_t) = lb_fwd_fast_kernel<T, KMAX>;
+  struct Cache {
+    int attr = 0;  // the dynamic shared memory opted in so far
+    int smem = -1, occ = 0;
+  };
+  static Cache cache[64];
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) dev = 0;
+  Cache& c = cache[dev];
+  if (c.attr < smem) {
+    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (err != cudaSuccess) return set_error(static_cast<int>(err), "load_balancing: shared-memory opt-in failed: %s", cudaGetErrorString(err));
+    c.attr = smem;
+  }
+  if (c.smem != smem) {
+    int n = 0;
+    cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kFastWarps * 32, smem);
+    if (err != cudaSuccess) return set_error(static_cast<int>(err), "load_balancing: occupancy query failed: %s", cudaGetErrorString(err));
+    c.smem = smem;
+    c.occ = n > 0 ? n : 1;
+  }
+  const int64_t cap = static_cast<int64_t>(num_sms()) * c.occ;
+  const int64_t grid = owned_rows < cap ? owned_rows : cap;
+  kernel<<<static_cast<unsigned>(grid), kFastWarps * 32, smem, s>>>(L, b, owned_rows);
+  return check_launch("load_balancing forward");
+}
+
+// The fast forward for every launch of kMaxLayers layers, or kNotEligible (then the general kernel runs).
+template <typename T>
+int launch_fast(int num_layers, const void* const* logits, const int64_t* strides, LbArgs a, float* partial_base,
+                cudaStream_t s) {
+  constexpr int VPC = 16 / sizeof(T);
+  if (a.experts < 8 || a.experts > kFastMaxE || a.experts % VPC != 0 || a.top_k < 1 || a.top_k > 16 ||
+      kFastWarps * fast_layout(a.experts, sizeof(T)).warp_bytes > 200 * 1024)
+    return kNotEligible;
+  for (int i = 0; i < num_layers; ++i)
+    if (!logits[i] || reinterpret_cast<uintptr_t>(logits[i]) % 16 != 0 || strides[i] % VPC != 0) return kNotEligible;
+  int64_t offset = 0;
+  for (int first = 0; first < num_layers; first += kMaxLayers) {
+    LbLayers L{};
+    const int n = num_layers - first < kMaxLayers ? num_layers - first : kMaxLayers;
+    for (int i = 0; i < n; ++i) {
+      L.ptr[i] = logits[first + i];
+      L.stride[i] = strides[first + i];
+    }
+    LbArgs b = a;
+    b.layers = n;
+    const int64_t owned = blocks_for(a.rows, n);
+    b.partial = partial_base + offset * 2 * a.experts;
+    offset += owned;
+    int rc;
+    if (a.top_k <= 2) rc = launch_fast_k<T, 2>(L, b, owned, s);
+    else if (a.top_k <= 4) rc = launch_fast_k<T, 4>(L, b, owned, s);
+    else if (a.top_k <= 8) rc = launch_fast_k<T, 8>(L, b, owned, s);
+    else rc = launch_fast_k<T, 16>(L, b, owned, s);
+    if (rc) return rc;
+  }
+  return OPSLOT_OK;
+}
+
 template <typename T>
 int launch(bool bwd, int num_layers, const void* const* logits, const int64_t* strides, void* const* outs, LbArgs a,
            float* partial, cudaStream_t s) {
+  if (!bwd && a.rows > 0) {
+    const int rc = launch_fast<T>(num_layers, logits, strides, a, partial, s);
+    if (rc != kNotEligible) return rc;
+  }
   // Up to 16 experts per lane; rows of more than 16 experts are spread over 2..32 lanes.
   switch (a.experts <= 16 ? a.experts : 16 + (a.experts + 15) / 16) {
     case 1: return launch_epl<T, 1, 1>(bwd, num_layers, logits, strides, outs, a, partial, s);

@@ -79,3 +79,52 @@ def test_bitwise_deterministic():
         return [loss] + [x.grad for x in xs]
 
     assert all(torch.equal(a, b) for a, b in zip(run(), run()))
+
+
+def _tie_reference(logits, experts, top_k):
+    """The loss with the documented tie rule (equal logits: the lower expert index is selected),
+    via a stable descending sort; the softmax in fp32 as the kernel does."""
+    cnt = torch.zeros(experts, device="cuda")
+    psum = torch.zeros(experts, device="cuda")
+    rows = 0
+    for layer in logits:
+        x = layer.float()
+        order = torch.sort(x, dim=-1, descending=True, stable=True).indices[:, :top_k]
+        cnt = cnt + torch.bincount(order.reshape(-1), minlength=experts).float()
+        psum = psum + torch.softmax(x, dim=-1).sum(0)
+        rows += x.shape[0]
+    return experts * torch.sum((cnt / rows) * (psum / rows))
+
+
+@pytest.mark.parametrize("experts,top_k", [(128, 8), (64, 6), (256, 16), (40, 3), (8, 1)])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_ties_take_the_lower_index(experts, top_k, dtype):
+    """Rows full of equal logits (four distinct values): the selection at the threshold follows the
+    lower index, in the fast forward (8 <= E <= 256, top_k <= 16) as in the general kernel."""
+    from opslot.kernels.cuda import load_balancing as LB
+
+    torch.manual_seed(experts * 100 + top_k)
+    logits = tuple((torch.randint(0, 4, (523, experts), device="cuda").float() / 4).to(dtype) for _ in range(3))
+    ours = tuple(t.detach().clone().requires_grad_(True) for t in logits)
+    loss = LB.load_balancing_loss(ours, experts, top_k)
+    refs = tuple(t.detach().float().requires_grad_(True) for t in logits)
+    lref = _tie_reference(refs, experts, top_k)
+    assert_close(loss, lref.detach(), torch.float32, "loss", scale=20)
+    loss.backward()
+    lref.backward()
+    for i, (a, b) in enumerate(zip(ours, refs)):
+        assert_close(a.grad, b.grad, dtype, f"grad of layer {i}")
+
+
+def test_fast_and_general_forward_agree_on_counts():
+    """The same logits through the fast forward (aligned rows) and the general one (a row stride
+    that is not a multiple of 16 bytes): the loss is the same up to fp32 summation order."""
+    from opslot.kernels.cuda import load_balancing as LB
+
+    torch.manual_seed(7)
+    base = torch.randint(0, 8, (2, 777, 129), device="cuda").float().div(8).to(torch.bfloat16)
+    fast = tuple(base[i, :, :128].contiguous() for i in range(2))
+    general = tuple(base[i, :, :128] for i in range(2))  # row stride 129: not 16-byte aligned
+    a = LB.load_balancing_loss(fast, 128, 8)
+    b = LB.load_balancing_loss(general, 128, 8)
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=0)
