@@ -1,7 +1,10 @@
 // Rotary position embedding on strided q/k, forward and backward: one thread per VEC-element pair
-// slot (x[i..i+VEC) with x[i+h..i+h+VEC)) or pass-through slot, q's and k's rows in one grid.
+// slot (x[i..i+VEC) with x[i+h..i+h+VEC)), which also copies its share of the pass-through part;
+// q's and k's rows in one grid.
 // Each row's outer dimensions are ordered by the caller (largest stride first), so consecutive
 // threads walk memory in order. See kernels/include/opslot_kernels/rope.h and docs/kernels.md.
+#include <type_traits>
+
 #include "common.cuh"
 #include "opslot_kernels/rope.h"
 
@@ -22,12 +25,14 @@ struct RopeArgs {
   const void* cos;
   const void* sin;
   int half;           // rotary_dim / 2
-  int slots_per_row;  // half / VEC pairs + (head_dim - rotary_dim) / VEC pass-through vectors
-  int pairs;          // half / VEC
+  int slots_per_row;  // = pairs: each slot also copies every pairs-th pass-through vector
+  int pairs;          // half / VEC (at least 1)
+  int npass;          // (head_dim - rotary_dim) / VEC pass-through vectors
+  int spread;         // 1: pair slots also copy the pass-through part; 0: one slot per pass-through vector
   int rd;
 };
 
-template <typename T, typename Tc, int VEC, bool BWD>
+template <typename T, typename Tc, int VEC, bool BWD, bool SPREAD>
 __global__ void __launch_bounds__(256) rope_kernel(RopeArgs a) {
   int64_t gid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   int which = 0;
@@ -50,7 +55,10 @@ __global__ void __launch_bounds__(256) rope_kernel(RopeArgs a) {
   const int64_t out_off = i0 * t.os[0] + i1 * t.os[1] + i2 * t.os[2];
   const T* x = static_cast<const T*>(t.in) + in_off;
   T* y = static_cast<T*>(t.out) + out_off;
-  if (slot < a.pairs) {
+  if (!SPREAD && slot >= a.pairs) {  // one thread per pass-through vector
+    const int f = a.rd + (slot - a.pairs) * VEC;
+    *reinterpret_cast<Vec<T, VEC>*>(y + f) = *reinterpret_cast<const Vec<T, VEC>*>(x + f);
+  } else {
     const int e = slot * VEC;
     const Tc* c = static_cast<const Tc*>(a.cos) + (i0 * t.cs[0] + i1 * t.cs[1] + i2 * t.cs[2]);
     const Tc* s = static_cast<const Tc*>(a.sin) + (i0 * t.ss[0] + i1 * t.ss[1] + i2 * t.ss[2]);
@@ -73,11 +81,20 @@ __global__ void __launch_bounds__(256) rope_kernel(RopeArgs a) {
     }
     store_vec<VEC>(y + e, o1);
     store_vec<VEC>(y + e + a.half, o2);
-  } else {
-    const int e = a.rd + (slot - a.pairs) * VEC;
-    *reinterpret_cast<Vec<T, VEC>*>(y + e) = *reinterpret_cast<const Vec<T, VEC>*>(x + e);
+    // SPREAD: the pass-through part of a partial rotation is copied by the pair slots, so that
+    // every thread of a row moves about the same bytes (one thread per pass-through vector left
+    // some threads with one 16-byte load and others with six). After the rotation's stores, so
+    // that its registers are free (placed before them, it doubled the kernel's registers).
+    if (SPREAD) {
+      for (int p = slot; p < a.npass; p += a.pairs) {
+        const int f = a.rd + p * VEC;
+        *reinterpret_cast<Vec<T, VEC>*>(y + f) = *reinterpret_cast<const Vec<T, VEC>*>(x + f);
+      }
+    }
   }
 }
+
+int g_spread = 1;  // opslot_rope_set_tuning (benchmarks only)
 
 bool aligned(const void* p, int bytes) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
@@ -123,7 +140,9 @@ int launch(bool bwd, int64_t head_dim, int64_t rotary_dim, const void* cos, cons
   }
   const int vec = vec_ok ? kVec : 1;
   a.pairs = a.half / vec;
-  a.slots_per_row = a.pairs + static_cast<int>((head_dim - rotary_dim) / vec);
+  a.npass = static_cast<int>((head_dim - rotary_dim) / vec);
+  a.spread = g_spread && a.npass > 0;
+  a.slots_per_row = a.spread ? a.pairs : a.pairs + a.npass;
   int64_t total = 0;
   for (int w = 0; w < 2; ++w) {
     if (rows_total[w] * a.slots_per_row >= (int64_t(1) << 32))
@@ -137,12 +156,20 @@ int launch(bool bwd, int64_t head_dim, int64_t rotary_dim, const void* cos, cons
   const int64_t blocks = (total + threads - 1) / threads;
   if (blocks > INT32_MAX) return set_error(OPSLOT_ERR_UNSUPPORTED, "rope: too many elements");
   const unsigned g = static_cast<unsigned>(blocks);
+  auto go = [&](auto vec_tag, auto spread_tag) {
+    constexpr int V = decltype(vec_tag)::value;
+    constexpr bool SP = decltype(spread_tag)::value;
+    if (bwd) rope_kernel<T, Tc, V, true, SP><<<g, threads, 0, stream>>>(a);
+    else rope_kernel<T, Tc, V, false, SP><<<g, threads, 0, stream>>>(a);
+  };
+  using Yes = std::true_type;
+  using No = std::false_type;
   if (vec_ok) {
-    if (bwd) rope_kernel<T, Tc, kVec, true><<<g, threads, 0, stream>>>(a);
-    else rope_kernel<T, Tc, kVec, false><<<g, threads, 0, stream>>>(a);
+    if (a.spread) go(std::integral_constant<int, kVec>{}, Yes{});
+    else go(std::integral_constant<int, kVec>{}, No{});
   } else {
-    if (bwd) rope_kernel<T, Tc, 1, true><<<g, threads, 0, stream>>>(a);
-    else rope_kernel<T, Tc, 1, false><<<g, threads, 0, stream>>>(a);
+    if (a.spread) go(std::integral_constant<int, 1>{}, Yes{});
+    else go(std::integral_constant<int, 1>{}, No{});
   }
   return check_launch(bwd ? "rope backward" : "rope forward");
 }
@@ -177,4 +204,11 @@ extern "C" OPSLOT_API int opslot_rope(int backward, int dtype, int cs_dtype, int
                                                        meta, s);
     default: return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "rope: unknown dtype code %d", dtype);
   }
+}
+
+extern "C" OPSLOT_API int opslot_rope_set_tuning(int spread_pass_through) {
+  if (spread_pass_through != 0 && spread_pass_through != 1)
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "rope tuning: spread_pass_through 0 or 1");
+  g_spread = spread_pass_through;
+  return OPSLOT_OK;
 }

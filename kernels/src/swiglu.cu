@@ -1,6 +1,8 @@
 // silu(gate) * up and its backward: elementwise, 16-byte vectors, UNROLL vectors per thread with
 // all loads issued before any arithmetic; a scalar tail for n not a multiple of the vector. See
 // kernels/include/opslot_kernels/swiglu.h and docs/kernels.md ("swiglu_mlp").
+#include <type_traits>
+
 #include "common.cuh"
 #include "opslot_kernels/swiglu.h"
 
@@ -8,11 +10,17 @@ namespace opslot {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kUnroll = 2;
+int g_unroll = 1;  // vectors per thread and tensor (opslot_silu_mul_set_tuning; benchmarks only)
 
-__device__ __forceinline__ float sigmoidf(float z) { return 1.f / (1.f + expf(-z)); }
+// fp32: expf and an exact division; 16-bit types: the fast intrinsics (their error is far below
+// one 16-bit rounding, and the exact forms cost issue slots this bandwidth-bound kernel needs).
+template <typename T>
+__device__ __forceinline__ float sigmoid_t(float z) {
+  if (sizeof(T) == 4) return 1.f / (1.f + expf(-z));
+  return __fdividef(1.f, 1.f + __expf(-z));
+}
 
-template <typename T, int VEC>
+template <typename T, int VEC, int kUnroll>
 __global__ void __launch_bounds__(kThreads) silu_mul_fwd_kernel(int64_t nvec, int64_t n, const T* __restrict__ gate,
                                                                 const T* __restrict__ up, T* __restrict__ out) {
   using V = Vec<T, VEC>;
@@ -34,7 +42,7 @@ __global__ void __launch_bounds__(kThreads) silu_mul_fwd_kernel(int64_t nvec, in
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
         const float z = to_float(g[k].v[j]);
-        o.v[j] = from_float<T>(z * sigmoidf(z) * to_float(u[k].v[j]));
+        o.v[j] = from_float<T>(z * sigmoid_t<T>(z) * to_float(u[k].v[j]));
       }
       reinterpret_cast<V*>(out)[i] = o;
     }
@@ -42,12 +50,12 @@ __global__ void __launch_bounds__(kThreads) silu_mul_fwd_kernel(int64_t nvec, in
   if (blockIdx.x == 0) {  // the elements after the last whole vector
     for (int64_t i = nvec * VEC + threadIdx.x; i < n; i += kThreads) {
       const float z = to_float(gate[i]);
-      out[i] = from_float<T>(z * sigmoidf(z) * to_float(up[i]));
+      out[i] = from_float<T>(z * sigmoid_t<T>(z) * to_float(up[i]));
     }
   }
 }
 
-template <typename T, int VEC>
+template <typename T, int VEC, int kUnroll>
 __global__ void __launch_bounds__(kThreads) silu_mul_bwd_kernel(int64_t nvec, int64_t n, const T* __restrict__ gate,
                                                                 const T* __restrict__ up, const T* __restrict__ grad,
                                                                 T* __restrict__ dgate, T* __restrict__ dup) {
@@ -71,7 +79,7 @@ __global__ void __launch_bounds__(kThreads) silu_mul_bwd_kernel(int64_t nvec, in
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
         const float z = to_float(g[k].v[j]), uu = to_float(u[k].v[j]), gg = to_float(d[k].v[j]);
-        const float s = sigmoidf(z);
+        const float s = sigmoid_t<T>(z);
         du.v[j] = from_float<T>(gg * z * s);
         dg.v[j] = from_float<T>(gg * uu * s * (1.f + z * (1.f - s)));
       }
@@ -82,7 +90,7 @@ __global__ void __launch_bounds__(kThreads) silu_mul_bwd_kernel(int64_t nvec, in
   if (blockIdx.x == 0) {
     for (int64_t i = nvec * VEC + threadIdx.x; i < n; i += kThreads) {
       const float z = to_float(gate[i]), uu = to_float(up[i]), gg = to_float(grad[i]);
-      const float s = sigmoidf(z);
+      const float s = sigmoid_t<T>(z);
       dup[i] = from_float<T>(gg * z * s);
       dgate[i] = from_float<T>(gg * uu * s * (1.f + z * (1.f - s)));
     }
@@ -100,20 +108,31 @@ int run(bool bwd, int64_t n, const void* gate, const void* up, const void* grad,
   const bool vec = aligned16(gate) && aligned16(up) && aligned16(a) && (!bwd || (aligned16(grad) && aligned16(b)));
   const int v = vec ? kVec : 1;
   const int64_t nvec = n / v;
-  int64_t blocks = (nvec + kThreads * kUnroll - 1) / (kThreads * kUnroll);
-  if (blocks < 1) blocks = 1;
-  if (blocks > INT32_MAX) return set_error(OPSLOT_ERR_UNSUPPORTED, "silu_mul: too many elements");
   const T* g = static_cast<const T*>(gate);
   const T* u = static_cast<const T*>(up);
-  const unsigned grid = static_cast<unsigned>(blocks);
-  if (bwd) {
-    if (vec) silu_mul_bwd_kernel<T, kVec><<<grid, kThreads, 0, s>>>(nvec, n, g, u, static_cast<const T*>(grad), static_cast<T*>(a), static_cast<T*>(b));
-    else silu_mul_bwd_kernel<T, 1><<<grid, kThreads, 0, s>>>(nvec, n, g, u, static_cast<const T*>(grad), static_cast<T*>(a), static_cast<T*>(b));
-    return check_launch("silu_mul backward");
+  const T* d = static_cast<const T*>(grad);
+  T* o1 = static_cast<T*>(a);
+  T* o2 = static_cast<T*>(b);
+  auto go = [&](auto unroll_tag) -> int {
+    constexpr int U = decltype(unroll_tag)::value;
+    int64_t blocks = (nvec + kThreads * U - 1) / (kThreads * U);
+    if (blocks < 1) blocks = 1;
+    if (blocks > INT32_MAX) return set_error(OPSLOT_ERR_UNSUPPORTED, "silu_mul: too many elements");
+    const unsigned grid = static_cast<unsigned>(blocks);
+    if (bwd) {
+      if (vec) silu_mul_bwd_kernel<T, kVec, U><<<grid, kThreads, 0, s>>>(nvec, n, g, u, d, o1, o2);
+      else silu_mul_bwd_kernel<T, 1, U><<<grid, kThreads, 0, s>>>(nvec, n, g, u, d, o1, o2);
+      return check_launch("silu_mul backward");
+    }
+    if (vec) silu_mul_fwd_kernel<T, kVec, U><<<grid, kThreads, 0, s>>>(nvec, n, g, u, o1);
+    else silu_mul_fwd_kernel<T, 1, U><<<grid, kThreads, 0, s>>>(nvec, n, g, u, o1);
+    return check_launch("silu_mul forward");
+  };
+  switch (g_unroll) {
+    case 2: return go(std::integral_constant<int, 2>{});
+    case 4: return go(std::integral_constant<int, 4>{});
+    default: return go(std::integral_constant<int, 1>{});
   }
-  if (vec) silu_mul_fwd_kernel<T, kVec><<<grid, kThreads, 0, s>>>(nvec, n, g, u, static_cast<T*>(a));
-  else silu_mul_fwd_kernel<T, 1><<<grid, kThreads, 0, s>>>(nvec, n, g, u, static_cast<T*>(a));
-  return check_launch("silu_mul forward");
 }
 
 }  // namespace
@@ -134,6 +153,13 @@ OPSLOT_API int opslot_silu_mul_bwd(int dtype, int64_t n, const void* gate, const
   return dispatch_dtype(dtype, "silu_mul", [&](auto t) -> int {
     return run<decltype(t)>(true, n, gate, up, grad, dgate, dup, static_cast<cudaStream_t>(stream));
   });
+}
+
+OPSLOT_API int opslot_silu_mul_set_tuning(int vectors_per_thread) {
+  if (vectors_per_thread != 1 && vectors_per_thread != 2 && vectors_per_thread != 4)
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "silu_mul tuning: vectors_per_thread 1, 2 or 4");
+  g_unroll = vectors_per_thread;
+  return OPSLOT_OK;
 }
 
 }  // extern "C"

@@ -28,6 +28,10 @@ OPSLOT_API int opslot_rope(int backward, int dtype, int cs_dtype, int64_t head_d
                            const void* cos, const void* sin, const void* q_in, void* q_out, const void* k_in,
                            void* k_out, const int64_t* meta, void* stream);
 
+/* Benchmarks only (not thread-safe): 1 (default) spreads the pass-through part of a partial rotation
+ * over the pair slots; 0 gives each pass-through 16-byte vector its own thread (the first layout). */
+OPSLOT_API int opslot_rope_set_tuning(int spread_pass_through);
+
 #ifdef __cplusplus
 }
 #endif

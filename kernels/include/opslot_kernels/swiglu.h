@@ -16,6 +16,8 @@ extern "C" {
 OPSLOT_API int opslot_silu_mul_fwd(int dtype, int64_t n, const void* gate, const void* up, void* out, void* stream);
 OPSLOT_API int opslot_silu_mul_bwd(int dtype, int64_t n, const void* gate, const void* up, const void* grad,
                                    void* dgate, void* dup, void* stream);
+/* Benchmarks only: 16-byte vectors per thread and tensor (1, 2 or 4; default 1). Not thread-safe. */
+OPSLOT_API int opslot_silu_mul_set_tuning(int vectors_per_thread);
 
 #ifdef __cplusplus
 }
