@@ -124,7 +124,7 @@ class Generator {
       for (size_t pos = 0; pos <= sk.target.size();) {
         size_t dot = std::min(sk.target.find('.', pos), sk.target.size());
         std::string part = sk.target.substr(pos, dot - pos);
-        for (MapUse& u : spec_map_) u.used |= u.entry->from == part;
+        MapName(spec_map_, part);
         pos = dot + 1;
       }
     }
@@ -190,10 +190,41 @@ class Generator {
 
   void ReportUnusedKey(const MapUse& u) {
     if (u.used) return;
+    if (u.entry->prefix) {
+      Error(u.entry->loc, "name_map rule '" + u.entry->Key() + "' is never used",
+            "name_map renames identifiers in patch bodies, helpers, blocks and guard targets; "
+            "none of them starts with '" + u.entry->from + "'" +
+                (u.entry->to.starts_with(u.entry->from)
+                     ? " (identifiers that already start with '" + u.entry->to + "' are left alone)"
+                     : std::string()));
+      return;
+    }
     Error(u.entry->loc, "name_map key '" + u.entry->from + "' is never used",
           "name_map renames identifiers in patch bodies, helpers, blocks and guard targets; "
           "no identifier '" +
               u.entry->from + "' appears in them");
+  }
+
+  /// The new name of identifier `name` under `map` (marking the rule used), or nullopt. A whole-
+  /// name key wins over prefix rules, a longer prefix over a shorter one; when a rule's new prefix
+  /// extends the old one, an identifier that already starts with the new prefix is left alone.
+  static std::optional<std::string> MapName(std::vector<MapUse>& map, std::string_view name) {
+    for (MapUse& u : map) {
+      if (!u.entry->prefix && u.entry->from == name) {
+        u.used = true;
+        return u.entry->to;
+      }
+    }
+    MapUse* best = nullptr;
+    for (MapUse& u : map) {
+      if (!u.entry->prefix || !name.starts_with(u.entry->from)) continue;
+      // `Qwen3_5*: Qwen3_5Moe*` leaves Qwen3_5MoeMLP alone: it is a name of the new family.
+      if (u.entry->to.starts_with(u.entry->from) && name.starts_with(u.entry->to)) continue;
+      if (!best || u.entry->from.size() > best->entry->from.size()) best = &u;
+    }
+    if (!best) return std::nullopt;
+    best->used = true;
+    return best->entry->to + std::string(name.substr(best->entry->from.size()));
   }
 
   /// End of the line holding `offset` (its '\n', or the end of the file): edits after a
@@ -441,15 +472,12 @@ class Generator {
     if (Is(node, "identifier")) {
       if (rename && rename->first == r) return;
       std::string_view text = m.Text(r);
-      // Patch-level entries win over spec-level ones with the same key.
+      // Patch-level entries win over spec-level ones.
       for (std::vector<MapUse>* map : {patch_map, &spec_map_}) {
         if (!map) continue;
-        for (MapUse& u : *map) {
-          if (u.entry->from == text) {
-            u.used = true;
-            out.push_back({r, u.entry->to});
-            return;
-          }
+        if (std::optional<std::string> to = MapName(*map, text)) {
+          out.push_back({r, *to});
+          return;
         }
       }
       return;
@@ -1125,13 +1153,7 @@ class Generator {
         for (size_t pos = 0; pos <= g.in.size();) {
           size_t dot = std::min(g.in.find('.', pos), g.in.size());
           std::string part = g.in.substr(pos, dot - pos);
-          for (MapUse& u : spec_map_) {
-            if (u.entry->from == part) {
-              part = u.entry->to;
-              u.used = true;
-              break;
-            }
-          }
+          if (std::optional<std::string> to = MapName(spec_map_, part)) part = *to;
           mapped_in += (pos == 0 ? "" : ".") + part;
           pos = dot + 1;
         }

@@ -23,11 +23,16 @@ struct TextOrigin {
   uint32_t col_offset = 0;                   ///< Columns to add (block scalar indentation).
 };
 
-/// One `old: new` identifier rename.
+/// One `old: new` identifier rename, or with `prefix` a family rule `Old*: New*` that renames
+/// every identifier starting with `from` (the text without `*`) to start with `to` instead.
 struct NameMapEntry {
   std::string from;
   std::string to;
   SourceLoc loc;  ///< The key.
+  bool prefix = false;
+
+  /// The key as written: "Qwen3_5MLP", or "Qwen3_5*" for a prefix rule.
+  std::string Key() const { return prefix ? from + "*" : from; }
 };
 
 /// Where a body comes from.

@@ -307,15 +307,38 @@ class FileLoader {
     if (!Mapping(n, "name_map")) return out;
     std::map<std::string, const RawNode*> seen;
     for (const auto& [key, value] : n.entries) {
-      auto from = Identifier(key, "name_map");
-      auto to = Identifier(value, "name_map");
+      // `Family*: NewFamily*` is a prefix rule; both sides then end in `*`.
+      bool prefix = key.kind == Kind::kScalar && key.scalar.size() > 1 && key.scalar.back() == '*';
+      std::optional<std::string> from, to;
+      if (prefix) {
+        if (IsIdentifier(std::string_view(key.scalar).substr(0, key.scalar.size() - 1))) {
+          from = key.scalar.substr(0, key.scalar.size() - 1);
+        } else {
+          Error(key, "'" + key.scalar + "' is not a Python identifier followed by '*'",
+                "a prefix rule looks like `Qwen3_5*: Qwen3_5Moe*`");
+        }
+        auto v = String(value, "name_map");
+        if (v && v->size() > 1 && v->back() == '*' &&
+            IsIdentifier(std::string_view(*v).substr(0, v->size() - 1))) {
+          to = v->substr(0, v->size() - 1);
+        } else if (v) {
+          Error(value, "'" + key.scalar + "' is a prefix rule, so its value must be a prefix too, like `" +
+                           (from ? *from : std::string("Qwen3_5")) + "Moe*`",
+                "`A*: B*` renames every identifier that starts with A to start with B");
+        }
+      } else {
+        from = Identifier(key, "name_map");
+        to = Identifier(value, "name_map");
+      }
       if (!from || !to) continue;
-      auto [it, inserted] = seen.emplace(*from, &key);
+      auto [it, inserted] = seen.emplace(key.scalar, &key);
       if (!inserted) {
-        ErrorWithNote(key, "duplicate key '" + *from + "'", Loc(*it->second), "first given here");
+        ErrorWithNote(key, "duplicate key '" + key.scalar + "'", Loc(*it->second), "first given here");
         continue;
       }
-      out.push_back(NameMapEntry{*from, *to, Loc(key)});
+      NameMapEntry e{*from, *to, Loc(key)};
+      e.prefix = prefix;
+      out.push_back(std::move(e));
     }
     return out;
   }
@@ -972,7 +995,7 @@ void Merge(OneSpec& parent_one, OneSpec&& child_one, const std::string& parent_p
   if (child_one.has_description) parent.description = child.description;
   if (child.runtime) parent.runtime = child.runtime;
   for (NameMapEntry& e : child.name_map) {
-    Upsert(parent.name_map, std::move(e), [](const NameMapEntry& x) { return x.from; });
+    Upsert(parent.name_map, std::move(e), [](const NameMapEntry& x) { return x.Key(); });
   }
   for (Block& b : child.import_adds) parent.import_adds.push_back(std::move(b));
   for (LocatedName& n : child.import_drops) {

@@ -1094,6 +1094,34 @@ help: to change a few statements of A.h instead of replacing it, use `edit_body:
 )");
 }
 
+TEST_CASE("name_map prefix rules: Old*: New*", "[spec]") {
+  auto r = LoadSpecFromString("s.yaml", std::string(kMinimal) + R"(name_map:
+  Qwen3_5*: Qwen3_5Moe*
+  Qwen3_5MLP: Qwen3_5MoeMLP
+)");
+  REQUIRE(r.ok());
+  REQUIRE(r->name_map.size() == 2);
+  CHECK(r->name_map[0].prefix);
+  CHECK(r->name_map[0].from == "Qwen3_5");
+  CHECK(r->name_map[0].to == "Qwen3_5Moe");
+  CHECK(r->name_map[0].Key() == "Qwen3_5*");
+  CHECK_FALSE(r->name_map[1].prefix);
+  CHECK(r->name_map[1].Key() == "Qwen3_5MLP");
+  CHECK(ErrorsOf(std::string(kMinimal) + R"(name_map:
+  A*: B
+  A*: C*
+  x: y*
+)") == R"(s.yaml:4:7: error: 'A*' is a prefix rule, so its value must be a prefix too, like `AMoe*`
+    4 |   A*: B
+      |       ^
+help: `A*: B*` renames every identifier that starts with A to start with B
+s.yaml:6:6: error: 'y*' is not a Python identifier
+    6 |   x: y*
+      |      ^~
+help: 'name_map' takes a name like `rms_norm_slot`
+)");
+}
+
 TEST_CASE("known keys and enum lists", "[spec]") {
   CHECK(KnownKeys(KeyLevel::kImports) == std::vector<std::string>{"add", "drop"});
   CHECK(KnownKeys(KeyLevel::kGuard) ==
