@@ -10,8 +10,8 @@ with --out). Ceilings measured in the same run: a bf16 GEMM and the NCCL all-to-
 GEN holds patched_modeling_qwen3_moe_gpu.py (tests/distributed/harness.py `generate`, or patchgen on
 specs/qwen3_moe/qwen3_moe_gpu.yaml). Model (Qwen3-30B-A3B's shapes, fewer layers and experts):
 hidden 2048, 32 heads (4 KV) of 128, 64 experts of 768, top-8, vocab 151936. bf16 compute with fp32
-master weights and fp32 gradient reduction (FSDP2 MixedPrecisionPolicy), AdamW, no activation
-checkpointing, not compiled; batch x seq tokens per GPU per step, random tokens.
+master weights and fp32 gradient reduction (FSDP2 MixedPrecisionPolicy), AdamW, sdpa attention, no
+activation checkpointing, not compiled; batch x seq tokens per GPU per step, random tokens.
 """
 
 from __future__ import annotations
@@ -94,8 +94,9 @@ def one(opts: Dict[str, Any], name: str, ops: str, ep: int, mode: str) -> Dict[s
         sys.path.insert(0, opts["module_dir"])
     torch.manual_seed(0)
     with dev:
-        model = opslot.build_model(model_config(opts["layers"], not gpu), ops=train.OPS[ops], module=harness.MODULE,
-                                   model_class="Qwen3MoeForCausalLM")
+        model = opslot.build_model(model_config(opts["layers"], not gpu),
+                                   ops=dict(train.OPS[ops], attn_implementation=opts["attn"]),
+                                   module=harness.MODULE, model_class="Qwen3MoeForCausalLM")
     experts_impl = getattr(model.config, "_experts_implementation", None)
     meshes = od.init_meshes(dev.type, ep=ep)
     if ep > 1:
@@ -152,7 +153,8 @@ def worker(opts: Dict[str, Any]) -> Dict[str, Any]:
 
 def table(ranks: List[Dict[str, Any]], opts: Dict[str, Any]) -> str:
     c = ranks[0]["ceilings"]
-    lines = [f"2 GPUs, {opts['layers']} layers, {opts['batch']}x{opts['seq']} tokens per GPU per step, median of "
+    lines = [f"2 GPUs, {opts['layers']} layers, {opts['batch']}x{opts['seq']} tokens per GPU per step, attention "
+             f"{opts['attn']}, median of "
              f"{opts['steps']} steps after {opts['warmup']}; ceilings: bf16 GEMM {c['bf16_gemm_tflops']:.0f} TFLOP/s, "
              f"NCCL all-to-all {c['all_to_all_gbps']:.0f} GB/s per direction",
              "",
@@ -179,12 +181,14 @@ def main() -> int:
     p.add_argument("--seq", type=int, default=4096)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--attn", default="sdpa", help="attn_implementation (Transformers' attention)")
     p.add_argument("--device", default="cuda", help="cuda (the measurement) or cpu (a smoke test, tiny model)")
     p.add_argument("--only", default="", help="comma-separated ops families to run (default: all)")
     p.add_argument("--out", default=None, help="write the table (markdown) here, and the raw numbers beside it (.json)")
     a = p.parse_args()
     opts = dict(module_dir=str(Path(a.module_dir).resolve()), layers=a.layers, batch=a.batch, seq=a.seq,
-                warmup=a.warmup, steps=a.steps, only=[x for x in a.only.split(",") if x], device=a.device)
+                warmup=a.warmup, steps=a.steps, only=[x for x in a.only.split(",") if x], device=a.device,
+                attn=a.attn)
     t0 = time.time()
     ranks = harness.spawn(worker, opts, world=2, device=a.device)
     text = table(ranks, opts)

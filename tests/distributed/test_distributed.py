@@ -59,6 +59,7 @@ CUDA: List[Tuple[str, str, Dict[str, Any]]] = [
     ("fsdp_fp32", "train", dict(GPU_TRAIN, dtype="fp32")),
     ("errors", "errors", {"ops": "cuda"}),
     ("fsdp_ep_ac_compile", "train", dict(GPU_TRAIN, ep=2, ac=True, compile="inductor")),  # last: the slowest
+    ("fsdp_ep_ac_compile_fp32", "train", dict(GPU_TRAIN, ep=2, ac=True, compile="inductor", dtype="fp32")),
 ]
 
 
@@ -125,9 +126,12 @@ def test_fsdp2_matches_one_rank(results, device, train_name):
     for a, b in zip(got["losses"], got["ref_losses"]):
         assert abs(a - b) <= (1e-5 if fp32 else 1e-2) * abs(b), (got["losses"], got["ref_losses"])
     assert got["max_grad_rel_diff"] <= (1e-4 if fp32 else 0.1), (got["worst_grad"], got["max_grad_rel_diff"])
+    # final weights: the difference relative to the update of the same parameter (norms). AdamW's step
+    # is about lr * sign(grad) where a gradient cancels to near zero, so one element can differ by a
+    # good part of lr even in fp32 (seen: 3.7e-5 of 3.0e-3 on the H200); the norms stay tight.
     if fp32:
-        assert got["max_weight_diff"] <= 1e-5, (got["worst_weight"], got["max_weight_diff"])
-        assert got["max_weight_update"] > 100 * got["max_weight_diff"]  # the weights did move
+        assert got["max_weight_rel_diff"] <= 1e-3, (got["worst_weight_rel"], got["max_weight_rel_diff"])
+        assert got["max_weight_diff"] <= 0.05 * got["max_weight_update"], (got["worst_weight"], got["max_weight_diff"])
     elif got["optim"] == "sgd":  # AdamW's bf16 weights: reported, not asserted (see train.py --optim)
         assert got["max_weight_rel_diff"] <= 0.1, (got["worst_weight_rel"], got["max_weight_rel_diff"])
 

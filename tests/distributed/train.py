@@ -12,8 +12,9 @@ tests/distributed/harness.py's `generate` makes it). Every rank builds the model
 `gradient_checkpointing_enable`, non-reentrant), compiles every decoder layer, shards the model with
 `opslot.distributed.fully_shard_model` (FSDP2 per decoder layer over a device mesh) and runs N AdamW
 steps on its slice of the global batch. The reference, on every rank, is the unsharded model (no EP,
-no FSDP, no checkpointing, not compiled) stepping on the whole global batch, with FSDP's mixed
-precision reproduced for bf16 (fp32 master weights, bf16 compute, fp32 gradients). Prints (rank 0)
+no FSDP, no checkpointing; its layers compiled with the same backend when --compile names one that
+generates code, e.g. inductor, whose fused bf16 code rounds differently from eager) stepping on the whole global batch, with
+FSDP's mixed precision reproduced for bf16 (fp32 master weights, bf16 compute, fp32 gradients). Prints (rank 0)
 and returns the per-step losses of both and the largest final-weight difference.
 """
 
@@ -123,6 +124,9 @@ class Reference:
         self.master = model
         self.dtype = dtype
         self.work = model if dtype == torch.float32 else copy.deepcopy(model)
+        if args.compile not in (None, "eager", "aot_eager"):  # inductor's fused bf16 code rounds unlike eager's
+            for layer in od.decoder_layers(self.work):
+                layer.compile(backend=args.compile)
         self.opt = optimizer(args, self.master.parameters())
 
     def step(self, ids: torch.Tensor, grads: Optional[Dict[str, torch.Tensor]] = None) -> float:
