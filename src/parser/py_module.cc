@@ -266,6 +266,14 @@ class Indexer {
     TSNode outer = n;
     TSNode up = ts_node_parent(n);
     if (!ts_node_is_null(up) && Is(up, "decorated_definition")) outer = up;
+    TSNode scope = ts_node_parent(outer);
+    if (!ts_node_is_null(scope) && Is(scope, "block")) {
+      TSNode owner = ts_node_parent(scope);
+      d.direct = !ts_node_is_null(owner) &&
+                 (Is(owner, "class_definition") || Is(owner, "function_definition"));
+    } else {
+      d.direct = !ts_node_is_null(scope) && Is(scope, "module");
+    }
     uint32_t def_start = ts_node_start_byte(outer);
     d.indent = ts_node_start_point(outer).column;
 
@@ -497,6 +505,27 @@ const Definition* PyModule::Find(std::string_view qualname) const {
     if (d.qualname == qualname) return &d;
   }
   return nullptr;
+}
+
+std::vector<const Definition*> PyModule::Redefinitions(const Definition& def) const {
+  // A definition that does not rebind the name as a plain new object: property accessors keep the
+  // property (`@x.setter def x`), typing.overload stubs are replaced by the implementation.
+  auto exempt = [&](const Definition& d) {
+    std::string_view decorators = Text(d.decorators);
+    for (std::string_view accessor : {".setter", ".getter", ".deleter"}) {
+      if (decorators.find("@" + d.name + std::string(accessor)) != std::string_view::npos) return true;
+    }
+    return decorators.find("overload") != std::string_view::npos;
+  };
+  std::vector<const Definition*> out;
+  if (!def.direct || exempt(def)) return out;
+  for (const Definition& d : definitions_) {
+    if (&d == &def || !d.direct || d.parent != def.parent || d.qualname != def.qualname || exempt(d)) {
+      continue;
+    }
+    out.push_back(&d);
+  }
+  return out;
 }
 
 std::vector<std::string> PyModule::ChildNames(const Definition& def, Definition::Kind kind) const {

@@ -68,6 +68,9 @@ struct Definition {
   uint32_t body_indent = 0;
   bool inline_body = false;  ///< Body on the header's line (`class A(B): ...`).
   bool empty_body = false;   ///< Body is only `...` or `pass` (optionally after a docstring).
+  /// Directly in the body of the module or of its enclosing def/class, not under an `if`, `try`,
+  /// `with`, `for` or `while` there: a definition Python always executes in that scope.
+  bool direct = false;
   int parent = -1;           ///< Index into PyModule::definitions() of the enclosing def/class, or -1.
   std::vector<int> children; ///< Indices of directly nested classes and functions (methods), in order.
   uint32_t line = 0;         ///< 1-based line of `definition.start` (for printing).
@@ -110,6 +113,12 @@ class PyModule {
   /// Definition by qualified name ("A", "A.B", "A.B.m", "f"); the first in document order when
   /// several share it (a property and its setter); nullptr when absent.
   const Definition* Find(std::string_view qualname) const;
+  /// Other definitions of `def`'s qualified name that rebind it in the same scope (two `class X`
+  /// or two `def f` in the module body, a method defined twice in one class body), in document
+  /// order: Python keeps the last, so patching the first would patch dead code. Not counted: a
+  /// definition under `if`/`try`/..., property accessors (`@name.setter`, `.getter`, `.deleter`)
+  /// and `@overload` stubs. Empty when `def` is the only one.
+  std::vector<const Definition*> Redefinitions(const Definition& def) const;
   /// Names of the direct children of `def` of the given kind (methods: kFunction).
   std::vector<std::string> ChildNames(const Definition& def, Definition::Kind kind) const;
   /// Names of all top-level classes and functions.

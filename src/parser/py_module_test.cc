@@ -516,3 +516,37 @@ TEST_CASE("Corpus: every .py under PATCHGEN_CORPUS indexes with exact definition
 
 }  // namespace
 }  // namespace patchgen::parser
+
+namespace patchgen::parser {
+namespace {
+
+std::vector<uint32_t> RedefinitionLines(const PyModule& m, std::string_view qualname) {
+  std::vector<uint32_t> lines;
+  for (const Definition* d : m.Redefinitions(*m.Find(qualname))) lines.push_back(d->line);
+  return lines;
+}
+
+TEST_CASE("Redefinitions: a name bound twice in one scope, not accessors, overloads or branches") {
+  auto m = ParseOk(
+      "def f():\n    pass\n"                                   // 1
+      "class A:\n"                                             // 3
+      "    def m(self):\n        pass\n"                       // 4
+      "    @property\n    def p(self):\n        return 1\n"    // 6
+      "    @p.setter\n    def p(self, v):\n        pass\n"     // 9
+      "    def m(self):\n        return 2\n"                   // 12
+      "if X:\n    def g():\n        pass\n"                    // 14
+      "else:\n    def g():\n        pass\n"                    // 17
+      "@overload\ndef h(x: int): ...\n"                        // 20
+      "def h(x):\n    return x\n"                              // 22
+      "def f():\n    return 1\n");                             // 24
+  CHECK(RedefinitionLines(*m, "f") == std::vector<uint32_t>{24});
+  CHECK(RedefinitionLines(*m, "A.m") == std::vector<uint32_t>{12});
+  CHECK(RedefinitionLines(*m, "A.p").empty());
+  CHECK(RedefinitionLines(*m, "g").empty());
+  CHECK(RedefinitionLines(*m, "h").empty());
+  CHECK(m->Find("A")->direct);
+  CHECK_FALSE(m->Find("g")->direct);
+}
+
+}  // namespace
+}  // namespace patchgen::parser

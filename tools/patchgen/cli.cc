@@ -210,6 +210,46 @@ std::vector<fs::path> DiscoverSpecs(const fs::path& root) {
   return out;
 }
 
+/// Errors for entries whose upstream target (or a class around it) is defined more than once in one
+/// scope (PyModule::Redefinitions): Python keeps the last definition, the splice would patch the
+/// first. Located at the spec entry, naming every definition.
+std::vector<Diagnostic> AmbiguousTargets(const std::vector<rewriter::ContractPin>& contract,
+                                         const parser::PyModule& upstream, const std::string& shown) {
+  std::vector<Diagnostic> out;
+  auto where = [&](const parser::Definition& d) {
+    LineCol lc = upstream.lines().At(d.definition.start);
+    return shown + ":" + std::to_string(lc.line) + ":" + std::to_string(lc.col);
+  };
+  for (const rewriter::ContractPin& pin : contract) {
+    if (pin.qualname.empty()) continue;
+    for (const parser::Definition* d = upstream.Find(pin.qualname); d != nullptr;
+         d = d->parent >= 0 ? &upstream.definitions()[d->parent] : nullptr) {
+      std::vector<const parser::Definition*> again = upstream.Redefinitions(*d);
+      if (again.empty()) continue;
+      const char* what = d->kind == parser::Definition::Kind::kClass ? "class"
+                         : d->parent >= 0 && upstream.definitions()[d->parent].kind ==
+                                                 parser::Definition::Kind::kClass
+                             ? "method"
+                             : "function";
+      Diagnostic e = ErrorAt(
+          pin.loc,
+          std::string(what) + " '" + d->qualname + "' is defined " + std::to_string(again.size() + 1) +
+              " times in the upstream module " + shown + ": Python keeps the last (line " +
+              std::to_string(again.back()->line) + "), patchgen would patch the first (line " +
+              std::to_string(d->line) + ")",
+          "patchgen does not guess which definition is meant; remove the dead definition upstream "
+          "or generate against an upstream that defines '" + d->qualname + "' once",
+          ErrorKind::kUpstream);
+      e.notes.push_back(where(*d) + ": note: first definition");
+      for (const parser::Definition* r : again) e.notes.push_back(where(*r) + ": note: defined again here");
+      out.push_back(std::move(e));
+      break;
+    }
+  }
+  SortDiagnostics(out);
+  return out;
+}
+
 class Runner {
  public:
   Runner(Options opts, fs::path cwd, ProjectConfig config)
@@ -405,6 +445,12 @@ void Runner::GenerateAll() {
         fs::path pins_path = PinsPathFor(job.spec_abs);
         if (auto pins = ReadPins(pins_path, Show(pins_path)); pins.ok()) job.pins = std::move(*pins);
       }
+      return;
+    }
+    if (auto ambiguous = AmbiguousTargets(result->contract, *job.upstream->module,
+                                          Show(job.lookup.file.file));
+        !ambiguous.empty()) {
+      Fail(job, std::move(ambiguous));
       return;
     }
     job.py_text = std::move(result->text);
