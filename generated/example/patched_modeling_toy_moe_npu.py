@@ -61,7 +61,7 @@ class ToyMoeExperts(nn.Module):
         top_k_index: torch.Tensor,
         top_k_weights: torch.Tensor,
     ) -> torch.Tensor:
-        # patchgen: guard moe_experts_slot -> moe/standard (specs/example/toy_moe_npu.yaml:15)
+        # patchgen: guard moe_experts_slot -> moe/standard (specs/example/toy_moe_gpu.yaml:15)
         if moe_experts_slot.use_non_eager_impl:
             return moe_experts_slot(self, hidden_states, top_k_index, top_k_weights)
         final_hidden_states = torch.zeros_like(hidden_states)

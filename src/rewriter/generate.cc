@@ -146,6 +146,7 @@ class Generator {
     }
     PlanGuardsAndConflicts();
     AddStatementEdits();
+    FindSlotsWithoutGuards();
     PlanInsertionsAfterImports();
     PlanHelpersAfter();
     PlanExcludes();
@@ -1113,6 +1114,18 @@ class Generator {
     return true;
   }
 
+  /// Slots whose every guard was skipped (or that have none): declared, but nothing in this
+  /// module dispatches through them; the header says so.
+  void FindSlotsWithoutGuards() {
+    std::set<std::string> seen;
+    for (const spec::Slot& slot : spec_.slots) {
+      if (!seen.insert(slot.name).second) continue;
+      bool guarded = false;
+      for (const GuardPlan::Region& r : guard_regions_) guarded |= r.slot == slot.name;
+      if (!guarded) unguarded_slots_.push_back(&slot);
+    }
+  }
+
   /// Adds the planned statement edits after the guards, so that at one offset (the first
   /// statement of a body) an entry guard stays first; an edit touching the statements of a
   /// call-site guard is an error naming both.
@@ -1469,6 +1482,13 @@ class Generator {
              "\n";
       }
     }
+    if (!unguarded_slots_.empty()) {
+      h += "#   slots without a guard (declared; nothing here dispatches through them):\n";
+      for (const spec::Slot* slot : unguarded_slots_) {
+        h += "#   - " + slot->name + " -> " + slot->op + "/" + slot->variant + " (" + Where(slot->loc) +
+             ")\n";
+      }
+    }
     if (applied_.empty()) {
       h += "#   applied:  nothing (upstream with absolute imports)\n";
     } else {
@@ -1594,6 +1614,7 @@ class Generator {
   std::vector<ContractPin> contract_;
   std::vector<PendingEdit> pending_edits_;           ///< Statement edits, added after the guards.
   std::vector<GuardPlan::Region> guard_regions_;     ///< What the planned guards wrap.
+  std::vector<const spec::Slot*> unguarded_slots_;   ///< Declared slots no guard dispatches.
 };
 
 /// Keeps the entries whose `upstream_version` matches `version`; the others go to `skipped`.

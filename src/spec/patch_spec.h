@@ -106,6 +106,11 @@ struct Patch {
   std::vector<StatementEdit> edits;    ///< edit_body only: in spec order.
   Condition when;           ///< `upstream_version` / `optional`.
   SourceLoc loc;            ///< The entry (its kind key).
+  /// In a spec with `extends`: an entry without a body (no `code`/`file`/`from`, no `edits`)
+  /// changes the inherited entry of the same target instead of replacing it; `given` holds the
+  /// keys it sets (description, after, name_map, optional, reason). Resolved by the merge.
+  bool partial = false;
+  std::vector<std::string> given;
 };
 
 struct Guard {
@@ -129,6 +134,10 @@ struct Slot {
   Scope scope = Scope::kModule;
   std::vector<Guard> guards;
   SourceLoc loc;            ///< The `name` value.
+  /// In a spec with `extends`: a slot without `op`/`variant` changes the inherited slot of the
+  /// same name; `given` holds the keys it sets (op, variant, scope, guards).
+  bool partial = false;
+  std::vector<std::string> given;
 };
 
 struct Helper {

@@ -56,7 +56,9 @@ const std::vector<std::string>& KnownKeys(KeyLevel level) {
 
 const std::vector<std::string>& RequiredKeys(KeyLevel level) {
   static const std::vector<std::string> spec = {"upstream", "output"};
-  static const std::vector<std::string> slot = {"name", "op", "variant"};
+  // A slot's `op` and `variant` are required too, except in a spec with `extends`, where a slot
+  // without them changes the inherited slot of that name (NewSlotKeys).
+  static const std::vector<std::string> slot = {"name"};
   static const std::vector<std::string> guard = {"in", "call"};
   static const std::vector<std::string> none;
   switch (level) {
@@ -65,6 +67,11 @@ const std::vector<std::string>& RequiredKeys(KeyLevel level) {
     case KeyLevel::kGuard: return guard;
     default: return none;
   }
+}
+
+const std::vector<std::string>& NewSlotKeys() {
+  static const std::vector<std::string> keys = {"name", "op", "variant"};
+  return keys;
 }
 
 const std::vector<std::string>& PatchKindKeys() {

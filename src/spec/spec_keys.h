@@ -30,6 +30,10 @@ const std::vector<std::string>& KnownKeys(KeyLevel level);
 /// Keys that must be present at `level` (for kSpec: after `extends` is merged).
 const std::vector<std::string>& RequiredKeys(KeyLevel level);
 
+/// Keys a new slot needs (RequiredKeys(kSlot) plus op and variant; in a spec with `extends`, a slot
+/// with only `name` changes the inherited one).
+const std::vector<std::string>& NewSlotKeys();
+
 /// The patch kind keys: replace_class, replace_function, override_method, add_method, modify_init,
 /// edit_body.
 const std::vector<std::string>& PatchKindKeys();

@@ -507,6 +507,7 @@ class FileLoader {
     }
     if (const RawNode* v = get("extends")) {
       if (auto s = String(*v, "extends")) out.extends = LocatedName{*s, Loc(*v)};
+      has_extends_ = true;
     }
     if (const RawNode* v = get("name_map")) spec.name_map = NameMap(*v);
     if (const RawNode* v = get("imports")) {
@@ -539,11 +540,15 @@ class FileLoader {
     for (const RawNode& item : *items) {
       if (!Mapping(item, "slots")) continue;
       auto keys = Keys(item, KeyLevel::kSlot);
-      if (!RequireKeys(item, keys, KeyLevel::kSlot)) continue;
       Slot slot;
+      // With `extends`, `name` and no op/variant changes the inherited slot of that name.
+      slot.partial = has_extends_ && keys.count("name") && !keys.count("op") && !keys.count("variant");
+      if (!slot.partial && !RequireNewSlotKeys(item, keys)) continue;
+      for (const auto& [k, kv] : keys) slot.given.push_back(k);
       auto name = Identifier(*keys["name"].second, "name");
-      auto op = String(*keys["op"].second, "op");
-      auto variant = String(*keys["variant"].second, "variant");
+      std::optional<std::string> op = slot.partial ? std::optional<std::string>("") : String(*keys["op"].second, "op");
+      std::optional<std::string> variant =
+          slot.partial ? std::optional<std::string>("") : String(*keys["variant"].second, "variant");
       bool ok = name && op && variant;
       if (auto it = keys.find("scope"); it != keys.end()) {
         auto scope = EnumValue(*it->second.second, "scope", ScopeValues());
@@ -562,6 +567,10 @@ class FileLoader {
       slot.op = *op;
       slot.variant = *variant;
       slot.loc = Loc(*keys["name"].second);
+      if (slot.partial) {
+        spec.slots.push_back(std::move(slot));
+        continue;
+      }
       auto [it, inserted] = by_name.emplace(slot.name, spec.slots.size());
       if (inserted) {
         spec.slots.push_back(std::move(slot));
@@ -645,6 +654,19 @@ class FileLoader {
               std::string("a ") + KeyLevelName(level) + " needs: " + JoinNames(RequiredKeys(level), 100));
         ok = false;
       }
+    }
+    return ok;
+  }
+
+  // `name`, `op` and `variant` of a new slot, with the messages of RequireKeys.
+  template <class Keys>
+  bool RequireNewSlotKeys(const RawNode& entry, const Keys& keys) {
+    bool ok = true;
+    for (const std::string& k : NewSlotKeys()) {
+      if (keys.count(k)) continue;
+      Error(entry.entries.empty() ? entry : entry.entries.front().first,
+            "missing key '" + k + "' in a slot", "a slot needs: " + JoinNames(NewSlotKeys(), 100));
+      ok = false;
     }
     return ok;
   }
@@ -761,6 +783,8 @@ class FileLoader {
         }
         if (auto it = keys.find("edits"); it != keys.end()) {
           if (!LoadEdits(*it->second.second, p.edits)) ok = false;
+        } else if (has_extends_) {
+          p.partial = true;
         } else {
           Error(*kind_keys[0].first, "edit_body needs 'edits'",
                 "list the statement edits: insert_before, insert_after, replace, delete or wrap");
@@ -775,8 +799,18 @@ class FileLoader {
           ok = false;
         }
         bool allow_from = p.kind == PatchKind::kReplaceClass || p.kind == PatchKind::kReplaceFunction;
-        p.body = BodyOf(item, keys, allow_from, kind);
+        bool has_body = keys.count("code") || keys.count("file") || keys.count("symbol") ||
+                        (allow_from && keys.count("from"));
+        if (has_extends_ && !has_body) {
+          p.partial = true;  // Changes the inherited entry of this target (resolved by the merge).
+          if (auto it = keys.find("from"); it != keys.end()) {
+            BodyOf(item, keys, allow_from, kind);  // Reports `from` where it is not allowed.
+          }
+        } else {
+          p.body = BodyOf(item, keys, allow_from, kind);
+        }
       }
+      for (const auto& [k, kv] : keys) p.given.push_back(k);
       if (!ok) continue;
       p.target = *target;
       p.target_loc = Loc(target_node);
@@ -940,6 +974,7 @@ class FileLoader {
   std::shared_ptr<const std::string> text_;
   LineIndex lines_;
   std::vector<Diagnostic> diags_;
+  bool has_extends_ = false;  ///< Entries without a body/op then change inherited entries.
 };
 
 // Replaces the entry of `list` whose key equals `item`'s in place, or appends it.
@@ -1001,11 +1036,67 @@ void Merge(OneSpec& parent_one, OneSpec&& child_one, const std::string& parent_p
   for (LocatedName& n : child.import_drops) {
     Upsert(parent.import_drops, std::move(n), [](const LocatedName& x) { return x.name; });
   }
-  for (Slot& s : child.slots) Upsert(parent.slots, std::move(s), [](const Slot& x) { return x.name; });
+  auto given = [](const std::vector<std::string>& keys, const char* k) {
+    return std::find(keys.begin(), keys.end(), k) != keys.end();
+  };
+  for (Slot& s : child.slots) {
+    if (!s.partial) {
+      Upsert(parent.slots, std::move(s), [](const Slot& x) { return x.name; });
+      continue;
+    }
+    auto it = std::find_if(parent.slots.begin(), parent.slots.end(),
+                           [&](const Slot& x) { return x.name == s.name; });
+    if (it == parent.slots.end()) {
+      std::vector<std::string> inherited;
+      for (const Slot& x : parent.slots) inherited.push_back(x.name);
+      std::string help = "a slot without `op` and `variant` changes an inherited slot; a new slot "
+                         "needs both";
+      if (auto near = DidYouMean(s.name, inherited)) help = "did you mean '" + *near + "'? " + help;
+      diags.push_back(ErrorAt(s.loc, "no inherited slot '" + s.name + "' to change in '" + parent_path + "'",
+                              help));
+      continue;
+    }
+    if (given(s.given, "scope")) it->scope = s.scope;
+    if (given(s.given, "guards")) it->guards = std::move(s.guards);
+  }
   for (Patch& p : child.patches) {
-    Upsert(parent.patches, std::move(p), [](const Patch& x) {
-      return x.target + '\0' + x.when.upstream_version.value_or("");
-    });
+    auto key = [](const Patch& x) { return x.target + '\0' + x.when.upstream_version.value_or(""); };
+    if (!p.partial) {
+      Upsert(parent.patches, std::move(p), key);
+      continue;
+    }
+    auto it = std::find_if(parent.patches.begin(), parent.patches.end(),
+                           [&](const Patch& x) { return key(x) == key(p); });
+    if (it == parent.patches.end()) {
+      std::vector<std::string> inherited;
+      for (const Patch& x : parent.patches) inherited.push_back(x.target);
+      std::string help = std::string("an entry without a body changes the inherited patch of its target; a new ") +
+                         PatchKindKey(p.kind) + " needs " +
+                         (p.kind == PatchKind::kEditBody ? "`edits`" : "`code` or `file` + `symbol`");
+      if (auto near = DidYouMean(p.target, inherited)) help = "did you mean '" + *near + "'? " + help;
+      diags.push_back(ErrorAt(p.target_loc,
+                              "no inherited patch of '" + p.target + "' to change in '" + parent_path + "'",
+                              help));
+      continue;
+    }
+    if (it->kind != p.kind) {
+      diags.push_back(ErrorAt(p.loc,
+                              std::string("the inherited patch of '") + p.target + "' is " +
+                                  PatchKindKey(it->kind) + ", not " + PatchKindKey(p.kind),
+                              std::string("write `") + PatchKindKey(it->kind) + ": " + p.target +
+                                  "` to change it, or give a body to replace it"));
+      continue;
+    }
+    if (given(p.given, "description")) it->description = p.description;
+    if (given(p.given, "after")) it->init_at = p.init_at;
+    for (NameMapEntry& e : p.name_map) {
+      Upsert(it->name_map, std::move(e), [](const NameMapEntry& x) { return x.Key(); });
+    }
+    if (given(p.given, "optional")) {
+      it->when.optional = p.when.optional;
+      it->when.optional_loc = p.when.optional_loc;
+    }
+    if (given(p.given, "reason")) it->when.reason = p.when.reason;
   }
   for (Helper& h : child.helpers) Upsert(parent.helpers, std::move(h), [](const Helper& x) { return x.name; });
   for (Block& b : child.blocks) parent.blocks.push_back(std::move(b));

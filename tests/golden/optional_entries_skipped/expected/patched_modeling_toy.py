@@ -8,6 +8,8 @@
 #   - guard ToyLayerNorm.forward (spec.yaml:14): optional guard: no function 'ToyLayerNorm.forward' upstream; ToyLayerNorm appears in toypkg 2.0
 #   - guard ToyForCausalLM.forward (spec.yaml:22): optional guard: no statement starting with 'hidden_states = slice_logits_to_keep(' in ToyForCausalLM.forward; toypkg 2.0 slices hidden_states before the lm_head call
 #   - add_method ToyAttention.forward (spec.yaml:30): optional: upstream already defines 'ToyAttention.forward'; older toypkg had no forward here
+#   slots without a guard (declared; nothing here dispatches through them):
+#   - loss_slot -> cross_entropy_loss/causal (spec.yaml:18)
 #   applied:
 #   - add_method ToyRMSNorm.extra_repr
 #   - guard ToyRMSNorm.forward: rms_norm_slot -> rms_norm/standard
