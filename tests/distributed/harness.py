@@ -23,10 +23,15 @@ MODULE = "patched_modeling_qwen3_moe_gpu"
 TIMEOUT_S = int(os.environ.get("OPSLOT_DIST_TIMEOUT", "120"))
 
 
-def generate(patchgen: str, source_root: str, out_dir: Path) -> Path:
-    """patchgen's Qwen3-MoE module in out_dir (its folder is what --module-dir / sys.path needs)."""
+#: Other MoE models whose experts the EP layer test shards too (specs/<key>/<key>_gpu.yaml).
+OTHER_MOE = ("gpt_oss", "deepseek_v3")
+
+
+def generate(patchgen: str, source_root: str, out_dir: Path, keys=("qwen3_moe",) + OTHER_MOE) -> Path:
+    """patchgen's modules of `keys` (GPU specs) in out_dir (the folder --module-dir / sys.path needs)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    cmd = [patchgen, str(SPEC.relative_to(ROOT)), "--source-root", source_root, "-o", str(out_dir)]
+    specs = [str((ROOT / "specs" / key / f"{key}_gpu.yaml").relative_to(ROOT)) for key in keys]
+    cmd = [patchgen, *specs, "--source-root", source_root, "-o", str(out_dir)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     found = sorted(out_dir.rglob(f"{MODULE}.py"))
     if proc.returncode != 0 or len(found) != 1:

@@ -44,19 +44,39 @@ def _err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.detach().float() - b.detach().float()).abs().max())
 
 
+def _other_model(args, key: str):
+    sys.path.insert(0, str(harness.ROOT / "tests" / "models"))
+    import e2e
+
+    import opslot
+
+    case = next(c for c in e2e.CASES if c.key == key)
+    config = e2e.make_config(case)
+    impl = {"torch": "fused_torch", "cuda": "fused_cuda", "eager": "eager"}[args.ops]
+    if str(args.module_dir) not in sys.path:
+        sys.path.insert(0, str(args.module_dir))
+    model = opslot.build_model(config, ops={"moe_implementation": impl}, module=f"patched_modeling_{key}_gpu",
+                               model_class=case.causal_lm)
+    harness.randomize_(model, seed=0, std=0.1)
+    return config, model.to(args.device)
+
+
 def ep_layer(opts: Dict[str, Any]) -> Dict[str, Any]:
     """EP layer vs the unsharded layer, for one (ops, dtype, mode, token split) case."""
     args = train.resolve(train.opts_from(module_dir=opts["module_dir"], device=opts["device"], ops=opts["ops"],
                                          dtype=opts["dtype"]))
     dtype = train.DTYPES[args.dtype]
     world, rank = dist.get_world_size(), dist.get_rank()
-    config = harness.tiny_config(**opts.get("config", {}))
-    model = train.build(args, config)
-    experts = model.model.layers[1].mlp.experts.to(dtype)
+    if opts.get("model"):  # another generated MoE model (tests/models/e2e.py's tiny config of it)
+        config, model = _other_model(args, opts["model"])
+    else:
+        config = harness.tiny_config(**opts.get("config", {}))
+        model = train.build(args, config)
+    experts = [m for m in model.modules() if od.is_experts_module(m)][-1].to(dtype)
     ref = copy.deepcopy(experts)
     split: List[int] = opts["tokens"]  # tokens per rank
     top_k = config.num_experts_per_tok
-    x, idx, w, gout = _inputs(sum(split), config.hidden_size, config.num_experts, top_k, dtype, args.device,
+    x, idx, w, gout = _inputs(sum(split), config.hidden_size, experts.num_experts, top_k, dtype, args.device,
                               opts.get("drop", False), seed=7)
     xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
     out_ref = ref(xr, idx, wr)
@@ -83,7 +103,8 @@ def ep_layer(opts: Dict[str, Any]) -> Dict[str, Any]:
                 max(float(p.grad.float().abs().max()) for p in ref.parameters()), 1.0)
     bitwise = all(torch.equal(a, b) if a is not None else b is None for a, b in zip(runs[0], runs[1]))
     return {"errors": errs, "max_error": max(errs.values()), "scale": scale, "bitwise": bitwise,
-            "impl": type(experts).__name__, "local": local, "received_tokens": hi - lo}
+            "impl": type(experts).__name__, "local": local, "received_tokens": hi - lo,
+            "sharded": list(st.sharded)}
 
 
 def errors(opts: Dict[str, Any]) -> Dict[str, str]:

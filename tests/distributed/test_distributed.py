@@ -28,6 +28,10 @@ CPU: List[Tuple[str, str, Dict[str, Any]]] = [
     ("ep_splits_eager_empty_rank", "ep_layer", {"ops": "eager", "dtype": "fp32", "mode": "splits", "tokens": [6, 0]}),
     ("ep_padded_dropped", "ep_layer", {"ops": "torch", "dtype": "fp32", "mode": "padded", "tokens": [6, 6],
                                        "drop": True}),
+    ("ep_splits_gpt_oss", "ep_layer", {"model": "gpt_oss", "ops": "torch", "dtype": "fp32", "mode": "splits",
+                                       "tokens": [7, 5]}),
+    ("ep_padded_deepseek_v3", "ep_layer", {"model": "deepseek_v3", "ops": "torch", "dtype": "fp32", "mode": "padded",
+                                           "tokens": [6, 6], "drop": True}),
     ("fsdp", "train", {}),
     ("fsdp_ac", "train", {"ac": True}),
     ("fsdp_ep", "train", {"ep": 2}),
@@ -111,6 +115,9 @@ def test_expert_parallel_layer_equals_the_unsharded_layer(results, device, ep_na
         assert got["received_tokens"] == opts["tokens"][rank]
         assert got["max_error"] <= tol * got["scale"], (rank, got["errors"], got["scale"])
         assert got["bitwise"], f"rank {rank}: two runs differ"
+    expect = {"gpt_oss": ["gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias"]}.get(
+        opts.get("model"), ["gate_up_proj", "down_proj"])
+    assert sorted(got["sharded"]) == sorted(expect)
 
 
 def test_fsdp2_matches_one_rank(results, device, train_name):
