@@ -251,10 +251,10 @@ def _ep_forward(self, hidden_states: Tensor, top_k_index: Tensor, top_k_weights:
     order = torch.sort(key, stable=True).indices                      # assignments by global expert
     counts = torch.zeros(total + 1, device=dev, dtype=torch.int64).scatter_add_(
         0, key, torch.ones_like(key))[:total]                           # per expert, on the device
-    recv_counts = _all_to_all(counts, None, None, st.group).view(ep, local)  # [source rank, local expert]
     # token rows in assignment order (a copy whose backward is a plain sum over k: deterministic)
     x_rep = x.unsqueeze(1).expand(tokens, top_k, hidden).reshape(n, hidden)
     if st.mode == "splits":
+        recv_counts = _all_to_all(counts, None, None, st.group).view(ep, local)  # [source rank, local expert]
         sizes = torch.cat([counts.view(ep, local).sum(1), recv_counts.sum(1)]).tolist()  # the one host read
         in_splits, out_splits = sizes[:ep], sizes[ep:]
         kept = sum(in_splits)
