@@ -136,6 +136,28 @@ void MarkLinesInsideStrings(TSNode node, ByteRange within, const LineIndex& line
   for (uint32_t i = 0; i < n; ++i) MarkLinesInsideStrings(ts_node_child(node, i), within, lines, out);
 }
 
+std::optional<ByteRange> FirstTabIndentation(const PyModule& m) {
+  const LineIndex& lines = m.lines();
+  std::set<uint32_t> in_strings;
+  bool any_tab = false;
+  for (uint32_t l = 0; l < lines.line_count() && !any_tab; ++l) {
+    std::string_view t = lines.LineText(l);
+    any_tab = t.find_first_not_of(" \t\f") > t.find('\t');
+  }
+  if (!any_tab) return std::nullopt;
+  MarkLinesInsideStrings(m.root(), {0, static_cast<uint32_t>(m.source().size())}, lines, in_strings);
+  for (uint32_t l = 0; l < lines.line_count(); ++l) {
+    std::string_view t = lines.LineText(l);
+    size_t code = t.find_first_not_of(" \t\f");
+    if (code == std::string_view::npos || t[code] == '#' || in_strings.count(l)) continue;
+    if (t.substr(0, code).find('\t') != std::string_view::npos) {
+      uint32_t start = lines.LineStart(l);
+      return ByteRange{start, start + static_cast<uint32_t>(code)};
+    }
+  }
+  return std::nullopt;
+}
+
 std::optional<TSNode> FirstErrorNode(TSNode root) {
   if (ts_node_is_missing(root) || Is(root, "ERROR")) return root;
   if (!ts_node_has_error(root)) return std::nullopt;

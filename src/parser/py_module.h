@@ -145,6 +145,12 @@ const TSLanguage* PythonLanguage();
 /// Parses `source` and returns the tree (caller owns it), or nullptr. No error checking.
 TSTree* ParseTree(std::string_view source);
 
+/// The leading whitespace of the first code line of `m` whose indentation holds a tab (lines inside
+/// multi-line strings, blank lines and comment-only lines are not code lines); nullopt when the
+/// module is indented with spaces only. Code patchgen inserts is indented with spaces, and CPython
+/// rejects a block that mixes tabs and spaces (TabError), so such an upstream is refused.
+std::optional<ByteRange> FirstTabIndentation(const PyModule& m);
+
 /// First ERROR or MISSING node of `tree` in document order, if any.
 std::optional<TSNode> FirstErrorNode(TSNode root);
 

@@ -138,7 +138,8 @@ struct Options {
 
 /// A parsed upstream file, shared by every spec that names it.
 struct Upstream {
-  std::string source;
+  std::string source;  ///< As read (a byte order mark included), for the .diff.
+  bool crlf = false;   ///< Every line ends with CRLF: so does the generated file.
   std::unique_ptr<parser::PyModule> module;
   std::vector<Diagnostic> errors;
 };
@@ -331,7 +332,13 @@ void Runner::LoadSpecs() {
       job.errors.push_back(ErrorAt(loc, "spec file not found", {}, ErrorKind::kIo));
       return;
     }
-    auto loaded = spec::LoadSpec(job.spec_shown);
+    // A spec saved with a UTF-8 byte order mark is read without it: yaml-cpp skips it but counts
+    // positions after it, so every column of every message would be off. (LoadSpec reports a
+    // file it cannot read.)
+    std::optional<std::string> text = ReadFile(job.spec_abs, nullptr, kMaxSpecFileBytes);
+    if (text && text->starts_with("\xEF\xBB\xBF")) text->erase(0, 3);
+    auto loaded = text ? spec::LoadSpecFromString(job.spec_shown, std::move(*text))
+                       : spec::LoadSpec(job.spec_shown);
     if (!loaded.ok()) {
       Fail(job, loaded.errors());
       return;
@@ -396,9 +403,40 @@ void Runner::ParseUpstreams() {
       return;
     }
     u.source = *text;
+    // A UTF-8 byte order mark says nothing Python needs (UTF-8 is its default) and would land after
+    // the generated header, where CPython rejects U+FEFF: it is left out of what is patched. The
+    // .diff, made from the file as read, shows it removed.
+    if (text->starts_with("\xEF\xBB\xBF")) text->erase(0, 3);
+    // CR line endings (a '\r' not followed by '\n'): lines patchgen could not tell apart.
+    for (size_t cr = text->find('\r'); cr != std::string::npos; cr = text->find('\r', cr + 1)) {
+      if (cr + 1 < text->size() && (*text)[cr + 1] == '\n') continue;
+      LineIndex lines(*text);
+      u.errors.push_back(MakeDiagnostic(
+          shown, *text, lines, {static_cast<uint32_t>(cr), static_cast<uint32_t>(cr + 1)},
+          "upstream module has a CR line ending ('\\r' without '\\n')",
+          "patchgen reads modules with LF or CRLF line endings; convert the file (e.g. `dos2unix -c mac`)",
+          ErrorKind::kUpstream));
+      return;
+    }
+    size_t lf = 0, crlf = 0;
+    for (size_t i = 0; i < text->size(); ++i) {
+      if ((*text)[i] != '\n') continue;
+      ++lf;
+      if (i > 0 && (*text)[i - 1] == '\r') ++crlf;
+    }
+    u.crlf = lf > 0 && crlf == lf;
     auto parsed = parser::PyModule::Parse(shown, std::move(*text));
     if (!parsed.ok()) {
       u.errors = parsed.errors();
+      return;
+    }
+    if (auto tab = parser::FirstTabIndentation(**parsed)) {
+      const parser::PyModule& m = **parsed;
+      u.errors.push_back(MakeDiagnostic(
+          shown, m.source(), m.lines(), *tab, "upstream module is indented with tabs",
+          "code patchgen inserts is indented with spaces, and CPython rejects a block that mixes "
+          "tabs and spaces; convert the module's indentation to spaces (e.g. `expand -i -t 8`)",
+          ErrorKind::kUpstream));
       return;
     }
     u.module = std::move(parsed.value());
@@ -454,6 +492,17 @@ void Runner::GenerateAll() {
       return;
     }
     job.py_text = std::move(result->text);
+    // An upstream with CRLF line endings throughout gets a generated file with CRLF throughout
+    // (inserted code and the header are written with LF).
+    if (job.upstream->crlf) {
+      std::string crlf;
+      crlf.reserve(job.py_text.size() + job.py_text.size() / 16);
+      for (size_t i = 0; i < job.py_text.size(); ++i) {
+        if (job.py_text[i] == '\n' && (i == 0 || job.py_text[i - 1] != '\r')) crlf += '\r';
+        crlf += job.py_text[i];
+      }
+      job.py_text = std::move(crlf);
+    }
     job.patches = result->applied.size();
     job.upstream_sha = result->upstream_sha256;
     job.contract = std::move(result->contract);
