@@ -41,7 +41,9 @@ def test_patch_file_fifo_is_refused_without_blocking(project):
 def test_extends_fifo_is_refused_without_blocking(project):
     os.mkfifo(project.path("specs/tiny/parent.yaml"))
     project.write(SPEC, "extends: parent.yaml\n" + project.read(SPEC))
-    r = run(project, "--all")
+    # The spec is named: with --all the FIFO is also discovered as a spec and refused as one
+    # (test_hostile_gate.py).
+    r = run(project, SPEC)
     assert r.returncode == 3
     assert ("specs/tiny/tiny.yaml:1:10: error: cannot read spec 'specs/tiny/parent.yaml': "
             "is a FIFO (named pipe), not a regular file\n") in r.stderr
