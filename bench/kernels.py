@@ -163,7 +163,7 @@ def bench_rms(copy_bw, args, out):
         fwd_bytes = 4 * N * D
         rows.append(measure("opslot cuda, forward only (4 B/element)",
                             lambda: (lambda: CN.rms_norm_standard(x.detach(), w.detach(), eps)), None, fwd_bytes))
-        for vpt, waves, variant in ((2, 1, 1), (2, 2, 1), (1, 1, 2), (4, 1, 2), (2, 2, 2), (1, 2, 2)):
+        for vpt, waves, variant in ((2, 1, 1), (2, 1, 2), (2, 1, 3)):
             set_tuning(vpt, waves, variant)
             f = lambda x, w: CN.rms_norm_standard(x, w, eps)  # noqa: E731
             rows.append(measure(f"opslot cuda [version {variant}, vectors/thread {vpt}, bwd waves {waves}]",
@@ -190,7 +190,7 @@ def bench_rms(copy_bw, args, out):
         from opslot.kernels.cuda import _lib
         set_tuning = _lib.library().opslot_rms_norm_set_tuning
         set_tuning.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
-        for vpt, waves, variant in ((2, 1, 1), (2, 2, 2)):
+        for vpt, waves, variant in ((2, 1, 1), (2, 1, 2), (2, 1, 3)):
             set_tuning(vpt, waves, variant)
             f = lambda x, g, w: CN.rms_norm_gated(x, g, w, eps)  # noqa: E731
             rows.append(measure(f"opslot cuda [version {variant}, vectors/thread {vpt}, bwd waves {waves}]",
@@ -227,6 +227,16 @@ def bench_rope(copy_bw, args, out):
                 for n, f in impls]
         rows.append(measure("opslot cuda, forward only (4 B/element)",
                             lambda: (lambda: cud(q.detach(), k.detach(), cos, sin)), None, 4 * (q.numel() + k.numel())))
+        if args.tune and not full:  # the first layout: one thread per pass-through vector
+            import ctypes
+
+            from opslot.kernels.cuda import _lib
+            set_tuning = _lib.library().opslot_rope_set_tuning
+            set_tuning.argtypes = [ctypes.c_int]
+            set_tuning(0)
+            rows.append(measure("opslot cuda [pass-through: one thread per vector]",
+                                lambda: fwd_bwd(cud, (q, k, cos, sin)), None))
+            set_tuning(1)
         out.append(table(f"RoPE {label}: q [2,32,{S},128], k [2,8,{S},128] (transposed views), bf16 — 8 B per q/k element",
                          8 * (q.numel() + k.numel()), copy_bw, rows, target))
         del q, k
@@ -246,6 +256,17 @@ def bench_silu(copy_bw, args, out):
     rows = [measure(n, lambda f=f: fwd_bwd(f, (a, b)), lambda f=f: fwd_bwd(f, (ta, tb))) for n, f in impls]
     rows.append(measure("opslot cuda, forward only (6 B/element)",
                         lambda: (lambda: torch.ops.opslot.silu_mul(a.detach(), b.detach())), None, 6 * N * D))
+    if args.tune:  # 16-byte vectors per thread and tensor (default 1)
+        import ctypes
+
+        from opslot.kernels.cuda import _lib
+        set_tuning = _lib.library().opslot_silu_mul_set_tuning
+        set_tuning.argtypes = [ctypes.c_int]
+        for vpt in (2, 4):
+            set_tuning(vpt)
+            rows.append(measure(f"opslot cuda [vectors/thread {vpt}]",
+                                lambda: fwd_bwd(lambda a, b: torch.ops.opslot.silu_mul(a, b), (a, b)), None))
+        set_tuning(1)
     out.append(table(f"SiLU·mul {N}x{D} bf16 — 16 B/element (opslot torch = upstream eager here)", 16 * N * D, copy_bw,
                      rows, "≤ 0.82 ms, ≥ 92% of copy BW"))
 

@@ -287,15 +287,17 @@ __host__ __device__ inline FastLayout fast_layout(int E, int elem) {
 // merged at the end; fp32 values one at a time.
 template <int KMAX>
 __device__ __forceinline__ void sort_desc(float (&c)[KMAX]) {  // bitonic sort of KMAX (a power of two)
+  constexpr int LOG = KMAX >= 16 ? 4 : KMAX >= 8 ? 3 : KMAX >= 4 ? 2 : KMAX >= 2 ? 1 : 0;
+  // Counted loops (not shifts) so that nvcc unrolls them and c stays in registers.
 #pragma unroll
-  for (int k = 2; k <= KMAX; k <<= 1)
+  for (int kk = 1; kk <= LOG; ++kk)
 #pragma unroll
-    for (int j = k >> 1; j > 0; j >>= 1)
+    for (int jj = kk - 1; jj >= 0; --jj)
 #pragma unroll
       for (int i = 0; i < KMAX; ++i) {
-        const int l = i ^ j;
+        const int l = i ^ (1 << jj);
         if (l > i) {
-          const bool desc = (i & k) == 0;
+          const bool desc = (i & (1 << kk)) == 0;
           const float a = c[i], b = c[l];
           c[i] = desc ? fmaxf(a, b) : fminf(a, b);
           c[l] = desc ? fminf(a, b) : fmaxf(a, b);
@@ -303,20 +305,49 @@ __device__ __forceinline__ void sort_desc(float (&c)[KMAX]) {  // bitonic sort o
       }
 }
 
-template <typename T2, int KMAX>
-__device__ __forceinline__ void top_values_packed(const unsigned char* rowp, int cpr, float (&lst)[KMAX], T2 neg_inf) {
-  T2 l2[KMAX];
+// Two 16-bit values per 32-bit register: max/min in PTX on plain registers (cuda_bf16.h's
+// __hmax2 takes its operands' addresses, which put the whole list in local memory).
+template <bool BF16>
+__device__ __forceinline__ unsigned pmax2(unsigned a, unsigned b) {
+  unsigned d;
+  if (BF16) asm("max.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  else asm("max.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+template <bool BF16>
+__device__ __forceinline__ unsigned pmin2(unsigned a, unsigned b) {
+  unsigned d;
+  if (BF16) asm("min.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  else asm("min.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+template <bool BF16>
+__device__ __forceinline__ float half_lo(unsigned x) {
+  if (BF16) return __uint_as_float(x << 16);
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(x & 0xffffu)));
+}
+template <bool BF16>
+__device__ __forceinline__ float half_hi(unsigned x) {
+  if (BF16) return __uint_as_float(x & 0xffff0000u);
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(x >> 16)));
+}
+
+template <bool BF16, int KMAX>
+__device__ __forceinline__ void top_values_packed(const unsigned char* rowp, int cpr, float (&lst)[KMAX]) {
+  const unsigned neg_inf = BF16 ? 0xff80ff80u : 0xfc00fc00u;
+  unsigned l2[KMAX];
 #pragma unroll
   for (int i = 0; i < KMAX; ++i) l2[i] = neg_inf;
   for (int pc = 0; pc < cpr; ++pc) {
-    const Vec<T2, 4> x = *reinterpret_cast<const Vec<T2, 4>*>(rowp + pc * 16);
+    const uint4 x = *reinterpret_cast<const uint4*>(rowp + pc * 16);
+    const unsigned xs[4] = {x.x, x.y, x.z, x.w};
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      T2 v = x.v[j];
+      unsigned v = xs[j];
 #pragma unroll
       for (int i = 0; i < KMAX; ++i) {
-        const T2 hi = __hmax2(l2[i], v);
-        v = __hmin2(l2[i], v);
+        const unsigned hi = pmax2<BF16>(l2[i], v);
+        v = pmin2<BF16>(l2[i], v);
         l2[i] = hi;
       }
     }
@@ -324,16 +355,16 @@ __device__ __forceinline__ void top_values_packed(const unsigned char* rowp, int
   // Even list descending, odd list ascending: their elementwise maximum holds the KMAX largest of
   // both (a bitonic sequence), which a bitonic sort orders.
 #pragma unroll
-  for (int i = 0; i < KMAX; ++i) lst[i] = fmaxf(__low2float(l2[i]), __high2float(l2[KMAX - 1 - i]));
+  for (int i = 0; i < KMAX; ++i) lst[i] = fmaxf(half_lo<BF16>(l2[i]), half_hi<BF16>(l2[KMAX - 1 - i]));
   sort_desc<KMAX>(lst);
 }
 
 template <typename T, int KMAX>
 __device__ __forceinline__ void top_values(const unsigned char* rowp, int cpr, float (&lst)[KMAX]) {
   if constexpr (std::is_same<T, __nv_bfloat16>::value) {
-    top_values_packed<__nv_bfloat162, KMAX>(rowp, cpr, lst, __float2bfloat162_rn(-INFINITY));
+    top_values_packed<true, KMAX>(rowp, cpr, lst);
   } else if constexpr (std::is_same<T, __half>::value) {
-    top_values_packed<__half2, KMAX>(rowp, cpr, lst, __float2half2_rn(-INFINITY));
+    top_values_packed<false, KMAX>(rowp, cpr, lst);
   } else {
 #pragma unroll
     for (int i = 0; i < KMAX; ++i) lst[i] = -INFINITY;
@@ -422,46 +453,52 @@ __global__ void __launch_bounds__(kFastWarps * 32) lb_fwd_fast_kernel(const __gr
 #pragma unroll
         for (int i = 0; i < KMAX; ++i) lst[i] = -INFINITY;
       }
-      float thr = lst[0];
+      // thr = lst[K - 1], as the minimum of the first K (a select on i == K - 1 becomes an indexed
+      // load, which puts lst in local memory).
+      float thr = INFINITY;
 #pragma unroll
-      for (int i = 0; i < KMAX; ++i)
-        if (i == K - 1) thr = lst[i];
+      for (int i = 0; i < KMAX; ++i) thr = i < K ? fminf(thr, lst[i]) : thr;
       const float mx = lst[0];
-      float s = 0.f;
+      // One pass: the softmax sum (four partial sums: no serial chain through every element) and,
+      // per 32 experts, the bits of the values above and equal to the threshold.
+      float s4[4] = {0.f, 0.f, 0.f, 0.f};
+      unsigned gtw[kFastMaxWords], eqw[kFastMaxWords];
       int greater = 0;
-      if (valid) {
-        for (int pc = 0; pc < cpr; ++pc) {
+#pragma unroll
+      for (int w = 0; w < kFastMaxWords; ++w) {
+        gtw[w] = eqw[w] = 0u;
+        if (w >= words || !valid) continue;
+        unsigned gt = 0u, eq = 0u;
+        for (int pc = w * 32 / VPC; pc < (w + 1) * 32 / VPC && pc < cpr; ++pc) {
           const Vec<T, VPC> x = *reinterpret_cast<const Vec<T, VPC>*>(rowp + pc * 16);
+          unsigned g8 = 0u, e8 = 0u;
 #pragma unroll
           for (int j = 0; j < VPC; ++j) {
             const float v = to_float(x.v[j]);
-            s += __expf(v - mx);
-            greater += v > thr;
+            s4[j & 3] += __expf(v - mx);
+            g8 |= static_cast<unsigned>(v > thr) << j;
+            e8 |= static_cast<unsigned>(v == thr) << j;
           }
+          const int sh = (pc * VPC) & 31;
+          gt |= g8 << sh;
+          eq |= e8 << sh;
         }
+        gtw[w] = gt;
+        eqw[w] = eq;
+        greater += __popc(gt);
       }
-      int ties = K - greater;  // how many experts equal to the threshold are taken (lowest index first)
+      const float s = (s4[0] + s4[1]) + (s4[2] + s4[3]);
+      // The experts equal to the threshold, lowest index first, until k are taken.
+      int need = K - greater;
       unsigned* sw = selw + lane * kFastMaxWords;
 #pragma unroll
       for (int w = 0; w < kFastMaxWords; ++w) {
         if (w >= words) break;
-        unsigned bits = 0;
-        if (valid) {
-          for (int pc = w * 32 / VPC; pc < (w + 1) * 32 / VPC && pc < cpr; ++pc) {
-            const Vec<T, VPC> x = *reinterpret_cast<const Vec<T, VPC>*>(rowp + pc * 16);
-#pragma unroll
-            for (int j = 0; j < VPC; ++j) {
-              const float v = to_float(x.v[j]);
-              bool sel = v > thr;
-              if (v == thr && ties > 0) {
-                sel = true;
-                --ties;
-              }
-              bits |= static_cast<unsigned>(sel) << ((pc * VPC + j) & 31);
-            }
-          }
-        }
-        sw[w] = bits;
+        unsigned ties = eqw[w];
+        int extra = __popc(ties) - (need > 0 ? need : 0);
+        for (; extra > 0; --extra) ties &= ~(0x80000000u >> __clz(ties));  // drop the highest
+        need -= __popc(ties);
+        sw[w] = gtw[w] | ties;
       }
       st_max[lane] = mx;
       st_inv[lane] = valid ? 1.f / s : 0.f;
