@@ -46,6 +46,11 @@ void CheckIndex(const PyModule& m) {
     if (m.Text(d.name_range) != d.name) Fail("name range does not hold the name", d.qualname);
     if (d.docstring) CheckInside(d.body, *d.docstring, "docstring", d.qualname);
     if (m.Find(d.qualname) == nullptr) Fail("Find() misses a definition", d.qualname);
+    for (const Definition* r : m.Redefinitions(d)) {
+      if (r == &d || r->qualname != d.qualname || r->parent != d.parent) {
+        Fail("Redefinitions() returned a definition of another scope", d.qualname);
+      }
+    }
     for (int c : d.children) {
       if (c < 0 || static_cast<size_t>(c) >= defs.size() || defs[c].parent != static_cast<int>(i)) {
         Fail("child/parent links disagree", d.qualname);
@@ -54,6 +59,10 @@ void CheckIndex(const PyModule& m) {
     }
   }
   for (const auto& imp : m.imports()) CheckRange(m, imp.stmt, "import", imp.module_name);
+  if (auto tab = patchgen::parser::FirstTabIndentation(m)) {
+    CheckRange(m, *tab, "tab indentation", "");
+    if (m.Text(*tab).find('\t') == std::string_view::npos) Fail("tab indentation without a tab");
+  }
   for (const auto& s : m.top_level()) CheckRange(m, s.range, "top-level statement", "");
 }
 

@@ -6,7 +6,8 @@ and the real-model specs (specs/*/*.yaml, spec loader only).
   fuzz/make_corpus.py            rewrite fuzz/corpus/{fuzz_spec,fuzz_index,fuzz_generate}/
   fuzz/make_corpus.py --check    exit 1 when the committed corpus differs from what it would write
 
-One file per seed, named after where it comes from. A generation seed is the spec, then
+One file per seed, named after where it comes from. Files named regress-* are inputs that once
+failed a target (docs/fuzzing.md); this script keeps them. A generation seed is the spec, then
 "#@@ upstream" and the upstream module, then "#@@ file NAME" and each file next to the spec that the
 spec may read (parent specs, patch files): the format fuzz/fuzz_common.h's SplitSections reads.
 """
@@ -148,7 +149,8 @@ def main():
                     os.makedirs(folder, exist_ok=True)
                     with open(os.path.join(folder, name), "wb") as f:
                         f.write(text)
-        for name in sorted(have - set(files)):
+        # regress-*: inputs that once failed a target, kept as seeds (written by hand, not here).
+        for name in sorted(n for n in have - set(files) if not n.startswith("regress-")):
             differ.append(os.path.join(target, name) + " (stale)")
             if not args.check:
                 os.remove(os.path.join(folder, name))
