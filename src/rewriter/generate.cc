@@ -112,12 +112,54 @@ TextEdit SnippetEdit(ByteRange range, const std::string& prefix, const Snippet& 
   return e;
 }
 
+/// A name_map entry and whether anything used it (unused keys and rules are errors).
+struct MapUse {
+  const NameMapEntry* entry;
+  bool used;
+};
+
+/// The new name of identifier `name` under `map` (marking the rule used), or nullopt. A whole-
+/// name key wins over prefix rules, a longer prefix over a shorter one; when a rule's new prefix
+/// extends the old one, an identifier that already starts with the new prefix is left alone.
+std::optional<std::string> MapName(std::vector<MapUse>& map, std::string_view name) {
+  for (MapUse& u : map) {
+    if (!u.entry->prefix && u.entry->from == name) {
+      u.used = true;
+      return u.entry->to;
+    }
+  }
+  MapUse* best = nullptr;
+  for (MapUse& u : map) {
+    if (!u.entry->prefix || !name.starts_with(u.entry->from)) continue;
+    // `Qwen3_5*: Qwen3_5Moe*` leaves Qwen3_5MoeMLP alone: it is a name of the new family.
+    if (u.entry->to.starts_with(u.entry->from) && name.starts_with(u.entry->to)) continue;
+    if (!best || u.entry->from.size() > best->entry->from.size()) best = &u;
+  }
+  if (!best) return std::nullopt;
+  best->used = true;
+  return best->entry->to + std::string(name.substr(best->entry->from.size()));
+}
+
+/// `A.B.m` with every dotted component mapped by `map` (spec-level name_map on targets).
+std::string MapDotted(std::vector<MapUse>& map, const std::string& dotted) {
+  std::string out;
+  for (size_t pos = 0; pos <= dotted.size();) {
+    size_t dot = std::min(dotted.find('.', pos), dotted.size());
+    std::string part = dotted.substr(pos, dot - pos);
+    if (std::optional<std::string> to = MapName(map, part)) part = *to;
+    out += (pos == 0 ? "" : ".") + part;
+    pos = dot + 1;
+  }
+  return out;
+}
+
 class Generator {
  public:
+  /// `used_keys`: name_map keys already used (by patch targets, mapped before generation).
   Generator(const spec::PatchSpec& spec, const PyModule& up, const GenerateOptions& options,
-            std::vector<SkippedEntry> skipped)
+            std::vector<SkippedEntry> skipped, const std::set<std::string>& used_keys)
       : spec_(spec), up_(up), src_(up.source()), options_(options), skipped_(std::move(skipped)) {
-    for (const NameMapEntry& e : spec.name_map) spec_map_.push_back({&e, false});
+    for (const NameMapEntry& e : spec.name_map) spec_map_.push_back({&e, used_keys.count(e.Key()) > 0});
     // A name_map key that only a version-skipped guard's target uses is not unused.
     for (const SkippedEntry& sk : skipped_) {
       if (sk.kind != "guard") continue;
@@ -174,11 +216,6 @@ class Generator {
   }
 
  private:
-  struct MapUse {
-    const NameMapEntry* entry;
-    bool used;
-  };
-
   Result<GenerateResult> Finish() {
     SortDiagnostics(errors_);
     return errors_;
@@ -204,28 +241,6 @@ class Generator {
           "name_map renames identifiers in patch bodies, helpers, blocks and guard targets; "
           "no identifier '" +
               u.entry->from + "' appears in them");
-  }
-
-  /// The new name of identifier `name` under `map` (marking the rule used), or nullopt. A whole-
-  /// name key wins over prefix rules, a longer prefix over a shorter one; when a rule's new prefix
-  /// extends the old one, an identifier that already starts with the new prefix is left alone.
-  static std::optional<std::string> MapName(std::vector<MapUse>& map, std::string_view name) {
-    for (MapUse& u : map) {
-      if (!u.entry->prefix && u.entry->from == name) {
-        u.used = true;
-        return u.entry->to;
-      }
-    }
-    MapUse* best = nullptr;
-    for (MapUse& u : map) {
-      if (!u.entry->prefix || !name.starts_with(u.entry->from)) continue;
-      // `Qwen3_5*: Qwen3_5Moe*` leaves Qwen3_5MoeMLP alone: it is a name of the new family.
-      if (u.entry->to.starts_with(u.entry->from) && name.starts_with(u.entry->to)) continue;
-      if (!best || u.entry->from.size() > best->entry->from.size()) best = &u;
-    }
-    if (!best) return std::nullopt;
-    best->used = true;
-    return best->entry->to + std::string(name.substr(best->entry->from.size()));
   }
 
   /// End of the line holding `offset` (its '\n', or the end of the file): edits after a
@@ -1162,15 +1177,7 @@ class Generator {
     spec::PatchSpec mapped = spec_;
     for (spec::Slot& slot : mapped.slots) {
       for (spec::Guard& g : slot.guards) {
-        std::string mapped_in;
-        for (size_t pos = 0; pos <= g.in.size();) {
-          size_t dot = std::min(g.in.find('.', pos), g.in.size());
-          std::string part = g.in.substr(pos, dot - pos);
-          if (std::optional<std::string> to = MapName(spec_map_, part)) part = *to;
-          mapped_in += (pos == 0 ? "" : ".") + part;
-          pos = dot + 1;
-        }
-        g.in = std::move(mapped_in);
+        g.in = MapDotted(spec_map_, g.in);
       }
     }
     return mapped;
@@ -1692,6 +1699,15 @@ std::optional<ContractPin> RefingerprintContract(const ContractPin& pin,
 Result<GenerateResult> Generate(const spec::PatchSpec& spec, const parser::PyModule& upstream,
                                 const GenerateOptions& options) {
   spec::PatchSpec active = spec;
+  // The spec-level name_map maps patch targets as it maps guard targets, so that a sibling
+  // family inherits its parent's patches (`Qwen3_5*: Qwen3_5Moe*`).
+  std::vector<MapUse> target_map;
+  for (const NameMapEntry& e : active.name_map) target_map.push_back({&e, false});
+  for (Patch& p : active.patches) p.target = MapDotted(target_map, p.target);
+  std::set<std::string> used_keys;
+  for (const MapUse& u : target_map) {
+    if (u.used) used_keys.insert(u.entry->Key());
+  }
   std::vector<SkippedEntry> skipped;
   std::vector<Diagnostic> errors;
   const std::string& v = options.upstream_version;
@@ -1723,7 +1739,7 @@ Result<GenerateResult> Generate(const spec::PatchSpec& spec, const parser::PyMod
     SortDiagnostics(errors);
     return errors;
   }
-  return Generator(active, upstream, options, std::move(skipped)).Run();
+  return Generator(active, upstream, options, std::move(skipped), used_keys).Run();
 }
 
 }  // namespace patchgen::rewriter

@@ -5,6 +5,7 @@
 #   version:  1.0.0
 #   sha256:   a266e3c16ccb538cd612ed2b699f7fb9170f928fdaa8164cf7d2553188027a38
 #   applied:
+#   - edit_body ToyMoeRMSNorm.forward: inherited by the sibling family, its target mapped too
 #   - guard ToyMoeRMSNorm.forward: rms_norm_slot -> rms_norm/standard
 #   - guard ToyMoeExperts.forward: moe_slot -> moe/standard
 #   - guard ToyMoeForCausalLM.forward: causal_lm_loss_slot -> cross_entropy_loss/causal
@@ -45,6 +46,8 @@ class ToyMoeRMSNorm(nn.Module):
         # patchgen: guard rms_norm_slot -> rms_norm/standard (parent.yaml:9)
         if rms_norm_slot.use_non_eager_impl:
             return rms_norm_slot(hidden_states, self.weight, self.variance_epsilon)
+        # patchgen: edit_body ToyMoeRMSNorm.forward: insert_before - inherited by the sibling family, its target mapped too (parent.yaml:35)
+        hidden_states = hidden_states.contiguous()
         input_dtype = hidden_states.dtype
         hidden_states = hidden_states.to(torch.float32)
         variance = hidden_states.pow(2).mean(-1, keepdim=True)
