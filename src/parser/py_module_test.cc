@@ -550,3 +550,20 @@ TEST_CASE("Redefinitions: a name bound twice in one scope, not accessors, overlo
 
 }  // namespace
 }  // namespace patchgen::parser
+
+namespace patchgen::parser {
+namespace {
+
+TEST_CASE("FirstTabIndentation: code lines only, not strings, comments or blank lines") {
+  CHECK_FALSE(FirstTabIndentation(*ParseOk("def f():\n    return 1\n")).has_value());
+  auto strings = ParseOk("X = '''\n\tin a string\n'''\n\t# a comment\n\t\n");
+  CHECK_FALSE(FirstTabIndentation(*strings).has_value());
+  auto tabbed = ParseOk("class A:\n    x = 1\n\tdef f(self):\n\t\treturn 1\n");
+  auto r = FirstTabIndentation(*tabbed);
+  REQUIRE(r.has_value());
+  CHECK(*r == ByteRange{19, 20});
+  CHECK(tabbed->lines().At(r->start).line == 3);
+}
+
+}  // namespace
+}  // namespace patchgen::parser
