@@ -456,6 +456,9 @@ class Generator {
                       std::vector<MapUse>* patch_map,
                       std::optional<std::pair<ByteRange, std::string>> rename, size_t column) {
     uint32_t start = LineStartOf(m.source(), region.start);
+    // A comment after the region's last statement, on its line, belongs to it (tree-sitter ends a
+    // definition before that comment).
+    if (EndsLine(m, region.end)) region.end = patchgen::LineEndOf(m.source(), region.end);
     std::vector<std::pair<ByteRange, std::string>> edits;
     if (rename) edits.push_back(*rename);
     CollectRenames(m.root(), m, {start, region.end}, patch_map, rename, edits);

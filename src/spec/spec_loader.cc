@@ -236,6 +236,24 @@ class FileLoader {
     return s;
   }
 
+  // An op or variant name (docs/ops.md): letters, digits and `_`, as it is written into the
+  // generated `OpSlot("op", "variant")` string literal.
+  std::optional<std::string> OpName(const RawNode& n, std::string_view what, std::string_view example) {
+    auto s = String(n, what);
+    if (!s) return s;
+    bool ok = !s->empty();
+    for (char c : *s) {
+      ok = ok && (c == '_' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9'));
+    }
+    if (!ok) {
+      Error(n, "'" + *s + "' is not a valid " + std::string(what) + " name",
+            "`" + std::string(what) + "` takes a name of letters, digits and `_`, like `" +
+                std::string(example) + "` (docs/ops.md)");
+      return std::nullopt;
+    }
+    return s;
+  }
+
   const std::vector<RawNode>* Sequence(const RawNode& n, std::string_view what) {
     if (n.kind == Kind::kSequence) return &n.items;
     Error(n, std::string("expected a sequence, found ") + DescribeKind(n),
@@ -546,9 +564,11 @@ class FileLoader {
       if (!slot.partial && !RequireNewSlotKeys(item, keys)) continue;
       for (const auto& [k, kv] : keys) slot.given.push_back(k);
       auto name = Identifier(*keys["name"].second, "name");
-      std::optional<std::string> op = slot.partial ? std::optional<std::string>("") : String(*keys["op"].second, "op");
+      std::optional<std::string> op =
+          slot.partial ? std::optional<std::string>("") : OpName(*keys["op"].second, "op", "rms_norm");
       std::optional<std::string> variant =
-          slot.partial ? std::optional<std::string>("") : String(*keys["variant"].second, "variant");
+          slot.partial ? std::optional<std::string>("")
+                       : OpName(*keys["variant"].second, "variant", "standard");
       bool ok = name && op && variant;
       if (auto it = keys.find("scope"); it != keys.end()) {
         auto scope = EnumValue(*it->second.second, "scope", ScopeValues());
@@ -993,7 +1013,9 @@ void Merge(OneSpec& parent_one, OneSpec&& child_one, const std::string& parent_p
            std::vector<Diagnostic>& diags) {
   PatchSpec& parent = parent_one.spec;
   PatchSpec& child = child_one.spec;
-  parent_one.parsed = child_one.parsed;
+  // Required keys are only checked when every spec of the chain parsed: a parent that is not valid
+  // YAML reports its own error, not a false "missing key" in its child.
+  parent_one.parsed = parent_one.parsed && child_one.parsed;
   parent_one.has_upstream |= child_one.has_upstream;
   parent_one.has_output |= child_one.has_output;
   // `remove` first: it names inherited entries only. Suggestions list every inherited entry,
@@ -1144,6 +1166,9 @@ std::optional<OneSpec> LoadMerged(const std::string& path, std::shared_ptr<const
   }
   std::string err;
   std::optional<std::string> parent_text = ReadFile(parent_path, &err, kMaxSpecFileBytes);
+  // A UTF-8 byte order mark is not part of the YAML (positions count from after it), as for the
+  // spec named on the command line.
+  if (parent_text && parent_text->starts_with("\xEF\xBB\xBF")) parent_text->erase(0, 3);
   if (!parent_text) {
     diags.push_back(ErrorAt(ext.loc, "cannot read spec '" + parent_path + "': " + err,
                             "'extends' is relative to this spec's folder"));
