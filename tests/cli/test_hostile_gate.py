@@ -114,3 +114,35 @@ def test_fifo_named_like_a_spec_is_an_error_not_a_hang(project):
     r = run(project, "--check")
     assert r.returncode == 5
     assert "specs/tiny/pipe.yaml: error: cannot read spec: is a FIFO (named pipe), not a regular file\n" in r.stderr
+
+
+def test_output_root_holding_the_project_is_not_searched_for_orphans(project):
+    # `output = "."`: a copy of a generated file elsewhere in the project (a test expectation) is not
+    # an orphan and is never removed.
+    project.write("pyproject.toml", project.read("pyproject.toml").replace('output = "generated"', 'output = "."'))
+    assert run(project, "--all").returncode == 0
+    generated = project.read("tiny/patched_modeling_tiny.py")
+    project.write("tests/expected/patched_modeling_tiny.py", generated)
+    r = run(project, "--check", "--fix")
+    assert r.returncode == 0, r
+    assert "orphaned" not in r.stdout and "removed" not in r.stdout
+    assert project.read("tests/expected/patched_modeling_tiny.py") == generated
+
+
+def test_source_roots_and_specs_under_the_output_root_are_not_searched(project):
+    # Output root = the folder holding specs/ and upstream/ (but not pyproject.toml's folder).
+    project.write("pyproject.toml", project.read("pyproject.toml")
+                  .replace('specs = "specs"', 'specs = "all/specs"')
+                  .replace('output = "generated"', 'output = "all"')
+                  .replace('source_roots = ["upstream"]', 'source_roots = ["all/upstream"]'))
+    os.makedirs(project.path("all"))
+    os.rename(project.path("specs"), project.path("all/specs"))
+    os.rename(project.path("upstream"), project.path("all/upstream"))
+    assert run(project, "--all").returncode == 0
+    generated = project.read("all/tiny/patched_modeling_tiny.py")
+    project.write("all/specs/tiny/patches/kept.py", generated)
+    project.write("all/upstream/kept.py", generated)
+    r = run(project, "--check", "--fix")
+    assert r.returncode == 0, r
+    assert os.path.exists(project.path("all/specs/tiny/patches/kept.py"))
+    assert os.path.exists(project.path("all/upstream/kept.py"))

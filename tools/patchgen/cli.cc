@@ -925,7 +925,18 @@ int Runner::Check() {
   size_t orphaned = 0;
   bool all_known = opts_.specs.empty();
   for (const Job& job : jobs_) all_known &= job.spec.has_value() && !job.out_py.empty();
-  if (all_known) {
+  // An output root that holds the whole project (`output = "."`) would take test expectations and
+  // files of other tools for orphans: it is not searched. Below the output root, the specs root,
+  // the source roots and dot-folders are not entered.
+  const fs::path out_root = OutputRoot();
+  auto under = [](const fs::path& p, const fs::path& dir) {
+    fs::path rel = p.lexically_normal().lexically_relative(dir.lexically_normal());
+    return !rel.empty() && *rel.begin() != "..";
+  };
+  std::vector<fs::path> not_entered = {config_.specs};
+  for (const auto& r : config_.source_roots) not_entered.push_back(r);
+  for (const auto& r : opts_.source_roots) not_entered.push_back(cwd_ / r);
+  if (all_known && !under(config_.root, out_root)) {
     std::set<fs::path> produced;
     for (const Job& job : jobs_) {
       produced.insert(job.out_py);
@@ -933,8 +944,14 @@ int Runner::Check() {
     }
     std::vector<fs::path> found;
     std::error_code ec;
-    for (fs::recursive_directory_iterator it(OutputRoot(), ec), end; !ec && it != end; it.increment(ec)) {
+    for (fs::recursive_directory_iterator it(out_root, ec), end; !ec && it != end; it.increment(ec)) {
       std::error_code ec2;
+      if (it->is_directory(ec2) && !it->is_symlink(ec2)) {
+        bool skip = it->path().filename().string().starts_with(".");
+        for (const fs::path& d : not_entered) skip |= it->path().lexically_normal() == d.lexically_normal();
+        if (skip) it.disable_recursion_pending();
+        continue;
+      }
       if (it->is_symlink(ec2) || !it->is_regular_file(ec2)) continue;
       fs::path p = it->path().lexically_normal();
       std::string ext = p.extension().string();
