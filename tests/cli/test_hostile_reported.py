@@ -1,14 +1,13 @@
-"""Hostile and broken input (issue #17): findings whose fix belongs to src/spec or src/rewriter
-(being changed by issue #18 at the time of writing). Each test is the behaviour patchgen should have,
-marked xfail (strict) with the reason, so it starts to pass — and must be un-marked — when the fix
-lands.
+"""Hostile and broken input (issue #17): findings fixed in src/spec and src/rewriter (commit
+2d7e144, issue #18's helper). Written first as strict xfail tests, which failed on the code before that
+commit: a slot's op string injected code, a trailing comment of a patch body was dropped, a broken
+parent gave its child a false error, a parent with a byte order mark had its positions shifted.
 """
 
 import ast
 import os
 import subprocess
 
-import pytest
 
 SPEC = "specs/tiny/tiny.yaml"
 PY = "generated/tiny/patched_modeling_tiny.py"
@@ -21,8 +20,6 @@ def run(project, *args):
                           text=True, timeout=60)
 
 
-@pytest.mark.xfail(strict=True, reason="src/spec: a slot's `op`/`variant` lands in generated code "
-                   "unescaped and unvalidated (a quote in it injects code)")
 def test_slot_op_string_cannot_inject_code(project):
     project.write(SPEC, project.read(SPEC).replace("    op: rms_norm", "    op: 'x\" + str(1) + \"'"))
     r = run(project, "--all")
@@ -36,8 +33,6 @@ def test_slot_op_string_cannot_inject_code(project):
     assert calls[0].args[0].value == 'x" + str(1) + "'
 
 
-@pytest.mark.xfail(strict=True, reason="src/rewriter: a comment after the last statement of a patch "
-                   "body is dropped although docs/spec-format.md says comments are kept")
 def test_trailing_comment_on_the_last_line_of_a_patch_body_is_kept(project):
     project.write("specs/tiny/patches/mlp.py",
                   "def mlp_forward(self, x):\n    return self.down_proj(x)  # keep this comment\n")
@@ -46,8 +41,6 @@ def test_trailing_comment_on_the_last_line_of_a_patch_body_is_kept(project):
     assert "return self.down_proj(x)  # keep this comment\n" in project.read(PY)
 
 
-@pytest.mark.xfail(strict=True, reason="src/spec: a parent spec that is not valid YAML also gives its "
-                   "child a false \"missing required key 'upstream'\"")
 def test_broken_parent_spec_gives_only_its_own_error(project):
     project.write("specs/tiny/parent.yaml",
                   "version: 1\nupstream: tinypkg.models.tiny.modeling_tiny\noutput: parent.py\nslots: [\n")
@@ -59,8 +52,6 @@ def test_broken_parent_spec_gives_only_its_own_error(project):
     assert "missing required key 'upstream'" not in r.stderr, r.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="src/spec: an `extends` parent with a UTF-8 byte order mark has "
-                   "every position shifted (the CLI strips the mark only from the spec it names)")
 def test_parent_spec_with_a_byte_order_mark_keeps_its_columns(project):
     parent = project.read(SPEC).replace("TinyMLP.forward", "TinyMLP.fowrard")
     with open(project.path("specs/tiny/parent.yaml"), "wb") as f:
