@@ -9,41 +9,74 @@ namespace {
 
 bool IsControl(unsigned char c) { return c < 0x20 || c == 0x7f; }
 
-// Appends `s` as one line of at most kMaxMessageBytes: control characters (a newline or escape
-// sequence quoted from the input) become \xNN, a longer text is cut at a UTF-8 boundary with "...".
+constexpr std::string_view kReplacement = "\xEF\xBF\xBD";  // U+FFFD
+
+// Length of the well-formed UTF-8 sequence starting at s[i] (2 to 4), or 0 when there is none.
+size_t Utf8Length(std::string_view s, size_t i) {
+  auto c = static_cast<unsigned char>(s[i]);
+  size_t n = c >= 0xF0 && c <= 0xF4 ? 4 : c >= 0xE0 && c < 0xF0 ? 3 : c >= 0xC2 && c < 0xE0 ? 2 : 0;
+  if (n == 0 || i + n > s.size()) return 0;
+  for (size_t k = 1; k < n; ++k) {
+    if ((static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) return 0;
+  }
+  auto c1 = static_cast<unsigned char>(s[i + 1]);
+  if ((c == 0xE0 && c1 < 0xA0) || (c == 0xED && c1 >= 0xA0) || (c == 0xF0 && c1 < 0x90) ||
+      (c == 0xF4 && c1 >= 0x90)) {
+    return 0;
+  }
+  return n;
+}
+
+// Appends `s` so that what is printed is valid UTF-8 on one line: a byte that is not part of a
+// UTF-8 sequence becomes U+FFFD; a control character becomes \xNN in messages (a newline or an
+// escape sequence quoted from the input) and U+FFFD in excerpts (one column, so the caret stays
+// aligned). Tabs are kept.
+void AppendPrintable(std::string& out, std::string_view s, bool excerpt) {
+  static const char kHex[] = "0123456789abcdef";
+  for (size_t i = 0; i < s.size();) {
+    auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x80) {
+      if (IsControl(c) && c != '\t') {
+        if (excerpt) {
+          out += kReplacement;
+        } else {
+          out += "\\x";
+          out += kHex[c >> 4];
+          out += kHex[c & 15];
+        }
+      } else {
+        out += static_cast<char>(c);
+      }
+      ++i;
+      continue;
+    }
+    size_t n = Utf8Length(s, i);
+    if (n == 0) {
+      out += kReplacement;
+      ++i;
+    } else {
+      out.append(s.substr(i, n));
+      i += n;
+    }
+  }
+}
+
+// Appends `s` as one printable line of at most kMaxMessageBytes, cut at a UTF-8 boundary with
+// "... (N more bytes)".
 void AppendOneLine(std::string& out, std::string_view s) {
   size_t cut = s.size();
   if (cut > kMaxMessageBytes) {
     cut = kMaxMessageBytes;
     while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xC0) == 0x80) --cut;
   }
-  static const char kHex[] = "0123456789abcdef";
-  for (size_t i = 0; i < cut; ++i) {
-    unsigned char c = static_cast<unsigned char>(s[i]);
-    if (IsControl(c) && c != '\t') {
-      out += "\\x";
-      out += kHex[c >> 4];
-      out += kHex[c & 15];
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
+  AppendPrintable(out, s.substr(0, cut), false);
   if (cut < s.size()) out += "... (" + std::to_string(s.size() - cut) + " more bytes)";
 }
 
-// The excerpt keeps one column per code point, so the caret stays aligned: a control character
-// other than a tab is shown as U+FFFD.
 std::string ExcerptText(std::string_view s) {
   std::string out;
   out.reserve(s.size());
-  for (char ch : s) {
-    unsigned char c = static_cast<unsigned char>(ch);
-    if (IsControl(c) && c != '\t') {
-      out += "\xEF\xBF\xBD";
-    } else {
-      out += ch;
-    }
-  }
+  AppendPrintable(out, s, true);
   return out;
 }
 
@@ -93,7 +126,7 @@ SourceLoc LocOf(std::string path, std::string_view text, const LineIndex& lines,
 std::string FormatDiagnostic(const Diagnostic& d) {
   std::string out;
   if (!d.path.empty()) {
-    out += d.path;
+    AppendPrintable(out, d.path, false);
     if (d.line > 0) {
       out += ':' + std::to_string(d.line) + ':' + std::to_string(d.col);
     }

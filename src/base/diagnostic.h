@@ -73,10 +73,12 @@ inline constexpr size_t kMaxExcerptColumns = 200;
 /// A message, note or help line longer than this many bytes is cut, with "... (N more bytes)".
 inline constexpr size_t kMaxMessageBytes = 1000;
 
-/// Formats one diagnostic in the format shown at the top of this file (ends with '\n'). Each of
+/// Formats one diagnostic in the format shown at the top of this file (ends with '\n'). The text is
+/// valid UTF-8 whatever the input holds (a byte that is not UTF-8 prints as U+FFFD). Each of path,
 /// message, notes and help prints on one line: control characters in them (a newline quoted from
-/// the input, a terminal escape) print as \xNN, and each is cut to kMaxMessageBytes. In the excerpt
-/// a control character other than a tab prints as U+FFFD, one column, so the caret stays aligned.
+/// the input, a terminal escape) print as \xNN, and each message, note and help is cut to
+/// kMaxMessageBytes. In the excerpt a control character other than a tab prints as U+FFFD, one
+/// column, so the caret stays aligned.
 std::string FormatDiagnostic(const Diagnostic& d);
 
 /// Sorts by (path, line, col, message) and removes exact duplicates.

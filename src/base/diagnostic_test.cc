@@ -85,6 +85,25 @@ TEST_CASE("Messages, notes and help print on one line; control characters are es
         "help: a\tb\\x7f\n");
 }
 
+TEST_CASE("Printed diagnostics are valid UTF-8: stray bytes print as U+FFFD") {
+  // A latin-1 upstream line: 'caf\xe9' is one invalid byte, one column.
+  std::string text = "NAME = 'caf\xe9' + x\n";
+  LineIndex lines(text);
+  uint32_t start = static_cast<uint32_t>(text.find('x'));
+  Diagnostic d = MakeDiagnostic("m\xff.py", text, lines, {start, start + 1}, "undefined name 'x\xc3'");
+  CHECK(FormatDiagnostic(d) ==
+        "m\xEF\xBF\xBD.py:1:17: error: undefined name 'x\xEF\xBF\xBD'\n"
+        "    1 | NAME = 'caf\xEF\xBF\xBD' + x\n"
+        "      |                 ^\n");
+  // Overlong forms and surrogates are not UTF-8 either; valid sequences are kept.
+  d = Diagnostic{};
+  d.path = "p";
+  d.message = "\xc0\xaf \xed\xa0\x80 \xf0\x9f\x98\x80 \xc3\xa9";
+  CHECK(FormatDiagnostic(d) ==
+        "p: error: \xEF\xBF\xBD\xEF\xBF\xBD \xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD "
+        "\xf0\x9f\x98\x80 \xc3\xa9\n");
+}
+
 TEST_CASE("Long messages are cut at a UTF-8 boundary") {
   std::string name = "x" + std::string(2000, 'y');
   Diagnostic d;

@@ -107,3 +107,29 @@ def test_spec_with_a_byte_order_mark_keeps_its_columns(project):
         "specs/tiny/tiny.yaml:15:22: error: no method 'fowrard' in class 'TinyMLP'\n"
         "   15 |   - override_method: TinyMLP.fowrard\n"
         "      |                      ^~~~~~~~~~~~~~~\n"), r.stderr
+
+
+def test_patch_file_with_a_byte_order_mark_is_refused_not_written(project):
+    patch = read_bytes(project, "specs/tiny/patches/mlp.py")
+    write_bytes(project, "specs/tiny/patches/mlp.py", b"\xef\xbb\xbf" + patch)
+    r = run(project, "--all")
+    assert r.returncode == 3  # was: exit 0 and a module CPython rejects (U+FEFF before `def forward`)
+    assert r.stderr.startswith(
+        f"{PY}:46:5: error: the generated module would hold U+FEFF (a byte order mark), which CPython "
+        "rejects\n"), r.stderr
+    assert r.stderr.endswith(
+        "help: it comes from the upstream module, a patch file or the spec at that place of the output; "
+        "save them as UTF-8 without a byte order mark\n")
+    assert not os.path.exists(project.path(PY))
+
+
+def test_upstream_in_latin1_with_a_coding_cookie_is_refused_not_written(project):
+    plain = read_bytes(project, UPSTREAM)
+    latin1 = b"# -*- coding: latin-1 -*-\n" + plain + b"NAME = 'caf\xe9'\n"
+    compile(latin1, "upstream.py", "exec")  # CPython accepts the upstream itself ...
+    write_bytes(project, UPSTREAM, latin1)
+    r = run(project, "--all")
+    # ... but the generated header pushes the cookie off the first two lines.
+    assert r.returncode == 3, r.stderr
+    assert "error: the generated module would hold the byte 0xE9, which is not UTF-8, which CPython rejects\n" in r.stderr
+    assert not os.path.exists(project.path(PY))

@@ -25,6 +25,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <cstdio>
 #include <set>
 #include <thread>
 
@@ -258,6 +259,42 @@ bool CarriesGeneratedHeader(std::string_view text) {
            text.substr(text.find('\n', at + 1) + 1).starts_with("+" + std::string(kBanner));
   }
   return false;
+}
+
+/// The first thing in a generated module that CPython rejects in any source file whatever its
+/// grammar: a byte sequence that is not UTF-8 (no coding cookie survives the generated header), a
+/// NUL byte, or U+FEFF (a byte order mark inside the file, e.g. from a patch file saved with one).
+/// Returns its byte offset and what it is.
+std::optional<std::pair<uint32_t, std::string>> FirstSourceBlocker(std::string_view text) {
+  for (size_t i = 0; i < text.size();) {
+    auto c = static_cast<unsigned char>(text[i]);
+    if (c == 0) return std::pair{static_cast<uint32_t>(i), std::string("a NUL byte")};
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    size_t n = c >= 0xF0 && c <= 0xF4 ? 4 : c >= 0xE0 ? 3 : c >= 0xC2 && c < 0xE0 ? 2 : 0;
+    bool ok = n > 0 && i + n <= text.size();
+    for (size_t k = 1; ok && k < n; ++k) ok = (static_cast<unsigned char>(text[i + k]) & 0xC0) == 0x80;
+    if (ok && n == 3) {  // no overlong forms, no surrogates
+      auto c1 = static_cast<unsigned char>(text[i + 1]);
+      ok = !(c == 0xE0 && c1 < 0xA0) && !(c == 0xED && c1 >= 0xA0);
+    }
+    if (ok && n == 4) {
+      auto c1 = static_cast<unsigned char>(text[i + 1]);
+      ok = !(c == 0xF0 && c1 < 0x90) && !(c == 0xF4 && c1 >= 0x90);
+    }
+    if (!ok) {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "0x%02X", c);
+      return std::pair{static_cast<uint32_t>(i), "the byte " + std::string(hex) + ", which is not UTF-8"};
+    }
+    if (text.substr(i, 3) == "\xEF\xBB\xBF") {
+      return std::pair{static_cast<uint32_t>(i), std::string("U+FEFF (a byte order mark)")};
+    }
+    i += n;
+  }
+  return std::nullopt;
 }
 
 /// Errors for entries whose upstream target (or a class around it) is defined more than once in one
@@ -546,6 +583,17 @@ void Runner::GenerateAll() {
                                           Show(job.lookup.file.file));
         !ambiguous.empty()) {
       Fail(job, std::move(ambiguous));
+      return;
+    }
+    if (auto blocker = FirstSourceBlocker(result->text)) {
+      LineIndex lines(result->text);
+      Diagnostic d = MakeDiagnostic(
+          Show(job.out_py), result->text, lines, {blocker->first, blocker->first + 1},
+          "the generated module would hold " + blocker->second + ", which CPython rejects",
+          "it comes from the upstream module, a patch file or the spec at that place of the "
+          "output; save them as UTF-8 without a byte order mark",
+          ErrorKind::kSpec);
+      Fail(job, {std::move(d)});
       return;
     }
     job.py_text = std::move(result->text);
