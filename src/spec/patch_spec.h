@@ -72,7 +72,7 @@ enum class PatchKind {
   kEditBody,
 };
 
-/// The YAML key of a kind ("replace_class", ...).
+/// The YAML key of a kind ("replace_class", ...), from the kind table (patch_kinds.h).
 const char* PatchKindKey(PatchKind kind);
 
 /// One statement-level edit of an `edit_body` patch (docs/spec-format.md, "Statement edits").

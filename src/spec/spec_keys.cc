@@ -1,5 +1,6 @@
 #include "spec/spec_keys.h"
 
+#include "spec/patch_kinds.h"
 #include "spec/patch_spec.h"
 
 namespace patchgen::spec {
@@ -33,11 +34,15 @@ const std::vector<std::string>& KnownKeys(KeyLevel level) {
   static const std::vector<std::string> slot = {"name", "op", "variant", "scope", "guards"};
   static const std::vector<std::string> guard = {"in", "at", "through", "call", "upstream_version",
                                                  "optional", "reason"};
-  static const std::vector<std::string> patch = {
-      "replace_class", "replace_function", "override_method", "add_method", "modify_init",
-      "edit_body",     "description",      "code",            "file",       "symbol",
-      "from",          "after",            "edits",           "name_map",   "upstream_version",
-      "optional",      "reason"};
+  // The kind keys (from the kind table) first, then the keys shared by the kinds.
+  static const std::vector<std::string> patch = [] {
+    std::vector<std::string> keys = PatchKindKeys();
+    for (const char* k : {"description", "code", "file", "symbol", "from", "after", "edits",
+                          "name_map", "upstream_version", "optional", "reason"}) {
+      keys.push_back(k);
+    }
+    return keys;
+  }();
   static const std::vector<std::string> helper = {"after", "name", "code", "file", "symbol",
                                                   "upstream_version", "reason"};
   static const std::vector<std::string> edit = {"insert_before", "insert_after", "replace", "delete",
@@ -75,9 +80,11 @@ const std::vector<std::string>& NewSlotKeys() {
 }
 
 const std::vector<std::string>& PatchKindKeys() {
-  static const std::vector<std::string> kinds = {"replace_class", "replace_function",
-                                                 "override_method", "add_method", "modify_init",
-                                                 "edit_body"};
+  static const std::vector<std::string> kinds = [] {
+    std::vector<std::string> keys;
+    for (const PatchKindInfo& info : kPatchKinds) keys.emplace_back(info.key);
+    return keys;
+  }();
   return kinds;
 }
 
@@ -95,18 +102,6 @@ const std::vector<std::string>& ScopeValues() {
 const std::vector<std::string>& InitAfterValues() {
   static const std::vector<std::string> v = {"end", "super_init"};
   return v;
-}
-
-const char* PatchKindKey(PatchKind kind) {
-  switch (kind) {
-    case PatchKind::kReplaceClass: return "replace_class";
-    case PatchKind::kReplaceFunction: return "replace_function";
-    case PatchKind::kOverrideMethod: return "override_method";
-    case PatchKind::kAddMethod: return "add_method";
-    case PatchKind::kModifyInit: return "modify_init";
-    case PatchKind::kEditBody: return "edit_body";
-  }
-  return "?";
 }
 
 const char* EditOpKey(StatementEdit::Op op) {

@@ -34,8 +34,8 @@ const std::vector<std::string>& RequiredKeys(KeyLevel level);
 /// with only `name` changes the inherited one).
 const std::vector<std::string>& NewSlotKeys();
 
-/// The patch kind keys: replace_class, replace_function, override_method, add_method, modify_init,
-/// edit_body.
+/// The patch kind keys, in the order of the kind table (patch_kinds.h): replace_class,
+/// replace_function, override_method, add_method, modify_init, edit_body.
 const std::vector<std::string>& PatchKindKeys();
 
 /// The operation keys of an edit: insert_before, insert_after, replace, delete, wrap.

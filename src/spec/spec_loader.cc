@@ -12,6 +12,7 @@
 #include "base/file_util.h"
 #include "base/line_index.h"
 #include "base/text_util.h"
+#include "spec/patch_kinds.h"
 #include "spec/raw_node.h"
 #include "spec/spec_keys.h"
 #include "spec/version_condition.h"
@@ -733,20 +734,22 @@ class FileLoader {
     const auto* items = Sequence(n, "patches");
     if (!items) return;
     std::map<std::string, SourceLoc> targets;
-    const std::vector<std::string>& kinds = PatchKindKeys();
     for (const RawNode& item : *items) {
       if (!Mapping(item, "patches")) continue;
       auto keys = Keys(item, KeyLevel::kPatch);
+      // The kind is the one key of the entry that names a row of the kind table.
       std::vector<std::pair<const RawNode*, const RawNode*>> kind_keys;
+      const PatchKindInfo* info = nullptr;
       for (const auto& [key, value] : item.entries) {
-        if (key.kind == Kind::kScalar &&
-            std::find(kinds.begin(), kinds.end(), key.scalar) != kinds.end()) {
+        if (key.kind != Kind::kScalar) continue;
+        if (const PatchKindInfo* found = FindPatchKind(key.scalar)) {
+          if (!info) info = found;
           kind_keys.emplace_back(&key, &value);
         }
       }
       if (kind_keys.empty()) {
         Error(item.entries.empty() ? item : item.entries.front().first, "patch has no kind",
-              "start the entry with one of: " + JoinNames(kinds, 100));
+              "start the entry with one of: " + JoinNames(PatchKindKeys(), 100));
         continue;
       }
       if (kind_keys.size() > 1) {
@@ -758,33 +761,18 @@ class FileLoader {
       }
       Patch p;
       const std::string& kind = kind_keys[0].first->scalar;
-      size_t kind_index = std::find(kinds.begin(), kinds.end(), kind) - kinds.begin();
-      p.kind = static_cast<PatchKind>(kind_index);
+      p.kind = info->kind;
       p.loc = Loc(*kind_keys[0].first);
       const RawNode& target_node = *kind_keys[0].second;
       auto target = Dotted(target_node, kind, "Qwen3MLP.forward");
       bool ok = target.has_value();
-      if (target) {
-        size_t dots = CountDots(*target);
-        if ((p.kind == PatchKind::kReplaceClass || p.kind == PatchKind::kReplaceFunction) && dots > 0) {
-          Error(target_node, "'" + kind + "' takes a top-level name, found '" + *target + "'",
-                "to change a method, use `override_method: " + *target + "`");
-          ok = false;
-        } else if ((p.kind == PatchKind::kOverrideMethod || p.kind == PatchKind::kAddMethod) &&
-                   dots == 0) {
-          Error(target_node, "'" + kind + "' takes `Class.method`, found '" + *target + "'",
-                p.kind == PatchKind::kOverrideMethod
-                    ? "to replace a top-level function, use `replace_function: " + *target + "`"
-                    : "name the class and the new method, like `" + *target + ".forward`");
-          ok = false;
-        }
-      }
+      if (target && !TargetHasShape(target_node, *info, *target)) ok = false;
       if (auto it = keys.find("description"); it != keys.end()) {
         if (auto d = OneLine(*it->second.second, "description")) p.description = *d;
       }
       if (auto it = keys.find("after"); it != keys.end()) {
-        if (p.kind != PatchKind::kModifyInit) {
-          Error(*it->second.first, "'after' is only for modify_init",
+        if (!info->allows_after) {
+          Error(*it->second.first, "'after' is only for " + KindsWith(&PatchKindInfo::allows_after),
                 "`after: super_init` places modify_init statements right after super().__init__(...)");
         } else if (auto v = EnumValue(*it->second.second, "after", InitAfterValues())) {
           p.init_at = *v == "super_init" ? Patch::InitAt::kAfterSuperInit : Patch::InitAt::kEnd;
@@ -792,11 +780,11 @@ class FileLoader {
       }
       if (auto it = keys.find("name_map"); it != keys.end()) p.name_map = NameMap(*it->second.second);
       if (!LoadCondition(keys, p.when)) ok = false;
-      if (p.kind == PatchKind::kEditBody) {
+      if (info->has_edits) {
         // The edits carry their own code; a body key here would be ignored, so it is an error.
         for (const char* k : {"code", "file", "symbol", "from"}) {
           if (auto it = keys.find(k); it != keys.end()) {
-            Error(*it->second.first, std::string("'") + k + "' is not allowed on edit_body",
+            Error(*it->second.first, std::string("'") + k + "' is not allowed on " + kind,
                   "each entry of `edits:` has its own `code`");
             ok = false;
           }
@@ -806,19 +794,19 @@ class FileLoader {
         } else if (has_extends_) {
           p.partial = true;
         } else {
-          Error(*kind_keys[0].first, "edit_body needs 'edits'",
+          Error(*kind_keys[0].first, kind + " needs 'edits'",
                 "list the statement edits: insert_before, insert_after, replace, delete or wrap");
           ok = false;
         }
       } else {
         if (auto it = keys.find("edits"); it != keys.end()) {
-          Error(*it->second.first, "'edits' is only for edit_body",
+          Error(*it->second.first, "'edits' is only for " + KindsWith(&PatchKindInfo::has_edits),
                 "to change a few statements of " + (target ? *target : std::string("the target")) +
                     " instead of replacing it, use `edit_body: " +
                     (target ? *target : std::string("Class.method")) + "`");
           ok = false;
         }
-        bool allow_from = p.kind == PatchKind::kReplaceClass || p.kind == PatchKind::kReplaceFunction;
+        bool allow_from = info->allows_from;
         bool has_body = keys.count("code") || keys.count("file") || keys.count("symbol") ||
                         (allow_from && keys.count("from"));
         if (has_extends_ && !has_body) {
@@ -846,6 +834,32 @@ class FileLoader {
       }
       spec.patches.push_back(std::move(p));
     }
+  }
+
+  // Whether `target` has the shape the kind's row asks for; reports the error when not.
+  bool TargetHasShape(const RawNode& target_node, const PatchKindInfo& info,
+                      const std::string& target) {
+    size_t dots = CountDots(target);
+    std::string found = "found '" + target + "'";
+    std::string help = std::string(info.shape_help_before) + target + std::string(info.shape_help_after);
+    if (info.target == TargetShape::kTopLevel && dots > 0) {
+      Error(target_node, "'" + std::string(info.key) + "' takes a top-level name, " + found, help);
+      return false;
+    }
+    if (info.target == TargetShape::kMember && dots == 0) {
+      Error(target_node, "'" + std::string(info.key) + "' takes `Class.method`, " + found, help);
+      return false;
+    }
+    return true;
+  }
+
+  // The kinds whose row has `property` (for "'after' is only for modify_init").
+  static std::string KindsWith(bool PatchKindInfo::*property) {
+    std::string out;
+    for (const PatchKindInfo& info : kPatchKinds) {
+      if (info.*property) out += (out.empty() ? "" : ", ") + std::string(info.key);
+    }
+    return out;
   }
 
   // The `edits:` of an edit_body patch. False when any entry is invalid (reported).
@@ -1094,7 +1108,7 @@ void Merge(OneSpec& parent_one, OneSpec&& child_one, const std::string& parent_p
       for (const Patch& x : parent.patches) inherited.push_back(x.target);
       std::string help = std::string("an entry without a body changes the inherited patch of its target; a new ") +
                          PatchKindKey(p.kind) + " needs " +
-                         (p.kind == PatchKind::kEditBody ? "`edits`" : "`code` or `file` + `symbol`");
+                         (InfoOf(p.kind).has_edits ? "`edits`" : "`code` or `file` + `symbol`");
       if (auto near = DidYouMean(p.target, inherited)) help = "did you mean '" + *near + "'? " + help;
       diags.push_back(ErrorAt(p.target_loc,
                               "no inherited patch of '" + p.target + "' to change in '" + parent_path + "'",
