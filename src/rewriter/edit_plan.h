@@ -47,8 +47,9 @@ class EditPlan {
   void Add(TextEdit edit) { edits_.push_back(std::move(edit)); }
   const std::vector<TextEdit>& edits() const { return edits_; }
 
-  /// Sorts edits by start (stable: zero-width insertions at one offset keep the order in which
-  /// they were added), and reports every pair of overlapping edits as an error at the later
+  /// Sorts edits by start (insertions before a replacement at the same offset; among insertions
+  /// at one offset deeper-indented text first, then the order in which they were added), and
+  /// reports every pair of overlapping edits as an error at the later
   /// origin, with a note naming the other origin. Two insertions at the same offset do not overlap;
   /// an insertion strictly inside a replaced range does. Message:
   ///   `<later origin>: error: edits overlap: <what of later> and <what of earlier>`

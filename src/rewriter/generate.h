@@ -1,4 +1,5 @@
-// Generate: upstream PyModule + validated PatchSpec -> generated module text.
+// Generate: upstream PyModule + validated PatchSpec -> generated module text (the stages are in
+// stages.h).
 //
 // Pipeline: each spec operation becomes provenance-tagged TextEdits (edit_plan.h); the plan is
 // validated (overlaps are errors naming both spec locations), applied in one forward splice,
@@ -58,7 +59,7 @@ struct ContractPin {
 
 struct GenerateResult {
   std::string text;                   ///< The generated file (LF, UTF-8).
-  std::vector<AppliedPatch> applied;  ///< In spec order, as listed in the header.
+  std::vector<AppliedPatch> applied;  ///< In stage order (docs/rewriter.md, "The header"), as listed in the header.
   std::string upstream_sha256;        ///< Hex sha256 of the upstream bytes.
   std::vector<SkippedEntry> skipped;  ///< Conditional entries left out, in spec order.
   std::vector<ContractPin> contract;  ///< What the applied guards and patches rely on upstream.

@@ -3,10 +3,11 @@
 // `edits:`. The loader's key lists (spec_keys.h), its target-shape and key checks
 // (spec_loader.cc) and the JSON Schema test (spec_schema_test.cc) all derive from this table; a
 // kind is found by its key (FindPatchKind), never by its position. The rewriter plans each kind
-// with its own planning function (the layer above cannot be named from here).
+// with the functions of its row in kPatchPlanners (rewriter/stage_patches.cc; this layer cannot
+// name them).
 //
 // Adding a kind (docs/rewriter.md, "Adding a patch kind"): a value of PatchKind, a row here, a
-// planning function in the rewriter, the schema's `$defs/patch`, the docs.
+// planning function and its kPatchPlanners row, the schema's `$defs/patch`, the docs.
 #pragma once
 
 #include <string>

@@ -1,0 +1,117 @@
+// The output check: the generated text re-parsed; parse errors and undefined names in inserted
+// code located in the spec through the edits' CodeSpans (docs/rewriter.md, "Validation").
+#include <tree_sitter/api.h>
+
+#include <algorithm>
+#include <functional>
+
+#include "base/line_index.h"
+#include "parser/ts_node.h"
+#include "rewriter/name_resolution.h"
+#include "rewriter/stages.h"
+
+namespace patchgen::rewriter {
+namespace {
+
+/// The spec location of output byte `offset` when it lies in inserted text, else nullopt.
+std::optional<SourceLoc> InsertedLoc(const EditPlan& plan, uint32_t offset, const LineIndex& out_lines,
+                                     const std::vector<ByteRange>& ranges, uint32_t header_size) {
+  const std::vector<TextEdit>& edits = plan.edits();
+  for (size_t i = 0; i < edits.size(); ++i) {
+    ByteRange r{ranges[i].start + header_size, ranges[i].end + header_size};
+    if (!r.Contains(offset)) continue;
+    const TextEdit& e = edits[i];
+    for (const std::optional<CodeSpan>* span : {&e.code, &e.tail_code}) {
+      const std::optional<CodeSpan>& c = *span;
+      if (!c || c->begin > offset - r.start || offset - r.start >= c->end) continue;
+      uint32_t span_start = r.start + c->begin;
+      uint32_t line0 = out_lines.LineOf(offset) - out_lines.LineOf(span_start);
+      int32_t col = static_cast<int32_t>(out_lines.At(offset).col) - c->col_shift;
+      spec::TextOrigin o = c->origin;
+      o.first_line = c->first_line;
+      o.col_offset = 0;
+      return OriginLoc(o, line0, static_cast<uint32_t>(std::max(1, col)));
+    }
+    return e.origin;
+  }
+  return std::nullopt;
+}
+
+/// Excluded definitions and dropped imports must not leave names behind that now resolve
+/// nowhere (a name bound again by a helper or an added import is fine).
+void CheckRemovedNames(const spec::PatchSpec& spec, const std::vector<const spec::LocatedName*>& excluded,
+                       TSNode root, const std::string& out, uint32_t header_size,
+                       const std::function<SourceLoc(uint32_t)>& output_loc,
+                       std::vector<Diagnostic>& errors) {
+  std::vector<std::pair<const spec::LocatedName*, std::string>> removed;
+  for (const spec::LocatedName* ex : excluded) removed.push_back({ex, "excluded name"});
+  for (const spec::LocatedName& d : spec.import_drops) removed.push_back({&d, "dropped import"});
+  if (removed.empty()) return;
+  std::vector<NameUse> unresolved =
+      FindUnresolvedNames(root, out, {ByteRange{header_size, static_cast<uint32_t>(out.size())}});
+  for (const auto& [name, noun] : removed) {
+    for (const NameUse& use : unresolved) {
+      if (use.name != name->name) continue;
+      SourceLoc at = output_loc(use.offset);
+      Diagnostic d = ErrorAt(name->loc,
+                             noun + " '" + name->name + "' is still used at line " +
+                                 std::to_string(at.line) + " of the output",
+                             "remove or patch the code that uses it, or keep '" + name->name + "'");
+      d.notes.push_back("note: " + at.path + ":" + std::to_string(at.line) + ": " + at.source_line);
+      errors.push_back(std::move(d));
+    }
+  }
+}
+
+}  // namespace
+
+std::vector<Diagnostic> CheckOutput(const spec::PatchSpec& spec, const EditPlan& plan,
+                                    const std::string& out, uint32_t header_size,
+                                    const std::vector<const spec::LocatedName*>& excluded) {
+  std::vector<Diagnostic> errors;
+  TSTree* tree = parser::ParseTree(out);
+  if (!tree) {
+    errors.push_back(ErrorAt(SourceLoc{spec.path, 0, 0, 1, ""}, "tree-sitter returned no tree", {},
+                             ErrorKind::kInternal));
+    return errors;
+  }
+  LineIndex lines(out);
+  std::vector<ByteRange> ranges = plan.OutputRanges();
+  std::function<SourceLoc(uint32_t)> output_loc = [&](uint32_t offset) {
+    return LocOf(spec.output, out, lines, {offset, offset + 1});
+  };
+  TSNode root = ts_tree_root_node(tree);
+  if (auto err = parser::FirstErrorNode(root)) {
+    uint32_t offset = ts_node_start_byte(*err);
+    SourceLoc at = output_loc(offset);
+    std::optional<SourceLoc> spec_loc = InsertedLoc(plan, offset, lines, ranges, header_size);
+    Diagnostic d = ErrorAt(spec_loc ? *spec_loc : at, "generated code does not parse",
+                           "check the indentation and completeness of the inserted code");
+    if (spec_loc) {
+      d.notes.push_back("note: at " + at.path + ":" + std::to_string(at.line) + ":" +
+                        std::to_string(at.col) + ": " + at.source_line);
+    }
+    errors.push_back(std::move(d));
+    ts_tree_delete(tree);
+    return errors;
+  }
+  std::vector<ByteRange> inserted;
+  for (const ByteRange& r : ranges) {
+    if (!r.empty()) inserted.push_back({r.start + header_size, r.end + header_size});
+  }
+  for (const NameUse& use : FindUnresolvedNames(root, out, inserted)) {
+    SourceLoc at = output_loc(use.offset);
+    SourceLoc loc = InsertedLoc(plan, use.offset, lines, ranges, header_size).value_or(at);
+    loc.length = static_cast<uint32_t>(use.name.size());
+    Diagnostic d = ErrorAt(loc, "undefined name '" + use.name + "' in inserted code",
+                           "import it with `imports.add`, define it in `helpers:`, or map it "
+                           "with `name_map`");
+    d.notes.push_back("note: generated line " + std::to_string(at.line) + ": " + at.source_line);
+    errors.push_back(std::move(d));
+  }
+  CheckRemovedNames(spec, excluded, root, out, header_size, output_loc, errors);
+  ts_tree_delete(tree);
+  return errors;
+}
+
+}  // namespace patchgen::rewriter

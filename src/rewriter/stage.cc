@@ -1,0 +1,358 @@
+// Helpers shared by the generator's stages (stage.h).
+#include "rewriter/stage.h"
+
+#include <algorithm>
+
+#include "base/text_util.h"
+#include "parser/ts_node.h"
+#include "rewriter/fingerprint.h"
+#include "rewriter/reindent.h"
+#include "rewriter/statements.h"
+
+namespace patchgen::rewriter {
+
+using parser::Definition;
+using parser::Is;
+using parser::PyModule;
+using parser::RangeOf;
+using parser::TopLevelStatement;
+
+// ----- name_map ------------------------------------------------------------------------------
+
+NameMap::NameMap(const std::vector<spec::NameMapEntry>& entries) {
+  for (const spec::NameMapEntry& e : entries) uses_.push_back({&e, false});
+}
+
+std::optional<std::string> NameMap::Map(std::string_view name) {
+  for (Use& u : uses_) {
+    if (!u.entry->prefix && u.entry->from == name) {
+      u.used = true;
+      return u.entry->to;
+    }
+  }
+  Use* best = nullptr;
+  for (Use& u : uses_) {
+    if (!u.entry->prefix || !name.starts_with(u.entry->from)) continue;
+    // `Qwen3_5*: Qwen3_5Moe*` leaves Qwen3_5MoeMLP alone: it is a name of the new family.
+    if (u.entry->to.starts_with(u.entry->from) && name.starts_with(u.entry->to)) continue;
+    if (!best || u.entry->from.size() > best->entry->from.size()) best = &u;
+  }
+  if (!best) return std::nullopt;
+  best->used = true;
+  return best->entry->to + std::string(name.substr(best->entry->from.size()));
+}
+
+std::string NameMap::MapDotted(const std::string& dotted) {
+  std::string out;
+  for (size_t pos = 0; pos <= dotted.size();) {
+    size_t dot = std::min(dotted.find('.', pos), dotted.size());
+    std::string part = dotted.substr(pos, dot - pos);
+    if (std::optional<std::string> to = Map(part)) part = *to;
+    out += (pos == 0 ? "" : ".") + part;
+    pos = dot + 1;
+  }
+  return out;
+}
+
+std::set<std::string> NameMap::UsedKeys() const {
+  std::set<std::string> out;
+  for (const Use& u : uses_) {
+    if (u.used) out.insert(u.entry->Key());
+  }
+  return out;
+}
+
+void NameMap::ReportUnused(const std::set<std::string>& used_elsewhere,
+                           std::vector<Diagnostic>& errors) const {
+  for (const Use& u : uses_) {
+    if (u.used || used_elsewhere.count(u.entry->Key())) continue;
+    const spec::NameMapEntry& e = *u.entry;
+    if (e.prefix) {
+      errors.push_back(ErrorAt(
+          e.loc, "name_map rule '" + e.Key() + "' is never used",
+          "name_map renames identifiers in patch bodies, helpers, blocks and guard targets; "
+          "none of them starts with '" + e.from + "'" +
+              (e.to.starts_with(e.from)
+                   ? " (identifiers that already start with '" + e.to + "' are left alone)"
+                   : std::string())));
+      continue;
+    }
+    errors.push_back(ErrorAt(e.loc, "name_map key '" + e.from + "' is never used",
+                             "name_map renames identifiers in patch bodies, helpers, blocks and "
+                             "guard targets; no identifier '" +
+                                 e.from + "' appears in them"));
+  }
+}
+
+// ----- code from a spec ----------------------------------------------------------------------
+
+TextEdit SnippetEdit(ByteRange range, const std::string& prefix, const Snippet& s,
+                     const std::string& suffix, SourceLoc origin, std::string what) {
+  TextEdit e;
+  e.range = range;
+  e.text = prefix + s.text + suffix;
+  e.origin = std::move(origin);
+  e.what = std::move(what);
+  e.code = CodeSpan{static_cast<uint32_t>(prefix.size()),
+                    static_cast<uint32_t>(prefix.size() + s.text.size()), s.origin, s.first_line,
+                    s.col_shift};
+  return e;
+}
+
+SourceLoc OriginLoc(const spec::TextOrigin& o, uint32_t line0, uint32_t col, uint32_t length) {
+  SourceLoc loc;
+  loc.path = o.path;
+  loc.line = o.first_line + line0;
+  loc.col = col + o.col_offset;
+  loc.length = length;
+  if (o.file_text) {
+    std::vector<std::string_view> lines = SplitLines(*o.file_text);
+    if (loc.line >= 1 && loc.line <= lines.size()) loc.source_line = std::string(lines[loc.line - 1]);
+  }
+  return loc;
+}
+
+std::unique_ptr<PyModule> ParseCode(const std::string& text, const spec::TextOrigin& origin,
+                                    std::vector<Diagnostic>& errors) {
+  auto parsed = PyModule::Parse(origin.path, text);
+  if (parsed) return std::move(parsed.value());
+  for (Diagnostic d : parsed.errors()) {
+    if (d.line > 0) {
+      SourceLoc loc = OriginLoc(origin, d.line - 1, d.col, d.length);
+      d.line = loc.line;
+      d.col = loc.col;
+      d.source_line = loc.source_line;
+    }
+    d.kind = ErrorKind::kSpec;
+    d.path = origin.path;
+    if (d.message.starts_with("cannot parse Python: ")) {
+      d.message = "code does not parse: " + d.message.substr(21);
+    }
+    d.help = "the code must be valid Python on its own";
+    errors.push_back(std::move(d));
+  }
+  return nullptr;
+}
+
+namespace {
+
+void CollectRenames(TSNode node, const PyModule& m, ByteRange region, Renames renames,
+                    const std::optional<std::pair<ByteRange, std::string>>& rename,
+                    std::vector<std::pair<ByteRange, std::string>>& out) {
+  ByteRange r = RangeOf(node);
+  if (r.end <= region.start || r.start >= region.end) return;
+  if (Is(node, "identifier")) {
+    if (rename && rename->first == r) return;
+    std::string_view text = m.Text(r);
+    // Patch-level entries win over spec-level ones.
+    for (NameMap* map : {renames.patch, renames.spec}) {
+      if (!map) continue;
+      if (std::optional<std::string> to = map->Map(text)) {
+        out.push_back({r, *to});
+        return;
+      }
+    }
+    return;
+  }
+  for (uint32_t i = 0; i < ts_node_named_child_count(node); ++i) {
+    CollectRenames(ts_node_named_child(node, i), m, region, renames, rename, out);
+  }
+}
+
+}  // namespace
+
+Snippet MakeSnippet(const PyModule& m, ByteRange region, const spec::TextOrigin& origin,
+                    Renames renames, std::optional<std::pair<ByteRange, std::string>> rename,
+                    size_t column) {
+  uint32_t start = LineStartOf(m.source(), region.start);
+  // A comment after the region's last statement, on its line, belongs to it (tree-sitter ends a
+  // definition before that comment).
+  if (EndsLine(m, region.end)) region.end = LineEndOf(m.source(), region.end);
+  std::vector<std::pair<ByteRange, std::string>> edits;
+  if (rename) edits.push_back(*rename);
+  CollectRenames(m.root(), m, {start, region.end}, renames, rename, edits);
+  std::string text = SpliceRange(m.source(), {start, region.end}, std::move(edits));
+  Snippet s;
+  size_t common = CommonIndent(text);
+  s.text = TrimTrailingNewlines(ReindentTo(text, column));
+  s.origin = origin;
+  s.first_line = origin.first_line + m.lines().LineOf(start);
+  s.col_shift = static_cast<int32_t>(column) - static_cast<int32_t>(common) -
+                static_cast<int32_t>(origin.col_offset);
+  return s;
+}
+
+Snippet WholeSnippet(const PyModule& m, const spec::TextOrigin& origin, Renames renames,
+                     size_t column) {
+  return MakeSnippet(m, {0, static_cast<uint32_t>(m.source().size())}, origin, renames,
+                     std::nullopt, column);
+}
+
+const Definition* BodyDefinition(const PyModule& m, const spec::Body& body, const std::string& what,
+                                 std::vector<Diagnostic>& errors) {
+  if (body.source == spec::Body::Source::kFile) {
+    const Definition* def = m.FindTopLevel(body.symbol);
+    if (!def) {
+      std::string help =
+          "top-level definitions in " + body.origin.path + ": " + JoinNames(m.TopLevelNames());
+      if (auto dym = DidYouMean(body.symbol, m.TopLevelNames())) {
+        help = "did you mean '" + *dym + "'? " + help;
+      }
+      errors.push_back(ErrorAt(body.symbol_loc,
+                               "no def or class '" + body.symbol + "' in " + body.origin.path, help));
+    }
+    return def;
+  }
+  size_t defs = 0;
+  const Definition* def = nullptr;
+  for (const TopLevelStatement& s : m.top_level()) {
+    if (s.definition >= 0) {
+      ++defs;
+      def = &m.definitions()[static_cast<size_t>(s.definition)];
+    }
+  }
+  if (defs == 1 && m.top_level().size() == 1) return def;
+  errors.push_back(ErrorAt(body.loc,
+                           "code of " + what + " must hold exactly one def or class; found " +
+                               std::to_string(m.top_level().size()) + " top-level statement(s)",
+                           "put other definitions into `helpers:`, imports into `imports.add`"));
+  return nullptr;
+}
+
+// ----- text ----------------------------------------------------------------------------------
+
+std::string OneLine(std::string s) {
+  std::replace(s.begin(), s.end(), '\n', ' ');
+  std::replace(s.begin(), s.end(), '\r', ' ');
+  while (!s.empty() && s.back() == ' ') s.pop_back();
+  return s;
+}
+
+std::string TrimTrailingNewlines(std::string s) {
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
+std::string Where(const SourceLoc& loc) { return loc.path + ":" + std::to_string(loc.line); }
+
+std::string Owner(const std::string& qualname) {
+  size_t dot = qualname.rfind('.');
+  return dot == std::string::npos ? "" : qualname.substr(0, dot);
+}
+
+std::string LastComponent(const std::string& qualname) {
+  size_t dot = qualname.rfind('.');
+  return dot == std::string::npos ? qualname : qualname.substr(dot + 1);
+}
+
+TSNode NodeAt(TSNode root, ByteRange r) {
+  TSNode n = ts_node_named_descendant_for_byte_range(root, r.start, r.end);
+  while (!ts_node_is_null(ts_node_parent(n)) &&
+         (ts_node_start_byte(n) > r.start || ts_node_end_byte(n) < r.end)) {
+    n = ts_node_parent(n);
+  }
+  return n;
+}
+
+TSNode DefNode(const PyModule& m, const Definition& def) {
+  TSNode n = ts_node_descendant_for_byte_range(m.root(), def.header.start, def.header.start + 1);
+  while (!ts_node_is_null(n) &&
+         !((Is(n, "function_definition") || Is(n, "class_definition")) &&
+           ts_node_start_byte(n) == def.header.start)) {
+    n = ts_node_parent(n);
+  }
+  return n;
+}
+
+ByteRange WholeLines(const std::string& src, ByteRange r) {
+  uint32_t start = LineStartOf(src, r.start);
+  uint32_t end = LineEndOf(src, r.end);
+  if (end < src.size()) ++end;
+  return {start, end};
+}
+
+std::string SpliceRange(const std::string& src, ByteRange range,
+                        std::vector<std::pair<ByteRange, std::string>> local) {
+  std::sort(local.begin(), local.end(),
+            [](const auto& a, const auto& b) { return a.first.start < b.first.start; });
+  std::string out;
+  uint32_t cursor = range.start;
+  for (const auto& [r, text] : local) {
+    out.append(src, cursor, r.start - cursor);
+    out += text;
+    cursor = r.end;
+  }
+  out.append(src, cursor, range.end - cursor);
+  return out;
+}
+
+std::vector<std::pair<ByteRange, std::string>> RemoveListItems(const std::vector<ByteRange>& items,
+                                                               const std::vector<size_t>& removed) {
+  std::vector<bool> gone(items.size(), false);
+  for (size_t i : removed) gone[i] = true;
+  size_t last_kept = items.size();
+  for (size_t i = items.size(); i-- > 0;) {
+    if (!gone[i]) {
+      last_kept = i;
+      break;
+    }
+  }
+  std::vector<std::pair<ByteRange, std::string>> out;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (!gone[i]) continue;
+    if (i < last_kept) {
+      out.push_back({{items[i].start, items[i + 1].start}, ""});
+    } else {
+      out.push_back({{items[last_kept].end, items.back().end}, ""});
+      break;
+    }
+  }
+  return out;
+}
+
+const TopLevelStatement* TopLevelBinding(const PyModule& up, const std::string& name) {
+  for (const TopLevelStatement& s : up.top_level()) {
+    if (s.kind != TopLevelStatement::Kind::kClass && s.kind != TopLevelStatement::Kind::kFunction &&
+        s.kind != TopLevelStatement::Kind::kAssignment) {
+      continue;
+    }
+    if (std::find(s.names.begin(), s.names.end(), name) != s.names.end()) return &s;
+  }
+  return nullptr;
+}
+
+Diagnostic MissingTopLevel(const PyModule& up, const SourceLoc& loc, const std::string& context,
+                           const std::string& name) {
+  std::vector<std::string> names;
+  for (const TopLevelStatement& s : up.top_level()) {
+    if (s.kind == TopLevelStatement::Kind::kImport || s.kind == TopLevelStatement::Kind::kOther) {
+      continue;
+    }
+    names.insert(names.end(), s.names.begin(), s.names.end());
+  }
+  std::string help = "top-level definitions: " + JoinNames(names);
+  if (auto dym = DidYouMean(name, names)) help = "did you mean '" + *dym + "'?";
+  return ErrorAt(loc, context + ": no top-level definition or assignment '" + name + "' in " + up.path(),
+                 help);
+}
+
+ContractPin MakePin(const PyModule& up, std::string key, std::string region, std::string expects,
+                    std::string qualname, const SourceLoc& loc, const std::vector<ByteRange>& ranges,
+                    const std::vector<ByteRange>& skip) {
+  ContractPin pin{std::move(key), std::move(region), std::move(expects), std::move(qualname),
+                  loc, 0, 0, {}, {}};
+  Fingerprint fp = ranges.empty() ? AbsentFingerprint() : FingerprintOf(up, ranges, skip);
+  if (!ranges.empty()) {
+    pin.first_line = up.lines().LineOf(ranges.front().start) + 1;
+    uint32_t last = 0;
+    for (const ByteRange& r : ranges) {
+      last = std::max(last, up.lines().LineOf(r.end > r.start ? r.end - 1 : r.start) + 1);
+    }
+    pin.last_line = last;
+  }
+  pin.sha256 = std::move(fp.sha256);
+  pin.text = std::move(fp.text);
+  return pin;
+}
+
+}  // namespace patchgen::rewriter

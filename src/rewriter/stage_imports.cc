@@ -1,0 +1,151 @@
+// The imports stage: relative imports made absolute, `imports.drop` names removed.
+#include <tree_sitter/api.h>
+
+#include "base/text_util.h"
+#include "parser/ts_node.h"
+#include "rewriter/stages.h"
+
+namespace patchgen::rewriter {
+namespace {
+
+using parser::Import;
+using parser::Is;
+using parser::PyModule;
+
+/// Package of the upstream module: the module's parent, or the module itself for `__init__`.
+std::vector<std::string> UpstreamPackage(const std::string& upstream, const std::string& upstream_path) {
+  std::vector<std::string> parts;
+  size_t pos = 0;
+  while (true) {
+    size_t dot = upstream.find('.', pos);
+    parts.push_back(upstream.substr(pos, dot - pos));
+    if (dot == std::string::npos) break;
+    pos = dot + 1;
+  }
+  bool is_init = upstream_path.size() >= 11 && upstream_path.ends_with("__init__.py");
+  if (!is_init) parts.pop_back();
+  return parts;
+}
+
+/// `from ..x import y` -> the absolute module; nullopt (and an error) when it climbs too high.
+std::optional<std::string> AbsoluteModule(const spec::PatchSpec& spec, const PyModule& up,
+                                          const std::string& upstream_path, const Import& imp,
+                                          std::vector<Diagnostic>& errors) {
+  std::vector<std::string> base = UpstreamPackage(spec.upstream, upstream_path);
+  size_t levels = static_cast<size_t>(imp.relative_level - 1);
+  if (levels >= base.size()) {
+    errors.push_back(MakeDiagnostic(
+        up.path(), up.source(), up.lines(), imp.module,
+        "relative import climbs above the top package '" +
+            (base.empty() ? spec.upstream : base.front()) + "'",
+        "module '" + spec.upstream + "' is only " + std::to_string(base.size()) +
+            " package level(s) deep; check `upstream:` in " + spec.path,
+        ErrorKind::kUpstream));
+    return std::nullopt;
+  }
+  base.resize(base.size() - levels);
+  std::string out;
+  for (const std::string& p : base) out += (out.empty() ? "" : ".") + p;
+  if (!imp.module_name.empty()) out += "." + imp.module_name;
+  return out;
+}
+
+std::string BoundName(const parser::ImportedName& n) { return n.alias.empty() ? n.name : n.alias; }
+
+/// True when the statement at `r` is the only statement of its block (removing it would leave
+/// the block empty, so it is replaced by `pass`).
+bool OnlyStatementInBlock(const PyModule& up, ByteRange r) {
+  TSNode n = NodeAt(up.root(), r);
+  TSNode block = ts_node_parent(n);
+  if (ts_node_is_null(block) || !Is(block, "block")) return false;
+  uint32_t statements = 0;
+  for (uint32_t i = 0; i < ts_node_named_child_count(block); ++i) {
+    if (!Is(ts_node_named_child(block, i), "comment")) ++statements;
+  }
+  return statements == 1;
+}
+
+/// The import statement with names `dropped` removed (keeping the formatting of the rest) and
+/// the module part made absolute.
+std::string RebuildImport(const PyModule& up, const Import& imp, const std::vector<size_t>& dropped,
+                          const std::optional<std::string>& absolute) {
+  std::vector<ByteRange> items;
+  for (const auto& n : imp.names) items.push_back(n.range);
+  std::vector<std::pair<ByteRange, std::string>> local = RemoveListItems(items, dropped);
+  if (absolute) local.push_back({imp.module, *absolute});
+  return SpliceRange(up.source(), imp.stmt, local);
+}
+
+void ReportUnusedDrop(const PyModule& up, const spec::LocatedName& drop,
+                      std::vector<Diagnostic>& errors) {
+  std::vector<std::string> names;
+  for (const Import& imp : up.imports()) {
+    for (const auto& n : imp.names) names.push_back(BoundName(n));
+  }
+  std::string help = "imports.drop removes names imported by the upstream module";
+  if (auto dym = DidYouMean(drop.name, names)) help = "did you mean '" + *dym + "'?";
+  errors.push_back(
+      ErrorAt(drop.loc, "imports.drop: '" + drop.name + "' is not imported in " + up.path(), help));
+}
+
+}  // namespace
+
+ImportsStage PlanImports(const spec::PatchSpec& spec, const PyModule& up,
+                         const std::string& upstream_path) {
+  ImportsStage st;
+  StageOutput& out = st.out;
+  std::vector<bool> drop_used(spec.import_drops.size(), false);
+  for (size_t i = 0; i < up.imports().size(); ++i) {
+    const Import& imp = up.imports()[i];
+    // The names this statement binds that a drop matches (by alias or by the name as written).
+    std::vector<size_t> dropped;
+    const spec::LocatedName* first_drop = nullptr;
+    for (size_t n = 0; n < imp.names.size(); ++n) {
+      for (size_t d = 0; d < spec.import_drops.size(); ++d) {
+        const std::string& name = spec.import_drops[d].name;
+        if (name == BoundName(imp.names[n]) || name == imp.names[n].name) {
+          drop_used[d] = true;
+          if (!first_drop) first_drop = &spec.import_drops[d];
+          if (dropped.empty() || dropped.back() != n) dropped.push_back(n);
+        }
+      }
+    }
+    std::optional<std::string> absolute;
+    if (imp.kind == Import::Kind::kFrom && imp.relative_level > 0) {
+      absolute = AbsoluteModule(spec, up, upstream_path, imp, out.errors);
+      if (!absolute) continue;
+    }
+    if (dropped.empty()) {
+      if (absolute) {
+        out.edits.push_back(TextEdit{imp.module, *absolute, spec.upstream_loc,
+                                     "relative import at " + up.path() + ":" +
+                                         std::to_string(up.lines().At(imp.module.start).line),
+                                     std::nullopt});
+      }
+      continue;
+    }
+    std::string what = "imports.drop " + first_drop->name;
+    if (dropped.size() == imp.names.size()) {
+      // Nothing of the statement is left: its lines go, or `pass` keeps its block alive.
+      if (OnlyStatementInBlock(up, imp.stmt)) {
+        out.edits.push_back(TextEdit{imp.stmt, "pass", first_drop->loc, what, std::nullopt});
+      } else {
+        out.edits.push_back(
+            TextEdit{WholeLines(up.source(), imp.stmt), "", first_drop->loc, what, std::nullopt});
+      }
+      st.removed_imports.insert(i);
+      continue;
+    }
+    out.edits.push_back(TextEdit{imp.stmt, RebuildImport(up, imp, dropped, absolute),
+                                 first_drop->loc, what, std::nullopt});
+  }
+  for (size_t d = 0; d < spec.import_drops.size(); ++d) {
+    if (drop_used[d]) out.applied.push_back({"imports.drop", spec.import_drops[d].name, ""});
+  }
+  for (size_t d = 0; d < spec.import_drops.size(); ++d) {
+    if (!drop_used[d]) ReportUnusedDrop(up, spec.import_drops[d], out.errors);
+  }
+  return st;
+}
+
+}  // namespace patchgen::rewriter

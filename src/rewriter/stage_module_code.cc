@@ -1,0 +1,152 @@
+// The module-level code stage: imports.add, slot declarations, blocks and helpers after the
+// imports, then helpers placed after a named top-level definition.
+#include "base/text_util.h"
+#include "rewriter/stages.h"
+
+namespace patchgen::rewriter {
+namespace {
+
+using parser::Definition;
+using parser::Import;
+using parser::PyModule;
+using parser::TopLevelStatement;
+
+/// Where added imports, slot declarations, blocks and helpers without `after` go: the end of
+/// the line of the last top-level import that stays; without one, after the module docstring;
+/// without that, in front of the first top-level statement (after a licence comment block).
+/// `before_statement` is true in the last case: pieces are then followed by blank lines
+/// instead of preceded by them.
+struct Anchor {
+  uint32_t offset = 0;
+  bool before_statement = false;
+};
+
+Anchor AfterImports(const PyModule& up, const std::set<size_t>& removed_imports) {
+  const std::string& src = up.source();
+  std::optional<uint32_t> at;
+  for (size_t i = 0; i < up.imports().size(); ++i) {
+    const Import& imp = up.imports()[i];
+    if (imp.depth == 0 && !removed_imports.count(i)) at = LineEndOf(src, imp.stmt.end);
+  }
+  if (at) return {*at, false};
+  if (up.top_level().empty()) return {static_cast<uint32_t>(src.size()), true};
+  const TopLevelStatement& first = up.top_level().front();
+  std::string_view text = up.Text(first.range);
+  size_t quote = text.find_first_of("\"'");
+  if (first.kind == TopLevelStatement::Kind::kOther && quote != std::string_view::npos &&
+      quote <= 3 && text.find_first_not_of("rRbBuUfF") == quote) {
+    return {LineEndOf(src, first.range.end), false};
+  }
+  return {LineStartOf(src, first.range.start), true};
+}
+
+/// What the stage builds: its output and the spec-level name_map it renames with.
+struct ModuleCode {
+  const PyModule& up;
+  NameMap spec_map;
+  StageOutput out;
+
+  /// Parses standalone code (blocks, helpers, added imports) and re-indents it to column 0.
+  std::optional<Snippet> Standalone(const std::string& text, const spec::TextOrigin& origin,
+                                    std::unique_ptr<PyModule>* keep = nullptr) {
+    std::unique_ptr<PyModule> m = ParseCode(text, origin, out.errors);
+    if (!m) return std::nullopt;
+    Snippet s = WholeSnippet(*m, origin, {nullptr, &spec_map}, 0);
+    if (keep) *keep = std::move(m);
+    return s;
+  }
+
+  std::optional<Snippet> Helper(const spec::Helper& h) {
+    if (h.body.source != spec::Body::Source::kFile) return Standalone(h.body.text, h.body.origin);
+    std::unique_ptr<PyModule> m = ParseCode(h.body.text, h.body.origin, out.errors);
+    if (!m) return std::nullopt;
+    const Definition* def = BodyDefinition(*m, h.body, "helper " + h.name, out.errors);
+    if (!def) return std::nullopt;
+    return MakeSnippet(*m, def->whole, h.body.origin, {nullptr, &spec_map}, std::nullopt, 0);
+  }
+
+  /// An imports.add entry: its snippet, or nullopt (with an error) when it is not only imports.
+  std::optional<Snippet> AddedImport(const spec::Block& b) {
+    std::unique_ptr<PyModule> m;
+    auto s = Standalone(b.code, b.origin, &m);
+    if (!s) return std::nullopt;
+    bool only_imports = !m->top_level().empty();
+    for (const TopLevelStatement& t : m->top_level()) {
+      if (t.kind != TopLevelStatement::Kind::kImport) only_imports = false;
+    }
+    if (only_imports) return s;
+    out.errors.push_back(ErrorAt(b.loc, "imports.add entries must be import statements",
+                                 "put other code into `blocks:` or `helpers:`"));
+    return std::nullopt;
+  }
+
+  void AfterTheImports(const spec::PatchSpec& spec, Anchor anchor, const std::string& declarations) {
+    uint32_t at = anchor.offset;
+    bool at_top = anchor.before_statement;
+    // Each piece is preceded by its separator; in front of the first statement of a file the
+    // first piece has none, and two blank lines end the inserted code.
+    bool first = true;
+    auto add = [&](const std::string& sep, const Snippet& s, const SourceLoc& loc,
+                   const std::string& what) {
+      out.edits.push_back(SnippetEdit({at, at}, at_top && first ? "" : sep, s, "", loc, what));
+      first = false;
+    };
+    for (const spec::Block& b : spec.import_adds) {
+      auto s = AddedImport(b);
+      if (!s) continue;
+      add("\n", *s, b.loc, "imports.add");
+      out.applied.push_back({"imports.add", OneLine(std::string(TrimTrailingNewlines(b.code))), ""});
+    }
+    if (!declarations.empty()) {
+      out.edits.push_back(TextEdit{{at, at}, (at_top && first ? "" : "\n\n") + TrimTrailingNewlines(declarations),
+                                   spec.slots.front().loc, "slot declarations", std::nullopt});
+      first = false;
+    }
+    for (const spec::Block& b : spec.blocks) {
+      if (auto s = Standalone(b.code, b.origin)) {
+        add("\n\n", *s, b.loc, "block");
+        out.applied.push_back({"block", "after the imports (" + Where(b.loc) + ")", ""});
+      }
+    }
+    for (const spec::Helper& h : spec.helpers) {
+      if (h.after) continue;
+      if (auto s = Helper(h)) {
+        add("\n\n\n", *s, h.loc, "helper " + h.name);
+        out.applied.push_back({"helper", h.name, "after the imports"});
+      }
+    }
+    if (at_top && !first) {
+      out.edits.push_back(TextEdit{{at, at}, "\n\n\n", spec.upstream_loc, "code after the imports",
+                                   std::nullopt});
+    }
+  }
+
+  void HelpersAfter(const spec::PatchSpec& spec) {
+    for (const spec::Helper& h : spec.helpers) {
+      if (!h.after) continue;
+      const TopLevelStatement* anchor = TopLevelBinding(up, *h.after);
+      if (!anchor) {
+        out.errors.push_back(MissingTopLevel(up, h.after_loc, "helper after '" + *h.after + "'", *h.after));
+        continue;
+      }
+      if (auto s = Helper(h)) {
+        uint32_t end = LineEndOf(up.source(), anchor->range.end);
+        out.edits.push_back(SnippetEdit({end, end}, "\n\n\n", *s, "", h.loc, "helper " + h.name));
+        out.applied.push_back({"helper", h.name, "after " + *h.after});
+      }
+    }
+  }
+};
+
+}  // namespace
+
+StageOutput PlanModuleCode(const spec::PatchSpec& spec, const PyModule& up,
+                           const std::set<size_t>& removed_imports, const std::string& declarations) {
+  ModuleCode code{up, NameMap(spec.name_map), {}};
+  code.AfterTheImports(spec, AfterImports(up, removed_imports), declarations);
+  code.HelpersAfter(spec);
+  code.out.used_keys = code.spec_map.UsedKeys();
+  return std::move(code.out);
+}
+
+}  // namespace patchgen::rewriter

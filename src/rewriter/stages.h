@@ -1,0 +1,114 @@
+// The generator's stages. Each one is a function of the spec, the upstream module and the facts
+// earlier stages returned, and returns data: its edits, `applied` entries and errors
+// (StageOutput) and the facts later stages need. generate.cc runs them in this order and adds
+// their edits to one EditPlan in this order (at one offset, plan order decides):
+//
+//   PlanImports        -> removed imports
+//   PlanPatches        -> replaced and added targets, statement edits, skipped optional patches
+//   PlanGuardStage     (replaced and added targets) -> slot declarations, guarded regions
+//   PlaceStatementEdits(statement edits, guarded regions)
+//   PlanModuleCode     (removed imports, slot declarations)
+//   PlanExcludes       -> excluded names
+//   WriteHeader, CheckOutput (excluded names)
+#pragma once
+
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "rewriter/guards.h"
+#include "rewriter/stage.h"
+
+namespace patchgen::rewriter {
+
+// ----- imports (stage_imports.cc) ------------------------------------------------------------
+
+struct ImportsStage {
+  StageOutput out;
+  std::set<size_t> removed_imports;  ///< Indices into upstream.imports() removed whole.
+};
+
+/// Relative imports made absolute (the package comes from `upstream_path`: an `__init__.py` is
+/// its own package) and the names of `imports.drop` removed.
+ImportsStage PlanImports(const spec::PatchSpec& spec, const parser::PyModule& up,
+                         const std::string& upstream_path);
+
+// ----- patches (stage_patches.cc, stage_edit_body.cc) -----------------------------------------
+
+/// A planned statement edit of edit_body, kept until the guards are planned (overlaps with
+/// call-site guards are errors; at one offset a guard's text comes first).
+struct PendingEdit {
+  TextEdit edit;
+  ByteRange lines;          ///< The anchor statements' whole lines.
+  uint32_t first_line = 0;  ///< 1-based upstream lines of the anchor statements.
+  uint32_t last_line = 0;
+  bool modifies = false;    ///< replace / delete / wrap (insertions leave the anchor alone).
+  const spec::StatementEdit* op = nullptr;
+  std::string qualname;
+};
+
+/// A patch target and its patch.
+using PatchedTarget = std::pair<std::string, const spec::Patch*>;
+
+struct PatchesStage {
+  StageOutput out;
+  std::vector<SkippedEntry> skipped;       ///< Optional patches whose target is absent.
+  std::vector<ContractPin> contract;
+  std::vector<PatchedTarget> replaced;     ///< Upstream bodies replaced (replace_*, override).
+  std::vector<PatchedTarget> added_methods;
+  std::vector<PendingEdit> statement_edits;  ///< edit_body, placed by PlaceStatementEdits.
+};
+
+/// Every patch of `spec` (patch targets already mapped by the spec-level name_map), in spec
+/// order, each by the planning function of its kind.
+PatchesStage PlanPatches(const spec::PatchSpec& spec, const parser::PyModule& up);
+
+// ----- guards (stage_guards.cc) --------------------------------------------------------------
+
+struct GuardsStage {
+  StageOutput out;
+  std::string declarations;                   ///< Slot declarations (GuardPlan::declarations).
+  std::vector<GuardPlan::Region> regions;     ///< What the planned guards wrap.
+  std::vector<SkippedEntry> skipped;          ///< Optional guards whose target is absent.
+  std::vector<ContractPin> contract;
+  std::vector<const spec::Slot*> unguarded_slots;  ///< Declared slots no guard dispatches.
+};
+
+/// The slots and guards (guard targets mapped by the spec-level name_map), and their conflicts
+/// with patches that replace or add the guarded definition.
+GuardsStage PlanGuardStage(const spec::PatchSpec& spec, const parser::PyModule& up,
+                           const std::string& runtime, const std::vector<PatchedTarget>& replaced,
+                           const std::vector<PatchedTarget>& added_methods);
+
+/// The statement edits of edit_body, after the guards' edits; an edit touching the statements
+/// of a call-site guard is an error naming both.
+StageOutput PlaceStatementEdits(const parser::PyModule& up, std::vector<PendingEdit> edits,
+                                const std::vector<GuardPlan::Region>& regions);
+
+// ----- module-level code (stage_module_code.cc) -----------------------------------------------
+
+/// imports.add, slot declarations, blocks and helpers without `after` after the imports that stay
+/// (`removed_imports` left out), then helpers with `after`.
+StageOutput PlanModuleCode(const spec::PatchSpec& spec, const parser::PyModule& up,
+                           const std::set<size_t>& removed_imports, const std::string& declarations);
+
+// ----- exclude (stage_exclude.cc) -------------------------------------------------------------
+
+struct ExcludeStage {
+  StageOutput out;
+  std::vector<const spec::LocatedName*> excluded;  ///< Entries of spec.excludes that applied.
+};
+
+ExcludeStage PlanExcludes(const spec::PatchSpec& spec, const parser::PyModule& up);
+
+// ----- output check (output_check.cc) ---------------------------------------------------------
+
+/// The generated text `out` (header of `header_size` bytes, then `plan` applied) re-parsed: parse
+/// errors and undefined names in inserted code, located in the spec through the edits'
+/// CodeSpans; excluded names and dropped imports still used.
+std::vector<Diagnostic> CheckOutput(const spec::PatchSpec& spec, const EditPlan& plan,
+                                    const std::string& out, uint32_t header_size,
+                                    const std::vector<const spec::LocatedName*>& excluded);
+
+}  // namespace patchgen::rewriter
