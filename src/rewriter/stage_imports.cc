@@ -88,62 +88,75 @@ void ReportUnusedDrop(const PyModule& up, const spec::LocatedName& drop,
       ErrorAt(drop.loc, "imports.drop: '" + drop.name + "' is not imported in " + up.path(), help));
 }
 
+/// The names of one import statement that `imports.drop` entries match (by alias or by the name
+/// as written), ascending, and the first matching entry (it names the edit).
+struct DropMatch {
+  std::vector<size_t> names;
+  const spec::LocatedName* first = nullptr;
+};
+
+/// Matches the drops against `imp`, marking in `used` the drops that match.
+DropMatch MatchDrops(const Import& imp, const std::vector<spec::LocatedName>& drops,
+                     std::vector<bool>& used) {
+  DropMatch m;
+  for (size_t n = 0; n < imp.names.size(); ++n) {
+    for (size_t d = 0; d < drops.size(); ++d) {
+      if (drops[d].name != BoundName(imp.names[n]) && drops[d].name != imp.names[n].name) continue;
+      used[d] = true;
+      if (!m.first) m.first = &drops[d];
+      if (m.names.empty() || m.names.back() != n) m.names.push_back(n);
+    }
+  }
+  return m;
+}
+
+/// The edit of one import statement: its module made absolute, or names dropped (the whole
+/// statement when all of them are: its lines go, or `pass` keeps its block alive); none when
+/// neither applies.
+std::optional<TextEdit> ImportEdit(const spec::PatchSpec& spec, const PyModule& up, const Import& imp,
+                                   const DropMatch& drop, const std::optional<std::string>& absolute) {
+  if (drop.names.empty()) {
+    if (!absolute) return std::nullopt;
+    return TextEdit{imp.module, *absolute, spec.upstream_loc,
+                    "relative import at " + up.path() + ":" +
+                        std::to_string(up.lines().At(imp.module.start).line),
+                    std::nullopt};
+  }
+  std::string what = "imports.drop " + drop.first->name;
+  if (drop.names.size() < imp.names.size()) {
+    return TextEdit{imp.stmt, RebuildImport(up, imp, drop.names, absolute), drop.first->loc, what,
+                    std::nullopt};
+  }
+  if (OnlyStatementInBlock(up, imp.stmt)) {
+    return TextEdit{imp.stmt, "pass", drop.first->loc, what, std::nullopt};
+  }
+  return TextEdit{WholeLines(up.source(), imp.stmt), "", drop.first->loc, what, std::nullopt};
+}
+
 }  // namespace
 
 ImportsStage PlanImports(const spec::PatchSpec& spec, const PyModule& up,
                          const std::string& upstream_path) {
   ImportsStage st;
-  StageOutput& out = st.out;
   std::vector<bool> drop_used(spec.import_drops.size(), false);
   for (size_t i = 0; i < up.imports().size(); ++i) {
     const Import& imp = up.imports()[i];
-    // The names this statement binds that a drop matches (by alias or by the name as written).
-    std::vector<size_t> dropped;
-    const spec::LocatedName* first_drop = nullptr;
-    for (size_t n = 0; n < imp.names.size(); ++n) {
-      for (size_t d = 0; d < spec.import_drops.size(); ++d) {
-        const std::string& name = spec.import_drops[d].name;
-        if (name == BoundName(imp.names[n]) || name == imp.names[n].name) {
-          drop_used[d] = true;
-          if (!first_drop) first_drop = &spec.import_drops[d];
-          if (dropped.empty() || dropped.back() != n) dropped.push_back(n);
-        }
-      }
-    }
+    DropMatch drop = MatchDrops(imp, spec.import_drops, drop_used);
     std::optional<std::string> absolute;
     if (imp.kind == Import::Kind::kFrom && imp.relative_level > 0) {
-      absolute = AbsoluteModule(spec, up, upstream_path, imp, out.errors);
+      absolute = AbsoluteModule(spec, up, upstream_path, imp, st.out.errors);
       if (!absolute) continue;
     }
-    if (dropped.empty()) {
-      if (absolute) {
-        out.edits.push_back(TextEdit{imp.module, *absolute, spec.upstream_loc,
-                                     "relative import at " + up.path() + ":" +
-                                         std::to_string(up.lines().At(imp.module.start).line),
-                                     std::nullopt});
-      }
-      continue;
+    if (std::optional<TextEdit> edit = ImportEdit(spec, up, imp, drop, absolute)) {
+      st.out.edits.push_back(std::move(*edit));
     }
-    std::string what = "imports.drop " + first_drop->name;
-    if (dropped.size() == imp.names.size()) {
-      // Nothing of the statement is left: its lines go, or `pass` keeps its block alive.
-      if (OnlyStatementInBlock(up, imp.stmt)) {
-        out.edits.push_back(TextEdit{imp.stmt, "pass", first_drop->loc, what, std::nullopt});
-      } else {
-        out.edits.push_back(
-            TextEdit{WholeLines(up.source(), imp.stmt), "", first_drop->loc, what, std::nullopt});
-      }
-      st.removed_imports.insert(i);
-      continue;
-    }
-    out.edits.push_back(TextEdit{imp.stmt, RebuildImport(up, imp, dropped, absolute),
-                                 first_drop->loc, what, std::nullopt});
+    if (!drop.names.empty() && drop.names.size() == imp.names.size()) st.removed_imports.insert(i);
   }
   for (size_t d = 0; d < spec.import_drops.size(); ++d) {
-    if (drop_used[d]) out.applied.push_back({"imports.drop", spec.import_drops[d].name, ""});
+    if (drop_used[d]) st.out.applied.push_back({"imports.drop", spec.import_drops[d].name, ""});
   }
   for (size_t d = 0; d < spec.import_drops.size(); ++d) {
-    if (!drop_used[d]) ReportUnusedDrop(up, spec.import_drops[d], out.errors);
+    if (!drop_used[d]) ReportUnusedDrop(up, spec.import_drops[d], st.out.errors);
   }
   return st;
 }
