@@ -54,6 +54,19 @@ __device__ __forceinline__ void store_vec(T* p, const float (&in)[VEC]) {
   *reinterpret_cast<Vec<T, VEC>*>(p) = v;
 }
 
+// Asynchronous 16-byte global -> shared copies (sm_80+): each thread's copies form groups, and
+// cp_async_wait<N>() returns when at most N of this thread's groups are still in flight. A copy is
+// visible to the thread that issued it after the wait; other threads need a barrier as well.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
 // Calls f(T{}) with T the storage type of `dtype`; an unknown code is an error.
 template <typename F>
 int dispatch_dtype(int dtype, const char* what, F&& f) {

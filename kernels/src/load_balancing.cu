@@ -250,16 +250,6 @@ constexpr int kFastWarps = 4;
 constexpr int kFastMaxE = 256;
 constexpr int kFastMaxWords = kFastMaxE / 32;
 
-__device__ __forceinline__ void lb_cp_async16(void* smem, const void* gmem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void lb_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void lb_cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
 // R / rows, in 32 bits when both fit (a 64-bit division is a long software sequence).
 __device__ __forceinline__ int layer_of(int64_t R, int64_t rows) {
   if (R < (int64_t(1) << 32) && rows < (int64_t(1) << 32))
@@ -418,10 +408,10 @@ __global__ void __launch_bounds__(kFastWarps * 32) lb_fwd_fast_kernel(const __gr
         const int r = q / cpr, pc = q - r * cpr;
         const unsigned char* src = reinterpret_cast<const unsigned char*>(
             __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(rp), r));
-        if (src) lb_cp_async16(dst + r * F.pitch + pc * 16, src + pc * 16);
+        if (src) cp_async16(dst + r * F.pitch + pc * 16, src + pc * 16);
       }
     }
-    lb_cp_async_commit();
+    cp_async_commit();
   };
 
   float cnt[kFastMaxWords], ps[kFastMaxWords];
@@ -432,7 +422,7 @@ __global__ void __launch_bounds__(kFastWarps * 32) lb_fwd_fast_kernel(const __gr
   issue(first + wstride, 1);
   int it = 0;
   for (int64_t tile = first; tile < ntiles; tile += wstride, ++it) {
-    lb_cp_async_wait<1>();
+    cp_async_wait<1>();
     __syncwarp();
     const unsigned char* tb = base + (it & 1) * F.tile_bytes;
     // Row pass: lane = row.
@@ -525,7 +515,7 @@ __global__ void __launch_bounds__(kFastWarps * 32) lb_fwd_fast_kernel(const __gr
     __syncwarp();
     issue(tile + 2 * wstride, it & 1);
   }
-  lb_cp_async_wait<0>();
+  cp_async_wait<0>();
   // Block partial: the warps in a fixed order (the tiles reuse is over: a barrier first).
   __syncthreads();
   float* red = reinterpret_cast<float*>(fsm);  // [kFastWarps][2E]

@@ -487,16 +487,6 @@ constexpr int kStagesFwd = 6;   // the plain forward (8 KB rows at 4096 bf16): d
 constexpr int kPipeMaxThreads = 512;
 constexpr int64_t kPipeMaxSmem = 200 * 1024;
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
 template <int BYTES>
 __device__ __forceinline__ void copy_piece(unsigned char* dst, const unsigned char* src) {
 #pragma unroll
