@@ -730,110 +730,141 @@ class FileLoader {
     return g;
   }
 
+  using KeyMap = std::map<std::string, std::pair<const RawNode*, const RawNode*>>;
+  using KeyValue = std::pair<const RawNode*, const RawNode*>;
+
   void LoadPatches(const RawNode& n, PatchSpec& spec) {
     const auto* items = Sequence(n, "patches");
     if (!items) return;
     std::map<std::string, SourceLoc> targets;
     for (const RawNode& item : *items) {
       if (!Mapping(item, "patches")) continue;
-      auto keys = Keys(item, KeyLevel::kPatch);
-      // The kind is the one key of the entry that names a row of the kind table.
-      std::vector<std::pair<const RawNode*, const RawNode*>> kind_keys;
-      const PatchKindInfo* info = nullptr;
-      for (const auto& [key, value] : item.entries) {
-        if (key.kind != Kind::kScalar) continue;
-        if (const PatchKindInfo* found = FindPatchKind(key.scalar)) {
-          if (!info) info = found;
-          kind_keys.emplace_back(&key, &value);
-        }
-      }
-      if (kind_keys.empty()) {
-        Error(item.entries.empty() ? item : item.entries.front().first, "patch has no kind",
-              "start the entry with one of: " + JoinNames(PatchKindKeys(), 100));
-        continue;
-      }
-      if (kind_keys.size() > 1) {
-        Error(*kind_keys[1].first,
-              "patch has more than one kind: '" + kind_keys[0].first->scalar + "' and '" +
-                  kind_keys[1].first->scalar + "'",
-              "split it into one patch per kind");
-        continue;
-      }
-      Patch p;
-      const std::string& kind = kind_keys[0].first->scalar;
-      p.kind = info->kind;
-      p.loc = Loc(*kind_keys[0].first);
-      const RawNode& target_node = *kind_keys[0].second;
-      auto target = Dotted(target_node, kind, "Qwen3MLP.forward");
-      bool ok = target.has_value();
-      if (target && !TargetHasShape(target_node, *info, *target)) ok = false;
-      if (auto it = keys.find("description"); it != keys.end()) {
-        if (auto d = OneLine(*it->second.second, "description")) p.description = *d;
-      }
-      if (auto it = keys.find("after"); it != keys.end()) {
-        if (!info->allows_after) {
-          Error(*it->second.first, "'after' is only for " + KindsWith(&PatchKindInfo::allows_after),
-                "`after: super_init` places modify_init statements right after super().__init__(...)");
-        } else if (auto v = EnumValue(*it->second.second, "after", InitAfterValues())) {
-          p.init_at = *v == "super_init" ? Patch::InitAt::kAfterSuperInit : Patch::InitAt::kEnd;
-        }
-      }
-      if (auto it = keys.find("name_map"); it != keys.end()) p.name_map = NameMap(*it->second.second);
-      if (!LoadCondition(keys, p.when)) ok = false;
-      if (info->has_edits) {
-        // The edits carry their own code; a body key here would be ignored, so it is an error.
-        for (const char* k : {"code", "file", "symbol", "from"}) {
-          if (auto it = keys.find(k); it != keys.end()) {
-            Error(*it->second.first, std::string("'") + k + "' is not allowed on " + kind,
-                  "each entry of `edits:` has its own `code`");
-            ok = false;
-          }
-        }
-        if (auto it = keys.find("edits"); it != keys.end()) {
-          if (!LoadEdits(*it->second.second, p.edits)) ok = false;
-        } else if (has_extends_) {
-          p.partial = true;
-        } else {
-          Error(*kind_keys[0].first, kind + " needs 'edits'",
-                "list the statement edits: insert_before, insert_after, replace, delete or wrap");
-          ok = false;
-        }
-      } else {
-        if (auto it = keys.find("edits"); it != keys.end()) {
-          Error(*it->second.first, "'edits' is only for " + KindsWith(&PatchKindInfo::has_edits),
-                "to change a few statements of " + (target ? *target : std::string("the target")) +
-                    " instead of replacing it, use `edit_body: " +
-                    (target ? *target : std::string("Class.method")) + "`");
-          ok = false;
-        }
-        bool allow_from = info->allows_from;
-        bool has_body = keys.count("code") || keys.count("file") || keys.count("symbol") ||
-                        (allow_from && keys.count("from"));
-        if (has_extends_ && !has_body) {
-          p.partial = true;  // Changes the inherited entry of this target (resolved by the merge).
-          if (auto it = keys.find("from"); it != keys.end()) {
-            BodyOf(item, keys, allow_from, kind);  // Reports `from` where it is not allowed.
-          }
-        } else {
-          p.body = BodyOf(item, keys, allow_from, kind);
-        }
-      }
-      for (const auto& [k, kv] : keys) p.given.push_back(k);
-      if (!ok) continue;
-      p.target = *target;
-      p.target_loc = Loc(target_node);
+      KeyMap keys = Keys(item, KeyLevel::kPatch);
+      std::optional<KeyValue> kind_key = KindKey(item);
+      if (!kind_key) continue;
+      std::optional<Patch> p = LoadPatch(item, keys, *kind_key);
+      if (!p) continue;
       // Entries conditioned on the upstream version may share a target (one per version range).
-      auto [it, inserted] = p.when.upstream_version
+      auto [it, inserted] = p->when.upstream_version
                                 ? std::make_pair(targets.end(), true)
-                                : targets.emplace(p.target, p.target_loc);
+                                : targets.emplace(p->target, p->target_loc);
       if (!inserted) {
-        ErrorWithNote(target_node, "duplicate target '" + p.target + "'", it->second,
+        ErrorWithNote(*kind_key->second, "duplicate target '" + p->target + "'", it->second,
                       "first patched here",
                       "a target can be patched once per spec; merge the two patches");
         continue;
       }
-      spec.patches.push_back(std::move(p));
+      spec.patches.push_back(std::move(*p));
     }
+  }
+
+  // The kind key of a patch entry (key node, target node): the one key that names a row of the
+  // kind table. None or several are errors.
+  std::optional<KeyValue> KindKey(const RawNode& item) {
+    std::vector<KeyValue> kind_keys;
+    for (const auto& [key, value] : item.entries) {
+      if (key.kind == Kind::kScalar && FindPatchKind(key.scalar)) kind_keys.emplace_back(&key, &value);
+    }
+    if (kind_keys.empty()) {
+      Error(item.entries.empty() ? item : item.entries.front().first, "patch has no kind",
+            "start the entry with one of: " + JoinNames(PatchKindKeys(), 100));
+      return std::nullopt;
+    }
+    if (kind_keys.size() > 1) {
+      Error(*kind_keys[1].first,
+            "patch has more than one kind: '" + kind_keys[0].first->scalar + "' and '" +
+                kind_keys[1].first->scalar + "'",
+            "split it into one patch per kind");
+      return std::nullopt;
+    }
+    return kind_keys[0];
+  }
+
+  // One patch entry whose kind key is `kind_key`; nullopt when any part is invalid (reported:
+  // every error of the entry, not only the first).
+  std::optional<Patch> LoadPatch(const RawNode& item, const KeyMap& keys, KeyValue kind_key) {
+    const PatchKindInfo& info = *FindPatchKind(kind_key.first->scalar);
+    Patch p;
+    p.kind = info.kind;
+    p.loc = Loc(*kind_key.first);
+    const RawNode& target_node = *kind_key.second;
+    auto target = Dotted(target_node, std::string(info.key), "Qwen3MLP.forward");
+    bool ok = target.has_value();
+    if (target && !TargetHasShape(target_node, info, *target)) ok = false;
+    LoadPatchOptions(keys, info, p);
+    if (!LoadCondition(keys, p.when)) ok = false;
+    bool body_ok = info.has_edits ? LoadPatchEdits(keys, info, *kind_key.first, p)
+                                  : LoadPatchBody(item, keys, info, target, p);
+    if (!body_ok) ok = false;
+    for (const auto& [k, kv] : keys) p.given.push_back(k);
+    if (!ok) return std::nullopt;
+    p.target = *target;
+    p.target_loc = Loc(target_node);
+    return p;
+  }
+
+  // `description`, `after` (where the kind's row allows it) and `name_map` of a patch.
+  void LoadPatchOptions(const KeyMap& keys, const PatchKindInfo& info, Patch& p) {
+    if (auto it = keys.find("description"); it != keys.end()) {
+      if (auto d = OneLine(*it->second.second, "description")) p.description = *d;
+    }
+    if (auto it = keys.find("after"); it != keys.end()) {
+      if (!info.allows_after) {
+        Error(*it->second.first, "'after' is only for " + KindsWith(&PatchKindInfo::allows_after),
+              "`after: super_init` places modify_init statements right after super().__init__(...)");
+      } else if (auto v = EnumValue(*it->second.second, "after", InitAfterValues())) {
+        p.init_at = *v == "super_init" ? Patch::InitAt::kAfterSuperInit : Patch::InitAt::kEnd;
+      }
+    }
+    if (auto it = keys.find("name_map"); it != keys.end()) p.name_map = NameMap(*it->second.second);
+  }
+
+  // The `edits:` of a kind whose row has them. The edits carry their own code; a body key here
+  // would be ignored, so it is an error. Without `edits` in a spec with `extends`, the patch
+  // changes the inherited one (resolved by the merge). False on error (reported).
+  bool LoadPatchEdits(const KeyMap& keys, const PatchKindInfo& info, const RawNode& kind_node,
+                      Patch& p) {
+    bool ok = true;
+    for (const char* k : {"code", "file", "symbol", "from"}) {
+      if (auto it = keys.find(k); it != keys.end()) {
+        Error(*it->second.first, std::string("'") + k + "' is not allowed on " + std::string(info.key),
+              "each entry of `edits:` has its own `code`");
+        ok = false;
+      }
+    }
+    if (auto it = keys.find("edits"); it != keys.end()) return LoadEdits(*it->second.second, p.edits) && ok;
+    if (has_extends_) {
+      p.partial = true;
+      return ok;
+    }
+    Error(kind_node, std::string(info.key) + " needs 'edits'",
+          "list the statement edits: insert_before, insert_after, replace, delete or wrap");
+    return false;
+  }
+
+  // The body of a kind without `edits`: `code`, `file` + `symbol`, or `from` where the row allows
+  // it. Without a body in a spec with `extends`, the patch changes the inherited one. False when
+  // `edits` is given (reported); body errors are reported by BodyOf.
+  bool LoadPatchBody(const RawNode& item, const KeyMap& keys, const PatchKindInfo& info,
+                     const std::optional<std::string>& target, Patch& p) {
+    bool ok = true;
+    if (auto it = keys.find("edits"); it != keys.end()) {
+      Error(*it->second.first, "'edits' is only for " + KindsWith(&PatchKindInfo::has_edits),
+            "to change a few statements of " + (target ? *target : std::string("the target")) +
+                " instead of replacing it, use `edit_body: " +
+                (target ? *target : std::string("Class.method")) + "`");
+      ok = false;
+    }
+    std::string kind(info.key);
+    bool has_body = keys.count("code") || keys.count("file") || keys.count("symbol") ||
+                    (info.allows_from && keys.count("from"));
+    if (has_extends_ && !has_body) {
+      p.partial = true;  // Changes the inherited entry of this target (resolved by the merge).
+      if (keys.count("from")) BodyOf(item, keys, info.allows_from, kind);  // Reports `from` where it is not allowed.
+    } else {
+      p.body = BodyOf(item, keys, info.allows_from, kind);
+    }
+    return ok;
   }
 
   // Whether `target` has the shape the kind's row asks for; reports the error when not.
