@@ -15,6 +15,7 @@
 #include "spec/patch_kinds.h"
 #include "spec/raw_node.h"
 #include "spec/spec_keys.h"
+#include "spec/spec_merge.h"
 #include "spec/version_condition.h"
 
 namespace patchgen::spec {
@@ -101,14 +102,6 @@ std::optional<std::string> FirstDefName(std::string_view code) {
 }
 
 // One spec file as written (before `extends` is merged), plus what only merging needs.
-struct OneSpec {
-  PatchSpec spec;
-  std::optional<LocatedName> extends;
-  std::vector<LocatedName> removes;
-  bool parsed = false;  ///< The YAML was a mapping (otherwise missing keys are not reported).
-  bool has_version = false, has_upstream = false, has_output = false, has_description = false;
-};
-
 class FileLoader {
  public:
   FileLoader(std::string path, std::shared_ptr<const std::string> text)
@@ -1041,136 +1034,6 @@ class FileLoader {
   std::vector<Diagnostic> diags_;
   bool has_extends_ = false;  ///< Entries without a body/op then change inherited entries.
 };
-
-// Replaces the entry of `list` whose key equals `item`'s in place, or appends it.
-template <class T, class KeyFn>
-void Upsert(std::vector<T>& list, T item, KeyFn key) {
-  for (T& existing : list) {
-    if (key(existing) == key(item)) {
-      existing = std::move(item);
-      return;
-    }
-  }
-  list.push_back(std::move(item));
-}
-
-void Merge(OneSpec& parent_one, OneSpec&& child_one, const std::string& parent_path,
-           std::vector<Diagnostic>& diags) {
-  PatchSpec& parent = parent_one.spec;
-  PatchSpec& child = child_one.spec;
-  // Required keys are only checked when every spec of the chain parsed: a parent that is not valid
-  // YAML reports its own error, not a false "missing key" in its child.
-  parent_one.parsed = parent_one.parsed && child_one.parsed;
-  parent_one.has_upstream |= child_one.has_upstream;
-  parent_one.has_output |= child_one.has_output;
-  // `remove` first: it names inherited entries only. Suggestions list every inherited entry,
-  // including those an earlier `remove` entry already dropped.
-  std::vector<std::string> names;
-  for (const Patch& p : parent.patches) names.push_back(p.target);
-  for (const Slot& s : parent.slots) names.push_back(s.name);
-  for (const Helper& h : parent.helpers) names.push_back(h.name);
-  for (const LocatedName& r : child_one.removes) {
-    size_t before = parent.patches.size() + parent.slots.size() + parent.helpers.size();
-    std::erase_if(parent.patches, [&](const Patch& p) { return p.target == r.name; });
-    std::erase_if(parent.slots, [&](const Slot& s) { return s.name == r.name; });
-    std::erase_if(parent.helpers, [&](const Helper& h) { return h.name == r.name; });
-    if (parent.patches.size() + parent.slots.size() + parent.helpers.size() == before) {
-      std::string help;
-      if (auto near = DidYouMean(r.name, names)) help = "did you mean '" + *near + "'? ";
-      help += names.empty() ? std::string("the parent has no patches, slots or helpers")
-                            : "inherited patch targets, slots and helpers: " + JoinNames(names);
-      diags.push_back(ErrorAt(r.loc, "nothing named '" + r.name + "' to remove in '" + parent_path + "'", help));
-    }
-  }
-  parent.extends_chain.insert(parent.extends_chain.begin(), parent_path);
-  parent.path = child.path;
-  parent.text = child.text;
-  if (child_one.has_version) parent.version = child.version;
-  if (child_one.has_upstream) {
-    parent.upstream = child.upstream;
-    parent.upstream_loc = child.upstream_loc;
-  }
-  if (child_one.has_output) {
-    parent.output = child.output;
-    parent.output_loc = child.output_loc;
-  }
-  if (child_one.has_description) parent.description = child.description;
-  if (child.runtime) parent.runtime = child.runtime;
-  for (NameMapEntry& e : child.name_map) {
-    Upsert(parent.name_map, std::move(e), [](const NameMapEntry& x) { return x.Key(); });
-  }
-  for (Block& b : child.import_adds) parent.import_adds.push_back(std::move(b));
-  for (LocatedName& n : child.import_drops) {
-    Upsert(parent.import_drops, std::move(n), [](const LocatedName& x) { return x.name; });
-  }
-  auto given = [](const std::vector<std::string>& keys, const char* k) {
-    return std::find(keys.begin(), keys.end(), k) != keys.end();
-  };
-  for (Slot& s : child.slots) {
-    if (!s.partial) {
-      Upsert(parent.slots, std::move(s), [](const Slot& x) { return x.name; });
-      continue;
-    }
-    auto it = std::find_if(parent.slots.begin(), parent.slots.end(),
-                           [&](const Slot& x) { return x.name == s.name; });
-    if (it == parent.slots.end()) {
-      std::vector<std::string> inherited;
-      for (const Slot& x : parent.slots) inherited.push_back(x.name);
-      std::string help = "a slot without `op` and `variant` changes an inherited slot; a new slot "
-                         "needs both";
-      if (auto near = DidYouMean(s.name, inherited)) help = "did you mean '" + *near + "'? " + help;
-      diags.push_back(ErrorAt(s.loc, "no inherited slot '" + s.name + "' to change in '" + parent_path + "'",
-                              help));
-      continue;
-    }
-    if (given(s.given, "scope")) it->scope = s.scope;
-    if (given(s.given, "guards")) it->guards = std::move(s.guards);
-  }
-  for (Patch& p : child.patches) {
-    auto key = [](const Patch& x) { return x.target + '\0' + x.when.upstream_version.value_or(""); };
-    if (!p.partial) {
-      Upsert(parent.patches, std::move(p), key);
-      continue;
-    }
-    auto it = std::find_if(parent.patches.begin(), parent.patches.end(),
-                           [&](const Patch& x) { return key(x) == key(p); });
-    if (it == parent.patches.end()) {
-      std::vector<std::string> inherited;
-      for (const Patch& x : parent.patches) inherited.push_back(x.target);
-      std::string help = std::string("an entry without a body changes the inherited patch of its target; a new ") +
-                         PatchKindKey(p.kind) + " needs " +
-                         (InfoOf(p.kind).has_edits ? "`edits`" : "`code` or `file` + `symbol`");
-      if (auto near = DidYouMean(p.target, inherited)) help = "did you mean '" + *near + "'? " + help;
-      diags.push_back(ErrorAt(p.target_loc,
-                              "no inherited patch of '" + p.target + "' to change in '" + parent_path + "'",
-                              help));
-      continue;
-    }
-    if (it->kind != p.kind) {
-      diags.push_back(ErrorAt(p.loc,
-                              std::string("the inherited patch of '") + p.target + "' is " +
-                                  PatchKindKey(it->kind) + ", not " + PatchKindKey(p.kind),
-                              std::string("write `") + PatchKindKey(it->kind) + ": " + p.target +
-                                  "` to change it, or give a body to replace it"));
-      continue;
-    }
-    if (given(p.given, "description")) it->description = p.description;
-    if (given(p.given, "after")) it->init_at = p.init_at;
-    for (NameMapEntry& e : p.name_map) {
-      Upsert(it->name_map, std::move(e), [](const NameMapEntry& x) { return x.Key(); });
-    }
-    if (given(p.given, "optional")) {
-      it->when.optional = p.when.optional;
-      it->when.optional_loc = p.when.optional_loc;
-    }
-    if (given(p.given, "reason")) it->when.reason = p.when.reason;
-  }
-  for (Helper& h : child.helpers) Upsert(parent.helpers, std::move(h), [](const Helper& x) { return x.name; });
-  for (Block& b : child.blocks) parent.blocks.push_back(std::move(b));
-  for (LocatedName& n : child.excludes) {
-    Upsert(parent.excludes, std::move(n), [](const LocatedName& x) { return x.name; });
-  }
-}
 
 // The most specs in one `extends` chain (the spec itself included).
 constexpr size_t kMaxExtendsDepth = 32;
