@@ -104,6 +104,10 @@ std::optional<std::string> FirstDefName(std::string_view code) {
 // One spec file as written (before `extends` is merged), plus what only merging needs.
 class FileLoader {
  public:
+  /// A mapping's known keys: key -> (key node, value node); a (key node, value node) pair.
+  using KeyMap = std::map<std::string, std::pair<const RawNode*, const RawNode*>>;
+  using KeyValue = std::pair<const RawNode*, const RawNode*>;
+
   FileLoader(std::string path, std::shared_ptr<const std::string> text)
       : path_(std::move(path)), text_(std::move(text)), lines_(*text_) {}
 
@@ -723,9 +727,6 @@ class FileLoader {
     return g;
   }
 
-  using KeyMap = std::map<std::string, std::pair<const RawNode*, const RawNode*>>;
-  using KeyValue = std::pair<const RawNode*, const RawNode*>;
-
   void LoadPatches(const RawNode& n, PatchSpec& spec) {
     const auto* items = Sequence(n, "patches");
     if (!items) return;
@@ -896,92 +897,126 @@ class FileLoader {
       return false;
     }
     bool all_ok = true;
-    const std::vector<std::string>& ops = EditOpKeys();
     for (const RawNode& item : *items) {
-      if (!Mapping(item, "edits")) {
+      std::optional<StatementEdit> e;
+      if (Mapping(item, "edits")) {
+        KeyMap keys = Keys(item, KeyLevel::kEdit);
+        if (std::optional<KeyValue> op_key = OpKey(item)) e = LoadEdit(keys, *op_key);
+      }
+      if (!e) {
         all_ok = false;
         continue;
       }
-      auto keys = Keys(item, KeyLevel::kEdit);
-      std::vector<std::pair<const RawNode*, const RawNode*>> op_keys;
-      for (const auto& [key, value] : item.entries) {
-        if (key.kind == Kind::kScalar && std::find(ops.begin(), ops.end(), key.scalar) != ops.end()) {
-          op_keys.emplace_back(&key, &value);
-        }
-      }
-      if (op_keys.empty()) {
-        Error(item.entries.empty() ? item : item.entries.front().first, "edit has no operation",
-              "start the entry with one of: " + JoinNames(ops, 100));
-        all_ok = false;
-        continue;
-      }
-      if (op_keys.size() > 1) {
-        Error(*op_keys[1].first,
-              "edit has more than one operation: '" + op_keys[0].first->scalar + "' and '" +
-                  op_keys[1].first->scalar + "'",
-              "split it into one edit per operation");
-        all_ok = false;
-        continue;
-      }
-      StatementEdit e;
-      const std::string& op = op_keys[0].first->scalar;
-      e.op = static_cast<StatementEdit::Op>(std::find(ops.begin(), ops.end(), op) - ops.begin());
-      e.loc = Loc(*op_keys[0].first);
-      bool ok = true;
-      if (auto at = String(*op_keys[0].second, op)) {
-        if (at->find_first_not_of(" \t\n") == std::string::npos) {
-          Error(*op_keys[0].second, "'" + op + "' is empty",
-                "give the leading text of the statement, as written upstream after its indentation");
-          ok = false;
-        } else {
-          e.at = *at;
-          e.at_loc = Loc(*op_keys[0].second);
-        }
-      } else {
-        ok = false;
-      }
-      bool insert = e.op == StatementEdit::Op::kInsertBefore || e.op == StatementEdit::Op::kInsertAfter;
-      if (auto it = keys.find("through"); it != keys.end()) {
-        if (insert) {
-          Error(*it->second.first, "'through' is not allowed with '" + op + "'",
-                "an insertion has one anchor statement; `through` ends the range of replace, delete "
-                "and wrap");
-          ok = false;
-        } else if (auto through = String(*it->second.second, "through")) {
-          e.through = *through;
-          e.through_loc = Loc(*it->second.second);
-        } else {
-          ok = false;
-        }
-      }
-      auto code_it = keys.find("code");
-      if (e.op == StatementEdit::Op::kDelete) {
-        if (code_it != keys.end()) {
-          Error(*code_it->second.first, "'code' is not allowed with 'delete'",
-                "to put other statements in their place, use `replace`");
-          ok = false;
-        }
-      } else if (code_it == keys.end()) {
-        Error(*op_keys[0].first, "'" + op + "' needs 'code'",
-              e.op == StatementEdit::Op::kWrap
-                  ? std::string("give the wrapping code with a `...` line where the statements go")
-                  : "give the statements to " +
-                        std::string(insert ? "insert" : "put in place of the range"));
-        ok = false;
-      } else if (auto code = Code(*code_it->second.second, "code")) {
-        e.code = std::move(code->first);
-        e.code_origin = std::move(code->second);
-        e.code_loc = Loc(*code_it->second.second);
-      } else {
-        ok = false;
-      }
-      if (!ok) {
-        all_ok = false;
-        continue;
-      }
-      out.push_back(std::move(e));
+      out.push_back(std::move(*e));
     }
     return all_ok;
+  }
+
+  // The operation key of an edit entry (key node, anchor node): exactly one of EditOpKeys().
+  std::optional<KeyValue> OpKey(const RawNode& item) {
+    const std::vector<std::string>& ops = EditOpKeys();
+    std::vector<KeyValue> op_keys;
+    for (const auto& [key, value] : item.entries) {
+      if (key.kind == Kind::kScalar && std::find(ops.begin(), ops.end(), key.scalar) != ops.end()) {
+        op_keys.emplace_back(&key, &value);
+      }
+    }
+    if (op_keys.empty()) {
+      Error(item.entries.empty() ? item : item.entries.front().first, "edit has no operation",
+            "start the entry with one of: " + JoinNames(ops, 100));
+      return std::nullopt;
+    }
+    if (op_keys.size() > 1) {
+      Error(*op_keys[1].first,
+            "edit has more than one operation: '" + op_keys[0].first->scalar + "' and '" +
+                op_keys[1].first->scalar + "'",
+            "split it into one edit per operation");
+      return std::nullopt;
+    }
+    return op_keys[0];
+  }
+
+  // The operation whose key is `key` (one of EditOpKeys()).
+  static StatementEdit::Op OpOfKey(const std::string& key) {
+    using Op = StatementEdit::Op;
+    for (Op op : {Op::kInsertBefore, Op::kInsertAfter, Op::kReplace, Op::kDelete, Op::kWrap}) {
+      if (key == EditOpKey(op)) return op;
+    }
+    return Op::kInsertBefore;  // Unreachable: OpKey only returns keys of EditOpKeys().
+  }
+
+  // One edit whose operation key is `op_key`; nullopt when any part is invalid (reported).
+  std::optional<StatementEdit> LoadEdit(const KeyMap& keys, KeyValue op_key) {
+    StatementEdit e;
+    const std::string& op = op_key.first->scalar;
+    e.op = OpOfKey(op);
+    e.loc = Loc(*op_key.first);
+    bool ok = LoadEditAnchor(*op_key.second, op, e);
+    if (!LoadEditThrough(keys, op, e)) ok = false;
+    if (!LoadEditCode(keys, *op_key.first, op, e)) ok = false;
+    if (!ok) return std::nullopt;
+    return e;
+  }
+
+  static bool IsInsertion(StatementEdit::Op op) {
+    return op == StatementEdit::Op::kInsertBefore || op == StatementEdit::Op::kInsertAfter;
+  }
+
+  // The operation key's value: the leading text of the anchor statement.
+  bool LoadEditAnchor(const RawNode& value, const std::string& op, StatementEdit& e) {
+    auto at = String(value, op);
+    if (!at) return false;
+    if (at->find_first_not_of(" \t\n") == std::string::npos) {
+      Error(value, "'" + op + "' is empty",
+            "give the leading text of the statement, as written upstream after its indentation");
+      return false;
+    }
+    e.at = *at;
+    e.at_loc = Loc(value);
+    return true;
+  }
+
+  // `through`: the last statement of a replace/delete/wrap range (not of an insertion).
+  bool LoadEditThrough(const KeyMap& keys, const std::string& op, StatementEdit& e) {
+    auto it = keys.find("through");
+    if (it == keys.end()) return true;
+    if (IsInsertion(e.op)) {
+      Error(*it->second.first, "'through' is not allowed with '" + op + "'",
+            "an insertion has one anchor statement; `through` ends the range of replace, delete "
+            "and wrap");
+      return false;
+    }
+    auto through = String(*it->second.second, "through");
+    if (!through) return false;
+    e.through = *through;
+    e.through_loc = Loc(*it->second.second);
+    return true;
+  }
+
+  // `code`: refused on delete, required on the other operations.
+  bool LoadEditCode(const KeyMap& keys, const RawNode& op_node, const std::string& op,
+                    StatementEdit& e) {
+    auto code_it = keys.find("code");
+    if (e.op == StatementEdit::Op::kDelete) {
+      if (code_it == keys.end()) return true;
+      Error(*code_it->second.first, "'code' is not allowed with 'delete'",
+            "to put other statements in their place, use `replace`");
+      return false;
+    }
+    if (code_it == keys.end()) {
+      Error(op_node, "'" + op + "' needs 'code'",
+            e.op == StatementEdit::Op::kWrap
+                ? std::string("give the wrapping code with a `...` line where the statements go")
+                : "give the statements to " +
+                      std::string(IsInsertion(e.op) ? "insert" : "put in place of the range"));
+      return false;
+    }
+    auto code = Code(*code_it->second.second, "code");
+    if (!code) return false;
+    e.code = std::move(code->first);
+    e.code_origin = std::move(code->second);
+    e.code_loc = Loc(*code_it->second.second);
+    return true;
   }
 
   void LoadHelpers(const RawNode& n, PatchSpec& spec) {
