@@ -555,56 +555,70 @@ class FileLoader {
     std::map<std::string, size_t> by_name;
     for (const RawNode& item : *items) {
       if (!Mapping(item, "slots")) continue;
-      auto keys = Keys(item, KeyLevel::kSlot);
-      Slot slot;
-      // With `extends`, `name` and no op/variant changes the inherited slot of that name.
-      slot.partial = has_extends_ && keys.count("name") && !keys.count("op") && !keys.count("variant");
-      if (!slot.partial && !RequireNewSlotKeys(item, keys)) continue;
-      for (const auto& [k, kv] : keys) slot.given.push_back(k);
-      auto name = Identifier(*keys["name"].second, "name");
-      std::optional<std::string> op =
-          slot.partial ? std::optional<std::string>("") : OpName(*keys["op"].second, "op", "rms_norm");
-      std::optional<std::string> variant =
-          slot.partial ? std::optional<std::string>("")
-                       : OpName(*keys["variant"].second, "variant", "standard");
-      bool ok = name && op && variant;
-      if (auto it = keys.find("scope"); it != keys.end()) {
-        auto scope = EnumValue(*it->second.second, "scope", ScopeValues());
-        ok = ok && scope;
-        if (scope) slot.scope = *scope == "instance" ? Slot::Scope::kInstance : Slot::Scope::kModule;
+      KeyMap keys = Keys(item, KeyLevel::kSlot);
+      if (std::optional<Slot> slot = LoadSlot(item, keys)) {
+        AddSlot(std::move(*slot), *keys.at("name").second, spec, by_name);
       }
-      if (auto it = keys.find("guards"); it != keys.end()) {
-        if (const auto* guards = Sequence(*it->second.second, "guards")) {
-          for (const RawNode& g : *guards) {
-            if (auto guard = LoadGuard(g)) slot.guards.push_back(std::move(*guard));
-          }
-        }
-      }
-      if (!ok) continue;
-      slot.name = *name;
-      slot.op = *op;
-      slot.variant = *variant;
-      slot.loc = Loc(*keys["name"].second);
-      if (slot.partial) {
-        spec.slots.push_back(std::move(slot));
-        continue;
-      }
-      auto [it, inserted] = by_name.emplace(slot.name, spec.slots.size());
-      if (inserted) {
-        spec.slots.push_back(std::move(slot));
-        continue;
-      }
-      Slot& first = spec.slots[it->second];
-      if (first.op != slot.op || first.variant != slot.variant || first.scope != slot.scope) {
-        ErrorWithNote(*keys["name"].second,
-                      "slot '" + slot.name + "' is declared again with a different op/variant/scope",
-                      first.loc, "first declared here as " + first.op + "/" + first.variant,
-                      "use another slot name, or the same op, variant and scope");
-        continue;
-      }
-      // The same declaration again: its guards join the first one's.
-      for (Guard& g : slot.guards) first.guards.push_back(std::move(g));
     }
+  }
+
+  // One slot entry; nullopt when any part is invalid (reported). With `extends`, `name` and no
+  // op/variant changes the inherited slot of that name (a partial slot).
+  std::optional<Slot> LoadSlot(const RawNode& item, const KeyMap& keys) {
+    Slot slot;
+    slot.partial = has_extends_ && keys.count("name") && !keys.count("op") && !keys.count("variant");
+    if (!slot.partial && !RequireNewSlotKeys(item, keys)) return std::nullopt;
+    for (const auto& [k, kv] : keys) slot.given.push_back(k);
+    auto name = Identifier(*keys.at("name").second, "name");
+    std::optional<std::string> op =
+        slot.partial ? std::optional<std::string>("") : OpName(*keys.at("op").second, "op", "rms_norm");
+    std::optional<std::string> variant =
+        slot.partial ? std::optional<std::string>("")
+                     : OpName(*keys.at("variant").second, "variant", "standard");
+    bool ok = name && op && variant;
+    if (auto it = keys.find("scope"); it != keys.end()) {
+      auto scope = EnumValue(*it->second.second, "scope", ScopeValues());
+      ok = ok && scope;
+      if (scope) slot.scope = *scope == "instance" ? Slot::Scope::kInstance : Slot::Scope::kModule;
+    }
+    if (auto it = keys.find("guards"); it != keys.end()) LoadSlotGuards(*it->second.second, slot);
+    if (!ok) return std::nullopt;
+    slot.name = *name;
+    slot.op = *op;
+    slot.variant = *variant;
+    slot.loc = Loc(*keys.at("name").second);
+    return slot;
+  }
+
+  void LoadSlotGuards(const RawNode& n, Slot& slot) {
+    const auto* guards = Sequence(n, "guards");
+    if (!guards) return;
+    for (const RawNode& g : *guards) {
+      if (auto guard = LoadGuard(g)) slot.guards.push_back(std::move(*guard));
+    }
+  }
+
+  // Adds `slot` to the spec. The same declaration again (name, op, variant, scope) joins its
+  // guards to the first one's; the same name with another op/variant/scope is an error.
+  void AddSlot(Slot slot, const RawNode& name_node, PatchSpec& spec,
+               std::map<std::string, size_t>& by_name) {
+    if (slot.partial) {
+      spec.slots.push_back(std::move(slot));
+      return;
+    }
+    auto [it, inserted] = by_name.emplace(slot.name, spec.slots.size());
+    if (inserted) {
+      spec.slots.push_back(std::move(slot));
+      return;
+    }
+    Slot& first = spec.slots[it->second];
+    if (first.op != slot.op || first.variant != slot.variant || first.scope != slot.scope) {
+      ErrorWithNote(name_node, "slot '" + slot.name + "' is declared again with a different op/variant/scope",
+                    first.loc, "first declared here as " + first.op + "/" + first.variant,
+                    "use another slot name, or the same op, variant and scope");
+      return;
+    }
+    for (Guard& g : slot.guards) first.guards.push_back(std::move(g));
   }
 
   // `upstream_version`, `optional` and `reason` of a guard, patch or helper (the level's known
