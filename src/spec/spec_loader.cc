@@ -391,162 +391,193 @@ class FileLoader {
   }
 
   // A body from `code`, `file`+`symbol` or `from` (the latter only when `allow_from`).
-  Body BodyOf(const RawNode& entry, const std::map<std::string, std::pair<const RawNode*, const RawNode*>>& keys,
-              bool allow_from, const std::string& kind_for_from) {
-    Body body;
-    auto get = [&](const char* k) -> const RawNode* {
-      auto it = keys.find(k);
-      return it == keys.end() ? nullptr : it->second.second;
-    };
-    auto key_of = [&](const char* k) -> const RawNode* {
-      auto it = keys.find(k);
-      return it == keys.end() ? nullptr : it->second.first;
-    };
-    const RawNode* code = get("code");
-    const RawNode* file = get("file");
-    const RawNode* symbol = get("symbol");
-    const RawNode* from = get("from");
+  static const RawNode* ValueOf(const KeyMap& keys, const char* k) {
+    auto it = keys.find(k);
+    return it == keys.end() ? nullptr : it->second.second;
+  }
+
+  static const RawNode* KeyNodeOf(const KeyMap& keys, const char* k) {
+    auto it = keys.find(k);
+    return it == keys.end() ? nullptr : it->second.first;
+  }
+
+  Body BodyOf(const RawNode& entry, const KeyMap& keys, bool allow_from, const std::string& kind_for_from) {
+    const RawNode* code = ValueOf(keys, "code");
+    const RawNode* file = ValueOf(keys, "file");
+    const RawNode* symbol = ValueOf(keys, "symbol");
+    const RawNode* from = ValueOf(keys, "from");
     bool from_refused = from && !allow_from;
     if (from_refused) {
-      Error(*key_of("from"), "'from' is not allowed on " + kind_for_from,
+      Error(*KeyNodeOf(keys, "from"), "'from' is not allowed on " + kind_for_from,
             "'from' (an external import) replaces a class or a function; give `code` or "
             "`file` + `symbol`");
       from = nullptr;
     }
-    std::vector<std::pair<const char*, const RawNode*>> sources;
-    if (code) sources.emplace_back("code", key_of("code"));
-    if (file) sources.emplace_back("file", key_of("file"));
-    if (from) sources.emplace_back("from", key_of("from"));
-    if (sources.size() > 1) {
-      Error(*sources[1].second,
-            std::string("more than one body: '") + sources[0].first + "' and '" + sources[1].first + "'",
-            "give exactly one of `code`, `file` + `symbol`" + std::string(allow_from ? ", `from`" : ""));
-      return body;
-    }
+    if (!OneBodySource(keys, code, file, from, allow_from)) return {};
     if (symbol && !file) {
-      Error(*key_of("symbol"), "'symbol' needs 'file'", "add `file:` naming the patch file that defines it");
+      Error(*KeyNodeOf(keys, "symbol"), "'symbol' needs 'file'", "add `file:` naming the patch file that defines it");
     }
-    if (code) {
-      auto c = Code(*code, "code");
-      if (!c) return body;
-      body.source = Body::Source::kCode;
-      body.text = std::move(c->first);
-      body.origin = std::move(c->second);
-      body.loc = Loc(*code);
-    } else if (file) {
-      auto rel = String(*file, "file");
-      if (!symbol) {
-        Error(*key_of("file"), "'file' needs 'symbol'", "add `symbol:` naming the def or class in the file");
-      }
-      auto sym = symbol ? Identifier(*symbol, "symbol") : std::nullopt;
-      if (!rel) return body;
-      std::string printed = JoinRelative(path_, *rel);
-      std::string err;
-      std::optional<std::string> content = ReadFile(printed, &err, kMaxSpecFileBytes);
-      if (!content) {
-        Error(*file, "cannot read patch file '" + printed + "': " + err,
-              "'file' is relative to the spec's folder");
-        return body;
-      }
-      if (!sym) return body;
-      body.source = Body::Source::kFile;
-      body.text = *content;
-      body.origin = TextOrigin{printed, std::make_shared<const std::string>(std::move(*content)), 1, 0};
-      body.file = *rel;
-      body.symbol = *sym;
-      body.symbol_loc = Loc(*symbol);
-      body.loc = Loc(*file);
-    } else if (from) {
-      auto dotted = Dotted(*from, "from", "liger_kernel.transformers.swiglu.LigerSwiGLUMLP");
-      if (!dotted) return body;
-      if (CountDots(*dotted) == 0) {
-        Error(*from, "'from' needs a module and a name, like `package.module.Name`");
-        return body;
-      }
-      size_t dot = dotted->rfind('.');
-      body.source = Body::Source::kFrom;
-      body.from_module = dotted->substr(0, dot);
-      body.from_name = dotted->substr(dot + 1);
-      body.loc = Loc(*from);
-    } else if (!from_refused) {
+    if (code) return CodeBody(*code);
+    if (file) return FileBody(*file, *KeyNodeOf(keys, "file"), symbol);
+    if (from) return FromBody(*from);
+    if (!from_refused) {
       Error(entry.entries.front().first,
             "no body: give `code`, `file` + `symbol`" + std::string(allow_from ? " or `from`" : ""));
     }
+    return {};
+  }
+
+  // At most one of `code`, `file`, `from` (a refused `from` is passed as nullptr).
+  bool OneBodySource(const KeyMap& keys, const RawNode* code, const RawNode* file, const RawNode* from,
+                     bool allow_from) {
+    std::vector<std::pair<const char*, const RawNode*>> sources;
+    if (code) sources.emplace_back("code", KeyNodeOf(keys, "code"));
+    if (file) sources.emplace_back("file", KeyNodeOf(keys, "file"));
+    if (from) sources.emplace_back("from", KeyNodeOf(keys, "from"));
+    if (sources.size() <= 1) return true;
+    Error(*sources[1].second,
+          std::string("more than one body: '") + sources[0].first + "' and '" + sources[1].first + "'",
+          "give exactly one of `code`, `file` + `symbol`" + std::string(allow_from ? ", `from`" : ""));
+    return false;
+  }
+
+  Body CodeBody(const RawNode& code) {
+    Body body;
+    auto c = Code(code, "code");
+    if (!c) return body;
+    body.source = Body::Source::kCode;
+    body.text = std::move(c->first);
+    body.origin = std::move(c->second);
+    body.loc = Loc(code);
+    return body;
+  }
+
+  // `file` + `symbol`: the patch file, read now (relative to the spec's folder).
+  Body FileBody(const RawNode& file, const RawNode& file_key, const RawNode* symbol) {
+    Body body;
+    auto rel = String(file, "file");
+    if (!symbol) {
+      Error(file_key, "'file' needs 'symbol'", "add `symbol:` naming the def or class in the file");
+    }
+    auto sym = symbol ? Identifier(*symbol, "symbol") : std::nullopt;
+    if (!rel) return body;
+    std::string printed = JoinRelative(path_, *rel);
+    std::string err;
+    std::optional<std::string> content = ReadFile(printed, &err, kMaxSpecFileBytes);
+    if (!content) {
+      Error(file, "cannot read patch file '" + printed + "': " + err, "'file' is relative to the spec's folder");
+      return body;
+    }
+    if (!sym) return body;
+    body.source = Body::Source::kFile;
+    body.text = *content;
+    body.origin = TextOrigin{printed, std::make_shared<const std::string>(std::move(*content)), 1, 0};
+    body.file = *rel;
+    body.symbol = *sym;
+    body.symbol_loc = Loc(*symbol);
+    body.loc = Loc(file);
+    return body;
+  }
+
+  // `from: package.module.Name`: an import instead of code.
+  Body FromBody(const RawNode& from) {
+    Body body;
+    auto dotted = Dotted(from, "from", "liger_kernel.transformers.swiglu.LigerSwiGLUMLP");
+    if (!dotted) return body;
+    if (CountDots(*dotted) == 0) {
+      Error(from, "'from' needs a module and a name, like `package.module.Name`");
+      return body;
+    }
+    size_t dot = dotted->rfind('.');
+    body.source = Body::Source::kFrom;
+    body.from_module = dotted->substr(0, dot);
+    body.from_name = dotted->substr(dot + 1);
+    body.loc = Loc(from);
     return body;
   }
 
   // --- levels -------------------------------------------------------------------------------
 
   void LoadTop(const RawNode& root, OneSpec& out) {
+    KeyMap keys = Keys(root, KeyLevel::kSpec);
+    LoadHead(keys, out);  // Sets has_extends_, which the entries below depend on.
+    LoadEntries(keys, out);
+  }
+
+  // The scalars: version, upstream, output, description, runtime, extends.
+  void LoadHead(const KeyMap& keys, OneSpec& out) {
     PatchSpec& spec = out.spec;
-    auto keys = Keys(root, KeyLevel::kSpec);
-    auto get = [&](const char* k) -> const RawNode* {
-      auto it = keys.find(k);
-      return it == keys.end() ? nullptr : it->second.second;
-    };
-    if (const RawNode* v = get("version")) {
-      out.has_version = true;
-      if (v->kind != Kind::kScalar || v->style != RawNode::Style::kPlain) {
-        Error(*v, std::string("expected an integer, found ") + DescribeKind(*v), "write `version: 1`");
-      } else if (v->scalar != "1") {
-        Error(*v, "unsupported spec version '" + v->scalar + "'", "this patchgen reads `version: 1`");
-      }
-    }
-    if (const RawNode* v = get("upstream")) {
+    if (const RawNode* v = ValueOf(keys, "version")) LoadVersion(*v, out);
+    if (const RawNode* v = ValueOf(keys, "upstream")) {
       out.has_upstream = true;
       if (auto s = Dotted(*v, "upstream", "transformers.models.qwen3.modeling_qwen3")) {
         spec.upstream = *s;
         spec.upstream_loc = Loc(*v);
       }
     }
-    if (const RawNode* v = get("output")) {
-      out.has_output = true;
-      if (auto s = String(*v, "output")) {
-        if (s->size() < 4 || s->substr(s->size() - 3) != ".py" || s->find('/') != std::string::npos ||
-            s->find('\\') != std::string::npos) {
-          Error(*v, "'output' must be a file name ending in '.py'",
-                "the folder comes from the spec's place under the specs root (or `-o`)");
-        } else {
-          spec.output = *s;
-          spec.output_loc = Loc(*v);
-        }
-      }
-    }
-    if (const RawNode* v = get("description")) {
+    if (const RawNode* v = ValueOf(keys, "output")) LoadOutput(*v, out);
+    if (const RawNode* v = ValueOf(keys, "description")) {
       if (auto s = OneLine(*v, "description")) {
         spec.description = *s;
         out.has_description = true;
       }
     }
-    if (const RawNode* v = get("runtime")) {
+    if (const RawNode* v = ValueOf(keys, "runtime")) {
       if (auto s = Dotted(*v, "runtime", "opslot")) spec.runtime = *s;
     }
-    if (const RawNode* v = get("extends")) {
+    if (const RawNode* v = ValueOf(keys, "extends")) {
       if (auto s = String(*v, "extends")) out.extends = LocatedName{*s, Loc(*v)};
       has_extends_ = true;
     }
-    if (const RawNode* v = get("name_map")) spec.name_map = NameMap(*v);
-    if (const RawNode* v = get("imports")) {
-      if (Mapping(*v, "imports")) {
-        auto ik = Keys(*v, KeyLevel::kImports);
-        if (auto it = ik.find("add"); it != ik.end()) spec.import_adds = Blocks(*it->second.second, "add");
-        if (auto it = ik.find("drop"); it != ik.end()) {
-          spec.import_drops = Names(*it->second.second, "drop", true);
-        }
-      }
+  }
+
+  void LoadVersion(const RawNode& v, OneSpec& out) {
+    out.has_version = true;
+    if (v.kind != Kind::kScalar || v.style != RawNode::Style::kPlain) {
+      Error(v, std::string("expected an integer, found ") + DescribeKind(v), "write `version: 1`");
+    } else if (v.scalar != "1") {
+      Error(v, "unsupported spec version '" + v.scalar + "'", "this patchgen reads `version: 1`");
     }
-    if (const RawNode* v = get("slots")) LoadSlots(*v, spec);
-    if (const RawNode* v = get("patches")) LoadPatches(*v, spec);
-    if (const RawNode* v = get("helpers")) LoadHelpers(*v, spec);
-    if (const RawNode* v = get("blocks")) spec.blocks = Blocks(*v, "blocks");
-    if (const RawNode* v = get("exclude")) spec.excludes = Names(*v, "exclude", false);
-    if (const RawNode* v = get("remove")) {
+  }
+
+  void LoadOutput(const RawNode& v, OneSpec& out) {
+    out.has_output = true;
+    auto s = String(v, "output");
+    if (!s) return;
+    if (s->size() < 4 || s->substr(s->size() - 3) != ".py" || s->find('/') != std::string::npos ||
+        s->find('\\') != std::string::npos) {
+      Error(v, "'output' must be a file name ending in '.py'",
+            "the folder comes from the spec's place under the specs root (or `-o`)");
+      return;
+    }
+    out.spec.output = *s;
+    out.spec.output_loc = Loc(v);
+  }
+
+  // The lists and mappings: name_map, imports, slots, patches, helpers, blocks, exclude, remove.
+  void LoadEntries(const KeyMap& keys, OneSpec& out) {
+    PatchSpec& spec = out.spec;
+    if (const RawNode* v = ValueOf(keys, "name_map")) spec.name_map = NameMap(*v);
+    if (const RawNode* v = ValueOf(keys, "imports")) LoadImports(*v, spec);
+    if (const RawNode* v = ValueOf(keys, "slots")) LoadSlots(*v, spec);
+    if (const RawNode* v = ValueOf(keys, "patches")) LoadPatches(*v, spec);
+    if (const RawNode* v = ValueOf(keys, "helpers")) LoadHelpers(*v, spec);
+    if (const RawNode* v = ValueOf(keys, "blocks")) spec.blocks = Blocks(*v, "blocks");
+    if (const RawNode* v = ValueOf(keys, "exclude")) spec.excludes = Names(*v, "exclude", false);
+    if (const RawNode* v = ValueOf(keys, "remove")) {
       out.removes = Names(*v, "remove", true);
       if (!out.extends) {
-        Error(*keys["remove"].first, "'remove' needs 'extends'",
+        Error(*KeyNodeOf(keys, "remove"), "'remove' needs 'extends'",
               "'remove' drops entries inherited from the spec named by `extends`");
       }
     }
+  }
+
+  void LoadImports(const RawNode& v, PatchSpec& spec) {
+    if (!Mapping(v, "imports")) return;
+    KeyMap ik = Keys(v, KeyLevel::kImports);
+    if (const RawNode* add = ValueOf(ik, "add")) spec.import_adds = Blocks(*add, "add");
+    if (const RawNode* drop = ValueOf(ik, "drop")) spec.import_drops = Names(*drop, "drop", true);
   }
 
   void LoadSlots(const RawNode& n, PatchSpec& spec) {
