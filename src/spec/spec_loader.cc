@@ -70,6 +70,22 @@ std::string LocText(const SourceLoc& loc) {
   return loc.path + ":" + std::to_string(loc.line) + ":" + std::to_string(loc.col);
 }
 
+// The identifier-like word `rest` starts with after spaces (ASCII letters, digits, `_`, any
+// non-ASCII byte), or nullopt.
+std::optional<std::string> LeadingName(std::string_view rest) {
+  size_t i = rest.find_first_not_of(' ');
+  if (i == std::string_view::npos) return std::nullopt;
+  rest = rest.substr(i);
+  size_t end = 0;
+  auto name_byte = [](char c) {
+    auto u = static_cast<unsigned char>(c);
+    return c == '_' || std::isalnum(u) || u >= 0x80;
+  };
+  while (end < rest.size() && name_byte(rest[end])) ++end;
+  if (end == 0) return std::nullopt;
+  return std::string(rest.substr(0, end));
+}
+
 // The name of the first top-level def/class in `code` (decorators and comments skipped).
 std::optional<std::string> FirstDefName(std::string_view code) {
   for (std::string_view line : SplitLines(code)) {
@@ -82,19 +98,7 @@ std::optional<std::string> FirstDefName(std::string_view code) {
       line = line.substr(def);
     }
     for (std::string_view kw : {"def ", "class "}) {
-      if (line.substr(0, kw.size()) == kw) {
-        std::string_view rest = line.substr(kw.size());
-        size_t i = rest.find_first_not_of(' ');
-        if (i == std::string_view::npos) return std::nullopt;
-        rest = rest.substr(i);
-        size_t end = 0;
-        while (end < rest.size() && (rest[end] == '_' || std::isalnum(static_cast<unsigned char>(rest[end])) ||
-                                     static_cast<unsigned char>(rest[end]) >= 0x80)) {
-          ++end;
-        }
-        if (end == 0) return std::nullopt;
-        return std::string(rest.substr(0, end));
-      }
+      if (line.substr(0, kw.size()) == kw) return LeadingName(line.substr(kw.size()));
     }
     return std::nullopt;
   }
@@ -1064,6 +1068,17 @@ class FileLoader {
     return true;
   }
 
+  // A helper's name: `name:`, else the `symbol` of its file, else the first def/class of its
+  // code (extends replaces and removes helpers by name). Nullopt when none (reported).
+  std::optional<std::string> HelperName(const KeyMap& keys, const Body& body) {
+    if (const RawNode* name_node = ValueOf(keys, "name")) return Identifier(*name_node, "name");
+    if (body.source == Body::Source::kFile) return body.symbol;
+    if (auto derived = FirstDefName(body.text)) return derived;
+    Error(*KeyNodeOf(keys, "code"), "cannot tell the helper's name: its code has no top-level def or class",
+          "add `name:` so that specs extending this one can replace or remove it");
+    return std::nullopt;
+  }
+
   void LoadHelpers(const RawNode& n, PatchSpec& spec) {
     const auto* items = Sequence(n, "helpers");
     if (!items) return;
@@ -1082,21 +1097,10 @@ class FileLoader {
       if (!LoadCondition(keys, h.when)) continue;
       h.body = BodyOf(item, keys, false, "a helper");
       if (h.body.source == Body::Source::kNone) continue;
-      const RawNode* name_node = nullptr;
-      if (auto it = keys.find("name"); it != keys.end()) {
-        name_node = it->second.second;
-        auto name = Identifier(*name_node, "name");
-        if (!name) continue;
-        h.name = *name;
-      } else if (h.body.source == Body::Source::kFile) {
-        h.name = h.body.symbol;
-      } else if (auto derived = FirstDefName(h.body.text)) {
-        h.name = *derived;
-      } else {
-        Error(*keys["code"].first, "cannot tell the helper's name: its code has no top-level def or class",
-              "add `name:` so that specs extending this one can replace or remove it");
-        continue;
-      }
+      const RawNode* name_node = ValueOf(keys, "name");
+      std::optional<std::string> name = HelperName(keys, h.body);
+      if (!name) continue;
+      h.name = *name;
       auto [it, inserted] = names.emplace(h.name, h.loc);
       if (!inserted) {
         Diagnostic d = ErrorAt(name_node ? Loc(*name_node) : h.body.loc, "duplicate helper '" + h.name + "'");
