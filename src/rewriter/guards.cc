@@ -309,6 +309,23 @@ class Planner {
                     call.first_line, static_cast<int32_t>(column) + call.col_shift};
   }
 
+  /// Nullopt when the parsed code `root` is one expression statement (no assignment, no yield);
+  /// otherwise the offset to point at: the second statement, or the one that is not an expression.
+  static std::optional<uint32_t> NotOneExpression(TSNode root) {
+    std::vector<TSNode> stmts;
+    for (uint32_t i = 0; i < ts_node_named_child_count(root); ++i) {
+      TSNode c = ts_node_named_child(root, i);
+      if (TypeOf(c) != "comment") stmts.push_back(c);
+    }
+    bool single = stmts.size() == 1 && TypeOf(stmts[0]) == "expression_statement";
+    for (uint32_t i = 0; single && i < ts_node_named_child_count(stmts[0]); ++i) {
+      std::string_view t = TypeOf(ts_node_named_child(stmts[0], i));
+      if (t == "assignment" || t == "augmented_assignment" || t == "yield") single = false;
+    }
+    if (single) return std::nullopt;
+    return stmts.empty() ? 0 : ts_node_start_byte(stmts[stmts.size() > 1 ? 1 : 0]);
+  }
+
   /// Parses a guard's `call`, checks its shape and returns its lines dedented, with an instance
   /// slot's bare name rewritten to `self.<name>`. Empty on error (reported).
   std::optional<PreparedCall> PrepareCall(const Slot& slot, const Guard& g, bool entry) {
@@ -351,29 +368,13 @@ class Planner {
                           : "a call-site guard's `call` is one or more statements");
       return std::nullopt;
     }
-    if (entry) {
-      std::vector<TSNode> stmts;
-      for (uint32_t i = 0; i < ts_node_named_child_count(root); ++i) {
-        TSNode c = ts_node_named_child(root, i);
-        if (TypeOf(c) != "comment") stmts.push_back(c);
-      }
-      bool single = stmts.size() == 1 && TypeOf(stmts[0]) == "expression_statement";
-      if (single) {
-        for (uint32_t i = 0; i < ts_node_named_child_count(stmts[0]); ++i) {
-          std::string_view t = TypeOf(ts_node_named_child(stmts[0], i));
-          if (t == "assignment" || t == "augmented_assignment" || t == "yield") single = false;
-        }
-      }
-      if (!single) {
-        // Point at the second statement, or at the one statement that is not an expression.
-        uint32_t off = stmts.empty() ? 0 : ts_node_start_byte(stmts[stmts.size() > 1 ? 1 : 0]);
-        uint32_t line = code_lines.LineOf(off);
-        uint32_t col = off - code_lines.LineStart(line);
-        error_at_line(line, col, "an entry guard's `call` must be a single expression",
-                      "it becomes `return <call>`; to run statements instead, add `at:` to make a "
-                      "call-site guard");
-        return std::nullopt;
-      }
+    if (std::optional<uint32_t> off = entry ? NotOneExpression(root) : std::nullopt) {
+      uint32_t line = code_lines.LineOf(*off);
+      uint32_t col = *off - code_lines.LineStart(line);
+      error_at_line(line, col, "an entry guard's `call` must be a single expression",
+                    "it becomes `return <call>`; to run statements instead, add `at:` to make a "
+                    "call-site guard");
+      return std::nullopt;
     }
     if (slot.scope == Slot::Scope::kInstance) {
       std::vector<ByteRange> refs;

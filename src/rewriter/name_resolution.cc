@@ -40,29 +40,47 @@ bool IsPatternContainer(TSNode n) {
 
 enum class Role { kUse, kBinding, kOther };
 
+/// The role of an identifier decided by its parent's type alone: `in_field` when the identifier
+/// is the parent's `field` (or always, without a field), `otherwise` else.
+struct ParentRule {
+  const char* parent;
+  const char* field;  ///< nullptr: `in_field` whatever the field.
+  Role in_field;
+  Role otherwise;
+};
+
+constexpr ParentRule kParentRules[] = {
+    {"attribute", "attribute", Role::kOther, Role::kUse},
+    {"keyword_argument", "name", Role::kOther, Role::kUse},
+    {"dotted_name", nullptr, Role::kOther, Role::kOther},
+    {"aliased_import", nullptr, Role::kOther, Role::kOther},
+    {"import_statement", nullptr, Role::kOther, Role::kOther},
+    {"import_from_statement", nullptr, Role::kOther, Role::kOther},
+    {"relative_import", nullptr, Role::kOther, Role::kOther},
+    {"global_statement", nullptr, Role::kOther, Role::kOther},
+    {"nonlocal_statement", nullptr, Role::kOther, Role::kOther},
+    {"future_import_statement", nullptr, Role::kOther, Role::kOther},
+    {"function_definition", "name", Role::kBinding, Role::kUse},
+    {"class_definition", "name", Role::kBinding, Role::kUse},
+    {"parameters", nullptr, Role::kBinding, Role::kBinding},
+    {"lambda_parameters", nullptr, Role::kBinding, Role::kBinding},
+    {"default_parameter", "name", Role::kBinding, Role::kUse},
+    {"typed_default_parameter", "name", Role::kBinding, Role::kUse},
+    {"typed_parameter", "type", Role::kUse, Role::kBinding},
+    {"named_expression", "name", Role::kBinding, Role::kUse},
+    {"as_pattern_target", nullptr, Role::kBinding, Role::kBinding},
+    {"except_clause", "alias", Role::kBinding, Role::kUse},
+};
+
 /// What an identifier node does: read a name, bind one, or neither (attribute names, keyword
 /// names, import paths, global/nonlocal lists).
 Role RoleOf(TSNode id) {
   TSNode p = ts_node_parent(id);
   if (ts_node_is_null(p)) return Role::kUse;
-  if (Is(p, "attribute")) return IsFieldOf(id, p, "attribute") ? Role::kOther : Role::kUse;
-  if (Is(p, "keyword_argument")) return IsFieldOf(id, p, "name") ? Role::kOther : Role::kUse;
-  if (Is(p, "dotted_name") || Is(p, "aliased_import") || Is(p, "import_statement") ||
-      Is(p, "import_from_statement") || Is(p, "relative_import") || Is(p, "global_statement") ||
-      Is(p, "nonlocal_statement") || Is(p, "future_import_statement")) {
-    return Role::kOther;
+  for (const ParentRule& r : kParentRules) {
+    if (!Is(p, r.parent)) continue;
+    return !r.field || IsFieldOf(id, p, r.field) ? r.in_field : r.otherwise;
   }
-  if (Is(p, "function_definition") || Is(p, "class_definition")) {
-    return IsFieldOf(id, p, "name") ? Role::kBinding : Role::kUse;
-  }
-  if (Is(p, "parameters") || Is(p, "lambda_parameters")) return Role::kBinding;
-  if (Is(p, "default_parameter") || Is(p, "typed_default_parameter")) {
-    return IsFieldOf(id, p, "name") ? Role::kBinding : Role::kUse;
-  }
-  if (Is(p, "typed_parameter")) return IsFieldOf(id, p, "type") ? Role::kUse : Role::kBinding;
-  if (Is(p, "named_expression")) return IsFieldOf(id, p, "name") ? Role::kBinding : Role::kUse;
-  if (Is(p, "as_pattern_target")) return Role::kBinding;
-  if (Is(p, "except_clause")) return IsFieldOf(id, p, "alias") ? Role::kBinding : Role::kUse;
   // Assignment-like targets, possibly nested in tuple/list patterns.
   TSNode child = id;
   while (IsPatternContainer(p)) {

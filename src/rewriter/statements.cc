@@ -203,6 +203,43 @@ void BodyStatements::Ambiguous(const SourceLoc& loc, std::string_view key, std::
   errors.push_back(std::move(d));
 }
 
+const Stmt* BodyStatements::LocateThrough(const AnchorQuery& q, const Stmt& first,
+                                                          std::vector<Diagnostic>& errors) const {
+  std::string_view through = TrimSpace(*q.through);
+  std::vector<const Stmt*> later;  // Statements of the same block from `at` on.
+  for (const Stmt& s : stmts_) {
+    if (ts_node_eq(s.block, first.block) && s.index >= first.index) later.push_back(&s);
+  }
+  std::vector<const Stmt*> sibling_matches;
+  for (const Stmt* s : later) {
+    if (s->range.In(m_.source()).substr(0, through.size()) == through) sibling_matches.push_back(s);
+  }
+  if (sibling_matches.size() == 1) return sibling_matches[0];
+  if (sibling_matches.size() > 1) {
+    Ambiguous(q.through_loc, "through", through, where_, sibling_matches, errors);
+    return nullptr;
+  }
+  std::vector<const Stmt*> anywhere = Matching(through);
+  if (anywhere.empty()) {
+    NoMatch(q.through_loc, "through", through, where_ + " after line " + std::to_string(first.line),
+            later, errors);
+    return nullptr;
+  }
+  std::string lines;
+  for (const Stmt* s : anywhere) lines += (lines.empty() ? "" : ", ") + std::to_string(s->line);
+  Diagnostic d = ErrorAt(
+      q.through_loc,
+      "`through` statement (line " + lines + ") is not a later sibling of the `" + q.at_key +
+          "` statement (line " + std::to_string(first.line) + ") in " + where_,
+      "`" + q.at_key + "` and `through` must be statements of the same block, `through` at or "
+          "after `" + q.at_key + "`");
+  d.notes = StatementNotes(anywhere);
+  d.notes.insert(d.notes.begin(), "note: `" + q.at_key + "` is line " + std::to_string(first.line) +
+                                      ": " + FirstLineOf(first));
+  errors.push_back(std::move(d));
+  return nullptr;
+}
+
 std::optional<AnchorRange> BodyStatements::Locate(const AnchorQuery& q,
                                                   std::vector<Diagnostic>& errors) const {
   std::vector<const Stmt*> all;
@@ -220,41 +257,8 @@ std::optional<AnchorRange> BodyStatements::Locate(const AnchorQuery& q,
   const Stmt& first = *at_matches[0];
   const Stmt* last = &first;
   if (q.through) {
-    std::string_view through = TrimSpace(*q.through);
-    std::vector<const Stmt*> later;  // Statements of the same block from `at` on.
-    for (const Stmt& s : stmts_) {
-      if (ts_node_eq(s.block, first.block) && s.index >= first.index) later.push_back(&s);
-    }
-    std::vector<const Stmt*> sibling_matches;
-    for (const Stmt* s : later) {
-      if (s->range.In(m_.source()).substr(0, through.size()) == through) sibling_matches.push_back(s);
-    }
-    if (sibling_matches.size() > 1) {
-      Ambiguous(q.through_loc, "through", through, where_, sibling_matches, errors);
-      return std::nullopt;
-    }
-    if (sibling_matches.empty()) {
-      std::vector<const Stmt*> anywhere = Matching(through);
-      if (anywhere.empty()) {
-        NoMatch(q.through_loc, "through", through,
-                where_ + " after line " + std::to_string(first.line), later, errors);
-        return std::nullopt;
-      }
-      std::string lines;
-      for (const Stmt* s : anywhere) lines += (lines.empty() ? "" : ", ") + std::to_string(s->line);
-      Diagnostic d = ErrorAt(
-          q.through_loc,
-          "`through` statement (line " + lines + ") is not a later sibling of the `" + q.at_key +
-              "` statement (line " + std::to_string(first.line) + ") in " + where_,
-          "`" + q.at_key + "` and `through` must be statements of the same block, `through` at or "
-              "after `" + q.at_key + "`");
-      d.notes = StatementNotes(anywhere);
-      d.notes.insert(d.notes.begin(), "note: `" + q.at_key + "` is line " +
-                                          std::to_string(first.line) + ": " + FirstLineOf(first));
-      errors.push_back(std::move(d));
-      return std::nullopt;
-    }
-    last = sibling_matches[0];
+    last = LocateThrough(q, first, errors);
+    if (!last) return std::nullopt;
   }
   if (!StartsLine(m_, first.range.start)) {
     errors.push_back(ErrorAt(q.at_loc,

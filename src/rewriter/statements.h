@@ -72,6 +72,10 @@ class BodyStatements {
   std::string FirstLineOf(const Stmt& s) const;
 
  private:
+  /// The statement `q.through` names: a later sibling of `first` (or `first` itself); nullptr
+  /// with an error when none or several match, or when it matches elsewhere only.
+  const Stmt* LocateThrough(const AnchorQuery& q, const Stmt& first,
+                            std::vector<Diagnostic>& errors) const;
   std::vector<std::string> StatementNotes(const std::vector<const Stmt*>& stmts) const;
   std::vector<const Stmt*> Closest(const std::vector<const Stmt*>& stmts,
                                    std::string_view prefix) const;
