@@ -13,6 +13,7 @@
 #include "base/line_index.h"
 #include "base/text_util.h"
 #include "spec/patch_kinds.h"
+#include "spec/python_names.h"
 #include "spec/raw_node.h"
 #include "spec/spec_keys.h"
 #include "spec/spec_merge.h"
@@ -24,40 +25,6 @@ namespace {
 namespace fs = std::filesystem;
 using Kind = RawNode::Kind;
 
-const std::set<std::string>& PythonKeywords() {
-  static const std::set<std::string> kw = {
-      "False", "None",   "True",    "and",      "as",   "assert", "async",  "await",
-      "break", "class",  "continue", "def",     "del",  "elif",   "else",   "except",
-      "finally", "for",  "from",    "global",   "if",   "import", "in",     "is",
-      "lambda", "nonlocal", "not",  "or",       "pass", "raise",  "return", "try",
-      "while", "with",   "yield"};
-  return kw;
-}
-
-bool IsIdentifier(std::string_view s) {
-  if (s.empty()) return false;
-  for (size_t i = 0; i < s.size(); ++i) {
-    unsigned char c = static_cast<unsigned char>(s[i]);
-    bool ok = c == '_' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c >= 0x80 ||
-              (i > 0 && c >= '0' && c <= '9');
-    if (!ok) return false;
-  }
-  return !PythonKeywords().count(std::string(s));
-}
-
-bool IsDotted(std::string_view s) {
-  size_t start = 0;
-  while (true) {
-    size_t dot = s.find('.', start);
-    if (!IsIdentifier(s.substr(start, dot == std::string_view::npos ? dot : dot - start))) {
-      return false;
-    }
-    if (dot == std::string_view::npos) return true;
-    start = dot + 1;
-  }
-}
-
-size_t CountDots(std::string_view s) { return static_cast<size_t>(std::count(s.begin(), s.end(), '.')); }
 
 // `rel` resolved against the folder of `spec_path`, normalised, printed relative as given.
 std::string JoinRelative(const std::string& spec_path, const std::string& rel) {
@@ -68,41 +35,6 @@ std::string JoinRelative(const std::string& spec_path, const std::string& rel) {
 
 std::string LocText(const SourceLoc& loc) {
   return loc.path + ":" + std::to_string(loc.line) + ":" + std::to_string(loc.col);
-}
-
-// The identifier-like word `rest` starts with after spaces (ASCII letters, digits, `_`, any
-// non-ASCII byte), or nullopt.
-std::optional<std::string> LeadingName(std::string_view rest) {
-  size_t i = rest.find_first_not_of(' ');
-  if (i == std::string_view::npos) return std::nullopt;
-  rest = rest.substr(i);
-  size_t end = 0;
-  auto name_byte = [](char c) {
-    auto u = static_cast<unsigned char>(c);
-    return c == '_' || std::isalnum(u) || u >= 0x80;
-  };
-  while (end < rest.size() && name_byte(rest[end])) ++end;
-  if (end == 0) return std::nullopt;
-  return std::string(rest.substr(0, end));
-}
-
-// The name of the first top-level def/class in `code` (decorators and comments skipped).
-std::optional<std::string> FirstDefName(std::string_view code) {
-  for (std::string_view line : SplitLines(code)) {
-    if (line.empty() || line[0] == ' ' || line[0] == '\t' || line[0] == '#' || line[0] == '@') {
-      continue;
-    }
-    if (line.substr(0, 6) == "async " || line.substr(0, 6) == "async\t") {
-      size_t def = line.find_first_not_of(" \t", 5);
-      if (def == std::string_view::npos) return std::nullopt;
-      line = line.substr(def);
-    }
-    for (std::string_view kw : {"def ", "class "}) {
-      if (line.substr(0, kw.size()) == kw) return LeadingName(line.substr(kw.size()));
-    }
-    return std::nullopt;
-  }
-  return std::nullopt;
 }
 
 // One spec file as written (before `extends` is merged), plus what only merging needs.
