@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <memory>
 
 #include "base/line_index.h"
 #include "parser/ts_node.h"
@@ -69,7 +70,7 @@ std::vector<Diagnostic> CheckOutput(const spec::PatchSpec& spec, const EditPlan&
                                     const std::string& out, uint32_t header_size,
                                     const std::vector<const spec::LocatedName*>& excluded) {
   std::vector<Diagnostic> errors;
-  TSTree* tree = parser::ParseTree(out);
+  std::unique_ptr<TSTree, decltype(&ts_tree_delete)> tree(parser::ParseTree(out), &ts_tree_delete);
   if (!tree) {
     errors.push_back(ErrorAt(SourceLoc{spec.path, 0, 0, 1, ""}, "tree-sitter returned no tree", {},
                              ErrorKind::kInternal));
@@ -80,7 +81,7 @@ std::vector<Diagnostic> CheckOutput(const spec::PatchSpec& spec, const EditPlan&
   std::function<SourceLoc(uint32_t)> output_loc = [&](uint32_t offset) {
     return LocOf(spec.output, out, lines, {offset, offset + 1});
   };
-  TSNode root = ts_tree_root_node(tree);
+  TSNode root = ts_tree_root_node(tree.get());
   if (auto err = parser::FirstErrorNode(root)) {
     uint32_t offset = ts_node_start_byte(*err);
     SourceLoc at = output_loc(offset);
@@ -92,7 +93,6 @@ std::vector<Diagnostic> CheckOutput(const spec::PatchSpec& spec, const EditPlan&
                         std::to_string(at.col) + ": " + at.source_line);
     }
     errors.push_back(std::move(d));
-    ts_tree_delete(tree);
     return errors;
   }
   std::vector<ByteRange> inserted;
@@ -110,7 +110,6 @@ std::vector<Diagnostic> CheckOutput(const spec::PatchSpec& spec, const EditPlan&
     errors.push_back(std::move(d));
   }
   CheckRemovedNames(spec, excluded, root, out, header_size, output_loc, errors);
-  ts_tree_delete(tree);
   return errors;
 }
 
