@@ -1170,9 +1170,12 @@ std::string ErrorFindingKind(const Diagnostic& d) {
   return "error";
 }
 
-std::string RegionFindingKind(const std::string& region) {
+std::string RegionFindingKind(const rewriter::ContractPin& c) {
+  const std::string& region = c.region;
   if (region == "function") return "body changed under a guard";
-  if (region == "statements") return "guarded statements changed";
+  if (region == "statements") {
+    return c.key.starts_with("edit_body ") ? "edited statements changed" : "guarded statements changed";
+  }
   if (region == "absent") return "added method now defined upstream";
   return "signature changed";
 }
@@ -1294,7 +1297,7 @@ int Runner::Audit() {
                             {}, true});
         continue;
       }
-      Finding f{RegionFindingKind(c.region), c.key, c.loc, where(c),
+      Finding f{RegionFindingKind(c), c.key, c.loc, where(c),
                 "differs from the pin (verified with " + [&] {
                   std::string v;
                   for (const auto& x : pf.pinned->versions) v += (v.empty() ? "" : ", ") + x;
@@ -1345,7 +1348,7 @@ int Runner::Audit() {
       const rewriter::ContractPin* o = old_pin(c.key);
       if (o) {
         if (o->sha256 == c.sha256) continue;
-        Finding f{RegionFindingKind(c.region), c.key, c.loc, where(c),
+        Finding f{RegionFindingKind(c), c.key, c.loc, where(c),
                   "differs from " + old_modules[i].first.version, signature_details(c), true};
         for (std::string& l : TextDiffLines(o->text, c.text)) f.details.push_back("  " + l);
         findings.push_back(std::move(f));
@@ -1355,7 +1358,7 @@ int Runner::Audit() {
         const PinRecord& newest = e->verified.back();
         std::string versions;
         for (const auto& x : newest.versions) versions += (versions.empty() ? "" : ", ") + x;
-        Finding f{RegionFindingKind(c.region), c.key, c.loc, where(c),
+        Finding f{RegionFindingKind(c), c.key, c.loc, where(c),
                   "differs from the pin (verified with " + versions + ")", {}, true};
         for (std::string& l : TextDiffLines(newest.text, c.text)) f.details.push_back("  " + l);
         findings.push_back(std::move(f));

@@ -250,13 +250,18 @@ Diagnostic PinDiagnostic(const PinFinding& f, const std::string& upstream_path,
   }
   where += " (" + version + ")";
   bool guard = c.key.starts_with("guard ");
+  // An edit_body pin covers the statements an edit anchors on (region "statements", like a
+  // call-site guard's), but there is no guard and no `call` to re-check.
+  bool edit = c.key.starts_with("edit_body ");
   std::string subject = c.region == "function"     ? "the guarded function"
-                        : c.region == "statements" ? "the guarded statements"
+                        : c.region == "statements" ? (edit ? "the edited statements" : "the guarded statements")
                         : c.region == "absent"     ? "the absence of the method it adds"
                                                    : "the target's signature and decorators";
   std::string verify =
       c.region == "function"
           ? "re-verify that the upstream body still computes " + c.expects
+          : c.region == "statements" && edit
+          ? std::string("re-verify that the edit still fits the statements it anchors on")
           : c.region == "statements"
           ? "re-verify that the guarded statements still compute " + c.expects +
                 " and that the guard's `call` still passes what they use"
