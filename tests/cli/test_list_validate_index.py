@@ -87,6 +87,34 @@ help: did you mean 'mlp_forward'? definitions in patches/mlp.py: mlp_forward
 """
 
 
+def test_validate_parses_statement_edits(project):
+    """`--validate` parses every edit_body edit's code, as it parses patch bodies (no upstream needed)."""
+    shutil.rmtree(project.path("upstream"))
+    project.write("specs/tiny/edits.yaml", """\
+version: 1
+upstream: tinypkg.models.tiny.modeling_tiny
+output: edits.py
+
+patches:
+  - edit_body: TinyMLP.forward
+    edits:
+      - insert_after: "x = self.up(x)"
+        code: |
+          if x.isnan().any()
+              raise ValueError("nan")
+      - delete: "return x"
+""")
+    r = project.run("--validate")
+    assert r.returncode == 3
+    assert r.stdout == "validate: 1 of 2 specs valid\n"
+    assert r.stderr == """\
+specs/tiny/edits.yaml:10:11: error: code of edit_body TinyMLP.forward insert_after does not parse as Python
+   10 |           if x.isnan().any()
+      |           ^
+help: fix the syntax error at this position
+"""
+
+
 def test_validate_yaml_error_exits_3(project):
     project.write("specs/tiny/broken.yaml", "version: 1\nupstream: [unclosed\n")
     r = project.run("--validate")

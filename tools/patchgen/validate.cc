@@ -62,6 +62,13 @@ std::vector<Diagnostic> ValidateSpecWithoutUpstream(const spec::PatchSpec& spec)
   for (const auto& block : spec.blocks) CheckParses(block.code, block.origin, "block", out);
   for (const auto& patch : spec.patches) {
     CheckBody(patch.body, std::string("body of ") + spec::PatchKindKey(patch.kind) + " " + patch.target, out);
+    for (const auto& edit : patch.edits) {
+      if (edit.code.empty()) continue;  // delete
+      CheckParses(edit.code, edit.code_origin,
+                  std::string("code of ") + spec::PatchKindKey(patch.kind) + " " + patch.target + " " +
+                      spec::EditOpKey(edit.op),
+                  out);
+    }
   }
   for (const auto& helper : spec.helpers) CheckBody(helper.body, "helper", out);
 
