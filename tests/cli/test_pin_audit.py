@@ -303,3 +303,25 @@ def test_audit_with_pins_only_finds_changed_bodies_of_a_spec_that_no_longer_gene
     assert ("body changed under a guard", "guard rms_norm_slot in ToyRMSNorm.forward") in kinds
     # The unchanged override and the still-absent added method are not reported.
     assert len(kinds) == 2, kinds
+
+
+def test_audit_names_a_changed_edit_anchor_as_edited_statements(toy):
+    """An edit_body edit is pinned on the statements it anchors on; when upstream changes them,
+    audit reports 'edited statements changed' (not the call-site guard's wording)."""
+    toy.write("specs/toy/toy.yaml", """\
+upstream: toypkg.models.toy.modeling_toy
+output: patched_modeling_toy.py
+patches:
+  - edit_body: ToyAttention.__init__
+    edits:
+      - insert_after: "self.scale = config.head_dim"
+        code: |
+          self.extra = 1
+""")
+    pin(toy)
+    drift(toy, "self.scale = config.head_dim**-0.5", "self.scale = config.head_dim**-0.25")
+    r, report = audit(toy)
+    assert r.returncode == 1
+    kinds = [(f["kind"], f["entry"], f["line"]) for f in findings(report)]
+    assert kinds == [("edited statements changed",
+                      "edit_body ToyAttention.__init__ insert_after 'self.scale = config.head_dim'", 6)], kinds
