@@ -17,7 +17,7 @@ UPSTREAM     := .upstream/transformers-5.17.0
 # Real-model specs: their outputs are generated (git-ignored), never committed.
 REAL_SPECS   := $(filter-out specs/example/%,$(wildcard specs/*/*.yaml))
 
-.PHONY: all deps venv upstream build kernels test unit-test asan-test fuzz golden-test cli-test runtime-test \
+.PHONY: all deps venv upstream build kernels test unit-test asan-test fuzz format format-check golden-test cli-test runtime-test \
         models-test check run generate matrix static device-bin gpu-e2e bench clean
 
 all: build
@@ -80,6 +80,13 @@ asan-test: deps venv
 FUZZ_SECONDS ?= 600
 fuzz: deps venv
 	fuzz/run_fuzz.sh --seconds $(FUZZ_SECONDS) --python $(abspath $(PYTHON)) $(FUZZ_ARGS)
+
+# clang-format over src/, tools/ and fuzz/ (.clang-format); `make test` checks it (ctest `format`).
+format: deps
+	scripts/format.sh
+
+format-check: deps
+	scripts/format.sh --check
 
 # The drift gate: every spec (example and real models) against what is on disk.
 check: build upstream

@@ -3,7 +3,8 @@
 # (no apt-get update, no network) when every package is already installed.
 set -euo pipefail
 
-# clang-14 and its libFuzzer/sanitizer runtime build the fuzz targets (fuzz/, docs/fuzzing.md).
+# clang-14 and its libFuzzer/sanitizer runtime build the fuzz targets (fuzz/, docs/fuzzing.md);
+# clang-format checks the C++ layout (scripts/format.sh, the `format` ctest suite).
 # Python packages (torch, transformers, pytest, ...) are not Debian's: they come from PyPI into
 # .venv/ (scripts/setup-venv.sh, pinned with hashes in requirements/test.txt).
 PACKAGES=(
@@ -12,6 +13,7 @@ PACKAGES=(
   libcli11-dev catch2 libtomlplusplus-dev
   python3 python3-venv
   clang-14 libclang-rt-14-dev
+  clang-format
 )
 
 missing=()
