@@ -1,0 +1,213 @@
+// The per-spec pipeline behind the patchgen command line (cli.cc): the options, a spec's Job, the
+// Runner that takes every job through the stages (runner_stages.cc) and one mode (runner_modes.cc,
+// runner_audit.cc), and the helpers they share (runner_util.cc). Internal to tools/patchgen.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <cstdio>
+#include <set>
+#include <thread>
+
+#include "audit.h"
+#include "cli.h"
+#include "base/line_index.h"
+#include "diff/unified_diff.h"
+#include "files.h"
+#include "parser/index_printer.h"
+#include "parser/py_module.h"
+#include "pins.h"
+#include "project_config.h"
+#include "rewriter/generate.h"
+#include "source_lookup.h"
+#include "spec/spec_loader.h"
+#include "validate.h"
+
+namespace patchgen::cli {
+
+namespace fs = std::filesystem;
+
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitDrift = 1;
+inline constexpr int kExitUsage = 2;
+
+int ExitCodeOf(ErrorKind kind);
+const char* KindName(ErrorKind kind);
+
+/// Runs fn(i) for i in [0, n) on up to `jobs` threads.
+template <class F>
+void ParallelFor(size_t n, unsigned jobs, F fn) {
+  unsigned threads = std::max(1u, std::min<unsigned>(jobs, static_cast<unsigned>(n)));
+  if (threads <= 1) {
+    for (size_t i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  std::atomic<size_t> next{0};
+  std::vector<std::thread> pool;
+  for (unsigned t = 0; t < threads; ++t) {
+    pool.emplace_back([&] {
+      for (size_t i = next++; i < n; i = next++) fn(i);
+    });
+  }
+  for (auto& th : pool) th.join();
+}
+
+struct Options {
+  std::vector<std::string> specs;
+  bool all = false;
+  bool diff = false;
+  bool dry_run = false;
+  bool verbose = false;
+  bool json = false;
+  bool list = false;
+  bool check = false;
+  bool fix = false;
+  bool validate = false;
+  std::string output_dir;
+  unsigned jobs = 0;
+  std::vector<std::string> source_roots;
+  // `patchgen pin` / `patchgen audit`
+  bool pin = false;
+  bool audit = false;
+  std::vector<std::string> old_roots;  ///< audit --source-root-old
+  // `patchgen index`
+  std::vector<std::string> index_files;
+  bool index_json = false;
+};
+
+/// A parsed upstream file, shared by every spec that names it.
+struct Upstream {
+  std::string source;  ///< As read (a byte order mark included), for the .diff.
+  bool crlf = false;   ///< Every line ends with CRLF: so does the generated file.
+  std::unique_ptr<parser::PyModule> module;
+  std::vector<Diagnostic> errors;
+};
+
+/// One spec's journey through the stages.
+struct Job {
+  fs::path spec_abs;
+  std::string spec_shown;   // as printed (relative to cwd)
+  bool discovered = false;  // found by --all / bare --check rather than named
+  std::optional<spec::PatchSpec> spec;
+  std::vector<Diagnostic> errors;
+  LookupResult lookup;
+  bool skipped = false;     // upstream package absent on a discovered spec
+  Upstream* upstream = nullptr;
+  fs::path out_py, out_diff;
+  std::string py_text, diff_text;
+  size_t patches = 0;
+  std::string upstream_sha;
+  std::vector<rewriter::ContractPin> contract;    // what the applied entries rely on upstream
+  std::vector<rewriter::SkippedEntry> skipped_entries;  // conditional entries left out
+  std::optional<PinFile> pins;                    // the spec's pin file, when it has one
+  std::vector<PinFinding> pin_findings;           // contract entries that differ from the pins
+  std::vector<Diagnostic> warnings;               // entries without a pin
+  std::string status;       // final, for reports
+};
+
+int WorstExit(const std::vector<Diagnostic>& errors);
+void PrintDiagnostics(const std::vector<Diagnostic>& errors);
+/// JSON as printed by --json: valid UTF-8 whatever the bytes of paths, names and messages (a byte
+/// that is not UTF-8 prints as U+FFFD, like Python's errors="replace").
+std::string JsonText(const nlohmann::json& j);
+nlohmann::json DiagnosticJson(const Diagnostic& d);
+std::string Short(const std::string& sha);
+/// "1.0.0 (sha256 0123456789ab)", leaving out what is unknown.
+std::string Fingerprint(const std::string& version, const std::string& sha);
+
+/// Spec files under `root`: *.yaml and *.yml, recursively, sorted by their '/'-separated relative
+/// path. Nothing is skipped silently: a folder that cannot be read and a symbolic link to a folder
+/// (not followed: it could lead out of the tree or into a loop) are errors in `errors`, and the
+/// walk goes on with the rest. A link to a file is a spec like any other.
+std::vector<fs::path> DiscoverSpecs(const fs::path& root, const fs::path& cwd, std::vector<Diagnostic>& errors);
+
+/// True when `text` starts like a file patchgen generated: its header's first two lines (a .py), or
+/// those lines added by a .diff of one.
+bool CarriesGeneratedHeader(std::string_view text);
+
+/// The first thing in a generated module that CPython rejects in any source file whatever its
+/// grammar: a byte sequence that is not UTF-8 (no coding cookie survives the generated header), a
+/// NUL byte, or U+FEFF (a byte order mark inside the file, e.g. from a patch file saved with one).
+/// Returns its byte offset and what it is.
+std::optional<std::pair<uint32_t, std::string>> FirstSourceBlocker(std::string_view text);
+
+/// Errors for entries whose upstream target (or a class around it) is defined more than once in one
+/// scope (PyModule::Redefinitions): Python keeps the last definition, the splice would patch the
+/// first. Located at the spec entry, naming every definition.
+std::vector<Diagnostic> AmbiguousTargets(const std::vector<rewriter::ContractPin>& contract,
+                                         const parser::PyModule& upstream, const std::string& shown);
+
+/// A job's output files with the bytes generated for them: the .py, and the .diff when it is made.
+using OutputFiles = std::vector<std::pair<fs::path, const std::string*>>;
+
+/// What generate and `--check` count for their summary lines.
+struct WriteCounts {
+  size_t written = 0, unchanged = 0, skipped = 0, failed = 0;
+};
+struct CheckCounts {
+  size_t clean = 0, stale = 0, skipped = 0, failed = 0, fixed = 0;
+};
+
+class Runner {
+ public:
+  Runner(Options opts, fs::path cwd, ProjectConfig config)
+      : opts_(std::move(opts)), cwd_(std::move(cwd)), config_(std::move(config)) {}
+
+  int Main();
+
+ private:
+  std::string Show(const fs::path& p) const { return DisplayPath(p, cwd_); }
+  /// Where generated files go: -o DIR, else the configured output root.
+  fs::path OutputRoot() const {
+    if (opts_.output_dir.empty()) return config_.output;
+    fs::path dir(opts_.output_dir);
+    return (dir.is_absolute() ? dir : cwd_ / dir).lexically_normal();
+  }
+  bool CollectSpecs();
+  void LoadSpecs();
+  void FindUpstreams();
+  void ParseUpstreams();
+  void GenerateAll();
+  void PlaceOutputs();
+  void GenerateJob(Job& job);
+  bool AcceptGenerated(Job& job, const rewriter::GenerateResult& result);
+  bool MatchPins(Job& job);
+  void CheckOutputs();
+  bool CheckSourceRoots();
+  int Validate();
+  int Generate();
+  int WriteJob(Job& job, WriteCounts& n);
+  std::optional<bool> WriteOutput(Job& job, const fs::path& path, const std::string& bytes);
+  int Check();
+  int CheckJob(Job& job, CheckCounts& n);
+  bool ShowDrift(const Job& job, const fs::path& path, const std::string& bytes, bool& py_missing) const;
+  int FixJob(Job& job, const OutputFiles& files, CheckCounts& n);
+  std::vector<fs::path> FindOrphans() const;
+  int HandleOrphan(const fs::path& p);
+  int List();
+  int Pin();
+  int Audit();
+  nlohmann::json JobJson(const Job& job) const;
+  void Fail(Job& job, std::vector<Diagnostic> errors) {
+    for (auto& d : errors) job.errors.push_back(std::move(d));
+  }
+  bool NeedDiff(const Job& job) const;
+
+  Options opts_;
+  fs::path cwd_;
+  ProjectConfig config_;
+  std::vector<Job> jobs_;
+  bool discovery_failed_ = false;
+  std::map<fs::path, std::unique_ptr<Upstream>> upstreams_;
+};
+
+}  // namespace patchgen::cli
