@@ -157,6 +157,20 @@ struct CheckCounts {
   size_t clean = 0, stale = 0, skipped = 0, failed = 0, fixed = 0;
 };
 
+/// `audit --source-root-old`: each spec's old upstream file and what it generated there.
+struct OldUpstreams {
+  std::map<size_t, rewriter::GenerateResult> results;                         ///< By job index.
+  std::map<size_t, std::pair<UpstreamFile, parser::PyModule*>> modules;        ///< By job index.
+  std::map<fs::path, std::unique_ptr<parser::PyModule>> parsed;               ///< Owns the modules.
+};
+/// What `audit` gathers over its specs.
+struct AuditTally {
+  int code = kExitOk;
+  size_t attention = 0, clean = 0, skipped = 0;
+  nlohmann::json report = nlohmann::json::array();
+  std::string text;
+};
+
 class Runner {
  public:
   Runner(Options opts, fs::path cwd, ProjectConfig config)
@@ -196,6 +210,8 @@ class Runner {
   int List();
   int Pin();
   int Audit();
+  OldUpstreams LoadOldUpstreams() const;
+  void AuditJob(size_t i, const OldUpstreams& olds, AuditTally& t);
   nlohmann::json JobJson(const Job& job) const;
   void Fail(Job& job, std::vector<Diagnostic> errors) {
     for (auto& d : errors) job.errors.push_back(std::move(d));

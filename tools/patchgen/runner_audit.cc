@@ -49,258 +49,315 @@ std::string Loc(const SourceLoc& l) {
   return l.path + (l.line ? ":" + std::to_string(l.line) + ":" + std::to_string(l.col) : "");
 }
 
-}  // namespace
+/// One spec's view for the audit: its job, what the old upstream gave for it (when given), and the
+/// strings its findings name.
+struct AuditView {
+  const Job& job;
+  const rewriter::GenerateResult* old = nullptr;                          ///< Generated against the old upstream.
+  const std::pair<UpstreamFile, parser::PyModule*>* old_module = nullptr;  ///< The old upstream file.
+  std::string up_shown;    ///< The new upstream file as shown, "" when not found.
+  std::string version;     ///< The new upstream's version.
+  std::string pins_shown;  ///< The spec's pin file as shown.
 
-int Runner::Audit() {
-  // The old upstream (optional): every spec generated against it too, for the contract and the
-  // definitions to compare with.
-  std::map<size_t, rewriter::GenerateResult> old_results;
-  std::map<size_t, std::pair<UpstreamFile, parser::PyModule*>> old_modules;
-  std::map<fs::path, std::unique_ptr<parser::PyModule>> old_parsed;
-  if (!opts_.old_roots.empty()) {
-    std::vector<SourceRoot> roots;
-    for (const auto& r : opts_.old_roots) {
-      fs::path p(r);
-      roots.push_back({(p.is_absolute() ? p : cwd_ / p).lexically_normal(), "--source-root-old"});
+  /// "path:first-last (version)" of a contract entry in the new upstream.
+  std::string Where(const rewriter::ContractPin& c) const {
+    std::string w = up_shown;
+    if (c.first_line) {
+      w += ":" + std::to_string(c.first_line);
+      if (c.last_line > c.first_line) w += "-" + std::to_string(c.last_line);
     }
-    SourceLookup lookup(std::move(roots), config_.python, cwd_);
-    for (size_t i = 0; i < jobs_.size(); ++i) {
-      Job& job = jobs_[i];
-      if (!job.spec) continue;
-      LookupResult found = lookup.Find(job.spec->upstream);
-      if (found.status != LookupResult::Status::kFound) continue;
-      auto& slot = old_parsed[found.file.file];
-      if (!slot) {
-        auto text = ReadFile(found.file.file);
-        if (!text) continue;
-        auto parsed = parser::PyModule::Parse(Show(found.file.file), std::move(*text));
-        if (!parsed.ok()) continue;
-        slot = std::move(parsed.value());
-      }
-      old_modules[i] = {found.file, slot.get()};
-      rewriter::GenerateOptions options;
-      options.upstream_path = found.file.rel_path;
-      options.upstream_version = found.file.version;
-      options.default_runtime = config_.runtime;
-      auto result = rewriter::Generate(*job.spec, *slot, options);
-      if (result.ok()) old_results[i] = std::move(result.value());
-    }
+    return w + " (" + version + ")";
   }
 
-  int code = kExitOk;
-  size_t attention = 0, clean = 0, skipped = 0;
-  nlohmann::json report = nlohmann::json::array();
-  std::string text;
-  for (size_t i = 0; i < jobs_.size(); ++i) {
-    Job& job = jobs_[i];
-    std::vector<Finding> findings;
-    std::string version = job.lookup.file.version;
-    std::string up_shown = job.spec && job.lookup.status == LookupResult::Status::kFound
-                               ? Show(job.lookup.file.file)
-                               : std::string();
-    auto where = [&](const rewriter::ContractPin& c) {
-      std::string w = up_shown;
-      if (c.first_line) {
-        w += ":" + std::to_string(c.first_line);
-        if (c.last_line > c.first_line) w += "-" + std::to_string(c.last_line);
+  /// The old upstream's contract entry with `key`, if any.
+  const rewriter::ContractPin* OldPin(const std::string& key) const {
+    if (!old) return nullptr;
+    for (const auto& c : old->contract) {
+      if (c.key == key) return &c;
+    }
+    return nullptr;
+  }
+
+  /// Signature and decorator changes of the entry's target (and its __init__ for modify_init)
+  /// between the old and the new upstream.
+  std::vector<std::string> SignatureDetails(const rewriter::ContractPin& c) const {
+    std::vector<std::string> out;
+    if (!old_module || !job.upstream || !job.upstream->module) return out;
+    const parser::PyModule& om = *old_module->second;
+    const parser::PyModule& nm = *job.upstream->module;
+    std::vector<std::string> names = {c.qualname};
+    if (c.key.starts_with("modify_init ")) names.push_back(c.qualname + ".__init__");
+    for (const std::string& q : names) {
+      const parser::Definition* od = om.Find(q);
+      const parser::Definition* nd = nm.Find(q);
+      if (!od || !nd) continue;
+      for (std::string& l : SignatureChanges(ParametersOf(om, *od), ParametersOf(nm, *nd),
+                                             DecoratorsOf(om, *od), DecoratorsOf(nm, *nd))) {
+        out.push_back(q + ": " + l);
       }
-      return w + " (" + version + ")";
-    };
-    if (job.skipped) {
-      ++skipped;
-      job.status = "upstream not found";
-      report.push_back(JobJson(job));
-      text += job.spec_shown + ": skipped (upstream package '" + TopPackage(job.spec->upstream) +
-              "' not found)\n";
+    }
+    return out;
+  }
+};
+
+std::string Joined(const std::vector<std::string>& versions) {
+  std::string v;
+  for (const auto& x : versions) v += (v.empty() ? "" : ", ") + x;
+  return v;
+}
+
+// 1. What no longer generates: missing targets, anchors, names, imports.
+void AddErrorFindings(const AuditView& v, std::vector<Finding>& out) {
+  for (const Diagnostic& d : v.job.errors) {
+    Finding f{ErrorFindingKind(d), "", SourceLoc{d.path, d.line, d.col, 1, {}}, v.up_shown,
+              d.message, d.notes, true};
+    if (!d.help.empty()) f.details.push_back("help: " + d.help);
+    out.push_back(std::move(f));
+  }
+}
+
+// 2a. Contracts against the pins (as generation compared them). Returns the keys reported.
+std::set<std::string> AddPinFindings(const AuditView& v, std::vector<Finding>& out) {
+  std::set<std::string> reported;
+  for (const PinFinding& pf : v.job.pin_findings) {
+    const rewriter::ContractPin& c = *pf.pin;
+    reported.insert(c.key);
+    if (pf.kind == PinFinding::Kind::kUnpinned) {
+      out.push_back({"unpinned", c.key, c.loc, v.Where(c), "no pin for this entry in " + v.pins_shown,
+                     {}, true});
       continue;
     }
-    if (!job.spec) {
-      code = std::max(code, WorstExit(job.errors));
-      PrintDiagnostics(job.errors);
-    }
-    // 1. What no longer generates: missing targets, anchors, names, imports.
-    for (const Diagnostic& d : job.errors) {
-      Finding f{ErrorFindingKind(d), "", SourceLoc{d.path, d.line, d.col, 1, {}}, up_shown,
-                d.message, d.notes, true};
-      if (!d.help.empty()) f.details.push_back("help: " + d.help);
-      findings.push_back(std::move(f));
-    }
-    // 2. Contracts: against the pins, else against the old upstream.
-    const rewriter::GenerateResult* old = old_results.count(i) ? &old_results[i] : nullptr;
-    auto old_pin = [&](const std::string& key) -> const rewriter::ContractPin* {
-      if (!old) return nullptr;
-      for (const auto& c : old->contract) {
-        if (c.key == key) return &c;
-      }
-      return nullptr;
-    };
-    auto signature_details = [&](const rewriter::ContractPin& c) {
-      std::vector<std::string> out;
-      if (!old_modules.count(i) || !job.upstream || !job.upstream->module) return out;
-      const parser::PyModule& om = *old_modules[i].second;
-      const parser::PyModule& nm = *job.upstream->module;
-      std::vector<std::string> names = {c.qualname};
-      if (c.key.starts_with("modify_init ")) names.push_back(c.qualname + ".__init__");
-      for (const std::string& q : names) {
-        const parser::Definition* od = om.Find(q);
-        const parser::Definition* nd = nm.Find(q);
-        if (!od || !nd) continue;
-        for (std::string& l : SignatureChanges(ParametersOf(om, *od), ParametersOf(nm, *nd),
-                                               DecoratorsOf(om, *od), DecoratorsOf(nm, *nd))) {
-          out.push_back(q + ": " + l);
-        }
-      }
-      return out;
-    };
-    std::set<std::string> reported;
-    for (const PinFinding& pf : job.pin_findings) {
-      const rewriter::ContractPin& c = *pf.pin;
-      reported.insert(c.key);
-      if (pf.kind == PinFinding::Kind::kUnpinned) {
-        findings.push_back({"unpinned", c.key, c.loc, where(c),
-                            "no pin for this entry in " + Show(PinsPathFor(job.spec_abs)),
-                            {}, true});
-        continue;
-      }
-      Finding f{RegionFindingKind(c), c.key, c.loc, where(c),
-                "differs from the pin (verified with " + [&] {
-                  std::string v;
-                  for (const auto& x : pf.pinned->versions) v += (v.empty() ? "" : ", ") + x;
-                  return v;
-                }() + ")",
-                signature_details(c), true};
-      for (std::string& l : TextDiffLines(pf.pinned->text, c.text)) f.details.push_back("  " + l);
-      findings.push_back(std::move(f));
-    }
-    // A spec that no longer generates has no contract: its entries are looked up in the new
-    // upstream by name instead, so that a broken anchor does not hide a changed body.
-    std::vector<rewriter::ContractPin> refound;
-    if (!job.errors.empty() && job.upstream && job.upstream->module) {
-      std::set<std::string> keys;
-      if (old) {
-        for (const rewriter::ContractPin& c : old->contract) {
-          if (auto now = rewriter::RefingerprintContract(c, *job.upstream->module)) {
-            keys.insert(c.key);
-            refound.push_back(std::move(*now));
-          }
-        }
-      }
-      // Without the old upstream (or for entries it does not have), the pins name the targets.
-      if (job.pins) {
-        for (const PinEntry& e : job.pins->entries) {
-          if (keys.count(e.key) || e.target.empty() || e.verified.empty()) continue;
-          rewriter::ContractPin c;
-          c.key = e.key;
-          c.region = e.region;
-          c.expects = e.expects;
-          c.qualname = e.target;
-          c.loc = SourceLoc{job.spec_shown, 0, 0, 1, {}};
-          if (auto now = rewriter::RefingerprintContract(c, *job.upstream->module)) {
-            refound.push_back(std::move(*now));
-          }
-        }
-      }
-    }
-    const std::vector<rewriter::ContractPin>& current = job.errors.empty() ? job.contract : refound;
-    for (const rewriter::ContractPin& c : current) {
-      if (reported.count(c.key)) continue;
-      // A fingerprint a person verified (in the pin file) needs no attention.
-      if (const PinEntry* e = job.pins ? job.pins->Find(c.key) : nullptr) {
-        bool verified = false;
-        for (const PinRecord& r : e->verified) verified |= r.sha256 == c.sha256;
-        if (verified) continue;
-      }
-      const rewriter::ContractPin* o = old_pin(c.key);
-      if (o) {
-        if (o->sha256 == c.sha256) continue;
-        Finding f{RegionFindingKind(c), c.key, c.loc, where(c),
-                  "differs from " + old_modules[i].first.version, signature_details(c), true};
-        for (std::string& l : TextDiffLines(o->text, c.text)) f.details.push_back("  " + l);
-        findings.push_back(std::move(f));
-      } else if (const PinEntry* e = job.pins ? job.pins->Find(c.key) : nullptr) {
-        // Found by name through the pins (the spec does not generate): differs from every
-        // verified fingerprint (checked above); show the newest.
-        const PinRecord& newest = e->verified.back();
-        std::string versions;
-        for (const auto& x : newest.versions) versions += (versions.empty() ? "" : ", ") + x;
-        Finding f{RegionFindingKind(c), c.key, c.loc, where(c),
-                  "differs from the pin (verified with " + versions + ")", {}, true};
-        for (std::string& l : TextDiffLines(newest.text, c.text)) f.details.push_back("  " + l);
-        findings.push_back(std::move(f));
-      }
-    }
-    if (!job.pins && job.errors.empty()) {
-      findings.push_back({"unpinned", "", SourceLoc{job.spec_shown, 0, 0, 1, {}}, "",
-                          "the spec has no pin file; run `patchgen pin " + job.spec_shown + "`",
-                          {}, false});
-    }
-    // 3. Entries the old upstream applied that the new one leaves out.
-    if (old && job.errors.empty()) {
-      for (const rewriter::ContractPin& c : old->contract) {
-        bool now = false;
-        for (const auto& n : job.contract) now |= n.key == c.key;
-        if (!now) {
-          findings.push_back({"entry no longer applies", c.key, c.loc, "",
-                              "applied to " + old_modules[i].first.version + ", not to " + version,
-                              {}, false});
-        }
-      }
-    }
-    for (const rewriter::SkippedEntry& sk : job.skipped_entries) {
-      findings.push_back({"skipped", sk.kind + " " + sk.target, sk.loc, "", sk.why, {}, false});
-    }
-    // 4. Imports the spec adds from the upstream package that the new upstream lacks.
-    if (job.spec && job.lookup.status == LookupResult::Status::kFound) {
-      fs::path root = job.lookup.file.file;
-      std::string rel = job.lookup.file.rel_path;
-      for (size_t n = std::count(rel.begin(), rel.end(), '/') + 1; n > 0; --n) root = root.parent_path();
-      for (const spec::Block& b : job.spec->import_adds) {
-        for (std::string& m : MissingImportedNames(b.code, job.spec->upstream, root)) {
-          findings.push_back({"import gone", "imports.add", b.loc, "", m, {}, true});
-        }
-      }
-    }
-    std::stable_sort(findings.begin(), findings.end(), [](const Finding& a, const Finding& b) {
-      return std::tie(a.spec_loc.path, a.spec_loc.line) < std::tie(b.spec_loc.path, b.spec_loc.line);
-    });
-    size_t need = std::count_if(findings.begin(), findings.end(),
-                                [](const Finding& f) { return f.attention; });
-    need ? ++attention : ++clean;
-    job.status = need ? "needs attention" : "ok";
-    nlohmann::json j = JobJson(job);
-    j["status"] = job.status;
-    j["upstream_old_version"] =
-        old_modules.count(i) ? nlohmann::json(old_modules[i].first.version) : nlohmann::json(nullptr);
-    nlohmann::json fj = nlohmann::json::array();
-    text += job.spec_shown + " (" + (job.spec ? job.spec->upstream : std::string("?")) + " " +
-            (old_modules.count(i) ? old_modules[i].first.version + " -> " : std::string()) +
-            version + "): " + job.status + "\n";
-    for (const Finding& f : findings) {
-      fj.push_back({{"kind", f.kind},
-                    {"entry", f.entry},
-                    {"spec", f.spec_loc.path},
-                    {"line", f.spec_loc.line},
-                    {"upstream", f.upstream},
-                    {"message", f.message},
-                    {"details", f.details},
-                    {"attention", f.attention}});
-      text += std::string("  ") + (f.attention ? "! " : "- ") + f.kind + ": " +
-              (f.entry.empty() ? "" : f.entry + " ") + "(" + Loc(f.spec_loc) + ")\n";
-      if (!f.upstream.empty()) text += "      upstream: " + f.upstream + "\n";
-      text += "      " + f.message + "\n";
-      for (const std::string& d : f.details) text += "      " + d + "\n";
-    }
-    j["findings"] = fj;
-    report.push_back(j);
+    Finding f{RegionFindingKind(c), c.key, c.loc, v.Where(c),
+              "differs from the pin (verified with " + Joined(pf.pinned->versions) + ")",
+              v.SignatureDetails(c), true};
+    for (std::string& l : TextDiffLines(pf.pinned->text, c.text)) f.details.push_back("  " + l);
+    out.push_back(std::move(f));
   }
-  if (attention) code = std::max(code, kExitDrift);
+  return reported;
+}
+
+// A spec that no longer generates has no contract: its entries are looked up in the new
+// upstream by name instead, so that a broken anchor does not hide a changed body.
+std::vector<rewriter::ContractPin> Refound(const AuditView& v) {
+  std::vector<rewriter::ContractPin> refound;
+  const Job& job = v.job;
+  if (job.errors.empty() || !job.upstream || !job.upstream->module) return refound;
+  std::set<std::string> keys;
+  if (v.old) {
+    for (const rewriter::ContractPin& c : v.old->contract) {
+      if (auto now = rewriter::RefingerprintContract(c, *job.upstream->module)) {
+        keys.insert(c.key);
+        refound.push_back(std::move(*now));
+      }
+    }
+  }
+  // Without the old upstream (or for entries it does not have), the pins name the targets.
+  if (!job.pins) return refound;
+  for (const PinEntry& e : job.pins->entries) {
+    if (keys.count(e.key) || e.target.empty() || e.verified.empty()) continue;
+    rewriter::ContractPin c;
+    c.key = e.key;
+    c.region = e.region;
+    c.expects = e.expects;
+    c.qualname = e.target;
+    c.loc = SourceLoc{job.spec_shown, 0, 0, 1, {}};
+    if (auto now = rewriter::RefingerprintContract(c, *job.upstream->module)) refound.push_back(std::move(*now));
+  }
+  return refound;
+}
+
+// A fingerprint a person verified (in the pin file) needs no attention.
+bool Verified(const Job& job, const rewriter::ContractPin& c) {
+  const PinEntry* e = job.pins ? job.pins->Find(c.key) : nullptr;
+  if (!e) return false;
+  bool verified = false;
+  for (const PinRecord& r : e->verified) verified |= r.sha256 == c.sha256;
+  return verified;
+}
+
+// 2b. Contracts not reported against the pins: against the old upstream, else (found by name
+// through the pins, the spec does not generate) against the newest verified fingerprint.
+void AddContractFindings(const AuditView& v, const std::set<std::string>& reported,
+                         const std::vector<rewriter::ContractPin>& current, std::vector<Finding>& out) {
+  for (const rewriter::ContractPin& c : current) {
+    if (reported.count(c.key) || Verified(v.job, c)) continue;
+    if (const rewriter::ContractPin* o = v.OldPin(c.key)) {
+      if (o->sha256 == c.sha256) continue;
+      Finding f{RegionFindingKind(c), c.key, c.loc, v.Where(c),
+                "differs from " + v.old_module->first.version, v.SignatureDetails(c), true};
+      for (std::string& l : TextDiffLines(o->text, c.text)) f.details.push_back("  " + l);
+      out.push_back(std::move(f));
+    } else if (const PinEntry* e = v.job.pins ? v.job.pins->Find(c.key) : nullptr) {
+      // Differs from every verified fingerprint (checked above); show the newest.
+      const PinRecord& newest = e->verified.back();
+      Finding f{RegionFindingKind(c), c.key, c.loc, v.Where(c),
+                "differs from the pin (verified with " + Joined(newest.versions) + ")", {}, true};
+      for (std::string& l : TextDiffLines(newest.text, c.text)) f.details.push_back("  " + l);
+      out.push_back(std::move(f));
+    }
+  }
+}
+
+// A spec without a pin file; 3. entries the old upstream applied that the new one leaves out;
+// conditional entries skipped.
+void AddEntryFindings(const AuditView& v, std::vector<Finding>& out) {
+  const Job& job = v.job;
+  if (!job.pins && job.errors.empty()) {
+    out.push_back({"unpinned", "", SourceLoc{job.spec_shown, 0, 0, 1, {}}, "",
+                   "the spec has no pin file; run `patchgen pin " + job.spec_shown + "`", {}, false});
+  }
+  if (v.old && job.errors.empty()) {
+    for (const rewriter::ContractPin& c : v.old->contract) {
+      bool now = false;
+      for (const auto& n : job.contract) now |= n.key == c.key;
+      if (now) continue;
+      out.push_back({"entry no longer applies", c.key, c.loc, "",
+                     "applied to " + v.old_module->first.version + ", not to " + v.version, {}, false});
+    }
+  }
+  for (const rewriter::SkippedEntry& sk : job.skipped_entries) {
+    out.push_back({"skipped", sk.kind + " " + sk.target, sk.loc, "", sk.why, {}, false});
+  }
+}
+
+// 4. Imports the spec adds from the upstream package that the new upstream lacks.
+void AddImportFindings(const AuditView& v, std::vector<Finding>& out) {
+  const Job& job = v.job;
+  if (!job.spec || job.lookup.status != LookupResult::Status::kFound) return;
+  fs::path root = job.lookup.file.file;
+  std::string rel = job.lookup.file.rel_path;
+  for (size_t n = std::count(rel.begin(), rel.end(), '/') + 1; n > 0; --n) root = root.parent_path();
+  for (const spec::Block& b : job.spec->import_adds) {
+    for (std::string& m : MissingImportedNames(b.code, job.spec->upstream, root)) {
+      out.push_back({"import gone", "imports.add", b.loc, "", m, {}, true});
+    }
+  }
+}
+
+std::vector<Finding> FindingsOf(const AuditView& v) {
+  std::vector<Finding> findings;
+  AddErrorFindings(v, findings);
+  std::set<std::string> reported = AddPinFindings(v, findings);
+  std::vector<rewriter::ContractPin> refound = Refound(v);
+  AddContractFindings(v, reported, v.job.errors.empty() ? v.job.contract : refound, findings);
+  AddEntryFindings(v, findings);
+  AddImportFindings(v, findings);
+  std::stable_sort(findings.begin(), findings.end(), [](const Finding& a, const Finding& b) {
+    return std::tie(a.spec_loc.path, a.spec_loc.line) < std::tie(b.spec_loc.path, b.spec_loc.line);
+  });
+  return findings;
+}
+
+// The findings as the JSON report's list and appended to the text report.
+nlohmann::json ReportFindings(const std::vector<Finding>& findings, std::string& text) {
+  nlohmann::json fj = nlohmann::json::array();
+  for (const Finding& f : findings) {
+    fj.push_back({{"kind", f.kind},
+                  {"entry", f.entry},
+                  {"spec", f.spec_loc.path},
+                  {"line", f.spec_loc.line},
+                  {"upstream", f.upstream},
+                  {"message", f.message},
+                  {"details", f.details},
+                  {"attention", f.attention}});
+    text += std::string("  ") + (f.attention ? "! " : "- ") + f.kind + ": " +
+            (f.entry.empty() ? "" : f.entry + " ") + "(" + Loc(f.spec_loc) + ")\n";
+    if (!f.upstream.empty()) text += "      upstream: " + f.upstream + "\n";
+    text += "      " + f.message + "\n";
+    for (const std::string& d : f.details) text += "      " + d + "\n";
+  }
+  return fj;
+}
+
+}  // namespace
+
+// The old upstream (optional): every spec generated against it too, for the contract and the
+// definitions to compare with.
+OldUpstreams Runner::LoadOldUpstreams() const {
+  OldUpstreams olds;
+  if (opts_.old_roots.empty()) return olds;
+  std::vector<SourceRoot> roots;
+  for (const auto& r : opts_.old_roots) {
+    fs::path p(r);
+    roots.push_back({(p.is_absolute() ? p : cwd_ / p).lexically_normal(), "--source-root-old"});
+  }
+  SourceLookup lookup(std::move(roots), config_.python, cwd_);
+  for (size_t i = 0; i < jobs_.size(); ++i) {
+    const Job& job = jobs_[i];
+    if (!job.spec) continue;
+    LookupResult found = lookup.Find(job.spec->upstream);
+    if (found.status != LookupResult::Status::kFound) continue;
+    auto& slot = olds.parsed[found.file.file];
+    if (!slot) {
+      auto text = ReadFile(found.file.file);
+      if (!text) continue;
+      auto parsed = parser::PyModule::Parse(Show(found.file.file), std::move(*text));
+      if (!parsed.ok()) continue;
+      slot = std::move(parsed.value());
+    }
+    olds.modules[i] = {found.file, slot.get()};
+    rewriter::GenerateOptions options;
+    options.upstream_path = found.file.rel_path;
+    options.upstream_version = found.file.version;
+    options.default_runtime = config_.runtime;
+    auto result = rewriter::Generate(*job.spec, *slot, options);
+    if (result.ok()) olds.results[i] = std::move(result.value());
+  }
+  return olds;
+}
+
+int Runner::Audit() {
+  OldUpstreams olds = LoadOldUpstreams();
+  AuditTally t;
+  for (size_t i = 0; i < jobs_.size(); ++i) AuditJob(i, olds, t);
+  if (t.attention) t.code = std::max(t.code, kExitDrift);
   if (opts_.json) {
-    std::cout << JsonText(nlohmann::json{{"specs", report}, {"exit_code", code}}) << "\n";
+    std::cout << JsonText(nlohmann::json{{"specs", t.report}, {"exit_code", t.code}}) << "\n";
   } else {
-    std::cout << text << "audit: " << jobs_.size() << " specs: " << attention
-              << " need attention, " << clean << " ok, " << skipped << " skipped\n";
+    std::cout << t.text << "audit: " << jobs_.size() << " specs: " << t.attention
+              << " need attention, " << t.clean << " ok, " << t.skipped << " skipped\n";
   }
-  return code;
+  return t.code;
+}
+
+// One spec of the audit: its findings, status, JSON entry and text.
+void Runner::AuditJob(size_t i, const OldUpstreams& olds, AuditTally& t) {
+  Job& job = jobs_[i];
+  if (job.skipped) {
+    ++t.skipped;
+    job.status = "upstream not found";
+    t.report.push_back(JobJson(job));
+    t.text += job.spec_shown + ": skipped (upstream package '" + TopPackage(job.spec->upstream) +
+              "' not found)\n";
+    return;
+  }
+  if (!job.spec) {
+    t.code = std::max(t.code, WorstExit(job.errors));
+    PrintDiagnostics(job.errors);
+  }
+  auto old = olds.results.find(i);
+  auto old_module = olds.modules.find(i);
+  AuditView v{job,
+              old != olds.results.end() ? &old->second : nullptr,
+              old_module != olds.modules.end() ? &old_module->second : nullptr,
+              job.spec && job.lookup.status == LookupResult::Status::kFound ? Show(job.lookup.file.file)
+                                                                            : std::string(),
+              job.lookup.file.version,
+              Show(PinsPathFor(job.spec_abs))};
+  std::vector<Finding> findings = FindingsOf(v);
+  size_t need = std::count_if(findings.begin(), findings.end(),
+                              [](const Finding& f) { return f.attention; });
+  need ? ++t.attention : ++t.clean;
+  job.status = need ? "needs attention" : "ok";
+  nlohmann::json j = JobJson(job);
+  j["status"] = job.status;
+  j["upstream_old_version"] =
+      v.old_module ? nlohmann::json(v.old_module->first.version) : nlohmann::json(nullptr);
+  t.text += job.spec_shown + " (" + (job.spec ? job.spec->upstream : std::string("?")) + " " +
+            (v.old_module ? v.old_module->first.version + " -> " : std::string()) + v.version +
+            "): " + job.status + "\n";
+  j["findings"] = ReportFindings(findings, t.text);
+  t.report.push_back(j);
 }
 
 }  // namespace patchgen::cli
