@@ -23,7 +23,14 @@ struct RawNode {
   bool explicit_null = false;   ///< `~`/`null` written out (an empty value is implicit).
   std::vector<std::pair<RawNode, RawNode>> entries;  ///< Mappings, in document order.
   std::vector<RawNode> items;                        ///< Sequences.
+
+  // Declared, and defaulted below where RawNode is complete: with an implicit constructor clang
+  // (with libstdc++ 12, C++20) instantiates the constexpr destructor of `entries` while
+  // std::pair<RawNode, RawNode> is still incomplete and rejects the header (GCC accepts it).
+  RawNode();
 };
+
+inline RawNode::RawNode() = default;
 
 /// Parses `text` (the spec at `path`) into a RawNode tree. A YAML syntax error becomes
 /// `path:line:col: error: invalid YAML: <msg>`.
