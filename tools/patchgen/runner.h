@@ -196,6 +196,7 @@ class Runner {
   bool AcceptGenerated(Job& job, const rewriter::GenerateResult& result);
   bool MatchPins(Job& job);
   void CheckOutputs();
+  std::map<std::string, std::string> InputFiles() const;
   bool CheckSourceRoots();
   int Validate();
   int Generate();

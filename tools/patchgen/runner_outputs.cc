@@ -20,21 +20,22 @@ std::string FileIdentity(const fs::path& p) {
 
 }  // namespace
 
-// Never lose a file: an output that is one of the run's inputs (a spec, a parent spec, a patch
-// file, a pin file, an upstream file) or that two specs would both write fails those specs
-// before anything is written.
-void Runner::CheckOutputs() {
-  struct Input {
-    std::string what;  // "the upstream file 'x'"
-  };
-  std::map<std::string, Input> inputs;
+// What the run reads, by file identity: the specs, their parents, patch files, pin files and upstream
+// files ("the upstream file 'x'").
+std::map<std::string, std::string> Runner::InputFiles() const {
+  std::map<std::string, std::string> inputs;
   auto add_input = [&](const fs::path& p, std::string what) {
     std::error_code ec;
-    if (fs::exists(p, ec)) inputs.emplace(FileIdentity(p), Input{std::move(what)});
+    if (fs::exists(p, ec)) inputs.emplace(FileIdentity(p), std::move(what));
   };
   auto abs = [&](const std::string& shown) {
     fs::path p(shown);
     return (p.is_absolute() ? p : cwd_ / p).lexically_normal();
+  };
+  auto add_body = [&](const spec::Body& b) {
+    if (b.source == spec::Body::Source::kFile) {
+      add_input(abs(b.origin.path), "the patch file '" + Show(abs(b.origin.path)) + "'");
+    }
   };
   for (const Job& job : jobs_) {
     add_input(job.spec_abs, "the spec '" + job.spec_shown + "'");
@@ -43,17 +44,34 @@ void Runner::CheckOutputs() {
     for (const std::string& parent : job.spec->extends_chain) {
       add_input(abs(parent), "the spec '" + Show(abs(parent)) + "'");
     }
-    auto add_body = [&](const spec::Body& b) {
-      if (b.source == spec::Body::Source::kFile) {
-        add_input(abs(b.origin.path), "the patch file '" + Show(abs(b.origin.path)) + "'");
-      }
-    };
     for (const spec::Patch& p : job.spec->patches) add_body(p.body);
     for (const spec::Helper& h : job.spec->helpers) add_body(h.body);
     if (job.lookup.status == LookupResult::Status::kFound) {
       add_input(job.lookup.file.file, "the upstream file '" + Show(job.lookup.file.file) + "'");
     }
   }
+  return inputs;
+}
+
+namespace {
+
+// The error on `at` for an output `shown` that the spec of `with` writes too.
+Diagnostic ClashError(const Job& at, const Job& with, const std::string& shown) {
+  Diagnostic d = ErrorAt(at.spec->output_loc,
+                         "output '" + shown + "' is also written by the spec '" + with.spec_shown + "'",
+                         "two specs cannot write one file; give one of them another `output:` name");
+  d.notes.push_back(with.spec->output_loc.path + ":" + std::to_string(with.spec->output_loc.line) + ":" +
+                    std::to_string(with.spec->output_loc.col) + ": note: its output is set here");
+  return d;
+}
+
+}  // namespace
+
+// Never lose a file: an output that is one of the run's inputs (a spec, a parent spec, a patch
+// file, a pin file, an upstream file) or that two specs would both write fails those specs
+// before anything is written.
+void Runner::CheckOutputs() {
+  const std::map<std::string, std::string> inputs = InputFiles();
   std::map<std::string, size_t> writer;  // output identity -> index of the first job writing it
   std::vector<std::vector<Diagnostic>> errors(jobs_.size());
   for (size_t i = 0; i < jobs_.size(); ++i) {
@@ -66,7 +84,7 @@ void Runner::CheckOutputs() {
       std::string id = FileIdentity(out);
       if (auto in = inputs.find(id); in != inputs.end()) {
         errors[i].push_back(ErrorAt(job.spec->output_loc,
-                                    "output '" + Show(out) + "' would overwrite " + in->second.what,
+                                    "output '" + Show(out) + "' would overwrite " + in->second,
                                     "patchgen never writes over its inputs; choose another `output:` "
                                     "name or output folder"));
         continue;
@@ -75,16 +93,8 @@ void Runner::CheckOutputs() {
       if (inserted) continue;
       const Job& other = jobs_[it->second];
       if (FileIdentity(other.spec_abs) == FileIdentity(job.spec_abs)) continue;  // one spec named twice
-      auto clash = [&](size_t at, const Job& with) {
-        Diagnostic d = ErrorAt(jobs_[at].spec->output_loc,
-                               "output '" + Show(out) + "' is also written by the spec '" + with.spec_shown + "'",
-                               "two specs cannot write one file; give one of them another `output:` name");
-        d.notes.push_back(with.spec->output_loc.path + ":" + std::to_string(with.spec->output_loc.line) + ":" +
-                          std::to_string(with.spec->output_loc.col) + ": note: its output is set here");
-        errors[at].push_back(std::move(d));
-      };
-      clash(i, other);
-      clash(it->second, job);
+      errors[i].push_back(ClashError(job, other, Show(out)));
+      errors[it->second].push_back(ClashError(other, job, Show(out)));
     }
   }
   for (size_t i = 0; i < jobs_.size(); ++i) Fail(jobs_[i], std::move(errors[i]));

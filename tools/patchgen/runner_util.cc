@@ -122,6 +122,28 @@ bool CarriesGeneratedHeader(std::string_view text) {
 /// grammar: a byte sequence that is not UTF-8 (no coding cookie survives the generated header), a
 /// NUL byte, or U+FEFF (a byte order mark inside the file, e.g. from a patch file saved with one).
 /// Returns its byte offset and what it is.
+namespace {
+
+// The length of the UTF-8 sequence starting with the byte at `i` (not ASCII), or 0 when it is not
+// valid UTF-8: a bad lead or continuation byte, truncated, an overlong form or a surrogate.
+size_t Utf8SequenceLength(std::string_view text, size_t i) {
+  auto c = static_cast<unsigned char>(text[i]);
+  size_t n = c >= 0xF0 && c <= 0xF4 ? 4 : c >= 0xE0 ? 3 : c >= 0xC2 && c < 0xE0 ? 2 : 0;
+  bool ok = n > 0 && i + n <= text.size();
+  for (size_t k = 1; ok && k < n; ++k) ok = (static_cast<unsigned char>(text[i + k]) & 0xC0) == 0x80;
+  if (ok && n == 3) {  // no overlong forms, no surrogates
+    auto c1 = static_cast<unsigned char>(text[i + 1]);
+    ok = !(c == 0xE0 && c1 < 0xA0) && !(c == 0xED && c1 >= 0xA0);
+  }
+  if (ok && n == 4) {
+    auto c1 = static_cast<unsigned char>(text[i + 1]);
+    ok = !(c == 0xF0 && c1 < 0x90) && !(c == 0xF4 && c1 >= 0x90);
+  }
+  return ok ? n : 0;
+}
+
+}  // namespace
+
 std::optional<std::pair<uint32_t, std::string>> FirstSourceBlocker(std::string_view text) {
   for (size_t i = 0; i < text.size();) {
     auto c = static_cast<unsigned char>(text[i]);
@@ -130,18 +152,8 @@ std::optional<std::pair<uint32_t, std::string>> FirstSourceBlocker(std::string_v
       ++i;
       continue;
     }
-    size_t n = c >= 0xF0 && c <= 0xF4 ? 4 : c >= 0xE0 ? 3 : c >= 0xC2 && c < 0xE0 ? 2 : 0;
-    bool ok = n > 0 && i + n <= text.size();
-    for (size_t k = 1; ok && k < n; ++k) ok = (static_cast<unsigned char>(text[i + k]) & 0xC0) == 0x80;
-    if (ok && n == 3) {  // no overlong forms, no surrogates
-      auto c1 = static_cast<unsigned char>(text[i + 1]);
-      ok = !(c == 0xE0 && c1 < 0xA0) && !(c == 0xED && c1 >= 0xA0);
-    }
-    if (ok && n == 4) {
-      auto c1 = static_cast<unsigned char>(text[i + 1]);
-      ok = !(c == 0xF0 && c1 < 0x90) && !(c == 0xF4 && c1 >= 0x90);
-    }
-    if (!ok) {
+    size_t n = Utf8SequenceLength(text, i);
+    if (n == 0) {
       char hex[8];
       std::snprintf(hex, sizeof hex, "0x%02X", c);
       return std::pair{static_cast<uint32_t>(i), "the byte " + std::string(hex) + ", which is not UTF-8"};
