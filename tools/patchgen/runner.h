@@ -209,7 +209,9 @@ class Runner {
   std::vector<fs::path> FindOrphans() const;
   int HandleOrphan(const fs::path& p);
   int List();
+  std::string DiskStatus(const Job& job) const;
   int Pin();
+  int PinJob(Job& job, WriteCounts& n, nlohmann::json& j);
   int Audit();
   OldUpstreams LoadOldUpstreams() const;
   void AuditJob(size_t i, const OldUpstreams& olds, AuditTally& t);

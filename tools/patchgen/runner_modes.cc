@@ -148,6 +148,31 @@ std::optional<bool> Runner::WriteOutput(Job& job, const fs::path& path, const st
   return changed;
 }
 
+namespace {
+
+// The rows of --list as columns two spaces apart (the last column not padded).
+void PrintTable(const std::vector<std::array<std::string, 4>>& rows) {
+  std::array<size_t, 3> width{};
+  for (const auto& r : rows) {
+    for (size_t c = 0; c < 3; ++c) width[c] = std::max(width[c], r[c].size());
+  }
+  for (const auto& r : rows) {
+    std::string line;
+    for (size_t c = 0; c < 3; ++c) line += r[c] + std::string(width[c] - r[c].size() + 2, ' ');
+    std::cout << line << r[3] << "\n";
+  }
+}
+
+}  // namespace
+
+// --list: a generated job's .py (and .diff when there is one) against the files on disk.
+std::string Runner::DiskStatus(const Job& job) const {
+  auto py = ReadFile(job.out_py);
+  std::error_code ec;
+  bool diff_stale = fs::is_regular_file(job.out_diff, ec) && ReadFile(job.out_diff) != job.diff_text;
+  return !py ? "missing" : (*py == job.py_text && !diff_stale) ? "up to date" : "stale";
+}
+
 int Runner::List() {
   int code = kExitOk;
   nlohmann::json report = nlohmann::json::array();
@@ -160,10 +185,7 @@ int Runner::List() {
     } else if (job.lookup.status != LookupResult::Status::kFound) {
       job.status = "upstream not found";
     } else {
-      auto py = ReadFile(job.out_py);
-      std::error_code ec;
-      bool diff_stale = fs::is_regular_file(job.out_diff, ec) && ReadFile(job.out_diff) != job.diff_text;
-      job.status = !py ? "missing" : (*py == job.py_text && !diff_stale) ? "up to date" : "stale";
+      job.status = DiskStatus(job);
     }
     // `--list` never fails because an upstream is absent; it only reports it.
     if (job.status == "upstream not found") job.errors.clear();
@@ -175,62 +197,30 @@ int Runner::List() {
     std::cout << JsonText(nlohmann::json{{"specs", report}, {"exit_code", code}}) << "\n";
     return code;
   }
-  std::array<size_t, 3> width{};
-  for (const auto& r : rows) {
-    for (size_t c = 0; c < 3; ++c) width[c] = std::max(width[c], r[c].size());
-  }
-  for (const auto& r : rows) {
-    std::string line;
-    for (size_t c = 0; c < 3; ++c) line += r[c] + std::string(width[c] - r[c].size() + 2, ' ');
-    std::cout << line << r[3] << "\n";
-  }
+  PrintTable(rows);
   return code;
 }
 
 int Runner::Pin() {
   int code = kExitOk;
-  size_t written = 0, unchanged = 0, skipped = 0, failed = 0;
+  WriteCounts n;
   nlohmann::json report = nlohmann::json::array();
   for (Job& job : jobs_) {
     nlohmann::json j = JobJson(job);
     if (job.skipped) {
-      ++skipped;
+      ++n.skipped;
       job.status = "upstream not found";
       if (!opts_.json) {
         std::cout << "skipped " << job.spec_shown << ": upstream package '"
                   << TopPackage(job.spec->upstream) << "' not found\n";
       }
     } else if (!job.errors.empty()) {
-      ++failed;
+      ++n.failed;
       job.status = "error";
       PrintDiagnostics(job.errors);
       code = std::max(code, WorstExit(job.errors));
     } else {
-      fs::path path = PinsPathFor(job.spec_abs);
-      PinFile pins = job.pins.value_or(PinFile{});
-      size_t added = UpdatePins(pins, job.contract, job.lookup.file.version);
-      std::string error;
-      auto outcome =
-          WriteIfChanged(path, FormatPins(pins, DisplayPath(job.spec_abs, config_.root)), &error);
-      if (!outcome) {
-        job.errors.push_back(ErrorAt(SourceLoc{Show(path), 0, 0, 1, {}}, error, {}, ErrorKind::kIo));
-        PrintDiagnostics(job.errors);
-        code = std::max(code, 5);
-        ++failed;
-        job.status = "error";
-      } else {
-        bool wrote = *outcome == WriteOutcome::kWritten;
-        wrote ? ++written : ++unchanged;
-        job.status = wrote ? "pinned" : "unchanged";
-        if (!opts_.json) {
-          std::cout << (wrote ? "pinned " : "unchanged ") << Show(path) << " ("
-                    << job.contract.size() << " entries, " << added << " new fingerprints, "
-                    << job.spec->upstream << " " << job.lookup.file.version << ")\n";
-        }
-      }
-      j = JobJson(job);
-      j["pins"] = Show(path);
-      j["new_fingerprints"] = added;
+      code = std::max(code, PinJob(job, n, j));
     }
     j["status"] = job.status;
     report.push_back(j);
@@ -238,9 +228,41 @@ int Runner::Pin() {
   if (opts_.json) {
     std::cout << JsonText(nlohmann::json{{"specs", report}, {"exit_code", code}}) << "\n";
   } else {
-    std::cout << "pin: " << jobs_.size() << " specs: " << written << " pinned, " << unchanged
-              << " unchanged, " << skipped << " skipped, " << failed << " failed\n";
+    std::cout << "pin: " << jobs_.size() << " specs: " << n.written << " pinned, " << n.unchanged
+              << " unchanged, " << n.skipped << " skipped, " << n.failed << " failed\n";
   }
+  return code;
+}
+
+// `pin` for a generated job: records its contract in its pin file; the JSON entry gets the pin
+// file and the count of new fingerprints. Returns the exit code (5 when it cannot be written).
+int Runner::PinJob(Job& job, WriteCounts& n, nlohmann::json& j) {
+  int code = kExitOk;
+  fs::path path = PinsPathFor(job.spec_abs);
+  PinFile pins = job.pins.value_or(PinFile{});
+  size_t added = UpdatePins(pins, job.contract, job.lookup.file.version);
+  std::string error;
+  auto outcome =
+      WriteIfChanged(path, FormatPins(pins, DisplayPath(job.spec_abs, config_.root)), &error);
+  if (!outcome) {
+    job.errors.push_back(ErrorAt(SourceLoc{Show(path), 0, 0, 1, {}}, error, {}, ErrorKind::kIo));
+    PrintDiagnostics(job.errors);
+    code = 5;
+    ++n.failed;
+    job.status = "error";
+  } else {
+    bool wrote = *outcome == WriteOutcome::kWritten;
+    wrote ? ++n.written : ++n.unchanged;
+    job.status = wrote ? "pinned" : "unchanged";
+    if (!opts_.json) {
+      std::cout << (wrote ? "pinned " : "unchanged ") << Show(path) << " ("
+                << job.contract.size() << " entries, " << added << " new fingerprints, "
+                << job.spec->upstream << " " << job.lookup.file.version << ")\n";
+    }
+  }
+  j = JobJson(job);
+  j["pins"] = Show(path);
+  j["new_fingerprints"] = added;
   return code;
 }
 

@@ -100,6 +100,59 @@ void Runner::FindUpstreams() {
   }
 }
 
+namespace {
+
+// Reads and parses one upstream file into `u` (on a worker), or sets u.errors: unreadable, a CR
+// line ending, a syntax error, tab indentation.
+void ReadUpstream(Upstream& u, const fs::path& path, const std::string& shown) {
+  auto text = ReadFile(path);
+  if (!text) {
+    SourceLoc loc{shown, 0, 0, 1, {}};
+    u.errors.push_back(ErrorAt(loc, "cannot read upstream file", {}, ErrorKind::kIo));
+    return;
+  }
+  u.source = *text;
+  // A UTF-8 byte order mark says nothing Python needs (UTF-8 is its default) and would land after
+  // the generated header, where CPython rejects U+FEFF: it is left out of what is patched. The
+  // .diff, made from the file as read, shows it removed.
+  if (text->starts_with("\xEF\xBB\xBF")) text->erase(0, 3);
+  // CR line endings (a '\r' not followed by '\n'): lines patchgen could not tell apart.
+  for (size_t cr = text->find('\r'); cr != std::string::npos; cr = text->find('\r', cr + 1)) {
+    if (cr + 1 < text->size() && (*text)[cr + 1] == '\n') continue;
+    LineIndex lines(*text);
+    u.errors.push_back(MakeDiagnostic(
+        shown, *text, lines, {static_cast<uint32_t>(cr), static_cast<uint32_t>(cr + 1)},
+        "upstream module has a CR line ending ('\\r' without '\\n')",
+        "patchgen reads modules with LF or CRLF line endings; convert the file (e.g. `dos2unix -c mac`)",
+        ErrorKind::kUpstream));
+    return;
+  }
+  size_t lf = 0, crlf = 0;
+  for (size_t i = 0; i < text->size(); ++i) {
+    if ((*text)[i] != '\n') continue;
+    ++lf;
+    if (i > 0 && (*text)[i - 1] == '\r') ++crlf;
+  }
+  u.crlf = lf > 0 && crlf == lf;
+  auto parsed = parser::PyModule::Parse(shown, std::move(*text));
+  if (!parsed.ok()) {
+    u.errors = parsed.errors();
+    return;
+  }
+  if (auto tab = parser::FirstTabIndentation(**parsed)) {
+    const parser::PyModule& m = **parsed;
+    u.errors.push_back(MakeDiagnostic(
+        shown, m.source(), m.lines(), *tab, "upstream module is indented with tabs",
+        "code patchgen inserts is indented with spaces, and CPython rejects a block that mixes "
+        "tabs and spaces; convert the module's indentation to spaces (e.g. `expand -i -t 8`)",
+        ErrorKind::kUpstream));
+    return;
+  }
+  u.module = std::move(parsed.value());
+}
+
+}  // namespace
+
 void Runner::ParseUpstreams() {
   std::vector<Upstream*> todo;
   std::vector<fs::path> paths;
@@ -113,54 +166,8 @@ void Runner::ParseUpstreams() {
     }
     job.upstream = slot.get();
   }
-  ParallelFor(todo.size(), opts_.jobs, [&](size_t i) {
-    Upstream& u = *todo[i];
-    std::string shown = Show(paths[i]);
-    auto text = ReadFile(paths[i]);
-    if (!text) {
-      SourceLoc loc{shown, 0, 0, 1, {}};
-      u.errors.push_back(ErrorAt(loc, "cannot read upstream file", {}, ErrorKind::kIo));
-      return;
-    }
-    u.source = *text;
-    // A UTF-8 byte order mark says nothing Python needs (UTF-8 is its default) and would land after
-    // the generated header, where CPython rejects U+FEFF: it is left out of what is patched. The
-    // .diff, made from the file as read, shows it removed.
-    if (text->starts_with("\xEF\xBB\xBF")) text->erase(0, 3);
-    // CR line endings (a '\r' not followed by '\n'): lines patchgen could not tell apart.
-    for (size_t cr = text->find('\r'); cr != std::string::npos; cr = text->find('\r', cr + 1)) {
-      if (cr + 1 < text->size() && (*text)[cr + 1] == '\n') continue;
-      LineIndex lines(*text);
-      u.errors.push_back(MakeDiagnostic(
-          shown, *text, lines, {static_cast<uint32_t>(cr), static_cast<uint32_t>(cr + 1)},
-          "upstream module has a CR line ending ('\\r' without '\\n')",
-          "patchgen reads modules with LF or CRLF line endings; convert the file (e.g. `dos2unix -c mac`)",
-          ErrorKind::kUpstream));
-      return;
-    }
-    size_t lf = 0, crlf = 0;
-    for (size_t i = 0; i < text->size(); ++i) {
-      if ((*text)[i] != '\n') continue;
-      ++lf;
-      if (i > 0 && (*text)[i - 1] == '\r') ++crlf;
-    }
-    u.crlf = lf > 0 && crlf == lf;
-    auto parsed = parser::PyModule::Parse(shown, std::move(*text));
-    if (!parsed.ok()) {
-      u.errors = parsed.errors();
-      return;
-    }
-    if (auto tab = parser::FirstTabIndentation(**parsed)) {
-      const parser::PyModule& m = **parsed;
-      u.errors.push_back(MakeDiagnostic(
-          shown, m.source(), m.lines(), *tab, "upstream module is indented with tabs",
-          "code patchgen inserts is indented with spaces, and CPython rejects a block that mixes "
-          "tabs and spaces; convert the module's indentation to spaces (e.g. `expand -i -t 8`)",
-          ErrorKind::kUpstream));
-      return;
-    }
-    u.module = std::move(parsed.value());
-  });
+  ParallelFor(todo.size(), opts_.jobs,
+              [&](size_t i) { ReadUpstream(*todo[i], paths[i], Show(paths[i])); });
 }
 
 bool Runner::NeedDiff(const Job& job) const {
