@@ -174,6 +174,42 @@ HeaderUpstream ParseHeaderUpstream(const std::string& text) {
   return !exact.version.empty() && exact.sha256.size() == 64 ? exact : loose;
 }
 
+namespace {
+
+// False, after printing why, when the options combine in a way no mode takes (exit 2).
+bool OptionsCombine(const Options& opts) {
+  if (opts.pin || opts.audit) {
+    if (opts.check || opts.list || opts.validate || opts.fix || opts.dry_run || opts.diff ||
+        !opts.output_dir.empty()) {
+      std::cerr << "patchgen: error: `" << (opts.pin ? "pin" : "audit")
+                << "` takes no --check/--list/--validate/--fix/--dry-run/--diff/-o\n";
+      return false;
+    }
+    if (opts.pin && opts.all == !opts.specs.empty()) {
+      std::cerr << "patchgen: error: `pin` needs SPEC files or --all (not both)\n";
+      return false;
+    }
+  }
+
+  auto usage = [](const std::string& msg) {
+    std::cerr << "patchgen: error: " << msg << "\nRun with --help for more information.\n";
+    return false;
+  };
+  int modes = opts.check + opts.list + opts.validate;
+  if (modes > 1) return usage("--check, --list and --validate cannot be combined");
+  if (opts.fix && !opts.check) return usage("--fix needs --check");
+  if (opts.all && !opts.specs.empty()) return usage("give SPEC files or --all, not both");
+  if (modes == 0 && !opts.all && opts.specs.empty() && !opts.audit) {
+    return usage("give SPEC files or --all");
+  }
+  if (opts.dry_run && (opts.check || opts.list || opts.validate)) {
+    return usage("--dry-run only applies when generating");
+  }
+  return true;
+}
+
+}  // namespace
+
 int Run(int argc, char** argv) {
   Options opts;
   CLI::App app{"patchgen: generate patched modeling files from YAML specs (docs/cli.md)", "patchgen"};
@@ -222,33 +258,7 @@ int Run(int argc, char** argv) {
   if (index->parsed()) return RunIndex(opts);
   opts.pin = pin->parsed();
   opts.audit = audit->parsed();
-  if (opts.pin || opts.audit) {
-    if (opts.check || opts.list || opts.validate || opts.fix || opts.dry_run || opts.diff ||
-        !opts.output_dir.empty()) {
-      std::cerr << "patchgen: error: `" << (opts.pin ? "pin" : "audit")
-                << "` takes no --check/--list/--validate/--fix/--dry-run/--diff/-o\n";
-      return kExitUsage;
-    }
-    if (opts.pin && opts.all == !opts.specs.empty()) {
-      std::cerr << "patchgen: error: `pin` needs SPEC files or --all (not both)\n";
-      return kExitUsage;
-    }
-  }
-
-  auto usage = [](const std::string& msg) {
-    std::cerr << "patchgen: error: " << msg << "\nRun with --help for more information.\n";
-    return kExitUsage;
-  };
-  int modes = opts.check + opts.list + opts.validate;
-  if (modes > 1) return usage("--check, --list and --validate cannot be combined");
-  if (opts.fix && !opts.check) return usage("--fix needs --check");
-  if (opts.all && !opts.specs.empty()) return usage("give SPEC files or --all, not both");
-  if (modes == 0 && !opts.all && opts.specs.empty() && !opts.audit) {
-    return usage("give SPEC files or --all");
-  }
-  if (opts.dry_run && (opts.check || opts.list || opts.validate)) {
-    return usage("--dry-run only applies when generating");
-  }
+  if (!OptionsCombine(opts)) return kExitUsage;
 
   try {
     fs::path cwd = fs::current_path();
