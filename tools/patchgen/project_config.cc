@@ -50,6 +50,56 @@ fs::path Resolve(const fs::path& root, const std::string& value) {
   return (p.is_absolute() ? p : root / p).lexically_normal();
 }
 
+// `source_roots`: a list of strings, each resolved against the project root.
+void ReadSourceRoots(ProjectConfig& cfg, const ConfigSource& src, const toml::node& node,
+                     std::vector<Diagnostic>& errors) {
+  const toml::array* arr = node.as_array();
+  bool ok = arr != nullptr;
+  if (arr) {
+    for (const auto& item : *arr) {
+      if (auto s = item.value<std::string>()) {
+        cfg.source_roots.push_back(Resolve(cfg.root, *s));
+      } else {
+        ok = false;
+      }
+    }
+  }
+  if (!ok) {
+    errors.push_back(ErrorAtRegion(src, node.source(), "'source_roots' must be a list of strings"));
+  }
+}
+
+// One key of the config table into `cfg`, or an error (a wrong type, an unknown key).
+void ApplyKey(ProjectConfig& cfg, const ConfigSource& src, bool is_pyproject, const toml::key& key,
+              const toml::node& node, std::vector<Diagnostic>& errors) {
+  const std::string name(key.str());
+  auto string_value = [&]() -> std::optional<std::string> {
+    if (auto s = node.value<std::string>()) return *s;
+    errors.push_back(ErrorAtRegion(src, node.source(), "'" + name + "' must be a string"));
+    return std::nullopt;
+  };
+  if (name == "specs") {
+    if (auto v = string_value()) cfg.specs = Resolve(cfg.root, *v);
+  } else if (name == "output") {
+    if (auto v = string_value()) cfg.output = Resolve(cfg.root, *v);
+  } else if (name == "python") {
+    if (auto v = string_value()) {
+      cfg.python = v->find('/') == std::string::npos ? *v : Resolve(cfg.root, *v).string();
+    }
+  } else if (name == "runtime") {
+    if (auto v = string_value()) cfg.runtime = *v;
+  } else if (name == "source_roots") {
+    ReadSourceRoots(cfg, src, node, errors);
+  } else {
+    const std::vector<std::string> known(std::begin(kKeys), std::end(kKeys));
+    std::string help = "known keys: " + JoinNames(known);
+    if (auto guess = DidYouMean(name, known)) help = "did you mean '" + *guess + "'? " + help;
+    errors.push_back(ErrorAtRegion(src, key.source(), "unknown key '" + name + "' in " +
+                                                          (is_pyproject ? "[tool.patchgen]" : "patchgen.toml"),
+                                   help));
+  }
+}
+
 }  // namespace
 
 Result<ProjectConfig> LoadProjectConfig(const fs::path& file, const fs::path& cwd) {
@@ -77,47 +127,7 @@ Result<ProjectConfig> LoadProjectConfig(const fs::path& file, const fs::path& cw
   if (table == nullptr) return cfg;
 
   std::vector<Diagnostic> errors;
-  const std::vector<std::string> known(std::begin(kKeys), std::end(kKeys));
-  for (const auto& [key, node] : *table) {
-    const std::string name(key.str());
-    auto string_value = [&]() -> std::optional<std::string> {
-      if (auto s = node.value<std::string>()) return *s;
-      errors.push_back(ErrorAtRegion(src, node.source(), "'" + name + "' must be a string"));
-      return std::nullopt;
-    };
-    if (name == "specs") {
-      if (auto v = string_value()) cfg.specs = Resolve(cfg.root, *v);
-    } else if (name == "output") {
-      if (auto v = string_value()) cfg.output = Resolve(cfg.root, *v);
-    } else if (name == "python") {
-      if (auto v = string_value()) {
-        cfg.python = v->find('/') == std::string::npos ? *v : Resolve(cfg.root, *v).string();
-      }
-    } else if (name == "runtime") {
-      if (auto v = string_value()) cfg.runtime = *v;
-    } else if (name == "source_roots") {
-      const toml::array* arr = node.as_array();
-      bool ok = arr != nullptr;
-      if (arr) {
-        for (const auto& item : *arr) {
-          if (auto s = item.value<std::string>()) {
-            cfg.source_roots.push_back(Resolve(cfg.root, *s));
-          } else {
-            ok = false;
-          }
-        }
-      }
-      if (!ok) {
-        errors.push_back(ErrorAtRegion(src, node.source(), "'source_roots' must be a list of strings"));
-      }
-    } else {
-      std::string help = "known keys: " + JoinNames(known);
-      if (auto guess = DidYouMean(name, known)) help = "did you mean '" + *guess + "'? " + help;
-      errors.push_back(ErrorAtRegion(src, key.source(), "unknown key '" + name + "' in " +
-                                                            (is_pyproject ? "[tool.patchgen]" : "patchgen.toml"),
-                                     help));
-    }
-  }
+  for (const auto& [key, node] : *table) ApplyKey(cfg, src, is_pyproject, key, node, errors);
   if (!errors.empty()) {
     SortDiagnostics(errors);
     return errors;
