@@ -76,6 +76,50 @@ fs::path PinsPathFor(const fs::path& spec) {
   return p.replace_extension(".pins");
 }
 
+namespace {
+
+/// A node of a pin file that is not what `patchgen pin` writes, and what is wrong.
+struct PinFileError {
+  const RawNode* node;
+  std::string message;
+};
+
+// One `verified` record: sha256, text, versions.
+std::optional<PinFileError> ReadPinRecord(const RawNode& v, PinRecord& r) {
+  const RawNode* sha = v.kind == RawNode::Kind::kMapping ? Get(v, "sha256") : nullptr;
+  if (!sha || sha->kind != RawNode::Kind::kScalar) {
+    return PinFileError{&v, "each verified record needs 'sha256'"};
+  }
+  r.sha256 = sha->scalar;
+  if (const RawNode* t = Get(v, "text")) r.text = StripTrailingNewlines(t->scalar);
+  if (const RawNode* vs = Get(v, "versions")) {
+    for (const RawNode& x : vs->items) r.versions.push_back(x.scalar);
+  }
+  return std::nullopt;
+}
+
+// One entry of `pins`: key, region, target, expects and its verified records.
+std::optional<PinFileError> ReadPinEntry(const RawNode& item, PinEntry& e) {
+  const RawNode* key = item.kind == RawNode::Kind::kMapping ? Get(item, "key") : nullptr;
+  const RawNode* verified = item.kind == RawNode::Kind::kMapping ? Get(item, "verified") : nullptr;
+  if (!key || key->kind != RawNode::Kind::kScalar || !verified ||
+      verified->kind != RawNode::Kind::kSequence) {
+    return PinFileError{&item, "each pin needs 'key' and a 'verified' sequence"};
+  }
+  e.key = key->scalar;
+  if (const RawNode* region = Get(item, "region")) e.region = region->scalar;
+  if (const RawNode* target = Get(item, "target")) e.target = target->scalar;
+  if (const RawNode* expects = Get(item, "expects")) e.expects = expects->scalar;
+  for (const RawNode& v : verified->items) {
+    PinRecord r;
+    if (auto wrong = ReadPinRecord(v, r)) return wrong;
+    e.verified.push_back(std::move(r));
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 Result<std::optional<PinFile>> ReadPins(const fs::path& path, const std::string& shown) {
   std::error_code ec;
   if (!fs::exists(path, ec)) return std::optional<PinFile>();
@@ -99,30 +143,8 @@ Result<std::optional<PinFile>> ReadPins(const fs::path& path, const std::string&
   if (!pins) return std::optional<PinFile>(std::move(out));
   if (pins->kind != RawNode::Kind::kSequence) return bad(*pins, "'pins' must be a sequence");
   for (const RawNode& item : pins->items) {
-    const RawNode* key = item.kind == RawNode::Kind::kMapping ? Get(item, "key") : nullptr;
-    const RawNode* verified = item.kind == RawNode::Kind::kMapping ? Get(item, "verified") : nullptr;
-    if (!key || key->kind != RawNode::Kind::kScalar || !verified ||
-        verified->kind != RawNode::Kind::kSequence) {
-      return bad(item, "each pin needs 'key' and a 'verified' sequence");
-    }
     PinEntry e;
-    e.key = key->scalar;
-    if (const RawNode* region = Get(item, "region")) e.region = region->scalar;
-    if (const RawNode* target = Get(item, "target")) e.target = target->scalar;
-    if (const RawNode* expects = Get(item, "expects")) e.expects = expects->scalar;
-    for (const RawNode& v : verified->items) {
-      const RawNode* sha = v.kind == RawNode::Kind::kMapping ? Get(v, "sha256") : nullptr;
-      if (!sha || sha->kind != RawNode::Kind::kScalar) {
-        return bad(v, "each verified record needs 'sha256'");
-      }
-      PinRecord r;
-      r.sha256 = sha->scalar;
-      if (const RawNode* t = Get(v, "text")) r.text = StripTrailingNewlines(t->scalar);
-      if (const RawNode* vs = Get(v, "versions")) {
-        for (const RawNode& x : vs->items) r.versions.push_back(x.scalar);
-      }
-      e.verified.push_back(std::move(r));
-    }
+    if (auto wrong = ReadPinEntry(item, e)) return bad(*wrong->node, wrong->message);
     out.entries.push_back(std::move(e));
   }
   return std::optional<PinFile>(std::move(out));
@@ -160,6 +182,27 @@ std::string FormatPins(const PinFile& pins, const std::string& spec_shown) {
   return out;
 }
 
+namespace {
+
+// Adds `version` to the record of entry whose fingerprint is the contract's, or a new record;
+// returns 1 for a new fingerprint, else 0.
+size_t AddVerified(PinEntry& entry, const rewriter::ContractPin& c, const std::string& version) {
+  bool done = false;
+  for (PinRecord& r : entry.verified) {
+    if (r.sha256 != c.sha256) continue;
+    if (std::find(r.versions.begin(), r.versions.end(), version) == r.versions.end()) {
+      r.versions.push_back(version);
+      std::sort(r.versions.begin(), r.versions.end(), VersionLess);
+    }
+    done = true;
+  }
+  if (done) return 0;
+  entry.verified.push_back({c.sha256, {version}, c.text});
+  return 1;
+}
+
+}  // namespace
+
 size_t UpdatePins(PinFile& pins, const std::vector<rewriter::ContractPin>& contract,
                   const std::string& version) {
   size_t added = 0;
@@ -174,19 +217,7 @@ size_t UpdatePins(PinFile& pins, const std::vector<rewriter::ContractPin>& contr
         break;
       }
     }
-    bool done = false;
-    for (PinRecord& r : entry.verified) {
-      if (r.sha256 != c.sha256) continue;
-      if (std::find(r.versions.begin(), r.versions.end(), version) == r.versions.end()) {
-        r.versions.push_back(version);
-        std::sort(r.versions.begin(), r.versions.end(), VersionLess);
-      }
-      done = true;
-    }
-    if (!done) {
-      entry.verified.push_back({c.sha256, {version}, c.text});
-      ++added;
-    }
+    added += AddVerified(entry, c, version);
     entry.region = c.region;
     entry.target = c.qualname;
     entry.expects = c.expects;
@@ -239,6 +270,34 @@ std::vector<std::string> TextDiffLines(const std::string& before, const std::str
   return out;
 }
 
+namespace {
+
+// What a pin of `region` covers, as a changed pin's message names it.
+std::string PinSubject(const std::string& region, bool edit) {
+  return region == "function"     ? "the guarded function"
+         : region == "statements" ? (edit ? "the edited statements" : "the guarded statements")
+         : region == "absent"     ? "the absence of the method it adds"
+                                  : "the target's signature and decorators";
+}
+
+// What to re-verify when the pinned region of `c` changed.
+std::string PinVerify(const rewriter::ContractPin& c, bool edit) {
+  return
+      c.region == "function"
+          ? "re-verify that the upstream body still computes " + c.expects
+          : c.region == "statements" && edit
+          ? std::string("re-verify that the edit still fits the statements it anchors on")
+          : c.region == "statements"
+          ? "re-verify that the guarded statements still compute " + c.expects +
+                " and that the guard's `call` still passes what they use"
+          : c.region == "absent"
+          ? "upstream now defines it: drop the " + c.expects + " or make it an override_method"
+          : "re-verify that the " + c.expects + " body still fits the upstream signature and "
+            "decorators";
+}
+
+}  // namespace
+
 Diagnostic PinDiagnostic(const PinFinding& f, const std::string& upstream_path,
                          const std::string& version, const std::string& pins_shown,
                          const std::string& spec_shown) {
@@ -253,22 +312,8 @@ Diagnostic PinDiagnostic(const PinFinding& f, const std::string& upstream_path,
   // An edit_body pin covers the statements an edit anchors on (region "statements", like a
   // call-site guard's), but there is no guard and no `call` to re-check.
   bool edit = c.key.starts_with("edit_body ");
-  std::string subject = c.region == "function"     ? "the guarded function"
-                        : c.region == "statements" ? (edit ? "the edited statements" : "the guarded statements")
-                        : c.region == "absent"     ? "the absence of the method it adds"
-                                                   : "the target's signature and decorators";
-  std::string verify =
-      c.region == "function"
-          ? "re-verify that the upstream body still computes " + c.expects
-          : c.region == "statements" && edit
-          ? std::string("re-verify that the edit still fits the statements it anchors on")
-          : c.region == "statements"
-          ? "re-verify that the guarded statements still compute " + c.expects +
-                " and that the guard's `call` still passes what they use"
-          : c.region == "absent"
-          ? "upstream now defines it: drop the " + c.expects + " or make it an override_method"
-          : "re-verify that the " + c.expects + " body still fits the upstream signature and "
-            "decorators";
+  std::string subject = PinSubject(c.region, edit);
+  std::string verify = PinVerify(c, edit);
   std::string pin_cmd = "`patchgen pin " + spec_shown + "` (with the same --source-root)";
   Diagnostic d;
   if (f.kind == PinFinding::Kind::kUnpinned) {
