@@ -84,28 +84,55 @@ void InstallTempFileCleanup() {
   ::signal(SIGXFSZ, SIG_IGN);
 }
 
-std::optional<WriteOutcome> WriteIfChanged(const fs::path& path, const std::string& bytes,
-                                           std::string* error, const fs::path& root) {
-  struct stat st {};
-  bool exists = ::lstat(path.c_str(), &st) == 0;
+namespace {
+
+// Why `path` (lstat `st` when it `exists`) may not be written: a symbolic link, not a regular
+// file, or in a folder that leads out of `root` through a link; nullopt when it may.
+std::optional<std::string> RefusedOutput(const fs::path& path, const struct stat& st, bool exists,
+                                         const fs::path& root) {
   if (exists && S_ISLNK(st.st_mode)) {
-    *error = "the output is a symbolic link; patchgen writes only regular files and never writes "
-             "through a link (remove the link)";
-    return std::nullopt;
+    return std::string("the output is a symbolic link; patchgen writes only regular files and never "
+                       "writes through a link (remove the link)");
   }
   if (exists && !S_ISREG(st.st_mode)) {
-    *error = S_ISDIR(st.st_mode) ? "the output is a folder, not a file" : "the output is not a regular file";
-    return std::nullopt;
+    return std::string(S_ISDIR(st.st_mode) ? "the output is a folder, not a file"
+                                           : "the output is not a regular file");
   }
   if (!root.empty() && path.has_parent_path()) {
     fs::path real_root = RealPath(root);
     fs::path real_dir = RealPath(path.parent_path());
     if (Inside(fs::absolute(path).lexically_normal(), fs::absolute(root).lexically_normal()) &&
         real_dir != real_root && !Inside(real_dir, real_root)) {
-      *error = "the output folder leads out of the output root through a symbolic link (to '" +
-               real_dir.string() + "'); patchgen never writes through a link out of the output root";
-      return std::nullopt;
+      return "the output folder leads out of the output root through a symbolic link (to '" +
+             real_dir.string() + "'); patchgen never writes through a link out of the output root";
     }
+  }
+  return std::nullopt;
+}
+
+// Writes all of `bytes` to `fd`; 0, or the errno of the write that failed.
+int WriteAll(int fd, const std::string& bytes) {
+  size_t done = 0;
+  while (done < bytes.size()) {
+    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    done += static_cast<size_t>(n);
+  }
+  return 0;
+}
+
+}  // namespace
+
+std::optional<WriteOutcome> WriteIfChanged(const fs::path& path, const std::string& bytes,
+                                           std::string* error, const fs::path& root) {
+  struct stat st {};
+  bool exists = ::lstat(path.c_str(), &st) == 0;
+  if (auto why = RefusedOutput(path, st, exists, root)) {
+    *error = std::move(*why);
+    return std::nullopt;
   }
   if (exists) {
     if (auto existing = ReadFile(path); existing && *existing == bytes) return WriteOutcome::kUnchanged;
@@ -135,15 +162,7 @@ std::optional<WriteOutcome> WriteIfChanged(const fs::path& path, const std::stri
   };
   // An existing output keeps its permission bits (e.g. read-only for others, or executable).
   if (exists && ::fchmod(fd, st.st_mode & 07777) != 0) return fail(errno);
-  size_t done = 0;
-  while (done < bytes.size()) {
-    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return fail(errno);
-    }
-    done += static_cast<size_t>(n);
-  }
+  if (int err = WriteAll(fd, bytes)) return fail(err);
   if (::close(fd) != 0) {
     int err = errno;
     ::unlink(tmp.c_str());
