@@ -95,20 +95,23 @@ using ParamsByName = std::map<std::string, const Param*>;
 
 // "parameter 'x' removed" / "parameter 'y' added (default ...)".
 void AddedAndRemoved(const std::vector<Param>& old_params, const std::vector<Param>& new_params,
-                     const ParamsByName& old_by, const ParamsByName& new_by, std::vector<std::string>& out) {
+                     const ParamsByName& old_by, const ParamsByName& new_by,
+                     std::vector<std::string>& out) {
   for (const Param& p : old_params) {
     if (!new_by.count(p.name)) out.push_back("parameter '" + p.name + "' removed");
   }
   for (const Param& p : new_params) {
     if (!old_by.count(p.name)) {
-      out.push_back("parameter '" + p.name + "' added" +
-                    (p.default_value.empty() ? " (no default)" : " (default " + p.default_value + ")"));
+      out.push_back(
+          "parameter '" + p.name + "' added" +
+          (p.default_value.empty() ? " (no default)" : " (default " + p.default_value + ")"));
     }
   }
 }
 
 // The names of `params` that the other list has too, in the order of `params`.
-std::vector<std::string> CommonNames(const std::vector<Param>& params, const ParamsByName& other_by) {
+std::vector<std::string> CommonNames(const std::vector<Param>& params,
+                                     const ParamsByName& other_by) {
   std::vector<std::string> common;
   for (const Param& p : params) {
     if (other_by.count(p.name)) common.push_back(p.name);
@@ -125,13 +128,13 @@ std::string Joined(const std::vector<std::string>& names) {
 // A changed default or annotation of a parameter both lists have.
 void ValueChanges(const Param& o, const Param& p, std::vector<std::string>& out) {
   if (o.default_value != p.default_value) {
-    out.push_back("default of '" + p.name + "' changed: " +
-                  (o.default_value.empty() ? "none" : o.default_value) + " -> " +
+    out.push_back("default of '" + p.name +
+                  "' changed: " + (o.default_value.empty() ? "none" : o.default_value) + " -> " +
                   (p.default_value.empty() ? "none" : p.default_value));
   }
   if (o.annotation != p.annotation) {
-    out.push_back("annotation of '" + p.name + "' changed: " +
-                  (o.annotation.empty() ? "none" : o.annotation) + " -> " +
+    out.push_back("annotation of '" + p.name +
+                  "' changed: " + (o.annotation.empty() ? "none" : o.annotation) + " -> " +
                   (p.annotation.empty() ? "none" : p.annotation));
   }
 }
@@ -173,7 +176,8 @@ namespace {
 
 // The absolute module a `from` import names, seen from `upstream_module`; nullopt when its
 // relative level climbs above the top package.
-std::optional<std::string> AbsoluteModule(const parser::Import& imp, const std::string& upstream_module) {
+std::optional<std::string> AbsoluteModule(const parser::Import& imp,
+                                          const std::string& upstream_module) {
   if (imp.relative_level <= 0) return imp.module_name;
   std::vector<std::string> parts;
   for (size_t pos = 0; pos <= upstream_module.size();) {

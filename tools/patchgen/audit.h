@@ -13,8 +13,8 @@ namespace patchgen::cli {
 
 /// One parameter of a def as written: name with its `*`/`**` prefix, or "*" / "/" separators.
 struct Param {
-  std::string name;        ///< "x", "*args", "**kwargs", "*", "/"
-  std::string annotation;  ///< Text after ':' ("" when none)
+  std::string name;           ///< "x", "*args", "**kwargs", "*", "/"
+  std::string annotation;     ///< Text after ':' ("" when none)
   std::string default_value;  ///< Text after '=' ("" when none)
 };
 

@@ -33,8 +33,8 @@ CLI::Validator JobsValidator() {
                       value.find_first_not_of("0123456789") == std::string::npos;
         unsigned long n = digits ? std::stoul(value) : 0;
         if (digits && n >= 1 && n <= kMaxJobs) return {};
-        return "takes a number of worker threads from 1 to " + std::to_string(kMaxJobs) + ", not '" +
-               value + "' (leave --jobs out to use every core this process may use)";
+        return "takes a number of worker threads from 1 to " + std::to_string(kMaxJobs) +
+               ", not '" + value + "' (leave --jobs out to use every core this process may use)";
       },
       "1.." + std::to_string(kMaxJobs));
 }
@@ -67,8 +67,8 @@ int RunIndex(const Options& opts) {
       for (auto& d : results[i].errors) d.kind = ErrorKind::kUpstream;
       return;
     }
-    results[i].output = opts.index_json ? parser::FormatIndexJson(**module)
-                                        : parser::FormatIndexText(**module);
+    results[i].output =
+        opts.index_json ? parser::FormatIndexJson(**module) : parser::FormatIndexText(**module);
   });
   int code = kExitOk;
   std::vector<const std::string*> outputs;
@@ -165,10 +165,11 @@ HeaderUpstream ParseHeaderUpstream(const std::string& text) {
     pos = end + 1;
     size_t first = line.find_first_not_of(" \t");
     if (first == std::string_view::npos) continue;  // blank lines inside the header
-    if (line[first] != '#') break;                    // end of the leading comment block
+    if (line[first] != '#') break;                  // end of the leading comment block
     if (auto v = HeaderField(line, "#   version:")) exact.version = *v;
     if (auto v = HeaderField(line, "#   sha256:")) exact.sha256 = *v;
-    if (loose.sha256.empty() && line.find("sha256") != std::string_view::npos) loose.sha256 = LooseSha256(line);
+    if (loose.sha256.empty() && line.find("sha256") != std::string_view::npos)
+      loose.sha256 = LooseSha256(line);
     if (loose.version.empty()) loose.version = LooseVersion(line);
   }
   return !exact.version.empty() && exact.sha256.size() == 64 ? exact : loose;
@@ -212,39 +213,50 @@ bool OptionsCombine(const Options& opts) {
 
 int Run(int argc, char** argv) {
   Options opts;
-  CLI::App app{"patchgen: generate patched modeling files from YAML specs (docs/cli.md)", "patchgen"};
+  CLI::App app{"patchgen: generate patched modeling files from YAML specs (docs/cli.md)",
+               "patchgen"};
   app.set_version_flag("--version", std::string("patchgen ") + PATCHGEN_VERSION);
-  app.add_option("SPEC", opts.specs, "spec files (default with --check/--list/--validate: every spec)");
+  app.add_option("SPEC", opts.specs,
+                 "spec files (default with --check/--list/--validate: every spec)");
   app.add_flag("--all", opts.all, "generate every spec under the specs root");
   app.add_flag("--diff", opts.diff, "also write <output>.diff (upstream -> generated)");
   app.add_option("-o,--output", opts.output_dir, "write outputs to DIR instead of the output root");
   app.add_flag("--dry-run", opts.dry_run, "say what would be written; write nothing");
-  app.add_flag("-v,--verbose", opts.verbose, "also report unchanged files and where upstreams came from");
-  app.add_option("-j,--jobs", opts.jobs, "worker threads (default: the cores this process may use)")->check(JobsValidator());
+  app.add_flag("-v,--verbose", opts.verbose,
+               "also report unchanged files and where upstreams came from");
+  app.add_option("-j,--jobs", opts.jobs, "worker threads (default: the cores this process may use)")
+      ->check(JobsValidator());
   app.add_flag("--json", opts.json, "machine-readable report on stdout");
   app.add_flag("--list", opts.list, "list specs with upstream, output and status");
-  app.add_flag("--check", opts.check, "compare with the files on disk; exit 1 on drift; write nothing");
+  app.add_flag("--check", opts.check,
+               "compare with the files on disk; exit 1 on drift; write nothing");
   app.add_flag("--fix", opts.fix, "with --check: write what differs");
   app.add_flag("--validate", opts.validate, "validate specs without their upstream modules");
-  app.add_option("--source-root", opts.source_roots, "folder searched first for upstream modules (repeatable)");
+  app.add_option("--source-root", opts.source_roots,
+                 "folder searched first for upstream modules (repeatable)");
   CLI::App* pin = app.add_subcommand(
       "pin", "record the upstream contracts of specs in their .pins files (docs/cli.md)");
   pin->add_option("SPEC", opts.specs, "spec files");
   pin->add_flag("--all", opts.all, "every spec under the specs root");
-  pin->add_option("--source-root", opts.source_roots, "folder searched first for upstream modules (repeatable)");
+  pin->add_option("--source-root", opts.source_roots,
+                  "folder searched first for upstream modules (repeatable)");
   pin->add_flag("--json", opts.json, "machine-readable report on stdout");
   pin->add_option("-j,--jobs", opts.jobs, "worker threads")->check(JobsValidator());
   CLI::App* audit = app.add_subcommand(
       "audit", "upgrade survey: what a new upstream changes for every spec; writes nothing");
   audit->add_option("SPEC", opts.specs, "spec files (default: every spec)");
-  audit->add_option("--source-root", opts.source_roots, "the new upstream (repeatable)")->required();
-  audit->add_option("--source-root-old", opts.old_roots, "the old upstream to compare with (repeatable)");
+  audit->add_option("--source-root", opts.source_roots, "the new upstream (repeatable)")
+      ->required();
+  audit->add_option("--source-root-old", opts.old_roots,
+                    "the old upstream to compare with (repeatable)");
   audit->add_flag("--json", opts.json, "machine-readable report on stdout");
   audit->add_option("-j,--jobs", opts.jobs, "worker threads")->check(JobsValidator());
   CLI::App* index = app.add_subcommand("index", "print the index of Python files");
   index->add_option("FILE", opts.index_files, "Python files")->required();
   index->add_flag("--json", opts.index_json, "JSON instead of text");
-  index->add_option("-j,--jobs", opts.jobs, "worker threads (default: the cores this process may use)")
+  index
+      ->add_option("-j,--jobs", opts.jobs,
+                   "worker threads (default: the cores this process may use)")
       ->check(JobsValidator());
 
   try {

@@ -1,10 +1,10 @@
 #include "cli.h"
 
-#include <catch2/catch.hpp>
+#include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
-#include <unistd.h>
 
 #include "files.h"
 #include "project_config.h"
@@ -30,9 +30,10 @@ struct TempDir {
 
 TEST_CASE("ParseHeaderUpstream reads sha256 and version from the leading comments only") {
   std::string sha(64, 'a');
-  HeaderUpstream h = ParseHeaderUpstream("# Generated. Do not edit.\n# upstream: pkg.m (version 5.17.0)\n"
-                                         "#   sha256: " + sha + "\n\nimport x  # sha256 " +
-                                         std::string(64, 'b') + "\n");
+  HeaderUpstream h = ParseHeaderUpstream(
+      "# Generated. Do not edit.\n# upstream: pkg.m (version 5.17.0)\n"
+      "#   sha256: " +
+      sha + "\n\nimport x  # sha256 " + std::string(64, 'b') + "\n");
   CHECK(h.sha256 == sha);
   CHECK(h.version == "5.17.0");
   HeaderUpstream none = ParseHeaderUpstream("import x\n# sha256 " + sha + "\n");
@@ -117,7 +118,8 @@ TEST_CASE("Project config: unknown keys are errors with a suggestion") {
 }
 
 TEST_CASE("Version helpers") {
-  CHECK(VersionFromInit("import os\n__version__ = \"5.17.0\"\n") == std::optional<std::string>("5.17.0"));
+  CHECK(VersionFromInit("import os\n__version__ = \"5.17.0\"\n") ==
+        std::optional<std::string>("5.17.0"));
   CHECK(VersionFromInit("__version__='1.2'\n") == std::optional<std::string>("1.2"));
   CHECK(!VersionFromInit("version = '1'\n"));
   CHECK(VersionFromMetadata("Metadata-Version: 2.1\nName: x\nVersion: 2.0.1\n\nVersion: 9\n") ==
@@ -142,9 +144,9 @@ TEST_CASE("SourceLookup finds modules in root order and reports every place look
   auto missing = lookup.Find("pkg.nope");
   CHECK(missing.status == LookupResult::Status::kModuleMissing);
   CHECK(lookup.asked_interpreter());
-  CHECK(missing.looked == std::vector<std::string>{
-                              "one/pkg/nope.py (first)", "two/pkg/nope.py (second)",
-                              "sys.path: could not ask '/nonexistent/python' for sys.path"});
+  CHECK(missing.looked ==
+        std::vector<std::string>{"one/pkg/nope.py (first)", "two/pkg/nope.py (second)",
+                                 "sys.path: could not ask '/nonexistent/python' for sys.path"});
   CHECK(lookup.Find("other.mod").status == LookupResult::Status::kPackageMissing);
   CHECK(SourceLookup::SplitPathList("a::/b:", "/cwd") == std::vector<fs::path>{"/cwd/a", "/b"});
 }

@@ -91,8 +91,9 @@ namespace {
 std::optional<std::string> RefusedOutput(const fs::path& path, const struct stat& st, bool exists,
                                          const fs::path& root) {
   if (exists && S_ISLNK(st.st_mode)) {
-    return std::string("the output is a symbolic link; patchgen writes only regular files and never "
-                       "writes through a link (remove the link)");
+    return std::string(
+        "the output is a symbolic link; patchgen writes only regular files and never "
+        "writes through a link (remove the link)");
   }
   if (exists && !S_ISREG(st.st_mode)) {
     return std::string(S_ISDIR(st.st_mode) ? "the output is a folder, not a file"
@@ -135,7 +136,8 @@ std::optional<WriteOutcome> WriteIfChanged(const fs::path& path, const std::stri
     return std::nullopt;
   }
   if (exists) {
-    if (auto existing = ReadFile(path); existing && *existing == bytes) return WriteOutcome::kUnchanged;
+    if (auto existing = ReadFile(path); existing && *existing == bytes)
+      return WriteOutcome::kUnchanged;
   }
   std::error_code ec;
   if (path.has_parent_path()) {

@@ -23,8 +23,9 @@ enum class WriteOutcome { kUnchanged, kWritten };
 /// written): an output that is a symbolic link or not a regular file, and, when `root` is given
 /// and `path` lies under it, an output whose folder leads out of `root` through a symbolic link.
 /// Returns the outcome, or an error message that does not repeat the path (callers locate it).
-std::optional<WriteOutcome> WriteIfChanged(const std::filesystem::path& path, const std::string& bytes,
-                                           std::string* error, const std::filesystem::path& root = {});
+std::optional<WriteOutcome> WriteIfChanged(const std::filesystem::path& path,
+                                           const std::string& bytes, std::string* error,
+                                           const std::filesystem::path& root = {});
 
 /// Signal handlers that remove WriteIfChanged's temporary files before SIGINT/SIGTERM/SIGHUP end
 /// the process; SIGXFSZ ignored, so a file size limit is a write error (exit 5), not a kill.

@@ -131,7 +131,8 @@ Result<std::optional<PinFile>> ReadPins(const fs::path& path, const std::string&
   if (!raw.ok()) return raw.errors();
   LineIndex lines(*text);
   auto bad = [&](const RawNode& n, const std::string& msg) {
-    return MakeDiagnostic(shown, *text, lines, {n.range.start, std::max(n.range.end, n.range.start + 1)},
+    return MakeDiagnostic(shown, *text, lines,
+                          {n.range.start, std::max(n.range.end, n.range.start + 1)},
                           "invalid pin file: " + msg,
                           "pin files are written by `patchgen pin`; regenerate it rather than "
                           "editing by hand");
@@ -282,18 +283,17 @@ std::string PinSubject(const std::string& region, bool edit) {
 
 // What to re-verify when the pinned region of `c` changed.
 std::string PinVerify(const rewriter::ContractPin& c, bool edit) {
-  return
-      c.region == "function"
-          ? "re-verify that the upstream body still computes " + c.expects
-          : c.region == "statements" && edit
-          ? std::string("re-verify that the edit still fits the statements it anchors on")
-          : c.region == "statements"
-          ? "re-verify that the guarded statements still compute " + c.expects +
-                " and that the guard's `call` still passes what they use"
-          : c.region == "absent"
-          ? "upstream now defines it: drop the " + c.expects + " or make it an override_method"
-          : "re-verify that the " + c.expects + " body still fits the upstream signature and "
-            "decorators";
+  return c.region == "function" ? "re-verify that the upstream body still computes " + c.expects
+         : c.region == "statements" && edit
+             ? std::string("re-verify that the edit still fits the statements it anchors on")
+         : c.region == "statements"
+             ? "re-verify that the guarded statements still compute " + c.expects +
+                   " and that the guard's `call` still passes what they use"
+         : c.region == "absent"
+             ? "upstream now defines it: drop the " + c.expects + " or make it an override_method"
+             : "re-verify that the " + c.expects +
+                   " body still fits the upstream signature and "
+                   "decorators";
 }
 
 }  // namespace

@@ -23,10 +23,10 @@ struct PinRecord {
 };
 
 struct PinEntry {
-  std::string key;     ///< rewriter::ContractPin::key
-  std::string region;  ///< rewriter::ContractPin::region
-  std::string target;  ///< rewriter::ContractPin::qualname (lets audit find it by name)
-  std::string expects; ///< rewriter::ContractPin::expects
+  std::string key;      ///< rewriter::ContractPin::key
+  std::string region;   ///< rewriter::ContractPin::region
+  std::string target;   ///< rewriter::ContractPin::qualname (lets audit find it by name)
+  std::string expects;  ///< rewriter::ContractPin::expects
   std::vector<PinRecord> verified;  ///< Oldest first.
 };
 
@@ -40,7 +40,8 @@ struct PinFile {
 std::filesystem::path PinsPathFor(const std::filesystem::path& spec);
 
 /// Reads a pin file; nullopt (no error) when it does not exist. `shown` is the path as printed.
-Result<std::optional<PinFile>> ReadPins(const std::filesystem::path& path, const std::string& shown);
+Result<std::optional<PinFile>> ReadPins(const std::filesystem::path& path,
+                                        const std::string& shown);
 
 /// The file's text, entries in `order` of keys first (the spec's current order), the others after.
 std::string FormatPins(const PinFile& pins, const std::string& spec_shown);

@@ -79,10 +79,10 @@ TEST_CASE("UpdatePins adds versions and fingerprints; ComparePins reports what d
 
 TEST_CASE("SignatureChanges names added, removed, reordered parameters, defaults, decorators",
           "[audit]") {
-  std::vector<Param> old_params = {{"self", "", ""}, {"x", "torch.Tensor", ""}, {"eps", "", "1e-6"},
-                                   {"device", "", "None"}};
-  std::vector<Param> new_params = {{"self", "", ""}, {"eps", "", "1e-5"}, {"x", "torch.Tensor", ""},
-                                   {"cache", "", "None"}};
+  std::vector<Param> old_params = {
+      {"self", "", ""}, {"x", "torch.Tensor", ""}, {"eps", "", "1e-6"}, {"device", "", "None"}};
+  std::vector<Param> new_params = {
+      {"self", "", ""}, {"eps", "", "1e-5"}, {"x", "torch.Tensor", ""}, {"cache", "", "None"}};
   auto changes = SignatureChanges(old_params, new_params, {"@a"}, {"@a", "@torch.no_grad()"});
   CHECK(changes == std::vector<std::string>{
                        "parameter 'device' removed",

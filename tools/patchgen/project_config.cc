@@ -94,9 +94,10 @@ void ApplyKey(ProjectConfig& cfg, const ConfigSource& src, bool is_pyproject, co
     const std::vector<std::string> known(std::begin(kKeys), std::end(kKeys));
     std::string help = "known keys: " + JoinNames(known);
     if (auto guess = DidYouMean(name, known)) help = "did you mean '" + *guess + "'? " + help;
-    errors.push_back(ErrorAtRegion(src, key.source(), "unknown key '" + name + "' in " +
-                                                          (is_pyproject ? "[tool.patchgen]" : "patchgen.toml"),
-                                   help));
+    errors.push_back(ErrorAtRegion(
+        src, key.source(),
+        "unknown key '" + name + "' in " + (is_pyproject ? "[tool.patchgen]" : "patchgen.toml"),
+        help));
   }
 }
 

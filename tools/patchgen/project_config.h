@@ -16,15 +16,16 @@
 namespace patchgen::cli {
 
 struct ProjectConfig {
-  std::filesystem::path root;                  ///< Folder of the config file (absolute), or the cwd.
-  std::optional<std::filesystem::path> file;   ///< The config file, when one was found.
-  std::filesystem::path specs;                 ///< Specs root (absolute); key `specs`, default "specs".
-  std::filesystem::path output;                ///< Output root (absolute); key `output`, default "generated".
-  std::vector<std::filesystem::path> source_roots;  ///< Key `source_roots` (absolute), default none.
+  std::filesystem::path root;                 ///< Folder of the config file (absolute), or the cwd.
+  std::optional<std::filesystem::path> file;  ///< The config file, when one was found.
+  std::filesystem::path specs;   ///< Specs root (absolute); key `specs`, default "specs".
+  std::filesystem::path output;  ///< Output root (absolute); key `output`, default "generated".
+  std::vector<std::filesystem::path>
+      source_roots;  ///< Key `source_roots` (absolute), default none.
   /// Interpreter asked for sys.path; key `python`, default "python3" (looked up on PATH). A value
   /// containing '/' is a path relative to the config's folder.
   std::string python = "python3";
-  std::string runtime = "opslot";              ///< Default module providing OpSlot; key `runtime`.
+  std::string runtime = "opslot";  ///< Default module providing OpSlot; key `runtime`.
 };
 
 /// Finds and loads the project config for `cwd` (absolute). Errors (TOML syntax, unknown key,

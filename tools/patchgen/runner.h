@@ -3,24 +3,23 @@
 // runner_audit.cc), and the helpers they share (runner_util.cc). Internal to tools/patchgen.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
-#include <cstdio>
 #include <set>
 #include <thread>
 
 #include "audit.h"
-#include "cli.h"
 #include "base/line_index.h"
+#include "cli.h"
 #include "diff/unified_diff.h"
 #include "files.h"
 #include "parser/index_printer.h"
@@ -100,18 +99,18 @@ struct Job {
   std::optional<spec::PatchSpec> spec;
   std::vector<Diagnostic> errors;
   LookupResult lookup;
-  bool skipped = false;     // upstream package absent on a discovered spec
+  bool skipped = false;  // upstream package absent on a discovered spec
   Upstream* upstream = nullptr;
   fs::path out_py, out_diff;
   std::string py_text, diff_text;
   size_t patches = 0;
   std::string upstream_sha;
-  std::vector<rewriter::ContractPin> contract;    // what the applied entries rely on upstream
+  std::vector<rewriter::ContractPin> contract;          // what the applied entries rely on upstream
   std::vector<rewriter::SkippedEntry> skipped_entries;  // conditional entries left out
-  std::optional<PinFile> pins;                    // the spec's pin file, when it has one
-  std::vector<PinFinding> pin_findings;           // contract entries that differ from the pins
-  std::vector<Diagnostic> warnings;               // entries without a pin
-  std::string status;       // final, for reports
+  std::optional<PinFile> pins;                          // the spec's pin file, when it has one
+  std::vector<PinFinding> pin_findings;  // contract entries that differ from the pins
+  std::vector<Diagnostic> warnings;      // entries without a pin
+  std::string status;                    // final, for reports
 };
 
 int WorstExit(const std::vector<Diagnostic>& errors);
@@ -128,7 +127,8 @@ std::string Fingerprint(const std::string& version, const std::string& sha);
 /// path. Nothing is skipped silently: a folder that cannot be read and a symbolic link to a folder
 /// (not followed: it could lead out of the tree or into a loop) are errors in `errors`, and the
 /// walk goes on with the rest. A link to a file is a spec like any other.
-std::vector<fs::path> DiscoverSpecs(const fs::path& root, const fs::path& cwd, std::vector<Diagnostic>& errors);
+std::vector<fs::path> DiscoverSpecs(const fs::path& root, const fs::path& cwd,
+                                    std::vector<Diagnostic>& errors);
 
 /// True when `text` starts like a file patchgen generated: its header's first two lines (a .py), or
 /// those lines added by a .diff of one.
@@ -144,7 +144,8 @@ std::optional<std::pair<uint32_t, std::string>> FirstSourceBlocker(std::string_v
 /// scope (PyModule::Redefinitions): Python keeps the last definition, the splice would patch the
 /// first. Located at the spec entry, naming every definition.
 std::vector<Diagnostic> AmbiguousTargets(const std::vector<rewriter::ContractPin>& contract,
-                                         const parser::PyModule& upstream, const std::string& shown);
+                                         const parser::PyModule& upstream,
+                                         const std::string& shown);
 
 /// A job's output files with the bytes generated for them: the .py, and the .diff when it is made.
 using OutputFiles = std::vector<std::pair<fs::path, const std::string*>>;
@@ -159,9 +160,9 @@ struct CheckCounts {
 
 /// `audit --source-root-old`: each spec's old upstream file and what it generated there.
 struct OldUpstreams {
-  std::map<size_t, rewriter::GenerateResult> results;                         ///< By job index.
-  std::map<size_t, std::pair<UpstreamFile, parser::PyModule*>> modules;        ///< By job index.
-  std::map<fs::path, std::unique_ptr<parser::PyModule>> parsed;               ///< Owns the modules.
+  std::map<size_t, rewriter::GenerateResult> results;                    ///< By job index.
+  std::map<size_t, std::pair<UpstreamFile, parser::PyModule*>> modules;  ///< By job index.
+  std::map<fs::path, std::unique_ptr<parser::PyModule>> parsed;          ///< Owns the modules.
 };
 /// What `audit` gathers over its specs.
 struct AuditTally {
@@ -204,7 +205,8 @@ class Runner {
   std::optional<bool> WriteOutput(Job& job, const fs::path& path, const std::string& bytes);
   int Check();
   int CheckJob(Job& job, CheckCounts& n);
-  bool ShowDrift(const Job& job, const fs::path& path, const std::string& bytes, bool& py_missing) const;
+  bool ShowDrift(const Job& job, const fs::path& path, const std::string& bytes,
+                 bool& py_missing) const;
   int FixJob(Job& job, const OutputFiles& files, CheckCounts& n);
   std::vector<fs::path> FindOrphans() const;
   int HandleOrphan(const fs::path& p);

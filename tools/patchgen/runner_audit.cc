@@ -39,7 +39,8 @@ std::string RegionFindingKind(const rewriter::ContractPin& c) {
   const std::string& region = c.region;
   if (region == "function") return "body changed under a guard";
   if (region == "statements") {
-    return c.key.starts_with("edit_body ") ? "edited statements changed" : "guarded statements changed";
+    return c.key.starts_with("edit_body ") ? "edited statements changed"
+                                           : "guarded statements changed";
   }
   if (region == "absent") return "added method now defined upstream";
   return "signature changed";
@@ -53,8 +54,9 @@ std::string Loc(const SourceLoc& l) {
 /// strings its findings name.
 struct AuditView {
   const Job& job;
-  const rewriter::GenerateResult* old = nullptr;                          ///< Generated against the old upstream.
-  const std::pair<UpstreamFile, parser::PyModule*>* old_module = nullptr;  ///< The old upstream file.
+  const rewriter::GenerateResult* old = nullptr;  ///< Generated against the old upstream.
+  const std::pair<UpstreamFile, parser::PyModule*>* old_module =
+      nullptr;             ///< The old upstream file.
   std::string up_shown;    ///< The new upstream file as shown, "" when not found.
   std::string version;     ///< The new upstream's version.
   std::string pins_shown;  ///< The spec's pin file as shown.
@@ -109,8 +111,13 @@ std::string Joined(const std::vector<std::string>& versions) {
 // 1. What no longer generates: missing targets, anchors, names, imports.
 void AddErrorFindings(const AuditView& v, std::vector<Finding>& out) {
   for (const Diagnostic& d : v.job.errors) {
-    Finding f{ErrorFindingKind(d), "", SourceLoc{d.path, d.line, d.col, 1, {}}, v.up_shown,
-              d.message, d.notes, true};
+    Finding f{ErrorFindingKind(d),
+              "",
+              SourceLoc{d.path, d.line, d.col, 1, {}},
+              v.up_shown,
+              d.message,
+              d.notes,
+              true};
     if (!d.help.empty()) f.details.push_back("help: " + d.help);
     out.push_back(std::move(f));
   }
@@ -123,13 +130,22 @@ std::set<std::string> AddPinFindings(const AuditView& v, std::vector<Finding>& o
     const rewriter::ContractPin& c = *pf.pin;
     reported.insert(c.key);
     if (pf.kind == PinFinding::Kind::kUnpinned) {
-      out.push_back({"unpinned", c.key, c.loc, v.Where(c), "no pin for this entry in " + v.pins_shown,
-                     {}, true});
+      out.push_back({"unpinned",
+                     c.key,
+                     c.loc,
+                     v.Where(c),
+                     "no pin for this entry in " + v.pins_shown,
+                     {},
+                     true});
       continue;
     }
-    Finding f{RegionFindingKind(c), c.key, c.loc, v.Where(c),
+    Finding f{RegionFindingKind(c),
+              c.key,
+              c.loc,
+              v.Where(c),
               "differs from the pin (verified with " + Joined(pf.pinned->versions) + ")",
-              v.SignatureDetails(c), true};
+              v.SignatureDetails(c),
+              true};
     for (std::string& l : TextDiffLines(pf.pinned->text, c.text)) f.details.push_back("  " + l);
     out.push_back(std::move(f));
   }
@@ -161,7 +177,8 @@ std::vector<rewriter::ContractPin> Refound(const AuditView& v) {
     c.expects = e.expects;
     c.qualname = e.target;
     c.loc = SourceLoc{job.spec_shown, 0, 0, 1, {}};
-    if (auto now = rewriter::RefingerprintContract(c, *job.upstream->module)) refound.push_back(std::move(*now));
+    if (auto now = rewriter::RefingerprintContract(c, *job.upstream->module))
+      refound.push_back(std::move(*now));
   }
   return refound;
 }
@@ -178,20 +195,31 @@ bool Verified(const Job& job, const rewriter::ContractPin& c) {
 // 2b. Contracts not reported against the pins: against the old upstream, else (found by name
 // through the pins, the spec does not generate) against the newest verified fingerprint.
 void AddContractFindings(const AuditView& v, const std::set<std::string>& reported,
-                         const std::vector<rewriter::ContractPin>& current, std::vector<Finding>& out) {
+                         const std::vector<rewriter::ContractPin>& current,
+                         std::vector<Finding>& out) {
   for (const rewriter::ContractPin& c : current) {
     if (reported.count(c.key) || Verified(v.job, c)) continue;
     if (const rewriter::ContractPin* o = v.OldPin(c.key)) {
       if (o->sha256 == c.sha256) continue;
-      Finding f{RegionFindingKind(c), c.key, c.loc, v.Where(c),
-                "differs from " + v.old_module->first.version, v.SignatureDetails(c), true};
+      Finding f{RegionFindingKind(c),
+                c.key,
+                c.loc,
+                v.Where(c),
+                "differs from " + v.old_module->first.version,
+                v.SignatureDetails(c),
+                true};
       for (std::string& l : TextDiffLines(o->text, c.text)) f.details.push_back("  " + l);
       out.push_back(std::move(f));
     } else if (const PinEntry* e = v.job.pins ? v.job.pins->Find(c.key) : nullptr) {
       // Differs from every verified fingerprint (checked above); show the newest.
       const PinRecord& newest = e->verified.back();
-      Finding f{RegionFindingKind(c), c.key, c.loc, v.Where(c),
-                "differs from the pin (verified with " + Joined(newest.versions) + ")", {}, true};
+      Finding f{RegionFindingKind(c),
+                c.key,
+                c.loc,
+                v.Where(c),
+                "differs from the pin (verified with " + Joined(newest.versions) + ")",
+                {},
+                true};
       for (std::string& l : TextDiffLines(newest.text, c.text)) f.details.push_back("  " + l);
       out.push_back(std::move(f));
     }
@@ -203,16 +231,26 @@ void AddContractFindings(const AuditView& v, const std::set<std::string>& report
 void AddEntryFindings(const AuditView& v, std::vector<Finding>& out) {
   const Job& job = v.job;
   if (!job.pins && job.errors.empty()) {
-    out.push_back({"unpinned", "", SourceLoc{job.spec_shown, 0, 0, 1, {}}, "",
-                   "the spec has no pin file; run `patchgen pin " + job.spec_shown + "`", {}, false});
+    out.push_back({"unpinned",
+                   "",
+                   SourceLoc{job.spec_shown, 0, 0, 1, {}},
+                   "",
+                   "the spec has no pin file; run `patchgen pin " + job.spec_shown + "`",
+                   {},
+                   false});
   }
   if (v.old && job.errors.empty()) {
     for (const rewriter::ContractPin& c : v.old->contract) {
       bool now = false;
       for (const auto& n : job.contract) now |= n.key == c.key;
       if (now) continue;
-      out.push_back({"entry no longer applies", c.key, c.loc, "",
-                     "applied to " + v.old_module->first.version + ", not to " + v.version, {}, false});
+      out.push_back({"entry no longer applies",
+                     c.key,
+                     c.loc,
+                     "",
+                     "applied to " + v.old_module->first.version + ", not to " + v.version,
+                     {},
+                     false});
     }
   }
   for (const rewriter::SkippedEntry& sk : job.skipped_entries) {
@@ -226,7 +264,8 @@ void AddImportFindings(const AuditView& v, std::vector<Finding>& out) {
   if (!job.spec || job.lookup.status != LookupResult::Status::kFound) return;
   fs::path root = job.lookup.file.file;
   std::string rel = job.lookup.file.rel_path;
-  for (size_t n = std::count(rel.begin(), rel.end(), '/') + 1; n > 0; --n) root = root.parent_path();
+  for (size_t n = std::count(rel.begin(), rel.end(), '/') + 1; n > 0; --n)
+    root = root.parent_path();
   for (const spec::Block& b : job.spec->import_adds) {
     for (std::string& m : MissingImportedNames(b.code, job.spec->upstream, root)) {
       out.push_back({"import gone", "imports.add", b.loc, "", m, {}, true});
@@ -340,13 +379,14 @@ void Runner::AuditJob(size_t i, const OldUpstreams& olds, AuditTally& t) {
   AuditView v{job,
               old != olds.results.end() ? &old->second : nullptr,
               old_module != olds.modules.end() ? &old_module->second : nullptr,
-              job.spec && job.lookup.status == LookupResult::Status::kFound ? Show(job.lookup.file.file)
-                                                                            : std::string(),
+              job.spec && job.lookup.status == LookupResult::Status::kFound
+                  ? Show(job.lookup.file.file)
+                  : std::string(),
               job.lookup.file.version,
               Show(PinsPathFor(job.spec_abs))};
   std::vector<Finding> findings = FindingsOf(v);
-  size_t need = std::count_if(findings.begin(), findings.end(),
-                              [](const Finding& f) { return f.attention; });
+  size_t need =
+      std::count_if(findings.begin(), findings.end(), [](const Finding& f) { return f.attention; });
   need ? ++t.attention : ++t.clean;
   job.status = need ? "needs attention" : "ok";
   nlohmann::json j = JobJson(job);

@@ -14,8 +14,7 @@ int Runner::Check() {
       job.status = "upstream not found";
       if (!opts_.json) {
         std::cout << "skipped " << job.spec_shown << ": upstream package '"
-                  << TopPackage(job.spec->upstream)
-                  << "' not found on any source root\n";
+                  << TopPackage(job.spec->upstream) << "' not found on any source root\n";
       }
     } else if (!job.errors.empty()) {
       ++n.failed;
@@ -35,7 +34,8 @@ int Runner::Check() {
     code = std::max(code, HandleOrphan(p));
   }
   if (opts_.json) {
-    std::cout << JsonText(nlohmann::json{{"specs", report}, {"orphaned", orphans}, {"exit_code", code}})
+    std::cout << JsonText(
+                     nlohmann::json{{"specs", report}, {"orphaned", orphans}, {"exit_code", code}})
               << "\n";
   } else {
     std::cout << "check: " << n.clean << " up to date, " << n.stale << " stale, ";
@@ -53,7 +53,8 @@ int Runner::CheckJob(Job& job, CheckCounts& n) {
   PrintDiagnostics(job.warnings);
   std::error_code ec;
   OutputFiles files = {{job.out_py, &job.py_text}};
-  if (opts_.diff || fs::is_regular_file(job.out_diff, ec)) files.push_back({job.out_diff, &job.diff_text});
+  if (opts_.diff || fs::is_regular_file(job.out_diff, ec))
+    files.push_back({job.out_diff, &job.diff_text});
   bool drift = false;
   bool py_missing = false;
   for (const auto& [path, bytes] : files) drift |= ShowDrift(job, path, *bytes, py_missing);
@@ -72,7 +73,8 @@ int Runner::CheckJob(Job& job, CheckCounts& n) {
 
 // Whether `path` differs from what the job generates; if so (and not --json) prints it as stale or
 // missing, the upstream change since generation, and the diff. Sets py_missing for an absent .py.
-bool Runner::ShowDrift(const Job& job, const fs::path& path, const std::string& bytes, bool& py_missing) const {
+bool Runner::ShowDrift(const Job& job, const fs::path& path, const std::string& bytes,
+                       bool& py_missing) const {
   auto on_disk = ReadFile(path);
   if (on_disk && *on_disk == bytes) return false;
   py_missing |= !on_disk && path == job.out_py;
@@ -174,7 +176,8 @@ std::vector<fs::path> Runner::FindOrphans() const {
 int Runner::HandleOrphan(const fs::path& p) {
   if (!opts_.fix) {
     if (!opts_.json) {
-      std::cout << "orphaned: " << Show(p) << " (carries patchgen's header, but no spec produces it; "
+      std::cout << "orphaned: " << Show(p)
+                << " (carries patchgen's header, but no spec produces it; "
                 << "`patchgen --check --fix` removes it)\n";
     }
     return kExitDrift;
@@ -182,7 +185,8 @@ int Runner::HandleOrphan(const fs::path& p) {
   std::error_code rm;
   if (fs::remove(p, rm); rm) {
     SourceLoc loc{Show(p), 0, 0, 1, {}};
-    Diagnostic d = ErrorAt(loc, "cannot remove orphaned output: " + rm.message(), {}, ErrorKind::kIo);
+    Diagnostic d =
+        ErrorAt(loc, "cannot remove orphaned output: " + rm.message(), {}, ErrorKind::kIo);
     PrintDiagnostics({d});
     return ExitCodeOf(ErrorKind::kIo);
   }

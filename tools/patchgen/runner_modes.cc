@@ -20,8 +20,11 @@ nlohmann::json Runner::JobJson(const Job& job) const {
   j["errors"] = errors;
   nlohmann::json skipped = nlohmann::json::array();
   for (const auto& sk : job.skipped_entries) {
-    skipped.push_back({{"kind", sk.kind}, {"target", sk.target}, {"why", sk.why},
-                       {"spec", sk.loc.path}, {"line", sk.loc.line}});
+    skipped.push_back({{"kind", sk.kind},
+                       {"target", sk.target},
+                       {"why", sk.why},
+                       {"spec", sk.loc.path},
+                       {"line", sk.loc.line}});
   }
   j["skipped_entries"] = skipped;
   nlohmann::json warnings = nlohmann::json::array();
@@ -63,8 +66,7 @@ int Runner::Generate() {
       job.status = "upstream not found";
       if (!opts_.json) {
         std::cout << "skipped " << job.spec_shown << ": upstream package '"
-                  << TopPackage(job.spec->upstream)
-                  << "' not found (upstream not found)\n";
+                  << TopPackage(job.spec->upstream) << "' not found (upstream not found)\n";
       }
     } else if (!job.errors.empty()) {
       ++n.failed;
@@ -79,8 +81,9 @@ int Runner::Generate() {
   if (opts_.json) {
     std::cout << JsonText(nlohmann::json{{"specs", report}, {"exit_code", code}}) << "\n";
   } else {
-    std::cout << jobs_.size() << " specs: " << n.written << (opts_.dry_run ? " to write, " : " written, ")
-              << n.unchanged << " unchanged, " << n.skipped << " skipped, " << n.failed << " failed\n";
+    std::cout << jobs_.size() << " specs: " << n.written
+              << (opts_.dry_run ? " to write, " : " written, ") << n.unchanged << " unchanged, "
+              << n.skipped << " skipped, " << n.failed << " failed\n";
   }
   return code;
 }
@@ -143,7 +146,8 @@ std::optional<bool> Runner::WriteOutput(Job& job, const fs::path& path, const st
   }
   if (opts_.json || (verb == "unchanged" && !opts_.verbose)) return changed;
   std::cout << verb << " " << Show(path) << " (" << bytes.size() << " bytes";
-  if (path == job.out_py) std::cout << ", " << job.patches << (job.patches == 1 ? " patch" : " patches");
+  if (path == job.out_py)
+    std::cout << ", " << job.patches << (job.patches == 1 ? " patch" : " patches");
   std::cout << ")\n";
   return changed;
 }
@@ -169,7 +173,8 @@ void PrintTable(const std::vector<std::array<std::string, 4>>& rows) {
 std::string Runner::DiskStatus(const Job& job) const {
   auto py = ReadFile(job.out_py);
   std::error_code ec;
-  bool diff_stale = fs::is_regular_file(job.out_diff, ec) && ReadFile(job.out_diff) != job.diff_text;
+  bool diff_stale =
+      fs::is_regular_file(job.out_diff, ec) && ReadFile(job.out_diff) != job.diff_text;
   return !py ? "missing" : (*py == job.py_text && !diff_stale) ? "up to date" : "stale";
 }
 
@@ -255,9 +260,9 @@ int Runner::PinJob(Job& job, WriteCounts& n, nlohmann::json& j) {
     wrote ? ++n.written : ++n.unchanged;
     job.status = wrote ? "pinned" : "unchanged";
     if (!opts_.json) {
-      std::cout << (wrote ? "pinned " : "unchanged ") << Show(path) << " ("
-                << job.contract.size() << " entries, " << added << " new fingerprints, "
-                << job.spec->upstream << " " << job.lookup.file.version << ")\n";
+      std::cout << (wrote ? "pinned " : "unchanged ") << Show(path) << " (" << job.contract.size()
+                << " entries, " << added << " new fingerprints, " << job.spec->upstream << " "
+                << job.lookup.file.version << ")\n";
     }
   }
   j = JobJson(job);

@@ -1,8 +1,8 @@
 // Checks the Runner makes before anything is written (runner.h): no output overwrites an input or
 // another spec's output, and --check's configured source roots exist.
-#include "runner.h"
-
 #include <sys/stat.h>
+
+#include "runner.h"
 
 namespace patchgen::cli {
 
@@ -12,7 +12,8 @@ namespace {
 // to one file compare equal), otherwise its normalised absolute path.
 std::string FileIdentity(const fs::path& p) {
   struct stat st {};
-  if (::stat(p.c_str(), &st) == 0) return "#" + std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino);
+  if (::stat(p.c_str(), &st) == 0)
+    return "#" + std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino);
   std::error_code ec;
   fs::path c = fs::weakly_canonical(p, ec);
   return (ec ? p.lexically_normal() : c).generic_string();
@@ -20,8 +21,8 @@ std::string FileIdentity(const fs::path& p) {
 
 }  // namespace
 
-// What the run reads, by file identity: the specs, their parents, patch files, pin files and upstream
-// files ("the upstream file 'x'").
+// What the run reads, by file identity: the specs, their parents, patch files, pin files and
+// upstream files ("the upstream file 'x'").
 std::map<std::string, std::string> Runner::InputFiles() const {
   std::map<std::string, std::string> inputs;
   auto add_input = [&](const fs::path& p, std::string what) {
@@ -57,11 +58,13 @@ namespace {
 
 // The error on `at` for an output `shown` that the spec of `with` writes too.
 Diagnostic ClashError(const Job& at, const Job& with, const std::string& shown) {
-  Diagnostic d = ErrorAt(at.spec->output_loc,
-                         "output '" + shown + "' is also written by the spec '" + with.spec_shown + "'",
-                         "two specs cannot write one file; give one of them another `output:` name");
-  d.notes.push_back(with.spec->output_loc.path + ":" + std::to_string(with.spec->output_loc.line) + ":" +
-                    std::to_string(with.spec->output_loc.col) + ": note: its output is set here");
+  Diagnostic d =
+      ErrorAt(at.spec->output_loc,
+              "output '" + shown + "' is also written by the spec '" + with.spec_shown + "'",
+              "two specs cannot write one file; give one of them another `output:` name");
+  d.notes.push_back(with.spec->output_loc.path + ":" + std::to_string(with.spec->output_loc.line) +
+                    ":" + std::to_string(with.spec->output_loc.col) +
+                    ": note: its output is set here");
   return d;
 }
 
@@ -79,20 +82,22 @@ void Runner::CheckOutputs() {
     if (!job.spec || job.skipped || !job.errors.empty() || job.out_py.empty()) continue;
     std::vector<fs::path> outs = {job.out_py};
     std::error_code ec;
-    if (opts_.diff || (opts_.check && fs::is_regular_file(job.out_diff, ec))) outs.push_back(job.out_diff);
+    if (opts_.diff || (opts_.check && fs::is_regular_file(job.out_diff, ec)))
+      outs.push_back(job.out_diff);
     for (const fs::path& out : outs) {
       std::string id = FileIdentity(out);
       if (auto in = inputs.find(id); in != inputs.end()) {
-        errors[i].push_back(ErrorAt(job.spec->output_loc,
-                                    "output '" + Show(out) + "' would overwrite " + in->second,
-                                    "patchgen never writes over its inputs; choose another `output:` "
-                                    "name or output folder"));
+        errors[i].push_back(ErrorAt(
+            job.spec->output_loc, "output '" + Show(out) + "' would overwrite " + in->second,
+            "patchgen never writes over its inputs; choose another `output:` "
+            "name or output folder"));
         continue;
       }
       auto [it, inserted] = writer.emplace(id, i);
       if (inserted) continue;
       const Job& other = jobs_[it->second];
-      if (FileIdentity(other.spec_abs) == FileIdentity(job.spec_abs)) continue;  // one spec named twice
+      if (FileIdentity(other.spec_abs) == FileIdentity(job.spec_abs))
+        continue;  // one spec named twice
       errors[i].push_back(ClashError(job, other, Show(out)));
       errors[it->second].push_back(ClashError(other, job, Show(out)));
     }
@@ -114,17 +119,20 @@ bool Runner::CheckSourceRoots() {
     if (text) {  // point at the value in the config file when it is written there as given
       size_t at = std::string::npos, key = text->find("source_roots");
       for (char q : {'"', '\''}) {
-        if (key != std::string::npos) at = std::min(at, text->find(std::string(1, q) + written + q, key));
+        if (key != std::string::npos)
+          at = std::min(at, text->find(std::string(1, q) + written + q, key));
       }
       if (at != std::string::npos) {
         LineIndex lines(*text);
-        loc = LocOf(config_shown, *text, lines,
-                    ByteRange{static_cast<uint32_t>(at), static_cast<uint32_t>(at + written.size() + 2)});
+        loc = LocOf(
+            config_shown, *text, lines,
+            ByteRange{static_cast<uint32_t>(at), static_cast<uint32_t>(at + written.size() + 2)});
       }
     }
-    Diagnostic d = ErrorAt(loc, "source root '" + Show(root) + "' does not exist",
-                           "--check would skip every spec whose upstream package lives there; create it "
-                           "(e.g. `make upstream`) or remove it from `source_roots`");
+    Diagnostic d =
+        ErrorAt(loc, "source root '" + Show(root) + "' does not exist",
+                "--check would skip every spec whose upstream package lives there; create it "
+                "(e.g. `make upstream`) or remove it from `source_roots`");
     PrintDiagnostics({d});
     ok = false;
   }

@@ -12,8 +12,11 @@ bool Runner::CollectSpecs() {
     std::error_code ec;
     if (!fs::is_directory(config_.specs, ec)) {
       std::cerr << "patchgen: error: specs folder '" << Show(config_.specs) << "' does not exist\n"
-                << "help: set `specs` in the project config (" <<
-                   (config_.file ? Show(*config_.file) : std::string("no pyproject.toml with [tool.patchgen] or patchgen.toml found"))
+                << "help: set `specs` in the project config ("
+                << (config_.file
+                        ? Show(*config_.file)
+                        : std::string(
+                              "no pyproject.toml with [tool.patchgen] or patchgen.toml found"))
                 << ") or name spec files on the command line\n";
       return false;
     }
@@ -74,10 +77,12 @@ void Runner::FindUpstreams() {
     roots.push_back({(p.is_absolute() ? p : cwd_ / p).lexically_normal(), "--source-root"});
   }
   if (const char* env = std::getenv("PATCHGEN_SOURCE_PATH")) {
-    for (auto& p : SourceLookup::SplitPathList(env, cwd_)) roots.push_back({p, "PATCHGEN_SOURCE_PATH"});
+    for (auto& p : SourceLookup::SplitPathList(env, cwd_))
+      roots.push_back({p, "PATCHGEN_SOURCE_PATH"});
   }
   for (const auto& p : config_.source_roots) {
-    roots.push_back({p, "source_roots in " + (config_.file ? Show(*config_.file) : std::string("config"))});
+    roots.push_back(
+        {p, "source_roots in " + (config_.file ? Show(*config_.file) : std::string("config"))});
   }
   SourceLookup lookup(std::move(roots), config_.python, cwd_);
 
@@ -120,11 +125,12 @@ void ReadUpstream(Upstream& u, const fs::path& path, const std::string& shown) {
   for (size_t cr = text->find('\r'); cr != std::string::npos; cr = text->find('\r', cr + 1)) {
     if (cr + 1 < text->size() && (*text)[cr + 1] == '\n') continue;
     LineIndex lines(*text);
-    u.errors.push_back(MakeDiagnostic(
-        shown, *text, lines, {static_cast<uint32_t>(cr), static_cast<uint32_t>(cr + 1)},
-        "upstream module has a CR line ending ('\\r' without '\\n')",
-        "patchgen reads modules with LF or CRLF line endings; convert the file (e.g. `dos2unix -c mac`)",
-        ErrorKind::kUpstream));
+    u.errors.push_back(MakeDiagnostic(shown, *text, lines,
+                                      {static_cast<uint32_t>(cr), static_cast<uint32_t>(cr + 1)},
+                                      "upstream module has a CR line ending ('\\r' without '\\n')",
+                                      "patchgen reads modules with LF or CRLF line endings; "
+                                      "convert the file (e.g. `dos2unix -c mac`)",
+                                      ErrorKind::kUpstream));
     return;
   }
   size_t lf = 0, crlf = 0;
@@ -192,7 +198,8 @@ void Runner::PlaceOutputs() {
     } else {
       fs::path rel = job.spec_abs.parent_path().lexically_relative(config_.specs);
       bool inside = !rel.empty() && *rel.begin() != "..";
-      job.out_py = (inside ? config_.output / rel / name : config_.output / name).lexically_normal();
+      job.out_py =
+          (inside ? config_.output / rel / name : config_.output / name).lexically_normal();
     }
     job.out_diff = job.out_py.parent_path() / DiffNameFor(job.out_py.filename().string());
   }
@@ -256,8 +263,8 @@ void Runner::GenerateJob(Job& job) {
 // False (the job failed) when a target is defined twice upstream or the generated module would
 // hold bytes CPython rejects.
 bool Runner::AcceptGenerated(Job& job, const rewriter::GenerateResult& result) {
-  if (auto ambiguous = AmbiguousTargets(result.contract, *job.upstream->module,
-                                        Show(job.lookup.file.file));
+  if (auto ambiguous =
+          AmbiguousTargets(result.contract, *job.upstream->module, Show(job.lookup.file.file));
       !ambiguous.empty()) {
     Fail(job, std::move(ambiguous));
     return false;

@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cstdio>
-
 #include <nlohmann/json.hpp>
 
 #include "base/text_util.h"
@@ -149,7 +148,8 @@ LookupResult SourceLookup::Find(const std::string& module) {
       std::error_code ec;
       fs::path file = root.path / (rel + ".py");
       fs::path init = root.path / rel / "__init__.py";
-      if (fs::is_directory(root.path / top, ec) || fs::is_regular_file(root.path / (top + ".py"), ec)) {
+      if (fs::is_directory(root.path / top, ec) ||
+          fs::is_regular_file(root.path / (top + ".py"), ec)) {
         package_seen = true;
       }
       for (const fs::path& candidate : {file, init}) {
@@ -174,14 +174,15 @@ LookupResult SourceLookup::Find(const std::string& module) {
     return result;
   }
   if (sys_path_error_) result.looked.push_back("sys.path: " + *sys_path_error_);
-  result.status = package_seen ? LookupResult::Status::kModuleMissing
-                               : LookupResult::Status::kPackageMissing;
+  result.status =
+      package_seen ? LookupResult::Status::kModuleMissing : LookupResult::Status::kPackageMissing;
   return result;
 }
 
 std::string SourceLookup::Help(const std::string& top_package) {
   return "add the folder that contains '" + top_package +
-         "/' with --source-root DIR, PATCHGEN_SOURCE_PATH=DIR[:DIR...], or source_roots = [\"DIR\"] "
+         "/' with --source-root DIR, PATCHGEN_SOURCE_PATH=DIR[:DIR...], or source_roots = "
+         "[\"DIR\"] "
          "in the project config ([tool.patchgen] in pyproject.toml)";
 }
 

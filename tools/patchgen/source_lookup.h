@@ -16,20 +16,20 @@ namespace patchgen::cli {
 
 struct SourceRoot {
   std::filesystem::path path;  ///< Absolute.
-  std::string origin;          ///< Where it came from, e.g. "--source-root", "PATCHGEN_SOURCE_PATH".
+  std::string origin;  ///< Where it came from, e.g. "--source-root", "PATCHGEN_SOURCE_PATH".
 };
 
 struct UpstreamFile {
   std::filesystem::path file;  ///< Absolute path of the .py file.
-  std::string rel_path;        ///< Relative to its root, '/'-separated: "pkg/models/x/modeling_x.py".
-  std::string version;         ///< Package version, or "unknown".
+  std::string rel_path;  ///< Relative to its root, '/'-separated: "pkg/models/x/modeling_x.py".
+  std::string version;   ///< Package version, or "unknown".
 };
 
 struct LookupResult {
   enum class Status { kFound, kPackageMissing, kModuleMissing };
   Status status = Status::kPackageMissing;
-  UpstreamFile file;                  ///< kFound only.
-  std::vector<std::string> looked;    ///< kPackageMissing/kModuleMissing: "<candidate> (<origin>)".
+  UpstreamFile file;                ///< kFound only.
+  std::vector<std::string> looked;  ///< kPackageMissing/kModuleMissing: "<candidate> (<origin>)".
 };
 
 class SourceLookup {

@@ -30,8 +30,8 @@ void CheckParses(const std::string& code, const spec::TextOrigin& origin, const 
     loc.line = origin.first_line + p.row;
     loc.col = p.column + 1 + origin.col_offset;
     loc.source_line = LineOf(origin.file_text, loc.line);
-    out.push_back(ErrorAt(loc, what + " does not parse as Python",
-                          "fix the syntax error at this position"));
+    out.push_back(
+        ErrorAt(loc, what + " does not parse as Python", "fix the syntax error at this position"));
   }
   ts_tree_delete(tree);
 }
@@ -48,7 +48,8 @@ void CheckBody(const spec::Body& body, const std::string& what, std::vector<Diag
     if ((*module)->FindTopLevel(body.symbol) != nullptr) return;
     std::vector<std::string> names = (*module)->TopLevelNames();
     std::string help = "definitions in " + body.file + ": " + JoinNames(names);
-    if (auto guess = DidYouMean(body.symbol, names)) help = "did you mean '" + *guess + "'? " + help;
+    if (auto guess = DidYouMean(body.symbol, names))
+      help = "did you mean '" + *guess + "'? " + help;
     out.push_back(ErrorAt(body.symbol_loc,
                           "no def or class '" + body.symbol + "' in '" + body.file + "'", help));
   }
@@ -58,15 +59,17 @@ void CheckBody(const spec::Body& body, const std::string& what, std::vector<Diag
 
 std::vector<Diagnostic> ValidateSpecWithoutUpstream(const spec::PatchSpec& spec) {
   std::vector<Diagnostic> out;
-  for (const auto& block : spec.import_adds) CheckParses(block.code, block.origin, "added import", out);
+  for (const auto& block : spec.import_adds)
+    CheckParses(block.code, block.origin, "added import", out);
   for (const auto& block : spec.blocks) CheckParses(block.code, block.origin, "block", out);
   for (const auto& patch : spec.patches) {
-    CheckBody(patch.body, std::string("body of ") + spec::PatchKindKey(patch.kind) + " " + patch.target, out);
+    CheckBody(patch.body,
+              std::string("body of ") + spec::PatchKindKey(patch.kind) + " " + patch.target, out);
     for (const auto& edit : patch.edits) {
       if (edit.code.empty()) continue;  // delete
       CheckParses(edit.code, edit.code_origin,
-                  std::string("code of ") + spec::PatchKindKey(patch.kind) + " " + patch.target + " " +
-                      spec::EditOpKey(edit.op),
+                  std::string("code of ") + spec::PatchKindKey(patch.kind) + " " + patch.target +
+                      " " + spec::EditOpKey(edit.op),
                   out);
     }
   }
@@ -77,17 +80,19 @@ std::vector<Diagnostic> ValidateSpecWithoutUpstream(const spec::PatchSpec& spec)
     auto [it, inserted] = by_name.emplace(slot.name, &slot);
     if (!inserted && (it->second->op != slot.op || it->second->variant != slot.variant)) {
       out.push_back(ErrorAt(slot.loc,
-                            "slot '" + slot.name + "' is declared again with op '" + slot.op + "' variant '" +
-                                slot.variant + "'",
+                            "slot '" + slot.name + "' is declared again with op '" + slot.op +
+                                "' variant '" + slot.variant + "'",
                             "it was declared with op '" + it->second->op + "' variant '" +
-                                it->second->variant + "' at line " + std::to_string(it->second->loc.line)));
+                                it->second->variant + "' at line " +
+                                std::to_string(it->second->loc.line)));
     }
     for (const auto& guard : slot.guards) {
       CheckParses(guard.call, guard.call_origin, "guard call", out);
       if (slot.scope == spec::Slot::Scope::kInstance && guard.in.find('.') == std::string::npos) {
-        out.push_back(ErrorAt(guard.in_loc,
-                              "slot '" + slot.name + "' has scope: instance, so it can only guard methods",
-                              "write the target as Class.method, or use scope: module"));
+        out.push_back(
+            ErrorAt(guard.in_loc,
+                    "slot '" + slot.name + "' has scope: instance, so it can only guard methods",
+                    "write the target as Class.method, or use scope: module"));
       }
     }
   }
