@@ -12,8 +12,8 @@ namespace patchgen::fuzz {
 namespace fs = std::filesystem;
 
 void Fail(std::string_view why, std::string_view detail) {
-  std::fprintf(stderr, "\n*** patchgen fuzz property violated: %.*s\n", static_cast<int>(why.size()),
-               why.data());
+  std::fprintf(stderr, "\n*** patchgen fuzz property violated: %.*s\n",
+               static_cast<int>(why.size()), why.data());
   if (!detail.empty()) {
     size_t n = std::min<size_t>(detail.size(), 4000);
     std::fprintf(stderr, "%.*s%s\n", static_cast<int>(n), detail.data(),
@@ -34,7 +34,8 @@ void CheckDiagnostics(const std::vector<Diagnostic>& diags, bool allow_unlocated
       Fail("a message, note or help prints on several lines", text);
     }
     for (unsigned char c : text) {
-      if ((c < 0x20 && c != '\n' && c != '\t') || c == 0x7f) Fail("a control character printed", text);
+      if ((c < 0x20 && c != '\n' && c != '\t') || c == 0x7f)
+        Fail("a control character printed", text);
     }
     if (d.path.empty()) Fail("diagnostic without a path", text);
     if (d.line == 0 && !allow_unlocated) Fail("diagnostic without a line", text);
@@ -69,8 +70,8 @@ Sections SplitSections(std::string_view data) {
         bool ok = !name.empty() && name.size() < 64 && name.front() != '/' &&
                   name.find("..") == std::string::npos;
         for (char c : name) {
-          ok = ok && (std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '-' ||
-                      c == '/');
+          ok = ok && (std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' ||
+                      c == '-' || c == '/');
         }
         if (ok && out.files.size() < 8) {
           out.files.emplace_back(name, std::string());

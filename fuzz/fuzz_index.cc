@@ -1,10 +1,9 @@
 // Fuzz target: the Python index (PyModule::Parse, `patchgen index` text and JSON) on any bytes.
 // Property: a module or one located kUpstream error; for a module, every range of the index lies in
 // the source and nests as documented in py_module.h, and the `--json` printer gives valid JSON.
-#include <nlohmann/json.hpp>
-
 #include <cstddef>
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "fuzz_common.h"
@@ -20,8 +19,8 @@ namespace {
 
 void CheckRange(const PyModule& m, ByteRange r, const char* what, const std::string& name) {
   if (r.start > r.end || r.end > m.source().size()) {
-    Fail(std::string(what) + " of '" + name + "' out of the source: [" + std::to_string(r.start) + ", " +
-         std::to_string(r.end) + ") in " + std::to_string(m.source().size()) + " bytes");
+    Fail(std::string(what) + " of '" + name + "' out of the source: [" + std::to_string(r.start) +
+         ", " + std::to_string(r.end) + ") in " + std::to_string(m.source().size()) + " bytes");
   }
 }
 
@@ -34,9 +33,14 @@ void CheckIndex(const PyModule& m) {
   const auto& defs = m.definitions();
   for (size_t i = 0; i < defs.size(); ++i) {
     const Definition& d = defs[i];
-    for (auto [r, what] : {std::pair{d.whole, "whole"}, {d.definition, "definition"},
-                           {d.decorators, "decorators"}, {d.comments, "comments"}, {d.header, "header"},
-                           {d.name_range, "name"}, {d.parameters, "parameters"}, {d.body, "body"}}) {
+    for (auto [r, what] : {std::pair{d.whole, "whole"},
+                           {d.definition, "definition"},
+                           {d.decorators, "decorators"},
+                           {d.comments, "comments"},
+                           {d.header, "header"},
+                           {d.name_range, "name"},
+                           {d.parameters, "parameters"},
+                           {d.body, "body"}}) {
       CheckRange(m, r, what, d.qualname);
     }
     CheckInside(d.whole, d.definition, "definition", d.qualname);

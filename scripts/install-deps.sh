@@ -13,7 +13,7 @@ PACKAGES=(
   libcli11-dev catch2 libtomlplusplus-dev
   python3 python3-venv
   clang-14 libclang-rt-14-dev
-  clang-format
+  clang-format clang-tidy
 )
 
 missing=()

@@ -14,7 +14,9 @@ struct ByteRange {
   constexpr uint32_t size() const { return end - start; }
   constexpr bool empty() const { return start == end; }
   constexpr bool Contains(uint32_t offset) const { return start <= offset && offset < end; }
-  constexpr bool Contains(ByteRange other) const { return start <= other.start && other.end <= end; }
+  constexpr bool Contains(ByteRange other) const {
+    return start <= other.start && other.end <= end;
+  }
   constexpr bool Overlaps(ByteRange other) const { return start < other.end && other.start < end; }
   std::string_view In(std::string_view text) const { return text.substr(start, end - start); }
   friend constexpr bool operator==(ByteRange, ByteRange) = default;

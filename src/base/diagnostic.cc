@@ -83,8 +83,7 @@ std::string ExcerptText(std::string_view s) {
 }  // namespace
 
 Diagnostic MakeDiagnostic(std::string path, std::string_view text, const LineIndex& lines,
-                          ByteRange range, std::string message, std::string help,
-                          ErrorKind kind) {
+                          ByteRange range, std::string message, std::string help, ErrorKind kind) {
   Diagnostic d;
   d.kind = kind;
   d.path = std::move(path);
@@ -133,9 +132,15 @@ std::string FormatDiagnostic(const Diagnostic& d) {
     out += ": ";
   }
   switch (d.severity) {
-    case Severity::kError: out += "error: "; break;
-    case Severity::kWarning: out += "warning: "; break;
-    case Severity::kNote: out += "note: "; break;
+    case Severity::kError:
+      out += "error: ";
+      break;
+    case Severity::kWarning:
+      out += "warning: ";
+      break;
+    case Severity::kNote:
+      out += "note: ";
+      break;
   }
   AppendOneLine(out, d.message);
   out += '\n';
@@ -173,7 +178,8 @@ std::string FormatDiagnostic(const Diagnostic& d) {
     for (; cp < caret; ++cp) marker += ' ';
     marker += '^';
     size_t length = d.length;
-    if (total > kMaxExcerptColumns && caret + length > last + 3) length = caret < last ? last + 3 - caret : 1;
+    if (total > kMaxExcerptColumns && caret + length > last + 3)
+      length = caret < last ? last + 3 - caret : 1;
     for (size_t i = 1; i < length; ++i) marker += '~';
     out += ' ' + gutter + " | " + marker + '\n';
   }

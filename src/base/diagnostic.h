@@ -26,7 +26,8 @@ enum class Severity { kError, kWarning, kNote };
 
 /// What kind of failure a diagnostic reports; the CLI maps it to an exit code.
 enum class ErrorKind {
-  kSpec,      ///< invalid spec: YAML, schema, unresolved target, overlap, output does not parse (exit 3)
+  kSpec,  ///< invalid spec: YAML, schema, unresolved target, overlap, output does not parse (exit
+          ///< 3)
   kUpstream,  ///< upstream module not found or does not parse (exit 4)
   kIo,        ///< file system error (exit 5)
   kInternal,  ///< a bug in patchgen (exit 70)
@@ -35,14 +36,14 @@ enum class ErrorKind {
 struct Diagnostic {
   Severity severity = Severity::kError;
   ErrorKind kind = ErrorKind::kSpec;
-  std::string path;          ///< As printed (relative to the working directory); may be empty.
-  uint32_t line = 0;         ///< 1-based; 0 when the diagnostic has no location.
-  uint32_t col = 0;          ///< 1-based, in code points.
-  uint32_t length = 1;       ///< Caret length in code points (>= 1).
-  std::string message;       ///< One line, no trailing period.
-  std::string source_line;   ///< Text of the line at `line`; empty prints no excerpt.
+  std::string path;         ///< As printed (relative to the working directory); may be empty.
+  uint32_t line = 0;        ///< 1-based; 0 when the diagnostic has no location.
+  uint32_t col = 0;         ///< 1-based, in code points.
+  uint32_t length = 1;      ///< Caret length in code points (>= 1).
+  std::string message;      ///< One line, no trailing period.
+  std::string source_line;  ///< Text of the line at `line`; empty prints no excerpt.
   std::vector<std::string> notes;  ///< Extra lines printed after the excerpt (e.g. candidates).
-  std::string help;          ///< Printed as "help: ..."; empty prints nothing.
+  std::string help;                ///< Printed as "help: ..."; empty prints nothing.
 };
 
 /// A position in a text file (a spec, a patch file, an upstream module), resolved for printing.
@@ -88,7 +89,7 @@ void SortDiagnostics(std::vector<Diagnostic>& diags);
 template <class T>
 class Result {
  public:
-  Result(T value) : v_(std::move(value)) {}  // NOLINT: implicit by design
+  Result(T value) : v_(std::move(value)) {}                            // NOLINT: implicit by design
   Result(Diagnostic d) : v_(std::vector<Diagnostic>{std::move(d)}) {}  // NOLINT
   Result(std::vector<Diagnostic> ds) : v_(std::move(ds)) {}            // NOLINT
 

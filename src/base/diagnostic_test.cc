@@ -48,8 +48,8 @@ TEST_CASE("Long excerpt lines are cut to a window around the caret") {
   // 200 code points of the 353: [153, 353).
   std::string shown;
   for (int i = 0; i < 97; ++i) shown += "\xc3\xa9";
-  std::string expected = "a.yaml:1:251: error: bad value\n    1 | ..." + shown + "bad" + tail + "\n" +
-                         "      | " + std::string(100, ' ') + "^~~\n";
+  std::string expected = "a.yaml:1:251: error: bad value\n    1 | ..." + shown + "bad" + tail +
+                         "\n" + "      | " + std::string(100, ' ') + "^~~\n";
   CHECK(FormatDiagnostic(d) == expected);
 
   // Caret near the start: the line is cut at 200 code points, "..." after; a long underline stops
@@ -65,8 +65,8 @@ TEST_CASE("Long excerpt lines are cut to a window around the caret") {
   std::string text3 = std::string(200, 'y') + "\n";
   LineIndex lines3(text3);
   Diagnostic d3 = MakeDiagnostic("c.yaml", text3, lines3, {199, 200}, "last");
-  CHECK(FormatDiagnostic(d3) == "c.yaml:1:200: error: last\n    1 | " + std::string(200, 'y') + "\n      | " +
-                                    std::string(199, ' ') + "^\n");
+  CHECK(FormatDiagnostic(d3) == "c.yaml:1:200: error: last\n    1 | " + std::string(200, 'y') +
+                                    "\n      | " + std::string(199, ' ') + "^\n");
 }
 
 TEST_CASE("Messages, notes and help print on one line; control characters are escaped") {
@@ -79,7 +79,8 @@ TEST_CASE("Messages, notes and help print on one line; control characters are es
   d.help = "a\tb\x7f";
   CHECK(FormatDiagnostic(d) ==
         "s.yaml:1:6: error: unknown escape character: \\x0b\\x0a\n"
-        "    1 | key: \"a\\\xEF\xBF\xBD" "b\xEF\xBF\xBD[2J\"\n"
+        "    1 | key: \"a\\\xEF\xBF\xBD"
+        "b\xEF\xBF\xBD[2J\"\n"
         "      |      ^\n"
         "note: \\x1b[31mred\\x0d\n"
         "help: a\tb\\x7f\n");
@@ -90,7 +91,8 @@ TEST_CASE("Printed diagnostics are valid UTF-8: stray bytes print as U+FFFD") {
   std::string text = "NAME = 'caf\xe9' + x\n";
   LineIndex lines(text);
   uint32_t start = static_cast<uint32_t>(text.find('x'));
-  Diagnostic d = MakeDiagnostic("m\xff.py", text, lines, {start, start + 1}, "undefined name 'x\xc3'");
+  Diagnostic d =
+      MakeDiagnostic("m\xff.py", text, lines, {start, start + 1}, "undefined name 'x\xc3'");
   CHECK(FormatDiagnostic(d) ==
         "m\xEF\xBF\xBD.py:1:17: error: undefined name 'x\xEF\xBF\xBD'\n"
         "    1 | NAME = 'caf\xEF\xBF\xBD' + x\n"
@@ -110,16 +112,22 @@ TEST_CASE("Long messages are cut at a UTF-8 boundary") {
   d.path = "s.yaml";
   d.message = "no class '" + name + "'";
   std::string out = FormatDiagnostic(d);
-  CHECK(out == "s.yaml: error: no class 'x" + std::string(kMaxMessageBytes - 11, 'y') + "... (1012 more bytes)\n");
+  CHECK(out == "s.yaml: error: no class 'x" + std::string(kMaxMessageBytes - 11, 'y') +
+                   "... (1012 more bytes)\n");
   // A cut inside a two-byte code point moves back to its first byte.
   d.message = std::string(kMaxMessageBytes - 1, 'a') + "\xc3\xa9";
-  CHECK(FormatDiagnostic(d) == "s.yaml: error: " + std::string(kMaxMessageBytes - 1, 'a') + "... (2 more bytes)\n");
+  CHECK(FormatDiagnostic(d) ==
+        "s.yaml: error: " + std::string(kMaxMessageBytes - 1, 'a') + "... (2 more bytes)\n");
 }
 
 TEST_CASE("SortDiagnostics orders by location and drops duplicates") {
   std::vector<Diagnostic> ds(3);
-  ds[0].path = "b"; ds[0].line = 1; ds[0].message = "x";
-  ds[1].path = "a"; ds[1].line = 9; ds[1].message = "y";
+  ds[0].path = "b";
+  ds[0].line = 1;
+  ds[0].message = "x";
+  ds[1].path = "a";
+  ds[1].line = 9;
+  ds[1].message = "y";
   ds[2] = ds[0];
   SortDiagnostics(ds);
   REQUIRE(ds.size() == 2);

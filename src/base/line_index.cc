@@ -25,7 +25,8 @@ LineCol LineIndex::At(uint32_t offset) const {
 
 std::string_view LineIndex::LineText(uint32_t line) const {
   uint32_t start = starts_[line];
-  uint32_t end = line + 1 < starts_.size() ? starts_[line + 1] : static_cast<uint32_t>(text_.size());
+  uint32_t end =
+      line + 1 < starts_.size() ? starts_[line + 1] : static_cast<uint32_t>(text_.size());
   std::string_view s = text_.substr(start, end - start);
   while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.remove_suffix(1);
   return s;

@@ -15,7 +15,8 @@ size_t EditDistance(std::string_view a, std::string_view b);
 
 /// The closest candidate to `name` if it is close enough to be a plausible typo
 /// (distance <= max(1, len/3)); ties go to the earlier candidate.
-std::optional<std::string> DidYouMean(std::string_view name, const std::vector<std::string>& candidates);
+std::optional<std::string> DidYouMean(std::string_view name,
+                                      const std::vector<std::string>& candidates);
 
 /// "a, b, c" (at most `limit` names, then ", ... (N more)").
 std::string JoinNames(const std::vector<std::string>& names, size_t limit = 12);

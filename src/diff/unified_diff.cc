@@ -7,7 +7,6 @@
 #include "diff/unified_diff.h"
 
 #include <dtl/dtl.hpp>
-
 #include <vector>
 
 namespace patchgen::diff {
@@ -55,7 +54,7 @@ std::string UnifiedDiff(std::string_view a, std::string_view b, std::string_view
   const std::vector<std::string_view> b_lines = LinesWithTerminators(b);
 
   dtl::Diff<std::string_view, std::vector<std::string_view>> engine(a_lines, b_lines,
-                                                                     /*deletesFirst=*/true);
+                                                                    /*deletesFirst=*/true);
   engine.onHuge();
   engine.compose();
 

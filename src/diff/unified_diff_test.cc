@@ -1,14 +1,14 @@
 #include "diff/unified_diff.h"
 
-#include <catch2/catch.hpp>
+#include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
-#include <unistd.h>
 
 namespace patchgen::diff {
 namespace {
@@ -61,7 +61,8 @@ TEST_CASE("UnifiedDiff merges changes at most 6 lines apart and splits farther o
   b_near.replace(b_near.find("2\n"), 2, "X\n");
   b_near.replace(b_near.find("\n9\n") + 1, 2, "Y\n");  // 6 common lines between
   CHECK(UnifiedDiff(a, b_near, "a", "b") ==
-        "--- a\n+++ b\n@@ -1,12 +1,12 @@\n 1\n-2\n+X\n 3\n 4\n 5\n 6\n 7\n 8\n-9\n+Y\n 10\n 11\n 12\n");
+        "--- a\n+++ b\n@@ -1,12 +1,12 @@\n 1\n-2\n+X\n 3\n 4\n 5\n 6\n 7\n 8\n-9\n+Y\n 10\n 11\n "
+        "12\n");
   b_far = a;
   b_far.replace(b_far.find("2\n"), 2, "X\n");
   b_far.replace(b_far.find("\n10\n") + 1, 3, "Y\n");  // 7 common lines between
@@ -96,15 +97,9 @@ TEST_CASE("GNU patch applies UnifiedDiff output and reproduces the target bytes"
     if (i % 23 != 5) long_b += "line " + std::to_string(i) + "\n";
   }
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"a\nb\nc\n", "a\nB\nc\n"},
-      {"", "new\nfile\n"},
-      {"", "no newline"},
-      {"old\nfile\n", ""},
-      {"a\nb", "a\nb\n"},
-      {"a\nb\n", "a\nb"},
-      {"a\nb", "a\nc"},
-      {"x\ny\nz", "x\nY\nz"},
-      {long_a, long_b},
+      {"a\nb\nc\n", "a\nB\nc\n"}, {"", "new\nfile\n"},    {"", "no newline"},
+      {"old\nfile\n", ""},        {"a\nb", "a\nb\n"},     {"a\nb\n", "a\nb"},
+      {"a\nb", "a\nc"},           {"x\ny\nz", "x\nY\nz"}, {long_a, long_b},
       {long_b, long_a + "tail"},
   };
   for (const auto& [a, b] : cases) {

@@ -18,14 +18,19 @@ std::string Span(const PyModule& m, ByteRange r) { return Pos(m, r.start) + "-" 
 
 const char* ImportKindName(Import::Kind k) {
   switch (k) {
-    case Import::Kind::kImport: return "import";
-    case Import::Kind::kFrom: return "from";
-    case Import::Kind::kFuture: return "future";
+    case Import::Kind::kImport:
+      return "import";
+    case Import::Kind::kFrom:
+      return "from";
+    case Import::Kind::kFuture:
+      return "future";
   }
   return "import";
 }
 
-const char* DefKindName(Definition::Kind k) { return k == Definition::Kind::kClass ? "class" : "def"; }
+const char* DefKindName(Definition::Kind k) {
+  return k == Definition::Kind::kClass ? "class" : "def";
+}
 
 std::string NameList(const std::vector<std::string>& names) {
   std::string out;

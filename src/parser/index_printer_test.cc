@@ -1,7 +1,6 @@
 #include "parser/index_printer.h"
 
 #include <catch2/catch.hpp>
-
 #include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -30,7 +29,8 @@ TEST_CASE("FormatIndexText matches the golden file for the toy modeling fixture"
   auto m = ParseOk("toy_modeling.py", ReadFile(kFixtures + "toy_modeling.py"));
   std::string text = FormatIndexText(*m);
   std::string golden_path = kFixtures + "toy_modeling.index.txt";
-  if (const char* update = std::getenv("PATCHGEN_UPDATE_GOLDEN"); update != nullptr && *update == '1') {
+  if (const char* update = std::getenv("PATCHGEN_UPDATE_GOLDEN");
+      update != nullptr && *update == '1') {
     std::ofstream(golden_path, std::ios::binary) << text;
   }
   CHECK(text == ReadFile(golden_path));
@@ -46,19 +46,20 @@ TEST_CASE("FormatIndexText on a small module", "[parser]") {
                    "    \"\"\"Doc é.\"\"\"\n"
                    "    from .x import (y as z)\n"
                    "    return 1\n");
-  CHECK(FormatIndexText(*m) ==
-        "m.py: 130 bytes, 2 imports, 3 top-level statements, 2 definitions\n"
-        "imports:\n"
-        "  1:1-1:22 import names=[torch.nn as nn] depth=0\n"
-        "  7:5-7:28 from .x level=1 names=[y as z] parenthesized depth=1 scope=f\n"
-        "top-level:\n"
-        "  1:1-1:22 import nn\n"
-        "  2:1-4:24 class decorated A\n"
-        "  5:1-8:13 function f\n"
-        "definitions:\n"
-        "  class A 3:1-4:24 comments=2:1-2:11 decorators=3:1-3:5 header=4:1-4:20 body=4:21-4:24 "
-        "indent=0 body_indent=4 inline empty\n"
-        "  def f 5:1-8:13 header=5:1-5:9 body=6:5-8:13 docstring=6:5-6:17 indent=0 body_indent=4\n");
+  CHECK(
+      FormatIndexText(*m) ==
+      "m.py: 130 bytes, 2 imports, 3 top-level statements, 2 definitions\n"
+      "imports:\n"
+      "  1:1-1:22 import names=[torch.nn as nn] depth=0\n"
+      "  7:5-7:28 from .x level=1 names=[y as z] parenthesized depth=1 scope=f\n"
+      "top-level:\n"
+      "  1:1-1:22 import nn\n"
+      "  2:1-4:24 class decorated A\n"
+      "  5:1-8:13 function f\n"
+      "definitions:\n"
+      "  class A 3:1-4:24 comments=2:1-2:11 decorators=3:1-3:5 header=4:1-4:20 body=4:21-4:24 "
+      "indent=0 body_indent=4 inline empty\n"
+      "  def f 5:1-8:13 header=5:1-5:9 body=6:5-8:13 docstring=6:5-6:17 indent=0 body_indent=4\n");
 }
 
 TEST_CASE("FormatIndexJson: key order, byte ranges and line:col", "[parser]") {

@@ -11,11 +11,12 @@
 // - `type(x).attr = v` parses as a type_alias_statement (grammar bug); a type alias is only
 //   genuine when `type` is followed by a plain name.
 #include "parser/py_module.h"
-#include "parser/ts_node.h"
 
 #include <cctype>
 #include <cstring>
 #include <string_view>
+
+#include "parser/ts_node.h"
 
 namespace patchgen::parser {
 
@@ -25,7 +26,9 @@ namespace {
 
 bool IsComment(TSNode n) { return Is(n, "comment"); }
 
-bool IsSpace(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+bool IsSpace(char c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
+}
 
 /// The node's end without trailing comments, blank lines or whitespace folded into it.
 uint32_t TrimmedEnd(TSNode n, std::string_view src) {
@@ -51,12 +54,23 @@ uint32_t TrimmedEnd(TSNode n, std::string_view src) {
 
 /// Python statements that can hold other statements (where imports and definitions can nest).
 bool IsContainer(TSNode n) {
-  static const char* const kTypes[] = {
-      "module",          "block",          "if_statement",        "elif_clause",
-      "else_clause",     "for_statement",  "while_statement",     "try_statement",
-      "except_clause",   "except_group_clause", "finally_clause", "with_statement",
-      "function_definition", "class_definition", "decorated_definition", "match_statement",
-      "case_clause"};
+  static const char* const kTypes[] = {"module",
+                                       "block",
+                                       "if_statement",
+                                       "elif_clause",
+                                       "else_clause",
+                                       "for_statement",
+                                       "while_statement",
+                                       "try_statement",
+                                       "except_clause",
+                                       "except_group_clause",
+                                       "finally_clause",
+                                       "with_statement",
+                                       "function_definition",
+                                       "class_definition",
+                                       "decorated_definition",
+                                       "match_statement",
+                                       "case_clause"};
   const char* t = ts_node_type(n);
   for (const char* k : kTypes) {
     if (std::strcmp(t, k) == 0) return true;
@@ -103,11 +117,16 @@ bool IsGenuineTypeAlias(TSNode n, std::string_view src, std::string* name) {
 
 const char* KindName(TopLevelStatement::Kind kind) {
   switch (kind) {
-    case TopLevelStatement::Kind::kImport: return "import";
-    case TopLevelStatement::Kind::kClass: return "class";
-    case TopLevelStatement::Kind::kFunction: return "function";
-    case TopLevelStatement::Kind::kAssignment: return "assignment";
-    case TopLevelStatement::Kind::kOther: return "other";
+    case TopLevelStatement::Kind::kImport:
+      return "import";
+    case TopLevelStatement::Kind::kClass:
+      return "class";
+    case TopLevelStatement::Kind::kFunction:
+      return "function";
+    case TopLevelStatement::Kind::kAssignment:
+      return "assignment";
+    case TopLevelStatement::Kind::kOther:
+      return "other";
   }
   return "other";
 }
@@ -117,8 +136,8 @@ const TSLanguage* PythonLanguage() { return tree_sitter_python(); }
 TSTree* ParseTree(std::string_view source) {
   TSParser* parser = ts_parser_new();
   ts_parser_set_language(parser, PythonLanguage());
-  TSTree* tree = ts_parser_parse_string(parser, nullptr, source.data(),
-                                        static_cast<uint32_t>(source.size()));
+  TSTree* tree =
+      ts_parser_parse_string(parser, nullptr, source.data(), static_cast<uint32_t>(source.size()));
   ts_parser_delete(parser);
   return tree;
 }
@@ -133,7 +152,8 @@ void MarkLinesInsideStrings(TSNode node, ByteRange within, const LineIndex& line
     return;
   }
   uint32_t n = ts_node_child_count(node);
-  for (uint32_t i = 0; i < n; ++i) MarkLinesInsideStrings(ts_node_child(node, i), within, lines, out);
+  for (uint32_t i = 0; i < n; ++i)
+    MarkLinesInsideStrings(ts_node_child(node, i), within, lines, out);
 }
 
 std::optional<ByteRange> FirstTabIndentation(const PyModule& m) {
@@ -145,7 +165,8 @@ std::optional<ByteRange> FirstTabIndentation(const PyModule& m) {
     any_tab = t.find_first_not_of(" \t\f") > t.find('\t');
   }
   if (!any_tab) return std::nullopt;
-  MarkLinesInsideStrings(m.root(), {0, static_cast<uint32_t>(m.source().size())}, lines, in_strings);
+  MarkLinesInsideStrings(m.root(), {0, static_cast<uint32_t>(m.source().size())}, lines,
+                         in_strings);
   for (uint32_t l = 0; l < lines.line_count(); ++l) {
     std::string_view t = lines.LineText(l);
     size_t code = t.find_first_not_of(" \t\f");
@@ -320,9 +341,11 @@ class Indexer {
       }
     }
     d.header = {ts_node_start_byte(n), colon_end};
-    TSNode params = ts_node_child_by_field_name(n, d.kind == Definition::Kind::kClass ? "superclasses" : "parameters",
-                                                d.kind == Definition::Kind::kClass ? 12 : 10);
-    d.parameters = ts_node_is_null(params) ? ByteRange{d.name_range.end, d.name_range.end} : RangeOf(params);
+    TSNode params = ts_node_child_by_field_name(
+        n, d.kind == Definition::Kind::kClass ? "superclasses" : "parameters",
+        d.kind == Definition::Kind::kClass ? 12 : 10);
+    d.parameters =
+        ts_node_is_null(params) ? ByteRange{d.name_range.end, d.name_range.end} : RangeOf(params);
 
     IndexBody(n, body, colon_row, d);
 
@@ -383,7 +406,8 @@ class Indexer {
       return;
     }
     d.inline_body = ts_node_start_point(stmts.front()).row == colon_row;
-    uint32_t start = d.inline_body ? ts_node_start_byte(stmts.front()) : ts_node_start_byte(first_child);
+    uint32_t start =
+        d.inline_body ? ts_node_start_byte(stmts.front()) : ts_node_start_byte(first_child);
     d.body = {start, TrimmedEnd(stmts.back(), src_)};
     d.body_indent = d.inline_body ? d.indent + 4 : ts_node_start_point(stmts.front()).column;
 
@@ -410,7 +434,8 @@ class Indexer {
     // definitions_ are in document order, so one forward scan finds each statement's definition.
     size_t next_def = 0;
     auto def_at = [&](uint32_t start) {
-      while (next_def < m_.definitions_.size() && m_.definitions_[next_def].definition.start != start) {
+      while (next_def < m_.definitions_.size() &&
+             m_.definitions_[next_def].definition.start != start) {
         ++next_def;
       }
       return static_cast<int>(next_def);
@@ -425,7 +450,8 @@ class Indexer {
       if (Is(c, "import_statement") || Is(c, "import_from_statement") ||
           Is(c, "future_import_statement")) {
         s.kind = TopLevelStatement::Kind::kImport;
-        while (next_import < m_.imports_.size() && m_.imports_[next_import].stmt.start != s.range.start) {
+        while (next_import < m_.imports_.size() &&
+               m_.imports_[next_import].stmt.start != s.range.start) {
           ++next_import;
         }
         if (next_import < m_.imports_.size()) {
@@ -502,7 +528,8 @@ Result<std::unique_ptr<PyModule>> PyModule::Parse(std::string path, std::string 
     // An ERROR node can span many lines; the caret covers its part on the first line.
     return MakeDiagnostic(m->path_, m->source_, m->lines_, r, std::move(message),
                           "patchgen indexes only valid Python; check the file with "
-                          "`python3 -m py_compile " + m->path_ + "`",
+                          "`python3 -m py_compile " +
+                              m->path_ + "`",
                           ErrorKind::kUpstream);
   }
   Indexer(*m).Run();
@@ -517,7 +544,8 @@ TSNode PyModule::root() const { return ts_tree_root_node(tree_); }
 
 const Definition* PyModule::FindTopLevel(std::string_view name) const {
   for (const TopLevelStatement& s : top_level_) {
-    if (s.definition >= 0 && definitions_[s.definition].name == name) return &definitions_[s.definition];
+    if (s.definition >= 0 && definitions_[s.definition].name == name)
+      return &definitions_[s.definition];
   }
   return nullptr;
 }
@@ -535,14 +563,16 @@ std::vector<const Definition*> PyModule::Redefinitions(const Definition& def) co
   auto exempt = [&](const Definition& d) {
     std::string_view decorators = Text(d.decorators);
     for (std::string_view accessor : {".setter", ".getter", ".deleter"}) {
-      if (decorators.find("@" + d.name + std::string(accessor)) != std::string_view::npos) return true;
+      if (decorators.find("@" + d.name + std::string(accessor)) != std::string_view::npos)
+        return true;
     }
     return decorators.find("overload") != std::string_view::npos;
   };
   std::vector<const Definition*> out;
   if (!def.direct || exempt(def)) return out;
   for (const Definition& d : definitions_) {
-    if (&d == &def || !d.direct || d.parent != def.parent || d.qualname != def.qualname || exempt(d)) {
+    if (&d == &def || !d.direct || d.parent != def.parent || d.qualname != def.qualname ||
+        exempt(d)) {
       continue;
     }
     out.push_back(&d);

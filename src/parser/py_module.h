@@ -20,7 +20,8 @@
 
 namespace patchgen::parser {
 
-/// One name of an import statement: `a.b` or `a.b as c` (for `import`), `x` or `x as y` (for `from`).
+/// One name of an import statement: `a.b` or `a.b as c` (for `import`), `x` or `x as y` (for
+/// `from`).
 struct ImportedName {
   std::string name;   ///< Dotted name as written, e.g. "torch.nn" or "ACT2FN".
   std::string alias;  ///< "" when there is no `as`.
@@ -31,14 +32,15 @@ struct ImportedName {
 struct Import {
   enum class Kind { kImport, kFrom, kFuture };
   Kind kind = Kind::kImport;
-  ByteRange stmt;            ///< The whole statement (no trailing newline).
-  ByteRange module;          ///< `from` imports: the module part incl. leading dots ("..utils"); empty otherwise.
-  int relative_level = 0;    ///< Number of leading dots of a `from` import.
-  std::string module_name;   ///< Module part without the dots ("utils"; "" for `from . import x`).
+  ByteRange stmt;  ///< The whole statement (no trailing newline).
+  ByteRange
+      module;  ///< `from` imports: the module part incl. leading dots ("..utils"); empty otherwise.
+  int relative_level = 0;   ///< Number of leading dots of a `from` import.
+  std::string module_name;  ///< Module part without the dots ("utils"; "" for `from . import x`).
   std::vector<ImportedName> names;
-  bool wildcard = false;     ///< `from x import *`.
-  bool parenthesized = false;///< `from x import (a, b)`.
-  int depth = 0;             ///< 0 = directly in the module body; >0 nested (if/try/def...).
+  bool wildcard = false;       ///< `from x import *`.
+  bool parenthesized = false;  ///< `from x import (a, b)`.
+  int depth = 0;               ///< 0 = directly in the module body; >0 nested (if/try/def...).
   /// Qualified name of the enclosing def/class ("" when none), e.g. "LlamaModel.forward".
   std::string scope;
 };
@@ -47,22 +49,26 @@ struct Import {
 struct Definition {
   enum class Kind { kClass, kFunction };
   Kind kind = Kind::kFunction;
-  std::string name;          ///< "forward"
-  std::string qualname;      ///< "Outer.Inner.forward"
+  std::string name;      ///< "forward"
+  std::string qualname;  ///< "Outer.Inner.forward"
   bool is_async = false;
   /// Whole definition: first attached leading comment line (comment block directly above, no blank
   /// line between) or first decorator or the keyword, through the last byte of the body.
   ByteRange whole;
   /// Like `whole` but without the leading comments: first decorator (or keyword) through body end.
   ByteRange definition;
-  ByteRange decorators;      ///< From the first `@` through the end of the last decorator line; empty when none.
-  ByteRange comments;        ///< The attached leading comment block; empty when none.
-  ByteRange header;          ///< `def`/`class` (or `async`) keyword through the header's colon, inclusive.
-  ByteRange name_range;      ///< The name identifier.
-  ByteRange parameters;      ///< `(...)` of a function, superclasses `(...)` of a class; empty when absent.
-  ByteRange body;            ///< The body block: first statement (or comment) through last byte of the last statement.
-  std::optional<ByteRange> docstring;  ///< The docstring expression statement, when the body starts with a string.
-  uint32_t indent = 0;       ///< Column (bytes) of the first decorator / keyword.
+  ByteRange decorators;  ///< From the first `@` through the end of the last decorator line; empty
+                         ///< when none.
+  ByteRange comments;    ///< The attached leading comment block; empty when none.
+  ByteRange header;  ///< `def`/`class` (or `async`) keyword through the header's colon, inclusive.
+  ByteRange name_range;  ///< The name identifier.
+  ByteRange
+      parameters;  ///< `(...)` of a function, superclasses `(...)` of a class; empty when absent.
+  ByteRange body;  ///< The body block: first statement (or comment) through last byte of the last
+                   ///< statement.
+  std::optional<ByteRange>
+      docstring;        ///< The docstring expression statement, when the body starts with a string.
+  uint32_t indent = 0;  ///< Column (bytes) of the first decorator / keyword.
   /// Column (bytes) of the body's statements. For an inline body (`class A(B): ...`) it is
   /// `indent + 4`, the column a re-indented body should use.
   uint32_t body_indent = 0;
@@ -71,19 +77,21 @@ struct Definition {
   /// Directly in the body of the module or of its enclosing def/class, not under an `if`, `try`,
   /// `with`, `for` or `while` there: a definition Python always executes in that scope.
   bool direct = false;
-  int parent = -1;           ///< Index into PyModule::definitions() of the enclosing def/class, or -1.
-  std::vector<int> children; ///< Indices of directly nested classes and functions (methods), in order.
-  uint32_t line = 0;         ///< 1-based line of `definition.start` (for printing).
+  int parent = -1;  ///< Index into PyModule::definitions() of the enclosing def/class, or -1.
+  std::vector<int>
+      children;       ///< Indices of directly nested classes and functions (methods), in order.
+  uint32_t line = 0;  ///< 1-based line of `definition.start` (for printing).
 };
 
 /// One statement directly in the module body, in source order.
 struct TopLevelStatement {
   enum class Kind { kImport, kClass, kFunction, kAssignment, kOther };
   Kind kind = Kind::kOther;
-  bool decorated = false;          ///< A decorated class/function.
-  ByteRange range;                 ///< The statement (for definitions: Definition::whole).
-  std::vector<std::string> names;  ///< Names it binds: class/def name, assignment targets, import aliases.
-  int definition = -1;             ///< Index into definitions() for classes and functions.
+  bool decorated = false;  ///< A decorated class/function.
+  ByteRange range;         ///< The statement (for definitions: Definition::whole).
+  std::vector<std::string>
+      names;            ///< Names it binds: class/def name, assignment targets, import aliases.
+  int definition = -1;  ///< Index into definitions() for classes and functions.
 };
 
 const char* KindName(TopLevelStatement::Kind kind);

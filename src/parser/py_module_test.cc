@@ -1,11 +1,10 @@
 #include "parser/py_module.h"
 
-#include <catch2/catch.hpp>
-
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <chrono>
-#include <ctime>
 #include <cstdlib>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -30,7 +29,9 @@ std::unique_ptr<PyModule> ParseOk(std::string source, std::string path = "test.p
   return std::move(*r);
 }
 
-std::unique_ptr<PyModule> Toy() { return ParseOk(ReadFile(FixturePath("toy_modeling.py")), "toy_modeling.py"); }
+std::unique_ptr<PyModule> Toy() {
+  return ParseOk(ReadFile(FixturePath("toy_modeling.py")), "toy_modeling.py");
+}
 
 std::string ParseError(std::string source) {
   auto r = PyModule::Parse("bad.py", std::move(source));
@@ -125,8 +126,9 @@ TEST_CASE("Import depth counts statements, not their clauses", "[parser]") {
       "    import f\n");
   std::vector<std::pair<std::string, int>> got;
   for (const Import& i : m->imports()) got.emplace_back(std::string(m->Text(i.stmt)), i.depth);
-  CHECK(got == std::vector<std::pair<std::string, int>>{
-                   {"import a", 1}, {"import c", 2}, {"import d", 1}, {"import e", 1}, {"import f", 1}});
+  CHECK(got ==
+        std::vector<std::pair<std::string, int>>{
+            {"import a", 1}, {"import c", 2}, {"import d", 1}, {"import e", 1}, {"import f", 1}});
   CHECK(m->imports()[4].scope == "K");
 }
 
@@ -139,25 +141,38 @@ TEST_CASE("Top-level statements in order with kinds and names", "[parser]") {
     for (const std::string& n : s.names) line += " " + n;
     got.push_back(line);
   }
-  std::vector<std::string> want = {
-      "other",  // module docstring
-      "import annotations", "import math", "import nn", "import TYPE_CHECKING Optional",
-      "import ACT2FN", "import use_kernel_forward_from_hub", "import auto_docstring hf_logging",
-      "import configuration_toy", "import *",
-      "other",  // if TYPE_CHECKING
-      "other",  // try/except
-      "assignment logger", "assignment __all__", "assignment _CHECKPOINT", "assignment a b rest",
-      "class decorated ToyRMSNorm", "class ToyCache", "class ToyOutput", "class ToyConfigLike",
-      "class decorated ToyModel", "function helper",
-      "other",  // type(helper).attr = 3: grammar bug, not a type alias
-      "assignment Alias",  // type Alias = int
-      "other"};
+  std::vector<std::string> want = {"other",  // module docstring
+                                   "import annotations",
+                                   "import math",
+                                   "import nn",
+                                   "import TYPE_CHECKING Optional",
+                                   "import ACT2FN",
+                                   "import use_kernel_forward_from_hub",
+                                   "import auto_docstring hf_logging",
+                                   "import configuration_toy",
+                                   "import *",
+                                   "other",  // if TYPE_CHECKING
+                                   "other",  // try/except
+                                   "assignment logger",
+                                   "assignment __all__",
+                                   "assignment _CHECKPOINT",
+                                   "assignment a b rest",
+                                   "class decorated ToyRMSNorm",
+                                   "class ToyCache",
+                                   "class ToyOutput",
+                                   "class ToyConfigLike",
+                                   "class decorated ToyModel",
+                                   "function helper",
+                                   "other",  // type(helper).attr = 3: grammar bug, not a type alias
+                                   "assignment Alias",  // type Alias = int
+                                   "other"};
   CHECK(got == want);
 
   const auto& top = m->top_level();
   CHECK(m->Text(top[13].range) == "__all__ = [\"ToyRMSNorm\", \"ToyModel\"]");
   CHECK(m->Text(top[14].range) == "_CHECKPOINT: str = \"toy/toy-1b\"");
-  CHECK(m->Text(top[11].range) == "try:\n    import flash_attn\nexcept ImportError:\n    flash_attn = None");
+  CHECK(m->Text(top[11].range) ==
+        "try:\n    import flash_attn\nexcept ImportError:\n    flash_attn = None");
   CHECK(m->Text(top[22].range) == "type(helper).attr = 3");
   // The file has no final newline: the last statement ends at the last byte.
   CHECK(m->Text(top[24].range) == "print(\"日本語\")");
@@ -192,7 +207,8 @@ TEST_CASE("Decorated class with attached comments: whole, definition, header, bo
   CHECK_FALSE(d->docstring.has_value());
   CHECK_FALSE(d->inline_body);
   CHECK_FALSE(d->empty_body);
-  CHECK(m->ChildNames(*d, Definition::Kind::kFunction) == std::vector<std::string>{"__init__", "forward"});
+  CHECK(m->ChildNames(*d, Definition::Kind::kFunction) ==
+        std::vector<std::string>{"__init__", "forward"});
 }
 
 TEST_CASE("Methods: docstring with non-ASCII text, header comment excluded from body", "[parser]") {
@@ -242,7 +258,8 @@ TEST_CASE("Empty bodies: inline `...`, `pass`, docstring then pass is not empty"
 
   const Definition* like = m->Find("ToyConfigLike");
   REQUIRE(like != nullptr);
-  // A comment at an odd column with a blank line... here: at column 2, directly above, not attached.
+  // A comment at an odd column with a blank line... here: at column 2, directly above, not
+  // attached.
   CHECK(like->comments.empty());
   CHECK(m->Text(like->whole).substr(0, 28) == "class ToyConfigLike(object):");
   REQUIRE(like->docstring.has_value());
@@ -275,8 +292,8 @@ TEST_CASE("Nesting: parents, children and qualified names", "[parser]") {
         "            import os\n"
         "            from .. import sibling as sib\n"
         "            return os.sep");
-  CHECK(m->TopLevelNames() == std::vector<std::string>{"ToyRMSNorm", "ToyCache", "ToyOutput", "ToyConfigLike",
-                                                       "ToyModel", "helper"});
+  CHECK(m->TopLevelNames() == std::vector<std::string>{"ToyRMSNorm", "ToyCache", "ToyOutput",
+                                                       "ToyConfigLike", "ToyModel", "helper"});
   CHECK(m->TopLevelNames(Definition::Kind::kFunction) == std::vector<std::string>{"helper"});
   CHECK(m->FindTopLevel("Inner") == nullptr);
   CHECK(m->FindTopLevel("helper") == m->Find("helper"));
@@ -306,7 +323,8 @@ TEST_CASE("Stacked decorators, trailing comments in else, async def with tab bod
   REQUIRE(stream != nullptr);
   CHECK(stream->is_async);
   CHECK(m->Text(stream->comments) == "# Streams tokens (attached).");
-  CHECK(m->Text(stream->whole) == "# Streams tokens (attached).\n    async def stream(self):\n\tpass");
+  CHECK(m->Text(stream->whole) ==
+        "# Streams tokens (attached).\n    async def stream(self):\n\tpass");
   CHECK(m->Text(stream->definition) == "async def stream(self):\n\tpass");
   CHECK(m->Text(stream->header) == "async def stream(self):");
   CHECK(stream->body_indent == 1);  // one tab: columns are bytes
@@ -331,7 +349,8 @@ TEST_CASE("type(x).attr = v is an expression statement, never a type alias", "[p
 }
 
 TEST_CASE("Assignment targets: chained, tuples, annotations, attributes, augmented", "[parser]") {
-  auto m = ParseOk("a = b = 1\n(c, [d, *e]) = f\nx: int\nobj.attr = 2\n__all__ += [\"y\"]\nk[0] = 1\n");
+  auto m =
+      ParseOk("a = b = 1\n(c, [d, *e]) = f\nx: int\nobj.attr = 2\n__all__ += [\"y\"]\nk[0] = 1\n");
   std::vector<std::vector<std::string>> names;
   for (const auto& s : m->top_level()) {
     CHECK(s.kind == TopLevelStatement::Kind::kAssignment);
@@ -366,8 +385,9 @@ TEST_CASE("Comment attachment: blank line, string lines and column rules", "[par
   CHECK(m->Text(m->Find("g")->whole) == "def g():\n    pass");
   CHECK(m->Text(m->Find("C.m")->whole) == "# attached to m\n    def m(self):\n        pass");
   // Comments whose block ends the class body are not part of it.
-  CHECK(m->Text(m->Find("C")->body) == "x = 1\n    # at the method's column\n  # odd column breaks the block\n"
-                                       "    # attached to m\n    def m(self):\n        pass");
+  CHECK(m->Text(m->Find("C")->body) ==
+        "x = 1\n    # at the method's column\n  # odd column breaks the block\n"
+        "    # attached to m\n    def m(self):\n        pass");
 }
 
 TEST_CASE("Body starting with a comment, CRLF endings and definitions under if", "[parser]") {
@@ -385,7 +405,8 @@ TEST_CASE("Body starting with a comment, CRLF endings and definitions under if",
   CHECK(m->FindTopLevel("f") == nullptr);  // not directly in the module body
   CHECK(m->TopLevelNames().empty());
   REQUIRE(m->top_level().size() == 1);
-  CHECK(m->Text(m->top_level()[0].range) == "if flag:\r\n    def f():\r\n        # first\r\n        return 1");
+  CHECK(m->Text(m->top_level()[0].range) ==
+        "if flag:\r\n    def f():\r\n        # first\r\n        return 1");
 }
 
 TEST_CASE("Refuses syntax errors with location, excerpt and help", "[parser]") {
@@ -393,12 +414,14 @@ TEST_CASE("Refuses syntax errors with location, excerpt and help", "[parser]") {
         "bad.py:3:5: error: cannot parse Python: syntax error\n"
         "    3 |     def f(self)\n"
         "      |     ^~~~~~~~~~~\n"
-        "help: patchgen indexes only valid Python; check the file with `python3 -m py_compile bad.py`\n");
+        "help: patchgen indexes only valid Python; check the file with `python3 -m py_compile "
+        "bad.py`\n");
   CHECK(ParseError("def f(:\n    pass\n") ==
         "bad.py:1:7: error: cannot parse Python: missing ')'\n"
         "    1 | def f(:\n"
         "      |       ^\n"
-        "help: patchgen indexes only valid Python; check the file with `python3 -m py_compile bad.py`\n");
+        "help: patchgen indexes only valid Python; check the file with `python3 -m py_compile "
+        "bad.py`\n");
 }
 
 TEST_CASE("FirstErrorNode and ParseTree on clean and broken input", "[parser]") {
@@ -424,24 +447,31 @@ int CheckDefinitionRanges(const PyModule& m, std::string& report) {
       report += m.path() + ":" + std::to_string(d.line) + ": " + d.qualname + ": " + what + "\n";
     }
   };
-  auto starts_with = [](std::string_view s, std::string_view p) { return s.substr(0, p.size()) == p; };
-  auto is_space = [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f'; };
+  auto starts_with = [](std::string_view s, std::string_view p) {
+    return s.substr(0, p.size()) == p;
+  };
+  auto is_space = [](char c) {
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f';
+  };
   for (const Definition& d : m.definitions()) {
     std::string_view whole = m.Text(d.whole);
     std::string_view def = m.Text(d.definition);
-    bool whole_ok = starts_with(whole, "#") || starts_with(whole, "@") || starts_with(whole, "def") ||
-                    starts_with(whole, "class") || starts_with(whole, "async");
+    bool whole_ok = starts_with(whole, "#") || starts_with(whole, "@") ||
+                    starts_with(whole, "def") || starts_with(whole, "class") ||
+                    starts_with(whole, "async");
     bool def_ok = starts_with(def, "@") || starts_with(def, "def") || starts_with(def, "class") ||
                   starts_with(def, "async");
     if (!whole_ok) fail(d, "whole starts with '" + std::string(whole.substr(0, 10)) + "'");
     if (!def_ok) fail(d, "definition starts with '" + std::string(def.substr(0, 10)) + "'");
-    if (d.whole.end != d.body.end || d.definition.end != d.body.end) fail(d, "does not end at the body");
+    if (d.whole.end != d.body.end || d.definition.end != d.body.end)
+      fail(d, "does not end at the body");
     if (def.empty() || is_space(def.back())) fail(d, "ends with whitespace");
     // The body's end is its last statement's end: nothing but whitespace and comments follow on
     // deeper-indented lines before the next code at the definition's level or shallower.
     const LineIndex& lines = m.lines();
     uint32_t last_line = lines.LineOf(d.body.end - 1);
-    std::string_view rest_of_line = lines.LineText(last_line).substr(d.body.end - lines.LineStart(last_line));
+    std::string_view rest_of_line =
+        lines.LineText(last_line).substr(d.body.end - lines.LineStart(last_line));
     size_t hash = rest_of_line.find('#');
     std::string_view code = rest_of_line.substr(0, hash);
     for (char c : code) {
@@ -455,7 +485,8 @@ int CheckDefinitionRanges(const PyModule& m, std::string& report) {
       size_t col = t.find_first_not_of(" \t\f\r");
       if (col == std::string_view::npos || t[col] == '#') continue;
       if (col > d.indent && (d.inline_body || col >= d.body_indent)) {
-        fail(d, "a statement at the body's indentation follows the body end (line " + std::to_string(l + 1) + ")");
+        fail(d, "a statement at the body's indentation follows the body end (line " +
+                    std::to_string(l + 1) + ")");
       }
       break;
     }
@@ -528,17 +559,17 @@ std::vector<uint32_t> RedefinitionLines(const PyModule& m, std::string_view qual
 
 TEST_CASE("Redefinitions: a name bound twice in one scope, not accessors, overloads or branches") {
   auto m = ParseOk(
-      "def f():\n    pass\n"                                   // 1
-      "class A:\n"                                             // 3
-      "    def m(self):\n        pass\n"                       // 4
-      "    @property\n    def p(self):\n        return 1\n"    // 6
-      "    @p.setter\n    def p(self, v):\n        pass\n"     // 9
-      "    def m(self):\n        return 2\n"                   // 12
-      "if X:\n    def g():\n        pass\n"                    // 14
-      "else:\n    def g():\n        pass\n"                    // 17
-      "@overload\ndef h(x: int): ...\n"                        // 20
-      "def h(x):\n    return x\n"                              // 22
-      "def f():\n    return 1\n");                             // 24
+      "def f():\n    pass\n"                                 // 1
+      "class A:\n"                                           // 3
+      "    def m(self):\n        pass\n"                     // 4
+      "    @property\n    def p(self):\n        return 1\n"  // 6
+      "    @p.setter\n    def p(self, v):\n        pass\n"   // 9
+      "    def m(self):\n        return 2\n"                 // 12
+      "if X:\n    def g():\n        pass\n"                  // 14
+      "else:\n    def g():\n        pass\n"                  // 17
+      "@overload\ndef h(x: int): ...\n"                      // 20
+      "def h(x):\n    return x\n"                            // 22
+      "def f():\n    return 1\n");                           // 24
   CHECK(RedefinitionLines(*m, "f") == std::vector<uint32_t>{24});
   CHECK(RedefinitionLines(*m, "A.m") == std::vector<uint32_t>{12});
   CHECK(RedefinitionLines(*m, "A.p").empty());

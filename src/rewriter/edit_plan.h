@@ -27,10 +27,12 @@ struct CodeSpan {
 };
 
 struct TextEdit {
-  ByteRange range;      ///< Upstream bytes replaced: 0-based, start inclusive, end exclusive. Empty = insertion at `range.start`.
-  std::string text;     ///< Replacement text.
-  SourceLoc origin;     ///< Spec location of the operation that produced this edit.
-  std::string what;     ///< Short description for overlap errors, e.g. "override_method Qwen3MLP.forward".
+  ByteRange range;   ///< Upstream bytes replaced: 0-based, start inclusive, end exclusive. Empty =
+                     ///< insertion at `range.start`.
+  std::string text;  ///< Replacement text.
+  SourceLoc origin;  ///< Spec location of the operation that produced this edit.
+  std::string
+      what;  ///< Short description for overlap errors, e.g. "override_method Qwen3MLP.forward".
   std::optional<CodeSpan> code;  ///< Inserted code with a known origin (optional).
   /// A second span, after upstream text inside the same edit (a `wrap`'s code after the
   /// wrapped statements).

@@ -69,7 +69,8 @@ TEST_CASE("fingerprint ignores comments, the docstring and formatting", "[finger
             .sha256 == base.sha256);
   CHECK(Of(Replace(kBase, "        variance =", "\n\n        variance =")).sha256 == base.sha256);
   // A trailing comma in a parameter or argument list is formatting.
-  CHECK(Of(Replace(kBase, "(self, hidden_states):", "(\n        self,\n        hidden_states,\n    ):"))
+  CHECK(Of(Replace(kBase,
+                   "(self, hidden_states):", "(\n        self,\n        hidden_states,\n    ):"))
             .sha256 == base.sha256);
   CHECK(Of(Replace(kBase, "keepdim=True)", "keepdim=True,)")).sha256 == base.sha256);
 }
@@ -80,11 +81,13 @@ TEST_CASE("fingerprint detects any token change", "[fingerprint]") {
   Fingerprint cast = Of(Replace(kBase, "return self.weight * hidden_states.to(input_dtype)",
                                 "return (self.weight * hidden_states).to(input_dtype)"));
   CHECK(cast.sha256 != base.sha256);
-  CHECK(cast.text.find("return (self.weight * hidden_states).to(input_dtype)") != std::string::npos);
+  CHECK(cast.text.find("return (self.weight * hidden_states).to(input_dtype)") !=
+        std::string::npos);
   CHECK(Of(Replace(kBase, "pow(2)", "pow(3)")).sha256 != base.sha256);
   CHECK(Of(Replace(kBase, "keepdim=True", "keepdim=False")).sha256 != base.sha256);
   // In a tuple a trailing comma is not formatting: `(x,)` is not `(x)`.
-  CHECK(Of(Replace(kBase, "pow(2)", "pow((2,))")).sha256 != Of(Replace(kBase, "pow(2)", "pow((2))")).sha256);
+  CHECK(Of(Replace(kBase, "pow(2)", "pow((2,))")).sha256 !=
+        Of(Replace(kBase, "pow(2)", "pow((2))")).sha256);
   CHECK(Of(Replace(kBase, "torch.float32", "torch.float16")).sha256 != base.sha256);
   CHECK(Of(Replace(kBase, "(self, hidden_states)", "(self, hidden_states, eps=None)")).sha256 !=
         base.sha256);
@@ -92,7 +95,8 @@ TEST_CASE("fingerprint detects any token change", "[fingerprint]") {
   CHECK(Of(Replace(kBase, "    def forward", "    @torch.no_grad()\n    def forward")).sha256 !=
         base.sha256);
   // A string literal that is not the docstring counts, byte for byte.
-  std::string with_string = Replace(kBase, "        input_dtype", "        tag = \"a\"\n        input_dtype");
+  std::string with_string =
+      Replace(kBase, "        input_dtype", "        tag = \"a\"\n        input_dtype");
   CHECK(Of(with_string).sha256 != base.sha256);
   CHECK(Of(Replace(with_string, "\"a\"", "\"b\"")).sha256 != Of(with_string).sha256);
 }

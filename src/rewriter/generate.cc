@@ -108,22 +108,23 @@ Result<GenerateResult> RunStages(const spec::PatchSpec& spec, const PyModule& up
 
   for (SkippedEntry& sk : patches.skipped) skipped.push_back(std::move(sk));
   for (SkippedEntry& sk : guards.skipped) skipped.push_back(std::move(sk));
-  std::stable_sort(skipped.begin(), skipped.end(), [](const SkippedEntry& a, const SkippedEntry& b) {
-    return std::tie(a.loc.path, a.loc.line) < std::tie(b.loc.path, b.loc.line);
-  });
+  std::stable_sort(skipped.begin(), skipped.end(),
+                   [](const SkippedEntry& a, const SkippedEntry& b) {
+                     return std::tie(a.loc.path, a.loc.line) < std::tie(b.loc.path, b.loc.line);
+                   });
   GenerateResult result;
   result.upstream_sha256 = Sha256Hex(up.source());
   result.applied = all.applied;
   result.skipped = skipped;
   result.contract = std::move(patches.contract);
   for (ContractPin& pin : guards.contract) result.contract.push_back(std::move(pin));
-  std::string header = WriteHeader({spec.path, spec.upstream, options.upstream_path,
-                                    options.upstream_version, result.upstream_sha256,
-                                    spec.description, std::move(skipped), guards.unguarded_slots,
-                                    std::move(all.applied)});
+  std::string header =
+      WriteHeader({spec.path, spec.upstream, options.upstream_path, options.upstream_version,
+                   result.upstream_sha256, spec.description, std::move(skipped),
+                   guards.unguarded_slots, std::move(all.applied)});
   result.text = header + plan.Apply(up.source());
-  std::vector<Diagnostic> errors = CheckOutput(spec, plan, result.text,
-                                               static_cast<uint32_t>(header.size()), excludes.excluded);
+  std::vector<Diagnostic> errors =
+      CheckOutput(spec, plan, result.text, static_cast<uint32_t>(header.size()), excludes.excluded);
   if (!errors.empty()) {
     SortDiagnostics(errors);
     return errors;
@@ -182,27 +183,35 @@ Result<GenerateResult> Generate(const spec::PatchSpec& spec, const parser::PyMod
   std::vector<Diagnostic> errors;
   const std::string& v = options.upstream_version;
   for (spec::Slot& slot : active.slots) {
-    FilterByVersion(slot.guards, v, [](const spec::Guard& g) {
-      return std::make_tuple(std::string("guard"), g.in, g.loc.line > 0 ? g.loc : g.in_loc);
-    }, skipped, errors);
+    FilterByVersion(
+        slot.guards, v,
+        [](const spec::Guard& g) {
+          return std::make_tuple(std::string("guard"), g.in, g.loc.line > 0 ? g.loc : g.in_loc);
+        },
+        skipped, errors);
   }
-  FilterByVersion(active.patches, v, [](const Patch& p) {
-    return std::make_tuple(std::string(PatchKindKey(p.kind)), p.target, p.loc);
-  }, skipped, errors);
-  FilterByVersion(active.helpers, v, [](const spec::Helper& h) {
-    return std::make_tuple(std::string("helper"), h.name, h.loc);
-  }, skipped, errors);
+  FilterByVersion(
+      active.patches, v,
+      [](const Patch& p) {
+        return std::make_tuple(std::string(PatchKindKey(p.kind)), p.target, p.loc);
+      },
+      skipped, errors);
+  FilterByVersion(
+      active.helpers, v,
+      [](const spec::Helper& h) { return std::make_tuple(std::string("helper"), h.name, h.loc); },
+      skipped, errors);
   // Two entries for one target must not both apply (their conditions overlap).
   std::map<std::string, const Patch*> targets;
   for (const Patch& p : active.patches) {
     auto [it, inserted] = targets.emplace(p.target, &p);
     if (inserted) continue;
-    Diagnostic d = ErrorAt(p.target_loc,
-                           "duplicate target '" + p.target + "' for upstream version " + v,
-                           "entries of one target need upstream_version conditions that do not "
-                           "overlap");
-    d.notes.push_back(it->second->target_loc.path + ":" + std::to_string(it->second->target_loc.line) +
-                      ":" + std::to_string(it->second->target_loc.col) + ": note: also applies");
+    Diagnostic d =
+        ErrorAt(p.target_loc, "duplicate target '" + p.target + "' for upstream version " + v,
+                "entries of one target need upstream_version conditions that do not "
+                "overlap");
+    d.notes.push_back(it->second->target_loc.path + ":" +
+                      std::to_string(it->second->target_loc.line) + ":" +
+                      std::to_string(it->second->target_loc.col) + ": note: also applies");
     errors.push_back(std::move(d));
   }
   if (!errors.empty()) {

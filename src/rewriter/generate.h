@@ -18,13 +18,14 @@
 namespace patchgen::rewriter {
 
 struct GenerateOptions {
-  std::string upstream_path;     ///< Upstream file as shown in the header/diff, e.g. "transformers/models/qwen3/modeling_qwen3.py".
-  std::string upstream_version;  ///< e.g. "5.17.0"; "unknown" when not found.
+  std::string upstream_path;               ///< Upstream file as shown in the header/diff, e.g.
+                                           ///< "transformers/models/qwen3/modeling_qwen3.py".
+  std::string upstream_version;            ///< e.g. "5.17.0"; "unknown" when not found.
   std::string default_runtime = "opslot";  ///< Used when the spec has no `runtime:`.
 };
 
 struct AppliedPatch {
-  std::string kind;         ///< "replace_class", "override_method", "guard", "exclude", ...
+  std::string kind;  ///< "replace_class", "override_method", "guard", "exclude", ...
   std::string target;
   std::string description;
 };
@@ -32,10 +33,10 @@ struct AppliedPatch {
 /// An entry left out because of its `upstream_version` or, being `optional`, because what it
 /// names is absent upstream. Listed in the header's `skipped:` section.
 struct SkippedEntry {
-  std::string kind;    ///< "guard", "override_method", "helper", ...
+  std::string kind;  ///< "guard", "override_method", "helper", ...
   std::string target;
-  std::string why;     ///< "upstream_version \">=5.23\" does not match 5.17.0; <reason>"
-  SourceLoc loc;       ///< The spec entry.
+  std::string why;  ///< "upstream_version \">=5.23\" does not match 5.17.0; <reason>"
+  SourceLoc loc;    ///< The spec entry.
 };
 
 /// What one applied entry relies on upstream (docs/cli.md, "Contract pins").
@@ -50,16 +51,18 @@ struct ContractPin {
   /// target; modify_init: the class's and its __init__'s), "absent" (add_method).
   std::string region;
   std::string expects;  ///< For messages: "rms_norm/standard" or the patch kind.
-  std::string qualname; ///< The upstream definition ("Qwen3RMSNorm.forward"; modify_init: the class).
-  SourceLoc loc;        ///< The spec entry.
+  std::string
+      qualname;   ///< The upstream definition ("Qwen3RMSNorm.forward"; modify_init: the class).
+  SourceLoc loc;  ///< The spec entry.
   uint32_t first_line = 0, last_line = 0;  ///< Upstream lines (1-based, inclusive); 0 when absent.
-  std::string sha256;   ///< Fingerprint (fingerprint.h).
-  std::string text;     ///< Normalised text of the region.
+  std::string sha256;                      ///< Fingerprint (fingerprint.h).
+  std::string text;                        ///< Normalised text of the region.
 };
 
 struct GenerateResult {
-  std::string text;                   ///< The generated file (LF, UTF-8).
-  std::vector<AppliedPatch> applied;  ///< In stage order (docs/rewriter.md, "The header"), as listed in the header.
+  std::string text;  ///< The generated file (LF, UTF-8).
+  std::vector<AppliedPatch>
+      applied;  ///< In stage order (docs/rewriter.md, "The header"), as listed in the header.
   std::string upstream_sha256;        ///< Hex sha256 of the upstream bytes.
   std::vector<SkippedEntry> skipped;  ///< Conditional entries left out, in spec order.
   std::vector<ContractPin> contract;  ///< What the applied guards and patches rely on upstream.

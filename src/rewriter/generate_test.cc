@@ -136,9 +136,11 @@ TEST_CASE("Empty spec: header plus upstream with absolute imports", "[rewriter]"
         "#   upstream: transformers.models.qwen3.modeling_qwen3 "
         "(transformers/models/qwen3/modeling_qwen3.py)\n"
         "#   version:  5.17.0\n"
-        "#   sha256:   " + Sha256Hex(kUpstream) + "\n"
-        "#   applied:  nothing (upstream with absolute imports)\n"
-        "# ============================================================================\n");
+        "#   sha256:   " +
+            Sha256Hex(kUpstream) +
+            "\n"
+            "#   applied:  nothing (upstream with absolute imports)\n"
+            "# ============================================================================\n");
   std::string expected = kUpstream;
   auto replace = [&](const std::string& a, const std::string& b) {
     expected.replace(expected.find(a), a.size(), b);
@@ -151,16 +153,16 @@ TEST_CASE("Empty spec: header plus upstream with absolute imports", "[rewriter]"
   CHECK(out == expected);
 }
 
-TEST_CASE("override_method keeps upstream decorators and comments, renames the def, adds a marker", "[rewriter]") {
-  CHECK(Between(Run(
-      "patches:\n"
-      "  - override_method: Qwen3MLP.forward\n"
-      "    description: faster forward\n"
-      "    code: |\n"
-      "      def my_forward(self, x):\n"
-      "          # fused\n"
-      "          return self.act_fn(x) * 2\n"),
-      "class Qwen3MLP", "return 1") ==
+TEST_CASE("override_method keeps upstream decorators and comments, renames the def, adds a marker",
+          "[rewriter]") {
+  CHECK(Between(Run("patches:\n"
+                    "  - override_method: Qwen3MLP.forward\n"
+                    "    description: faster forward\n"
+                    "    code: |\n"
+                    "      def my_forward(self, x):\n"
+                    "          # fused\n"
+                    "          return self.act_fn(x) * 2\n"),
+                "class Qwen3MLP", "return 1") ==
         R"py(class Qwen3MLP(nn.Module):
     def __init__(self, config):
         super().__init__()
@@ -180,14 +182,13 @@ TEST_CASE("override_method keeps upstream decorators and comments, renames the d
 }
 
 TEST_CASE("override_method on a nested class with the body's own decorator", "[rewriter]") {
-  CHECK(Between(Run(
-      "patches:\n"
-      "  - override_method: Qwen3MLP.Inner.m\n"
-      "    code: |\n"
-      "      @staticmethod\n"
-      "      def m():\n"
-      "          return 2\n"),
-      "class Inner", "return 2") ==
+  CHECK(Between(Run("patches:\n"
+                    "  - override_method: Qwen3MLP.Inner.m\n"
+                    "    code: |\n"
+                    "      @staticmethod\n"
+                    "      def m():\n"
+                    "          return 2\n"),
+                "class Inner", "return 2") ==
         R"py(    class Inner:
         # patchgen: override_method Qwen3MLP.Inner.m (specs/qwen3/s.yaml:4)
         @staticmethod
@@ -197,15 +198,14 @@ TEST_CASE("override_method on a nested class with the body's own decorator", "[r
 }
 
 TEST_CASE("replace_function from code keeps docstring lines inside the string", "[rewriter]") {
-  CHECK(Between(Run(
-      "patches:\n"
-      "  - replace_function: rotate_half\n"
-      "    code: |\n"
-      "      def rotate_half(x):\n"
-      "          \"\"\"Doc\n"
-      "      keeps this\"\"\"\n"
-      "          return torch.cat((-x, x), dim=-1)\n"),
-      "def rotate_half", "torch.cat") ==
+  CHECK(Between(Run("patches:\n"
+                    "  - replace_function: rotate_half\n"
+                    "    code: |\n"
+                    "      def rotate_half(x):\n"
+                    "          \"\"\"Doc\n"
+                    "      keeps this\"\"\"\n"
+                    "          return torch.cat((-x, x), dim=-1)\n"),
+                "def rotate_half", "torch.cat") ==
         R"py(def rotate_half(x):
     """Doc
 keeps this"""
@@ -213,16 +213,17 @@ keeps this"""
 )py");
 }
 
-TEST_CASE("replace_class and replace_function from an external module become aliased imports", "[rewriter]") {
-  CHECK(Between(Run(
-      "patches:\n"
-      "  - replace_class: Qwen3MLP\n"
-      "    from: liger_kernel.transformers.swiglu.LigerSwiGLUMLP\n"
-      "  - replace_function: rotate_half\n"
-      "    description: same name\n"
-      "    from: kernels.rotate_half\n"),
-      "return self.weight", "class Qwen3PreTrainedModel") ==
-        R"py(        return self.weight * hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+TEST_CASE("replace_class and replace_function from an external module become aliased imports",
+          "[rewriter]") {
+  CHECK(
+      Between(Run("patches:\n"
+                  "  - replace_class: Qwen3MLP\n"
+                  "    from: liger_kernel.transformers.swiglu.LigerSwiGLUMLP\n"
+                  "  - replace_function: rotate_half\n"
+                  "    description: same name\n"
+                  "    from: kernels.rotate_half\n"),
+              "return self.weight", "class Qwen3PreTrainedModel") ==
+      R"py(        return self.weight * hidden_states * torch.rsqrt(variance + self.variance_epsilon)
 
 
 # patchgen: replace_class Qwen3MLP (specs/qwen3/s.yaml:4)
@@ -238,21 +239,20 @@ class Qwen3PreTrainedModel(nn.Module): ...
 }
 
 TEST_CASE("add_method fills both empty-body forms and appends to a non-empty class", "[rewriter]") {
-  CHECK(Between(Run(
-      "patches:\n"
-      "  - add_method: Qwen3PreTrainedModel.hello\n"
-      "    code: |\n"
-      "      def hello(self):\n"
-      "          return 1\n"
-      "  - add_method: Qwen3Model.hello\n"
-      "    code: |\n"
-      "      def hello(self):\n"
-      "          return 2\n"
-      "  - add_method: Qwen3RMSNorm.extra_repr\n"
-      "    code: |\n"
-      "      def extra_repr(self):\n"
-      "          return f\"{self.variance_epsilon}\"\n"),
-      "class Qwen3RMSNorm", "return 2") ==
+  CHECK(Between(Run("patches:\n"
+                    "  - add_method: Qwen3PreTrainedModel.hello\n"
+                    "    code: |\n"
+                    "      def hello(self):\n"
+                    "          return 1\n"
+                    "  - add_method: Qwen3Model.hello\n"
+                    "    code: |\n"
+                    "      def hello(self):\n"
+                    "          return 2\n"
+                    "  - add_method: Qwen3RMSNorm.extra_repr\n"
+                    "    code: |\n"
+                    "      def extra_repr(self):\n"
+                    "          return f\"{self.variance_epsilon}\"\n"),
+                "class Qwen3RMSNorm", "return 2") ==
         R"py(class Qwen3RMSNorm(nn.Module):
     def __init__(self, hidden_size, eps=1e-6):
         super().__init__()
@@ -303,17 +303,16 @@ class Qwen3Model(Qwen3PreTrainedModel):
 }
 
 TEST_CASE("modify_init appends at the end or after super().__init__", "[rewriter]") {
-  CHECK(Between(Run(
-      "patches:\n"
-      "  - modify_init: Qwen3MLP\n"
-      "    after: super_init\n"
-      "    code: |\n"
-      "      self.sp = None\n"
-      "  - modify_init: Qwen3RMSNorm\n"
-      "    code: |\n"
-      "      self.a = 1\n"
-      "      self.b = 2\n"),
-      "class Qwen3RMSNorm", "self.act_fn = ACT2FN") ==
+  CHECK(Between(Run("patches:\n"
+                    "  - modify_init: Qwen3MLP\n"
+                    "    after: super_init\n"
+                    "    code: |\n"
+                    "      self.sp = None\n"
+                    "  - modify_init: Qwen3RMSNorm\n"
+                    "    code: |\n"
+                    "      self.a = 1\n"
+                    "      self.b = 2\n"),
+                "class Qwen3RMSNorm", "self.act_fn = ACT2FN") ==
         R"py(class Qwen3RMSNorm(nn.Module):
     def __init__(self, hidden_size, eps=1e-6):
         super().__init__()
@@ -338,16 +337,16 @@ class Qwen3MLP(nn.Module):
 }
 
 TEST_CASE("name_map renames identifiers but not strings or comments", "[rewriter]") {
-  CHECK(Between(Run(
-      "name_map: {Qwen3_5MLP: Qwen3MLP}\n"
-      "patches:\n"
-      "  - add_method: Qwen3Model.hello\n"
-      "    name_map: {Qwen3_5Model: Qwen3Model}\n"
-      "    code: |\n"
-      "      def hello(self):\n"
-      "          # Qwen3_5MLP stays in comments\n"
-      "          return Qwen3_5MLP, \"Qwen3_5MLP\", f\"{Qwen3_5Model}\", self.Qwen3_5MLP\n"),
-      "class Qwen3Model", "return Qwen3MLP") ==
+  CHECK(Between(Run("name_map: {Qwen3_5MLP: Qwen3MLP}\n"
+                    "patches:\n"
+                    "  - add_method: Qwen3Model.hello\n"
+                    "    name_map: {Qwen3_5Model: Qwen3Model}\n"
+                    "    code: |\n"
+                    "      def hello(self):\n"
+                    "          # Qwen3_5MLP stays in comments\n"
+                    "          return Qwen3_5MLP, \"Qwen3_5MLP\", f\"{Qwen3_5Model}\", "
+                    "self.Qwen3_5MLP\n"),
+                "class Qwen3Model", "return Qwen3MLP") ==
         R"py(class Qwen3Model(Qwen3PreTrainedModel):
     # patchgen: add_method Qwen3Model.hello (specs/qwen3/s.yaml:5)
     def hello(self):
@@ -357,37 +356,36 @@ TEST_CASE("name_map renames identifiers but not strings or comments", "[rewriter
 }
 
 TEST_CASE("imports add/drop, blocks and helpers are placed after the imports", "[rewriter]") {
-  CHECK(Between(Run(
-      "imports:\n"
-      "  add:\n"
-      "    - import torch.distributed as dist\n"
-      "    - from foo import bar\n"
-      "  drop: [use_kernel_forward_from_hub, can_return_tuple, is_torch_available]\n"
-      "blocks:\n"
-      "  - |\n"
-      "    try:\n"
-      "        from flash_attn import flash_attn_func\n"
-      "    except ImportError:\n"
-      "        flash_attn_func = None\n"
-      "helpers:\n"
-      "  - code: |\n"
-      "      def _gather(x):\n"
-      "          return dist.all_gather(x)\n"
-      "  - after: Qwen3MLP\n"
-      "    code: |\n"
-      "      def _after_mlp(x):\n"
-      "          return bar(x)\n"
-      "patches:\n"
-      "  - override_method: Qwen3MLP.forward\n"
-      "    code: |\n"
-      "      @torch.no_grad()\n"
-      "      def forward(self, x):\n"
-      "          return self.act_fn(x)\n"
-      "  - replace_class: Qwen3RMSNorm\n"
-      "    code: |\n"
-      "      class Qwen3RMSNorm(nn.Module):\n"
-      "          pass\n"),
-      "Licensed", "def rotate_half") ==
+  CHECK(Between(Run("imports:\n"
+                    "  add:\n"
+                    "    - import torch.distributed as dist\n"
+                    "    - from foo import bar\n"
+                    "  drop: [use_kernel_forward_from_hub, can_return_tuple, is_torch_available]\n"
+                    "blocks:\n"
+                    "  - |\n"
+                    "    try:\n"
+                    "        from flash_attn import flash_attn_func\n"
+                    "    except ImportError:\n"
+                    "        flash_attn_func = None\n"
+                    "helpers:\n"
+                    "  - code: |\n"
+                    "      def _gather(x):\n"
+                    "          return dist.all_gather(x)\n"
+                    "  - after: Qwen3MLP\n"
+                    "    code: |\n"
+                    "      def _after_mlp(x):\n"
+                    "          return bar(x)\n"
+                    "patches:\n"
+                    "  - override_method: Qwen3MLP.forward\n"
+                    "    code: |\n"
+                    "      @torch.no_grad()\n"
+                    "      def forward(self, x):\n"
+                    "          return self.act_fn(x)\n"
+                    "  - replace_class: Qwen3RMSNorm\n"
+                    "    code: |\n"
+                    "      class Qwen3RMSNorm(nn.Module):\n"
+                    "          pass\n"),
+                "Licensed", "def rotate_half") ==
         R"py(# Licensed under the Apache License, Version 2.0.
 from typing import Optional
 
@@ -445,11 +443,11 @@ def rotate_half(x):
 )py");
 }
 
-TEST_CASE("exclude removes the definition, its leading blank lines and its __all__ entry", "[rewriter]") {
-  CHECK(Between(Run(
-      "exclude: [Qwen3ForTokenClassification, logger]\n"),
-      "if True", "@use_kernel") ==
-        R"py(if True:
+TEST_CASE("exclude removes the definition, its leading blank lines and its __all__ entry",
+          "[rewriter]") {
+  CHECK(
+      Between(Run("exclude: [Qwen3ForTokenClassification, logger]\n"), "if True", "@use_kernel") ==
+      R"py(if True:
     from transformers.utils.import_utils import is_torch_available
 
 
@@ -457,46 +455,46 @@ TEST_CASE("exclude removes the definition, its leading blank lines and its __all
 )py");
 }
 
-TEST_CASE("errors: missing targets, existing method, bad bodies, unused keys, drops and excludes", "[rewriter]") {
-  CHECK(Run(
-      "patches:\n"
-      "  - override_method: Qwen3MLP.fowrard\n"
-      "    code: |\n"
-      "      def forward(self, x):\n"
-      "          return x\n"
-      "  - add_method: Qwen3MLP.forward\n"
-      "    code: |\n"
-      "      def forward(self, x):\n"
-      "          return x\n"
-      "  - replace_class: Qwen3MPL\n"
-      "    code: |\n"
-      "      class X:\n"
-      "          pass\n"
-      "  - modify_init: Qwen3Model\n"
-      "    code: |\n"
-      "      self.x = 1\n"
-      "  - modify_init: Qwen3RMSNorm\n"
-      "    code: |\n"
-      "      self.x = (1\n"
-      "  - replace_function: rotate_half\n"
-      "    code: |\n"
-      "      def a():\n"
-      "          pass\n"
-      "      def b():\n"
-      "          pass\n"
-      "  - override_method: Qwen3MLP.Inner.m\n"
-      "    code: |\n"
-      "      class m:\n"
-      "          pass\n"
-      "name_map: {NeverUsed: Other}\n"
-      "imports:\n"
-      "  drop: [nothing_here]\n"
-      "exclude: [Qwen3ForTokenClassificaton]\n"
-      "helpers:\n"
-      "  - after: Qwen3MLPP\n"
-      "    code: |\n"
-      "      def helper():\n"
-      "          pass\n") ==
+TEST_CASE("errors: missing targets, existing method, bad bodies, unused keys, drops and excludes",
+          "[rewriter]") {
+  CHECK(Run("patches:\n"
+            "  - override_method: Qwen3MLP.fowrard\n"
+            "    code: |\n"
+            "      def forward(self, x):\n"
+            "          return x\n"
+            "  - add_method: Qwen3MLP.forward\n"
+            "    code: |\n"
+            "      def forward(self, x):\n"
+            "          return x\n"
+            "  - replace_class: Qwen3MPL\n"
+            "    code: |\n"
+            "      class X:\n"
+            "          pass\n"
+            "  - modify_init: Qwen3Model\n"
+            "    code: |\n"
+            "      self.x = 1\n"
+            "  - modify_init: Qwen3RMSNorm\n"
+            "    code: |\n"
+            "      self.x = (1\n"
+            "  - replace_function: rotate_half\n"
+            "    code: |\n"
+            "      def a():\n"
+            "          pass\n"
+            "      def b():\n"
+            "          pass\n"
+            "  - override_method: Qwen3MLP.Inner.m\n"
+            "    code: |\n"
+            "      class m:\n"
+            "          pass\n"
+            "name_map: {NeverUsed: Other}\n"
+            "imports:\n"
+            "  drop: [nothing_here]\n"
+            "exclude: [Qwen3ForTokenClassificaton]\n"
+            "helpers:\n"
+            "  - after: Qwen3MLPP\n"
+            "    code: |\n"
+            "      def helper():\n"
+            "          pass\n") ==
         R"py(specs/qwen3/s.yaml:4:22: error: no method 'fowrard' in class 'Qwen3MLP'
     4 |   - override_method: Qwen3MLP.fowrard
       |                      ^~~~~~~~~~~~~~~~
@@ -544,17 +542,17 @@ help: did you mean 'Qwen3MLP'?
 }
 
 TEST_CASE("errors: overlapping patches name both spec locations", "[rewriter]") {
-  CHECK(Run(
-      "patches:\n"
-      "  - replace_class: Qwen3MLP\n"
-      "    code: |\n"
-      "      class Qwen3MLP:\n"
-      "          pass\n"
-      "  - override_method: Qwen3MLP.forward\n"
-      "    code: |\n"
-      "      def forward(self, x):\n"
-      "          return x\n") ==
-        R"py(specs/qwen3/s.yaml:8:5: error: edits overlap: override_method Qwen3MLP.forward and replace_class Qwen3MLP
+  CHECK(
+      Run("patches:\n"
+          "  - replace_class: Qwen3MLP\n"
+          "    code: |\n"
+          "      class Qwen3MLP:\n"
+          "          pass\n"
+          "  - override_method: Qwen3MLP.forward\n"
+          "    code: |\n"
+          "      def forward(self, x):\n"
+          "          return x\n") ==
+      R"py(specs/qwen3/s.yaml:8:5: error: edits overlap: override_method Qwen3MLP.forward and replace_class Qwen3MLP
     8 |   - override_method: Qwen3MLP.forward
       |     ^~~~~~~~~~~~~~~
 note: replace_class Qwen3MLP is at specs/qwen3/s.yaml:4:5
@@ -563,16 +561,15 @@ help: each upstream region can be changed by one spec entry only; remove or merg
 }
 
 TEST_CASE("errors: undefined names in inserted code point into the spec", "[rewriter]") {
-  CHECK(Run(
-      "patches:\n"
-      "  - override_method: Qwen3RMSNorm.forward\n"
-      "    code: |\n"
-      "      def forward(self, x):\n"
-      "          y = [z for z in x]\n"
-      "          return undefined_thing(x, flag=Flase) + y\n"
-      "blocks:\n"
-      "  - |\n"
-      "    X = Unknown\n") ==
+  CHECK(Run("patches:\n"
+            "  - override_method: Qwen3RMSNorm.forward\n"
+            "    code: |\n"
+            "      def forward(self, x):\n"
+            "          y = [z for z in x]\n"
+            "          return undefined_thing(x, flag=Flase) + y\n"
+            "blocks:\n"
+            "  - |\n"
+            "    X = Unknown\n") ==
         R"py(specs/qwen3/s.yaml:8:18: error: undefined name 'undefined_thing' in inserted code
     8 |           return undefined_thing(x, flag=Flase) + y
       |                  ^~~~~~~~~~~~~~~
@@ -592,11 +589,11 @@ help: import it with `imports.add`, define it in `helpers:`, or map it with `nam
 }
 
 TEST_CASE("errors: excluded names and dropped imports still used", "[rewriter]") {
-  CHECK(Run(
-      "imports:\n"
-      "  drop: [use_kernel_forward_from_hub, is_torch_available, Qwen3Config]\n"
-      "exclude: [Qwen3ForTokenClassification, logger, Qwen3PreTrainedModel]\n") ==
-        R"py(specs/qwen3/s.yaml:4:10: error: dropped import 'use_kernel_forward_from_hub' is still used at line 31 of the output
+  CHECK(
+      Run("imports:\n"
+          "  drop: [use_kernel_forward_from_hub, is_torch_available, Qwen3Config]\n"
+          "exclude: [Qwen3ForTokenClassification, logger, Qwen3PreTrainedModel]\n") ==
+      R"py(specs/qwen3/s.yaml:4:10: error: dropped import 'use_kernel_forward_from_hub' is still used at line 31 of the output
     4 |   drop: [use_kernel_forward_from_hub, is_torch_available, Qwen3Config]
       |          ^~~~~~~~~~~~~~~~~~~~~~~~~~~
 note: patched_qwen3.py:31: @use_kernel_forward_from_hub("RMSNorm")
@@ -609,16 +606,16 @@ help: remove or patch the code that uses it, or keep 'Qwen3PreTrainedModel'
 )py");
 }
 
-TEST_CASE("errors: modify_init without __init__ and add_method on a missing nested class", "[rewriter]") {
-  CHECK(Run(
-      "patches:\n"
-      "  - modify_init: Qwen3MLP.Inner\n"
-      "    code: |\n"
-      "      self.x = 1\n"
-      "  - add_method: Qwen3MLP.Iner.f\n"
-      "    code: |\n"
-      "      def f(self):\n"
-      "          pass\n") ==
+TEST_CASE("errors: modify_init without __init__ and add_method on a missing nested class",
+          "[rewriter]") {
+  CHECK(Run("patches:\n"
+            "  - modify_init: Qwen3MLP.Inner\n"
+            "    code: |\n"
+            "      self.x = 1\n"
+            "  - add_method: Qwen3MLP.Iner.f\n"
+            "    code: |\n"
+            "      def f(self):\n"
+            "          pass\n") ==
         R"py(specs/qwen3/s.yaml:4:18: error: class 'Qwen3MLP.Inner' has no __init__ to modify
     4 |   - modify_init: Qwen3MLP.Inner
       |                  ^~~~~~~~~~~~~~
@@ -630,20 +627,20 @@ help: did you mean 'Qwen3MLP.Inner'?
 )py");
 }
 
-
-TEST_CASE("guards: slot declarations go after imports.add, guards into the upstream body", "[rewriter]") {
-  CHECK(Between(Run(
-      "imports:\n"
-      "  add:\n"
-      "    - import torch.distributed as dist\n"
-      "slots:\n"
-      "  - name: rms_norm_slot\n"
-      "    op: rms_norm\n"
-      "    variant: standard\n"
-      "    guards:\n"
-      "      - in: Qwen3RMSNorm.forward\n"
-      "        call: rms_norm_slot(hidden_states, self.weight, self.variance_epsilon)\n"),
-      "Qwen3Config", "variance = hidden") ==
+TEST_CASE("guards: slot declarations go after imports.add, guards into the upstream body",
+          "[rewriter]") {
+  CHECK(Between(
+            Run("imports:\n"
+                "  add:\n"
+                "    - import torch.distributed as dist\n"
+                "slots:\n"
+                "  - name: rms_norm_slot\n"
+                "    op: rms_norm\n"
+                "    variant: standard\n"
+                "    guards:\n"
+                "      - in: Qwen3RMSNorm.forward\n"
+                "        call: rms_norm_slot(hidden_states, self.weight, self.variance_epsilon)\n"),
+            "Qwen3Config", "variance = hidden") ==
         R"py(from transformers.models.qwen3.configuration_qwen3 import Qwen3Config
 import torch.distributed as dist
 
@@ -674,26 +671,26 @@ class Qwen3RMSNorm(nn.Module):
 }
 
 TEST_CASE("errors: a guard inside an added method", "[rewriter]") {
-  CHECK(Run(
-      "slots:\n"
-      "  - name: s\n"
-      "    op: rms_norm\n"
-      "    variant: standard\n"
-      "    guards:\n"
-      "      - in: Qwen3MLP.forward\n"
-      "        call: s(x)\n"
-      "      - in: Qwen3Model.f\n"
-      "        call: s(x)\n"
-      "patches:\n"
-      "  - override_method: Qwen3MLP.forward\n"
-      "    code: |\n"
-      "      def forward(self, x):\n"
-      "          return x\n"
-      "  - add_method: Qwen3Model.f\n"
-      "    code: |\n"
-      "      def f(self):\n"
-      "          return 1\n") ==
-        R"py(specs/qwen3/s.yaml:10:13: error: guard on Qwen3Model.f is inside add_method Qwen3Model.f at specs/qwen3/s.yaml:17
+  CHECK(
+      Run("slots:\n"
+          "  - name: s\n"
+          "    op: rms_norm\n"
+          "    variant: standard\n"
+          "    guards:\n"
+          "      - in: Qwen3MLP.forward\n"
+          "        call: s(x)\n"
+          "      - in: Qwen3Model.f\n"
+          "        call: s(x)\n"
+          "patches:\n"
+          "  - override_method: Qwen3MLP.forward\n"
+          "    code: |\n"
+          "      def forward(self, x):\n"
+          "          return x\n"
+          "  - add_method: Qwen3Model.f\n"
+          "    code: |\n"
+          "      def f(self):\n"
+          "          return 1\n") ==
+      R"py(specs/qwen3/s.yaml:10:13: error: guard on Qwen3Model.f is inside add_method Qwen3Model.f at specs/qwen3/s.yaml:17
    10 |       - in: Qwen3Model.f
       |             ^~~~~~~~~~~~
 help: guards edit upstream bodies; put the dispatch into the added method's code
@@ -701,32 +698,33 @@ help: guards edit upstream bodies; put the dispatch into the added method's code
 }
 
 TEST_CASE("errors: a guard inside a replaced class", "[rewriter]") {
-  CHECK(Run(
-      "slots:\n"
-      "  - name: s\n"
-      "    op: rms_norm\n"
-      "    variant: standard\n"
-      "    guards:\n"
-      "      - in: Qwen3MLP.forward\n"
-      "        call: s(x)\n"
-      "patches:\n"
-      "  - replace_class: Qwen3MLP\n"
-      "    code: |\n"
-      "      class Qwen3MLP:\n"
-      "          pass\n") ==
-        R"py(specs/qwen3/s.yaml:8:13: error: guard on Qwen3MLP.forward conflicts with replace_class Qwen3MLP at specs/qwen3/s.yaml:11
+  CHECK(
+      Run("slots:\n"
+          "  - name: s\n"
+          "    op: rms_norm\n"
+          "    variant: standard\n"
+          "    guards:\n"
+          "      - in: Qwen3MLP.forward\n"
+          "        call: s(x)\n"
+          "patches:\n"
+          "  - replace_class: Qwen3MLP\n"
+          "    code: |\n"
+          "      class Qwen3MLP:\n"
+          "          pass\n") ==
+      R"py(specs/qwen3/s.yaml:8:13: error: guard on Qwen3MLP.forward conflicts with replace_class Qwen3MLP at specs/qwen3/s.yaml:11
     8 |       - in: Qwen3MLP.forward
       |             ^~~~~~~~~~~~~~~~
 help: the patch replaces the upstream body the guard would edit; dispatch inside the patch body instead, or drop one of them
 )py");
 }
 
-
-TEST_CASE("Relative imports of every level become absolute; too many dots is an error", "[rewriter]") {
-  CHECK(Run("", "from . import configuration_qwen3\nfrom .. import qwen2\nfrom ... import utils\n") ==
-        "from transformers.models.qwen3 import configuration_qwen3\n"
-        "from transformers.models import qwen2\n"
-        "from transformers import utils\n");
+TEST_CASE("Relative imports of every level become absolute; too many dots is an error",
+          "[rewriter]") {
+  CHECK(
+      Run("", "from . import configuration_qwen3\nfrom .. import qwen2\nfrom ... import utils\n") ==
+      "from transformers.models.qwen3 import configuration_qwen3\n"
+      "from transformers.models import qwen2\n"
+      "from transformers import utils\n");
   CHECK(Run("", "import os\n\n\ndef f():\n    from ....x import y\n") ==
         "transformers/models/qwen3/modeling_qwen3.py:5:10: error: relative import climbs above "
         "the top package 'transformers'\n"
@@ -750,10 +748,11 @@ TEST_CASE("A body from a patch file: the symbol is renamed and its comment kept"
                                 "    file: patches/mlp.py\n"
                                 "    symbol: swiglu_forward\n"),
                             "# Gated MLP.", "torch.sigmoid");
-  std::string missing = Run("patches:\n"
-                            "  - override_method: Qwen3MLP.forward\n"
-                            "    file: patches/mlp.py\n"
-                            "    symbol: swiglu_forwad\n");
+  std::string missing =
+      Run("patches:\n"
+          "  - override_method: Qwen3MLP.forward\n"
+          "    file: patches/mlp.py\n"
+          "    symbol: swiglu_forwad\n");
   std::filesystem::current_path(old);
   CHECK(out ==
         "    # Gated MLP.\n"
@@ -770,7 +769,6 @@ TEST_CASE("A body from a patch file: the symbol is renamed and its comment kept"
         "help: did you mean 'swiglu_forward'? top-level definitions in specs/qwen3/patches/mlp.py: "
         "_unused_helper, swiglu_forward\n");
 }
-
 
 TEST_CASE("Insertions after a statement keep its trailing comment on its line", "[rewriter]") {
   CHECK(Run("imports:\n"
@@ -808,7 +806,8 @@ TEST_CASE("add_method after a docstring replaces only the placeholder", "[rewrit
         "        return 1\n");
 }
 
-TEST_CASE("Without top-level imports, added code goes after the docstring or the licence", "[rewriter]") {
+TEST_CASE("Without top-level imports, added code goes after the docstring or the licence",
+          "[rewriter]") {
   const char* spec = "imports:\n  add: [import os]\nblocks:\n  - |\n    X = os.sep\n";
   CHECK(Run(spec, "\"\"\"Module doc.\"\"\"\n\n\nclass A:\n    pass\n") ==
         "\"\"\"Module doc.\"\"\"\n"

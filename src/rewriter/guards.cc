@@ -93,10 +93,8 @@ void FindNameRefs(TSNode node, std::string_view code, std::string_view name,
     TSNode c = ts_node_child(node, i);
     ByteRange r = RangeOf(c);
     if (TypeOf(c) == "identifier" && r.In(code) == name) {
-      bool attribute = TypeOf(node) == "attribute" &&
-                       ts_node_eq(c, Field(node, "attribute"));
-      bool keyword = TypeOf(node) == "keyword_argument" &&
-                     ts_node_eq(c, Field(node, "name"));
+      bool attribute = TypeOf(node) == "attribute" && ts_node_eq(c, Field(node, "attribute"));
+      bool keyword = TypeOf(node) == "keyword_argument" && ts_node_eq(c, Field(node, "name"));
       if (!attribute && !keyword) out.push_back(r);
     }
     FindNameRefs(c, code, name, out);
@@ -131,7 +129,8 @@ class Planner {
         if (!seen_guards.insert(key).second) continue;  // Inherited twice: apply once.
         if (g.when.optional) {
           if (std::optional<std::string> why = Absent(g)) {
-            plan_.skipped.push_back({g.in, *why + (g.when.reason.empty() ? "" : "; " + g.when.reason),
+            plan_.skipped.push_back({g.in,
+                                     *why + (g.when.reason.empty() ? "" : "; " + g.when.reason),
                                      g.loc.line > 0 ? g.loc : g.in_loc});
             continue;
           }
@@ -421,9 +420,15 @@ class Planner {
     bool planned = g.at ? PlanCallSite(slot, g, *def, *call) : PlanEntry(slot, g, *def, *call);
     if (!planned) return;
     plan_.applied.emplace_back(def->qualname, slot.name + " -> " + slot.op + "/" + slot.variant);
-    GuardPlan::Region region{slot.name, slot.op + "/" + slot.variant, def->qualname, g.at,
-                             g.through, g.loc.line > 0 ? g.loc : g.in_loc, IndexOf(def),
-                             std::nullopt, g.when.upstream_version};
+    GuardPlan::Region region{slot.name,
+                             slot.op + "/" + slot.variant,
+                             def->qualname,
+                             g.at,
+                             g.through,
+                             g.loc.line > 0 ? g.loc : g.in_loc,
+                             IndexOf(def),
+                             std::nullopt,
+                             g.when.upstream_version};
     if (g.at) region.statements = last_call_site_;
     plan_.regions.push_back(std::move(region));
     plan_.guarded_targets.emplace_back(def->qualname, g.in_loc);
@@ -636,8 +641,8 @@ class Planner {
       }
       std::string names;
       for (const std::string& n : e.slots) names += (names.empty() ? "" : ", ") + n;
-      std::string text = "\n" + ind + "# patchgen: instance slots " + names + " (" +
-                         e.origin.path + ":" + std::to_string(e.origin.line) + ")";
+      std::string text = "\n" + ind + "# patchgen: instance slots " + names + " (" + e.origin.path +
+                         ":" + std::to_string(e.origin.line) + ")";
       for (const std::string& l : e.lines) text += "\n" + ind + l;
       uint32_t at = LineEndOf(init.body.end);
       plan_.edits.push_back(TextEdit{

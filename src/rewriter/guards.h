@@ -39,8 +39,8 @@ struct GuardPlan {
     std::string op_variant;  ///< "rms_norm/standard".
     std::string in;          ///< Qualified name of the guarded function.
     std::optional<std::string> at, through;
-    SourceLoc loc;           ///< The guard entry.
-    int definition = -1;     ///< Index into the upstream's definitions().
+    SourceLoc loc;                        ///< The guard entry.
+    int definition = -1;                  ///< Index into the upstream's definitions().
     std::optional<ByteRange> statements;  ///< Call-site guards: first statement start .. last end.
     std::optional<std::string> upstream_version;  ///< The guard's version condition.
   };

@@ -13,12 +13,12 @@ namespace patchgen::rewriter {
 
 /// What the header says.
 struct HeaderFacts {
-  std::string spec_path;       ///< As the caller gave it.
-  std::string upstream;        ///< Dotted module.
-  std::string upstream_path;   ///< "transformers/models/qwen3/modeling_qwen3.py".
+  std::string spec_path;      ///< As the caller gave it.
+  std::string upstream;       ///< Dotted module.
+  std::string upstream_path;  ///< "transformers/models/qwen3/modeling_qwen3.py".
   std::string upstream_version;
   std::string upstream_sha256;
-  std::string description;     ///< The spec's; may be empty.
+  std::string description;  ///< The spec's; may be empty.
   std::vector<SkippedEntry> skipped;
   std::vector<const spec::Slot*> unguarded_slots;
   std::vector<AppliedPatch> applied;

@@ -2,8 +2,8 @@
 // transformers/models/*/modeling_*.py byte for byte except the header and the lines of
 // relative-import statements, and the output must parse. Runs when PATCHGEN_IDENTITY_ROOT names a
 // folder holding `transformers/` (e.g. the git-ignored `.upstream/`); see docs/rewriter.md.
-#include <catch2/catch.hpp>
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -34,8 +34,8 @@ std::string CheckOne(const fs::path& root, const std::string& rel) {
   std::string upstream = ReadFile(root / rel);
   std::string module = rel.substr(0, rel.size() - 3);
   std::replace(module.begin(), module.end(), '/', '.');
-  auto spec = spec::LoadSpecFromString("identity.yaml",
-                                       "upstream: " + module + "\noutput: out.py\n");
+  auto spec =
+      spec::LoadSpecFromString("identity.yaml", "upstream: " + module + "\noutput: out.py\n");
   if (!spec) return "spec: " + FormatDiagnostic(spec.errors().front());
   auto up = parser::PyModule::Parse(rel, upstream);
   if (!up) return "upstream: " + FormatDiagnostic(up.errors().front());

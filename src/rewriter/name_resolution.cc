@@ -94,8 +94,8 @@ Role RoleOf(TSNode id) {
     return Role::kBinding;
   }
   // Parameters written as patterns: `*args`, `**kwargs` (possibly typed).
-  if (!Same(child, id) && (Is(p, "parameters") || Is(p, "lambda_parameters") ||
-                           Is(p, "typed_parameter"))) {
+  if (!Same(child, id) &&
+      (Is(p, "parameters") || Is(p, "lambda_parameters") || Is(p, "typed_parameter"))) {
     return Role::kBinding;
   }
   return Role::kUse;
@@ -142,7 +142,8 @@ void CollectBindings(TSNode node, std::string_view source, std::set<std::string>
     }
     if (Is(c, "global_statement") || Is(c, "nonlocal_statement")) {
       uint32_t m = ts_node_named_child_count(c);
-      for (uint32_t j = 0; j < m; ++j) out.insert(std::string(TextOf(ts_node_named_child(c, j), source)));
+      for (uint32_t j = 0; j < m; ++j)
+        out.insert(std::string(TextOf(ts_node_named_child(c, j), source)));
       continue;
     }
     if (Is(c, "function_definition") || Is(c, "class_definition")) {
@@ -159,7 +160,8 @@ void CollectBindings(TSNode node, std::string_view source, std::set<std::string>
 void CollectGlobals(TSNode node, std::string_view source, std::set<std::string>& out) {
   if (Is(node, "global_statement")) {
     uint32_t m = ts_node_named_child_count(node);
-    for (uint32_t j = 0; j < m; ++j) out.insert(std::string(TextOf(ts_node_named_child(node, j), source)));
+    for (uint32_t j = 0; j < m; ++j)
+      out.insert(std::string(TextOf(ts_node_named_child(node, j), source)));
     return;
   }
   uint32_t n = ts_node_named_child_count(node);
@@ -253,31 +255,30 @@ void Walk(TSNode node, const std::vector<ByteRange>& ranges, std::vector<TSNode>
 
 bool IsBuiltinName(std::string_view name) {
   static const std::unordered_set<std::string_view> kBuiltins = {
-      "ArithmeticError", "AssertionError", "AttributeError", "BaseException",
-      "BaseExceptionGroup", "BlockingIOError", "BrokenPipeError", "BufferError", "BytesWarning",
-      "ChildProcessError", "ConnectionAbortedError", "ConnectionError", "ConnectionRefusedError",
-      "ConnectionResetError", "DeprecationWarning", "EOFError", "Ellipsis", "EncodingWarning",
-      "EnvironmentError", "Exception", "ExceptionGroup", "False", "FileExistsError",
-      "FileNotFoundError", "FloatingPointError", "FutureWarning", "GeneratorExit", "IOError",
-      "ImportError", "ImportWarning", "IndentationError", "IndexError", "InterruptedError",
-      "IsADirectoryError", "KeyError", "KeyboardInterrupt", "LookupError", "MemoryError",
-      "ModuleNotFoundError", "NameError", "None", "NotADirectoryError", "NotImplemented",
-      "NotImplementedError", "OSError", "OverflowError", "PendingDeprecationWarning",
-      "PermissionError", "ProcessLookupError", "RecursionError", "ReferenceError",
-      "ResourceWarning", "RuntimeError", "RuntimeWarning", "StopAsyncIteration", "StopIteration",
-      "SyntaxError", "SyntaxWarning", "SystemError", "SystemExit", "TabError", "TimeoutError",
-      "True", "TypeError", "UnboundLocalError", "UnicodeDecodeError", "UnicodeEncodeError",
-      "UnicodeError", "UnicodeTranslateError", "UnicodeWarning", "UserWarning", "ValueError",
-      "Warning", "ZeroDivisionError", "__build_class__", "__debug__", "__doc__", "__import__",
-      "__loader__", "__name__", "__package__", "__spec__", "abs", "aiter", "all", "anext", "any",
-      "ascii", "bin", "bool", "breakpoint", "bytearray", "bytes", "callable", "chr",
-      "classmethod", "compile", "complex", "copyright", "credits", "delattr", "dict", "dir",
-      "divmod", "enumerate", "eval", "exec", "exit", "filter", "float", "format", "frozenset",
-      "getattr", "globals", "hasattr", "hash", "help", "hex", "id", "input", "int", "isinstance",
-      "issubclass", "iter", "len", "license", "list", "locals", "map", "max", "memoryview", "min",
-      "next", "object", "oct", "open", "ord", "pow", "print", "property", "quit", "range", "repr",
-      "reversed", "round", "set", "setattr", "slice", "sorted", "staticmethod", "str", "sum",
-      "super", "tuple", "type", "vars", "zip",
+      "ArithmeticError", "AssertionError", "AttributeError", "BaseException", "BaseExceptionGroup",
+      "BlockingIOError", "BrokenPipeError", "BufferError", "BytesWarning", "ChildProcessError",
+      "ConnectionAbortedError", "ConnectionError", "ConnectionRefusedError", "ConnectionResetError",
+      "DeprecationWarning", "EOFError", "Ellipsis", "EncodingWarning", "EnvironmentError",
+      "Exception", "ExceptionGroup", "False", "FileExistsError", "FileNotFoundError",
+      "FloatingPointError", "FutureWarning", "GeneratorExit", "IOError", "ImportError",
+      "ImportWarning", "IndentationError", "IndexError", "InterruptedError", "IsADirectoryError",
+      "KeyError", "KeyboardInterrupt", "LookupError", "MemoryError", "ModuleNotFoundError",
+      "NameError", "None", "NotADirectoryError", "NotImplemented", "NotImplementedError", "OSError",
+      "OverflowError", "PendingDeprecationWarning", "PermissionError", "ProcessLookupError",
+      "RecursionError", "ReferenceError", "ResourceWarning", "RuntimeError", "RuntimeWarning",
+      "StopAsyncIteration", "StopIteration", "SyntaxError", "SyntaxWarning", "SystemError",
+      "SystemExit", "TabError", "TimeoutError", "True", "TypeError", "UnboundLocalError",
+      "UnicodeDecodeError", "UnicodeEncodeError", "UnicodeError", "UnicodeTranslateError",
+      "UnicodeWarning", "UserWarning", "ValueError", "Warning", "ZeroDivisionError",
+      "__build_class__", "__debug__", "__doc__", "__import__", "__loader__", "__name__",
+      "__package__", "__spec__", "abs", "aiter", "all", "anext", "any", "ascii", "bin", "bool",
+      "breakpoint", "bytearray", "bytes", "callable", "chr", "classmethod", "compile", "complex",
+      "copyright", "credits", "delattr", "dict", "dir", "divmod", "enumerate", "eval", "exec",
+      "exit", "filter", "float", "format", "frozenset", "getattr", "globals", "hasattr", "hash",
+      "help", "hex", "id", "input", "int", "isinstance", "issubclass", "iter", "len", "license",
+      "list", "locals", "map", "max", "memoryview", "min", "next", "object", "oct", "open", "ord",
+      "pow", "print", "property", "quit", "range", "repr", "reversed", "round", "set", "setattr",
+      "slice", "sorted", "staticmethod", "str", "sum", "super", "tuple", "type", "vars", "zip",
       // Implicit module attributes, class-body names and the method-level `__class__` cell.
       "__file__", "__builtins__", "__annotations__", "__dict__", "__path__", "__cached__",
       "__class__", "__module__", "__qualname__"};
@@ -292,7 +293,8 @@ std::vector<NameUse> FindUnresolvedNames(TSNode root, std::string_view source,
   std::vector<NameUse> out;
   for (TSNode id : ids) {
     if (RoleOf(id) != Role::kUse) continue;
-    if (!resolver.Resolves(id)) out.push_back({std::string(TextOf(id, source)), ts_node_start_byte(id)});
+    if (!resolver.Resolves(id))
+      out.push_back({std::string(TextOf(id, source)), ts_node_start_byte(id)});
   }
   return out;
 }

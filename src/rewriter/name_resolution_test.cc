@@ -59,9 +59,8 @@ TEST_CASE("Undefined names, attribute names and keyword names", "[rewriter]") {
       "    y = torch.nn.functional.silu(x, inplace=Flase)\n"
       "    return self.proj(y) + missing_fn(y).attr\n"
       "#>\n";
-  CHECK(Unresolved(src) ==
-        "Flase@" + std::to_string(src.find("Flase")) + " missing_fn@" +
-            std::to_string(src.find("missing_fn")) + " ");
+  CHECK(Unresolved(src) == "Flase@" + std::to_string(src.find("Flase")) + " missing_fn@" +
+                               std::to_string(src.find("missing_fn")) + " ");
 }
 
 TEST_CASE("Class-body names resolve only in the class body, not in methods", "[rewriter]") {

@@ -15,7 +15,8 @@ namespace patchgen::rewriter {
 namespace {
 
 /// The spec location of output byte `offset` when it lies in inserted text, else nullopt.
-std::optional<SourceLoc> InsertedLoc(const EditPlan& plan, uint32_t offset, const LineIndex& out_lines,
+std::optional<SourceLoc> InsertedLoc(const EditPlan& plan, uint32_t offset,
+                                     const LineIndex& out_lines,
                                      const std::vector<ByteRange>& ranges, uint32_t header_size) {
   const std::vector<TextEdit>& edits = plan.edits();
   for (size_t i = 0; i < edits.size(); ++i) {
@@ -40,8 +41,9 @@ std::optional<SourceLoc> InsertedLoc(const EditPlan& plan, uint32_t offset, cons
 
 /// Excluded definitions and dropped imports must not leave names behind that now resolve
 /// nowhere (a name bound again by a helper or an added import is fine).
-void CheckRemovedNames(const spec::PatchSpec& spec, const std::vector<const spec::LocatedName*>& excluded,
-                       TSNode root, const std::string& out, uint32_t header_size,
+void CheckRemovedNames(const spec::PatchSpec& spec,
+                       const std::vector<const spec::LocatedName*>& excluded, TSNode root,
+                       const std::string& out, uint32_t header_size,
                        const std::function<SourceLoc(uint32_t)>& output_loc,
                        std::vector<Diagnostic>& errors) {
   std::vector<std::pair<const spec::LocatedName*, std::string>> removed;

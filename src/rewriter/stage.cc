@@ -71,7 +71,8 @@ void NameMap::ReportUnused(const std::set<std::string>& used_elsewhere,
       errors.push_back(ErrorAt(
           e.loc, "name_map rule '" + e.Key() + "' is never used",
           "name_map renames identifiers in patch bodies, helpers, blocks and guard targets; "
-          "none of them starts with '" + e.from + "'" +
+          "none of them starts with '" +
+              e.from + "'" +
               (e.to.starts_with(e.from)
                    ? " (identifiers that already start with '" + e.to + "' are left alone)"
                    : std::string())));
@@ -107,7 +108,8 @@ SourceLoc OriginLoc(const spec::TextOrigin& o, uint32_t line0, uint32_t col, uin
   loc.length = length;
   if (o.file_text) {
     std::vector<std::string_view> lines = SplitLines(*o.file_text);
-    if (loc.line >= 1 && loc.line <= lines.size()) loc.source_line = std::string(lines[loc.line - 1]);
+    if (loc.line >= 1 && loc.line <= lines.size())
+      loc.source_line = std::string(lines[loc.line - 1]);
   }
   return loc;
 }
@@ -198,8 +200,8 @@ const Definition* BodyDefinition(const PyModule& m, const spec::Body& body, cons
       if (auto dym = DidYouMean(body.symbol, m.TopLevelNames())) {
         help = "did you mean '" + *dym + "'? " + help;
       }
-      errors.push_back(ErrorAt(body.symbol_loc,
-                               "no def or class '" + body.symbol + "' in " + body.origin.path, help));
+      errors.push_back(ErrorAt(
+          body.symbol_loc, "no def or class '" + body.symbol + "' in " + body.origin.path, help));
     }
     return def;
   }
@@ -256,9 +258,8 @@ TSNode NodeAt(TSNode root, ByteRange r) {
 
 TSNode DefNode(const PyModule& m, const Definition& def) {
   TSNode n = ts_node_descendant_for_byte_range(m.root(), def.header.start, def.header.start + 1);
-  while (!ts_node_is_null(n) &&
-         !((Is(n, "function_definition") || Is(n, "class_definition")) &&
-           ts_node_start_byte(n) == def.header.start)) {
+  while (!ts_node_is_null(n) && !((Is(n, "function_definition") || Is(n, "class_definition")) &&
+                                  ts_node_start_byte(n) == def.header.start)) {
     n = ts_node_parent(n);
   }
   return n;
@@ -332,15 +333,23 @@ Diagnostic MissingTopLevel(const PyModule& up, const SourceLoc& loc, const std::
   }
   std::string help = "top-level definitions: " + JoinNames(names);
   if (auto dym = DidYouMean(name, names)) help = "did you mean '" + *dym + "'?";
-  return ErrorAt(loc, context + ": no top-level definition or assignment '" + name + "' in " + up.path(),
+  return ErrorAt(loc,
+                 context + ": no top-level definition or assignment '" + name + "' in " + up.path(),
                  help);
 }
 
 ContractPin MakePin(const PyModule& up, std::string key, std::string region, std::string expects,
-                    std::string qualname, const SourceLoc& loc, const std::vector<ByteRange>& ranges,
-                    const std::vector<ByteRange>& skip) {
-  ContractPin pin{std::move(key), std::move(region), std::move(expects), std::move(qualname),
-                  loc, 0, 0, {}, {}};
+                    std::string qualname, const SourceLoc& loc,
+                    const std::vector<ByteRange>& ranges, const std::vector<ByteRange>& skip) {
+  ContractPin pin{std::move(key),
+                  std::move(region),
+                  std::move(expects),
+                  std::move(qualname),
+                  loc,
+                  0,
+                  0,
+                  {},
+                  {}};
   Fingerprint fp = ranges.empty() ? AbsentFingerprint() : FingerprintOf(up, ranges, skip);
   if (!ranges.empty()) {
     pin.first_line = up.lines().LineOf(ranges.front().start) + 1;

@@ -123,7 +123,8 @@ std::vector<std::pair<ByteRange, std::string>> RemoveListItems(const std::vector
                                                                const std::vector<size_t>& removed);
 
 /// The top-level statement of `up` binding `name` (class, def or assignment), or nullptr.
-const parser::TopLevelStatement* TopLevelBinding(const parser::PyModule& up, const std::string& name);
+const parser::TopLevelStatement* TopLevelBinding(const parser::PyModule& up,
+                                                 const std::string& name);
 /// "<context>: no top-level definition or assignment '<name>' in <upstream>" with "did you mean".
 Diagnostic MissingTopLevel(const parser::PyModule& up, const SourceLoc& loc,
                            const std::string& context, const std::string& name);

@@ -45,7 +45,8 @@ const Definition* EditTarget(PatchContext& ctx, const Patch& p) {
   const Definition* def = up.Find(p.target);
   if (def && def->kind == Definition::Kind::kFunction) return def;
   if (def) {
-    ctx.Error(p.target_loc, "edit_body target '" + p.target + "' is a class, not a function or method",
+    ctx.Error(p.target_loc,
+              "edit_body target '" + p.target + "' is a class, not a function or method",
               "methods of " + def->qualname + ": " +
                   JoinNames(up.ChildNames(*def, Definition::Kind::kFunction)) +
                   "; to edit its constructor, write `edit_body: " + p.target + ".__init__`");
@@ -101,7 +102,8 @@ std::unique_ptr<PyModule> EditCode(PatchContext& ctx, const StatementEdit& e) {
 }
 
 /// The single `...` statement of a wrap's code (alone on its line), or nullopt with an error.
-std::optional<TSNode> WrapPlaceholder(PatchContext& ctx, const PyModule& m, const StatementEdit& e) {
+std::optional<TSNode> WrapPlaceholder(PatchContext& ctx, const PyModule& m,
+                                      const StatementEdit& e) {
   std::vector<TSNode> found;
   std::vector<TSNode> stack = {m.root()};
   while (!stack.empty()) {
@@ -120,7 +122,8 @@ std::optional<TSNode> WrapPlaceholder(PatchContext& ctx, const PyModule& m, cons
   if (found.size() == 1) return found[0];
   ctx.Error(e.code_loc,
             "the code of `wrap` must have exactly one `...` line, where the wrapped statements go; "
-            "found " + std::to_string(found.size()),
+            "found " +
+                std::to_string(found.size()),
             "e.g. `with torch.no_grad():` and, indented below it, a line holding only `...`");
   return std::nullopt;
 }
@@ -157,8 +160,9 @@ TextEdit WrapEdit(const PyModule& up, const PyModule& m, TSNode placeholder, con
   text += before + ShiftLines(up, pe.lines, shift);
   if (!after.empty()) {
     text += "\n";
-    tail = CodeSpan{static_cast<uint32_t>(text.size()), static_cast<uint32_t>(text.size() + after.size()),
-                    s.origin, s.first_line + hole + 1, s.col_shift};
+    tail = CodeSpan{static_cast<uint32_t>(text.size()),
+                    static_cast<uint32_t>(text.size() + after.size()), s.origin,
+                    s.first_line + hole + 1, s.col_shift};
     text += after;
   }
   TextEdit edit{pe.lines, std::move(text), std::move(loc), std::move(what), head ? head : tail};
@@ -189,10 +193,12 @@ bool PlanOneEdit(PatchContext& ctx, const Patch& p, const StatementEdit& e,
   Snippet s = WholeSnippet(*m, e.code_origin, {&patch_map, &ctx.spec_map}, ind.size());
   switch (e.op) {
     case StatementEdit::Op::kInsertBefore:
-      pe.edit = SnippetEdit({pe.lines.start, pe.lines.start}, marker + "\n", s, "\n", e.loc, edit_what);
+      pe.edit =
+          SnippetEdit({pe.lines.start, pe.lines.start}, marker + "\n", s, "\n", e.loc, edit_what);
       return true;
     case StatementEdit::Op::kInsertAfter:
-      pe.edit = SnippetEdit({pe.lines.end, pe.lines.end}, "\n" + marker + "\n", s, "", e.loc, edit_what);
+      pe.edit =
+          SnippetEdit({pe.lines.end, pe.lines.end}, "\n" + marker + "\n", s, "", e.loc, edit_what);
       return true;
     case StatementEdit::Op::kReplace:
       pe.edit = SnippetEdit(pe.lines, marker + "\n", s, "", e.loc, edit_what);
@@ -214,13 +220,13 @@ bool ClashesWithEarlier(PatchContext& ctx, const PendingEdit& pe, size_t first_p
   for (size_t i = first_pending; i < pending.size(); ++i) {
     const PendingEdit& o = pending[i];
     if (!(pe.modifies || o.modifies) || !LinesOverlap(pe.lines, o.lines)) continue;
-    Diagnostic d = ErrorAt(e.loc,
-                           "edits overlap: `" + std::string(spec::EditOpKey(e.op)) + "` of " +
-                               LineSpan(pe.first_line, pe.last_line) + " and `" +
-                               spec::EditOpKey(o.op->op) + "` of " +
-                               LineSpan(o.first_line, o.last_line) + " in " + pe.qualname,
-                           "edits of one body must touch disjoint statements; merge them into "
-                           "one `replace`, or anchor the insertion elsewhere");
+    Diagnostic d =
+        ErrorAt(e.loc,
+                "edits overlap: `" + std::string(spec::EditOpKey(e.op)) + "` of " +
+                    LineSpan(pe.first_line, pe.last_line) + " and `" + spec::EditOpKey(o.op->op) +
+                    "` of " + LineSpan(o.first_line, o.last_line) + " in " + pe.qualname,
+                "edits of one body must touch disjoint statements; merge them into "
+                "one `replace`, or anchor the insertion elsewhere");
     d.notes.push_back("note: the `" + std::string(spec::EditOpKey(o.op->op)) + "` edit is at " +
                       Where(o.op->loc) + ":" + std::to_string(o.op->loc.col));
     ctx.st.out.errors.push_back(std::move(d));
@@ -237,7 +243,8 @@ void PlanEditBody(PatchContext& ctx, const Patch& p, NameMap& patch_map, const s
   if (!def) return;
   BodyStatements stmts(up, *def);
   if (!stmts.ok()) {
-    ctx.Error(p.target_loc, "cannot find the body of '" + def->qualname + "'", {}, ErrorKind::kInternal);
+    ctx.Error(p.target_loc, "cannot find the body of '" + def->qualname + "'", {},
+              ErrorKind::kInternal);
     return;
   }
   size_t first_pending = ctx.st.statement_edits.size();
@@ -251,12 +258,14 @@ void PlanEditBody(PatchContext& ctx, const Patch& p, NameMap& patch_map, const s
     pe.last_line = up.lines().LineOf(r->last->range.end) + 1;
     pe.lines = {LineStartOf(up.source(), r->first->range.start),
                 LineEndOf(up.source(), r->last->range.end)};
-    pe.modifies = e.op != StatementEdit::Op::kInsertBefore && e.op != StatementEdit::Op::kInsertAfter;
+    pe.modifies =
+        e.op != StatementEdit::Op::kInsertBefore && e.op != StatementEdit::Op::kInsertAfter;
     std::string key = what + " " + spec::EditOpKey(e.op) + " '" + e.at + "'";
     if (e.through) key += " through '" + *e.through + "'";
     if (p.when.upstream_version) key += " for upstream " + *p.when.upstream_version;
-    ctx.st.contract.push_back(MakePin(up, key, "statements", spec::PatchKindKey(p.kind), def->qualname,
-                                      e.loc, {ByteRange{r->first->range.start, r->last->range.end}}, {}));
+    ctx.st.contract.push_back(MakePin(up, key, "statements", spec::PatchKindKey(p.kind),
+                                      def->qualname, e.loc,
+                                      {ByteRange{r->first->range.start, r->last->range.end}}, {}));
     if (ClashesWithEarlier(ctx, pe, first_pending)) continue;
     if (!PlanOneEdit(ctx, p, e, stmts, *r, patch_map, what, pe)) continue;
     ctx.st.statement_edits.push_back(std::move(pe));

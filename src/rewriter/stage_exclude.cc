@@ -68,8 +68,8 @@ ExcludeStage PlanExcludes(const spec::PatchSpec& spec, const PyModule& up) {
       st.out.errors.push_back(MissingTopLevel(up, ex.loc, "exclude", ex.name));
       continue;
     }
-    st.out.edits.push_back(
-        TextEdit{ExcludedRange(up.source(), s->range), "", ex.loc, "exclude " + ex.name, std::nullopt});
+    st.out.edits.push_back(TextEdit{ExcludedRange(up.source(), s->range), "", ex.loc,
+                                    "exclude " + ex.name, std::nullopt});
     st.out.applied.push_back({"exclude", ex.name, ""});
     st.excluded.push_back(&ex);
     for (size_t i = 0; i < all_items.size(); ++i) {

@@ -28,7 +28,8 @@ void CheckGuardsInAddedMethods(const spec::PatchSpec& mapped,
       for (const auto& [target, p] : added_methods) {
         if (g.in != target) continue;
         errors.push_back(
-            ErrorAt(g.in_loc, "guard on " + g.in + " is inside add_method " + target + " at " + Where(p->loc),
+            ErrorAt(g.in_loc,
+                    "guard on " + g.in + " is inside add_method " + target + " at " + Where(p->loc),
                     "guards edit upstream bodies; put the dispatch into the added method's code"));
       }
     }
@@ -41,11 +42,12 @@ void CheckGuardsInReplaced(const GuardPlan& guards, const std::vector<PatchedTar
   for (const auto& [qualname, loc] : guards.guarded_targets) {
     for (const auto& [target, p] : replaced) {
       if (qualname != target && !qualname.starts_with(target + ".")) continue;
-      errors.push_back(ErrorAt(loc,
-                               "guard on " + qualname + " conflicts with " + spec::PatchKindKey(p->kind) +
-                                   " " + target + " at " + Where(p->loc),
-                               "the patch replaces the upstream body the guard would edit; dispatch "
-                               "inside the patch body instead, or drop one of them"));
+      errors.push_back(
+          ErrorAt(loc,
+                  "guard on " + qualname + " conflicts with " + spec::PatchKindKey(p->kind) + " " +
+                      target + " at " + Where(p->loc),
+                  "the patch replaces the upstream body the guard would edit; dispatch "
+                  "inside the patch body instead, or drop one of them"));
     }
   }
 }
@@ -57,7 +59,8 @@ ContractPin GuardPin(const PyModule& up, const GuardPlan::Region& r) {
   if (r.at) key += " at '" + *r.at + "'";
   if (r.through) key += " through '" + *r.through + "'";
   if (r.upstream_version) key += " for upstream " + *r.upstream_version;
-  if (r.statements) return MakePin(up, key, "statements", r.op_variant, r.in, r.loc, {*r.statements}, {});
+  if (r.statements)
+    return MakePin(up, key, "statements", r.op_variant, r.in, r.loc, {*r.statements}, {});
   const Definition& def = up.definitions()[static_cast<size_t>(r.definition)];
   std::vector<ByteRange> skip;
   if (def.docstring) skip.push_back(*def.docstring);
@@ -81,8 +84,8 @@ std::vector<const spec::Slot*> SlotsWithoutGuards(const spec::PatchSpec& spec,
 
 }  // namespace
 
-GuardsStage PlanGuardStage(const spec::PatchSpec& spec, const PyModule& up, const std::string& runtime,
-                           const std::vector<PatchedTarget>& replaced,
+GuardsStage PlanGuardStage(const spec::PatchSpec& spec, const PyModule& up,
+                           const std::string& runtime, const std::vector<PatchedTarget>& replaced,
                            const std::vector<PatchedTarget>& added_methods) {
   GuardsStage st;
   NameMap spec_map(spec.name_map);

@@ -13,7 +13,8 @@ using parser::Is;
 using parser::PyModule;
 
 /// Package of the upstream module: the module's parent, or the module itself for `__init__`.
-std::vector<std::string> UpstreamPackage(const std::string& upstream, const std::string& upstream_path) {
+std::vector<std::string> UpstreamPackage(const std::string& upstream,
+                                         const std::string& upstream_path) {
   std::vector<std::string> parts;
   size_t pos = 0;
   while (true) {
@@ -34,13 +35,13 @@ std::optional<std::string> AbsoluteModule(const spec::PatchSpec& spec, const PyM
   std::vector<std::string> base = UpstreamPackage(spec.upstream, upstream_path);
   size_t levels = static_cast<size_t>(imp.relative_level - 1);
   if (levels >= base.size()) {
-    errors.push_back(MakeDiagnostic(
-        up.path(), up.source(), up.lines(), imp.module,
-        "relative import climbs above the top package '" +
-            (base.empty() ? spec.upstream : base.front()) + "'",
-        "module '" + spec.upstream + "' is only " + std::to_string(base.size()) +
-            " package level(s) deep; check `upstream:` in " + spec.path,
-        ErrorKind::kUpstream));
+    errors.push_back(MakeDiagnostic(up.path(), up.source(), up.lines(), imp.module,
+                                    "relative import climbs above the top package '" +
+                                        (base.empty() ? spec.upstream : base.front()) + "'",
+                                    "module '" + spec.upstream + "' is only " +
+                                        std::to_string(base.size()) +
+                                        " package level(s) deep; check `upstream:` in " + spec.path,
+                                    ErrorKind::kUpstream));
     return std::nullopt;
   }
   base.resize(base.size() - levels);
@@ -113,8 +114,9 @@ DropMatch MatchDrops(const Import& imp, const std::vector<spec::LocatedName>& dr
 /// The edit of one import statement: its module made absolute, or names dropped (the whole
 /// statement when all of them are: its lines go, or `pass` keeps its block alive); none when
 /// neither applies.
-std::optional<TextEdit> ImportEdit(const spec::PatchSpec& spec, const PyModule& up, const Import& imp,
-                                   const DropMatch& drop, const std::optional<std::string>& absolute) {
+std::optional<TextEdit> ImportEdit(const spec::PatchSpec& spec, const PyModule& up,
+                                   const Import& imp, const DropMatch& drop,
+                                   const std::optional<std::string>& absolute) {
   if (drop.names.empty()) {
     if (!absolute) return std::nullopt;
     return TextEdit{imp.module, *absolute, spec.upstream_loc,

@@ -80,7 +80,8 @@ struct ModuleCode {
     return std::nullopt;
   }
 
-  void AfterTheImports(const spec::PatchSpec& spec, Anchor anchor, const std::string& declarations) {
+  void AfterTheImports(const spec::PatchSpec& spec, Anchor anchor,
+                       const std::string& declarations) {
     uint32_t at = anchor.offset;
     bool at_top = anchor.before_statement;
     // Each piece is preceded by its separator; in front of the first statement of a file the
@@ -95,11 +96,16 @@ struct ModuleCode {
       auto s = AddedImport(b);
       if (!s) continue;
       add("\n", *s, b.loc, "imports.add");
-      out.applied.push_back({"imports.add", OneLine(std::string(TrimTrailingNewlines(b.code))), ""});
+      out.applied.push_back(
+          {"imports.add", OneLine(std::string(TrimTrailingNewlines(b.code))), ""});
     }
     if (!declarations.empty()) {
-      out.edits.push_back(TextEdit{{at, at}, (at_top && first ? "" : "\n\n") + TrimTrailingNewlines(declarations),
-                                   spec.slots.front().loc, "slot declarations", std::nullopt});
+      out.edits.push_back(
+          TextEdit{{at, at},
+                   (at_top && first ? "" : "\n\n") + TrimTrailingNewlines(declarations),
+                   spec.slots.front().loc,
+                   "slot declarations",
+                   std::nullopt});
       first = false;
     }
     for (const spec::Block& b : spec.blocks) {
@@ -116,8 +122,8 @@ struct ModuleCode {
       }
     }
     if (at_top && !first) {
-      out.edits.push_back(TextEdit{{at, at}, "\n\n\n", spec.upstream_loc, "code after the imports",
-                                   std::nullopt});
+      out.edits.push_back(
+          TextEdit{{at, at}, "\n\n\n", spec.upstream_loc, "code after the imports", std::nullopt});
     }
   }
 
@@ -126,7 +132,8 @@ struct ModuleCode {
       if (!h.after) continue;
       const TopLevelStatement* anchor = TopLevelBinding(up, *h.after);
       if (!anchor) {
-        out.errors.push_back(MissingTopLevel(up, h.after_loc, "helper after '" + *h.after + "'", *h.after));
+        out.errors.push_back(
+            MissingTopLevel(up, h.after_loc, "helper after '" + *h.after + "'", *h.after));
         continue;
       }
       if (auto s = Helper(h)) {
@@ -141,7 +148,8 @@ struct ModuleCode {
 }  // namespace
 
 StageOutput PlanModuleCode(const spec::PatchSpec& spec, const PyModule& up,
-                           const std::set<size_t>& removed_imports, const std::string& declarations) {
+                           const std::set<size_t>& removed_imports,
+                           const std::string& declarations) {
   ModuleCode code{up, NameMap(spec.name_map), {}};
   code.AfterTheImports(spec, AfterImports(up, removed_imports), declarations);
   code.HelpersAfter(spec);

@@ -30,7 +30,8 @@ std::optional<Snippet> DefinitionSnippet(PatchContext& ctx, const Patch& p, Name
   const Definition* def = BodyDefinition(*m, p.body, what, ctx.st.out.errors);
   if (!def) return std::nullopt;
   if (def->kind != want) {
-    ctx.Error(p.body.loc, what + " needs a " + (want == Definition::Kind::kClass ? "class" : "def") +
+    ctx.Error(p.body.loc, what + " needs a " +
+                              (want == Definition::Kind::kClass ? "class" : "def") +
                               ", but the code defines " +
                               (def->kind == Definition::Kind::kClass ? "class '" : "function '") +
                               def->name + "'");
@@ -57,7 +58,8 @@ void PlanReplace(PatchContext& ctx, const Patch& p, NameMap& patch_map, const st
     return;
   }
   std::string indent(target->indent, ' ');
-  ByteRange range{LineStartOf(src, target->definition.start), LineEndOf(src, target->definition.end)};
+  ByteRange range{LineStartOf(src, target->definition.start),
+                  LineEndOf(src, target->definition.end)};
   if (p.body.source == Body::Source::kFrom) {
     std::string stmt = "from " + p.body.from_module + " import " + p.body.from_name;
     if (p.body.from_name != p.target) stmt += " as " + p.target;
@@ -67,7 +69,8 @@ void PlanReplace(PatchContext& ctx, const Patch& p, NameMap& patch_map, const st
   }
   auto snippet = DefinitionSnippet(ctx, p, patch_map, what, kind, target->indent, nullptr);
   if (!snippet) return;
-  ctx.st.out.edits.push_back(SnippetEdit(range, Marker(p, indent) + "\n", *snippet, "", p.loc, what));
+  ctx.st.out.edits.push_back(
+      SnippetEdit(range, Marker(p, indent) + "\n", *snippet, "", p.loc, what));
   ctx.st.replaced.push_back({p.target, &p});
 }
 
@@ -94,9 +97,10 @@ void PlanOverride(PatchContext& ctx, const Patch& p, NameMap& patch_map, const s
     if (auto dym = DidYouMean(LastComponent(p.target), methods)) {
       help = "did you mean '" + *dym + "'? " + help;
     }
-    ctx.Error(p.target_loc,
-              "no method '" + LastComponent(p.target) + "' in class '" + cls->qualname + "'",
-              help + (p.kind == PatchKind::kOverrideMethod ? "; use add_method for a new method" : ""));
+    ctx.Error(
+        p.target_loc,
+        "no method '" + LastComponent(p.target) + "' in class '" + cls->qualname + "'",
+        help + (p.kind == PatchKind::kOverrideMethod ? "; use add_method for a new method" : ""));
     return;
   }
   bool has_decorators = false;
@@ -104,13 +108,14 @@ void PlanOverride(PatchContext& ctx, const Patch& p, NameMap& patch_map, const s
                                    method->indent, &has_decorators);
   if (!snippet) return;
   std::string indent(method->indent, ' ');
-  ByteRange range{LineStartOf(src, method->definition.start), LineEndOf(src, method->definition.end)};
+  ByteRange range{LineStartOf(src, method->definition.start),
+                  LineEndOf(src, method->definition.end)};
   std::string prefix = Marker(p, indent) + "\n";
   // Upstream decorators (`@can_return_tuple`, ...) stay unless the body brings its own.
   if (!has_decorators && !method->decorators.empty()) {
-    prefix += src.substr(LineStartOf(src, method->decorators.start),
-                         LineStartOf(src, method->header.start) -
-                             LineStartOf(src, method->decorators.start));
+    prefix += src.substr(
+        LineStartOf(src, method->decorators.start),
+        LineStartOf(src, method->header.start) - LineStartOf(src, method->decorators.start));
   }
   ctx.st.out.edits.push_back(SnippetEdit(range, prefix, *snippet, "", p.loc, what));
   ctx.st.replaced.push_back({p.target, &p});
@@ -132,9 +137,10 @@ void PlanAddMethod(PatchContext& ctx, const Patch& p, NameMap& patch_map, const 
   const Definition* cls = TargetClass(ctx, p);
   if (!cls) return;
   if (ctx.up.Find(p.target)) {
-    ctx.Error(p.target_loc,
-              "method '" + LastComponent(p.target) + "' already exists in class '" + cls->qualname + "'",
-              "use override_method to replace an existing method");
+    ctx.Error(
+        p.target_loc,
+        "method '" + LastComponent(p.target) + "' already exists in class '" + cls->qualname + "'",
+        "use override_method to replace an existing method");
     return;
   }
   auto snippet = DefinitionSnippet(ctx, p, patch_map, what, Definition::Kind::kFunction,
@@ -172,7 +178,8 @@ std::optional<uint32_t> SuperInitEnd(const PyModule& up, const Definition& init)
   return std::nullopt;
 }
 
-void PlanModifyInit(PatchContext& ctx, const Patch& p, NameMap& patch_map, const std::string& what) {
+void PlanModifyInit(PatchContext& ctx, const Patch& p, NameMap& patch_map,
+                    const std::string& what) {
   const PyModule& up = ctx.up;
   const Definition* cls = FindClass(ctx, p.target, p.target_loc);
   if (!cls) return;
@@ -200,8 +207,9 @@ void PlanModifyInit(PatchContext& ctx, const Patch& p, NameMap& patch_map, const
   if (init->inline_body) {
     // `def __init__(self): super().__init__()` -> the inline body moves to its own line.
     std::string moved = "\n" + indent + std::string(up.Text(init->body)) + "\n";
-    ctx.st.out.edits.push_back(SnippetEdit({init->header.end, LineEndOf(up.source(), init->body.end)},
-                                           moved + marker, s, "", p.loc, what));
+    ctx.st.out.edits.push_back(
+        SnippetEdit({init->header.end, LineEndOf(up.source(), init->body.end)}, moved + marker, s,
+                    "", p.loc, what));
     return;
   }
   ctx.st.out.edits.push_back(SnippetEdit({at, at}, "\n" + marker, s, "", p.loc, what));
@@ -246,8 +254,8 @@ ByteRange SignatureOf(const Definition& def) { return {def.definition.start, def
 
 void PinSignature(PatchContext& ctx, const Patch& p, const std::string& key) {
   if (const Definition* def = ctx.up.Find(p.target)) {
-    ctx.st.contract.push_back(MakePin(ctx.up, key, "signature", spec::PatchKindKey(p.kind), p.target,
-                                      p.loc, {SignatureOf(*def)}, {}));
+    ctx.st.contract.push_back(MakePin(ctx.up, key, "signature", spec::PatchKindKey(p.kind),
+                                      p.target, p.loc, {SignatureOf(*def)}, {}));
   }
 }
 
@@ -303,7 +311,9 @@ const PatchPlanner* PlannerOf(PatchKind kind) {
   return nullptr;
 }
 
-std::string What(const Patch& p) { return std::string(spec::PatchKindKey(p.kind)) + " " + p.target; }
+std::string What(const Patch& p) {
+  return std::string(spec::PatchKindKey(p.kind)) + " " + p.target;
+}
 
 std::string Marker(const Patch& p, const std::string& indent) {
   std::string m = indent + "# patchgen: " + spec::PatchKindKey(p.kind) + " " + p.target;

@@ -32,7 +32,8 @@ struct PatchContext {
 ///   nullptr when `plan` pins (edit_body pins each edit's statements).
 struct PatchPlanner {
   spec::PatchKind kind;
-  void (*plan)(PatchContext& ctx, const spec::Patch& p, NameMap& patch_map, const std::string& what);
+  void (*plan)(PatchContext& ctx, const spec::Patch& p, NameMap& patch_map,
+               const std::string& what);
   std::optional<std::string> (*absent)(const parser::PyModule& up, const spec::Patch& p);
   void (*pin)(PatchContext& ctx, const spec::Patch& p, const std::string& key);
 };

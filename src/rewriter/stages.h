@@ -43,7 +43,7 @@ struct PendingEdit {
   ByteRange lines;          ///< The anchor statements' whole lines.
   uint32_t first_line = 0;  ///< 1-based upstream lines of the anchor statements.
   uint32_t last_line = 0;
-  bool modifies = false;    ///< replace / delete / wrap (insertions leave the anchor alone).
+  bool modifies = false;  ///< replace / delete / wrap (insertions leave the anchor alone).
   const spec::StatementEdit* op = nullptr;
   std::string qualname;
 };
@@ -53,9 +53,9 @@ using PatchedTarget = std::pair<std::string, const spec::Patch*>;
 
 struct PatchesStage {
   StageOutput out;
-  std::vector<SkippedEntry> skipped;       ///< Optional patches whose target is absent.
+  std::vector<SkippedEntry> skipped;  ///< Optional patches whose target is absent.
   std::vector<ContractPin> contract;
-  std::vector<PatchedTarget> replaced;     ///< Upstream bodies replaced (replace_*, override).
+  std::vector<PatchedTarget> replaced;  ///< Upstream bodies replaced (replace_*, override).
   std::vector<PatchedTarget> added_methods;
   std::vector<PendingEdit> statement_edits;  ///< edit_body, placed by PlaceStatementEdits.
 };
@@ -68,9 +68,9 @@ PatchesStage PlanPatches(const spec::PatchSpec& spec, const parser::PyModule& up
 
 struct GuardsStage {
   StageOutput out;
-  std::string declarations;                   ///< Slot declarations (GuardPlan::declarations).
-  std::vector<GuardPlan::Region> regions;     ///< What the planned guards wrap.
-  std::vector<SkippedEntry> skipped;          ///< Optional guards whose target is absent.
+  std::string declarations;                ///< Slot declarations (GuardPlan::declarations).
+  std::vector<GuardPlan::Region> regions;  ///< What the planned guards wrap.
+  std::vector<SkippedEntry> skipped;       ///< Optional guards whose target is absent.
   std::vector<ContractPin> contract;
   std::vector<const spec::Slot*> unguarded_slots;  ///< Declared slots no guard dispatches.
 };
@@ -91,7 +91,8 @@ StageOutput PlaceStatementEdits(const parser::PyModule& up, std::vector<PendingE
 /// imports.add, slot declarations, blocks and helpers without `after` after the imports that stay
 /// (`removed_imports` left out), then helpers with `after`.
 StageOutput PlanModuleCode(const spec::PatchSpec& spec, const parser::PyModule& up,
-                           const std::set<size_t>& removed_imports, const std::string& declarations);
+                           const std::set<size_t>& removed_imports,
+                           const std::string& declarations);
 
 // ----- exclude (stage_exclude.cc) -------------------------------------------------------------
 

@@ -40,7 +40,8 @@ std::unique_ptr<parser::PyModule> Module() {
 }
 
 spec::PatchSpec Spec(const std::string& rest) {
-  auto s = spec::LoadSpecFromString("s.yaml", "upstream: transformers.models.x.modeling_x\noutput: o.py\n" + rest);
+  auto s = spec::LoadSpecFromString(
+      "s.yaml", "upstream: transformers.models.x.modeling_x\noutput: o.py\n" + rest);
   if (!s.ok()) FAIL(FormatDiagnostic(s.errors().front()));
   return std::move(s.value());
 }
@@ -56,7 +57,8 @@ TEST_CASE("every patch kind has a planner with a plan and an absent test", "[rew
   }
 }
 
-TEST_CASE("imports stage: absolute modules, drops, and the removed statements as data", "[rewriter]") {
+TEST_CASE("imports stage: absolute modules, drops, and the removed statements as data",
+          "[rewriter]") {
   auto up = Module();
   ImportsStage st = PlanImports(Spec("imports:\n  drop: [drop_me]\n"), *up,
                                 "transformers/models/x/modeling_x.py");
@@ -69,7 +71,8 @@ TEST_CASE("imports stage: absolute modules, drops, and the removed statements as
   CHECK(st.out.applied[0].kind == "imports.drop");
 }
 
-TEST_CASE("module code goes after the imports that stay (an argument, not a shared field)", "[rewriter]") {
+TEST_CASE("module code goes after the imports that stay (an argument, not a shared field)",
+          "[rewriter]") {
   auto up = Module();
   spec::PatchSpec s = Spec("blocks:\n  - |\n    X = 1\n");
   StageOutput kept = PlanModuleCode(s, *up, {}, "");
@@ -80,7 +83,8 @@ TEST_CASE("module code goes after the imports that stay (an argument, not a shar
   CHECK(kept.edits[0].text == "\n\nX = 1");
 }
 
-TEST_CASE("patches stage returns replaced targets; the guard stage takes them as an argument", "[rewriter]") {
+TEST_CASE("patches stage returns replaced targets; the guard stage takes them as an argument",
+          "[rewriter]") {
   auto up = Module();
   spec::PatchSpec s = Spec(R"(slots:
   - name: s
@@ -107,7 +111,8 @@ patches:
   CHECK(alone.unguarded_slots.empty());
   GuardsStage with = PlanGuardStage(s, *up, "opslot", patches.replaced, patches.added_methods);
   REQUIRE(with.out.errors.size() == 1);
-  CHECK(with.out.errors[0].message == "guard on A.forward conflicts with override_method A.forward at s.yaml:11");
+  CHECK(with.out.errors[0].message ==
+        "guard on A.forward conflicts with override_method A.forward at s.yaml:11");
 }
 
 TEST_CASE("optional patches with an absent target are returned as skipped", "[rewriter]") {
@@ -118,7 +123,8 @@ TEST_CASE("optional patches with an absent target are returned as skipped", "[re
     reason: older releases
     code: |
       def forward(self): pass
-)"), *up);
+)"),
+                                *up);
   CHECK(st.out.edits.empty());
   REQUIRE(st.skipped.size() == 1);
   CHECK(st.skipped[0].why == "optional: upstream already defines 'A.forward'; older releases");
@@ -165,7 +171,8 @@ TEST_CASE("the header is written and read back in one place", "[rewriter]") {
   CHECK(CarriesGeneratedHeader(h));
   CHECK_FALSE(CarriesGeneratedHeader("# ====\n# something else\n"));
   f.applied.clear();
-  CHECK(WriteHeader(f).find("#   applied:  nothing (upstream with absolute imports)\n") != std::string::npos);
+  CHECK(WriteHeader(f).find("#   applied:  nothing (upstream with absolute imports)\n") !=
+        std::string::npos);
 }
 
 }  // namespace

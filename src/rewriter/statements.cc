@@ -136,9 +136,9 @@ std::vector<const Stmt*> BodyStatements::Matching(std::string_view prefix) const
 }
 
 std::string BodyStatements::FirstLineOf(const Stmt& s) const {
-  return std::string(TrimSpace(std::string_view(m_.source())
-                                   .substr(s.range.start,
-                                           LineEndOf(m_.source(), s.range.start) - s.range.start)));
+  return std::string(
+      TrimSpace(std::string_view(m_.source())
+                    .substr(s.range.start, LineEndOf(m_.source(), s.range.start) - s.range.start)));
 }
 
 bool BodyStatements::WholeBlock(const AnchorRange& r) const {
@@ -153,8 +153,7 @@ std::vector<std::string> BodyStatements::StatementNotes(
     const std::vector<const Stmt*>& stmts) const {
   std::vector<std::string> notes;
   for (size_t i = 0; i < stmts.size() && i < kMaxCandidates; ++i) {
-    notes.push_back("note: line " + std::to_string(stmts[i]->line) + ": " +
-                    FirstLineOf(*stmts[i]));
+    notes.push_back("note: line " + std::to_string(stmts[i]->line) + ": " + FirstLineOf(*stmts[i]));
   }
   if (stmts.size() > kMaxCandidates) {
     notes.push_back("note: ... (" + std::to_string(stmts.size() - kMaxCandidates) + " more)");
@@ -186,7 +185,8 @@ void BodyStatements::NoMatch(const SourceLoc& loc, std::string_view key, std::st
                   "copy it from the upstream line");
   if (!candidates.empty()) {
     d.notes.push_back("note: closest statements in " + where + " (" + m_.path() + "):");
-    for (std::string& n : StatementNotes(Closest(candidates, prefix))) d.notes.push_back(std::move(n));
+    for (std::string& n : StatementNotes(Closest(candidates, prefix)))
+      d.notes.push_back(std::move(n));
   }
   errors.push_back(std::move(d));
 }
@@ -194,17 +194,17 @@ void BodyStatements::NoMatch(const SourceLoc& loc, std::string_view key, std::st
 void BodyStatements::Ambiguous(const SourceLoc& loc, std::string_view key, std::string_view prefix,
                                const std::string& where, const std::vector<const Stmt*>& matches,
                                std::vector<Diagnostic>& errors) const {
-  Diagnostic d = ErrorAt(loc,
-                         "'" + std::string(prefix) + "' matches " + std::to_string(matches.size()) +
-                             " statements in " + where,
-                         "make `" + std::string(key) +
-                             "` longer so that it matches exactly one statement");
+  Diagnostic d =
+      ErrorAt(loc,
+              "'" + std::string(prefix) + "' matches " + std::to_string(matches.size()) +
+                  " statements in " + where,
+              "make `" + std::string(key) + "` longer so that it matches exactly one statement");
   d.notes = StatementNotes(matches);
   errors.push_back(std::move(d));
 }
 
 const Stmt* BodyStatements::LocateThrough(const AnchorQuery& q, const Stmt& first,
-                                                          std::vector<Diagnostic>& errors) const {
+                                          std::vector<Diagnostic>& errors) const {
   std::string_view through = TrimSpace(*q.through);
   std::vector<const Stmt*> later;  // Statements of the same block from `at` on.
   for (const Stmt& s : stmts_) {
@@ -227,12 +227,14 @@ const Stmt* BodyStatements::LocateThrough(const AnchorQuery& q, const Stmt& firs
   }
   std::string lines;
   for (const Stmt* s : anywhere) lines += (lines.empty() ? "" : ", ") + std::to_string(s->line);
-  Diagnostic d = ErrorAt(
-      q.through_loc,
-      "`through` statement (line " + lines + ") is not a later sibling of the `" + q.at_key +
-          "` statement (line " + std::to_string(first.line) + ") in " + where_,
-      "`" + q.at_key + "` and `through` must be statements of the same block, `through` at or "
-          "after `" + q.at_key + "`");
+  Diagnostic d =
+      ErrorAt(q.through_loc,
+              "`through` statement (line " + lines + ") is not a later sibling of the `" +
+                  q.at_key + "` statement (line " + std::to_string(first.line) + ") in " + where_,
+              "`" + q.at_key +
+                  "` and `through` must be statements of the same block, `through` at or "
+                  "after `" +
+                  q.at_key + "`");
   d.notes = StatementNotes(anywhere);
   d.notes.insert(d.notes.begin(), "note: `" + q.at_key + "` is line " + std::to_string(first.line) +
                                       ": " + FirstLineOf(first));
@@ -262,15 +264,15 @@ std::optional<AnchorRange> BodyStatements::Locate(const AnchorQuery& q,
   }
   if (!StartsLine(m_, first.range.start)) {
     errors.push_back(ErrorAt(q.at_loc,
-                             "the `" + q.at_key + "` statement (line " + std::to_string(first.line) +
-                                 ") does not start its line; " + q.why,
+                             "the `" + q.at_key + "` statement (line " +
+                                 std::to_string(first.line) + ") does not start its line; " + q.why,
                              {}));
     return std::nullopt;
   }
   if (!EndsLine(m_, last->range.end)) {
     errors.push_back(ErrorAt(q.through ? q.through_loc : q.at_loc,
-                             "the last " + q.noun + " statement (line " + std::to_string(last->line) +
-                                 ") does not end its line; " + q.why,
+                             "the last " + q.noun + " statement (line " +
+                                 std::to_string(last->line) + ") does not end its line; " + q.why,
                              {}));
     return std::nullopt;
   }

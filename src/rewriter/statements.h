@@ -24,18 +24,18 @@ struct Stmt {
   TSNode block;        ///< The block the statement belongs to (siblings share it).
   uint32_t index = 0;  ///< Position among the block's statements.
   ByteRange range;
-  uint32_t line = 0;   ///< 1-based line of the statement's first byte.
+  uint32_t line = 0;  ///< 1-based line of the statement's first byte.
 };
 
 /// What to look up, and how errors name it.
 struct AnchorQuery {
-  std::string_view at;                    ///< Leading text of the first statement.
+  std::string_view at;  ///< Leading text of the first statement.
   SourceLoc at_loc;
-  std::string at_key = "at";              ///< Spec key of `at` in messages ("at", "replace", ...).
+  std::string at_key = "at";  ///< Spec key of `at` in messages ("at", "replace", ...).
   std::optional<std::string_view> through;  ///< Leading text of the last statement.
   SourceLoc through_loc;
   /// Errors when the range does not own its lines: "the last <noun> statement ... ; <why>".
-  std::string noun = "guarded";                        ///< "guarded", "edited"
+  std::string noun = "guarded";  ///< "guarded", "edited"
   std::string why = "a call-site guard moves whole lines";
 };
 

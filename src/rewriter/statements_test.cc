@@ -68,7 +68,8 @@ TEST_CASE("anchors are found at any depth but not in nested defs", "[rewriter]")
   REQUIRE(y);
   CHECK_FALSE(stmts.WholeBlock(*y));
   CHECK(stmts.Matching("z = ").size() == 1);  // `z = 4` is inside `inner`.
-  CHECK(stmts.Absent(Query("nothing")) == std::optional<std::string>("no statement starting with 'nothing' in A.f"));
+  CHECK(stmts.Absent(Query("nothing")) ==
+        std::optional<std::string>("no statement starting with 'nothing' in A.f"));
   CHECK_FALSE(stmts.Absent(Query("w = 3")));
 }
 

@@ -40,7 +40,8 @@ struct PatchKindInfo {
 /// In the order of the documentation and of the schema's `oneOf`.
 inline constexpr PatchKindInfo kPatchKinds[] = {
     {PatchKind::kReplaceClass, "replace_class", TargetShape::kTopLevel, /*allows_from=*/true,
-     /*allows_after=*/false, /*has_edits=*/false, "to change a method, use `override_method: ", "`"},
+     /*allows_after=*/false, /*has_edits=*/false,
+     "to change a method, use `override_method: ", "`"},
     {PatchKind::kReplaceFunction, "replace_function", TargetShape::kTopLevel, true, false, false,
      "to change a method, use `override_method: ", "`"},
     {PatchKind::kOverrideMethod, "override_method", TargetShape::kMember, false, false, false,

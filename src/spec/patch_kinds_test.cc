@@ -37,7 +37,8 @@ std::vector<PatchKind> AllPatchKinds() {
       case PatchKind::kOverrideMethod:
       case PatchKind::kAddMethod:
       case PatchKind::kModifyInit:
-      case PatchKind::kEditBody: return true;
+      case PatchKind::kEditBody:
+        return true;
     }
     return false;
   };
@@ -70,7 +71,8 @@ TEST_CASE("the loader's kind keys derive from the table", "[spec]") {
   CHECK(PatchKindKeys() == keys);
   const std::vector<std::string>& known = KnownKeys(KeyLevel::kPatch);
   REQUIRE(known.size() > keys.size());
-  CHECK(std::vector<std::string>(known.begin(), known.begin() + static_cast<long>(keys.size())) == keys);
+  CHECK(std::vector<std::string>(known.begin(), known.begin() + static_cast<long>(keys.size())) ==
+        keys);
   // Each kind-specific key the table can refuse is a key of the patch level.
   for (const PatchKindInfo& info : kPatchKinds) {
     for (const std::string& k : KeysRefusedBy(info)) {
@@ -81,7 +83,8 @@ TEST_CASE("the loader's kind keys derive from the table", "[spec]") {
 
 TEST_CASE("the schema's kinds are the table's, with the table's target shapes", "[spec]") {
   std::vector<std::string> schema_kinds;
-  for (const json& branch : PatchSchema().at("oneOf")) schema_kinds.push_back(branch.at("required").at(0));
+  for (const json& branch : PatchSchema().at("oneOf"))
+    schema_kinds.push_back(branch.at("required").at(0));
   CHECK(schema_kinds == PatchKindKeys());
   for (const PatchKindInfo& info : kPatchKinds) {
     INFO(info.key);
@@ -131,7 +134,9 @@ TEST_CASE("the loader applies each row's target shape and refused keys", "[spec]
     std::string ok_target = info.target == TargetShape::kTopLevel ? "f" : "A.f";
     for (const std::string& refused : KeysRefusedBy(info)) {
       if (refused == "code" || refused == "edits") continue;  // The other body form.
-      std::string value = refused == "after" ? R"("end")" : refused == "from" ? R"("m.B")" : R"("x")";
+      std::string value = refused == "after"  ? R"("end")"
+                          : refused == "from" ? R"("m.B")"
+                                              : R"("x")";
       CHECK_FALSE(load(ok_target, R"(, ")" + refused + R"(": )" + value).ok());
     }
     if (info.allows_after) CHECK(load(ok_target, R"(, "after": "end")").ok());
@@ -158,9 +163,10 @@ TEST_CASE("wrong target shapes: the message and the row's help", "[spec]") {
   CHECK(errors(head + "  - replace_function: f\n    after: end\n    code: x\n") ==
         "'after' is only for modify_init | `after: super_init` places modify_init statements right "
         "after super().__init__(...)");
-  CHECK(errors(head + "  - override_method: A.f\n    code: x\n    edits: []\n") ==
-        "'edits' is only for edit_body | to change a few statements of A.f instead of replacing it, "
-        "use `edit_body: A.f`");
+  CHECK(
+      errors(head + "  - override_method: A.f\n    code: x\n    edits: []\n") ==
+      "'edits' is only for edit_body | to change a few statements of A.f instead of replacing it, "
+      "use `edit_body: A.f`");
 }
 
 }  // namespace

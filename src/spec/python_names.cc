@@ -11,11 +11,10 @@ namespace {
 
 const std::set<std::string>& PythonKeywords() {
   static const std::set<std::string> kw = {
-      "False", "None",   "True",    "and",      "as",   "assert", "async",  "await",
-      "break", "class",  "continue", "def",     "del",  "elif",   "else",   "except",
-      "finally", "for",  "from",    "global",   "if",   "import", "in",     "is",
-      "lambda", "nonlocal", "not",  "or",       "pass", "raise",  "return", "try",
-      "while", "with",   "yield"};
+      "False", "None",     "True",  "and",    "as",   "assert", "async",  "await",    "break",
+      "class", "continue", "def",   "del",    "elif", "else",   "except", "finally",  "for",
+      "from",  "global",   "if",    "import", "in",   "is",     "lambda", "nonlocal", "not",
+      "or",    "pass",     "raise", "return", "try",  "while",  "with",   "yield"};
   return kw;
 }
 
@@ -44,7 +43,9 @@ bool IsDotted(std::string_view s) {
   }
 }
 
-size_t CountDots(std::string_view s) { return static_cast<size_t>(std::count(s.begin(), s.end(), '.')); }
+size_t CountDots(std::string_view s) {
+  return static_cast<size_t>(std::count(s.begin(), s.end(), '.'));
+}
 
 std::optional<std::string> LeadingName(std::string_view rest) {
   size_t i = rest.find_first_not_of(' ');

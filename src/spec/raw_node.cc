@@ -59,10 +59,14 @@ RawNode::Style StyleAt(const std::string& text, uint32_t pos) {
   if (pos >= text.size()) return RawNode::Style::kPlain;
   switch (text[pos]) {
     case '"':
-    case '\'': return RawNode::Style::kQuoted;
-    case '|': return RawNode::Style::kLiteral;
-    case '>': return RawNode::Style::kFolded;
-    default: return RawNode::Style::kPlain;
+    case '\'':
+      return RawNode::Style::kQuoted;
+    case '|':
+      return RawNode::Style::kLiteral;
+    case '>':
+      return RawNode::Style::kFolded;
+    default:
+      return RawNode::Style::kPlain;
   }
 }
 
@@ -92,8 +96,10 @@ bool OverLimits(const YAML::Node& node, Walk& w, uint32_t pos) {
   if (++w.nodes > kMaxNodes) {
     w.failed = true;
     w.error_pos = pos;
-    w.error = "the spec has more than " + std::to_string(kMaxNodes) + " YAML nodes once aliases are expanded";
-    w.help = "a spec is limited to " + std::to_string(kMaxNodes) + " nodes; write it without nested aliases";
+    w.error = "the spec has more than " + std::to_string(kMaxNodes) +
+              " YAML nodes once aliases are expanded";
+    w.help = "a spec is limited to " + std::to_string(kMaxNodes) +
+             " nodes; write it without nested aliases";
     return true;
   }
   if (w.ancestors.size() < kMaxDepth) return false;
@@ -106,7 +112,8 @@ bool OverLimits(const YAML::Node& node, Walk& w, uint32_t pos) {
     w.help = "an alias (`*name`) cannot refer to a node that contains it";
   } else {
     w.error = "the spec nests deeper than the limit of " + std::to_string(kMaxDepth) + " levels";
-    w.help = "a spec's mappings and sequences nest at most " + std::to_string(kMaxDepth) + " levels deep";
+    w.help = "a spec's mappings and sequences nest at most " + std::to_string(kMaxDepth) +
+             " levels deep";
   }
   return true;
 }
@@ -121,7 +128,8 @@ void ConvertSequence(const YAML::Node& node, Walk& w, bool flow, RawNode& out) {
     if (raw.kind == RawNode::Kind::kNull && !raw.explicit_null) {
       // An empty item (`-` alone) is marked at the next token; point at its `-` instead.
       uint32_t i = raw.range.start;
-      while (i > 0 && (text[i - 1] == ' ' || text[i - 1] == '\t' || text[i - 1] == '\n' || text[i - 1] == '\r')) {
+      while (i > 0 && (text[i - 1] == ' ' || text[i - 1] == '\t' || text[i - 1] == '\n' ||
+                       text[i - 1] == '\r')) {
         --i;
       }
       if (i > 0 && text[i - 1] == '-') raw.range = ByteRange{i - 1, i};
@@ -173,10 +181,10 @@ RawNode Convert(const YAML::Node& node, Walk& w, bool flow) {
       break;
     default: {
       out.kind = RawNode::Kind::kNull;
-      out.explicit_null = pos < text.size() && (text[pos] == '~' || text[pos] == 'n' ||
-                                                text[pos] == 'N');
-      out.range.end = out.explicit_null ? TokenEnd(text, pos, RawNode::Style::kPlain, flow)
-                                        : pos + 1;
+      out.explicit_null =
+          pos < text.size() && (text[pos] == '~' || text[pos] == 'n' || text[pos] == 'N');
+      out.range.end =
+          out.explicit_null ? TokenEnd(text, pos, RawNode::Style::kPlain, flow) : pos + 1;
       break;
     }
   }
@@ -187,10 +195,14 @@ RawNode Convert(const YAML::Node& node, Walk& w, bool flow) {
 
 const char* DescribeKind(const RawNode& node) {
   switch (node.kind) {
-    case RawNode::Kind::kNull: return "nothing";
-    case RawNode::Kind::kScalar: return "a string";
-    case RawNode::Kind::kSequence: return "a sequence";
-    case RawNode::Kind::kMapping: return "a mapping";
+    case RawNode::Kind::kNull:
+      return "nothing";
+    case RawNode::Kind::kScalar:
+      return "a string";
+    case RawNode::Kind::kSequence:
+      return "a sequence";
+    case RawNode::Kind::kMapping:
+      return "a mapping";
   }
   return "?";
 }
@@ -201,25 +213,36 @@ Result<RawNode> ParseRawYaml(const std::string& path, const std::string& text) {
     root = YAML::Load(text);
   } catch (const YAML::DeepRecursion& e) {  // yaml-cpp's own bound, far above ours
     LineIndex lines(text);
-    uint32_t pos = e.mark.is_null() ? 0 : static_cast<uint32_t>(std::min<size_t>(e.mark.pos, text.size()));
-    return MakeDiagnostic(path, text, lines, ByteRange{pos, pos + 1},
-                          "the spec nests deeper than the limit of " + std::to_string(kMaxDepth) + " levels",
-                          "a spec's mappings and sequences nest at most " + std::to_string(kMaxDepth) +
-                              " levels deep");
+    uint32_t pos =
+        e.mark.is_null() ? 0 : static_cast<uint32_t>(std::min<size_t>(e.mark.pos, text.size()));
+    return MakeDiagnostic(
+        path, text, lines, ByteRange{pos, pos + 1},
+        "the spec nests deeper than the limit of " + std::to_string(kMaxDepth) + " levels",
+        "a spec's mappings and sequences nest at most " + std::to_string(kMaxDepth) +
+            " levels deep");
   } catch (const YAML::ParserException& e) {
     LineIndex lines(text);
-    uint32_t pos = e.mark.is_null() ? 0 : static_cast<uint32_t>(std::min<size_t>(e.mark.pos, text.size()));
+    uint32_t pos =
+        e.mark.is_null() ? 0 : static_cast<uint32_t>(std::min<size_t>(e.mark.pos, text.size()));
     return MakeDiagnostic(path, text, lines, ByteRange{pos, pos + 1}, "invalid YAML: " + e.msg);
   } catch (const YAML::Exception& e) {
-    return Diagnostic{Severity::kError, ErrorKind::kSpec, path, 0, 0, 1,
-                      std::string("invalid YAML: ") + e.msg, "", {}, ""};
+    return Diagnostic{Severity::kError,
+                      ErrorKind::kSpec,
+                      path,
+                      0,
+                      0,
+                      1,
+                      std::string("invalid YAML: ") + e.msg,
+                      "",
+                      {},
+                      ""};
   }
   Walk walk(text);
   RawNode out = Convert(root, walk, false);
   if (walk.failed) {
     LineIndex lines(text);
-    return MakeDiagnostic(path, text, lines, ByteRange{walk.error_pos, walk.error_pos + 1}, walk.error,
-                          walk.help);
+    return MakeDiagnostic(path, text, lines, ByteRange{walk.error_pos, walk.error_pos + 1},
+                          walk.error, walk.help);
   }
   return out;
 }

@@ -6,22 +6,28 @@
 namespace patchgen::spec {
 
 const std::vector<KeyLevel>& AllKeyLevels() {
-  static const std::vector<KeyLevel> levels = {KeyLevel::kSpec,  KeyLevel::kImports,
-                                               KeyLevel::kSlot,  KeyLevel::kGuard,
-                                               KeyLevel::kPatch, KeyLevel::kHelper,
-                                               KeyLevel::kEdit};
+  static const std::vector<KeyLevel> levels = {
+      KeyLevel::kSpec,  KeyLevel::kImports, KeyLevel::kSlot, KeyLevel::kGuard,
+      KeyLevel::kPatch, KeyLevel::kHelper,  KeyLevel::kEdit};
   return levels;
 }
 
 const char* KeyLevelName(KeyLevel level) {
   switch (level) {
-    case KeyLevel::kSpec: return "spec";
-    case KeyLevel::kImports: return "imports";
-    case KeyLevel::kSlot: return "slot";
-    case KeyLevel::kGuard: return "guard";
-    case KeyLevel::kPatch: return "patch";
-    case KeyLevel::kHelper: return "helper";
-    case KeyLevel::kEdit: return "edit";
+    case KeyLevel::kSpec:
+      return "spec";
+    case KeyLevel::kImports:
+      return "imports";
+    case KeyLevel::kSlot:
+      return "slot";
+    case KeyLevel::kGuard:
+      return "guard";
+    case KeyLevel::kPatch:
+      return "patch";
+    case KeyLevel::kHelper:
+      return "helper";
+    case KeyLevel::kEdit:
+      return "edit";
   }
   return "?";
 }
@@ -32,8 +38,8 @@ const std::vector<std::string>& KnownKeys(KeyLevel level) {
       "imports", "slots",    "patches", "helpers",     "blocks",  "exclude", "remove"};
   static const std::vector<std::string> imports = {"add", "drop"};
   static const std::vector<std::string> slot = {"name", "op", "variant", "scope", "guards"};
-  static const std::vector<std::string> guard = {"in", "at", "through", "call", "upstream_version",
-                                                 "optional", "reason"};
+  static const std::vector<std::string> guard = {
+      "in", "at", "through", "call", "upstream_version", "optional", "reason"};
   // The kind keys (from the kind table) first, then the keys shared by the kinds.
   static const std::vector<std::string> patch = [] {
     std::vector<std::string> keys = PatchKindKeys();
@@ -43,18 +49,25 @@ const std::vector<std::string>& KnownKeys(KeyLevel level) {
     }
     return keys;
   }();
-  static const std::vector<std::string> helper = {"after", "name", "code", "file", "symbol",
-                                                  "upstream_version", "reason"};
-  static const std::vector<std::string> edit = {"insert_before", "insert_after", "replace", "delete",
-                                                "wrap",          "through",      "code"};
+  static const std::vector<std::string> helper = {
+      "after", "name", "code", "file", "symbol", "upstream_version", "reason"};
+  static const std::vector<std::string> edit = {
+      "insert_before", "insert_after", "replace", "delete", "wrap", "through", "code"};
   switch (level) {
-    case KeyLevel::kSpec: return spec;
-    case KeyLevel::kImports: return imports;
-    case KeyLevel::kSlot: return slot;
-    case KeyLevel::kGuard: return guard;
-    case KeyLevel::kPatch: return patch;
-    case KeyLevel::kHelper: return helper;
-    case KeyLevel::kEdit: return edit;
+    case KeyLevel::kSpec:
+      return spec;
+    case KeyLevel::kImports:
+      return imports;
+    case KeyLevel::kSlot:
+      return slot;
+    case KeyLevel::kGuard:
+      return guard;
+    case KeyLevel::kPatch:
+      return patch;
+    case KeyLevel::kHelper:
+      return helper;
+    case KeyLevel::kEdit:
+      return edit;
   }
   return spec;
 }
@@ -67,10 +80,14 @@ const std::vector<std::string>& RequiredKeys(KeyLevel level) {
   static const std::vector<std::string> guard = {"in", "call"};
   static const std::vector<std::string> none;
   switch (level) {
-    case KeyLevel::kSpec: return spec;
-    case KeyLevel::kSlot: return slot;
-    case KeyLevel::kGuard: return guard;
-    default: return none;
+    case KeyLevel::kSpec:
+      return spec;
+    case KeyLevel::kSlot:
+      return slot;
+    case KeyLevel::kGuard:
+      return guard;
+    default:
+      return none;
   }
 }
 
@@ -106,11 +123,16 @@ const std::vector<std::string>& InitAfterValues() {
 
 const char* EditOpKey(StatementEdit::Op op) {
   switch (op) {
-    case StatementEdit::Op::kInsertBefore: return "insert_before";
-    case StatementEdit::Op::kInsertAfter: return "insert_after";
-    case StatementEdit::Op::kReplace: return "replace";
-    case StatementEdit::Op::kDelete: return "delete";
-    case StatementEdit::Op::kWrap: return "wrap";
+    case StatementEdit::Op::kInsertBefore:
+      return "insert_before";
+    case StatementEdit::Op::kInsertAfter:
+      return "insert_after";
+    case StatementEdit::Op::kReplace:
+      return "replace";
+    case StatementEdit::Op::kDelete:
+      return "delete";
+    case StatementEdit::Op::kWrap:
+      return "wrap";
   }
   return "?";
 }

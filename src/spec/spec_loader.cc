@@ -57,7 +57,6 @@ class FileLoader : public SpecReader {
   }
 
  private:
-
   // --- levels -------------------------------------------------------------------------------
 
   void LoadTop(const RawNode& root, OneSpec& out) {
@@ -159,12 +158,13 @@ class FileLoader : public SpecReader {
   // op/variant changes the inherited slot of that name (a partial slot).
   std::optional<Slot> LoadSlot(const RawNode& item, const KeyMap& keys) {
     Slot slot;
-    slot.partial = has_extends_ && keys.count("name") && !keys.count("op") && !keys.count("variant");
+    slot.partial =
+        has_extends_ && keys.count("name") && !keys.count("op") && !keys.count("variant");
     if (!slot.partial && !RequireNewSlotKeys(item, keys)) return std::nullopt;
     for (const auto& [k, kv] : keys) slot.given.push_back(k);
     auto name = Identifier(*keys.at("name").second, "name");
-    std::optional<std::string> op =
-        slot.partial ? std::optional<std::string>("") : OpName(*keys.at("op").second, "op", "rms_norm");
+    std::optional<std::string> op = slot.partial ? std::optional<std::string>("")
+                                                 : OpName(*keys.at("op").second, "op", "rms_norm");
     std::optional<std::string> variant =
         slot.partial ? std::optional<std::string>("")
                      : OpName(*keys.at("variant").second, "variant", "standard");
@@ -206,7 +206,8 @@ class FileLoader : public SpecReader {
     }
     Slot& first = spec.slots[it->second];
     if (first.op != slot.op || first.variant != slot.variant || first.scope != slot.scope) {
-      ErrorWithNote(name_node, "slot '" + slot.name + "' is declared again with a different op/variant/scope",
+      ErrorWithNote(name_node,
+                    "slot '" + slot.name + "' is declared again with a different op/variant/scope",
                     first.loc, "first declared here as " + first.op + "/" + first.variant,
                     "use another slot name, or the same op, variant and scope");
       return;
@@ -245,8 +246,10 @@ class FileLoader : public SpecReader {
       }
     }
     if (auto it = keys.find("reason"); it != keys.end()) {
-      if (auto r = OneLine(*it->second.second, "reason")) c.reason = *r;
-      else ok = false;
+      if (auto r = OneLine(*it->second.second, "reason"))
+        c.reason = *r;
+      else
+        ok = false;
     }
     if (c.optional && c.reason.empty() && keys.find("reason") == keys.end()) {
       Error(*keys.find("optional")->second.first, "'optional: true' needs a 'reason'",
@@ -276,7 +279,8 @@ class FileLoader : public SpecReader {
       if (!keys.count(k)) {
         Error(entry.entries.empty() ? entry : entry.entries.front().first,
               std::string("missing key '") + k + "' in " + Article(level),
-              std::string("a ") + KeyLevelName(level) + " needs: " + JoinNames(RequiredKeys(level), 100));
+              std::string("a ") + KeyLevelName(level) +
+                  " needs: " + JoinNames(RequiredKeys(level), 100));
         ok = false;
       }
     }
@@ -346,9 +350,8 @@ class FileLoader : public SpecReader {
       std::optional<Patch> p = LoadPatch(item, keys, *kind_key);
       if (!p) continue;
       // Entries conditioned on the upstream version may share a target (one per version range).
-      auto [it, inserted] = p->when.upstream_version
-                                ? std::make_pair(targets.end(), true)
-                                : targets.emplace(p->target, p->target_loc);
+      auto [it, inserted] = p->when.upstream_version ? std::make_pair(targets.end(), true)
+                                                     : targets.emplace(p->target, p->target_loc);
       if (!inserted) {
         ErrorWithNote(*kind_key->second, "duplicate target '" + p->target + "'", it->second,
                       "first patched here",
@@ -364,7 +367,8 @@ class FileLoader : public SpecReader {
   std::optional<KeyValue> KindKey(const RawNode& item) {
     std::vector<KeyValue> kind_keys;
     for (const auto& [key, value] : item.entries) {
-      if (key.kind == Kind::kScalar && FindPatchKind(key.scalar)) kind_keys.emplace_back(&key, &value);
+      if (key.kind == Kind::kScalar && FindPatchKind(key.scalar))
+        kind_keys.emplace_back(&key, &value);
     }
     if (kind_keys.empty()) {
       Error(item.entries.empty() ? item : item.entries.front().first, "patch has no kind",
@@ -411,8 +415,9 @@ class FileLoader : public SpecReader {
     }
     if (auto it = keys.find("after"); it != keys.end()) {
       if (!info.allows_after) {
-        Error(*it->second.first, "'after' is only for " + KindsWith(&PatchKindInfo::allows_after),
-              "`after: super_init` places modify_init statements right after super().__init__(...)");
+        Error(
+            *it->second.first, "'after' is only for " + KindsWith(&PatchKindInfo::allows_after),
+            "`after: super_init` places modify_init statements right after super().__init__(...)");
       } else if (auto v = EnumValue(*it->second.second, "after", InitAfterValues())) {
         p.init_at = *v == "super_init" ? Patch::InitAt::kAfterSuperInit : Patch::InitAt::kEnd;
       }
@@ -428,12 +433,14 @@ class FileLoader : public SpecReader {
     bool ok = true;
     for (const char* k : {"code", "file", "symbol", "from"}) {
       if (auto it = keys.find(k); it != keys.end()) {
-        Error(*it->second.first, std::string("'") + k + "' is not allowed on " + std::string(info.key),
+        Error(*it->second.first,
+              std::string("'") + k + "' is not allowed on " + std::string(info.key),
               "each entry of `edits:` has its own `code`");
         ok = false;
       }
     }
-    if (auto it = keys.find("edits"); it != keys.end()) return LoadEdits(*it->second.second, p.edits) && ok;
+    if (auto it = keys.find("edits"); it != keys.end())
+      return LoadEdits(*it->second.second, p.edits) && ok;
     if (has_extends_) {
       p.partial = true;
       return ok;
@@ -461,7 +468,8 @@ class FileLoader : public SpecReader {
                     (info.allows_from && keys.count("from"));
     if (has_extends_ && !has_body) {
       p.partial = true;  // Changes the inherited entry of this target (resolved by the merge).
-      if (keys.count("from")) BodyOf(item, keys, info.allows_from, kind);  // Reports `from` where it is not allowed.
+      if (keys.count("from"))
+        BodyOf(item, keys, info.allows_from, kind);  // Reports `from` where it is not allowed.
     } else {
       p.body = BodyOf(item, keys, info.allows_from, kind);
     }
@@ -473,7 +481,8 @@ class FileLoader : public SpecReader {
                       const std::string& target) {
     size_t dots = CountDots(target);
     std::string found = "found '" + target + "'";
-    std::string help = std::string(info.shape_help_before) + target + std::string(info.shape_help_after);
+    std::string help =
+        std::string(info.shape_help_before) + target + std::string(info.shape_help_after);
     if (info.target == TargetShape::kTopLevel && dots > 0) {
       Error(target_node, "'" + std::string(info.key) + "' takes a top-level name, " + found, help);
       return false;
@@ -632,7 +641,8 @@ class FileLoader : public SpecReader {
     if (const RawNode* name_node = ValueOf(keys, "name")) return Identifier(*name_node, "name");
     if (body.source == Body::Source::kFile) return body.symbol;
     if (auto derived = FirstDefName(body.text)) return derived;
-    Error(*KeyNodeOf(keys, "code"), "cannot tell the helper's name: its code has no top-level def or class",
+    Error(*KeyNodeOf(keys, "code"),
+          "cannot tell the helper's name: its code has no top-level def or class",
           "add `name:` so that specs extending this one can replace or remove it");
     return std::nullopt;
   }
@@ -661,7 +671,8 @@ class FileLoader : public SpecReader {
       h.name = *name;
       auto [it, inserted] = names.emplace(h.name, h.loc);
       if (!inserted) {
-        Diagnostic d = ErrorAt(name_node ? Loc(*name_node) : h.body.loc, "duplicate helper '" + h.name + "'");
+        Diagnostic d =
+            ErrorAt(name_node ? Loc(*name_node) : h.body.loc, "duplicate helper '" + h.name + "'");
         d.notes.push_back(LocText(it->second) + ": note: first defined here");
         diags_.push_back(std::move(d));
         continue;
@@ -685,8 +696,8 @@ std::string Identity(const std::string& path) {
 // Loads `path` with its `extends` chain merged. `stack` holds the identities of the specs being
 // loaded (for cycles); `diags` collects errors of every file in the chain.
 std::optional<OneSpec> LoadMerged(const std::string& path, std::shared_ptr<const std::string> text,
-                                    std::vector<std::string>& stack, std::vector<std::string>& shown,
-                                    std::vector<Diagnostic>& diags) {
+                                  std::vector<std::string>& stack, std::vector<std::string>& shown,
+                                  std::vector<Diagnostic>& diags) {
   FileLoader loader(path, std::move(text));
   OneSpec one = loader.Load();
   for (Diagnostic& d : loader.diags()) diags.push_back(std::move(d));
@@ -696,7 +707,8 @@ std::optional<OneSpec> LoadMerged(const std::string& path, std::shared_ptr<const
   std::string parent_path = JoinRelative(path, ext.name);
   std::string id = Identity(parent_path);
   if (std::find(stack.begin(), stack.end(), id) != stack.end()) {
-    diags.push_back(ErrorAt(ext.loc, "'extends' cycle: '" + parent_path + "' is already being loaded",
+    diags.push_back(ErrorAt(ext.loc,
+                            "'extends' cycle: '" + parent_path + "' is already being loaded",
                             "a spec cannot extend itself, directly or through others"));
     return std::nullopt;
   }
@@ -705,8 +717,8 @@ std::optional<OneSpec> LoadMerged(const std::string& path, std::shared_ptr<const
     for (const std::string& s : shown) chain += s + " -> ";
     chain += parent_path;
     diags.push_back(ErrorAt(ext.loc,
-                            "'extends' chain is deeper than the limit of " + std::to_string(kMaxExtendsDepth) +
-                                " specs",
+                            "'extends' chain is deeper than the limit of " +
+                                std::to_string(kMaxExtendsDepth) + " specs",
                             "the chain: " + chain));
     return std::nullopt;
   }
@@ -722,8 +734,9 @@ std::optional<OneSpec> LoadMerged(const std::string& path, std::shared_ptr<const
   }
   stack.push_back(id);
   shown.push_back(parent_path);
-  std::optional<OneSpec> parent = LoadMerged(
-      parent_path, std::make_shared<const std::string>(std::move(*parent_text)), stack, shown, diags);
+  std::optional<OneSpec> parent =
+      LoadMerged(parent_path, std::make_shared<const std::string>(std::move(*parent_text)), stack,
+                 shown, diags);
   stack.pop_back();
   shown.pop_back();
   if (!parent) return std::nullopt;
@@ -745,10 +758,11 @@ Result<PatchSpec> LoadTopLevel(const std::string& path, std::string text) {
       if (present) continue;
       SourceLoc loc = shared->empty() ? SourceLoc{path, 1, 1, 1, ""}
                                       : LocOf(path, *shared, lines, ByteRange{0, 0});
-      diags.push_back(ErrorAt(loc, std::string("missing required key '") + key + "'",
-                              std::string(key) == "upstream"
-                                  ? "add `upstream: <dotted module>`, e.g. transformers.models.qwen3.modeling_qwen3"
-                                  : "add `output: <file name>.py`"));
+      diags.push_back(ErrorAt(
+          loc, std::string("missing required key '") + key + "'",
+          std::string(key) == "upstream"
+              ? "add `upstream: <dotted module>`, e.g. transformers.models.qwen3.modeling_qwen3"
+              : "add `output: <file name>.py`"));
     }
   }
   if (!diags.empty()) {
@@ -764,7 +778,8 @@ Result<PatchSpec> LoadSpec(const std::string& path) {
   std::string err;
   std::optional<std::string> text = ReadFile(path, &err, kMaxSpecFileBytes);
   if (!text) {
-    return Diagnostic{Severity::kError, ErrorKind::kIo, path, 0, 0, 1, "cannot read spec: " + err, "", {}, ""};
+    return Diagnostic{
+        Severity::kError, ErrorKind::kIo, path, 0, 0, 1, "cannot read spec: " + err, "", {}, ""};
   }
   return LoadTopLevel(path, std::move(*text));
 }

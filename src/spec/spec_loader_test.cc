@@ -4,8 +4,8 @@
 
 #include <unistd.h>
 
-#include <catch2/catch.hpp>
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -114,7 +114,8 @@ exclude: [Qwen3ForTokenClassification, Qwen3ForQuestionAnswering]
   CHECK(s.import_drops[1].name == "torch.nn");
   CHECK(s.import_drops[1].loc.col == 36);
   REQUIRE(s.blocks.size() == 1);
-  CHECK(s.blocks[0].code == "try:\n    import flash_attn\nexcept ImportError:\n    flash_attn = None\n");
+  CHECK(s.blocks[0].code ==
+        "try:\n    import flash_attn\nexcept ImportError:\n    flash_attn = None\n");
   CHECK(s.blocks[0].origin.first_line == 14);
   CHECK(s.blocks[0].origin.col_offset == 4);
   CHECK(s.blocks[0].loc.line == 13);
@@ -327,7 +328,8 @@ helpers:
   - file: patches/attn.py
     symbol: _helper
 )");
-  dir.Write("specs/qwen3/patches/attn.py", "def attention_forward(self):\n    pass\n\ndef _helper():\n    pass\n");
+  dir.Write("specs/qwen3/patches/attn.py",
+            "def attention_forward(self):\n    pass\n\ndef _helper():\n    pass\n");
   dir.Write("specs/common/rot.py", "def rotate(x):\n    return x\n");
   ChangeDir cd(dir.root);
   auto r = LoadSpec("specs/qwen3/qwen3.yaml");
@@ -363,8 +365,9 @@ TEST_CASE("patch file errors", "[spec]") {
 )");
   dir.Write("specs/patches/g.py", "def g(): pass\n");
   ChangeDir cd(dir.root);
-  CHECK(Errors(LoadSpec("specs/a.yaml")) ==
-        R"(specs/a.yaml:5:11: error: cannot read patch file 'specs/patches/missing.py': No such file or directory
+  CHECK(
+      Errors(LoadSpec("specs/a.yaml")) ==
+      R"(specs/a.yaml:5:11: error: cannot read patch file 'specs/patches/missing.py': No such file or directory
     5 |     file: patches/missing.py
       |           ^~~~~~~~~~~~~~~~~~
 help: 'file' is relative to the spec's folder
@@ -396,8 +399,9 @@ TEST_CASE("YAML syntax errors", "[spec]") {
 }
 
 TEST_CASE("top level must be a non-empty mapping", "[spec]") {
-  CHECK(ErrorsOf("") == "s.yaml:1:1: error: the spec is empty\n"
-                        "help: a spec needs at least `upstream:` and `output:`\n");
+  CHECK(ErrorsOf("") ==
+        "s.yaml:1:1: error: the spec is empty\n"
+        "help: a spec needs at least `upstream:` and `output:`\n");
   CHECK(ErrorsOf("- a\n- b\n") == R"(s.yaml:1:1: error: expected a mapping, found a sequence
     1 | - a
       | ^
@@ -802,7 +806,8 @@ s.yaml:14:12: note: first given here
 }
 
 TEST_CASE("remove needs extends", "[spec]") {
-  CHECK(ErrorsOf(std::string(kMinimal) + "remove: [A]\n") == R"(s.yaml:3:1: error: 'remove' needs 'extends'
+  CHECK(ErrorsOf(std::string(kMinimal) + "remove: [A]\n") ==
+        R"(s.yaml:3:1: error: 'remove' needs 'extends'
     3 | remove: [A]
       | ^~~~~~
 help: 'remove' drops entries inherited from the spec named by `extends`
@@ -937,7 +942,8 @@ patches:
   REQUIRE(r->patches.size() == 1);
   CHECK(r->patches[0].body.origin.path == "specs/patches/f.py");
   // The middle spec alone has no output.
-  CHECK(Errors(LoadSpec("specs/mid/mid.yaml")) == R"(specs/mid/mid.yaml:1:1: error: missing required key 'output'
+  CHECK(Errors(LoadSpec("specs/mid/mid.yaml")) ==
+        R"(specs/mid/mid.yaml:1:1: error: missing required key 'output'
     1 | extends: ../base.yaml
       | ^
 help: add `output: <file name>.py`
@@ -960,24 +966,29 @@ patches:
   - replace_function: rotate_half
     code: "def rotate_half(x): return x"
 )");
-  dir.Write("specs/remover.yaml", "extends: good_parent.yaml\nremove: [rotate_hlf, rms_slot, nothing]\n");
+  dir.Write("specs/remover.yaml",
+            "extends: good_parent.yaml\nremove: [rotate_hlf, rms_slot, nothing]\n");
   ChangeDir cd(dir.root);
-  CHECK(Errors(LoadSpec("specs/a.yaml")) == R"(specs/b.yaml:1:10: error: 'extends' cycle: 'specs/a.yaml' is already being loaded
+  CHECK(Errors(LoadSpec("specs/a.yaml")) ==
+        R"(specs/b.yaml:1:10: error: 'extends' cycle: 'specs/a.yaml' is already being loaded
     1 | extends: ./a.yaml
       |          ^~~~~~~~
 help: a spec cannot extend itself, directly or through others
 )");
-  CHECK(Errors(LoadSpec("specs/self.yaml")) == R"(specs/self.yaml:1:10: error: 'extends' cycle: 'specs/self.yaml' is already being loaded
+  CHECK(Errors(LoadSpec("specs/self.yaml")) ==
+        R"(specs/self.yaml:1:10: error: 'extends' cycle: 'specs/self.yaml' is already being loaded
     1 | extends: self.yaml
       |          ^~~~~~~~~
 help: a spec cannot extend itself, directly or through others
 )");
-  CHECK(Errors(LoadSpec("specs/orphan.yaml")) == R"(specs/orphan.yaml:1:10: error: cannot read spec 'nope/p.yaml': No such file or directory
+  CHECK(Errors(LoadSpec("specs/orphan.yaml")) ==
+        R"(specs/orphan.yaml:1:10: error: cannot read spec 'nope/p.yaml': No such file or directory
     1 | extends: ../nope/p.yaml
       |          ^~~~~~~~~~~~~~
 help: 'extends' is relative to this spec's folder
 )");
-  CHECK(Errors(LoadSpec("specs/child.yaml")) == R"(specs/bad_parent.yaml:3:1: error: unknown key 'patchs' in the spec
+  CHECK(Errors(LoadSpec("specs/child.yaml")) ==
+        R"(specs/bad_parent.yaml:3:1: error: unknown key 'patchs' in the spec
     3 | patchs: []
       | ^~~~~~
 help: did you mean 'patches'? valid keys in the spec: version, upstream, output, description, runtime, extends, name_map, imports, slots, patches, helpers, blocks, exclude, remove
@@ -990,7 +1001,9 @@ specs/child.yaml:3:1: error: unknown key 'outpt' in the spec
       | ^~~~~
 help: did you mean 'output'? valid keys in the spec: version, upstream, output, description, runtime, extends, name_map, imports, slots, patches, helpers, blocks, exclude, remove
 )");
-  CHECK(Errors(LoadSpec("specs/remover.yaml")) == R"(specs/remover.yaml:2:10: error: nothing named 'rotate_hlf' to remove in 'specs/good_parent.yaml'
+  CHECK(
+      Errors(LoadSpec("specs/remover.yaml")) ==
+      R"(specs/remover.yaml:2:10: error: nothing named 'rotate_hlf' to remove in 'specs/good_parent.yaml'
     2 | remove: [rotate_hlf, rms_slot, nothing]
       |          ^~~~~~~~~~
 help: did you mean 'rotate_half'? inherited patch targets, slots and helpers: rotate_half, rms_slot
@@ -1124,9 +1137,9 @@ help: 'name_map' takes a name like `rms_norm_slot`
 
 TEST_CASE("known keys and enum lists", "[spec]") {
   CHECK(KnownKeys(KeyLevel::kImports) == std::vector<std::string>{"add", "drop"});
-  CHECK(KnownKeys(KeyLevel::kGuard) ==
-        std::vector<std::string>{"in", "at", "through", "call", "upstream_version", "optional",
-                                 "reason"});
+  CHECK(KnownKeys(KeyLevel::kGuard) == std::vector<std::string>{"in", "at", "through", "call",
+                                                                "upstream_version", "optional",
+                                                                "reason"});
   CHECK(RequiredKeys(KeyLevel::kSpec) == std::vector<std::string>{"upstream", "output"});
   CHECK(RequiredKeys(KeyLevel::kPatch).empty());
   CHECK(ScopeValues() == std::vector<std::string>{"module", "instance"});
@@ -1134,9 +1147,9 @@ TEST_CASE("known keys and enum lists", "[spec]") {
   CHECK(PatchKindKeys().size() == 6);
   CHECK(EditOpKeys() ==
         std::vector<std::string>{"insert_before", "insert_after", "replace", "delete", "wrap"});
-  CHECK(KnownKeys(KeyLevel::kEdit) ==
-        std::vector<std::string>{"insert_before", "insert_after", "replace", "delete", "wrap",
-                                 "through", "code"});
+  CHECK(KnownKeys(KeyLevel::kEdit) == std::vector<std::string>{"insert_before", "insert_after",
+                                                               "replace", "delete", "wrap",
+                                                               "through", "code"});
   for (const std::string& kind : PatchKindKeys()) {
     CHECK(std::find(KnownKeys(KeyLevel::kPatch).begin(), KnownKeys(KeyLevel::kPatch).end(), kind) !=
           KnownKeys(KeyLevel::kPatch).end());
@@ -1189,9 +1202,11 @@ TEST_CASE("upstream_version, optional and reason on guards, patches and helpers"
 }
 
 TEST_CASE("invalid conditions are errors at their values", "[spec]") {
-  std::string base = std::string(kMinimal) + "patches:\n  - override_method: A.f\n    code: \"def f(self): pass\"\n";
+  std::string base = std::string(kMinimal) +
+                     "patches:\n  - override_method: A.f\n    code: \"def f(self): pass\"\n";
   CHECK(ErrorsOf(base + "    upstream_version: \"5.23\"\n") ==
-        "s.yaml:6:23: error: invalid upstream_version '5.23': clause '5.23' has no comparison (>=, >, <=, <, ==, !=)\n"
+        "s.yaml:6:23: error: invalid upstream_version '5.23': clause '5.23' has no comparison (>=, "
+        ">, <=, <, ==, !=)\n"
         "    6 |     upstream_version: \"5.23\"\n"
         "      |                       ^~~~~~\n"
         "help: write clauses like \">=5.23\" or \">=5.17,<5.23\"\n");
@@ -1200,7 +1215,8 @@ TEST_CASE("invalid conditions are errors at their values", "[spec]") {
   CHECK(ErrorsOf(base + "    optional: true\n").find("'optional: true' needs a 'reason'") !=
         std::string::npos);
   // Helpers cannot be optional (their placement anchor is checked anyway).
-  CHECK(ErrorsOf(std::string(kMinimal) + "helpers:\n  - optional: true\n    code: \"def h(): pass\"\n")
+  CHECK(ErrorsOf(std::string(kMinimal) +
+                 "helpers:\n  - optional: true\n    code: \"def h(): pass\"\n")
             .find("unknown key 'optional' in a helper") != std::string::npos);
 }
 

@@ -42,7 +42,8 @@ void ApplyRemoves(PatchSpec& parent, const std::vector<LocatedName>& removes,
     if (auto near = DidYouMean(r.name, names)) help = "did you mean '" + *near + "'? ";
     help += names.empty() ? std::string("the parent has no patches, slots or helpers")
                           : "inherited patch targets, slots and helpers: " + JoinNames(names);
-    diags.push_back(ErrorAt(r.loc, "nothing named '" + r.name + "' to remove in '" + parent_path + "'", help));
+    diags.push_back(
+        ErrorAt(r.loc, "nothing named '" + r.name + "' to remove in '" + parent_path + "'", help));
   }
 }
 
@@ -79,11 +80,12 @@ void MergeSlots(PatchSpec& parent, std::vector<Slot>&& slots, const std::string&
     if (it == parent.slots.end()) {
       std::vector<std::string> inherited;
       for (const Slot& x : parent.slots) inherited.push_back(x.name);
-      std::string help = "a slot without `op` and `variant` changes an inherited slot; a new slot "
-                         "needs both";
+      std::string help =
+          "a slot without `op` and `variant` changes an inherited slot; a new slot "
+          "needs both";
       if (auto near = DidYouMean(s.name, inherited)) help = "did you mean '" + *near + "'? " + help;
-      diags.push_back(ErrorAt(s.loc, "no inherited slot '" + s.name + "' to change in '" + parent_path + "'",
-                              help));
+      diags.push_back(ErrorAt(
+          s.loc, "no inherited slot '" + s.name + "' to change in '" + parent_path + "'", help));
       continue;
     }
     if (Given(s.given, "scope")) it->scope = s.scope;
@@ -100,13 +102,14 @@ Patch* InheritedPatch(PatchSpec& parent, const Patch& p, const std::string& pare
   if (it == parent.patches.end()) {
     std::vector<std::string> inherited;
     for (const Patch& x : parent.patches) inherited.push_back(x.target);
-    std::string help = std::string("an entry without a body changes the inherited patch of its target; a new ") +
-                       PatchKindKey(p.kind) + " needs " +
-                       (InfoOf(p.kind).has_edits ? "`edits`" : "`code` or `file` + `symbol`");
+    std::string help =
+        std::string("an entry without a body changes the inherited patch of its target; a new ") +
+        PatchKindKey(p.kind) + " needs " +
+        (InfoOf(p.kind).has_edits ? "`edits`" : "`code` or `file` + `symbol`");
     if (auto near = DidYouMean(p.target, inherited)) help = "did you mean '" + *near + "'? " + help;
-    diags.push_back(ErrorAt(p.target_loc,
-                            "no inherited patch of '" + p.target + "' to change in '" + parent_path + "'",
-                            help));
+    diags.push_back(ErrorAt(
+        p.target_loc, "no inherited patch of '" + p.target + "' to change in '" + parent_path + "'",
+        help));
     return nullptr;
   }
   if (it->kind != p.kind) {
@@ -167,7 +170,8 @@ void Merge(OneSpec& parent_one, OneSpec&& child_one, const std::string& parent_p
   }
   MergeSlots(parent, std::move(child.slots), parent_path, diags);
   MergePatches(parent, std::move(child.patches), parent_path, diags);
-  for (Helper& h : child.helpers) Upsert(parent.helpers, std::move(h), [](const Helper& x) { return x.name; });
+  for (Helper& h : child.helpers)
+    Upsert(parent.helpers, std::move(h), [](const Helper& x) { return x.name; });
   for (Block& b : child.blocks) parent.blocks.push_back(std::move(b));
   for (LocatedName& n : child.excludes) {
     Upsert(parent.excludes, std::move(n), [](const LocatedName& x) { return x.name; });

@@ -69,10 +69,14 @@ SpecReader::KeyMap SpecReader::Keys(const RawNode& m, KeyLevel level) {
 
 std::string SpecReader::Article(KeyLevel level) {
   switch (level) {
-    case KeyLevel::kSpec: return "the spec";
-    case KeyLevel::kImports: return "imports";
-    case KeyLevel::kEdit: return "an edit";
-    default: return std::string("a ") + KeyLevelName(level);
+    case KeyLevel::kSpec:
+      return "the spec";
+    case KeyLevel::kImports:
+      return "imports";
+    case KeyLevel::kEdit:
+      return "an edit";
+    default:
+      return std::string("a ") + KeyLevelName(level);
   }
 }
 
@@ -105,11 +109,13 @@ std::optional<std::string> SpecReader::Identifier(const RawNode& n, std::string_
   return s;
 }
 
-std::optional<std::string> SpecReader::Dotted(const RawNode& n, std::string_view what, std::string_view example) {
+std::optional<std::string> SpecReader::Dotted(const RawNode& n, std::string_view what,
+                                              std::string_view example) {
   auto s = String(n, what);
   if (s && !IsDotted(*s)) {
     Error(n, "'" + *s + "' is not a dotted Python name",
-          std::string("'") + std::string(what) + "' takes a name like `" + std::string(example) + "`");
+          std::string("'") + std::string(what) + "' takes a name like `" + std::string(example) +
+              "`");
     return std::nullopt;
   }
   return s;
@@ -117,12 +123,14 @@ std::optional<std::string> SpecReader::Dotted(const RawNode& n, std::string_view
 
 // An op or variant name (docs/ops.md): letters, digits and `_`, as it is written into the
 // generated `OpSlot("op", "variant")` string literal.
-std::optional<std::string> SpecReader::OpName(const RawNode& n, std::string_view what, std::string_view example) {
+std::optional<std::string> SpecReader::OpName(const RawNode& n, std::string_view what,
+                                              std::string_view example) {
   auto s = String(n, what);
   if (!s) return s;
   bool ok = !s->empty();
   for (char c : *s) {
-    ok = ok && (c == '_' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9'));
+    ok = ok &&
+         (c == '_' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9'));
   }
   if (!ok) {
     Error(n, "'" + *s + "' is not a valid " + std::string(what) + " name",
@@ -149,7 +157,8 @@ bool SpecReader::Mapping(const RawNode& n, std::string_view what) {
 
 // Code text with its origin: literal blocks start on the line after the `|`, at the block's
 // indentation; one-line scalars start at the value (after the quote).
-std::optional<std::pair<std::string, TextOrigin>> SpecReader::Code(const RawNode& n, std::string_view what) {
+std::optional<std::pair<std::string, TextOrigin>> SpecReader::Code(const RawNode& n,
+                                                                   std::string_view what) {
   auto s = String(n, what);
   if (!s) return std::nullopt;
   if (n.style == RawNode::Style::kFolded) {
@@ -193,8 +202,8 @@ std::optional<std::pair<std::string, TextOrigin>> SpecReader::Code(const RawNode
       }
     }
     origin.first_line = line0 + 1;
-    origin.col_offset = lines_.At(n.range.start).col - 1 +
-                        (n.style == RawNode::Style::kQuoted ? 1 : 0);
+    origin.col_offset =
+        lines_.At(n.range.start).col - 1 + (n.style == RawNode::Style::kQuoted ? 1 : 0);
   }
   return std::make_pair(std::move(*s), std::move(origin));
 }
@@ -219,8 +228,9 @@ std::vector<NameMapEntry> SpecReader::NameMap(const RawNode& n) {
           IsIdentifier(std::string_view(*v).substr(0, v->size() - 1))) {
         to = v->substr(0, v->size() - 1);
       } else if (v) {
-        Error(value, "'" + key.scalar + "' is a prefix rule, so its value must be a prefix too, like `" +
-                         (from ? *from : std::string("Qwen3_5")) + "Moe*`",
+        Error(value,
+              "'" + key.scalar + "' is a prefix rule, so its value must be a prefix too, like `" +
+                  (from ? *from : std::string("Qwen3_5")) + "Moe*`",
               "`A*: B*` renames every identifier that starts with A to start with B");
       }
     } else {
@@ -230,7 +240,8 @@ std::vector<NameMapEntry> SpecReader::NameMap(const RawNode& n) {
     if (!from || !to) continue;
     auto [it, inserted] = seen.emplace(key.scalar, &key);
     if (!inserted) {
-      ErrorWithNote(key, "duplicate key '" + key.scalar + "'", Loc(*it->second), "first given here");
+      ErrorWithNote(key, "duplicate key '" + key.scalar + "'", Loc(*it->second),
+                    "first given here");
       continue;
     }
     NameMapEntry e{*from, *to, Loc(key)};
@@ -297,7 +308,8 @@ Body SpecReader::BodyOf(const RawNode& entry, const KeyMap& keys, bool allow_fro
   }
   if (!OneBodySource(keys, code, file, from, allow_from)) return {};
   if (symbol && !file) {
-    Error(*KeyNodeOf(keys, "symbol"), "'symbol' needs 'file'", "add `file:` naming the patch file that defines it");
+    Error(*KeyNodeOf(keys, "symbol"), "'symbol' needs 'file'",
+          "add `file:` naming the patch file that defines it");
   }
   if (code) return CodeBody(*code);
   if (file) return FileBody(*file, *KeyNodeOf(keys, "file"), symbol);
@@ -317,9 +329,10 @@ bool SpecReader::OneBodySource(const KeyMap& keys, const RawNode* code, const Ra
   if (file) sources.emplace_back("file", KeyNodeOf(keys, "file"));
   if (from) sources.emplace_back("from", KeyNodeOf(keys, "from"));
   if (sources.size() <= 1) return true;
-  Error(*sources[1].second,
-        std::string("more than one body: '") + sources[0].first + "' and '" + sources[1].first + "'",
-        "give exactly one of `code`, `file` + `symbol`" + std::string(allow_from ? ", `from`" : ""));
+  Error(
+      *sources[1].second,
+      std::string("more than one body: '") + sources[0].first + "' and '" + sources[1].first + "'",
+      "give exactly one of `code`, `file` + `symbol`" + std::string(allow_from ? ", `from`" : ""));
   return false;
 }
 
@@ -347,7 +360,8 @@ Body SpecReader::FileBody(const RawNode& file, const RawNode& file_key, const Ra
   std::string err;
   std::optional<std::string> content = ReadFile(printed, &err, kMaxSpecFileBytes);
   if (!content) {
-    Error(file, "cannot read patch file '" + printed + "': " + err, "'file' is relative to the spec's folder");
+    Error(file, "cannot read patch file '" + printed + "': " + err,
+          "'file' is relative to the spec's folder");
     return body;
   }
   if (!sym) return body;

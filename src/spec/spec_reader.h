@@ -1,8 +1,8 @@
-// Typed access to a spec's YAML (RawNode) with located errors: the keys of a mapping level, strings,
-// identifiers, dotted names, code with its origin, name maps, bodies. The base of the spec loader's
-// FileLoader (spec_loader.cc), which adds the levels (spec, slots, patches, edits, helpers). Every
-// accessor reports its own error ("expected X, found Y" with a help line) and returns nullopt, an
-// empty value or false; errors are collected, not thrown.
+// Typed access to a spec's YAML (RawNode) with located errors: the keys of a mapping level,
+// strings, identifiers, dotted names, code with its origin, name maps, bodies. The base of the spec
+// loader's FileLoader (spec_loader.cc), which adds the levels (spec, slots, patches, edits,
+// helpers). Every accessor reports its own error ("expected X, found Y" with a help line) and
+// returns nullopt, an empty value or false; errors are collected, not thrown.
 #pragma once
 
 #include <map>
@@ -58,10 +58,12 @@ class SpecReader {
   // A one-line string (descriptions).
   std::optional<std::string> OneLine(const RawNode& n, std::string_view what);
   std::optional<std::string> Identifier(const RawNode& n, std::string_view what);
-  std::optional<std::string> Dotted(const RawNode& n, std::string_view what, std::string_view example);
+  std::optional<std::string> Dotted(const RawNode& n, std::string_view what,
+                                    std::string_view example);
   // An op or variant name (docs/ops.md): letters, digits and `_`, as it is written into the
   // generated `OpSlot("op", "variant")` string literal.
-  std::optional<std::string> OpName(const RawNode& n, std::string_view what, std::string_view example);
+  std::optional<std::string> OpName(const RawNode& n, std::string_view what,
+                                    std::string_view example);
   const std::vector<RawNode>* Sequence(const RawNode& n, std::string_view what);
   bool Mapping(const RawNode& n, std::string_view what);
   // Code text with its origin: literal blocks start on the line after the `|`, at the block's
@@ -77,10 +79,11 @@ class SpecReader {
   // --- bodies -------------------------------------------------------------------------------
 
   // A body from `code`, `file`+`symbol` or `from` (the latter only when `allow_from`).
-  Body BodyOf(const RawNode& entry, const KeyMap& keys, bool allow_from, const std::string& kind_for_from);
+  Body BodyOf(const RawNode& entry, const KeyMap& keys, bool allow_from,
+              const std::string& kind_for_from);
   // At most one of `code`, `file`, `from` (a refused `from` is passed as nullptr).
-  bool OneBodySource(const KeyMap& keys, const RawNode* code, const RawNode* file, const RawNode* from,
-                     bool allow_from);
+  bool OneBodySource(const KeyMap& keys, const RawNode* code, const RawNode* file,
+                     const RawNode* from, bool allow_from);
   Body CodeBody(const RawNode& code);
   // `file` + `symbol`: the patch file, read now (relative to the spec's folder).
   Body FileBody(const RawNode& file, const RawNode& file_key, const RawNode* symbol);

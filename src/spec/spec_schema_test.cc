@@ -47,7 +47,8 @@ TEST_CASE("schema keys match the loader's at every level", "[spec]") {
     std::set<std::string> props;
     for (const auto& [key, value] : s.at("properties").items()) props.insert(key);
     CHECK(props == Set(KnownKeys(level)));
-    // The spec's required keys apply when it has no `extends` (a parent may leave them to children).
+    // The spec's required keys apply when it has no `extends` (a parent may leave them to
+    // children).
     const json& required = level == KeyLevel::kSpec ? s.at("else").at("required")
                            : s.contains("required") ? s.at("required")
                                                     : json::array();
@@ -60,7 +61,8 @@ TEST_CASE("schema enums and patch kinds match the loader's", "[spec]") {
   CHECK(Strings(defs.at("slot").at("properties").at("scope").at("enum")) == ScopeValues());
   CHECK(Strings(defs.at("patch").at("properties").at("after").at("enum")) == InitAfterValues());
   std::vector<std::string> kinds;
-  for (const json& branch : defs.at("patch").at("oneOf")) kinds.push_back(branch.at("required").at(0));
+  for (const json& branch : defs.at("patch").at("oneOf"))
+    kinds.push_back(branch.at("required").at(0));
   CHECK(kinds == PatchKindKeys());
   CHECK(Schema().at("properties").at("version").at("enum") == json::array({1}));
 }
@@ -147,7 +149,9 @@ struct Example {
 
 const char* kHead = R"("upstream": "transformers.models.qwen3.modeling_qwen3", "output": "out.py")";
 
-std::string WithHead(const std::string& rest) { return std::string("{") + kHead + ", " + rest + "}"; }
+std::string WithHead(const std::string& rest) {
+  return std::string("{") + kHead + ", " + rest + "}";
+}
 
 TEST_CASE("example specs are accepted or rejected by both the loader and the schema", "[spec]") {
   std::vector<Example> examples = {
@@ -175,7 +179,8 @@ TEST_CASE("example specs are accepted or rejected by both the loader and the sch
       {false, WithHead(R"("version": 2)")},
       {false, WithHead(R"("imports": {"ad": ["import os"]})")},
       {false, WithHead(R"("imports": {"drop": "x"})")},
-      {false, WithHead(R"("patches": [{"override_method": "A.f", "replace_class": "B", "code": "x"}])")},
+      {false,
+       WithHead(R"("patches": [{"override_method": "A.f", "replace_class": "B", "code": "x"}])")},
       {false, WithHead(R"("patches": [{"description": "no kind", "code": "x"}])")},
       {false, WithHead(R"("patches": [{"override_method": "A.f", "from": "m.f"}])")},
       {false, WithHead(R"("patches": [{"modify_init": "A", "from": "m.f"}])")},
@@ -183,21 +188,35 @@ TEST_CASE("example specs are accepted or rejected by both the loader and the sch
       {false, WithHead(R"("patches": [{"modify_init": "A", "after": "start", "code": "x"}])")},
       {false, WithHead(R"("patches": [{"replace_function": "f", "code": "x", "from": "m.f"}])")},
       {false, WithHead(R"("patches": [{"replace_function": "f"}])")},
-      {false, WithHead(R"("patches": [{"replace_function": "f", "symbol": "g", "code": "def f(): pass"}])")},
+      {false,
+       WithHead(
+           R"("patches": [{"replace_function": "f", "symbol": "g", "code": "def f(): pass"}])")},
       {false, WithHead(R"("patches": [{"edit_body": "A.f"}])")},
-      {false, WithHead(R"("patches": [{"edit_body": "A.f", "code": "x", "edits": [{"delete": "x"}]}])")},
-      {false, WithHead(R"("patches": [{"override_method": "A.f", "code": "x", "edits": [{"delete": "x"}]}])")},
+      {false,
+       WithHead(R"("patches": [{"edit_body": "A.f", "code": "x", "edits": [{"delete": "x"}]}])")},
+      {false,
+       WithHead(
+           R"("patches": [{"override_method": "A.f", "code": "x", "edits": [{"delete": "x"}]}])")},
       {false, WithHead(R"("patches": [{"edit_body": "A.f", "edits": [{"code": "x"}]}])")},
-      {false, WithHead(R"("patches": [{"edit_body": "A.f", "edits": [{"delete": "x", "replace": "y", "code": "z"}]}])")},
-      {false, WithHead(R"("patches": [{"edit_body": "A.f", "edits": [{"insert_after": "x", "through": "y", "code": "z"}]}])")},
-      {false, WithHead(R"("patches": [{"edit_body": "A.f", "edits": [{"delete": "x", "code": "z"}]}])")},
+      {false,
+       WithHead(
+           R"("patches": [{"edit_body": "A.f", "edits": [{"delete": "x", "replace": "y", "code": "z"}]}])")},
+      {false,
+       WithHead(
+           R"("patches": [{"edit_body": "A.f", "edits": [{"insert_after": "x", "through": "y", "code": "z"}]}])")},
+      {false,
+       WithHead(R"("patches": [{"edit_body": "A.f", "edits": [{"delete": "x", "code": "z"}]}])")},
       {false, WithHead(R"("patches": [{"edit_body": "A.f", "edits": [{"replace": "x"}]}])")},
-      {false, WithHead(R"("patches": [{"edit_body": "A.f", "edits": [{"wrap": "x", "code": "y", "at": "z"}]}])")},
+      {false,
+       WithHead(
+           R"("patches": [{"edit_body": "A.f", "edits": [{"wrap": "x", "code": "y", "at": "z"}]}])")},
       {false, WithHead(R"("slots": [{"name": "s", "op": "o"}])")},
-      {false, WithHead(R"("slots": [{"name": "s", "op": "o", "variant": "v", "scope": "global"}])")},
+      {false,
+       WithHead(R"("slots": [{"name": "s", "op": "o", "variant": "v", "scope": "global"}])")},
       {false, WithHead(R"("slots": [{"name": "s", "op": "o", "variant": "v",
                                      "guards": [{"in": "f", "through": "x", "call": "s[0]"}]}])")},
-      {false, WithHead(R"("slots": [{"name": "s", "op": "o", "variant": "v", "guards": [{"in": "f"}]}])")},
+      {false,
+       WithHead(R"("slots": [{"name": "s", "op": "o", "variant": "v", "guards": [{"in": "f"}]}])")},
       {false, WithHead(R"("helpers": [{"before": "A", "code": "def h(): pass"}])")},
       {false, WithHead(R"("helpers": [{"name": "h"}])")},
       {false, WithHead(R"("exclude": "A")")},

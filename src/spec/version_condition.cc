@@ -99,10 +99,10 @@ std::optional<bool> VersionMatches(std::string_view condition, std::string_view 
   if (v.empty()) return std::nullopt;
   for (const Clause& c : clauses) {
     int cmp = Compare(v, c.version);
-    bool ok = c.op == ">=" ? cmp >= 0
-              : c.op == ">" ? cmp > 0
+    bool ok = c.op == ">="   ? cmp >= 0
+              : c.op == ">"  ? cmp > 0
               : c.op == "<=" ? cmp <= 0
-              : c.op == "<" ? cmp < 0
+              : c.op == "<"  ? cmp < 0
               : c.op == "==" ? cmp == 0
                              : cmp != 0;
     if (!ok) return false;
