@@ -3,11 +3,12 @@
 data: the golden cases (tests/golden), the example specs and upstream (specs/example, examples/)
 and the real-model specs (specs/*/*.yaml, spec loader only).
 
-  fuzz/make_corpus.py            rewrite fuzz/corpus/{fuzz_spec,fuzz_index,fuzz_generate}/
-  fuzz/make_corpus.py --check    exit 1 when the committed corpus differs from what it would write
+  fuzz/make_corpus.py DIR        write DIR/{fuzz_spec,fuzz_index,fuzz_generate}/ (fuzz/run_fuzz.sh does,
+                                 into its work folder, before every run)
 
-One file per seed, named after where it comes from. Files named regress-* are inputs that once
-failed a target (docs/fuzzing.md); this script keeps them. A generation seed is the spec, then
+One file per seed, named after where it comes from. The seeds are derived, not committed (they
+would be copies of the test data); what is committed under fuzz/corpus/<target>/ are the regress-*
+inputs that once failed a target (docs/fuzzing.md). A generation seed is the spec, then
 "#@@ upstream" and the upstream module, then "#@@ file NAME" and each file next to the spec that the
 spec may read (parent specs, patch files): the format fuzz/fuzz_common.h's SplitSections reads.
 """
@@ -135,29 +136,14 @@ def seeds():
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--check", action="store_true")
+    ap.add_argument("out", help="folder to write <target>/<seed> into")
     args = ap.parse_args()
-    want = seeds()
-    differ = []
-    for target, files in want.items():
-        folder = os.path.join(CORPUS, target)
-        have = set(os.listdir(folder)) if os.path.isdir(folder) else set()
+    for target, files in seeds().items():
+        folder = os.path.join(args.out, target)
+        os.makedirs(folder, exist_ok=True)
         for name, text in files.items():
-            if name not in have or read(os.path.join(folder, name)) != text:
-                differ.append(os.path.join(target, name))
-                if not args.check:
-                    os.makedirs(folder, exist_ok=True)
-                    with open(os.path.join(folder, name), "wb") as f:
-                        f.write(text)
-        # regress-*: inputs that once failed a target, kept as seeds (written by hand, not here).
-        for name in sorted(n for n in have - set(files) if not n.startswith("regress-")):
-            differ.append(os.path.join(target, name) + " (stale)")
-            if not args.check:
-                os.remove(os.path.join(folder, name))
-    if args.check and differ:
-        print("fuzz corpus out of date (run fuzz/make_corpus.py):", *differ[:20], sep="\n  ")
-        return 1
-    for target, files in want.items():
+            with open(os.path.join(folder, name), "wb") as f:
+                f.write(text)
         print(f"{target}: {len(files)} seeds, {sum(map(len, files.values()))} bytes")
     return 0
 

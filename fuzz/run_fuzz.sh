@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets (clang, ASan + UBSan, own build tree) and fuzzes each for a while,
-# starting from the committed seeds (fuzz/corpus/<target>/, made by fuzz/make_corpus.py). Then
+# starting from seeds made from the test data (fuzz/make_corpus.py, into the work folder) and the
+# committed regress-* inputs (fuzz/corpus/<target>/). Then
 # every generated module of fuzz_generate's final corpus is compiled with CPython
 # (fuzz/check_outputs.py). docs/fuzzing.md describes the targets and the property they assert.
 #
@@ -63,6 +64,12 @@ fi
 # Inputs larger than this are not generated (the seeds are smaller; the 4 MiB file limit and the
 # YAML bounds are tested by the CLI and golden tests, not by mutation).
 declare -A MAX_LEN=([fuzz_spec]=16384 [fuzz_index]=32768 [fuzz_generate]=65536)
+"$PYTHON" "$ROOT/fuzz/make_corpus.py" "$WORK_DIR/seeds" >/dev/null
+# The seed folders of a target: the derived seeds, and the committed regress-* inputs if any.
+seed_dirs() {
+  echo "$WORK_DIR/seeds/$1"
+  if [[ -d $ROOT/fuzz/corpus/$1 ]]; then echo "$ROOT/fuzz/corpus/$1"; fi
+}
 status=0
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:allocator_may_return_null=0}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
@@ -74,7 +81,7 @@ for t in "${TARGETS[@]}"; do
   # -timeout: one input may take at most 10 s (a hang is a finding); -rss_limit_mb: 2 GB.
   if "$BUILD_DIR/fuzz/$t" -max_total_time="$SECONDS_PER_TARGET" -timeout=10 -rss_limit_mb=2048 \
        -max_len="${MAX_LEN[$t]}" -print_final_stats=1 -artifact_prefix="$artifacts" \
-       "$corpus" "$ROOT/fuzz/corpus/$t" >"$log" 2>&1; then
+       "$corpus" $(seed_dirs "$t") >"$log" 2>&1; then
     stats=$(grep -E '^(#[0-9]+\s+DONE|stat::number_of_executed_units|stat::new_units_added|stat::peak_rss_mb)' "$log" |
             tr -s ' \t' ' ' | tr '\n' ' ')
     echo "fuzz: $t: ok, ${SECONDS_PER_TARGET} s: $stats"
@@ -91,7 +98,7 @@ if [[ " ${TARGETS[*]} " == *" fuzz_generate "* ]]; then
   dump=$WORK_DIR/fuzz_generate/outputs
   rm -rf "$dump" && mkdir -p "$dump"
   PATCHGEN_FUZZ_DUMP=$dump "$BUILD_DIR/fuzz/fuzz_generate" -runs=0 "$WORK_DIR/fuzz_generate/corpus" \
-    "$ROOT/fuzz/corpus/fuzz_generate" >"$WORK_DIR/fuzz_generate/replay.log" 2>&1 || {
+    $(seed_dirs fuzz_generate) >"$WORK_DIR/fuzz_generate/replay.log" 2>&1 || {
       status=1; echo "fuzz: fuzz_generate: replay of the corpus failed ($WORK_DIR/fuzz_generate/replay.log)"; CLEAN_WORK=0; }
   if ! "$PYTHON" "$ROOT/fuzz/check_outputs.py" "$dump"; then
     status=1
