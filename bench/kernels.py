@@ -253,16 +253,22 @@ def bench_rope(copy_bw, args, out):
                 for n, f in impls]
         rows.append(measure("opslot cuda, forward only (4 B/element)",
                             lambda: (lambda: cud(q.detach(), k.detach(), cos, sin)), None, 4 * (q.numel() + k.numel())))
-        if args.tune and not full:  # the first layout: one thread per pass-through vector
+        if args.tune:  # the other layouts, side by side
             import ctypes
 
             from opslot.kernels.cuda import _lib
             set_tuning = _lib.library().opslot_rope_set_tuning
-            set_tuning.argtypes = [ctypes.c_int]
-            set_tuning(0)
-            rows.append(measure("opslot cuda [pass-through: one thread per vector]",
-                                lambda: fwd_bwd(cud, (q, k, cos, sin)), None))
-            set_tuning(1)
+            set_tuning.argtypes = [ctypes.c_int, ctypes.c_int]
+            try:
+                set_tuning(1, 1)
+                rows.append(measure("opslot cuda [head loop: a thread rotates 8 heads per cos/sin load]",
+                                    lambda: fwd_bwd(cud, (q, k, cos, sin)), None))
+                if not full:
+                    set_tuning(0, 0)
+                    rows.append(measure("opslot cuda [pass-through: one thread per vector]",
+                                        lambda: fwd_bwd(cud, (q, k, cos, sin)), None))
+            finally:
+                set_tuning(1, 0)
         out.append(table(f"RoPE {label}: q [2,32,{S},128], k [2,8,{S},128] (transposed views), bf16 — 8 B per q/k element",
                          8 * (q.numel() + k.numel()), copy_bw, rows, target))
         if args.profile:
