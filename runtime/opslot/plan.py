@@ -12,7 +12,7 @@
 `build_model` and `bind_ops` log their plan once, at INFO, on the `opslot` logger.
 `declared_slots(module)` lists the slots a generated module declares, instance-scoped ones
 included (read from its source), so that a choice that binds nowhere is found before any model
-is constructed.
+is constructed; `declared_config_slots(module)` the config slots (`ConfigSlot`) it sets.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import types
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
+from .config_slot import ConfigSlot
 from .slot import OpSlot
 
 logger = logging.getLogger("opslot")
@@ -81,6 +82,46 @@ def _instance_slots_in_source(path: str) -> List[DeclaredSlot]:
                     found.append(DeclaredSlot(args[0].value, args[1].value, "instance", targets[0].attr, cls.name))
     _source_cache[key] = found
     return found
+
+
+_config_slot_cache: Dict[Tuple[str, float], List[ConfigSlot]] = {}
+
+
+def _literal_config_slot(call: ast.Call) -> Optional[ConfigSlot]:
+    """The unbound ConfigSlot of a `ConfigSlot("A.x", "attr", ("a", "b"), default="a")` call whose
+    arguments are literals (what patchgen writes), else None."""
+    func = call.func
+    if not ((isinstance(func, ast.Name) and func.id == "ConfigSlot")
+            or (isinstance(func, ast.Attribute) and func.attr == "ConfigSlot")):
+        return None
+    try:
+        args = [ast.literal_eval(a) for a in call.args]
+        kwargs = {k.arg: ast.literal_eval(k.value) for k in call.keywords if k.arg}
+        return ConfigSlot(*args, **kwargs)
+    except (ValueError, TypeError, SyntaxError):
+        return None
+
+
+def declared_config_slots(module: types.ModuleType) -> List[ConfigSlot]:
+    """The config slots `module`'s source declares (`ConfigSlot(...)` calls with literal arguments,
+    as patchgen's config_slot patches write them), unbound, in source order; so that a config value
+    they refuse is found before any model is constructed."""
+    path = getattr(module, "__file__", None)
+    if not path or not path.endswith(".py"):
+        return []
+    try:
+        key = (path, os.path.getmtime(path))
+    except OSError:
+        return []
+    if key not in _config_slot_cache:
+        try:
+            with open(path, encoding="utf-8") as fh:
+                tree = ast.parse(fh.read(), path)
+        except (OSError, SyntaxError, ValueError):
+            return []
+        calls = sorted((n for n in ast.walk(tree) if isinstance(n, ast.Call)), key=lambda n: (n.lineno, n.col_offset))
+        _config_slot_cache[key] = [s for s in map(_literal_config_slot, calls) if s is not None]
+    return [ConfigSlot(s.name, s.attribute, s.values, s.default) for s in _config_slot_cache[key]]
 
 
 def declared_slots(module: types.ModuleType) -> List[DeclaredSlot]:
@@ -179,9 +220,12 @@ def binding_plan(target: Any) -> BindingPlan:
     for path, sub in named():
         modules_seen.setdefault(type(sub).__module__, type(sub))
         for attr, value in vars(sub).items():
-            if isinstance(value, OpSlot):
+            if isinstance(value, (OpSlot, ConfigSlot)):
                 name = f"{path}.{attr}" if path else attr
-                key = (_INDEX.sub("*", name), value.op, value.variant, value.impl, value.why)
+                if isinstance(value, ConfigSlot):  # config/<attribute>, the chosen implementation
+                    key = (_INDEX.sub("*", name), "config", value.attribute, value._value or "unbound", value.why)
+                else:
+                    key = (_INDEX.sub("*", name), value.op, value.variant, value.impl, value.why)
                 if key not in groups:
                     order.append(key)
                     groups[key] = 0

@@ -78,11 +78,13 @@ Result<GenerateResult> RunStages(const spec::PatchSpec& spec, const PyModule& up
                                  std::set<std::string> used_keys) {
   ImportsStage imports = PlanImports(spec, up, options.upstream_path);
   PatchesStage patches = PlanPatches(spec, up);
-  GuardsStage guards = PlanGuardStage(spec, up, spec.runtime.value_or(options.default_runtime),
-                                      patches.replaced, patches.added_methods);
+  const std::string runtime = spec.runtime.value_or(options.default_runtime);
+  GuardsStage guards = PlanGuardStage(spec, up, runtime, patches.replaced, patches.added_methods);
   StageOutput statement_edits =
       PlaceStatementEdits(up, std::move(patches.statement_edits), guards.regions);
-  StageOutput module_code = PlanModuleCode(spec, up, imports.removed_imports, guards.declarations);
+  StageOutput module_code =
+      PlanModuleCode(spec, up, imports.removed_imports,
+                     WithConfigSlotImport(guards.declarations, runtime, patches.config_slots));
   ExcludeStage excludes = PlanExcludes(spec, up);
 
   Collected all;

@@ -398,9 +398,10 @@ class FileLoader : public SpecReader {
     if (target && !TargetHasShape(target_node, info, *target)) ok = false;
     LoadPatchOptions(keys, info, p);
     if (!LoadCondition(keys, p.when)) ok = false;
-    bool body_ok = info.has_edits ? LoadPatchEdits(keys, info, *kind_key.first, p)
-                                  : LoadPatchBody(item, keys, info, target, p);
-    if (!body_ok) ok = false;
+    bool body_ok = info.has_choice  ? LoadChoice(keys, info, *kind_key.first, has_extends_, p)
+                   : info.has_edits ? LoadPatchEdits(keys, info, *kind_key.first, p)
+                                    : LoadPatchBody(item, keys, info, target, p);
+    if (!body_ok || (!info.has_choice && !RefuseChoiceKeys(keys, info))) ok = false;
     for (const auto& [k, kv] : keys) p.given.push_back(k);
     if (!ok) return std::nullopt;
     p.target = *target;
@@ -488,7 +489,10 @@ class FileLoader : public SpecReader {
       return false;
     }
     if (info.target == TargetShape::kMember && dots == 0) {
-      Error(target_node, "'" + std::string(info.key) + "' takes `Class.method`, " + found, help);
+      Error(target_node,
+            "'" + std::string(info.key) + "' takes `Class." + std::string(info.member) + "`, " +
+                found,
+            help);
       return false;
     }
     return true;
