@@ -95,7 +95,7 @@ Result<GenerateResult> RunStages(const spec::PatchSpec& spec, const PyModule& up
   all.Add(std::move(statement_edits));
   all.Add(std::move(module_code));
   all.Add(std::move(excludes.out));
-  NameMap(spec.name_map).ReportUnused(all.used_keys, all.errors);
+  if (!options.entries_dropped) NameMap(spec.name_map).ReportUnused(all.used_keys, all.errors);
   if (!all.errors.empty()) {
     SortDiagnostics(all.errors);
     return all.errors;
@@ -107,6 +107,7 @@ Result<GenerateResult> RunStages(const spec::PatchSpec& spec, const PyModule& up
     SortDiagnostics(overlaps);
     return overlaps;
   }
+  if (options.entries_dropped) return GenerateResult{};
 
   for (SkippedEntry& sk : patches.skipped) skipped.push_back(std::move(sk));
   for (SkippedEntry& sk : guards.skipped) skipped.push_back(std::move(sk));
