@@ -206,3 +206,16 @@ def test_refused_value_when_constructed_directly(generated):
 def test_opslot_exports():
     assert opslot.ConfigSlot is ConfigSlot
     assert "ConfigSlot" in opslot.__all__ and "declared_config_slots" in opslot.__all__
+
+
+@needs_patchgen
+@pytest.mark.parametrize("kernel", ["eager", "sdpa"])
+def test_compiles_without_graph_breaks(generated, kernel):
+    torch.manual_seed(0)
+    model = build_model(toy_config(toy_attention_kernel=kernel), module=generated.module,
+                        model_class="ToyForCausalLM").eval()
+    input_ids = torch.randint(0, model.config.vocab_size, (2, 7))
+    with torch.no_grad():
+        reference = model(input_ids=input_ids).logits
+        compiled = torch.compile(model, backend="eager", fullgraph=True)(input_ids=input_ids).logits
+    assert torch.equal(compiled, reference)
