@@ -150,15 +150,18 @@ class PlanEntry:
 
 class BindingPlan:
     """What runs where: `entries` (PlanEntry), `target` (the model class or module name),
-    `attention` (the model config's `_attn_implementation`, if any). Iterable; `as_dict()` gives
-    {slot: impl}; equal when the entries are."""
+    `attention` (the model config's `_attn_implementation`, if any), `config_slots` (the model's
+    ConfigSlots as PlanEntry rows with op "config", variant the config attribute, impl the value;
+    listed apart: they bind no kernel). Iterable over `entries`; `as_dict()` gives {slot: impl};
+    equal when the entries are."""
 
     def __init__(self, target: str, entries: List[PlanEntry], module: Optional[str] = None,
-                 attention: Optional[str] = None) -> None:
+                 attention: Optional[str] = None, config_slots: Optional[List[PlanEntry]] = None) -> None:
         self.target = target
         self.entries = list(entries)
         self.module = module
         self.attention = attention
+        self.config_slots = list(config_slots or [])
 
     def __iter__(self) -> Iterator[PlanEntry]:
         return iter(self.entries)
@@ -188,6 +191,9 @@ class BindingPlan:
             lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(r[:3], widths)) + "  " + r[3])
         if not self.entries:
             lines.append("  (no slots)")
+        for e in self.config_slots:
+            count = f" (x{e.count})" if e.count > 1 else ""
+            lines.append(f"  config slot {e.slot}{count}: {e.impl} ({e.why}, config.{e.variant})")
         if self.attention is not None:
             lines.append(f"  attention: {self.attention} (config._attn_implementation)")
         return "\n".join(lines)
@@ -232,10 +238,12 @@ def binding_plan(target: Any) -> BindingPlan:
                 groups[key] += 1
     for cls in modules_seen.values():
         entries += _module_entries(slots_of_class(cls))
-    entries += [PlanEntry(k[0], "instance", k[1], k[2], k[3], k[4], groups[k]) for k in order]
+    rows = [PlanEntry(k[0], "instance", k[1], k[2], k[3], k[4], groups[k]) for k in order]
+    entries += [e for e in rows if e.op != "config"]
     config = getattr(target, "config", None)
     attention = getattr(config, "_attn_implementation", None) if config is not None else None
-    return BindingPlan(type(target).__name__, entries, module=type(target).__module__, attention=attention)
+    return BindingPlan(type(target).__name__, entries, module=type(target).__module__, attention=attention,
+                       config_slots=[e for e in rows if e.op == "config"])
 
 
 def log_plan(plan: BindingPlan) -> None:

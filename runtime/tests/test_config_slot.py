@@ -177,10 +177,15 @@ def test_two_config_values_two_code_paths(generated, monkeypatch):
     torch.testing.assert_close(result, reference, rtol=1e-5, atol=1e-5)
     assert not torch.equal(result, torch.zeros_like(result))
 
-    assert repr(binding_plan(fused)).splitlines()[2] == (
-        "  model.layers.*.self_attn.attention_kernel  config/toy_attention_kernel (x2)  sdpa  config")
-    assert repr(binding_plan(eager)).splitlines()[2] == (
-        "  model.layers.*.self_attn.attention_kernel  config/toy_attention_kernel (x2)  eager  default")
+    plan = binding_plan(fused)
+    assert repr(plan).splitlines()[1:] == [
+        "  slot  op/variant  impl  why",
+        "  (no slots)",
+        "  config slot model.layers.*.self_attn.attention_kernel (x2): sdpa (config, config.toy_attention_kernel)",
+        "  attention: eager (config._attn_implementation)"]
+    assert plan.as_dict() == {} and len(plan) == 0  # no kernel binding: listed apart
+    assert [(e.slot, e.variant, e.impl, e.why, e.count) for e in binding_plan(eager).config_slots] == [
+        ("model.layers.*.self_attn.attention_kernel", "toy_attention_kernel", "eager", "default", 2)]
 
 
 @needs_patchgen

@@ -279,7 +279,12 @@ void Runner::GenerateJob(Job& job) {
 // A spec that loaded with errors: the generator's errors in its other entries join them, sorted,
 // so that one run reports all of them. Nothing is written.
 void Runner::GeneratePartial(Job& job) {
-  if (job.upstream == nullptr || !job.upstream->errors.empty()) return;
+  if (job.upstream == nullptr) return;
+  if (!job.upstream->errors.empty()) {  // an upstream patchgen cannot read: its errors join
+    Fail(job, job.upstream->errors);
+    SortDiagnostics(job.errors);
+    return;
+  }
   rewriter::GenerateOptions options;
   options.upstream_path = job.lookup.file.rel_path;
   options.upstream_version = job.lookup.file.version;
