@@ -4,6 +4,8 @@
 #   upstream: toypkg.models.toy.modeling_toy (toypkg/models/toy/modeling_toy.py)
 #   version:  1.0.0
 #   sha256:   ac6ba4896da1c27fd4dcee56074ad4d56e17bf9f322e6aecb922c504c4195541
+#   skipped:
+#   - config_slot ToyGone.kernel (spec.yaml:12): optional: no class 'ToyGone' with an __init__ upstream; ToyGone exists in newer releases only
 #   applied:
 #   - config_slot ToyAttention.attention_kernel
 # ============================================================================
