@@ -22,6 +22,11 @@ struct GenerateOptions {
                                            ///< "transformers/models/qwen3/modeling_qwen3.py".
   std::string upstream_version;            ///< e.g. "5.17.0"; "unknown" when not found.
   std::string default_runtime = "opslot";  ///< Used when the spec has no `runtime:`.
+  /// The spec lost entries to load errors (spec::LoadSpecKeepingEntries): its other entries are
+  /// planned and their errors returned, but the checks that need every entry are not made (unused
+  /// name_map keys, the output check: a name the lost entries would define or remove), and the
+  /// result, when there is no error, is not a generated file (its text is empty).
+  bool entries_dropped = false;
 };
 
 struct AppliedPatch {
