@@ -53,11 +53,19 @@ struct SourceLoc {
   uint32_t col = 0;         ///< 1-based, code points.
   uint32_t length = 1;      ///< Caret length in code points.
   std::string source_line;  ///< The text of that line, for the excerpt.
+
+  /// The file as a whole (no line): "path: error: ..." without an excerpt.
+  static SourceLoc InFile(std::string path) { return SourceLoc{std::move(path), 0, 0, 1, {}}; }
 };
 
 /// An error diagnostic at `loc`.
 Diagnostic ErrorAt(const SourceLoc& loc, std::string message, std::string help = {},
                    ErrorKind kind = ErrorKind::kSpec);
+
+/// One line of Diagnostic::notes that points at another location: "path:line:col: note: message"
+/// ("path: note: message" when the line is unknown, "note: message" when the path is). The one
+/// format of such notes (a spec entry declared twice, an overlapping guard, ...).
+std::string NoteAt(const SourceLoc& loc, std::string_view message);
 
 /// A SourceLoc for `range` of `text`.
 SourceLoc LocOf(std::string path, std::string_view text, const LineIndex& lines, ByteRange range);
