@@ -425,17 +425,15 @@ TEST_CASE("Refuses syntax errors with location, excerpt and help", "[parser]") {
 }
 
 TEST_CASE("FirstErrorNode and ParseTree on clean and broken input", "[parser]") {
-  TSTree* clean = ParseTree("x = 1\n");
+  TreePtr clean = ParseTree("x = 1\n");
   REQUIRE(clean != nullptr);
-  CHECK_FALSE(FirstErrorNode(ts_tree_root_node(clean)).has_value());
-  ts_tree_delete(clean);
-  TSTree* broken = ParseTree("x = = 1\n");
+  CHECK_FALSE(FirstErrorNode(ts_tree_root_node(clean.get())).has_value());
+  TreePtr broken = ParseTree("x = = 1\n");
   REQUIRE(broken != nullptr);
-  auto err = FirstErrorNode(ts_tree_root_node(broken));
+  auto err = FirstErrorNode(ts_tree_root_node(broken.get()));
   REQUIRE(err.has_value());
   CHECK(ts_node_start_byte(*err) == 4);  // the second '='
   CHECK(std::string(ts_node_type(*err)) == "ERROR");
-  ts_tree_delete(broken);
 }
 
 /// Checks the range invariants of every definition of `m`; returns the number of failures and
@@ -594,6 +592,22 @@ TEST_CASE("FirstTabIndentation: code lines only, not strings, comments or blank 
   REQUIRE(r.has_value());
   CHECK(*r == ByteRange{19, 20});
   CHECK(tabbed->lines().At(r->start).line == 3);
+}
+
+TEST_CASE("ParameterNames: plain, typed and default parameters; no splats or separators",
+          "[parser]") {
+  auto m = ParseOk(
+      "class A:\n"
+      "    def __init__(self, config, x: int, y=1, z: str = 'a', /, *args, k, **kwargs):\n"
+      "        pass\n"
+      "def f():\n"
+      "    pass\n"
+      "def g(*, only):\n"
+      "    pass\n");
+  using Names = std::vector<std::string>;
+  CHECK(ParameterNames(*m, *m->Find("A.__init__")) == Names{"self", "config", "x", "y", "z", "k"});
+  CHECK(ParameterNames(*m, *m->Find("f")).empty());
+  CHECK(ParameterNames(*m, *m->Find("g")) == Names{"only"});
 }
 
 }  // namespace
