@@ -195,11 +195,9 @@ const Definition* BodyDefinition(const PyModule& m, const spec::Body& body, cons
   if (body.source == spec::Body::Source::kFile) {
     const Definition* def = m.FindTopLevel(body.symbol);
     if (!def) {
-      std::string help =
-          "top-level definitions in " + body.origin.path + ": " + JoinNames(m.TopLevelNames());
-      if (auto dym = DidYouMean(body.symbol, m.TopLevelNames())) {
-        help = "did you mean '" + *dym + "'? " + help;
-      }
+      std::string help = WithDidYouMean(
+          body.symbol, m.TopLevelNames(),
+          "top-level definitions in " + body.origin.path + ": " + JoinNames(m.TopLevelNames()));
       errors.push_back(ErrorAt(
           body.symbol_loc, "no def or class '" + body.symbol + "' in " + body.origin.path, help));
     }
@@ -331,8 +329,7 @@ Diagnostic MissingTopLevel(const PyModule& up, const SourceLoc& loc, const std::
     }
     names.insert(names.end(), s.names.begin(), s.names.end());
   }
-  std::string help = "top-level definitions: " + JoinNames(names);
-  if (auto dym = DidYouMean(name, names)) help = "did you mean '" + *dym + "'?";
+  std::string help = DidYouMeanOr(name, names, "top-level definitions: " + JoinNames(names));
   return ErrorAt(loc,
                  context + ": no top-level definition or assignment '" + name + "' in " + up.path(),
                  help);
