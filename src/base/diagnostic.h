@@ -56,6 +56,11 @@ struct SourceLoc {
 
   /// The file as a whole (no line): "path: error: ..." without an excerpt.
   static SourceLoc InFile(std::string path) { return SourceLoc{std::move(path), 0, 0, 1, {}}; }
+
+  /// "path:line": how a generated file's header and markers name a spec entry.
+  std::string PathLine() const { return path + ":" + std::to_string(line); }
+  /// "path:line:col": how a message or note names another position.
+  std::string PathLineCol() const { return PathLine() + ":" + std::to_string(col); }
 };
 
 /// An error diagnostic at `loc`.

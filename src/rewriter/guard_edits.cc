@@ -163,8 +163,8 @@ void GuardPlanner::EmitEdits() {
     }
     std::string names;
     for (const std::string& n : e.slots) names += (names.empty() ? "" : ", ") + n;
-    std::string text = "\n" + ind + "# patchgen: instance slots " + names + " (" + e.origin.path +
-                       ":" + std::to_string(e.origin.line) + ")";
+    std::string text =
+        "\n" + ind + "# patchgen: instance slots " + names + " (" + e.origin.PathLine() + ")";
     for (const std::string& l : e.lines) text += "\n" + ind + l;
     uint32_t at = LineEndOf(init.body.end);
     plan_.edits.push_back(TextEdit{

@@ -62,7 +62,7 @@ class GuardPlanner {
   std::string Marker(const spec::Slot& slot, const spec::Guard& g) const {
     const SourceLoc& at = g.loc.line > 0 ? g.loc : g.in_loc;
     return "# patchgen: guard " + slot.name + " -> " + slot.op + "/" + slot.variant + " (" +
-           at.path + ":" + std::to_string(at.line) + ")";
+           at.PathLine() + ")";
   }
 
   // ---- guards ---------------------------------------------------------------------------------

@@ -233,7 +233,7 @@ std::string TrimTrailingNewlines(std::string s) {
   return s;
 }
 
-std::string Where(const SourceLoc& loc) { return loc.path + ":" + std::to_string(loc.line); }
+std::string Where(const SourceLoc& loc) { return loc.PathLine(); }
 
 std::string Owner(const std::string& qualname) {
   size_t dot = qualname.rfind('.');
