@@ -172,6 +172,15 @@ std::optional<ByteRange> FirstTabIndentation(const PyModule& m);
 /// included. Empty when `def` has no parameter list.
 std::vector<std::string> ParameterNames(const PyModule& m, const Definition& def);
 
+/// The smallest named node exactly covering `r` (walking up from the deepest one).
+TSNode NodeAt(TSNode root, ByteRange r);
+
+/// The function_definition / class_definition node of `def` in `m`'s tree.
+TSNode DefNode(const PyModule& m, const Definition& def);
+
+/// The `block` node of a function (or class) definition; null when not found.
+TSNode BodyBlock(const PyModule& m, const Definition& def);
+
 /// First ERROR or MISSING node of `tree` in document order, if any.
 std::optional<TSNode> FirstErrorNode(TSNode root);
 

@@ -163,4 +163,32 @@ std::vector<std::string> ParameterNames(const PyModule& m, const Definition& def
   return names;
 }
 
+TSNode NodeAt(TSNode root, ByteRange r) {
+  TSNode n = ts_node_named_descendant_for_byte_range(root, r.start, r.end);
+  while (!ts_node_is_null(ts_node_parent(n)) &&
+         (ts_node_start_byte(n) > r.start || ts_node_end_byte(n) < r.end)) {
+    n = ts_node_parent(n);
+  }
+  return n;
+}
+
+TSNode DefNode(const PyModule& m, const Definition& def) {
+  TSNode n = ts_node_descendant_for_byte_range(m.root(), def.header.start, def.header.start + 1);
+  while (!ts_node_is_null(n) && !((Is(n, "function_definition") || Is(n, "class_definition")) &&
+                                  ts_node_start_byte(n) == def.header.start)) {
+    n = ts_node_parent(n);
+  }
+  return n;
+}
+
+TSNode BodyBlock(const PyModule& m, const Definition& def) {
+  TSNode n = ts_node_descendant_for_byte_range(m.root(), def.name_range.start, def.name_range.end);
+  while (!ts_node_is_null(n) && TypeOf(n) != "function_definition" &&
+         TypeOf(n) != "class_definition") {
+    n = ts_node_parent(n);
+  }
+  if (ts_node_is_null(n)) return n;
+  return Field(n, "body");
+}
+
 }  // namespace patchgen::parser

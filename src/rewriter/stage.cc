@@ -245,24 +245,6 @@ std::string LastComponent(const std::string& qualname) {
   return dot == std::string::npos ? qualname : qualname.substr(dot + 1);
 }
 
-TSNode NodeAt(TSNode root, ByteRange r) {
-  TSNode n = ts_node_named_descendant_for_byte_range(root, r.start, r.end);
-  while (!ts_node_is_null(ts_node_parent(n)) &&
-         (ts_node_start_byte(n) > r.start || ts_node_end_byte(n) < r.end)) {
-    n = ts_node_parent(n);
-  }
-  return n;
-}
-
-TSNode DefNode(const PyModule& m, const Definition& def) {
-  TSNode n = ts_node_descendant_for_byte_range(m.root(), def.header.start, def.header.start + 1);
-  while (!ts_node_is_null(n) && !((Is(n, "function_definition") || Is(n, "class_definition")) &&
-                                  ts_node_start_byte(n) == def.header.start)) {
-    n = ts_node_parent(n);
-  }
-  return n;
-}
-
 ByteRange WholeLines(const std::string& src, ByteRange r) {
   uint32_t start = LineStartOf(src, r.start);
   uint32_t end = LineEndOf(src, r.end);
