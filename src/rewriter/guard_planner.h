@@ -8,6 +8,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "base/diagnostic.h"
@@ -37,12 +38,12 @@ class GuardPlanner {
   Result<GuardPlan> Run();
 
  private:
-  // ---- declarations -------------------------------------------------------------------------
+  // ---- declarations (guards.cc) -------------------------------------------------------------
 
   /// Checks slot names (conflicts, clashes with upstream names) and builds `declarations`.
   std::vector<const spec::Slot*> UniqueSlots();
 
-  // ---- targets --------------------------------------------------------------------------------
+  // ---- targets (guards.cc) ------------------------------------------------------------------
 
   /// Resolves `in` to a function or method, or reports why it cannot.
   const parser::Definition* ResolveTarget(const spec::Guard& g);
@@ -65,7 +66,7 @@ class GuardPlanner {
            at.PathLine() + ")";
   }
 
-  // ---- guards ---------------------------------------------------------------------------------
+  // ---- guards: Absent, PlanGuard in guards.cc; the entry and call-site text in guard_edits.cc -
 
   /// Why an optional guard cannot apply (its target, `at` or `through` is absent upstream), or
   /// nullopt when everything it names is there (then it is planned, errors included).
@@ -93,13 +94,13 @@ class GuardPlanner {
   bool PlanCallSite(const spec::Slot& slot, const spec::Guard& g, const parser::Definition& def,
                     const PreparedCall& call);
 
-  // ---- instance scope -------------------------------------------------------------------------
+  // ---- instance scope (guards.cc) -----------------------------------------------------------
 
   /// Checks an instance-scoped guard's target and records the `__init__` binding of its owner.
   bool PlanInstanceBinding(const spec::Slot& slot, const spec::Guard& g,
                            const parser::Definition& def);
 
-  // ---- edits ----------------------------------------------------------------------------------
+  // ---- edits (guard_edits.cc) ---------------------------------------------------------------
 
   struct EntryEdit {
     std::string text;
