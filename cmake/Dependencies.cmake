@@ -16,6 +16,14 @@ add_library(yaml_cpp_lib INTERFACE)
 target_include_directories(yaml_cpp_lib SYSTEM INTERFACE ${YAML_CPP_INCLUDE_DIR})
 target_link_libraries(yaml_cpp_lib INTERFACE ${YAML_CPP_LIBRARY})
 
+# Nettle 3.8 (nettle-dev): SHA-256 of upstream, spec and output bytes (src/rewriter/sha256.cc). Linked
+# like yaml-cpp (libnettle.a in PATCHGEN_STATIC, where only its SHA-256 objects are pulled in).
+find_path(NETTLE_INCLUDE_DIR nettle/sha2.h REQUIRED)
+find_library(NETTLE_LIBRARY NAMES nettle REQUIRED)
+add_library(nettle_lib INTERFACE)
+target_include_directories(nettle_lib SYSTEM INTERFACE ${NETTLE_INCLUDE_DIR})
+target_link_libraries(nettle_lib INTERFACE ${NETTLE_LIBRARY})
+
 # Header-only: nlohmann-json, dtl, CLI11, toml++.
 find_package(nlohmann_json 3 REQUIRED)
 find_path(DTL_INCLUDE_DIR dtl/dtl.hpp REQUIRED)

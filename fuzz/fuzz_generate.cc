@@ -58,10 +58,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
   const std::string& out = result->text;
-  TSTree* tree = patchgen::parser::ParseTree(out);
+  patchgen::parser::TreePtr tree = patchgen::parser::ParseTree(out);
   if (tree == nullptr) Fail("no tree for the generated module");
-  bool bad = patchgen::parser::FirstErrorNode(ts_tree_root_node(tree)).has_value();
-  ts_tree_delete(tree);
+  bool bad = patchgen::parser::FirstErrorNode(ts_tree_root_node(tree.get())).has_value();
   if (bad) Fail("the generated module does not parse", out);
   (void)patchgen::diff::UnifiedDiff(s.upstream, out, "a/upstream.py", "b/" + spec->output);
   if (patchgen::fuzz::Dumping()) {

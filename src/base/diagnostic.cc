@@ -80,6 +80,80 @@ std::string ExcerptText(std::string_view s) {
   return out;
 }
 
+const char* SeverityLabel(Severity severity) {
+  switch (severity) {
+    case Severity::kError:
+      return "error: ";
+    case Severity::kWarning:
+      return "warning: ";
+    case Severity::kNote:
+      return "note: ";
+  }
+  return "error: ";
+}
+
+// The code points of an excerpt line that are shown: all of them, or, for a line longer than
+// kMaxExcerptColumns code points, a window around the caret with "..." where text was left out,
+// so one huge line cannot flood the terminal.
+struct ExcerptWindow {
+  std::vector<size_t> starts;  // byte offset of each code point of the line
+  size_t caret = 0;            // 0-based code point of the caret
+  size_t first = 0;            // shown code points: [first, last)
+  size_t last = 0;
+
+  size_t total() const { return starts.size(); }
+  size_t ByteAt(size_t cp, size_t line_size) const { return cp < total() ? starts[cp] : line_size; }
+};
+
+ExcerptWindow WindowOf(std::string_view line, uint32_t col) {
+  ExcerptWindow w;
+  for (size_t i = 0; i < line.size(); ++i) {
+    if ((static_cast<unsigned char>(line[i]) & 0xC0) != 0x80) w.starts.push_back(i);
+  }
+  size_t total = w.total();
+  w.caret = col > 0 ? col - 1 : 0;
+  w.last = total;
+  if (total > kMaxExcerptColumns) {
+    w.first = w.caret > kMaxExcerptColumns / 4 ? w.caret - kMaxExcerptColumns / 4 : 0;
+    if (w.first > total - kMaxExcerptColumns) w.first = total - kMaxExcerptColumns;
+    w.last = w.first + kMaxExcerptColumns;
+  }
+  return w;
+}
+
+// The caret line under the shown text: tabs copied from the source so the caret lines up, then
+// '^' and '~' over `length` code points (cut at the window's end when the line was shortened).
+std::string CaretMarker(std::string_view line, const ExcerptWindow& w, size_t length) {
+  std::string marker;
+  if (w.first > 0) marker += "   ";
+  size_t cp = w.first;
+  for (; cp < w.caret && cp < w.last; ++cp) marker += line[w.starts[cp]] == '\t' ? '\t' : ' ';
+  for (; cp < w.caret; ++cp) marker += ' ';
+  marker += '^';
+  if (w.total() > kMaxExcerptColumns && w.caret + length > w.last + 3)
+    length = w.caret < w.last ? w.last + 3 - w.caret : 1;
+  for (size_t i = 1; i < length; ++i) marker += '~';
+  return marker;
+}
+
+// The excerpt: the source line with its number in a gutter of at least four columns, and the caret
+// line under it.
+void AppendExcerpt(std::string& out, const Diagnostic& d) {
+  std::string num = std::to_string(d.line);
+  std::string gutter(num.size() < 4 ? 4 : num.size(), ' ');
+  std::string lead = std::string(gutter.size() - num.size(), ' ') + num;
+  std::string_view line = d.source_line;
+  ExcerptWindow w = WindowOf(line, d.col);
+  std::string shown;
+  if (w.first > 0) shown += "...";
+  size_t begin_byte = w.ByteAt(w.first, line.size());
+  size_t end_byte = w.ByteAt(w.last, line.size());
+  shown += ExcerptText(line.substr(begin_byte, end_byte - begin_byte));
+  if (w.last < w.total()) shown += "...";
+  out += ' ' + lead + " | " + shown + '\n';
+  out += ' ' + gutter + " | " + CaretMarker(line, w, d.length) + '\n';
+}
+
 }  // namespace
 
 Diagnostic MakeDiagnostic(std::string path, std::string_view text, const LineIndex& lines,
@@ -122,6 +196,18 @@ SourceLoc LocOf(std::string path, std::string_view text, const LineIndex& lines,
   return SourceLoc{std::move(d.path), d.line, d.col, d.length, std::move(d.source_line)};
 }
 
+std::string NoteAt(const SourceLoc& loc, std::string_view message) {
+  std::string out;
+  if (!loc.path.empty()) {
+    out += loc.path;
+    if (loc.line > 0) out += ':' + std::to_string(loc.line) + ':' + std::to_string(loc.col);
+    out += ": ";
+  }
+  out += "note: ";
+  out += message;
+  return out;
+}
+
 std::string FormatDiagnostic(const Diagnostic& d) {
   std::string out;
   if (!d.path.empty()) {
@@ -131,58 +217,10 @@ std::string FormatDiagnostic(const Diagnostic& d) {
     }
     out += ": ";
   }
-  switch (d.severity) {
-    case Severity::kError:
-      out += "error: ";
-      break;
-    case Severity::kWarning:
-      out += "warning: ";
-      break;
-    case Severity::kNote:
-      out += "note: ";
-      break;
-  }
+  out += SeverityLabel(d.severity);
   AppendOneLine(out, d.message);
   out += '\n';
-  if (d.line > 0 && !d.source_line.empty()) {
-    std::string num = std::to_string(d.line);
-    std::string gutter(num.size() < 4 ? 4 : num.size(), ' ');
-    std::string lead = std::string(gutter.size() - num.size(), ' ') + num;
-    // A line longer than kMaxExcerptColumns code points is cut to a window around the caret, with
-    // "..." where text was left out, so one huge line cannot flood the terminal.
-    std::vector<size_t> starts;  // byte offset of each code point
-    for (size_t i = 0; i < d.source_line.size(); ++i) {
-      if ((static_cast<unsigned char>(d.source_line[i]) & 0xC0) != 0x80) starts.push_back(i);
-    }
-    size_t total = starts.size();
-    size_t caret = d.col > 0 ? d.col - 1 : 0;  // 0-based code point of the caret
-    size_t first = 0, last = total;            // shown code points [first, last)
-    if (total > kMaxExcerptColumns) {
-      first = caret > kMaxExcerptColumns / 4 ? caret - kMaxExcerptColumns / 4 : 0;
-      if (first > total - kMaxExcerptColumns) first = total - kMaxExcerptColumns;
-      last = first + kMaxExcerptColumns;
-    }
-    std::string shown;
-    std::string marker;  // caret line; tabs copied from the source so the caret lines up
-    if (first > 0) {
-      shown += "...";
-      marker += "   ";
-    }
-    size_t begin_byte = first < total ? starts[first] : d.source_line.size();
-    size_t end_byte = last < total ? starts[last] : d.source_line.size();
-    shown += ExcerptText(std::string_view(d.source_line).substr(begin_byte, end_byte - begin_byte));
-    if (last < total) shown += "...";
-    out += ' ' + lead + " | " + shown + '\n';
-    size_t cp = first;
-    for (; cp < caret && cp < last; ++cp) marker += d.source_line[starts[cp]] == '\t' ? '\t' : ' ';
-    for (; cp < caret; ++cp) marker += ' ';
-    marker += '^';
-    size_t length = d.length;
-    if (total > kMaxExcerptColumns && caret + length > last + 3)
-      length = caret < last ? last + 3 - caret : 1;
-    for (size_t i = 1; i < length; ++i) marker += '~';
-    out += ' ' + gutter + " | " + marker + '\n';
-  }
+  if (d.line > 0 && !d.source_line.empty()) AppendExcerpt(out, d);
   for (const std::string& n : d.notes) {
     AppendOneLine(out, n);
     out += '\n';

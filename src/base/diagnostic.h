@@ -53,11 +53,24 @@ struct SourceLoc {
   uint32_t col = 0;         ///< 1-based, code points.
   uint32_t length = 1;      ///< Caret length in code points.
   std::string source_line;  ///< The text of that line, for the excerpt.
+
+  /// The file as a whole (no line): "path: error: ..." without an excerpt.
+  static SourceLoc InFile(std::string path) { return SourceLoc{std::move(path), 0, 0, 1, {}}; }
+
+  /// "path:line": how a generated file's header and markers name a spec entry.
+  std::string PathLine() const { return path + ":" + std::to_string(line); }
+  /// "path:line:col": how a message or note names another position.
+  std::string PathLineCol() const { return PathLine() + ":" + std::to_string(col); }
 };
 
 /// An error diagnostic at `loc`.
 Diagnostic ErrorAt(const SourceLoc& loc, std::string message, std::string help = {},
                    ErrorKind kind = ErrorKind::kSpec);
+
+/// One line of Diagnostic::notes that points at another location: "path:line:col: note: message"
+/// ("path: note: message" when the line is unknown, "note: message" when the path is). The one
+/// format of such notes (a spec entry declared twice, an overlapping guard, ...).
+std::string NoteAt(const SourceLoc& loc, std::string_view message);
 
 /// A SourceLoc for `range` of `text`.
 SourceLoc LocOf(std::string path, std::string_view text, const LineIndex& lines, ByteRange range);

@@ -141,5 +141,29 @@ TEST_CASE("DidYouMean finds close names only") {
   CHECK(JoinNames({"a", "b", "c"}, 2) == "a, b, ... (1 more)");
 }
 
+TEST_CASE("WithDidYouMean and DidYouMeanOr: the one shape of a suggested name") {
+  std::vector<std::string> names = {"__init__", "forward"};
+  CHECK(WithDidYouMean("fowrard", names, "methods: __init__, forward") ==
+        "did you mean 'forward'? methods: __init__, forward");
+  CHECK(WithDidYouMean("zzz", names, "methods: __init__, forward") == "methods: __init__, forward");
+  // An empty help keeps the space after the question mark (help lines that add nothing after it).
+  CHECK(WithDidYouMean("fowrard", names, "") == "did you mean 'forward'? ");
+  CHECK(DidYouMeanOr("fowrard", names, "methods: __init__, forward") == "did you mean 'forward'?");
+  CHECK(DidYouMeanOr("zzz", names, "methods: __init__, forward") == "methods: __init__, forward");
+  CHECK(DidYouMeanOr("x", {}, "") == "");
+}
+
+TEST_CASE("NoteAt and SourceLoc's location text") {
+  SourceLoc loc{"specs/q.yaml", 12, 5, 3, "  - name: x"};
+  CHECK(NoteAt(loc, "first declared here") == "specs/q.yaml:12:5: note: first declared here");
+  CHECK(loc.PathLine() == "specs/q.yaml:12");
+  CHECK(loc.PathLineCol() == "specs/q.yaml:12:5");
+  CHECK(NoteAt(SourceLoc::InFile("pyproject.toml"), "here") == "pyproject.toml: note: here");
+  CHECK(NoteAt(SourceLoc{}, "somewhere") == "note: somewhere");
+  Diagnostic d = ErrorAt(SourceLoc::InFile("a.yaml"), "cannot read spec: gone", {}, ErrorKind::kIo);
+  CHECK(d.kind == ErrorKind::kIo);
+  CHECK(FormatDiagnostic(d) == "a.yaml: error: cannot read spec: gone\n");
+}
+
 }  // namespace
 }  // namespace patchgen

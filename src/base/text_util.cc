@@ -34,6 +34,18 @@ std::optional<std::string> DidYouMean(std::string_view name,
   return *pick;
 }
 
+std::string WithDidYouMean(std::string_view name, const std::vector<std::string>& candidates,
+                           std::string help) {
+  std::optional<std::string> near = DidYouMean(name, candidates);
+  return near ? "did you mean '" + *near + "'? " + help : help;
+}
+
+std::string DidYouMeanOr(std::string_view name, const std::vector<std::string>& candidates,
+                         std::string otherwise) {
+  std::optional<std::string> near = DidYouMean(name, candidates);
+  return near ? "did you mean '" + *near + "'?" : otherwise;
+}
+
 std::string JoinNames(const std::vector<std::string>& names, size_t limit) {
   std::string out;
   for (size_t i = 0; i < names.size() && i < limit; ++i) {

@@ -18,6 +18,16 @@ size_t EditDistance(std::string_view a, std::string_view b);
 std::optional<std::string> DidYouMean(std::string_view name,
                                       const std::vector<std::string>& candidates);
 
+/// `help` after "did you mean '<closest>'? " when `name` is a plausible typo of one of
+/// `candidates` (DidYouMean), else `help` unchanged: the one way a help line suggests a name.
+std::string WithDidYouMean(std::string_view name, const std::vector<std::string>& candidates,
+                           std::string help);
+
+/// "did you mean '<closest>'?" when `name` is a plausible typo of one of `candidates`, else
+/// `otherwise`: for help lines where the suggestion replaces the general advice.
+std::string DidYouMeanOr(std::string_view name, const std::vector<std::string>& candidates,
+                         std::string otherwise);
+
 /// "a, b, c" (at most `limit` names, then ", ... (N more)").
 std::string JoinNames(const std::vector<std::string>& names, size_t limit = 12);
 

@@ -6,6 +6,7 @@
 // differs from "x\n" — exactly as GNU diff does, which is what lets `patch` reproduce the bytes.
 #include "diff/unified_diff.h"
 
+#include <algorithm>
 #include <dtl/dtl.hpp>
 #include <vector>
 
@@ -45,14 +46,10 @@ void AppendLine(std::string& out, char mark, std::string_view line) {
   if (line.empty() || line.back() != '\n') out += "\n\\ No newline at end of file\n";
 }
 
-}  // namespace
-
-std::string UnifiedDiff(std::string_view a, std::string_view b, std::string_view a_label,
-                        std::string_view b_label, int context) {
-  if (a == b) return "";
+/// The edit script of `a` → `b` as one op per line, with each op's position in both files.
+std::vector<Op> EditOps(std::string_view a, std::string_view b) {
   const std::vector<std::string_view> a_lines = LinesWithTerminators(a);
   const std::vector<std::string_view> b_lines = LinesWithTerminators(b);
-
   dtl::Diff<std::string_view, std::vector<std::string_view>> engine(a_lines, b_lines,
                                                                     /*deletesFirst=*/true);
   engine.onHuge();
@@ -69,7 +66,48 @@ std::string UnifiedDiff(std::string_view a, std::string_view b, std::string_view
       ops.push_back({'+', line, ai, bi++});
     }
   }
+  return ops;
+}
 
+/// Ops [begin, end) of one hunk.
+struct Hunk {
+  size_t begin;
+  size_t end;
+};
+
+/// The hunk around the change at ops[first_change]: `ctx` lines of context before it, extended
+/// while the gap to the following change is at most 2*ctx, then `ctx` lines of context after.
+Hunk HunkFrom(const std::vector<Op>& ops, size_t first_change, size_t ctx) {
+  size_t begin = first_change >= ctx ? first_change - ctx : 0;
+  size_t last_change = first_change;
+  for (size_t j = first_change; j < ops.size(); ++j) {
+    if (ops[j].mark != ' ') {
+      last_change = j;
+    } else if (j - last_change > 2 * ctx) {
+      break;
+    }
+  }
+  return {begin, std::min(ops.size(), last_change + 1 + ctx)};
+}
+
+/// "@@ -a +b @@" and the hunk's lines.
+void AppendHunk(std::string& out, const std::vector<Op>& ops, Hunk h) {
+  size_t a_count = 0, b_count = 0;
+  for (size_t k = h.begin; k < h.end; ++k) {
+    if (ops[k].mark != '+') ++a_count;
+    if (ops[k].mark != '-') ++b_count;
+  }
+  out += "@@ -" + Range(ops[h.begin].a_index, a_count) + " +" +
+         Range(ops[h.begin].b_index, b_count) + " @@\n";
+  for (size_t k = h.begin; k < h.end; ++k) AppendLine(out, ops[k].mark, ops[k].line);
+}
+
+}  // namespace
+
+std::string UnifiedDiff(std::string_view a, std::string_view b, std::string_view a_label,
+                        std::string_view b_label, int context) {
+  if (a == b) return "";
+  const std::vector<Op> ops = EditOps(a, b);
   const size_t ctx = context < 0 ? 0 : static_cast<size_t>(context);
   std::string out;
   out += "--- ";
@@ -80,31 +118,12 @@ std::string UnifiedDiff(std::string_view a, std::string_view b, std::string_view
 
   size_t i = 0;
   while (i < ops.size()) {
-    // Next change starts a hunk; extend it while the gap to the following change is <= 2*ctx.
+    // The next change starts a hunk.
     while (i < ops.size() && ops[i].mark == ' ') ++i;
     if (i == ops.size()) break;
-    size_t begin = i >= ctx ? i - ctx : 0;
-    size_t last_change = i;
-    size_t j = i;
-    while (j < ops.size()) {
-      if (ops[j].mark != ' ') {
-        last_change = j;
-      } else if (j - last_change > 2 * ctx) {
-        break;
-      }
-      ++j;
-    }
-    size_t end = std::min(ops.size(), last_change + 1 + ctx);
-
-    size_t a_count = 0, b_count = 0;
-    for (size_t k = begin; k < end; ++k) {
-      if (ops[k].mark != '+') ++a_count;
-      if (ops[k].mark != '-') ++b_count;
-    }
-    out += "@@ -" + Range(ops[begin].a_index, a_count) + " +" + Range(ops[begin].b_index, b_count) +
-           " @@\n";
-    for (size_t k = begin; k < end; ++k) AppendLine(out, ops[k].mark, ops[k].line);
-    i = end;
+    Hunk h = HunkFrom(ops, i, ctx);
+    AppendHunk(out, ops, h);
+    i = h.end;
   }
   return out;
 }

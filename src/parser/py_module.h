@@ -45,6 +45,14 @@ struct Import {
   std::string scope;
 };
 
+/// Deletes a tree-sitter tree (the deleter of TreePtr).
+struct TreeDeleter {
+  void operator()(TSTree* tree) const { ts_tree_delete(tree); }
+};
+
+/// A tree-sitter tree and its owner.
+using TreePtr = std::unique_ptr<TSTree, TreeDeleter>;
+
 /// A class or a function/method.
 struct Definition {
   enum class Kind { kClass, kFunction };
@@ -102,7 +110,7 @@ class PyModule {
   /// nodes (first one's line:col, an excerpt, ErrorKind::kUpstream).
   static Result<std::unique_ptr<PyModule>> Parse(std::string path, std::string source);
 
-  ~PyModule();
+  ~PyModule() = default;
   PyModule(const PyModule&) = delete;
   PyModule& operator=(const PyModule&) = delete;
 
@@ -132,7 +140,7 @@ class PyModule {
   /// Names of all top-level classes and functions.
   std::vector<std::string> TopLevelNames(std::optional<Definition::Kind> kind = std::nullopt) const;
 
-  TSTree* tree() const { return tree_; }
+  TSTree* tree() const { return tree_.get(); }
   TSNode root() const;
 
  private:
@@ -140,7 +148,7 @@ class PyModule {
   std::string path_;
   std::string source_;
   LineIndex lines_;
-  TSTree* tree_ = nullptr;
+  TreePtr tree_;
   std::vector<Import> imports_;
   std::vector<TopLevelStatement> top_level_;
   std::vector<Definition> definitions_;
@@ -150,14 +158,28 @@ class PyModule {
 /// The tree-sitter-python language (ABI 14), compiled from the npm grammar.
 const TSLanguage* PythonLanguage();
 
-/// Parses `source` and returns the tree (caller owns it), or nullptr. No error checking.
-TSTree* ParseTree(std::string_view source);
+/// Parses `source` and returns its tree, or null. No error checking.
+TreePtr ParseTree(std::string_view source);
 
 /// The leading whitespace of the first code line of `m` whose indentation holds a tab (lines inside
 /// multi-line strings, blank lines and comment-only lines are not code lines); nullopt when the
 /// module is indented with spaces only. Code patchgen inserts is indented with spaces, and CPython
 /// rejects a block that mixes tabs and spaces (TabError), so such an upstream is refused.
 std::optional<ByteRange> FirstTabIndentation(const PyModule& m);
+
+/// Names of the parameters of function `def` of `m`, in order: plain, typed and default
+/// parameters (`self`, `x: int`, `y=1`); `*args`, `**kwargs`, `/` and `*` separators are not
+/// included. Empty when `def` has no parameter list.
+std::vector<std::string> ParameterNames(const PyModule& m, const Definition& def);
+
+/// The smallest named node exactly covering `r` (walking up from the deepest one).
+TSNode NodeAt(TSNode root, ByteRange r);
+
+/// The function_definition / class_definition node of `def` in `m`'s tree.
+TSNode DefNode(const PyModule& m, const Definition& def);
+
+/// The `block` node of a function (or class) definition; null when not found.
+TSNode BodyBlock(const PyModule& m, const Definition& def);
 
 /// First ERROR or MISSING node of `tree` in document order, if any.
 std::optional<TSNode> FirstErrorNode(TSNode root);

@@ -27,10 +27,6 @@ size_t InsertIndent(const std::string& text) {
   return 0;
 }
 
-std::string Where(const SourceLoc& loc) {
-  return loc.path + ":" + std::to_string(loc.line) + ":" + std::to_string(loc.col);
-}
-
 }  // namespace
 
 Diagnostic OverlapError(const SourceLoc& later, const std::string& later_what,
@@ -38,7 +34,7 @@ Diagnostic OverlapError(const SourceLoc& later, const std::string& later_what,
   Diagnostic d = ErrorAt(later, "edits overlap: " + later_what + " and " + earlier_what,
                          "each upstream region can be changed by one spec entry only; "
                          "remove or merge one of them");
-  d.notes.push_back("note: " + earlier_what + " is at " + Where(earlier));
+  d.notes.push_back("note: " + earlier_what + " is at " + earlier.PathLineCol());
   return d;
 }
 

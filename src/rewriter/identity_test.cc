@@ -64,9 +64,8 @@ std::string CheckOne(const fs::path& root, const std::string& rel) {
       return "line " + std::to_string(i + 1) + " differs: " + std::string(got[i]);
     }
   }
-  TSTree* tree = parser::ParseTree(r->text);
-  bool parses = tree && !parser::FirstErrorNode(ts_tree_root_node(tree));
-  if (tree) ts_tree_delete(tree);
+  parser::TreePtr tree = parser::ParseTree(r->text);
+  bool parses = tree && !parser::FirstErrorNode(ts_tree_root_node(tree.get()));
   return parses ? "" : "output does not parse";
 }
 

@@ -14,9 +14,8 @@ namespace {
 std::string Unresolved(const std::string& source) {
   auto begin = static_cast<uint32_t>(source.find("#<"));
   auto end = static_cast<uint32_t>(source.find("#>"));
-  TSTree* tree = parser::ParseTree(source);
-  auto uses = FindUnresolvedNames(ts_tree_root_node(tree), source, {ByteRange{begin, end}});
-  ts_tree_delete(tree);
+  parser::TreePtr tree = parser::ParseTree(source);
+  auto uses = FindUnresolvedNames(ts_tree_root_node(tree.get()), source, {ByteRange{begin, end}});
   std::string out;
   for (const NameUse& u : uses) out += u.name + "@" + std::to_string(u.offset) + " ";
   return out;

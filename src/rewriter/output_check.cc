@@ -72,7 +72,7 @@ std::vector<Diagnostic> CheckOutput(const spec::PatchSpec& spec, const EditPlan&
                                     const std::string& out, uint32_t header_size,
                                     const std::vector<const spec::LocatedName*>& excluded) {
   std::vector<Diagnostic> errors;
-  std::unique_ptr<TSTree, decltype(&ts_tree_delete)> tree(parser::ParseTree(out), &ts_tree_delete);
+  parser::TreePtr tree = parser::ParseTree(out);
   if (!tree) {
     errors.push_back(ErrorAt(SourceLoc{spec.path, 0, 0, 1, ""}, "tree-sitter returned no tree", {},
                              ErrorKind::kInternal));

@@ -35,12 +35,12 @@ std::vector<Line> Lines(std::string_view code) {
   bool indented = !code.empty() && (code[0] == ' ' || code[0] == '\t');
   std::string prefix = indented ? "if 1:\n" : "";
   std::string source = prefix + std::string(code);
-  TSTree* tree = parser::ParseTree(source);
+  parser::TreePtr tree = parser::ParseTree(source);
   if (!tree) return lines;
   std::set<uint32_t> in_string;
-  parser::MarkLinesInsideStrings(ts_tree_root_node(tree), {0, static_cast<uint32_t>(source.size())},
-                                 LineIndex(source), in_string);
-  ts_tree_delete(tree);
+  parser::MarkLinesInsideStrings(ts_tree_root_node(tree.get()),
+                                 {0, static_cast<uint32_t>(source.size())}, LineIndex(source),
+                                 in_string);
   uint32_t prefix_lines = prefix.empty() ? 0 : 1;
   for (size_t i = 0; i < lines.size(); ++i) {
     lines[i].in_string = in_string.count(static_cast<uint32_t>(i) + prefix_lines) > 0;

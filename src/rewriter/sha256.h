@@ -1,5 +1,6 @@
-// SHA-256 (FIPS 180-4), written here so that the generated header can name the upstream file's
-// hash without linking a crypto library. Used only for fingerprints, never for security.
+// SHA-256 (FIPS 180-4) of the bytes patchgen records: the upstream file's hash in the generated
+// header, contract-pin fingerprints. Nettle computes it (sha256.cc). Used only for
+// fingerprints, never for security.
 #pragma once
 
 #include <string>

@@ -195,11 +195,9 @@ const Definition* BodyDefinition(const PyModule& m, const spec::Body& body, cons
   if (body.source == spec::Body::Source::kFile) {
     const Definition* def = m.FindTopLevel(body.symbol);
     if (!def) {
-      std::string help =
-          "top-level definitions in " + body.origin.path + ": " + JoinNames(m.TopLevelNames());
-      if (auto dym = DidYouMean(body.symbol, m.TopLevelNames())) {
-        help = "did you mean '" + *dym + "'? " + help;
-      }
+      std::string help = WithDidYouMean(
+          body.symbol, m.TopLevelNames(),
+          "top-level definitions in " + body.origin.path + ": " + JoinNames(m.TopLevelNames()));
       errors.push_back(ErrorAt(
           body.symbol_loc, "no def or class '" + body.symbol + "' in " + body.origin.path, help));
     }
@@ -235,7 +233,7 @@ std::string TrimTrailingNewlines(std::string s) {
   return s;
 }
 
-std::string Where(const SourceLoc& loc) { return loc.path + ":" + std::to_string(loc.line); }
+std::string Where(const SourceLoc& loc) { return loc.PathLine(); }
 
 std::string Owner(const std::string& qualname) {
   size_t dot = qualname.rfind('.');
@@ -245,24 +243,6 @@ std::string Owner(const std::string& qualname) {
 std::string LastComponent(const std::string& qualname) {
   size_t dot = qualname.rfind('.');
   return dot == std::string::npos ? qualname : qualname.substr(dot + 1);
-}
-
-TSNode NodeAt(TSNode root, ByteRange r) {
-  TSNode n = ts_node_named_descendant_for_byte_range(root, r.start, r.end);
-  while (!ts_node_is_null(ts_node_parent(n)) &&
-         (ts_node_start_byte(n) > r.start || ts_node_end_byte(n) < r.end)) {
-    n = ts_node_parent(n);
-  }
-  return n;
-}
-
-TSNode DefNode(const PyModule& m, const Definition& def) {
-  TSNode n = ts_node_descendant_for_byte_range(m.root(), def.header.start, def.header.start + 1);
-  while (!ts_node_is_null(n) && !((Is(n, "function_definition") || Is(n, "class_definition")) &&
-                                  ts_node_start_byte(n) == def.header.start)) {
-    n = ts_node_parent(n);
-  }
-  return n;
 }
 
 ByteRange WholeLines(const std::string& src, ByteRange r) {
@@ -331,8 +311,7 @@ Diagnostic MissingTopLevel(const PyModule& up, const SourceLoc& loc, const std::
     }
     names.insert(names.end(), s.names.begin(), s.names.end());
   }
-  std::string help = "top-level definitions: " + JoinNames(names);
-  if (auto dym = DidYouMean(name, names)) help = "did you mean '" + *dym + "'?";
+  std::string help = DidYouMeanOr(name, names, "top-level definitions: " + JoinNames(names));
   return ErrorAt(loc,
                  context + ": no top-level definition or assignment '" + name + "' in " + up.path(),
                  help);

@@ -107,10 +107,9 @@ std::string Where(const SourceLoc& loc);
 std::string Owner(const std::string& qualname);
 std::string LastComponent(const std::string& qualname);
 
-/// The smallest named node exactly covering `r` (walking up from the deepest one).
-TSNode NodeAt(TSNode root, ByteRange r);
-/// The function_definition / class_definition node of `def`.
-TSNode DefNode(const parser::PyModule& m, const parser::Definition& def);
+// Tree queries of the parser (py_module.h), used unqualified by the stages.
+using parser::DefNode;
+using parser::NodeAt;
 
 /// Range that removes the whole lines `r` lies on, with the last one's newline.
 ByteRange WholeLines(const std::string& src, ByteRange r);

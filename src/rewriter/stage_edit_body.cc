@@ -55,8 +55,7 @@ const Definition* EditTarget(PatchContext& ctx, const Patch& p) {
   std::string owner = Owner(p.target);
   if (owner.empty()) {
     std::vector<std::string> names = up.TopLevelNames(Definition::Kind::kFunction);
-    std::string help = "top-level functions: " + JoinNames(names);
-    if (auto dym = DidYouMean(p.target, names)) help = "did you mean '" + *dym + "'? " + help;
+    std::string help = WithDidYouMean(p.target, names, "top-level functions: " + JoinNames(names));
     ctx.Error(p.target_loc, "no function '" + p.target + "' in " + up.path(), help);
     return nullptr;
   }
@@ -66,10 +65,8 @@ const Definition* EditTarget(PatchContext& ctx, const Patch& p) {
     return nullptr;
   }
   std::vector<std::string> methods = up.ChildNames(*o, Definition::Kind::kFunction);
-  std::string help = "methods of " + o->qualname + ": " + JoinNames(methods);
-  if (auto dym = DidYouMean(LastComponent(p.target), methods)) {
-    help = "did you mean '" + *dym + "'? " + help;
-  }
+  std::string help = WithDidYouMean(LastComponent(p.target), methods,
+                                    "methods of " + o->qualname + ": " + JoinNames(methods));
   bool in_class = o->kind == Definition::Kind::kClass;
   ctx.Error(p.target_loc,
             std::string("no ") + (in_class ? "method '" : "nested function '") +

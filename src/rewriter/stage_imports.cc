@@ -83,8 +83,8 @@ void ReportUnusedDrop(const PyModule& up, const spec::LocatedName& drop,
   for (const Import& imp : up.imports()) {
     for (const auto& n : imp.names) names.push_back(BoundName(n));
   }
-  std::string help = "imports.drop removes names imported by the upstream module";
-  if (auto dym = DidYouMean(drop.name, names)) help = "did you mean '" + *dym + "'?";
+  std::string help =
+      DidYouMeanOr(drop.name, names, "imports.drop removes names imported by the upstream module");
   errors.push_back(
       ErrorAt(drop.loc, "imports.drop: '" + drop.name + "' is not imported in " + up.path(), help));
 }

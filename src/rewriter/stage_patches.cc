@@ -51,9 +51,9 @@ void PlanReplace(PatchContext& ctx, const Patch& p, NameMap& patch_map, const st
   if (!target || target->kind != kind) {
     std::vector<std::string> names = up.TopLevelNames(kind);
     std::string noun = is_class ? "class" : "function";
-    std::string help =
-        std::string(is_class ? "top-level classes: " : "top-level functions: ") + JoinNames(names);
-    if (auto dym = DidYouMean(p.target, names)) help = "did you mean '" + *dym + "'? " + help;
+    std::string help = WithDidYouMean(
+        p.target, names,
+        std::string(is_class ? "top-level classes: " : "top-level functions: ") + JoinNames(names));
     ctx.Error(p.target_loc, "no top-level " + noun + " '" + p.target + "' in " + up.path(), help);
     return;
   }
@@ -93,10 +93,8 @@ void PlanOverride(PatchContext& ctx, const Patch& p, NameMap& patch_map, const s
   if (!method || method->kind != Definition::Kind::kFunction || method->parent < 0 ||
       &up.definitions()[static_cast<size_t>(method->parent)] != cls) {
     std::vector<std::string> methods = up.ChildNames(*cls, Definition::Kind::kFunction);
-    std::string help = "methods of " + cls->qualname + ": " + JoinNames(methods);
-    if (auto dym = DidYouMean(LastComponent(p.target), methods)) {
-      help = "did you mean '" + *dym + "'? " + help;
-    }
+    std::string help = WithDidYouMean(LastComponent(p.target), methods,
+                                      "methods of " + cls->qualname + ": " + JoinNames(methods));
     ctx.Error(
         p.target_loc,
         "no method '" + LastComponent(p.target) + "' in class '" + cls->qualname + "'",
@@ -333,8 +331,7 @@ const Definition* FindClass(PatchContext& ctx, const std::string& qualname, cons
     candidates = up.ChildNames(*o, Definition::Kind::kClass);
     for (std::string& c : candidates) c = owner + "." + c;
   }
-  std::string help = "classes: " + JoinNames(candidates);
-  if (auto dym = DidYouMean(qualname, candidates)) help = "did you mean '" + *dym + "'?";
+  std::string help = DidYouMeanOr(qualname, candidates, "classes: " + JoinNames(candidates));
   ctx.Error(loc, "no class '" + qualname + "' in " + up.path(), help);
   return nullptr;
 }

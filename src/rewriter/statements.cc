@@ -109,16 +109,6 @@ std::string ShiftLines(const PyModule& m, ByteRange range, std::string_view shif
   return out;
 }
 
-TSNode BodyBlock(const PyModule& m, const Definition& def) {
-  TSNode n = ts_node_descendant_for_byte_range(m.root(), def.name_range.start, def.name_range.end);
-  while (!ts_node_is_null(n) && TypeOf(n) != "function_definition" &&
-         TypeOf(n) != "class_definition") {
-    n = ts_node_parent(n);
-  }
-  if (ts_node_is_null(n)) return n;
-  return Field(n, "body");
-}
-
 BodyStatements::BodyStatements(const PyModule& m, const Definition& def)
     : m_(m), where_(def.qualname) {
   TSNode block = BodyBlock(m, def);

@@ -106,7 +106,7 @@ std::string IndentAt(const parser::PyModule& m, uint32_t offset);
 /// does not start inside a string literal (so a string's value never changes).
 std::string ShiftLines(const parser::PyModule& m, ByteRange range, std::string_view shift);
 
-/// The `block` node of a function (or class) definition; null when not found.
-TSNode BodyBlock(const parser::PyModule& m, const parser::Definition& def);
+// A tree query of the parser (py_module.h), used unqualified by the rewriter.
+using parser::BodyBlock;
 
 }  // namespace patchgen::rewriter

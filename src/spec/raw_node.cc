@@ -226,16 +226,7 @@ Result<RawNode> ParseRawYaml(const std::string& path, const std::string& text) {
         e.mark.is_null() ? 0 : static_cast<uint32_t>(std::min<size_t>(e.mark.pos, text.size()));
     return MakeDiagnostic(path, text, lines, ByteRange{pos, pos + 1}, "invalid YAML: " + e.msg);
   } catch (const YAML::Exception& e) {
-    return Diagnostic{Severity::kError,
-                      ErrorKind::kSpec,
-                      path,
-                      0,
-                      0,
-                      1,
-                      std::string("invalid YAML: ") + e.msg,
-                      "",
-                      {},
-                      ""};
+    return ErrorAt(SourceLoc::InFile(path), std::string("invalid YAML: ") + e.msg);
   }
   Walk walk(text);
   RawNode out = Convert(root, walk, false);

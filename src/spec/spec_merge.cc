@@ -38,10 +38,10 @@ void ApplyRemoves(PatchSpec& parent, const std::vector<LocatedName>& removes,
     std::erase_if(parent.slots, [&](const Slot& s) { return s.name == r.name; });
     std::erase_if(parent.helpers, [&](const Helper& h) { return h.name == r.name; });
     if (parent.patches.size() + parent.slots.size() + parent.helpers.size() != before) continue;
-    std::string help;
-    if (auto near = DidYouMean(r.name, names)) help = "did you mean '" + *near + "'? ";
-    help += names.empty() ? std::string("the parent has no patches, slots or helpers")
-                          : "inherited patch targets, slots and helpers: " + JoinNames(names);
+    std::string help = WithDidYouMean(
+        r.name, names,
+        names.empty() ? std::string("the parent has no patches, slots or helpers")
+                      : "inherited patch targets, slots and helpers: " + JoinNames(names));
     diags.push_back(
         ErrorAt(r.loc, "nothing named '" + r.name + "' to remove in '" + parent_path + "'", help));
   }
@@ -80,10 +80,9 @@ void MergeSlots(PatchSpec& parent, std::vector<Slot>&& slots, const std::string&
     if (it == parent.slots.end()) {
       std::vector<std::string> inherited;
       for (const Slot& x : parent.slots) inherited.push_back(x.name);
-      std::string help =
-          "a slot without `op` and `variant` changes an inherited slot; a new slot "
-          "needs both";
-      if (auto near = DidYouMean(s.name, inherited)) help = "did you mean '" + *near + "'? " + help;
+      std::string help = WithDidYouMean(s.name, inherited,
+                                        "a slot without `op` and `variant` changes an inherited "
+                                        "slot; a new slot needs both");
       diags.push_back(ErrorAt(
           s.loc, "no inherited slot '" + s.name + "' to change in '" + parent_path + "'", help));
       continue;
@@ -108,7 +107,7 @@ Patch* InheritedPatch(PatchSpec& parent, const Patch& p, const std::string& pare
         (InfoOf(p.kind).has_edits    ? "`edits`"
          : InfoOf(p.kind).has_choice ? "`attribute` and `values`"
                                      : "`code` or `file` + `symbol`");
-    if (auto near = DidYouMean(p.target, inherited)) help = "did you mean '" + *near + "'? " + help;
+    help = WithDidYouMean(p.target, inherited, std::move(help));
     diags.push_back(ErrorAt(
         p.target_loc, "no inherited patch of '" + p.target + "' to change in '" + parent_path + "'",
         help));

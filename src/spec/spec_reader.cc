@@ -21,10 +21,6 @@ std::string JoinRelative(const std::string& spec_path, const std::string& rel) {
   return out.empty() ? "." : out;
 }
 
-std::string LocText(const SourceLoc& loc) {
-  return loc.path + ":" + std::to_string(loc.line) + ":" + std::to_string(loc.col);
-}
-
 SourceLoc SpecReader::LocAt(ByteRange r) {
   if (text_->empty()) return SourceLoc{path_, 1, 1, 1, ""};
   return LocOf(path_, *text_, lines_, r);
@@ -37,7 +33,7 @@ void SpecReader::Error(const RawNode& at, std::string msg, std::string help) {
 void SpecReader::ErrorWithNote(const RawNode& at, std::string msg, const SourceLoc& first,
                                std::string note, std::string help) {
   Diagnostic d = ErrorAt(Loc(at), std::move(msg), std::move(help));
-  d.notes.push_back(LocText(first) + ": note: " + note);
+  d.notes.push_back(NoteAt(first, note));
   diags_.push_back(std::move(d));
 }
 
@@ -52,9 +48,8 @@ SpecReader::KeyMap SpecReader::Keys(const RawNode& m, KeyLevel level) {
       continue;
     }
     if (std::find(known.begin(), known.end(), key.scalar) == known.end()) {
-      std::string help;
-      if (auto near = DidYouMean(key.scalar, known)) help = "did you mean '" + *near + "'? ";
-      help += "valid keys in " + Article(level) + ": " + JoinNames(known, 100);
+      std::string help = WithDidYouMean(
+          key.scalar, known, "valid keys in " + Article(level) + ": " + JoinNames(known, 100));
       Error(key, "unknown key '" + key.scalar + "' in " + Article(level), help);
       continue;
     }

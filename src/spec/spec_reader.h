@@ -25,9 +25,6 @@ namespace patchgen::spec {
 /// `rel` resolved against the folder of `spec_path`, normalised, printed relative as given.
 std::string JoinRelative(const std::string& spec_path, const std::string& rel);
 
-/// `path:line:col` of a location, for notes.
-std::string LocText(const SourceLoc& loc);
-
 class SpecReader {
  public:
   /// A mapping's known keys: key -> (key node, value node); a (key node, value node) pair.

@@ -92,8 +92,7 @@ void ApplyKey(ProjectConfig& cfg, const ConfigSource& src, bool is_pyproject, co
     ReadSourceRoots(cfg, src, node, errors);
   } else {
     const std::vector<std::string> known(std::begin(kKeys), std::end(kKeys));
-    std::string help = "known keys: " + JoinNames(known);
-    if (auto guess = DidYouMean(name, known)) help = "did you mean '" + *guess + "'? " + help;
+    std::string help = WithDidYouMean(name, known, "known keys: " + JoinNames(known));
     errors.push_back(ErrorAtRegion(
         src, key.source(),
         "unknown key '" + name + "' in " + (is_pyproject ? "[tool.patchgen]" : "patchgen.toml"),
@@ -113,8 +112,7 @@ Result<ProjectConfig> LoadProjectConfig(const fs::path& file, const fs::path& cw
   auto text = ReadFile(file);
   std::string printed = DisplayPath(file, cwd);
   if (!text) {
-    SourceLoc loc{printed, 0, 0, 1, {}};
-    return ErrorAt(loc, "cannot read project config", {}, ErrorKind::kIo);
+    return ErrorAt(SourceLoc::InFile(printed), "cannot read project config", {}, ErrorKind::kIo);
   }
   ConfigSource src{printed, *text};
   toml::table doc;

@@ -20,9 +20,9 @@ std::string LineOf(const std::shared_ptr<const std::string>& text, uint32_t line
 /// Parses `code` as a Python module; on a syntax error, a diagnostic located through `origin`.
 void CheckParses(const std::string& code, const spec::TextOrigin& origin, const std::string& what,
                  std::vector<Diagnostic>& out) {
-  TSTree* tree = parser::ParseTree(code);
-  if (tree == nullptr) return;
-  std::optional<TSNode> bad = parser::FirstErrorNode(ts_tree_root_node(tree));
+  parser::TreePtr tree = parser::ParseTree(code);
+  if (!tree) return;
+  std::optional<TSNode> bad = parser::FirstErrorNode(ts_tree_root_node(tree.get()));
   if (bad) {
     TSPoint p = ts_node_start_point(*bad);
     SourceLoc loc;
@@ -33,7 +33,6 @@ void CheckParses(const std::string& code, const spec::TextOrigin& origin, const 
     out.push_back(
         ErrorAt(loc, what + " does not parse as Python", "fix the syntax error at this position"));
   }
-  ts_tree_delete(tree);
 }
 
 void CheckBody(const spec::Body& body, const std::string& what, std::vector<Diagnostic>& out) {
@@ -47,9 +46,8 @@ void CheckBody(const spec::Body& body, const std::string& what, std::vector<Diag
     if (!module.ok()) return;
     if ((*module)->FindTopLevel(body.symbol) != nullptr) return;
     std::vector<std::string> names = (*module)->TopLevelNames();
-    std::string help = "definitions in " + body.file + ": " + JoinNames(names);
-    if (auto guess = DidYouMean(body.symbol, names))
-      help = "did you mean '" + *guess + "'? " + help;
+    std::string help =
+        WithDidYouMean(body.symbol, names, "definitions in " + body.file + ": " + JoinNames(names));
     out.push_back(ErrorAt(body.symbol_loc,
                           "no def or class '" + body.symbol + "' in '" + body.file + "'", help));
   }

@@ -1,0 +1,194 @@
+// Queries over a parsed module's tree: those the rewriter asks (py_module.h: error nodes, tab
+// indentation, lines inside string literals, parameter names) and those the indexer builds on
+// (py_indexer.h: trimmed ends, containers, assignment targets, type aliases).
+#include <cctype>
+#include <cstring>
+#include <string_view>
+
+#include "parser/py_indexer.h"
+#include "parser/py_module.h"
+#include "parser/ts_node.h"
+
+namespace patchgen::parser {
+
+bool IsComment(TSNode n) { return Is(n, "comment"); }
+
+bool IsSpace(char c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
+}
+
+uint32_t TrimmedEnd(TSNode n, std::string_view src) {
+  for (;;) {
+    uint32_t count = ts_node_child_count(n);
+    TSNode last = {};
+    bool found = false;
+    for (uint32_t i = count; i > 0; --i) {
+      TSNode c = ts_node_child(n, i - 1);
+      if (IsComment(c) || ts_node_end_byte(c) == ts_node_start_byte(c)) continue;
+      last = c;
+      found = true;
+      break;
+    }
+    if (!found) break;
+    n = last;
+  }
+  uint32_t end = ts_node_end_byte(n);
+  uint32_t start = ts_node_start_byte(n);
+  while (end > start && IsSpace(src[end - 1])) --end;
+  return end;
+}
+
+bool IsContainer(TSNode n) {
+  static const char* const kTypes[] = {"module",
+                                       "block",
+                                       "if_statement",
+                                       "elif_clause",
+                                       "else_clause",
+                                       "for_statement",
+                                       "while_statement",
+                                       "try_statement",
+                                       "except_clause",
+                                       "except_group_clause",
+                                       "finally_clause",
+                                       "with_statement",
+                                       "function_definition",
+                                       "class_definition",
+                                       "decorated_definition",
+                                       "match_statement",
+                                       "case_clause"};
+  const char* t = ts_node_type(n);
+  for (const char* k : kTypes) {
+    if (std::strcmp(t, k) == 0) return true;
+  }
+  return false;
+}
+
+void CollectTargetNames(TSNode n, std::string_view src, std::vector<std::string>& out) {
+  if (Is(n, "identifier")) {
+    out.emplace_back(RangeOf(n).In(src));
+    return;
+  }
+  if (Is(n, "pattern_list") || Is(n, "tuple_pattern") || Is(n, "list_pattern") ||
+      Is(n, "list_splat_pattern") || Is(n, "parenthesized_expression")) {
+    for (uint32_t i = 0; i < ts_node_named_child_count(n); ++i) {
+      CollectTargetNames(ts_node_named_child(n, i), src, out);
+    }
+  }
+}
+
+bool IsGenuineTypeAlias(TSNode n, std::string_view src, std::string* name) {
+  TSNode left = Field(n, "left");
+  if (ts_node_is_null(left)) return false;
+  std::string_view text = RangeOf(left).In(src);
+  size_t i = 0;
+  while (i < text.size() && (std::isalnum(static_cast<unsigned char>(text[i])) || text[i] == '_' ||
+                             static_cast<unsigned char>(text[i]) >= 0x80)) {
+    ++i;
+  }
+  if (i == 0 || std::isdigit(static_cast<unsigned char>(text[0]))) return false;
+  std::string_view rest = text.substr(i);
+  if (!rest.empty() && rest.front() != '[') return false;
+  // The keyword must be followed by whitespace, not `(` or `.`.
+  uint32_t kw_end = ts_node_start_byte(n) + 4;
+  if (kw_end >= src.size() || !IsSpace(src[kw_end])) return false;
+  *name = std::string(text.substr(0, i));
+  return true;
+}
+
+void MarkLinesInsideStrings(TSNode node, ByteRange within, const LineIndex& lines,
+                            std::set<uint32_t>& out) {
+  if (ts_node_end_byte(node) <= within.start || ts_node_start_byte(node) >= within.end) return;
+  if (Is(node, "string")) {
+    uint32_t first = lines.LineOf(ts_node_start_byte(node));
+    uint32_t last = lines.LineOf(ts_node_end_byte(node));
+    for (uint32_t l = first + 1; l <= last; ++l) out.insert(l);
+    return;
+  }
+  uint32_t n = ts_node_child_count(node);
+  for (uint32_t i = 0; i < n; ++i)
+    MarkLinesInsideStrings(ts_node_child(node, i), within, lines, out);
+}
+
+std::optional<ByteRange> FirstTabIndentation(const PyModule& m) {
+  const LineIndex& lines = m.lines();
+  std::set<uint32_t> in_strings;
+  bool any_tab = false;
+  for (uint32_t l = 0; l < lines.line_count() && !any_tab; ++l) {
+    std::string_view t = lines.LineText(l);
+    any_tab = t.find_first_not_of(" \t\f") > t.find('\t');
+  }
+  if (!any_tab) return std::nullopt;
+  MarkLinesInsideStrings(m.root(), {0, static_cast<uint32_t>(m.source().size())}, lines,
+                         in_strings);
+  for (uint32_t l = 0; l < lines.line_count(); ++l) {
+    std::string_view t = lines.LineText(l);
+    size_t code = t.find_first_not_of(" \t\f");
+    if (code == std::string_view::npos || t[code] == '#' || in_strings.count(l)) continue;
+    if (t.substr(0, code).find('\t') != std::string_view::npos) {
+      uint32_t start = lines.LineStart(l);
+      return ByteRange{start, start + static_cast<uint32_t>(code)};
+    }
+  }
+  return std::nullopt;
+}
+
+std::optional<TSNode> FirstErrorNode(TSNode root) {
+  if (ts_node_is_missing(root) || Is(root, "ERROR")) return root;
+  if (!ts_node_has_error(root)) return std::nullopt;
+  uint32_t count = ts_node_child_count(root);
+  for (uint32_t i = 0; i < count; ++i) {
+    if (auto found = FirstErrorNode(ts_node_child(root, i))) return found;
+  }
+  return std::nullopt;
+}
+
+std::vector<std::string> ParameterNames(const PyModule& m, const Definition& def) {
+  std::vector<std::string> names;
+  TSNode n = ts_node_descendant_for_byte_range(m.root(), def.parameters.start, def.parameters.end);
+  while (!ts_node_is_null(n) && TypeOf(n) != "parameters") n = ts_node_parent(n);
+  if (ts_node_is_null(n)) return names;
+  uint32_t count = ts_node_named_child_count(n);
+  for (uint32_t i = 0; i < count; ++i) {
+    TSNode p = ts_node_named_child(n, i);
+    TSNode id = p;
+    if (TypeOf(p) == "default_parameter" || TypeOf(p) == "typed_default_parameter") {
+      id = Field(p, "name");
+    } else if (TypeOf(p) == "typed_parameter") {
+      id = ts_node_named_child(p, 0);
+    }
+    if (!ts_node_is_null(id) && TypeOf(id) == "identifier") {
+      names.emplace_back(m.Text(RangeOf(id)));
+    }
+  }
+  return names;
+}
+
+TSNode NodeAt(TSNode root, ByteRange r) {
+  TSNode n = ts_node_named_descendant_for_byte_range(root, r.start, r.end);
+  while (!ts_node_is_null(ts_node_parent(n)) &&
+         (ts_node_start_byte(n) > r.start || ts_node_end_byte(n) < r.end)) {
+    n = ts_node_parent(n);
+  }
+  return n;
+}
+
+TSNode DefNode(const PyModule& m, const Definition& def) {
+  TSNode n = ts_node_descendant_for_byte_range(m.root(), def.header.start, def.header.start + 1);
+  while (!ts_node_is_null(n) && !((Is(n, "function_definition") || Is(n, "class_definition")) &&
+                                  ts_node_start_byte(n) == def.header.start)) {
+    n = ts_node_parent(n);
+  }
+  return n;
+}
+
+TSNode BodyBlock(const PyModule& m, const Definition& def) {
+  TSNode n = ts_node_descendant_for_byte_range(m.root(), def.name_range.start, def.name_range.end);
+  while (!ts_node_is_null(n) && TypeOf(n) != "function_definition" &&
+         TypeOf(n) != "class_definition") {
+    n = ts_node_parent(n);
+  }
+  if (ts_node_is_null(n)) return n;
+  return Field(n, "body");
+}
+
+}  // namespace patchgen::parser
