@@ -553,25 +553,6 @@ struct RawRow {
   unsigned w[EPL / 2];
 };
 
-template <int EPL>
-__device__ __forceinline__ RawRow<EPL> load_raw(const void* p) {
-  RawRow<EPL> r;
-  if constexpr (EPL == 2) {
-    r.w[0] = __ldcs(static_cast<const unsigned*>(p));
-  } else if constexpr (EPL == 4) {
-    const uint2 v = __ldcs(static_cast<const uint2*>(p));
-    r.w[0] = v.x;
-    r.w[1] = v.y;
-  } else {
-    const uint4 v = __ldcs(static_cast<const uint4*>(p));
-    r.w[0] = v.x;
-    r.w[1] = v.y;
-    r.w[2] = v.z;
-    r.w[3] = v.w;
-  }
-  return r;
-}
-
 // Both halves made orderable as unsigned 16-bit integers: -0 becomes +0 (x * 1 + 0), then a
 // positive value gets its sign bit set and a negative one all its bits flipped.
 template <bool BF16>
@@ -714,7 +695,7 @@ __global__ void __launch_bounds__(kWarpWarps * 32, MINB)
 #pragma unroll
       for (int i = 0; i < C; ++i)
         if (t0 + i < rows) {
-          buf[i] = load_raw<EPL>(p + i * stride);
+          buf[i] = ld_stream(reinterpret_cast<const RawRow<EPL>*>(p + i * stride));
           mw[i] = a.mask ? a.mask[t0 + i] : 1.f;
         }
     }
