@@ -123,8 +123,8 @@ Result<GenerateResult> RunStages(const spec::PatchSpec& spec, const PyModule& up
                    result.upstream_sha256, spec.description, std::move(skipped),
                    guards.unguarded_slots, std::move(all.applied)});
   result.text = header + plan.Apply(up.source());
-  std::vector<Diagnostic> errors =
-      CheckOutput(spec, plan, result.text, static_cast<uint32_t>(header.size()), excludes.excluded);
+  std::vector<Diagnostic> errors = CheckOutput(
+      spec, up, plan, result.text, static_cast<uint32_t>(header.size()), excludes.excluded);
   if (!errors.empty()) {
     SortDiagnostics(errors);
     return errors;
