@@ -91,9 +91,12 @@ int RunIndex(const Options& opts) {
 
 int Runner::Main() {
   if (!CollectSpecs()) return discovery_failed_ ? ExitCodeOf(ErrorKind::kIo) : kExitUsage;
+  if (opts_.check && !CheckSourceRoots()) return kExitUsage;
+  if (opts_.check) {
+    if (std::optional<int> code = QuickCheck()) return *code;  // every spec up to date by stamps
+  }
   LoadSpecs();
   if (opts_.validate) return Validate();
-  if (opts_.check && !CheckSourceRoots()) return kExitUsage;
   FindUpstreams();
   ParseUpstreams();
   GenerateAll();

@@ -111,6 +111,7 @@ struct Job {
   std::vector<PinFinding> pin_findings;  // contract entries that differ from the pins
   std::vector<Diagnostic> warnings;      // entries without a pin
   std::string status;                    // final, for reports
+  bool fresh = false;  // --check: up to date by its stamp, nothing loaded (runner_stamps.cc)
 };
 
 int WorstExit(const std::vector<Diagnostic>& errors);
@@ -139,6 +140,10 @@ bool CarriesGeneratedHeader(std::string_view text);
 /// NUL byte, or U+FEFF (a byte order mark inside the file, e.g. from a patch file saved with one).
 /// Returns its byte offset and what it is.
 std::optional<std::pair<uint32_t, std::string>> FirstSourceBlocker(std::string_view text);
+
+/// What identifies a file on disk: its device and inode when it exists (so symlinks and hard links
+/// to one file compare equal), otherwise its normalised absolute path.
+std::string FileIdentity(const fs::path& p);
 
 /// Errors for entries whose upstream target (or a class around it) is defined more than once in one
 /// scope (PyModule::Redefinitions): Python keeps the last definition, the splice would patch the
@@ -189,6 +194,7 @@ class Runner {
   }
   bool CollectSpecs();
   void LoadSpecs();
+  SourceLookup MakeSourceLookup() const;
   void FindUpstreams();
   void ParseUpstreams();
   void GenerateAll();
@@ -204,6 +210,12 @@ class Runner {
   int WriteJob(Job& job, WriteCounts& n);
   std::optional<bool> WriteOutput(Job& job, const fs::path& path, const std::string& bytes);
   int Check();
+  std::optional<int> QuickCheck();
+  std::string StampKey() const;
+  fs::path StampDir() const;
+  std::vector<fs::path> JobInputs(const Job& job) const;
+  std::optional<std::string> StampText(const Job& job, const std::string& key) const;
+  void WriteStamp(const Job& job, const std::string& key);
   int CheckJob(Job& job, CheckCounts& n);
   bool ShowDrift(const Job& job, const fs::path& path, const std::string& bytes,
                  bool& py_missing) const;
@@ -229,6 +241,7 @@ class Runner {
   std::vector<Job> jobs_;
   bool discovery_failed_ = false;
   std::map<fs::path, std::unique_ptr<Upstream>> upstreams_;
+  fs::file_time_type run_start_ = fs::file_time_type::clock::now();  // check stamps
 };
 
 }  // namespace patchgen::cli

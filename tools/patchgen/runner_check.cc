@@ -50,6 +50,11 @@ int Runner::Check() {
 // A generated job against its files on disk: up to date, stale/missing, or fixed with --fix.
 // Counts the job and returns its exit code.
 int Runner::CheckJob(Job& job, CheckCounts& n) {
+  if (job.fresh) {  // its stamp matched (runner_stamps.cc)
+    ++n.clean;
+    job.status = "up to date";
+    return kExitOk;
+  }
   PrintDiagnostics(job.warnings);
   std::error_code ec;
   OutputFiles files = {{job.out_py, &job.py_text}};
@@ -143,7 +148,7 @@ bool IsOrphan(const fs::path& p, const std::set<fs::path>& produced) {
 std::vector<fs::path> Runner::FindOrphans() const {
   std::vector<fs::path> found;
   bool all_known = opts_.specs.empty();
-  for (const Job& job : jobs_) all_known &= job.spec.has_value() && !job.out_py.empty();
+  for (const Job& job : jobs_) all_known &= (job.spec || job.fresh) && !job.out_py.empty();
   // An output root that holds the whole project (`output = "."`) would take test expectations and
   // files of other tools for orphans: it is not searched. Below the output root, the specs root,
   // the source roots and dot-folders are not entered.

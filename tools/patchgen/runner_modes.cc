@@ -60,6 +60,7 @@ int Runner::Generate() {
   int code = kExitOk;
   WriteCounts n;
   nlohmann::json report = nlohmann::json::array();
+  const std::string stamp_key = opts_.dry_run ? "" : StampKey();
   for (Job& job : jobs_) {
     if (job.skipped) {
       ++n.skipped;
@@ -76,6 +77,7 @@ int Runner::Generate() {
     } else {
       code = std::max(code, WriteJob(job, n));
     }
+    if (!opts_.dry_run) WriteStamp(job, stamp_key);
     report.push_back(JobJson(job));
   }
   if (opts_.json) {

@@ -6,10 +6,6 @@
 
 namespace patchgen::cli {
 
-namespace {
-
-// What identifies a file on disk: its device and inode when it exists (so symlinks and hard links
-// to one file compare equal), otherwise its normalised absolute path.
 std::string FileIdentity(const fs::path& p) {
   struct stat st {};
   if (::stat(p.c_str(), &st) == 0)
@@ -18,8 +14,6 @@ std::string FileIdentity(const fs::path& p) {
   fs::path c = fs::weakly_canonical(p, ec);
   return (ec ? p.lexically_normal() : c).generic_string();
 }
-
-}  // namespace
 
 // What the run reads, by file identity: the specs, their parents, patch files, pin files and
 // upstream files ("the upstream file 'x'").

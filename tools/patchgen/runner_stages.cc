@@ -70,7 +70,9 @@ void Runner::LoadSpecs() {
   });
 }
 
-void Runner::FindUpstreams() {
+// The upstream lookup of this run: --source-root flags, PATCHGEN_SOURCE_PATH, the config's
+// source_roots, then the interpreter's sys.path.
+SourceLookup Runner::MakeSourceLookup() const {
   std::vector<SourceRoot> roots;
   for (const auto& r : opts_.source_roots) {
     fs::path p(r);
@@ -84,8 +86,11 @@ void Runner::FindUpstreams() {
     roots.push_back(
         {p, "source_roots in " + (config_.file ? Show(*config_.file) : std::string("config"))});
   }
-  SourceLookup lookup(std::move(roots), config_.python, cwd_);
+  return SourceLookup(std::move(roots), config_.python, cwd_);
+}
 
+void Runner::FindUpstreams() {
+  SourceLookup lookup = MakeSourceLookup();
   for (Job& job : jobs_) {
     if (!job.spec) continue;
     const spec::PatchSpec& s = *job.spec;
