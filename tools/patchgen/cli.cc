@@ -117,69 +117,6 @@ std::string DiffNameFor(const std::string& output_name) {
 
 namespace {
 
-bool IsLowerHex(char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); }
-
-// The value of `key` (e.g. "#   version:") on a line that starts with it; nullopt otherwise or
-// when the value is empty.
-std::optional<std::string> HeaderField(std::string_view line, std::string_view key) {
-  if (line.substr(0, key.size()) != key) return std::nullopt;
-  std::string_view v = line.substr(key.size());
-  size_t b = v.find_first_not_of(' ');
-  if (b == std::string_view::npos) return std::nullopt;
-  return std::string(v.substr(b));
-}
-
-// The first run of exactly 64 lowercase hex digits on `line`, "" when none.
-std::string LooseSha256(std::string_view line) {
-  for (size_t i = 0; i + 64 <= line.size(); ++i) {
-    if ((i > 0 && IsLowerHex(line[i - 1])) || !IsLowerHex(line[i])) continue;
-    size_t n = 0;
-    while (i + n < line.size() && IsLowerHex(line[i + n])) ++n;
-    if (n == 64) return std::string(line.substr(i, 64));
-    i += n;
-  }
-  return {};
-}
-
-// The word after the first "version" on `line`, "" when none.
-std::string LooseVersion(std::string_view line) {
-  size_t v = line.find("version");
-  if (v == std::string_view::npos) return {};
-  size_t b = line.find_first_not_of(" \t:=", v + 7);
-  if (b == std::string_view::npos) return {};
-  size_t e = line.find_first_of(" \t,;()", b);
-  return std::string(line.substr(b, e == std::string_view::npos ? std::string_view::npos : e - b));
-}
-
-}  // namespace
-
-HeaderUpstream ParseHeaderUpstream(const std::string& text) {
-  // patchgen's own header has exact `#   version:` / `#   sha256:` fields; they win when both are
-  // present, so that a spec path or description containing "version" cannot be mistaken for it.
-  // Other headers are read loosely: the first 64-hex-digit run on a line that mentions sha256, and
-  // the word after the first "version".
-  HeaderUpstream exact;
-  HeaderUpstream loose;
-  size_t pos = 0;
-  while (pos < text.size()) {
-    size_t end = text.find('\n', pos);
-    if (end == std::string::npos) end = text.size();
-    std::string_view line(text.data() + pos, end - pos);
-    pos = end + 1;
-    size_t first = line.find_first_not_of(" \t");
-    if (first == std::string_view::npos) continue;  // blank lines inside the header
-    if (line[first] != '#') break;                  // end of the leading comment block
-    if (auto v = HeaderField(line, "#   version:")) exact.version = *v;
-    if (auto v = HeaderField(line, "#   sha256:")) exact.sha256 = *v;
-    if (loose.sha256.empty() && line.find("sha256") != std::string_view::npos)
-      loose.sha256 = LooseSha256(line);
-    if (loose.version.empty()) loose.version = LooseVersion(line);
-  }
-  return !exact.version.empty() && exact.sha256.size() == 64 ? exact : loose;
-}
-
-namespace {
-
 // False, after printing why, when the options combine in a way no mode takes (exit 2).
 bool OptionsCombine(const Options& opts) {
   if (opts.pin || opts.audit) {

@@ -28,30 +28,6 @@ struct TempDir {
   }
 };
 
-TEST_CASE("ParseHeaderUpstream reads sha256 and version from the leading comments only") {
-  std::string sha(64, 'a');
-  HeaderUpstream h = ParseHeaderUpstream(
-      "# Generated. Do not edit.\n# upstream: pkg.m (version 5.17.0)\n"
-      "#   sha256: " +
-      sha + "\n\nimport x  # sha256 " + std::string(64, 'b') + "\n");
-  CHECK(h.sha256 == sha);
-  CHECK(h.version == "5.17.0");
-  HeaderUpstream none = ParseHeaderUpstream("import x\n# sha256 " + sha + "\n");
-  CHECK(none.sha256.empty());
-  CHECK(none.version.empty());
-  // A 65-digit run is not a sha256.
-  CHECK(ParseHeaderUpstream("# sha256 " + std::string(65, 'c') + "\n").sha256.empty());
-}
-
-TEST_CASE("ParseHeaderUpstream prefers patchgen's exact header fields") {
-  std::string sha(64, 'd');
-  HeaderUpstream h = ParseHeaderUpstream(
-      "# ====\n#   spec:     specs/versioned/x.yaml\n#   version:  5.17.0\n#   sha256:   " + sha +
-      "\n#   about:    a version 2 of the model\n# ====\n");
-  CHECK(h.version == "5.17.0");
-  CHECK(h.sha256 == sha);
-}
-
 TEST_CASE("DiffNameFor replaces .py by .diff") {
   CHECK(DiffNameFor("patched_modeling_x.py") == "patched_modeling_x.diff");
   CHECK(DiffNameFor("out.txt") == "out.txt.diff");

@@ -27,6 +27,7 @@
 #include "pins.h"
 #include "project_config.h"
 #include "rewriter/generate.h"
+#include "rewriter/header.h"
 #include "source_lookup.h"
 #include "spec/spec_loader.h"
 #include "validate.h"
@@ -130,10 +131,6 @@ std::string Fingerprint(const std::string& version, const std::string& sha);
 /// walk goes on with the rest. A link to a file is a spec like any other.
 std::vector<fs::path> DiscoverSpecs(const fs::path& root, const fs::path& cwd,
                                     std::vector<Diagnostic>& errors);
-
-/// True when `text` starts like a file patchgen generated: its header's first two lines (a .py), or
-/// those lines added by a .diff of one.
-bool CarriesGeneratedHeader(std::string_view text);
 
 /// The first thing in a generated module that CPython rejects in any source file whatever its
 /// grammar: a byte sequence that is not UTF-8 (no coding cookie survives the generated header), a

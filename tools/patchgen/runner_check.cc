@@ -87,7 +87,7 @@ bool Runner::ShowDrift(const Job& job, const fs::path& path, const std::string& 
   std::string shown = Show(path);
   std::cout << (on_disk ? "stale: " : "missing: ") << shown << " (from " << job.spec_shown << ")\n";
   if (on_disk && path == job.out_py) {
-    HeaderUpstream old = ParseHeaderUpstream(*on_disk);
+    rewriter::HeaderUpstream old = rewriter::ReadHeaderUpstream(*on_disk);
     if (!old.sha256.empty() && old.sha256 != job.upstream_sha) {
       std::cout << "upstream changed since generation: " << Fingerprint(old.version, old.sha256)
                 << " -> " << Fingerprint(job.lookup.file.version, job.upstream_sha) << "\n";
@@ -137,7 +137,7 @@ bool IsOrphan(const fs::path& p, const std::set<fs::path>& produced) {
   std::string ext = p.extension().string();
   if ((ext != ".py" && ext != ".diff") || produced.count(p)) return false;
   auto text = ReadFile(p, nullptr, kMaxSpecFileBytes * 4);
-  return text && CarriesGeneratedHeader(*text);
+  return text && rewriter::CarriesGeneratedHeader(*text);
 }
 
 }  // namespace
