@@ -89,7 +89,21 @@ int RunIndex(const Options& opts) {
 
 }  // namespace
 
+// Messages print paths relative to the project root, wherever patchgen was started (issue #18
+// item 4). A path printed for a spec is also the one the spec loader resolves `extends` parents
+// and `file:` patch files against and opens them by, so the Runner works from the project root:
+// every path from the command line and the environment is made absolute against the working
+// directory it was started in (cwd_) before it is used. When the root cannot be entered, paths
+// stay relative to the working directory.
+bool Runner::WorkFromProjectRoot() {
+  std::error_code ec;
+  fs::current_path(config_.root, ec);
+  shown_base_ = ec ? cwd_ : config_.root;
+  return !ec;
+}
+
 int Runner::Main() {
+  WorkFromProjectRoot();
   if (!CollectSpecs()) return discovery_failed_ ? ExitCodeOf(ErrorKind::kIo) : kExitUsage;
   if (opts_.check && !CheckSourceRoots()) return kExitUsage;
   if (opts_.check) {

@@ -95,7 +95,7 @@ struct Upstream {
 /// One spec's journey through the stages.
 struct Job {
   fs::path spec_abs;
-  std::string spec_shown;   // as printed (relative to cwd)
+  std::string spec_shown;   // as printed and given to the spec loader (relative to shown_base_)
   bool discovered = false;  // found by --all / bare --check rather than named
   std::optional<spec::PatchSpec> spec;
   std::vector<Diagnostic> errors;
@@ -177,12 +177,22 @@ struct AuditTally {
 class Runner {
  public:
   Runner(Options opts, fs::path cwd, ProjectConfig config)
-      : opts_(std::move(opts)), cwd_(std::move(cwd)), config_(std::move(config)) {}
+      : opts_(std::move(opts)),
+        cwd_(std::move(cwd)),
+        config_(std::move(config)),
+        shown_base_(cwd_) {}
 
   int Main();
 
  private:
-  std::string Show(const fs::path& p) const { return DisplayPath(p, cwd_); }
+  /// A path as messages print it: relative to the project root (shown_base_).
+  std::string Show(const fs::path& p) const { return DisplayPath(p, shown_base_); }
+  /// The absolute path of a path as printed (a spec's `extends` parent or patch file).
+  fs::path Unshow(const std::string& shown) const {
+    fs::path p(shown);
+    return (p.is_absolute() ? p : shown_base_ / p).lexically_normal();
+  }
+  bool WorkFromProjectRoot();
   /// Where generated files go: -o DIR, else the configured output root.
   fs::path OutputRoot() const {
     if (opts_.output_dir.empty()) return config_.output;
@@ -233,8 +243,9 @@ class Runner {
   bool NeedDiff(const Job& job) const;
 
   Options opts_;
-  fs::path cwd_;
+  fs::path cwd_;  // where patchgen was started: command-line paths are relative to it
   ProjectConfig config_;
+  fs::path shown_base_;  // the project root, or cwd_ when patchgen cannot work from there
   std::vector<Job> jobs_;
   bool discovery_failed_ = false;
   std::map<fs::path, std::unique_ptr<Upstream>> upstreams_;

@@ -320,7 +320,7 @@ OldUpstreams Runner::LoadOldUpstreams() const {
     fs::path p(r);
     roots.push_back({(p.is_absolute() ? p : cwd_ / p).lexically_normal(), "--source-root-old"});
   }
-  SourceLookup lookup(std::move(roots), config_.python, cwd_);
+  SourceLookup lookup(std::move(roots), config_.python, cwd_, shown_base_);
   for (size_t i = 0; i < jobs_.size(); ++i) {
     const Job& job = jobs_[i];
     if (!job.spec) continue;

@@ -23,10 +23,7 @@ std::map<std::string, std::string> Runner::InputFiles() const {
     std::error_code ec;
     if (fs::exists(p, ec)) inputs.emplace(FileIdentity(p), std::move(what));
   };
-  auto abs = [&](const std::string& shown) {
-    fs::path p(shown);
-    return (p.is_absolute() ? p : cwd_ / p).lexically_normal();
-  };
+  auto abs = [&](const std::string& shown) { return Unshow(shown); };
   auto add_body = [&](const spec::Body& b) {
     if (b.source == spec::Body::Source::kFile) {
       add_input(abs(b.origin.path), "the patch file '" + Show(abs(b.origin.path)) + "'");

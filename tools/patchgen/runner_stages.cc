@@ -21,7 +21,7 @@ bool Runner::CollectSpecs() {
       return false;
     }
     std::vector<Diagnostic> errors;
-    paths = DiscoverSpecs(config_.specs, cwd_, errors);
+    paths = DiscoverSpecs(config_.specs, shown_base_, errors);
     if (!errors.empty()) {
       // A gate that cannot see every spec must not pass: nothing runs.
       PrintDiagnostics(errors);
@@ -86,7 +86,7 @@ SourceLookup Runner::MakeSourceLookup() const {
     roots.push_back(
         {p, "source_roots in " + (config_.file ? Show(*config_.file) : std::string("config"))});
   }
-  return SourceLookup(std::move(roots), config_.python, cwd_);
+  return SourceLookup(std::move(roots), config_.python, cwd_, shown_base_);
 }
 
 void Runner::FindUpstreams() {

@@ -46,10 +46,7 @@ bool UnchangedSince(const fs::path& p, fs::file_time_type start) {
 // files and the pin file.
 std::vector<fs::path> Runner::JobInputs(const Job& job) const {
   std::vector<fs::path> paths = {job.spec_abs, PinsPathFor(job.spec_abs)};
-  auto abs = [&](const std::string& shown) {
-    fs::path p(shown);
-    return (p.is_absolute() ? p : cwd_ / p).lexically_normal();
-  };
+  auto abs = [&](const std::string& shown) { return Unshow(shown); };
   for (const std::string& parent : job.spec->extends_chain) paths.push_back(abs(parent));
   auto add_body = [&](const spec::Body& b) {
     if (b.source == spec::Body::Source::kFile) paths.push_back(abs(b.origin.path));
