@@ -104,22 +104,34 @@ bool Runner::WorkFromProjectRoot() {
 
 int Runner::Main() {
   WorkFromProjectRoot();
-  if (!CollectSpecs()) return discovery_failed_ ? ExitCodeOf(ErrorKind::kIo) : kExitUsage;
-  if (opts_.check && !CheckSourceRoots()) return kExitUsage;
-  if (opts_.check) {
+  if (!CollectSpecs()) return discovery_failed_ ? kExitIo : kExitUsage;
+  const Mode mode = opts_.mode();
+  if (mode == Mode::kCheck) {
+    if (!CheckSourceRoots()) return kExitUsage;
     if (std::optional<int> code = QuickCheck()) return *code;  // every spec up to date by stamps
   }
   LoadSpecs();
-  if (opts_.validate) return Validate();
+  if (mode == Mode::kValidate) return Validate();
   FindUpstreams();
   ParseUpstreams();
   GenerateAll();
-  if (opts_.pin) return Pin();
-  if (opts_.audit) return Audit();
-  if (opts_.list) return List();
-  CheckOutputs();
-  if (opts_.check) return Check();
-  return Generate();
+  switch (mode) {
+    case Mode::kPin:
+      return Pin();
+    case Mode::kAudit:
+      return Audit();
+    case Mode::kList:
+      return List();
+    case Mode::kCheck:
+      CheckOutputs();
+      return Check();
+    case Mode::kGenerate:
+      CheckOutputs();
+      return Generate();
+    case Mode::kValidate:
+      break;
+  }
+  return kExitInternal;
 }
 
 std::string DiffNameFor(const std::string& output_name) {
@@ -237,7 +249,7 @@ int Run(int argc, char** argv) {
     return runner.Main();
   } catch (const std::exception& e) {
     std::cerr << "patchgen: internal error: " << e.what() << "\n";
-    return 70;
+    return kExitInternal;
   }
 }
 

@@ -8,6 +8,7 @@
 
 #include "files.h"
 #include "project_config.h"
+#include "runner.h"
 #include "source_lookup.h"
 
 namespace patchgen::cli {
@@ -125,6 +126,45 @@ TEST_CASE("SourceLookup finds modules in root order and reports every place look
                                  "sys.path: could not ask '/nonexistent/python' for sys.path"});
   CHECK(lookup.Find("other.mod").status == LookupResult::Status::kPackageMissing);
   CHECK(SourceLookup::SplitPathList("a::/b:", "/cwd") == std::vector<fs::path>{"/cwd/a", "/b"});
+}
+
+TEST_CASE("Job statuses print as docs/cli.md lists them; the flags select one mode") {
+  std::vector<std::pair<JobStatus, std::string>> names = {
+      {JobStatus::kWritten, "written"},
+      {JobStatus::kUnchanged, "unchanged"},
+      {JobStatus::kWouldWrite, "would write"},
+      {JobStatus::kUpToDate, "up to date"},
+      {JobStatus::kStale, "stale"},
+      {JobStatus::kFixed, "fixed"},
+      {JobStatus::kMissing, "missing"},
+      {JobStatus::kUpstreamNotFound, "upstream not found"},
+      {JobStatus::kValid, "valid"},
+      {JobStatus::kInvalid, "invalid"},
+      {JobStatus::kError, "error"},
+      {JobStatus::kPinned, "pinned"},
+      {JobStatus::kNeedsAttention, "needs attention"},
+      {JobStatus::kOk, "ok"},
+  };
+  for (const auto& [status, name] : names) CHECK(StatusName(status) == name);
+  CHECK(std::string(StatusName(JobStatus::kPending)).empty());
+  Options o;
+  CHECK(o.mode() == Mode::kGenerate);
+  o.check = true;
+  CHECK(o.mode() == Mode::kCheck);
+  o = Options{};
+  o.list = true;
+  CHECK(o.mode() == Mode::kList);
+  o = Options{};
+  o.validate = true;
+  CHECK(o.mode() == Mode::kValidate);
+  o = Options{};
+  o.pin = true;
+  CHECK(o.mode() == Mode::kPin);
+  o = Options{};
+  o.audit = true;
+  CHECK(o.mode() == Mode::kAudit);
+  CHECK(ExitCodeOf(ErrorKind::kIo) == kExitIo);
+  CHECK(static_cast<int>(kExitInternal) == 70);
 }
 
 }  // namespace

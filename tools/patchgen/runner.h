@@ -36,9 +36,40 @@ namespace patchgen::cli {
 
 namespace fs = std::filesystem;
 
-inline constexpr int kExitOk = 0;
-inline constexpr int kExitDrift = 1;
-inline constexpr int kExitUsage = 2;
+/// Exit codes (docs/cli.md, "Exit codes"). When specs fail differently the run exits with the
+/// largest; ExitCodeOf maps a diagnostic's kind to 3, 4, 5 or 70.
+enum ExitCode : int {
+  kExitOk = 0,
+  kExitDrift = 1,
+  kExitUsage = 2,
+  kExitSpec = 3,
+  kExitUpstream = 4,
+  kExitIo = 5,
+  kExitInternal = 70,
+};
+
+/// What one run of patchgen does (Options::mode()).
+enum class Mode { kGenerate, kCheck, kList, kValidate, kPin, kAudit };
+
+/// A job's outcome as reports print it (StatusName): text lines, `--list`'s table, `--json`.
+enum class JobStatus {
+  kPending,  ///< not decided yet (prints "")
+  kWritten,
+  kUnchanged,
+  kWouldWrite,
+  kUpToDate,
+  kStale,
+  kFixed,
+  kMissing,
+  kUpstreamNotFound,
+  kValid,
+  kInvalid,
+  kError,
+  kPinned,
+  kNeedsAttention,
+  kOk,
+};
+const char* StatusName(JobStatus status);
 
 int ExitCodeOf(ErrorKind kind);
 const char* KindName(ErrorKind kind);
@@ -82,6 +113,15 @@ struct Options {
   // `patchgen index`
   std::vector<std::string> index_files;
   bool index_json = false;
+
+  /// The mode the flags select (cli.cc has refused combinations that select two).
+  Mode mode() const {
+    if (pin) return Mode::kPin;
+    if (audit) return Mode::kAudit;
+    if (check) return Mode::kCheck;
+    if (list) return Mode::kList;
+    return validate ? Mode::kValidate : Mode::kGenerate;
+  }
 };
 
 /// A parsed upstream file, shared by every spec that names it.
@@ -109,9 +149,9 @@ struct Job {
   std::vector<rewriter::ContractPin> contract;          // what the applied entries rely on upstream
   std::vector<rewriter::SkippedEntry> skipped_entries;  // conditional entries left out
   std::optional<PinFile> pins;                          // the spec's pin file, when it has one
-  std::vector<PinFinding> pin_findings;  // contract entries that differ from the pins
-  std::vector<Diagnostic> warnings;      // entries without a pin
-  std::string status;                    // final, for reports
+  std::vector<PinFinding> pin_findings;    // contract entries that differ from the pins
+  std::vector<Diagnostic> warnings;        // entries without a pin
+  JobStatus status = JobStatus::kPending;  // final, for reports
   bool fresh = false;  // --check: up to date by its stamp, nothing loaded (runner_stamps.cc)
 };
 
@@ -230,7 +270,7 @@ class Runner {
   std::vector<fs::path> FindOrphans() const;
   int HandleOrphan(const fs::path& p);
   int List();
-  std::string DiskStatus(const Job& job) const;
+  JobStatus DiskStatus(const Job& job) const;
   int Pin();
   int PinJob(Job& job, WriteCounts& n, nlohmann::json& j);
   int Audit();
@@ -240,6 +280,8 @@ class Runner {
   void Fail(Job& job, std::vector<Diagnostic> errors) {
     for (auto& d : errors) job.errors.push_back(std::move(d));
   }
+  int Failed(Job& job) const;
+  void ReportSkipped(const Job& job, const char* why) const;
   bool NeedDiff(const Job& job) const;
 
   Options opts_;

@@ -11,16 +11,11 @@ int Runner::Check() {
   for (Job& job : jobs_) {
     if (job.skipped) {
       ++n.skipped;
-      job.status = "upstream not found";
-      if (!opts_.json) {
-        std::cout << "skipped " << job.spec_shown << ": upstream package '"
-                  << TopPackage(job.spec->upstream) << "' not found on any source root\n";
-      }
+      job.status = JobStatus::kUpstreamNotFound;
+      ReportSkipped(job, " on any source root");
     } else if (!job.errors.empty()) {
       ++n.failed;
-      job.status = "error";
-      PrintDiagnostics(job.errors);
-      code = std::max(code, WorstExit(job.errors));
+      code = std::max(code, Failed(job));
     } else {
       code = std::max(code, CheckJob(job, n));
     }
@@ -52,7 +47,7 @@ int Runner::Check() {
 int Runner::CheckJob(Job& job, CheckCounts& n) {
   if (job.fresh) {  // its stamp matched (runner_stamps.cc)
     ++n.clean;
-    job.status = "up to date";
+    job.status = JobStatus::kUpToDate;
     return kExitOk;
   }
   PrintDiagnostics(job.warnings);
@@ -65,12 +60,12 @@ int Runner::CheckJob(Job& job, CheckCounts& n) {
   for (const auto& [path, bytes] : files) drift |= ShowDrift(job, path, *bytes, py_missing);
   if (!drift) {
     ++n.clean;
-    job.status = "up to date";
+    job.status = JobStatus::kUpToDate;
     return kExitOk;
   }
   if (!opts_.fix) {
     ++n.stale;
-    job.status = py_missing ? "missing" : "stale";
+    job.status = py_missing ? JobStatus::kMissing : JobStatus::kStale;
     return kExitDrift;
   }
   return FixJob(job, files, n);
@@ -99,7 +94,7 @@ bool Runner::ShowDrift(const Job& job, const fs::path& path, const std::string& 
 
 // --check --fix of a drifted job: writes its files; returns the exit code.
 int Runner::FixJob(Job& job, const OutputFiles& files, CheckCounts& n) {
-  job.status = "fixed";
+  job.status = JobStatus::kFixed;
   for (const auto& [path, bytes] : files) {
     std::string error;
     if (!WriteIfChanged(path, *bytes, &error, OutputRoot())) {
@@ -113,9 +108,7 @@ int Runner::FixJob(Job& job, const OutputFiles& files, CheckCounts& n) {
     return kExitOk;
   }
   ++n.failed;
-  job.status = "error";
-  PrintDiagnostics(job.errors);
-  return WorstExit(job.errors);
+  return Failed(job);
 }
 
 namespace {

@@ -79,7 +79,7 @@ void Runner::WriteStamp(const Job& job, const std::string& key) {
 // about it is not certain.
 std::optional<std::string> Runner::StampText(const Job& job, const std::string& key) const {
   if (key.empty() || !job.errors.empty() || !job.warnings.empty() || job.upstream == nullptr ||
-      (job.status != "written" && job.status != "unchanged")) {
+      (job.status != JobStatus::kWritten && job.status != JobStatus::kUnchanged)) {
     return std::nullopt;
   }
   CheckStamp s{key,

@@ -7,15 +7,51 @@ namespace patchgen::cli {
 int ExitCodeOf(ErrorKind kind) {
   switch (kind) {
     case ErrorKind::kSpec:
-      return 3;
+      return kExitSpec;
     case ErrorKind::kUpstream:
-      return 4;
+      return kExitUpstream;
     case ErrorKind::kIo:
-      return 5;
+      return kExitIo;
     case ErrorKind::kInternal:
-      return 70;
+      return kExitInternal;
   }
-  return 70;
+  return kExitInternal;
+}
+
+const char* StatusName(JobStatus status) {
+  switch (status) {
+    case JobStatus::kPending:
+      return "";
+    case JobStatus::kWritten:
+      return "written";
+    case JobStatus::kUnchanged:
+      return "unchanged";
+    case JobStatus::kWouldWrite:
+      return "would write";
+    case JobStatus::kUpToDate:
+      return "up to date";
+    case JobStatus::kStale:
+      return "stale";
+    case JobStatus::kFixed:
+      return "fixed";
+    case JobStatus::kMissing:
+      return "missing";
+    case JobStatus::kUpstreamNotFound:
+      return "upstream not found";
+    case JobStatus::kValid:
+      return "valid";
+    case JobStatus::kInvalid:
+      return "invalid";
+    case JobStatus::kError:
+      return "error";
+    case JobStatus::kPinned:
+      return "pinned";
+    case JobStatus::kNeedsAttention:
+      return "needs attention";
+    case JobStatus::kOk:
+      return "ok";
+  }
+  return "";
 }
 
 const char* KindName(ErrorKind kind) {
@@ -203,6 +239,22 @@ std::vector<Diagnostic> AmbiguousTargets(const std::vector<rewriter::ContractPin
   }
   SortDiagnostics(out);
   return out;
+}
+
+// The one failure path of a job in every mode: status "error", its diagnostics on stderr; returns
+// its exit code (the worst of its errors).
+int Runner::Failed(Job& job) const {
+  job.status = JobStatus::kError;
+  PrintDiagnostics(job.errors);
+  return WorstExit(job.errors);
+}
+
+// A spec skipped because its upstream package is on no source root: status and (text mode) the
+// line `skipped SPEC: upstream package 'P' not found<why>`.
+void Runner::ReportSkipped(const Job& job, const char* why) const {
+  if (opts_.json) return;
+  std::cout << "skipped " << job.spec_shown << ": upstream package '"
+            << TopPackage(job.spec->upstream) << "' not found" << why << "\n";
 }
 
 }  // namespace patchgen::cli
