@@ -2,6 +2,8 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <set>
 #include <system_error>
 
 #include "base/file_util.h"
@@ -110,14 +112,39 @@ std::optional<std::string> FileSha(const fs::path& path) {
   return rewriter::Sha256Hex(*text);
 }
 
+namespace {
+
+/// "path size dev:inode mtime" of a file, or "" when it cannot be read.
+std::string Identity(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return "";
+  return path + " " + std::to_string(st.st_size) + " " + std::to_string(st.st_dev) + ":" +
+         std::to_string(st.st_ino) + " " + std::to_string(st.st_mtim.tv_sec) + "." +
+         std::to_string(st.st_mtim.tv_nsec) + "\n";
+}
+
+}  // namespace
+
 std::string ExecutableIdentity() {
   std::error_code ec;
   fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  struct stat st {};
-  if (ec || ::stat(exe.c_str(), &st) != 0) return "";
-  return exe.string() + " " + std::to_string(st.st_size) + " " + std::to_string(st.st_dev) + ":" +
-         std::to_string(st.st_ino) + " " + std::to_string(st.st_mtim.tv_sec) + "." +
-         std::to_string(st.st_mtim.tv_nsec);
+  std::string id = ec ? "" : Identity(exe.string());
+  std::optional<std::string> maps = ReadFile("/proc/self/maps");
+  if (id.empty() || !maps) return "";
+  // The shared libraries the binary runs with (tree-sitter, yaml-cpp, the C++ runtime): a system
+  // upgrade of one of them is another generator too.
+  std::set<std::string> libs;
+  for (size_t pos = 0; pos < maps->size();) {
+    size_t nl = std::min(maps->find('\n', pos), maps->size());
+    std::string_view line(maps->data() + pos, nl - pos);
+    size_t slash = line.find('/');
+    if (slash != std::string_view::npos && line.find(".so", slash) != std::string_view::npos) {
+      libs.insert(std::string(line.substr(slash)));
+    }
+    pos = nl + 1;
+  }
+  for (const std::string& lib : libs) id += Identity(lib);
+  return id;
 }
 
 fs::path StampPath(const fs::path& cache_dir, const fs::path& spec, std::string_view output_dir) {

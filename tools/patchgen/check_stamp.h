@@ -41,9 +41,10 @@ std::optional<CheckStamp> ParseStamp(std::string_view text);
 /// it exists but cannot be read.
 std::optional<std::string> FileSha(const std::filesystem::path& path);
 
-/// What identifies the running patchgen binary beyond its version: the executable's path, size,
-/// modification time and inode, so that a rebuilt binary never trusts stamps of another build.
-/// "" when it cannot be told (then no stamp is written or trusted).
+/// What identifies the running patchgen binary beyond its version: path, size, inode and
+/// modification time of the executable and of every shared library it has loaded, so that a
+/// rebuilt binary or an upgraded library never trusts stamps of another build. "" when it cannot
+/// be told (then no stamp is written or trusted).
 std::string ExecutableIdentity();
 
 /// Where the stamp of `spec` lives under `cache_dir`: one file per spec and output option.
