@@ -113,7 +113,8 @@ Result<GenerateResult> RunStages(const spec::PatchSpec& spec, const PyModule& up
                      return std::tie(a.loc.path, a.loc.line) < std::tie(b.loc.path, b.loc.line);
                    });
   GenerateResult result;
-  result.upstream_sha256 = Sha256Hex(up.source());
+  result.upstream_sha256 =
+      options.upstream_sha256.empty() ? Sha256Hex(up.source()) : options.upstream_sha256;
   result.applied = all.applied;
   result.skipped = skipped;
   result.contract = std::move(patches.contract);

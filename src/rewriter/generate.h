@@ -22,6 +22,9 @@ struct GenerateOptions {
                                            ///< "transformers/models/qwen3/modeling_qwen3.py".
   std::string upstream_version;            ///< e.g. "5.17.0"; "unknown" when not found.
   std::string default_runtime = "opslot";  ///< Used when the spec has no `runtime:`.
+  /// Hex sha256 of `upstream.source()` when the caller has it (one upstream serves many specs);
+  /// computed when empty.
+  std::string upstream_sha256;
 };
 
 struct AppliedPatch {

@@ -212,7 +212,8 @@ class Resolver {
  public:
   Resolver(TSNode root, std::string_view source) : source_(source) {
     CollectBindings(root, source, module_, module_wildcard_);
-    CollectGlobals(root, source, module_);
+    // A `global` statement starts with its keyword: without the word there is none to look for.
+    if (source.find("global") != std::string_view::npos) CollectGlobals(root, source, module_);
   }
 
   /// Whether identifier `id`, whose ancestors up to the root are `path`, resolves.

@@ -129,6 +129,9 @@ struct Upstream {
   std::string source;  ///< As read (a byte order mark included), for the .diff.
   bool crlf = false;   ///< Every line ends with CRLF: so does the generated file.
   std::unique_ptr<parser::PyModule> module;
+  std::string source_sha256;  ///< Of `source` (check stamps).
+  std::string
+      module_sha256;  ///< Of module->source() (the bytes patched, a byte order mark left out).
   std::vector<Diagnostic> errors;
 };
 

@@ -1,6 +1,7 @@
 // The Runner's stages (runner.h): collect and load specs, find and parse upstream modules once,
 // generate every job in memory (the checks made before anything is written are
 // runner_outputs.cc).
+#include "rewriter/sha256.h"
 #include "runner.h"
 
 namespace patchgen::cli {
@@ -160,6 +161,11 @@ void ReadUpstream(Upstream& u, const fs::path& path, const std::string& shown) {
     return;
   }
   u.module = std::move(parsed.value());
+  // One hash per upstream file, shared by its specs (the header's sha256 and the check stamps).
+  u.source_sha256 = rewriter::Sha256Hex(u.source);
+  u.module_sha256 = u.module->source().size() == u.source.size()
+                        ? u.source_sha256
+                        : rewriter::Sha256Hex(u.module->source());
 }
 
 }  // namespace
@@ -237,6 +243,7 @@ void Runner::GenerateJob(Job& job) {
   options.upstream_path = job.lookup.file.rel_path;
   options.upstream_version = job.lookup.file.version;
   options.default_runtime = config_.runtime;
+  options.upstream_sha256 = job.upstream->module_sha256;
   // The header names the spec relative to the project root, wherever patchgen runs from.
   spec::PatchSpec spec = *job.spec;
   spec.path = DisplayPath(job.spec_abs, config_.root);

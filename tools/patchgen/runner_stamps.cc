@@ -88,7 +88,7 @@ std::optional<std::string> Runner::StampText(const Job& job, const std::string& 
                job.lookup.file.file,
                job.lookup.file.rel_path,
                job.lookup.file.version,
-               rewriter::Sha256Hex(job.upstream->source),
+               job.upstream->source_sha256,
                job.out_py,
                job.out_diff,
                rewriter::Sha256Hex(job.py_text),
