@@ -124,8 +124,9 @@ Result<GenerateResult> RunStages(const spec::PatchSpec& spec, const PyModule& up
                    result.upstream_sha256, spec.description, std::move(skipped),
                    guards.unguarded_slots, std::move(all.applied)});
   result.text = header + plan.Apply(up.source());
-  std::vector<Diagnostic> errors = CheckOutput(
-      spec, up, plan, result.text, static_cast<uint32_t>(header.size()), excludes.excluded);
+  std::vector<Diagnostic> errors =
+      CheckOutput(spec, up, plan, result.text, static_cast<uint32_t>(header.size()),
+                  excludes.excluded, options.verify_incremental_parse);
   if (!errors.empty()) {
     SortDiagnostics(errors);
     return errors;

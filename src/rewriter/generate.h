@@ -25,6 +25,9 @@ struct GenerateOptions {
   /// Hex sha256 of `upstream.source()` when the caller has it (one upstream serves many specs);
   /// computed when empty.
   std::string upstream_sha256;
+  /// Tests only (output_check_test.cc): also parse the output from scratch and fail with an
+  /// internal error when that tree differs from the incremental one.
+  bool verify_incremental_parse = false;
 };
 
 struct AppliedPatch {

@@ -122,12 +122,46 @@ TSTree* ParseOutputTree(const parser::PyModule& upstream, const EditPlan& plan,
   return tree;
 }
 
+namespace {
+
+void AppendSignature(TSNode n, std::string& out) {
+  TSPoint a = ts_node_start_point(n), b = ts_node_end_point(n);
+  out += ts_node_type(n);
+  out += ts_node_is_named(n) ? "" : "'";
+  out += ts_node_is_missing(n) ? "!" : "";
+  out += "[" + std::to_string(ts_node_start_byte(n)) + "," + std::to_string(ts_node_end_byte(n)) +
+         " " + std::to_string(a.row) + ":" + std::to_string(a.column) + "-" +
+         std::to_string(b.row) + ":" + std::to_string(b.column) + "](";
+  uint32_t count = ts_node_child_count(n);
+  for (uint32_t i = 0; i < count; ++i) AppendSignature(ts_node_child(n, i), out);
+  out += ")";
+}
+
+}  // namespace
+
+std::string TreeSignature(TSTree* tree) {
+  std::string out;
+  if (tree) AppendSignature(ts_tree_root_node(tree), out);
+  return out;
+}
+
 std::vector<Diagnostic> CheckOutput(const spec::PatchSpec& spec, const parser::PyModule& upstream,
                                     const EditPlan& plan, const std::string& out,
                                     uint32_t header_size,
-                                    const std::vector<const spec::LocatedName*>& excluded) {
+                                    const std::vector<const spec::LocatedName*>& excluded,
+                                    bool verify_incremental) {
   std::vector<Diagnostic> errors;
   TreePtr tree(ParseOutputTree(upstream, plan, out, header_size), &ts_tree_delete);
+  if (verify_incremental && tree && !ts_node_has_error(ts_tree_root_node(tree.get()))) {
+    TreePtr scratch(parser::ParseTree(out), &ts_tree_delete);
+    if (TreeSignature(tree.get()) != TreeSignature(scratch.get())) {
+      errors.push_back(ErrorAt(SourceLoc{spec.path, 0, 0, 1, ""},
+                               "the incremental parse of the output differs from a parse from "
+                               "scratch",
+                               {}, ErrorKind::kInternal));
+      return errors;
+    }
+  }
   // A parse error is located on a tree parsed from scratch: error recovery is the one place where
   // an incremental parse may build other ERROR nodes than a parse from scratch, and the message
   // must not depend on how the tree was made.

@@ -1,7 +1,8 @@
-// The output check's incremental parse (ParseOutputTree) against a parse from scratch: random
-// splices (code copied from elsewhere in the file, deletions, replacements, broken code) into the
-// golden tests' upstream modules and the example package, and, when PATCHGEN_IDENTITY_ROOT names
-// a folder holding `transformers/`, into the first transformers modeling files. Wherever the
+// The output check's incremental parse (ParseOutputTree) against a parse from scratch: the real
+// edit plans of the golden cases (Generate with verify_incremental_parse), random splices (code
+// copied from elsewhere in the file, deletions, replacements, broken code) into the golden tests'
+// upstream modules and the example package, and, when PATCHGEN_IDENTITY_ROOT names a folder
+// holding `transformers/`, into the first transformers modeling files. Wherever the
 // incremental tree has no error it must be the same tree (every node's type, byte range, points,
 // named and missing flags); CheckOutput re-parses from scratch whenever it has one.
 #include <algorithm>
@@ -14,7 +15,9 @@
 #include <string>
 
 #include "parser/py_module.h"
+#include "rewriter/generate.h"
 #include "rewriter/stages.h"
+#include "spec/spec_loader.h"
 
 namespace patchgen::rewriter {
 namespace {
@@ -28,24 +31,8 @@ std::string ReadAll(const fs::path& p) {
   return s.str();
 }
 
-/// Every node of the tree, anonymous ones included: type, byte range, start and end points,
-/// named and missing flags.
-void Serialize(TSNode n, std::string& out) {
-  TSPoint a = ts_node_start_point(n), b = ts_node_end_point(n);
-  out += ts_node_type(n);
-  out += ts_node_is_named(n) ? "" : "'";
-  out += ts_node_is_missing(n) ? "!" : "";
-  out += "[" + std::to_string(ts_node_start_byte(n)) + "," + std::to_string(ts_node_end_byte(n)) +
-         " " + std::to_string(a.row) + ":" + std::to_string(a.column) + "-" +
-         std::to_string(b.row) + ":" + std::to_string(b.column) + "](";
-  uint32_t count = ts_node_child_count(n);
-  for (uint32_t i = 0; i < count; ++i) Serialize(ts_node_child(n, i), out);
-  out += ")";
-}
-
 std::string TreeText(TSTree* tree) {
-  std::string out;
-  Serialize(ts_tree_root_node(tree), out);
+  std::string out = TreeSignature(tree);
   ts_tree_delete(tree);
   return out;
 }
@@ -120,6 +107,40 @@ size_t CompareOn(const fs::path& path, int plans, std::mt19937& rng) {
   return clean;
 }
 
+/// The upstream file of `module` under `root` (a .py or a package's __init__.py).
+fs::path ModuleFile(const fs::path& root, std::string module) {
+  std::replace(module.begin(), module.end(), '.', '/');
+  fs::path file = root / (module + ".py");
+  return fs::exists(file) ? file : root / module / "__init__.py";
+}
+
+/// Generates golden case `dir` (its spec against its input tree) with the incremental parse
+/// verified; returns whether it generated, and fails the test on a difference.
+bool GenerateVerified(const fs::path& dir) {
+  fs::path input = dir / "input";
+  if (fs::exists(dir / "input.ref")) {
+    std::string name = ReadAll(dir / "input.ref");
+    name.erase(name.find_last_not_of(" \n") + 1);
+    input = dir.parent_path() / "inputs" / name;
+  }
+  auto spec = spec::LoadSpec((dir / "spec.yaml").string());
+  if (!spec.ok()) return false;
+  fs::path file = ModuleFile(input, spec->upstream);
+  auto up = parser::PyModule::Parse(file.string(), ReadAll(file));
+  if (!fs::exists(file) || !up.ok()) return false;
+  GenerateOptions options;
+  options.upstream_path = fs::relative(file, input).generic_string();
+  options.upstream_version = "1.0.0";
+  options.verify_incremental_parse = true;
+  auto r = Generate(*spec, **up, options);
+  if (r.ok()) return true;
+  for (const Diagnostic& d : r.errors()) {
+    INFO(dir.string() << ": " << d.message);
+    CHECK(d.kind != ErrorKind::kInternal);
+  }
+  return false;
+}
+
 std::vector<fs::path> PyFilesUnder(const fs::path& root) {
   std::vector<fs::path> files;
   for (const auto& f : fs::recursive_directory_iterator(root)) {
@@ -167,6 +188,17 @@ TEST_CASE("ParseOutputTree equals a parse from scratch on random splices", "[rew
   size_t clean = 0;
   for (const fs::path& f : files) clean += CompareOn(f, 40, rng);
   CHECK(clean > files.size() * 5);  // enough plans give a clean output to compare trees on
+}
+
+TEST_CASE("ParseOutputTree equals a parse from scratch on the golden cases' plans", "[rewriter]") {
+  size_t generated = 0, cases = 0;
+  for (const auto& entry : fs::directory_iterator(fs::path(PATCHGEN_SOURCE_DIR) / "tests/golden")) {
+    if (!fs::exists(entry.path() / "spec.yaml")) continue;
+    ++cases;
+    generated += GenerateVerified(entry.path());
+  }
+  CHECK(cases > 100);
+  CHECK(generated > 50);  // the error cases stop before the output check
 }
 
 TEST_CASE("ParseOutputTree equals a parse from scratch on transformers modules", "[identity]") {

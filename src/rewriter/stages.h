@@ -117,10 +117,16 @@ TSTree* ParseOutputTree(const parser::PyModule& upstream, const EditPlan& plan,
 /// `upstream.source()`) re-parsed (ParseOutputTree): parse errors and undefined names in
 /// inserted code, located in the spec through the edits' CodeSpans; excluded names and dropped
 /// imports still used. A parse error is located on a parse of `out` from scratch, as before the
-/// incremental parse.
+/// incremental parse. `verify_incremental` (tests): an incremental tree that differs from a parse
+/// from scratch (TreeSignature) is an internal error.
 std::vector<Diagnostic> CheckOutput(const spec::PatchSpec& spec, const parser::PyModule& upstream,
                                     const EditPlan& plan, const std::string& out,
                                     uint32_t header_size,
-                                    const std::vector<const spec::LocatedName*>& excluded);
+                                    const std::vector<const spec::LocatedName*>& excluded,
+                                    bool verify_incremental = false);
+
+/// Every node of `tree`, anonymous ones included: type, byte range, points, named and missing
+/// flags, as one string (trees from two parses compare equal exactly when these do).
+std::string TreeSignature(TSTree* tree);
 
 }  // namespace patchgen::rewriter
