@@ -103,6 +103,28 @@ def fwd_bwd(f, inputs, grad_seed=0):
     return run
 
 
+def kernel_breakdown(title, run, out, reps=10):
+    """--profile: the GPU kernels one call of `run` launches, with their mean device time (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    run()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            run()
+        torch.cuda.synchronize()
+    lines = [f"#### kernels of one call: {title} (torch.profiler, mean of {reps})", "", "| kernel | calls/iter | µs/call |", "|---|---:|---:|"]
+    for ev in sorted(prof.key_averages(), key=lambda e: -getattr(e, "self_device_time_total", 0)):
+        dev = getattr(ev, "self_device_time_total", 0)
+        if dev <= 0:
+            continue
+        lines.append(f"| {ev.key[:90]} | {ev.count / reps:g} | {dev / max(ev.count, 1):.2f} |")
+    text = "\n".join(lines) + "\n"
+    print(text, flush=True)
+    out.append(text)
+
+
+
 def table(title, bytes_moved, copy_bw, rows, target_ms=None):
     lines = [f"### {title}", ""]
     lines.append("| implementation | ms (GPU, CUDA graph) | % of copy BW | peak extra MiB | host µs/call (tiny) |")
@@ -173,6 +195,10 @@ def bench_rms(copy_bw, args, out):
         set_tuning(2, 1, 0)
     out.append(table(f"RMSNorm (standard) {N}x{D} bf16 — 10 B/element", 10 * N * D, copy_bw, rows,
                      "≤ 0.19 ms, ≥ 83% of copy BW"))
+    if args.profile:
+        kernel_breakdown("RMSNorm opslot cuda", fwd_bwd(lambda x, w: CN.rms_norm_standard(x, w, eps), (x, w)), out)
+        if not args.no_compile:
+            kernel_breakdown("RMSNorm torch.compile", fwd_bwd(dict(impls)["torch.compile(eager)"], (x, w)), out)
 
     g = leaf(N, D, scale=2.0)
     tg = leaf(2, 64)
@@ -227,18 +253,28 @@ def bench_rope(copy_bw, args, out):
                 for n, f in impls]
         rows.append(measure("opslot cuda, forward only (4 B/element)",
                             lambda: (lambda: cud(q.detach(), k.detach(), cos, sin)), None, 4 * (q.numel() + k.numel())))
-        if args.tune and not full:  # the first layout: one thread per pass-through vector
+        if args.tune:  # the other layouts, side by side
             import ctypes
 
             from opslot.kernels.cuda import _lib
             set_tuning = _lib.library().opslot_rope_set_tuning
-            set_tuning.argtypes = [ctypes.c_int]
-            set_tuning(0)
-            rows.append(measure("opslot cuda [pass-through: one thread per vector]",
-                                lambda: fwd_bwd(cud, (q, k, cos, sin)), None))
-            set_tuning(1)
+            set_tuning.argtypes = [ctypes.c_int, ctypes.c_int]
+            try:
+                set_tuning(1, 1)
+                rows.append(measure("opslot cuda [head loop: a thread rotates 8 heads per cos/sin load]",
+                                    lambda: fwd_bwd(cud, (q, k, cos, sin)), None))
+                if not full:
+                    set_tuning(0, 0)
+                    rows.append(measure("opslot cuda [pass-through: one thread per vector]",
+                                        lambda: fwd_bwd(cud, (q, k, cos, sin)), None))
+            finally:
+                set_tuning(1, 0)
         out.append(table(f"RoPE {label}: q [2,32,{S},128], k [2,8,{S},128] (transposed views), bf16 — 8 B per q/k element",
                          8 * (q.numel() + k.numel()), copy_bw, rows, target))
+        if args.profile:
+            for n, f in impls:
+                if n in ("opslot cuda", "torch.compile(eager)"):
+                    kernel_breakdown(f"RoPE {label} {n}", fwd_bwd(f, (q, k, cos, sin)), out)
         del q, k
         torch.cuda.empty_cache()
 
@@ -288,9 +324,26 @@ def bench_lb(copy_bw, args, out):
     det = tuple(base)
     rows.append(measure("opslot cuda, forward only (logits read once)",
                         lambda: (lambda: CLB.load_balancing_loss(det, E, K)), None, L * N * E * 2))
+    if args.tune:  # the previous kernels and register budgets, side by side
+        import ctypes
+
+        from opslot.kernels.cuda import _lib
+        set_tuning = _lib.library().opslot_load_balancing_set_tuning
+        set_tuning.argtypes = [ctypes.c_int, ctypes.c_int]
+        names = {(1, 1): "tile forward + general backward (the previous kernels)",
+                 (2, 1): "general forward + general backward", (0, 1): "warp forward + general backward"}
+        try:
+            for (fp, bp), name in names.items():
+                set_tuning(fp, bp)
+                rows.append(measure(f"opslot cuda [{name}]", lambda: fwd_bwd(lambda *ls: CLB.load_balancing_loss(tuple(ls), E, K), fresh()), None))
+                rows.append(measure("  its forward only", lambda: (lambda: CLB.load_balancing_loss(det, E, K)), None, L * N * E * 2))
+        finally:
+            set_tuning(0, 0)
     # bytes: logits read twice (forward, backward), gradient written once
     out.append(table(f"Load-balancing loss: {L} layers x {N} x {E} bf16, top-8 — bytes: logits read fwd + bwd, grads written",
                      3 * L * N * E * 2, copy_bw, rows, "≤ 0.30 ms"))
+    if args.profile:
+        kernel_breakdown("load-balancing loss opslot cuda", fwd_bwd(lambda *ls: CLB.load_balancing_loss(tuple(ls), E, K), fresh()), out)
 
 
 def main():
@@ -299,6 +352,7 @@ def main():
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", default="rms,rope,silu,lb")
+    ap.add_argument("--profile", action="store_true", help="also list the kernels of one call of each opslot op (torch.profiler)")
     ap.add_argument("--tune", action="store_true", help="also time launch-geometry variants of the RMSNorm kernel")
     args = ap.parse_args()
     torch.manual_seed(0)

@@ -146,52 +146,48 @@ __global__ void __launch_bounds__(kThreads) lb_fwd_kernel(const __grid_constant_
   }
 }
 
-// One block: the partial rows in a fixed order, then the loss and the backward's coefficients.
-__global__ void __launch_bounds__(kFinalThreads) lb_finalize_kernel(const float* partial, int64_t prows, int E,
-                                                                    int layers, int64_t rows, const float* mask,
-                                                                    float* loss, float* coef) {
+// One block: the column sums' kColChunks rows in a fixed order, then the loss (a fixed-order tree
+// over the experts) and the backward's coefficients. E <= 512, so 2E <= kFinalThreads.
+__global__ void __launch_bounds__(kFinalThreads) lb_finalize_kernel(const float* sums, int nrows, int E, int layers,
+                                                                    int64_t rows, const float* mask, float* loss,
+                                                                    float* coef) {
   __shared__ float sm[kFinalThreads];
+  __shared__ float red[kFinalThreads];
   __shared__ float total_rows;
-  const int ncol = 2 * E;
-  const int ngrp = kFinalThreads / ncol;
-  const int col = threadIdx.x % ncol, grp = threadIdx.x / ncol;
+  const int tid = threadIdx.x;
   // R: the mask's sum (fixed-order tree) times the layers, or rows * layers.
   if (mask) {
     float s = 0.f;
-    for (int64_t t = threadIdx.x; t < rows; t += kFinalThreads) s += mask[t];
-    sm[threadIdx.x] = s;
+    for (int64_t t = tid; t < rows; t += kFinalThreads) s += mask[t];
+    red[tid] = s;
     __syncthreads();
     for (int w = kFinalThreads / 2; w > 0; w >>= 1) {
-      if (threadIdx.x < w) sm[threadIdx.x] += sm[threadIdx.x + w];
+      if (tid < w) red[tid] += red[tid + w];
       __syncthreads();
     }
-    if (threadIdx.x == 0) total_rows = sm[0] * static_cast<float>(layers);
-  } else if (threadIdx.x == 0) {
+    if (tid == 0) total_rows = red[0] * static_cast<float>(layers);
+  } else if (tid == 0) {
     total_rows = static_cast<float>(rows) * static_cast<float>(layers);
   }
-  __syncthreads();
-  float s = 0.f;
-  if (grp < ngrp) {
-#pragma unroll 8
-    for (int64_t p = grp; p < prows; p += ngrp) s += partial[p * ncol + col];
-  }
-  sm[threadIdx.x] = s;
-  __syncthreads();
-  float v = 0.f;
-  if (threadIdx.x < ncol) {
-    for (int g = 0; g < ngrp; ++g) v += sm[g * ncol + threadIdx.x];
-  }
-  __syncthreads();
   // sm[0..E): counts, sm[E..2E): probability sums.
-  if (threadIdx.x < ncol) sm[threadIdx.x] = v;
+  float v = 0.f;
+  if (tid < 2 * E)
+    for (int r = 0; r < nrows; ++r) v += sums[static_cast<int64_t>(r) * 2 * E + tid];
+  sm[tid] = v;
   __syncthreads();
   const float R = total_rows;
-  if (threadIdx.x < E) coef[threadIdx.x] = static_cast<float>(E) * sm[threadIdx.x] / (R * R);
-  if (threadIdx.x == 0) {
-    float acc = 0.f;
-    for (int e = 0; e < E; ++e) acc += (sm[e] / R) * (sm[E + e] / R);
-    loss[0] = acc * static_cast<float>(E);
+  float term = 0.f;
+  if (tid < E) {
+    coef[tid] = static_cast<float>(E) * sm[tid] / (R * R);
+    term = (sm[tid] / R) * (sm[E + tid] / R);
   }
+  red[tid] = term;
+  __syncthreads();
+  for (int w = kFinalThreads / 2; w > 0; w >>= 1) {
+    if (tid < w) red[tid] += red[tid + w];
+    __syncthreads();
+  }
+  if (tid == 0) loss[0] = red[0] * static_cast<float>(E);
 }
 
 template <typename T, int EPL, int LPR, bool VEC>
@@ -540,6 +536,407 @@ __global__ void __launch_bounds__(kFastWarps * 32) lb_fwd_fast_kernel(const __gr
     for (int c = threadIdx.x; c < 2 * E; c += kFastWarps * 32) a.partial[p * 2 * E + c] = 0.f;
 }
 
+// ---- The warp-per-row paths (E = 32 * EPL experts, EPL in {2, 4, 8}) ----
+// Forward, 16-bit logits: a warp takes one row at a time, lane l the experts l*EPL .. l*EPL+EPL-1,
+// which stay the lane's for every row, so the column sums (selections, probabilities) are the
+// lane's registers: no shared-memory tile and no column pass. The top-k threshold comes from k
+// rounds of one `redux.sync.max.u32` over unique 32-bit keys (the value's 16 bits made orderable
+// as an unsigned integer in the high half, 0xffff - expert in the low half: equal values rank the
+// lower index first), each lane popping its sorted keys. Backward, any dtype: a warp per row,
+// softmax recomputed, two butterflies (sum, dot with the coefficients).
+constexpr int kWarpWarps = 16;  // 512-thread blocks, 4 per SM: 64 warps, 32 registers
+int g_lb_fwd_path = 0;          // opslot_load_balancing_set_tuning: 0 auto, 1 tile, 2 general
+int g_lb_bwd_path = 0;          // 0 auto (warp per row), 1 general
+
+template <int EPL>
+struct RawRow {
+  unsigned w[EPL / 2];
+};
+
+template <int EPL>
+__device__ __forceinline__ RawRow<EPL> load_raw(const void* p) {
+  RawRow<EPL> r;
+  if constexpr (EPL == 2) {
+    r.w[0] = __ldcs(static_cast<const unsigned*>(p));
+  } else if constexpr (EPL == 4) {
+    const uint2 v = __ldcs(static_cast<const uint2*>(p));
+    r.w[0] = v.x;
+    r.w[1] = v.y;
+  } else {
+    const uint4 v = __ldcs(static_cast<const uint4*>(p));
+    r.w[0] = v.x;
+    r.w[1] = v.y;
+    r.w[2] = v.z;
+    r.w[3] = v.w;
+  }
+  return r;
+}
+
+// Both halves made orderable as unsigned 16-bit integers: -0 becomes +0 (x * 1 + 0), then a
+// positive value gets its sign bit set and a negative one all its bits flipped.
+template <bool BF16>
+__device__ __forceinline__ unsigned ord2(unsigned w) {
+  unsigned d;
+  if (BF16) asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(w), "r"(0x3f803f80u), "r"(0u));
+  else asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(w), "r"(0x3c003c00u), "r"(0u));
+  const unsigned t = d & 0x80008000u;
+  return d ^ ((t - (t >> 15)) | 0x80008000u);
+}
+
+// The value of an orderable 16-bit key (inverse of ord2), as fp32.
+template <bool BF16>
+__device__ __forceinline__ float unord(unsigned o) {
+  const unsigned b = (o & 0x8000u) ? (o ^ 0x8000u) : (~o & 0xffffu);
+  if (BF16) return __uint_as_float(b << 16);
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(b)));
+}
+
+__device__ __forceinline__ float ex2f(float x) {  // 2^x, MUFU.EX2 (relative error ~2^-22)
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Streaming (evict-first) loads and stores of a 2/4/8/16-byte vector type.
+template <typename V>
+__device__ __forceinline__ V ld_stream(const V* p) {
+  static_assert(sizeof(V) == 2 || sizeof(V) == 4 || sizeof(V) == 8 || sizeof(V) == 16, "vector size");
+  V v;
+  if constexpr (sizeof(V) == 2) {
+    const unsigned short x = __ldcs(reinterpret_cast<const unsigned short*>(p));
+    memcpy(&v, &x, 2);
+  } else if constexpr (sizeof(V) == 4) {
+    const unsigned x = __ldcs(reinterpret_cast<const unsigned*>(p));
+    memcpy(&v, &x, 4);
+  } else if constexpr (sizeof(V) == 8) {
+    const uint2 x = __ldcs(reinterpret_cast<const uint2*>(p));
+    memcpy(&v, &x, 8);
+  } else {
+    const uint4 x = __ldcs(reinterpret_cast<const uint4*>(p));
+    memcpy(&v, &x, 16);
+  }
+  return v;
+}
+template <typename V>
+__device__ __forceinline__ void st_stream(V* p, const V& v) {
+  if constexpr (sizeof(V) == 2) {
+    unsigned short x;
+    memcpy(&x, &v, 2);
+    __stcs(reinterpret_cast<unsigned short*>(p), x);
+  } else if constexpr (sizeof(V) == 4) {
+    unsigned x;
+    memcpy(&x, &v, 4);
+    __stcs(reinterpret_cast<unsigned*>(p), x);
+  } else if constexpr (sizeof(V) == 8) {
+    uint2 x;
+    memcpy(&x, &v, 8);
+    __stcs(reinterpret_cast<uint2*>(p), x);
+  } else {
+    uint4 x;
+    memcpy(&x, &v, 16);
+    __stcs(reinterpret_cast<uint4*>(p), x);
+  }
+}
+
+template <int N>
+__device__ __forceinline__ void sort_desc_u(unsigned (&c)[N]) {  // bitonic, N a power of two
+  constexpr int LOG = N >= 8 ? 3 : N >= 4 ? 2 : 1;
+#pragma unroll
+  for (int kk = 1; kk <= LOG; ++kk)
+#pragma unroll
+    for (int jj = kk - 1; jj >= 0; --jj)
+#pragma unroll
+      for (int i = 0; i < N; ++i) {
+        const int l = i ^ (1 << jj);
+        if (l > i) {
+          const bool desc = (i & (1 << kk)) == 0;
+          const unsigned a = c[i], b = c[l];
+          c[i] = desc ? max(a, b) : min(a, b);
+          c[l] = desc ? min(a, b) : max(a, b);
+        }
+      }
+}
+
+// Chunks: C consecutive rows of one layer, the unit a warp takes (its row pointers are one
+// division away, and the next chunk's loads are issued before the current one is reduced).
+// Rows of a chunk past the layer's end compute on zeros with weight 0 and store nothing.
+struct Chunking {
+  int cpl;      // chunks per layer
+  int nchunks;  // layers * cpl (the host checks that it fits in an int)
+};
+__device__ __forceinline__ Chunking chunking(const LbArgs& a, int C) {
+  Chunking c;
+  c.cpl = static_cast<int>((a.rows + C - 1) / C);
+  c.nchunks = a.layers * c.cpl;
+  return c;
+}
+
+__device__ __forceinline__ float rcp_approx(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// KMAX: rounds compiled (top_k <= KMAX); EXACT: top_k == KMAX (no per-round check).
+template <bool BF16, int EPL, int KMAX, bool EXACT, int MINB>
+__global__ void __launch_bounds__(kWarpWarps * 32, MINB)
+    lb_fwd_warp_kernel(const __grid_constant__ LbLayers L, LbArgs a, int64_t partial_rows) {
+  extern __shared__ float wsm[];  // [kWarpWarps][2E]
+  constexpr int C = 4;            // rows per chunk
+  constexpr float kLog2e = 1.4426950408889634f;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int E = 32 * EPL, K = a.top_k;
+  const Chunking ch = chunking(a, C);
+  const int rows = static_cast<int>(a.rows);
+  const int W = static_cast<int>(gridDim.x) * kWarpWarps;
+  unsigned idxw[EPL / 2];  // the low halves of this lane's keys: 0xffff - expert
+#pragma unroll
+  for (int j = 0; j < EPL / 2; ++j) {
+    const unsigned e0 = lane * EPL + 2 * j;
+    idxw[j] = ((0xffffu - e0 - 1u) << 16) | (0xffffu - e0);
+  }
+  float cnt[EPL], ps[EPL];
+#pragma unroll
+  for (int i = 0; i < EPL; ++i) cnt[i] = ps[i] = 0.f;
+
+  auto fetch = [&](int c, RawRow<EPL> (&buf)[C], float (&mw)[C]) {
+#pragma unroll
+    for (int i = 0; i < C; ++i) {
+      mw[i] = 0.f;
+#pragma unroll
+      for (int j = 0; j < EPL / 2; ++j) buf[i].w[j] = 0u;
+    }
+    if (c < ch.nchunks) {
+      const int layer = c / ch.cpl;
+      const int t0 = (c - layer * ch.cpl) * C;
+      const int64_t stride = L.stride[layer];
+      const unsigned short* p = static_cast<const unsigned short*>(L.ptr[layer]) + t0 * stride + lane * EPL;
+#pragma unroll
+      for (int i = 0; i < C; ++i)
+        if (t0 + i < rows) {
+          buf[i] = load_raw<EPL>(p + i * stride);
+          mw[i] = a.mask ? a.mask[t0 + i] : 1.f;
+        }
+    }
+  };
+
+  auto row = [&](const RawRow<EPL>& r, float mrow) {
+    unsigned key[EPL], srt[EPL];
+#pragma unroll
+    for (int j = 0; j < EPL / 2; ++j) {
+      const unsigned o = ord2<BF16>(r.w[j]);
+      key[2 * j] = __byte_perm(idxw[j], o, 0x5410);
+      key[2 * j + 1] = __byte_perm(idxw[j], o, 0x7632);
+    }
+#pragma unroll
+    for (int i = 0; i < EPL; ++i) srt[i] = key[i];
+    sort_desc_u<EPL>(srt);
+    // Round k pops the lane's head if it was the k-th largest key; rounds past top_k pop nothing,
+    // so m stays the top_k-th largest key of the row.
+    unsigned m = __reduce_max_sync(0xffffffffu, srt[0]);
+    const float mx = unord<BF16>(m >> 16);
+#pragma unroll
+    for (int k = 1; k < KMAX; ++k) {
+      const bool pop = srt[0] == m && (EXACT || k < K);
+#pragma unroll
+      for (int i = 0; i + 1 < EPL; ++i) srt[i] = pop ? srt[i + 1] : srt[i];
+      srt[EPL - 1] = pop ? 0u : srt[EPL - 1];
+      m = __reduce_max_sync(0xffffffffu, srt[0]);
+    }
+    float e[EPL], s = 0.f;
+    const float off = -mx * kLog2e;
+#pragma unroll
+    for (int j = 0; j < EPL / 2; ++j) {
+      float lo, hi;
+      if (BF16) {
+        lo = __uint_as_float(r.w[j] << 16);
+        hi = __uint_as_float(r.w[j] & 0xffff0000u);
+      } else {
+        lo = __half2float(__ushort_as_half(static_cast<unsigned short>(r.w[j] & 0xffffu)));
+        hi = __half2float(__ushort_as_half(static_cast<unsigned short>(r.w[j] >> 16)));
+      }
+      e[2 * j] = ex2f(fmaf(lo, kLog2e, off));
+      e[2 * j + 1] = ex2f(fmaf(hi, kLog2e, off));
+      s += e[2 * j] + e[2 * j + 1];
+    }
+    // The row sum in fixed point, one integer reduction instead of five shuffles (exact and
+    // order-independent). Every e <= 1, so the row's sum is <= E: with 2^32 / E units per 1
+    // (2^24 for E <= 128, 2^23 for 256) it fits 32 bits; each lane's part is rounded by at most
+    // half a unit, so the sum (>= 1, the maximum's e is 1) is off by at most 32 * 2^-24 = 2e-6.
+    constexpr float kFix = EPL <= 4 ? 16777216.f : 8388608.f;
+    const unsigned fx = __reduce_add_sync(0xffffffffu, __float2uint_rn(s * kFix));
+    const float w = mrow * rcp_approx(static_cast<float>(fx) * (1.f / kFix));
+#pragma unroll
+    for (int i = 0; i < EPL; ++i) {
+      ps[i] = fmaf(e[i], w, ps[i]);
+      if (key[i] >= m) cnt[i] += mrow;
+    }
+  };
+
+  int c = static_cast<int>(blockIdx.x) * kWarpWarps + warp;
+  RawRow<EPL> cur[C];
+  float mcur[C];
+  fetch(c, cur, mcur);
+  for (; c < ch.nchunks; c += W) {
+    RawRow<EPL> nxt[C];
+    float mnxt[C];
+    fetch(c + W, nxt, mnxt);
+#pragma unroll
+    for (int i = 0; i < C; ++i) row(cur[i], mcur[i]);
+#pragma unroll
+    for (int i = 0; i < C; ++i) {
+      cur[i] = nxt[i];
+      mcur[i] = mnxt[i];
+    }
+  }
+  // Block partial: the warps in a fixed order.
+  float* mine = wsm + warp * 2 * E;
+#pragma unroll
+  for (int i = 0; i < EPL; ++i) {
+    mine[lane * EPL + i] = cnt[i];
+    mine[E + lane * EPL + i] = ps[i];
+  }
+  __syncthreads();
+  for (int col = threadIdx.x; col < 2 * E; col += kWarpWarps * 32) {
+    float v = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarpWarps; ++w) v += wsm[w * 2 * E + col];
+    a.partial[static_cast<int64_t>(blockIdx.x) * 2 * E + col] = v;
+  }
+  for (int64_t p = blockIdx.x + gridDim.x; p < partial_rows; p += gridDim.x)
+    for (int col = threadIdx.x; col < 2 * E; col += kWarpWarps * 32) a.partial[p * 2 * E + col] = 0.f;
+}
+
+// Backward: LPR lanes per row, each with NV 16-byte vectors (E = LPR * NV * VPV), 32 / LPR rows per
+// warp step, S steps per chunk.
+template <typename T, int LPR, int NV, int MINB>
+__global__ void __launch_bounds__(kWarpWarps * 32, MINB) lb_bwd_warp_kernel(const __grid_constant__ LbLayers L, LbArgs a) {
+  constexpr int VPV = 16 / sizeof(T);
+  constexpr int EPL = NV * VPV;
+  constexpr int RPW = 32 / LPR;
+  constexpr int S = NV == 1 ? 2 : 1;
+  constexpr int C = RPW * S;
+  constexpr float kLog2e = 1.4426950408889634f;
+  using V = Vec<T, VPV>;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int q = lane % LPR, sub = lane / LPR;
+  const int E = LPR * EPL;
+  // Lane q's vectors: q + LPR * j (the row's 16-byte pieces interleaved over the lanes: each load
+  // instruction of the row's lanes reads consecutive bytes).
+  float cf[EPL];
+#pragma unroll
+  for (int j = 0; j < NV; ++j)
+#pragma unroll
+    for (int i = 0; i < VPV; ++i) cf[j * VPV + i] = a.coef[(q + LPR * j) * VPV + i];
+  const float g = a.grad[0];
+  const Chunking ch = chunking(a, C);
+  const int rows = static_cast<int>(a.rows);
+  const int W = static_cast<int>(gridDim.x) * kWarpWarps;
+
+  auto fetch = [&](int c, V (&buf)[S][NV], float (&mw)[S]) {
+#pragma unroll
+    for (int s = 0; s < S; ++s) {
+      mw[s] = 0.f;
+#pragma unroll
+      for (int j = 0; j < NV; ++j)
+#pragma unroll
+        for (int i = 0; i < VPV; ++i) buf[s][j].v[i] = from_float<T>(0.f);
+    }
+    if (c < ch.nchunks) {
+      const int layer = c / ch.cpl;
+      const int t0 = (c - layer * ch.cpl) * C + sub;
+      const int64_t stride = L.stride[layer];
+      const T* p = static_cast<const T*>(L.ptr[layer]) + t0 * stride + q * VPV;
+#pragma unroll
+      for (int s = 0; s < S; ++s)
+        if (t0 + s * RPW < rows) {
+#pragma unroll
+          for (int j = 0; j < NV; ++j)
+            buf[s][j] = ld_stream(reinterpret_cast<const V*>(p + s * RPW * stride + LPR * VPV * j));
+          mw[s] = (a.mask ? a.mask[t0 + s * RPW] : 1.f) * g;
+        }
+    }
+  };
+
+  int c = static_cast<int>(blockIdx.x) * kWarpWarps + warp;
+  V cur[S][NV];
+  float mcur[S];
+  fetch(c, cur, mcur);
+  for (; c < ch.nchunks; c += W) {
+    V nxt[S][NV];
+    float mnxt[S];
+    fetch(c + W, nxt, mnxt);
+    const int layer = c / ch.cpl;
+    const int t0 = (c - layer * ch.cpl) * C + sub;
+    T* out = static_cast<T*>(L.out[layer]) + static_cast<int64_t>(t0) * E + q * VPV;
+#pragma unroll
+    for (int s = 0; s < S; ++s) {
+      float v[EPL], mx = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < NV; ++j)
+#pragma unroll
+        for (int i = 0; i < VPV; ++i) {
+          v[j * VPV + i] = to_float(cur[s][j].v[i]);
+          mx = fmaxf(mx, v[j * VPV + i]);
+        }
+#pragma unroll
+      for (int o = LPR / 2; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+      const float off = -mx * kLog2e;
+      float sum = 0.f, d = 0.f;
+#pragma unroll
+      for (int i = 0; i < EPL; ++i) {
+        v[i] = ex2f(fmaf(v[i], kLog2e, off));
+        sum += v[i];
+        d = fmaf(v[i], cf[i], d);
+      }
+#pragma unroll
+      for (int o = LPR / 2; o > 0; o >>= 1) {
+        sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        d += __shfl_xor_sync(0xffffffffu, d, o);
+      }
+      const float inv = rcp_approx(sum);
+      const float dot = d * inv, scale = mcur[s] * inv;
+      if (t0 + s * RPW < rows) {
+#pragma unroll
+        for (int j = 0; j < NV; ++j) {
+          V o;
+#pragma unroll
+          for (int i = 0; i < VPV; ++i) o.v[i] = from_float<T>((cf[j * VPV + i] - dot) * (scale * v[j * VPV + i]));
+          st_stream(reinterpret_cast<V*>(out + static_cast<int64_t>(s) * RPW * E + LPR * VPV * j), o);
+        }
+      }
+    }
+#pragma unroll
+    for (int s = 0; s < S; ++s) {
+      mcur[s] = mnxt[s];
+#pragma unroll
+      for (int j = 0; j < NV; ++j) cur[s][j] = nxt[s][j];
+    }
+  }
+}
+
+// The finalize's first stage: partial rows [prows][ncol] summed in kColChunks chunks of rows, in
+// a fixed order, into out[kColChunks][ncol] (the finalize then adds those kColChunks rows).
+constexpr int kColChunks = 16;
+__global__ void __launch_bounds__(256) lb_colsum_kernel(const float* partial, int64_t prows, int ncol, float* out) {
+  __shared__ float sm[8][33];
+  const int cx = threadIdx.x & 31, gy = threadIdx.x >> 5;
+  const int col = blockIdx.x * 32 + cx;
+  const int64_t per = (prows + kColChunks - 1) / kColChunks;
+  const int64_t r0 = blockIdx.y * per, r1 = r0 + per < prows ? r0 + per : prows;
+  float s = 0.f;
+  if (col < ncol)
+    for (int64_t r = r0 + gy; r < r1; r += 8) s += partial[r * ncol + col];
+  sm[gy][cx] = s;
+  __syncthreads();
+  if (gy == 0 && col < ncol) {
+    float v = 0.f;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) v += sm[k][cx];
+    out[static_cast<int64_t>(blockIdx.y) * ncol + col] = v;
+  }
+}
+
 int num_sms() {
   int dev = 0, n = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) return 132;
@@ -655,12 +1052,111 @@ int launch_fast(int num_layers, const void* const* logits, const int64_t* stride
   return OPSLOT_OK;
 }
 
+// The warp paths: the forward for 16-bit logits, E in {64, 128, 256} (EPL 2, 4, 8 per lane),
+// 1 <= top_k <= 16; the backward for E = 8, 16 or 32 lanes times one 16-byte vector.
+template <typename T, int EPL, int KMAX, int MINB, bool EXACT = false>
+int launch_warp_fwd_k(const LbLayers& L, const LbArgs& b, int64_t owned_rows, cudaStream_t s) {
+  constexpr bool BF16 = std::is_same<T, __nv_bfloat16>::value;
+  const size_t smem = sizeof(float) * kWarpWarps * 2 * 32 * EPL;
+  const int64_t cap = static_cast<int64_t>(num_sms()) * MINB;
+  const int64_t grid = owned_rows < cap ? owned_rows : cap;
+  lb_fwd_warp_kernel<BF16, EPL, KMAX, EXACT, MINB><<<static_cast<unsigned>(grid), kWarpWarps * 32, smem, s>>>(L, b, owned_rows);
+  return check_launch("load_balancing forward");
+}
+
+template <typename T, int EPL>
+int launch_warp_fwd_epl(const LbLayers& L, const LbArgs& b, int64_t owned_rows, cudaStream_t s) {
+  constexpr int M = EPL == 2 ? 3 : EPL == 4 ? 2 : 1;  // resident blocks per SM the registers allow
+  if (b.top_k <= 2) return launch_warp_fwd_k<T, EPL, 2, M>(L, b, owned_rows, s);
+  if (b.top_k <= 4) return launch_warp_fwd_k<T, EPL, 4, M>(L, b, owned_rows, s);
+  if (b.top_k == 8) {  // Qwen3-MoE, DeepSeek-V3: no per-round check
+    return launch_warp_fwd_k<T, EPL, 8, M, true>(L, b, owned_rows, s);
+  }
+  if (b.top_k <= 8) return launch_warp_fwd_k<T, EPL, 8, M>(L, b, owned_rows, s);
+  return launch_warp_fwd_k<T, EPL, 16, M>(L, b, owned_rows, s);
+}
+
+template <typename T, int LPR, int NV, int MINB>
+int launch_warp_bwd_k(const LbLayers& L, const LbArgs& b, int64_t owned_rows, cudaStream_t s) {
+  const int64_t cap = static_cast<int64_t>(num_sms()) * MINB;
+  const int64_t grid = owned_rows < cap ? owned_rows : cap;
+  lb_bwd_warp_kernel<T, LPR, NV, MINB><<<static_cast<unsigned>(grid), kWarpWarps * 32, 0, s>>>(L, b);
+  return check_launch("load_balancing backward");
+}
+
+template <typename T, int LPR, int NV>
+int launch_warp_bwd_lpr(const LbLayers& L, const LbArgs& b, int64_t owned_rows, cudaStream_t s) {
+  return launch_warp_bwd_k<T, LPR, NV, 2>(L, b, owned_rows, s);
+}
+
+bool warp_rows_aligned(int num_layers, const void* const* ptrs, const int64_t* strides, int vec, int elem) {
+  for (int i = 0; i < num_layers; ++i)
+    if (!ptrs[i] || reinterpret_cast<uintptr_t>(ptrs[i]) % (vec * elem) != 0 || (strides && strides[i] % vec != 0))
+      return false;
+  return true;
+}
+
+template <typename T>
+int launch_warp(bool bwd, int num_layers, const void* const* logits, const int64_t* strides, void* const* outs,
+                LbArgs a, float* partial_base, cudaStream_t s) {
+  constexpr bool k16 = sizeof(T) == 2;
+  const int E = a.experts;
+  // The vector a lane loads: EPL values in the forward, 16 bytes in the backward.
+  const int vec = bwd ? static_cast<int>(16 / sizeof(T)) : E / 32;
+  // Backward: two 16-byte vectors per lane where that leaves 8, 16 or 32 lanes per row, else one.
+  const int nv = bwd && vec > 0 && E % (2 * vec) == 0 && (E / (2 * vec) == 8 || E / (2 * vec) == 16 || E / (2 * vec) == 32) ? 2 : 1;
+  const int lpr = bwd ? E / (vec * nv) : 32;
+  bool ok = (bwd ? g_lb_bwd_path : g_lb_fwd_path) == 0 && vec > 0 && E % vec == 0 && a.rows < (int64_t(1) << 30) &&
+            static_cast<int64_t>(num_layers) * (a.rows + 3) / 4 < (int64_t(1) << 30);
+  ok = ok && (bwd ? (lpr == 8 || lpr == 16 || lpr == 32) : (k16 && E % 32 == 0 && (vec == 2 || vec == 4 || vec == 8) && a.top_k >= 1 && a.top_k <= 16));
+  ok = ok && warp_rows_aligned(num_layers, logits, strides, vec, sizeof(T)) &&
+       (!bwd || warp_rows_aligned(num_layers, outs, nullptr, vec, sizeof(T)));
+  if (!ok) return kNotEligible;
+  int64_t offset = 0;
+  for (int first = 0; first < num_layers; first += kMaxLayers) {
+    LbLayers L{};
+    const int n = num_layers - first < kMaxLayers ? num_layers - first : kMaxLayers;
+    for (int i = 0; i < n; ++i) {
+      L.ptr[i] = logits[first + i];
+      L.stride[i] = strides[first + i];
+      if (bwd) L.out[i] = outs[first + i];
+    }
+    LbArgs b = a;
+    b.layers = n;
+    const int64_t owned = blocks_for(a.rows, n);
+    int rc = OPSLOT_OK;
+    if (bwd) {
+      if (nv == 2) {
+        if (lpr == 8) rc = launch_warp_bwd_lpr<T, 8, 2>(L, b, owned, s);
+        else if (lpr == 16) rc = launch_warp_bwd_lpr<T, 16, 2>(L, b, owned, s);
+        else rc = launch_warp_bwd_lpr<T, 32, 2>(L, b, owned, s);
+      } else {
+        if (lpr == 8) rc = launch_warp_bwd_lpr<T, 8, 1>(L, b, owned, s);
+        else if (lpr == 16) rc = launch_warp_bwd_lpr<T, 16, 1>(L, b, owned, s);
+        else rc = launch_warp_bwd_lpr<T, 32, 1>(L, b, owned, s);
+      }
+    } else if constexpr (k16) {
+      b.partial = partial_base + offset * 2 * a.experts;
+      offset += owned;
+      if (vec == 2) rc = launch_warp_fwd_epl<T, 2>(L, b, owned, s);
+      else if (vec == 4) rc = launch_warp_fwd_epl<T, 4>(L, b, owned, s);
+      else rc = launch_warp_fwd_epl<T, 8>(L, b, owned, s);
+    }
+    if (rc) return rc;
+  }
+  return OPSLOT_OK;
+}
+
 template <typename T>
 int launch(bool bwd, int num_layers, const void* const* logits, const int64_t* strides, void* const* outs, LbArgs a,
            float* partial, cudaStream_t s) {
-  if (!bwd && a.rows > 0) {
-    const int rc = launch_fast<T>(num_layers, logits, strides, a, partial, s);
+  if (a.rows > 0) {
+    int rc = launch_warp<T>(bwd, num_layers, logits, strides, outs, a, partial, s);
     if (rc != kNotEligible) return rc;
+    if (!bwd && g_lb_fwd_path <= 1) {
+      rc = launch_fast<T>(num_layers, logits, strides, a, partial, s);
+      if (rc != kNotEligible) return rc;
+    }
   }
   // Up to 16 experts per lane; rows of more than 16 experts are spread over 2..32 lanes.
   switch (a.experts <= 16 ? a.experts : 16 + (a.experts + 15) / 16) {
@@ -688,7 +1184,8 @@ int check_args(int num_layers, int64_t rows, int E, int top_k) {
   return OPSLOT_OK;
 }
 
-int64_t scratch_rows(int num_layers, int64_t rows) {
+// The forward's partial rows (every launch's blocks), then kColChunks rows for lb_colsum_kernel.
+int64_t partial_rows_of(int num_layers, int64_t rows) {
   int64_t total = 0;
   for (int first = 0; first < num_layers; first += kMaxLayers) {
     const int n = num_layers - first < kMaxLayers ? num_layers - first : kMaxLayers;
@@ -696,6 +1193,8 @@ int64_t scratch_rows(int num_layers, int64_t rows) {
   }
   return total;
 }
+
+int64_t scratch_rows(int num_layers, int64_t rows) { return partial_rows_of(num_layers, rows) + kColChunks; }
 
 }  // namespace
 }  // namespace opslot
@@ -725,8 +1224,12 @@ OPSLOT_API int opslot_load_balancing_fwd(int dtype, int num_layers, const void* 
     return launch<decltype(t)>(false, num_layers, logits, row_strides, nullptr, a, scratch, s);
   });
   if (rc) return rc;
-  lb_finalize_kernel<<<1, kFinalThreads, 0, s>>>(scratch, scratch_rows(num_layers, rows), num_experts, num_layers, rows,
-                                                 mask, loss, coef);
+  const int64_t prows = partial_rows_of(num_layers, rows);
+  float* sums = scratch + prows * 2 * num_experts;
+  const dim3 grid((2 * num_experts + 31) / 32, kColChunks);
+  lb_colsum_kernel<<<grid, 256, 0, s>>>(scratch, prows, 2 * num_experts, sums);
+  if (int rc = check_launch("load_balancing column sums")) return rc;
+  lb_finalize_kernel<<<1, kFinalThreads, 0, s>>>(sums, kColChunks, num_experts, num_layers, rows, mask, loss, coef);
   return check_launch("load_balancing finalize");
 }
 
@@ -748,6 +1251,14 @@ OPSLOT_API int opslot_load_balancing_bwd(int dtype, int num_layers, const void* 
     return launch<decltype(t)>(true, num_layers, logits, row_strides, grad_logits, a, nullptr,
                                static_cast<cudaStream_t>(stream));
   });
+}
+
+OPSLOT_API int opslot_load_balancing_set_tuning(int forward_path, int backward_path) {
+  if (forward_path < 0 || forward_path > 2 || backward_path < 0 || backward_path > 1)
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "load_balancing tuning: forward_path 0..2, backward_path 0..1");
+  g_lb_fwd_path = forward_path;
+  g_lb_bwd_path = backward_path;
+  return OPSLOT_OK;
 }
 
 }  // extern "C"

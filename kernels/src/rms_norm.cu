@@ -483,7 +483,6 @@ __global__ void __launch_bounds__(kMaxThreads) rms_bwd_kernel(RmsArgs a) {
 // does (one __syncthreads per row, double-buffered partials). The bytes in flight per SM come from
 // the ring, not from registers, which is what versions 1 and 2 lacked (docs/results/kernels_h200.md).
 constexpr int kStages = 4;      // ring depth (rows in flight per block, the current one included)
-constexpr int kStagesFwd = 6;   // the plain forward (8 KB rows at 4096 bf16): deeper, same blocks per SM
 constexpr int kPipeMaxThreads = 512;
 constexpr int64_t kPipeMaxSmem = 200 * 1024;
 
@@ -842,10 +841,10 @@ PipeGeometry pipe_geometry(const RmsArgs& a, bool bwd, const Geometry& g) {
   if (nv > 2) return p;  // four vectors per thread (bf16 wider than 8192) spill in the backward
   const int64_t per_chunk = kVec * (static_cast<int64_t>(sizeof(Tx)) * (a.mode == OPSLOT_RMS_GATED ? 2 : 1) +
                                     (bwd ? static_cast<int64_t>(sizeof(To)) : 0));
-  // The plain forward of rows up to 8 KB takes the deeper ring by default (version 3 forced by
-  // opslot_rms_norm_set_tuning keeps 4 stages: the benchmark's comparison).
-  const bool deep = g_tuning.variant == 0 && !bwd && a.mode != OPSLOT_RMS_GATED && nvec * per_chunk <= 8192;
-  const int stages = deep ? kStagesFwd : kStages;
+  // One ring depth for every direction: a 6-stage ring for the plain forward measured slower than
+  // 4 (0.0851 against 0.0819 ms, 0.0840 against 0.0815 in an earlier run), and a 3- or 2-stage
+  // backward ring the same as 4 (docs/results/kernels_h200.md).
+  const int stages = kStages;
   const int64_t smem = stages * nvec * per_chunk;
   if (smem > kPipeMaxSmem) return p;
   p.stages = stages;
@@ -903,12 +902,8 @@ int launch_pipe_nv(const RmsArgs& a, const PipeGeometry& p, cudaStream_t stream,
   constexpr int kVec = 16 / sizeof(Tx);
   switch (p.nv) {
     case 1:
-      if constexpr (!GATED && !BWD)
-        if (p.stages == kStagesFwd) return launch_pipe_inst<Tx, Tw, To, kVec, 1, GATED, BWD, kStagesFwd>(a, p, stream, partial_rows);
       return launch_pipe_inst<Tx, Tw, To, kVec, 1, GATED, BWD, kStages>(a, p, stream, partial_rows);
     default:
-      if constexpr (!GATED && !BWD)
-        if (p.stages == kStagesFwd) return launch_pipe_inst<Tx, Tw, To, kVec, 2, GATED, BWD, kStagesFwd>(a, p, stream, partial_rows);
       return launch_pipe_inst<Tx, Tw, To, kVec, 2, GATED, BWD, kStages>(a, p, stream, partial_rows);
   }
 }

@@ -4,6 +4,7 @@
 // Each row's outer dimensions are ordered by the caller (largest stride first), so consecutive
 // threads walk memory in order. See kernels/include/opslot_kernels/rope.h and docs/kernels.md.
 #include <type_traits>
+#include <utility>
 
 #include "common.cuh"
 #include "opslot_kernels/rope.h"
@@ -14,7 +15,7 @@ namespace {
 struct RopeTensor {
   const void* in;
   void* out;
-  int64_t n[3];
+  int64_t n[3];  // with the head loop (LOOP): n[0] is the looped dimension (cos/sin stride 0)
   int64_t is[3], os[3], cs[3], ss[3];
   uint32_t n1, n2;  // n[1], n[2] as 32-bit divisors
   int64_t slots;    // threads for this tensor: rows * slots_per_row
@@ -32,7 +33,35 @@ struct RopeArgs {
   int rd;
 };
 
-template <typename T, typename Tc, int VEC, bool BWD, bool SPREAD>
+// The head loop (opslot_rope_set_tuning; off by default: measured slower): a thread takes up to
+// kLoopHeads indices of dimension 0 (heads: cos and sin do not depend on them) for one position and
+// slot, loading cos/sin once for all of them.
+constexpr int kLoopHeads = 8;
+
+// One rotation of a VEC-element pair slot; cos/sin stay in their own type and are converted at
+// each use.
+template <typename T, typename Tc, int VEC, bool BWD>
+__device__ __forceinline__ void rotate(const T* x, T* y, int e, int half, const Vec<Tc, VEC>& cv1,
+                                       const Vec<Tc, VEC>& cv2, const Vec<Tc, VEC>& sv1, const Vec<Tc, VEC>& sv2) {
+  float x1[VEC], x2[VEC], o1[VEC], o2[VEC];
+  load_vec<VEC>(x + e, x1);
+  load_vec<VEC>(x + e + half, x2);
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    const float c1 = to_float(cv1.v[j]), c2 = to_float(cv2.v[j]), s1 = to_float(sv1.v[j]), s2 = to_float(sv2.v[j]);
+    if (BWD) {
+      o1[j] = x1[j] * c1 + x2[j] * s2;
+      o2[j] = x2[j] * c2 - x1[j] * s1;
+    } else {
+      o1[j] = x1[j] * c1 - x2[j] * s1;
+      o2[j] = x2[j] * c2 + x1[j] * s2;
+    }
+  }
+  store_vec<VEC>(y + e, o1);
+  store_vec<VEC>(y + e + half, o2);
+}
+
+template <typename T, typename Tc, int VEC, bool BWD, bool SPREAD, bool LOOP>
 __global__ void __launch_bounds__(256) rope_kernel(RopeArgs a) {
   int64_t gid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   int which = 0;
@@ -50,37 +79,28 @@ __global__ void __launch_bounds__(256) rope_kernel(RopeArgs a) {
   const uint32_t i2 = row % t.n2;
   row /= t.n2;
   const uint32_t i1 = row % t.n1;
-  const uint32_t i0 = row / t.n1;
-  const int64_t in_off = i0 * t.is[0] + i1 * t.is[1] + i2 * t.is[2];
-  const int64_t out_off = i0 * t.os[0] + i1 * t.os[1] + i2 * t.os[2];
-  const T* x = static_cast<const T*>(t.in) + in_off;
-  T* y = static_cast<T*>(t.out) + out_off;
+  const uint32_t i0 = row / t.n1;  // LOOP: the chunk of kLoopHeads heads
+  // Rows i0 (LOOP: h0 .. h1-1, one at a time) of dimension 0.
+  const int64_t h0 = LOOP ? static_cast<int64_t>(i0) * kLoopHeads : i0;
+  const int64_t h1 = LOOP ? (h0 + kLoopHeads < t.n[0] ? h0 + kLoopHeads : t.n[0]) : h0 + 1;
+  const T* x = static_cast<const T*>(t.in) + (h0 * t.is[0] + i1 * t.is[1] + i2 * t.is[2]);
+  T* y = static_cast<T*>(t.out) + (h0 * t.os[0] + i1 * t.os[1] + i2 * t.os[2]);
   if (!SPREAD && slot >= a.pairs) {  // one thread per pass-through vector
     const int f = a.rd + (slot - a.pairs) * VEC;
-    *reinterpret_cast<Vec<T, VEC>*>(y + f) = *reinterpret_cast<const Vec<T, VEC>*>(x + f);
-  } else {
-    const int e = slot * VEC;
-    const Tc* c = static_cast<const Tc*>(a.cos) + (i0 * t.cs[0] + i1 * t.cs[1] + i2 * t.cs[2]);
-    const Tc* s = static_cast<const Tc*>(a.sin) + (i0 * t.ss[0] + i1 * t.ss[1] + i2 * t.ss[2]);
-    float x1[VEC], x2[VEC], c1[VEC], c2[VEC], s1[VEC], s2[VEC], o1[VEC], o2[VEC];
-    load_vec<VEC>(x + e, x1);
-    load_vec<VEC>(x + e + a.half, x2);
-    load_vec<VEC>(c + e, c1);
-    load_vec<VEC>(c + e + a.half, c2);
-    load_vec<VEC>(s + e, s1);
-    load_vec<VEC>(s + e + a.half, s2);
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-      if (BWD) {
-        o1[j] = x1[j] * c1[j] + x2[j] * s2[j];
-        o2[j] = x2[j] * c2[j] - x1[j] * s1[j];
-      } else {
-        o1[j] = x1[j] * c1[j] - x2[j] * s1[j];
-        o2[j] = x2[j] * c2[j] + x1[j] * s2[j];
-      }
-    }
-    store_vec<VEC>(y + e, o1);
-    store_vec<VEC>(y + e + a.half, o2);
+    for (int64_t h = h0; h < h1; ++h, x += t.is[0], y += t.os[0])
+      *reinterpret_cast<Vec<T, VEC>*>(y + f) = *reinterpret_cast<const Vec<T, VEC>*>(x + f);
+    return;
+  }
+  const int e = slot * VEC;
+  const int64_t c0 = LOOP ? 0 : i0;  // LOOP: cos/sin have stride 0 over dimension 0
+  const Tc* c = static_cast<const Tc*>(a.cos) + (c0 * t.cs[0] + i1 * t.cs[1] + i2 * t.cs[2]);
+  const Tc* s = static_cast<const Tc*>(a.sin) + (c0 * t.ss[0] + i1 * t.ss[1] + i2 * t.ss[2]);
+  using C = Vec<Tc, VEC>;
+  const C c1 = *reinterpret_cast<const C*>(c + e), c2 = *reinterpret_cast<const C*>(c + e + a.half);
+  const C s1 = *reinterpret_cast<const C*>(s + e), s2 = *reinterpret_cast<const C*>(s + e + a.half);
+#pragma unroll 1
+  for (int64_t h = h0; h < h1; ++h, x += t.is[0], y += t.os[0]) {
+    rotate<T, Tc, VEC, BWD>(x, y, e, a.half, c1, c2, s1, s2);
     // SPREAD: the pass-through part of a partial rotation is copied by the pair slots, so that
     // every thread of a row moves about the same bytes (one thread per pass-through vector left
     // some threads with one 16-byte load and others with six). After the rotation's stores, so
@@ -95,6 +115,7 @@ __global__ void __launch_bounds__(256) rope_kernel(RopeArgs a) {
 }
 
 int g_spread = 1;  // opslot_rope_set_tuning (benchmarks only)
+int g_loop = 0;
 
 bool aligned(const void* p, int bytes) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
@@ -112,6 +133,7 @@ int launch(bool bwd, int64_t head_dim, int64_t rotary_dim, const void* cos, cons
   bool vec_ok = a.half % kVec == 0 && head_dim % kVec == 0 && aligned(cos, kVec * sizeof(Tc)) &&
                 aligned(sin, kVec * sizeof(Tc));
   int64_t rows_total[2] = {0, 0};
+  bool loop = g_loop != 0;
   for (int w = 0; w < 2; ++w) {
     RopeTensor& t = a.t[w];
     if (!ins[w]) continue;
@@ -131,6 +153,19 @@ int launch(bool bwd, int64_t head_dim, int64_t rotary_dim, const void* cos, cons
     }
     if (rows == 0) continue;
     if (!t.in || !t.out) return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "rope: null tensor");
+    // The head loop: the largest dimension that cos and sin do not depend on, moved to position 0
+    // (the other two keep their order, largest input stride first).
+    int hd = -1;
+    for (int d = 0; d < 3; ++d)
+      if (t.cs[d] == 0 && t.ss[d] == 0 && t.n[d] > 1 && (hd < 0 || t.n[d] > t.n[hd])) hd = d;
+    if (hd < 0) loop = false;
+    for (int d = loop ? hd : 0; d > 0; --d) {
+      std::swap(t.n[d], t.n[d - 1]);
+      std::swap(t.is[d], t.is[d - 1]);
+      std::swap(t.os[d], t.os[d - 1]);
+      std::swap(t.cs[d], t.cs[d - 1]);
+      std::swap(t.ss[d], t.ss[d - 1]);
+    }
     vec_ok = vec_ok && aligned(t.in, 16) && aligned(t.out, 16);
     t.n1 = static_cast<uint32_t>(t.n[1] > 0 ? t.n[1] : 1);
     t.n2 = static_cast<uint32_t>(t.n[2] > 0 ? t.n[2] : 1);
@@ -138,6 +173,10 @@ int launch(bool bwd, int64_t head_dim, int64_t rotary_dim, const void* cos, cons
       return set_error(OPSLOT_ERR_UNSUPPORTED, "rope: a dimension of 2^32 or more");
     rows_total[w] = rows;
   }
+  // With the head loop a thread row is (chunk of kLoopHeads heads, i1, i2).
+  if (loop)
+    for (int w = 0; w < 2; ++w)
+      if (rows_total[w] > 0) rows_total[w] = rows_total[w] / a.t[w].n[0] * ((a.t[w].n[0] + kLoopHeads - 1) / kLoopHeads);
   const int vec = vec_ok ? kVec : 1;
   a.pairs = a.half / vec;
   a.npass = static_cast<int>((head_dim - rotary_dim) / vec);
@@ -159,8 +198,13 @@ int launch(bool bwd, int64_t head_dim, int64_t rotary_dim, const void* cos, cons
   auto go = [&](auto vec_tag, auto spread_tag) {
     constexpr int V = decltype(vec_tag)::value;
     constexpr bool SP = decltype(spread_tag)::value;
-    if (bwd) rope_kernel<T, Tc, V, true, SP><<<g, threads, 0, stream>>>(a);
-    else rope_kernel<T, Tc, V, false, SP><<<g, threads, 0, stream>>>(a);
+    if (loop) {
+      if (bwd) rope_kernel<T, Tc, V, true, SP, true><<<g, threads, 0, stream>>>(a);
+      else rope_kernel<T, Tc, V, false, SP, true><<<g, threads, 0, stream>>>(a);
+    } else {
+      if (bwd) rope_kernel<T, Tc, V, true, SP, false><<<g, threads, 0, stream>>>(a);
+      else rope_kernel<T, Tc, V, false, SP, false><<<g, threads, 0, stream>>>(a);
+    }
   };
   using Yes = std::true_type;
   using No = std::false_type;
@@ -206,9 +250,10 @@ extern "C" OPSLOT_API int opslot_rope(int backward, int dtype, int cs_dtype, int
   }
 }
 
-extern "C" OPSLOT_API int opslot_rope_set_tuning(int spread_pass_through) {
-  if (spread_pass_through != 0 && spread_pass_through != 1)
-    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "rope tuning: spread_pass_through 0 or 1");
+extern "C" OPSLOT_API int opslot_rope_set_tuning(int spread_pass_through, int loop_heads) {
+  if ((spread_pass_through != 0 && spread_pass_through != 1) || (loop_heads != 0 && loop_heads != 1))
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "rope tuning: spread_pass_through and loop_heads 0 or 1");
   g_spread = spread_pass_through;
+  g_loop = loop_heads;
   return OPSLOT_OK;
 }

@@ -29,11 +29,12 @@ from . import hf  # noqa: F401  (Transformers integration: opslot.hf)
 from .binding import bind_ops, build_model, load_private_copy, module_slots
 from .copies import install_finder as _install_finder
 from .copies import is_instance, release_unused_copies
+from .config_slot import ConfigSlot
 from .config import CUDA_DEFAULTS, FIELD_FOR_OP, FORCE_ENV, NPU_DEFAULTS, OpsImplementationConfig
 from .hardware import DeviceInfo, HardwareRequirement, current_device, set_device_detector, use_device
 from .kernels import register_builtin_kernels
 from .ops import EAGER, KNOWN_OPS
-from .plan import BindingPlan, PlanEntry, binding_plan, declared_slots
+from .plan import BindingPlan, PlanEntry, binding_plan, declared_config_slots, declared_slots
 from .registry import KERNEL_REGISTRY, PLUGIN_GROUP, KernelRegistry, KernelSpec, register_kernel
 from .slot import OpSlot
 
@@ -41,10 +42,10 @@ register_builtin_kernels(KERNEL_REGISTRY)
 _install_finder()  # private module copies import by name (pickled models)
 
 __all__ = [
-    "BindingPlan", "CUDA_DEFAULTS", "DeviceInfo", "EAGER", "FIELD_FOR_OP", "FORCE_ENV", "HardwareRequirement",
+    "BindingPlan", "CUDA_DEFAULTS", "ConfigSlot", "DeviceInfo", "EAGER", "FIELD_FOR_OP", "FORCE_ENV", "HardwareRequirement",
     "KERNEL_REGISTRY", "KNOWN_OPS", "KernelRegistry", "KernelSpec", "NPU_DEFAULTS", "OpSlot",
     "OpsImplementationConfig", "PLUGIN_GROUP", "PlanEntry", "bind_ops", "binding_plan", "build_model",
-    "current_device", "declared_slots", "is_instance", "load_private_copy", "module_slots", "register_builtin_kernels",
+    "current_device", "declared_config_slots", "declared_slots", "is_instance", "load_private_copy", "module_slots", "register_builtin_kernels",
     "register_kernel", "release_unused_copies", "set_device_detector", "use_device",
 ]
 __version__ = "0.1.0"

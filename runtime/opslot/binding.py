@@ -24,7 +24,7 @@ from .checks import check_model, saved_ops
 from .config import FIELD_FOR_OP, OpsImplementationConfig, forced_impl_spec
 from .copies import is_copy, release_unused_copies, shared_copy
 from .hardware import DeviceInfo
-from .plan import binding_plan, declared_slots, log_plan, logger
+from .plan import binding_plan, declared_config_slots, declared_slots, log_plan, logger
 from .registry import KERNEL_REGISTRY, KernelRegistry
 from .slot import OpSlot
 
@@ -223,10 +223,13 @@ def build_model(
     class_name = model_class if isinstance(model_class, str) else model_class.__name__
 
     declared = declared_slots(module)
-    if not declared:
+    config_slots = declared_config_slots(module)
+    if not declared and not config_slots:
         raise ValueError(_no_slots(module, "build_model"))
     if not isinstance(getattr(module, class_name, None), type):
         raise AttributeError(f"module {module.__name__!r} has no class {class_name!r}")
+    for config_slot in config_slots:  # a config value they refuse is an error before construction
+        config_slot.bind_from(hf_config)
     # Everything the model will bind, instance-scoped slots included, is checked before anything is.
     pairs = {(d.op, d.variant) for d in declared}
     chosen = config.validate(pairs, registry=registry, device=device)

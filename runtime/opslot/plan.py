@@ -12,7 +12,7 @@
 `build_model` and `bind_ops` log their plan once, at INFO, on the `opslot` logger.
 `declared_slots(module)` lists the slots a generated module declares, instance-scoped ones
 included (read from its source), so that a choice that binds nowhere is found before any model
-is constructed.
+is constructed; `declared_config_slots(module)` the config slots (`ConfigSlot`) it sets.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import types
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
+from .config_slot import ConfigSlot
 from .slot import OpSlot
 
 logger = logging.getLogger("opslot")
@@ -83,6 +84,46 @@ def _instance_slots_in_source(path: str) -> List[DeclaredSlot]:
     return found
 
 
+_config_slot_cache: Dict[Tuple[str, float], List[ConfigSlot]] = {}
+
+
+def _literal_config_slot(call: ast.Call) -> Optional[ConfigSlot]:
+    """The unbound ConfigSlot of a `ConfigSlot("A.x", "attr", ("a", "b"), default="a")` call whose
+    arguments are literals (what patchgen writes), else None."""
+    func = call.func
+    if not ((isinstance(func, ast.Name) and func.id == "ConfigSlot")
+            or (isinstance(func, ast.Attribute) and func.attr == "ConfigSlot")):
+        return None
+    try:
+        args = [ast.literal_eval(a) for a in call.args]
+        kwargs = {k.arg: ast.literal_eval(k.value) for k in call.keywords if k.arg}
+        return ConfigSlot(*args, **kwargs)
+    except (ValueError, TypeError, SyntaxError):
+        return None
+
+
+def declared_config_slots(module: types.ModuleType) -> List[ConfigSlot]:
+    """The config slots `module`'s source declares (`ConfigSlot(...)` calls with literal arguments,
+    as patchgen's config_slot patches write them), unbound, in source order; so that a config value
+    they refuse is found before any model is constructed."""
+    path = getattr(module, "__file__", None)
+    if not path or not path.endswith(".py"):
+        return []
+    try:
+        key = (path, os.path.getmtime(path))
+    except OSError:
+        return []
+    if key not in _config_slot_cache:
+        try:
+            with open(path, encoding="utf-8") as fh:
+                tree = ast.parse(fh.read(), path)
+        except (OSError, SyntaxError, ValueError):
+            return []
+        calls = sorted((n for n in ast.walk(tree) if isinstance(n, ast.Call)), key=lambda n: (n.lineno, n.col_offset))
+        _config_slot_cache[key] = [s for s in map(_literal_config_slot, calls) if s is not None]
+    return [ConfigSlot(s.name, s.attribute, s.values, s.default) for s in _config_slot_cache[key]]
+
+
 def declared_slots(module: types.ModuleType) -> List[DeclaredSlot]:
     """Every slot `module` declares: its module-level OpSlot attributes, and the instance-scoped
     `self.x = OpSlot(op, variant)...` assignments found in its source file."""
@@ -109,15 +150,18 @@ class PlanEntry:
 
 class BindingPlan:
     """What runs where: `entries` (PlanEntry), `target` (the model class or module name),
-    `attention` (the model config's `_attn_implementation`, if any). Iterable; `as_dict()` gives
-    {slot: impl}; equal when the entries are."""
+    `attention` (the model config's `_attn_implementation`, if any), `config_slots` (the model's
+    ConfigSlots as PlanEntry rows with op "config", variant the config attribute, impl the value;
+    listed apart: they bind no kernel). Iterable over `entries`; `as_dict()` gives {slot: impl};
+    equal when the entries are."""
 
     def __init__(self, target: str, entries: List[PlanEntry], module: Optional[str] = None,
-                 attention: Optional[str] = None) -> None:
+                 attention: Optional[str] = None, config_slots: Optional[List[PlanEntry]] = None) -> None:
         self.target = target
         self.entries = list(entries)
         self.module = module
         self.attention = attention
+        self.config_slots = list(config_slots or [])
 
     def __iter__(self) -> Iterator[PlanEntry]:
         return iter(self.entries)
@@ -147,6 +191,9 @@ class BindingPlan:
             lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(r[:3], widths)) + "  " + r[3])
         if not self.entries:
             lines.append("  (no slots)")
+        for e in self.config_slots:
+            count = f" (x{e.count})" if e.count > 1 else ""
+            lines.append(f"  config slot {e.slot}{count}: {e.impl} ({e.why}, config.{e.variant})")
         if self.attention is not None:
             lines.append(f"  attention: {self.attention} (config._attn_implementation)")
         return "\n".join(lines)
@@ -179,19 +226,24 @@ def binding_plan(target: Any) -> BindingPlan:
     for path, sub in named():
         modules_seen.setdefault(type(sub).__module__, type(sub))
         for attr, value in vars(sub).items():
-            if isinstance(value, OpSlot):
+            if isinstance(value, (OpSlot, ConfigSlot)):
                 name = f"{path}.{attr}" if path else attr
-                key = (_INDEX.sub("*", name), value.op, value.variant, value.impl, value.why)
+                if isinstance(value, ConfigSlot):  # config/<attribute>, the chosen implementation
+                    key = (_INDEX.sub("*", name), "config", value.attribute, value._value or "unbound", value.why)
+                else:
+                    key = (_INDEX.sub("*", name), value.op, value.variant, value.impl, value.why)
                 if key not in groups:
                     order.append(key)
                     groups[key] = 0
                 groups[key] += 1
     for cls in modules_seen.values():
         entries += _module_entries(slots_of_class(cls))
-    entries += [PlanEntry(k[0], "instance", k[1], k[2], k[3], k[4], groups[k]) for k in order]
+    rows = [PlanEntry(k[0], "instance", k[1], k[2], k[3], k[4], groups[k]) for k in order]
+    entries += [e for e in rows if e.op != "config"]
     config = getattr(target, "config", None)
     attention = getattr(config, "_attn_implementation", None) if config is not None else None
-    return BindingPlan(type(target).__name__, entries, module=type(target).__module__, attention=attention)
+    return BindingPlan(type(target).__name__, entries, module=type(target).__module__, attention=attention,
+                       config_slots=[e for e in rows if e.op == "config"])
 
 
 def log_plan(plan: BindingPlan) -> None:

@@ -78,11 +78,13 @@ Result<GenerateResult> RunStages(const spec::PatchSpec& spec, const PyModule& up
                                  std::set<std::string> used_keys) {
   ImportsStage imports = PlanImports(spec, up, options.upstream_path);
   PatchesStage patches = PlanPatches(spec, up);
-  GuardsStage guards = PlanGuardStage(spec, up, spec.runtime.value_or(options.default_runtime),
-                                      patches.replaced, patches.added_methods);
+  const std::string runtime = spec.runtime.value_or(options.default_runtime);
+  GuardsStage guards = PlanGuardStage(spec, up, runtime, patches.replaced, patches.added_methods);
   StageOutput statement_edits =
       PlaceStatementEdits(up, std::move(patches.statement_edits), guards.regions);
-  StageOutput module_code = PlanModuleCode(spec, up, imports.removed_imports, guards.declarations);
+  StageOutput module_code =
+      PlanModuleCode(spec, up, imports.removed_imports,
+                     WithConfigSlotImport(guards.declarations, runtime, patches.config_slots));
   ExcludeStage excludes = PlanExcludes(spec, up);
 
   Collected all;
@@ -93,7 +95,7 @@ Result<GenerateResult> RunStages(const spec::PatchSpec& spec, const PyModule& up
   all.Add(std::move(statement_edits));
   all.Add(std::move(module_code));
   all.Add(std::move(excludes.out));
-  NameMap(spec.name_map).ReportUnused(all.used_keys, all.errors);
+  if (!options.entries_dropped) NameMap(spec.name_map).ReportUnused(all.used_keys, all.errors);
   if (!all.errors.empty()) {
     SortDiagnostics(all.errors);
     return all.errors;
@@ -105,6 +107,7 @@ Result<GenerateResult> RunStages(const spec::PatchSpec& spec, const PyModule& up
     SortDiagnostics(overlaps);
     return overlaps;
   }
+  if (options.entries_dropped) return GenerateResult{};
 
   for (SkippedEntry& sk : patches.skipped) skipped.push_back(std::move(sk));
   for (SkippedEntry& sk : guards.skipped) skipped.push_back(std::move(sk));

@@ -28,6 +28,11 @@ struct GenerateOptions {
   /// Tests only (output_check_test.cc): also parse the output from scratch and fail with an
   /// internal error when that tree differs from the incremental one.
   bool verify_incremental_parse = false;
+  /// The spec lost entries to load errors (spec::LoadSpecKeepingEntries): its other entries are
+  /// planned and their errors returned, but the checks that need every entry are not made (unused
+  /// name_map keys, the output check: a name the lost entries would define or remove), and the
+  /// result, when there is no error, is not a generated file (its text is empty).
+  bool entries_dropped = false;
 };
 
 struct AppliedPatch {

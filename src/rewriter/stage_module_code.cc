@@ -103,7 +103,7 @@ struct ModuleCode {
       out.edits.push_back(
           TextEdit{{at, at},
                    (at_top && first ? "" : "\n\n") + TrimTrailingNewlines(declarations),
-                   spec.slots.front().loc,
+                   spec.slots.empty() ? spec.upstream_loc : spec.slots.front().loc,
                    "slot declarations",
                    std::nullopt});
       first = false;

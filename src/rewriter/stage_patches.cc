@@ -164,20 +164,6 @@ void PlanAddMethod(PatchContext& ctx, const Patch& p, NameMap& patch_map, const 
   ctx.st.added_methods.push_back({p.target, &p});
 }
 
-/// End of the `super().__init__(...)` statement directly in `init`'s body.
-std::optional<uint32_t> SuperInitEnd(const PyModule& up, const Definition& init) {
-  TSNode block = Field(DefNode(up, init), "body");
-  for (uint32_t i = 0; i < ts_node_named_child_count(block); ++i) {
-    TSNode c = ts_node_named_child(block, i);
-    if (!Is(c, "expression_statement")) continue;
-    std::string_view text = up.Text(RangeOf(c));
-    if (text.starts_with("super(") && text.find(".__init__(") != std::string_view::npos) {
-      return LineEndOf(up.source(), ts_node_end_byte(c));
-    }
-  }
-  return std::nullopt;
-}
-
 void PlanModifyInit(PatchContext& ctx, const Patch& p, NameMap& patch_map,
                     const std::string& what) {
   const PyModule& up = ctx.up;
@@ -282,6 +268,7 @@ constexpr PatchPlanner kPatchPlanners[] = {
     {PatchKind::kAddMethod, PlanAddMethod, AddMethodAbsent, PinAbsent},
     {PatchKind::kModifyInit, PlanModifyInit, ModifyInitAbsent, PinInit},
     {PatchKind::kEditBody, PlanEditBody, EditBodyAbsent, nullptr},
+    {PatchKind::kConfigSlot, PlanConfigSlot, ConfigSlotAbsent, PinConfigSlot},
 };
 
 /// A patch on a member of a class that another patch replaces wholesale (e.g. `add_method X.m`
@@ -303,6 +290,19 @@ void CheckNestedInReplaced(const spec::PatchSpec& spec, std::vector<Diagnostic>&
 }
 
 }  // namespace
+
+std::optional<uint32_t> SuperInitEnd(const PyModule& up, const Definition& init) {
+  TSNode block = Field(DefNode(up, init), "body");
+  for (uint32_t i = 0; i < ts_node_named_child_count(block); ++i) {
+    TSNode c = ts_node_named_child(block, i);
+    if (!Is(c, "expression_statement")) continue;
+    std::string_view text = up.Text(RangeOf(c));
+    if (text.starts_with("super(") && text.find(".__init__(") != std::string_view::npos) {
+      return LineEndOf(up.source(), ts_node_end_byte(c));
+    }
+  }
+  return std::nullopt;
+}
 
 const PatchPlanner* PlannerOf(PatchKind kind) {
   for (const PatchPlanner& row : kPatchPlanners) {

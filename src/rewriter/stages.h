@@ -58,11 +58,17 @@ struct PatchesStage {
   std::vector<PatchedTarget> replaced;  ///< Upstream bodies replaced (replace_*, override).
   std::vector<PatchedTarget> added_methods;
   std::vector<PendingEdit> statement_edits;  ///< edit_body, placed by PlaceStatementEdits.
+  bool config_slots = false;  ///< A config_slot patch applied: the output imports ConfigSlot.
 };
 
 /// Every patch of `spec` (patch targets already mapped by the spec-level name_map), in spec
 /// order, each by the planning function of its kind.
 PatchesStage PlanPatches(const spec::PatchSpec& spec, const parser::PyModule& up);
+
+/// `declarations` (the guards stage's slot declarations) with `ConfigSlot` imported from
+/// `runtime` when `config_slots` (stage_config_slot.cc).
+std::string WithConfigSlotImport(const std::string& declarations, const std::string& runtime,
+                                 bool config_slots);
 
 // ----- guards (stage_guards.cc) --------------------------------------------------------------
 

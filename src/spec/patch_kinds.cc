@@ -20,10 +20,13 @@ const PatchKindInfo& InfoOf(PatchKind kind) {
 
 std::vector<std::string> KeysRefusedBy(const PatchKindInfo& kind) {
   std::vector<std::string> out;
-  if (kind.has_edits) out = {"code", "file", "symbol"};
-  if (!kind.allows_from || kind.has_edits) out.push_back("from");
+  if (kind.has_edits || kind.has_choice) out = {"code", "file", "symbol"};
+  if (!kind.allows_from || kind.has_edits || kind.has_choice) out.push_back("from");
   if (!kind.allows_after) out.push_back("after");
   if (!kind.has_edits) out.push_back("edits");
+  if (!kind.has_choice) {
+    for (const char* k : {"attribute", "values", "default"}) out.push_back(k);
+  }
   return out;
 }
 

@@ -32,26 +32,34 @@ struct PatchKindInfo {
   bool allows_from;   ///< The body may be `from: module.Name` (an import instead of code).
   bool allows_after;  ///< `after: end | super_init` (where the statements go).
   bool has_edits;     ///< `edits:` instead of a body (`code`, `file`, `symbol`, `from` refused).
+  /// `attribute:`, `values:` and `default:` (an implementation chosen from the model config)
+  /// instead of a body (`code`, `file`, `symbol`, `from`, `edits` refused).
+  bool has_choice;
   /// The help for a target of the wrong shape: help_before + target + help_after.
   std::string_view shape_help_before;
   std::string_view shape_help_after;
+  /// What the member of a kMember target names, in "'<key>' takes `Class.<member>`".
+  std::string_view member = "method";
 };
 
 /// In the order of the documentation and of the schema's `oneOf`.
 inline constexpr PatchKindInfo kPatchKinds[] = {
     {PatchKind::kReplaceClass, "replace_class", TargetShape::kTopLevel, /*allows_from=*/true,
-     /*allows_after=*/false, /*has_edits=*/false,
+     /*allows_after=*/false, /*has_edits=*/false, /*has_choice=*/false,
      "to change a method, use `override_method: ", "`"},
     {PatchKind::kReplaceFunction, "replace_function", TargetShape::kTopLevel, true, false, false,
-     "to change a method, use `override_method: ", "`"},
+     false, "to change a method, use `override_method: ", "`"},
     {PatchKind::kOverrideMethod, "override_method", TargetShape::kMember, false, false, false,
-     "to replace a top-level function, use `replace_function: ", "`"},
-    {PatchKind::kAddMethod, "add_method", TargetShape::kMember, false, false, false,
+     false, "to replace a top-level function, use `replace_function: ", "`"},
+    {PatchKind::kAddMethod, "add_method", TargetShape::kMember, false, false, false, false,
      "name the class and the new method, like `", ".forward`"},
     {PatchKind::kModifyInit, "modify_init", TargetShape::kAny, false, /*allows_after=*/true, false,
+     false, "", ""},
+    {PatchKind::kEditBody, "edit_body", TargetShape::kAny, false, false, /*has_edits=*/true, false,
      "", ""},
-    {PatchKind::kEditBody, "edit_body", TargetShape::kAny, false, false, /*has_edits=*/true, "",
-     ""},
+    {PatchKind::kConfigSlot, "config_slot", TargetShape::kMember, false, false, false,
+     /*has_choice=*/true, "name the class and the attribute its __init__ sets, like `",
+     ".attention_kernel`", /*member=*/"name"},
 };
 
 /// The row of `key`, or nullptr when `key` is not a kind key.
@@ -62,7 +70,8 @@ const PatchKindInfo& InfoOf(PatchKind kind);
 
 /// The keys that only some kinds allow, each with the rule that decides it: a patch of a kind
 /// whose rule says no gets "'<key>' is not allowed on <kind>" (or the message of its kind).
-/// `from`, `after`, `edits`, and the body keys `code`, `file`, `symbol` for an edits kind.
+/// `from`, `after`, `edits`, the body keys `code`, `file`, `symbol` for an edits or choice kind,
+/// and the choice keys `attribute`, `values`, `default` for the other kinds.
 std::vector<std::string> KeysRefusedBy(const PatchKindInfo& kind);
 
 }  // namespace patchgen::spec

@@ -38,6 +38,7 @@ std::vector<PatchKind> AllPatchKinds() {
       case PatchKind::kAddMethod:
       case PatchKind::kModifyInit:
       case PatchKind::kEditBody:
+      case PatchKind::kConfigSlot:
         return true;
     }
     return false;
@@ -123,7 +124,9 @@ TEST_CASE("the loader applies each row's target shape and refused keys", "[spec]
   for (const PatchKindInfo& info : kPatchKinds) {
     std::string key(info.key);
     INFO(key);
-    std::string body = info.has_edits ? R"("edits": [{"delete": "x = 1"}])" : R"("code": "x = 1")";
+    std::string body = info.has_edits    ? R"("edits": [{"delete": "x = 1"}])"
+                       : info.has_choice ? R"("attribute": "a", "values": ["x"])"
+                                         : R"("code": "x = 1")";
     auto load = [&](const std::string& target, const std::string& extra) {
       return LoadSpecFromString(
           "k.yaml", R"({"upstream": "m.a", "output": "o.py", "patches": [{")" + key + R"(": ")" +

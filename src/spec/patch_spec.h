@@ -71,6 +71,7 @@ enum class PatchKind {
   kAddMethod,
   kModifyInit,
   kEditBody,
+  kConfigSlot,
 };
 
 /// The YAML key of a kind ("replace_class", ...), from the kind table (patch_kinds.h).
@@ -95,6 +96,21 @@ struct StatementEdit {
 /// The YAML key of an edit operation ("insert_before", ...).
 const char* EditOpKey(StatementEdit::Op op);
 
+struct LocatedName {
+  std::string name;
+  SourceLoc loc;
+};
+
+/// What a `config_slot` patch declares (docs/spec-format.md, "Config slots"): an implementation
+/// name read from `config.<attribute>` when the model is built, one of `values`, or `default`
+/// when the config does not set the attribute.
+struct ConfigChoice {
+  std::string attribute;  ///< Attribute of the model config: "attention_kernel".
+  SourceLoc attribute_loc;
+  std::vector<LocatedName> values;           ///< The implementations allowed, in spec order.
+  std::optional<LocatedName> default_value;  ///< One of `values`; none: the config must set it.
+};
+
 struct Patch {
   PatchKind kind = PatchKind::kReplaceClass;
   std::string target;       ///< "Qwen3MLP", "Qwen3MLP.forward", "Outer.Inner.m", "rotate_half"
@@ -105,6 +121,7 @@ struct Patch {
   InitAt init_at = InitAt::kEnd;       ///< modify_init only (`after: end | super_init`).
   std::vector<NameMapEntry> name_map;  ///< Patch-level renames (added to the spec's).
   std::vector<StatementEdit> edits;    ///< edit_body only: in spec order.
+  ConfigChoice choice;                 ///< config_slot only.
   Condition when;                      ///< `upstream_version` / `optional`.
   SourceLoc loc;                       ///< The entry (its kind key).
   /// In a spec with `extends`: an entry without a body (no `code`/`file`/`from`, no `edits`)
@@ -154,11 +171,6 @@ struct Helper {
 struct Block {
   std::string code;
   TextOrigin origin;
-  SourceLoc loc;
-};
-
-struct LocatedName {
-  std::string name;
   SourceLoc loc;
 };
 

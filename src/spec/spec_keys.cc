@@ -43,8 +43,9 @@ const std::vector<std::string>& KnownKeys(KeyLevel level) {
   // The kind keys (from the kind table) first, then the keys shared by the kinds.
   static const std::vector<std::string> patch = [] {
     std::vector<std::string> keys = PatchKindKeys();
-    for (const char* k : {"description", "code", "file", "symbol", "from", "after", "edits",
-                          "name_map", "upstream_version", "optional", "reason"}) {
+    for (const char* k :
+         {"description", "code", "file", "symbol", "from", "after", "edits", "attribute", "values",
+          "default", "name_map", "upstream_version", "optional", "reason"}) {
       keys.push_back(k);
     }
     return keys;

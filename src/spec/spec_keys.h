@@ -35,7 +35,7 @@ const std::vector<std::string>& RequiredKeys(KeyLevel level);
 const std::vector<std::string>& NewSlotKeys();
 
 /// The patch kind keys, in the order of the kind table (patch_kinds.h): replace_class,
-/// replace_function, override_method, add_method, modify_init, edit_body.
+/// replace_function, override_method, add_method, modify_init, edit_body, config_slot.
 const std::vector<std::string>& PatchKindKeys();
 
 /// The operation keys of an edit: insert_before, insert_after, replace, delete, wrap.

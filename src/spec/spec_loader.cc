@@ -61,7 +61,9 @@ class FileLoader : public SpecReader {
 
   void LoadTop(const RawNode& root, OneSpec& out) {
     KeyMap keys = Keys(root, KeyLevel::kSpec);
+    size_t before = diags_.size();
     LoadHead(keys, out);  // Sets has_extends_, which the entries below depend on.
+    out.fatal_errors += diags_.size() - before;
     LoadEntries(keys, out);
   }
 
@@ -118,7 +120,9 @@ class FileLoader : public SpecReader {
   // The lists and mappings: name_map, imports, slots, patches, helpers, blocks, exclude, remove.
   void LoadEntries(const KeyMap& keys, OneSpec& out) {
     PatchSpec& spec = out.spec;
+    size_t before = diags_.size();
     if (const RawNode* v = ValueOf(keys, "name_map")) spec.name_map = NameMap(*v);
+    out.fatal_errors += diags_.size() - before;
     if (const RawNode* v = ValueOf(keys, "imports")) LoadImports(*v, spec);
     if (const RawNode* v = ValueOf(keys, "slots")) LoadSlots(*v, spec);
     if (const RawNode* v = ValueOf(keys, "patches")) LoadPatches(*v, spec);
@@ -126,11 +130,13 @@ class FileLoader : public SpecReader {
     if (const RawNode* v = ValueOf(keys, "blocks")) spec.blocks = Blocks(*v, "blocks");
     if (const RawNode* v = ValueOf(keys, "exclude")) spec.excludes = Names(*v, "exclude", false);
     if (const RawNode* v = ValueOf(keys, "remove")) {
+      before = diags_.size();
       out.removes = Names(*v, "remove", true);
       if (!out.extends) {
         Error(*KeyNodeOf(keys, "remove"), "'remove' needs 'extends'",
               "'remove' drops entries inherited from the spec named by `extends`");
       }
+      out.fatal_errors += diags_.size() - before;
     }
   }
 
@@ -398,9 +404,10 @@ class FileLoader : public SpecReader {
     if (target && !TargetHasShape(target_node, info, *target)) ok = false;
     LoadPatchOptions(keys, info, p);
     if (!LoadCondition(keys, p.when)) ok = false;
-    bool body_ok = info.has_edits ? LoadPatchEdits(keys, info, *kind_key.first, p)
-                                  : LoadPatchBody(item, keys, info, target, p);
-    if (!body_ok) ok = false;
+    bool body_ok = info.has_choice  ? LoadChoice(keys, info, *kind_key.first, has_extends_, p)
+                   : info.has_edits ? LoadPatchEdits(keys, info, *kind_key.first, p)
+                                    : LoadPatchBody(item, keys, info, target, p);
+    if (!body_ok || (!info.has_choice && !RefuseChoiceKeys(keys, info))) ok = false;
     for (const auto& [k, kv] : keys) p.given.push_back(k);
     if (!ok) return std::nullopt;
     p.target = *target;
@@ -471,7 +478,9 @@ class FileLoader : public SpecReader {
       if (keys.count("from"))
         BodyOf(item, keys, info.allows_from, kind);  // Reports `from` where it is not allowed.
     } else {
+      size_t before = diags_.size();
       p.body = BodyOf(item, keys, info.allows_from, kind);
+      ok = ok && diags_.size() == before;  // A broken body leaves the patch out.
     }
     return ok;
   }
@@ -488,7 +497,10 @@ class FileLoader : public SpecReader {
       return false;
     }
     if (info.target == TargetShape::kMember && dots == 0) {
-      Error(target_node, "'" + std::string(info.key) + "' takes `Class.method`, " + found, help);
+      Error(target_node,
+            "'" + std::string(info.key) + "' takes `Class." + std::string(info.member) + "`, " +
+                found,
+            help);
       return false;
     }
     return true;
@@ -663,8 +675,9 @@ class FileLoader : public SpecReader {
         h.after_loc = Loc(*it->second.second);
       }
       if (!LoadCondition(keys, h.when)) continue;
+      size_t before = diags_.size();
       h.body = BodyOf(item, keys, false, "a helper");
-      if (h.body.source == Body::Source::kNone) continue;
+      if (h.body.source == Body::Source::kNone || diags_.size() != before) continue;
       const RawNode* name_node = ValueOf(keys, "name");
       std::optional<std::string> name = HelperName(keys, h.body);
       if (!name) continue;
@@ -740,12 +753,17 @@ std::optional<OneSpec> LoadMerged(const std::string& path, std::shared_ptr<const
   stack.pop_back();
   shown.pop_back();
   if (!parent) return std::nullopt;
+  size_t before = diags.size();
+  size_t child_fatal = one.fatal_errors;
   Merge(*parent, std::move(one), parent_path, diags);
+  parent->fatal_errors += child_fatal + (diags.size() - before);
   return parent;
 }
 
-Result<PatchSpec> LoadTopLevel(const std::string& path, std::string text) {
-  std::vector<Diagnostic> diags;
+// The spec at `path` with its `extends` chain merged (its fatal_errors counting the errors outside
+// the entries), and every error of the chain in `diags`, unsorted.
+std::optional<OneSpec> LoadChain(const std::string& path, std::string text,
+                                 std::vector<Diagnostic>& diags) {
   std::vector<std::string> stack = {Identity(path)};
   std::vector<std::string> shown = {path};
   auto shared = std::make_shared<const std::string>(std::move(text));
@@ -763,8 +781,21 @@ Result<PatchSpec> LoadTopLevel(const std::string& path, std::string text) {
           std::string(key) == "upstream"
               ? "add `upstream: <dotted module>`, e.g. transformers.models.qwen3.modeling_qwen3"
               : "add `output: <file name>.py`"));
+      ++spec->fatal_errors;
     }
   }
+  return spec;
+}
+
+// An error that leaves its entry in the spec: an unknown key is ignored, a duplicate key's first
+// value is used.
+bool KeepsEntry(const Diagnostic& d) {
+  return d.message.starts_with("unknown key '") || d.message.starts_with("duplicate key '");
+}
+
+Result<PatchSpec> LoadTopLevel(const std::string& path, std::string text) {
+  std::vector<Diagnostic> diags;
+  std::optional<OneSpec> spec = LoadChain(path, std::move(text), diags);
   if (!diags.empty()) {
     SortDiagnostics(diags);
     return diags;
@@ -786,6 +817,20 @@ Result<PatchSpec> LoadSpec(const std::string& path) {
 
 Result<PatchSpec> LoadSpecFromString(const std::string& path, std::string text) {
   return LoadTopLevel(path, std::move(text));
+}
+
+PartialLoad LoadSpecKeepingEntries(const std::string& path, std::string text) {
+  PartialLoad out;
+  std::optional<OneSpec> spec = LoadChain(path, std::move(text), out.errors);
+  SortDiagnostics(out.errors);
+  if (!spec || !spec->parsed || spec->fatal_errors > 0 || !spec->has_upstream ||
+      !spec->has_output) {
+    if (out.errors.empty() && spec) out.spec = std::move(spec->spec);
+    return out;
+  }
+  out.entries_dropped = !std::all_of(out.errors.begin(), out.errors.end(), KeepsEntry);
+  out.spec = std::move(spec->spec);
+  return out;
 }
 
 }  // namespace patchgen::spec

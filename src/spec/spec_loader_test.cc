@@ -445,7 +445,7 @@ help: did you mean 'guards'? valid keys in a slot: name, op, variant, scope, gua
 s.yaml:12:5: error: unknown key 'cod' in a patch
    12 |     cod: x
       |     ^~~
-help: did you mean 'code'? valid keys in a patch: replace_class, replace_function, override_method, add_method, modify_init, edit_body, description, code, file, symbol, from, after, edits, name_map, upstream_version, optional, reason
+help: did you mean 'code'? valid keys in a patch: replace_class, replace_function, override_method, add_method, modify_init, edit_body, config_slot, description, code, file, symbol, from, after, edits, attribute, values, default, name_map, upstream_version, optional, reason
 s.yaml:16:5: error: unknown key 'befor' in a helper
    16 |     befor: A
       |     ^~~~~
@@ -643,7 +643,7 @@ help: split it into one patch per kind
 s.yaml:7:5: error: patch has no kind
     7 |   - description: no kind
       |     ^~~~~~~~~~~
-help: start the entry with one of: replace_class, replace_function, override_method, add_method, modify_init, edit_body
+help: start the entry with one of: replace_class, replace_function, override_method, add_method, modify_init, edit_body, config_slot
 s.yaml:9:20: error: 'replace_class' takes a top-level name, found 'A.B'
     9 |   - replace_class: A.B
       |                    ^~~
@@ -1144,7 +1144,7 @@ TEST_CASE("known keys and enum lists", "[spec]") {
   CHECK(RequiredKeys(KeyLevel::kPatch).empty());
   CHECK(ScopeValues() == std::vector<std::string>{"module", "instance"});
   CHECK(InitAfterValues() == std::vector<std::string>{"end", "super_init"});
-  CHECK(PatchKindKeys().size() == 6);
+  CHECK(PatchKindKeys().size() == 7);
   CHECK(EditOpKeys() ==
         std::vector<std::string>{"insert_before", "insert_after", "replace", "delete", "wrap"});
   CHECK(KnownKeys(KeyLevel::kEdit) == std::vector<std::string>{"insert_before", "insert_after",

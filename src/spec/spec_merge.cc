@@ -105,7 +105,9 @@ Patch* InheritedPatch(PatchSpec& parent, const Patch& p, const std::string& pare
     std::string help =
         std::string("an entry without a body changes the inherited patch of its target; a new ") +
         PatchKindKey(p.kind) + " needs " +
-        (InfoOf(p.kind).has_edits ? "`edits`" : "`code` or `file` + `symbol`");
+        (InfoOf(p.kind).has_edits    ? "`edits`"
+         : InfoOf(p.kind).has_choice ? "`attribute` and `values`"
+                                     : "`code` or `file` + `symbol`");
     if (auto near = DidYouMean(p.target, inherited)) help = "did you mean '" + *near + "'? " + help;
     diags.push_back(ErrorAt(
         p.target_loc, "no inherited patch of '" + p.target + "' to change in '" + parent_path + "'",

@@ -18,6 +18,9 @@ struct OneSpec {
   std::vector<LocatedName> removes;
   bool parsed = false;  ///< The YAML was a mapping (otherwise missing keys are not reported).
   bool has_version = false, has_upstream = false, has_output = false, has_description = false;
+  /// Errors outside the entries (the scalars, name_map, remove, extends, the merge): with one of
+  /// them in the chain, what was loaded is not the spec minus some entries.
+  size_t fatal_errors = 0;
 };
 
 /// Merges `child` into `parent` (loaded from `parent_path`), in place: `remove` entries drop

@@ -15,6 +15,7 @@
 
 #include "base/diagnostic.h"
 #include "base/line_index.h"
+#include "spec/patch_kinds.h"
 #include "spec/patch_spec.h"
 #include "spec/raw_node.h"
 #include "spec/spec_keys.h"
@@ -76,6 +77,16 @@ class SpecReader {
   static const RawNode* ValueOf(const KeyMap& keys, const char* k);
   static const RawNode* KeyNodeOf(const KeyMap& keys, const char* k);
 
+  // --- config_slot (a kind whose row has_choice) ----------------------------------------------
+
+  // `attribute`, `values` and `default` of a config_slot patch (a body or `edits` is an error).
+  // Without any of the three, when `partial_allowed` (a spec with `extends`), the patch changes
+  // the inherited one. False when anything is invalid (reported).
+  bool LoadChoice(const KeyMap& keys, const PatchKindInfo& info, const RawNode& kind_node,
+                  bool partial_allowed, Patch& p);
+  // `attribute`, `values` and `default` on a kind whose row has no choice: each an error.
+  bool RefuseChoiceKeys(const KeyMap& keys, const PatchKindInfo& info);
+
   // --- bodies -------------------------------------------------------------------------------
 
   // A body from `code`, `file`+`symbol` or `from` (the latter only when `allow_from`).
@@ -90,6 +101,13 @@ class SpecReader {
   // `from: package.module.Name`: an import instead of code.
   Body FromBody(const RawNode& from);
 
+ private:
+  std::optional<LocatedName> ImplName(const RawNode& n, std::string_view what);
+  bool LoadChoiceValues(const RawNode& n, ConfigChoice& c);
+  // `default`: one of the values (checked when `values_ok`).
+  bool LoadChoiceDefault(const RawNode& def, bool values_ok, ConfigChoice& c);
+
+ protected:
   std::string path_;  ///< The spec file as printed.
   std::shared_ptr<const std::string> text_;
   LineIndex lines_;

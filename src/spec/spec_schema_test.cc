@@ -171,7 +171,10 @@ TEST_CASE("example specs are accepted or rejected by both the loader and the sch
           {"edit_body": "A.h", "description": "d", "edits": [
             {"insert_before": "x = 1", "code": "y = 2"}, {"insert_after": "x = 1", "code": "y = 2"},
             {"replace": "z = ", "through": "return z", "code": "return 0"},
-            {"delete": "w = "}, {"wrap": "v = ", "code": "with m:\n    ..."}]}],
+            {"delete": "w = "}, {"wrap": "v = ", "code": "with m:\n    ..."}]},
+          {"config_slot": "A.kernel", "description": "d", "attribute": "a_kernel",
+           "values": ["eager", "fused_2"], "default": "eager"},
+          {"config_slot": "C.kernel", "attribute": "c_kernel", "values": ["x"]}],
         "helpers": [{"after": "A", "name": "_h", "code": "def _h(): pass"}],
         "blocks": ["X = 1"], "exclude": ["B"])")},
       {false, R"({"upstream": "m.a"})"},
@@ -210,6 +213,17 @@ TEST_CASE("example specs are accepted or rejected by both the loader and the sch
       {false,
        WithHead(
            R"("patches": [{"edit_body": "A.f", "edits": [{"wrap": "x", "code": "y", "at": "z"}]}])")},
+      {false, WithHead(R"("patches": [{"config_slot": "A.k", "attribute": "a"}])")},
+      {false, WithHead(R"("patches": [{"config_slot": "A.k", "values": ["x"]}])")},
+      {false,
+       WithHead(
+           R"("patches": [{"config_slot": "A.k", "attribute": "a", "values": ["x"], "code": "y"}])")},
+      {false,
+       WithHead(
+           R"("patches": [{"config_slot": "A.k", "attribute": "a", "values": ["x"], "after": "end"}])")},
+      {false,
+       WithHead(R"("patches": [{"override_method": "A.f", "code": "x", "attribute": "a"}])")},
+      {false, WithHead(R"("patches": [{"modify_init": "A", "code": "x", "default": "a"}])")},
       {false, WithHead(R"("slots": [{"name": "s", "op": "o"}])")},
       {false,
        WithHead(R"("slots": [{"name": "s", "op": "o", "variant": "v", "scope": "global"}])")},

@@ -13,6 +13,9 @@ specs/<model>/ folder must have a case below. Then, for every model:
      to upstream's; the max abs errors are recorded; then again with the causal-LM loss on the
      chunked fused linear + cross-entropy (`torch_chunked`, no full logits): loss and gradients;
   5. one AdamW step on the torch-kernel model: losses finite before and after, weights moved;
+  5d. a spec's config slot `router_implementation` (the MoE specs' opt-in fp32 router): built with
+     `router_implementation: fp32`, the fp32 model equals upstream exactly, and in bf16 the router
+     logits are the fp32 linear of the router's input, the routing weights bf16, the loss finite;
   6. NPU sibling: generates, imports, declares the GPU slots minus the ones it removes, binds with
      the NPU defaults (pretending to be an NPU machine; a fake `torch_npu` is installed when the
      real one is missing) and, run eagerly here, equals upstream.
@@ -71,6 +74,7 @@ class Case:
     moe: bool = False              # forward with output_router_logits=True
     npu_removes: Optional[List[str]] = None  # None: no NPU sibling; else the slots it removes
     softcapped_loss_refused: bool = False    # the loss slot covers final_logit_softcapping (Gemma3)
+    fp32_router: bool = False                # the spec's config slot router_implementation (fp32 router)
 
     @property
     def upstream_module(self) -> str:
@@ -97,7 +101,7 @@ CASES = [
     Case("qwen3_moe", "Qwen3MoeConfig",
          dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, decoder_sparse_step=1,
               mlp_only_layers=[0], norm_topk_prob=True, output_router_logits=True, router_aux_loss_coef=0.01),
-         "Qwen3MoeForCausalLM", moe=True, npu_removes=[]),
+         "Qwen3MoeForCausalLM", moe=True, npu_removes=[], fp32_router=True),
     Case("qwen3_5", "Qwen3_5TextConfig",
          dict(linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
               linear_num_key_heads=2, linear_num_value_heads=4,
@@ -115,7 +119,7 @@ CASES = [
               num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32,
               output_router_logits=True, router_aux_loss_coef=0.01),
          "Qwen3_5MoeForCausalLM", offset_norm=True, moe=True,
-         npu_removes=["causal_conv1d_slot", "chunk_gated_delta_rule_slot"]),
+         npu_removes=["causal_conv1d_slot", "chunk_gated_delta_rule_slot"], fp32_router=True),
     Case("gemma3", "Gemma3TextConfig",
          dict(query_pre_attn_scalar=16, sliding_window=8, layer_types=["sliding_attention", "full_attention"],
               hidden_activation="gelu_pytorch_tanh", final_logit_softcapping=None, attn_logit_softcapping=None),
@@ -131,7 +135,7 @@ CASES = [
          dict(num_local_experts=8, num_experts_per_tok=2, sliding_window=8,
               layer_types=["sliding_attention", "full_attention"], output_router_logits=True,
               router_aux_loss_coef=0.01),
-         "GptOssForCausalLM", moe=True),
+         "GptOssForCausalLM", moe=True, fp32_router=True),
 ]
 
 
@@ -438,6 +442,11 @@ def check_model(case: Case, args, device: torch.device) -> Result:
         if case.softcapped_loss_refused:
             res.step += "; " + check_softcap_refused(case, config, state, inputs, build_model, module, device, res)
 
+        # 5d. the opt-in fp32 MoE router (the spec's config slot `router_implementation`)
+        if case.fp32_router:
+            res.step += "; " + check_router_fp32(case, config, state, inputs, build, module, slots,
+                                                 up_logits, device, res)
+
         # 6. NPU sibling
         if case.npu_removes is not None:
             res.npu = check_npu(case, args, config, slots, state, inputs, up_logits, device, res)
@@ -505,6 +514,66 @@ def check_softcap_refused(case, config, state, inputs, build_model, module, devi
         return "softcapped: wrong error"
     res.errors.append("softcapped config: the causal-LM loss kernel ran instead of refusing")
     return "softcapped: NOT refused"
+
+
+def router_of(model) -> torch.nn.Module:
+    """The first module of `model` that has the router's config slot."""
+    routers = [m for m in model.modules() if hasattr(m, "router_implementation")]
+    if not routers:
+        raise CheckFailed("no module has the config slot router_implementation (the spec's config_slot)")
+    return routers[0]
+
+
+def check_router_fp32(case, config, state, inputs, build, module, slots, up_logits, device, res) -> str:
+    """`router_implementation: fp32` on the model config (the MoE specs' config_slot + edit_body):
+    in fp32 the router computes what upstream's does, so the model equals upstream exactly; in bf16
+    its logits are the fp32 linear of the router's bf16 input (upstream's are rounded to bf16), the
+    routing weights come back in bf16, and the model trains (loss finite, router weights get
+    gradients). Without the attribute the router runs upstream's code (step 3 checks it)."""
+    import copy
+
+    from opslot import build_model
+
+    fp32_config = copy.deepcopy(config)
+    fp32_config.router_implementation = "fp32"
+    model = build_model(fp32_config, ops=ops_for(slots, "eager"), module=module, model_class=case.causal_lm)
+    model.load_state_dict(state, strict=True)
+    model.to(device).train()
+    router = router_of(model)
+    if (router.router_implementation.value, router_of(build(ops_for(slots, "eager"))).router_implementation.value) \
+            != ("fp32", "eager"):
+        res.errors.append("router config slot: not bound from config.router_implementation")
+    with torch.no_grad():
+        logits = model(**forward_kwargs(inputs, case.moe)).logits
+    if not torch.equal(logits, up_logits):
+        res.errors.append(f"fp32 router, fp32 model: logits differ from upstream "
+                          f"(max abs {max_abs_diff(logits, up_logits):.3g})")
+
+    seen = {}
+
+    def hook(mod, args, out):
+        seen.setdefault("io", (args[0].detach(), out))
+
+    model.to(torch.bfloat16)
+    handle = router.register_forward_hook(hook)
+    try:
+        out = model(**forward_kwargs(inputs, case.moe))
+        out.loss.backward()
+    finally:
+        handle.remove()
+    hidden, (router_logits, router_scores, _) = seen["io"]
+    bias = getattr(router, "bias", None)
+    expected = torch.nn.functional.linear(hidden.reshape(-1, hidden.shape[-1]).float(), router.weight.float(),
+                                          None if bias is None else bias.float())
+    if router_logits.dtype != torch.float32 or not torch.equal(router_logits.detach(), expected):
+        res.errors.append(f"fp32 router, bf16 model: router logits ({router_logits.dtype}) are not the fp32 "
+                          f"linear of the router input")
+    if router_scores.dtype != torch.bfloat16:
+        res.errors.append(f"fp32 router, bf16 model: routing weights are {router_scores.dtype}, not bf16")
+    if not torch.isfinite(out.loss) or router.weight.grad is None:
+        res.errors.append(f"fp32 router, bf16 model: loss {float(out.loss)}, router weight grad "
+                          f"{'missing' if router.weight.grad is None else 'present'}")
+    return f"fp32 router: fp32 equal={torch.equal(logits, up_logits)}, bf16 logits fp32, bf16 loss {float(out.loss):.4f}"
 
 
 def check_npu(case, args, config, gpu_slots, state, inputs, up_logits, device, res) -> str:

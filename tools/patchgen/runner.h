@@ -141,6 +141,10 @@ struct Job {
   std::string spec_shown;   // as printed and given to the spec loader (relative to shown_base_)
   bool discovered = false;  // found by --all / bare --check rather than named
   std::optional<spec::PatchSpec> spec;
+  /// A spec that loaded with errors in some entries: the rest of it, generated only to report the
+  /// errors of those entries too (all errors in one round); never written. `spec` is then empty.
+  std::optional<spec::PatchSpec> partial_spec;
+  bool entries_dropped = false;  // partial_spec lost entries to their errors
   std::vector<Diagnostic> errors;
   LookupResult lookup;
   bool skipped = false;  // upstream package absent on a discovered spec
@@ -250,6 +254,7 @@ class Runner {
   void GenerateAll();
   void PlaceOutputs();
   void GenerateJob(Job& job);
+  void GeneratePartial(Job& job);
   bool AcceptGenerated(Job& job, const rewriter::GenerateResult& result);
   bool MatchPins(Job& job);
   void CheckOutputs();

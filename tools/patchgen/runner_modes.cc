@@ -39,6 +39,10 @@ int Runner::Validate() {
   nlohmann::json report = nlohmann::json::array();
   for (Job& job : jobs_) {
     if (job.spec) Fail(job, ValidateSpecWithoutUpstream(*job.spec));
+    if (job.partial_spec) {  // the code of the entries that loaded is checked too
+      Fail(job, ValidateSpecWithoutUpstream(*job.partial_spec));
+      SortDiagnostics(job.errors);
+    }
     job.status = job.errors.empty() ? JobStatus::kValid : JobStatus::kInvalid;
     if (job.errors.empty()) {
       ++ok;

@@ -61,8 +61,18 @@ void Runner::LoadSpecs() {
     // file it cannot read.)
     std::optional<std::string> text = ReadFile(job.spec_abs, nullptr, kMaxSpecFileBytes);
     if (text && text->starts_with("\xEF\xBB\xBF")) text->erase(0, 3);
-    auto loaded = text ? spec::LoadSpecFromString(job.spec_shown, std::move(*text))
-                       : spec::LoadSpec(job.spec_shown);
+    if (text) {
+      spec::PartialLoad loaded = spec::LoadSpecKeepingEntries(job.spec_shown, std::move(*text));
+      Fail(job, std::move(loaded.errors));
+      if (job.errors.empty()) {
+        job.spec = std::move(loaded.spec);
+      } else {
+        job.partial_spec = std::move(loaded.spec);
+        job.entries_dropped = loaded.entries_dropped;
+      }
+      return;
+    }
+    auto loaded = spec::LoadSpec(job.spec_shown);
     if (!loaded.ok()) {
       Fail(job, loaded.errors());
       return;
@@ -93,12 +103,13 @@ SourceLookup Runner::MakeSourceLookup() const {
 void Runner::FindUpstreams() {
   SourceLookup lookup = MakeSourceLookup();
   for (Job& job : jobs_) {
-    if (!job.spec) continue;
-    const spec::PatchSpec& s = *job.spec;
+    if (!job.spec && !job.partial_spec) continue;
+    const spec::PatchSpec& s = job.spec ? *job.spec : *job.partial_spec;
     job.lookup = lookup.Find(s.upstream);
     const std::string top = TopPackage(s.upstream);
     using Status = LookupResult::Status;
-    if (job.lookup.status == Status::kFound) continue;
+    // A spec with load errors fails with them; its upstream, when found, adds the generator's.
+    if (job.lookup.status == Status::kFound || job.partial_spec) continue;
     if (job.lookup.status == Status::kPackageMissing && job.discovered && !opts_.validate) {
       job.skipped = true;
       continue;
@@ -174,7 +185,8 @@ void Runner::ParseUpstreams() {
   std::vector<Upstream*> todo;
   std::vector<fs::path> paths;
   for (Job& job : jobs_) {
-    if (!job.spec || !job.errors.empty() || job.skipped) continue;
+    bool partial = job.partial_spec && job.lookup.status == LookupResult::Status::kFound;
+    if (!partial && (!job.spec || !job.errors.empty() || job.skipped)) continue;
     auto& slot = upstreams_[job.lookup.file.file];
     if (!slot) {
       slot = std::make_unique<Upstream>();
@@ -234,6 +246,10 @@ std::string WithCrlf(const std::string& text) {
 // One job in memory (runs on a worker): generate, check what was generated, compare the contract
 // with the pins, and make the .diff when needed. A failure goes to job.errors.
 void Runner::GenerateJob(Job& job) {
+  if (job.partial_spec) {
+    GeneratePartial(job);
+    return;
+  }
   if (!job.spec || job.skipped || !job.errors.empty() || job.upstream == nullptr) return;
   if (!job.upstream->errors.empty()) {
     Fail(job, job.upstream->errors);
@@ -270,6 +286,28 @@ void Runner::GenerateJob(Job& job) {
     job.diff_text = diff::UnifiedDiff(job.upstream->source, job.py_text,
                                       "a/" + job.lookup.file.rel_path, "b/" + job.spec->output);
   }
+}
+
+// A spec that loaded with errors: the generator's errors in its other entries join them, sorted,
+// so that one run reports all of them. Nothing is written.
+void Runner::GeneratePartial(Job& job) {
+  if (job.upstream == nullptr) return;
+  if (!job.upstream->errors.empty()) {  // an upstream patchgen cannot read: its errors join
+    Fail(job, job.upstream->errors);
+    SortDiagnostics(job.errors);
+    return;
+  }
+  rewriter::GenerateOptions options;
+  options.upstream_path = job.lookup.file.rel_path;
+  options.upstream_version = job.lookup.file.version;
+  options.default_runtime = config_.runtime;
+  options.entries_dropped = job.entries_dropped;
+  spec::PatchSpec spec = *job.partial_spec;
+  spec.path = DisplayPath(job.spec_abs, config_.root);
+  auto result = rewriter::Generate(spec, *job.upstream->module, options);
+  if (result.ok()) return;
+  Fail(job, result.errors());
+  SortDiagnostics(job.errors);
 }
 
 // False (the job failed) when a target is defined twice upstream or the generated module would

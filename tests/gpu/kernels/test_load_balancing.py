@@ -128,3 +128,65 @@ def test_fast_and_general_forward_agree_on_counts():
     a = LB.load_balancing_loss(fast, 128, 8)
     b = LB.load_balancing_loss(general, 128, 8)
     torch.testing.assert_close(a, b, rtol=1e-5, atol=0)
+
+
+def _set_paths(forward, backward):
+    import ctypes
+
+    from opslot.kernels.cuda import _lib
+
+    f = _lib.library().opslot_load_balancing_set_tuning
+    f.argtypes = [ctypes.c_int, ctypes.c_int]
+    assert f(forward, backward) == 0
+
+
+def test_tuning_rejects_bad_values():
+    import ctypes
+
+    from opslot.kernels.cuda import _lib
+
+    f = _lib.library().opslot_load_balancing_set_tuning
+    f.argtypes = [ctypes.c_int, ctypes.c_int]
+    for bad in [(3, 0), (0, 2), (-1, 0), (0, -1)]:
+        assert f(*bad) != 0
+    assert f(0, 0) == 0
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("experts,top_k", [(64, 6), (128, 8), (128, 2), (256, 16), (256, 9)])
+def test_every_path_agrees(dtype, experts, top_k):
+    """The warp-per-row forward and backward (the defaults for 64/128/256 experts), the tile forward
+    and the general kernels on the same logits (ties included: few distinct values, signed zeros):
+    the loss equal up to fp32 summation order, the gradients within the dtype's tolerance of each
+    other and of the tie reference."""
+    from opslot.kernels.cuda import load_balancing as LB
+
+    torch.manual_seed(experts + top_k)
+    vals = torch.tensor([-1.5, -0.5, -0.0, 0.0, 0.25, 0.5], device="cuda")
+    logits = tuple(vals[torch.randint(0, 6, (1031, experts), device="cuda")].to(dtype) for _ in range(3))
+    mask = torch.rand(1, 1031, device="cuda") > 0.25
+    refs = tuple(t.detach().float().requires_grad_(True) for t in logits)
+    lref = _tie_reference(refs, experts, top_k)
+    results = {}
+    try:
+        for fwd, bwd in [(0, 0), (1, 1), (2, 1), (0, 1), (2, 0)]:
+            _set_paths(fwd, bwd)
+            xs = tuple(t.detach().clone().requires_grad_(True) for t in logits)
+            loss = LB.load_balancing_loss(xs, experts, top_k)
+            loss.backward()
+            results[(fwd, bwd)] = (loss.detach(), [x.grad for x in xs])
+            xs = tuple(t.detach().clone().requires_grad_(True) for t in logits)
+            masked = LB.load_balancing_loss(xs, experts, top_k, mask)
+            masked.backward()
+            results[(fwd, bwd, "mask")] = (masked.detach(), [x.grad for x in xs])
+    finally:
+        _set_paths(0, 0)
+    assert_close(results[(0, 0)][0], lref.detach(), torch.float32, "loss", scale=20)
+    lref.backward()
+    for a, b in zip(results[(0, 0)][1], refs):
+        assert_close(a, b.grad, dtype, "grad vs tie reference")
+    for key, (loss, grads) in results.items():
+        base = results[(0, 0, "mask")] if "mask" in key else results[(0, 0)]
+        torch.testing.assert_close(loss, base[0], rtol=2e-6, atol=0, msg=f"loss of path {key}")
+        for a, b in zip(grads, base[1]):
+            assert_close(a, b.float(), dtype, f"grad of path {key}")

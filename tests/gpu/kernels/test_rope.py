@@ -104,3 +104,40 @@ def test_refusals():
         rope.rotary_pos_emb_full(q, k, cos, sin)
     with pytest.raises(ValueError, match="cos/sin require grad"):
         rope.rotary_pos_emb_partial(q, k, cos.requires_grad_(), sin)
+
+
+@pytest.mark.parametrize("rd", [128, 64])
+def test_head_loop_and_row_layout_agree(rd):
+    """The head loop (opslot_rope_set_tuning: a thread rotates up to 8 heads of one position with one
+    load of cos/sin) and the default row layout give bitwise-equal outputs and gradients, on the
+    transposed views HF passes (forward) and contiguous gradients (backward), with head counts that
+    are not a multiple of 8 (q 12 heads, k 3); bad tuning values are refused."""
+    import ctypes
+
+    from opslot.kernels.cuda import _lib
+    from opslot.kernels.cuda import rope as CR
+
+    f = _lib.library().opslot_rope_set_tuning
+    f.argtypes = [ctypes.c_int, ctypes.c_int]
+    assert f(1, 2) != 0 and f(2, 0) != 0
+    torch.manual_seed(rd)
+    q = torch.randn(2, 37, 12, 128, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    k = torch.randn(2, 37, 3, 128, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    cos = torch.randn(2, 37, rd, device="cuda", dtype=torch.bfloat16)
+    sin = torch.randn(2, 37, rd, device="cuda", dtype=torch.bfloat16)
+    fn = CR.rotary_pos_emb_full if rd == 128 else CR.rotary_pos_emb_partial
+
+    def run():
+        qq, kk = q.detach().requires_grad_(True), k.detach().requires_grad_(True)
+        oq, ok = fn(qq, kk, cos, sin)
+        (oq.float().square().sum() + ok.float().sum()).backward()
+        return oq, ok, qq.grad, kk.grad
+
+    try:
+        assert f(1, 1) == 0
+        a = run()
+    finally:
+        assert f(1, 0) == 0
+    b = run()
+    for x, y in zip(a, b):
+        assert torch.equal(x, y)

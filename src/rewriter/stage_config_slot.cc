@@ -1,0 +1,165 @@
+// config_slot: an implementation chosen from the model config when the model is built
+// (docs/spec-format.md, "Config slots"). The patch sets `self.<name> = ConfigSlot(...)` in the
+// class's `__init__`, right after its `super().__init__(...)` call (else at the end), bound from
+// the `config` parameter; the runtime (opslot.ConfigSlot) checks the value against `values`.
+#include <tree_sitter/api.h>
+
+#include "base/text_util.h"
+#include "parser/ts_node.h"
+#include "rewriter/stage_patches.h"
+
+namespace patchgen::rewriter {
+namespace {
+
+using parser::Definition;
+using parser::PyModule;
+using spec::Patch;
+
+bool IsIdentChar(char c) {
+  return c == '_' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
+}
+
+/// Whether `init` has a parameter named `config`.
+bool HasConfigParameter(const PyModule& up, const Definition& init) {
+  TSNode n =
+      ts_node_descendant_for_byte_range(up.root(), init.parameters.start, init.parameters.end);
+  while (!ts_node_is_null(n) && parser::TypeOf(n) != "parameters") n = ts_node_parent(n);
+  if (ts_node_is_null(n)) return false;
+  for (uint32_t i = 0; i < ts_node_named_child_count(n); ++i) {
+    TSNode p = ts_node_named_child(n, i);
+    std::string_view type = parser::TypeOf(p);
+    TSNode id = p;
+    if (type == "default_parameter" || type == "typed_default_parameter") {
+      id = parser::Field(p, "name");
+    } else if (type == "typed_parameter") {
+      id = ts_node_named_child(p, 0);
+    }
+    if (!ts_node_is_null(id) && up.Text(parser::RangeOf(id)) == "config") return true;
+  }
+  return false;
+}
+
+/// The 1-based upstream line where `init` assigns `self.<name>` (`=` or an annotation), or 0.
+uint32_t AssignsSelfAttribute(const PyModule& up, const Definition& init, const std::string& name) {
+  std::string_view body = up.Text(init.body);
+  std::string needle = "self." + name;
+  for (size_t at = body.find(needle); at != std::string_view::npos;
+       at = body.find(needle, at + 1)) {
+    size_t end = at + needle.size();
+    bool before_ok = at == 0 || !(IsIdentChar(body[at - 1]) || body[at - 1] == '.');
+    if (!before_ok || (end < body.size() && IsIdentChar(body[end]))) continue;
+    size_t next = body.find_first_not_of(" \t", end);
+    if (next == std::string_view::npos) continue;
+    bool assigns = (body[next] == '=' && (next + 1 >= body.size() || body[next + 1] != '=')) ||
+                   body[next] == ':';
+    if (assigns) return up.lines().LineOf(init.body.start + static_cast<uint32_t>(at)) + 1;
+  }
+  return 0;
+}
+
+/// The generated statement: `self.<name> = ConfigSlot("<Class>.<name>", "<attribute>", (...),
+/// default="...").bind_from(config)`.
+std::string ConfigSlotStatement(const Patch& p) {
+  const spec::ConfigChoice& c = p.choice;
+  std::string values;
+  for (const spec::LocatedName& v : c.values) {
+    values += (values.empty() ? "\"" : ", \"") + v.name + "\"";
+  }
+  if (c.values.size() == 1) values += ",";
+  std::string out = "self." + LastComponent(p.target) + " = ConfigSlot(\"" + p.target + "\", \"" +
+                    c.attribute + "\", (" + values + ")";
+  if (c.default_value) out += ", default=\"" + c.default_value->name + "\"";
+  return out + ").bind_from(config)";
+}
+
+/// The `__init__` the slot is set in, or nullptr with an error (no class, no __init__, no
+/// `config` parameter, the name already taken upstream).
+const Definition* SlotInit(PatchContext& ctx, const Patch& p) {
+  const PyModule& up = ctx.up;
+  const Definition* cls = FindClass(ctx, Owner(p.target), p.target_loc);
+  if (!cls) return nullptr;
+  std::string name = LastComponent(p.target);
+  std::string attr = "config." + p.choice.attribute;
+  if (const Definition* taken = up.Find(p.target)) {
+    ctx.Error(p.target_loc,
+              "'" + name + "' is already defined in class '" + cls->qualname + "' (line " +
+                  std::to_string(taken->line) + ")",
+              "a config slot is an attribute of the instance; choose a name the class does not "
+              "define");
+    return nullptr;
+  }
+  const Definition* init = up.Find(cls->qualname + ".__init__");
+  if (!init) {
+    ctx.Error(p.target_loc,
+              "class '" + cls->qualname + "' has no __init__ to set config slot '" + name + "' in",
+              "a config slot is set in __init__ from its `config` parameter; declare it on a "
+              "class whose __init__ takes the config");
+    return nullptr;
+  }
+  if (!HasConfigParameter(up, *init)) {
+    ctx.Error(p.target_loc, init->qualname + " has no `config` parameter to read " + attr + " from",
+              "declare the config slot on a class whose __init__ takes the model config as "
+              "`config`");
+    return nullptr;
+  }
+  if (uint32_t line = AssignsSelfAttribute(up, *init, name)) {
+    ctx.Error(
+        p.target_loc,
+        init->qualname + " already sets self." + name + " (line " + std::to_string(line) + ")",
+        "the config slot would replace upstream's attribute; choose another name");
+    return nullptr;
+  }
+  return init;
+}
+
+}  // namespace
+
+void PlanConfigSlot(PatchContext& ctx, const Patch& p, NameMap& /*patch_map*/,
+                    const std::string& what) {
+  const Definition* init = SlotInit(ctx, p);
+  if (!init) return;
+  const std::string& src = ctx.up.source();
+  std::string indent(init->body_indent, ' ');
+  std::string text = Marker(p, indent) + "\n" + indent + ConfigSlotStatement(p);
+  if (init->inline_body) {
+    // `def __init__(self, config): super().__init__()` -> the inline body moves to its own line.
+    std::string moved = "\n" + indent + std::string(ctx.up.Text(init->body)) + "\n";
+    ctx.st.out.edits.push_back(TextEdit{{init->header.end, LineEndOf(src, init->body.end)},
+                                        moved + text,
+                                        p.loc,
+                                        what,
+                                        std::nullopt});
+  } else {
+    uint32_t at = SuperInitEnd(ctx.up, *init).value_or(LineEndOf(src, init->body.end));
+    ctx.st.out.edits.push_back(TextEdit{{at, at}, "\n" + text, p.loc, what, std::nullopt});
+  }
+  ctx.st.config_slots = true;
+}
+
+std::optional<std::string> ConfigSlotAbsent(const PyModule& up, const Patch& p) {
+  const Definition* cls = up.Find(Owner(p.target));
+  if (!cls || cls->kind != Definition::Kind::kClass || !up.Find(Owner(p.target) + ".__init__")) {
+    return "optional: no class '" + Owner(p.target) + "' with an __init__ upstream";
+  }
+  return std::nullopt;
+}
+
+void PinConfigSlot(PatchContext& ctx, const Patch& p, const std::string& key) {
+  const Definition* init = ctx.up.Find(Owner(p.target) + ".__init__");
+  if (!init) return;
+  ctx.st.contract.push_back(MakePin(ctx.up, key, "signature", spec::PatchKindKey(p.kind),
+                                    init->qualname, p.loc,
+                                    {{init->definition.start, init->header.end}}, {}));
+}
+
+std::string WithConfigSlotImport(const std::string& declarations, const std::string& runtime,
+                                 bool config_slots) {
+  if (!config_slots) return declarations;
+  std::string op_slot = "from " + runtime + " import OpSlot\n";
+  if (declarations.starts_with(op_slot)) {
+    return "from " + runtime + " import ConfigSlot, OpSlot\n" + declarations.substr(op_slot.size());
+  }
+  return "from " + runtime + " import ConfigSlot\n" + declarations;
+}
+
+}  // namespace patchgen::rewriter
