@@ -10,7 +10,12 @@ Measures, each as the median of --runs runs of the whole process:
 "CPU ms" is the median user+system time of the process, a figure that a busy shared machine
 distorts much less than wall time. Peak memory is the child's ru_maxrss (os.wait4), the same figure `/usr/bin/time -v` prints.
 
+With --baseline OTHER_BINARY, only the two 29-spec measures run, for both binaries, alternating
+run by run (each binary in its own copy of the tree), so that a busy machine slows both alike:
+the before/after comparison of docs/benchmarks.md.
+
 Usage: bench/patchgen_bench.py [--patchgen build/tools/patchgen/patchgen] [--runs 5] [--csv out.csv]
+                               [--baseline OLD_BINARY]
 """
 
 import argparse
@@ -49,13 +54,15 @@ def run_once(cmd, cwd):
 
 
 def measure(name, cmd, cwd, runs, files=None, nbytes=None, ok_codes=(0,)):
-    times, cpu, rss, codes = [], [], [], set()
-    for _ in range(runs):
-        t, c, m, rc = run_once(cmd, cwd)
-        times.append(t)
-        cpu.append(c)
-        rss.append(m)
-        codes.add(rc)
+    samples = [run_once(cmd, cwd) for _ in range(runs)]
+    return summarize(name, cmd, cwd, samples, files, nbytes, ok_codes)
+
+
+def summarize(name, cmd, cwd, samples, files=None, nbytes=None, ok_codes=(0,)):
+    times = [s[0] for s in samples]
+    cpu = [s[1] for s in samples]
+    rss = [s[2] for s in samples]
+    codes = {s[3] for s in samples}
     bad = codes - set(ok_codes)
     if bad:
         # Show why, once, so that a broken setup is not reported as a fast one.
@@ -73,8 +80,8 @@ def measure(name, cmd, cwd, runs, files=None, nbytes=None, ok_codes=(0,)):
         "mb_per_s": round(nbytes / med / 1e6, 1) if nbytes else "",
         "peak_rss_mb": round(max(rss), 1),
         "exit": ",".join(str(c) for c in sorted(codes)),
-        "target": TARGETS.get(name, ("", ""))[0],
-        "python_tool": TARGETS.get(name, ("", ""))[1],
+        "target": TARGETS.get(name.split(": ")[-1], ("", ""))[0],
+        "python_tool": TARGETS.get(name.split(": ")[-1], ("", ""))[1],
     }
     return row
 
@@ -118,18 +125,75 @@ def build_tree(dest, source_roots, use_real):
     return len(all_specs)
 
 
+def build_identity_tree(dest, upstream):
+    """A project with TREE_SIZE identity specs (no entries: header and relative imports only) on the
+    first TREE_SIZE transformers modeling modules in sorted order: TREE_SIZE distinct upstream files,
+    each parsed once as upstream and once as output."""
+    models = os.path.join(upstream, "transformers", "models")
+    modules = []
+    for name in sorted(os.listdir(models)):
+        if os.path.isfile(os.path.join(models, name, f"modeling_{name}.py")):
+            modules.append(name)
+    for name in modules[:TREE_SIZE]:
+        os.makedirs(os.path.join(dest, "specs", name))
+        with open(os.path.join(dest, "specs", name, f"{name}.yaml"), "w") as f:
+            f.write(f"version: 1\nupstream: transformers.models.{name}.modeling_{name}\n"
+                    f"output: patched_modeling_{name}.py\n")
+    with open(os.path.join(dest, "pyproject.toml"), "w") as f:
+        f.write(f'[tool.patchgen]\nspecs = "specs"\noutput = "generated"\nsource_roots = ["{upstream}"]\n'
+                'python = "/nonexistent-python"\n')
+    return min(TREE_SIZE, len(modules))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--patchgen", default=os.path.join(REPO, "build/tools/patchgen/patchgen"))
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--corpus", default=os.path.join(REPO, ".upstream/transformers-5.17.0/transformers"))
     ap.add_argument("--csv", help="also write the rows to this CSV file")
+    ap.add_argument("--baseline", help="another patchgen binary: run the 29-spec measures of both, alternating")
     args = ap.parse_args()
     binary = os.path.abspath(args.patchgen)
     upstream = os.path.join(REPO, ".upstream/transformers-5.17.0")  # `make upstream`
     use_real = os.path.isdir(os.path.join(upstream, "transformers"))
     source_roots = [os.path.join(REPO, "examples/upstream")] + ([upstream] if use_real else [])
 
+    rows = []
+    if args.baseline:
+        rows = compare(os.path.abspath(args.baseline), binary, source_roots, use_real, args.runs)
+    else:
+        rows = measure_all(binary, source_roots, use_real, args)
+    print_rows(rows, binary, args, use_real)
+
+
+def compare(baseline, binary, source_roots, use_real, runs):
+    """The two 29-spec measures of `baseline` and `binary`, alternating run by run, on the 29-spec
+    tree and (with .upstream) on a tree of 29 identity specs."""
+    rows = []
+    kinds = [("", lambda d: build_tree(d, source_roots, use_real))]
+    if use_real:
+        kinds.append(("identity ", lambda d: build_identity_tree(d, source_roots[-1])))
+    with tempfile.TemporaryDirectory(prefix="patchgen_bench_") as tmp:
+        for kind, build in kinds:
+            trees = {}
+            for label, b in (("before", baseline), ("after", binary)):
+                trees[label] = (b, os.path.join(tmp, kind + label))
+                n = build(trees[label][1])
+            time.sleep(1.1)  # specs older than a second: generation writes check stamps
+            for label, (b, tree) in trees.items():
+                run_once([b, "--all", "--diff"], tree)  # outputs (and stamps) in place
+            for measure_name, args in ((f"{TREE_SIZE} {kind}specs (--all --diff)", ["--all", "--diff"]),
+                                       (f"{TREE_SIZE} {kind}specs (--check)", ["--check"])):
+                samples = {label: [] for label in trees}
+                for _ in range(runs):
+                    for label, (b, tree) in trees.items():
+                        samples[label].append(run_once([b, *args], tree))
+                for label, (b, tree) in trees.items():
+                    rows.append(summarize(f"{label}: {measure_name}", [b, *args], tree, samples[label], files=n))
+    return rows
+
+
+def measure_all(binary, source_roots, use_real, args):
     rows = []
     with tempfile.TemporaryDirectory(prefix="patchgen_bench_") as tmp:
         one = os.path.join(REPO, "specs/qwen3/qwen3_gpu.yaml" if use_real else "specs/example/toy_gpu.yaml")
@@ -157,7 +221,10 @@ def main():
                                 runs, files=len(files), nbytes=nbytes))
         else:
             print(f"note: corpus {args.corpus} not found; index benchmark skipped", file=sys.stderr)
+    return rows
 
+
+def print_rows(rows, binary, args, use_real):
     print(f"patchgen benchmark: {binary}, median of {args.runs} runs, {len(os.sched_getaffinity(0))} cores, "
           f"{'real-model specs (.upstream)' if use_real else 'example specs'}\n")
     cols = ["measure", "median_ms", "min_ms", "max_ms", "cpu_ms", "files", "files_per_s", "mb_per_s", "peak_rss_mb",

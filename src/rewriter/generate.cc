@@ -116,7 +116,8 @@ Result<GenerateResult> RunStages(const spec::PatchSpec& spec, const PyModule& up
                      return std::tie(a.loc.path, a.loc.line) < std::tie(b.loc.path, b.loc.line);
                    });
   GenerateResult result;
-  result.upstream_sha256 = Sha256Hex(up.source());
+  result.upstream_sha256 =
+      options.upstream_sha256.empty() ? Sha256Hex(up.source()) : options.upstream_sha256;
   result.applied = all.applied;
   result.skipped = skipped;
   result.contract = std::move(patches.contract);
@@ -127,7 +128,8 @@ Result<GenerateResult> RunStages(const spec::PatchSpec& spec, const PyModule& up
                    guards.unguarded_slots, std::move(all.applied)});
   result.text = header + plan.Apply(up.source());
   std::vector<Diagnostic> errors =
-      CheckOutput(spec, plan, result.text, static_cast<uint32_t>(header.size()), excludes.excluded);
+      CheckOutput(spec, up, plan, result.text, static_cast<uint32_t>(header.size()),
+                  excludes.excluded, options.verify_incremental_parse);
   if (!errors.empty()) {
     SortDiagnostics(errors);
     return errors;

@@ -22,6 +22,12 @@ struct GenerateOptions {
                                            ///< "transformers/models/qwen3/modeling_qwen3.py".
   std::string upstream_version;            ///< e.g. "5.17.0"; "unknown" when not found.
   std::string default_runtime = "opslot";  ///< Used when the spec has no `runtime:`.
+  /// Hex sha256 of `upstream.source()` when the caller has it (one upstream serves many specs);
+  /// computed when empty.
+  std::string upstream_sha256;
+  /// Tests only (output_check_test.cc): also parse the output from scratch and fail with an
+  /// internal error when that tree differs from the incremental one.
+  bool verify_incremental_parse = false;
   /// The spec lost entries to load errors (spec::LoadSpecKeepingEntries): its other entries are
   /// planned and their errors returned, but the checks that need every entry are not made (unused
   /// name_map keys, the output check: a name the lost entries would define or remove), and the

@@ -1,5 +1,4 @@
-// The header reader (the same cases as the CLI's ParseHeaderUpstream, which it is to replace) and
-// the generated-file check.
+// The header reader (the one the CLI's --check uses) and the generated-file check.
 #include "rewriter/header.h"
 
 #include <catch2/catch.hpp>

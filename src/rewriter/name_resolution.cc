@@ -40,6 +40,43 @@ bool IsPatternContainer(TSNode n) {
 
 enum class Role { kUse, kBinding, kOther };
 
+/// The visible ancestors of a node, the root (or where a walk started) first and its parent last:
+/// the path a walk down the tree took. tree-sitter 0.20's ts_node_parent searches down from the
+/// root on every call, and ts_node_named_child(i) walks the first i children, so the walks below
+/// keep the path themselves and use one cursor each.
+using Path = std::vector<TSNode>;
+
+/// The parent of `node`, the `k`-th entry of `path` from the end being its parent (k counts down
+/// as the caller climbs); past the path's start, tree-sitter's own parent.
+TSNode Up(const Path& path, size_t& k, TSNode node) {
+  if (k > 0) return path[--k];
+  return ts_node_parent(node);
+}
+
+/// Depth-first over the named nodes below `root` in document order, with one cursor: `visit(n,
+/// path)` (path: root .. parent of n) returns whether to go into n's children. Unnamed nodes are
+/// tokens and are skipped.
+template <class Visit>
+void WalkNamed(TSNode root, Path& path, Visit visit) {
+  const size_t base = path.size();
+  TSTreeCursor c = ts_tree_cursor_new(root);
+  path.push_back(root);
+  bool more = ts_tree_cursor_goto_first_child(&c);
+  while (more) {
+    TSNode n = ts_tree_cursor_current_node(&c);
+    if (ts_node_is_named(n) && visit(n, path) && ts_tree_cursor_goto_first_child(&c)) {
+      path.push_back(n);
+      continue;
+    }
+    while (!(more = ts_tree_cursor_goto_next_sibling(&c)) && path.size() > base + 1) {
+      ts_tree_cursor_goto_parent(&c);
+      path.pop_back();
+    }
+  }
+  path.resize(base);
+  ts_tree_cursor_delete(&c);
+}
+
 /// The role of an identifier decided by its parent's type alone: `in_field` when the identifier
 /// is the parent's `field` (or always, without a field), `otherwise` else.
 struct ParentRule {
@@ -73,9 +110,10 @@ constexpr ParentRule kParentRules[] = {
 };
 
 /// What an identifier node does: read a name, bind one, or neither (attribute names, keyword
-/// names, import paths, global/nonlocal lists).
-Role RoleOf(TSNode id) {
-  TSNode p = ts_node_parent(id);
+/// names, import paths, global/nonlocal lists). `path`: its ancestors as far as known (Path).
+Role RoleOf(TSNode id, const Path& path) {
+  size_t k = path.size();
+  TSNode p = Up(path, k, id);
   if (ts_node_is_null(p)) return Role::kUse;
   for (const ParentRule& r : kParentRules) {
     if (!Is(p, r.parent)) continue;
@@ -85,7 +123,7 @@ Role RoleOf(TSNode id) {
   TSNode child = id;
   while (IsPatternContainer(p)) {
     child = p;
-    p = ts_node_parent(p);
+    p = Up(path, k, p);
     if (ts_node_is_null(p)) return Role::kUse;
   }
   if ((Is(p, "assignment") || Is(p, "augmented_assignment") || Is(p, "for_statement") ||
@@ -125,47 +163,48 @@ bool IsScope(TSNode n) {
          IsComprehension(n);
 }
 
+/// The names a global or nonlocal statement declares.
+void DeclaredNames(TSNode stmt, std::string_view source, std::set<std::string>& out) {
+  uint32_t m = ts_node_named_child_count(stmt);
+  for (uint32_t j = 0; j < m; ++j)
+    out.insert(std::string(TextOf(ts_node_named_child(stmt, j), source)));
+}
+
 /// Collects the names bound in `node`'s subtree without entering nested scopes (whose own names
 /// are recorded: a nested def/class binds its name here).
 void CollectBindings(TSNode node, std::string_view source, std::set<std::string>& out,
                      bool& wildcard) {
-  uint32_t n = ts_node_named_child_count(node);
-  for (uint32_t i = 0; i < n; ++i) {
-    TSNode c = ts_node_named_child(node, i);
+  Path path;
+  WalkNamed(node, path, [&](TSNode c, const Path& up) {
     if (Is(c, "identifier")) {
-      if (RoleOf(c) == Role::kBinding) out.insert(std::string(TextOf(c, source)));
-      continue;
-    }
-    if (Is(c, "import_statement") || Is(c, "import_from_statement")) {
+      if (RoleOf(c, up) == Role::kBinding) out.insert(std::string(TextOf(c, source)));
+    } else if (Is(c, "import_statement") || Is(c, "import_from_statement")) {
       ImportBindings(c, source, out, wildcard);
-      continue;
-    }
-    if (Is(c, "global_statement") || Is(c, "nonlocal_statement")) {
-      uint32_t m = ts_node_named_child_count(c);
-      for (uint32_t j = 0; j < m; ++j)
-        out.insert(std::string(TextOf(ts_node_named_child(c, j), source)));
-      continue;
-    }
-    if (Is(c, "function_definition") || Is(c, "class_definition")) {
+    } else if (Is(c, "global_statement") || Is(c, "nonlocal_statement")) {
+      DeclaredNames(c, source, out);
+    } else if (Is(c, "function_definition") || Is(c, "class_definition")) {
       TSNode name = Field(c, "name");
       if (!ts_node_is_null(name)) out.insert(std::string(TextOf(name, source)));
       // Decorators, defaults, annotations and base classes are evaluated here, but bind nothing.
-      continue;
+    } else {
+      return !IsScope(c);
     }
-    if (IsScope(c)) continue;
-    CollectBindings(c, source, out, wildcard);
-  }
+    return false;
+  });
 }
 
-void CollectGlobals(TSNode node, std::string_view source, std::set<std::string>& out) {
-  if (Is(node, "global_statement")) {
-    uint32_t m = ts_node_named_child_count(node);
-    for (uint32_t j = 0; j < m; ++j)
-      out.insert(std::string(TextOf(ts_node_named_child(node, j), source)));
+/// Names declared `global` anywhere in the module.
+void CollectGlobals(TSNode root, std::string_view source, std::set<std::string>& out) {
+  if (Is(root, "global_statement")) {
+    DeclaredNames(root, source, out);
     return;
   }
-  uint32_t n = ts_node_named_child_count(node);
-  for (uint32_t i = 0; i < n; ++i) CollectGlobals(ts_node_named_child(node, i), source, out);
+  Path path;
+  WalkNamed(root, path, [&](TSNode n, const Path&) {
+    if (!Is(n, "global_statement")) return true;
+    DeclaredNames(n, source, out);
+    return false;
+  });
 }
 
 /// Resolves uses against the scopes around them, caching each scope's bindings.
@@ -173,14 +212,17 @@ class Resolver {
  public:
   Resolver(TSNode root, std::string_view source) : source_(source) {
     CollectBindings(root, source, module_, module_wildcard_);
-    CollectGlobals(root, source, module_);
+    // A `global` statement starts with its keyword: without the word there is none to look for.
+    if (source.find("global") != std::string_view::npos) CollectGlobals(root, source, module_);
   }
 
-  bool Resolves(TSNode id) {
+  /// Whether identifier `id`, whose ancestors up to the root are `path`, resolves.
+  bool Resolves(TSNode id, const Path& path) {
     std::string name(TextOf(id, source_));
     if (module_wildcard_ || module_.count(name) || IsBuiltinName(name)) return true;
     bool crossed_function = false;
-    for (TSNode a = ts_node_parent(id); !ts_node_is_null(a); a = ts_node_parent(a)) {
+    for (size_t k = path.size(); k-- > 0;) {
+      TSNode a = path[k];
       if (Is(a, "function_definition") || Is(a, "lambda")) {
         if (!Inside(id, Field(a, "body"))) continue;  // defaults/annotations: enclosing scope
         crossed_function = true;
@@ -218,14 +260,21 @@ class Resolver {
     return out;
   }
 
-  void CollectParams(TSNode node, std::set<std::string>& out) {
-    if (Is(node, "identifier")) {
-      if (RoleOf(node) == Role::kBinding) out.insert(std::string(TextOf(node, source_)));
+  /// The parameter names of `params` (not of lambdas in its default values).
+  void CollectParams(TSNode params, std::set<std::string>& out) {
+    if (Is(params, "identifier")) {
+      if (RoleOf(params, {}) == Role::kBinding) out.insert(std::string(TextOf(params, source_)));
       return;
     }
-    if (IsScope(node)) return;
-    uint32_t n = ts_node_named_child_count(node);
-    for (uint32_t i = 0; i < n; ++i) CollectParams(ts_node_named_child(node, i), out);
+    if (IsScope(params)) return;
+    Path path;
+    WalkNamed(params, path, [&](TSNode n, const Path& up) {
+      if (Is(n, "identifier")) {
+        if (RoleOf(n, up) == Role::kBinding) out.insert(std::string(TextOf(n, source_)));
+        return false;
+      }
+      return !IsScope(n);
+    });
   }
 
   std::string_view source_;
@@ -234,21 +283,34 @@ class Resolver {
   std::map<std::pair<uint32_t, std::string>, std::set<std::string>> cache_;
 };
 
-void Walk(TSNode node, const std::vector<ByteRange>& ranges, std::vector<TSNode>& out) {
+bool Touches(TSNode node, const std::vector<ByteRange>& ranges) {
   uint32_t s = ts_node_start_byte(node), e = ts_node_end_byte(node);
   bool touches = false;
   for (const ByteRange& r : ranges) {
     if (s < r.end && r.start < e) touches = true;
   }
-  if (!touches) return;
-  if (Is(node, "identifier")) {
+  return touches;
+}
+
+/// An identifier inside one of the ranges, with its ancestors up to the root.
+struct FoundId {
+  TSNode id;
+  Path path;
+};
+
+/// The identifiers lying inside any of `ranges` (once per range that holds it), in document order.
+void Walk(TSNode root, const std::vector<ByteRange>& ranges, std::vector<FoundId>& out) {
+  if (!Touches(root, ranges) || Is(root, "identifier")) return;  // (a root is a module)
+  Path path;
+  WalkNamed(root, path, [&](TSNode node, const Path& up) {
+    if (!Touches(node, ranges)) return false;
+    if (!Is(node, "identifier")) return true;
+    uint32_t s = ts_node_start_byte(node), e = ts_node_end_byte(node);
     for (const ByteRange& r : ranges) {
-      if (r.start <= s && e <= r.end) out.push_back(node);
+      if (r.start <= s && e <= r.end) out.push_back({node, up});
     }
-    return;
-  }
-  uint32_t n = ts_node_named_child_count(node);
-  for (uint32_t i = 0; i < n; ++i) Walk(ts_node_named_child(node, i), ranges, out);
+    return false;
+  });
 }
 
 }  // namespace
@@ -287,14 +349,14 @@ bool IsBuiltinName(std::string_view name) {
 
 std::vector<NameUse> FindUnresolvedNames(TSNode root, std::string_view source,
                                          const std::vector<ByteRange>& ranges) {
-  std::vector<TSNode> ids;
+  std::vector<FoundId> ids;
   Walk(root, ranges, ids);
   Resolver resolver(root, source);
   std::vector<NameUse> out;
-  for (TSNode id : ids) {
-    if (RoleOf(id) != Role::kUse) continue;
-    if (!resolver.Resolves(id))
-      out.push_back({std::string(TextOf(id, source)), ts_node_start_byte(id)});
+  for (const FoundId& f : ids) {
+    if (RoleOf(f.id, f.path) != Role::kUse) continue;
+    if (!resolver.Resolves(f.id, f.path))
+      out.push_back({std::string(TextOf(f.id, source)), ts_node_start_byte(f.id)});
   }
   return out;
 }

@@ -1,5 +1,6 @@
-// The output check: the generated text re-parsed; parse errors and undefined names in inserted
-// code located in the spec through the edits' CodeSpans (docs/rewriter.md, "Validation").
+// The output check: the generated text re-parsed, incrementally from the upstream tree; parse
+// errors and undefined names in inserted code located in the spec through the edits' CodeSpans
+// (docs/rewriter.md, "Validation").
 #include <tree_sitter/api.h>
 
 #include <algorithm>
@@ -13,6 +14,35 @@
 
 namespace patchgen::rewriter {
 namespace {
+
+/// The tree-sitter point (0-based row, column in bytes) of byte `offset` of the upstream text.
+TSPoint PointAt(const LineIndex& lines, uint32_t offset) {
+  uint32_t row = lines.LineOf(offset);
+  return {row, offset - lines.LineStart(row)};
+}
+
+/// The point just after `text` written from `start`.
+TSPoint PointAfter(TSPoint start, std::string_view text) {
+  size_t last_nl = text.rfind('\n');
+  if (last_nl == std::string_view::npos) {
+    return {start.row, start.column + static_cast<uint32_t>(text.size())};
+  }
+  auto rows = static_cast<uint32_t>(std::count(text.begin(), text.end(), '\n'));
+  return {start.row + rows, static_cast<uint32_t>(text.size() - last_nl - 1)};
+}
+
+/// Tells `tree` that upstream bytes `range` (at `start`) were replaced by `text`.
+void EditTree(TSTree* tree, ByteRange range, TSPoint start, TSPoint old_end,
+              std::string_view text) {
+  TSInputEdit edit;
+  edit.start_byte = range.start;
+  edit.old_end_byte = range.end;
+  edit.new_end_byte = range.start + static_cast<uint32_t>(text.size());
+  edit.start_point = start;
+  edit.old_end_point = old_end;
+  edit.new_end_point = PointAfter(start, text);
+  ts_tree_edit(tree, &edit);
+}
 
 /// The spec location of output byte `offset` when it lies in inserted text, else nullopt.
 std::optional<SourceLoc> InsertedLoc(const EditPlan& plan, uint32_t offset,
@@ -68,11 +98,72 @@ void CheckRemovedNames(const spec::PatchSpec& spec,
 
 }  // namespace
 
-std::vector<Diagnostic> CheckOutput(const spec::PatchSpec& spec, const EditPlan& plan,
-                                    const std::string& out, uint32_t header_size,
-                                    const std::vector<const spec::LocatedName*>& excluded) {
+parser::TreePtr ParseOutputTree(const parser::PyModule& upstream, const EditPlan& plan,
+                                const std::string& out, uint32_t header_size) {
+  // The edits in upstream coordinates, last first: each one leaves the bytes before it where they
+  // were, so every later (earlier in the file) edit's coordinates still hold. Insertions at one
+  // offset come out in plan order, as Apply() writes them. The header is an insertion at 0, last.
+  parser::TreePtr edited(ts_tree_copy(upstream.tree()));
+  const LineIndex& lines = upstream.lines();
+  const std::vector<TextEdit>& edits = plan.edits();
+  for (size_t i = edits.size(); i-- > 0;) {
+    const TextEdit& e = edits[i];
+    EditTree(edited.get(), e.range, PointAt(lines, e.range.start), PointAt(lines, e.range.end),
+             e.text);
+  }
+  EditTree(edited.get(), {0, 0}, {0, 0}, {0, 0}, std::string_view(out).substr(0, header_size));
+  TSParser* parser = ts_parser_new();
+  ts_parser_set_language(parser, parser::PythonLanguage());
+  parser::TreePtr tree(
+      ts_parser_parse_string(parser, edited.get(), out.data(), static_cast<uint32_t>(out.size())));
+  ts_parser_delete(parser);
+  return tree;
+}
+
+namespace {
+
+void AppendSignature(TSNode n, std::string& out) {
+  TSPoint a = ts_node_start_point(n), b = ts_node_end_point(n);
+  out += ts_node_type(n);
+  out += ts_node_is_named(n) ? "" : "'";
+  out += ts_node_is_missing(n) ? "!" : "";
+  out += "[" + std::to_string(ts_node_start_byte(n)) + "," + std::to_string(ts_node_end_byte(n)) +
+         " " + std::to_string(a.row) + ":" + std::to_string(a.column) + "-" +
+         std::to_string(b.row) + ":" + std::to_string(b.column) + "](";
+  uint32_t count = ts_node_child_count(n);
+  for (uint32_t i = 0; i < count; ++i) AppendSignature(ts_node_child(n, i), out);
+  out += ")";
+}
+
+}  // namespace
+
+std::string TreeSignature(TSTree* tree) {
+  std::string out;
+  if (tree) AppendSignature(ts_tree_root_node(tree), out);
+  return out;
+}
+
+std::vector<Diagnostic> CheckOutput(const spec::PatchSpec& spec, const parser::PyModule& upstream,
+                                    const EditPlan& plan, const std::string& out,
+                                    uint32_t header_size,
+                                    const std::vector<const spec::LocatedName*>& excluded,
+                                    bool verify_incremental) {
   std::vector<Diagnostic> errors;
-  parser::TreePtr tree = parser::ParseTree(out);
+  parser::TreePtr tree = ParseOutputTree(upstream, plan, out, header_size);
+  if (verify_incremental && tree && !ts_node_has_error(ts_tree_root_node(tree.get()))) {
+    parser::TreePtr scratch = parser::ParseTree(out);
+    if (TreeSignature(tree.get()) != TreeSignature(scratch.get())) {
+      errors.push_back(ErrorAt(SourceLoc{spec.path, 0, 0, 1, ""},
+                               "the incremental parse of the output differs from a parse from "
+                               "scratch",
+                               {}, ErrorKind::kInternal));
+      return errors;
+    }
+  }
+  // A parse error is located on a tree parsed from scratch: error recovery is the one place where
+  // an incremental parse may build other ERROR nodes than a parse from scratch, and the message
+  // must not depend on how the tree was made.
+  if (tree && ts_node_has_error(ts_tree_root_node(tree.get()))) tree = parser::ParseTree(out);
   if (!tree) {
     errors.push_back(ErrorAt(SourceLoc{spec.path, 0, 0, 1, ""}, "tree-sitter returned no tree", {},
                              ErrorKind::kInternal));

@@ -111,11 +111,28 @@ ExcludeStage PlanExcludes(const spec::PatchSpec& spec, const parser::PyModule& u
 
 // ----- output check (output_check.cc) ---------------------------------------------------------
 
-/// The generated text `out` (header of `header_size` bytes, then `plan` applied) re-parsed: parse
-/// errors and undefined names in inserted code, located in the spec through the edits'
-/// CodeSpans; excluded names and dropped imports still used.
-std::vector<Diagnostic> CheckOutput(const spec::PatchSpec& spec, const EditPlan& plan,
-                                    const std::string& out, uint32_t header_size,
-                                    const std::vector<const spec::LocatedName*>& excluded);
+/// The tree of the generated text `out` (a header of `header_size` bytes, then `plan` applied to
+/// `upstream.source()`), parsed incrementally: a copy of the upstream tree gets one ts_tree_edit
+/// per splice (and one for the header), and tree-sitter reparses it reusing every subtree the
+/// edits did not touch. The same tree as a parse of `out` from scratch (output_check_test.cc
+/// compares them). Empty when tree-sitter returns none.
+parser::TreePtr ParseOutputTree(const parser::PyModule& upstream, const EditPlan& plan,
+                                const std::string& out, uint32_t header_size);
+
+/// The generated text `out` (header of `header_size` bytes, then `plan` applied to
+/// `upstream.source()`) re-parsed (ParseOutputTree): parse errors and undefined names in
+/// inserted code, located in the spec through the edits' CodeSpans; excluded names and dropped
+/// imports still used. A parse error is located on a parse of `out` from scratch, as before the
+/// incremental parse. `verify_incremental` (tests): an incremental tree that differs from a parse
+/// from scratch (TreeSignature) is an internal error.
+std::vector<Diagnostic> CheckOutput(const spec::PatchSpec& spec, const parser::PyModule& upstream,
+                                    const EditPlan& plan, const std::string& out,
+                                    uint32_t header_size,
+                                    const std::vector<const spec::LocatedName*>& excluded,
+                                    bool verify_incremental = false);
+
+/// Every node of `tree`, anonymous ones included: type, byte range, points, named and missing
+/// flags, as one string (trees from two parses compare equal exactly when these do).
+std::string TreeSignature(TSTree* tree);
 
 }  // namespace patchgen::rewriter

@@ -40,7 +40,8 @@ def calls(project):
 def test_pyproject_found_from_a_subfolder(project):
     r = project.run("--all", cwd=project.path("specs", "tiny"))
     assert r.returncode == 0, r.stderr
-    assert r.stdout.startswith("wrote ../../generated/tiny/patched_modeling_tiny.py (")
+    # Paths in messages are relative to the project root, wherever patchgen runs from.
+    assert r.stdout.startswith("wrote generated/tiny/patched_modeling_tiny.py (")
     assert os.path.exists(project.path("generated/tiny/patched_modeling_tiny.py"))
     # The header names the spec relative to the project root, not to the working directory.
     assert "specs/tiny/tiny.yaml" in project.read("generated/tiny/patched_modeling_tiny.py")
@@ -159,3 +160,37 @@ def test_not_found_lists_every_place_and_how_to_fix(project):
         "help: add the folder that contains 'tinypkg/' with --source-root DIR, "
         "PATCHGEN_SOURCE_PATH=DIR[:DIR...], or source_roots = [\"DIR\"] in the project config "
         "([tool.patchgen] in pyproject.toml)\n")
+
+
+def test_messages_name_paths_relative_to_the_project_root_from_a_subfolder(project):
+    sub = project.path("specs", "tiny")
+    # A spec named relative to the working directory, its patch file read from its own folder.
+    r = project.run("tiny.yaml", "--diff", "--json", cwd=sub)
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)["specs"][0]
+    assert (report["spec"], report["output"], report["upstream_path"]) == (
+        "specs/tiny/tiny.yaml", "generated/tiny/patched_modeling_tiny.py",
+        "upstream/tinypkg/models/tiny/modeling_tiny.py")
+    # --check: stale output and its spec.
+    project.write("generated/tiny/patched_modeling_tiny.py",
+                  project.read("generated/tiny/patched_modeling_tiny.py") + "# edited\n")
+    r = project.run("--check", cwd=sub)
+    assert r.returncode == 1
+    assert r.stdout.startswith("stale: generated/tiny/patched_modeling_tiny.py (from specs/tiny/tiny.yaml)\n"
+                               "--- a/generated/tiny/patched_modeling_tiny.py\n")
+    # An error in the spec and one in its patch file.
+    project.write("specs/tiny/tiny.yaml", project.read("specs/tiny/tiny.yaml").replace(
+        "symbol: mlp_forward", "symbol: mlp_forwrd"))
+    r = project.run("--all", cwd=sub)
+    assert r.returncode == 3
+    assert r.stderr.startswith("specs/tiny/tiny.yaml:")
+    assert "specs/tiny/patches/mlp.py" in r.stderr and "../" not in r.stderr
+    # An upstream that is not found: the places looked.
+    project.write("specs/tiny/tiny.yaml", project.read("specs/tiny/tiny.yaml").replace(
+        "symbol: mlp_forwrd", "symbol: mlp_forward").replace("models.tiny.modeling_tiny", "models.tiny.gone"))
+    r = project.run("specs/tiny/tiny.yaml", cwd=project.root)
+    from_root = r.stderr
+    r = project.run("tiny.yaml", cwd=sub)
+    assert r.returncode == 4
+    assert "  upstream/tinypkg/models/tiny/gone.py (source_roots in pyproject.toml)\n" in r.stderr
+    assert r.stderr == from_root

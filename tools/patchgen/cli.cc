@@ -89,20 +89,49 @@ int RunIndex(const Options& opts) {
 
 }  // namespace
 
+// Messages print paths relative to the project root, wherever patchgen was started (issue #18
+// item 4). A path printed for a spec is also the one the spec loader resolves `extends` parents
+// and `file:` patch files against and opens them by, so the Runner works from the project root:
+// every path from the command line and the environment is made absolute against the working
+// directory it was started in (cwd_) before it is used. When the root cannot be entered, paths
+// stay relative to the working directory.
+bool Runner::WorkFromProjectRoot() {
+  std::error_code ec;
+  fs::current_path(config_.root, ec);
+  shown_base_ = ec ? cwd_ : config_.root;
+  return !ec;
+}
+
 int Runner::Main() {
-  if (!CollectSpecs()) return discovery_failed_ ? ExitCodeOf(ErrorKind::kIo) : kExitUsage;
+  WorkFromProjectRoot();
+  if (!CollectSpecs()) return discovery_failed_ ? kExitIo : kExitUsage;
+  const Mode mode = opts_.mode();
+  if (mode == Mode::kCheck) {
+    if (!CheckSourceRoots()) return kExitUsage;
+    if (std::optional<int> code = QuickCheck()) return *code;  // every spec up to date by stamps
+  }
   LoadSpecs();
-  if (opts_.validate) return Validate();
-  if (opts_.check && !CheckSourceRoots()) return kExitUsage;
+  if (mode == Mode::kValidate) return Validate();
   FindUpstreams();
   ParseUpstreams();
   GenerateAll();
-  if (opts_.pin) return Pin();
-  if (opts_.audit) return Audit();
-  if (opts_.list) return List();
-  CheckOutputs();
-  if (opts_.check) return Check();
-  return Generate();
+  switch (mode) {
+    case Mode::kPin:
+      return Pin();
+    case Mode::kAudit:
+      return Audit();
+    case Mode::kList:
+      return List();
+    case Mode::kCheck:
+      CheckOutputs();
+      return Check();
+    case Mode::kGenerate:
+      CheckOutputs();
+      return Generate();
+    case Mode::kValidate:
+      break;
+  }
+  return kExitInternal;
 }
 
 std::string DiffNameFor(const std::string& output_name) {
@@ -110,69 +139,6 @@ std::string DiffNameFor(const std::string& output_name) {
     return output_name.substr(0, output_name.size() - 3) + ".diff";
   }
   return output_name + ".diff";
-}
-
-namespace {
-
-bool IsLowerHex(char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); }
-
-// The value of `key` (e.g. "#   version:") on a line that starts with it; nullopt otherwise or
-// when the value is empty.
-std::optional<std::string> HeaderField(std::string_view line, std::string_view key) {
-  if (line.substr(0, key.size()) != key) return std::nullopt;
-  std::string_view v = line.substr(key.size());
-  size_t b = v.find_first_not_of(' ');
-  if (b == std::string_view::npos) return std::nullopt;
-  return std::string(v.substr(b));
-}
-
-// The first run of exactly 64 lowercase hex digits on `line`, "" when none.
-std::string LooseSha256(std::string_view line) {
-  for (size_t i = 0; i + 64 <= line.size(); ++i) {
-    if ((i > 0 && IsLowerHex(line[i - 1])) || !IsLowerHex(line[i])) continue;
-    size_t n = 0;
-    while (i + n < line.size() && IsLowerHex(line[i + n])) ++n;
-    if (n == 64) return std::string(line.substr(i, 64));
-    i += n;
-  }
-  return {};
-}
-
-// The word after the first "version" on `line`, "" when none.
-std::string LooseVersion(std::string_view line) {
-  size_t v = line.find("version");
-  if (v == std::string_view::npos) return {};
-  size_t b = line.find_first_not_of(" \t:=", v + 7);
-  if (b == std::string_view::npos) return {};
-  size_t e = line.find_first_of(" \t,;()", b);
-  return std::string(line.substr(b, e == std::string_view::npos ? std::string_view::npos : e - b));
-}
-
-}  // namespace
-
-HeaderUpstream ParseHeaderUpstream(const std::string& text) {
-  // patchgen's own header has exact `#   version:` / `#   sha256:` fields; they win when both are
-  // present, so that a spec path or description containing "version" cannot be mistaken for it.
-  // Other headers are read loosely: the first 64-hex-digit run on a line that mentions sha256, and
-  // the word after the first "version".
-  HeaderUpstream exact;
-  HeaderUpstream loose;
-  size_t pos = 0;
-  while (pos < text.size()) {
-    size_t end = text.find('\n', pos);
-    if (end == std::string::npos) end = text.size();
-    std::string_view line(text.data() + pos, end - pos);
-    pos = end + 1;
-    size_t first = line.find_first_not_of(" \t");
-    if (first == std::string_view::npos) continue;  // blank lines inside the header
-    if (line[first] != '#') break;                  // end of the leading comment block
-    if (auto v = HeaderField(line, "#   version:")) exact.version = *v;
-    if (auto v = HeaderField(line, "#   sha256:")) exact.sha256 = *v;
-    if (loose.sha256.empty() && line.find("sha256") != std::string_view::npos)
-      loose.sha256 = LooseSha256(line);
-    if (loose.version.empty()) loose.version = LooseVersion(line);
-  }
-  return !exact.version.empty() && exact.sha256.size() == 64 ? exact : loose;
 }
 
 namespace {
@@ -283,7 +249,7 @@ int Run(int argc, char** argv) {
     return runner.Main();
   } catch (const std::exception& e) {
     std::cerr << "patchgen: internal error: " << e.what() << "\n";
-    return 70;
+    return kExitInternal;
   }
 }
 

@@ -10,17 +10,6 @@ namespace patchgen::cli {
 /// (docs/cli.md): 0 ok, 1 drift, 2 usage, 3 invalid spec, 4 upstream, 5 I/O, 70 internal.
 int Run(int argc, char** argv);
 
-/// Upstream fingerprint written into a generated file's header.
-struct HeaderUpstream {
-  std::string sha256;   ///< 64 hex characters, or "" when the header names none.
-  std::string version;  ///< "" when the header names none.
-};
-
-/// Reads the upstream sha256 and version from the leading comment block of a generated file: the
-/// first 64-hex-digit word on a comment line that mentions "sha256", and the word after "version"
-/// on a comment line that mentions it.
-HeaderUpstream ParseHeaderUpstream(const std::string& text);
-
 /// "<name>.diff" for "<name>.py" (otherwise ".diff" is appended).
 std::string DiffNameFor(const std::string& output_name);
 

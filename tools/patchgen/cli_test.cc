@@ -8,6 +8,7 @@
 
 #include "files.h"
 #include "project_config.h"
+#include "runner.h"
 #include "source_lookup.h"
 
 namespace patchgen::cli {
@@ -27,30 +28,6 @@ struct TempDir {
     std::ofstream(path / rel, std::ios::binary) << text;
   }
 };
-
-TEST_CASE("ParseHeaderUpstream reads sha256 and version from the leading comments only") {
-  std::string sha(64, 'a');
-  HeaderUpstream h = ParseHeaderUpstream(
-      "# Generated. Do not edit.\n# upstream: pkg.m (version 5.17.0)\n"
-      "#   sha256: " +
-      sha + "\n\nimport x  # sha256 " + std::string(64, 'b') + "\n");
-  CHECK(h.sha256 == sha);
-  CHECK(h.version == "5.17.0");
-  HeaderUpstream none = ParseHeaderUpstream("import x\n# sha256 " + sha + "\n");
-  CHECK(none.sha256.empty());
-  CHECK(none.version.empty());
-  // A 65-digit run is not a sha256.
-  CHECK(ParseHeaderUpstream("# sha256 " + std::string(65, 'c') + "\n").sha256.empty());
-}
-
-TEST_CASE("ParseHeaderUpstream prefers patchgen's exact header fields") {
-  std::string sha(64, 'd');
-  HeaderUpstream h = ParseHeaderUpstream(
-      "# ====\n#   spec:     specs/versioned/x.yaml\n#   version:  5.17.0\n#   sha256:   " + sha +
-      "\n#   about:    a version 2 of the model\n# ====\n");
-  CHECK(h.version == "5.17.0");
-  CHECK(h.sha256 == sha);
-}
 
 TEST_CASE("DiffNameFor replaces .py by .diff") {
   CHECK(DiffNameFor("patched_modeling_x.py") == "patched_modeling_x.diff");
@@ -149,6 +126,45 @@ TEST_CASE("SourceLookup finds modules in root order and reports every place look
                                  "sys.path: could not ask '/nonexistent/python' for sys.path"});
   CHECK(lookup.Find("other.mod").status == LookupResult::Status::kPackageMissing);
   CHECK(SourceLookup::SplitPathList("a::/b:", "/cwd") == std::vector<fs::path>{"/cwd/a", "/b"});
+}
+
+TEST_CASE("Job statuses print as docs/cli.md lists them; the flags select one mode") {
+  std::vector<std::pair<JobStatus, std::string>> names = {
+      {JobStatus::kWritten, "written"},
+      {JobStatus::kUnchanged, "unchanged"},
+      {JobStatus::kWouldWrite, "would write"},
+      {JobStatus::kUpToDate, "up to date"},
+      {JobStatus::kStale, "stale"},
+      {JobStatus::kFixed, "fixed"},
+      {JobStatus::kMissing, "missing"},
+      {JobStatus::kUpstreamNotFound, "upstream not found"},
+      {JobStatus::kValid, "valid"},
+      {JobStatus::kInvalid, "invalid"},
+      {JobStatus::kError, "error"},
+      {JobStatus::kPinned, "pinned"},
+      {JobStatus::kNeedsAttention, "needs attention"},
+      {JobStatus::kOk, "ok"},
+  };
+  for (const auto& [status, name] : names) CHECK(StatusName(status) == name);
+  CHECK(std::string(StatusName(JobStatus::kPending)).empty());
+  Options o;
+  CHECK(o.mode() == Mode::kGenerate);
+  o.check = true;
+  CHECK(o.mode() == Mode::kCheck);
+  o = Options{};
+  o.list = true;
+  CHECK(o.mode() == Mode::kList);
+  o = Options{};
+  o.validate = true;
+  CHECK(o.mode() == Mode::kValidate);
+  o = Options{};
+  o.pin = true;
+  CHECK(o.mode() == Mode::kPin);
+  o = Options{};
+  o.audit = true;
+  CHECK(o.mode() == Mode::kAudit);
+  CHECK(ExitCodeOf(ErrorKind::kIo) == kExitIo);
+  CHECK(static_cast<int>(kExitInternal) == 70);
 }
 
 }  // namespace

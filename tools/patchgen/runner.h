@@ -27,6 +27,7 @@
 #include "pins.h"
 #include "project_config.h"
 #include "rewriter/generate.h"
+#include "rewriter/header.h"
 #include "source_lookup.h"
 #include "spec/spec_loader.h"
 #include "validate.h"
@@ -35,9 +36,40 @@ namespace patchgen::cli {
 
 namespace fs = std::filesystem;
 
-inline constexpr int kExitOk = 0;
-inline constexpr int kExitDrift = 1;
-inline constexpr int kExitUsage = 2;
+/// Exit codes (docs/cli.md, "Exit codes"). When specs fail differently the run exits with the
+/// largest; ExitCodeOf maps a diagnostic's kind to 3, 4, 5 or 70.
+enum ExitCode : int {
+  kExitOk = 0,
+  kExitDrift = 1,
+  kExitUsage = 2,
+  kExitSpec = 3,
+  kExitUpstream = 4,
+  kExitIo = 5,
+  kExitInternal = 70,
+};
+
+/// What one run of patchgen does (Options::mode()).
+enum class Mode { kGenerate, kCheck, kList, kValidate, kPin, kAudit };
+
+/// A job's outcome as reports print it (StatusName): text lines, `--list`'s table, `--json`.
+enum class JobStatus {
+  kPending,  ///< not decided yet (prints "")
+  kWritten,
+  kUnchanged,
+  kWouldWrite,
+  kUpToDate,
+  kStale,
+  kFixed,
+  kMissing,
+  kUpstreamNotFound,
+  kValid,
+  kInvalid,
+  kError,
+  kPinned,
+  kNeedsAttention,
+  kOk,
+};
+const char* StatusName(JobStatus status);
 
 int ExitCodeOf(ErrorKind kind);
 const char* KindName(ErrorKind kind);
@@ -81,6 +113,15 @@ struct Options {
   // `patchgen index`
   std::vector<std::string> index_files;
   bool index_json = false;
+
+  /// The mode the flags select (cli.cc has refused combinations that select two).
+  Mode mode() const {
+    if (pin) return Mode::kPin;
+    if (audit) return Mode::kAudit;
+    if (check) return Mode::kCheck;
+    if (list) return Mode::kList;
+    return validate ? Mode::kValidate : Mode::kGenerate;
+  }
 };
 
 /// A parsed upstream file, shared by every spec that names it.
@@ -88,13 +129,16 @@ struct Upstream {
   std::string source;  ///< As read (a byte order mark included), for the .diff.
   bool crlf = false;   ///< Every line ends with CRLF: so does the generated file.
   std::unique_ptr<parser::PyModule> module;
+  std::string source_sha256;  ///< Of `source` (check stamps).
+  std::string
+      module_sha256;  ///< Of module->source() (the bytes patched, a byte order mark left out).
   std::vector<Diagnostic> errors;
 };
 
 /// One spec's journey through the stages.
 struct Job {
   fs::path spec_abs;
-  std::string spec_shown;   // as printed (relative to cwd)
+  std::string spec_shown;   // as printed and given to the spec loader (relative to shown_base_)
   bool discovered = false;  // found by --all / bare --check rather than named
   std::optional<spec::PatchSpec> spec;
   /// A spec that loaded with errors in some entries: the rest of it, generated only to report the
@@ -112,9 +156,10 @@ struct Job {
   std::vector<rewriter::ContractPin> contract;          // what the applied entries rely on upstream
   std::vector<rewriter::SkippedEntry> skipped_entries;  // conditional entries left out
   std::optional<PinFile> pins;                          // the spec's pin file, when it has one
-  std::vector<PinFinding> pin_findings;  // contract entries that differ from the pins
-  std::vector<Diagnostic> warnings;      // entries without a pin
-  std::string status;                    // final, for reports
+  std::vector<PinFinding> pin_findings;    // contract entries that differ from the pins
+  std::vector<Diagnostic> warnings;        // entries without a pin
+  JobStatus status = JobStatus::kPending;  // final, for reports
+  bool fresh = false;  // --check: up to date by its stamp, nothing loaded (runner_stamps.cc)
 };
 
 int WorstExit(const std::vector<Diagnostic>& errors);
@@ -134,15 +179,15 @@ std::string Fingerprint(const std::string& version, const std::string& sha);
 std::vector<fs::path> DiscoverSpecs(const fs::path& root, const fs::path& cwd,
                                     std::vector<Diagnostic>& errors);
 
-/// True when `text` starts like a file patchgen generated: its header's first two lines (a .py), or
-/// those lines added by a .diff of one.
-bool CarriesGeneratedHeader(std::string_view text);
-
 /// The first thing in a generated module that CPython rejects in any source file whatever its
 /// grammar: a byte sequence that is not UTF-8 (no coding cookie survives the generated header), a
 /// NUL byte, or U+FEFF (a byte order mark inside the file, e.g. from a patch file saved with one).
 /// Returns its byte offset and what it is.
 std::optional<std::pair<uint32_t, std::string>> FirstSourceBlocker(std::string_view text);
+
+/// What identifies a file on disk: its device and inode when it exists (so symlinks and hard links
+/// to one file compare equal), otherwise its normalised absolute path.
+std::string FileIdentity(const fs::path& p);
 
 /// Errors for entries whose upstream target (or a class around it) is defined more than once in one
 /// scope (PyModule::Redefinitions): Python keeps the last definition, the splice would patch the
@@ -179,12 +224,22 @@ struct AuditTally {
 class Runner {
  public:
   Runner(Options opts, fs::path cwd, ProjectConfig config)
-      : opts_(std::move(opts)), cwd_(std::move(cwd)), config_(std::move(config)) {}
+      : opts_(std::move(opts)),
+        cwd_(std::move(cwd)),
+        config_(std::move(config)),
+        shown_base_(cwd_) {}
 
   int Main();
 
  private:
-  std::string Show(const fs::path& p) const { return DisplayPath(p, cwd_); }
+  /// A path as messages print it: relative to the project root (shown_base_).
+  std::string Show(const fs::path& p) const { return DisplayPath(p, shown_base_); }
+  /// The absolute path of a path as printed (a spec's `extends` parent or patch file).
+  fs::path Unshow(const std::string& shown) const {
+    fs::path p(shown);
+    return (p.is_absolute() ? p : shown_base_ / p).lexically_normal();
+  }
+  bool WorkFromProjectRoot();
   /// Where generated files go: -o DIR, else the configured output root.
   fs::path OutputRoot() const {
     if (opts_.output_dir.empty()) return config_.output;
@@ -193,6 +248,7 @@ class Runner {
   }
   bool CollectSpecs();
   void LoadSpecs();
+  SourceLookup MakeSourceLookup() const;
   void FindUpstreams();
   void ParseUpstreams();
   void GenerateAll();
@@ -209,6 +265,12 @@ class Runner {
   int WriteJob(Job& job, WriteCounts& n);
   std::optional<bool> WriteOutput(Job& job, const fs::path& path, const std::string& bytes);
   int Check();
+  std::optional<int> QuickCheck();
+  std::string StampKey() const;
+  fs::path StampDir() const;
+  std::vector<fs::path> JobInputs(const Job& job) const;
+  std::optional<std::string> StampText(const Job& job, const std::string& key) const;
+  void WriteStamp(const Job& job, const std::string& key);
   int CheckJob(Job& job, CheckCounts& n);
   bool ShowDrift(const Job& job, const fs::path& path, const std::string& bytes,
                  bool& py_missing) const;
@@ -216,7 +278,7 @@ class Runner {
   std::vector<fs::path> FindOrphans() const;
   int HandleOrphan(const fs::path& p);
   int List();
-  std::string DiskStatus(const Job& job) const;
+  JobStatus DiskStatus(const Job& job) const;
   int Pin();
   int PinJob(Job& job, WriteCounts& n, nlohmann::json& j);
   int Audit();
@@ -226,14 +288,18 @@ class Runner {
   void Fail(Job& job, std::vector<Diagnostic> errors) {
     for (auto& d : errors) job.errors.push_back(std::move(d));
   }
+  int Failed(Job& job) const;
+  void ReportSkipped(const Job& job, const char* why) const;
   bool NeedDiff(const Job& job) const;
 
   Options opts_;
-  fs::path cwd_;
+  fs::path cwd_;  // where patchgen was started: command-line paths are relative to it
   ProjectConfig config_;
+  fs::path shown_base_;  // the project root, or cwd_ when patchgen cannot work from there
   std::vector<Job> jobs_;
   bool discovery_failed_ = false;
   std::map<fs::path, std::unique_ptr<Upstream>> upstreams_;
+  fs::file_time_type run_start_ = fs::file_time_type::clock::now();  // check stamps
 };
 
 }  // namespace patchgen::cli

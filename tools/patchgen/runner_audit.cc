@@ -320,7 +320,7 @@ OldUpstreams Runner::LoadOldUpstreams() const {
     fs::path p(r);
     roots.push_back({(p.is_absolute() ? p : cwd_ / p).lexically_normal(), "--source-root-old"});
   }
-  SourceLookup lookup(std::move(roots), config_.python, cwd_);
+  SourceLookup lookup(std::move(roots), config_.python, cwd_, shown_base_);
   for (size_t i = 0; i < jobs_.size(); ++i) {
     const Job& job = jobs_[i];
     if (!job.spec) continue;
@@ -349,7 +349,7 @@ int Runner::Audit() {
   OldUpstreams olds = LoadOldUpstreams();
   AuditTally t;
   for (size_t i = 0; i < jobs_.size(); ++i) AuditJob(i, olds, t);
-  if (t.attention) t.code = std::max(t.code, kExitDrift);
+  if (t.attention) t.code = std::max<int>(t.code, kExitDrift);
   if (opts_.json) {
     std::cout << JsonText(nlohmann::json{{"specs", t.report}, {"exit_code", t.code}}) << "\n";
   } else {
@@ -364,7 +364,7 @@ void Runner::AuditJob(size_t i, const OldUpstreams& olds, AuditTally& t) {
   Job& job = jobs_[i];
   if (job.skipped) {
     ++t.skipped;
-    job.status = "upstream not found";
+    job.status = JobStatus::kUpstreamNotFound;
     t.report.push_back(JobJson(job));
     t.text += job.spec_shown + ": skipped (upstream package '" + TopPackage(job.spec->upstream) +
               "' not found)\n";
@@ -388,14 +388,13 @@ void Runner::AuditJob(size_t i, const OldUpstreams& olds, AuditTally& t) {
   size_t need =
       std::count_if(findings.begin(), findings.end(), [](const Finding& f) { return f.attention; });
   need ? ++t.attention : ++t.clean;
-  job.status = need ? "needs attention" : "ok";
+  job.status = need ? JobStatus::kNeedsAttention : JobStatus::kOk;
   nlohmann::json j = JobJson(job);
-  j["status"] = job.status;
   j["upstream_old_version"] =
       v.old_module ? nlohmann::json(v.old_module->first.version) : nlohmann::json(nullptr);
   t.text += job.spec_shown + " (" + (job.spec ? job.spec->upstream : std::string("?")) + " " +
             (v.old_module ? v.old_module->first.version + " -> " : std::string()) + v.version +
-            "): " + job.status + "\n";
+            "): " + StatusName(job.status) + "\n";
   j["findings"] = ReportFindings(findings, t.text);
   t.report.push_back(j);
 }

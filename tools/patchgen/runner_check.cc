@@ -11,16 +11,11 @@ int Runner::Check() {
   for (Job& job : jobs_) {
     if (job.skipped) {
       ++n.skipped;
-      job.status = "upstream not found";
-      if (!opts_.json) {
-        std::cout << "skipped " << job.spec_shown << ": upstream package '"
-                  << TopPackage(job.spec->upstream) << "' not found on any source root\n";
-      }
+      job.status = JobStatus::kUpstreamNotFound;
+      ReportSkipped(job, " on any source root");
     } else if (!job.errors.empty()) {
       ++n.failed;
-      job.status = "error";
-      PrintDiagnostics(job.errors);
-      code = std::max(code, WorstExit(job.errors));
+      code = std::max(code, Failed(job));
     } else {
       code = std::max(code, CheckJob(job, n));
     }
@@ -50,6 +45,11 @@ int Runner::Check() {
 // A generated job against its files on disk: up to date, stale/missing, or fixed with --fix.
 // Counts the job and returns its exit code.
 int Runner::CheckJob(Job& job, CheckCounts& n) {
+  if (job.fresh) {  // its stamp matched (runner_stamps.cc)
+    ++n.clean;
+    job.status = JobStatus::kUpToDate;
+    return kExitOk;
+  }
   PrintDiagnostics(job.warnings);
   std::error_code ec;
   OutputFiles files = {{job.out_py, &job.py_text}};
@@ -60,12 +60,12 @@ int Runner::CheckJob(Job& job, CheckCounts& n) {
   for (const auto& [path, bytes] : files) drift |= ShowDrift(job, path, *bytes, py_missing);
   if (!drift) {
     ++n.clean;
-    job.status = "up to date";
+    job.status = JobStatus::kUpToDate;
     return kExitOk;
   }
   if (!opts_.fix) {
     ++n.stale;
-    job.status = py_missing ? "missing" : "stale";
+    job.status = py_missing ? JobStatus::kMissing : JobStatus::kStale;
     return kExitDrift;
   }
   return FixJob(job, files, n);
@@ -82,7 +82,7 @@ bool Runner::ShowDrift(const Job& job, const fs::path& path, const std::string& 
   std::string shown = Show(path);
   std::cout << (on_disk ? "stale: " : "missing: ") << shown << " (from " << job.spec_shown << ")\n";
   if (on_disk && path == job.out_py) {
-    HeaderUpstream old = ParseHeaderUpstream(*on_disk);
+    rewriter::HeaderUpstream old = rewriter::ReadHeaderUpstream(*on_disk);
     if (!old.sha256.empty() && old.sha256 != job.upstream_sha) {
       std::cout << "upstream changed since generation: " << Fingerprint(old.version, old.sha256)
                 << " -> " << Fingerprint(job.lookup.file.version, job.upstream_sha) << "\n";
@@ -94,7 +94,7 @@ bool Runner::ShowDrift(const Job& job, const fs::path& path, const std::string& 
 
 // --check --fix of a drifted job: writes its files; returns the exit code.
 int Runner::FixJob(Job& job, const OutputFiles& files, CheckCounts& n) {
-  job.status = "fixed";
+  job.status = JobStatus::kFixed;
   for (const auto& [path, bytes] : files) {
     std::string error;
     if (!WriteIfChanged(path, *bytes, &error, OutputRoot())) {
@@ -108,9 +108,7 @@ int Runner::FixJob(Job& job, const OutputFiles& files, CheckCounts& n) {
     return kExitOk;
   }
   ++n.failed;
-  job.status = "error";
-  PrintDiagnostics(job.errors);
-  return WorstExit(job.errors);
+  return Failed(job);
 }
 
 namespace {
@@ -132,7 +130,7 @@ bool IsOrphan(const fs::path& p, const std::set<fs::path>& produced) {
   std::string ext = p.extension().string();
   if ((ext != ".py" && ext != ".diff") || produced.count(p)) return false;
   auto text = ReadFile(p, nullptr, kMaxSpecFileBytes * 4);
-  return text && CarriesGeneratedHeader(*text);
+  return text && rewriter::CarriesGeneratedHeader(*text);
 }
 
 }  // namespace
@@ -143,7 +141,7 @@ bool IsOrphan(const fs::path& p, const std::set<fs::path>& produced) {
 std::vector<fs::path> Runner::FindOrphans() const {
   std::vector<fs::path> found;
   bool all_known = opts_.specs.empty();
-  for (const Job& job : jobs_) all_known &= job.spec.has_value() && !job.out_py.empty();
+  for (const Job& job : jobs_) all_known &= (job.spec || job.fresh) && !job.out_py.empty();
   // An output root that holds the whole project (`output = "."`) would take test expectations and
   // files of other tools for orphans: it is not searched. Below the output root, the specs root,
   // the source roots and dot-folders are not entered.

@@ -12,7 +12,7 @@ nlohmann::json Runner::JobJson(const Job& job) const {
   j["upstream_path"] = found ? nlohmann::json(Show(job.lookup.file.file)) : nlohmann::json(nullptr);
   j["upstream_version"] = found ? nlohmann::json(job.lookup.file.version) : nlohmann::json(nullptr);
   j["output"] = job.out_py.empty() ? nlohmann::json(nullptr) : nlohmann::json(Show(job.out_py));
-  j["status"] = job.status;
+  j["status"] = StatusName(job.status);
   j["patches"] = job.patches;
   j["bytes"] = job.py_text.size();
   nlohmann::json errors = nlohmann::json::array();
@@ -43,7 +43,7 @@ int Runner::Validate() {
       Fail(job, ValidateSpecWithoutUpstream(*job.partial_spec));
       SortDiagnostics(job.errors);
     }
-    job.status = job.errors.empty() ? "valid" : "invalid";
+    job.status = job.errors.empty() ? JobStatus::kValid : JobStatus::kInvalid;
     if (job.errors.empty()) {
       ++ok;
       if (opts_.verbose && !opts_.json) std::cout << "valid: " << job.spec_shown << "\n";
@@ -64,22 +64,19 @@ int Runner::Generate() {
   int code = kExitOk;
   WriteCounts n;
   nlohmann::json report = nlohmann::json::array();
+  const std::string stamp_key = opts_.dry_run ? "" : StampKey();
   for (Job& job : jobs_) {
     if (job.skipped) {
       ++n.skipped;
-      job.status = "upstream not found";
-      if (!opts_.json) {
-        std::cout << "skipped " << job.spec_shown << ": upstream package '"
-                  << TopPackage(job.spec->upstream) << "' not found (upstream not found)\n";
-      }
+      job.status = JobStatus::kUpstreamNotFound;
+      ReportSkipped(job, " (upstream not found)");
     } else if (!job.errors.empty()) {
       ++n.failed;
-      job.status = "error";
-      PrintDiagnostics(job.errors);
-      code = std::max(code, WorstExit(job.errors));
+      code = std::max(code, Failed(job));
     } else {
       code = std::max(code, WriteJob(job, n));
     }
+    if (!opts_.dry_run) WriteStamp(job, stamp_key);
     report.push_back(JobJson(job));
   }
   if (opts_.json) {
@@ -103,19 +100,20 @@ int Runner::WriteJob(Job& job, WriteCounts& n) {
   for (const auto& [path, bytes] : files) {
     std::optional<bool> changed = WriteOutput(job, path, *bytes);
     if (!changed) {
-      code = 5;
+      code = kExitIo;
       break;
     }
     any_written |= *changed;
   }
   if (!job.errors.empty()) {
     ++n.failed;
-    job.status = "error";
+    job.status = JobStatus::kError;
     return code;
   }
   any_written ? ++n.written : ++n.unchanged;
-  job.status = opts_.dry_run ? (any_written ? "would write" : "unchanged")
-                             : (any_written ? "written" : "unchanged");
+  job.status = !any_written    ? JobStatus::kUnchanged
+               : opts_.dry_run ? JobStatus::kWouldWrite
+                               : JobStatus::kWritten;
   if (opts_.verbose && !opts_.json) {
     std::cout << "  " << job.spec_shown << ": " << job.spec->upstream << " "
               << job.lookup.file.version << " from " << Show(job.lookup.file.file) << "\n";
@@ -174,12 +172,13 @@ void PrintTable(const std::vector<std::array<std::string, 4>>& rows) {
 }  // namespace
 
 // --list: a generated job's .py (and .diff when there is one) against the files on disk.
-std::string Runner::DiskStatus(const Job& job) const {
+JobStatus Runner::DiskStatus(const Job& job) const {
   auto py = ReadFile(job.out_py);
   std::error_code ec;
   bool diff_stale =
       fs::is_regular_file(job.out_diff, ec) && ReadFile(job.out_diff) != job.diff_text;
-  return !py ? "missing" : (*py == job.py_text && !diff_stale) ? "up to date" : "stale";
+  if (!py) return JobStatus::kMissing;
+  return *py == job.py_text && !diff_stale ? JobStatus::kUpToDate : JobStatus::kStale;
 }
 
 int Runner::List() {
@@ -188,19 +187,17 @@ int Runner::List() {
   std::vector<std::array<std::string, 4>> rows = {{"SPEC", "UPSTREAM", "OUTPUT", "STATUS"}};
   for (Job& job : jobs_) {
     if (!job.spec || (!job.errors.empty() && job.lookup.status == LookupResult::Status::kFound)) {
-      job.status = "error";
-      PrintDiagnostics(job.errors);
-      code = std::max(code, WorstExit(job.errors));
+      code = std::max(code, Failed(job));
     } else if (job.lookup.status != LookupResult::Status::kFound) {
-      job.status = "upstream not found";
+      job.status = JobStatus::kUpstreamNotFound;
     } else {
       job.status = DiskStatus(job);
     }
     // `--list` never fails because an upstream is absent; it only reports it.
-    if (job.status == "upstream not found") job.errors.clear();
+    if (job.status == JobStatus::kUpstreamNotFound) job.errors.clear();
     report.push_back(JobJson(job));
     rows.push_back({job.spec_shown, job.spec ? job.spec->upstream : "-",
-                    job.out_py.empty() ? "-" : Show(job.out_py), job.status});
+                    job.out_py.empty() ? "-" : Show(job.out_py), StatusName(job.status)});
   }
   if (opts_.json) {
     std::cout << JsonText(nlohmann::json{{"specs", report}, {"exit_code", code}}) << "\n";
@@ -218,20 +215,15 @@ int Runner::Pin() {
     nlohmann::json j = JobJson(job);
     if (job.skipped) {
       ++n.skipped;
-      job.status = "upstream not found";
-      if (!opts_.json) {
-        std::cout << "skipped " << job.spec_shown << ": upstream package '"
-                  << TopPackage(job.spec->upstream) << "' not found\n";
-      }
+      job.status = JobStatus::kUpstreamNotFound;
+      ReportSkipped(job, "");
     } else if (!job.errors.empty()) {
       ++n.failed;
-      job.status = "error";
-      PrintDiagnostics(job.errors);
-      code = std::max(code, WorstExit(job.errors));
+      code = std::max(code, Failed(job));
     } else {
       code = std::max(code, PinJob(job, n, j));
     }
-    j["status"] = job.status;
+    j["status"] = StatusName(job.status);
     report.push_back(j);
   }
   if (opts_.json) {
@@ -255,14 +247,12 @@ int Runner::PinJob(Job& job, WriteCounts& n, nlohmann::json& j) {
       WriteIfChanged(path, FormatPins(pins, DisplayPath(job.spec_abs, config_.root)), &error);
   if (!outcome) {
     job.errors.push_back(ErrorAt(SourceLoc{Show(path), 0, 0, 1, {}}, error, {}, ErrorKind::kIo));
-    PrintDiagnostics(job.errors);
-    code = 5;
+    code = Failed(job);
     ++n.failed;
-    job.status = "error";
   } else {
     bool wrote = *outcome == WriteOutcome::kWritten;
     wrote ? ++n.written : ++n.unchanged;
-    job.status = wrote ? "pinned" : "unchanged";
+    job.status = wrote ? JobStatus::kPinned : JobStatus::kUnchanged;
     if (!opts_.json) {
       std::cout << (wrote ? "pinned " : "unchanged ") << Show(path) << " (" << job.contract.size()
                 << " entries, " << added << " new fingerprints, " << job.spec->upstream << " "

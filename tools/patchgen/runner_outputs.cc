@@ -6,10 +6,6 @@
 
 namespace patchgen::cli {
 
-namespace {
-
-// What identifies a file on disk: its device and inode when it exists (so symlinks and hard links
-// to one file compare equal), otherwise its normalised absolute path.
 std::string FileIdentity(const fs::path& p) {
   struct stat st {};
   if (::stat(p.c_str(), &st) == 0)
@@ -19,8 +15,6 @@ std::string FileIdentity(const fs::path& p) {
   return (ec ? p.lexically_normal() : c).generic_string();
 }
 
-}  // namespace
-
 // What the run reads, by file identity: the specs, their parents, patch files, pin files and
 // upstream files ("the upstream file 'x'").
 std::map<std::string, std::string> Runner::InputFiles() const {
@@ -29,10 +23,7 @@ std::map<std::string, std::string> Runner::InputFiles() const {
     std::error_code ec;
     if (fs::exists(p, ec)) inputs.emplace(FileIdentity(p), std::move(what));
   };
-  auto abs = [&](const std::string& shown) {
-    fs::path p(shown);
-    return (p.is_absolute() ? p : cwd_ / p).lexically_normal();
-  };
+  auto abs = [&](const std::string& shown) { return Unshow(shown); };
   auto add_body = [&](const spec::Body& b) {
     if (b.source == spec::Body::Source::kFile) {
       add_input(abs(b.origin.path), "the patch file '" + Show(abs(b.origin.path)) + "'");

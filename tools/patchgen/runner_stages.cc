@@ -1,6 +1,7 @@
 // The Runner's stages (runner.h): collect and load specs, find and parse upstream modules once,
 // generate every job in memory (the checks made before anything is written are
 // runner_outputs.cc).
+#include "rewriter/sha256.h"
 #include "runner.h"
 
 namespace patchgen::cli {
@@ -21,7 +22,7 @@ bool Runner::CollectSpecs() {
       return false;
     }
     std::vector<Diagnostic> errors;
-    paths = DiscoverSpecs(config_.specs, cwd_, errors);
+    paths = DiscoverSpecs(config_.specs, shown_base_, errors);
     if (!errors.empty()) {
       // A gate that cannot see every spec must not pass: nothing runs.
       PrintDiagnostics(errors);
@@ -80,7 +81,9 @@ void Runner::LoadSpecs() {
   });
 }
 
-void Runner::FindUpstreams() {
+// The upstream lookup of this run: --source-root flags, PATCHGEN_SOURCE_PATH, the config's
+// source_roots, then the interpreter's sys.path.
+SourceLookup Runner::MakeSourceLookup() const {
   std::vector<SourceRoot> roots;
   for (const auto& r : opts_.source_roots) {
     fs::path p(r);
@@ -94,8 +97,11 @@ void Runner::FindUpstreams() {
     roots.push_back(
         {p, "source_roots in " + (config_.file ? Show(*config_.file) : std::string("config"))});
   }
-  SourceLookup lookup(std::move(roots), config_.python, cwd_);
+  return SourceLookup(std::move(roots), config_.python, cwd_, shown_base_);
+}
 
+void Runner::FindUpstreams() {
+  SourceLookup lookup = MakeSourceLookup();
   for (Job& job : jobs_) {
     if (!job.spec && !job.partial_spec) continue;
     const spec::PatchSpec& s = job.spec ? *job.spec : *job.partial_spec;
@@ -166,6 +172,11 @@ void ReadUpstream(Upstream& u, const fs::path& path, const std::string& shown) {
     return;
   }
   u.module = std::move(parsed.value());
+  // One hash per upstream file, shared by its specs (the header's sha256 and the check stamps).
+  u.source_sha256 = rewriter::Sha256Hex(u.source);
+  u.module_sha256 = u.module->source().size() == u.source.size()
+                        ? u.source_sha256
+                        : rewriter::Sha256Hex(u.module->source());
 }
 
 }  // namespace
@@ -248,6 +259,7 @@ void Runner::GenerateJob(Job& job) {
   options.upstream_path = job.lookup.file.rel_path;
   options.upstream_version = job.lookup.file.version;
   options.default_runtime = config_.runtime;
+  options.upstream_sha256 = job.upstream->module_sha256;
   // The header names the spec relative to the project root, wherever patchgen runs from.
   spec::PatchSpec spec = *job.spec;
   spec.path = DisplayPath(job.spec_abs, config_.root);

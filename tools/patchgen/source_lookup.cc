@@ -58,8 +58,12 @@ std::optional<std::string> VersionFromMetadata(const std::string& text) {
   return std::nullopt;
 }
 
-SourceLookup::SourceLookup(std::vector<SourceRoot> roots, std::string python, fs::path cwd)
-    : roots_(std::move(roots)), python_(std::move(python)), cwd_(std::move(cwd)) {}
+SourceLookup::SourceLookup(std::vector<SourceRoot> roots, std::string python, fs::path cwd,
+                           fs::path shown_base)
+    : roots_(std::move(roots)),
+      python_(std::move(python)),
+      cwd_(std::move(cwd)),
+      shown_base_(shown_base.empty() ? cwd_ : std::move(shown_base)) {}
 
 std::vector<fs::path> SourceLookup::SplitPathList(const std::string& value, const fs::path& cwd) {
   std::vector<fs::path> out;
@@ -161,7 +165,7 @@ LookupResult SourceLookup::Find(const std::string& module) {
           return true;
         }
       }
-      result.looked.push_back(DisplayPath(file, cwd_) + " (" + root.origin + ")");
+      result.looked.push_back(DisplayPath(file, shown_base_) + " (" + root.origin + ")");
     }
     return false;
   };

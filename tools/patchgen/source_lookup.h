@@ -35,8 +35,10 @@ struct LookupResult {
 class SourceLookup {
  public:
   /// `roots` in priority order (before sys.path); `python` is the interpreter for sys.path;
-  /// `cwd` (absolute) resolves relative sys.path entries and prints paths.
-  SourceLookup(std::vector<SourceRoot> roots, std::string python, std::filesystem::path cwd);
+  /// `cwd` (absolute) resolves relative sys.path entries; the places looked are printed relative
+  /// to `shown_base` (default: `cwd`).
+  SourceLookup(std::vector<SourceRoot> roots, std::string python, std::filesystem::path cwd,
+               std::filesystem::path shown_base = {});
 
   /// Finds `module` ("a.b.c" -> <root>/a/b/c.py or <root>/a/b/c/__init__.py).
   LookupResult Find(const std::string& module);
@@ -59,6 +61,7 @@ class SourceLookup {
   std::vector<SourceRoot> roots_;
   std::string python_;
   std::filesystem::path cwd_;
+  std::filesystem::path shown_base_;
   bool asked_interpreter_ = false;
   std::optional<std::string> sys_path_error_;
   std::map<std::string, std::string> versions_;
