@@ -267,26 +267,28 @@ __host__ __device__ inline FastLayout fast_layout(int E, int elem) {
   return f;
 }
 
-// The KMAX largest values of a row in shared memory (cpr 16-byte pieces), descending, by a
-// branch-free insertion list. 16-bit values are compared exactly in their own type, two at a time
-// (__hmax2/__hmin2: one list for the even and one for the odd positions), and the two lists are
-// merged at the end; fp32 values one at a time.
-template <int KMAX>
-__device__ __forceinline__ void sort_desc(float (&c)[KMAX]) {  // bitonic sort of KMAX (a power of two)
-  constexpr int LOG = KMAX >= 16 ? 4 : KMAX >= 8 ? 3 : KMAX >= 4 ? 2 : KMAX >= 2 ? 1 : 0;
+__device__ __forceinline__ float max_of(float a, float b) { return fmaxf(a, b); }
+__device__ __forceinline__ float min_of(float a, float b) { return fminf(a, b); }
+__device__ __forceinline__ unsigned max_of(unsigned a, unsigned b) { return max(a, b); }
+__device__ __forceinline__ unsigned min_of(unsigned a, unsigned b) { return min(a, b); }
+
+// Bitonic sort of N values (a power of two, at most 16) in registers, descending.
+template <typename T, int N>
+__device__ __forceinline__ void sort_desc(T (&c)[N]) {
+  constexpr int LOG = N >= 16 ? 4 : N >= 8 ? 3 : N >= 4 ? 2 : N >= 2 ? 1 : 0;
   // Counted loops (not shifts) so that nvcc unrolls them and c stays in registers.
 #pragma unroll
   for (int kk = 1; kk <= LOG; ++kk)
 #pragma unroll
     for (int jj = kk - 1; jj >= 0; --jj)
 #pragma unroll
-      for (int i = 0; i < KMAX; ++i) {
+      for (int i = 0; i < N; ++i) {
         const int l = i ^ (1 << jj);
         if (l > i) {
           const bool desc = (i & (1 << kk)) == 0;
-          const float a = c[i], b = c[l];
-          c[i] = desc ? fmaxf(a, b) : fminf(a, b);
-          c[l] = desc ? fminf(a, b) : fmaxf(a, b);
+          const T a = c[i], b = c[l];
+          c[i] = desc ? max_of(a, b) : min_of(a, b);
+          c[l] = desc ? min_of(a, b) : max_of(a, b);
         }
       }
 }
@@ -318,6 +320,10 @@ __device__ __forceinline__ float half_hi(unsigned x) {
   return __half2float(__ushort_as_half(static_cast<unsigned short>(x >> 16)));
 }
 
+// The KMAX largest values of a row in shared memory (cpr 16-byte pieces), descending, by a
+// branch-free insertion list. 16-bit values are compared exactly in their own type, two at a time
+// (__hmax2/__hmin2: one list for the even and one for the odd positions), and the two lists are
+// merged at the end; fp32 values one at a time.
 template <bool BF16, int KMAX>
 __device__ __forceinline__ void top_values_packed(const unsigned char* rowp, int cpr, float (&lst)[KMAX]) {
   const unsigned neg_inf = BF16 ? 0xff80ff80u : 0xfc00fc00u;
@@ -342,7 +348,7 @@ __device__ __forceinline__ void top_values_packed(const unsigned char* rowp, int
   // both (a bitonic sequence), which a bitonic sort orders.
 #pragma unroll
   for (int i = 0; i < KMAX; ++i) lst[i] = fmaxf(half_lo<BF16>(l2[i]), half_hi<BF16>(l2[KMAX - 1 - i]));
-  sort_desc<KMAX>(lst);
+  sort_desc(lst);
 }
 
 template <typename T, int KMAX>
@@ -619,25 +625,6 @@ __device__ __forceinline__ void st_stream(V* p, const V& v) {
   }
 }
 
-template <int N>
-__device__ __forceinline__ void sort_desc_u(unsigned (&c)[N]) {  // bitonic, N a power of two
-  constexpr int LOG = N >= 8 ? 3 : N >= 4 ? 2 : 1;
-#pragma unroll
-  for (int kk = 1; kk <= LOG; ++kk)
-#pragma unroll
-    for (int jj = kk - 1; jj >= 0; --jj)
-#pragma unroll
-      for (int i = 0; i < N; ++i) {
-        const int l = i ^ (1 << jj);
-        if (l > i) {
-          const bool desc = (i & (1 << kk)) == 0;
-          const unsigned a = c[i], b = c[l];
-          c[i] = desc ? max(a, b) : min(a, b);
-          c[l] = desc ? min(a, b) : max(a, b);
-        }
-      }
-}
-
 // Chunks: C consecutive rows of one layer, the unit a warp takes (its row pointers are one
 // division away, and the next chunk's loads are issued before the current one is reduced).
 // Rows of a chunk past the layer's end compute on zeros with weight 0 and store nothing.
@@ -711,7 +698,7 @@ __global__ void __launch_bounds__(kWarpWarps * 32, MINB)
     }
 #pragma unroll
     for (int i = 0; i < EPL; ++i) srt[i] = key[i];
-    sort_desc_u<EPL>(srt);
+    sort_desc(srt);
     // Round k pops the lane's head if it was the k-th largest key; rounds past top_k pop nothing,
     // so m stays the top_k-th largest key of the row.
     unsigned m = __reduce_max_sync(0xffffffffu, srt[0]);
