@@ -71,6 +71,14 @@ Result<std::unique_ptr<PyModule>> PyModule::Parse(std::string path, std::string 
                               m->path_ + "`",
                           ErrorKind::kUpstream);
   }
+  if (auto bad = FirstCompileError(m->root())) {
+    return MakeDiagnostic(m->path_, m->source_, m->lines_, RangeOf(bad->first),
+                          "cannot parse Python: " + bad->second,
+                          "patchgen indexes only valid Python; check the file with "
+                          "`python3 -m py_compile " +
+                              m->path_ + "`",
+                          ErrorKind::kUpstream);
+  }
   IndexModule(*m);
   return m;
 }

@@ -184,6 +184,14 @@ TSNode BodyBlock(const PyModule& m, const Definition& def);
 /// First ERROR or MISSING node of `tree` in document order, if any.
 std::optional<TSNode> FirstErrorNode(TSNode root);
 
+/// The first construct (document order) of an error-free tree that tree-sitter-python accepts and
+/// CPython rejects, with CPython 3.11's message: a starred expression alone as an assignment or
+/// `for` target (`*a = b`, `*a.b = c`, `for *a in b`), or where no starred expression may stand:
+/// alone as a statement or an assignment's value, in parentheses, as an attribute's object, a
+/// call's function, a subscript's, keyword argument's or dictionary entry's value. Found by the
+/// fuzz suite (a spec body patchgen accepted and CPython did not compile).
+std::optional<std::pair<TSNode, std::string>> FirstCompileError(TSNode root);
+
 /// Adds to `out` the 0-based numbers of the lines that start inside a multi-line string literal
 /// overlapping `within` (the lines after a string's first line, through its last). Re-indenting
 /// code must leave those lines alone: they are part of the string's value.

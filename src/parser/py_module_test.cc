@@ -426,6 +426,40 @@ TEST_CASE("Refuses syntax errors with location, excerpt and help", "[parser]") {
         "bad.py`\n");
 }
 
+TEST_CASE("Refuses what CPython's compiler rejects and tree-sitter accepts", "[parser]") {
+  // A starred expression alone as an assignment or `for` target (found by the fuzz suite).
+  CHECK(ParseError("class A:\n    def f(self, k):\n        *self.k = k\n") ==
+        "bad.py:3:9: error: cannot parse Python: starred assignment target must be in a list or "
+        "tuple\n"
+        "    3 |         *self.k = k\n"
+        "      |         ^~~~~~~\n"
+        "help: patchgen indexes only valid Python; check the file with `python3 -m py_compile "
+        "bad.py`\n");
+  CHECK(ParseError("for *a in b:\n    pass\n").find(":1:5: error: cannot parse Python: starred") !=
+        std::string::npos);
+  CHECK(ParseError("x = [y for *y in z]\n").find(":1:12: error: cannot parse Python: starred") !=
+        std::string::npos);
+  // Where no starred expression may stand (CPython 3.11's messages).
+  CHECK(ParseError("*a.b\n").find(":1:1: error: cannot parse Python: can't use starred expression "
+                                  "here") != std::string::npos);
+  CHECK(ParseError("(*a).b = 1\n")
+            .find(":1:2: error: cannot parse Python: cannot use starred "
+                  "expression here") != std::string::npos);
+  CHECK(ParseError("x = *a\n").find(":1:5: error: cannot parse Python: can't use starred") !=
+        std::string::npos);
+  CHECK(ParseError("x = {1: *a}\n")
+            .find(":1:9: error: cannot parse Python: cannot use a starred "
+                  "expression in a dictionary value") != std::string::npos);
+  // In a list or tuple it is valid Python.
+  for (const char* ok :
+       {"a, *b = c\n", "*a, = c\n", "[*a] = c\n", "for a, *b in c:\n    pass\n", "f(*a)\n",
+        "x = [*a, *b]\n", "a[*b] = 1\n", "x = {**a}\n", "print(*a, sep='')\n",
+        "return_value = (*a, b)\n", "*a, b\n", "x = *a,\n"}) {
+    INFO(ok);
+    CHECK(PyModule::Parse("ok.py", ok).ok());
+  }
+}
+
 TEST_CASE("FirstErrorNode and ParseTree on clean and broken input", "[parser]") {
   TreePtr clean = ParseTree("x = 1\n");
   REQUIRE(clean != nullptr);

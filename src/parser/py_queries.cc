@@ -142,6 +142,66 @@ std::optional<TSNode> FirstErrorNode(TSNode root) {
   return std::nullopt;
 }
 
+namespace {
+
+// Whether assignment or `for` target `left` is a starred expression alone: `*a` itself, or the
+// `*a` an attribute/subscript chain starts with (tree-sitter reads `*a.b` as `(*a).b`).
+bool LoneStarredTarget(TSNode left) {
+  while (!ts_node_is_null(left)) {
+    if (Is(left, "list_splat_pattern") || Is(left, "list_splat")) return true;
+    if (Is(left, "attribute")) {
+      left = ts_node_child_by_field_name(left, "object", 6);
+    } else if (Is(left, "subscript")) {
+      left = ts_node_child_by_field_name(left, "value", 5);
+    } else {
+      return false;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+std::optional<std::pair<TSNode, std::string>> FirstCompileError(TSNode root) {
+  TSTreeCursor c = ts_tree_cursor_new(root);
+  std::optional<std::pair<TSNode, std::string>> found;
+  for (bool more = true; more && !found;) {
+    TSNode n = ts_tree_cursor_current_node(&c);
+    if (Is(n, "assignment") || Is(n, "for_statement") || Is(n, "for_in_clause")) {
+      TSNode left = ts_node_child_by_field_name(n, "left", 4);
+      if (LoneStarredTarget(left))
+        found = {left, "starred assignment target must be in a list or tuple"};
+    } else if (Is(n, "list_splat")) {
+      // `*a` alone as a statement or an assignment's value, in parentheses, as an attribute's
+      // object, a subscript's, keyword argument's or dictionary entry's value, or a call's
+      // function (CPython's words for each).
+      const char* field = ts_tree_cursor_current_field_name(&c);
+      TSNode parent = ts_node_parent(n);
+      if (Is(parent, "parenthesized_expression")) {
+        found = {n, "cannot use starred expression here"};
+      } else if ((Is(parent, "expression_statement") && ts_node_named_child_count(parent) == 1) ||
+                 (field && std::strcmp(field, "right") == 0 && Is(parent, "assignment"))) {
+        found = {n, "can't use starred expression here"};  // `*a` alone, `x = *a`
+      } else if (field && std::strcmp(field, "value") == 0 && Is(parent, "pair")) {
+        found = {n, "cannot use a starred expression in a dictionary value"};
+      } else if (field && (std::strcmp(field, "object") == 0 || std::strcmp(field, "value") == 0 ||
+                           std::strcmp(field, "function") == 0)) {
+        found = {n, "can't use starred expression here"};
+      }
+    }
+    if (found) break;
+    if (ts_tree_cursor_goto_first_child(&c)) continue;
+    while (!ts_tree_cursor_goto_next_sibling(&c)) {
+      if (!ts_tree_cursor_goto_parent(&c)) {
+        more = false;
+        break;
+      }
+    }
+  }
+  ts_tree_cursor_delete(&c);
+  return found;
+}
+
 std::vector<std::string> ParameterNames(const PyModule& m, const Definition& def) {
   std::vector<std::string> names;
   TSNode n = ts_node_descendant_for_byte_range(m.root(), def.parameters.start, def.parameters.end);
