@@ -186,10 +186,11 @@ std::optional<TSNode> FirstErrorNode(TSNode root);
 
 /// The first construct (document order) of an error-free tree that tree-sitter-python accepts and
 /// CPython rejects, with CPython 3.11's message: a starred expression alone as an assignment or
-/// `for` target (`*a = b`, `*a.b = c`, `for *a in b`), or where no starred expression may stand:
-/// alone as a statement or an assignment's value, in parentheses, as an attribute's object, a
-/// call's function, a subscript's, keyword argument's or dictionary entry's value. Found by the
-/// fuzz suite (a spec body patchgen accepted and CPython did not compile).
+/// `for` target (`*a = b`, `*a.b = c`, `for *a in b`), alone as a statement or an assignment's
+/// value (`*a`, `x = *a`), in parentheses alone (`(*a)`), or as a dictionary value (`{k: *v}`).
+/// Found by the fuzz suite (a spec body patchgen accepted and CPython did not compile). Only
+/// contexts that are errors whatever tree-sitter's reading: it parses `*a.b` as `(*a).b`, so a
+/// starred operand inside a chain says nothing by itself.
 std::optional<std::pair<TSNode, std::string>> FirstCompileError(TSNode root);
 
 /// Adds to `out` the 0-based numbers of the lines that start inside a multi-line string literal

@@ -454,7 +454,8 @@ TEST_CASE("Refuses what CPython's compiler rejects and tree-sitter accepts", "[p
   for (const char* ok :
        {"a, *b = c\n", "*a, = c\n", "[*a] = c\n", "for a, *b in c:\n    pass\n", "f(*a)\n",
         "x = [*a, *b]\n", "a[*b] = 1\n", "x = {**a}\n", "print(*a, sep='')\n",
-        "return_value = (*a, b)\n", "*a, b\n", "x = *a,\n"}) {
+        "return_value = (*a, b)\n", "*a, b\n", "x = *a,\n", "a, b = *m.shape, v\n",
+        "f([*x.size()[:-1]])\n", "y = [*zip(*f)][1]\n", "x = {1: [*a]}\n"}) {
     INFO(ok);
     CHECK(PyModule::Parse("ok.py", ok).ok());
   }

@@ -144,15 +144,18 @@ std::optional<TSNode> FirstErrorNode(TSNode root) {
 
 namespace {
 
-// Whether assignment or `for` target `left` is a starred expression alone: `*a` itself, or the
-// `*a` an attribute/subscript chain starts with (tree-sitter reads `*a.b` as `(*a).b`).
-bool LoneStarredTarget(TSNode left) {
-  while (!ts_node_is_null(left)) {
-    if (Is(left, "list_splat_pattern") || Is(left, "list_splat")) return true;
-    if (Is(left, "attribute")) {
-      left = ts_node_child_by_field_name(left, "object", 6);
-    } else if (Is(left, "subscript")) {
-      left = ts_node_child_by_field_name(left, "value", 5);
+// Whether `n` is a starred expression alone: `*a` itself, or an attribute/subscript/call chain
+// whose innermost object is `*a` (tree-sitter-python reads `*a.b` as `(*a).b`, where CPython
+// stars the whole `a.b`).
+bool LoneStarred(TSNode n) {
+  while (!ts_node_is_null(n)) {
+    if (Is(n, "list_splat_pattern") || Is(n, "list_splat")) return true;
+    if (Is(n, "attribute")) {
+      n = ts_node_child_by_field_name(n, "object", 6);
+    } else if (Is(n, "subscript")) {
+      n = ts_node_child_by_field_name(n, "value", 5);
+    } else if (Is(n, "call")) {
+      n = ts_node_child_by_field_name(n, "function", 8);
     } else {
       return false;
     }
@@ -160,36 +163,49 @@ bool LoneStarredTarget(TSNode left) {
   return false;
 }
 
+// CPython's complaint about node `n` (met in document order), if it is one.
+std::optional<std::string> CompileError(TSNode n, const char* field) {
+  if (Is(n, "assignment") || Is(n, "for_statement") || Is(n, "for_in_clause")) {
+    if (LoneStarred(ts_node_child_by_field_name(n, "left", 4)))
+      return "starred assignment target must be in a list or tuple";
+    if (Is(n, "assignment") && LoneStarred(ts_node_child_by_field_name(n, "right", 5)))
+      return "can't use starred expression here";  // `x = *a`
+    return std::nullopt;
+  }
+  if (Is(n, "expression_statement") && ts_node_named_child_count(n) == 1 &&
+      LoneStarred(ts_node_named_child(n, 0)))
+    return "can't use starred expression here";  // `*a` alone
+  if (Is(n, "parenthesized_expression") && ts_node_named_child_count(n) == 1 &&
+      Is(ts_node_named_child(n, 0), "list_splat"))
+    return "cannot use starred expression here";  // `(*a)`
+  if (Is(n, "list_splat") && field && std::strcmp(field, "value") == 0 &&
+      Is(ts_node_parent(n), "pair"))
+    return "cannot use a starred expression in a dictionary value";  // `{k: *v}`
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::optional<std::pair<TSNode, std::string>> FirstCompileError(TSNode root) {
   TSTreeCursor c = ts_tree_cursor_new(root);
   std::optional<std::pair<TSNode, std::string>> found;
-  for (bool more = true; more && !found;) {
+  for (bool more = true; more;) {
     TSNode n = ts_tree_cursor_current_node(&c);
-    if (Is(n, "assignment") || Is(n, "for_statement") || Is(n, "for_in_clause")) {
-      TSNode left = ts_node_child_by_field_name(n, "left", 4);
-      if (LoneStarredTarget(left))
-        found = {left, "starred assignment target must be in a list or tuple"};
-    } else if (Is(n, "list_splat")) {
-      // `*a` alone as a statement or an assignment's value, in parentheses, as an attribute's
-      // object, a subscript's, keyword argument's or dictionary entry's value, or a call's
-      // function (CPython's words for each).
-      const char* field = ts_tree_cursor_current_field_name(&c);
-      TSNode parent = ts_node_parent(n);
-      if (Is(parent, "parenthesized_expression")) {
-        found = {n, "cannot use starred expression here"};
-      } else if ((Is(parent, "expression_statement") && ts_node_named_child_count(parent) == 1) ||
-                 (field && std::strcmp(field, "right") == 0 && Is(parent, "assignment"))) {
-        found = {n, "can't use starred expression here"};  // `*a` alone, `x = *a`
-      } else if (field && std::strcmp(field, "value") == 0 && Is(parent, "pair")) {
-        found = {n, "cannot use a starred expression in a dictionary value"};
-      } else if (field && (std::strcmp(field, "object") == 0 || std::strcmp(field, "value") == 0 ||
-                           std::strcmp(field, "function") == 0)) {
-        found = {n, "can't use starred expression here"};
+    if (auto why = CompileError(n, ts_tree_cursor_current_field_name(&c))) {
+      // Located at the starred target or value where there is one, else at the node.
+      TSNode at = n;
+      for (const char* f : {"left", "right"}) {
+        TSNode side = ts_node_child_by_field_name(n, f, static_cast<uint32_t>(std::strlen(f)));
+        if (!ts_node_is_null(side) && LoneStarred(side)) {
+          at = side;
+          break;
+        }
       }
+      if (Is(n, "expression_statement") || Is(n, "parenthesized_expression"))
+        at = ts_node_named_child(n, 0);
+      found = {at, *why};
+      break;
     }
-    if (found) break;
     if (ts_tree_cursor_goto_first_child(&c)) continue;
     while (!ts_tree_cursor_goto_next_sibling(&c)) {
       if (!ts_tree_cursor_goto_parent(&c)) {
