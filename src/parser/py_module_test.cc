@@ -450,6 +450,13 @@ TEST_CASE("Refuses what CPython's compiler rejects and tree-sitter accepts", "[p
   CHECK(ParseError("x = {1: *a}\n")
             .find(":1:9: error: cannot parse Python: cannot use a starred "
                   "expression in a dictionary value") != std::string::npos);
+  // A header without a body (tree-sitter accepts it at the end of a file; found by the fuzz suite).
+  CHECK(ParseError("x = 1\nclass A(B):\n")
+            .find(":2:1: error: cannot parse Python: expected an "
+                  "indented block after class definition") != std::string::npos);
+  CHECK(ParseError("if x:\n    pass\nelse:\n    # nothing\n")
+            .find(":3:1: error: cannot parse Python: expected an indented block after 'else' "
+                  "statement") != std::string::npos);
   // In a list or tuple it is valid Python.
   for (const char* ok :
        {"a, *b = c\n", "*a, = c\n", "[*a] = c\n", "for a, *b in c:\n    pass\n", "f(*a)\n",

@@ -3,7 +3,9 @@
 // (py_indexer.h: trimmed ends, containers, assignment targets, type aliases).
 #include <cctype>
 #include <cstring>
+#include <string>
 #include <string_view>
+#include <utility>
 
 #include "parser/py_indexer.h"
 #include "parser/py_module.h"
@@ -163,8 +165,41 @@ bool LoneStarred(TSNode n) {
   return false;
 }
 
+// What CPython names the statement `n` is ("class definition", "'if' statement", ...), as in its
+// "expected an indented block after ..." message; null when `n` has no block of its own.
+const char* BlockOwner(TSNode n) {
+  static constexpr std::pair<const char*, const char*> kOwners[] = {
+      {"class_definition", "class definition"}, {"function_definition", "function definition"},
+      {"if_statement", "'if' statement"},       {"elif_clause", "'elif' statement"},
+      {"else_clause", "'else' statement"},      {"for_statement", "'for' statement"},
+      {"while_statement", "'while' statement"}, {"with_statement", "'with' statement"},
+      {"try_statement", "'try' statement"},     {"except_clause", "'except' statement"},
+      {"finally_clause", "'finally' statement"}};
+  for (const auto& [type, name] : kOwners)
+    if (Is(n, type)) return name;
+  return nullptr;
+}
+
+// Whether block `b` holds no statement (nothing, or comments only: tree-sitter-python accepts a
+// header with an empty body at the end of a file, CPython does not).
+bool EmptyBlock(TSNode b) {
+  uint32_t count = ts_node_named_child_count(b);
+  for (uint32_t i = 0; i < count; ++i)
+    if (!Is(ts_node_named_child(b, i), "comment")) return false;
+  return true;
+}
+
 // CPython's complaint about node `n` (met in document order), if it is one.
 std::optional<std::string> CompileError(TSNode n, const char* field) {
+  if (const char* owner = BlockOwner(n)) {
+    // Its own blocks (a clause's block belongs to the clause, an owner itself).
+    uint32_t count = ts_node_named_child_count(n);
+    for (uint32_t i = 0; i < count; ++i) {
+      TSNode child = ts_node_named_child(n, i);
+      if (Is(child, "block") && EmptyBlock(child))
+        return std::string("expected an indented block after ") + owner;
+    }
+  }
   if (Is(n, "assignment") || Is(n, "for_statement") || Is(n, "for_in_clause")) {
     if (LoneStarred(ts_node_child_by_field_name(n, "left", 4)))
       return "starred assignment target must be in a list or tuple";
