@@ -584,47 +584,6 @@ __device__ __forceinline__ float ex2f(float x) {  // 2^x, MUFU.EX2 (relative err
   return y;
 }
 
-// Streaming (evict-first) loads and stores of a 2/4/8/16-byte vector type.
-template <typename V>
-__device__ __forceinline__ V ld_stream(const V* p) {
-  static_assert(sizeof(V) == 2 || sizeof(V) == 4 || sizeof(V) == 8 || sizeof(V) == 16, "vector size");
-  V v;
-  if constexpr (sizeof(V) == 2) {
-    const unsigned short x = __ldcs(reinterpret_cast<const unsigned short*>(p));
-    memcpy(&v, &x, 2);
-  } else if constexpr (sizeof(V) == 4) {
-    const unsigned x = __ldcs(reinterpret_cast<const unsigned*>(p));
-    memcpy(&v, &x, 4);
-  } else if constexpr (sizeof(V) == 8) {
-    const uint2 x = __ldcs(reinterpret_cast<const uint2*>(p));
-    memcpy(&v, &x, 8);
-  } else {
-    const uint4 x = __ldcs(reinterpret_cast<const uint4*>(p));
-    memcpy(&v, &x, 16);
-  }
-  return v;
-}
-template <typename V>
-__device__ __forceinline__ void st_stream(V* p, const V& v) {
-  if constexpr (sizeof(V) == 2) {
-    unsigned short x;
-    memcpy(&x, &v, 2);
-    __stcs(reinterpret_cast<unsigned short*>(p), x);
-  } else if constexpr (sizeof(V) == 4) {
-    unsigned x;
-    memcpy(&x, &v, 4);
-    __stcs(reinterpret_cast<unsigned*>(p), x);
-  } else if constexpr (sizeof(V) == 8) {
-    uint2 x;
-    memcpy(&x, &v, 8);
-    __stcs(reinterpret_cast<uint2*>(p), x);
-  } else {
-    uint4 x;
-    memcpy(&x, &v, 16);
-    __stcs(reinterpret_cast<uint4*>(p), x);
-  }
-}
-
 // Chunks: C consecutive rows of one layer, the unit a warp takes (its row pointers are one
 // division away, and the next chunk's loads are issued before the current one is reduced).
 // Rows of a chunk past the layer's end compute on zeros with weight 0 and store nothing.
