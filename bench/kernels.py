@@ -176,23 +176,39 @@ def bench_rms(copy_bw, args, out):
     if not args.no_compile:
         impls.insert(1, ("torch.compile(eager)", torch.compile(lambda x, w: R.rms_norm_standard(x, w, eps))))
     rows = [measure(n, lambda f=f: fwd_bwd(f, (x, w)), lambda f=f: fwd_bwd(f, (tx, tw))) for n, f in impls]
-    if args.tune:  # launch-geometry variants of the cuda kernel (16-byte vectors per thread, backward waves)
+    if args.tune:  # kernel variants of the cuda op, each with its forward alone
         import ctypes
 
         from opslot.kernels.cuda import _lib
-        set_tuning = _lib.library().opslot_rms_norm_set_tuning
+        lib = _lib.library()
+        set_tuning, set_exp = lib.opslot_rms_norm_set_tuning, lib.opslot_rms_norm_set_experiment
         set_tuning.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
+        set_exp.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
         fwd_bytes = 4 * N * D
-        rows.append(measure("opslot cuda, forward only (4 B/element)",
-                            lambda: (lambda: CN.rms_norm_standard(x.detach(), w.detach(), eps)), None, fwd_bytes))
-        for vpt, waves, variant in ((2, 1, 1), (2, 1, 2), (2, 1, 3)):
-            set_tuning(vpt, waves, variant)
-            f = lambda x, w: CN.rms_norm_standard(x, w, eps)  # noqa: E731
-            rows.append(measure(f"opslot cuda [version {variant}, vectors/thread {vpt}, bwd waves {waves}]",
-                                lambda f=f: fwd_bwd(f, (x, w)), None))
-            rows.append(measure("  its forward only", lambda: (lambda: CN.rms_norm_standard(x.detach(), w.detach(), eps)),
-                                None, fwd_bytes))
-        set_tuning(2, 1, 0)
+        f = lambda x, w: CN.rms_norm_standard(x, w, eps)  # noqa: E731
+        fwd_only = lambda: (lambda: CN.rms_norm_standard(x.detach(), w.detach(), eps))  # noqa: E731
+        rows.append(measure("opslot cuda, forward only (4 B/element)", fwd_only, None, fwd_bytes))
+        variants = [  # (name, (vectors/thread, bwd waves, version), (version 3's blocks/SM, skip row sums, bwd from row 0))
+            ("version 2 (registers, next row prefetched)", (2, 1, 2), (0, 0, 0)),
+            ("version 3, backward from the first row", (2, 1, 3), (0, 0, 1)),
+            ("version 3, forward one row per block (not persistent)", (2, 1, 3), (-1, 0, 0)),
+            ("version 3, 2 blocks/SM", (2, 1, 3), (2, 0, 0)),
+            ("version 3, 3 blocks/SM", (2, 1, 3), (3, 0, 0)),
+            ("version 3, 4 blocks/SM (the backward fits 3)", (2, 1, 3), (4, 0, 0)),
+            ("version 3, 5 blocks/SM (the backward fits 3)", (2, 1, 3), (5, 0, 0)),
+            ("DIAGNOSTIC: version 3 without its row sums (wrong results)", (2, 1, 3), (0, 1, 0)),
+        ]
+        try:
+            for name, tun, exp in variants:
+                set_tuning(*tun)
+                set_exp(*exp)
+                rows.append(measure(f"opslot cuda [{name}]", lambda: fwd_bwd(f, (x, w)), None))
+                rows.append(measure("  its forward only", fwd_only, None, fwd_bytes))
+                if args.profile:
+                    kernel_breakdown(f"RMSNorm opslot cuda [{name}]", fwd_bwd(f, (x, w)), out)
+        finally:
+            set_tuning(2, 1, 0)
+            set_exp(0, 0, 0)
     out.append(table(f"RMSNorm (standard) {N}x{D} bf16 — 10 B/element", 10 * N * D, copy_bw, rows,
                      "≤ 0.19 ms, ≥ 83% of copy BW"))
     if args.profile:
@@ -292,17 +308,20 @@ def bench_silu(copy_bw, args, out):
     rows = [measure(n, lambda f=f: fwd_bwd(f, (a, b)), lambda f=f: fwd_bwd(f, (ta, tb))) for n, f in impls]
     rows.append(measure("opslot cuda, forward only (6 B/element)",
                         lambda: (lambda: torch.ops.opslot.silu_mul(a.detach(), b.detach())), None, 6 * N * D))
-    if args.tune:  # 16-byte vectors per thread and tensor (default 1)
+    if args.tune:  # 16-byte vectors per thread and tensor (default 1), the backward's order (default: from the end)
         import ctypes
 
         from opslot.kernels.cuda import _lib
         set_tuning = _lib.library().opslot_silu_mul_set_tuning
-        set_tuning.argtypes = [ctypes.c_int]
-        for vpt in (2, 4):
-            set_tuning(vpt)
-            rows.append(measure(f"opslot cuda [vectors/thread {vpt}]",
-                                lambda: fwd_bwd(lambda a, b: torch.ops.opslot.silu_mul(a, b), (a, b)), None))
-        set_tuning(1)
+        set_tuning.argtypes = [ctypes.c_int, ctypes.c_int]
+        try:
+            for vpt, from_start in ((1, 1), (2, 0), (4, 0)):
+                set_tuning(vpt, from_start)
+                name = f"vectors/thread {vpt}" + (", backward from the start" if from_start else "")
+                rows.append(measure(f"opslot cuda [{name}]",
+                                    lambda: fwd_bwd(lambda a, b: torch.ops.opslot.silu_mul(a, b), (a, b)), None))
+        finally:
+            set_tuning(1, 0)
     out.append(table(f"SiLU·mul {N}x{D} bf16 — 16 B/element (opslot torch = upstream eager here)", 16 * N * D, copy_bw,
                      rows, "≤ 0.82 ms, ≥ 92% of copy BW"))
 
@@ -353,7 +372,7 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", default="rms,rope,silu,lb")
     ap.add_argument("--profile", action="store_true", help="also list the kernels of one call of each opslot op (torch.profiler)")
-    ap.add_argument("--tune", action="store_true", help="also time launch-geometry variants of the RMSNorm kernel")
+    ap.add_argument("--tune", action="store_true", help="also time kernel variants (RMSNorm, SiLU-mul, load-balancing)")
     args = ap.parse_args()
     torch.manual_seed(0)
     out = []

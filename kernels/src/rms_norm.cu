@@ -33,6 +33,8 @@ __device__ __forceinline__ float fast_sigmoid(float z) {
 
 struct RmsArgs {
   int mode;
+  int diag;     // benchmarks only: 1 skips version 3's row sums (a diagnostic of what the sum costs)
+  int reverse;  // version 3's backward: rows from the last one (the default)
   int tpr;  // threads per row
   int64_t rows;
   int64_t cols;
@@ -520,12 +522,17 @@ __global__ void __launch_bounds__(kPipeMaxThreads) rms_pipe_kernel(RmsArgs a) {
 
   // Issues this thread's pieces of `row` into stage s (nothing past the end), then commits a group
   // (always, so that group k is row k of this block).
+  // The backward walks the rows from the last one (a.reverse): the rows its producer wrote last
+  // (dy) and the forward read last (x) are the ones most likely still in L2.
+  const bool reverse = BWD && a.reverse;
+  auto phys = [&](int64_t row) { return reverse ? a.rows - 1 - row : row; };
   auto issue = [&](int64_t row, int s) {
     if (row < a.rows) {
+      const int64_t at = phys(row);
       unsigned char* st = ring + s * stage_bytes;
-      const unsigned char* xr = reinterpret_cast<const unsigned char*>(static_cast<const Tx*>(a.x) + row * a.xs);
-      const unsigned char* gr = GATED ? reinterpret_cast<const unsigned char*>(static_cast<const Tx*>(a.gate) + row * a.gs) : nullptr;
-      const unsigned char* dr = BWD ? reinterpret_cast<const unsigned char*>(static_cast<const To*>(a.dy) + row * a.dys) : nullptr;
+      const unsigned char* xr = reinterpret_cast<const unsigned char*>(static_cast<const Tx*>(a.x) + at * a.xs);
+      const unsigned char* gr = GATED ? reinterpret_cast<const unsigned char*>(static_cast<const Tx*>(a.gate) + at * a.gs) : nullptr;
+      const unsigned char* dr = BWD ? reinterpret_cast<const unsigned char*>(static_cast<const To*>(a.dy) + at * a.dys) : nullptr;
 #pragma unroll
       for (int i = 0; i < NV; ++i) {
         const int c = t + i * T;
@@ -559,9 +566,17 @@ __global__ void __launch_bounds__(kPipeMaxThreads) rms_pipe_kernel(RmsArgs a) {
 #pragma unroll
   for (int s = 0; s < S - 1; ++s) issue(first + s * G, s);
 
+  // The backward's rstd of the next row is loaded one row ahead (a dependent global load at the
+  // start of every row otherwise).
+  float r_next = BWD && first < a.rows ? a.rstd_in[phys(first)] : 0.f;
   int k = 0;
   for (int64_t row = first; row < a.rows; row += G, ++k) {
     issue(row + (S - 1) * G, (k + S - 1) % S);
+    float r_cur = 0.f;
+    if (BWD) {
+      r_cur = r_next;
+      if (row + G < a.rows) r_next = a.rstd_in[phys(row + G)];
+    }
     cp_async_wait<S - 1>();
     const unsigned char* st = ring + (k % S) * stage_bytes;
     Vec<Tx, VEC> xv[NV];
@@ -593,7 +608,7 @@ __global__ void __launch_bounds__(kPipeMaxThreads) rms_pipe_kernel(RmsArgs a) {
           const float v = to_float(xv[i].v[j]);
           ss += v * v;
         }
-      ss = block_sum(ss, rb);
+      ss = a.diag ? fcols : block_sum(ss, rb);
       const float r = rsqrtf(ss / fcols + a.eps);
       if (t == 0) a.rstd[row] = r;
       To* yr = static_cast<To*>(a.y) + row * a.cols;
@@ -624,10 +639,10 @@ __global__ void __launch_bounds__(kPipeMaxThreads) rms_pipe_kernel(RmsArgs a) {
         store_vec<VEC>(yr + static_cast<int64_t>(c) * VEC, out);
       }
     } else {
-      const float r = a.rstd_in[row];
+      const float r = r_cur;
       float gk[NV][VEC];  // the gradient w.r.t. n, kept for the second pass
       float dot = 0.f;
-      Tx* dgr = GATED ? static_cast<Tx*>(a.dgate) + row * a.cols : nullptr;
+      Tx* dgr = GATED ? static_cast<Tx*>(a.dgate) + phys(row) * a.cols : nullptr;
 #pragma unroll
       for (int i = 0; i < NV; ++i) {
         float dg[VEC];
@@ -662,9 +677,9 @@ __global__ void __launch_bounds__(kPipeMaxThreads) rms_pipe_kernel(RmsArgs a) {
         const int c = t + i * T;
         if (GATED && c < nvec) store_vec<VEC>(dgr + static_cast<int64_t>(c) * VEC, dg);
       }
-      dot = block_sum(dot, rb);
+      dot = a.diag ? 0.f : block_sum(dot, rb);
       const float mean = dot / fcols;
-      Tx* dxr = static_cast<Tx*>(a.dx) + row * a.cols;
+      Tx* dxr = static_cast<Tx*>(a.dx) + phys(row) * a.cols;
 #pragma unroll
       for (int i = 0; i < NV; ++i) {
         const int c = t + i * T;
@@ -690,21 +705,32 @@ __global__ void __launch_bounds__(kPipeMaxThreads) rms_pipe_kernel(RmsArgs a) {
   }
 }
 
-// dw[c] = sum over p of partial[p][c], in a fixed order: 8 strided lanes, then lane 0..7 in order.
+// dw[c] = sum over p of partial[p][c], in a fixed order: 32 columns x 32 row lanes a block, each
+// lane with 4 accumulators over rows lane + 32 * (4k + u) (four loads in flight), added
+// (0 + 1) + (2 + 3), then the 32 lanes in order. (8 lanes and one accumulator: 3.5 µs for 396 x 4096
+// partials on an H200; this layout 2.5 µs.)
 template <typename Tw>
-__global__ void __launch_bounds__(256) rms_dw_reduce_kernel(const float* partial, int64_t prow, int64_t cols, Tw* dw) {
-  __shared__ float sm[8][33];
+__global__ void __launch_bounds__(1024) rms_dw_reduce_kernel(const float* partial, int64_t prow, int64_t cols, Tw* dw) {
+  __shared__ float sm[32][33];
   const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
   const int64_t col = static_cast<int64_t>(blockIdx.x) * 32 + tx;
-  float s = 0.f;
-  if (col < cols)
-    for (int64_t p = ty; p < prow; p += 8) s += partial[p * cols + col];
-  sm[ty][tx] = s;
+  float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
+  if (col < cols) {
+    int64_t p = ty;
+    for (; p + 96 < prow; p += 128) {
+      s0 += partial[p * cols + col];
+      s1 += partial[(p + 32) * cols + col];
+      s2 += partial[(p + 64) * cols + col];
+      s3 += partial[(p + 96) * cols + col];
+    }
+    for (; p < prow; p += 32) s0 += partial[p * cols + col];
+  }
+  sm[ty][tx] = (s0 + s1) + (s2 + s3);
   __syncthreads();
   if (ty == 0 && col < cols) {
     float total = 0.f;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) total += sm[i][tx];
+    for (int i = 0; i < 32; ++i) total += sm[i][tx];
     dw[col] = from_float<Tw>(total);
   }
 }
@@ -734,6 +760,9 @@ struct Tuning {
   int vectors_per_thread = 2;
   int bwd_waves = 1;
   int variant = 0;
+  int pipe_blocks_per_sm = 0;  // version 3: resident blocks per SM (0: as many as fit; -1: forward not persistent)
+  int diag = 0;                // version 3 without its row sums (wrong results: a diagnostic)
+  int backward_from_start = 0; // version 3's backward in row order (default: from the last row)
 };
 Tuning g_tuning;
 
@@ -834,7 +863,8 @@ PipeGeometry pipe_geometry(const RmsArgs& a, bool bwd, const Geometry& g) {
   if (g.vec != kVec) return p;
   if (bwd && !aligned(a.dw_partial, 16)) return p;
   const int64_t nvec = a.cols / kVec;
-  int64_t T = pow2ceil((nvec + 1) / 2);
+  const int64_t vpt = g_tuning.vectors_per_thread < 2 ? 1 : 2;
+  int64_t T = pow2ceil((nvec + vpt - 1) / vpt);
   if (T < 32) T = 32;
   if (T > kPipeMaxThreads) T = kPipeMaxThreads;
   const int64_t nv = pow2ceil((nvec + T - 1) / T);
@@ -885,7 +915,8 @@ int launch_pipe_inst(const RmsArgs& a, const PipeGeometry& p, cudaStream_t strea
     c.smem = p.smem;
     c.occ = n > 0 ? n : 1;
   }
-  const int64_t cap = static_cast<int64_t>(num_sms()) * c.occ;
+  const int occ = g_tuning.pipe_blocks_per_sm > 0 && g_tuning.pipe_blocks_per_sm < c.occ ? g_tuning.pipe_blocks_per_sm : c.occ;
+  const int64_t cap = g_tuning.pipe_blocks_per_sm < 0 && !BWD ? a.rows : static_cast<int64_t>(num_sms()) * occ;
   int64_t grid = a.rows < cap ? a.rows : cap;
   if (grid < 1) grid = 1;
   if (partial_rows) {
@@ -893,7 +924,10 @@ int launch_pipe_inst(const RmsArgs& a, const PipeGeometry& p, cudaStream_t strea
     return OPSLOT_OK;
   }
   if (a.rows == 0) return OPSLOT_OK;
-  kernel<<<static_cast<unsigned>(grid), p.threads, static_cast<size_t>(p.smem), stream>>>(a);
+  RmsArgs b = a;
+  b.diag = g_tuning.diag;
+  b.reverse = !g_tuning.backward_from_start;
+  kernel<<<static_cast<unsigned>(grid), p.threads, static_cast<size_t>(p.smem), stream>>>(b);
   return check_launch(BWD ? "rms_norm backward" : "rms_norm forward");
 }
 
@@ -1015,8 +1049,8 @@ static int rms_bwd_impl(int mode, int x_dtype, int w_dtype, const RmsArgs& a, vo
     if (mode == OPSLOT_RMS_UNWEIGHTED) return OPSLOT_OK;
     const int64_t blocks = (a.cols + 31) / 32;
     // With no rows nothing wrote the partials: the reduction over zero partial rows writes zeros.
-    rms_dw_reduce_kernel<Tw><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(a.dw_partial, a.rows == 0 ? 0 : prow,
-                                                                                a.cols, static_cast<Tw*>(dw));
+    rms_dw_reduce_kernel<Tw><<<static_cast<unsigned>(blocks), 1024, 0, stream>>>(a.dw_partial, a.rows == 0 ? 0 : prow,
+                                                                                 a.cols, static_cast<Tw*>(dw));
     return check_launch("rms_norm weight-gradient reduction");
   });
 }
@@ -1064,6 +1098,17 @@ OPSLOT_API int opslot_rms_norm_bwd(int mode, int x_dtype, int w_dtype, int64_t r
   a.dgate = dgate;
   a.dw_partial = dw_partial;
   return rms_bwd_impl(mode, x_dtype, w_dtype, a, dw, static_cast<cudaStream_t>(stream), nullptr);
+}
+
+OPSLOT_API int opslot_rms_norm_set_experiment(int pipe_blocks_per_sm, int skip_row_sums, int backward_from_start) {
+  if (pipe_blocks_per_sm < -1 || pipe_blocks_per_sm > 32 || skip_row_sums < 0 || skip_row_sums > 1 ||
+      backward_from_start < 0 || backward_from_start > 1)
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT,
+                     "rms_norm experiment: pipe_blocks_per_sm -1..32, skip_row_sums 0..1, backward_from_start 0..1");
+  g_tuning.backward_from_start = backward_from_start;
+  g_tuning.pipe_blocks_per_sm = pipe_blocks_per_sm;
+  g_tuning.diag = skip_row_sums;
+  return OPSLOT_OK;
 }
 
 OPSLOT_API int opslot_rms_norm_set_tuning(int vectors_per_thread, int bwd_waves, int variant) {

@@ -10,7 +10,8 @@ namespace opslot {
 namespace {
 
 constexpr int kThreads = 256;
-int g_unroll = 1;  // vectors per thread and tensor (opslot_silu_mul_set_tuning; benchmarks only)
+int g_unroll = 1;           // vectors per thread and tensor (opslot_silu_mul_set_tuning; benchmarks only)
+int g_bwd_from_start = 0;  // the backward in index order (benchmarks only; default: from the end)
 
 // fp32: expf and an exact division; 16-bit types: the fast intrinsics (their error is far below
 // one 16-bit rounding, and the exact forms cost issue slots this bandwidth-bound kernel needs).
@@ -58,9 +59,13 @@ __global__ void __launch_bounds__(kThreads) silu_mul_fwd_kernel(int64_t nvec, in
 template <typename T, int VEC, int kUnroll>
 __global__ void __launch_bounds__(kThreads) silu_mul_bwd_kernel(int64_t nvec, int64_t n, const T* __restrict__ gate,
                                                                 const T* __restrict__ up, const T* __restrict__ grad,
-                                                                T* __restrict__ dgate, T* __restrict__ dup) {
+                                                                T* __restrict__ dgate, T* __restrict__ dup,
+                                                                bool from_start) {
   using V = Vec<T, VEC>;
-  const int64_t base = static_cast<int64_t>(blockIdx.x) * kThreads * kUnroll + threadIdx.x;
+  // From the end unless told otherwise (blocks start in index order): what the producer of grad
+  // wrote last, and what the forward read last, is the most likely to be still in L2.
+  const int64_t blk = from_start ? blockIdx.x : gridDim.x - 1 - blockIdx.x;
+  const int64_t base = blk * kThreads * kUnroll + threadIdx.x;
   V g[kUnroll], u[kUnroll], d[kUnroll];
 #pragma unroll
   for (int k = 0; k < kUnroll; ++k) {
@@ -120,8 +125,8 @@ int run(bool bwd, int64_t n, const void* gate, const void* up, const void* grad,
     if (blocks > INT32_MAX) return set_error(OPSLOT_ERR_UNSUPPORTED, "silu_mul: too many elements");
     const unsigned grid = static_cast<unsigned>(blocks);
     if (bwd) {
-      if (vec) silu_mul_bwd_kernel<T, kVec, U><<<grid, kThreads, 0, s>>>(nvec, n, g, u, d, o1, o2);
-      else silu_mul_bwd_kernel<T, 1, U><<<grid, kThreads, 0, s>>>(nvec, n, g, u, d, o1, o2);
+      if (vec) silu_mul_bwd_kernel<T, kVec, U><<<grid, kThreads, 0, s>>>(nvec, n, g, u, d, o1, o2, g_bwd_from_start != 0);
+      else silu_mul_bwd_kernel<T, 1, U><<<grid, kThreads, 0, s>>>(nvec, n, g, u, d, o1, o2, g_bwd_from_start != 0);
       return check_launch("silu_mul backward");
     }
     if (vec) silu_mul_fwd_kernel<T, kVec, U><<<grid, kThreads, 0, s>>>(nvec, n, g, u, o1);
@@ -155,10 +160,12 @@ OPSLOT_API int opslot_silu_mul_bwd(int dtype, int64_t n, const void* gate, const
   });
 }
 
-OPSLOT_API int opslot_silu_mul_set_tuning(int vectors_per_thread) {
-  if (vectors_per_thread != 1 && vectors_per_thread != 2 && vectors_per_thread != 4)
-    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "silu_mul tuning: vectors_per_thread 1, 2 or 4");
+OPSLOT_API int opslot_silu_mul_set_tuning(int vectors_per_thread, int backward_from_start) {
+  if ((vectors_per_thread != 1 && vectors_per_thread != 2 && vectors_per_thread != 4) || backward_from_start < 0 ||
+      backward_from_start > 1)
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "silu_mul tuning: vectors_per_thread 1, 2 or 4; backward_from_start 0 or 1");
   g_unroll = vectors_per_thread;
+  g_bwd_from_start = backward_from_start;
   return OPSLOT_OK;
 }
 

@@ -130,3 +130,57 @@ def test_batch_invariant(variant, width):
     assert torch.equal(full[1][5:9], part[1])  # dx
     if g is not None:
         assert torch.equal(full[2][5:9], part[2])  # dgate
+
+
+def _experiment(pipe_blocks_per_sm, skip_row_sums=0, backward_from_start=0):
+    import ctypes
+
+    from opslot.kernels.cuda import _lib
+
+    f = _lib.library().opslot_rms_norm_set_experiment
+    f.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    assert f(pipe_blocks_per_sm, skip_row_sums, backward_from_start) == 0
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("blocks_per_sm,from_start", [(-1, 0), (1, 0), (3, 0), (0, 1)])
+def test_version3_geometry_changes_no_row(variant, blocks_per_sm, from_start, kernel_version):
+    """Version 3's benchmark geometries (a forward that is not persistent, fewer resident blocks, the
+    backward in row order instead of from the last row): rows bitwise equal to the default's, the
+    weight gradient against the reference."""
+    if kernel_version not in (0, 3):
+        pytest.skip("version 3 only")
+    x, g, w = _inputs(variant, 2051, 4096, torch.bfloat16)
+    dy = torch.randn(x.shape, device="cuda", dtype=torch.bfloat16)
+    ref = _run(variant, x, g, w, dy)
+    _experiment(blocks_per_sm, 0, from_start)
+    try:
+        got = _run(variant, x, g, w, dy)
+        check(variant, x, g, w, torch.bfloat16)
+    finally:
+        _experiment(0)
+    rows = [0, 1] + ([2] if g is not None else [])  # y, dx, dgate
+    assert all(torch.equal(ref[i], got[i]) for i in rows)
+
+
+def test_backward_launches_no_fill():
+    """rstd has no gradient: the backward runs the two kernels and nothing else (autograd used to
+    fill a zero gradient for rstd on every call)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from opslot.kernels.cuda import norms as N
+
+    x, _, w = _inputs("standard", 256, 4096, torch.bfloat16)
+    dy = torch.randn(x.shape, device="cuda", dtype=torch.bfloat16)
+    _run("standard", x, None, w, dy)
+    xs, ws = x.detach().clone().requires_grad_(True), w.detach().clone().requires_grad_(True)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        N.rms_norm_standard(xs, ws, 1e-6).backward(dy)
+        torch.cuda.synchronize()
+    assert xs.grad is not None and ws.grad is not None
+    names = sorted({e.key for e in prof.key_averages() if getattr(e, "self_device_time_total", 0) > 0})
+    opslot = [n for n in names if "opslot" in n]
+    others = [n for n in names if "opslot" not in n]
+    assert len(opslot) == 3, names  # forward, backward, weight-gradient reduction
+    assert not others, names

@@ -54,6 +54,36 @@ def test_bitwise_deterministic():
     assert all(torch.equal(a, b) for a, b in zip(run(), run()))
 
 
+@pytest.mark.parametrize("vectors,n", [(1, 4097 * 1024 + 5), (2, 4097 * 1024 + 5), (4, 9), (1, 0)])
+def test_launch_variants_change_nothing(vectors, n):
+    """The benchmark geometries (vectors per thread; the backward in index order instead of from the
+    end) give bitwise the default's results, the scalar tail included."""
+    import ctypes
+
+    from opslot.kernels.cuda import _lib
+
+    f = _lib.library().opslot_silu_mul_set_tuning
+    f.argtypes = [ctypes.c_int, ctypes.c_int]
+    g = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    u, d = torch.randn_like(g), torch.randn_like(g)
+
+    def run():
+        ga, ua = g.clone().requires_grad_(True), u.clone().requires_grad_(True)
+        h = torch.ops.opslot.silu_mul(ga, ua)
+        h.backward(d)
+        return h, ga.grad, ua.grad
+
+    ref = run()
+    for from_start in (0, 1):
+        assert f(vectors, from_start) == 0
+        try:
+            got = run()
+        finally:
+            assert f(1, 0) == 0
+        assert all(torch.equal(a, b) for a, b in zip(ref, got))
+    assert f(3, 0) != 0  # refused: 1, 2 or 4 vectors
+
+
 class MLP(nn.Module):
     def __init__(self, hidden, inter, act="silu"):
         super().__init__()
