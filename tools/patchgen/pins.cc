@@ -327,10 +327,12 @@ Diagnostic PinDiagnostic(const PinFinding& f, const std::string& upstream_path,
               std::string("upstream changed ") + subject + " this " + (guard ? "guard" : "patch") +
                   " relies on: " + c.key.substr(c.key.find(' ') + 1),
               verify + ", then run " + pin_cmd);
-  d.notes.push_back("note: upstream " + where + " differs from the pin in " + pins_shown +
-                    " (verified with " + (versions.empty() ? "no version" : versions) + ")");
-  d.notes.push_back("note: normalised upstream text, pinned (-) and now (+):");
-  for (std::string& l : TextDiffLines(f.pinned->text, c.text)) d.notes.push_back("  " + l);
+  d.notes.push_back(Note::Text("upstream " + where + " differs from the pin in " + pins_shown +
+                               " (verified with " + (versions.empty() ? "no version" : versions) +
+                               ")"));
+  d.notes.push_back(Note::Text("normalised upstream text, pinned (-) and now (+):"));
+  for (std::string& l : TextDiffLines(f.pinned->text, c.text))
+    d.notes.push_back(Note::Verbatim("  " + l));
   return d;
 }
 

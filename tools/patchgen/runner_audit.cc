@@ -116,8 +116,9 @@ void AddErrorFindings(const AuditView& v, std::vector<Finding>& out) {
               SourceLoc{d.path, d.line, d.col, 1, {}},
               v.up_shown,
               d.message,
-              d.notes,
+              {},
               true};
+    for (const Note& n : d.notes) f.details.push_back(FormatNote(n));
     if (!d.help.empty()) f.details.push_back("help: " + d.help);
     out.push_back(std::move(f));
   }

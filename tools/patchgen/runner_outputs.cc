@@ -53,9 +53,7 @@ Diagnostic ClashError(const Job& at, const Job& with, const std::string& shown) 
       ErrorAt(at.spec->output_loc,
               "output '" + shown + "' is also written by the spec '" + with.spec_shown + "'",
               "two specs cannot write one file; give one of them another `output:` name");
-  d.notes.push_back(with.spec->output_loc.path + ":" + std::to_string(with.spec->output_loc.line) +
-                    ":" + std::to_string(with.spec->output_loc.col) +
-                    ": note: its output is set here");
+  d.notes.push_back(Note::At(with.spec->output_loc, "its output is set here"));
   return d;
 }
 
