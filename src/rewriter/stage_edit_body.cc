@@ -128,7 +128,7 @@ std::optional<TSNode> WrapPlaceholder(PatchContext& ctx, const PyModule& m,
 std::string EditMarker(const Patch& p, const StatementEdit& e, const std::string& indent) {
   std::string m = indent + "# patchgen: edit_body " + p.target + ": " + spec::EditOpKey(e.op);
   if (!p.description.empty()) m += " - " + OneLine(p.description);
-  return m + " (" + Where(e.loc) + ")";
+  return m + " (" + e.loc.PathLine() + ")";
 }
 
 /// A wrap's text: the snippet's lines before the placeholder, the anchor statements' upstream

@@ -125,7 +125,7 @@ Result<std::optional<PinFile>> ReadPins(const fs::path& path, const std::string&
   if (!fs::exists(path, ec)) return std::optional<PinFile>();
   auto text = ReadFile(path);
   if (!text) {
-    return ErrorAt(SourceLoc{shown, 0, 0, 1, {}}, "cannot read pin file", {}, ErrorKind::kIo);
+    return ErrorAt(SourceLoc::InFile(shown), "cannot read pin file", {}, ErrorKind::kIo);
   }
   auto raw = spec::ParseRawYaml(shown, *text);
   if (!raw.ok()) return raw.errors();

@@ -46,9 +46,7 @@ std::string RegionFindingKind(const rewriter::ContractPin& c) {
   return "signature changed";
 }
 
-std::string Loc(const SourceLoc& l) {
-  return l.path + (l.line ? ":" + std::to_string(l.line) + ":" + std::to_string(l.col) : "");
-}
+std::string Loc(const SourceLoc& l) { return l.line ? l.PathLineCol() : l.path; }
 
 /// One spec's view for the audit: its job, what the old upstream gave for it (when given), and the
 /// strings its findings name.
@@ -177,7 +175,7 @@ std::vector<rewriter::ContractPin> Refound(const AuditView& v) {
     c.region = e.region;
     c.expects = e.expects;
     c.qualname = e.target;
-    c.loc = SourceLoc{job.spec_shown, 0, 0, 1, {}};
+    c.loc = SourceLoc::InFile(job.spec_shown);
     if (auto now = rewriter::RefingerprintContract(c, *job.upstream->module))
       refound.push_back(std::move(*now));
   }
@@ -234,7 +232,7 @@ void AddEntryFindings(const AuditView& v, std::vector<Finding>& out) {
   if (!job.pins && job.errors.empty()) {
     out.push_back({"unpinned",
                    "",
-                   SourceLoc{job.spec_shown, 0, 0, 1, {}},
+                   SourceLoc::InFile(job.spec_shown),
                    "",
                    "the spec has no pin file; run `patchgen pin " + job.spec_shown + "`",
                    {},

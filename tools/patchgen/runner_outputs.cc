@@ -104,7 +104,7 @@ bool Runner::CheckSourceRoots() {
     std::error_code ec;
     if (fs::is_directory(root, ec)) continue;
     std::string written = DisplayPath(root, config_.root);
-    SourceLoc loc{config_shown, 0, 0, 1, {}};
+    SourceLoc loc = SourceLoc::InFile(config_shown);
     if (text) {  // point at the value in the config file when it is written there as given
       size_t at = std::string::npos, key = text->find("source_roots");
       for (char q : {'"', '\''}) {

@@ -107,7 +107,7 @@ std::vector<fs::path> DiscoverSpecs(const fs::path& root, const fs::path& cwd,
                                     std::vector<Diagnostic>& errors) {
   std::vector<std::pair<std::string, fs::path>> found;
   auto error = [&](const fs::path& at, std::string message, std::string help) {
-    SourceLoc loc{DisplayPath(at, cwd), 0, 0, 1, {}};
+    SourceLoc loc = SourceLoc::InFile(DisplayPath(at, cwd));
     errors.push_back(ErrorAt(loc, std::move(message), std::move(help), ErrorKind::kIo));
   };
   std::vector<fs::path> todo = {root};
