@@ -58,7 +58,7 @@ struct SourceLoc {
 /// One line printed after a diagnostic's excerpt. Three shapes, one formatter (FormatNote):
 ///
 ///   specs/q.yaml:12:5: note: 'x' first declared here   a note at another location (`loc`)
-///   note: line 14: return self.down_proj(x)           a note without one
+///   note: line 14: return self.down_proj(x)            a note without one
 ///     /usr/lib/python3/dist-packages                   a verbatim line (a list or a diff that
 ///                                                      the message or a note introduces)
 ///
