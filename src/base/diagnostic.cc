@@ -196,33 +196,28 @@ SourceLoc LocOf(std::string path, std::string_view text, const LineIndex& lines,
   return SourceLoc{std::move(d.path), d.line, d.col, d.length, std::move(d.source_line)};
 }
 
-std::string NoteAt(const SourceLoc& loc, std::string_view message) {
-  std::string out;
-  if (!loc.path.empty()) {
-    out += loc.path;
-    if (loc.line > 0) out += ':' + std::to_string(loc.line) + ':' + std::to_string(loc.col);
-    out += ": ";
-  }
+std::string SourceLoc::LocationPrefix() const {
+  if (path.empty()) return "";
+  return (line > 0 ? PathLineCol() : path) + ": ";
+}
+
+std::string FormatNote(const Note& note) {
+  if (note.verbatim) return note.message;
+  std::string out = note.loc ? note.loc->LocationPrefix() : "";
   out += "note: ";
-  out += message;
+  out += note.message;
   return out;
 }
 
 std::string FormatDiagnostic(const Diagnostic& d) {
   std::string out;
-  if (!d.path.empty()) {
-    AppendPrintable(out, d.path, false);
-    if (d.line > 0) {
-      out += ':' + std::to_string(d.line) + ':' + std::to_string(d.col);
-    }
-    out += ": ";
-  }
+  AppendPrintable(out, SourceLoc{d.path, d.line, d.col, 1, {}}.LocationPrefix(), false);
   out += SeverityLabel(d.severity);
   AppendOneLine(out, d.message);
   out += '\n';
   if (d.line > 0 && !d.source_line.empty()) AppendExcerpt(out, d);
-  for (const std::string& n : d.notes) {
-    AppendOneLine(out, n);
+  for (const Note& n : d.notes) {
+    AppendOneLine(out, FormatNote(n));
     out += '\n';
   }
   if (!d.help.empty()) {

@@ -33,20 +33,9 @@ enum class ErrorKind {
   kInternal,  ///< a bug in patchgen (exit 70)
 };
 
-struct Diagnostic {
-  Severity severity = Severity::kError;
-  ErrorKind kind = ErrorKind::kSpec;
-  std::string path;         ///< As printed (relative to the working directory); may be empty.
-  uint32_t line = 0;        ///< 1-based; 0 when the diagnostic has no location.
-  uint32_t col = 0;         ///< 1-based, in code points.
-  uint32_t length = 1;      ///< Caret length in code points (>= 1).
-  std::string message;      ///< One line, no trailing period.
-  std::string source_line;  ///< Text of the line at `line`; empty prints no excerpt.
-  std::vector<std::string> notes;  ///< Extra lines printed after the excerpt (e.g. candidates).
-  std::string help;                ///< Printed as "help: ..."; empty prints nothing.
-};
-
 /// A position in a text file (a spec, a patch file, an upstream module), resolved for printing.
+/// Its text forms are written here only: PathLine, PathLineCol, and the location prefix of
+/// diagnostics and notes (LocationPrefix).
 struct SourceLoc {
   std::string path;         ///< As printed; empty = unknown.
   uint32_t line = 0;        ///< 1-based; 0 = unknown.
@@ -61,16 +50,55 @@ struct SourceLoc {
   std::string PathLine() const { return path + ":" + std::to_string(line); }
   /// "path:line:col": how a message or note names another position.
   std::string PathLineCol() const { return PathLine() + ":" + std::to_string(col); }
+  /// What a diagnostic or note line starts with: "path:line:col: ", "path: " when the line is
+  /// unknown, "" when the path is.
+  std::string LocationPrefix() const;
+};
+
+/// One line printed after a diagnostic's excerpt. Three shapes, one formatter (FormatNote):
+///
+///   specs/q.yaml:12:5: note: 'x' first declared here   a note at another location (`loc`)
+///   note: line 14: return self.down_proj(x)            a note without one
+///     /usr/lib/python3/dist-packages                   a verbatim line (a list or a diff that
+///                                                      the message or a note introduces)
+///
+/// A location the message names mid-sentence ("note: the guard is at s.yaml:9:7") is written with
+/// SourceLoc::PathLineCol; a note *at* a location carries it in `loc`.
+struct Note {
+  std::optional<SourceLoc> loc;  ///< Printed before "note: " (LocationPrefix); none = no prefix.
+  std::string message;           ///< One line, no trailing period.
+  bool verbatim = false;         ///< Print `message` alone: no location, no "note: ".
+
+  /// "path:line:col: note: message" (or "path: note: ..." / "note: ..." as far as `loc` is known).
+  static Note At(SourceLoc loc, std::string message) {
+    return Note{std::move(loc), std::move(message), false};
+  }
+  /// "note: message".
+  static Note Text(std::string message) { return Note{std::nullopt, std::move(message), false}; }
+  /// `line` as is, e.g. "looked in:", "  path", a diff line.
+  static Note Verbatim(std::string line) { return Note{std::nullopt, std::move(line), true}; }
+};
+
+struct Diagnostic {
+  Severity severity = Severity::kError;
+  ErrorKind kind = ErrorKind::kSpec;
+  std::string path;         ///< As printed (relative to the working directory); may be empty.
+  uint32_t line = 0;        ///< 1-based; 0 when the diagnostic has no location.
+  uint32_t col = 0;         ///< 1-based, in code points.
+  uint32_t length = 1;      ///< Caret length in code points (>= 1).
+  std::string message;      ///< One line, no trailing period.
+  std::string source_line;  ///< Text of the line at `line`; empty prints no excerpt.
+  std::vector<Note> notes;  ///< Printed after the excerpt, one line each (e.g. candidates).
+  std::string help;         ///< Printed as "help: ..."; empty prints nothing.
 };
 
 /// An error diagnostic at `loc`.
 Diagnostic ErrorAt(const SourceLoc& loc, std::string message, std::string help = {},
                    ErrorKind kind = ErrorKind::kSpec);
 
-/// One line of Diagnostic::notes that points at another location: "path:line:col: note: message"
-/// ("path: note: message" when the line is unknown, "note: message" when the path is). The one
-/// format of such notes (a spec entry declared twice, an overlapping guard, ...).
-std::string NoteAt(const SourceLoc& loc, std::string_view message);
+/// The line of `note` as FormatDiagnostic prints it, before control characters are escaped and
+/// the line is cut (Note shows the shapes); also the text of a note in `--audit` findings.
+std::string FormatNote(const Note& note);
 
 /// A SourceLoc for `range` of `text`.
 SourceLoc LocOf(std::string path, std::string_view text, const LineIndex& lines, ByteRange range);

@@ -75,7 +75,7 @@ TEST_CASE("Messages, notes and help print on one line; control characters are es
   std::string text = "key: \"a\\\vb\x1b[2J\"\n";
   LineIndex lines(text);
   Diagnostic d = MakeDiagnostic("s.yaml", text, lines, {5, 6}, "unknown escape character: \v\n");
-  d.notes.push_back("note: \x1b[31mred\r");
+  d.notes.push_back(Note::Text("\x1b[31mred\r"));
   d.help = "a\tb\x7f";
   CHECK(FormatDiagnostic(d) ==
         "s.yaml:1:6: error: unknown escape character: \\x0b\\x0a\n"
@@ -153,16 +153,65 @@ TEST_CASE("WithDidYouMean and DidYouMeanOr: the one shape of a suggested name") 
   CHECK(DidYouMeanOr("x", {}, "") == "");
 }
 
-TEST_CASE("NoteAt and SourceLoc's location text") {
+TEST_CASE("SourceLoc's location text") {
   SourceLoc loc{"specs/q.yaml", 12, 5, 3, "  - name: x"};
-  CHECK(NoteAt(loc, "first declared here") == "specs/q.yaml:12:5: note: first declared here");
   CHECK(loc.PathLine() == "specs/q.yaml:12");
   CHECK(loc.PathLineCol() == "specs/q.yaml:12:5");
-  CHECK(NoteAt(SourceLoc::InFile("pyproject.toml"), "here") == "pyproject.toml: note: here");
-  CHECK(NoteAt(SourceLoc{}, "somewhere") == "note: somewhere");
+  CHECK(loc.LocationPrefix() == "specs/q.yaml:12:5: ");
+  CHECK(SourceLoc::InFile("pyproject.toml").LocationPrefix() == "pyproject.toml: ");
+  CHECK(SourceLoc{}.LocationPrefix() == "");
+  // A line without a path names nothing: no prefix (as for the diagnostic itself).
+  CHECK(SourceLoc{"", 3, 1, 1, {}}.LocationPrefix() == "");
   Diagnostic d = ErrorAt(SourceLoc::InFile("a.yaml"), "cannot read spec: gone", {}, ErrorKind::kIo);
   CHECK(d.kind == ErrorKind::kIo);
   CHECK(FormatDiagnostic(d) == "a.yaml: error: cannot read spec: gone\n");
+}
+
+TEST_CASE("Notes print one way: location prefix, 'note: ', message") {
+  SourceLoc loc{"specs/q.yaml", 12, 5, 3, "  - name: x"};
+  // With a location: the excerpt text and caret length of `loc` are not printed.
+  CHECK(FormatNote(Note::At(loc, "first declared here")) ==
+        "specs/q.yaml:12:5: note: first declared here");
+  // Line unknown: the path alone.
+  CHECK(FormatNote(Note::At(SourceLoc::InFile("pyproject.toml"), "here")) ==
+        "pyproject.toml: note: here");
+  // Path unknown: no prefix, whatever the line.
+  CHECK(FormatNote(Note::At(SourceLoc{}, "somewhere")) == "note: somewhere");
+  CHECK(FormatNote(Note::At(SourceLoc{"", 7, 2, 1, {}}, "somewhere")) == "note: somewhere");
+  // Without a location.
+  CHECK(FormatNote(Note::Text("line 14: return x")) == "note: line 14: return x");
+  // Verbatim: as is, even with a location set.
+  CHECK(FormatNote(Note::Verbatim("  /usr/lib/python3")) == "  /usr/lib/python3");
+  Note v = Note::Verbatim("looked in:");
+  v.loc = loc;
+  CHECK(FormatNote(v) == "looked in:");
+}
+
+TEST_CASE("FormatDiagnostic prints the notes after the excerpt, in order, before help") {
+  std::string text = "a: 1\nb: 2\n";
+  LineIndex lines(text);
+  Diagnostic d = MakeDiagnostic("s.yaml", text, lines, {5, 6}, "duplicate key 'b'", "rename it");
+  d.notes.push_back(Note::At(SourceLoc{"s.yaml", 1, 1, 1, "a: 1"}, "first defined here"));
+  d.notes.push_back(Note::Text("keys: a, b"));
+  d.notes.push_back(Note::Verbatim("  a"));
+  d.notes.push_back(Note::At(SourceLoc::InFile("p\x1b.yaml"), "\x01"));
+  CHECK(FormatDiagnostic(d) ==
+        "s.yaml:2:1: error: duplicate key 'b'\n"
+        "    2 | b: 2\n"
+        "      | ^\n"
+        "s.yaml:1:1: note: first defined here\n"
+        "note: keys: a, b\n"
+        "  a\n"
+        "p\\x1b.yaml: note: \\x01\n"
+        "help: rename it\n");
+  // A note is cut like a message, its location prefix included.
+  d.notes = {Note::At(SourceLoc{"s.yaml", 1, 1, 1, {}}, std::string(2000, 'n'))};
+  d.help.clear();
+  std::string out = FormatDiagnostic(d);
+  std::string prefix = "s.yaml:1:1: note: ";
+  CHECK(out.substr(out.find(prefix)) ==
+        prefix + std::string(kMaxMessageBytes - prefix.size(), 'n') + "... (" +
+            std::to_string(prefix.size() + 2000 - kMaxMessageBytes) + " more bytes)\n");
 }
 
 }  // namespace

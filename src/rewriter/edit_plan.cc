@@ -34,7 +34,7 @@ Diagnostic OverlapError(const SourceLoc& later, const std::string& later_what,
   Diagnostic d = ErrorAt(later, "edits overlap: " + later_what + " and " + earlier_what,
                          "each upstream region can be changed by one spec entry only; "
                          "remove or merge one of them");
-  d.notes.push_back("note: " + earlier_what + " is at " + earlier.PathLineCol());
+  d.notes.push_back(Note::Text(earlier_what + " is at " + earlier.PathLineCol()));
   return d;
 }
 

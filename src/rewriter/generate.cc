@@ -214,9 +214,7 @@ Result<GenerateResult> Generate(const spec::PatchSpec& spec, const parser::PyMod
         ErrorAt(p.target_loc, "duplicate target '" + p.target + "' for upstream version " + v,
                 "entries of one target need upstream_version conditions that do not "
                 "overlap");
-    d.notes.push_back(it->second->target_loc.path + ":" +
-                      std::to_string(it->second->target_loc.line) + ":" +
-                      std::to_string(it->second->target_loc.col) + ": note: also applies");
+    d.notes.push_back(Note::At(it->second->target_loc, "also applies"));
     errors.push_back(std::move(d));
   }
   if (!errors.empty()) {

@@ -107,7 +107,7 @@ bool GuardPlanner::PlanCallSite(const Slot& slot, const Guard& g, const Definiti
             " of " + where + " overlaps another guard's lines " + std::to_string(other.first_line) +
             "-" + std::to_string(other.last_line),
         "guards in one body must wrap disjoint statement ranges");
-    d.notes.push_back(NoteAt(other.at_loc, "the other guard"));
+    d.notes.push_back(Note::At(other.at_loc, "the other guard"));
     errors_.push_back(std::move(d));
     return false;
   }

@@ -85,7 +85,7 @@ std::vector<const Slot*> GuardPlanner::UniqueSlots() {
           "conflicting declarations of slot '" + slot.name + "': " + Describe(slot) + " here, " +
               Describe(first) + " before",
           "a slot name means one op/variant; rename one of the slots or make them identical");
-      d.notes.push_back(NoteAt(first.loc, "'" + slot.name + "' first declared here"));
+      d.notes.push_back(Note::At(first.loc, "'" + slot.name + "' first declared here"));
       errors_.push_back(std::move(d));
       continue;
     }

@@ -25,15 +25,15 @@ std::string WriteHeader(const HeaderFacts& f) {
   if (!f.skipped.empty()) {
     h += "#   skipped:\n";
     for (const SkippedEntry& sk : f.skipped) {
-      h += "#   - " + sk.kind + " " + sk.target + " (" + Where(sk.loc) + "): " + OneLine(sk.why) +
-           "\n";
+      h += "#   - " + sk.kind + " " + sk.target + " (" + sk.loc.PathLine() +
+           "): " + OneLine(sk.why) + "\n";
     }
   }
   if (!f.unguarded_slots.empty()) {
     h += "#   slots without a guard (declared; nothing here dispatches through them):\n";
     for (const spec::Slot* slot : f.unguarded_slots) {
       h += "#   - " + slot->name + " -> " + slot->op + "/" + slot->variant + " (" +
-           Where(slot->loc) + ")\n";
+           slot->loc.PathLine() + ")\n";
     }
   }
   if (f.applied.empty()) {

@@ -90,7 +90,7 @@ void CheckRemovedNames(const spec::PatchSpec& spec,
                              noun + " '" + name->name + "' is still used at line " +
                                  std::to_string(at.line) + " of the output",
                              "remove or patch the code that uses it, or keep '" + name->name + "'");
-      d.notes.push_back("note: " + at.path + ":" + std::to_string(at.line) + ": " + at.source_line);
+      d.notes.push_back(Note::Text(at.PathLine() + ": " + at.source_line));
       errors.push_back(std::move(d));
     }
   }
@@ -153,7 +153,7 @@ std::vector<Diagnostic> CheckOutput(const spec::PatchSpec& spec, const parser::P
   if (verify_incremental && tree && !ts_node_has_error(ts_tree_root_node(tree.get()))) {
     parser::TreePtr scratch = parser::ParseTree(out);
     if (TreeSignature(tree.get()) != TreeSignature(scratch.get())) {
-      errors.push_back(ErrorAt(SourceLoc{spec.path, 0, 0, 1, ""},
+      errors.push_back(ErrorAt(SourceLoc::InFile(spec.path),
                                "the incremental parse of the output differs from a parse from "
                                "scratch",
                                {}, ErrorKind::kInternal));
@@ -165,7 +165,7 @@ std::vector<Diagnostic> CheckOutput(const spec::PatchSpec& spec, const parser::P
   // must not depend on how the tree was made.
   if (tree && ts_node_has_error(ts_tree_root_node(tree.get()))) tree = parser::ParseTree(out);
   if (!tree) {
-    errors.push_back(ErrorAt(SourceLoc{spec.path, 0, 0, 1, ""}, "tree-sitter returned no tree", {},
+    errors.push_back(ErrorAt(SourceLoc::InFile(spec.path), "tree-sitter returned no tree", {},
                              ErrorKind::kInternal));
     return errors;
   }
@@ -182,8 +182,7 @@ std::vector<Diagnostic> CheckOutput(const spec::PatchSpec& spec, const parser::P
     Diagnostic d = ErrorAt(spec_loc ? *spec_loc : at, "generated code does not parse",
                            "check the indentation and completeness of the inserted code");
     if (spec_loc) {
-      d.notes.push_back("note: at " + at.path + ":" + std::to_string(at.line) + ":" +
-                        std::to_string(at.col) + ": " + at.source_line);
+      d.notes.push_back(Note::Text("at " + at.PathLineCol() + ": " + at.source_line));
     }
     errors.push_back(std::move(d));
     return errors;
@@ -199,7 +198,8 @@ std::vector<Diagnostic> CheckOutput(const spec::PatchSpec& spec, const parser::P
     Diagnostic d = ErrorAt(loc, "undefined name '" + use.name + "' in inserted code",
                            "import it with `imports.add`, define it in `helpers:`, or map it "
                            "with `name_map`");
-    d.notes.push_back("note: generated line " + std::to_string(at.line) + ": " + at.source_line);
+    d.notes.push_back(
+        Note::Text("generated line " + std::to_string(at.line) + ": " + at.source_line));
     errors.push_back(std::move(d));
   }
   CheckRemovedNames(spec, excluded, root, out, header_size, output_loc, errors);

@@ -233,8 +233,6 @@ std::string TrimTrailingNewlines(std::string s) {
   return s;
 }
 
-std::string Where(const SourceLoc& loc) { return loc.PathLine(); }
-
 std::string Owner(const std::string& qualname) {
   size_t dot = qualname.rfind('.');
   return dot == std::string::npos ? "" : qualname.substr(0, dot);

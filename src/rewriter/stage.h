@@ -101,8 +101,6 @@ const parser::Definition* BodyDefinition(const parser::PyModule& m, const spec::
 /// One line for headers and markers: newlines folded, non-ASCII kept (the output is UTF-8).
 std::string OneLine(std::string s);
 std::string TrimTrailingNewlines(std::string s);
-/// `path:line` of a spec location, for markers and notes.
-std::string Where(const SourceLoc& loc);
 /// "A.B" of "A.B.m" ("" for a top-level name) and "m".
 std::string Owner(const std::string& qualname);
 std::string LastComponent(const std::string& qualname);

@@ -128,7 +128,7 @@ std::optional<TSNode> WrapPlaceholder(PatchContext& ctx, const PyModule& m,
 std::string EditMarker(const Patch& p, const StatementEdit& e, const std::string& indent) {
   std::string m = indent + "# patchgen: edit_body " + p.target + ": " + spec::EditOpKey(e.op);
   if (!p.description.empty()) m += " - " + OneLine(p.description);
-  return m + " (" + Where(e.loc) + ")";
+  return m + " (" + e.loc.PathLine() + ")";
 }
 
 /// A wrap's text: the snippet's lines before the placeholder, the anchor statements' upstream
@@ -224,8 +224,8 @@ bool ClashesWithEarlier(PatchContext& ctx, const PendingEdit& pe, size_t first_p
                     "` of " + LineSpan(o.first_line, o.last_line) + " in " + pe.qualname,
                 "edits of one body must touch disjoint statements; merge them into "
                 "one `replace`, or anchor the insertion elsewhere");
-    d.notes.push_back("note: the `" + std::string(spec::EditOpKey(o.op->op)) + "` edit is at " +
-                      Where(o.op->loc) + ":" + std::to_string(o.op->loc.col));
+    d.notes.push_back(Note::Text("the `" + std::string(spec::EditOpKey(o.op->op)) +
+                                 "` edit is at " + o.op->loc.PathLineCol()));
     ctx.st.out.errors.push_back(std::move(d));
     clash = true;
   }
@@ -301,7 +301,7 @@ StageOutput PlaceStatementEdits(const PyModule& up, std::vector<PendingEdit> edi
               " overlaps the call-site guard of slot '" + g.slot + "' on " + LineSpan(first, last),
           "the guard moves those statements into an `else:` branch; anchor the edit on "
           "statements outside the guarded lines, or guard other statements");
-      d.notes.push_back("note: the guard is at " + Where(g.loc) + ":" + std::to_string(g.loc.col));
+      d.notes.push_back(Note::Text("the guard is at " + g.loc.PathLineCol()));
       out.errors.push_back(std::move(d));
       clash = true;
     }

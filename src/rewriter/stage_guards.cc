@@ -27,10 +27,10 @@ void CheckGuardsInAddedMethods(const spec::PatchSpec& mapped,
     for (const spec::Guard& g : slot.guards) {
       for (const auto& [target, p] : added_methods) {
         if (g.in != target) continue;
-        errors.push_back(
-            ErrorAt(g.in_loc,
-                    "guard on " + g.in + " is inside add_method " + target + " at " + Where(p->loc),
-                    "guards edit upstream bodies; put the dispatch into the added method's code"));
+        errors.push_back(ErrorAt(
+            g.in_loc,
+            "guard on " + g.in + " is inside add_method " + target + " at " + p->loc.PathLine(),
+            "guards edit upstream bodies; put the dispatch into the added method's code"));
       }
     }
   }
@@ -45,7 +45,7 @@ void CheckGuardsInReplaced(const GuardPlan& guards, const std::vector<PatchedTar
       errors.push_back(
           ErrorAt(loc,
                   "guard on " + qualname + " conflicts with " + spec::PatchKindKey(p->kind) + " " +
-                      target + " at " + Where(p->loc),
+                      target + " at " + p->loc.PathLine(),
                   "the patch replaces the upstream body the guard would edit; dispatch "
                   "inside the patch body instead, or drop one of them"));
     }

@@ -111,7 +111,7 @@ struct ModuleCode {
     for (const spec::Block& b : spec.blocks) {
       if (auto s = Standalone(b.code, b.origin)) {
         add("\n\n", *s, b.loc, "block");
-        out.applied.push_back({"block", "after the imports (" + Where(b.loc) + ")", ""});
+        out.applied.push_back({"block", "after the imports (" + b.loc.PathLine() + ")", ""});
       }
     }
     for (const spec::Helper& h : spec.helpers) {

@@ -316,7 +316,7 @@ std::string What(const Patch& p) {
 std::string Marker(const Patch& p, const std::string& indent) {
   std::string m = indent + "# patchgen: " + spec::PatchKindKey(p.kind) + " " + p.target;
   if (!p.description.empty()) m += " - " + OneLine(p.description);
-  return m + " (" + Where(p.loc) + ")";
+  return m + " (" + p.loc.PathLine() + ")";
 }
 
 const Definition* FindClass(PatchContext& ctx, const std::string& qualname, const SourceLoc& loc) {

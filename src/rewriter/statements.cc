@@ -139,14 +139,14 @@ bool BodyStatements::WholeBlock(const AnchorRange& r) const {
   return true;
 }
 
-std::vector<std::string> BodyStatements::StatementNotes(
-    const std::vector<const Stmt*>& stmts) const {
-  std::vector<std::string> notes;
+std::vector<Note> BodyStatements::StatementNotes(const std::vector<const Stmt*>& stmts) const {
+  std::vector<Note> notes;
   for (size_t i = 0; i < stmts.size() && i < kMaxCandidates; ++i) {
-    notes.push_back("note: line " + std::to_string(stmts[i]->line) + ": " + FirstLineOf(*stmts[i]));
+    notes.push_back(
+        Note::Text("line " + std::to_string(stmts[i]->line) + ": " + FirstLineOf(*stmts[i])));
   }
   if (stmts.size() > kMaxCandidates) {
-    notes.push_back("note: ... (" + std::to_string(stmts.size() - kMaxCandidates) + " more)");
+    notes.push_back(Note::Text("... (" + std::to_string(stmts.size() - kMaxCandidates) + " more)"));
   }
   return notes;
 }
@@ -174,9 +174,8 @@ void BodyStatements::NoMatch(const SourceLoc& loc, std::string_view key, std::st
                   "` is the leading text of one statement, after its indentation; "
                   "copy it from the upstream line");
   if (!candidates.empty()) {
-    d.notes.push_back("note: closest statements in " + where + " (" + m_.path() + "):");
-    for (std::string& n : StatementNotes(Closest(candidates, prefix)))
-      d.notes.push_back(std::move(n));
+    d.notes.push_back(Note::Text("closest statements in " + where + " (" + m_.path() + "):"));
+    for (Note& n : StatementNotes(Closest(candidates, prefix))) d.notes.push_back(std::move(n));
   }
   errors.push_back(std::move(d));
 }
@@ -226,8 +225,9 @@ const Stmt* BodyStatements::LocateThrough(const AnchorQuery& q, const Stmt& firs
                   "after `" +
                   q.at_key + "`");
   d.notes = StatementNotes(anywhere);
-  d.notes.insert(d.notes.begin(), "note: `" + q.at_key + "` is line " + std::to_string(first.line) +
-                                      ": " + FirstLineOf(first));
+  d.notes.insert(d.notes.begin(),
+                 Note::Text("`" + q.at_key + "` is line " + std::to_string(first.line) + ": " +
+                            FirstLineOf(first)));
   errors.push_back(std::move(d));
   return nullptr;
 }

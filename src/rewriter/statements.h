@@ -76,7 +76,7 @@ class BodyStatements {
   /// with an error when none or several match, or when it matches elsewhere only.
   const Stmt* LocateThrough(const AnchorQuery& q, const Stmt& first,
                             std::vector<Diagnostic>& errors) const;
-  std::vector<std::string> StatementNotes(const std::vector<const Stmt*>& stmts) const;
+  std::vector<Note> StatementNotes(const std::vector<const Stmt*>& stmts) const;
   std::vector<const Stmt*> Closest(const std::vector<const Stmt*>& stmts,
                                    std::string_view prefix) const;
   void NoMatch(const SourceLoc& loc, std::string_view key, std::string_view prefix,

@@ -186,7 +186,7 @@ void FileLoader::LoadHelpers(const RawNode& n, PatchSpec& spec) {
     if (!inserted) {
       Diagnostic d =
           ErrorAt(name_node ? Loc(*name_node) : h.body.loc, "duplicate helper '" + h.name + "'");
-      d.notes.push_back(NoteAt(it->second, "first defined here"));
+      d.notes.push_back(Note::At(it->second, "first defined here"));
       diags_.push_back(std::move(d));
       continue;
     }

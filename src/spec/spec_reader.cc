@@ -33,7 +33,7 @@ void SpecReader::Error(const RawNode& at, std::string msg, std::string help) {
 void SpecReader::ErrorWithNote(const RawNode& at, std::string msg, const SourceLoc& first,
                                std::string note, std::string help) {
   Diagnostic d = ErrorAt(Loc(at), std::move(msg), std::move(help));
-  d.notes.push_back(NoteAt(first, note));
+  d.notes.push_back(Note::At(first, std::move(note)));
   diags_.push_back(std::move(d));
 }
 

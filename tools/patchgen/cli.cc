@@ -57,8 +57,8 @@ int RunIndex(const Options& opts) {
     const std::string& file = opts.index_files[i];
     auto text = ReadFile(file);
     if (!text) {
-      SourceLoc loc{file, 0, 0, 1, {}};
-      results[i].errors.push_back(ErrorAt(loc, "cannot read file", {}, ErrorKind::kIo));
+      results[i].errors.push_back(
+          ErrorAt(SourceLoc::InFile(file), "cannot read file", {}, ErrorKind::kIo));
       return;
     }
     auto module = parser::PyModule::Parse(file, std::move(*text));

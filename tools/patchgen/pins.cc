@@ -125,7 +125,7 @@ Result<std::optional<PinFile>> ReadPins(const fs::path& path, const std::string&
   if (!fs::exists(path, ec)) return std::optional<PinFile>();
   auto text = ReadFile(path);
   if (!text) {
-    return ErrorAt(SourceLoc{shown, 0, 0, 1, {}}, "cannot read pin file", {}, ErrorKind::kIo);
+    return ErrorAt(SourceLoc::InFile(shown), "cannot read pin file", {}, ErrorKind::kIo);
   }
   auto raw = spec::ParseRawYaml(shown, *text);
   if (!raw.ok()) return raw.errors();
@@ -327,10 +327,12 @@ Diagnostic PinDiagnostic(const PinFinding& f, const std::string& upstream_path,
               std::string("upstream changed ") + subject + " this " + (guard ? "guard" : "patch") +
                   " relies on: " + c.key.substr(c.key.find(' ') + 1),
               verify + ", then run " + pin_cmd);
-  d.notes.push_back("note: upstream " + where + " differs from the pin in " + pins_shown +
-                    " (verified with " + (versions.empty() ? "no version" : versions) + ")");
-  d.notes.push_back("note: normalised upstream text, pinned (-) and now (+):");
-  for (std::string& l : TextDiffLines(f.pinned->text, c.text)) d.notes.push_back("  " + l);
+  d.notes.push_back(Note::Text("upstream " + where + " differs from the pin in " + pins_shown +
+                               " (verified with " + (versions.empty() ? "no version" : versions) +
+                               ")"));
+  d.notes.push_back(Note::Text("normalised upstream text, pinned (-) and now (+):"));
+  for (std::string& l : TextDiffLines(f.pinned->text, c.text))
+    d.notes.push_back(Note::Verbatim("  " + l));
   return d;
 }
 

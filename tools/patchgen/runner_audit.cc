@@ -46,9 +46,7 @@ std::string RegionFindingKind(const rewriter::ContractPin& c) {
   return "signature changed";
 }
 
-std::string Loc(const SourceLoc& l) {
-  return l.path + (l.line ? ":" + std::to_string(l.line) + ":" + std::to_string(l.col) : "");
-}
+std::string Loc(const SourceLoc& l) { return l.line ? l.PathLineCol() : l.path; }
 
 /// One spec's view for the audit: its job, what the old upstream gave for it (when given), and the
 /// strings its findings name.
@@ -116,8 +114,9 @@ void AddErrorFindings(const AuditView& v, std::vector<Finding>& out) {
               SourceLoc{d.path, d.line, d.col, 1, {}},
               v.up_shown,
               d.message,
-              d.notes,
+              {},
               true};
+    for (const Note& n : d.notes) f.details.push_back(FormatNote(n));
     if (!d.help.empty()) f.details.push_back("help: " + d.help);
     out.push_back(std::move(f));
   }
@@ -176,7 +175,7 @@ std::vector<rewriter::ContractPin> Refound(const AuditView& v) {
     c.region = e.region;
     c.expects = e.expects;
     c.qualname = e.target;
-    c.loc = SourceLoc{job.spec_shown, 0, 0, 1, {}};
+    c.loc = SourceLoc::InFile(job.spec_shown);
     if (auto now = rewriter::RefingerprintContract(c, *job.upstream->module))
       refound.push_back(std::move(*now));
   }
@@ -233,7 +232,7 @@ void AddEntryFindings(const AuditView& v, std::vector<Finding>& out) {
   if (!job.pins && job.errors.empty()) {
     out.push_back({"unpinned",
                    "",
-                   SourceLoc{job.spec_shown, 0, 0, 1, {}},
+                   SourceLoc::InFile(job.spec_shown),
                    "",
                    "the spec has no pin file; run `patchgen pin " + job.spec_shown + "`",
                    {},

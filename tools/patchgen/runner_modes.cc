@@ -118,8 +118,8 @@ int Runner::WriteJob(Job& job, WriteCounts& n) {
     std::cout << "  " << job.spec_shown << ": " << job.spec->upstream << " "
               << job.lookup.file.version << " from " << Show(job.lookup.file.file) << "\n";
     for (const rewriter::SkippedEntry& sk : job.skipped_entries) {
-      std::cout << "  skipped " << sk.kind << " " << sk.target << " (" << sk.loc.path << ":"
-                << sk.loc.line << "): " << sk.why << "\n";
+      std::cout << "  skipped " << sk.kind << " " << sk.target << " (" << sk.loc.PathLine()
+                << "): " << sk.why << "\n";
     }
   }
   return code;
@@ -138,7 +138,7 @@ std::optional<bool> Runner::WriteOutput(Job& job, const fs::path& path, const st
     std::string error;
     auto outcome = WriteIfChanged(path, bytes, &error, OutputRoot());
     if (!outcome) {
-      SourceLoc loc{Show(path), 0, 0, 1, {}};
+      SourceLoc loc = SourceLoc::InFile(Show(path));
       job.errors.push_back(ErrorAt(loc, error, {}, ErrorKind::kIo));
       PrintDiagnostics({job.errors.back()});
       return std::nullopt;
@@ -246,7 +246,7 @@ int Runner::PinJob(Job& job, WriteCounts& n, nlohmann::json& j) {
   auto outcome =
       WriteIfChanged(path, FormatPins(pins, DisplayPath(job.spec_abs, config_.root)), &error);
   if (!outcome) {
-    job.errors.push_back(ErrorAt(SourceLoc{Show(path), 0, 0, 1, {}}, error, {}, ErrorKind::kIo));
+    job.errors.push_back(ErrorAt(SourceLoc::InFile(Show(path)), error, {}, ErrorKind::kIo));
     code = Failed(job);
     ++n.failed;
   } else {

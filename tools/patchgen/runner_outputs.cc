@@ -53,9 +53,7 @@ Diagnostic ClashError(const Job& at, const Job& with, const std::string& shown) 
       ErrorAt(at.spec->output_loc,
               "output '" + shown + "' is also written by the spec '" + with.spec_shown + "'",
               "two specs cannot write one file; give one of them another `output:` name");
-  d.notes.push_back(with.spec->output_loc.path + ":" + std::to_string(with.spec->output_loc.line) +
-                    ":" + std::to_string(with.spec->output_loc.col) +
-                    ": note: its output is set here");
+  d.notes.push_back(Note::At(with.spec->output_loc, "its output is set here"));
   return d;
 }
 
@@ -106,7 +104,7 @@ bool Runner::CheckSourceRoots() {
     std::error_code ec;
     if (fs::is_directory(root, ec)) continue;
     std::string written = DisplayPath(root, config_.root);
-    SourceLoc loc{config_shown, 0, 0, 1, {}};
+    SourceLoc loc = SourceLoc::InFile(config_shown);
     if (text) {  // point at the value in the config file when it is written there as given
       size_t at = std::string::npos, key = text->find("source_roots");
       for (char q : {'"', '\''}) {

@@ -116,8 +116,8 @@ void Runner::FindUpstreams() {
     }
     Diagnostic d = ErrorAt(s.upstream_loc, "upstream module '" + s.upstream + "' not found",
                            SourceLookup::Help(top), ErrorKind::kUpstream);
-    d.notes.push_back("looked in:");
-    for (const auto& place : job.lookup.looked) d.notes.push_back("  " + place);
+    d.notes.push_back(Note::Verbatim("looked in:"));
+    for (const auto& place : job.lookup.looked) d.notes.push_back(Note::Verbatim("  " + place));
     job.errors.push_back(std::move(d));
   }
 }

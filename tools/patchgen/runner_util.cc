@@ -107,7 +107,7 @@ std::vector<fs::path> DiscoverSpecs(const fs::path& root, const fs::path& cwd,
                                     std::vector<Diagnostic>& errors) {
   std::vector<std::pair<std::string, fs::path>> found;
   auto error = [&](const fs::path& at, std::string message, std::string help) {
-    SourceLoc loc{DisplayPath(at, cwd), 0, 0, 1, {}};
+    SourceLoc loc = SourceLoc::InFile(DisplayPath(at, cwd));
     errors.push_back(ErrorAt(loc, std::move(message), std::move(help), ErrorKind::kIo));
   };
   std::vector<fs::path> todo = {root};
@@ -207,7 +207,7 @@ std::vector<Diagnostic> AmbiguousTargets(const std::vector<rewriter::ContractPin
   std::vector<Diagnostic> out;
   auto where = [&](const parser::Definition& d) {
     LineCol lc = upstream.lines().At(d.definition.start);
-    return shown + ":" + std::to_string(lc.line) + ":" + std::to_string(lc.col);
+    return SourceLoc{shown, lc.line, lc.col, 1, {}};
   };
   for (const rewriter::ContractPin& pin : contract) {
     if (pin.qualname.empty()) continue;
@@ -230,9 +230,9 @@ std::vector<Diagnostic> AmbiguousTargets(const std::vector<rewriter::ContractPin
           "or generate against an upstream that defines '" +
               d->qualname + "' once",
           ErrorKind::kUpstream);
-      e.notes.push_back(where(*d) + ": note: first definition");
+      e.notes.push_back(Note::At(where(*d), "first definition"));
       for (const parser::Definition* r : again)
-        e.notes.push_back(where(*r) + ": note: defined again here");
+        e.notes.push_back(Note::At(where(*r), "defined again here"));
       out.push_back(std::move(e));
       break;
     }

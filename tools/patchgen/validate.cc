@@ -4,6 +4,7 @@
 #include <map>
 #include <memory>
 
+#include "base/line_index.h"
 #include "base/text_util.h"
 #include "parser/py_module.h"
 
@@ -24,11 +25,13 @@ void CheckParses(const std::string& code, const spec::TextOrigin& origin, const 
   if (!tree) return;
   std::optional<TSNode> bad = parser::FirstErrorNode(ts_tree_root_node(tree.get()));
   if (bad) {
-    TSPoint p = ts_node_start_point(*bad);
+    // tree-sitter's column counts bytes; a SourceLoc's counts code points, like every column
+    // patchgen prints. `col_offset` is the block scalar's indentation (spaces: bytes = columns).
+    LineCol at = LineIndex(code).At(ts_node_start_byte(*bad));
     SourceLoc loc;
     loc.path = origin.path;
-    loc.line = origin.first_line + p.row;
-    loc.col = p.column + 1 + origin.col_offset;
+    loc.line = origin.first_line + at.line - 1;
+    loc.col = at.col + origin.col_offset;
     loc.source_line = LineOf(origin.file_text, loc.line);
     out.push_back(
         ErrorAt(loc, what + " does not parse as Python", "fix the syntax error at this position"));
