@@ -5,6 +5,7 @@
 #include <tree_sitter/api.h>
 
 #include "base/text_util.h"
+#include "parser/py_cst_queries.h"
 #include "parser/ts_node.h"
 
 namespace patchgen::rewriter {
@@ -119,17 +120,6 @@ void PlanOverride(PatchContext& ctx, const Patch& p, NameMap& patch_map, const s
   ctx.st.replaced.push_back({p.target, &p});
 }
 
-/// The last statement of `def`'s body block.
-TSNode LastStatement(const PyModule& up, const Definition& def) {
-  TSNode block = Field(DefNode(up, def), "body");
-  TSNode last = block;
-  for (uint32_t i = 0; i < ts_node_named_child_count(block); ++i) {
-    TSNode c = ts_node_named_child(block, i);
-    if (!Is(c, "comment")) last = c;
-  }
-  return last;
-}
-
 void PlanAddMethod(PatchContext& ctx, const Patch& p, NameMap& patch_map, const std::string& what) {
   const std::string& src = ctx.up.source();
   const Definition* cls = TargetClass(ctx, p);
@@ -152,7 +142,7 @@ void PlanAddMethod(PatchContext& ctx, const Patch& p, NameMap& patch_map, const 
     edits.push_back(SnippetEdit({cls->header.end, LineEndOf(src, cls->body.end)}, "\n" + marker,
                                 *snippet, "", p.loc, what));
   } else if (cls->empty_body) {
-    TSNode placeholder = LastStatement(ctx.up, *cls);
+    TSNode placeholder = parser::LastStatement(ctx.up, *cls);
     ByteRange r{LineStartOf(src, ts_node_start_byte(placeholder)), LineEndOf(src, cls->body.end)};
     edits.push_back(SnippetEdit(r, marker, *snippet, "", p.loc, what));
   } else {

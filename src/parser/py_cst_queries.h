@@ -1,0 +1,31 @@
+// Structural queries over a parsed module's concrete syntax tree that the rewriter asks (issue
+// #19: they were re-implemented in src/rewriter). Each is a pure function of the tree: it decides
+// nothing about edits (where text goes and what replaces what stay in src/rewriter). Tests:
+// py_cst_queries_test.cc. The older queries (NodeAt, DefNode, BodyBlock, ParameterNames) are
+// declared in py_module.h.
+#pragma once
+
+#include <tree_sitter/api.h>
+
+#include <cstdint>
+#include <optional>
+#include <string_view>
+#include <vector>
+
+#include "base/byte_range.h"
+#include "base/line_index.h"
+#include "parser/py_module.h"
+
+namespace patchgen::parser {
+
+/// The statements of `block` (a `block` or the `module` node), in order: its named children
+/// other than comments. A `match` statement's block holds `case_clause`s; they are returned as
+/// they are. Empty for a null node.
+std::vector<TSNode> BlockStatements(TSNode block);
+
+/// The last statement of `def`'s body: `pass` of `class A:\n    pass`, `return x` of
+/// `def f(): return x`, a whole `if` statement when the body ends with one; comments after it are
+/// not statements. A null node when `def`'s body block is not found.
+TSNode LastStatement(const PyModule& m, const Definition& def);
+
+}  // namespace patchgen::parser

@@ -1,0 +1,87 @@
+#include "parser/py_cst_queries.h"
+
+#include <catch2/catch.hpp>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "parser/ts_node.h"
+
+namespace patchgen::parser {
+namespace {
+
+using Strings = std::vector<std::string>;
+
+std::unique_ptr<PyModule> ParseOk(std::string source) {
+  auto r = PyModule::Parse("test.py", std::move(source));
+  if (!r) FAIL(FormatDiagnostic(r.errors()[0]));
+  return std::move(*r);
+}
+
+std::string TextOf(const PyModule& m, TSNode n) { return std::string(m.Text(RangeOf(n))); }
+
+Strings Types(const std::vector<TSNode>& nodes) {
+  Strings out;
+  for (TSNode n : nodes) out.emplace_back(TypeOf(n));
+  return out;
+}
+
+TEST_CASE("BlockStatements: a block's or the module's statements, comments left out", "[parser]") {
+  auto m = ParseOk(
+      "# head\n"
+      "import a\n"
+      "def f(x):\n"
+      "    # lead\n"
+      "    y = x  # trailing\n"
+      "    if y:\n"
+      "        return 1\n"
+      "    # tail\n"
+      "match v:\n"
+      "    case 1:\n"
+      "        pass\n"
+      "    case _:\n"
+      "        pass\n");
+  CHECK(Types(BlockStatements(m->root())) ==
+        Strings{"import_statement", "function_definition", "match_statement"});
+  CHECK(Types(BlockStatements(BodyBlock(*m, *m->Find("f")))) ==
+        Strings{"expression_statement", "if_statement"});
+  // A match statement's block holds its case clauses.
+  TSNode match = BlockStatements(m->root())[2];
+  CHECK(Types(BlockStatements(Field(match, "body"))) == Strings{"case_clause", "case_clause"});
+  CHECK(BlockStatements(TSNode{}).empty());
+}
+
+TEST_CASE("LastStatement: decorated, inline, placeholder and compound bodies", "[parser]") {
+  auto m = ParseOk(
+      "@dec\n"
+      "class A(B):\n"
+      "    \"\"\"Doc.\"\"\"\n"
+      "    x = 1\n"
+      "    # a comment after the last statement\n"
+      "class E(B): ...\n"
+      "class P:\n"
+      "    pass\n"
+      "def one(): return 1\n"
+      "def g(x):\n"
+      "    if x:\n"
+      "        return 1\n"
+      "    else:\n"
+      "        return 2\n"
+      "    # after\n");
+  CHECK(TextOf(*m, LastStatement(*m, *m->Find("A"))) == "x = 1");
+  CHECK(TextOf(*m, LastStatement(*m, *m->Find("E"))) == "...");
+  TSNode pass = LastStatement(*m, *m->Find("P"));
+  CHECK(TypeOf(pass) == "pass_statement");
+  CHECK(RangeOf(pass).start == m->source().find("    pass") + 4);
+  CHECK(TextOf(*m, LastStatement(*m, *m->Find("one"))) == "return 1");
+  TSNode last = LastStatement(*m, *m->Find("g"));
+  CHECK(TypeOf(last) == "if_statement");
+  CHECK(TextOf(*m, last).starts_with("if x:\n"));
+  // A definition whose name is not in a def or class of the tree: no body, a null node.
+  Definition outside;
+  outside.name_range = ByteRange{0, 1};  // `@` of the decorator
+  CHECK(ts_node_is_null(LastStatement(*m, outside)));
+}
+
+}  // namespace
+}  // namespace patchgen::parser
