@@ -24,4 +24,15 @@ TSNode LastStatement(const PyModule& m, const Definition& def) {
   return stmts.empty() ? TSNode{} : stmts.back();
 }
 
+std::optional<ByteRange> SuperInitStatement(const PyModule& m, const Definition& init) {
+  for (TSNode s : BlockStatements(BodyBlock(m, init))) {
+    if (!Is(s, "expression_statement")) continue;
+    std::string_view text = m.Text(RangeOf(s));
+    if (text.starts_with("super(") && text.find(".__init__(") != std::string_view::npos) {
+      return RangeOf(s);
+    }
+  }
+  return std::nullopt;
+}
+
 }  // namespace patchgen::parser

@@ -28,4 +28,10 @@ std::vector<TSNode> BlockStatements(TSNode block);
 /// not statements. A null node when `def`'s body block is not found.
 TSNode LastStatement(const PyModule& m, const Definition& def);
 
+/// The `super().__init__(...)` statement directly in the body of `init` (an `__init__`): the first
+/// expression statement of the body block whose text starts with `super(` and contains
+/// `.__init__(` (`super().__init__(config)`, `super(A, self).__init__()`). Statements nested in
+/// `if`/`try`/... are not looked at. Its range (without a trailing comment); nullopt when none.
+std::optional<ByteRange> SuperInitStatement(const PyModule& m, const Definition& init);
+
 }  // namespace patchgen::parser

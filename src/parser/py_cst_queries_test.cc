@@ -83,5 +83,43 @@ TEST_CASE("LastStatement: decorated, inline, placeholder and compound bodies", "
   CHECK(ts_node_is_null(LastStatement(*m, outside)));
 }
 
+TEST_CASE("SuperInitStatement: directly in the body, first one, nullopt when nested or absent",
+          "[parser]") {
+  auto m = ParseOk(
+      "class A(B):\n"
+      "    def __init__(self, config):\n"
+      "        # set up\n"
+      "        x = 1\n"
+      "        super().__init__(config)  # base\n"
+      "        self.y = 2\n"
+      "class C(B):\n"
+      "    def __init__(self): super(C, self).__init__()\n"
+      "class D(B):\n"
+      "    def __init__(self):\n"
+      "        if x:\n"
+      "            super().__init__()\n"
+      "        self.z = 1\n"
+      "class E(B):\n"
+      "    @deco\n"
+      "    def __init__(self):\n"
+      "        super().__init__(\n"
+      "            a,\n"
+      "        )\n"
+      "        super().__init__()\n"
+      "class F(B):\n"
+      "    def __init__(self):\n"
+      "        value = super().__init__()\n"
+      "        super().setup()\n");
+  auto text = [&](const char* init) -> std::string {
+    std::optional<ByteRange> r = SuperInitStatement(*m, *m->Find(init));
+    return r ? std::string(m->Text(*r)) : "<none>";
+  };
+  CHECK(text("A.__init__") == "super().__init__(config)");
+  CHECK(text("C.__init__") == "super(C, self).__init__()");
+  CHECK(text("D.__init__") == "<none>");
+  CHECK(text("E.__init__") == "super().__init__(\n            a,\n        )");
+  CHECK(text("F.__init__") == "<none>");
+}
+
 }  // namespace
 }  // namespace patchgen::parser

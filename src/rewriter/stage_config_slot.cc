@@ -5,6 +5,7 @@
 #include <tree_sitter/api.h>
 
 #include "base/text_util.h"
+#include "parser/py_cst_queries.h"
 #include "parser/ts_node.h"
 #include "rewriter/stage_patches.h"
 
@@ -130,7 +131,8 @@ void PlanConfigSlot(PatchContext& ctx, const Patch& p, NameMap& /*patch_map*/,
                                         what,
                                         std::nullopt});
   } else {
-    uint32_t at = SuperInitEnd(ctx.up, *init).value_or(LineEndOf(src, init->body.end));
+    std::optional<ByteRange> super_init = parser::SuperInitStatement(ctx.up, *init);
+    uint32_t at = LineEndOf(src, super_init ? super_init->end : init->body.end);
     ctx.st.out.edits.push_back(TextEdit{{at, at}, "\n" + text, p.loc, what, std::nullopt});
   }
   ctx.st.config_slots = true;

@@ -6,16 +6,12 @@
 
 #include "base/text_util.h"
 #include "parser/py_cst_queries.h"
-#include "parser/ts_node.h"
 
 namespace patchgen::rewriter {
 namespace {
 
 using parser::Definition;
-using parser::Field;
-using parser::Is;
 using parser::PyModule;
-using parser::RangeOf;
 using spec::Body;
 using spec::Patch;
 using spec::PatchKind;
@@ -167,13 +163,13 @@ void PlanModifyInit(PatchContext& ctx, const Patch& p, NameMap& patch_map,
   if (!m) return;
   uint32_t at = LineEndOf(up.source(), init->body.end);
   if (p.init_at == Patch::InitAt::kAfterSuperInit) {
-    std::optional<uint32_t> super_end = SuperInitEnd(up, *init);
-    if (!super_end) {
+    std::optional<ByteRange> super_init = parser::SuperInitStatement(up, *init);
+    if (!super_init) {
       ctx.Error(p.loc, "no super().__init__(...) call in " + init->qualname,
                 "use `after: end` (the default) to append to __init__");
       return;
     }
-    at = *super_end;
+    at = LineEndOf(up.source(), super_init->end);
   }
   Snippet s = WholeSnippet(*m, p.body.origin, {&patch_map, &ctx.spec_map}, init->body_indent);
   std::string indent(init->body_indent, ' ');
@@ -278,19 +274,6 @@ void CheckNestedInReplaced(const spec::PatchSpec& spec, std::vector<Diagnostic>&
 }
 
 }  // namespace
-
-std::optional<uint32_t> SuperInitEnd(const PyModule& up, const Definition& init) {
-  TSNode block = Field(DefNode(up, init), "body");
-  for (uint32_t i = 0; i < ts_node_named_child_count(block); ++i) {
-    TSNode c = ts_node_named_child(block, i);
-    if (!Is(c, "expression_statement")) continue;
-    std::string_view text = up.Text(RangeOf(c));
-    if (text.starts_with("super(") && text.find(".__init__(") != std::string_view::npos) {
-      return LineEndOf(up.source(), ts_node_end_byte(c));
-    }
-  }
-  return std::nullopt;
-}
 
 const PatchPlanner* PlannerOf(PatchKind kind) {
   for (const PatchPlanner& row : kPatchPlanners) {
