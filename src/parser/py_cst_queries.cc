@@ -1,23 +1,42 @@
 // Structural queries the rewriter asks of a parsed module (py_cst_queries.h).
 #include "parser/py_cst_queries.h"
 
+#include <algorithm>
+
 #include "parser/ts_node.h"
 
 namespace patchgen::parser {
 
-std::vector<TSNode> BlockStatements(TSNode block) {
+namespace {
+
+/// The named children of `n` other than comments, in order (one cursor pass: ts_node_named_child(i)
+/// walks the first i children each time).
+std::vector<TSNode> NamedChildrenButComments(TSNode n) {
   std::vector<TSNode> out;
-  if (ts_node_is_null(block)) return out;
-  // A cursor visits the children in one pass (ts_node_named_child(i) walks the first i each time).
-  TSTreeCursor c = ts_tree_cursor_new(block);
+  if (ts_node_is_null(n)) return out;
+  TSTreeCursor c = ts_tree_cursor_new(n);
   for (bool more = ts_tree_cursor_goto_first_child(&c); more;
        more = ts_tree_cursor_goto_next_sibling(&c)) {
-    TSNode n = ts_tree_cursor_current_node(&c);
-    if (ts_node_is_named(n) && !Is(n, "comment")) out.push_back(n);
+    TSNode child = ts_tree_cursor_current_node(&c);
+    if (ts_node_is_named(child) && !Is(child, "comment")) out.push_back(child);
   }
   ts_tree_cursor_delete(&c);
   return out;
 }
+
+/// The `assignment` node of a top-level assignment statement (the statement's first named
+/// descendant along first children), or a null node (e.g. `x += 1` is an augmented_assignment).
+TSNode AssignmentOf(const PyModule& m, const TopLevelStatement& s) {
+  TSNode n = NodeAt(m.root(), s.range);
+  while (!ts_node_is_null(n) && !Is(n, "assignment")) {
+    n = ts_node_named_child_count(n) > 0 ? ts_node_named_child(n, 0) : TSNode{};
+  }
+  return n;
+}
+
+}  // namespace
+
+std::vector<TSNode> BlockStatements(TSNode block) { return NamedChildrenButComments(block); }
 
 TSNode LastStatement(const PyModule& m, const Definition& def) {
   std::vector<TSNode> stmts = BlockStatements(BodyBlock(m, def));
@@ -33,6 +52,23 @@ std::optional<ByteRange> SuperInitStatement(const PyModule& m, const Definition&
     }
   }
   return std::nullopt;
+}
+
+std::optional<DunderAll> FindDunderAll(const PyModule& m) {
+  std::optional<DunderAll> found;
+  for (const TopLevelStatement& s : m.top_level()) {
+    if (s.kind != TopLevelStatement::Kind::kAssignment ||
+        std::find(s.names.begin(), s.names.end(), "__all__") == s.names.end()) {
+      continue;
+    }
+    TSNode assignment = AssignmentOf(m, s);
+    if (ts_node_is_null(assignment)) continue;
+    TSNode right = Field(assignment, "right");
+    if (ts_node_is_null(right) || !(Is(right, "list") || Is(right, "tuple"))) continue;
+    found = DunderAll{RangeOf(right), {}};
+    for (TSNode item : NamedChildrenButComments(right)) found->items.push_back(RangeOf(item));
+  }
+  return found;
 }
 
 }  // namespace patchgen::parser

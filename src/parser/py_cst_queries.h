@@ -34,4 +34,16 @@ TSNode LastStatement(const PyModule& m, const Definition& def);
 /// `if`/`try`/... are not looked at. Its range (without a trailing comment); nullopt when none.
 std::optional<ByteRange> SuperInitStatement(const PyModule& m, const Definition& init);
 
+/// The `__all__` list of a module: the list or tuple literal and its items.
+struct DunderAll {
+  ByteRange list;                ///< The literal, brackets included: `[...]` or `(...)`.
+  std::vector<ByteRange> items;  ///< Its elements as written (quotes included), comments left out.
+};
+
+/// The value of the last top-level assignment `__all__ = [...]` (or `__all__ = (...)`, or
+/// annotated `__all__: list[str] = [...]`) whose value is a list or tuple literal; later
+/// assignments of another value (`__all__ = names()`), augmented ones (`__all__ += [...]`) and
+/// chained ones (`__all__ = x = [...]`) are not looked at. nullopt when there is none.
+std::optional<DunderAll> FindDunderAll(const PyModule& m);
+
 }  // namespace patchgen::parser

@@ -121,5 +121,46 @@ TEST_CASE("SuperInitStatement: directly in the body, first one, nullopt when nes
   CHECK(text("F.__init__") == "<none>");
 }
 
+Strings Items(const PyModule& m, const std::optional<DunderAll>& all) {
+  Strings out;
+  for (ByteRange r : all->items) out.emplace_back(m.Text(r));
+  return out;
+}
+
+TEST_CASE("FindDunderAll: the last list or tuple assigned at the top level, and its items",
+          "[parser]") {
+  auto m = ParseOk(
+      "__all__ = [\"A\", \"B\"]\n"
+      "x = 1\n"
+      "__all__ = (\n"
+      "    \"A\",  # a comment\n"
+      "    \"C\",\n"
+      ")\n"
+      "__all__ = names()\n"
+      "__all__ += [\"D\"]\n"
+      "__all__ = y = [\"E\"]\n"
+      "if X:\n"
+      "    __all__ = [\"F\"]\n");
+  std::optional<DunderAll> all = FindDunderAll(*m);
+  REQUIRE(all.has_value());
+  CHECK(m->Text(all->list) == "(\n    \"A\",  # a comment\n    \"C\",\n)");
+  CHECK(Items(*m, all) == Strings{"\"A\"", "\"C\""});
+
+  auto annotated = ParseOk("__all__: list[str] = ['A', *OTHER]\n");
+  all = FindDunderAll(*annotated);
+  REQUIRE(all.has_value());
+  CHECK(annotated->Text(all->list) == "['A', *OTHER]");
+  CHECK(Items(*annotated, all) == Strings{"'A'", "*OTHER"});
+
+  auto empty = ParseOk("__all__ = []\n");
+  all = FindDunderAll(*empty);
+  REQUIRE(all.has_value());
+  CHECK(empty->Text(all->list) == "[]");
+  CHECK(all->items.empty());
+
+  CHECK_FALSE(FindDunderAll(*ParseOk("x = [1]\nif X:\n    __all__ = ['F']\n")).has_value());
+  CHECK_FALSE(FindDunderAll(*ParseOk("__all__ = names()\n")).has_value());
+}
+
 }  // namespace
 }  // namespace patchgen::parser
