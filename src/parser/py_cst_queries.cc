@@ -71,4 +71,10 @@ std::optional<DunderAll> FindDunderAll(const PyModule& m) {
   return found;
 }
 
+bool OnlyStatementInBlock(const PyModule& m, ByteRange stmt) {
+  TSNode block = ts_node_parent(NodeAt(m.root(), stmt));
+  if (ts_node_is_null(block) || !Is(block, "block")) return false;
+  return BlockStatements(block).size() == 1;
+}
+
 }  // namespace patchgen::parser

@@ -46,4 +46,9 @@ struct DunderAll {
 /// chained ones (`__all__ = x = [...]`) are not looked at. nullopt when there is none.
 std::optional<DunderAll> FindDunderAll(const PyModule& m);
 
+/// True when the statement exactly at `stmt` is the only statement of its `block` (comments do
+/// not count): removing it would leave the block empty. False for a statement directly in the
+/// module body, which is not a `block`.
+bool OnlyStatementInBlock(const PyModule& m, ByteRange stmt);
+
 }  // namespace patchgen::parser

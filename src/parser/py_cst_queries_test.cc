@@ -1,6 +1,7 @@
 #include "parser/py_cst_queries.h"
 
 #include <catch2/catch.hpp>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -160,6 +161,35 @@ TEST_CASE("FindDunderAll: the last list or tuple assigned at the top level, and 
 
   CHECK_FALSE(FindDunderAll(*ParseOk("x = [1]\nif X:\n    __all__ = ['F']\n")).has_value());
   CHECK_FALSE(FindDunderAll(*ParseOk("__all__ = names()\n")).has_value());
+}
+
+TEST_CASE("OnlyStatementInBlock: comments do not count, the module body is not a block",
+          "[parser]") {
+  auto m = ParseOk(
+      "import a\n"
+      "try:\n"
+      "    import b\n"
+      "except ImportError:\n"
+      "    # only a comment besides\n"
+      "    import c  # trailing\n"
+      "if X: import d\n"
+      "def f():\n"
+      "    import e\n"
+      "    return e\n"
+      "class K:\n"
+      "    import g\n");
+  auto only = [&](const char* stmt) {
+    uint32_t at = static_cast<uint32_t>(m->source().find(stmt));
+    return OnlyStatementInBlock(*m, ByteRange{at, at + static_cast<uint32_t>(std::strlen(stmt))});
+  };
+  CHECK_FALSE(only("import a"));
+  CHECK(only("import b"));
+  CHECK(only("import c"));
+  CHECK(only("import d"));
+  CHECK_FALSE(only("import e"));
+  CHECK(only("import g"));
+  CHECK_FALSE(only("return e"));
+  CHECK_FALSE(only("ImportError"));  // an expression, not a statement of a block
 }
 
 }  // namespace
