@@ -34,6 +34,43 @@ TSNode AssignmentOf(const PyModule& m, const TopLevelStatement& s) {
   return n;
 }
 
+bool IsDefinitionNode(std::string_view t) {
+  return t == "function_definition" || t == "class_definition" || t == "decorated_definition";
+}
+
+bool IsClause(std::string_view t) {
+  return t == "elif_clause" || t == "else_clause" || t == "except_clause" ||
+         t == "except_group_clause" || t == "finally_clause" || t == "case_clause";
+}
+
+void CollectBlock(TSNode block, const LineIndex& lines, std::vector<NestedStatement>& out);
+
+/// Visits the blocks of a compound statement or clause.
+void CollectNested(TSNode node, const LineIndex& lines, std::vector<NestedStatement>& out) {
+  for (TSNode c : NamedChildrenButComments(node)) {
+    std::string_view t = TypeOf(c);
+    if (t == "block") {
+      CollectBlock(c, lines, out);
+    } else if (IsClause(t)) {
+      CollectNested(c, lines, out);
+    }
+  }
+}
+
+void CollectBlock(TSNode block, const LineIndex& lines, std::vector<NestedStatement>& out) {
+  uint32_t index = 0;
+  for (TSNode c : NamedChildrenButComments(block)) {
+    std::string_view t = TypeOf(c);
+    if (t == "case_clause") {  // `match` bodies hold clauses, not statements.
+      CollectNested(c, lines, out);
+      continue;
+    }
+    ByteRange r = RangeOf(c);
+    out.push_back(NestedStatement{c, block, index++, r, lines.LineOf(r.start) + 1});
+    if (!IsDefinitionNode(t)) CollectNested(c, lines, out);
+  }
+}
+
 }  // namespace
 
 std::vector<TSNode> BlockStatements(TSNode block) { return NamedChildrenButComments(block); }
@@ -75,6 +112,12 @@ bool OnlyStatementInBlock(const PyModule& m, ByteRange stmt) {
   TSNode block = ts_node_parent(NodeAt(m.root(), stmt));
   if (ts_node_is_null(block) || !Is(block, "block")) return false;
   return BlockStatements(block).size() == 1;
+}
+
+std::vector<NestedStatement> NestedStatements(TSNode block, const LineIndex& lines) {
+  std::vector<NestedStatement> out;
+  if (!ts_node_is_null(block)) CollectBlock(block, lines, out);
+  return out;
 }
 
 }  // namespace patchgen::parser

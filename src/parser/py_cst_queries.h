@@ -51,4 +51,19 @@ std::optional<DunderAll> FindDunderAll(const PyModule& m);
 /// module body, which is not a `block`.
 bool OnlyStatementInBlock(const PyModule& m, ByteRange stmt);
 
+/// A statement of a body found at any depth (NestedStatements).
+struct NestedStatement {
+  TSNode node;
+  TSNode block;        ///< The block the statement belongs to (siblings share it).
+  uint32_t index = 0;  ///< Position among the block's statements.
+  ByteRange range;
+  uint32_t line = 0;  ///< 1-based line of the statement's first byte.
+};
+
+/// Every statement of `block` in document order, at any depth: those of the blocks of `if`,
+/// `elif`, `else`, `for`, `while`, `try`, `except`, `finally`, `with`, `match`/`case`, but not
+/// those inside a nested def or class (the def/class statement itself is one). A `case_clause` is
+/// not a statement; its block's statements are. `lines` is the module's line index.
+std::vector<NestedStatement> NestedStatements(TSNode block, const LineIndex& lines);
+
 }  // namespace patchgen::parser

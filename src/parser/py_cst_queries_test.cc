@@ -192,5 +192,58 @@ TEST_CASE("OnlyStatementInBlock: comments do not count, the module body is not a
   CHECK_FALSE(only("ImportError"));  // an expression, not a statement of a block
 }
 
+TEST_CASE("NestedStatements: every block's statements in order, not inside nested defs",
+          "[parser]") {
+  auto m = ParseOk(
+      "def f(x):\n"                 // 1
+      "    a = 1  # note\n"         // 2
+      "    if x:\n"                 // 3
+      "        b = 2\n"             // 4
+      "    elif y:\n"               // 5
+      "        c = 3\n"             // 6
+      "    else:\n"                 // 7
+      "        d = 4\n"             // 8
+      "    for i in r:\n"           // 9
+      "        e = 5\n"             // 10
+      "    try:\n"                  // 11
+      "        g = 6\n"             // 12
+      "    except E:\n"             // 13
+      "        h = 7\n"             // 14
+      "    finally:\n"              // 15
+      "        k = 8\n"             // 16
+      "    with w: l = 9\n"         // 17
+      "    while t:\n"              // 18
+      "        # only a comment\n"  // 19
+      "        m = 10\n"            // 20
+      "    match v:\n"              // 21
+      "        case 1:\n"           // 22
+      "            n = 11\n"        // 23
+      "    def inner():\n"          // 24
+      "        o = 12\n"            // 25
+      "    @dec\n"                  // 26
+      "    class C:\n"              // 27
+      "        p = 13\n"            // 28
+      "    # comment\n"             // 29
+      "    return a\n");            // 30
+  std::vector<NestedStatement> stmts = NestedStatements(BodyBlock(*m, *m->Find("f")), m->lines());
+  Strings got;
+  for (const NestedStatement& s : stmts) {
+    std::string_view text = m->Text(s.range);
+    got.push_back(std::to_string(s.line) + ":" + std::to_string(s.index) + ":" +
+                  std::string(text.substr(0, text.find('\n'))));
+    CHECK(RangeOf(s.node) == s.range);
+  }
+  CHECK(got == Strings{"2:0:a = 1",   "3:1:if x:",         "4:0:b = 2",   "6:0:c = 3",
+                       "8:0:d = 4",   "9:2:for i in r:",   "10:0:e = 5",  "11:3:try:",
+                       "12:0:g = 6",  "14:0:h = 7",        "16:0:k = 8",  "17:4:with w: l = 9",
+                       "17:0:l = 9",  "18:5:while t:",     "20:0:m = 10", "21:6:match v:",
+                       "23:0:n = 11", "24:7:def inner():", "26:8:@dec",   "30:9:return a"});
+  // `a = 1` and `return a` share the body block; `b = 2` is in the `if`'s.
+  CHECK(ts_node_eq(stmts.front().block, stmts.back().block));
+  CHECK_FALSE(ts_node_eq(stmts.front().block, stmts[2].block));
+  CHECK(TypeOf(stmts[2].block) == "block");
+  CHECK(NestedStatements(TSNode{}, m->lines()).empty());
+}
+
 }  // namespace
 }  // namespace patchgen::parser
