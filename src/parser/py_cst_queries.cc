@@ -71,6 +71,21 @@ void CollectBlock(TSNode block, const LineIndex& lines, std::vector<NestedStatem
   }
 }
 
+void CollectNameReferences(TSNode node, std::string_view code, std::string_view name,
+                           std::vector<ByteRange>& out) {
+  uint32_t n = ts_node_child_count(node);
+  for (uint32_t i = 0; i < n; ++i) {
+    TSNode c = ts_node_child(node, i);
+    ByteRange r = RangeOf(c);
+    if (TypeOf(c) == "identifier" && r.In(code) == name) {
+      bool attribute = TypeOf(node) == "attribute" && ts_node_eq(c, Field(node, "attribute"));
+      bool keyword = TypeOf(node) == "keyword_argument" && ts_node_eq(c, Field(node, "name"));
+      if (!attribute && !keyword) out.push_back(r);
+    }
+    CollectNameReferences(c, code, name, out);
+  }
+}
+
 }  // namespace
 
 std::vector<TSNode> BlockStatements(TSNode block) { return NamedChildrenButComments(block); }
@@ -117,6 +132,12 @@ bool OnlyStatementInBlock(const PyModule& m, ByteRange stmt) {
 std::vector<NestedStatement> NestedStatements(TSNode block, const LineIndex& lines) {
   std::vector<NestedStatement> out;
   if (!ts_node_is_null(block)) CollectBlock(block, lines, out);
+  return out;
+}
+
+std::vector<ByteRange> NameReferences(TSNode node, std::string_view code, std::string_view name) {
+  std::vector<ByteRange> out;
+  if (!ts_node_is_null(node)) CollectNameReferences(node, code, name, out);
   return out;
 }
 

@@ -66,4 +66,9 @@ struct NestedStatement {
 /// not a statement; its block's statements are. `lines` is the module's line index.
 std::vector<NestedStatement> NestedStatements(TSNode block, const LineIndex& lines);
 
+/// Every identifier under `node` whose text (in `code`, the source `node` was parsed from) is
+/// `name` and that refers to the bare name: not an attribute's name (`x.name`) nor a keyword
+/// argument's name (`f(name=1)`). In document order.
+std::vector<ByteRange> NameReferences(TSNode node, std::string_view code, std::string_view name);
+
 }  // namespace patchgen::parser

@@ -245,5 +245,24 @@ TEST_CASE("NestedStatements: every block's statements in order, not inside neste
   CHECK(NestedStatements(TSNode{}, m->lines()).empty());
 }
 
+TEST_CASE("NameReferences: the bare name, not attribute or keyword names, strings or comments",
+          "[parser]") {
+  std::string code =
+      "x = slot(a, slot=slot) + obj.slot + slot.attr + f(slots, 'slot')  # slot\n"
+      "y = [slot for _ in r]\n";
+  TreePtr tree = ParseTree(code);
+  REQUIRE(tree);
+  std::vector<ByteRange> refs = NameReferences(ts_tree_root_node(tree.get()), code, "slot");
+  std::vector<uint32_t> starts;
+  for (ByteRange r : refs) {
+    CHECK(r.In(code) == "slot");
+    starts.push_back(r.start);
+  }
+  // `slot(`, the keyword's value `=slot)`, `slot.attr` and the comprehension's element.
+  CHECK(starts == std::vector<uint32_t>{4, 17, 36, 78});
+  CHECK(NameReferences(ts_tree_root_node(tree.get()), code, "absent").empty());
+  CHECK(NameReferences(TSNode{}, code, "slot").empty());
+}
+
 }  // namespace
 }  // namespace patchgen::parser
