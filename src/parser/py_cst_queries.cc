@@ -86,6 +86,18 @@ void CollectNameReferences(TSNode node, std::string_view code, std::string_view 
   }
 }
 
+void CollectIdentifiers(TSNode node, ByteRange region, std::vector<ByteRange>& out) {
+  ByteRange r = RangeOf(node);
+  if (r.end <= region.start || r.start >= region.end) return;
+  if (Is(node, "identifier")) {
+    out.push_back(r);
+    return;
+  }
+  uint32_t count = ts_node_named_child_count(node);
+  for (uint32_t i = 0; i < count; ++i)
+    CollectIdentifiers(ts_node_named_child(node, i), region, out);
+}
+
 }  // namespace
 
 std::vector<TSNode> BlockStatements(TSNode block) { return NamedChildrenButComments(block); }
@@ -138,6 +150,12 @@ std::vector<NestedStatement> NestedStatements(TSNode block, const LineIndex& lin
 std::vector<ByteRange> NameReferences(TSNode node, std::string_view code, std::string_view name) {
   std::vector<ByteRange> out;
   if (!ts_node_is_null(node)) CollectNameReferences(node, code, name, out);
+  return out;
+}
+
+std::vector<ByteRange> IdentifiersIn(TSNode node, ByteRange region) {
+  std::vector<ByteRange> out;
+  if (!ts_node_is_null(node)) CollectIdentifiers(node, region, out);
   return out;
 }
 

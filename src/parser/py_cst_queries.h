@@ -71,4 +71,9 @@ std::vector<NestedStatement> NestedStatements(TSNode block, const LineIndex& lin
 /// argument's name (`f(name=1)`). In document order.
 std::vector<ByteRange> NameReferences(TSNode node, std::string_view code, std::string_view name);
 
+/// Every identifier node under `node` that overlaps `region`, in document order: names in any
+/// role (definitions, parameters, attribute names, keyword-argument names, the expressions of an
+/// f-string), never the text of strings or comments.
+std::vector<ByteRange> IdentifiersIn(TSNode node, ByteRange region);
+
 }  // namespace patchgen::parser

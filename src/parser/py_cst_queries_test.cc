@@ -264,5 +264,28 @@ TEST_CASE("NameReferences: the bare name, not attribute or keyword names, string
   CHECK(NameReferences(TSNode{}, code, "slot").empty());
 }
 
+TEST_CASE("IdentifiersIn: identifiers overlapping a region in every role, not in strings",
+          "[parser]") {
+  auto m = ParseOk(
+      "import torch\n"
+      "def f(x, *, k=None):\n"
+      "    # x in a comment\n"
+      "    y = torch.cat(x, dim=k)\n"
+      "    return f\"{y} x\"\n"
+      "z = 1\n");
+  auto names = [&](ByteRange region) {
+    Strings out;
+    for (ByteRange r : IdentifiersIn(m->root(), region)) out.emplace_back(m->Text(r));
+    return out;
+  };
+  const Definition& f = *m->Find("f");
+  CHECK(names(f.whole) == Strings{"f", "x", "k", "y", "torch", "cat", "x", "dim", "k", "y"});
+  // An identifier only partly inside the region counts (overlap, not containment).
+  uint32_t cat = static_cast<uint32_t>(m->source().find("cat("));
+  CHECK(names({cat + 2, cat + 3}) == Strings{"cat"});
+  CHECK(names({0, 0}).empty());
+  CHECK(IdentifiersIn(TSNode{}, f.whole).empty());
+}
+
 }  // namespace
 }  // namespace patchgen::parser
