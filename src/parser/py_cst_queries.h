@@ -1,8 +1,11 @@
-// Structural queries over a parsed module's concrete syntax tree that the rewriter asks (issue
-// #19: they were re-implemented in src/rewriter). Each is a pure function of the tree: it decides
+// Structural queries over a parsed module's concrete syntax tree that the rewriter asks: the
+// statements of a block (and of a body at any depth), the last statement of a body, the
+// `super().__init__(...)` statement of an `__init__`, the `__all__` list, whether a statement is
+// alone in its block, the references to a bare name and the identifiers of a region. They were
+// re-implemented in src/rewriter (issue #19). Each is a pure function of the tree: it decides
 // nothing about edits (where text goes and what replaces what stay in src/rewriter). Tests:
 // py_cst_queries_test.cc. The older queries (NodeAt, DefNode, BodyBlock, ParameterNames) are
-// declared in py_module.h.
+// declared in py_module.h; docs/parser.md lists them all.
 #pragma once
 
 #include <tree_sitter/api.h>
@@ -25,13 +28,15 @@ std::vector<TSNode> BlockStatements(TSNode block);
 
 /// The last statement of `def`'s body: `pass` of `class A:\n    pass`, `return x` of
 /// `def f(): return x`, a whole `if` statement when the body ends with one; comments after it are
-/// not statements. A null node when `def`'s body block is not found.
+/// not statements. A null node when `def`'s body block is not found (PyModule::Parse refuses a
+/// block without a statement).
 TSNode LastStatement(const PyModule& m, const Definition& def);
 
 /// The `super().__init__(...)` statement directly in the body of `init` (an `__init__`): the first
 /// expression statement of the body block whose text starts with `super(` and contains
 /// `.__init__(` (`super().__init__(config)`, `super(A, self).__init__()`). Statements nested in
-/// `if`/`try`/... are not looked at. Its range (without a trailing comment); nullopt when none.
+/// `if`/`try`/... are not looked at, and the test is on the statement's text, not its structure.
+/// Its range (without a trailing comment); nullopt when none.
 std::optional<ByteRange> SuperInitStatement(const PyModule& m, const Definition& init);
 
 /// The `__all__` list of a module: the list or tuple literal and its items.
