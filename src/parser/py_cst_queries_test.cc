@@ -50,6 +50,10 @@ TEST_CASE("BlockStatements: a block's or the module's statements, comments left 
   TSNode match = BlockStatements(m->root())[2];
   CHECK(Types(BlockStatements(Field(match, "body"))) == Strings{"case_clause", "case_clause"});
   CHECK(BlockStatements(TSNode{}).empty());
+  // Simple statements on one line, after the header's colon, are statements of the body block.
+  auto inline_body = ParseOk("def g(): a = 1; return a  # done\n");
+  CHECK(Types(BlockStatements(BodyBlock(*inline_body, *inline_body->Find("g")))) ==
+        Strings{"expression_statement", "return_statement"});
 }
 
 TEST_CASE("LastStatement: decorated, inline, placeholder and compound bodies", "[parser]") {
