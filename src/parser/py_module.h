@@ -167,6 +167,9 @@ TreePtr ParseTree(std::string_view source);
 /// rejects a block that mixes tabs and spaces (TabError), so such an upstream is refused.
 std::optional<ByteRange> FirstTabIndentation(const PyModule& m);
 
+// Tree queries over a parsed module (the structural ones the rewriter asks about statements,
+// `__all__` and names are in parser/py_cst_queries.h).
+
 /// Names of the parameters of function `def` of `m`, in order: plain, typed and default
 /// parameters (`self`, `x: int`, `y=1`); `*args`, `**kwargs`, `/` and `*` separators are not
 /// included. Empty when `def` has no parameter list.

@@ -7,34 +7,16 @@
 
 #include "base/line_index.h"
 #include "base/text_util.h"
+#include "parser/py_cst_queries.h"
 #include "parser/py_module.h"
 #include "parser/ts_node.h"
 
 namespace patchgen::rewriter {
 namespace {
 
-using parser::Field;
-using parser::RangeOf;
 using parser::TypeOf;
 using spec::Guard;
 using spec::Slot;
-
-/// Every identifier in `code` equal to `name` that refers to the bare name (not `x.name`, not a
-/// keyword argument's name), as byte ranges of `code`.
-void FindNameRefs(TSNode node, std::string_view code, std::string_view name,
-                  std::vector<ByteRange>& out) {
-  uint32_t n = ts_node_child_count(node);
-  for (uint32_t i = 0; i < n; ++i) {
-    TSNode c = ts_node_child(node, i);
-    ByteRange r = RangeOf(c);
-    if (TypeOf(c) == "identifier" && r.In(code) == name) {
-      bool attribute = TypeOf(node) == "attribute" && ts_node_eq(c, Field(node, "attribute"));
-      bool keyword = TypeOf(node) == "keyword_argument" && ts_node_eq(c, Field(node, "name"));
-      if (!attribute && !keyword) out.push_back(r);
-    }
-    FindNameRefs(c, code, name, out);
-  }
-}
 
 /// Location of byte range [col_start, col_end) of 0-based line `line` of a guard's `call` text.
 SourceLoc CallLoc(const Guard& g, const std::vector<std::string_view>& call_lines, uint32_t line,
@@ -59,11 +41,7 @@ SourceLoc CallLoc(const Guard& g, const std::vector<std::string_view>& call_line
 /// Nullopt when the parsed code `root` is one expression statement (no assignment, no yield);
 /// otherwise the offset to point at: the second statement, or the one that is not an expression.
 std::optional<uint32_t> NotOneExpression(TSNode root) {
-  std::vector<TSNode> stmts;
-  for (uint32_t i = 0; i < ts_node_named_child_count(root); ++i) {
-    TSNode c = ts_node_named_child(root, i);
-    if (TypeOf(c) != "comment") stmts.push_back(c);
-  }
+  std::vector<TSNode> stmts = parser::BlockStatements(root);
   bool single = stmts.size() == 1 && TypeOf(stmts[0]) == "expression_statement";
   for (uint32_t i = 0; single && i < ts_node_named_child_count(stmts[0]); ++i) {
     std::string_view t = TypeOf(ts_node_named_child(stmts[0], i));
@@ -137,8 +115,7 @@ std::optional<PreparedCall> PrepareGuardCall(const Slot& slot, const Guard& g, b
     return std::nullopt;
   }
   if (slot.scope == Slot::Scope::kInstance) {
-    std::vector<ByteRange> refs;
-    FindNameRefs(root, code, slot.name, refs);
+    std::vector<ByteRange> refs = parser::NameReferences(root, code, slot.name);
     for (auto it = refs.rbegin(); it != refs.rend(); ++it) code.insert(it->start, "self.");
     lines.clear();
     for (std::string_view l : SplitLines(code)) lines.emplace_back(l);

@@ -5,14 +5,13 @@
 #include <string>
 
 #include "base/text_util.h"
-#include "parser/ts_node.h"
+#include "parser/py_cst_queries.h"
 #include "rewriter/guard_planner.h"
 
 namespace patchgen::rewriter {
 namespace {
 
 using parser::Definition;
-using parser::TypeOf;
 using spec::Guard;
 using spec::Slot;
 
@@ -56,14 +55,8 @@ bool GuardPlanner::PlanEntry(const Slot& slot, const Guard& g, const Definition&
 }
 
 uint32_t GuardPlanner::FirstStatementStart(const Definition& def) const {
-  TSNode block = BodyBlock(up_, def);
-  if (!ts_node_is_null(block)) {
-    for (uint32_t i = 0; i < ts_node_named_child_count(block); ++i) {
-      TSNode c = ts_node_named_child(block, i);
-      if (TypeOf(c) != "comment") return ts_node_start_byte(c);
-    }
-  }
-  return def.body.start;
+  std::vector<TSNode> stmts = parser::BlockStatements(BodyBlock(up_, def));
+  return stmts.empty() ? def.body.start : ts_node_start_byte(stmts.front());
 }
 
 /// Start of the body's first line: its first statement, or the first comment line above it

@@ -4,7 +4,7 @@
 #include <algorithm>
 
 #include "base/text_util.h"
-#include "parser/ts_node.h"
+#include "parser/py_cst_queries.h"
 #include "rewriter/fingerprint.h"
 #include "rewriter/reindent.h"
 #include "rewriter/statements.h"
@@ -12,9 +12,7 @@
 namespace patchgen::rewriter {
 
 using parser::Definition;
-using parser::Is;
 using parser::PyModule;
-using parser::RangeOf;
 using parser::TopLevelStatement;
 
 // ----- name_map ------------------------------------------------------------------------------
@@ -138,26 +136,22 @@ std::unique_ptr<PyModule> ParseCode(const std::string& text, const spec::TextOri
 
 namespace {
 
-void CollectRenames(TSNode node, const PyModule& m, ByteRange region, Renames renames,
+/// The name_map renames of the identifiers of `m` in `region` (the def/class name being renamed
+/// to the target's, `rename`, excepted).
+void CollectRenames(const PyModule& m, ByteRange region, Renames renames,
                     const std::optional<std::pair<ByteRange, std::string>>& rename,
                     std::vector<std::pair<ByteRange, std::string>>& out) {
-  ByteRange r = RangeOf(node);
-  if (r.end <= region.start || r.start >= region.end) return;
-  if (Is(node, "identifier")) {
-    if (rename && rename->first == r) return;
+  for (ByteRange r : parser::IdentifiersIn(m.root(), region)) {
+    if (rename && rename->first == r) continue;
     std::string_view text = m.Text(r);
     // Patch-level entries win over spec-level ones.
     for (NameMap* map : {renames.patch, renames.spec}) {
       if (!map) continue;
       if (std::optional<std::string> to = map->Map(text)) {
         out.push_back({r, *to});
-        return;
+        break;
       }
     }
-    return;
-  }
-  for (uint32_t i = 0; i < ts_node_named_child_count(node); ++i) {
-    CollectRenames(ts_node_named_child(node, i), m, region, renames, rename, out);
   }
 }
 
@@ -172,7 +166,7 @@ Snippet MakeSnippet(const PyModule& m, ByteRange region, const spec::TextOrigin&
   if (EndsLine(m, region.end)) region.end = LineEndOf(m.source(), region.end);
   std::vector<std::pair<ByteRange, std::string>> edits;
   if (rename) edits.push_back(*rename);
-  CollectRenames(m.root(), m, {start, region.end}, renames, rename, edits);
+  CollectRenames(m, {start, region.end}, renames, rename, edits);
   std::string text = SpliceRange(m.source(), {start, region.end}, std::move(edits));
   Snippet s;
   size_t common = CommonIndent(text);

@@ -2,10 +2,10 @@
 // (docs/spec-format.md, "Config slots"). The patch sets `self.<name> = ConfigSlot(...)` in the
 // class's `__init__`, right after its `super().__init__(...)` call (else at the end), bound from
 // the `config` parameter; the runtime (opslot.ConfigSlot) checks the value against `values`.
-#include <tree_sitter/api.h>
+#include <algorithm>
 
 #include "base/text_util.h"
-#include "parser/ts_node.h"
+#include "parser/py_cst_queries.h"
 #include "rewriter/stage_patches.h"
 
 namespace patchgen::rewriter {
@@ -19,24 +19,10 @@ bool IsIdentChar(char c) {
   return c == '_' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
 }
 
-/// Whether `init` has a parameter named `config`.
+/// Whether `init` has a parameter named `config` (plain, typed or with a default).
 bool HasConfigParameter(const PyModule& up, const Definition& init) {
-  TSNode n =
-      ts_node_descendant_for_byte_range(up.root(), init.parameters.start, init.parameters.end);
-  while (!ts_node_is_null(n) && parser::TypeOf(n) != "parameters") n = ts_node_parent(n);
-  if (ts_node_is_null(n)) return false;
-  for (uint32_t i = 0; i < ts_node_named_child_count(n); ++i) {
-    TSNode p = ts_node_named_child(n, i);
-    std::string_view type = parser::TypeOf(p);
-    TSNode id = p;
-    if (type == "default_parameter" || type == "typed_default_parameter") {
-      id = parser::Field(p, "name");
-    } else if (type == "typed_parameter") {
-      id = ts_node_named_child(p, 0);
-    }
-    if (!ts_node_is_null(id) && up.Text(parser::RangeOf(id)) == "config") return true;
-  }
-  return false;
+  std::vector<std::string> names = parser::ParameterNames(up, init);
+  return std::find(names.begin(), names.end(), "config") != names.end();
 }
 
 /// The 1-based upstream line where `init` assigns `self.<name>` (`=` or an annotation), or 0.
@@ -130,7 +116,8 @@ void PlanConfigSlot(PatchContext& ctx, const Patch& p, NameMap& /*patch_map*/,
                                         what,
                                         std::nullopt});
   } else {
-    uint32_t at = SuperInitEnd(ctx.up, *init).value_or(LineEndOf(src, init->body.end));
+    std::optional<ByteRange> super_init = parser::SuperInitStatement(ctx.up, *init);
+    uint32_t at = LineEndOf(src, super_init ? super_init->end : init->body.end);
     ctx.st.out.edits.push_back(TextEdit{{at, at}, "\n" + text, p.loc, what, std::nullopt});
   }
   ctx.st.config_slots = true;

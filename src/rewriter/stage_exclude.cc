@@ -1,19 +1,14 @@
 // The exclude stage: top-level definitions left out, and their entries in `__all__`.
-#include <tree_sitter/api.h>
-
 #include <algorithm>
 
 #include "base/text_util.h"
-#include "parser/ts_node.h"
+#include "parser/py_cst_queries.h"
 #include "rewriter/stages.h"
 
 namespace patchgen::rewriter {
 namespace {
 
-using parser::Field;
-using parser::Is;
 using parser::PyModule;
-using parser::RangeOf;
 using parser::TopLevelStatement;
 
 /// Range removing a top-level statement's lines (with its attached comments) and the blank
@@ -29,39 +24,15 @@ ByteRange ExcludedRange(const std::string& src, ByteRange stmt) {
   return {start, WholeLines(src, stmt).end};
 }
 
-/// The list/tuple literal of the last top-level `__all__ = [...]` and its string items.
-void FindAllList(const PyModule& up, ByteRange& list, std::vector<ByteRange>& items) {
-  for (const TopLevelStatement& s : up.top_level()) {
-    if (s.kind != TopLevelStatement::Kind::kAssignment ||
-        std::find(s.names.begin(), s.names.end(), "__all__") == s.names.end()) {
-      continue;
-    }
-    TSNode n = NodeAt(up.root(), s.range);
-    while (!ts_node_is_null(n) && !Is(n, "assignment")) {
-      n = ts_node_named_child_count(n) > 0 ? ts_node_named_child(n, 0) : TSNode{};
-      if (ts_node_is_null(n)) break;
-    }
-    if (ts_node_is_null(n)) continue;
-    TSNode right = Field(n, "right");
-    if (ts_node_is_null(right) || !(Is(right, "list") || Is(right, "tuple"))) continue;
-    list = RangeOf(right);
-    items.clear();
-    for (uint32_t i = 0; i < ts_node_named_child_count(right); ++i) {
-      TSNode c = ts_node_named_child(right, i);
-      if (!Is(c, "comment")) items.push_back(RangeOf(c));
-    }
-  }
-}
-
 }  // namespace
 
 ExcludeStage PlanExcludes(const spec::PatchSpec& spec, const PyModule& up) {
   ExcludeStage st;
   std::vector<size_t> all_removed;
   const spec::LocatedName* first_in_all = nullptr;
-  std::vector<ByteRange> all_items;
-  ByteRange all_list{};
-  FindAllList(up, all_list, all_items);
+  // `__all__`'s list literal (none: no items, nothing to remove from it).
+  const parser::DunderAll all = parser::FindDunderAll(up).value_or(parser::DunderAll{});
+  const std::vector<ByteRange>& all_items = all.items;
   for (const spec::LocatedName& ex : spec.excludes) {
     const TopLevelStatement* s = TopLevelBinding(up, ex.name);
     if (!s) {
@@ -85,12 +56,12 @@ ExcludeStage PlanExcludes(const spec::PatchSpec& spec, const PyModule& up) {
   all_removed.erase(std::unique(all_removed.begin(), all_removed.end()), all_removed.end());
   std::string text;
   if (all_removed.size() == all_items.size()) {
-    std::string_view list = up.Text(all_list);
+    std::string_view list = up.Text(all.list);
     text = std::string(1, list.front()) + std::string(1, list.back());
   } else {
-    text = SpliceRange(up.source(), all_list, RemoveListItems(all_items, all_removed));
+    text = SpliceRange(up.source(), all.list, RemoveListItems(all_items, all_removed));
   }
-  st.out.edits.push_back(TextEdit{all_list, text, first_in_all->loc,
+  st.out.edits.push_back(TextEdit{all.list, text, first_in_all->loc,
                                   "exclude " + first_in_all->name + " from __all__", std::nullopt});
   return st;
 }

@@ -1,15 +1,12 @@
 // The imports stage: relative imports made absolute, `imports.drop` names removed.
-#include <tree_sitter/api.h>
-
 #include "base/text_util.h"
-#include "parser/ts_node.h"
+#include "parser/py_cst_queries.h"
 #include "rewriter/stages.h"
 
 namespace patchgen::rewriter {
 namespace {
 
 using parser::Import;
-using parser::Is;
 using parser::PyModule;
 
 /// Package of the upstream module: the module's parent, or the module itself for `__init__`.
@@ -52,19 +49,6 @@ std::optional<std::string> AbsoluteModule(const spec::PatchSpec& spec, const PyM
 }
 
 std::string BoundName(const parser::ImportedName& n) { return n.alias.empty() ? n.name : n.alias; }
-
-/// True when the statement at `r` is the only statement of its block (removing it would leave
-/// the block empty, so it is replaced by `pass`).
-bool OnlyStatementInBlock(const PyModule& up, ByteRange r) {
-  TSNode n = NodeAt(up.root(), r);
-  TSNode block = ts_node_parent(n);
-  if (ts_node_is_null(block) || !Is(block, "block")) return false;
-  uint32_t statements = 0;
-  for (uint32_t i = 0; i < ts_node_named_child_count(block); ++i) {
-    if (!Is(ts_node_named_child(block, i), "comment")) ++statements;
-  }
-  return statements == 1;
-}
 
 /// The import statement with names `dropped` removed (keeping the formatting of the rest) and
 /// the module part made absolute.
@@ -129,7 +113,7 @@ std::optional<TextEdit> ImportEdit(const spec::PatchSpec& spec, const PyModule& 
     return TextEdit{imp.stmt, RebuildImport(up, imp, drop.names, absolute), drop.first->loc, what,
                     std::nullopt};
   }
-  if (OnlyStatementInBlock(up, imp.stmt)) {
+  if (parser::OnlyStatementInBlock(up, imp.stmt)) {  // `pass` keeps the block alive
     return TextEdit{imp.stmt, "pass", drop.first->loc, what, std::nullopt};
   }
   return TextEdit{WholeLines(up.source(), imp.stmt), "", drop.first->loc, what, std::nullopt};

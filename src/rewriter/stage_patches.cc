@@ -5,16 +5,13 @@
 #include <tree_sitter/api.h>
 
 #include "base/text_util.h"
-#include "parser/ts_node.h"
+#include "parser/py_cst_queries.h"
 
 namespace patchgen::rewriter {
 namespace {
 
 using parser::Definition;
-using parser::Field;
-using parser::Is;
 using parser::PyModule;
-using parser::RangeOf;
 using spec::Body;
 using spec::Patch;
 using spec::PatchKind;
@@ -119,17 +116,6 @@ void PlanOverride(PatchContext& ctx, const Patch& p, NameMap& patch_map, const s
   ctx.st.replaced.push_back({p.target, &p});
 }
 
-/// The last statement of `def`'s body block.
-TSNode LastStatement(const PyModule& up, const Definition& def) {
-  TSNode block = Field(DefNode(up, def), "body");
-  TSNode last = block;
-  for (uint32_t i = 0; i < ts_node_named_child_count(block); ++i) {
-    TSNode c = ts_node_named_child(block, i);
-    if (!Is(c, "comment")) last = c;
-  }
-  return last;
-}
-
 void PlanAddMethod(PatchContext& ctx, const Patch& p, NameMap& patch_map, const std::string& what) {
   const std::string& src = ctx.up.source();
   const Definition* cls = TargetClass(ctx, p);
@@ -152,7 +138,7 @@ void PlanAddMethod(PatchContext& ctx, const Patch& p, NameMap& patch_map, const 
     edits.push_back(SnippetEdit({cls->header.end, LineEndOf(src, cls->body.end)}, "\n" + marker,
                                 *snippet, "", p.loc, what));
   } else if (cls->empty_body) {
-    TSNode placeholder = LastStatement(ctx.up, *cls);
+    TSNode placeholder = parser::LastStatement(ctx.up, *cls);
     ByteRange r{LineStartOf(src, ts_node_start_byte(placeholder)), LineEndOf(src, cls->body.end)};
     edits.push_back(SnippetEdit(r, marker, *snippet, "", p.loc, what));
   } else {
@@ -177,13 +163,13 @@ void PlanModifyInit(PatchContext& ctx, const Patch& p, NameMap& patch_map,
   if (!m) return;
   uint32_t at = LineEndOf(up.source(), init->body.end);
   if (p.init_at == Patch::InitAt::kAfterSuperInit) {
-    std::optional<uint32_t> super_end = SuperInitEnd(up, *init);
-    if (!super_end) {
+    std::optional<ByteRange> super_init = parser::SuperInitStatement(up, *init);
+    if (!super_init) {
       ctx.Error(p.loc, "no super().__init__(...) call in " + init->qualname,
                 "use `after: end` (the default) to append to __init__");
       return;
     }
-    at = *super_end;
+    at = LineEndOf(up.source(), super_init->end);
   }
   Snippet s = WholeSnippet(*m, p.body.origin, {&patch_map, &ctx.spec_map}, init->body_indent);
   std::string indent(init->body_indent, ' ');
@@ -288,19 +274,6 @@ void CheckNestedInReplaced(const spec::PatchSpec& spec, std::vector<Diagnostic>&
 }
 
 }  // namespace
-
-std::optional<uint32_t> SuperInitEnd(const PyModule& up, const Definition& init) {
-  TSNode block = Field(DefNode(up, init), "body");
-  for (uint32_t i = 0; i < ts_node_named_child_count(block); ++i) {
-    TSNode c = ts_node_named_child(block, i);
-    if (!Is(c, "expression_statement")) continue;
-    std::string_view text = up.Text(RangeOf(c));
-    if (text.starts_with("super(") && text.find(".__init__(") != std::string_view::npos) {
-      return LineEndOf(up.source(), ts_node_end_byte(c));
-    }
-  }
-  return std::nullopt;
-}
 
 const PatchPlanner* PlannerOf(PatchKind kind) {
   for (const PatchPlanner& row : kPatchPlanners) {

@@ -51,9 +51,6 @@ std::string Marker(const spec::Patch& p, const std::string& indent);
 const parser::Definition* FindClass(PatchContext& ctx, const std::string& qualname,
                                     const SourceLoc& loc);
 
-/// End of the `super().__init__(...)` statement directly in `init`'s body, or nullopt.
-std::optional<uint32_t> SuperInitEnd(const parser::PyModule& up, const parser::Definition& init);
-
 /// config_slot (stage_config_slot.cc).
 void PlanConfigSlot(PatchContext& ctx, const spec::Patch& p, NameMap& patch_map,
                     const std::string& what);

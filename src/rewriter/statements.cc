@@ -1,67 +1,21 @@
 // BodyStatements: statement lookup by leading text, shared by call-site guards and statement
-// edits (statements.h). Statements come from the upstream tree-sitter tree, so matching never looks
-// inside nested defs, and the line shift of moved code never touches a line that starts inside a
-// multi-line string literal.
+// edits (statements.h). Statements come from the upstream tree-sitter tree (parser::
+// NestedStatements), so matching never looks inside nested defs, and the line shift of moved code
+// never touches a line that starts inside a multi-line string literal.
 #include "rewriter/statements.h"
 
 #include <algorithm>
 #include <set>
 
 #include "base/text_util.h"
-#include "parser/ts_node.h"
 
 namespace patchgen::rewriter {
 namespace {
 
 using parser::Definition;
-using parser::Field;
 using parser::PyModule;
-using parser::RangeOf;
-using parser::TypeOf;
 
 constexpr size_t kMaxCandidates = 8;  // Candidate statements listed in "no match" errors.
-
-bool IsDefinitionNode(std::string_view t) {
-  return t == "function_definition" || t == "class_definition" || t == "decorated_definition";
-}
-
-bool IsClause(std::string_view t) {
-  return t == "elif_clause" || t == "else_clause" || t == "except_clause" ||
-         t == "except_group_clause" || t == "finally_clause" || t == "case_clause";
-}
-
-void CollectBlock(TSNode block, const LineIndex& lines, std::vector<Stmt>& out);
-
-/// Visits the blocks of a compound statement or clause.
-void CollectNested(TSNode node, const LineIndex& lines, std::vector<Stmt>& out) {
-  uint32_t n = ts_node_named_child_count(node);
-  for (uint32_t i = 0; i < n; ++i) {
-    TSNode c = ts_node_named_child(node, i);
-    std::string_view t = TypeOf(c);
-    if (t == "block") {
-      CollectBlock(c, lines, out);
-    } else if (IsClause(t)) {
-      CollectNested(c, lines, out);
-    }
-  }
-}
-
-void CollectBlock(TSNode block, const LineIndex& lines, std::vector<Stmt>& out) {
-  uint32_t n = ts_node_named_child_count(block);
-  uint32_t index = 0;
-  for (uint32_t i = 0; i < n; ++i) {
-    TSNode c = ts_node_named_child(block, i);
-    std::string_view t = TypeOf(c);
-    if (t == "comment") continue;
-    if (t == "case_clause") {  // `match` bodies hold clauses, not statements.
-      CollectNested(c, lines, out);
-      continue;
-    }
-    ByteRange r = RangeOf(c);
-    out.push_back(Stmt{c, block, index++, r, lines.LineOf(r.start) + 1});
-    if (!IsDefinitionNode(t)) CollectNested(c, lines, out);
-  }
-}
 
 uint32_t LineStartOf(const PyModule& m, uint32_t offset) {
   return m.lines().LineStart(m.lines().LineOf(offset));
@@ -113,7 +67,7 @@ BodyStatements::BodyStatements(const PyModule& m, const Definition& def)
     : m_(m), where_(def.qualname) {
   TSNode block = BodyBlock(m, def);
   if (ts_node_is_null(block)) return;
-  CollectBlock(block, m.lines(), stmts_);
+  stmts_ = parser::NestedStatements(block, m.lines());
   ok_ = true;
 }
 

@@ -14,18 +14,14 @@
 #include <vector>
 
 #include "base/diagnostic.h"
+#include "parser/py_cst_queries.h"
 #include "parser/py_module.h"
 
 namespace patchgen::rewriter {
 
-/// Statement of a function body, found at any depth (not inside nested defs/classes).
-struct Stmt {
-  TSNode node;
-  TSNode block;        ///< The block the statement belongs to (siblings share it).
-  uint32_t index = 0;  ///< Position among the block's statements.
-  ByteRange range;
-  uint32_t line = 0;  ///< 1-based line of the statement's first byte.
-};
+/// Statement of a function body, found at any depth (not inside nested defs/classes): the node,
+/// its block, its position there, its range and line (parser::NestedStatements).
+using Stmt = parser::NestedStatement;
 
 /// What to look up, and how errors name it.
 struct AnchorQuery {

@@ -1,0 +1,162 @@
+// Structural queries the rewriter asks of a parsed module (py_cst_queries.h).
+#include "parser/py_cst_queries.h"
+
+#include <algorithm>
+
+#include "parser/ts_node.h"
+
+namespace patchgen::parser {
+
+namespace {
+
+/// The named children of `n` other than comments, in order (one cursor pass: ts_node_named_child(i)
+/// walks the first i children each time).
+std::vector<TSNode> NamedChildrenButComments(TSNode n) {
+  std::vector<TSNode> out;
+  if (ts_node_is_null(n)) return out;
+  TSTreeCursor c = ts_tree_cursor_new(n);
+  for (bool more = ts_tree_cursor_goto_first_child(&c); more;
+       more = ts_tree_cursor_goto_next_sibling(&c)) {
+    TSNode child = ts_tree_cursor_current_node(&c);
+    if (ts_node_is_named(child) && !Is(child, "comment")) out.push_back(child);
+  }
+  ts_tree_cursor_delete(&c);
+  return out;
+}
+
+/// The `assignment` node of a top-level assignment statement (the statement's first named
+/// descendant along first children), or a null node (e.g. `x += 1` is an augmented_assignment).
+TSNode AssignmentOf(const PyModule& m, const TopLevelStatement& s) {
+  TSNode n = NodeAt(m.root(), s.range);
+  while (!ts_node_is_null(n) && !Is(n, "assignment")) {
+    n = ts_node_named_child_count(n) > 0 ? ts_node_named_child(n, 0) : TSNode{};
+  }
+  return n;
+}
+
+bool IsDefinitionNode(std::string_view t) {
+  return t == "function_definition" || t == "class_definition" || t == "decorated_definition";
+}
+
+bool IsClause(std::string_view t) {
+  return t == "elif_clause" || t == "else_clause" || t == "except_clause" ||
+         t == "except_group_clause" || t == "finally_clause" || t == "case_clause";
+}
+
+void CollectBlock(TSNode block, const LineIndex& lines, std::vector<NestedStatement>& out);
+
+/// Visits the blocks of a compound statement or clause.
+void CollectNested(TSNode node, const LineIndex& lines, std::vector<NestedStatement>& out) {
+  for (TSNode c : NamedChildrenButComments(node)) {
+    std::string_view t = TypeOf(c);
+    if (t == "block") {
+      CollectBlock(c, lines, out);
+    } else if (IsClause(t)) {
+      CollectNested(c, lines, out);
+    }
+  }
+}
+
+void CollectBlock(TSNode block, const LineIndex& lines, std::vector<NestedStatement>& out) {
+  uint32_t index = 0;
+  for (TSNode c : NamedChildrenButComments(block)) {
+    std::string_view t = TypeOf(c);
+    if (t == "case_clause") {  // `match` bodies hold clauses, not statements.
+      CollectNested(c, lines, out);
+      continue;
+    }
+    ByteRange r = RangeOf(c);
+    out.push_back(NestedStatement{c, block, index++, r, lines.LineOf(r.start) + 1});
+    if (!IsDefinitionNode(t)) CollectNested(c, lines, out);
+  }
+}
+
+void CollectNameReferences(TSNode node, std::string_view code, std::string_view name,
+                           std::vector<ByteRange>& out) {
+  uint32_t n = ts_node_child_count(node);
+  for (uint32_t i = 0; i < n; ++i) {
+    TSNode c = ts_node_child(node, i);
+    ByteRange r = RangeOf(c);
+    if (TypeOf(c) == "identifier" && r.In(code) == name) {
+      bool attribute = TypeOf(node) == "attribute" && ts_node_eq(c, Field(node, "attribute"));
+      bool keyword = TypeOf(node) == "keyword_argument" && ts_node_eq(c, Field(node, "name"));
+      if (!attribute && !keyword) out.push_back(r);
+    }
+    CollectNameReferences(c, code, name, out);
+  }
+}
+
+void CollectIdentifiers(TSNode node, ByteRange region, std::vector<ByteRange>& out) {
+  ByteRange r = RangeOf(node);
+  if (r.end <= region.start || r.start >= region.end) return;
+  if (Is(node, "identifier")) {
+    out.push_back(r);
+    return;
+  }
+  uint32_t count = ts_node_named_child_count(node);
+  for (uint32_t i = 0; i < count; ++i)
+    CollectIdentifiers(ts_node_named_child(node, i), region, out);
+}
+
+}  // namespace
+
+std::vector<TSNode> BlockStatements(TSNode block) { return NamedChildrenButComments(block); }
+
+TSNode LastStatement(const PyModule& m, const Definition& def) {
+  std::vector<TSNode> stmts = BlockStatements(BodyBlock(m, def));
+  return stmts.empty() ? TSNode{} : stmts.back();
+}
+
+std::optional<ByteRange> SuperInitStatement(const PyModule& m, const Definition& init) {
+  for (TSNode s : BlockStatements(BodyBlock(m, init))) {
+    if (!Is(s, "expression_statement")) continue;
+    std::string_view text = m.Text(RangeOf(s));
+    if (text.starts_with("super(") && text.find(".__init__(") != std::string_view::npos) {
+      return RangeOf(s);
+    }
+  }
+  return std::nullopt;
+}
+
+std::optional<DunderAll> FindDunderAll(const PyModule& m) {
+  std::optional<DunderAll> found;
+  for (const TopLevelStatement& s : m.top_level()) {
+    if (s.kind != TopLevelStatement::Kind::kAssignment ||
+        std::find(s.names.begin(), s.names.end(), "__all__") == s.names.end()) {
+      continue;
+    }
+    TSNode assignment = AssignmentOf(m, s);
+    if (ts_node_is_null(assignment)) continue;
+    TSNode right = Field(assignment, "right");
+    if (ts_node_is_null(right) || !(Is(right, "list") || Is(right, "tuple"))) continue;
+    found = DunderAll{RangeOf(right), {}};
+    for (TSNode item : NamedChildrenButComments(right)) found->items.push_back(RangeOf(item));
+  }
+  return found;
+}
+
+bool OnlyStatementInBlock(const PyModule& m, ByteRange stmt) {
+  TSNode block = ts_node_parent(NodeAt(m.root(), stmt));
+  if (ts_node_is_null(block) || !Is(block, "block")) return false;
+  return BlockStatements(block).size() == 1;
+}
+
+std::vector<NestedStatement> NestedStatements(TSNode block, const LineIndex& lines) {
+  std::vector<NestedStatement> out;
+  if (!ts_node_is_null(block)) CollectBlock(block, lines, out);
+  return out;
+}
+
+std::vector<ByteRange> NameReferences(TSNode node, std::string_view code, std::string_view name) {
+  std::vector<ByteRange> out;
+  if (!ts_node_is_null(node)) CollectNameReferences(node, code, name, out);
+  return out;
+}
+
+std::vector<ByteRange> IdentifiersIn(TSNode node, ByteRange region) {
+  std::vector<ByteRange> out;
+  if (!ts_node_is_null(node)) CollectIdentifiers(node, region, out);
+  return out;
+}
+
+}  // namespace patchgen::parser
