@@ -1,5 +1,6 @@
 #include "rewriter/name_resolution.h"
 
+#include <cctype>
 #include <map>
 #include <set>
 #include <unordered_set>
@@ -207,13 +208,31 @@ void CollectGlobals(TSNode root, std::string_view source, std::set<std::string>&
   });
 }
 
+/// Whether `source` may hold a `global` statement: the keyword as a word of its own followed by
+/// a blank or a line continuation (the statement is `global NAME, ...`). Words like
+/// `global_attention_mask` or a docstring's "global" followed by other text do not count; a
+/// mention in a comment or a string does, and only costs the walk.
+bool MayHaveGlobalStatement(std::string_view source) {
+  constexpr std::string_view kWord = "global";
+  for (size_t at = source.find(kWord); at != std::string_view::npos;
+       at = source.find(kWord, at + 1)) {
+    auto c = at > 0 ? static_cast<unsigned char>(source[at - 1]) : ' ';
+    if (c == '_' || c >= 0x80 || std::isalnum(c) || c == '.') continue;
+    size_t next = at + kWord.size();
+    if (next < source.size() &&
+        (source[next] == ' ' || source[next] == '\t' || source[next] == '\\'))
+      return true;
+  }
+  return false;
+}
+
 /// Resolves uses against the scopes around them, caching each scope's bindings.
 class Resolver {
  public:
   Resolver(TSNode root, std::string_view source) : source_(source) {
     CollectBindings(root, source, module_, module_wildcard_);
-    // A `global` statement starts with its keyword: without the word there is none to look for.
-    if (source.find("global") != std::string_view::npos) CollectGlobals(root, source, module_);
+    // A `global` statement starts with its keyword: without it there is none to look for.
+    if (MayHaveGlobalStatement(source)) CollectGlobals(root, source, module_);
   }
 
   /// Whether identifier `id`, whose ancestors up to the root are `path`, resolves.
