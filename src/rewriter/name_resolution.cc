@@ -1,122 +1,20 @@
 #include "rewriter/name_resolution.h"
 
 #include <cctype>
-#include <iterator>
 #include <map>
 #include <set>
-#include <unordered_set>
 #include <vector>
 
-#include "parser/py_module.h"
 #include "parser/ts_node.h"
+#include "rewriter/name_resolution_types.h"
 
 namespace patchgen::rewriter {
 namespace {
 
+using name_types::Is;
+using name_types::Type;
+using name_types::TypeOfNode;
 using parser::Field;
-
-/// The node types the resolver asks about. tree-sitter hands out a node's type as its name; one
-/// table lookup by grammar symbol (TypeOfNode) replaces the string comparisons of parser::Is, which
-/// the walks below made for every node, many times over.
-enum class Type : uint8_t {
-  kOther,
-  kAliasedImport,
-  kAsPatternTarget,
-  kAssignment,
-  kAttribute,
-  kAugmentedAssignment,
-  kClassDefinition,
-  kDefaultParameter,
-  kDictionaryComprehension,
-  kDictionarySplatPattern,
-  kDottedName,
-  kExceptClause,
-  kForInClause,
-  kForStatement,
-  kFunctionDefinition,
-  kFutureImportStatement,
-  kGeneratorExpression,
-  kGlobalStatement,
-  kIdentifier,
-  kImportFromStatement,
-  kImportStatement,
-  kKeywordArgument,
-  kLambda,
-  kLambdaParameters,
-  kListComprehension,
-  kListPattern,
-  kListSplatPattern,
-  kNamedExpression,
-  kNonlocalStatement,
-  kParameters,
-  kPatternList,
-  kRelativeImport,
-  kSetComprehension,
-  kTuplePattern,
-  kTypedDefaultParameter,
-  kTypedParameter,
-  kWildcardImport
-};
-
-constexpr const char* kTypeNames[] = {
-    nullptr,
-    "aliased_import",
-    "as_pattern_target",
-    "assignment",
-    "attribute",
-    "augmented_assignment",
-    "class_definition",
-    "default_parameter",
-    "dictionary_comprehension",
-    "dictionary_splat_pattern",
-    "dotted_name",
-    "except_clause",
-    "for_in_clause",
-    "for_statement",
-    "function_definition",
-    "future_import_statement",
-    "generator_expression",
-    "global_statement",
-    "identifier",
-    "import_from_statement",
-    "import_statement",
-    "keyword_argument",
-    "lambda",
-    "lambda_parameters",
-    "list_comprehension",
-    "list_pattern",
-    "list_splat_pattern",
-    "named_expression",
-    "nonlocal_statement",
-    "parameters",
-    "pattern_list",
-    "relative_import",
-    "set_comprehension",
-    "tuple_pattern",
-    "typed_default_parameter",
-    "typed_parameter",
-    "wildcard_import",
-};
-static_assert(std::size(kTypeNames) == static_cast<size_t>(Type::kWildcardImport) + 1,
-              "one name per Type, in the enum's order");
-
-Type TypeOfNode(TSNode n) {
-  static const std::vector<Type> kTable = [] {
-    const TSLanguage* language = parser::PythonLanguage();
-    std::vector<Type> table(ts_language_symbol_count(language), Type::kOther);
-    for (TSSymbol s = 0; s < table.size(); ++s) {
-      const char* name = ts_language_symbol_name(language, s);
-      for (size_t t = 1; name && t < std::size(kTypeNames); ++t) {
-        if (std::string_view(name) == kTypeNames[t]) table[s] = static_cast<Type>(t);
-      }
-    }
-    return table;
-  }();
-  TSSymbol s = ts_node_symbol(n);
-  return s < kTable.size() ? kTable[s] : Type::kOther;
-}
-
-bool Is(TSNode n, Type type) { return TypeOfNode(n) == type; }
 
 bool Same(TSNode a, TSNode b) { return ts_node_eq(a, b); }
 
@@ -439,38 +337,6 @@ void Walk(TSNode root, const std::vector<ByteRange>& ranges, std::vector<FoundId
 }
 
 }  // namespace
-
-bool IsBuiltinName(std::string_view name) {
-  static const std::unordered_set<std::string_view> kBuiltins = {
-      "ArithmeticError", "AssertionError", "AttributeError", "BaseException", "BaseExceptionGroup",
-      "BlockingIOError", "BrokenPipeError", "BufferError", "BytesWarning", "ChildProcessError",
-      "ConnectionAbortedError", "ConnectionError", "ConnectionRefusedError", "ConnectionResetError",
-      "DeprecationWarning", "EOFError", "Ellipsis", "EncodingWarning", "EnvironmentError",
-      "Exception", "ExceptionGroup", "False", "FileExistsError", "FileNotFoundError",
-      "FloatingPointError", "FutureWarning", "GeneratorExit", "IOError", "ImportError",
-      "ImportWarning", "IndentationError", "IndexError", "InterruptedError", "IsADirectoryError",
-      "KeyError", "KeyboardInterrupt", "LookupError", "MemoryError", "ModuleNotFoundError",
-      "NameError", "None", "NotADirectoryError", "NotImplemented", "NotImplementedError", "OSError",
-      "OverflowError", "PendingDeprecationWarning", "PermissionError", "ProcessLookupError",
-      "RecursionError", "ReferenceError", "ResourceWarning", "RuntimeError", "RuntimeWarning",
-      "StopAsyncIteration", "StopIteration", "SyntaxError", "SyntaxWarning", "SystemError",
-      "SystemExit", "TabError", "TimeoutError", "True", "TypeError", "UnboundLocalError",
-      "UnicodeDecodeError", "UnicodeEncodeError", "UnicodeError", "UnicodeTranslateError",
-      "UnicodeWarning", "UserWarning", "ValueError", "Warning", "ZeroDivisionError",
-      "__build_class__", "__debug__", "__doc__", "__import__", "__loader__", "__name__",
-      "__package__", "__spec__", "abs", "aiter", "all", "anext", "any", "ascii", "bin", "bool",
-      "breakpoint", "bytearray", "bytes", "callable", "chr", "classmethod", "compile", "complex",
-      "copyright", "credits", "delattr", "dict", "dir", "divmod", "enumerate", "eval", "exec",
-      "exit", "filter", "float", "format", "frozenset", "getattr", "globals", "hasattr", "hash",
-      "help", "hex", "id", "input", "int", "isinstance", "issubclass", "iter", "len", "license",
-      "list", "locals", "map", "max", "memoryview", "min", "next", "object", "oct", "open", "ord",
-      "pow", "print", "property", "quit", "range", "repr", "reversed", "round", "set", "setattr",
-      "slice", "sorted", "staticmethod", "str", "sum", "super", "tuple", "type", "vars", "zip",
-      // Implicit module attributes, class-body names and the method-level `__class__` cell.
-      "__file__", "__builtins__", "__annotations__", "__dict__", "__path__", "__cached__",
-      "__class__", "__module__", "__qualname__"};
-  return kBuiltins.count(name) > 0;
-}
 
 std::vector<NameUse> FindUnresolvedNames(TSNode root, std::string_view source,
                                          const std::vector<ByteRange>& ranges) {
