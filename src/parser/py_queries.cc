@@ -6,6 +6,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "parser/py_indexer.h"
 #include "parser/py_module.h"
@@ -219,6 +220,30 @@ std::optional<std::string> CompileError(TSNode n, const char* field) {
   return std::nullopt;
 }
 
+// Whether CompileError can return anything for `n`, by its grammar symbol: one table lookup per
+// node of the walk instead of some twenty type-name comparisons (the table is indexed by every
+// symbol and alias, and says whether its name is one CompileError looks at).
+bool MayBeCompileError(TSNode n) {
+  static const std::vector<bool> kTable = [] {
+    static constexpr std::string_view kTypes[] = {
+        "class_definition", "function_definition",  "if_statement",
+        "elif_clause",      "else_clause",          "for_statement",
+        "while_statement",  "with_statement",       "try_statement",
+        "except_clause",    "finally_clause",       "assignment",
+        "for_in_clause",    "expression_statement", "parenthesized_expression",
+        "list_splat"};
+    const TSLanguage* language = PythonLanguage();
+    std::vector<bool> table(ts_language_symbol_count(language));
+    for (TSSymbol s = 0; s < table.size(); ++s) {
+      const char* name = ts_language_symbol_name(language, s);
+      for (std::string_view t : kTypes) table[s] = table[s] || (name && t == name);
+    }
+    return table;
+  }();
+  TSSymbol s = ts_node_symbol(n);
+  return s >= kTable.size() || kTable[s];
+}
+
 }  // namespace
 
 std::optional<std::pair<TSNode, std::string>> FirstCompileError(TSNode root) {
@@ -226,7 +251,9 @@ std::optional<std::pair<TSNode, std::string>> FirstCompileError(TSNode root) {
   std::optional<std::pair<TSNode, std::string>> found;
   for (bool more = true; more;) {
     TSNode n = ts_tree_cursor_current_node(&c);
-    if (auto why = CompileError(n, ts_tree_cursor_current_field_name(&c))) {
+    std::optional<std::string> why;
+    if (MayBeCompileError(n)) why = CompileError(n, ts_tree_cursor_current_field_name(&c));
+    if (why) {
       // Located at the starred target or value where there is one, else at the node.
       TSNode at = n;
       for (const char* f : {"left", "right"}) {

@@ -24,9 +24,13 @@ bool Inside(ByteRange r, const std::vector<ByteRange>& skip) {
 
 bool Overlaps(ByteRange a, ByteRange b) { return a.start < b.end && b.start < a.end; }
 
-/// Leaf tokens of `node` inside `range` (strings whole, comments left out).
-void Collect(TSNode node, ByteRange range, const std::vector<ByteRange>& skip,
+/// Leaf tokens of the cursor's node inside `range` (strings whole, comments left out). The
+/// children are walked with the cursor (tree-sitter 0.20's ts_node_child(i) walks the first i
+/// children, which made a module's top level quadratic), and the walk stops at the first child
+/// that starts after `range`; the cursor is back on the node when it returns.
+void Collect(TSTreeCursor& cursor, ByteRange range, const std::vector<ByteRange>& skip,
              std::vector<Token>& out) {
+  TSNode node = ts_tree_cursor_current_node(&cursor);
   ByteRange r = RangeOf(node);
   if (!Overlaps(r, range) && !(r.start == r.end && range.Contains(r.start))) return;
   std::string_view t = TypeOf(node);
@@ -44,11 +48,15 @@ void Collect(TSNode node, ByteRange range, const std::vector<ByteRange>& skip,
   // list/dict/set display is formatting (black's "magic trailing comma"); in a tuple it is not.
   bool drop_trailing_comma = t == "parameters" || t == "argument_list" || t == "list" ||
                              t == "dictionary" || t == "set" || t == "lambda_parameters";
-  for (uint32_t i = 0; i < n; ++i) {
-    TSNode c = ts_node_child(node, i);
-    if (drop_trailing_comma && i + 2 == n && TypeOf(c) == ",") continue;
-    Collect(c, range, skip, out);
-  }
+  if (!ts_tree_cursor_goto_first_child(&cursor)) return;
+  uint32_t i = 0;
+  do {
+    TSNode c = ts_tree_cursor_current_node(&cursor);
+    if (ts_node_start_byte(c) > range.end) break;  // neither it nor a later child is in range
+    if (!(drop_trailing_comma && i + 2 == n && TypeOf(c) == ",")) Collect(cursor, range, skip, out);
+    ++i;
+  } while (ts_tree_cursor_goto_next_sibling(&cursor));
+  ts_tree_cursor_goto_parent(&cursor);
 }
 
 }  // namespace
@@ -56,7 +64,9 @@ void Collect(TSNode node, ByteRange range, const std::vector<ByteRange>& skip,
 Fingerprint FingerprintOf(const parser::PyModule& module, const std::vector<ByteRange>& ranges,
                           const std::vector<ByteRange>& skip) {
   std::vector<Token> tokens;
-  for (const ByteRange& range : ranges) Collect(module.root(), range, skip, tokens);
+  TSTreeCursor cursor = ts_tree_cursor_new(module.root());
+  for (const ByteRange& range : ranges) Collect(cursor, range, skip, tokens);
+  ts_tree_cursor_delete(&cursor);
   Fingerprint fp;
   fp.tokens = tokens.size();
   std::string stream;

@@ -1,16 +1,20 @@
 #include "rewriter/name_resolution.h"
 
+#include <cctype>
 #include <map>
 #include <set>
-#include <unordered_set>
+#include <vector>
 
 #include "parser/ts_node.h"
+#include "rewriter/name_resolution_types.h"
 
 namespace patchgen::rewriter {
 namespace {
 
+using name_types::Is;
+using name_types::Type;
+using name_types::TypeOfNode;
 using parser::Field;
-using parser::Is;
 
 bool Same(TSNode a, TSNode b) { return ts_node_eq(a, b); }
 
@@ -29,13 +33,13 @@ bool Inside(TSNode inner, TSNode outer) {
 }
 
 bool IsComprehension(TSNode n) {
-  return Is(n, "list_comprehension") || Is(n, "set_comprehension") ||
-         Is(n, "dictionary_comprehension") || Is(n, "generator_expression");
+  return Is(n, Type::kListComprehension) || Is(n, Type::kSetComprehension) ||
+         Is(n, Type::kDictionaryComprehension) || Is(n, Type::kGeneratorExpression);
 }
 
 bool IsPatternContainer(TSNode n) {
-  return Is(n, "pattern_list") || Is(n, "tuple_pattern") || Is(n, "list_pattern") ||
-         Is(n, "list_splat_pattern") || Is(n, "dictionary_splat_pattern");
+  return Is(n, Type::kPatternList) || Is(n, Type::kTuplePattern) || Is(n, Type::kListPattern) ||
+         Is(n, Type::kListSplatPattern) || Is(n, Type::kDictionarySplatPattern);
 }
 
 enum class Role { kUse, kBinding, kOther };
@@ -80,33 +84,33 @@ void WalkNamed(TSNode root, Path& path, Visit visit) {
 /// The role of an identifier decided by its parent's type alone: `in_field` when the identifier
 /// is the parent's `field` (or always, without a field), `otherwise` else.
 struct ParentRule {
-  const char* parent;
+  Type parent;
   const char* field;  ///< nullptr: `in_field` whatever the field.
   Role in_field;
   Role otherwise;
 };
 
 constexpr ParentRule kParentRules[] = {
-    {"attribute", "attribute", Role::kOther, Role::kUse},
-    {"keyword_argument", "name", Role::kOther, Role::kUse},
-    {"dotted_name", nullptr, Role::kOther, Role::kOther},
-    {"aliased_import", nullptr, Role::kOther, Role::kOther},
-    {"import_statement", nullptr, Role::kOther, Role::kOther},
-    {"import_from_statement", nullptr, Role::kOther, Role::kOther},
-    {"relative_import", nullptr, Role::kOther, Role::kOther},
-    {"global_statement", nullptr, Role::kOther, Role::kOther},
-    {"nonlocal_statement", nullptr, Role::kOther, Role::kOther},
-    {"future_import_statement", nullptr, Role::kOther, Role::kOther},
-    {"function_definition", "name", Role::kBinding, Role::kUse},
-    {"class_definition", "name", Role::kBinding, Role::kUse},
-    {"parameters", nullptr, Role::kBinding, Role::kBinding},
-    {"lambda_parameters", nullptr, Role::kBinding, Role::kBinding},
-    {"default_parameter", "name", Role::kBinding, Role::kUse},
-    {"typed_default_parameter", "name", Role::kBinding, Role::kUse},
-    {"typed_parameter", "type", Role::kUse, Role::kBinding},
-    {"named_expression", "name", Role::kBinding, Role::kUse},
-    {"as_pattern_target", nullptr, Role::kBinding, Role::kBinding},
-    {"except_clause", "alias", Role::kBinding, Role::kUse},
+    {Type::kAttribute, "attribute", Role::kOther, Role::kUse},
+    {Type::kKeywordArgument, "name", Role::kOther, Role::kUse},
+    {Type::kDottedName, nullptr, Role::kOther, Role::kOther},
+    {Type::kAliasedImport, nullptr, Role::kOther, Role::kOther},
+    {Type::kImportStatement, nullptr, Role::kOther, Role::kOther},
+    {Type::kImportFromStatement, nullptr, Role::kOther, Role::kOther},
+    {Type::kRelativeImport, nullptr, Role::kOther, Role::kOther},
+    {Type::kGlobalStatement, nullptr, Role::kOther, Role::kOther},
+    {Type::kNonlocalStatement, nullptr, Role::kOther, Role::kOther},
+    {Type::kFutureImportStatement, nullptr, Role::kOther, Role::kOther},
+    {Type::kFunctionDefinition, "name", Role::kBinding, Role::kUse},
+    {Type::kClassDefinition, "name", Role::kBinding, Role::kUse},
+    {Type::kParameters, nullptr, Role::kBinding, Role::kBinding},
+    {Type::kLambdaParameters, nullptr, Role::kBinding, Role::kBinding},
+    {Type::kDefaultParameter, "name", Role::kBinding, Role::kUse},
+    {Type::kTypedDefaultParameter, "name", Role::kBinding, Role::kUse},
+    {Type::kTypedParameter, "type", Role::kUse, Role::kBinding},
+    {Type::kNamedExpression, "name", Role::kBinding, Role::kUse},
+    {Type::kAsPatternTarget, nullptr, Role::kBinding, Role::kBinding},
+    {Type::kExceptClause, "alias", Role::kBinding, Role::kUse},
 };
 
 /// What an identifier node does: read a name, bind one, or neither (attribute names, keyword
@@ -115,8 +119,9 @@ Role RoleOf(TSNode id, const Path& path) {
   size_t k = path.size();
   TSNode p = Up(path, k, id);
   if (ts_node_is_null(p)) return Role::kUse;
+  const Type parent = TypeOfNode(p);
   for (const ParentRule& r : kParentRules) {
-    if (!Is(p, r.parent)) continue;
+    if (parent != r.parent) continue;
     return !r.field || IsFieldOf(id, p, r.field) ? r.in_field : r.otherwise;
   }
   // Assignment-like targets, possibly nested in tuple/list patterns.
@@ -126,14 +131,14 @@ Role RoleOf(TSNode id, const Path& path) {
     p = Up(path, k, p);
     if (ts_node_is_null(p)) return Role::kUse;
   }
-  if ((Is(p, "assignment") || Is(p, "augmented_assignment") || Is(p, "for_statement") ||
-       Is(p, "for_in_clause")) &&
+  if ((Is(p, Type::kAssignment) || Is(p, Type::kAugmentedAssignment) ||
+       Is(p, Type::kForStatement) || Is(p, Type::kForInClause)) &&
       IsFieldOf(child, p, "left")) {
     return Role::kBinding;
   }
   // Parameters written as patterns: `*args`, `**kwargs` (possibly typed).
-  if (!Same(child, id) &&
-      (Is(p, "parameters") || Is(p, "lambda_parameters") || Is(p, "typed_parameter"))) {
+  if (!Same(child, id) && (Is(p, Type::kParameters) || Is(p, Type::kLambdaParameters) ||
+                           Is(p, Type::kTypedParameter))) {
     return Role::kBinding;
   }
   return Role::kUse;
@@ -142,15 +147,15 @@ Role RoleOf(TSNode id, const Path& path) {
 /// Names bound by an import statement: aliases, or the first component of `import a.b`.
 void ImportBindings(TSNode stmt, std::string_view source, std::set<std::string>& out,
                     bool& wildcard) {
-  bool from = Is(stmt, "import_from_statement");
+  bool from = Is(stmt, Type::kImportFromStatement);
   uint32_t n = ts_node_named_child_count(stmt);
   for (uint32_t i = 0; i < n; ++i) {
     TSNode c = ts_node_named_child(stmt, i);
     if (from && IsFieldOf(c, stmt, "module_name")) continue;
-    if (Is(c, "wildcard_import")) wildcard = true;
-    if (Is(c, "aliased_import")) {
+    if (Is(c, Type::kWildcardImport)) wildcard = true;
+    if (Is(c, Type::kAliasedImport)) {
       out.insert(std::string(TextOf(Field(c, "alias"), source)));
-    } else if (Is(c, "dotted_name")) {
+    } else if (Is(c, Type::kDottedName)) {
       std::string_view text = TextOf(c, source);
       if (!from) text = text.substr(0, text.find('.'));
       out.insert(std::string(text));
@@ -159,8 +164,8 @@ void ImportBindings(TSNode stmt, std::string_view source, std::set<std::string>&
 }
 
 bool IsScope(TSNode n) {
-  return Is(n, "function_definition") || Is(n, "class_definition") || Is(n, "lambda") ||
-         IsComprehension(n);
+  return Is(n, Type::kFunctionDefinition) || Is(n, Type::kClassDefinition) ||
+         Is(n, Type::kLambda) || IsComprehension(n);
 }
 
 /// The names a global or nonlocal statement declares.
@@ -176,13 +181,13 @@ void CollectBindings(TSNode node, std::string_view source, std::set<std::string>
                      bool& wildcard) {
   Path path;
   WalkNamed(node, path, [&](TSNode c, const Path& up) {
-    if (Is(c, "identifier")) {
+    if (Is(c, Type::kIdentifier)) {
       if (RoleOf(c, up) == Role::kBinding) out.insert(std::string(TextOf(c, source)));
-    } else if (Is(c, "import_statement") || Is(c, "import_from_statement")) {
+    } else if (Is(c, Type::kImportStatement) || Is(c, Type::kImportFromStatement)) {
       ImportBindings(c, source, out, wildcard);
-    } else if (Is(c, "global_statement") || Is(c, "nonlocal_statement")) {
+    } else if (Is(c, Type::kGlobalStatement) || Is(c, Type::kNonlocalStatement)) {
       DeclaredNames(c, source, out);
-    } else if (Is(c, "function_definition") || Is(c, "class_definition")) {
+    } else if (Is(c, Type::kFunctionDefinition) || Is(c, Type::kClassDefinition)) {
       TSNode name = Field(c, "name");
       if (!ts_node_is_null(name)) out.insert(std::string(TextOf(name, source)));
       // Decorators, defaults, annotations and base classes are evaluated here, but bind nothing.
@@ -195,16 +200,34 @@ void CollectBindings(TSNode node, std::string_view source, std::set<std::string>
 
 /// Names declared `global` anywhere in the module.
 void CollectGlobals(TSNode root, std::string_view source, std::set<std::string>& out) {
-  if (Is(root, "global_statement")) {
+  if (Is(root, Type::kGlobalStatement)) {
     DeclaredNames(root, source, out);
     return;
   }
   Path path;
   WalkNamed(root, path, [&](TSNode n, const Path&) {
-    if (!Is(n, "global_statement")) return true;
+    if (!Is(n, Type::kGlobalStatement)) return true;
     DeclaredNames(n, source, out);
     return false;
   });
+}
+
+/// Whether `source` may hold a `global` statement: the keyword as a word of its own followed by
+/// a blank or a line continuation (the statement is `global NAME, ...`). Words like
+/// `global_attention_mask` or a docstring's "global" followed by other text do not count; a
+/// mention in a comment or a string does, and only costs the walk.
+bool MayHaveGlobalStatement(std::string_view source) {
+  constexpr std::string_view kWord = "global";
+  for (size_t at = source.find(kWord); at != std::string_view::npos;
+       at = source.find(kWord, at + 1)) {
+    auto c = at > 0 ? static_cast<unsigned char>(source[at - 1]) : ' ';
+    if (c == '_' || c >= 0x80 || std::isalnum(c) || c == '.') continue;
+    size_t next = at + kWord.size();
+    if (next < source.size() &&
+        (source[next] == ' ' || source[next] == '\t' || source[next] == '\\'))
+      return true;
+  }
+  return false;
 }
 
 /// Resolves uses against the scopes around them, caching each scope's bindings.
@@ -212,8 +235,8 @@ class Resolver {
  public:
   Resolver(TSNode root, std::string_view source) : source_(source) {
     CollectBindings(root, source, module_, module_wildcard_);
-    // A `global` statement starts with its keyword: without the word there is none to look for.
-    if (source.find("global") != std::string_view::npos) CollectGlobals(root, source, module_);
+    // A `global` statement starts with its keyword: without it there is none to look for.
+    if (MayHaveGlobalStatement(source)) CollectGlobals(root, source, module_);
   }
 
   /// Whether identifier `id`, whose ancestors up to the root are `path`, resolves.
@@ -223,11 +246,11 @@ class Resolver {
     bool crossed_function = false;
     for (size_t k = path.size(); k-- > 0;) {
       TSNode a = path[k];
-      if (Is(a, "function_definition") || Is(a, "lambda")) {
+      if (Is(a, Type::kFunctionDefinition) || Is(a, Type::kLambda)) {
         if (!Inside(id, Field(a, "body"))) continue;  // defaults/annotations: enclosing scope
         crossed_function = true;
         if (Bindings(a).count(name)) return true;
-      } else if (Is(a, "class_definition")) {
+      } else if (Is(a, Type::kClassDefinition)) {
         if (crossed_function || !Inside(id, Field(a, "body"))) continue;
         if (Bindings(a).count(name)) return true;
       } else if (IsComprehension(a)) {
@@ -244,17 +267,17 @@ class Resolver {
     if (it != cache_.end()) return it->second;
     std::set<std::string>& out = cache_[{key, ts_node_type(scope)}];
     bool wildcard = false;
-    if (Is(scope, "function_definition") || Is(scope, "lambda")) {
+    if (Is(scope, Type::kFunctionDefinition) || Is(scope, Type::kLambda)) {
       TSNode params = Field(scope, "parameters");
       if (!ts_node_is_null(params)) CollectParams(params, out);
       CollectBindings(Field(scope, "body"), source_, out, wildcard);
-    } else if (Is(scope, "class_definition")) {
+    } else if (Is(scope, Type::kClassDefinition)) {
       CollectBindings(Field(scope, "body"), source_, out, wildcard);
     } else {
       uint32_t n = ts_node_named_child_count(scope);
       for (uint32_t i = 0; i < n; ++i) {
         TSNode c = ts_node_named_child(scope, i);
-        if (Is(c, "for_in_clause")) CollectBindings(c, source_, out, wildcard);
+        if (Is(c, Type::kForInClause)) CollectBindings(c, source_, out, wildcard);
       }
     }
     return out;
@@ -262,14 +285,14 @@ class Resolver {
 
   /// The parameter names of `params` (not of lambdas in its default values).
   void CollectParams(TSNode params, std::set<std::string>& out) {
-    if (Is(params, "identifier")) {
+    if (Is(params, Type::kIdentifier)) {
       if (RoleOf(params, {}) == Role::kBinding) out.insert(std::string(TextOf(params, source_)));
       return;
     }
     if (IsScope(params)) return;
     Path path;
     WalkNamed(params, path, [&](TSNode n, const Path& up) {
-      if (Is(n, "identifier")) {
+      if (Is(n, Type::kIdentifier)) {
         if (RoleOf(n, up) == Role::kBinding) out.insert(std::string(TextOf(n, source_)));
         return false;
       }
@@ -300,11 +323,11 @@ struct FoundId {
 
 /// The identifiers lying inside any of `ranges` (once per range that holds it), in document order.
 void Walk(TSNode root, const std::vector<ByteRange>& ranges, std::vector<FoundId>& out) {
-  if (!Touches(root, ranges) || Is(root, "identifier")) return;  // (a root is a module)
+  if (!Touches(root, ranges) || Is(root, Type::kIdentifier)) return;  // (a root is a module)
   Path path;
   WalkNamed(root, path, [&](TSNode node, const Path& up) {
     if (!Touches(node, ranges)) return false;
-    if (!Is(node, "identifier")) return true;
+    if (!Is(node, Type::kIdentifier)) return true;
     uint32_t s = ts_node_start_byte(node), e = ts_node_end_byte(node);
     for (const ByteRange& r : ranges) {
       if (r.start <= s && e <= r.end) out.push_back({node, up});
@@ -314,38 +337,6 @@ void Walk(TSNode root, const std::vector<ByteRange>& ranges, std::vector<FoundId
 }
 
 }  // namespace
-
-bool IsBuiltinName(std::string_view name) {
-  static const std::unordered_set<std::string_view> kBuiltins = {
-      "ArithmeticError", "AssertionError", "AttributeError", "BaseException", "BaseExceptionGroup",
-      "BlockingIOError", "BrokenPipeError", "BufferError", "BytesWarning", "ChildProcessError",
-      "ConnectionAbortedError", "ConnectionError", "ConnectionRefusedError", "ConnectionResetError",
-      "DeprecationWarning", "EOFError", "Ellipsis", "EncodingWarning", "EnvironmentError",
-      "Exception", "ExceptionGroup", "False", "FileExistsError", "FileNotFoundError",
-      "FloatingPointError", "FutureWarning", "GeneratorExit", "IOError", "ImportError",
-      "ImportWarning", "IndentationError", "IndexError", "InterruptedError", "IsADirectoryError",
-      "KeyError", "KeyboardInterrupt", "LookupError", "MemoryError", "ModuleNotFoundError",
-      "NameError", "None", "NotADirectoryError", "NotImplemented", "NotImplementedError", "OSError",
-      "OverflowError", "PendingDeprecationWarning", "PermissionError", "ProcessLookupError",
-      "RecursionError", "ReferenceError", "ResourceWarning", "RuntimeError", "RuntimeWarning",
-      "StopAsyncIteration", "StopIteration", "SyntaxError", "SyntaxWarning", "SystemError",
-      "SystemExit", "TabError", "TimeoutError", "True", "TypeError", "UnboundLocalError",
-      "UnicodeDecodeError", "UnicodeEncodeError", "UnicodeError", "UnicodeTranslateError",
-      "UnicodeWarning", "UserWarning", "ValueError", "Warning", "ZeroDivisionError",
-      "__build_class__", "__debug__", "__doc__", "__import__", "__loader__", "__name__",
-      "__package__", "__spec__", "abs", "aiter", "all", "anext", "any", "ascii", "bin", "bool",
-      "breakpoint", "bytearray", "bytes", "callable", "chr", "classmethod", "compile", "complex",
-      "copyright", "credits", "delattr", "dict", "dir", "divmod", "enumerate", "eval", "exec",
-      "exit", "filter", "float", "format", "frozenset", "getattr", "globals", "hasattr", "hash",
-      "help", "hex", "id", "input", "int", "isinstance", "issubclass", "iter", "len", "license",
-      "list", "locals", "map", "max", "memoryview", "min", "next", "object", "oct", "open", "ord",
-      "pow", "print", "property", "quit", "range", "repr", "reversed", "round", "set", "setattr",
-      "slice", "sorted", "staticmethod", "str", "sum", "super", "tuple", "type", "vars", "zip",
-      // Implicit module attributes, class-body names and the method-level `__class__` cell.
-      "__file__", "__builtins__", "__annotations__", "__dict__", "__path__", "__cached__",
-      "__class__", "__module__", "__qualname__"};
-  return kBuiltins.count(name) > 0;
-}
 
 std::vector<NameUse> FindUnresolvedNames(TSNode root, std::string_view source,
                                          const std::vector<ByteRange>& ranges) {

@@ -78,3 +78,16 @@ TEST_CASE("A function's default values resolve in the enclosing scope", "[rewrit
   std::string src = "#<\ndef f(a=a):\n    return a\n#>\n";
   CHECK(Unresolved(src) == "a@" + std::to_string(src.find("=a") + 1) + " ");
 }
+
+TEST_CASE("Names declared global anywhere resolve, however the statement is spelled",
+          "[rewriter]") {
+  // The resolver looks for `global` statements only where the keyword occurs as a word followed
+  // by a blank or a line continuation: every spelling CPython accepts.
+  for (std::string decl : {"global counter", "global\tcounter", "global \\\n        counter",
+                           "x = 1; global counter", "if True:global counter"}) {
+    INFO(decl);
+    CHECK(Unresolved("def f():\n    " + decl + "\n    counter = 1\n#<\nv = counter\n#>\n") == "");
+  }
+  CHECK(Unresolved("global_counter = 1\n# global counter\n#<\nv = counter\n#>\n")
+            .starts_with("counter@"));
+}

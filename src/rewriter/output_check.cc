@@ -10,39 +10,11 @@
 #include "base/line_index.h"
 #include "parser/ts_node.h"
 #include "rewriter/name_resolution.h"
+#include "rewriter/reparse_edits.h"
 #include "rewriter/stages.h"
 
 namespace patchgen::rewriter {
 namespace {
-
-/// The tree-sitter point (0-based row, column in bytes) of byte `offset` of the upstream text.
-TSPoint PointAt(const LineIndex& lines, uint32_t offset) {
-  uint32_t row = lines.LineOf(offset);
-  return {row, offset - lines.LineStart(row)};
-}
-
-/// The point just after `text` written from `start`.
-TSPoint PointAfter(TSPoint start, std::string_view text) {
-  size_t last_nl = text.rfind('\n');
-  if (last_nl == std::string_view::npos) {
-    return {start.row, start.column + static_cast<uint32_t>(text.size())};
-  }
-  auto rows = static_cast<uint32_t>(std::count(text.begin(), text.end(), '\n'));
-  return {start.row + rows, static_cast<uint32_t>(text.size() - last_nl - 1)};
-}
-
-/// Tells `tree` that upstream bytes `range` (at `start`) were replaced by `text`.
-void EditTree(TSTree* tree, ByteRange range, TSPoint start, TSPoint old_end,
-              std::string_view text) {
-  TSInputEdit edit;
-  edit.start_byte = range.start;
-  edit.old_end_byte = range.end;
-  edit.new_end_byte = range.start + static_cast<uint32_t>(text.size());
-  edit.start_point = start;
-  edit.old_end_point = old_end;
-  edit.new_end_point = PointAfter(start, text);
-  ts_tree_edit(tree, &edit);
-}
 
 /// The spec location of output byte `offset` when it lies in inserted text, else nullopt.
 std::optional<SourceLoc> InsertedLoc(const EditPlan& plan, uint32_t offset,
@@ -100,18 +72,12 @@ void CheckRemovedNames(const spec::PatchSpec& spec,
 
 parser::TreePtr ParseOutputTree(const parser::PyModule& upstream, const EditPlan& plan,
                                 const std::string& out, uint32_t header_size) {
-  // The edits in upstream coordinates, last first: each one leaves the bytes before it where they
-  // were, so every later (earlier in the file) edit's coordinates still hold. Insertions at one
-  // offset come out in plan order, as Apply() writes them. The header is an insertion at 0, last.
+  // The edits grown to where the old tree can be reused again (reparse_edits.h), in upstream
+  // coordinates, last first; the header is an insertion at 0.
   parser::TreePtr edited(ts_tree_copy(upstream.tree()));
-  const LineIndex& lines = upstream.lines();
-  const std::vector<TextEdit>& edits = plan.edits();
-  for (size_t i = edits.size(); i-- > 0;) {
-    const TextEdit& e = edits[i];
-    EditTree(edited.get(), e.range, PointAt(lines, e.range.start), PointAt(lines, e.range.end),
-             e.text);
-  }
-  EditTree(edited.get(), {0, 0}, {0, 0}, {0, 0}, std::string_view(out).substr(0, header_size));
+  ApplyReparseEdits(
+      edited.get(), upstream.lines(),
+      ReparseEdits(upstream.source(), plan, std::string_view(out).substr(0, header_size)));
   TSParser* parser = ts_parser_new();
   ts_parser_set_language(parser, parser::PythonLanguage());
   parser::TreePtr tree(

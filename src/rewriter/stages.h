@@ -112,10 +112,11 @@ ExcludeStage PlanExcludes(const spec::PatchSpec& spec, const parser::PyModule& u
 // ----- output check (output_check.cc) ---------------------------------------------------------
 
 /// The tree of the generated text `out` (a header of `header_size` bytes, then `plan` applied to
-/// `upstream.source()`), parsed incrementally: a copy of the upstream tree gets one ts_tree_edit
-/// per splice (and one for the header), and tree-sitter reparses it reusing every subtree the
-/// edits did not touch. The same tree as a parse of `out` from scratch (output_check_test.cc
-/// compares them). Empty when tree-sitter returns none.
+/// `upstream.source()`), parsed incrementally: a copy of the upstream tree gets a ts_tree_edit for
+/// the header and every splice, each grown to token boundaries where reuse can resume
+/// (reparse_edits.h), and tree-sitter reparses it reusing every subtree the edits did not touch.
+/// The same tree as a parse of `out` from scratch (output_check_test.cc compares them). Empty when
+/// tree-sitter returns none.
 parser::TreePtr ParseOutputTree(const parser::PyModule& upstream, const EditPlan& plan,
                                 const std::string& out, uint32_t header_size);
 

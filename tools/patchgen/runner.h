@@ -92,6 +92,19 @@ void ParallelFor(size_t n, unsigned jobs, F fn) {
   for (auto& th : pool) th.join();
 }
 
+/// The indices [0, n) by decreasing `size(i)` (ties in index order): the order in which to hand
+/// work of uneven sizes to ParallelFor, so that no worker starts a large item last.
+template <class Size>
+std::vector<size_t> LargestFirst(size_t n, Size size) {
+  std::vector<uintmax_t> sizes(n);
+  for (size_t i = 0; i < n; ++i) sizes[i] = size(i);
+  std::vector<size_t> order(n);
+  for (size_t i = 0; i < n; ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return sizes[a] > sizes[b]; });
+  return order;
+}
+
 struct Options {
   std::vector<std::string> specs;
   bool all = false;

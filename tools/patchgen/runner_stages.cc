@@ -195,8 +195,17 @@ void Runner::ParseUpstreams() {
     }
     job.upstream = slot.get();
   }
-  ParallelFor(todo.size(), opts_.jobs,
-              [&](size_t i) { ReadUpstream(*todo[i], paths[i], Show(paths[i])); });
+  // Largest file first: the last file a worker starts is then a small one, so that the two cores
+  // of the target machine finish together (the same in GenerateAll).
+  std::vector<size_t> order = LargestFirst(paths.size(), [&](size_t i) {
+    std::error_code ec;
+    uintmax_t size = fs::file_size(paths[i], ec);
+    return ec ? 0 : size;
+  });
+  ParallelFor(todo.size(), opts_.jobs, [&](size_t k) {
+    size_t i = order[k];
+    ReadUpstream(*todo[i], paths[i], Show(paths[i]));
+  });
 }
 
 bool Runner::NeedDiff(const Job& job) const {
@@ -206,7 +215,11 @@ bool Runner::NeedDiff(const Job& job) const {
 
 void Runner::GenerateAll() {
   PlaceOutputs();
-  ParallelFor(jobs_.size(), opts_.jobs, [&](size_t i) { GenerateJob(jobs_[i]); });
+  std::vector<size_t> order = LargestFirst(jobs_.size(), [&](size_t i) -> uintmax_t {
+    const Upstream* u = jobs_[i].upstream;
+    return u ? u->source.size() : 0;
+  });
+  ParallelFor(jobs_.size(), opts_.jobs, [&](size_t k) { GenerateJob(jobs_[order[k]]); });
 }
 
 // Where each job's .py and .diff go: -o DIR, else the output root mirroring the spec's folder
