@@ -190,3 +190,28 @@ def test_every_path_agrees(dtype, experts, top_k):
         torch.testing.assert_close(loss, base[0], rtol=2e-6, atol=0, msg=f"loss of path {key}")
         for a, b in zip(grads, base[1]):
             assert_close(a, b.float(), dtype, f"grad of path {key}")
+
+
+def test_backward_fills_no_zero_gradient():
+    """coef has no gradient: one fwd+bwd runs opslot's kernels and no fill (autograd used to
+    materialise a zero gradient for coef on every backward)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from opslot.kernels.cuda import load_balancing as LB
+
+    logits = tuple(t.detach().requires_grad_(True) for t in _logits(3, 257, 128, torch.bfloat16))
+    seed = torch.ones((), device="cuda")
+
+    def run():
+        loss = LB.load_balancing_loss(logits, 128, 8)
+        return torch.autograd.grad(loss, logits, seed)
+
+    run()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        grads = run()
+        torch.cuda.synchronize()
+    assert all(g is not None and g.shape == (257, 128) for g in grads)
+    names = sorted({e.key for e in prof.key_averages() if getattr(e, "self_device_time_total", 0) > 0})
+    assert not [n for n in names if "Fill" in n], names
+    assert any("lb_" in n for n in names), names

@@ -119,6 +119,9 @@ def _setup_context(ctx, inputs, output):
     _, coef = output
     ctx.save_for_backward(mask, coef, *logits)
     ctx.mark_non_differentiable(coef)
+    # coef never has a gradient: without this, autograd fills a zero tensor for it on every backward
+    # (a fill kernel per call); a missing loss gradient is handled in _backward.
+    ctx.set_materialize_grads(False)
 
 
 def _backward(ctx, grad_loss, _grad_coef):
