@@ -34,8 +34,8 @@ enum class ErrorKind {
 };
 
 /// A position in a text file (a spec, a patch file, an upstream module), resolved for printing.
-/// Its text forms are written here only: PathLine, PathLineCol, and the location prefix of
-/// diagnostics and notes (LocationPrefix).
+/// Its text forms are written here only: PathLine, PathLineCol, PathLineSpan, and the location
+/// prefix of diagnostics and notes (LocationPrefix).
 struct SourceLoc {
   std::string path;         ///< As printed; empty = unknown.
   uint32_t line = 0;        ///< 1-based; 0 = unknown.
@@ -45,11 +45,21 @@ struct SourceLoc {
 
   /// The file as a whole (no line): "path: error: ..." without an excerpt.
   static SourceLoc InFile(std::string path) { return SourceLoc{std::move(path), 0, 0, 1, {}}; }
+  /// A line of a file, no column: for PathLine and PathLineSpan.
+  static SourceLoc AtLine(std::string path, uint32_t line) {
+    return SourceLoc{std::move(path), line, 0, 1, {}};
+  }
 
   /// "path:line": how a generated file's header and markers name a spec entry.
   std::string PathLine() const { return path + ":" + std::to_string(line); }
   /// "path:line:col": how a message or note names another position.
   std::string PathLineCol() const { return PathLine() + ":" + std::to_string(col); }
+  /// "path:line-last_line": how a pin names an upstream span; "path:line" when last_line <= line,
+  /// "path" when the line is unknown.
+  std::string PathLineSpan(uint32_t last_line) const {
+    if (line == 0) return path;
+    return last_line > line ? PathLine() + "-" + std::to_string(last_line) : PathLine();
+  }
   /// What a diagnostic or note line starts with: "path:line:col: ", "path: " when the line is
   /// unknown, "" when the path is.
   std::string LocationPrefix() const;

@@ -162,6 +162,13 @@ TEST_CASE("SourceLoc's location text") {
   CHECK(SourceLoc{}.LocationPrefix() == "");
   // A line without a path names nothing: no prefix (as for the diagnostic itself).
   CHECK(SourceLoc{"", 3, 1, 1, {}}.LocationPrefix() == "");
+  // A line span (how a pin names its upstream statements), a line, or the file alone.
+  SourceLoc up = SourceLoc::AtLine("up/modeling_q.py", 40);
+  CHECK(up.PathLine() == "up/modeling_q.py:40");
+  CHECK(up.PathLineSpan(44) == "up/modeling_q.py:40-44");
+  CHECK(up.PathLineSpan(40) == "up/modeling_q.py:40");
+  CHECK(up.PathLineSpan(0) == "up/modeling_q.py:40");
+  CHECK(SourceLoc::AtLine("up/modeling_q.py", 0).PathLineSpan(44) == "up/modeling_q.py");
   Diagnostic d = ErrorAt(SourceLoc::InFile("a.yaml"), "cannot read spec: gone", {}, ErrorKind::kIo);
   CHECK(d.kind == ErrorKind::kIo);
   CHECK(FormatDiagnostic(d) == "a.yaml: error: cannot read spec: gone\n");

@@ -61,12 +61,8 @@ struct AuditView {
 
   /// "path:first-last (version)" of a contract entry in the new upstream.
   std::string Where(const rewriter::ContractPin& c) const {
-    std::string w = up_shown;
-    if (c.first_line) {
-      w += ":" + std::to_string(c.first_line);
-      if (c.last_line > c.first_line) w += "-" + std::to_string(c.last_line);
-    }
-    return w + " (" + version + ")";
+    return SourceLoc::AtLine(up_shown, c.first_line).PathLineSpan(c.last_line) + " (" + version +
+           ")";
   }
 
   /// The old upstream's contract entry with `key`, if any.
