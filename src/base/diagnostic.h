@@ -22,7 +22,9 @@
 
 namespace patchgen {
 
-enum class Severity { kError, kWarning, kNote };
+/// What a diagnostic's line calls it ("error: ", "warning: "). A note is a Note of a diagnostic,
+/// never a diagnostic of its own.
+enum class Severity { kError, kWarning };
 
 /// What kind of failure a diagnostic reports; the CLI maps it to an exit code.
 enum class ErrorKind {
@@ -92,12 +94,11 @@ struct Note {
 struct Diagnostic {
   Severity severity = Severity::kError;
   ErrorKind kind = ErrorKind::kSpec;
-  std::string path;         ///< As printed (relative to the working directory); may be empty.
-  uint32_t line = 0;        ///< 1-based; 0 when the diagnostic has no location.
-  uint32_t col = 0;         ///< 1-based, in code points.
-  uint32_t length = 1;      ///< Caret length in code points (>= 1).
+  /// Where: its path as printed (relative to the working directory; may be empty), line (0 when
+  /// the diagnostic has no location), column and caret length, and the text of that line (empty
+  /// prints no excerpt).
+  SourceLoc loc;
   std::string message;      ///< One line, no trailing period.
-  std::string source_line;  ///< Text of the line at `line`; empty prints no excerpt.
   std::vector<Note> notes;  ///< Printed after the excerpt, one line each (e.g. candidates).
   std::string help;         ///< Printed as "help: ..."; empty prints nothing.
 };

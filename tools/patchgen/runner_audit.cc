@@ -105,13 +105,7 @@ std::string Joined(const std::vector<std::string>& versions) {
 // 1. What no longer generates: missing targets, anchors, names, imports.
 void AddErrorFindings(const AuditView& v, std::vector<Finding>& out) {
   for (const Diagnostic& d : v.job.errors) {
-    Finding f{ErrorFindingKind(d),
-              "",
-              SourceLoc{d.path, d.line, d.col, 1, {}},
-              v.up_shown,
-              d.message,
-              {},
-              true};
+    Finding f{ErrorFindingKind(d), "", d.loc, v.up_shown, d.message, {}, true};
     for (const Note& n : d.notes) f.details.push_back(FormatNote(n));
     if (!d.help.empty()) f.details.push_back("help: " + d.help);
     out.push_back(std::move(f));
