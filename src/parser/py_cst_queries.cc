@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "base/text_util.h"
 #include "parser/ts_node.h"
 
 namespace patchgen::parser {
@@ -98,6 +99,20 @@ void CollectIdentifiers(TSNode node, ByteRange region, std::vector<ByteRange>& o
     CollectIdentifiers(ts_node_named_child(node, i), region, out);
 }
 
+/// True when `n` is an expression statement holding only `...`, alone on its line of `source`.
+bool IsEllipsisLine(TSNode n, std::string_view source) {
+  if (!Is(n, "expression_statement") || ts_node_named_child_count(n) != 1 ||
+      !Is(ts_node_named_child(n, 0), "ellipsis")) {
+    return false;
+  }
+  ByteRange r = RangeOf(n);
+  uint32_t line_start = LineStartOf(source, r.start);
+  if (!IsBlank(source.substr(line_start, r.start - line_start))) return false;
+  std::string_view rest = source.substr(r.end, LineEndOf(source, r.end) - r.end);
+  size_t first = rest.find_first_not_of(" \t\r");
+  return first == std::string_view::npos || rest[first] == '#';
+}
+
 }  // namespace
 
 std::vector<TSNode> BlockStatements(TSNode block) { return NamedChildrenButComments(block); }
@@ -157,6 +172,23 @@ std::vector<ByteRange> IdentifiersIn(TSNode node, ByteRange region) {
   std::vector<ByteRange> out;
   if (!ts_node_is_null(node)) CollectIdentifiers(node, region, out);
   return out;
+}
+
+std::vector<TSNode> EllipsisLines(const PyModule& m) {
+  std::vector<TSNode> found;
+  std::vector<TSNode> stack = {m.root()};
+  while (!stack.empty()) {
+    TSNode n = stack.back();
+    stack.pop_back();
+    if (IsEllipsisLine(n, m.source())) {
+      found.push_back(n);
+      continue;
+    }
+    for (uint32_t i = ts_node_named_child_count(n); i-- > 0;) {
+      stack.push_back(ts_node_named_child(n, i));
+    }
+  }
+  return found;
 }
 
 }  // namespace patchgen::parser

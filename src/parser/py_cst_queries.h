@@ -1,11 +1,11 @@
 // Structural queries over a parsed module's concrete syntax tree that the rewriter asks: the
 // statements of a block (and of a body at any depth), the last statement of a body, the
 // `super().__init__(...)` statement of an `__init__`, the `__all__` list, whether a statement is
-// alone in its block, the references to a bare name and the identifiers of a region. They were
-// re-implemented in src/rewriter (issue #19). Each is a pure function of the tree: it decides
-// nothing about edits (where text goes and what replaces what stay in src/rewriter). Tests:
-// py_cst_queries_test.cc. The older queries (NodeAt, DefNode, BodyBlock, ParameterNames) are
-// declared in py_module.h; docs/parser.md lists them all.
+// alone in its block, the references to a bare name, the identifiers of a region and the `...`
+// lines of a snippet. They were re-implemented in src/rewriter (issue #19). Each is a pure
+// function of the tree: it decides nothing about edits (where text goes and what replaces what
+// stay in src/rewriter). Tests: py_cst_queries_test.cc. The older queries (NodeAt, DefNode,
+// BodyBlock, ParameterNames) are declared in py_module.h; docs/parser.md lists them all.
 #pragma once
 
 #include <tree_sitter/api.h>
@@ -80,5 +80,10 @@ std::vector<ByteRange> NameReferences(TSNode node, std::string_view code, std::s
 /// role (definitions, parameters, attribute names, keyword-argument names, the expressions of an
 /// f-string), never the text of strings or comments.
 std::vector<ByteRange> IdentifiersIn(TSNode node, ByteRange region);
+
+/// Every statement of `m` that is `...` alone on its line (blanks before it, blanks or a comment
+/// after it), at any depth, in document order: the placeholder of an edit_body `wrap`'s code.
+/// `x = ...`, `f(...)`, `...; y` and a `...` sharing its line with a header (`if a: ...`) are not.
+std::vector<TSNode> EllipsisLines(const PyModule& m);
 
 }  // namespace patchgen::parser

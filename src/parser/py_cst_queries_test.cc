@@ -291,5 +291,44 @@ TEST_CASE("IdentifiersIn: identifiers overlapping a region in every role, not in
   CHECK(IdentifiersIn(TSNode{}, f.whole).empty());
 }
 
+TEST_CASE("EllipsisLines: `...` statements alone on their line, at any depth", "[parser]") {
+  auto lines_of = [](const PyModule& m) {
+    std::vector<uint32_t> out;
+    for (TSNode n : EllipsisLines(m)) {
+      CHECK(m.Text(RangeOf(n)) == "...");
+      out.push_back(m.lines().LineOf(ts_node_start_byte(n)) + 1);
+    }
+    return out;
+  };
+  auto wrap = ParseOk(
+      "with torch.no_grad():\n"
+      "    ...\n"
+      "y = 1\n");
+  CHECK(lines_of(*wrap) == std::vector<uint32_t>{2});
+  // Nested blocks, a comment after it, blanks before it; in document order.
+  auto nested = ParseOk(
+      "...\n"
+      "if a:\n"
+      "    for x in y:\n"
+      "        ...  # the statements go here\n"
+      "else:\n"
+      "\t...\n"
+      "def f():\n"
+      "    ...\n");
+  CHECK(lines_of(*nested) == std::vector<uint32_t>{1, 4, 6, 8});
+  // Not alone on its line, or not a statement of its own.
+  auto others = ParseOk(
+      "x = ...\n"
+      "f(...)\n"
+      "...; y = 1\n"
+      "y = 1; ...\n"
+      "if a: ...\n"
+      "def g(): ...\n"
+      "z[...]\n"
+      "'...'\n"
+      "# ...\n");
+  CHECK(EllipsisLines(*others).empty());
+}
+
 }  // namespace
 }  // namespace patchgen::parser
