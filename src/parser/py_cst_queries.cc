@@ -113,6 +113,31 @@ bool IsEllipsisLine(TSNode n, std::string_view source) {
   return first == std::string_view::npos || rest[first] == '#';
 }
 
+/// A range when `n` is not null.
+std::optional<ByteRange> RangeIfAny(TSNode n) {
+  if (ts_node_is_null(n)) return std::nullopt;
+  return RangeOf(n);
+}
+
+/// One named child of a `parameters` node.
+Parameter ParameterOf(TSNode p) {
+  std::string_view t = TypeOf(p);
+  bool with_default = t == "default_parameter" || t == "typed_default_parameter";
+  bool typed = t == "typed_parameter" || t == "typed_default_parameter";
+  TSNode name = p;  // identifier, *args, **kwargs, `*`, `/`
+  if (with_default) {
+    name = Field(p, "name");
+  } else if (typed) {
+    name = ts_node_named_child(p, 0);  // `x` or `*args` of `x: int` / `*args: int`
+  }
+  Parameter param;
+  param.name = RangeIfAny(name).value_or(ByteRange{});
+  param.plain = !ts_node_is_null(name) && Is(name, "identifier");
+  if (typed) param.annotation = RangeIfAny(Field(p, "type"));
+  if (with_default) param.default_value = RangeIfAny(Field(p, "value"));
+  return param;
+}
+
 }  // namespace
 
 std::vector<TSNode> BlockStatements(TSNode block) { return NamedChildrenButComments(block); }
@@ -189,6 +214,15 @@ std::vector<TSNode> EllipsisLines(const PyModule& m) {
     }
   }
   return found;
+}
+
+std::vector<Parameter> Parameters(const PyModule& m, const Definition& def) {
+  std::vector<Parameter> out;
+  if (def.parameters.empty()) return out;
+  TSNode n = ts_node_descendant_for_byte_range(m.root(), def.parameters.start, def.parameters.end);
+  while (!ts_node_is_null(n) && TypeOf(n) != "parameters") n = ts_node_parent(n);
+  for (TSNode p : NamedChildrenButComments(n)) out.push_back(ParameterOf(p));
+  return out;
 }
 
 }  // namespace patchgen::parser
