@@ -111,7 +111,7 @@ Diagnostic ErrorAt(const SourceLoc& loc, std::string message, std::string help =
 /// the line is cut (Note shows the shapes); also the text of a note in `--audit` findings.
 std::string FormatNote(const Note& note);
 
-/// A SourceLoc for `range` of `text`.
+/// A SourceLoc for `range` of `text`; line 1, column 1, an empty excerpt line when `text` is empty.
 SourceLoc LocOf(std::string path, std::string_view text, const LineIndex& lines, ByteRange range);
 
 /// Builds a located diagnostic from a byte range of `text` (the caret spans the range's part on

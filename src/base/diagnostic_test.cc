@@ -169,6 +169,12 @@ TEST_CASE("SourceLoc's location text") {
   CHECK(up.PathLineSpan(40) == "up/modeling_q.py:40");
   CHECK(up.PathLineSpan(0) == "up/modeling_q.py:40");
   CHECK(SourceLoc::AtLine("up/modeling_q.py", 0).PathLineSpan(44) == "up/modeling_q.py");
+  // An empty file's location is its line 1, column 1, with an empty excerpt line (an empty spec).
+  LineIndex empty("");
+  SourceLoc start = LocOf("e.yaml", "", empty, {0, 0});
+  CHECK(start.PathLineCol() == "e.yaml:1:1");
+  CHECK(start.length == 1);
+  CHECK(start.source_line.empty());
   Diagnostic d = ErrorAt(SourceLoc::InFile("a.yaml"), "cannot read spec: gone", {}, ErrorKind::kIo);
   CHECK(d.kind == ErrorKind::kIo);
   CHECK(FormatDiagnostic(d) == "a.yaml: error: cannot read spec: gone\n");
