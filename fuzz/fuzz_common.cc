@@ -28,7 +28,7 @@ void CheckDiagnostics(const std::vector<Diagnostic>& diags, bool allow_unlocated
     std::string text = FormatDiagnostic(d);
     if (d.kind == ErrorKind::kInternal) Fail("internal error", text);
     if (d.message.empty()) Fail("empty message", text);
-    size_t lines = 1 + (d.line > 0 && !d.source_line.empty() ? 2 : 0) + d.notes.size() +
+    size_t lines = 1 + (d.loc.line > 0 && !d.loc.source_line.empty() ? 2 : 0) + d.notes.size() +
                    (d.help.empty() ? 0 : 1);
     if (static_cast<size_t>(std::count(text.begin(), text.end(), '\n')) != lines) {
       Fail("a message, note or help prints on several lines", text);
@@ -37,9 +37,9 @@ void CheckDiagnostics(const std::vector<Diagnostic>& diags, bool allow_unlocated
       if ((c < 0x20 && c != '\n' && c != '\t') || c == 0x7f)
         Fail("a control character printed", text);
     }
-    if (d.path.empty()) Fail("diagnostic without a path", text);
-    if (d.line == 0 && !allow_unlocated) Fail("diagnostic without a line", text);
-    if (d.line > 0 && d.col == 0) Fail("diagnostic with a line but column 0", text);
+    if (d.loc.path.empty()) Fail("diagnostic without a path", text);
+    if (d.loc.line == 0 && !allow_unlocated) Fail("diagnostic without a line", text);
+    if (d.loc.line > 0 && d.loc.col == 0) Fail("diagnostic with a line but column 0", text);
     if (text.size() > kMaxDiagnosticBytes) {
       Fail("diagnostic longer than " + std::to_string(kMaxDiagnosticBytes) + " bytes (" +
                std::to_string(text.size()) + ")",

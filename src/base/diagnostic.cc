@@ -86,8 +86,6 @@ const char* SeverityLabel(Severity severity) {
       return "error: ";
     case Severity::kWarning:
       return "warning: ";
-    case Severity::kNote:
-      return "note: ";
   }
   return "error: ";
 }
@@ -139,11 +137,11 @@ std::string CaretMarker(std::string_view line, const ExcerptWindow& w, size_t le
 // The excerpt: the source line with its number in a gutter of at least four columns, and the caret
 // line under it.
 void AppendExcerpt(std::string& out, const Diagnostic& d) {
-  std::string num = std::to_string(d.line);
+  std::string num = std::to_string(d.loc.line);
   std::string gutter(num.size() < 4 ? 4 : num.size(), ' ');
   std::string lead = std::string(gutter.size() - num.size(), ' ') + num;
-  std::string_view line = d.source_line;
-  ExcerptWindow w = WindowOf(line, d.col);
+  std::string_view line = d.loc.source_line;
+  ExcerptWindow w = WindowOf(line, d.loc.col);
   std::string shown;
   if (w.first > 0) shown += "...";
   size_t begin_byte = w.ByteAt(w.first, line.size());
@@ -151,49 +149,42 @@ void AppendExcerpt(std::string& out, const Diagnostic& d) {
   shown += ExcerptText(line.substr(begin_byte, end_byte - begin_byte));
   if (w.last < w.total()) shown += "...";
   out += ' ' + lead + " | " + shown + '\n';
-  out += ' ' + gutter + " | " + CaretMarker(line, w, d.length) + '\n';
+  out += ' ' + gutter + " | " + CaretMarker(line, w, d.loc.length) + '\n';
 }
 
 }  // namespace
 
-Diagnostic MakeDiagnostic(std::string path, std::string_view text, const LineIndex& lines,
-                          ByteRange range, std::string message, std::string help, ErrorKind kind) {
-  Diagnostic d;
-  d.kind = kind;
-  d.path = std::move(path);
+SourceLoc LocOf(std::string path, std::string_view text, const LineIndex& lines, ByteRange range) {
+  SourceLoc loc;
+  loc.path = std::move(path);
   LineCol lc = lines.At(range.start);
-  d.line = lc.line;
-  d.col = lc.col;
+  loc.line = lc.line;
+  loc.col = lc.col;
   uint32_t line0 = lc.line - 1;
   std::string_view line_text = lines.LineText(line0);
-  d.source_line = std::string(line_text);
+  loc.source_line = std::string(line_text);
   uint32_t line_start = lines.LineStart(line0);
   uint32_t line_end = line_start + static_cast<uint32_t>(line_text.size());
   uint32_t end = std::min(range.end, line_end);
   if (end > range.start && range.start <= text.size()) {
-    d.length = std::max<uint32_t>(1, CodePointCount(text.substr(range.start, end - range.start)));
+    loc.length = std::max<uint32_t>(1, CodePointCount(text.substr(range.start, end - range.start)));
   }
-  d.message = std::move(message);
-  d.help = std::move(help);
-  return d;
+  return loc;
+}
+
+Diagnostic MakeDiagnostic(std::string path, std::string_view text, const LineIndex& lines,
+                          ByteRange range, std::string message, std::string help, ErrorKind kind) {
+  return ErrorAt(LocOf(std::move(path), text, lines, range), std::move(message), std::move(help),
+                 kind);
 }
 
 Diagnostic ErrorAt(const SourceLoc& loc, std::string message, std::string help, ErrorKind kind) {
   Diagnostic d;
   d.kind = kind;
-  d.path = loc.path;
-  d.line = loc.line;
-  d.col = loc.col;
-  d.length = loc.length;
-  d.source_line = loc.source_line;
+  d.loc = loc;
   d.message = std::move(message);
   d.help = std::move(help);
   return d;
-}
-
-SourceLoc LocOf(std::string path, std::string_view text, const LineIndex& lines, ByteRange range) {
-  Diagnostic d = MakeDiagnostic(std::move(path), text, lines, range, "");
-  return SourceLoc{std::move(d.path), d.line, d.col, d.length, std::move(d.source_line)};
 }
 
 std::string SourceLoc::LocationPrefix() const {
@@ -211,11 +202,11 @@ std::string FormatNote(const Note& note) {
 
 std::string FormatDiagnostic(const Diagnostic& d) {
   std::string out;
-  AppendPrintable(out, SourceLoc{d.path, d.line, d.col, 1, {}}.LocationPrefix(), false);
+  AppendPrintable(out, d.loc.LocationPrefix(), false);
   out += SeverityLabel(d.severity);
   AppendOneLine(out, d.message);
   out += '\n';
-  if (d.line > 0 && !d.source_line.empty()) AppendExcerpt(out, d);
+  if (d.loc.line > 0 && !d.loc.source_line.empty()) AppendExcerpt(out, d);
   for (const Note& n : d.notes) {
     AppendOneLine(out, FormatNote(n));
     out += '\n';
@@ -229,7 +220,9 @@ std::string FormatDiagnostic(const Diagnostic& d) {
 }
 
 void SortDiagnostics(std::vector<Diagnostic>& diags) {
-  auto key = [](const Diagnostic& d) { return std::tie(d.path, d.line, d.col, d.message); };
+  auto key = [](const Diagnostic& d) {
+    return std::tie(d.loc.path, d.loc.line, d.loc.col, d.message);
+  };
   std::stable_sort(diags.begin(), diags.end(),
                    [&](const Diagnostic& a, const Diagnostic& b) { return key(a) < key(b); });
   diags.erase(std::unique(diags.begin(), diags.end(),

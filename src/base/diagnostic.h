@@ -22,7 +22,9 @@
 
 namespace patchgen {
 
-enum class Severity { kError, kWarning, kNote };
+/// What a diagnostic's line calls it ("error: ", "warning: "). A note is a Note of a diagnostic,
+/// never a diagnostic of its own.
+enum class Severity { kError, kWarning };
 
 /// What kind of failure a diagnostic reports; the CLI maps it to an exit code.
 enum class ErrorKind {
@@ -34,8 +36,8 @@ enum class ErrorKind {
 };
 
 /// A position in a text file (a spec, a patch file, an upstream module), resolved for printing.
-/// Its text forms are written here only: PathLine, PathLineCol, and the location prefix of
-/// diagnostics and notes (LocationPrefix).
+/// Its text forms are written here only: PathLine, PathLineCol, PathLineSpan, and the location
+/// prefix of diagnostics and notes (LocationPrefix).
 struct SourceLoc {
   std::string path;         ///< As printed; empty = unknown.
   uint32_t line = 0;        ///< 1-based; 0 = unknown.
@@ -45,11 +47,21 @@ struct SourceLoc {
 
   /// The file as a whole (no line): "path: error: ..." without an excerpt.
   static SourceLoc InFile(std::string path) { return SourceLoc{std::move(path), 0, 0, 1, {}}; }
+  /// A line of a file, no column: for PathLine and PathLineSpan.
+  static SourceLoc AtLine(std::string path, uint32_t line) {
+    return SourceLoc{std::move(path), line, 0, 1, {}};
+  }
 
   /// "path:line": how a generated file's header and markers name a spec entry.
   std::string PathLine() const { return path + ":" + std::to_string(line); }
   /// "path:line:col": how a message or note names another position.
   std::string PathLineCol() const { return PathLine() + ":" + std::to_string(col); }
+  /// "path:line-last_line": how a pin names an upstream span; "path:line" when last_line <= line,
+  /// "path" when the line is unknown.
+  std::string PathLineSpan(uint32_t last_line) const {
+    if (line == 0) return path;
+    return last_line > line ? PathLine() + "-" + std::to_string(last_line) : PathLine();
+  }
   /// What a diagnostic or note line starts with: "path:line:col: ", "path: " when the line is
   /// unknown, "" when the path is.
   std::string LocationPrefix() const;
@@ -82,12 +94,11 @@ struct Note {
 struct Diagnostic {
   Severity severity = Severity::kError;
   ErrorKind kind = ErrorKind::kSpec;
-  std::string path;         ///< As printed (relative to the working directory); may be empty.
-  uint32_t line = 0;        ///< 1-based; 0 when the diagnostic has no location.
-  uint32_t col = 0;         ///< 1-based, in code points.
-  uint32_t length = 1;      ///< Caret length in code points (>= 1).
+  /// Where: its path as printed (relative to the working directory; may be empty), line (0 when
+  /// the diagnostic has no location), column and caret length, and the text of that line (empty
+  /// prints no excerpt).
+  SourceLoc loc;
   std::string message;      ///< One line, no trailing period.
-  std::string source_line;  ///< Text of the line at `line`; empty prints no excerpt.
   std::vector<Note> notes;  ///< Printed after the excerpt, one line each (e.g. candidates).
   std::string help;         ///< Printed as "help: ..."; empty prints nothing.
 };
@@ -100,7 +111,7 @@ Diagnostic ErrorAt(const SourceLoc& loc, std::string message, std::string help =
 /// the line is cut (Note shows the shapes); also the text of a note in `--audit` findings.
 std::string FormatNote(const Note& note);
 
-/// A SourceLoc for `range` of `text`.
+/// A SourceLoc for `range` of `text`; line 1, column 1, an empty excerpt line when `text` is empty.
 SourceLoc LocOf(std::string path, std::string_view text, const LineIndex& lines, ByteRange range);
 
 /// Builds a located diagnostic from a byte range of `text` (the caret spans the range's part on

@@ -26,7 +26,7 @@ TEST_CASE("Columns count code points and carets copy tabs") {
   LineIndex lines(text);
   uint32_t start = static_cast<uint32_t>(text.find('y'));
   Diagnostic d = MakeDiagnostic("a.py", text, lines, {start, start + 1}, "undefined name 'y'");
-  CHECK(d.col == 12);
+  CHECK(d.loc.col == 12);
   CHECK(FormatDiagnostic(d) ==
         "a.py:1:12: error: undefined name 'y'\n"
         "    1 | \tx = 'é' + y\n"
@@ -43,7 +43,7 @@ TEST_CASE("Long excerpt lines are cut to a window around the caret") {
   LineIndex lines(text);
   uint32_t start = static_cast<uint32_t>(pad.size());
   Diagnostic d = MakeDiagnostic("a.yaml", text, lines, {start, start + 3}, "bad value");
-  CHECK(d.col == 251);
+  CHECK(d.loc.col == 251);
   // The window would start 50 code points before the caret but stays 200 wide, so it is the last
   // 200 code points of the 353: [153, 353).
   std::string shown;
@@ -99,7 +99,7 @@ TEST_CASE("Printed diagnostics are valid UTF-8: stray bytes print as U+FFFD") {
         "      |                 ^\n");
   // Overlong forms and surrogates are not UTF-8 either; valid sequences are kept.
   d = Diagnostic{};
-  d.path = "p";
+  d.loc.path = "p";
   d.message = "\xc0\xaf \xed\xa0\x80 \xf0\x9f\x98\x80 \xc3\xa9";
   CHECK(FormatDiagnostic(d) ==
         "p: error: \xEF\xBF\xBD\xEF\xBF\xBD \xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD "
@@ -109,7 +109,7 @@ TEST_CASE("Printed diagnostics are valid UTF-8: stray bytes print as U+FFFD") {
 TEST_CASE("Long messages are cut at a UTF-8 boundary") {
   std::string name = "x" + std::string(2000, 'y');
   Diagnostic d;
-  d.path = "s.yaml";
+  d.loc.path = "s.yaml";
   d.message = "no class '" + name + "'";
   std::string out = FormatDiagnostic(d);
   CHECK(out == "s.yaml: error: no class 'x" + std::string(kMaxMessageBytes - 11, 'y') +
@@ -122,16 +122,16 @@ TEST_CASE("Long messages are cut at a UTF-8 boundary") {
 
 TEST_CASE("SortDiagnostics orders by location and drops duplicates") {
   std::vector<Diagnostic> ds(3);
-  ds[0].path = "b";
-  ds[0].line = 1;
+  ds[0].loc.path = "b";
+  ds[0].loc.line = 1;
   ds[0].message = "x";
-  ds[1].path = "a";
-  ds[1].line = 9;
+  ds[1].loc.path = "a";
+  ds[1].loc.line = 9;
   ds[1].message = "y";
   ds[2] = ds[0];
   SortDiagnostics(ds);
   REQUIRE(ds.size() == 2);
-  CHECK(ds[0].path == "a");
+  CHECK(ds[0].loc.path == "a");
 }
 
 TEST_CASE("DidYouMean finds close names only") {
@@ -162,6 +162,19 @@ TEST_CASE("SourceLoc's location text") {
   CHECK(SourceLoc{}.LocationPrefix() == "");
   // A line without a path names nothing: no prefix (as for the diagnostic itself).
   CHECK(SourceLoc{"", 3, 1, 1, {}}.LocationPrefix() == "");
+  // A line span (how a pin names its upstream statements), a line, or the file alone.
+  SourceLoc up = SourceLoc::AtLine("up/modeling_q.py", 40);
+  CHECK(up.PathLine() == "up/modeling_q.py:40");
+  CHECK(up.PathLineSpan(44) == "up/modeling_q.py:40-44");
+  CHECK(up.PathLineSpan(40) == "up/modeling_q.py:40");
+  CHECK(up.PathLineSpan(0) == "up/modeling_q.py:40");
+  CHECK(SourceLoc::AtLine("up/modeling_q.py", 0).PathLineSpan(44) == "up/modeling_q.py");
+  // An empty file's location is its line 1, column 1, with an empty excerpt line (an empty spec).
+  LineIndex empty("");
+  SourceLoc start = LocOf("e.yaml", "", empty, {0, 0});
+  CHECK(start.PathLineCol() == "e.yaml:1:1");
+  CHECK(start.length == 1);
+  CHECK(start.source_line.empty());
   Diagnostic d = ErrorAt(SourceLoc::InFile("a.yaml"), "cannot read spec: gone", {}, ErrorKind::kIo);
   CHECK(d.kind == ErrorKind::kIo);
   CHECK(FormatDiagnostic(d) == "a.yaml: error: cannot read spec: gone\n");

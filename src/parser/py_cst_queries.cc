@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "base/text_util.h"
 #include "parser/ts_node.h"
 
 namespace patchgen::parser {
@@ -98,6 +99,45 @@ void CollectIdentifiers(TSNode node, ByteRange region, std::vector<ByteRange>& o
     CollectIdentifiers(ts_node_named_child(node, i), region, out);
 }
 
+/// True when `n` is an expression statement holding only `...`, alone on its line of `source`.
+bool IsEllipsisLine(TSNode n, std::string_view source) {
+  if (!Is(n, "expression_statement") || ts_node_named_child_count(n) != 1 ||
+      !Is(ts_node_named_child(n, 0), "ellipsis")) {
+    return false;
+  }
+  ByteRange r = RangeOf(n);
+  uint32_t line_start = LineStartOf(source, r.start);
+  if (!IsBlank(source.substr(line_start, r.start - line_start))) return false;
+  std::string_view rest = source.substr(r.end, LineEndOf(source, r.end) - r.end);
+  size_t first = rest.find_first_not_of(" \t\r");
+  return first == std::string_view::npos || rest[first] == '#';
+}
+
+/// A range when `n` is not null.
+std::optional<ByteRange> RangeIfAny(TSNode n) {
+  if (ts_node_is_null(n)) return std::nullopt;
+  return RangeOf(n);
+}
+
+/// One named child of a `parameters` node.
+Parameter ParameterOf(TSNode p) {
+  std::string_view t = TypeOf(p);
+  bool with_default = t == "default_parameter" || t == "typed_default_parameter";
+  bool typed = t == "typed_parameter" || t == "typed_default_parameter";
+  TSNode name = p;  // identifier, *args, **kwargs, `*`, `/`
+  if (with_default) {
+    name = Field(p, "name");
+  } else if (typed) {
+    name = ts_node_named_child(p, 0);  // `x` or `*args` of `x: int` / `*args: int`
+  }
+  Parameter param;
+  param.name = RangeIfAny(name).value_or(ByteRange{});
+  param.plain = !ts_node_is_null(name) && Is(name, "identifier");
+  if (typed) param.annotation = RangeIfAny(Field(p, "type"));
+  if (with_default) param.default_value = RangeIfAny(Field(p, "value"));
+  return param;
+}
+
 }  // namespace
 
 std::vector<TSNode> BlockStatements(TSNode block) { return NamedChildrenButComments(block); }
@@ -156,6 +196,32 @@ std::vector<ByteRange> NameReferences(TSNode node, std::string_view code, std::s
 std::vector<ByteRange> IdentifiersIn(TSNode node, ByteRange region) {
   std::vector<ByteRange> out;
   if (!ts_node_is_null(node)) CollectIdentifiers(node, region, out);
+  return out;
+}
+
+std::vector<TSNode> EllipsisLines(const PyModule& m) {
+  std::vector<TSNode> found;
+  std::vector<TSNode> stack = {m.root()};
+  while (!stack.empty()) {
+    TSNode n = stack.back();
+    stack.pop_back();
+    if (IsEllipsisLine(n, m.source())) {
+      found.push_back(n);
+      continue;
+    }
+    for (uint32_t i = ts_node_named_child_count(n); i-- > 0;) {
+      stack.push_back(ts_node_named_child(n, i));
+    }
+  }
+  return found;
+}
+
+std::vector<Parameter> Parameters(const PyModule& m, const Definition& def) {
+  std::vector<Parameter> out;
+  if (def.parameters.empty()) return out;
+  TSNode n = ts_node_descendant_for_byte_range(m.root(), def.parameters.start, def.parameters.end);
+  while (!ts_node_is_null(n) && TypeOf(n) != "parameters") n = ts_node_parent(n);
+  for (TSNode p : NamedChildrenButComments(n)) out.push_back(ParameterOf(p));
   return out;
 }
 

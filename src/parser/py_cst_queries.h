@@ -1,11 +1,12 @@
 // Structural queries over a parsed module's concrete syntax tree that the rewriter asks: the
 // statements of a block (and of a body at any depth), the last statement of a body, the
 // `super().__init__(...)` statement of an `__init__`, the `__all__` list, whether a statement is
-// alone in its block, the references to a bare name and the identifiers of a region. They were
-// re-implemented in src/rewriter (issue #19). Each is a pure function of the tree: it decides
-// nothing about edits (where text goes and what replaces what stay in src/rewriter). Tests:
-// py_cst_queries_test.cc. The older queries (NodeAt, DefNode, BodyBlock, ParameterNames) are
-// declared in py_module.h; docs/parser.md lists them all.
+// alone in its block, the references to a bare name, the identifiers of a region, the `...`
+// lines of a snippet and the parameters of a def. They were re-implemented in src/rewriter (issue
+// #19). Each is a pure function of the tree: it decides nothing about edits (where text goes and
+// what replaces what stay in src/rewriter). Tests: py_cst_queries_test.cc. The older queries
+// (NodeAt, DefNode, BodyBlock, ParameterNames) are declared in py_module.h; docs/parser.md lists
+// them all.
 #pragma once
 
 #include <tree_sitter/api.h>
@@ -80,5 +81,24 @@ std::vector<ByteRange> NameReferences(TSNode node, std::string_view code, std::s
 /// role (definitions, parameters, attribute names, keyword-argument names, the expressions of an
 /// f-string), never the text of strings or comments.
 std::vector<ByteRange> IdentifiersIn(TSNode node, ByteRange region);
+
+/// Every statement of `m` that is `...` alone on its line (blanks before it, blanks or a comment
+/// after it), at any depth, in document order: the placeholder of an edit_body `wrap`'s code.
+/// `x = ...`, `f(...)`, `...; y` and a `...` sharing its line with a header (`if a: ...`) are not.
+std::vector<TSNode> EllipsisLines(const PyModule& m);
+
+/// One parameter of a def, as written (Parameters).
+struct Parameter {
+  ByteRange name;                       ///< `x`, `*args`, `**kwargs`, or the separator `*` / `/`.
+  bool plain = false;                   ///< `name` is an identifier: not a splat, not a separator.
+  std::optional<ByteRange> annotation;  ///< `int` of `x: int`.
+  std::optional<ByteRange> default_value;  ///< `1` of `x=1` / `x: int = 1`.
+};
+
+/// The parameters of function `def` in order, comments left out: plain (`self`), typed
+/// (`x: int`, `*args: int`), default (`y=1`), typed default (`z: str = 'a'`), splats (`*args`,
+/// `**kwargs`) and the separators `*` and `/`. Empty when `def` has no parameter list.
+/// ParameterNames is the names of the plain ones.
+std::vector<Parameter> Parameters(const PyModule& m, const Definition& def);
 
 }  // namespace patchgen::parser

@@ -291,5 +291,82 @@ TEST_CASE("IdentifiersIn: identifiers overlapping a region in every role, not in
   CHECK(IdentifiersIn(TSNode{}, f.whole).empty());
 }
 
+TEST_CASE("EllipsisLines: `...` statements alone on their line, at any depth", "[parser]") {
+  auto lines_of = [](const PyModule& m) {
+    std::vector<uint32_t> out;
+    for (TSNode n : EllipsisLines(m)) {
+      CHECK(m.Text(RangeOf(n)) == "...");
+      out.push_back(m.lines().LineOf(ts_node_start_byte(n)) + 1);
+    }
+    return out;
+  };
+  auto wrap = ParseOk(
+      "with torch.no_grad():\n"
+      "    ...\n"
+      "y = 1\n");
+  CHECK(lines_of(*wrap) == std::vector<uint32_t>{2});
+  // Nested blocks, a comment after it, blanks before it; in document order.
+  auto nested = ParseOk(
+      "...\n"
+      "if a:\n"
+      "    for x in y:\n"
+      "        ...  # the statements go here\n"
+      "else:\n"
+      "\t...\n"
+      "def f():\n"
+      "    ...\n");
+  CHECK(lines_of(*nested) == std::vector<uint32_t>{1, 4, 6, 8});
+  // Not alone on its line, or not a statement of its own.
+  auto others = ParseOk(
+      "x = ...\n"
+      "f(...)\n"
+      "...; y = 1\n"
+      "y = 1; ...\n"
+      "if a: ...\n"
+      "def g(): ...\n"
+      "z[...]\n"
+      "'...'\n"
+      "# ...\n");
+  CHECK(EllipsisLines(*others).empty());
+}
+
+TEST_CASE("Parameters: names, annotations and defaults as written, splats and separators",
+          "[parser]") {
+  auto m = ParseOk(
+      "class A:\n"
+      "    def __init__(self, config, x: int, y=1, z: Optional[str] = 'a', /, *args: int,\n"
+      "                 k=(1,\n"
+      "                    2),  # a comment between parameters\n"
+      "                 **kwargs):\n"
+      "        pass\n"
+      "def f():\n"
+      "    pass\n"
+      "def g(*, only):\n"
+      "    pass\n");
+  // name|plain|annotation|default, "-" for none.
+  auto shown = [&](const Definition& def) {
+    Strings out;
+    for (const Parameter& p : Parameters(*m, def)) {
+      auto text = [&](const std::optional<ByteRange>& r) {
+        return r ? std::string(m->Text(*r)) : std::string("-");
+      };
+      out.push_back(std::string(m->Text(p.name)) + "|" + (p.plain ? "plain" : "other") + "|" +
+                    text(p.annotation) + "|" + text(p.default_value));
+    }
+    return out;
+  };
+  CHECK(shown(*m->Find("A.__init__")) ==
+        Strings{"self|plain|-|-", "config|plain|-|-", "x|plain|int|-", "y|plain|-|1",
+                "z|plain|Optional[str]|'a'", "/|other|-|-", "*args|other|int|-",
+                "k|plain|-|(1,\n                    2)", "**kwargs|other|-|-"});
+  CHECK(Parameters(*m, *m->Find("f")).empty());
+  CHECK(shown(*m->Find("g")) == Strings{"*|other|-|-", "only|plain|-|-"});
+  // A class has no parameter list.
+  CHECK(Parameters(*m, *m->Find("A")).empty());
+  // ParameterNames is the plain names.
+  CHECK(ParameterNames(*m, *m->Find("A.__init__")) ==
+        Strings{"self", "config", "x", "y", "z", "k"});
+}
+
 }  // namespace
 }  // namespace patchgen::parser

@@ -49,7 +49,7 @@ Result<std::unique_ptr<PyModule>> PyModule::Parse(std::string path, std::string 
   if (!m->tree_) {
     Diagnostic d;
     d.kind = ErrorKind::kInternal;
-    d.path = m->path_;
+    d.loc.path = m->path_;
     d.message = "tree-sitter returned no tree";
     return d;
   }

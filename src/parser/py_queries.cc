@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "parser/py_cst_queries.h"
 #include "parser/py_indexer.h"
 #include "parser/py_module.h"
 #include "parser/ts_node.h"
@@ -282,21 +283,8 @@ std::optional<std::pair<TSNode, std::string>> FirstCompileError(TSNode root) {
 
 std::vector<std::string> ParameterNames(const PyModule& m, const Definition& def) {
   std::vector<std::string> names;
-  TSNode n = ts_node_descendant_for_byte_range(m.root(), def.parameters.start, def.parameters.end);
-  while (!ts_node_is_null(n) && TypeOf(n) != "parameters") n = ts_node_parent(n);
-  if (ts_node_is_null(n)) return names;
-  uint32_t count = ts_node_named_child_count(n);
-  for (uint32_t i = 0; i < count; ++i) {
-    TSNode p = ts_node_named_child(n, i);
-    TSNode id = p;
-    if (TypeOf(p) == "default_parameter" || TypeOf(p) == "typed_default_parameter") {
-      id = Field(p, "name");
-    } else if (TypeOf(p) == "typed_parameter") {
-      id = ts_node_named_child(p, 0);
-    }
-    if (!ts_node_is_null(id) && TypeOf(id) == "identifier") {
-      names.emplace_back(m.Text(RangeOf(id)));
-    }
+  for (const Parameter& p : Parameters(m, def)) {
+    if (p.plain) names.emplace_back(m.Text(p.name));
   }
   return names;
 }

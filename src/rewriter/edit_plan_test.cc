@@ -69,5 +69,5 @@ TEST_CASE("EditPlan: an insertion strictly inside a replaced range overlaps", "[
   auto diags = plan.Validate();
   REQUIRE(diags.size() == 1);
   CHECK(diags[0].message == "edits overlap: guard A.f and exclude A");
-  CHECK(diags[0].line == 7);
+  CHECK(diags[0].loc.line == 7);
 }

@@ -117,14 +117,9 @@ std::unique_ptr<PyModule> ParseCode(const std::string& text, const spec::TextOri
   auto parsed = PyModule::Parse(origin.path, text);
   if (parsed) return std::move(parsed.value());
   for (Diagnostic d : parsed.errors()) {
-    if (d.line > 0) {
-      SourceLoc loc = OriginLoc(origin, d.line - 1, d.col, d.length);
-      d.line = loc.line;
-      d.col = loc.col;
-      d.source_line = loc.source_line;
-    }
+    if (d.loc.line > 0) d.loc = OriginLoc(origin, d.loc.line - 1, d.loc.col, d.loc.length);
     d.kind = ErrorKind::kSpec;
-    d.path = origin.path;
+    d.loc.path = origin.path;
     if (d.message.starts_with("cannot parse Python: ")) {
       d.message = "code does not parse: " + d.message.substr(21);
     }

@@ -5,6 +5,7 @@
 
 #include "base/line_index.h"
 #include "base/text_util.h"
+#include "parser/py_cst_queries.h"
 #include "parser/ts_node.h"
 #include "rewriter/reindent.h"
 #include "rewriter/stage_patches.h"
@@ -14,7 +15,6 @@ namespace patchgen::rewriter {
 namespace {
 
 using parser::Definition;
-using parser::Is;
 using parser::PyModule;
 using spec::Patch;
 using spec::StatementEdit;
@@ -98,24 +98,10 @@ std::unique_ptr<PyModule> EditCode(PatchContext& ctx, const StatementEdit& e) {
   return ParseCode(e.code, e.code_origin, ctx.st.out.errors);
 }
 
-/// The single `...` statement of a wrap's code (alone on its line), or nullopt with an error.
+/// The single `...` line of a wrap's code (parser::EllipsisLines), or nullopt with an error.
 std::optional<TSNode> WrapPlaceholder(PatchContext& ctx, const PyModule& m,
                                       const StatementEdit& e) {
-  std::vector<TSNode> found;
-  std::vector<TSNode> stack = {m.root()};
-  while (!stack.empty()) {
-    TSNode n = stack.back();
-    stack.pop_back();
-    if (Is(n, "expression_statement") && ts_node_named_child_count(n) == 1 &&
-        Is(ts_node_named_child(n, 0), "ellipsis") && StartsLine(m, ts_node_start_byte(n)) &&
-        EndsLine(m, ts_node_end_byte(n))) {
-      found.push_back(n);
-      continue;
-    }
-    for (uint32_t i = ts_node_named_child_count(n); i-- > 0;) {
-      stack.push_back(ts_node_named_child(n, i));
-    }
-  }
+  std::vector<TSNode> found = parser::EllipsisLines(m);
   if (found.size() == 1) return found[0];
   ctx.Error(e.code_loc,
             "the code of `wrap` must have exactly one `...` line, where the wrapped statements go; "

@@ -103,10 +103,11 @@ std::optional<TextEdit> ImportEdit(const spec::PatchSpec& spec, const PyModule& 
                                    const std::optional<std::string>& absolute) {
   if (drop.names.empty()) {
     if (!absolute) return std::nullopt;
-    return TextEdit{imp.module, *absolute, spec.upstream_loc,
-                    "relative import at " + up.path() + ":" +
-                        std::to_string(up.lines().At(imp.module.start).line),
-                    std::nullopt};
+    return TextEdit{
+        imp.module, *absolute, spec.upstream_loc,
+        "relative import at " +
+            SourceLoc::AtLine(up.path(), up.lines().At(imp.module.start).line).PathLine(),
+        std::nullopt};
   }
   std::string what = "imports.drop " + drop.first->name;
   if (drop.names.size() < imp.names.size()) {

@@ -65,6 +65,8 @@ TEST_CASE("imports stage: absolute modules, drops, and the removed statements as
   CHECK(st.out.errors.empty());
   REQUIRE(st.out.edits.size() == 2);
   CHECK(st.out.edits[0].text == "transformers.models.x.configuration_x");
+  // How an overlap error names the import edit: its upstream line.
+  CHECK(st.out.edits[0].what == "relative import at transformers/models/x/modeling_x.py:1");
   CHECK(st.out.edits[1].text.empty());  // The whole `from ...utils import drop_me` line.
   CHECK(st.removed_imports == std::set<size_t>{1});
   REQUIRE(st.out.applied.size() == 1);

@@ -95,8 +95,7 @@ std::optional<OneSpec> LoadChain(const std::string& path, std::string text,
     for (const char* key : {"upstream", "output"}) {
       bool present = std::string(key) == "upstream" ? spec->has_upstream : spec->has_output;
       if (present) continue;
-      SourceLoc loc = shared->empty() ? SourceLoc{path, 1, 1, 1, ""}
-                                      : LocOf(path, *shared, lines, ByteRange{0, 0});
+      SourceLoc loc = LocOf(path, *shared, lines, ByteRange{0, 0});
       diags.push_back(ErrorAt(
           loc, std::string("missing required key '") + key + "'",
           std::string(key) == "upstream"

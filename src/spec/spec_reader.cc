@@ -21,10 +21,7 @@ std::string JoinRelative(const std::string& spec_path, const std::string& rel) {
   return out.empty() ? "." : out;
 }
 
-SourceLoc SpecReader::LocAt(ByteRange r) {
-  if (text_->empty()) return SourceLoc{path_, 1, 1, 1, ""};
-  return LocOf(path_, *text_, lines_, r);
-}
+SourceLoc SpecReader::LocAt(ByteRange r) { return LocOf(path_, *text_, lines_, r); }
 
 void SpecReader::Error(const RawNode& at, std::string msg, std::string help) {
   diags_.push_back(ErrorAt(Loc(at), std::move(msg), std::move(help)));

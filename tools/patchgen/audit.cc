@@ -2,19 +2,16 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "base/file_util.h"
-#include "parser/ts_node.h"
+#include "parser/py_cst_queries.h"
 
 namespace patchgen::cli {
 namespace fs = std::filesystem;
 
 namespace {
-
-using parser::Field;
-using parser::RangeOf;
-using parser::TypeOf;
 
 std::string Trimmed(std::string_view s) {
   size_t b = s.find_first_not_of(" \t\r\n");
@@ -34,34 +31,16 @@ std::string Trimmed(std::string_view s) {
   return out;
 }
 
-std::string Text(const parser::PyModule& m, TSNode n) {
-  return ts_node_is_null(n) ? std::string() : Trimmed(m.Text(RangeOf(n)));
+std::string Text(const parser::PyModule& m, std::optional<ByteRange> r) {
+  return r ? Trimmed(m.Text(*r)) : std::string();
 }
 
 }  // namespace
 
 std::vector<Param> ParametersOf(const parser::PyModule& m, const parser::Definition& def) {
   std::vector<Param> out;
-  if (def.parameters.empty()) return out;
-  TSNode n = ts_node_descendant_for_byte_range(m.root(), def.parameters.start, def.parameters.end);
-  while (!ts_node_is_null(n) && TypeOf(n) != "parameters") n = ts_node_parent(n);
-  if (ts_node_is_null(n)) return out;
-  for (uint32_t i = 0; i < ts_node_named_child_count(n); ++i) {
-    TSNode p = ts_node_named_child(n, i);
-    std::string_view t = TypeOf(p);
-    if (t == "comment") continue;
-    Param param;
-    if (t == "default_parameter" || t == "typed_default_parameter") {
-      param.name = Text(m, Field(p, "name"));
-      param.annotation = Text(m, Field(p, "type"));
-      param.default_value = Text(m, Field(p, "value"));
-    } else if (t == "typed_parameter") {
-      param.name = Text(m, ts_node_named_child(p, 0));
-      param.annotation = Text(m, Field(p, "type"));
-    } else {
-      param.name = Text(m, p);  // identifier, *args, **kwargs, `*`, `/`
-    }
-    out.push_back(std::move(param));
+  for (const parser::Parameter& p : parser::Parameters(m, def)) {
+    out.push_back(Param{Text(m, p.name), Text(m, p.annotation), Text(m, p.default_value)});
   }
   return out;
 }

@@ -302,12 +302,8 @@ Diagnostic PinDiagnostic(const PinFinding& f, const std::string& upstream_path,
                          const std::string& version, const std::string& pins_shown,
                          const std::string& spec_shown) {
   const rewriter::ContractPin& c = *f.pin;
-  std::string where = upstream_path;
-  if (c.first_line > 0) {
-    where += ":" + std::to_string(c.first_line);
-    if (c.last_line > c.first_line) where += "-" + std::to_string(c.last_line);
-  }
-  where += " (" + version + ")";
+  std::string where = SourceLoc::AtLine(upstream_path, c.first_line).PathLineSpan(c.last_line) +
+                      " (" + version + ")";
   bool guard = c.key.starts_with("guard ");
   // An edit_body pin covers the statements an edit anchors on (region "statements", like a
   // call-site guard's), but there is no guard and no `call` to re-check.

@@ -94,5 +94,22 @@ TEST_CASE("SignatureChanges names added, removed, reordered parameters, defaults
   CHECK(SignatureChanges(old_params, old_params, {}, {}).empty());
 }
 
+TEST_CASE("ParametersOf: each parameter's name, annotation and default, whitespace collapsed",
+          "[audit]") {
+  auto m = parser::PyModule::Parse("m.py",
+                                   "def f(self, x: torch.Tensor, *args: int, eps=1e-6,\n"
+                                   "      shape: tuple = (1,\n"
+                                   "                      2),  # comment\n"
+                                   "      /, *, k, **kw):\n"
+                                   "    pass\n");
+  REQUIRE(m.ok());
+  std::vector<std::string> got;
+  for (const Param& p : ParametersOf(**m, *(*m)->Find("f"))) {
+    got.push_back(p.name + "|" + p.annotation + "|" + p.default_value);
+  }
+  CHECK(got == std::vector<std::string>{"self||", "x|torch.Tensor|", "*args|int|", "eps||1e-6",
+                                        "shape|tuple|(1, 2)", "/||", "*||", "k||", "**kw||"});
+}
+
 }  // namespace
 }  // namespace patchgen::cli

@@ -61,12 +61,8 @@ struct AuditView {
 
   /// "path:first-last (version)" of a contract entry in the new upstream.
   std::string Where(const rewriter::ContractPin& c) const {
-    std::string w = up_shown;
-    if (c.first_line) {
-      w += ":" + std::to_string(c.first_line);
-      if (c.last_line > c.first_line) w += "-" + std::to_string(c.last_line);
-    }
-    return w + " (" + version + ")";
+    return SourceLoc::AtLine(up_shown, c.first_line).PathLineSpan(c.last_line) + " (" + version +
+           ")";
   }
 
   /// The old upstream's contract entry with `key`, if any.
@@ -109,13 +105,7 @@ std::string Joined(const std::vector<std::string>& versions) {
 // 1. What no longer generates: missing targets, anchors, names, imports.
 void AddErrorFindings(const AuditView& v, std::vector<Finding>& out) {
   for (const Diagnostic& d : v.job.errors) {
-    Finding f{ErrorFindingKind(d),
-              "",
-              SourceLoc{d.path, d.line, d.col, 1, {}},
-              v.up_shown,
-              d.message,
-              {},
-              true};
+    Finding f{ErrorFindingKind(d), "", d.loc, v.up_shown, d.message, {}, true};
     for (const Note& n : d.notes) f.details.push_back(FormatNote(n));
     if (!d.help.empty()) f.details.push_back("help: " + d.help);
     out.push_back(std::move(f));

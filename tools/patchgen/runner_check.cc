@@ -98,8 +98,7 @@ int Runner::FixJob(Job& job, const OutputFiles& files, CheckCounts& n) {
   for (const auto& [path, bytes] : files) {
     std::string error;
     if (!WriteIfChanged(path, *bytes, &error, OutputRoot())) {
-      SourceLoc loc{Show(path), 0, 0, 1, {}};
-      job.errors.push_back(ErrorAt(loc, error, {}, ErrorKind::kIo));
+      job.errors.push_back(ErrorAt(SourceLoc::InFile(Show(path)), error, {}, ErrorKind::kIo));
     }
   }
   if (job.errors.empty()) {
@@ -182,9 +181,8 @@ int Runner::HandleOrphan(const fs::path& p) {
   }
   std::error_code rm;
   if (fs::remove(p, rm); rm) {
-    SourceLoc loc{Show(p), 0, 0, 1, {}};
-    Diagnostic d =
-        ErrorAt(loc, "cannot remove orphaned output: " + rm.message(), {}, ErrorKind::kIo);
+    Diagnostic d = ErrorAt(SourceLoc::InFile(Show(p)),
+                           "cannot remove orphaned output: " + rm.message(), {}, ErrorKind::kIo);
     PrintDiagnostics({d});
     return ExitCodeOf(ErrorKind::kIo);
   }

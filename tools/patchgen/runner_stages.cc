@@ -52,8 +52,8 @@ void Runner::LoadSpecs() {
     // A path that exists but is no regular file (a folder, a FIFO, a device) is refused by
     // LoadSpec's read, which says what it is.
     if (!fs::exists(job.spec_abs, ec)) {
-      SourceLoc loc{job.spec_shown, 0, 0, 1, {}};
-      job.errors.push_back(ErrorAt(loc, "spec file not found", {}, ErrorKind::kIo));
+      job.errors.push_back(
+          ErrorAt(SourceLoc::InFile(job.spec_shown), "spec file not found", {}, ErrorKind::kIo));
       return;
     }
     // A spec saved with a UTF-8 byte order mark is read without it: yaml-cpp skips it but counts
@@ -129,8 +129,8 @@ namespace {
 void ReadUpstream(Upstream& u, const fs::path& path, const std::string& shown) {
   auto text = ReadFile(path);
   if (!text) {
-    SourceLoc loc{shown, 0, 0, 1, {}};
-    u.errors.push_back(ErrorAt(loc, "cannot read upstream file", {}, ErrorKind::kIo));
+    u.errors.push_back(
+        ErrorAt(SourceLoc::InFile(shown), "cannot read upstream file", {}, ErrorKind::kIo));
     return;
   }
   u.source = *text;

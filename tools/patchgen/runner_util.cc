@@ -85,7 +85,7 @@ std::string JsonText(const nlohmann::json& j) {
 }
 
 nlohmann::json DiagnosticJson(const Diagnostic& d) {
-  return {{"path", d.path},           {"line", d.line},       {"col", d.col},
+  return {{"path", d.loc.path},       {"line", d.loc.line},   {"col", d.loc.col},
           {"kind", KindName(d.kind)}, {"message", d.message}, {"help", d.help}};
 }
 
