@@ -10,17 +10,14 @@
 #include <sstream>
 #include <string>
 
+#include "base/file_util.h"
+
 namespace patchgen::diff {
 namespace {
 
 namespace fs = std::filesystem;
 
-std::string ReadAll(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+std::string ReadAll(const fs::path& p) { return ReadFile(p).value_or(""); }
 
 void WriteAll(const fs::path& p, const std::string& text) {
   std::ofstream out(p, std::ios::binary);

@@ -14,6 +14,7 @@
 #include <sstream>
 #include <string>
 
+#include "base/file_util.h"
 #include "parser/py_module.h"
 #include "rewriter/generate.h"
 #include "rewriter/stages.h"
@@ -24,12 +25,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string ReadAll(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+std::string ReadAll(const fs::path& p) { return ReadFile(p).value_or(""); }
 
 std::string TreeText(const parser::TreePtr& tree) { return TreeSignature(tree.get()); }
 
