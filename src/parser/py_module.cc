@@ -71,7 +71,7 @@ Result<std::unique_ptr<PyModule>> PyModule::Parse(std::string path, std::string 
                               m->path_ + "`",
                           ErrorKind::kUpstream);
   }
-  if (auto bad = FirstCompileError(m->root())) {
+  if (auto bad = FirstCompileError(m->root(), m->source_)) {
     return MakeDiagnostic(m->path_, m->source_, m->lines_, RangeOf(bad->first),
                           "cannot parse Python: " + bad->second,
                           "patchgen indexes only valid Python; check the file with "

@@ -194,8 +194,10 @@ std::optional<TSNode> FirstErrorNode(TSNode root);
 /// and a block with no statement (a header at the end of the file, or comments only).
 /// Found by the fuzz suite (a spec body patchgen accepted and CPython did not compile). Only
 /// contexts that are errors whatever tree-sitter's reading: it parses `*a.b` as `(*a).b`, so a
-/// starred operand inside a chain says nothing by itself.
-std::optional<std::pair<TSNode, std::string>> FirstCompileError(TSNode root);
+/// starred operand inside a chain says nothing by itself. `source` is the text the tree was parsed
+/// from (subtrees whose bytes hold no `*` are only walked for blocks).
+std::optional<std::pair<TSNode, std::string>> FirstCompileError(TSNode root,
+                                                                std::string_view source);
 
 /// Adds to `out` the 0-based numbers of the lines that start inside a multi-line string literal
 /// overlapping `within` (the lines after a string's first line, through its last). Re-indenting

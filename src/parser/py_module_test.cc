@@ -457,12 +457,37 @@ TEST_CASE("Refuses what CPython's compiler rejects and tree-sitter accepts", "[p
   CHECK(ParseError("if x:\n    pass\nelse:\n    # nothing\n")
             .find(":3:1: error: cannot parse Python: expected an indented block after 'else' "
                   "statement") != std::string::npos);
+  // Deep inside statements and expressions the walk still finds them: a subtree is skipped only
+  // when its bytes hold no `*` and it holds no statement.
+  CHECK(ParseError("class A:\n    @dec(lambda: 0)\n    def f(self, a=lambda: {1: *b}):\n"
+                   "        pass\n")
+            .find(":3:31: error: cannot parse Python: cannot use a starred expression in a "
+                  "dictionary value") != std::string::npos);
+  CHECK(ParseError("if x:\n    while y:\n        z = [f(q) for *q in r]\n")
+            .find(":3:23: error: cannot parse Python: starred") != std::string::npos);
+  CHECK(ParseError("x = y\ntry:\n    pass\nexcept E:\n    def f():\n        with a:\n"
+                   "            if b:\n")
+            .find(":7:13: error: cannot parse Python: expected an indented block after 'if' "
+                  "statement") != std::string::npos);
+  CHECK(ParseError("def f(*args, **kw):\n    return g(*args) * 2\n\nclass B:\n"
+                   "    x = (*a)\n")
+            .find(":5:10: error: cannot parse Python: cannot use starred expression here") !=
+        std::string::npos);
+  // `(*a)` is a tuple to tree-sitter-python, a starred expression in parentheses to CPython.
+  for (const char* bad :
+       {"(*a)\n", "x = (*a)\n", "(*a) = b\n", "for (*a) in b:\n    pass\n", "x = [(*a)]\n"}) {
+    INFO(bad);
+    CHECK(
+        ParseError(bad).find(": error: cannot parse Python: cannot use starred expression here") !=
+        std::string::npos);
+  }
+  CHECK(ParseError("x = (*a)\n").find(":1:6: error:") != std::string::npos);
   // In a list or tuple it is valid Python.
-  for (const char* ok :
-       {"a, *b = c\n", "*a, = c\n", "[*a] = c\n", "for a, *b in c:\n    pass\n", "f(*a)\n",
-        "x = [*a, *b]\n", "a[*b] = 1\n", "x = {**a}\n", "print(*a, sep='')\n",
-        "return_value = (*a, b)\n", "*a, b\n", "x = *a,\n", "a, b = *m.shape, v\n",
-        "f([*x.size()[:-1]])\n", "y = [*zip(*f)][1]\n", "x = {1: [*a]}\n"}) {
+  for (const char* ok : {"a, *b = c\n", "*a, = c\n", "[*a] = c\n", "for a, *b in c:\n    pass\n",
+                         "f(*a)\n", "x = [*a, *b]\n", "a[*b] = 1\n", "x = {**a}\n",
+                         "print(*a, sep='')\n", "return_value = (*a, b)\n", "*a, b\n", "x = *a,\n",
+                         "a, b = *m.shape, v\n", "f([*x.size()[:-1]])\n", "y = [*zip(*f)][1]\n",
+                         "x = {1: [*a]}\n", "(*a,)\n", "x = (*a, *b)\n", "(*a,) = b\n"}) {
     INFO(ok);
     CHECK(PyModule::Parse("ok.py", ok).ok());
   }

@@ -1,8 +1,10 @@
 // Queries over a parsed module's tree: those the rewriter asks (py_module.h: error nodes, tab
 // indentation, lines inside string literals, parameter names) and those the indexer builds on
 // (py_indexer.h: trimmed ends, containers, assignment targets, type aliases).
+#include <algorithm>
 #include <cctype>
 #include <cstring>
+#include <initializer_list>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -191,6 +193,18 @@ bool EmptyBlock(TSNode b) {
   return true;
 }
 
+// Whether tuple `n` is `(*a)`: one starred element and no comma (tree-sitter-python reads it as
+// a tuple; CPython only as a starred expression in parentheses, which it refuses).
+bool LoneStarredInParentheses(TSNode n) {
+  if (ts_node_named_child_count(n) != 1) return false;
+  TSNode only = ts_node_named_child(n, 0);
+  if (!Is(only, "list_splat") && !Is(only, "list_splat_pattern")) return false;
+  uint32_t count = ts_node_child_count(n);
+  for (uint32_t i = 0; i < count; ++i)
+    if (Is(ts_node_child(n, i), ",")) return false;
+  return true;
+}
+
 // CPython's complaint about node `n` (met in document order), if it is one.
 std::optional<std::string> CompileError(TSNode n, const char* field) {
   if (const char* owner = BlockOwner(n)) {
@@ -215,45 +229,73 @@ std::optional<std::string> CompileError(TSNode n, const char* field) {
   if (Is(n, "parenthesized_expression") && ts_node_named_child_count(n) == 1 &&
       Is(ts_node_named_child(n, 0), "list_splat"))
     return "cannot use starred expression here";  // `(*a)`
+  if ((Is(n, "tuple") || Is(n, "tuple_pattern")) && LoneStarredInParentheses(n))
+    return "cannot use starred expression here";  // `(*a)`, read by tree-sitter as a tuple
   if (Is(n, "list_splat") && field && std::strcmp(field, "value") == 0 &&
       Is(ts_node_parent(n), "pair"))
     return "cannot use a starred expression in a dictionary value";  // `{k: *v}`
   return std::nullopt;
 }
 
-// Whether CompileError can return anything for `n`, by its grammar symbol: one table lookup per
-// node of the walk instead of some twenty type-name comparisons (the table is indexed by every
-// symbol and alias, and says whether its name is one CompileError looks at).
-bool MayBeCompileError(TSNode n) {
-  static const std::vector<bool> kTable = [] {
-    static constexpr std::string_view kTypes[] = {
-        "class_definition", "function_definition",  "if_statement",
-        "elif_clause",      "else_clause",          "for_statement",
-        "while_statement",  "with_statement",       "try_statement",
-        "except_clause",    "finally_clause",       "assignment",
-        "for_in_clause",    "expression_statement", "parenthesized_expression",
-        "list_splat"};
-    const TSLanguage* language = PythonLanguage();
-    std::vector<bool> table(ts_language_symbol_count(language));
-    for (TSSymbol s = 0; s < table.size(); ++s) {
-      const char* name = ts_language_symbol_name(language, s);
-      for (std::string_view t : kTypes) table[s] = table[s] || (name && t == name);
-    }
-    return table;
-  }();
+// A table indexed by grammar symbol (every symbol and alias) saying whether its name is one of
+// `types`: one lookup per node of a walk instead of string comparisons.
+std::vector<bool> SymbolTable(std::initializer_list<std::string_view> types) {
+  const TSLanguage* language = PythonLanguage();
+  std::vector<bool> table(ts_language_symbol_count(language));
+  for (TSSymbol s = 0; s < table.size(); ++s) {
+    const char* name = ts_language_symbol_name(language, s);
+    for (std::string_view t : types) table[s] = table[s] || (name && t == name);
+  }
+  return table;
+}
+
+bool InTable(const std::vector<bool>& table, TSNode n) {
   TSSymbol s = ts_node_symbol(n);
-  return s >= kTable.size() || kTable[s];
+  return s >= table.size() || table[s];
+}
+
+// Whether CompileError can return anything for `n`.
+bool MayBeCompileError(TSNode n) {
+  static const std::vector<bool> kTable = SymbolTable(
+      {"class_definition", "function_definition", "if_statement", "elif_clause", "else_clause",
+       "for_statement", "while_statement", "with_statement", "try_statement", "except_clause",
+       "finally_clause", "assignment", "for_in_clause", "expression_statement",
+       "parenthesized_expression", "tuple", "tuple_pattern", "list_splat"});
+  return InTable(kTable, n);
+}
+
+// Whether `n` is a compound statement, a clause or a block: the nodes that can hold a block owner
+// (BlockOwner). No other node can (lambdas hold expressions only).
+bool HoldsStatements(TSNode n) {
+  static const std::vector<bool> kTable =
+      SymbolTable({"module", "block", "if_statement", "elif_clause", "else_clause", "for_statement",
+                   "while_statement", "try_statement", "except_clause", "except_group_clause",
+                   "finally_clause", "with_statement", "function_definition", "class_definition",
+                   "decorated_definition", "match_statement", "case_clause"});
+  return InTable(kTable, n);
 }
 
 }  // namespace
 
-std::optional<std::pair<TSNode, std::string>> FirstCompileError(TSNode root) {
+std::optional<std::pair<TSNode, std::string>> FirstCompileError(TSNode root,
+                                                                std::string_view source) {
+  // Every complaint but the empty block is about a starred expression, whose text starts with
+  // `*`; only statements and clauses can hold an empty block. So a node that is neither and whose
+  // bytes hold no `*` is skipped with its subtree: most expressions are (docs/benchmarks.md).
+  std::vector<uint32_t> stars;
+  for (size_t i = source.find('*'); i != std::string_view::npos; i = source.find('*', i + 1))
+    stars.push_back(static_cast<uint32_t>(i));
+  auto has_star = [&stars](TSNode n) {
+    auto it = std::lower_bound(stars.begin(), stars.end(), ts_node_start_byte(n));
+    return it != stars.end() && *it < ts_node_end_byte(n);
+  };
   TSTreeCursor c = ts_tree_cursor_new(root);
   std::optional<std::pair<TSNode, std::string>> found;
   for (bool more = true; more;) {
     TSNode n = ts_tree_cursor_current_node(&c);
+    bool visit = HoldsStatements(n) || has_star(n);
     std::optional<std::string> why;
-    if (MayBeCompileError(n)) why = CompileError(n, ts_tree_cursor_current_field_name(&c));
+    if (visit && MayBeCompileError(n)) why = CompileError(n, ts_tree_cursor_current_field_name(&c));
     if (why) {
       // Located at the starred target or value where there is one, else at the node.
       TSNode at = n;
@@ -264,12 +306,13 @@ std::optional<std::pair<TSNode, std::string>> FirstCompileError(TSNode root) {
           break;
         }
       }
-      if (Is(n, "expression_statement") || Is(n, "parenthesized_expression"))
+      if (Is(n, "expression_statement") || Is(n, "parenthesized_expression") || Is(n, "tuple") ||
+          Is(n, "tuple_pattern"))
         at = ts_node_named_child(n, 0);
       found = {at, *why};
       break;
     }
-    if (ts_tree_cursor_goto_first_child(&c)) continue;
+    if (visit && ts_tree_cursor_goto_first_child(&c)) continue;
     while (!ts_tree_cursor_goto_next_sibling(&c)) {
       if (!ts_tree_cursor_goto_parent(&c)) {
         more = false;
