@@ -23,6 +23,17 @@ done
 [[ -n "$PY" ]] || { echo "setup-venv: no python3 >= 3.10 with venv and ensurepip" >&2; exit 2; }
 start=$(date +%s)
 if [[ ! -x "$VENV/bin/python" ]]; then
+  # A new venv holds about 5 GiB (torch's CUDA wheels); pip also unpacks the downloads under
+  # TMPDIR. Say so before pip runs out of space halfway.
+  need_kib=$(( ${SETUP_VENV_NEED_GIB:-6} * 1024 * 1024 ))
+  parent=$(dirname "$VENV")
+  free_kib=$(df -Pk "$parent" | awk 'NR == 2 { print $4 }')
+  if [[ -n "$free_kib" && "$free_kib" -lt "$need_kib" ]]; then
+    echo "setup-venv: $(( free_kib / 1024 / 1024 )) GiB free under $parent; a new .venv needs about" \
+      "${SETUP_VENV_NEED_GIB:-6} GiB (torch 2.11's CUDA wheels). Free some space, or set" \
+      "VENV=/a/roomier/path (SETUP_VENV_NEED_GIB=N changes the threshold)." >&2
+    exit 2
+  fi
   rm -rf "$VENV"
   "$PY" -m venv "$VENV"
 fi
