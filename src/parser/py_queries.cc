@@ -275,6 +275,35 @@ bool HoldsStatements(TSNode n) {
   return InTable(kTable, n);
 }
 
+// Where the complaint about `n` points: the starred expression alone in a statement or in
+// parentheses, the starred target or value of an assignment or `for`, else `n` itself.
+TSNode ComplaintLocation(TSNode n) {
+  if (Is(n, "expression_statement") || Is(n, "parenthesized_expression") || Is(n, "tuple") ||
+      Is(n, "tuple_pattern"))
+    return ts_node_named_child(n, 0);
+  for (const char* f : {"left", "right"}) {
+    TSNode side = ts_node_child_by_field_name(n, f, static_cast<uint32_t>(std::strlen(f)));
+    if (!ts_node_is_null(side) && LoneStarred(side)) return side;
+  }
+  return n;
+}
+
+// The byte offsets of every `*` of a source, and whether a node's bytes hold one.
+class StarOffsets {
+ public:
+  explicit StarOffsets(std::string_view source) {
+    for (size_t i = source.find('*'); i != std::string_view::npos; i = source.find('*', i + 1))
+      offsets_.push_back(static_cast<uint32_t>(i));
+  }
+  bool In(TSNode n) const {
+    auto it = std::lower_bound(offsets_.begin(), offsets_.end(), ts_node_start_byte(n));
+    return it != offsets_.end() && *it < ts_node_end_byte(n);
+  }
+
+ private:
+  std::vector<uint32_t> offsets_;
+};
+
 }  // namespace
 
 std::optional<std::pair<TSNode, std::string>> FirstCompileError(TSNode root,
@@ -282,34 +311,16 @@ std::optional<std::pair<TSNode, std::string>> FirstCompileError(TSNode root,
   // Every complaint but the empty block is about a starred expression, whose text starts with
   // `*`; only statements and clauses can hold an empty block. So a node that is neither and whose
   // bytes hold no `*` is skipped with its subtree: most expressions are (docs/benchmarks.md).
-  std::vector<uint32_t> stars;
-  for (size_t i = source.find('*'); i != std::string_view::npos; i = source.find('*', i + 1))
-    stars.push_back(static_cast<uint32_t>(i));
-  auto has_star = [&stars](TSNode n) {
-    auto it = std::lower_bound(stars.begin(), stars.end(), ts_node_start_byte(n));
-    return it != stars.end() && *it < ts_node_end_byte(n);
-  };
+  const StarOffsets stars(source);
   TSTreeCursor c = ts_tree_cursor_new(root);
   std::optional<std::pair<TSNode, std::string>> found;
   for (bool more = true; more;) {
     TSNode n = ts_tree_cursor_current_node(&c);
-    bool visit = HoldsStatements(n) || has_star(n);
+    bool visit = HoldsStatements(n) || stars.In(n);
     std::optional<std::string> why;
     if (visit && MayBeCompileError(n)) why = CompileError(n, ts_tree_cursor_current_field_name(&c));
     if (why) {
-      // Located at the starred target or value where there is one, else at the node.
-      TSNode at = n;
-      for (const char* f : {"left", "right"}) {
-        TSNode side = ts_node_child_by_field_name(n, f, static_cast<uint32_t>(std::strlen(f)));
-        if (!ts_node_is_null(side) && LoneStarred(side)) {
-          at = side;
-          break;
-        }
-      }
-      if (Is(n, "expression_statement") || Is(n, "parenthesized_expression") || Is(n, "tuple") ||
-          Is(n, "tuple_pattern"))
-        at = ts_node_named_child(n, 0);
-      found = {at, *why};
+      found = {ComplaintLocation(n), *why};
       break;
     }
     if (visit && ts_tree_cursor_goto_first_child(&c)) continue;
