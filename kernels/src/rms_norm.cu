@@ -31,9 +31,16 @@ __device__ __forceinline__ float fast_sigmoid(float z) {
   return __fdividef(1.f, 1.f + __expf(-z));
 }
 
+#ifndef OPSLOT_KERNELS_DIAGNOSTICS
+#define OPSLOT_KERNELS_DIAGNOSTICS 0
+#endif
+// Whether this build has the wrong-result diagnostic (CMake OPSLOT_KERNELS_DIAGNOSTICS, off by
+// default): without it the branch on RmsArgs::diag is compiled out of the kernels.
+constexpr bool kDiagnostics = OPSLOT_KERNELS_DIAGNOSTICS != 0;
+
 struct RmsArgs {
   int mode;
-  int diag;     // benchmarks only: 1 skips version 3's row sums (a diagnostic of what the sum costs)
+  int diag;     // diagnostic builds only: 1 skips version 3's row sums (what the sums cost)
   int reverse;  // version 3's backward: rows from the last one (the default)
   int tpr;  // threads per row
   int64_t rows;
@@ -608,7 +615,7 @@ __global__ void __launch_bounds__(kPipeMaxThreads) rms_pipe_kernel(RmsArgs a) {
           const float v = to_float(xv[i].v[j]);
           ss += v * v;
         }
-      ss = a.diag ? fcols : block_sum(ss, rb);
+      ss = (kDiagnostics && a.diag) ? fcols : block_sum(ss, rb);
       const float r = rsqrtf(ss / fcols + a.eps);
       if (t == 0) a.rstd[row] = r;
       To* yr = static_cast<To*>(a.y) + row * a.cols;
@@ -677,7 +684,7 @@ __global__ void __launch_bounds__(kPipeMaxThreads) rms_pipe_kernel(RmsArgs a) {
         const int c = t + i * T;
         if (GATED && c < nvec) store_vec<VEC>(dgr + static_cast<int64_t>(c) * VEC, dg);
       }
-      dot = a.diag ? 0.f : block_sum(dot, rb);
+      dot = (kDiagnostics && a.diag) ? 0.f : block_sum(dot, rb);
       const float mean = dot / fcols;
       Tx* dxr = static_cast<Tx*>(a.dx) + phys(row) * a.cols;
 #pragma unroll
@@ -1105,6 +1112,10 @@ OPSLOT_API int opslot_rms_norm_set_experiment(int pipe_blocks_per_sm, int skip_r
       backward_from_start < 0 || backward_from_start > 1)
     return set_error(OPSLOT_ERR_INVALID_ARGUMENT,
                      "rms_norm experiment: pipe_blocks_per_sm -1..32, skip_row_sums 0..1, backward_from_start 0..1");
+  if (skip_row_sums && !kDiagnostics)
+    return set_error(OPSLOT_ERR_UNSUPPORTED,
+                     "rms_norm experiment: skip_row_sums gives wrong results and is only in a library built "
+                     "with -DOPSLOT_KERNELS_DIAGNOSTICS=ON");
   g_tuning.backward_from_start = backward_from_start;
   g_tuning.pipe_blocks_per_sm = pipe_blocks_per_sm;
   g_tuning.diag = skip_row_sums;

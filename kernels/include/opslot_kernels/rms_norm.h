@@ -59,7 +59,8 @@ OPSLOT_API int opslot_rms_norm_set_tuning(int vectors_per_thread, int bwd_waves,
 
 /* Benchmarks only (not thread-safe): version 3's resident blocks per SM (0, the default: as many as
  * fit; -1: a forward that is not persistent, one row per block); skip_row_sums = 1, a diagnostic
- * that leaves out version 3's row sums (wrong results: it measures what the sums cost);
+ * that leaves out version 3's row sums (wrong results: it measures what the sums cost; only in a
+ * library built with the CMake option OPSLOT_KERNELS_DIAGNOSTICS=ON, else OPSLOT_ERR_UNSUPPORTED);
  * backward_from_start = 1: version 3's backward takes the rows in order (the default walks them
  * from the last row, which the producer of dy wrote last). */
 OPSLOT_API int opslot_rms_norm_set_experiment(int pipe_blocks_per_sm, int skip_row_sums, int backward_from_start);

@@ -163,6 +163,25 @@ def test_version3_geometry_changes_no_row(variant, blocks_per_sm, from_start, ke
     assert all(torch.equal(ref[i], got[i]) for i in rows)
 
 
+def test_wrong_result_diagnostic_is_not_in_the_default_library():
+    """The skip-the-row-sums diagnostic (wrong results on purpose) is compiled only into a library
+    built with OPSLOT_KERNELS_DIAGNOSTICS=ON: the default library refuses it and keeps its state."""
+    import ctypes
+
+    from opslot.kernels.cuda import _lib
+
+    lib = _lib.library()
+    f = lib.opslot_rms_norm_set_experiment
+    f.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    lib.opslot_last_error.restype = ctypes.c_char_p
+    assert f(0, 1, 0) == 10002  # OPSLOT_ERR_UNSUPPORTED
+    assert lib.opslot_last_error().decode() == (
+        "rms_norm experiment: skip_row_sums gives wrong results and is only in a library built "
+        "with -DOPSLOT_KERNELS_DIAGNOSTICS=ON")
+    x, g, w = _inputs("standard", 257, 4096, torch.bfloat16)
+    check("standard", x, g, w, torch.bfloat16)
+
+
 def test_backward_launches_no_fill():
     """rstd has no gradient: the backward runs the two kernels and nothing else (autograd used to
     fill a zero gradient for rstd on every call)."""
