@@ -44,31 +44,6 @@ uint32_t TrimmedEnd(TSNode n, std::string_view src) {
   return end;
 }
 
-bool IsContainer(TSNode n) {
-  static const char* const kTypes[] = {"module",
-                                       "block",
-                                       "if_statement",
-                                       "elif_clause",
-                                       "else_clause",
-                                       "for_statement",
-                                       "while_statement",
-                                       "try_statement",
-                                       "except_clause",
-                                       "except_group_clause",
-                                       "finally_clause",
-                                       "with_statement",
-                                       "function_definition",
-                                       "class_definition",
-                                       "decorated_definition",
-                                       "match_statement",
-                                       "case_clause"};
-  const char* t = ts_node_type(n);
-  for (const char* k : kTypes) {
-    if (std::strcmp(t, k) == 0) return true;
-  }
-  return false;
-}
-
 void CollectTargetNames(TSNode n, std::string_view src, std::vector<std::string>& out) {
   if (Is(n, "identifier")) {
     out.emplace_back(RangeOf(n).In(src));
@@ -251,7 +226,7 @@ std::vector<bool> SymbolTable(std::initializer_list<std::string_view> types) {
 
 bool InTable(const std::vector<bool>& table, TSNode n) {
   TSSymbol s = ts_node_symbol(n);
-  return s >= table.size() || table[s];
+  return s < table.size() && table[s];  // ERROR's symbol is past the table
 }
 
 // Whether CompileError can return anything for `n`.
@@ -261,17 +236,6 @@ bool MayBeCompileError(TSNode n) {
        "for_statement", "while_statement", "with_statement", "try_statement", "except_clause",
        "finally_clause", "assignment", "for_in_clause", "expression_statement",
        "parenthesized_expression", "tuple", "tuple_pattern", "list_splat"});
-  return InTable(kTable, n);
-}
-
-// Whether `n` is a compound statement, a clause or a block: the nodes that can hold a block owner
-// (BlockOwner). No other node can (lambdas hold expressions only).
-bool HoldsStatements(TSNode n) {
-  static const std::vector<bool> kTable =
-      SymbolTable({"module", "block", "if_statement", "elif_clause", "else_clause", "for_statement",
-                   "while_statement", "try_statement", "except_clause", "except_group_clause",
-                   "finally_clause", "with_statement", "function_definition", "class_definition",
-                   "decorated_definition", "match_statement", "case_clause"});
   return InTable(kTable, n);
 }
 
@@ -306,6 +270,17 @@ class StarOffsets {
 
 }  // namespace
 
+bool IsContainer(TSNode n) {
+  // Compound statements, clauses and blocks: the nodes that hold statements (lambdas hold
+  // expressions only).
+  static const std::vector<bool> kTable =
+      SymbolTable({"module", "block", "if_statement", "elif_clause", "else_clause", "for_statement",
+                   "while_statement", "try_statement", "except_clause", "except_group_clause",
+                   "finally_clause", "with_statement", "function_definition", "class_definition",
+                   "decorated_definition", "match_statement", "case_clause"});
+  return InTable(kTable, n);
+}
+
 std::optional<std::pair<TSNode, std::string>> FirstCompileError(TSNode root,
                                                                 std::string_view source) {
   // Every complaint but the empty block is about a starred expression, whose text starts with
@@ -316,7 +291,7 @@ std::optional<std::pair<TSNode, std::string>> FirstCompileError(TSNode root,
   std::optional<std::pair<TSNode, std::string>> found;
   for (bool more = true; more;) {
     TSNode n = ts_tree_cursor_current_node(&c);
-    bool visit = HoldsStatements(n) || stars.In(n);
+    bool visit = IsContainer(n) || stars.In(n);
     std::optional<std::string> why;
     if (visit && MayBeCompileError(n)) why = CompileError(n, ts_tree_cursor_current_field_name(&c));
     if (why) {
