@@ -27,6 +27,7 @@ if [[ ! -x "$VENV/bin/python" ]]; then
   # TMPDIR. Say so before pip runs out of space halfway.
   need_kib=$(( ${SETUP_VENV_NEED_GIB:-6} * 1024 * 1024 ))
   parent=$(dirname "$VENV")
+  while [[ ! -d "$parent" ]]; do parent=$(dirname "$parent"); done  # venv makes missing parents
   free_kib=$(df -Pk "$parent" | awk 'NR == 2 { print $4 }')
   if [[ -n "$free_kib" && "$free_kib" -lt "$need_kib" ]]; then
     echo "setup-venv: $(( free_kib / 1024 / 1024 )) GiB free under $parent; a new .venv needs about" \

@@ -132,14 +132,19 @@ def test_batch_invariant(variant, width):
         assert torch.equal(full[2][5:9], part[2])  # dgate
 
 
-def _experiment(pipe_blocks_per_sm, skip_row_sums=0, backward_from_start=0):
+def _set_experiment(pipe_blocks_per_sm, skip_row_sums=0, backward_from_start=0):
+    """opslot_rms_norm_set_experiment's return code."""
     import ctypes
 
     from opslot.kernels.cuda import _lib
 
     f = _lib.library().opslot_rms_norm_set_experiment
     f.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
-    assert f(pipe_blocks_per_sm, skip_row_sums, backward_from_start) == 0
+    return f(pipe_blocks_per_sm, skip_row_sums, backward_from_start)
+
+
+def _experiment(pipe_blocks_per_sm, skip_row_sums=0, backward_from_start=0):
+    assert _set_experiment(pipe_blocks_per_sm, skip_row_sums, backward_from_start) == 0
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -166,16 +171,10 @@ def test_version3_geometry_changes_no_row(variant, blocks_per_sm, from_start, ke
 def test_wrong_result_diagnostic_is_not_in_the_default_library():
     """The skip-the-row-sums diagnostic (wrong results on purpose) is compiled only into a library
     built with OPSLOT_KERNELS_DIAGNOSTICS=ON: the default library refuses it and keeps its state."""
-    import ctypes
-
     from opslot.kernels.cuda import _lib
 
-    lib = _lib.library()
-    f = lib.opslot_rms_norm_set_experiment
-    f.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
-    lib.opslot_last_error.restype = ctypes.c_char_p
-    assert f(0, 1, 0) == 10002  # OPSLOT_ERR_UNSUPPORTED
-    assert lib.opslot_last_error().decode() == (
+    assert _set_experiment(0, 1, 0) == 10002  # OPSLOT_ERR_UNSUPPORTED
+    assert _lib.library().opslot_last_error().decode() == (
         "rms_norm experiment: skip_row_sums gives wrong results and is only in a library built "
         "with -DOPSLOT_KERNELS_DIAGNOSTICS=ON")
     x, g, w = _inputs("standard", 257, 4096, torch.bfloat16)
