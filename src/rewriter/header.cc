@@ -121,4 +121,17 @@ bool CarriesGeneratedHeader(std::string_view text) {
   return false;
 }
 
+std::string ReadHeaderSpec(std::string_view text) {
+  if (!CarriesGeneratedHeader(text)) return "";
+  const std::string key = text.starts_with("--- a/") ? "\n+#   spec:" : "\n#   spec:";
+  size_t at = text.substr(0, 8192).find(key);  // among the header's first lines
+  if (at == std::string_view::npos) return "";
+  size_t b = text.find_first_not_of(' ', at + key.size());
+  size_t e = b == std::string_view::npos ? b : text.find('\n', b);
+  if (b == std::string_view::npos || e == std::string_view::npos) return "";
+  std::string spec(text.substr(b, e - b));
+  if (!spec.empty() && spec.back() == '\r') spec.pop_back();
+  return spec;
+}
+
 }  // namespace patchgen::rewriter

@@ -44,4 +44,9 @@ HeaderUpstream ReadHeaderUpstream(const std::string& text);
 /// or those lines added by a .diff of one.
 bool CarriesGeneratedHeader(std::string_view text);
 
+/// The spec the header of a generated file names (`#   spec:`, or `+#   spec:` in a .diff of
+/// one), as written there: relative to the project root of the run that generated it. "" when
+/// `text` carries no generated header or the header names no spec.
+std::string ReadHeaderSpec(std::string_view text);
+
 }  // namespace patchgen::rewriter

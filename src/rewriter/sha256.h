@@ -3,6 +3,7 @@
 // fingerprints, never for security.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -10,5 +11,9 @@ namespace patchgen::rewriter {
 
 /// Lower-case hex SHA-256 of `data` (64 characters).
 std::string Sha256Hex(std::string_view data);
+
+/// Lower-case hex SHA-256 of everything left to read from the open file `fd`, read in pieces (a
+/// large file is never held in memory whole); nullopt when a read fails.
+std::optional<std::string> Sha256HexOfFd(int fd);
 
 }  // namespace patchgen::rewriter

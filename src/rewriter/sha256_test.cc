@@ -1,9 +1,14 @@
 #include "rewriter/sha256.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
+#include <cstdio>
 #include <string>
 
 using patchgen::rewriter::Sha256Hex;
+using patchgen::rewriter::Sha256HexOfFd;
 
 TEST_CASE("Sha256Hex matches the FIPS 180-4 test vectors", "[rewriter]") {
   CHECK(Sha256Hex("") == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
@@ -22,4 +27,20 @@ TEST_CASE("Sha256Hex handles lengths around the padding boundary", "[rewriter]")
         "b35439a4ac6f0948b6d6f9e3c6af0f5f590ce20f1bde7090ef7970686ec6738a");
   CHECK(Sha256Hex(std::string(64, 'a')) ==
         "ffe054fe7ae0cb6dc65c3af9b61d5209f439851db43d0ba5997337df154668eb");
+}
+
+TEST_CASE("Sha256HexOfFd hashes a file read in pieces like Sha256Hex hashes its bytes",
+          "[rewriter]") {
+  char path[] = "/tmp/patchgen_sha256_XXXXXX";
+  int fd = ::mkstemp(path);
+  REQUIRE(fd >= 0);
+  std::string data(3 * 1024 * 1024 + 17, 'x');  // more than one piece
+  for (size_t i = 0; i < data.size(); i += 4099) data[i] = static_cast<char>(i % 251);
+  REQUIRE(::write(fd, data.data(), data.size()) == static_cast<ssize_t>(data.size()));
+  REQUIRE(::lseek(fd, 0, SEEK_SET) == 0);
+  CHECK(Sha256HexOfFd(fd) == Sha256Hex(data));
+  CHECK(Sha256HexOfFd(fd) == Sha256Hex(""));  // nothing left to read
+  ::close(fd);
+  ::unlink(path);
+  CHECK_FALSE(Sha256HexOfFd(-1).has_value());
 }

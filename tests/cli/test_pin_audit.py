@@ -115,6 +115,42 @@ def test_pin_writes_a_reviewable_file_and_is_idempotent(toy):
     assert '["1.0.0", "2.0.0"]' in toy.read("specs/toy/toy.pins")
 
 
+def test_pin_keeps_the_comments_a_reviewer_wrote_in_place(toy):
+    # Issue #28: `pin` rewrote the file from its entries and dropped every comment.
+    pin(toy)
+    text = toy.read("specs/toy/toy.pins")
+    guard = '  - key: "guard rms_norm_slot in ToyRMSNorm.forward"\n'
+    record = '      - versions: ["1.0.0"]\n        sha256: e5f441dd'
+    assert guard in text and record in text
+    text = text.replace("pins:\n", "# Reviewed by alice on 2026-12-01.\npins:\n", 1)
+    text = text.replace(guard, "  # The RMSNorm body: checked against the op's reference.\n" + guard, 1)
+    text = text.replace(guard + "    region: function\n",
+                        guard + "    region: function  # the whole body\n", 1)
+    text = text.replace(record, "      # fp32 on the CPU, bit-exact\n" + record, 1)
+    text += "# end of the pins\n"
+    toy.write("specs/toy/toy.pins", text)
+    # A new upstream whose RMSNorm body differs: a new record is appended, the file rewritten.
+    drift(toy, "return self.weight * hidden_states.to(input_dtype)",
+          "return (self.weight * hidden_states).to(input_dtype)")
+    r = toy.run("pin", "specs/toy/toy.yaml", "--source-root", "new")
+    assert r.returncode == 0, r.stderr
+    assert "1 new fingerprints" in r.stdout
+    after = toy.read("specs/toy/toy.pins")
+    assert "# Reviewed by alice on 2026-12-01.\npins:\n" in after  # was: every comment dropped
+    assert "  # The RMSNorm body: checked against the op's reference.\n" + guard in after
+    assert guard + "    region: function  # the whole body\n" in after
+    assert '      # fp32 on the CPU, bit-exact\n      - versions: ["1.0.0"]\n        sha256: e5f441dd' in after
+    assert after.endswith("# end of the pins\n")
+    assert after.count("(absent)") == 1 and after.count("Contract pins of") == 1
+    # The rewritten file is a valid pin file that verifies the new upstream, and stays as it is.
+    r = toy.run("--check", "--source-root", "new")
+    assert r.returncode == 1 and "error" not in r.stderr  # missing outputs only
+    before = toy.snapshot()
+    r = toy.run("pin", "specs/toy/toy.yaml", "--source-root", "new")
+    assert "unchanged specs/toy/toy.pins" in r.stdout
+    assert toy.snapshot() == before
+
+
 def test_generation_and_check_never_write_pins(toy):
     r = toy.run("specs/toy/toy.yaml", "--source-root", "old")
     assert r.returncode == 0, r.stderr

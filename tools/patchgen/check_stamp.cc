@@ -1,12 +1,15 @@
 #include "check_stamp.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <set>
 #include <system_error>
 
 #include "base/file_util.h"
+#include "files.h"
 #include "rewriter/sha256.h"
 
 namespace patchgen::cli {
@@ -114,36 +117,84 @@ std::optional<std::string> FileSha(const fs::path& path) {
 
 namespace {
 
-/// "path size dev:inode mtime" of a file, or "" when it cannot be read.
+/// "size dev:inode mtime ctime" of a file's stat.
+std::string StatText(const struct stat& st) {
+  return std::to_string(st.st_size) + " " + std::to_string(st.st_dev) + ":" +
+         std::to_string(st.st_ino) + " " + std::to_string(st.st_mtim.tv_sec) + "." +
+         std::to_string(st.st_mtim.tv_nsec) + " " + std::to_string(st.st_ctim.tv_sec) + "." +
+         std::to_string(st.st_ctim.tv_nsec);
+}
+
+/// "path size dev:inode mtime ctime" of a file, or "" when it cannot be read.
 std::string Identity(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return "";
-  return path + " " + std::to_string(st.st_size) + " " + std::to_string(st.st_dev) + ":" +
-         std::to_string(st.st_ino) + " " + std::to_string(st.st_mtim.tv_sec) + "." +
-         std::to_string(st.st_mtim.tv_nsec) + "\n";
+  return path + " " + StatText(st) + "\n";
 }
 
-}  // namespace
+bool IsShaLine(const std::string& text) {
+  return text.size() == 65 && text.back() == '\n' &&
+         text.find_first_not_of("0123456789abcdef") == 64;
+}
 
-std::string ExecutableIdentity() {
-  std::error_code ec;
-  fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  std::string id = ec ? "" : Identity(exe.string());
-  std::optional<std::string> maps = ReadFile("/proc/self/maps");
-  if (id.empty() || !maps) return "";
-  // The shared libraries the binary runs with (tree-sitter, yaml-cpp, the C++ runtime): a system
-  // upgrade of one of them is another generator too.
+/// sha256 of the open executable `fd` (whose stat is `st`): from the cache when it holds it,
+/// else hashed (and cached when `may_write`); "" when it cannot be read or changed meanwhile.
+std::string ExecutableSha(int fd, const struct stat& st, const fs::path& cache_dir,
+                          bool may_write) {
+  std::string key = rewriter::Sha256Hex("patchgen executable " + StatText(st)).substr(0, 32);
+  fs::path cached = cache_dir / "binary" / (key + ".sha256");
+  if (std::optional<std::string> text = ReadFile(cached); text && IsShaLine(*text))
+    return text->substr(0, 64);
+  std::optional<std::string> sha = rewriter::Sha256HexOfFd(fd);
+  struct stat after {};
+  if (!sha || ::fstat(fd, &after) != 0 || StatText(after) != StatText(st)) return "";
+  if (may_write) {
+    EnsureCacheFolder(cache_dir);
+    std::string error;
+    WriteIfChanged(cached, *sha + "\n", &error);
+  }
+  return *sha;
+}
+
+/// The shared libraries in /proc/self/maps' text (tree-sitter, yaml-cpp, the C++ runtime).
+std::set<std::string> SharedLibraries(const std::string& maps) {
   std::set<std::string> libs;
-  for (size_t pos = 0; pos < maps->size();) {
-    size_t nl = std::min(maps->find('\n', pos), maps->size());
-    std::string_view line(maps->data() + pos, nl - pos);
+  for (size_t pos = 0; pos < maps.size();) {
+    size_t nl = std::min(maps.find('\n', pos), maps.size());
+    std::string_view line(maps.data() + pos, nl - pos);
     size_t slash = line.find('/');
     if (slash != std::string_view::npos && line.find(".so", slash) != std::string_view::npos) {
       libs.insert(std::string(line.substr(slash)));
     }
     pos = nl + 1;
   }
-  for (const std::string& lib : libs) id += Identity(lib);
+  return libs;
+}
+
+}  // namespace
+
+void EnsureCacheFolder(const fs::path& cache_dir) {
+  std::error_code ec;
+  if (fs::exists(cache_dir / ".gitignore", ec)) return;
+  std::string error;
+  WriteIfChanged(cache_dir / ".gitignore", "# patchgen's cache (docs/cli.md)\n*\n", &error);
+}
+
+std::string ExecutableIdentity(const fs::path& cache_dir, bool may_write) {
+  // The file the process runs, whatever its path became since (/proc/self/exe opens it).
+  int fd = ::open("/proc/self/exe", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "";
+  struct stat st {};
+  std::string sha = ::fstat(fd, &st) == 0 ? ExecutableSha(fd, st, cache_dir, may_write) : "";
+  ::close(fd);
+  std::optional<std::string> maps = ReadFile("/proc/self/maps");
+  if (sha.empty() || !maps) return "";
+  // Its path too (a copy elsewhere trusts no stamp of the original), and the shared libraries it
+  // runs with: a system upgrade of one of them is another generator too.
+  std::error_code ec;
+  std::string id =
+      "executable " + fs::read_symlink("/proc/self/exe", ec).string() + " sha256 " + sha + "\n";
+  for (const std::string& lib : SharedLibraries(*maps)) id += Identity(lib);
   return id;
 }
 

@@ -41,11 +41,19 @@ std::optional<CheckStamp> ParseStamp(std::string_view text);
 /// it exists but cannot be read.
 std::optional<std::string> FileSha(const std::filesystem::path& path);
 
-/// What identifies the running patchgen binary beyond its version: path, size, inode and
-/// modification time of the executable and of every shared library it has loaded, so that a
-/// rebuilt binary or an upgraded library never trusts stamps of another build. "" when it cannot
-/// be told (then no stamp is written or trusted).
-std::string ExecutableIdentity();
+/// What identifies the running patchgen binary beyond its version: its path and the sha256 of its
+/// bytes (so that another build copied in place, `cp -p` keeping its size, inode and modification
+/// time, is another generator), and path, size, inode, modification and change time of every
+/// shared library it has loaded. Hashing the executable (tens of MB) is cached under
+/// `cache_dir`/binary/, keyed by the executable's device, inode, size, modification and change
+/// time (no copy or `touch` can set a change time back), and written there only when
+/// `may_write` (generation: `--check` stays read-only). "" when it cannot be told (then no stamp
+/// is written or trusted).
+std::string ExecutableIdentity(const std::filesystem::path& cache_dir, bool may_write);
+
+/// Creates the cache folder `cache_dir` (.patchgen_cache) with its `.gitignore` of `*` when it is
+/// missing; silent on failure (it is a cache).
+void EnsureCacheFolder(const std::filesystem::path& cache_dir);
 
 /// Where the stamp of `spec` lives under `cache_dir`: one file per spec and output option.
 std::filesystem::path StampPath(const std::filesystem::path& cache_dir,

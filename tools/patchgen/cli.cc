@@ -106,13 +106,17 @@ int Runner::Main() {
   WorkFromProjectRoot();
   if (!CollectSpecs()) return discovery_failed_ ? kExitIo : kExitUsage;
   const Mode mode = opts_.mode();
+  // --check and audit: every source root given exists (audit: the new and old ones).
+  if (mode == Mode::kCheck && !RootsExist(RootSet::kAll)) return kExitUsage;
+  if (mode == Mode::kAudit && !RootsExist(RootSet::kAudit)) return kExitUsage;
   if (mode == Mode::kCheck) {
-    if (!CheckSourceRoots()) return kExitUsage;
     if (std::optional<int> code = QuickCheck()) return *code;  // every spec up to date by stamps
   }
   LoadSpecs();
   if (mode == Mode::kValidate) return Validate();
+  if (!RootsHoldTheSpecs(mode)) return kExitUsage;
   FindUpstreams();
+  if (mode == Mode::kCheck && !SkipsExplained()) return kExitUsage;
   ParseUpstreams();
   GenerateAll();
   switch (mode) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 
 #include "base/file_util.h"
 #include "diff/unified_diff.h"
@@ -120,6 +121,179 @@ std::optional<PinFileError> ReadPinEntry(const RawNode& item, PinEntry& e) {
 
 }  // namespace
 
+namespace {
+
+// ---- Comments: read with the file, written back by FormatPins (PinComments) ----
+
+constexpr std::string_view kHeaderStart = "# Contract pins of ";
+constexpr std::string_view kHeaderEnd = ": the upstream code each guard and patch relies on, as";
+constexpr std::string_view kHeader2 =
+    "# verified by a person, per upstream version. Written by `patchgen pin`, checked by every";
+constexpr std::string_view kHeader3 =
+    "# generation and --check (docs/cli.md, \"Contract pins\"). Review changes like code.";
+
+// Names of the lines of a pin file: what a line is, wherever it is.
+std::string EntryAnchor(const std::string& key) { return "entry\x1f" + key; }
+std::string RecordAnchor(const std::string& key, const std::string& sha) {
+  return "record\x1f" + key + "\x1f" + sha;
+}
+std::string FieldAnchor(const std::string& owner, const std::string& field) {
+  return owner + "\x1f." + field;
+}
+
+// The anchors of one pin entry's nodes, by byte offset (the first one at an offset wins: an entry
+// or a record rather than its first key).
+void AddEntryAnchors(const RawNode& item, std::map<uint32_t, std::string>& at) {
+  const RawNode* key = item.kind == RawNode::Kind::kMapping ? Get(item, "key") : nullptr;
+  if (!key) return;
+  const std::string entry = EntryAnchor(key->scalar);
+  at.emplace(item.range.start, entry);
+  for (const auto& [k, v] : item.entries) {
+    at.emplace(k.range.start, FieldAnchor(entry, k.scalar));
+    if (k.scalar != "verified") continue;
+    for (const RawNode& rec : v.items) {
+      const RawNode* sha = rec.kind == RawNode::Kind::kMapping ? Get(rec, "sha256") : nullptr;
+      if (!sha) continue;
+      const std::string record = RecordAnchor(key->scalar, sha->scalar);
+      at.emplace(rec.range.start, record);
+      for (const auto& [rk, rv] : rec.entries)
+        at.emplace(rk.range.start, FieldAnchor(record, rk.scalar));
+    }
+  }
+}
+
+std::map<uint32_t, std::string> AnchorsOf(const RawNode& root) {
+  std::map<uint32_t, std::string> at;
+  for (const auto& [k, v] : root.entries) {
+    at.emplace(k.range.start, "top\x1f" + k.scalar);
+    if (k.scalar != "pins") continue;
+    for (const RawNode& item : v.items) AddEntryAnchors(item, at);
+  }
+  return at;
+}
+
+// Where an end-of-line comment starts on `line` (the blanks before its '#'), or npos: a '#' after
+// a blank, outside a quoted scalar (a quote opens one only where a scalar starts).
+size_t TrailingCommentAt(std::string_view line) {
+  char quote = 0;
+  char prev = ' ';  // the last character that is not a blank
+  for (size_t i = 0; i < line.size(); ++i) {
+    char c = line[i];
+    if (quote) {
+      if (quote == '"' && c == '\\')
+        ++i;
+      else if (c == quote)
+        quote = 0;
+    } else if ((c == '"' || c == '\'') &&
+               std::string_view(" :-[{,").find(prev) != std::string_view::npos) {
+      quote = c;
+    } else if (c == '#' && i > 0 && (line[i - 1] == ' ' || line[i - 1] == '\t')) {
+      return line.find_last_not_of(" \t", i - 1) + 1;
+    }
+    if (c != ' ' && c != '\t') prev = c;
+  }
+  return std::string_view::npos;
+}
+
+// Whether `line` (without its comment) opens a block scalar: its value is `|` or `>`, with
+// optional chomping and indentation indicators.
+bool OpensBlockScalar(std::string_view line) {
+  line = line.substr(0, std::min(line.size(), TrailingCommentAt(line)));
+  while (!line.empty() && (line.back() == ' ' || line.back() == '\t')) line.remove_suffix(1);
+  size_t colon = line.rfind(": ");
+  size_t first = line.find_first_not_of(' ');
+  std::string_view value = colon != std::string_view::npos ? line.substr(colon + 2)
+                           : first != std::string_view::npos && line.substr(first).starts_with("- ")
+                               ? line.substr(first + 2)
+                               : std::string_view();
+  value = value.substr(std::min(value.size(), value.find_first_not_of(' ')));
+  return !value.empty() && (value[0] == '|' || value[0] == '>') &&
+         value.find_first_not_of("-+0123456789", 1) == std::string_view::npos;
+}
+
+// The lines of a block scalar (YAML: blank, or indented at least as its first line, which is
+// indented more than the line that opened it).
+struct BlockScalar {
+  int parent = -1;   ///< Indentation of the line that opened it; -1: none open.
+  int content = -1;  ///< Indentation of its content, once seen.
+
+  bool Holds(std::string_view line) {
+    if (parent < 0) return false;
+    size_t first = line.find_first_not_of(' ');
+    if (first == std::string_view::npos) return true;
+    int indent = static_cast<int>(first);
+    if (content < 0 && indent > parent) content = indent;
+    if (content >= 0 && indent >= content) return true;
+    parent = content = -1;
+    return false;
+  }
+};
+
+bool IsGeneratedHeaderLine(std::string_view line) {
+  return (line.starts_with(kHeaderStart) && line.ends_with(kHeaderEnd)) || line == kHeader2 ||
+         line == kHeader3;
+}
+
+// The anchor of the node that starts first on the line [begin, end), or "" when none does.
+std::string AnchorOn(const std::map<uint32_t, std::string>& anchors, size_t begin, size_t end) {
+  auto it = anchors.lower_bound(static_cast<uint32_t>(begin));
+  return it != anchors.end() && it->first < end ? it->second : std::string();
+}
+
+// Reads a pin file's comments line by line (ReadPinComments).
+class CommentReader {
+ public:
+  explicit CommentReader(const RawNode& root) : anchors_(AnchorsOf(root)) {}
+
+  // The line [begin, end) of the text, without its line break.
+  void Take(std::string_view line, size_t begin, size_t end) {
+    size_t first = line.find_first_not_of(' ');
+    if (block_.Holds(line) || first == std::string_view::npos) return;
+    if (line[first] == '#') {
+      if (!(top_ && IsGeneratedHeaderLine(line))) pending_.emplace_back(line);
+      return;
+    }
+    top_ = false;
+    std::string anchor = AnchorOn(anchors_, begin, end);
+    for (std::string& p : pending_) c_.before[anchor].push_back(std::move(p));
+    pending_.clear();
+    if (size_t at = TrailingCommentAt(line); at != std::string_view::npos) {
+      // A comment on a line patchgen does not write (anchor "") goes with the loose ones.
+      if (anchor.empty()) c_.before[""].emplace_back(line.substr(at));
+      if (!anchor.empty()) c_.trailing[anchor] = std::string(line.substr(at));
+    }
+    if (OpensBlockScalar(line)) block_.parent = static_cast<int>(first);
+  }
+
+  PinComments Finish() {
+    c_.end = std::move(pending_);
+    return std::move(c_);
+  }
+
+ private:
+  const std::map<uint32_t, std::string> anchors_;
+  PinComments c_;
+  std::vector<std::string> pending_;  ///< Comment lines not yet followed by a line.
+  BlockScalar block_;
+  bool top_ = true;  ///< Before the first line that is not a comment (the header's place).
+};
+
+// The comments of a pin file's `text` (parsed as `root`), each tied to its line; the header
+// FormatPins writes is not a comment of the file.
+PinComments ReadPinComments(const std::string& text, const RawNode& root) {
+  CommentReader reader(root);
+  for (size_t begin = 0; begin < text.size();) {
+    size_t end = std::min(text.find('\n', begin), text.size());
+    std::string_view line(text.data() + begin, end - begin);
+    if (line.ends_with('\r')) line.remove_suffix(1);
+    reader.Take(line, begin, end);
+    begin = end + 1;
+  }
+  return reader.Finish();
+}
+
+}  // namespace
+
 Result<std::optional<PinFile>> ReadPins(const fs::path& path, const std::string& shown) {
   std::error_code ec;
   if (!fs::exists(path, ec)) return std::optional<PinFile>();
@@ -148,39 +322,97 @@ Result<std::optional<PinFile>> ReadPins(const fs::path& path, const std::string&
     if (auto wrong = ReadPinEntry(item, e)) return bad(*wrong->node, wrong->message);
     out.entries.push_back(std::move(e));
   }
+  out.comments = ReadPinComments(*text, root);
   return std::optional<PinFile>(std::move(out));
 }
 
-std::string FormatPins(const PinFile& pins, const std::string& spec_shown) {
-  std::string out =
-      "# Contract pins of " + spec_shown +
-      ": the upstream code each guard and patch relies on, as\n"
-      "# verified by a person, per upstream version. Written by `patchgen pin`, checked by every\n"
-      "# generation and --check (docs/cli.md, \"Contract pins\"). Review changes like code.\n"
-      "pins:\n";
-  for (const PinEntry& e : pins.entries) {
-    out += "  - key: " + Quote(e.key) + "\n";
-    out += "    region: " + e.region + "\n";
-    if (!e.target.empty()) out += "    target: " + Quote(e.target) + "\n";
-    if (!e.expects.empty()) out += "    expects: " + Quote(e.expects) + "\n";
-    out += "    verified:\n";
-    for (const PinRecord& r : e.verified) {
-      out += "      - versions: [";
-      for (size_t i = 0; i < r.versions.size(); ++i) out += (i ? ", " : "") + Quote(r.versions[i]);
-      out += "]\n";
-      out += "        sha256: " + r.sha256 + "\n";
-      out += "        text: |\n";
-      size_t pos = 0;
-      std::string text = r.text.empty() ? "(empty)" : r.text;
-      while (pos <= text.size()) {
-        size_t end = std::min(text.find('\n', pos), text.size());
-        std::string_view line(text.data() + pos, end - pos);
-        out += line.empty() ? "\n" : "          " + std::string(line) + "\n";
-        pos = end + 1;
-      }
-    }
+namespace {
+
+// A comment line indented at most `indent` columns (deeper, it could be read as part of a block
+// scalar before it).
+std::string Indented(const std::string& comment, size_t indent) {
+  size_t first = comment.find_first_not_of(" \t");
+  if (first == std::string::npos || first <= indent) return comment;
+  return std::string(indent, ' ') + comment.substr(first);
+}
+
+// Writes a pin file line by line, each line with the comments that belong to it.
+class PinWriter {
+ public:
+  explicit PinWriter(const PinComments& comments) : comments_(comments) {}
+
+  void Raw(std::string_view line) {
+    out_ += line;
+    out_ += '\n';
   }
-  return out;
+
+  void Line(const std::string& anchor, const std::string& line) {
+    size_t indent = line.find_first_not_of(' ');
+    if (auto it = comments_.before.find(anchor); it != comments_.before.end()) {
+      for (const std::string& c : it->second) Raw(Indented(c, indent));
+    }
+    used_.insert(anchor);
+    out_ += line;
+    if (auto it = comments_.trailing.find(anchor); it != comments_.trailing.end())
+      out_ += it->second;
+    out_ += '\n';
+  }
+
+  // The text; comments whose line is no longer written go last, so that none is lost.
+  std::string Finish() {
+    for (const auto& [anchor, lines] : comments_.before) {
+      if (used_.count(anchor)) continue;
+      for (const std::string& c : lines) Raw(Indented(c, 0));
+    }
+    for (const auto& [anchor, tail] : comments_.trailing) {
+      if (!used_.count(anchor)) Raw(Indented(tail, 0));
+    }
+    for (const std::string& c : comments_.end) Raw(Indented(c, 0));
+    return std::move(out_);
+  }
+
+ private:
+  const PinComments& comments_;
+  std::set<std::string> used_;
+  std::string out_;
+};
+
+// One verified record of the entry `key`.
+void WriteRecord(PinWriter& w, const std::string& key, const PinRecord& r) {
+  const std::string record = RecordAnchor(key, r.sha256);
+  std::string versions;
+  for (size_t i = 0; i < r.versions.size(); ++i) versions += (i ? ", " : "") + Quote(r.versions[i]);
+  w.Line(record, "      - versions: [" + versions + "]");
+  w.Line(FieldAnchor(record, "sha256"), "        sha256: " + r.sha256);
+  w.Line(FieldAnchor(record, "text"), "        text: |");
+  std::string text = r.text.empty() ? "(empty)" : r.text;
+  for (size_t pos = 0; pos <= text.size();) {
+    size_t end = std::min(text.find('\n', pos), text.size());
+    std::string_view line(text.data() + pos, end - pos);
+    w.Raw(line.empty() ? "" : "          " + std::string(line));
+    pos = end + 1;
+  }
+}
+
+}  // namespace
+
+std::string FormatPins(const PinFile& pins, const std::string& spec_shown) {
+  PinWriter w(pins.comments);
+  w.Raw(std::string(kHeaderStart) + spec_shown + std::string(kHeaderEnd));
+  w.Raw(kHeader2);
+  w.Raw(kHeader3);
+  w.Line("top\x1fpins", "pins:");
+  for (const PinEntry& e : pins.entries) {
+    const std::string entry = EntryAnchor(e.key);
+    w.Line(entry, "  - key: " + Quote(e.key));
+    w.Line(FieldAnchor(entry, "region"), "    region: " + e.region);
+    if (!e.target.empty()) w.Line(FieldAnchor(entry, "target"), "    target: " + Quote(e.target));
+    if (!e.expects.empty())
+      w.Line(FieldAnchor(entry, "expects"), "    expects: " + Quote(e.expects));
+    w.Line(FieldAnchor(entry, "verified"), "    verified:");
+    for (const PinRecord& r : e.verified) WriteRecord(w, e.key, r);
+  }
+  return w.Finish();
 }
 
 namespace {

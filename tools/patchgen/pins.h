@@ -6,6 +6,7 @@
 #pragma once
 
 #include <filesystem>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -30,8 +31,19 @@ struct PinEntry {
   std::vector<PinRecord> verified;  ///< Oldest first.
 };
 
+/// The comments a person wrote in a pin file, kept when `patchgen pin` rewrites it. A comment
+/// line belongs to the line after it and an end-of-line comment to its line, each named by what
+/// that line is (an entry by its key, a verified record by its sha256, a field of either), so
+/// that they stay in place when entries move or records are added.
+struct PinComments {
+  std::map<std::string, std::vector<std::string>> before;  ///< Line -> comment lines before it.
+  std::map<std::string, std::string> trailing;  ///< Line -> its end-of-line comment ("  # x").
+  std::vector<std::string> end;                 ///< Comment lines after the last line.
+};
+
 struct PinFile {
   std::vector<PinEntry> entries;
+  PinComments comments;
   const PinEntry* Find(const std::string& key) const;
 };
 
@@ -43,7 +55,8 @@ std::filesystem::path PinsPathFor(const std::filesystem::path& spec);
 Result<std::optional<PinFile>> ReadPins(const std::filesystem::path& path,
                                         const std::string& shown);
 
-/// The file's text, entries in `order` of keys first (the spec's current order), the others after.
+/// The file's text, entries in their order, with the comments `pins` was read with in place (a
+/// comment whose line is gone goes to the end: none is lost).
 std::string FormatPins(const PinFile& pins, const std::string& spec_shown);
 
 /// Adds the current contract, seen in upstream `version`, to `pins`: a fingerprint already

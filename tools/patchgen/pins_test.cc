@@ -77,6 +77,44 @@ TEST_CASE("UpdatePins adds versions and fingerprints; ComparePins reports what d
   CHECK(ComparePins(pins, {Pin("k", std::string(64, '1'), "old")}).empty());  // Old still valid.
 }
 
+TEST_CASE("pin files keep their comments in place; '#' inside a text block is text", "[pins]") {
+  PinFile pins;
+  UpdatePins(pins,
+             {Pin("guard a # b", std::string(64, 'a'), "x = 1\n# a line of the text"),
+              Pin("add_method A.f", std::string(64, 'b'), "(absent)")},
+             "5.17.0");
+  std::string text = FormatPins(pins, "s.yaml");
+  const std::string entry = "  - key: \"guard a # b\"\n";
+  REQUIRE(text.find(entry) != std::string::npos);
+  text.replace(text.find(entry), entry.size(),
+               "    # about a\n" + entry.substr(0, entry.size() - 1) + "  # why\n");
+  text.replace(text.find("  - key: \"add_method"), 0, "\n# about f, at column 0\n");
+  text += "          # after the last line\n";
+  fs::path dir = fs::temp_directory_path() / ("patchgen_pins_comments_" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  std::ofstream(dir / "s.pins") << text;
+  auto read = ReadPins(dir / "s.pins", "s.pins");
+  fs::remove_all(dir);
+  REQUIRE(read.ok());
+  REQUIRE(read->has_value());
+  PinFile back = **read;
+  // The trailing line is indented like the text block: YAML reads it as text, not as a comment.
+  CHECK(back.entries[1].verified[0].text == "(absent)\n# after the last line");
+  CHECK(back.entries[0].verified[0].text == "x = 1\n# a line of the text");
+  CHECK(back.comments.before.size() == 2);
+  CHECK(back.comments.trailing.size() == 1);
+  CHECK(back.comments.end.empty());
+  // Entries swapped: each comment moves with its entry (indented no deeper than the line it is on).
+  std::swap(back.entries[0], back.entries[1]);
+  std::string out = FormatPins(back, "s.yaml");
+  CHECK(out.find("  # about a\n" + entry.substr(0, entry.size() - 1) + "  # why\n") !=
+        std::string::npos);
+  CHECK(out.find("# about f, at column 0\n  - key: \"add_method A.f\"\n") != std::string::npos);
+  CHECK(out.find("Contract pins of") == out.rfind("Contract pins of"));
+  // Without comments the text is what it always was.
+  CHECK(FormatPins(pins, "s.yaml") == FormatPins(PinFile{pins.entries, {}}, "s.yaml"));
+}
+
 TEST_CASE("SignatureChanges names added, removed, reordered parameters, defaults, decorators",
           "[audit]") {
   std::vector<Param> old_params = {

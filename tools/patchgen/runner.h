@@ -220,6 +220,30 @@ struct CheckCounts {
   size_t clean = 0, stale = 0, skipped = 0, failed = 0, fixed = 0;
 };
 
+/// An output under the output root that no spec of the run produces but that carries patchgen's
+/// header (runner_check.cc), as --check found it.
+struct Orphan {
+  fs::path path;    ///< As walked: under the output root, no symbolic link below it.
+  std::string sha;  ///< sha256 of its bytes when it was found.
+  fs::path spec;    ///< The spec its header names (absolute), empty when none.
+};
+
+/// A source root given to the run and where it was given: "--source-root", "PATCHGEN_SOURCE_PATH",
+/// "--source-root-old", or "" for `source_roots` of the project config.
+struct GivenRoot {
+  fs::path path;  ///< Absolute.
+  std::string origin;
+};
+/// Which of the given source roots: the --source-root flags; flags, PATCHGEN_SOURCE_PATH and the
+/// config's (--check); flags and --source-root-old (audit).
+enum class RootSet { kFlags, kAll, kAudit };
+/// What is wrong with a source root (Runner::RootHelp): it does not exist; it holds none of the
+/// specs' packages; it holds none while a spec is skipped for its package.
+enum class RootProblem { kMissing, kNoPackage, kSkip };
+/// Whether every one of `roots` that is a folder holds at least one of `packages` (a folder
+/// `<package>/` or a module `<package>.py`), as the upstream lookup would see it.
+bool RootsHoldAPackage(const std::vector<GivenRoot>& roots, const std::set<std::string>& packages);
+
 /// `audit --source-root-old`: each spec's old upstream file and what it generated there.
 struct OldUpstreams {
   std::map<size_t, rewriter::GenerateResult> results;                    ///< By job index.
@@ -272,14 +296,24 @@ class Runner {
   bool MatchPins(Job& job);
   void CheckOutputs();
   std::map<std::string, std::string> InputFiles() const;
-  bool CheckSourceRoots();
+  std::vector<GivenRoot> GivenRoots(RootSet which) const;
+  SourceLoc ConfigRootLoc(const fs::path& root) const;
+  std::string RootHelp(const GivenRoot& root, RootProblem problem) const;
+  Diagnostic RootError(const GivenRoot& root, const std::string& what,
+                       const std::string& help) const;
+  bool RootsExist(RootSet which) const;
+  std::set<std::string> SpecPackages() const;
+  bool RootsHoldPackages(RootSet which, RootProblem problem) const;
+  bool RootsHoldTheSpecs(Mode mode) const;
+  bool SkipsExplained() const;
   int Validate();
   int Generate();
   int WriteJob(Job& job, WriteCounts& n);
   std::optional<bool> WriteOutput(Job& job, const fs::path& path, const std::string& bytes);
   int Check();
   std::optional<int> QuickCheck();
-  std::string StampKey() const;
+  std::string StampKey(bool may_write) const;
+  fs::path CacheDir() const;
   fs::path StampDir() const;
   std::vector<fs::path> JobInputs(const Job& job) const;
   std::optional<std::string> StampText(const Job& job, const std::string& key) const;
@@ -288,8 +322,12 @@ class Runner {
   bool ShowDrift(const Job& job, const fs::path& path, const std::string& bytes,
                  bool& py_missing) const;
   int FixJob(Job& job, const OutputFiles& files, CheckCounts& n);
-  std::vector<fs::path> FindOrphans() const;
-  int HandleOrphan(const fs::path& p);
+  void RecordWritten(const fs::path& path, const std::string& bytes) const;
+  std::vector<Orphan> FindOrphans() const;
+  bool RunChecks(const fs::path& spec) const;
+  std::optional<std::string> KeepOrphan(const Orphan& o, bool reread) const;
+  int CheckOrphans(nlohmann::json& found, nlohmann::json& kept);
+  int HandleOrphan(const Orphan& o, nlohmann::json& kept);
   int List();
   JobStatus DiskStatus(const Job& job) const;
   int Pin();

@@ -64,7 +64,7 @@ int Runner::Generate() {
   int code = kExitOk;
   WriteCounts n;
   nlohmann::json report = nlohmann::json::array();
-  const std::string stamp_key = opts_.dry_run ? "" : StampKey();
+  const std::string stamp_key = opts_.dry_run ? "" : StampKey(/*may_write=*/true);
   for (Job& job : jobs_) {
     if (job.skipped) {
       ++n.skipped;
@@ -145,6 +145,7 @@ std::optional<bool> Runner::WriteOutput(Job& job, const fs::path& path, const st
     }
     changed = *outcome == WriteOutcome::kWritten;
     verb = changed ? "wrote" : "unchanged";
+    RecordWritten(path, bytes);
   }
   if (opts_.json || (verb == "unchanged" && !opts_.verbose)) return changed;
   std::cout << verb << " " << Show(path) << " (" << bytes.size() << " bytes";

@@ -12,9 +12,10 @@ namespace patchgen::cli {
 // Everything about the run, besides the spec's own files, that generation depends on: the
 // version and the very binary, the project config (roots, runtime, interpreter), -o and the
 // source roots named on the command line or in PATCHGEN_SOURCE_PATH. "" when the binary cannot
-// be identified: no stamp is then written or trusted.
-std::string Runner::StampKey() const {
-  std::string exe = ExecutableIdentity();
+// be identified: no stamp is then written or trusted. `may_write`: the binary's hash may be cached
+// (generation; --check stays read-only).
+std::string Runner::StampKey(bool may_write) const {
+  std::string exe = ExecutableIdentity(CacheDir(), may_write);
   if (exe.empty()) return "";
   std::string k = std::string("patchgen ") + PATCHGEN_VERSION + "\n" + exe + "\n";
   k += config_.root.string() + "\n" + (config_.file ? config_.file->string() : "-") + "\n";
@@ -27,7 +28,9 @@ std::string Runner::StampKey() const {
   return rewriter::Sha256Hex(k);
 }
 
-fs::path Runner::StampDir() const { return config_.root / ".patchgen_cache" / "check"; }
+fs::path Runner::CacheDir() const { return config_.root / ".patchgen_cache"; }
+
+fs::path Runner::StampDir() const { return CacheDir() / "check"; }
 
 namespace {
 
@@ -67,11 +70,8 @@ void Runner::WriteStamp(const Job& job, const std::string& key) {
     fs::remove(path, ec);  // an old stamp must not outlive a generation it does not describe
     return;
   }
+  EnsureCacheFolder(CacheDir());
   std::string error;
-  fs::path cache = config_.root / ".patchgen_cache";
-  if (!fs::exists(cache / ".gitignore", ec)) {
-    WriteIfChanged(cache / ".gitignore", "# patchgen's cache (docs/cli.md)\n*\n", &error);
-  }
   WriteIfChanged(path, *text, &error);
 }
 
@@ -153,7 +153,7 @@ bool OutputsDistinct(const std::vector<CheckStamp>& stamps) {
 // to date and the usual report (orphans included) is printed from the stamps. nullopt when any
 // one does not: the caller then takes the full path for every spec.
 std::optional<int> Runner::QuickCheck() {
-  const std::string key = StampKey();
+  const std::string key = StampKey(/*may_write=*/false);
   if (key.empty() || opts_.json || jobs_.empty()) return std::nullopt;
   SourceLookup lookup = MakeSourceLookup();
   std::vector<CheckStamp> stamps;
@@ -167,6 +167,10 @@ std::optional<int> Runner::QuickCheck() {
   ParallelFor(stamps.size(), opts_.jobs,
               [&](size_t i) { match[i] = FilesMatch(stamps[i], opts_.diff); });
   if (std::count(match.begin(), match.end(), 0) || !OutputsDistinct(stamps)) return std::nullopt;
+  // A --source-root that holds none of the specs' packages fails the full path: take it.
+  std::set<std::string> packages;
+  for (const CheckStamp& s : stamps) packages.insert(TopPackage(s.module));
+  if (!RootsHoldAPackage(GivenRoots(RootSet::kFlags), packages)) return std::nullopt;
   for (size_t i = 0; i < jobs_.size(); ++i) {
     jobs_[i].fresh = true;
     jobs_[i].out_py = stamps[i].out_py;
