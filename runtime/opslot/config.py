@@ -67,6 +67,8 @@ CUDA_DEFAULTS: Dict[str, Optional[str]] = dict(
     load_balancing_loss_implementation="cuda",
     cross_entropy_loss_implementation="cuda",
     moe_implementation="fused_cuda",
+    causal_conv1d_implementation="cuda",
+    chunk_gated_delta_rule_implementation="cuda",
 )
 
 _cuda_kernels_reason: Optional[Tuple[Optional[str]]] = None

@@ -212,11 +212,65 @@ def moe_gpt_oss(module: Any, hidden_states, router_indices, routing_weights):
 _ACTIVATIONS = {"silu": F.silu, "swish": F.silu}
 
 
-def causal_conv1d(hidden_states, weight, bias=None, activation=None, **kwargs):
-    """Depthwise causal conv over [batch, channels, seq] with kernel `weight [channels, width]`."""
+def cu_seqlens_bounds(cu_seqlens, batch_size: int, seq_len: int, op: str):
+    """Validate packed-sequence boundaries and return them as a list of (start, end) Python ints.
+
+    `cu_seqlens` is a 1-D integer tensor [N + 1] with 0 = cu[0] <= cu[1] <= ... <= cu[N] = seq_len
+    (empty segments allowed); the batch must be 1 (segments of one packed row). Anything else is a
+    ValueError naming `op`."""
+    if not torch.is_tensor(cu_seqlens) or cu_seqlens.dim() != 1 or cu_seqlens.is_floating_point() \
+            or cu_seqlens.is_complex() or cu_seqlens.dtype == torch.bool:
+        what = (f"a {cu_seqlens.dim()}-D {cu_seqlens.dtype} tensor" if torch.is_tensor(cu_seqlens)
+                else type(cu_seqlens).__name__)
+        raise ValueError(f"{op}: cu_seqlens must be a 1-D integer tensor [num_sequences + 1], got {what}")
+    if batch_size != 1:
+        raise ValueError(f"{op}: cu_seqlens (packed sequences) needs batch size 1, got {batch_size}")
+    cu = [int(v) for v in cu_seqlens.tolist()]
+    if len(cu) < 2 or cu[0] != 0 or any(b < a for a, b in zip(cu, cu[1:])):
+        raise ValueError(f"{op}: cu_seqlens must start at 0 and never decrease (at least 2 entries), got {cu}")
+    if cu[-1] != seq_len:
+        raise ValueError(f"{op}: cu_seqlens ends at {cu[-1]}, but the input has {seq_len} positions "
+                         f"(cu_seqlens {cu})")
+    return list(zip(cu[:-1], cu[1:]))
+
+
+def causal_conv1d(hidden_states, weight, bias=None, activation=None, cu_seqlens=None, conv_state=None, **kwargs):
+    """Depthwise causal conv over [batch, channels, seq] with kernel `weight [channels, width]`.
+
+    `cu_seqlens` (batch 1): every segment is convolved on its own, with zero history at its start.
+    `conv_state [batch, channels, S]` (S >= width - 1): upstream's decode `causal_conv1d_update`: the
+    conv runs over cat(conv_state, x) and returns its last `seq` positions; `conv_state` is updated in
+    place to the last S columns of cat(conv_state, x)."""
+    if conv_state is not None:
+        if cu_seqlens is not None:
+            raise ValueError("causal_conv1d: conv_state (decode) and cu_seqlens (packed) cannot be combined")
+        return _causal_conv1d_update(hidden_states, conv_state, weight, bias, activation)
+    if cu_seqlens is not None:
+        bounds = cu_seqlens_bounds(cu_seqlens, hidden_states.shape[0], hidden_states.shape[-1], "causal_conv1d")
+        pieces = [causal_conv1d(hidden_states[:, :, start:end], weight, bias, activation)
+                  for start, end in bounds if end > start]
+        if not pieces:  # no positions at all
+            return hidden_states.new_zeros(hidden_states.shape)
+        return torch.cat(pieces, dim=-1)
     _, hidden_size, seq_len = hidden_states.shape
     out = F.conv1d(hidden_states.to(weight.dtype), weight=weight.unsqueeze(1), bias=bias,
                    padding=weight.shape[-1] - 1, groups=hidden_size)[:, :, :seq_len]
+    if activation is not None:
+        out = _ACTIVATIONS[activation](out)
+    return out.to(hidden_states.dtype)
+
+
+def _causal_conv1d_update(hidden_states, conv_state, weight, bias, activation):
+    """Upstream `causal_conv1d_update`, line for line."""
+    _, hidden_size, seq_len = hidden_states.shape
+    state_len = conv_state.shape[-1]
+    if state_len < weight.shape[-1] - 1:
+        raise ValueError(f"causal_conv1d: conv_state holds {state_len} columns, the kernel width "
+                         f"{weight.shape[-1]} needs at least {weight.shape[-1] - 1}")
+    hidden_states_new = torch.cat([conv_state, hidden_states], dim=-1).to(weight.dtype)
+    conv_state.copy_(hidden_states_new[:, :, -state_len:])
+    out = F.conv1d(hidden_states_new, weight.unsqueeze(1), bias, padding=0, groups=hidden_size)
+    out = out[:, :, -seq_len:]
     if activation is not None:
         out = _ACTIVATIONS[activation](out)
     return out.to(hidden_states.dtype)
@@ -227,9 +281,27 @@ def l2norm(x: torch.Tensor, dim: int = -1, eps: float = 1e-6) -> torch.Tensor:
 
 
 def chunk_gated_delta_rule(query, key, value, g, beta, chunk_size: int = 64, initial_state=None,
-                           output_final_state: bool = False, use_qk_l2norm_in_kernel: bool = False, **kwargs):
+                           output_final_state: bool = False, use_qk_l2norm_in_kernel: bool = False,
+                           cu_seqlens=None, **kwargs):
     """The gated delta rule token by token (upstream `torch_recurrent_gated_delta_rule`, the defining
-    recurrence that `torch_chunk_gated_delta_rule` computes chunk-wise); `chunk_size` is ignored."""
+    recurrence that `torch_chunk_gated_delta_rule` computes chunk-wise); `chunk_size` is ignored.
+
+    With `cu_seqlens` (batch 1) every segment is an independent sequence: `initial_state` is then
+    [num_sequences, H, Dk, Dv] (or None) and the final state [num_sequences, H, Dk, Dv]."""
+    if cu_seqlens is not None:
+        bounds = cu_seqlens_bounds(cu_seqlens, query.shape[0], query.shape[1], "chunk_gated_delta_rule")
+        if initial_state is not None and initial_state.shape[0] != len(bounds):
+            raise ValueError(f"chunk_gated_delta_rule: initial_state has {initial_state.shape[0]} states for "
+                             f"{len(bounds)} sequences in cu_seqlens")
+        outs, states = [], []
+        for n, (start, end) in enumerate(bounds):
+            out, state = chunk_gated_delta_rule(
+                query[:, start:end], key[:, start:end], value[:, start:end], g[:, start:end], beta[:, start:end],
+                initial_state=None if initial_state is None else initial_state[n:n + 1],
+                output_final_state=True, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
+            outs.append(out)
+            states.append(state)
+        return torch.cat(outs, dim=1), (torch.cat(states, dim=0) if output_final_state else None)
     initial_dtype = query.dtype
     batch_size, sequence_length, _, k_head_dim = key.shape
     num_v_heads, v_head_dim = value.shape[-2:]
@@ -252,5 +324,9 @@ def chunk_gated_delta_rule(query, key, value, g, beta, chunk_size: int = 64, ini
         delta = (v_t - kv_mem) * beta[:, :, i].unsqueeze(-1)
         state = state + k_t.unsqueeze(-1) * delta.unsqueeze(-2)
         outs.append((state * q_t.unsqueeze(-1)).sum(dim=-2))
-    core_attn_out = torch.stack(outs, dim=2).transpose(1, 2).contiguous().to(initial_dtype)
+    if not outs:  # an empty (packed) sequence: no output, the state passes through
+        outs_t = value.new_zeros(batch_size, num_v_heads, 0, v_head_dim)
+    else:
+        outs_t = torch.stack(outs, dim=2)
+    core_attn_out = outs_t.transpose(1, 2).contiguous().to(initial_dtype)
     return core_attn_out, (state if output_final_state else None)

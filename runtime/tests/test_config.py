@@ -75,8 +75,12 @@ def test_cpu_defaults_are_eager_and_cuda_defaults_need_the_library():
         # ... with one: every op that has a CUDA kernel here takes it
         set_cuda_kernels_check(lambda: None)
         with use_device(H200):
-            for op in ("rms_norm", "rms_norm_gated", "rotary_pos_emb", "swiglu_mlp", "load_balancing_loss"):
+            for op in ("rms_norm", "rms_norm_gated", "rotary_pos_emb", "swiglu_mlp", "load_balancing_loss",
+                       "cross_entropy_loss", "causal_conv1d", "chunk_gated_delta_rule"):
                 assert cfg.impl_for(op) == "cuda", op
+            assert cfg.impl_for("moe") == "cuda"  # fused_cuda
+            assert cfg.effective_impl("causal_conv1d", "standard") == "cuda"
+            assert cfg.effective_impl("chunk_gated_delta_rule", "standard") == "cuda"
             assert cfg.effective_impl("rms_norm", "offset") == "cuda"
             assert cfg.value("attn_implementation") is None
             assert OpsImplementationConfig(rms_norm_implementation="torch").impl_for("rms_norm") == "torch"

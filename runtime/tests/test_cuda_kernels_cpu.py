@@ -12,7 +12,8 @@ from opslot.kernels.cuda import _lib
 H200 = DeviceInfo("cuda", (9, 0))
 CUDA_OPS = [("rms_norm", "standard"), ("rms_norm", "offset"), ("rms_norm", "unweighted"),
             ("rms_norm_gated", "standard"), ("rotary_pos_emb", "full"), ("rotary_pos_emb", "partial"),
-            ("swiglu_mlp", "standard"), ("load_balancing_loss", "standard")]
+            ("swiglu_mlp", "standard"), ("load_balancing_loss", "standard"), ("causal_conv1d", "standard"),
+            ("chunk_gated_delta_rule", "standard")]
 
 
 def test_explicit_cuda_on_a_cpu_machine_is_an_error():

@@ -164,8 +164,7 @@ def test_builtin_kernels_cover_every_documented_variant():
     assert torch_pairs == sorted((op, v) for op, vs in KNOWN_OPS.items() for v in vs)
     assert everything[("cross_entropy_loss", "causal")] == ["cuda", "torch", "torch_chunked"]
     cuda_pairs = sorted(k for k, names in everything.items() if "cuda" in names)
-    assert cuda_pairs == sorted((op, v) for op, vs in KNOWN_OPS.items() for v in vs
-                                if op not in ("causal_conv1d", "chunk_gated_delta_rule"))
+    assert cuda_pairs == sorted((op, v) for op, vs in KNOWN_OPS.items() for v in vs)
     npu_pairs = sorted(k for k, names in everything.items() if "npu" in names)
     assert npu_pairs == [("moe", "standard"), ("rms_norm", "offset"), ("rms_norm", "standard"),
                          ("rms_norm", "unweighted"), ("rotary_pos_emb", "full"), ("rotary_pos_emb", "partial"),
