@@ -22,10 +22,18 @@ one: its parameters keep only this rank's contiguous block of experts, and its f
 Host syncs. `all_to_all_single` with variable split sizes needs the sizes on the host, so the default
 mode (`mode="splits"`) reads them once per layer forward (one `.tolist()` of 2·ep integers, which
 waits for the GPU work queued before it); the backward reuses them and reads nothing. `mode="padded"`
-reads nothing on the host: every rank sends `tokens·top_k` rows (or a given capacity) to every rank
-(the most that can go to one rank), padded with upstream's masking index (rows the kernels skip), so
-the exchanges carry ep times the rows; every rank must send the same number of rows (a fixed batch
+reads no device data on the host: every rank sends `tokens·top_k` rows (or a given capacity) to every
+rank (the most that can go to one rank), padded with upstream's masking index (rows the kernels skip),
+so the exchanges carry ep times the rows; every rank must send the same number of rows (a fixed batch
 shape, or `capacity`), and it needs a moe kernel that honours the masking index (`torch`, `cuda`).
+
+Preconditions are agreed before a collective, never checked on one rank alone (a rank that refuses
+alone leaves the others hanging in the exchange, and unequal exchange sizes abort gloo): `init_meshes`
+gathers every rank's `ep`, `shard_experts` every rank's refusal and plan (mode, capacity, experts), and
+padded mode, per layer forward, every rank's tokens and top_k (host integers: an all_gather of a CPU
+tensor where the EP group has a CPU backend, gloo or "cpu:gloo,cuda:nccl", which waits for no GPU
+work; on an NCCL-only group a device all_gather and a host read of 2·ep integers). A bad input on any
+rank is then the same ValueError, naming every rank's values, on every rank.
 
 Gradients. Each expert receives rows from every rank, so its gradient is the sum over every rank's
 loss. Under data parallelism each rank's loss is a mean over its own batch and FSDP averages the other
@@ -64,13 +72,18 @@ class Meshes(NamedTuple):
 def init_meshes(device_type: str, ep: int = 1) -> Meshes:
     """The meshes for FSDP2 with expert parallelism of degree `ep` over all ranks of the default group.
     EP groups are consecutive ranks (the fast dimension), so on one host experts are exchanged over
-    NVLink. `ep` must divide the world size."""
+    NVLink. `ep` must divide the world size and be the same on every rank (agreed with one all_gather
+    before the EP groups are made: a ValueError on every rank otherwise)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     world = dist.get_world_size()
+    dp = init_device_mesh(device_type, (world,), mesh_dim_names=("dp",))  # the default group: no new group
+    asked = [e for (e,) in _gather_ints([ep], dist.group.WORLD, torch.device(device_type))]
+    if len(set(asked)) > 1:
+        raise ValueError("init_meshes: every rank must ask for the same expert-parallel size, got "
+                         + ", ".join(f"rank {r}: {e}" for r, e in enumerate(asked)))
     if ep < 1 or world % ep:
         raise ValueError(f"expert-parallel size {ep} must divide the world size {world}")
-    dp = init_device_mesh(device_type, (world,), mesh_dim_names=("dp",))
     two = init_device_mesh(device_type, (world // ep, ep), mesh_dim_names=("expert_dp", "ep"))
     return Meshes(dp, two["ep"], two["expert_dp"])
 
@@ -179,41 +192,116 @@ def shard_experts(model: nn.Module, ep_group: Any, *, mode: str = "splits", capa
     modules changed. `mode`: "splits" (one host read of the split sizes per layer) or "padded" (none;
     ep times the traffic): see the module docstring. In padded mode every rank of the group must send
     the same number of rows: `capacity` (rows per destination rank, at least tokens·top_k of every
-    call), or, when None, tokens·top_k, which must then be equal on every rank (a fixed batch shape)."""
-    if mode not in MODES:
-        raise ValueError(f"shard_experts mode must be one of {MODES}, got {mode!r}")
+    call), or, when None, tokens·top_k, which must then be equal on every rank (a fixed batch shape).
+
+    A collective over the group: the ranks agree before anything is sharded, so a refusal on any rank
+    (or ranks that would shard differently: mode, capacity, experts) is the same ValueError on every rank."""
     if not dist.is_initialized():
         raise RuntimeError("shard_experts needs torch.distributed initialised (dist.init_process_group)")
     group = _group_of(ep_group)
     size, rank = dist.get_world_size(group), dist.get_rank(group)
     targets = list(modules) if modules is not None else [m for m in model.modules() if is_experts_module(m)]
-    if not targets:
-        raise ValueError(f"shard_experts: {type(model).__name__} has no experts module guarded by a moe slot "
-                         f"(a module with num_experts and [num_experts, ...] parameters)")
+    _agree_to_shard(group, _refusal(model, targets, mode, size), _plan(mode, capacity, targets))
     for m in targets:
-        if hasattr(m, "_opslot_ep"):
-            raise ValueError(f"shard_experts: {type(m).__name__} is already expert-parallel")
-        if not is_experts_module(m):
-            raise ValueError(f"shard_experts: {type(m).__name__} is not an experts module guarded by a moe slot")
         total = m.num_experts
-        if total % size:
-            raise ValueError(f"shard_experts: {total} experts of {type(m).__name__} do not split over {size} ranks")
-        slot = moe_slot_of(m)
-        if mode == "padded" and slot.impl == "eager":
-            raise ValueError("shard_experts mode='padded' pads with the masking index, which upstream's eager "
-                             "experts code does not skip; bind a moe kernel (moe_implementation: fused_torch or "
-                             "fused_cuda) or use mode='splits'")
         local = total // size
         first = rank * local
         names = []
-        for name, p in list(m.named_parameters(recurse=False)):
-            if p.dim() >= 1 and p.shape[0] == total:
-                setattr(m, name, nn.Parameter(p.detach()[first:first + local].clone(), requires_grad=p.requires_grad))
-                names.append(name)
+        for name, p in _stacked(m):
+            setattr(m, name, nn.Parameter(p.detach()[first:first + local].clone(), requires_grad=p.requires_grad))
+            names.append(name)
         m.num_experts = local
         m._opslot_ep = EPState(group, size, rank, total, first, local, mode, tuple(names), capacity)
         m.__class__ = _ep_class(type(m))
     return targets
+
+
+def _stacked(m: nn.Module) -> List[tuple]:
+    """(name, parameter) of the parameters that hold one entry per expert (first dimension num_experts)."""
+    n = getattr(m, "num_experts", None)
+    return [(k, p) for k, p in m.named_parameters(recurse=False) if p.dim() >= 1 and p.shape[0] == n]
+
+
+def _refusal(model: nn.Module, targets: List[nn.Module], mode: str, size: int) -> Optional[str]:
+    """Why this rank cannot shard `targets` over `size` ranks in `mode` (the first reason), or None."""
+    if mode not in MODES:
+        return f"shard_experts mode must be one of {MODES}, got {mode!r}"
+    if not targets:
+        return (f"shard_experts: {type(model).__name__} has no experts module guarded by a moe slot "
+                f"(a module with num_experts and [num_experts, ...] parameters)")
+    for m in targets:
+        if hasattr(m, "_opslot_ep"):
+            return f"shard_experts: {type(m).__name__} is already expert-parallel"
+        if not is_experts_module(m):
+            return f"shard_experts: {type(m).__name__} is not an experts module guarded by a moe slot"
+        if m.num_experts % size:
+            return f"shard_experts: {m.num_experts} experts of {type(m).__name__} do not split over {size} ranks"
+        if mode == "padded" and moe_slot_of(m).impl == "eager":
+            return ("shard_experts mode='padded' pads with the masking index, which upstream's eager experts code "
+                    "does not skip; bind a moe kernel (moe_implementation: fused_torch or fused_cuda) or use "
+                    "mode='splits'")
+    return None
+
+
+def _plan(mode: str, capacity: Optional[int], targets: List[nn.Module]) -> str:
+    """What this rank is about to do, in words: every rank of the group must say the same."""
+    kinds: Dict[str, int] = {}
+    for m in targets:
+        shapes = ", ".join("x".join(map(str, p.shape)) for _, p in _stacked(m))
+        kind = f"{type(m).__name__}({shapes})"
+        kinds[kind] = kinds.get(kind, 0) + 1
+    return f"mode={mode!r}, capacity={capacity}, " + ", ".join(f"{n} x {k}" for k, n in kinds.items())
+
+
+def _agree_to_shard(group: Any, refusal: Optional[str], plan: str) -> None:
+    """Every rank's refusal and plan, gathered (one all_gather_object): the same ValueError on every rank
+    when any rank refuses (its own message when all refuse alike) or when the plans differ."""
+    got: List[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(got, (refusal, plan), group=group)
+    refusals = [r for r, _ in got]
+    bad = [i for i, r in enumerate(refusals) if r]
+    if bad and len(set(refusals)) == 1:
+        raise ValueError(refusals[0])
+    if bad:
+        raise ValueError(f"shard_experts refused on {len(bad)} of {len(got)} ranks of the EP group: "
+                         + "; ".join(f"rank {i}: {refusals[i]}" for i in bad))
+    if len({p for _, p in got}) > 1:
+        raise ValueError("shard_experts: every rank of the EP group must shard the same way, got "
+                         + "; ".join(f"rank {i}: {p}" for i, (_, p) in enumerate(got)))
+
+
+def _ranks(ranks: List[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+
+
+def _gather_ints(values: List[int], group: Any, device: torch.device) -> List[List[int]]:
+    """Every rank's `values` (host ints) on every rank: one all_gather over the group, of a CPU tensor when
+    the group has a CPU backend (gloo; "cpu:gloo,cuda:nccl"), which waits for no device work; else on
+    `device` (its host read waits for the work queued before it)."""
+    if "cpu:" in dist.get_backend_config(group):
+        device = torch.device("cpu")
+    mine = torch.tensor(values, dtype=torch.int64, device=device)
+    parts = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, mine, group=group)
+    return torch.stack(parts).tolist()
+
+
+def _padded_capacity(st: EPState, tokens: int, top_k: int, device: torch.device) -> int:
+    """The rows padded mode sends to each rank, agreed by the EP group before the exchanges (which would
+    abort or hang on unequal sizes): the same ValueError on every rank when a rank's tokens·top_k differ
+    from the others' (no capacity) or exceed the capacity, naming every rank's counts."""
+    got = _gather_ints([tokens, top_k], st.group, device)
+    rows = [t * k for t, k in got]
+    counts = ", ".join(f"rank {r}: {t} tokens x top-{k} = {t * k} rows" for r, (t, k) in enumerate(got))
+    if st.capacity is None and len(set(rows)) > 1:
+        raise ValueError(f"expert parallelism (padded): without a capacity every rank of the EP group must send "
+                         f"the same number of rows ({counts}); use a fixed batch shape, or give shard_experts a "
+                         f"capacity of at least {max(rows)}")
+    over = [r for r, n in enumerate(rows) if st.capacity is not None and n > st.capacity]
+    if over:
+        raise ValueError(f"expert parallelism (padded): more rows than the capacity {st.capacity} given to "
+                         f"shard_experts on {_ranks(over)} ({counts})")
+    return rows[0] if st.capacity is None else st.capacity
 
 
 def _local_experts(module: nn.Module, rows: Tensor, local_ids: Tensor) -> Tensor:
@@ -266,10 +354,7 @@ def _ep_forward(self, hidden_states: Tensor, top_k_index: Tensor, top_k_weights:
         y_recv = _connected(_local_experts(self, x_recv, ids), x_recv, self)
         y_sorted = all_to_all(y_recv, in_splits, out_splits, st.group)        # [kept, H], in `order`
     else:  # padded: capacity n rows per destination, masking index `local` on the padding
-        cap = n if st.capacity is None else st.capacity
-        if n > cap:
-            raise ValueError(f"expert parallelism (padded): {tokens} tokens x top-{top_k} = {n} rows exceed the "
-                             f"capacity {cap} given to shard_experts")
+        cap = _padded_capacity(st, tokens, top_k, dev)                   # agreed by every rank, or ValueError
         skey = key[order]
         dest = torch.div(skey, local, rounding_mode="floor")                # ep for dropped rows
         per_rank = counts.view(ep, local).sum(1)

@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
@@ -83,7 +84,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(rank: int, world: int, port: int, device: str, fn: Callable, arg: Any, results: Any) -> None:
+def _entry(rank: int, world: int, port: int, device: str, fn: Callable, arg: Any, results: Any,
+           timeout_s: int = TIMEOUT_S) -> None:
     import torch
     import torch.distributed as dist
 
@@ -93,7 +95,7 @@ def _entry(rank: int, world: int, port: int, device: str, fn: Callable, arg: Any
     if device.startswith("cuda"):
         torch.cuda.set_device(rank)
     dist.init_process_group("nccl" if device.startswith("cuda") else "gloo", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=TIMEOUT_S))
+                            timeout=datetime.timedelta(seconds=timeout_s))
     try:
         out = fn(arg)
         results.put((rank, "ok", out))
@@ -104,23 +106,38 @@ def _entry(rank: int, world: int, port: int, device: str, fn: Callable, arg: Any
         dist.destroy_process_group()
 
 
-def spawn(fn: Callable, arg: Any, world: int = 2, device: str = "cpu") -> List[Any]:
+def _wait(procs: Any, deadline_s: Optional[float]) -> None:
+    """Join the ranks; past `deadline_s` (a hang outside a collective's timeout) kill them and raise."""
+    end = None if deadline_s is None else time.monotonic() + deadline_s
+    while not procs.join(timeout=1.0):
+        if end is not None and time.monotonic() > end:
+            for proc in procs.processes:
+                if proc.is_alive():
+                    proc.kill()
+            raise TimeoutError(f"the ranks did not finish within {deadline_s} s (killed)")
+
+
+def spawn(fn: Callable, arg: Any, world: int = 2, device: str = "cpu", timeout_s: int = TIMEOUT_S,
+          deadline_s: Optional[float] = None) -> List[Any]:
     """Run fn(arg) on `world` processes of one process group; returns every rank's result, rank order.
-    A rank that raises fails the call with its traceback."""
+    A rank that raises, dies (an abort) or outlives `deadline_s` fails the call with what each rank
+    reported; `timeout_s` bounds every collective (the process group's timeout)."""
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     results = ctx.SimpleQueue()
     port = free_port()
     try:
-        mp.spawn(_entry, args=(world, port, device, fn, arg, results), nprocs=world, join=True)
+        procs = mp.start_processes(_entry, args=(world, port, device, fn, arg, results, timeout_s), nprocs=world,
+                                   join=False, start_method="spawn")
+        _wait(procs, deadline_s)
     except Exception as exc:
         errors = []
         while not results.empty():
             rank, status, payload = results.get()
             if status == "error":
                 errors.append(f"rank {rank}:\n{payload}")
-        raise RuntimeError("\n".join(errors) or str(exc)) from exc
+        raise RuntimeError("\n".join(errors + [f"{type(exc).__name__}: {exc}"])) from exc
     got: Dict[int, Any] = {}
     while not results.empty():
         rank, status, payload = results.get()

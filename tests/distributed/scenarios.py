@@ -5,6 +5,8 @@ test file asserts on the returned measurements).
   the same module unsharded on every rank's tokens together: outputs, the gradients of the hidden
   states, of the routing weights and of every expert parameter; twice, bitwise.
 - `train.run`: FSDP2 (+ EP, activation checkpointing, compile) against the 1-rank reference.
+- `errors`: the refusals of opslot.distributed; `preconditions` (its own spawn): inputs bad on one
+  rank only, which every rank must refuse with the same ValueError.
 """
 
 from __future__ import annotations
@@ -82,7 +84,8 @@ def ep_layer(opts: Dict[str, Any]) -> Dict[str, Any]:
     out_ref = ref(xr, idx, wr)
     (out_ref.float() * gout.float()).sum().backward()
 
-    od.shard_experts(model, dist.group.WORLD, mode=opts["mode"], modules=[experts])
+    od.shard_experts(model, dist.group.WORLD, mode=opts["mode"], capacity=opts.get("capacity"),
+                     modules=[experts])
     lo, hi = sum(split[:rank]), sum(split[:rank + 1])
     runs = []
     for _ in range(2):
@@ -107,18 +110,22 @@ def ep_layer(opts: Dict[str, Any]) -> Dict[str, Any]:
             "sharded": list(st.sharded)}
 
 
-def errors(opts: Dict[str, Any]) -> Dict[str, str]:
-    """The refusals of opslot.distributed, each as its message (or "no error")."""
-    args = train.resolve(train.opts_from(module_dir=opts["module_dir"], device=opts["device"], ops=opts["ops"]))
-    found: Dict[str, str] = {}
-
+def _recorder(found: Dict[str, str]):
+    """attempt(name, fn): runs fn and records its refusal's message (or "no error") under name."""
     def attempt(name, fn):
         try:
             fn()
             found[name] = "no error"
         except (ValueError, RuntimeError, TypeError) as exc:
             found[name] = f"{type(exc).__name__}: {exc}"
+    return attempt
 
+
+def errors(opts: Dict[str, Any]) -> Dict[str, str]:
+    """The refusals of opslot.distributed, each as its message (or "no error")."""
+    args = train.resolve(train.opts_from(module_dir=opts["module_dir"], device=opts["device"], ops=opts["ops"]))
+    found: Dict[str, str] = {}
+    attempt = _recorder(found)
     group = dist.group.WORLD
     odd = train.build(args, harness.tiny_config(num_experts=3))
     attempt("indivisible", lambda: od.shard_experts(odd, group))
@@ -136,6 +143,35 @@ def errors(opts: Dict[str, Any]) -> Dict[str, str]:
     od.shard_experts(capped, group, mode="padded", capacity=4)
     ids = torch.zeros(1, 8, dtype=torch.long, device=args.device)
     attempt("over_capacity", lambda: capped(input_ids=ids))
+    return found
+
+
+def preconditions(opts: Dict[str, Any]) -> Dict[str, str]:
+    """Inputs that are bad on one rank only (or differ between the ranks), each as this rank's message:
+    every rank must refuse with the same ValueError, before any exchange (no hang, no abort)."""
+    args = train.resolve(train.opts_from(module_dir=opts["module_dir"], device=opts["device"], ops=opts["ops"]))
+    rank, group = dist.get_rank(), dist.group.WORLD
+    found: Dict[str, str] = {}
+    attempt = _recorder(found)
+
+    def forward(model, tokens: List[int]):  # this rank's share: tokens[rank] tokens
+        model(input_ids=torch.zeros(1, tokens[rank], dtype=torch.long, device=args.device))
+
+    def sharded(ops: str = args.ops, **kw):
+        model = train.build(train.resolve(train.opts_from(module_dir=opts["module_dir"], device=opts["device"],
+                                                          ops=ops)), harness.tiny_config())
+        od.shard_experts(model, group, **kw)
+        return model
+
+    padded = sharded(mode="padded")
+    attempt("padded_unequal_tokens", lambda: forward(padded, [8, 6]))
+    capped = sharded(mode="padded", capacity=12)
+    attempt("over_capacity_on_one_rank", lambda: forward(capped, [8, 4]))
+    attempt("padded_eager_on_one_rank", lambda: forward(sharded([args.ops, "eager"][rank], mode="padded"), [6, 6]))
+    attempt("capacity_differs", lambda: forward(sharded(mode="padded", capacity=[16, 20][rank]), [6, 6]))
+    attempt("mode_differs", lambda: forward(sharded(mode=["splits", "padded"][rank]), [6, 6]))
+    attempt("fine_after_refusals", lambda: forward(capped, [6, 2]))
+    attempt("ep_size_differs", lambda: od.init_meshes(args.device.split(":")[0], ep=[2, 3][rank]))
     return found
 
 

@@ -6,12 +6,15 @@ GPUs): NCCL, the `cuda` kernels, bf16 (and fp32 for the EP layer). Every scenari
 
 - EP layer: the expert-parallel experts module equals the unsharded one on every rank's tokens taken
   together, outputs and the gradients of hidden states, routing weights and expert weights; uneven
-  token counts, a rank with no tokens, dropped assignments (the masking index), both exchange modes;
-  bitwise equal over two runs.
+  token counts, a rank with no tokens, dropped assignments (the masking index), both exchange modes
+  (padded with and without a capacity); bitwise equal over two runs.
 - FSDP2 (per decoder layer), alone, with activation checkpointing, with EP, with EP + checkpointing
   + torch.compile of every layer: per-step losses, the first step's gradients and the final weights
   equal a 1-rank run of the same global batch (tests/distributed/train.py says how it is made).
 - The refusals of opslot.distributed (messages).
+- A bad input on one rank only (padded mode's row counts, a shard_experts refusal, ranks that shard or
+  mesh differently): the same ValueError on every rank, no hang, no abort (scenarios.preconditions, in
+  a spawn of its own with a 30 s collective timeout).
 """
 
 import json
@@ -28,6 +31,8 @@ CPU: List[Tuple[str, str, Dict[str, Any]]] = [
     ("ep_splits_eager_empty_rank", "ep_layer", {"ops": "eager", "dtype": "fp32", "mode": "splits", "tokens": [6, 0]}),
     ("ep_padded_dropped", "ep_layer", {"ops": "torch", "dtype": "fp32", "mode": "padded", "tokens": [6, 6],
                                        "drop": True}),
+    ("ep_padded_capacity_uneven", "ep_layer", {"ops": "torch", "dtype": "fp32", "mode": "padded", "capacity": 14,
+                                               "tokens": [7, 5]}),
     ("ep_splits_gpt_oss", "ep_layer", {"model": "gpt_oss", "ops": "torch", "dtype": "fp32", "mode": "splits",
                                        "tokens": [7, 5]}),
     ("ep_padded_deepseek_v3", "ep_layer", {"model": "deepseek_v3", "ops": "torch", "dtype": "fp32", "mode": "padded",
@@ -151,8 +156,51 @@ def test_refusals(results, device):
     assert got["padded_eager"].startswith("ValueError: shard_experts mode='padded' pads with the masking index")
     assert got["twice"] == "ValueError: shard_experts: ExpertParallelQwen3MoeExperts is already expert-parallel"
     assert got["plain_mesh"].startswith("ValueError: fully_shard_model: the model has expert-parallel experts")
-    assert got["over_capacity"] == ("ValueError: expert parallelism (padded): 8 tokens x top-2 = 16 rows exceed the "
-                                    "capacity 4 given to shard_experts")
+    assert got["over_capacity"] == ("ValueError: expert parallelism (padded): more rows than the capacity 4 given to "
+                                    f"shard_experts on ranks 0, 1 ({_ROWS.format(8, 16, 8, 16)})")
+
+
+_EAGER_PADDED = ("shard_experts mode='padded' pads with the masking index, which upstream's eager experts code "
+                 "does not skip; bind a moe kernel (moe_implementation: fused_torch or fused_cuda) or use "
+                 "mode='splits'")
+_ROWS = "rank 0: {} tokens x top-2 = {} rows, rank 1: {} tokens x top-2 = {} rows"
+_EXPERTS = "1 x Qwen3MoeExperts(8x32x32, 8x32x16)"
+PRECONDITIONS = {  # scenarios.preconditions: the message every rank must raise
+    "padded_unequal_tokens": "ValueError: expert parallelism (padded): without a capacity every rank of the EP group "
+                             f"must send the same number of rows ({_ROWS.format(8, 16, 6, 12)}); use a fixed batch "
+                             "shape, or give shard_experts a capacity of at least 16",
+    "over_capacity_on_one_rank": "ValueError: expert parallelism (padded): more rows than the capacity 12 given to "
+                                 f"shard_experts on rank 0 ({_ROWS.format(8, 16, 4, 8)})",
+    "padded_eager_on_one_rank": "ValueError: shard_experts refused on 1 of 2 ranks of the EP group: "
+                                f"rank 1: {_EAGER_PADDED}",
+    "capacity_differs": "ValueError: shard_experts: every rank of the EP group must shard the same way, got "
+                        f"rank 0: mode='padded', capacity=16, {_EXPERTS}; "
+                        f"rank 1: mode='padded', capacity=20, {_EXPERTS}",
+    "mode_differs": "ValueError: shard_experts: every rank of the EP group must shard the same way, got "
+                    f"rank 0: mode='splits', capacity=None, {_EXPERTS}; "
+                    f"rank 1: mode='padded', capacity=None, {_EXPERTS}",
+    "fine_after_refusals": "no error",
+    "ep_size_differs": "ValueError: init_meshes: every rank must ask for the same expert-parallel size, got "
+                       "rank 0: 2, rank 1: 3",
+}
+
+
+@pytest.fixture(scope="session")
+def preconditions(device, module_dir):
+    """scenarios.preconditions on 2 ranks, in a spawn of its own: a hang fails in 30 s (the collectives'
+    timeout; 240 s in all), an abort fails these tests only."""
+    cfg = {"module_dir": module_dir, "device": device, "ops": "cuda" if device.startswith("cuda") else "torch"}
+    try:
+        return harness.spawn(scenarios.preconditions, cfg, world=2, device=device, timeout_s=30, deadline_s=240)
+    except RuntimeError as exc:
+        return exc
+
+
+@pytest.mark.parametrize("case", sorted(PRECONDITIONS))
+def test_bad_input_on_one_rank_is_the_same_value_error_on_every_rank(preconditions, case):
+    if isinstance(preconditions, Exception):
+        pytest.fail(f"a rank hung or died:\n{preconditions}")
+    assert [got[case] for got in preconditions] == [PRECONDITIONS[case]] * 2
 
 
 def test_shard_experts_needs_an_initialised_process_group():
