@@ -29,6 +29,8 @@ from . import hf  # noqa: F401  (Transformers integration: opslot.hf)
 from .binding import bind_ops, build_model, load_private_copy, module_slots
 from .copies import install_finder as _install_finder
 from .copies import is_instance, release_unused_copies
+from .dispatch import (DispatchReport, UnreachedSlotError, UnreachedSlotWarning, check_dispatch, dispatch_report,
+                       watch_dispatch)
 from .config_slot import ConfigSlot
 from .config import CUDA_DEFAULTS, FIELD_FOR_OP, FORCE_ENV, NPU_DEFAULTS, OpsImplementationConfig
 from .hardware import DeviceInfo, HardwareRequirement, current_device, set_device_detector, use_device
@@ -42,10 +44,11 @@ register_builtin_kernels(KERNEL_REGISTRY)
 _install_finder()  # private module copies import by name (pickled models)
 
 __all__ = [
-    "BindingPlan", "CUDA_DEFAULTS", "ConfigSlot", "DeviceInfo", "EAGER", "FIELD_FOR_OP", "FORCE_ENV", "HardwareRequirement",
+    "BindingPlan", "CUDA_DEFAULTS", "ConfigSlot", "DeviceInfo", "DispatchReport", "EAGER", "FIELD_FOR_OP", "FORCE_ENV", "HardwareRequirement",
     "KERNEL_REGISTRY", "KNOWN_OPS", "KernelRegistry", "KernelSpec", "NPU_DEFAULTS", "OpSlot",
     "OpsImplementationConfig", "PLUGIN_GROUP", "PlanEntry", "bind_ops", "binding_plan", "build_model",
     "current_device", "declared_config_slots", "declared_slots", "is_instance", "load_private_copy", "module_slots", "register_builtin_kernels",
     "register_kernel", "release_unused_copies", "set_device_detector", "use_device",
+    "UnreachedSlotError", "UnreachedSlotWarning", "check_dispatch", "dispatch_report", "watch_dispatch",
 ]
 __version__ = "0.1.0"

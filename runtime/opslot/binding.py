@@ -10,19 +10,23 @@ Nothing asked for is dropped: see docs/runtime.md, "Strictness".
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import gc
 import importlib
 import importlib.util
 import itertools
+import os
 import sys
 import types
 import warnings
-from typing import Any, Dict, Iterable, List, Optional, Union
+from collections.abc import Mapping
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
 from .checks import check_model, saved_ops
 from .config import FIELD_FOR_OP, OpsImplementationConfig, forced_impl_spec
-from .copies import is_copy, release_unused_copies, shared_copy
+from .copies import LOCK, Pin, adopt, is_copy, named_binding, original_name, release_unused_copies, shared_copy
+from .dispatch import watch_dispatch
 from .hardware import DeviceInfo
 from .plan import binding_plan, declared_config_slots, declared_slots, log_plan, logger
 from .registry import KERNEL_REGISTRY, KernelRegistry
@@ -74,7 +78,7 @@ def _live_models_of(module: types.ModuleType, exclude: Iterable[Any]) -> List[An
     found = [o for o in gc.get_objects() if getattr(type(o), "__module__", None) == module.__name__
              and hasattr(o, "named_modules")]
     inner = set()
-    for obj in found + list(exclude):
+    for obj in found + [x for x in exclude if hasattr(x, "named_modules")]:
         for _, sub in obj.named_modules():
             if sub is not obj:
                 inner.add(id(sub))
@@ -84,6 +88,7 @@ def _live_models_of(module: types.ModuleType, exclude: Iterable[Any]) -> List[An
 def _bind_module(module: types.ModuleType, config: OpsImplementationConfig, slots: Dict[str, OpSlot],
                  registry: Optional[KernelRegistry], device: Optional[DeviceInfo], warn_live: bool) -> Dict[str, str]:
     chosen = config.validate({(s.op, s.variant) for s in slots.values()}, registry=registry, device=device)
+    _check_name_kept(module, [chosen[(s.op, s.variant)] for _, s in sorted(slots.items())])
     changing = [(n, s) for n, s in sorted(slots.items()) if chosen[(s.op, s.variant)] != s.impl]
     if warn_live and changing:
         users = [u for s in slots.values() for u in s._users]
@@ -106,6 +111,20 @@ def _bind_module(module: types.ModuleType, config: OpsImplementationConfig, slot
     return bound
 
 
+def _check_name_kept(module: types.ModuleType, impls: List[str]) -> None:
+    """Refuse to bind a copy made by build_model to anything but what its name says: pickled models
+    are restored from the name, so the name must always say the binding."""
+    said = named_binding(module.__name__)
+    if said is None or said == impls:
+        return
+    raise ValueError(
+        f"module {module.__name__!r} is a private copy named after its binding ({'-'.join(said)}), which "
+        f"pickled models are restored with; binding it to {'-'.join(impls)} would make its name lie. Build "
+        f"another model with opslot.build_model(config, ops, module=..., model_class=...) (its copy is named after "
+        f"its own binding), or bind a copy of your own: opslot.bind_ops(opslot.load_private_copy("
+        f"sys.modules[{original_name(module.__name__)!r}]), ops)")
+
+
 def bind_ops(
     module: Union[str, types.ModuleType], ops: Any = None, *, registry: Optional[KernelRegistry] = None,
     device: Optional[DeviceInfo] = None,
@@ -117,7 +136,9 @@ def bind_ops(
     Errors (nothing is bound): `module` is a model instance or declares no slot; an explicit choice
     binds no module-level slot (an op the module does not have, or one whose slots are
     instance-scoped: those bind from `config.ops_implementation`, use build_model), unless the op is
-    in `allow_unbound`. Rebinding a module that models were constructed from directly warns."""
+    in `allow_unbound`; `module` is a copy made by build_model and `ops` would change its binding (its
+    name says the binding: see copies.py). Rebinding a module that models were constructed from
+    directly warns."""
     module = _resolve_module(module)
     config = OpsImplementationConfig.coerce(ops)
     declared = declared_slots(module)
@@ -136,8 +157,8 @@ def bind_ops(
                 f"opslot.build_model(config, ops, module=..., model_class=...) or opslot.hf.from_pretrained")
         raise _unbound_error(config, unbound, f"module {module.__name__}",
                              [f"{d.op}/{d.variant}" for d in declared])
-    bound = _bind_module(module, config, slots, registry, device,
-                         warn_live=not is_copy(module.__name__))
+    with LOCK:
+        bound = _bind_module(module, config, slots, registry, device, warn_live=not is_copy(module.__name__))
     log_plan(binding_plan(module))
     return bound
 
@@ -195,23 +216,71 @@ def build_model(
     private_copy: bool = True,
     registry: Optional[KernelRegistry] = None,
     device: Optional[DeviceInfo] = None,
+    allow_unreached: Union[bool, Iterable[str]] = False,
 ) -> Any:
     """Construct `model_class(config)` from the generated `module` with kernels chosen by `ops`.
 
-    `module` is a module or its import name (default: the module of `model_class`); `model_class` a
-    class or a class name in the module. The HF config is copied; the copy gets `ops_implementation`
-    (the explicit fields, a plain dict) for instance-scoped slots, `_attn_implementation` when
-    `attn_implementation` is set, and `_experts_implementation = "eager"` when a moe slot runs a
-    kernel (see `moe_runs_kernel`). Module-level slots are bound in a private copy of the module
-    (`private_copy=False` binds the module itself, shared with every model built from it)."""
+    `hf_config` is the model's config object (a Transformers `PretrainedConfig`); `module` a module
+    or its import name (default: the module of `model_class`); `model_class` a class or a class name
+    in the module. The HF config is copied; the copy gets `ops_implementation` (the explicit fields, a
+    plain dict) for instance-scoped slots, `_attn_implementation` when `attn_implementation` is set,
+    and `_experts_implementation = "eager"` when a moe slot runs a kernel (see `moe_runs_kernel`), both
+    also as the public keys Transformers saves and reads back (`carry_dispatch`). Module-level slots are
+    bound in a private copy of the module (`private_copy=False` binds the module itself, shared with
+    every model built from it). Thread-safe: copies are made, bound and released under one lock, and
+    the copy of a model under construction is never released. The model is watched for proof of
+    dispatch (`opslot.dispatch.watch_dispatch`): after its first forward and backward, a bound kernel
+    whose guard the model reaches but never ran is an error (a warning for device defaults and for
+    the ops in `allow_unreached`, True for all)."""
+    _check_hf_config(hf_config)
+    config = _ops_for(hf_config, ops)
+    module, class_name = _target(module, model_class)
+    chosen = _check_choices(config, hf_config, module, class_name, registry, device)
+    with _bound_module(module, config, chosen, private_copy, registry, device) as (module, slots):
+        model = getattr(module, class_name)(_config_copy(hf_config, config, slots, registry, device))
+        with LOCK:
+            for slot in slots.values():
+                slot.attach(model)
+    plan = binding_plan(model)
+    unbound = config.unbound_choices(plan.ops())
+    if unbound:
+        raise _unbound_error(config, unbound, f"{class_name} (built from {module.__name__})",
+                             [f"{e.op}/{e.variant}" for e in plan])
+    log_plan(plan)
+    return watch_dispatch(model, allow_unreached=allow_unreached)
+
+
+def _check_hf_config(hf_config: Any) -> None:
+    """Refuse what is not a model config object (None, a dict, a path) with what build_model takes."""
+    if hf_config is not None and not isinstance(hf_config, (Mapping, str, bytes, os.PathLike)) \
+            and hasattr(hf_config, "__dict__"):
+        return
+    got = "None" if hf_config is None else type(hf_config).__name__
+    if isinstance(hf_config, Mapping):
+        got += (" (make the config object from it: e.g. Qwen3Config(**values), or "
+                "AutoConfig.for_model(model_type, **values))")
+    elif isinstance(hf_config, (str, os.PathLike)):
+        got += (" (for a checkpoint or config folder: opslot.hf.from_pretrained(path, module), or "
+                "AutoConfig.from_pretrained(path))")
+    raise TypeError(f"build_model takes the model's config object (a transformers PretrainedConfig, e.g. "
+                    f"Qwen3Config(...) or AutoConfig.from_pretrained(path)) as hf_config, got {got}")
+
+
+def _ops_for(hf_config: Any, ops: Any) -> OpsImplementationConfig:
+    """`ops`, else the choice `hf_config` carries (a saved model's `ops_implementation`)."""
     saved = saved_ops(hf_config)
     if ops is None and saved is not None:
-        config = saved  # a config that carries its choice (a saved model's) is built the same way again
-    else:
-        config = OpsImplementationConfig.coerce(ops)
-        if ops is not None and saved is not None and saved != config:
-            logger.warning("build_model: ops=%s replaces the config's ops_implementation %s", config.to_dict(),
-                           saved.to_dict())
+        return saved
+    config = OpsImplementationConfig.coerce(ops)
+    if ops is not None and saved is not None and saved != config:
+        logger.warning("build_model: ops=%s replaces the config's ops_implementation %s", config.to_dict(),
+                       saved.to_dict())
+    return config
+
+
+def _target(module: Union[str, types.ModuleType, None], model_class: Union[str, type, None]
+            ) -> Tuple[types.ModuleType, str]:
+    """(module, class name) that build_model constructs."""
     if module is not None:
         module = _resolve_module(module)
     if module is None:
@@ -220,8 +289,13 @@ def build_model(
         module = sys.modules[model_class.__module__]
     if model_class is None:
         raise ValueError(f"build_model needs `model_class` (a class or a class name in {module.__name__})")
-    class_name = model_class if isinstance(model_class, str) else model_class.__name__
+    return module, model_class if isinstance(model_class, str) else model_class.__name__
 
+
+def _check_choices(config: OpsImplementationConfig, hf_config: Any, module: types.ModuleType, class_name: str,
+                   registry: Optional[KernelRegistry], device: Optional[DeviceInfo]) -> Dict[Tuple[str, str], str]:
+    """Everything the model will bind (instance-scoped slots and config slots included), checked
+    before anything is bound; returns {(op, variant): impl}."""
     declared = declared_slots(module)
     config_slots = declared_config_slots(module)
     if not declared and not config_slots:
@@ -230,38 +304,52 @@ def build_model(
         raise AttributeError(f"module {module.__name__!r} has no class {class_name!r}")
     for config_slot in config_slots:  # a config value they refuse is an error before construction
         config_slot.bind_from(hf_config)
-    # Everything the model will bind, instance-scoped slots included, is checked before anything is.
     pairs = {(d.op, d.variant) for d in declared}
     chosen = config.validate(pairs, registry=registry, device=device)
     unbound = config.unbound_choices(d.op for d in declared)
     if unbound:
         raise _unbound_error(config, unbound, f"module {module.__name__}", [f"{op}/{v}" for op, v in sorted(pairs)])
     check_model([(op, v, impl) for (op, v), impl in chosen.items()], hf_config)
+    return chosen
 
-    slots = module_slots(module)
-    if slots and private_copy:
-        release_unused_copies()
-        module = shared_copy(module, {n: chosen[(s.op, s.variant)] for n, s in slots.items()}) or \
-            load_private_copy(module)
+
+@contextlib.contextmanager
+def _bound_module(module: types.ModuleType, config: OpsImplementationConfig, chosen: Dict[Tuple[str, str], str],
+                  private_copy: bool, registry: Optional[KernelRegistry], device: Optional[DeviceInfo]
+                  ) -> Iterator[Tuple[types.ModuleType, Dict[str, OpSlot]]]:
+    """(module, its module-level slots) bound as `chosen`: the shared private copy named after that
+    binding (or `module` itself with `private_copy=False`), pinned until the `with` block ends."""
+    pin = Pin()  # a user of the copy until the model is constructed and attached
+    with LOCK:
         slots = module_slots(module)
-    if slots:
-        _bind_module(module, config, slots, registry, device, warn_live=not private_copy)
-    cls = getattr(module, class_name)
+        if slots and private_copy:
+            release_unused_copies()
+            module = shared_copy(module, {n: chosen[(s.op, s.variant)] for n, s in slots.items()}) or \
+                load_private_copy(module)
+            slots = module_slots(module)
+            adopt(pin, module)
+        if slots:
+            _bind_module(module, config, slots, registry, device, warn_live=not private_copy)
+    yield module, slots
+    del pin
 
+
+def _config_copy(hf_config: Any, config: OpsImplementationConfig, slots: Dict[str, OpSlot],
+                 registry: Optional[KernelRegistry], device: Optional[DeviceInfo]) -> Any:
+    """The copy of `hf_config` the model is constructed with (see build_model)."""
     hf_config = copy.deepcopy(hf_config)
     hf_config.ops_implementation = config.to_dict()
     attn = config.value("attn_implementation", device)
     if attn is not None:
-        hf_config._attn_implementation = attn
+        carry_dispatch(hf_config, "attn_implementation", attn)
     if moe_runs_kernel(slots, config, device, registry):
-        hf_config._experts_implementation = EXPERTS_EAGER
-    model = cls(hf_config)
-    for slot in slots.values():
-        slot.attach(model)
-    plan = binding_plan(model)
-    unbound = config.unbound_choices(plan.ops())
-    if unbound:
-        raise _unbound_error(config, unbound, f"{class_name} (built from {module.__name__})",
-                             [f"{e.op}/{e.variant}" for e in plan])
-    log_plan(plan)
-    return model
+        carry_dispatch(hf_config, "experts_implementation", EXPERTS_EAGER)
+    return hf_config
+
+
+def carry_dispatch(hf_config: Any, name: str, value: str) -> None:
+    """Set Transformers' `attn_implementation` or `experts_implementation` on `hf_config` so that it
+    also holds for models built from it after a save and a load: Transformers keeps the choice in
+    `_<name>`, which it never saves, and reads the public `<name>` of a saved config back into it."""
+    setattr(hf_config, f"_{name}", value)
+    setattr(hf_config, name, value)

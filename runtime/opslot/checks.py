@@ -149,6 +149,18 @@ def _check_module_slots(ops: Any, registry: Any, depth: int) -> None:
         raise _not_followed(frame.f_globals.get("__name__", "?"), mismatched)
 
 
+def check_caller_follows_config(config: Any, depth: int) -> None:
+    """For code run while a generated model is constructed (a config slot's bind_from): refuse, as
+    `_check_module_slots` does, a `config` carrying an ops_implementation that the module-level slots
+    of the module `depth` frames above the caller do not follow. Nothing to check without one."""
+    try:
+        ops = saved_ops(config)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"config.ops_implementation: {exc}") from None
+    if ops is not None:
+        _check_module_slots(ops, None, depth + 2)
+
+
 def check_model_follows_config(model: Any, registry: Any = None) -> None:
     """Refuse a loaded model (e.g. `generated.Class.from_pretrained(dir)` of a checkpoint saved with
     ops_implementation) whose module-level slots do not run what its `config.ops_implementation`

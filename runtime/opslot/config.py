@@ -29,7 +29,7 @@ import json
 import os
 import sys
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Set, Tuple
 
 from .hardware import DeviceInfo, current_device
 from .ops import EAGER
@@ -160,10 +160,10 @@ class OpsImplementationConfig:
                 raise ValueError(f"ops_implementation.{f.name} must be a non-empty string, got {value!r}")
         moe = self.moe_implementation
         if moe is not None and moe != EAGER and not moe.startswith("fused_"):
-            raise ValueError(
-                f"ops_implementation.moe_implementation must be 'eager' or 'fused_<impl>', "
-                f"got {moe!r}; did you mean 'fused_{moe}'?"
-            )
+            values = moe_config_values()
+            hint = _suggest_value(moe, values) or f" (values: {', '.join(values)})"
+            raise ValueError(f"ops_implementation.moe_implementation must be 'eager' or 'fused_<impl>', "
+                             f"got {moe!r}{hint}")
         if self.attn_implementation is not None:
             _check_attn_implementation(self.attn_implementation)
 
@@ -184,7 +184,9 @@ class OpsImplementationConfig:
         names = [f.name for f in dataclasses.fields(cls)]
         for key in data:
             if key not in names:
-                raise ValueError(f"unknown ops_implementation field {key!r}{_did_you_mean(str(key), names)}")
+                note = _config_attribute_note(key)
+                hint = f": {note}" if note else _did_you_mean(str(key), [_SECTION] if _is_section_key(key) else names)
+                raise ValueError(f"unknown ops_implementation field {key!r}{hint}")
         return cls(**dict(data))
 
     @classmethod
@@ -305,28 +307,38 @@ class OpsImplementationConfig:
         device: Optional[DeviceInfo] = None,
     ) -> Dict[Tuple[str, str], str]:
         """Check every (op, variant) a module's slots use; returns {(op, variant): impl}.
-        All problems are reported together in one ValueError."""
+        All problems are reported together in one ValueError, $OPSLOT_FORCE_IMPL values that bind
+        nothing (`forced_name_problem`) included."""
         registry = registry or KERNEL_REGISTRY
         chosen: Dict[Tuple[str, str], str] = {}
-        errors = []
+        problem = forced_name_problem(None, registry, device)
+        errors = [f"  every slot ({FORCE_ENV}={os.environ.get(FORCE_ENV)!r}): {problem}"] if problem else []
         for op, variant in sorted(set(slots)):
             try:
+                problem = forced_name_problem(op, registry, device)
+                if problem is not None:
+                    raise KeyError(problem)
                 impl = self.effective_impl(op, variant, registry=registry, device=device)
                 registry.resolve(op, variant, impl, device=device)
             except (KeyError, RuntimeError) as exc:
-                msg = exc.args[0] if exc.args else str(exc)
-                field = FIELD_FOR_OP.get(op)
-                where = f"{field}={self.value(field, device)!r}" if field else "no config field"
-                if field and forced_impl_spec(op) is not None:
-                    where = f"{FORCE_ENV}={os.environ.get(FORCE_ENV)!r}"
-                if op == "moe" and isinstance(exc, KeyError) and msg.startswith("no kernel"):
-                    msg = _moe_missing_message(impl, variant, registry, device)
-                errors.append(f"  {op}/{variant} ({where}): {msg}")
+                errors.append(self._slot_problem(op, variant, exc, registry, device))
                 continue
             chosen[(op, variant)] = impl
         if errors:
             raise ValueError("invalid ops_implementation:\n" + "\n".join(errors))
         return chosen
+
+    def _slot_problem(self, op: str, variant: str, exc: Exception, registry: KernelRegistry,
+                      device: Optional[DeviceInfo]) -> str:
+        """validate's line for a slot of `op`/`variant` whose choice failed with `exc`."""
+        msg = exc.args[0] if exc.args else str(exc)
+        field = FIELD_FOR_OP.get(op)
+        where = f"{field}={self.value(field, device)!r}" if field else "no config field"
+        if field and forced_impl_spec(op) is not None:
+            where = f"{FORCE_ENV}={os.environ.get(FORCE_ENV)!r}"
+        elif op == "moe" and isinstance(exc, KeyError) and msg.startswith("no kernel"):
+            msg = _moe_missing_message(self.impl_for(op, device), variant, registry, device)
+        return f"  {op}/{variant} ({where}): {msg}"
 
 
 def config_values(op: str, variant: str, registry: Optional[KernelRegistry] = None,
@@ -356,7 +368,8 @@ def _moe_missing_message(impl: str, variant: str, registry: KernelRegistry, devi
 
 # -- $OPSLOT_FORCE_IMPL ------------------------------------------------------------------------
 #: Debugging switch: `eager` (every slot runs the upstream code), `<kernel>` (every slot that has
-#: that kernel runs it, the others eager) or `op=kernel,op=kernel` (those ops, strictly).
+#: that kernel runs it, the others eager) or `op=kernel,op=kernel` (those ops, strictly). A value
+#: that binds nothing (a typo, a kernel no op has or none can run here) is an error.
 FORCE_ENV = "OPSLOT_FORCE_IMPL"
 
 
@@ -371,7 +384,7 @@ def _parse_force(text: str) -> Tuple[Optional[str], Dict[str, str]]:
             op = op[: -len("_implementation")] if op.endswith("_implementation") else op
             if op not in FIELD_FOR_OP or op == "attn" or not impl:
                 raise ValueError(f"{FORCE_ENV}={text!r}: {item!r} is not op=kernel"
-                                 f"{_did_you_mean(op + '_implementation', FIELD_FOR_OP.values())}")
+                                 f"{_did_you_mean(op + '_implementation', _slot_fields())}")
             per_op[op] = impl[len("fused_"):] if op == "moe" and impl.startswith("fused_") else impl
         else:
             everything = item
@@ -389,6 +402,39 @@ def forced_impl_spec(op: str) -> Optional[Tuple[str, bool]]:
     if everything is not None:
         return everything, False
     return None
+
+
+def forced_name_problem(op: Optional[str], registry: Optional[KernelRegistry] = None,
+                        device: Optional[DeviceInfo] = None) -> Optional[str]:
+    """Why the kernel $OPSLOT_FORCE_IMPL names binds nothing, or None: the one check of both forms.
+    `op` None checks the bare value (`torch`: it must name a kernel of some op, usable on this
+    machine for at least one), an op checks its `op=kernel` value (a kernel of that op; whether it
+    fits each variant and the machine, binding then says). `eager` always binds."""
+    spec = _forced_value(op)
+    if spec is None or spec == EAGER:
+        return None
+    registry = registry or KERNEL_REGISTRY
+    every = registry.list_available(op, include_unsupported=True)
+    names = sorted({name for names in every.values() for name in names})
+    scope = f"for {op}" if op else "for any op"
+    if spec not in names:
+        values = [EAGER] + names
+        return f"no kernel {spec!r} {scope}{_suggest_value(spec, values)} (values: {', '.join(values)})"
+    usable = sorted({n for names in registry.list_available(device=device).values() for n in names})
+    if op is None and spec not in usable:
+        return (f"no kernel {spec!r} can run on this machine, so every slot would run eager (usable here: "
+                f"{', '.join([EAGER] + usable)})")
+    return None
+
+
+def _forced_value(op: Optional[str]) -> Optional[str]:
+    """The kernel $OPSLOT_FORCE_IMPL names for `op` in its `op=kernel` form (`op` None: its bare
+    value), or None."""
+    text = os.environ.get(FORCE_ENV, "").strip()
+    if not text:
+        return None
+    everything, per_op = _parse_force(text)
+    return everything if op is None else per_op.get(op)
 
 
 def forced_impl(op: str, variant: str, *, registry: Optional[KernelRegistry] = None,
@@ -411,30 +457,77 @@ def forced_impl(op: str, variant: str, *, registry: Optional[KernelRegistry] = N
 _SECTION = "ops_implementation"
 
 
+def _slot_fields() -> List[str]:
+    """The fields of ops that have slots (every field but attn_implementation)."""
+    return [field for op, field in FIELD_FOR_OP.items() if op != "attn"]
+
+
 def _field_names() -> List[str]:
     return [f.name for f in dataclasses.fields(OpsImplementationConfig)]
 
 
+def _is_section_key(key: Any) -> bool:
+    """`ops_implementation`, or a close misspelling of it (`ops_implmentation`, `Ops_Implementations`;
+    not another `*_implementation` key such as `attn_implementation`)."""
+    if not isinstance(key, str) or not key.lower().startswith("op"):
+        return False
+    return bool(difflib.get_close_matches(key.lower(), [_SECTION], n=1, cutoff=0.8))
+
+
 def _looks_like_ops_key(key: str) -> bool:
-    return (key in _field_names() or key.endswith("_implementation")
-            or bool(difflib.get_close_matches(key, [_SECTION], n=1, cutoff=0.8)))
+    return key in _field_names() or key.endswith("_implementation")
 
 
-def _check_misplaced(mapping: Mapping[str, Any], where: str, allowed: Iterable[str]) -> None:
-    """Refuse keys of a training config that look like ops settings outside model.ops_implementation."""
+def _misplaced_fields(mapping: Mapping[str, Any], where: str, allowed: Iterable[str]) -> List[str]:
+    """Keys of one level of a training config that look like ops fields (outside the ops section)."""
     allowed = set(allowed)
     problems = []
     for key in mapping:
-        if not isinstance(key, str) or key in allowed or not _looks_like_ops_key(key):
+        if not isinstance(key, str) or key in allowed or _is_section_key(key) or not _looks_like_ops_key(key):
             continue
         path = f"{where}.{key}" if where else key
-        if key == _SECTION or difflib.get_close_matches(key, [_SECTION], n=1, cutoff=0.8):
-            problems.append(f"{path!r}: the ops section is 'model.{_SECTION}'")
-        elif key in _field_names():
+        note = _config_attribute_note(key)
+        if key in _field_names():
             problems.append(f"{path!r}: ops fields go under 'model.{_SECTION}' (model.{_SECTION}.{key})")
+        elif note:
+            problems.append(f"{path!r}: {note}")
         else:
             problems.append(f"{path!r}: not an ops field{_did_you_mean(key, _field_names())}; ops fields go "
                             f"under 'model.{_SECTION}'")
+    return problems
+
+
+def _misplaced_sections(value: Any, path: str, allowed: str, seen: Set[int]) -> List[str]:
+    """Paths in `value` (mappings and lists, walked whole) of every ops section (the key
+    `ops_implementation` or a close misspelling) other than the one at `allowed`."""
+    if isinstance(value, Mapping):
+        items = [(f"{path}.{k}" if path else str(k), k, v) for k, v in value.items()]
+    elif isinstance(value, (list, tuple)):
+        items = [(f"{path}[{i}]", None, v) for i, v in enumerate(value)]
+    else:
+        return []
+    if id(value) in seen:  # YAML aliases may share (or nest) a node
+        return []
+    seen.add(id(value))
+    found = []
+    for sub, key, child in items:
+        if sub == allowed:
+            continue
+        if _is_section_key(key):
+            found.append(sub)
+        found += _misplaced_sections(child, sub, allowed, seen)
+    return found
+
+
+def _check_placement(data: Mapping[str, Any], model: Optional[Mapping[str, Any]], allowed: str) -> None:
+    """Refuse ops settings anywhere in a training config but its section at `allowed`: an ops
+    section at any depth (`train.ops_implementation`, `model.model.ops_implementation`, ...), ops
+    fields directly at the top or under `model:`. One ValueError lists every place found."""
+    problems = [f"{path!r}: the ops section is 'model.{_SECTION}'"
+                for path in _misplaced_sections(data, "", allowed, set())]
+    problems += _misplaced_fields(data, "", allowed={"model", _SECTION})
+    if model is not None:
+        problems += _misplaced_fields(model, "model", allowed={_SECTION})
     if problems:
         raise ValueError("misplaced ops settings in the training config: " + "; ".join(problems))
 
@@ -448,8 +541,9 @@ def _section(value: Any, path: str) -> Mapping[str, Any]:
 
 
 def _ops_section(data: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The ops mapping inside `data`: a training config (`model:` present), an `ops_implementation:`
-    section, or `data` itself (a bare mapping of fields)."""
+    """The ops mapping inside `data`: a training config (`model:` present; its section is
+    `model.ops_implementation`), an `ops_implementation:` section, or `data` itself (a bare mapping
+    of fields). An ops section anywhere else in `data`, at any depth, is an error (`_check_placement`)."""
     if "model" in data:
         model = data["model"]
         if model is None:
@@ -457,13 +551,16 @@ def _ops_section(data: Mapping[str, Any]) -> Mapping[str, Any]:
         if not isinstance(model, Mapping):
             raise TypeError(f"'model' (the model section of a training config) must be a mapping, got "
                             f"{type(model).__name__}")
-        _check_misplaced(data, "", allowed={"model"})
-        _check_misplaced(model, "model", allowed={_SECTION})
+        _check_placement(data, model, allowed=f"model.{_SECTION}")
         return _section(model.get(_SECTION), f"model.{_SECTION}")
     if _SECTION in data:
-        _check_misplaced(data, "", allowed={_SECTION})
+        _check_placement(data, None, allowed=_SECTION)
         return _section(data[_SECTION], _SECTION)
-    return data
+    nested = [path for path in _misplaced_sections(data, "", "", set()) if path not in data]
+    if nested:  # e.g. a training config without `model:` whose section sits under `train:`
+        raise ValueError("misplaced ops settings in the training config: " + "; ".join(
+            f"{path!r}: the ops section is 'model.{_SECTION}'" for path in nested))
+    return data  # its own keys are checked as fields (unknown ones: did-you-mean)
 
 
 def _normalise_allow_unbound(value: Any) -> Tuple[str, ...]:
@@ -476,7 +573,7 @@ def _normalise_allow_unbound(value: Any) -> Tuple[str, ...]:
         op = item[: -len("_implementation")] if isinstance(item, str) and item.endswith("_implementation") else item
         if op not in FIELD_FOR_OP or op == "attn":
             raise ValueError(f"ops_implementation.allow_unbound: {item!r} is not an op with slots"
-                             f"{_did_you_mean(str(item) + '_implementation', FIELD_FOR_OP.values())}")
+                             f"{_did_you_mean(str(item) + '_implementation', _slot_fields())}")
         out.append(op)
     return tuple(sorted(set(out)))
 
@@ -524,10 +621,53 @@ _OP_ALIASES = {
 
 
 def _did_you_mean(word: str, names: Iterable[str]) -> str:
+    """"; did you mean 'X'?" for the name of `names` that `word` most likely meant (an op alias or a
+    close spelling), or "" when none is close. Only ever suggests a member of `names`."""
     names = list(names)
     base = word[: -len("_implementation")] if word.endswith("_implementation") else word
     base = _OP_ALIASES.get(base, base)
     if f"{base}_implementation" in names:
         return f"; did you mean '{base}_implementation'?"
+    if base in FIELD_FOR_OP:  # a known op (e.g. attn) that `names` leaves out: nothing to suggest
+        return ""
     close = difflib.get_close_matches(word, names, n=1)
     return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _suggest_value(word: str, values: Iterable[str]) -> str:
+    """"; did you mean 'X'?" for the implementation value of `values` that `word` most likely meant,
+    ignoring case and a `fused_` prefix (the same name first, else the closest spelling); "" when
+    none is close. Only ever suggests a member of `values`."""
+    keys: Dict[str, str] = {}
+    for value in values:
+        keys.setdefault(value.lower(), value)
+    for value in values:  # fused_torch is also found as torch, and torch as fused_torch
+        keys.setdefault(_unfused(value.lower()), value)
+    word = word.lower()
+    for candidate in (word, _unfused(word)):
+        if candidate in keys:
+            return f"; did you mean {keys[candidate]!r}?"
+    close = difflib.get_close_matches(_unfused(word), list(keys), n=1)
+    return f"; did you mean {keys[close[0]]!r}?" if close else ""
+
+
+def _unfused(name: str) -> str:
+    return name[len("fused_"):] if name.startswith("fused_") else name
+
+
+def _config_attribute_note(key: Any) -> Optional[str]:
+    """What to say of `key` when it is a model-config attribute that a config slot reads (e.g. the
+    MoE specs' `router_implementation`): where it goes instead of the ops section. None otherwise."""
+    from .config_slot import CONFIG_ATTRIBUTES
+
+    if key not in CONFIG_ATTRIBUTES:
+        return None
+    return (f"{key} is a model-config attribute, not an ops field (a config slot of the generated model reads "
+            f"config.{key}); set it on the model config (config.{key} = ..., or in its config.json)")
+
+
+def moe_config_values(registry: Optional[KernelRegistry] = None) -> List[str]:
+    """Every value `moe_implementation` may take: eager and `fused_<kernel>` for each moe kernel
+    registered (any variant, any hardware)."""
+    every = (registry or KERNEL_REGISTRY).list_available("moe", include_unsupported=True)
+    return [EAGER] + sorted({f"fused_{name}" for names in every.values() for name in names})

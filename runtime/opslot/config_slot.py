@@ -11,13 +11,22 @@ comes from `config.toy_attention_kernel` (or the text config of a multimodal con
 per model instance, is saved with the config, and two models built from one module with different
 configs do not share it. A value that is not one of the declared implementations, or a missing
 attribute without a default, is a ValueError when the model is built, naming the attribute, the
-value and the implementations allowed: never a silent fallback.
+value and the implementations allowed: never a silent fallback. Since a config slot's `bind_from` runs
+while the model is constructed, it also refuses a config carrying an `ops_implementation` that the
+module's module-level slots do not follow (a model built directly from a saved config, which would
+otherwise run eager where the config says a kernel).
 """
 
 from __future__ import annotations
 
 import difflib
-from typing import Any, Iterable, Optional, Tuple
+from typing import Any, Dict, Iterable, Optional, Set, Tuple
+
+#: Model-config attributes read by config slots: {attribute: names of the slots that read it}. The ops
+#: config's messages use it to tell such an attribute written in the ops section where it belongs.
+#: Seeded with the real-model specs' config slot (the MoE specs' `router_implementation`, so that it
+#: is known before any generated module is imported); every ConfigSlot created adds its own.
+CONFIG_ATTRIBUTES: Dict[str, Set[str]] = {"router_implementation": set()}
 
 
 class ConfigSlot:
@@ -35,6 +44,7 @@ class ConfigSlot:
             raise ValueError(f"ConfigSlot {name!r}: default {default!r} is not one of {_names(values)}")
         self.name = name
         self.attribute = attribute
+        CONFIG_ATTRIBUTES.setdefault(attribute, set()).add(name)
         self.values: Tuple[str, ...] = values
         self.default = default
         self._value: Optional[str] = None
@@ -63,7 +73,9 @@ class ConfigSlot:
 
     def bind_from(self, config: Any) -> "ConfigSlot":
         """Choose the implementation from `config.<attribute>` (the first of the config and its text
-        config that sets it, i.e. has it and not None); `default` when none does. Returns self."""
+        config that sets it, i.e. has it and not None); `default` when none does. Returns self.
+        Called from a generated `__init__` with a config that carries `ops_implementation` (a saved
+        model's), the module-level slots of that module must follow it (see `_checked`)."""
         raw, found = _read(config, self.attribute)
         if not found:
             if self.default is None:
@@ -71,7 +83,7 @@ class ConfigSlot:
                     f"{self._label()} reads config.{self.attribute}, which the model config does not set, "
                     f"and it has no default; set config.{self.attribute} to one of: {_names(self.values)}")
             self._value, self._why = self.default, "default"
-            return self
+            return self._checked(config)
         if not isinstance(raw, str):
             raise ValueError(f"{self._label()}: config.{self.attribute} is {raw!r} ({type(raw).__name__}); "
                              f"it must name one of the implementations: {_names(self.values)}")
@@ -79,6 +91,16 @@ class ConfigSlot:
             raise ValueError(f"{self._label()}: config.{self.attribute} is {raw!r}, which is not one of its "
                              f"implementations: {_names(self.values)}{_did_you_mean(raw, self.values)}")
         self._value, self._why = raw, "config"
+        return self._checked(config)
+
+    def _checked(self, config: Any) -> "ConfigSlot":
+        """Self, once the module being constructed (the caller of bind_from, i.e. a generated
+        `__init__`) is known to follow the ops_implementation `config` carries: a model built
+        directly from a saved config (`Class(config)`, `from_config`) whose module-level slots are
+        not bound as it says is a ValueError, as for instance-scoped slots (checks.py)."""
+        from .checks import check_caller_follows_config
+
+        check_caller_follows_config(config, depth=2)
         return self
 
     def _label(self) -> str:

@@ -10,7 +10,14 @@ with other choices cannot change it. The copy is named after its binding:
   such name by loading the original module's file again and binding its slots as the name says. So
   `pickle` / `torch.save(model)` of a whole model loads in a new process (`import opslot` first);
 - copies whose models are all gone are dropped from `sys.modules` (`release_unused_copies`, run by
-  every `build_model`), and garbage-collected with their classes.
+  every `build_model`), and garbage-collected with their classes. A model restored from a copy's
+  classes (`pickle`, `torch.load`, `copy.deepcopy`: all call `__setstate__`) is recorded as a user
+  like a built one, so its copy stays registered and the model can be saved again;
+- the name always says the binding: `bind_ops` refuses to rebind a named copy to anything else
+  (build another model instead: its copy is named after its own binding);
+- thread safety: creating, binding and releasing copies happens under one lock (`LOCK`), and a
+  copy being imported, imported by name but not used yet, or handed to a model under construction
+  is never released.
 
 `isinstance(model, generated.Class)` is False for a model of a copy: the copy's classes are other
 class objects (that is what keeps their slots apart). `is_instance(model, generated.Class)` answers
@@ -25,6 +32,7 @@ import importlib.machinery
 import importlib.util
 import re
 import sys
+import threading
 import types
 from typing import Any, Dict, List, Optional
 
@@ -32,6 +40,9 @@ from .slot import OpSlot
 
 COPY_MARK = "__opslot__"
 _IMPL_NAME = re.compile(r"^[A-Za-z0-9_]+$")
+#: Held while copies are created, bound, registered or released (re-entrant: build_model holds it
+#: around calls that take it too).
+LOCK = threading.RLock()
 
 
 def original_name(name: str) -> str:
@@ -42,6 +53,15 @@ def original_name(name: str) -> str:
 
 def is_copy(name: str) -> bool:
     return COPY_MARK in name or re.search(r"__opslot_copy\d+$", name) is not None
+
+
+def named_binding(name: str) -> Optional[List[str]]:
+    """The impls a copy's name says its module-level slots run (in slot-name order), or None when
+    `name` is not the name of a copy made by build_model."""
+    base, mark, tail = name.rpartition(COPY_MARK)
+    if not mark or not base or not tail or "__" in tail:
+        return None
+    return tail.split("-")
 
 
 def copy_name(module: types.ModuleType, impls: Dict[str, str]) -> Optional[str]:
@@ -69,20 +89,69 @@ class _CopyLoader(importlib.machinery.SourceFileLoader):
         for (name, slot), impl in zip(slots, self._impls):
             slot.name = name
             slot.bind(impl, why="restored (copy name)")
+        _record_restored_users(module)
+        pin = Pin()  # until adopt records its first user, e.g. the object being unpickled
+        module.__dict__[_IMPORT_PIN] = pin
+        for _, slot in slots:
+            slot.attach(pin)
+
+
+class Pin:
+    """A stand-in user that keeps a copy from being released (see adopt)."""
+
+
+_IMPORT_PIN = "__opslot_import_pin__"
+
+
+def _record_restored_users(module: types.ModuleType) -> None:
+    """Give every torch.nn.Module class defined in copy `module` a `__setstate__` that records each
+    restored object (pickle, torch.load, copy.deepcopy all call it) as a user of the copy's slots, as
+    build_model does for the models it builds (`adopt`)."""
+    import torch
+
+    for cls in list(vars(module).values()):
+        if isinstance(cls, type) and cls.__module__ == module.__name__ and issubclass(cls, torch.nn.Module):
+            cls.__setstate__ = _adopting_setstate(cls, module)
+
+
+def _adopting_setstate(cls: type, module: types.ModuleType) -> Any:
+    own = cls.__dict__.get("__setstate__")
+
+    def __setstate__(self: Any, state: Any) -> None:
+        if own is not None:
+            own(self, state)
+        else:
+            super(cls, self).__setstate__(state)
+        adopt(self, module)
+
+    return __setstate__
+
+
+def adopt(obj: Any, module: types.ModuleType) -> None:
+    """Record `obj` as a user of copy `module`'s slots, and register the copy again under its name
+    if it was released meanwhile (so that `obj` pickles). A copy imported by name is kept from
+    release until its first user is recorded here (another thread may be unpickling from it)."""
+    with LOCK:
+        for value in vars(module).values():
+            if isinstance(value, OpSlot):
+                value.attach(obj)
+        module.__dict__.pop(_IMPORT_PIN, None)
+        if module.__name__ not in sys.modules:
+            sys.modules[module.__name__] = module
 
 
 class _CopyFinder(importlib.abc.MetaPathFinder):
     """Imports `<module>__opslot__<impls>` names (see the module docstring)."""
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
-        base, mark, tail = fullname.rpartition(COPY_MARK)
-        if not mark or not base or not tail:
+        impls = named_binding(fullname)
+        if impls is None:
             return None
-        original = importlib.import_module(base)
+        original = importlib.import_module(fullname.rpartition(COPY_MARK)[0])
         file = getattr(original, "__file__", None)
         if not file or not file.endswith(".py"):
             return None
-        loader = _CopyLoader(fullname, file, original.__package__, tail.split("-"))
+        loader = _CopyLoader(fullname, file, original.__package__, impls)
         return importlib.util.spec_from_file_location(fullname, file, loader=loader)
 
 
@@ -97,26 +166,34 @@ def shared_copy(module: types.ModuleType, impls: Dict[str, str]) -> Optional[typ
     name = copy_name(module, impls)
     if name is None:
         return None
-    existing = sys.modules.get(name)
-    if existing is not None and getattr(existing, "__file__", None) != getattr(module, "__file__", None):
-        del sys.modules[name]  # a copy of another file of the same module name (e.g. generated elsewhere)
-    install_finder()
-    return importlib.import_module(name)
+    with LOCK:
+        existing = sys.modules.get(name)
+        if existing is not None and getattr(existing, "__file__", None) != getattr(module, "__file__", None):
+            del sys.modules[name]  # a copy of another file of the same module name (e.g. generated elsewhere)
+        install_finder()
+        return importlib.import_module(name)
 
 
 def release_unused_copies() -> List[str]:
     """Drop from sys.modules every copy made by build_model (named after its binding) whose slots no
     live model uses; returns their names. (A dropped copy lives on as long as objects of its classes
-    do; its name imports it again.) Copies made with `load_private_copy` are the caller's to keep."""
+    do; its name imports it again.) Copies made with `load_private_copy` are the caller's to keep; a
+    copy still being imported, or imported by name and not used yet (e.g. by another thread's
+    unpickling), is kept."""
     dropped = []
-    for name, module in list(sys.modules.items()):
-        if module is None or COPY_MARK not in name:
-            continue
-        slots = [v for v in vars(module).values() if isinstance(v, OpSlot)]
-        if slots and not any(len(s._users) for s in slots):
-            del sys.modules[name]
-            dropped.append(name)
+    with LOCK:
+        for name, module in list(sys.modules.items()):
+            if module is None or named_binding(name) is None or _importing(module):
+                continue
+            slots = [v for v in vars(module).values() if isinstance(v, OpSlot)]
+            if slots and not any(len(s._users) for s in slots):
+                del sys.modules[name]
+                dropped.append(name)
     return dropped
+
+
+def _importing(module: types.ModuleType) -> bool:
+    return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
 
 
 def is_instance(obj: Any, cls: type) -> bool:

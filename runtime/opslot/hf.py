@@ -28,7 +28,6 @@ from __future__ import annotations
 import importlib
 import logging
 import re
-import sys
 import types
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
@@ -95,7 +94,9 @@ def strict_from_pretrained(load: Callable[..., Any], *args: Any, strict: bool = 
     raise PartialLoadError if the checkpoint did not cover the model exactly. Returns what `load`
     returns (the model, or `(model, loading_info)` with `output_loading_info=True`). When
     Transformers itself refuses the checkpoint (a conversion error, a size mismatch), its
-    RuntimeError is re-raised with the load report, which names the keys, in the message."""
+    RuntimeError is re-raised with the load report, which names the keys, in the message. A loaded
+    model whose saved ops_implementation its module-level slots do not follow is refused; one whose
+    moe slots run a kernel gets the eager experts dispatch that reaches them (`reach_moe_kernels`)."""
     want_info = kwargs.pop("output_loading_info", False)
     capture = _LoadReportCapture()
     hf_logger = logging.getLogger("transformers.modeling_utils")
@@ -114,7 +115,27 @@ def strict_from_pretrained(load: Callable[..., Any], *args: Any, strict: bool = 
     from .checks import check_model_follows_config
 
     check_model_follows_config(model)  # a saved ops_implementation the module-level slots ignore: error
+    reach_moe_kernels(model, kwargs.get("experts_implementation"))
     return (model, info) if want_info else model
+
+
+def reach_moe_kernels(model: Any, explicit: Optional[str] = None) -> None:
+    """Give a loaded model whose moe slots run a kernel Transformers' eager experts dispatch (where
+    the moe guard sits), as build_model gives the models it builds, and write it where the config
+    saves it (`carry_dispatch`): a checkpoint whose config.json lacks it (saved by a model that was
+    itself loaded) would otherwise dispatch to Transformers' default and never reach the kernel. An
+    explicit `experts_implementation=` of the caller wins."""
+    from .binding import EXPERTS_EAGER, carry_dispatch
+    from .plan import binding_plan
+
+    config = getattr(model, "config", None)
+    if explicit is not None or config is None or not hasattr(config, "_experts_implementation"):
+        return
+    if not any(e.op == "moe" and e.impl != EXPERTS_EAGER for e in binding_plan(model)):
+        return
+    if config._experts_implementation != EXPERTS_EAGER and callable(getattr(model, "set_experts_implementation", None)):
+        model.set_experts_implementation(EXPERTS_EAGER)
+    carry_dispatch(config, "experts_implementation", EXPERTS_EAGER)
 
 
 def _resolve_module(module: Union[str, types.ModuleType]) -> types.ModuleType:
@@ -123,7 +144,7 @@ def _resolve_module(module: Union[str, types.ModuleType]) -> types.ModuleType:
 
 def from_pretrained(pretrained_model_name_or_path: Any, module: Union[str, types.ModuleType],
                     model_class: Union[str, type, None] = None, ops: Any = None, *, private_copy: bool = True,
-                    registry: Any = None, device: Any = None, **kwargs: Any) -> Any:
+                    registry: Any = None, device: Any = None, allow_unreached: Any = False, **kwargs: Any) -> Any:
     """A generated model with kernels chosen by `ops`, weights from a checkpoint.
 
     What `opslot.build_model` does for a fresh model (private copy of `module` with its module-level
@@ -131,11 +152,14 @@ def from_pretrained(pretrained_model_name_or_path: Any, module: Union[str, types
     `model_class.from_pretrained(path, config=..., **kwargs)` of that copy: strict (see the module
     docstring), Transformers' conversion mapping applied. `model_class` defaults to the checkpoint's
     `config.architectures[0]`. `kwargs` are `from_pretrained`'s (dtype, attn_implementation,
-    experts_implementation, revision, strict, ...)."""
+    experts_implementation, revision, strict, ...). The model is watched for proof of dispatch, as
+    build_model's (`allow_unreached` likewise)."""
     import torch
     from transformers import AutoConfig
 
-    from .binding import build_model, module_slots
+    from .binding import build_model
+    from .dispatch import watch_dispatch
+    from .copies import LOCK, slots_of_class
 
     module = _resolve_module(module)
     config = kwargs.pop("config", None)
@@ -151,16 +175,18 @@ def from_pretrained(pretrained_model_name_or_path: Any, module: Union[str, types
     with torch.device("meta"):
         shell = build_model(config, ops=ops, module=module, model_class=model_class, private_copy=private_copy,
                             registry=registry, device=device)
-    cls, config = type(shell), shell.config
-    del shell
+    cls, config = type(shell), shell.config  # shell (a user of the copy) lives until the model is attached
     chosen_attn = (getattr(config, "ops_implementation", None) or {}).get("attn_implementation")
     attn = kwargs.get("attn_implementation")
     if attn is not None and chosen_attn is not None and attn != chosen_attn:
         raise ValueError(f"attn_implementation={attn!r} contradicts the ops config's {chosen_attn!r}")
     loaded = cls.from_pretrained(pretrained_model_name_or_path, config=config, **kwargs)
     model = loaded[0] if isinstance(loaded, tuple) else loaded
-    for slot in module_slots(sys.modules[cls.__module__]).values():
-        slot.attach(model)
+    with LOCK:
+        for slot in slots_of_class(cls).values():
+            slot.attach(model)
+    watch_dispatch(model, allow_unreached=allow_unreached)
+    del shell
     return loaded
 
 

@@ -9,7 +9,8 @@
       model.layers.*.mlp.experts.moe_experts_slot moe/standard (x2)          torch  explicit
       attention: eager (config._attn_implementation)
 
-`build_model` and `bind_ops` log their plan once, at INFO, on the `opslot` logger.
+`build_model` and `bind_ops` log their plan once, at INFO, on the `opslot` logger. Once the model's
+first step has started, a `dispatch` column says which bound slots ran (opslot.dispatch).
 `declared_slots(module)` lists the slots a generated module declares, instance-scoped ones
 included (read from its source), so that a choice that binds nowhere is found before any model
 is constructed; `declared_config_slots(module)` the config slots (`ConfigSlot`) it sets.
@@ -137,7 +138,9 @@ def declared_slots(module: types.ModuleType) -> List[DeclaredSlot]:
 
 @dataclass(frozen=True)
 class PlanEntry:
-    """One slot (or a group of identical instance-scoped slots, `count` of them)."""
+    """One slot (or a group of identical instance-scoped slots, `count` of them). `dispatch`, once
+    the model's first step has started (opslot.dispatch): "ran", "not reached", "not used by this
+    model", or "-" for an eager slot; None before."""
 
     slot: str
     scope: str
@@ -146,6 +149,7 @@ class PlanEntry:
     impl: str
     why: str
     count: int = 1
+    dispatch: Optional[str] = None
 
 
 class BindingPlan:
@@ -181,14 +185,16 @@ class BindingPlan:
 
     def __repr__(self) -> str:
         where = f" (module {self.module})" if self.module else ""
-        rows = [("slot", "op/variant", "impl", "why")]
+        stepped = any(e.dispatch is not None for e in self.entries)  # the proof of dispatch, after a step
+        rows = [("slot", "op/variant", "impl", "why") + (("dispatch",) if stepped else ())]
         for e in self.entries:
             count = f" (x{e.count})" if e.count > 1 else ""
-            rows.append((e.slot, f"{e.op}/{e.variant}{count}", e.impl, e.why))
-        widths = [max(len(r[i]) for r in rows) for i in range(3)]
+            rows.append((e.slot, f"{e.op}/{e.variant}{count}", e.impl, e.why)
+                        + ((e.dispatch or "-",) if stepped else ()))
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
         lines = [f"BindingPlan of {self.target}{where}:"]
         for r in rows:
-            lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(r[:3], widths)) + "  " + r[3])
+            lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(r[:-1], widths)) + "  " + r[-1])
         if not self.entries:
             lines.append("  (no slots)")
         for e in self.config_slots:
@@ -202,9 +208,10 @@ class BindingPlan:
 _INDEX = re.compile(r"(?<=\.)\d+(?=\.)|^\d+(?=\.)")
 
 
-def _module_entries(module: Any) -> List[PlanEntry]:
+def _module_entries(module: Any, dispatch: Any = None) -> List[PlanEntry]:
     items = module.items() if isinstance(module, dict) else vars(module).items()
-    return [PlanEntry(name, "module", s.op, s.variant, s.impl, s.why)
+    return [PlanEntry(name, "module", s.op, s.variant, s.impl, s.why,
+                      dispatch=dispatch.status_of(s) if dispatch is not None else None)
             for name, s in sorted(items) if isinstance(s, OpSlot)]
 
 
@@ -218,27 +225,31 @@ def binding_plan(target: Any) -> BindingPlan:
         raise TypeError(f"binding_plan takes a model (torch.nn.Module) or a generated module, got "
                         f"{type(target).__name__}")
     from .copies import slots_of_class
+    from .dispatch import dispatch_report
 
+    report = dispatch_report(target)  # which slots ran, once the model's first step has started
     entries: List[PlanEntry] = []
     modules_seen: Dict[str, type] = {}
-    groups: Dict[Tuple[str, str, str, str, str], int] = {}
-    order: List[Tuple[str, str, str, str, str]] = []
+    groups: Dict[Tuple[Any, ...], int] = {}
+    order: List[Tuple[Any, ...]] = []
     for path, sub in named():
         modules_seen.setdefault(type(sub).__module__, type(sub))
         for attr, value in vars(sub).items():
             if isinstance(value, (OpSlot, ConfigSlot)):
                 name = f"{path}.{attr}" if path else attr
                 if isinstance(value, ConfigSlot):  # config/<attribute>, the chosen implementation
-                    key = (_INDEX.sub("*", name), "config", value.attribute, value._value or "unbound", value.why)
+                    key = (_INDEX.sub("*", name), "config", value.attribute, value._value or "unbound", value.why,
+                           None)
                 else:
-                    key = (_INDEX.sub("*", name), value.op, value.variant, value.impl, value.why)
+                    key = (_INDEX.sub("*", name), value.op, value.variant, value.impl, value.why,
+                           report.status_of(value) if report is not None else None)
                 if key not in groups:
                     order.append(key)
                     groups[key] = 0
                 groups[key] += 1
     for cls in modules_seen.values():
-        entries += _module_entries(slots_of_class(cls))
-    rows = [PlanEntry(k[0], "instance", k[1], k[2], k[3], k[4], groups[k]) for k in order]
+        entries += _module_entries(slots_of_class(cls), report)
+    rows = [PlanEntry(k[0], "instance", k[1], k[2], k[3], k[4], groups[k], k[5]) for k in order]
     entries += [e for e in rows if e.op != "config"]
     config = getattr(target, "config", None)
     attention = getattr(config, "_attn_implementation", None) if config is not None else None

@@ -21,7 +21,7 @@ from .registry import KERNEL_REGISTRY, KernelRegistry
 class OpSlot:
     """A named dispatch point for one (op, variant)."""
 
-    __slots__ = ("op", "variant", "name", "_impl", "_fn", "_bind_count", "_users", "_why", "__weakref__")
+    __slots__ = ("op", "variant", "name", "_impl", "_fn", "_bind_count", "_users", "_why", "_ran", "__weakref__")
 
     def __init__(self, op: str, variant: str) -> None:
         if not isinstance(op, str) or not op or not isinstance(variant, str) or not variant:
@@ -34,6 +34,10 @@ class OpSlot:
         self._bind_count = 0
         self._users: "weakref.WeakSet[Any]" = weakref.WeakSet()
         self._why = "unbound"
+        # Proof of dispatch (opslot.dispatch): set by every call of the bound kernel, never read on
+        # the hot path. A plain store: torch.compile replays it after each run of a compiled graph,
+        # with no guard on its value (so no recompilation) and no graph break.
+        self._ran = False
 
     @property
     def impl(self) -> str:
@@ -50,6 +54,12 @@ class OpSlot:
         """Why the slot runs `impl`: "explicit", "default", "fallback (...)", "forced (...)",
         "direct" (slot.bind called by hand) or "unbound"."""
         return self._why
+
+    @property
+    def ran(self) -> bool:
+        """True when the bound kernel has been called since the flag was last cleared (opslot.dispatch
+        clears it when a model's first step starts; see docs/runtime.md, "Proof of dispatch")."""
+        return self._ran
 
     @property
     def bind_count(self) -> int:
@@ -72,6 +82,7 @@ class OpSlot:
                 stacklevel=2,
             )
         self._impl, self._fn, self._why = impl, fn, why
+        self._ran = False  # what ran before was another binding
         self._bind_count += 1
         return self
 
@@ -101,6 +112,7 @@ class OpSlot:
                 f"`use_non_eager_impl` before calling it; bind it with opslot.bind_ops(module, ops) "
                 f"or slot.bind('<impl>')"
             )
+        self._ran = True
         return fn(*args, **kwargs)
 
     def __reduce__(self) -> Any:

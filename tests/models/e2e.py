@@ -9,7 +9,8 @@ specs/<model>/ folder must have a case below. Then, for every model:
      load the same state_dict into both (strict);
   3. eager: every slot on "eager" -> logits (and loss) must be torch.equal to upstream, fp32;
   4. torch: every slot on opslot's portable `torch` kernel (wrapped so each call is counted: a slot
-     that never fires fails the model) -> logits, loss and every parameter gradient must be close
+     that never fires fails the model; and opslot's own proof of dispatch, `check_dispatch`, must say
+     "ran" for every bound slot) -> logits, loss and every parameter gradient must be close
      to upstream's; the max abs errors are recorded; then again with the causal-LM loss on the
      chunked fused linear + cross-entropy (`torch_chunked`, no full logits): loss and gradients;
   5. one AdamW step on the torch-kernel model: losses finite before and after, weights moved;
@@ -309,6 +310,20 @@ def register_counted_kernels(base: str = "torch", counted: str = COUNTED_IMPL, c
     return pairs
 
 
+def dispatch_errors(model, stage: str) -> List[str]:
+    """opslot's proof of dispatch after the step just taken (the model's first): every slot bound to
+    a kernel must have run ("not reached" raises UnreachedSlotError; "not used by this model" is not
+    expected in these configurations either)."""
+    from opslot.dispatch import UnreachedSlotError, check_dispatch
+
+    try:
+        report = check_dispatch(model, allow_unreached=False)
+    except UnreachedSlotError as exc:
+        return [f"{stage}: {exc}"]
+    return [f"{stage}: slot {e.slot} ({e.op}/{e.variant} -> {e.impl}) is {e.status!r}, not 'ran'"
+            for e in report.entries if e.impl != "eager" and e.status != "ran"]
+
+
 def ops_for(slots: Dict[str, Any], impl: str) -> Dict[str, str]:
     """An ops config choosing `impl` for every op the slots use (`fused_<impl>` for moe)."""
     ops = {}
@@ -335,6 +350,7 @@ def fake_torch_npu():
 # -- one model -------------------------------------------------------------------------------------
 def check_model(case: Case, args, device: torch.device) -> Result:
     from opslot import build_model, module_slots
+    from opslot.dispatch import watch_dispatch
     from opslot.testing import compare_models
 
     res = Result(case.key)
@@ -365,6 +381,9 @@ def check_model(case: Case, args, device: torch.device) -> Result:
         def build(ops, module_=module):
             model = build_model(config, ops=ops, module=module_, model_class=case.causal_lm)
             model.load_state_dict(state, strict=True)
+            # As build_model does (idempotent), but warning only: stage 4 then reports every unreached
+            # kernel (dispatch_errors) after comparing the whole model with upstream.
+            watch_dispatch(model, allow_unreached=True)
             return model.to(device).train()
 
         # 3. eager: bit-exact
@@ -410,6 +429,7 @@ def check_model(case: Case, args, device: torch.device) -> Result:
         for k, v in sorted(fired.items()):
             if v == 0:
                 res.errors.append(f"slot {k} never dispatched with the torch kernels")
+        res.errors += dispatch_errors(tmodel, "torch kernels")
 
         # 4b. the chunked fused linear + cross-entropy (no full logits) in place of the causal-LM loss
         if any(sl.op == "cross_entropy_loss" for sl in slots.values()):
@@ -461,8 +481,8 @@ def check_model(case: Case, args, device: torch.device) -> Result:
 
 
 def check_cuda_kernels(slots, build, upstream, inputs, case, up_loss, up_logits, up_grads, res) -> None:
-    """opslot's `cuda` kernels in the model: close to upstream (fp32), every cuda slot fires, and an
-    AdamW step works."""
+    """opslot's `cuda` kernels in the model: close to upstream (fp32), every cuda slot fires (counted,
+    and opslot's proof of dispatch says every bound slot ran), and an AdamW step works."""
     from opslot.testing import compare_models
 
     cuda_pairs = set(CUDA_PAIRS)
@@ -487,6 +507,7 @@ def check_cuda_kernels(slots, build, upstream, inputs, case, up_loss, up_logits,
     for k, v in sorted(fired.items()):
         if v == 0:
             res.errors.append(f"slot {k} never dispatched with the cuda kernels")
+    res.errors += dispatch_errors(cmodel, "cuda kernels")
     _, loss_before, _ = run_model(cmodel, inputs, case.moe)
     opt = torch.optim.AdamW(cmodel.parameters(), lr=1e-3)
     opt.step()
