@@ -11,6 +11,8 @@
 // (channel group, batch, time tile of 4 runs), sized so that the grid is about kWaves resident
 // waves of equal blocks.
 //
+// The relayout kernel copies a gradient into x's layout (a tiled transpose) for the backward's vector path.
+//
 // Sections: device helpers; kernels; launchers; extern "C" entry points.
 #include <atomic>
 #include <type_traits>
@@ -30,7 +32,9 @@ constexpr int kBwdBytes = 8;   // 8 bytes backward (more live registers per chan
 constexpr int kWaves = 2;      // resident waves of blocks the grid aims at (at most)
 constexpr int kMinSteps = 32;  // shortest run of time steps per warp (bounds the halo's share)
 constexpr int kMaxWidth = 4;
-constexpr int kSimpleThreads = 256;  // reduction and decode kernels
+constexpr int kSimpleThreads = 256;  // reduction, decode and relayout kernels
+constexpr int kTile = 64;            // relayout tile: kTile channels x kTile steps
+constexpr int kRelayoutBlocks = 8;   // resident relayout blocks per SM (2048 threads)
 
 // ------------------------------------------------------------------------------------------------
 // Device helpers
@@ -595,6 +599,72 @@ __global__ void __launch_bounds__(kSimpleThreads)
   }
 }
 
+// Relayout (the backward's gradient into dx's layout): dst[b, c, t] = src[b, c, t], any strides,
+// as raw bits E (2 or 4 bytes). A block moves one kTile x kTile tile (channels x steps) through shared
+// memory; each side is read or written with consecutive lanes along the dimension its `time_fast`
+// names, so a transposing copy is coalesced on both sides (a plain strided copy is not).
+template <typename E>
+struct RelayoutSide {
+  E* base;
+  Strides s;
+  bool time_fast;
+};
+
+constexpr int kTileRows = kSimpleThreads / kTile;            // tile rows per pass
+constexpr int kTilePasses = kTile * kTile / kSimpleThreads;  // passes per tile
+
+// One thread's part of a pass over one side of the tile at (b, c0, t0): in pass r it moves the
+// element at g + r * gstep (global) and o + r * ostep (tile, [channel][step] of pitch kPitch), if
+// `on` and slow0 + r * kTileRows < nslow (the tile's extent along the side's slow dimension).
+template <typename E>
+struct TileWalk {
+  E* g;
+  int64_t gstep;
+  int o, ostep, slow0, nslow;
+  bool on;
+};
+
+template <int kPitch, typename E>
+__device__ __forceinline__ TileWalk<E> tile_walk(const RelayoutSide<E>& side, int64_t b, int64_t c0, int64_t t0,
+                                                 int64_t C, int64_t T) {
+  const int fast = threadIdx.x % kTile, slow0 = threadIdx.x / kTile;
+  const bool tf = side.time_fast;
+  const int64_t fstride = tf ? side.s.t : side.s.c, sstride = tf ? side.s.c : side.s.t;
+  const int nc = static_cast<int>(imin(C - c0, kTile)), nt = static_cast<int>(imin(T - t0, kTile));
+  TileWalk<E> w;
+  w.g = side.base + b * side.s.b + c0 * side.s.c + t0 * side.s.t + fast * fstride + slow0 * sstride;
+  w.gstep = kTileRows * sstride;
+  w.o = tf ? slow0 * kPitch + fast : fast * kPitch + slow0;
+  w.ostep = tf ? kTileRows * kPitch : kTileRows;
+  w.slow0 = slow0;
+  w.nslow = tf ? nc : nt;
+  w.on = fast < (tf ? nt : nc);
+  return w;
+}
+
+template <typename E>
+__global__ void __launch_bounds__(kSimpleThreads, kRelayoutBlocks)
+    conv_relayout_kernel(int64_t C, int64_t T, int64_t ctiles, int64_t ttiles, RelayoutSide<const E> src,
+                         RelayoutSide<E> dst) {
+  constexpr int kPitch = kTile + 4 / sizeof(E);  // an odd number of words: channel-wise access conflict-free
+  __shared__ E tile[kTile * kPitch];              // [channel][step]
+  const int64_t item = blockIdx.x, b = item / ctiles / ttiles;
+  const int64_t c0 = item % ctiles * kTile, t0 = item / ctiles % ttiles * kTile;
+  const TileWalk<const E> in = tile_walk<kPitch>(src, b, c0, t0, C, T);
+  E v[kTilePasses];  // all loads in flight at once; positions past the edge hold 0, never stored
+#pragma unroll
+  for (int r = 0; r < kTilePasses; ++r) v[r] = in.on && in.slow0 + r * kTileRows < in.nslow ? in.g[r * in.gstep] : E{0};
+#pragma unroll
+  for (int r = 0; r < kTilePasses; ++r) tile[in.o + r * in.ostep] = v[r];
+  __syncthreads();
+  const TileWalk<E> out = tile_walk<kPitch>(dst, b, c0, t0, C, T);
+#pragma unroll
+  for (int r = 0; r < kTilePasses; ++r) v[r] = tile[out.o + r * out.ostep];
+#pragma unroll
+  for (int r = 0; r < kTilePasses; ++r)
+    if (out.on && out.slow0 + r * kTileRows < out.nslow) out.g[r * out.gstep] = v[r];
+}
+
 // ------------------------------------------------------------------------------------------------
 // Launchers
 
@@ -720,6 +790,20 @@ int launch_update(const Problem& p, int W, const T* x, Strides xs, T* state, int
   if (blocks > INT32_MAX) return set_error(OPSLOT_ERR_UNSUPPORTED, "causal_conv1d update: too many channels");
   conv_update_kernel<T><<<static_cast<unsigned>(blocks), kSimpleThreads, 0, s>>>(p, W, x, xs, state, S, ss, out, os);
   return check_launch("causal_conv1d update");
+}
+
+// Lanes along time on a side whose time stride is the smaller (a degenerate dimension never leads).
+bool lanes_along_time(const Strides& s, int64_t C, int64_t T) { return C == 1 || (T > 1 && s.t < s.c); }
+
+template <typename E>
+int launch_relayout(int64_t B, int64_t C, int64_t T, const void* src, Strides ss, void* dst, Strides ds,
+                    cudaStream_t s) {
+  const int64_t ctiles = cdiv(C, kTile), ttiles = cdiv(T, kTile), blocks = B * ctiles * ttiles;
+  if (blocks > INT32_MAX) return set_error(OPSLOT_ERR_UNSUPPORTED, "causal_conv1d relayout: input too large");
+  const RelayoutSide<const E> in{static_cast<const E*>(src), ss, lanes_along_time(ss, C, T)};
+  const RelayoutSide<E> out{static_cast<E*>(dst), ds, lanes_along_time(ds, C, T)};
+  conv_relayout_kernel<E><<<static_cast<unsigned>(blocks), kSimpleThreads, 0, s>>>(C, T, ctiles, ttiles, in, out);
+  return check_launch("causal_conv1d relayout");
 }
 
 template <typename F>
@@ -854,6 +938,22 @@ OPSLOT_API int opslot_causal_conv1d_bwd(int dtype, int64_t batch, int64_t channe
                                                static_cast<cudaStream_t>(stream));
     });
   });
+}
+
+OPSLOT_API int opslot_causal_conv1d_relayout(int dtype, int64_t batch, int64_t channels, int64_t seqlen,
+                                             const void* src, const int64_t* src_strides, void* dst,
+                                             const int64_t* dst_strides, void* stream) {
+  const char* what = "causal_conv1d relayout";
+  if (!valid_dtype(dtype)) return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: unknown dtype code %d", what, dtype);
+  if (batch < 0 || channels < 0 || seqlen < 0) return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: negative size", what);
+  if (batch * channels * seqlen == 0) return OPSLOT_OK;
+  if (!src || !dst || !src_strides || !dst_strides)
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: null tensor", what);
+  const Strides ss = strides_of(src_strides, batch, channels, seqlen),
+                ds = strides_of(dst_strides, batch, channels, seqlen);
+  const auto s = static_cast<cudaStream_t>(stream);
+  if (dtype == OPSLOT_FLOAT32) return launch_relayout<uint32_t>(batch, channels, seqlen, src, ss, dst, ds, s);
+  return launch_relayout<uint16_t>(batch, channels, seqlen, src, ss, dst, ds, s);
 }
 
 OPSLOT_API int opslot_causal_conv1d_update(int dtype, int64_t batch, int64_t channels, int64_t seqlen, int width,

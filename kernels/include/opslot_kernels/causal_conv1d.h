@@ -39,6 +39,13 @@
  *   Qwen3.5 (B=2, T=4096, C=8192, W=4, bf16): forward 268 MB, backward 403 MB + 2 x 2.6 MB (16 rows
  *   on an H200).
  *
+ * Relayout (opslot_causal_conv1d_relayout): dst[b, c, t] = src[b, c, t] for any two layouts (own
+ * strides, x's dtype), bit-exact. The backward reads x, grad and dx in one layout (the vector path
+ * needs all three channels-contiguous); a gradient in another layout (e.g. a contiguous [B, C, T]
+ * against upstream's channels-last x) is first put into x's layout by this pass: 64 x 64 tiles through
+ * shared memory, coalesced on both sides (2*N*s bytes; torch's strided copy_ of a transposed view
+ * reads one 32-byte sector per 2-byte element).
+ *
  * Decode update (opslot_causal_conv1d_update, upstream `causal_conv1d_update`): conv_state [B, C, S]
  * (S >= W-1, x's dtype, own strides) holds the last S inputs; out = the conv over cat(state, x)
  * along time, its last T positions; then conv_state = the last S columns of cat(state, x), in
@@ -74,6 +81,10 @@ OPSLOT_API int opslot_causal_conv1d_bwd(int dtype, int64_t batch, int64_t channe
                                         int64_t num_segments, int silu, void* dx, const int64_t* dx_strides,
                                         void* dweight, void* dbias, float* scratch, int64_t scratch_floats,
                                         void* stream);
+
+OPSLOT_API int opslot_causal_conv1d_relayout(int dtype, int64_t batch, int64_t channels, int64_t seqlen,
+                                             const void* src, const int64_t* src_strides, void* dst,
+                                             const int64_t* dst_strides, void* stream);
 
 OPSLOT_API int opslot_causal_conv1d_update(int dtype, int64_t batch, int64_t channels, int64_t seqlen, int width,
                                            const void* x, const int64_t* x_strides, void* conv_state, int64_t state_len,

@@ -12,8 +12,10 @@ Layout: x is read through its strides, nothing is copied. Upstream passes `mixed
 (channel stride 1); the output then has the same layout, the transpose of a contiguous [B, T, C], so
 the caller's `.transpose(1, 2)` back is free. In general the output (and dx) is channels-last
 (`empty(B, T, C).transpose(1, 2)`) when x's channel stride is smaller than its time stride, else a
-contiguous [B, C, T]. dweight is contiguous [C, W] in weight's dtype, dbias [C] in bias's dtype;
-both are deterministic (fixed-order reductions, no atomics). kernels/include/opslot_kernels/
+contiguous [B, C, T]. A gradient in another layout than x (e.g. a contiguous [B, C, T] against
+upstream's view) is first put into x's layout by the library's tiled relayout (2 N bytes more).
+dweight is contiguous [C, W] in weight's dtype, dbias [C] in bias's dtype; both are deterministic
+(fixed-order reductions, no atomics). kernels/include/opslot_kernels/
 causal_conv1d.h describes the kernels and the bytes they move.
 """
 
@@ -38,6 +40,7 @@ _SCRATCH_ARGS = [_lib.I32, _lib.I64, _lib.I64, _lib.I64, _lib.I32]
 _BWD_ARGS = _COMMON + [_lib.PTR, _lib.PTR, _lib.PTR, _lib.PTR, _lib.I32, _lib.PTR, _lib.I32, _lib.PTR, _lib.PTR,
                        _lib.I32, _lib.I64, _lib.I32, _lib.PTR, _lib.PTR, _lib.PTR, _lib.PTR, _lib.PTR, _lib.I64,
                        _lib.PTR]
+_RELAYOUT_ARGS = [_lib.I32, _lib.I64, _lib.I64, _lib.I64, _lib.PTR, _lib.PTR, _lib.PTR, _lib.PTR, _lib.PTR]
 _UPDATE_ARGS = _COMMON + [_lib.PTR, _lib.PTR, _lib.PTR, _lib.I64, _lib.PTR, _lib.I32, _lib.PTR, _lib.I32, _lib.PTR,
                           _lib.I32, _lib.PTR, _lib.PTR, _lib.PTR]
 
@@ -116,6 +119,16 @@ def _strides(t: torch.Tensor) -> _STRIDES:
     return _STRIDES(*t.stride())
 
 
+def _relayout(g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """g (x's shape and dtype, any strides) copied into x's layout by the library's tiled pass, coalesced
+    on both sides (torch's copy_ of a transposed view is not); call on x's device."""
+    out = _new_like(x)
+    C.fn("opslot_causal_conv1d_relayout", _RELAYOUT_ARGS)(
+        _lib.DTYPE_CODES[x.dtype], x.shape[0], x.shape[1], x.shape[2], C.ptr(g), _strides(g), C.ptr(out),
+        _strides(out), C.stream(x))
+    return out
+
+
 def _params(weight: torch.Tensor, bias: Optional[torch.Tensor]):
     """(weight, bias): contiguous; bias None stays None."""
     return weight.contiguous(), (bias.contiguous() if bias is not None else None)
@@ -179,13 +192,13 @@ def causal_conv1d_bwd(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
         return dx, dw, db
     C.prepare(x)
     g = grad.to(x.dtype)
-    if g.stride() != dx.stride():  # e.g. an expanded gradient: into x's layout (keeps the vector path)
-        g = _new_like(x).copy_(g)
     w, b = _params(weight, bias)
     wc, bc = _codes(w, b)
     cu, cu64, nseg = _cu(cu_seqlens)
     code, (B, Ch, T), width = _lib.DTYPE_CODES[x.dtype], x.shape, w.shape[1]
     with torch.cuda.device(x.device):  # the library launches on the current device
+        if g.stride() != dx.stride():  # e.g. contiguous or expanded: into x's layout (keeps the vector path)
+            g = _relayout(g, x)
         n = C.raw("opslot_causal_conv1d_bwd_scratch_floats", _lib.I64, _SCRATCH_ARGS)(code, B, Ch, T, width)
         if n < 0:
             raise RuntimeError(f"opslot cuda kernel causal_conv1d backward: {C.last_error()}")
