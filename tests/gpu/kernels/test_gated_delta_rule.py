@@ -1,6 +1,6 @@
 """The chunked gated delta rule's CUDA kernels (opslot.kernels.cuda.gated_delta_rule) against a token-by-
 token fp32 reference of the recurrence: outputs, final states and every gradient (q, k, v, g, beta,
-initial state), fp32 (tf32 tensor cores) / fp16 / bf16, odd lengths, one token, 1 and 64 heads, head dims
+initial state), fp32 (three tf32 products) / fp16 / bf16, odd lengths, one token, 1 and 64 heads, head dims
 below 128, packed sequences equal to separate ones (bitwise), strided inputs, determinism, opcheck,
 torch.compile and CUDA-graph capture."""
 
@@ -13,8 +13,8 @@ from conftest import requires_cuda, rel_err
 pytestmark = requires_cuda
 
 #: relative L2 error allowed against the fp32 recurrence: operands of the tensor-core products are
-#: rounded to the input dtype (tf32 for fp32), accumulation and the state stay fp32.
-TOL = {torch.float32: 5e-3, torch.float16: 1e-2, torch.bfloat16: 4e-2}
+#: rounded to the input dtype (fp32 runs as three tf32 products), accumulation and the state stay fp32.
+TOL = {torch.float32: 1e-3, torch.float16: 1e-2, torch.bfloat16: 4e-2}
 
 
 def _op():
