@@ -23,7 +23,7 @@ import warnings
 from collections.abc import Mapping
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
-from .checks import check_model, saved_ops
+from .checks import allowing_version_mismatch, check_model, check_module_upstream, import_generated, saved_ops
 from .config import FIELD_FOR_OP, OpsImplementationConfig, forced_impl_spec
 from .copies import LOCK, Pin, adopt, is_copy, named_binding, original_name, release_unused_copies, shared_copy
 from .dispatch import watch_dispatch
@@ -63,11 +63,13 @@ def _unbound_error(config: OpsImplementationConfig, ops: List[str], where: str, 
         f"ops_implementation.allow_unbound: [{', '.join(ops)}]")
 
 
-def _resolve_module(module: Union[str, types.ModuleType]) -> types.ModuleType:
+def _resolve_module(module: Union[str, types.ModuleType], allow_version_mismatch: bool = False) -> types.ModuleType:
+    """The module (imported by name), refused when generated for another upstream release."""
     if isinstance(module, str):
-        return importlib.import_module(module)
+        return import_generated(module, allow_version_mismatch)
     if not isinstance(module, types.ModuleType):
         raise TypeError(_not_a_module(module))
+    check_module_upstream(module, allow_version_mismatch)
     return module
 
 
@@ -127,7 +129,7 @@ def _check_name_kept(module: types.ModuleType, impls: List[str]) -> None:
 
 def bind_ops(
     module: Union[str, types.ModuleType], ops: Any = None, *, registry: Optional[KernelRegistry] = None,
-    device: Optional[DeviceInfo] = None,
+    device: Optional[DeviceInfo] = None, allow_version_mismatch: bool = False,
 ) -> Dict[str, str]:
     """Bind every module-level slot of `module` from `ops` (config, mapping, YAML/JSON path or text,
     or None for the device defaults). Everything is validated before anything is bound. Returns
@@ -137,9 +139,10 @@ def bind_ops(
     binds no module-level slot (an op the module does not have, or one whose slots are
     instance-scoped: those bind from `config.ops_implementation`, use build_model), unless the op is
     in `allow_unbound`; `module` is a copy made by build_model and `ops` would change its binding (its
-    name says the binding: see copies.py). Rebinding a module that models were constructed from
-    directly warns."""
-    module = _resolve_module(module)
+    name says the binding: see copies.py); `module` was generated for another release of its upstream
+    package than the installed one (GeneratedVersionError), unless `allow_version_mismatch`. Rebinding
+    a module that models were constructed from directly warns."""
+    module = _resolve_module(module, allow_version_mismatch)
     config = OpsImplementationConfig.coerce(ops)
     declared = declared_slots(module)
     if not declared:
@@ -163,9 +166,11 @@ def bind_ops(
     return bound
 
 
-def load_private_copy(module: types.ModuleType) -> types.ModuleType:
+def load_private_copy(module: types.ModuleType, *, allow_version_mismatch: bool = False) -> types.ModuleType:
     """A fresh, independent instance of `module` loaded from its file under a unique name (so its
-    module-level slots are its own). Registered in sys.modules under that name."""
+    module-level slots are its own). Registered in sys.modules under that name. A module generated
+    for another upstream release is refused (GeneratedVersionError) unless `allow_version_mismatch`."""
+    check_module_upstream(module, allow_version_mismatch)
     path = getattr(module, "__file__", None)
     if not path:
         raise ValueError(f"module {module.__name__!r} has no source file to copy")
@@ -176,7 +181,8 @@ def load_private_copy(module: types.ModuleType) -> types.ModuleType:
     clone.__package__ = module.__package__
     sys.modules[name] = clone
     try:
-        spec.loader.exec_module(clone)
+        with allowing_version_mismatch(allow_version_mismatch):
+            spec.loader.exec_module(clone)
     except BaseException:
         del sys.modules[name]
         raise
@@ -217,6 +223,7 @@ def build_model(
     registry: Optional[KernelRegistry] = None,
     device: Optional[DeviceInfo] = None,
     allow_unreached: Union[bool, Iterable[str]] = False,
+    allow_version_mismatch: bool = False,
 ) -> Any:
     """Construct `model_class(config)` from the generated `module` with kernels chosen by `ops`.
 
@@ -231,12 +238,15 @@ def build_model(
     the copy of a model under construction is never released. The model is watched for proof of
     dispatch (`opslot.dispatch.watch_dispatch`): after its first forward and backward, a bound kernel
     whose guard the model reaches but never ran is an error (a warning for device defaults and for
-    the ops in `allow_unreached`, True for all)."""
+    the ops in `allow_unreached`, True for all). A module generated for another release of its
+    upstream package than the installed one is refused (GeneratedVersionError, before it is
+    imported when `module` is a name) unless `allow_version_mismatch` (docs/runtime.md)."""
     _check_hf_config(hf_config)
     config = _ops_for(hf_config, ops)
-    module, class_name = _target(module, model_class)
+    module, class_name = _target(module, model_class, allow_version_mismatch)
     chosen = _check_choices(config, hf_config, module, class_name, registry, device)
-    with _bound_module(module, config, chosen, private_copy, registry, device) as (module, slots):
+    with allowing_version_mismatch(allow_version_mismatch), \
+            _bound_module(module, config, chosen, private_copy, registry, device) as (module, slots):
         model = getattr(module, class_name)(_config_copy(hf_config, config, slots, registry, device))
         with LOCK:
             for slot in slots.values():
@@ -278,15 +288,16 @@ def _ops_for(hf_config: Any, ops: Any) -> OpsImplementationConfig:
     return config
 
 
-def _target(module: Union[str, types.ModuleType, None], model_class: Union[str, type, None]
-            ) -> Tuple[types.ModuleType, str]:
+def _target(module: Union[str, types.ModuleType, None], model_class: Union[str, type, None],
+            allow_version_mismatch: bool = False) -> Tuple[types.ModuleType, str]:
     """(module, class name) that build_model constructs."""
     if module is not None:
-        module = _resolve_module(module)
+        module = _resolve_module(module, allow_version_mismatch)
     if module is None:
         if not isinstance(model_class, type):
             raise ValueError("build_model needs `module`, or `model_class` as a class")
         module = sys.modules[model_class.__module__]
+        check_module_upstream(module, allow_version_mismatch)
     if model_class is None:
         raise ValueError(f"build_model needs `model_class` (a class or a class name in {module.__name__})")
     return module, model_class if isinstance(model_class, str) else model_class.__name__

@@ -144,7 +144,8 @@ def _resolve_module(module: Union[str, types.ModuleType]) -> types.ModuleType:
 
 def from_pretrained(pretrained_model_name_or_path: Any, module: Union[str, types.ModuleType],
                     model_class: Union[str, type, None] = None, ops: Any = None, *, private_copy: bool = True,
-                    registry: Any = None, device: Any = None, allow_unreached: Any = False, **kwargs: Any) -> Any:
+                    registry: Any = None, device: Any = None, allow_unreached: Any = False,
+                    allow_version_mismatch: bool = False, **kwargs: Any) -> Any:
     """A generated model with kernels chosen by `ops`, weights from a checkpoint.
 
     What `opslot.build_model` does for a fresh model (private copy of `module` with its module-level
@@ -153,7 +154,7 @@ def from_pretrained(pretrained_model_name_or_path: Any, module: Union[str, types
     docstring), Transformers' conversion mapping applied. `model_class` defaults to the checkpoint's
     `config.architectures[0]`. `kwargs` are `from_pretrained`'s (dtype, attn_implementation,
     experts_implementation, revision, strict, ...). The model is watched for proof of dispatch, as
-    build_model's (`allow_unreached` likewise)."""
+    build_model's (`allow_unreached` likewise); `allow_version_mismatch` is build_model's."""
     import torch
     from transformers import AutoConfig
 
@@ -161,7 +162,11 @@ def from_pretrained(pretrained_model_name_or_path: Any, module: Union[str, types
     from .dispatch import watch_dispatch
     from .copies import LOCK, slots_of_class
 
-    module = _resolve_module(module)
+    from .checks import check_module_upstream, import_generated
+
+    if isinstance(module, str):  # refused before it is imported when generated for another release
+        module = import_generated(module, allow_version_mismatch)
+    check_module_upstream(module, allow_version_mismatch)
     config = kwargs.pop("config", None)
     if config is None:
         hub = {k: kwargs[k] for k in _HUB_KWARGS if k in kwargs}
@@ -174,7 +179,7 @@ def from_pretrained(pretrained_model_name_or_path: Any, module: Union[str, types
     # The class, bound module copy and config that build_model would use, without allocating weights.
     with torch.device("meta"):
         shell = build_model(config, ops=ops, module=module, model_class=model_class, private_copy=private_copy,
-                            registry=registry, device=device)
+                            registry=registry, device=device, allow_version_mismatch=allow_version_mismatch)
     cls, config = type(shell), shell.config  # shell (a user of the copy) lives until the model is attached
     chosen_attn = (getattr(config, "ops_implementation", None) or {}).get("attn_implementation")
     attn = kwargs.get("attn_implementation")

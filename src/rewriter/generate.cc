@@ -125,7 +125,7 @@ Result<GenerateResult> RunStages(const spec::PatchSpec& spec, const PyModule& up
   std::string header =
       WriteHeader({spec.path, spec.upstream, options.upstream_path, options.upstream_version,
                    result.upstream_sha256, spec.description, std::move(skipped),
-                   guards.unguarded_slots, std::move(all.applied)});
+                   guards.unguarded_slots, std::move(all.applied), StampFits(up), runtime});
   result.text = header + plan.Apply(up.source());
   std::vector<Diagnostic> errors =
       CheckOutput(spec, up, plan, result.text, static_cast<uint32_t>(header.size()),

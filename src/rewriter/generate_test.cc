@@ -140,6 +140,9 @@ TEST_CASE("Empty spec: header plus upstream with absolute imports", "[rewriter]"
             Sha256Hex(kUpstream) +
             "\n"
             "#   applied:  nothing (upstream with absolute imports)\n"
+            "__patchgen_upstream__ = (\"transformers\", \"5.17.0\")\n"
+            "__import__(\"opslot.checks\").checks.check_generated_upstream(__name__, "
+            "__patchgen_upstream__)\n"
             "# ============================================================================\n");
   std::string expected = kUpstream;
   auto replace = [&](const std::string& a, const std::string& b) {
@@ -573,17 +576,17 @@ TEST_CASE("errors: undefined names in inserted code point into the spec", "[rewr
         R"py(specs/qwen3/s.yaml:8:18: error: undefined name 'undefined_thing' in inserted code
     8 |           return undefined_thing(x, flag=Flase) + y
       |                  ^~~~~~~~~~~~~~~
-note: generated line 43:         return undefined_thing(x, flag=Flase) + y
+note: generated line 45:         return undefined_thing(x, flag=Flase) + y
 help: import it with `imports.add`, define it in `helpers:`, or map it with `name_map`
 specs/qwen3/s.yaml:8:42: error: undefined name 'Flase' in inserted code
     8 |           return undefined_thing(x, flag=Flase) + y
       |                                          ^~~~~
-note: generated line 43:         return undefined_thing(x, flag=Flase) + y
+note: generated line 45:         return undefined_thing(x, flag=Flase) + y
 help: import it with `imports.add`, define it in `helpers:`, or map it with `name_map`
 specs/qwen3/s.yaml:11:9: error: undefined name 'Unknown' in inserted code
    11 |     X = Unknown
       |         ^~~~~~~
-note: generated line 24: X = Unknown
+note: generated line 26: X = Unknown
 help: import it with `imports.add`, define it in `helpers:`, or map it with `name_map`
 )py");
 }
@@ -593,15 +596,15 @@ TEST_CASE("errors: excluded names and dropped imports still used", "[rewriter]")
       Run("imports:\n"
           "  drop: [use_kernel_forward_from_hub, is_torch_available, Qwen3Config]\n"
           "exclude: [Qwen3ForTokenClassification, logger, Qwen3PreTrainedModel]\n") ==
-      R"py(specs/qwen3/s.yaml:4:10: error: dropped import 'use_kernel_forward_from_hub' is still used at line 31 of the output
+      R"py(specs/qwen3/s.yaml:4:10: error: dropped import 'use_kernel_forward_from_hub' is still used at line 33 of the output
     4 |   drop: [use_kernel_forward_from_hub, is_torch_available, Qwen3Config]
       |          ^~~~~~~~~~~~~~~~~~~~~~~~~~~
-note: patched_qwen3.py:31: @use_kernel_forward_from_hub("RMSNorm")
+note: patched_qwen3.py:33: @use_kernel_forward_from_hub("RMSNorm")
 help: remove or patch the code that uses it, or keep 'use_kernel_forward_from_hub'
-specs/qwen3/s.yaml:5:48: error: excluded name 'Qwen3PreTrainedModel' is still used at line 64 of the output
+specs/qwen3/s.yaml:5:48: error: excluded name 'Qwen3PreTrainedModel' is still used at line 66 of the output
     5 | exclude: [Qwen3ForTokenClassification, logger, Qwen3PreTrainedModel]
       |                                                ^~~~~~~~~~~~~~~~~~~~
-note: patched_qwen3.py:64: class Qwen3Model(Qwen3PreTrainedModel):
+note: patched_qwen3.py:66: class Qwen3Model(Qwen3PreTrainedModel):
 help: remove or patch the code that uses it, or keep 'Qwen3PreTrainedModel'
 )py");
 }

@@ -6,6 +6,7 @@
 #include <string_view>
 #include <vector>
 
+#include "parser/py_module.h"
 #include "rewriter/generate.h"
 #include "spec/patch_spec.h"
 
@@ -22,10 +23,31 @@ struct HeaderFacts {
   std::vector<SkippedEntry> skipped;
   std::vector<const spec::Slot*> unguarded_slots;
   std::vector<AppliedPatch> applied;
+  /// Write the version stamp (`StampLines`): the caller sets it from `StampFits(upstream)`.
+  bool stamp = false;
+  std::string runtime = "opslot";  ///< The spec's runtime; the stamp's check call is opslot's.
 };
 
+/// The name of the module-level constant the stamp defines: ("<package>", "<version>").
+inline constexpr std::string_view kStampName = "__patchgen_upstream__";
+
+/// Whether code may precede upstream's first statement without changing what it means: false when
+/// upstream starts with a module docstring (it would stop being `__doc__`) or a `from __future__`
+/// import (which must come first).
+bool StampFits(const parser::PyModule& upstream);
+
+/// The version stamp, the header's last lines before its closing rule, or "" (no stamp: `stamp`
+/// unset, or the version is "" or "unknown"):
+///   __patchgen_upstream__ = ("transformers", "5.17.0")
+///   __import__("opslot.checks").checks.check_generated_upstream(__name__, __patchgen_upstream__)
+/// The package is the first component of `upstream`, the version `upstream_version` (the package's
+/// `__version__`, as `upstream_version` conditions read it). The second line, written only when
+/// the runtime is opslot, refuses the import under another release of the package before
+/// upstream's own imports run (docs/runtime.md, "Generated for another release").
+std::string StampLines(const HeaderFacts& facts);
+
 /// The header: a rule, the banner, the fields, the skipped entries, the slots without a guard,
-/// the applied entries, a rule. Every line ends in '\n'.
+/// the applied entries, the stamp (when there is one), a rule. Every line ends in '\n'.
 std::string WriteHeader(const HeaderFacts& facts);
 
 /// The upstream fingerprint a generated file's header records.
