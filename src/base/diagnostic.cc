@@ -141,7 +141,10 @@ void AppendExcerpt(std::string& out, const Diagnostic& d) {
   std::string gutter(num.size() < 4 ? 4 : num.size(), ' ');
   std::string lead = std::string(gutter.size() - num.size(), ' ') + num;
   std::string_view line = d.loc.source_line;
-  ExcerptWindow w = WindowOf(line, d.loc.col);
+  // A cropped line (CropSourceLine) holds at least 2 * kMaxExcerptColumns code points before a
+  // column that is not near its start, so the window starts after its first code point as the
+  // whole line's would, and "..." is written where it would be.
+  ExcerptWindow w = WindowOf(line, d.loc.col - std::min(d.loc.col, d.loc.line_first_col));
   std::string shown;
   if (w.first > 0) shown += "...";
   size_t begin_byte = w.ByteAt(w.first, line.size());
@@ -170,6 +173,22 @@ SourceLoc LocOf(std::string path, std::string_view text, const LineIndex& lines,
     loc.length = std::max<uint32_t>(1, CodePointCount(text.substr(range.start, end - range.start)));
   }
   return loc;
+}
+
+void CropSourceLine(SourceLoc& loc) {
+  constexpr size_t kKeep = 2 * kMaxExcerptColumns;
+  const std::string& line = loc.source_line;
+  if (line.size() <= 2 * kKeep) return;  // fewer code points than bytes
+  std::vector<size_t> starts;            // byte offset of each code point
+  for (size_t i = 0; i < line.size(); ++i) {
+    if ((static_cast<unsigned char>(line[i]) & 0xC0) != 0x80) starts.push_back(i);
+  }
+  size_t caret = std::min<size_t>(loc.col > 0 ? loc.col - 1 : 0, starts.size());
+  size_t first = caret > kKeep ? caret - kKeep : 0;
+  size_t last = std::min(starts.size(), caret + kKeep);
+  size_t end = last < starts.size() ? starts[last] : line.size();
+  loc.source_line = line.substr(starts[first], end - starts[first]);
+  loc.line_first_col = static_cast<uint32_t>(first);
 }
 
 Diagnostic MakeDiagnostic(std::string path, std::string_view text, const LineIndex& lines,

@@ -44,6 +44,9 @@ struct SourceLoc {
   uint32_t col = 0;         ///< 1-based, code points.
   uint32_t length = 1;      ///< Caret length in code points.
   std::string source_line;  ///< The text of that line, for the excerpt.
+  /// Code points of the line before `source_line` (CropSourceLine: a long line is kept only
+  /// around the column; `col` still counts from the line's start).
+  uint32_t line_first_col = 0;
 
   /// The file as a whole (no line): "path: error: ..." without an excerpt.
   static SourceLoc InFile(std::string path) { return SourceLoc{std::move(path), 0, 0, 1, {}}; }
@@ -113,6 +116,11 @@ std::string FormatNote(const Note& note);
 
 /// A SourceLoc for `range` of `text`; line 1, column 1, an empty excerpt line when `text` is empty.
 SourceLoc LocOf(std::string path, std::string_view text, const LineIndex& lines, ByteRange range);
+
+/// Keeps of `loc.source_line` only what an excerpt can show: the code points within
+/// 2 * kMaxExcerptColumns of the column (the excerpt prints the same). Thousands of locations on
+/// one long line then hold a short copy each rather than the whole line (issue #28).
+void CropSourceLine(SourceLoc& loc);
 
 /// Builds a located diagnostic from a byte range of `text` (the caret spans the range's part on
 /// its first line).

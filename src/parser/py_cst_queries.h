@@ -82,6 +82,17 @@ std::vector<ByteRange> NameReferences(TSNode node, std::string_view code, std::s
 /// f-string), never the text of strings or comments.
 std::vector<ByteRange> IdentifiersIn(TSNode node, ByteRange region);
 
+/// Every `attribute` node under `node` whose text (in `code`) is exactly `text` (`self.x`), in
+/// document order, at any depth (nested defs included).
+std::vector<ByteRange> AttributeReferences(TSNode node, std::string_view code,
+                                           std::string_view text);
+
+/// The nodes under `block` (a def's body) whose type is one of `types` (`yield`,
+/// `global_statement`, ...) and that belong to the def's own scope: not inside a nested def,
+/// class or lambda (skipped whole, their decorators and default values too). In document order.
+/// Empty for a null node.
+std::vector<TSNode> OwnScopeNodes(TSNode block, const std::vector<std::string_view>& types);
+
 /// Every statement of `m` that is `...` alone on its line (blanks before it, blanks or a comment
 /// after it), at any depth, in document order: the placeholder of an edit_body `wrap`'s code.
 /// `x = ...`, `f(...)`, `...; y` and a `...` sharing its line with a header (`if a: ...`) are not.

@@ -4,6 +4,8 @@
 
 #include <cctype>
 #include <cstring>
+#include <optional>
+#include <string>
 #include <string_view>
 
 #include "parser/py_indexer.h"
@@ -40,6 +42,28 @@ TreePtr ParseTree(std::string_view source) {
   return tree;
 }
 
+// Found without recursion. Such code is refused before anything walks it (issue #28: 50,000
+// nested parentheses overflowed the stack of recursive walks); CPython refuses it too (200 nested
+// parentheses, a recursion limit of about 3,000 operators in one chain when compiling).
+std::optional<TSNode> NestedTooDeep(TSNode root) {
+  TSTreeCursor c = ts_tree_cursor_new(root);
+  uint32_t depth = 0;
+  std::optional<TSNode> found;
+  while (!found) {
+    if (ts_tree_cursor_goto_first_child(&c)) {
+      if (++depth > kMaxNesting) found = ts_tree_cursor_current_node(&c);
+      continue;
+    }
+    while (depth > 0 && !ts_tree_cursor_goto_next_sibling(&c)) {
+      ts_tree_cursor_goto_parent(&c);
+      --depth;
+    }
+    if (depth == 0) break;
+  }
+  ts_tree_cursor_delete(&c);
+  return found;
+}
+
 Result<std::unique_ptr<PyModule>> PyModule::Parse(std::string path, std::string source) {
   std::unique_ptr<PyModule> m(new PyModule());
   m->path_ = std::move(path);
@@ -52,6 +76,15 @@ Result<std::unique_ptr<PyModule>> PyModule::Parse(std::string path, std::string 
     d.loc.path = m->path_;
     d.message = "tree-sitter returned no tree";
     return d;
+  }
+  if (auto deep = NestedTooDeep(m->root())) {
+    return MakeDiagnostic(
+        m->path_, m->source_, m->lines_, RangeOf(*deep),
+        "cannot parse Python: nesting deeper than " + std::to_string(kMaxNesting) + " levels",
+        "patchgen refuses code nested this deep, as CPython does; check the "
+        "file with `python3 -m py_compile " +
+            m->path_ + "`",
+        ErrorKind::kUpstream);
   }
   if (auto err = FirstErrorNode(m->root())) {
     std::string message = "cannot parse Python: ";
@@ -88,16 +121,43 @@ TSNode PyModule::root() const { return ts_tree_root_node(tree_.get()); }
 const Definition* PyModule::FindTopLevel(std::string_view name) const {
   for (const TopLevelStatement& s : top_level_) {
     if (s.definition >= 0 && definitions_[s.definition].name == name)
-      return &definitions_[s.definition];
+      return &OverloadImplementation(definitions_[s.definition]);
   }
   return nullptr;
 }
 
 const Definition* PyModule::Find(std::string_view qualname) const {
   for (const Definition& d : definitions_) {
-    if (d.qualname == qualname) return &d;
+    if (d.qualname == qualname) return &OverloadImplementation(d);
   }
   return nullptr;
+}
+
+bool PyModule::IsOverloadStub(const Definition& def) const {
+  if (def.kind != Definition::Kind::kFunction || def.decorators.empty()) return false;
+  std::string_view text = Text(def.decorators);
+  for (size_t at = text.find('@'); at != std::string_view::npos; at = text.find('@', at + 1)) {
+    size_t end = at + 1;
+    while (end < text.size() && (std::isalnum(static_cast<unsigned char>(text[end])) ||
+                                 text[end] == '_' || text[end] == '.')) {
+      ++end;
+    }
+    std::string_view name = text.substr(at + 1, end - at - 1);
+    if (name == "overload" || (name.size() > 9 && name.ends_with(".overload"))) return true;
+  }
+  return false;
+}
+
+const Definition& PyModule::OverloadImplementation(const Definition& def) const {
+  if (!IsOverloadStub(def)) return def;
+  const Definition* impl = &def;
+  for (const Definition& d : definitions_) {
+    if (d.definition.start > def.definition.start && d.parent == def.parent &&
+        d.qualname == def.qualname) {
+      impl = IsOverloadStub(d) ? impl : &d;
+    }
+  }
+  return *impl;
 }
 
 std::vector<const Definition*> PyModule::Redefinitions(const Definition& def) const {
@@ -109,7 +169,7 @@ std::vector<const Definition*> PyModule::Redefinitions(const Definition& def) co
       if (decorators.find("@" + d.name + std::string(accessor)) != std::string_view::npos)
         return true;
     }
-    return decorators.find("overload") != std::string_view::npos;
+    return IsOverloadStub(d);
   };
   std::vector<const Definition*> out;
   if (!def.direct || exempt(def)) return out;

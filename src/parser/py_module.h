@@ -127,8 +127,22 @@ class PyModule {
   /// module-level `if`/`try` is found by Find only); nullptr when absent.
   const Definition* FindTopLevel(std::string_view name) const;
   /// Definition by qualified name ("A", "A.B", "A.B.m", "f"); the first in document order when
-  /// several share it (a property and its setter); nullptr when absent.
+  /// several share it (a property and its setter), except that `@overload` stubs give way to the
+  /// implementation (OverloadImplementation); nullptr when absent.
   const Definition* Find(std::string_view qualname) const;
+  /// When `def` is a `typing.overload` stub (IsOverloadStub), the definition Python keeps: the
+  /// last later definition of the same name in the same scope that is not a stub; `def` itself
+  /// otherwise (a stub without implementation, or not a stub).
+  const Definition& OverloadImplementation(const Definition& def) const;
+  /// True when one of `def`'s decorators is `@overload` or `@<module>.overload`
+  /// (`@typing.overload`, `@typing_extensions.overload`).
+  bool IsOverloadStub(const Definition& def) const;
+  /// Statements of `def`'s scope (the module body, or the body of its class/def) after `def` that
+  /// rebind its name without referring to it: `f = other`, `f: T = g`, `a, f = ...`, `f += x`,
+  /// `from m import f`, `import f`, `del f`, and, at the top level for a method of a top-level
+  /// class, `Cls.f = other`. Their ranges, in document order. `f = wrap(f)` keeps `f` reachable
+  /// and is not counted; neither are statements under `if`/`try`/... of that scope.
+  std::vector<ByteRange> Rebindings(const Definition& def) const;
   /// Other definitions of `def`'s qualified name that rebind it in the same scope (two `class X`
   /// or two `def f` in the module body, a method defined twice in one class body), in document
   /// order: Python keeps the last, so patching the first would patch dead code. Not counted: a
@@ -198,6 +212,13 @@ std::optional<TSNode> FirstErrorNode(TSNode root);
 /// from (subtrees whose bytes hold no `*` are only walked for blocks).
 std::optional<std::pair<TSNode, std::string>> FirstCompileError(TSNode root,
                                                                 std::string_view source);
+
+/// The deepest nesting of syntax tree nodes PyModule::Parse accepts ("nesting deeper than N
+/// levels"): every walk over a parsed module may recurse this deep.
+inline constexpr uint32_t kMaxNesting = 4000;
+
+/// The first node nested deeper than kMaxNesting levels below `root`, if any.
+std::optional<TSNode> NestedTooDeep(TSNode root);
 
 /// Adds to `out` the 0-based numbers of the lines that start inside a multi-line string literal
 /// overlapping `within` (the lines after a string's first line, through its last). Re-indenting

@@ -646,6 +646,52 @@ TEST_CASE("Redefinitions: a name bound twice in one scope, not accessors, overlo
   CHECK_FALSE(m->Find("g")->direct);
 }
 
+TEST_CASE("Find: @overload stubs give way to the implementation (issue #28)") {
+  auto m = ParseOk(
+      "@overload\ndef h(x: int): ...\n"                    // 1
+      "@typing.overload\ndef h(x: str): ...\n"             // 3
+      "def h(x):\n    return x\n"                          // 5
+      "class A:\n"                                         // 7
+      "    @t.overload\n    def m(self, x: int): ...\n"    // 8
+      "    def m(self, x):\n        return x\n"            // 10
+      "@overload\ndef only(x: int): ...\n"                 // 12
+      "@overload_cache\ndef cached(x):\n    return x\n");  // 14
+  CHECK(m->Find("h")->line == 5);
+  CHECK(m->FindTopLevel("h")->line == 5);
+  CHECK(m->Find("A.m")->line == 10);
+  CHECK(m->Find("only")->line == 12);  // No implementation: the stub itself.
+  CHECK_FALSE(m->IsOverloadStub(*m->Find("cached")));
+  CHECK(m->IsOverloadStub(m->definitions()[0]));
+}
+
+std::vector<uint32_t> RebindingLines(const PyModule& m, std::string_view qualname) {
+  std::vector<uint32_t> lines;
+  for (ByteRange r : m.Rebindings(*m.Find(qualname))) lines.push_back(m.lines().At(r.start).line);
+  return lines;
+}
+
+TEST_CASE("Rebindings: later bindings of a definition's name in its scope (issue #28)") {
+  auto m = ParseOk(
+      "def f():\n    pass\n"              // 1
+      "class A:\n"                        // 3
+      "    def m(self):\n        pass\n"  // 4
+      "    m = staticmethod(m)\n"         // 6: refers to m
+      "    n = 1\n"                       // 7
+      "    m = other\n"                   // 8
+      "def g():\n    pass\n"              // 9
+      "g = wrap(g)\n"                     // 11: refers to g
+      "x, f = 1, 2\n"                     // 12
+      "from m import g as g\n"            // 13
+      "if X:\n    f = 3\n"                // 14: conditional, not counted
+      "A.m = other\n"                     // 16
+      "A.m = wrap(A.m)\n"                 // 17: refers to A.m
+      "del g\n");                         // 18
+  CHECK(RebindingLines(*m, "f") == std::vector<uint32_t>{12});
+  CHECK(RebindingLines(*m, "A.m") == std::vector<uint32_t>{8, 16});
+  CHECK(RebindingLines(*m, "g") == std::vector<uint32_t>{13, 18});
+  CHECK(RebindingLines(*m, "A").empty());
+}
+
 }  // namespace
 }  // namespace patchgen::parser
 

@@ -76,18 +76,29 @@ bool IsGenuineTypeAlias(TSNode n, std::string_view src, std::string* name) {
   return true;
 }
 
+// Walked with a cursor, without recursion: code may nest (parentheses) thousands deep.
 void MarkLinesInsideStrings(TSNode node, ByteRange within, const LineIndex& lines,
                             std::set<uint32_t>& out) {
-  if (ts_node_end_byte(node) <= within.start || ts_node_start_byte(node) >= within.end) return;
-  if (Is(node, "string")) {
-    uint32_t first = lines.LineOf(ts_node_start_byte(node));
-    uint32_t last = lines.LineOf(ts_node_end_byte(node));
-    for (uint32_t l = first + 1; l <= last; ++l) out.insert(l);
-    return;
+  TSTreeCursor c = ts_tree_cursor_new(node);
+  uint32_t depth = 0;
+  while (true) {
+    TSNode n = ts_tree_cursor_current_node(&c);
+    bool overlaps = ts_node_end_byte(n) > within.start && ts_node_start_byte(n) < within.end;
+    if (overlaps && Is(n, "string")) {
+      uint32_t first = lines.LineOf(ts_node_start_byte(n));
+      uint32_t last = lines.LineOf(ts_node_end_byte(n));
+      for (uint32_t l = first + 1; l <= last; ++l) out.insert(l);
+    } else if (overlaps && ts_tree_cursor_goto_first_child(&c)) {
+      ++depth;
+      continue;
+    }
+    while (depth > 0 && !ts_tree_cursor_goto_next_sibling(&c)) {
+      ts_tree_cursor_goto_parent(&c);
+      --depth;
+    }
+    if (depth == 0) break;
   }
-  uint32_t n = ts_node_child_count(node);
-  for (uint32_t i = 0; i < n; ++i)
-    MarkLinesInsideStrings(ts_node_child(node, i), within, lines, out);
+  ts_tree_cursor_delete(&c);
 }
 
 std::optional<ByteRange> FirstTabIndentation(const PyModule& m) {

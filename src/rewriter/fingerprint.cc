@@ -11,8 +11,12 @@ namespace {
 using parser::RangeOf;
 using parser::TypeOf;
 
+/// A leaf token of the region, or a mark of its structure (`marker` != 0, `range` unused): a
+/// statement's start (';'), a block's start ('{') and end ('}'), so that moving a statement into
+/// or out of a block, or splitting one statement into two, changes the fingerprint.
 struct Token {
   ByteRange range;
+  char marker = 0;
 };
 
 bool Inside(ByteRange r, const std::vector<ByteRange>& skip) {
@@ -24,39 +28,87 @@ bool Inside(ByteRange r, const std::vector<ByteRange>& skip) {
 
 bool Overlaps(ByteRange a, ByteRange b) { return a.start < b.end && b.start < a.end; }
 
-/// Leaf tokens of the cursor's node inside `range` (strings whole, comments left out). The
-/// children are walked with the cursor (tree-sitter 0.20's ts_node_child(i) walks the first i
-/// children, which made a module's top level quadratic), and the walk stops at the first child
-/// that starts after `range`; the cursor is back on the node when it returns.
-void Collect(TSTreeCursor& cursor, ByteRange range, const std::vector<ByteRange>& skip,
-             std::vector<Token>& out) {
+/// What one walk collects: the tokens of `range` outside `skip`.
+struct Walk {
+  ByteRange range;
+  const std::vector<ByteRange>& skip;
+  std::vector<Token>& out;
+};
+
+/// A node whose children the walk is visiting.
+struct Frame {
+  uint32_t children = 0;             ///< Its child count.
+  uint32_t index = 0;                ///< Index of the child the cursor is on.
+  bool drop_trailing_comma = false;  ///< A trailing comma before its closing bracket is formatting.
+  bool statements = false;           ///< Its children are statements (a block, the module).
+  bool close = false;                ///< A block inside the range: mark its end when leaving it.
+  bool whole = false;                ///< The node lies inside the range.
+};
+
+/// Visits the cursor's node (`parent`: the frame of its parent, null for the walk's root): adds
+/// its token or its marks to `w.out`; when its children are to be walked, pushes its frame, moves
+/// the cursor to its first child and returns true. Strings are one token; comments are left out.
+/// A block is marked only when the statement that owns it lies inside the range too: the block
+/// around a range of statements is where they are, not what they are (a leading comment can make
+/// tree-sitter start a block at the range's first statement).
+bool Visit(Walk& w, TSTreeCursor& cursor, const Frame* parent, std::vector<Frame>& stack) {
+  const bool statement = parent && parent->statements;
   TSNode node = ts_tree_cursor_current_node(&cursor);
   ByteRange r = RangeOf(node);
-  if (!Overlaps(r, range) && !(r.start == r.end && range.Contains(r.start))) return;
+  if (!Overlaps(r, w.range) && !(r.start == r.end && w.range.Contains(r.start))) return false;
   std::string_view t = TypeOf(node);
-  if (t == "comment") return;
+  // A `;` between two statements is said by the statement marks (`a = 1; b = 2` is two lines).
+  if (t == "comment" || (statement && t == ";")) return false;
+  bool whole = r.start >= w.range.start && r.end <= w.range.end && !Inside(r, w.skip);
+  if (statement && whole && r.end > r.start) w.out.push_back({r, ';'});
   uint32_t n = ts_node_child_count(node);
-  bool leaf = n == 0 || t == "string" || t == "concatenated_string";
-  if (t == "concatenated_string") leaf = false;  // its parts are strings
-  if (leaf) {
-    if (r.start >= range.start && r.end <= range.end && r.end > r.start && !Inside(r, skip)) {
-      out.push_back({r});
-    }
-    return;
+  if (n == 0 || t == "string") {
+    if (whole && r.end > r.start) w.out.push_back({r});
+    return false;
   }
   // A trailing comma before the closing bracket of a parameter list, an argument list or a
   // list/dict/set display is formatting (black's "magic trailing comma"); in a tuple it is not.
-  bool drop_trailing_comma = t == "parameters" || t == "argument_list" || t == "list" ||
-                             t == "dictionary" || t == "set" || t == "lambda_parameters";
-  if (!ts_tree_cursor_goto_first_child(&cursor)) return;
-  uint32_t i = 0;
-  do {
-    TSNode c = ts_tree_cursor_current_node(&cursor);
-    if (ts_node_start_byte(c) > range.end) break;  // neither it nor a later child is in range
-    if (!(drop_trailing_comma && i + 2 == n && TypeOf(c) == ",")) Collect(cursor, range, skip, out);
-    ++i;
-  } while (ts_tree_cursor_goto_next_sibling(&cursor));
-  ts_tree_cursor_goto_parent(&cursor);
+  Frame f;
+  f.children = n;
+  f.drop_trailing_comma = t == "parameters" || t == "argument_list" || t == "list" ||
+                          t == "dictionary" || t == "set" || t == "lambda_parameters";
+  f.statements = t == "block" || t == "module";
+  f.close = t == "block" && whole && parent && parent->whole;
+  f.whole = whole;
+  if (f.close) w.out.push_back({r, '{'});
+  stack.push_back(f);
+  ts_tree_cursor_goto_first_child(&cursor);
+  return true;
+}
+
+/// Visits the child the cursor is on and moves to what comes next: into its children, or to its
+/// next sibling. False when the frame is done (no next sibling, or the child starts after the
+/// range, as every later one does).
+bool Step(Walk& w, TSTreeCursor& cursor, std::vector<Frame>& stack) {
+  TSNode c = ts_tree_cursor_current_node(&cursor);
+  if (ts_node_start_byte(c) > w.range.end) return false;
+  const Frame f = stack.back();
+  bool dropped = f.drop_trailing_comma && f.index + 2 == f.children && TypeOf(c) == ",";
+  ++stack.back().index;
+  if (!dropped && Visit(w, cursor, &f, stack)) return true;
+  return ts_tree_cursor_goto_next_sibling(&cursor);
+}
+
+/// The tokens of the cursor's node inside `w.range`, walked without recursion (any nesting
+/// depth). The children are walked with the cursor (tree-sitter 0.20's ts_node_child(i) walks
+/// the first i children, which made a module's top level quadratic); the cursor is back on the
+/// node when it returns.
+void Collect(Walk& w, TSTreeCursor& cursor) {
+  std::vector<Frame> stack;
+  if (!Visit(w, cursor, nullptr, stack)) return;
+  while (!stack.empty()) {
+    if (Step(w, cursor, stack)) continue;
+    do {  // Leave finished frames up to one whose node has a next sibling.
+      if (stack.back().close) w.out.push_back({{}, '}'});
+      stack.pop_back();
+      ts_tree_cursor_goto_parent(&cursor);
+    } while (!stack.empty() && !ts_tree_cursor_goto_next_sibling(&cursor));
+  }
 }
 
 }  // namespace
@@ -65,10 +117,12 @@ Fingerprint FingerprintOf(const parser::PyModule& module, const std::vector<Byte
                           const std::vector<ByteRange>& skip) {
   std::vector<Token> tokens;
   TSTreeCursor cursor = ts_tree_cursor_new(module.root());
-  for (const ByteRange& range : ranges) Collect(cursor, range, skip, tokens);
+  for (const ByteRange& range : ranges) {
+    Walk w{range, skip, tokens};
+    Collect(w, cursor);
+  }
   ts_tree_cursor_delete(&cursor);
   Fingerprint fp;
-  fp.tokens = tokens.size();
   std::string stream;
   const LineIndex& lines = module.lines();
   // Display text: per source line, the source from its first token to its last (comments and
@@ -89,8 +143,14 @@ Fingerprint FingerprintOf(const parser::PyModule& module, const std::vector<Byte
     fp.text += module.Text({group_start, group_end});
   };
   for (size_t i = 0; i < tokens.size(); ++i) {
-    const ByteRange& r = tokens[i].range;
     if (i) stream += '\x1f';
+    if (tokens[i].marker) {
+      stream += '\x02';  // not the text of any token: a token is never a lone control character
+      stream += tokens[i].marker;
+      continue;
+    }
+    ++fp.tokens;
+    const ByteRange& r = tokens[i].range;
     stream += module.Text(r);
     uint32_t line = lines.LineOf(r.start);
     uint32_t end_line_of_group = group_line == UINT32_MAX ? 0 : lines.LineOf(group_end - 1);

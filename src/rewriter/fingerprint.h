@@ -4,7 +4,10 @@
 // A fingerprint is the stream of the tree-sitter leaf tokens of one or more byte ranges of a
 // parsed module, with comments and the ranges in `skip` (the docstring) left out, so that
 // formatting, comments and docstrings never change it and any other token change does. A string
-// literal is one token (its exact text). The sha256 is over the tokens joined by U+001F; `text`
+// literal is one token (its exact text). Marks of structure join the tokens: the start of each
+// statement and the start and end of each block inside the region (a `;` between statements is
+// left out: the marks say it), so block nesting and statement boundaries count; the walk is
+// iterative (any depth). The sha256 is over the tokens and marks joined by U+001F; `text`
 // is the same tokens joined by single spaces, one line per source line, indented two spaces per
 // indentation step relative to the first line, for people (diffs in error messages, pin files).
 #pragma once

@@ -106,3 +106,44 @@ TEST_CASE("fingerprint of something absent is fixed", "[fingerprint]") {
   CHECK(AbsentFingerprint().text == "(absent)");
   CHECK(AbsentFingerprint().sha256 != Of(kBase).sha256);
 }
+
+TEST_CASE("fingerprint sees block structure and statement boundaries", "[fingerprint]") {
+  // Issue #28: the token stream alone was the same for these pairs.
+  std::string in_if = Replace(kBase, "        hidden_states = hidden_states.to(torch.float32)\n",
+                              "        if self.training:\n"
+                              "            hidden_states = hidden_states.to(torch.float32)\n"
+                              "            variance = hidden_states\n");
+  std::string after_if = Replace(in_if, "            variance = hidden_states\n",
+                                 "        variance = hidden_states\n");
+  CHECK(Of(in_if).sha256 != Of(after_if).sha256);
+  // `y = x - eps` is not `y = x` followed by the statement `- eps`.
+  std::string one =
+      Replace(kBase, "variance + self.variance_epsilon)",
+              "variance)\n        hidden_states = hidden_states - self.variance_epsilon");
+  std::string two = Replace(one, "hidden_states = hidden_states - self.variance_epsilon",
+                            "hidden_states = hidden_states\n        - self.variance_epsilon");
+  CHECK(Of(one).sha256 != Of(two).sha256);
+  // A `;` between statements is one way of writing the boundary a line break writes.
+  CHECK(Of(Replace(kBase, "        input_dtype = hidden_states.dtype\n",
+                   "        input_dtype = hidden_states.dtype; x = 1\n"))
+            .sha256 == Of(Replace(kBase, "        input_dtype = hidden_states.dtype\n",
+                                  "        input_dtype = hidden_states.dtype\n        x = 1\n"))
+                           .sha256);
+}
+
+TEST_CASE("fingerprint walks the deepest nesting a module may have", "[fingerprint]") {
+  // Issue #28: 50,000 nested parentheses overflowed the stack of the recursive walk. Parse now
+  // refuses nesting deeper than kMaxNesting, and the walk is iterative.
+  auto deep_paren = [](int depth) {
+    return Replace(kBase, "return self.weight * hidden_states.to(input_dtype)",
+                   "return self.weight * " + std::string(depth, '(') + "hidden_states" +
+                       std::string(depth, ')'));
+  };
+  auto refused = patchgen::parser::PyModule::Parse("m.py", deep_paren(50000));
+  REQUIRE_FALSE(refused.ok());
+  CHECK(refused.errors()[0].message == "cannot parse Python: nesting deeper than 4000 levels");
+  constexpr int kDepth = 3980;  // with the def, class, blocks and statements: just within 4000
+  Fingerprint fp = Of(deep_paren(kDepth));
+  CHECK(fp.tokens == Of(kBase).tokens - 6 + 2 * kDepth + 1);  // `.to(input_dtype)` out
+  CHECK(fp.sha256 != Of(kBase).sha256);
+}

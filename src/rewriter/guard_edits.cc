@@ -121,27 +121,31 @@ bool GuardPlanner::PlanCallSite(const Slot& slot, const Guard& g, const Definiti
 
 /// Turns the collected guards into edits: entry guards first (so that a call-site guard on a
 /// body's first statement follows its entry guard), then call sites, then `__init__` bindings.
+void GuardPlanner::EmitEntryGuard(const Definition& def, EntryEdit& e) {
+  if (def.inline_body) {
+    // `def f(x): return x` becomes a block: guard lines, then the old body on its own line.
+    ByteRange gap{def.header.end, def.body.start};
+    std::string ind = IndentAt(def.definition.start) + std::string(kGuardStep);
+    ShiftSpan(e.code, 1);  // After the "\n".
+    plan_.edits.push_back(TextEdit{gap, "\n" + e.text + ind, e.origin, e.what, e.code});
+    return;
+  }
+  uint32_t declarations = LeadingDeclarationsEnd(def);  // After `global x` (CPython).
+  uint32_t at = declarations > 0 ? LineEndOf(declarations) + 1
+                : def.docstring  ? LineEndOf(def.docstring->end) + 1
+                                 : LineStartOf(BodyStart(def));
+  std::string text = e.text;
+  if (at > up_.source().size()) {  // Docstring on the file's last line, no newline.
+    at = static_cast<uint32_t>(up_.source().size());
+    text = "\n" + text;
+    ShiftSpan(e.code, 1);
+  }
+  plan_.edits.push_back(TextEdit{{at, at}, std::move(text), e.origin, e.what, e.code});
+}
+
 void GuardPlanner::EmitEdits() {
   const auto& defs = up_.definitions();
-  for (auto& [index, e] : entry_) {
-    const Definition& def = defs[index];
-    if (def.inline_body) {
-      // `def f(x): return x` becomes a block: guard lines, then the old body on its own line.
-      ByteRange gap{def.header.end, def.body.start};
-      std::string ind = IndentAt(def.definition.start) + std::string(kGuardStep);
-      ShiftSpan(e.code, 1);  // After the "\n".
-      plan_.edits.push_back(TextEdit{gap, "\n" + e.text + ind, e.origin, e.what, e.code});
-    } else {
-      uint32_t at = def.docstring ? LineEndOf(def.docstring->end) + 1 : LineStartOf(BodyStart(def));
-      std::string text = e.text;
-      if (at > up_.source().size()) {  // Docstring on the file's last line, no newline.
-        at = static_cast<uint32_t>(up_.source().size());
-        text = "\n" + text;
-        ShiftSpan(e.code, 1);
-      }
-      plan_.edits.push_back(TextEdit{{at, at}, std::move(text), e.origin, e.what, e.code});
-    }
-  }
+  for (auto& [index, e] : entry_) EmitEntryGuard(defs[index], e);
   for (TextEdit& e : call_site_edits_) plan_.edits.push_back(std::move(e));
   for (auto& [index, e] : init_) {
     const Definition& init = defs[index];

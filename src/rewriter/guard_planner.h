@@ -94,6 +94,26 @@ class GuardPlanner {
   bool PlanCallSite(const spec::Slot& slot, const spec::Guard& g, const parser::Definition& def,
                     const PreparedCall& call);
 
+  // ---- refusals (guard_checks.cc) ------------------------------------------------------------
+
+  /// Why an entry guard cannot go into `def` (a generator, an async generator, `__init__`), or "".
+  std::string EntryRefusal(const parser::Definition& def) const;
+
+  /// Refuses an entry guard that cannot go into `def` (EntryRefusal) or whose names a later
+  /// `global`/`nonlocal` declaration of `def` declares (CPython: "name used prior to global
+  /// declaration"). The guard goes after the leading declarations (LeadingDeclarationsEnd).
+  bool CheckEntry(const spec::Slot& slot, const spec::Guard& g, const parser::Definition& def,
+                  const PreparedCall& call);
+
+  /// End of the leading `global`/`nonlocal` statements of `def`'s body (after its docstring);
+  /// 0 when the body does not start with one.
+  uint32_t LeadingDeclarationsEnd(const parser::Definition& def) const;
+
+  /// Refuses a slot whose name the guarded function already uses (module scope: a parameter or a
+  /// local would shadow the module-level slot) or whose `self.<name>` the owner class already
+  /// uses (instance scope: the binding would clobber it, or be clobbered).
+  bool CheckSlotName(const spec::Slot& slot, const spec::Guard& g, const parser::Definition& def);
+
   // ---- instance scope (guards.cc) -----------------------------------------------------------
 
   /// Checks an instance-scoped guard's target and records the `__init__` binding of its owner.
@@ -117,6 +137,8 @@ class GuardPlanner {
   /// Turns the collected guards into edits: entry guards first (so that a call-site guard on a
   /// body's first statement follows its entry guard), then call sites, then `__init__` bindings.
   void EmitEdits();
+  /// The edit of one entry guard (after leading `global`/`nonlocal` declarations or the docstring).
+  void EmitEntryGuard(const parser::Definition& def, EntryEdit& e);
 
   const spec::PatchSpec& spec_;
   const parser::PyModule& up_;

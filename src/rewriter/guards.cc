@@ -185,8 +185,9 @@ void GuardPlanner::PlanGuard(const Slot& slot, const Guard& g) {
   if (!def) return;
   bool ok = true;
   if (slot.scope == Slot::Scope::kInstance) ok = PlanInstanceBinding(slot, g, *def);
+  ok = ok && CheckSlotName(slot, g, *def);
   std::optional<PreparedCall> call = PrepareGuardCall(slot, g, !g.at, errors_);
-  if (!call || !ok) return;
+  if (!call || !ok || (!g.at && !CheckEntry(slot, g, *def, *call))) return;
   bool planned = g.at ? PlanCallSite(slot, g, *def, *call) : PlanEntry(slot, g, *def, *call);
   if (!planned) return;
   plan_.applied.emplace_back(def->qualname, slot.name + " -> " + slot.op + "/" + slot.variant);

@@ -239,13 +239,14 @@ class Resolver {
     if (MayHaveGlobalStatement(source)) CollectGlobals(root, source, module_);
   }
 
-  /// Whether identifier `id`, whose ancestors up to the root are `path`, resolves.
-  bool Resolves(TSNode id, const Path& path) {
+  /// Whether identifier `id`, whose enclosing scopes (IsScope) are `scopes` (outermost first),
+  /// resolves.
+  bool Resolves(TSNode id, const std::vector<TSNode>& scopes) {
     std::string name(TextOf(id, source_));
     if (module_wildcard_ || module_.count(name) || IsBuiltinName(name)) return true;
     bool crossed_function = false;
-    for (size_t k = path.size(); k-- > 0;) {
-      TSNode a = path[k];
+    for (size_t k = scopes.size(); k-- > 0;) {
+      TSNode a = scopes[k];
       if (Is(a, Type::kFunctionDefinition) || Is(a, Type::kLambda)) {
         if (!Inside(id, Field(a, "body"))) continue;  // defaults/annotations: enclosing scope
         crossed_function = true;
@@ -315,40 +316,57 @@ bool Touches(TSNode node, const std::vector<ByteRange>& ranges) {
   return touches;
 }
 
-/// An identifier inside one of the ranges, with its ancestors up to the root.
-struct FoundId {
-  TSNode id;
-  Path path;
-};
-
-/// The identifiers lying inside any of `ranges` (once per range that holds it), in document order.
-void Walk(TSNode root, const std::vector<ByteRange>& ranges, std::vector<FoundId>& out) {
-  if (!Touches(root, ranges) || Is(root, Type::kIdentifier)) return;  // (a root is a module)
-  Path path;
-  WalkNamed(root, path, [&](TSNode node, const Path& up) {
-    if (!Touches(node, ranges)) return false;
-    if (!Is(node, Type::kIdentifier)) return true;
-    uint32_t s = ts_node_start_byte(node), e = ts_node_end_byte(node);
-    for (const ByteRange& r : ranges) {
-      if (r.start <= s && e <= r.end) out.push_back({node, up});
+/// The scopes (IsScope) among the ancestors of the node a WalkNamed visits, kept as the walk
+/// goes, so that resolving a name costs its scope depth, not its depth in the tree (a chain
+/// `x + x + ...` nests thousands deep).
+class ScopeStack {
+ public:
+  /// The scopes around a node whose ancestors are `path`; `n` itself is entered next when it is
+  /// a scope and the walk goes into it.
+  const std::vector<TSNode>& Around(const Path& path) {
+    while (!depth_.empty() &&
+           (depth_.back() >= path.size() || !Same(path[depth_.back()], scopes_.back()))) {
+      depth_.pop_back();
+      scopes_.pop_back();
     }
-    return false;
-  });
-}
+    return scopes_;
+  }
+  void Enter(TSNode scope, size_t depth) {
+    scopes_.push_back(scope);
+    depth_.push_back(depth);
+  }
+
+ private:
+  std::vector<TSNode> scopes_;
+  std::vector<size_t> depth_;  ///< Each scope's index in the path of the nodes below it.
+};
 
 }  // namespace
 
 std::vector<NameUse> FindUnresolvedNames(TSNode root, std::string_view source,
                                          const std::vector<ByteRange>& ranges) {
-  std::vector<FoundId> ids;
-  Walk(root, ranges, ids);
-  Resolver resolver(root, source);
   std::vector<NameUse> out;
-  for (const FoundId& f : ids) {
-    if (RoleOf(f.id, f.path) != Role::kUse) continue;
-    if (!resolver.Resolves(f.id, f.path))
-      out.push_back({std::string(TextOf(f.id, source)), ts_node_start_byte(f.id)});
-  }
+  if (!Touches(root, ranges) || Is(root, Type::kIdentifier)) return out;  // (a root is a module)
+  Resolver resolver(root, source);
+  ScopeStack scopes;
+  if (IsScope(root)) scopes.Enter(root, 0);
+  Path path;
+  // Each identifier inside a range (once per range that holds it), in document order, resolved
+  // where it is found: keeping every identifier's ancestors took memory quadratic in the depth.
+  WalkNamed(root, path, [&](TSNode node, const Path& up) {
+    if (!Touches(node, ranges)) return false;
+    const std::vector<TSNode>& around = scopes.Around(up);
+    if (!Is(node, Type::kIdentifier)) {
+      if (IsScope(node)) scopes.Enter(node, up.size());
+      return true;
+    }
+    if (RoleOf(node, up) != Role::kUse || resolver.Resolves(node, around)) return false;
+    uint32_t s = ts_node_start_byte(node), e = ts_node_end_byte(node);
+    for (const ByteRange& r : ranges) {
+      if (r.start <= s && e <= r.end) out.push_back({std::string(TextOf(node, source)), s});
+    }
+    return false;
+  });
   return out;
 }
 

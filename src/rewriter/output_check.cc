@@ -68,6 +68,126 @@ void CheckRemovedNames(const spec::PatchSpec& spec,
   }
 }
 
+/// A statement CPython rejects where tree-sitter accepts it, found in inserted code.
+struct Misplaced {
+  TSNode node;
+  std::string message;
+  std::string help;
+};
+
+bool IsFunctionDef(TSNode n) { return parser::Is(n, "function_definition"); }
+bool IsAsyncDef(TSNode n) {
+  return IsFunctionDef(n) && ts_node_child_count(n) > 0 && parser::Is(ts_node_child(n, 0), "async");
+}
+bool IsScopeBoundary(TSNode n) {
+  return IsFunctionDef(n) || parser::Is(n, "class_definition") || parser::Is(n, "lambda") ||
+         parser::Is(n, "module");
+}
+
+/// The nearest enclosing function, class, lambda or module of `n`.
+TSNode EnclosingScope(TSNode n) {
+  for (TSNode p = ts_node_parent(n); !ts_node_is_null(p); p = ts_node_parent(p)) {
+    if (IsScopeBoundary(p)) return p;
+  }
+  return n;
+}
+
+/// True when `n` is in the body (not the `else`) of a loop of its own scope.
+bool InLoopBody(TSNode n) {
+  TSNode prev = n;
+  for (TSNode p = ts_node_parent(n); !ts_node_is_null(p); prev = p, p = ts_node_parent(p)) {
+    if (IsScopeBoundary(p)) return false;
+    bool loop = parser::Is(p, "for_statement") || parser::Is(p, "while_statement");
+    if (loop && ts_node_eq(parser::Field(p, "body"), prev)) return true;
+  }
+  return false;
+}
+
+/// What is wrong with `n` where it stands, if anything (return/await/break/continue).
+std::optional<Misplaced> MisplacedStatement(TSNode n) {
+  if (parser::Is(n, "return_statement") && !IsFunctionDef(EnclosingScope(n))) {
+    return Misplaced{n, "'return' outside a function",
+                     "Python rejects it (SyntaxError); `return` belongs in a def's body"};
+  }
+  if (ts_node_is_named(n) && parser::Is(n, "await") && !IsAsyncDef(EnclosingScope(n))) {
+    return Misplaced{n, "'await' outside an async function",
+                     "Python rejects it (SyntaxError); `await` belongs in an `async def` body"};
+  }
+  for (const char* kw : {"break", "continue"}) {
+    if (parser::Is(n, (std::string(kw) + "_statement").c_str()) && !InLoopBody(n)) {
+      return Misplaced{n, "'" + std::string(kw) + "' outside a loop",
+                       "Python rejects it (SyntaxError); `" + std::string(kw) +
+                           "` belongs in the body of a `for` or `while` loop of the same function"};
+    }
+  }
+  return std::nullopt;
+}
+
+bool Overlaps(ByteRange r, const std::vector<ByteRange>& ranges) {
+  return std::any_of(ranges.begin(), ranges.end(),
+                     [&](ByteRange o) { return r.start < o.end && o.start < r.end; });
+}
+
+/// Misplaced statements inside `inserted`, walked without recursion (deep nesting is allowed).
+std::vector<Misplaced> FindMisplaced(TSNode root, const std::vector<ByteRange>& inserted) {
+  std::vector<Misplaced> out;
+  std::vector<TSNode> stack{root};
+  while (!stack.empty()) {
+    TSNode n = stack.back();
+    stack.pop_back();
+    if (!Overlaps(parser::RangeOf(n), inserted)) continue;
+    if (auto m = MisplacedStatement(n)) out.push_back(*m);
+    for (uint32_t i = ts_node_child_count(n); i > 0; --i) stack.push_back(ts_node_child(n, i - 1));
+  }
+  return out;
+}
+
+/// True when top-level statement `n` may precede a `from __future__` import: a comment, another
+/// future import, or the module docstring (`first`).
+bool MayPrecedeFuture(TSNode n, bool first) {
+  if (parser::Is(n, "comment") || parser::Is(n, "future_import_statement")) return true;
+  return first && parser::Is(n, "expression_statement") && ts_node_named_child_count(n) == 1 &&
+         (parser::Is(ts_node_named_child(n, 0), "string") ||
+          parser::Is(ts_node_named_child(n, 0), "concatenated_string"));
+}
+
+/// `from __future__` imports that are not at the top of the module (Python rejects them): the
+/// first statement before one that may not precede it, or the import itself when nested.
+std::vector<Misplaced> FindMisplacedFuture(TSNode root, const std::vector<ByteRange>& inserted) {
+  std::vector<Misplaced> out;
+  const std::string help =
+      "Python accepts `from __future__` imports only at the top of a module, after its docstring "
+      "and other `from __future__` imports; add it with `imports.add`, which places it there";
+  std::optional<TSNode> blocker;
+  uint32_t statements = 0;
+  for (uint32_t i = 0; i < ts_node_named_child_count(root); ++i) {
+    TSNode n = ts_node_named_child(root, i);
+    bool future = parser::Is(n, "future_import_statement");
+    bool involved =
+        future && blocker &&
+        (Overlaps(parser::RangeOf(n), inserted) || Overlaps(parser::RangeOf(*blocker), inserted));
+    if (involved) {
+      TSNode at = Overlaps(parser::RangeOf(n), inserted) ? n : *blocker;
+      out.push_back({at, "`from __future__` import after other statements", help});
+    }
+    if (!blocker && !MayPrecedeFuture(n, statements == 0)) blocker = n;
+    if (!parser::Is(n, "comment")) ++statements;
+  }
+  std::vector<TSNode> stack{root};
+  while (!stack.empty()) {
+    TSNode n = stack.back();
+    stack.pop_back();
+    if (!Overlaps(parser::RangeOf(n), inserted)) continue;
+    if (parser::Is(n, "future_import_statement") && !ts_node_eq(ts_node_parent(n), root)) {
+      out.push_back({n, "`from __future__` import inside a block", help});
+    }
+    for (uint32_t i = ts_node_named_child_count(n); i > 0; --i) {
+      stack.push_back(ts_node_named_child(n, i - 1));
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 parser::TreePtr ParseOutputTree(const parser::PyModule& upstream, const EditPlan& plan,
@@ -164,6 +284,17 @@ std::vector<Diagnostic> CheckOutput(const spec::PatchSpec& spec, const parser::P
     Diagnostic d = ErrorAt(loc, "undefined name '" + use.name + "' in inserted code",
                            "import it with `imports.add`, define it in `helpers:`, or map it "
                            "with `name_map`");
+    d.notes.push_back(
+        Note::Text("generated line " + std::to_string(at.line) + ": " + at.source_line));
+    errors.push_back(std::move(d));
+  }
+  std::vector<Misplaced> misplaced = FindMisplaced(root, inserted);
+  for (Misplaced& m : FindMisplacedFuture(root, inserted)) misplaced.push_back(std::move(m));
+  for (const Misplaced& m : misplaced) {
+    uint32_t offset = ts_node_start_byte(m.node);
+    SourceLoc at = output_loc(offset);
+    Diagnostic d = ErrorAt(InsertedLoc(plan, offset, lines, ranges, header_size).value_or(at),
+                           m.message, m.help);
     d.notes.push_back(
         Note::Text("generated line " + std::to_string(at.line) + ": " + at.source_line));
     errors.push_back(std::move(d));

@@ -5,9 +5,11 @@
 
 #include "base/text_util.h"
 #include "parser/py_cst_queries.h"
+#include "parser/ts_node.h"
 #include "rewriter/fingerprint.h"
 #include "rewriter/reindent.h"
 #include "rewriter/statements.h"
+#include "spec/python_names.h"
 
 namespace patchgen::rewriter {
 
@@ -18,8 +20,15 @@ using parser::TopLevelStatement;
 // ----- name_map ------------------------------------------------------------------------------
 
 NameMap::NameMap(const std::vector<spec::NameMapEntry>& entries) {
-  for (const spec::NameMapEntry& e : entries) uses_.push_back({&e, false});
+  for (const spec::NameMapEntry& e : entries) uses_.push_back({&e, false, {}});
 }
+
+namespace {
+
+/// The prefix of the UsedKeys() element that records a rename of `e` into a keyword.
+std::string KeywordMark(const spec::NameMapEntry& e) { return "\x01keyword " + e.Key() + "\x01"; }
+
+}  // namespace
 
 std::optional<std::string> NameMap::Map(std::string_view name) {
   for (Use& u : uses_) {
@@ -37,7 +46,12 @@ std::optional<std::string> NameMap::Map(std::string_view name) {
   }
   if (!best) return std::nullopt;
   best->used = true;
-  return best->entry->to + std::string(name.substr(best->entry->from.size()));
+  std::string to = best->entry->to + std::string(name.substr(best->entry->from.size()));
+  if (spec::IsPythonKeyword(to)) {  // never rename into a keyword: an error (ReportUnused)
+    if (best->keyword_from.empty()) best->keyword_from = std::string(name);
+    return std::nullopt;
+  }
+  return to;
 }
 
 std::string NameMap::MapDotted(const std::string& dotted) {
@@ -56,6 +70,8 @@ std::set<std::string> NameMap::UsedKeys() const {
   std::set<std::string> out;
   for (const Use& u : uses_) {
     if (u.used) out.insert(u.entry->Key());
+    // A rename into a keyword travels with the keys to the stage that reports (ReportUnused).
+    if (!u.keyword_from.empty()) out.insert(KeywordMark(*u.entry) + u.keyword_from);
   }
   return out;
 }
@@ -63,6 +79,22 @@ std::set<std::string> NameMap::UsedKeys() const {
 void NameMap::ReportUnused(const std::set<std::string>& used_elsewhere,
                            std::vector<Diagnostic>& errors) const {
   for (const Use& u : uses_) {
+    std::string keyword_from = u.keyword_from;
+    auto mark = used_elsewhere.lower_bound(KeywordMark(*u.entry));
+    if (keyword_from.empty() && mark != used_elsewhere.end() &&
+        mark->starts_with(KeywordMark(*u.entry))) {
+      keyword_from = mark->substr(KeywordMark(*u.entry).size());
+    }
+    if (!keyword_from.empty()) {
+      const spec::NameMapEntry& e = *u.entry;
+      std::string to = e.to + keyword_from.substr(e.from.size());
+      errors.push_back(
+          ErrorAt(e.loc,
+                  "name_map rule '" + e.Key() + "' renames '" + keyword_from +
+                      "' to the Python keyword '" + to + "'",
+                  "a keyword cannot be a name; map '" + keyword_from +
+                      "' to a name of its own with a whole-name key, which wins over the rule"));
+    }
     if (u.used || used_elsewhere.count(u.entry->Key())) continue;
     const spec::NameMapEntry& e = *u.entry;
     if (e.prefix) {
@@ -131,6 +163,14 @@ std::unique_ptr<PyModule> ParseCode(const std::string& text, const spec::TextOri
 
 namespace {
 
+/// True when identifier `r` is the name of a keyword argument (`f(name=...)`).
+bool IsKeywordArgumentName(const PyModule& m, ByteRange r) {
+  TSNode n = ts_node_descendant_for_byte_range(m.root(), r.start, r.end);
+  TSNode parent = ts_node_parent(n);
+  return !ts_node_is_null(parent) && parser::Is(parent, "keyword_argument") &&
+         ts_node_eq(parser::Field(parent, "name"), n);
+}
+
 /// The name_map renames of the identifiers of `m` in `region` (the def/class name being renamed
 /// to the target's, `rename`, excepted).
 void CollectRenames(const PyModule& m, ByteRange region, Renames renames,
@@ -138,6 +178,7 @@ void CollectRenames(const PyModule& m, ByteRange region, Renames renames,
                     std::vector<std::pair<ByteRange, std::string>>& out) {
   for (ByteRange r : parser::IdentifiersIn(m.root(), region)) {
     if (rename && rename->first == r) continue;
+    if (IsKeywordArgumentName(m, r)) continue;  // names the callee's parameter, not the binding
     std::string_view text = m.Text(r);
     // Patch-level entries win over spec-level ones.
     for (NameMap* map : {renames.patch, renames.spec}) {

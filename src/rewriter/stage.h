@@ -54,6 +54,7 @@ class NameMap {
   struct Use {
     const spec::NameMapEntry* entry;
     bool used;
+    std::string keyword_from = {};  ///< The first name a prefix rule would turn into a keyword.
   };
   std::vector<Use> uses_;
 };

@@ -98,7 +98,38 @@ const Definition* SlotInit(PatchContext& ctx, const Patch& p) {
   return init;
 }
 
+/// Inserts `e` into `edits` before the first insertion at the same offset, so that a config
+/// slot is set before the statements another patch (`modify_init`) adds at that place, which
+/// may read it.
+void InsertFirstAtOffset(std::vector<TextEdit>& edits, TextEdit e) {
+  auto same = std::find_if(edits.begin(), edits.end(), [&](const TextEdit& o) {
+    return o.range.empty() && o.range.start == e.range.start;
+  });
+  edits.insert(same, std::move(e));
+}
+
 }  // namespace
+
+std::optional<InitEnd> InitEndInsertion(PatchContext& ctx, const Patch& p, const Definition& init,
+                                        const std::string& what) {
+  const PyModule& up = ctx.up;
+  std::vector<TSNode> returns =
+      parser::OwnScopeNodes(parser::BodyBlock(up, init), {"return_statement"});
+  TSNode last = parser::LastStatement(up, init);
+  bool trailing = !returns.empty() && ts_node_eq(returns.back(), last);
+  if (trailing) returns.pop_back();
+  if (!returns.empty()) {
+    uint32_t line = up.lines().LineOf(ts_node_start_byte(returns.front())) + 1;
+    ctx.Error(p.loc,
+              init.qualname + " returns early (line " + std::to_string(line) + "): what " + what +
+                  " adds at its end would not run on that path",
+              "place them after super().__init__(...) (`after: super_init`) or change __init__ "
+              "with an edit_body whose anchors say where");
+    return std::nullopt;
+  }
+  if (trailing) return InitEnd{LineStartOf(up.source(), ts_node_start_byte(last)), true};
+  return InitEnd{LineEndOf(up.source(), init.body.end), false};
+}
 
 void PlanConfigSlot(PatchContext& ctx, const Patch& p, NameMap& /*patch_map*/,
                     const std::string& what) {
@@ -115,10 +146,15 @@ void PlanConfigSlot(PatchContext& ctx, const Patch& p, NameMap& /*patch_map*/,
                                         p.loc,
                                         what,
                                         std::nullopt});
-  } else {
-    std::optional<ByteRange> super_init = parser::SuperInitStatement(ctx.up, *init);
-    uint32_t at = LineEndOf(src, super_init ? super_init->end : init->body.end);
-    ctx.st.out.edits.push_back(TextEdit{{at, at}, "\n" + text, p.loc, what, std::nullopt});
+  } else if (std::optional<ByteRange> super_init = parser::SuperInitStatement(ctx.up, *init)) {
+    uint32_t at = LineEndOf(src, super_init->end);
+    InsertFirstAtOffset(ctx.st.out.edits,
+                        TextEdit{{at, at}, "\n" + text, p.loc, what, std::nullopt});
+  } else if (std::optional<InitEnd> end = InitEndInsertion(ctx, p, *init, what)) {
+    // In front of a trailing `return`, else after the last statement.
+    std::string t = end->before_line ? text + "\n" : "\n" + text;
+    InsertFirstAtOffset(ctx.st.out.edits,
+                        TextEdit{{end->offset, end->offset}, t, p.loc, what, std::nullopt});
   }
   ctx.st.config_slots = true;
 }

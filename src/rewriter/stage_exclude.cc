@@ -3,6 +3,7 @@
 
 #include "base/text_util.h"
 #include "parser/py_cst_queries.h"
+#include "parser/ts_node.h"
 #include "rewriter/stages.h"
 
 namespace patchgen::rewriter {
@@ -24,15 +25,65 @@ ByteRange ExcludedRange(const std::string& src, ByteRange stmt) {
   return {start, WholeLines(src, stmt).end};
 }
 
+/// The list literals of `__all__`: the value of its last plain assignment (FindDunderAll) and
+/// of every top-level `__all__ += [...]` (or `(...)`), in source order.
+std::vector<parser::DunderAll> DunderAllLists(const PyModule& up) {
+  std::vector<parser::DunderAll> out;
+  if (std::optional<parser::DunderAll> all = parser::FindDunderAll(up)) out.push_back(*all);
+  TSNode root = up.root();
+  for (uint32_t i = 0; i < ts_node_named_child_count(root); ++i) {
+    TSNode stmt = ts_node_named_child(root, i);
+    if (!parser::Is(stmt, "expression_statement") || ts_node_named_child_count(stmt) != 1) continue;
+    TSNode aug = ts_node_named_child(stmt, 0);
+    if (!parser::Is(aug, "augmented_assignment")) continue;
+    TSNode left = parser::Field(aug, "left");
+    TSNode op = parser::Field(aug, "operator");
+    TSNode right = parser::Field(aug, "right");
+    if (ts_node_is_null(left) || up.Text(parser::RangeOf(left)) != "__all__" ||
+        ts_node_is_null(op) || up.Text(parser::RangeOf(op)) != "+=" || ts_node_is_null(right) ||
+        !(parser::Is(right, "list") || parser::Is(right, "tuple"))) {
+      continue;
+    }
+    parser::DunderAll extra{parser::RangeOf(right), {}};
+    for (uint32_t j = 0; j < ts_node_named_child_count(right); ++j) {
+      TSNode item = ts_node_named_child(right, j);
+      if (!parser::Is(item, "comment")) extra.items.push_back(parser::RangeOf(item));
+    }
+    out.push_back(std::move(extra));
+  }
+  return out;
+}
+
+/// The edit removing the entries of `excluded` from one `__all__` list, if it names any.
+std::optional<TextEdit> RemoveFromAll(const PyModule& up, const parser::DunderAll& all,
+                                      const std::vector<const spec::LocatedName*>& excluded) {
+  std::vector<size_t> removed;
+  const spec::LocatedName* first = nullptr;
+  for (size_t i = 0; i < all.items.size(); ++i) {
+    std::string_view item = up.Text(all.items[i]);
+    for (const spec::LocatedName* ex : excluded) {
+      if (item.size() < 2 || item.substr(1, item.size() - 2) != ex->name) continue;
+      removed.push_back(i);
+      if (!first) first = ex;
+      break;
+    }
+  }
+  if (removed.empty()) return std::nullopt;
+  std::string text;
+  if (removed.size() == all.items.size()) {
+    std::string_view list = up.Text(all.list);
+    text = std::string(1, list.front()) + std::string(1, list.back());
+  } else {
+    text = SpliceRange(up.source(), all.list, RemoveListItems(all.items, removed));
+  }
+  return TextEdit{all.list, text, first->loc, "exclude " + first->name + " from __all__",
+                  std::nullopt};
+}
+
 }  // namespace
 
 ExcludeStage PlanExcludes(const spec::PatchSpec& spec, const PyModule& up) {
   ExcludeStage st;
-  std::vector<size_t> all_removed;
-  const spec::LocatedName* first_in_all = nullptr;
-  // `__all__`'s list literal (none: no items, nothing to remove from it).
-  const parser::DunderAll all = parser::FindDunderAll(up).value_or(parser::DunderAll{});
-  const std::vector<ByteRange>& all_items = all.items;
   for (const spec::LocatedName& ex : spec.excludes) {
     const TopLevelStatement* s = TopLevelBinding(up, ex.name);
     if (!s) {
@@ -43,26 +94,12 @@ ExcludeStage PlanExcludes(const spec::PatchSpec& spec, const PyModule& up) {
                                     "exclude " + ex.name, std::nullopt});
     st.out.applied.push_back({"exclude", ex.name, ""});
     st.excluded.push_back(&ex);
-    for (size_t i = 0; i < all_items.size(); ++i) {
-      std::string_view item = up.Text(all_items[i]);
-      if (item.size() >= 2 && item.substr(1, item.size() - 2) == ex.name) {
-        all_removed.push_back(i);
-        if (!first_in_all) first_in_all = &ex;
-      }
+  }
+  for (const parser::DunderAll& all : DunderAllLists(up)) {
+    if (std::optional<TextEdit> e = RemoveFromAll(up, all, st.excluded)) {
+      st.out.edits.push_back(std::move(*e));
     }
   }
-  if (all_removed.empty()) return st;
-  std::sort(all_removed.begin(), all_removed.end());
-  all_removed.erase(std::unique(all_removed.begin(), all_removed.end()), all_removed.end());
-  std::string text;
-  if (all_removed.size() == all_items.size()) {
-    std::string_view list = up.Text(all.list);
-    text = std::string(1, list.front()) + std::string(1, list.back());
-  } else {
-    text = SpliceRange(up.source(), all.list, RemoveListItems(all_items, all_removed));
-  }
-  st.out.edits.push_back(TextEdit{all.list, text, first_in_all->loc,
-                                  "exclude " + first_in_all->name + " from __all__", std::nullopt});
   return st;
 }
 

@@ -120,7 +120,37 @@ std::optional<TextEdit> ImportEdit(const spec::PatchSpec& spec, const PyModule& 
   return TextEdit{WholeLines(up.source(), imp.stmt), "", drop.first->loc, what, std::nullopt};
 }
 
+/// True when top-level statement `t` of `m` is a string on its own (the module docstring when
+/// first).
+bool IsDocstring(const PyModule& m, const parser::TopLevelStatement& t) {
+  std::string_view text = m.Text(t.range);
+  size_t quote = text.find_first_of("\"'");
+  return t.kind == parser::TopLevelStatement::Kind::kOther && quote != std::string_view::npos &&
+         quote <= 3 && text.find_first_not_of("rRbBuUfF") == quote;
+}
+
 }  // namespace
+
+FutureAnchor AfterFutureImports(const PyModule& up) {
+  const std::string& src = up.source();
+  std::optional<uint32_t> at;
+  for (const Import& imp : up.imports()) {
+    if (imp.depth == 0 && imp.kind == Import::Kind::kFuture) at = LineEndOf(src, imp.stmt.end);
+  }
+  if (at) return {*at, false};
+  if (up.top_level().empty()) return {static_cast<uint32_t>(src.size()), true};
+  const parser::TopLevelStatement& first = up.top_level().front();
+  if (IsDocstring(up, first)) return {LineEndOf(src, first.range.end), false};
+  return {LineStartOf(src, first.range.start), true};
+}
+
+std::optional<bool> OnlyFutureImports(const PyModule& m) {
+  size_t future = 0;
+  for (const Import& imp : m.imports()) future += imp.kind == Import::Kind::kFuture ? 1 : 0;
+  if (future == 0) return false;
+  if (future == m.imports().size() && future == m.top_level().size()) return true;
+  return std::nullopt;
+}
 
 ImportsStage PlanImports(const spec::PatchSpec& spec, const PyModule& up,
                          const std::string& upstream_path) {

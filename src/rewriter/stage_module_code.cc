@@ -65,11 +65,22 @@ struct ModuleCode {
     return MakeSnippet(*m, def->whole, h.body.origin, {nullptr, &spec_map}, std::nullopt, 0);
   }
 
-  /// An imports.add entry: its snippet, or nullopt (with an error) when it is not only imports.
-  std::optional<Snippet> AddedImport(const spec::Block& b) {
+  /// An imports.add entry: its snippet, or nullopt (with an error) when it is not only imports;
+  /// `future`: whether it is `from __future__` imports (which must stay first in the module).
+  std::optional<Snippet> AddedImport(const spec::Block& b, bool* future = nullptr) {
     std::unique_ptr<PyModule> m;
     auto s = Standalone(b.code, b.origin, &m);
     if (!s) return std::nullopt;
+    std::optional<bool> only_future = OnlyFutureImports(*m);
+    if (!only_future) {
+      out.errors.push_back(ErrorAt(b.loc,
+                                   "an imports.add entry mixes `from __future__` imports "
+                                   "with other statements",
+                                   "give `from __future__` imports an entry of their own: "
+                                   "patchgen puts them at the top of the module"));
+      return std::nullopt;
+    }
+    if (future) *future = *only_future;
     bool only_imports = !m->top_level().empty();
     for (const TopLevelStatement& t : m->top_level()) {
       if (t.kind != TopLevelStatement::Kind::kImport) only_imports = false;
@@ -78,6 +89,22 @@ struct ModuleCode {
     out.errors.push_back(ErrorAt(b.loc, "imports.add entries must be import statements",
                                  "put other code into `blocks:` or `helpers:`"));
     return std::nullopt;
+  }
+
+  /// imports.add entries of `from __future__` imports, after upstream's own (Python accepts
+  /// them only at the top of a module).
+  void AddFutureImports(const spec::PatchSpec& spec) {
+    FutureAnchor a = AfterFutureImports(up);
+    for (const spec::Block& b : spec.import_adds) {
+      std::vector<Diagnostic> ignored;
+      std::unique_ptr<PyModule> m = ParseCode(b.code, b.origin, ignored);
+      if (!m || OnlyFutureImports(*m) != std::optional<bool>(true)) continue;
+      Snippet s = WholeSnippet(*m, b.origin, {nullptr, &spec_map}, 0);
+      out.edits.push_back(SnippetEdit({a.offset, a.offset}, a.before_statement ? "" : "\n", s,
+                                      a.before_statement ? "\n" : "", b.loc, "imports.add"));
+      out.applied.push_back(
+          {"imports.add", OneLine(std::string(TrimTrailingNewlines(b.code))), ""});
+    }
   }
 
   void AfterTheImports(const spec::PatchSpec& spec, Anchor anchor,
@@ -92,9 +119,11 @@ struct ModuleCode {
       out.edits.push_back(SnippetEdit({at, at}, at_top && first ? "" : sep, s, "", loc, what));
       first = false;
     };
+    AddFutureImports(spec);
     for (const spec::Block& b : spec.import_adds) {
-      auto s = AddedImport(b);
-      if (!s) continue;
+      bool future = false;
+      auto s = AddedImport(b, &future);
+      if (!s || future) continue;
       add("\n", *s, b.loc, "imports.add");
       out.applied.push_back(
           {"imports.add", OneLine(std::string(TrimTrailingNewlines(b.code))), ""});

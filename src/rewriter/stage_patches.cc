@@ -162,7 +162,13 @@ void PlanModifyInit(PatchContext& ctx, const Patch& p, NameMap& patch_map,
   std::unique_ptr<PyModule> m = ParseCode(p.body.text, p.body.origin, ctx.st.out.errors);
   if (!m) return;
   uint32_t at = LineEndOf(up.source(), init->body.end);
-  if (p.init_at == Patch::InitAt::kAfterSuperInit) {
+  bool before_line = false;
+  if (p.init_at != Patch::InitAt::kAfterSuperInit && !init->inline_body) {
+    std::optional<InitEnd> end = InitEndInsertion(ctx, p, *init, what);
+    if (!end) return;
+    at = end->offset;
+    before_line = end->before_line;
+  } else if (p.init_at == Patch::InitAt::kAfterSuperInit) {
     std::optional<ByteRange> super_init = parser::SuperInitStatement(up, *init);
     if (!super_init) {
       ctx.Error(p.loc, "no super().__init__(...) call in " + init->qualname,
@@ -182,7 +188,9 @@ void PlanModifyInit(PatchContext& ctx, const Patch& p, NameMap& patch_map,
                     "", p.loc, what));
     return;
   }
-  ctx.st.out.edits.push_back(SnippetEdit({at, at}, "\n" + marker, s, "", p.loc, what));
+  ctx.st.out.edits.push_back(before_line
+                                 ? SnippetEdit({at, at}, marker, s, "\n", p.loc, what)
+                                 : SnippetEdit({at, at}, "\n" + marker, s, "", p.loc, what));
 }
 
 // ----- optional patches: is the target absent? ----------------------------------------------

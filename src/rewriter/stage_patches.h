@@ -57,6 +57,16 @@ void PlanConfigSlot(PatchContext& ctx, const spec::Patch& p, NameMap& patch_map,
 std::optional<std::string> ConfigSlotAbsent(const parser::PyModule& up, const spec::Patch& p);
 void PinConfigSlot(PatchContext& ctx, const spec::Patch& p, const std::string& key);
 
+/// Where statements appended to `init` go: after its last statement, or at the start of the line
+/// of a trailing `return` (`before_line`). nullopt, with an error at `p`, when `init` returns
+/// earlier too (what is appended would not run on that path).
+struct InitEnd {
+  uint32_t offset = 0;
+  bool before_line = false;
+};
+std::optional<InitEnd> InitEndInsertion(PatchContext& ctx, const spec::Patch& p,
+                                        const parser::Definition& init, const std::string& what);
+
 /// edit_body (stage_edit_body.cc).
 void PlanEditBody(PatchContext& ctx, const spec::Patch& p, NameMap& patch_map,
                   const std::string& what);

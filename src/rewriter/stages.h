@@ -34,6 +34,18 @@ struct ImportsStage {
 ImportsStage PlanImports(const spec::PatchSpec& spec, const parser::PyModule& up,
                          const std::string& upstream_path);
 
+/// Where an added `from __future__` import goes: after upstream's last top-level one, else after
+/// the module docstring, else in front of the first statement (`before_statement`).
+struct FutureAnchor {
+  uint32_t offset = 0;
+  bool before_statement = false;
+};
+FutureAnchor AfterFutureImports(const parser::PyModule& up);
+
+/// For the code of an imports.add entry: true when it is only `from __future__` imports, false
+/// when it has none, nullopt when it mixes them with other statements.
+std::optional<bool> OnlyFutureImports(const parser::PyModule& m);
+
 // ----- patches (stage_patches.cc, stage_edit_body.cc) -----------------------------------------
 
 /// A planned statement edit of edit_body, kept until the guards are planned (overlaps with

@@ -134,14 +134,30 @@ void BodyStatements::NoMatch(const SourceLoc& loc, std::string_view key, std::st
   errors.push_back(std::move(d));
 }
 
+bool BodyStatements::AllIdentical(const std::vector<const Stmt*>& stmts) const {
+  for (const Stmt* s : stmts) {
+    if (s->range.In(m_.source()) != stmts.front()->range.In(m_.source())) return false;
+  }
+  return !stmts.empty();
+}
+
 void BodyStatements::Ambiguous(const SourceLoc& loc, std::string_view key, std::string_view prefix,
                                const std::string& where, const std::vector<const Stmt*>& matches,
                                std::vector<Diagnostic>& errors) const {
-  Diagnostic d =
-      ErrorAt(loc,
-              "'" + std::string(prefix) + "' matches " + std::to_string(matches.size()) +
-                  " statements in " + where,
-              "make `" + std::string(key) + "` longer so that it matches exactly one statement");
+  std::string help =
+      "make `" + std::string(key) + "` longer so that it matches exactly one statement";
+  if (AllIdentical(matches)) {
+    // No longer text can tell identical statements apart, and anchors have no occurrence index.
+    help = "the " + std::to_string(matches.size()) + " statements are identical, so no longer `" +
+           std::string(key) +
+           "` can tell them apart; anchor on a unique statement next to the one you mean "
+           "(`insert_after`/`insert_before` it, or start the range there and end it with "
+           "`through`), or replace the whole function with override_method";
+  }
+  Diagnostic d = ErrorAt(loc,
+                         "'" + std::string(prefix) + "' matches " + std::to_string(matches.size()) +
+                             " statements in " + where,
+                         help);
   d.notes = StatementNotes(matches);
   errors.push_back(std::move(d));
 }

@@ -78,6 +78,8 @@ class BodyStatements {
   void NoMatch(const SourceLoc& loc, std::string_view key, std::string_view prefix,
                const std::string& where, const std::vector<const Stmt*>& candidates,
                std::vector<Diagnostic>& errors) const;
+  /// True when every statement of `stmts` has the same text (a longer anchor cannot help).
+  bool AllIdentical(const std::vector<const Stmt*>& stmts) const;
   void Ambiguous(const SourceLoc& loc, std::string_view key, std::string_view prefix,
                  const std::string& where, const std::vector<const Stmt*>& matches,
                  std::vector<Diagnostic>& errors) const;

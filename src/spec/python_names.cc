@@ -20,6 +20,8 @@ const std::set<std::string>& PythonKeywords() {
 
 }  // namespace
 
+bool IsPythonKeyword(std::string_view s) { return PythonKeywords().count(std::string(s)) > 0; }
+
 bool IsIdentifier(std::string_view s) {
   if (s.empty()) return false;
   for (size_t i = 0; i < s.size(); ++i) {

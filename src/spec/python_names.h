@@ -14,6 +14,9 @@ namespace patchgen::spec {
 /// after the first character.
 bool IsIdentifier(std::string_view s);
 
+/// A Python keyword (`class`, `None`, ...): never a name.
+bool IsPythonKeyword(std::string_view s);
+
 /// Identifiers joined by single dots: "transformers.models.qwen3".
 bool IsDotted(std::string_view s);
 

@@ -124,6 +124,20 @@ Patch* InheritedPatch(PatchSpec& parent, const Patch& p, const std::string& pare
   return &*it;
 }
 
+// A child's `default` of an inherited config_slot: one of the inherited values.
+void MergeDefault(Patch& inherited, const LocatedName& def, std::vector<Diagnostic>& diags) {
+  std::vector<std::string> names;
+  for (const LocatedName& v : inherited.choice.values) names.push_back(v.name);
+  if (std::find(names.begin(), names.end(), def.name) != names.end()) {
+    inherited.choice.default_value = def;
+    return;
+  }
+  std::string help = "the default must be one of the inherited values: " + JoinNames(names, 100);
+  if (auto near = DidYouMean(def.name, names)) help = "did you mean '" + *near + "'? " + help;
+  diags.push_back(ErrorAt(
+      def.loc, "default '" + def.name + "' is not one of the values of " + inherited.target, help));
+}
+
 // A patch without a body changes the fields it gives of the inherited patch of its target
 // (description, after, name_map, optional, reason); one with a body replaces it.
 void MergePatches(PatchSpec& parent, std::vector<Patch>&& patches, const std::string& parent_path,
@@ -146,6 +160,7 @@ void MergePatches(PatchSpec& parent, std::vector<Patch>&& patches, const std::st
       it->when.optional_loc = p.when.optional_loc;
     }
     if (Given(p.given, "reason")) it->when.reason = p.when.reason;
+    if (p.choice.default_value) MergeDefault(*it, *p.choice.default_value, diags);
   }
 }
 

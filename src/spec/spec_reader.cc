@@ -21,7 +21,13 @@ std::string JoinRelative(const std::string& spec_path, const std::string& rel) {
   return out.empty() ? "." : out;
 }
 
-SourceLoc SpecReader::LocAt(ByteRange r) { return LocOf(path_, *text_, lines_, r); }
+// Cropped: every located entry of a spec keeps its location, and a spec may hold thousands of
+// them on one line.
+SourceLoc SpecReader::LocAt(ByteRange r) {
+  SourceLoc loc = LocOf(path_, *text_, lines_, r);
+  CropSourceLine(loc);
+  return loc;
+}
 
 void SpecReader::Error(const RawNode& at, std::string msg, std::string help) {
   diags_.push_back(ErrorAt(Loc(at), std::move(msg), std::move(help)));

@@ -86,8 +86,11 @@ bool SpecReader::LoadChoice(const KeyMap& keys, const PatchKindInfo& info, const
   const RawNode* attribute = ValueOf(keys, "attribute");
   const RawNode* values = ValueOf(keys, "values");
   const RawNode* def = ValueOf(keys, "default");
-  if (partial_allowed && !attribute && !values && !def) {
-    p.partial = true;  // Changes the inherited config_slot of this target (resolved by the merge).
+  if (partial_allowed && !attribute && !values) {
+    // Changes the inherited config_slot of this target (resolved by the merge); a `default` is
+    // checked against the inherited values there.
+    p.partial = true;
+    if (def && !LoadChoiceDefault(*def, false, p.choice)) ok = false;
     return ok;
   }
   for (const char* k : {"attribute", "values"}) {

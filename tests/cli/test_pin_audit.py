@@ -120,7 +120,7 @@ def test_pin_keeps_the_comments_a_reviewer_wrote_in_place(toy):
     pin(toy)
     text = toy.read("specs/toy/toy.pins")
     guard = '  - key: "guard rms_norm_slot in ToyRMSNorm.forward"\n'
-    record = '      - versions: ["1.0.0"]\n        sha256: e5f441dd'
+    record = '      - versions: ["1.0.0"]\n        sha256: 2a946c26'
     assert guard in text and record in text
     text = text.replace("pins:\n", "# Reviewed by alice on 2026-12-01.\npins:\n", 1)
     text = text.replace(guard, "  # The RMSNorm body: checked against the op's reference.\n" + guard, 1)
@@ -139,7 +139,7 @@ def test_pin_keeps_the_comments_a_reviewer_wrote_in_place(toy):
     assert "# Reviewed by alice on 2026-12-01.\npins:\n" in after  # was: every comment dropped
     assert "  # The RMSNorm body: checked against the op's reference.\n" + guard in after
     assert guard + "    region: function  # the whole body\n" in after
-    assert '      # fp32 on the CPU, bit-exact\n      - versions: ["1.0.0"]\n        sha256: e5f441dd' in after
+    assert '      # fp32 on the CPU, bit-exact\n      - versions: ["1.0.0"]\n        sha256: 2a946c26' in after
     assert after.endswith("# end of the pins\n")
     assert after.count("(absent)") == 1 and after.count("Contract pins of") == 1
     # The rewritten file is a valid pin file that verifies the new upstream, and stays as it is.

@@ -106,7 +106,9 @@ TEST_CASE("Version helpers") {
 
 TEST_CASE("SourceLookup finds modules in root order and reports every place looked") {
   TempDir dir;
-  dir.Write("one/pkg/__init__.py", "__version__ = \"1\"\n");
+  // Python's rules (issue #28): the regular package in `two` wins over the namespace portion
+  // `one/pkg` (no __init__.py) before it.
+  dir.Write("one/pkg/mod.py", "x = 0\n");
   dir.Write("two/pkg/__init__.py", "__version__ = \"2\"\n");
   dir.Write("two/pkg/mod.py", "x = 1\n");
   dir.Write("two/pkg/sub/__init__.py", "");

@@ -1,10 +1,12 @@
 #include "pins.h"
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <set>
 
 #include "base/file_util.h"
+#include "base/text_util.h"
 #include "diff/unified_diff.h"
 #include "files.h"
 #include "spec/raw_node.h"
@@ -83,13 +85,43 @@ namespace {
 struct PinFileError {
   const RawNode* node;
   std::string message;
+  std::string help;  ///< Empty: regenerate the file.
 };
+
+/// A key of mapping `m` (`what`: "a pin", "a verified record", "the file") that is none of
+/// `known`, with did-you-mean: a misspelt key would otherwise be ignored.
+std::optional<PinFileError> UnknownKey(const RawNode& m, const std::vector<std::string>& known,
+                                       const std::string& what) {
+  for (const auto& [k, v] : m.entries) {
+    if (k.kind == RawNode::Kind::kScalar &&
+        std::find(known.begin(), known.end(), k.scalar) != known.end()) {
+      continue;
+    }
+    std::string names;
+    for (const std::string& n : known) names += (names.empty() ? "'" : ", '") + n + "'";
+    return PinFileError{&k, "unknown key '" + k.scalar + "' in " + what,
+                        WithDidYouMean(k.scalar, known, "the keys of " + what + " are " + names)};
+  }
+  return std::nullopt;
+}
+
+bool IsSha256Hex(const std::string& s) {
+  return s.size() == 64 && s.find_first_not_of("0123456789abcdef") == std::string::npos;
+}
 
 // One `verified` record: sha256, text, versions.
 std::optional<PinFileError> ReadPinRecord(const RawNode& v, PinRecord& r) {
   const RawNode* sha = v.kind == RawNode::Kind::kMapping ? Get(v, "sha256") : nullptr;
   if (!sha || sha->kind != RawNode::Kind::kScalar) {
-    return PinFileError{&v, "each verified record needs 'sha256'"};
+    return PinFileError{&v, "each verified record needs 'sha256'", {}};
+  }
+  if (auto wrong = UnknownKey(v, {"versions", "sha256", "text"}, "a verified record")) return wrong;
+  if (!IsSha256Hex(sha->scalar)) {
+    return PinFileError{
+        sha,
+        "damaged pin file: sha256 '" + sha->scalar + "' is not 64 lowercase hexadecimal digits",
+        "restore the file from version control, or delete this record and run "
+        "`patchgen pin` after checking the upstream code"};
   }
   r.sha256 = sha->scalar;
   if (const RawNode* t = Get(v, "text")) r.text = StripTrailingNewlines(t->scalar);
@@ -99,14 +131,19 @@ std::optional<PinFileError> ReadPinRecord(const RawNode& v, PinRecord& r) {
   return std::nullopt;
 }
 
+/// Where a node of the pin file is (a diagnostic's location).
+using LocateFn = std::function<SourceLoc(const RawNode&)>;
+
 // One entry of `pins`: key, region, target, expects and its verified records.
-std::optional<PinFileError> ReadPinEntry(const RawNode& item, PinEntry& e) {
+std::optional<PinFileError> ReadPinEntry(const RawNode& item, const LocateFn& locate, PinEntry& e) {
   const RawNode* key = item.kind == RawNode::Kind::kMapping ? Get(item, "key") : nullptr;
   const RawNode* verified = item.kind == RawNode::Kind::kMapping ? Get(item, "verified") : nullptr;
   if (!key || key->kind != RawNode::Kind::kScalar || !verified ||
       verified->kind != RawNode::Kind::kSequence) {
-    return PinFileError{&item, "each pin needs 'key' and a 'verified' sequence"};
+    return PinFileError{&item, "each pin needs 'key' and a 'verified' sequence", {}};
   }
+  if (auto wrong = UnknownKey(item, {"key", "region", "target", "expects", "verified"}, "a pin"))
+    return wrong;
   e.key = key->scalar;
   if (const RawNode* region = Get(item, "region")) e.region = region->scalar;
   if (const RawNode* target = Get(item, "target")) e.target = target->scalar;
@@ -114,6 +151,7 @@ std::optional<PinFileError> ReadPinEntry(const RawNode& item, PinEntry& e) {
   for (const RawNode& v : verified->items) {
     PinRecord r;
     if (auto wrong = ReadPinRecord(v, r)) return wrong;
+    r.loc = locate(*Get(v, "sha256"));
     e.verified.push_back(std::move(r));
   }
   return std::nullopt;
@@ -304,22 +342,26 @@ Result<std::optional<PinFile>> ReadPins(const fs::path& path, const std::string&
   auto raw = spec::ParseRawYaml(shown, *text);
   if (!raw.ok()) return raw.errors();
   LineIndex lines(*text);
-  auto bad = [&](const RawNode& n, const std::string& msg) {
+  auto bad = [&](const PinFileError& e) {
+    const RawNode& n = *e.node;
     return MakeDiagnostic(shown, *text, lines,
                           {n.range.start, std::max(n.range.end, n.range.start + 1)},
-                          "invalid pin file: " + msg,
-                          "pin files are written by `patchgen pin`; regenerate it rather than "
-                          "editing by hand");
+                          "invalid pin file: " + e.message,
+                          e.help.empty() ? "pin files are written by `patchgen pin`; regenerate "
+                                           "it rather than editing by hand"
+                                         : e.help);
   };
+  LocateFn locate = [&](const RawNode& n) { return LocOf(shown, *text, lines, n.range); };
   PinFile out;
   const RawNode& root = *raw;
-  if (root.kind != RawNode::Kind::kMapping) return bad(root, "expected a mapping");
+  if (root.kind != RawNode::Kind::kMapping) return bad({&root, "expected a mapping", {}});
+  if (auto wrong = UnknownKey(root, {"pins"}, "the file")) return bad(*wrong);
   const RawNode* pins = Get(root, "pins");
   if (!pins) return std::optional<PinFile>(std::move(out));
-  if (pins->kind != RawNode::Kind::kSequence) return bad(*pins, "'pins' must be a sequence");
+  if (pins->kind != RawNode::Kind::kSequence) return bad({pins, "'pins' must be a sequence", {}});
   for (const RawNode& item : pins->items) {
     PinEntry e;
-    if (auto wrong = ReadPinEntry(item, e)) return bad(*wrong->node, wrong->message);
+    if (auto wrong = ReadPinEntry(item, locate, e)) return bad(*wrong);
     out.entries.push_back(std::move(e));
   }
   out.comments = ReadPinComments(*text, root);
@@ -430,7 +472,7 @@ size_t AddVerified(PinEntry& entry, const rewriter::ContractPin& c, const std::s
     done = true;
   }
   if (done) return 0;
-  entry.verified.push_back({c.sha256, {version}, c.text});
+  entry.verified.push_back({c.sha256, {version}, c.text, {}});
   return 1;
 }
 
@@ -479,11 +521,18 @@ std::vector<PinFinding> ComparePins(const PinFile& pins,
     }
     bool ok = false;
     const PinRecord* newest = &e->verified.front();
+    const PinRecord* same_text = nullptr;
     for (const PinRecord& r : e->verified) {
       ok |= r.sha256 == c.sha256;
       if (VersionLess(Newest(*newest), Newest(r))) newest = &r;
+      if (!same_text && r.text == c.text) same_text = &r;
     }
-    if (!ok) out.push_back({PinFinding::Kind::kChanged, &c, newest});
+    if (ok) continue;
+    if (same_text) {
+      out.push_back({PinFinding::Kind::kDamaged, &c, same_text});
+    } else {
+      out.push_back({PinFinding::Kind::kChanged, &c, newest});
+    }
   }
   return out;
 }
@@ -528,6 +577,26 @@ std::string PinVerify(const rewriter::ContractPin& c, bool edit) {
                    "decorators";
 }
 
+// A verified record whose sha256 is not the fingerprint of the text it records, which is the
+// upstream text now: the pin file is damaged (or was edited, or written by a patchgen that
+// fingerprints differently), not upstream.
+Diagnostic DamagedPinDiagnostic(const PinFinding& f, const std::string& where,
+                                const std::string& versions, const std::string& spec_shown) {
+  const rewriter::ContractPin& c = *f.pin;
+  SourceLoc at = f.pinned->loc.line ? f.pinned->loc : c.loc;
+  Diagnostic d = ErrorAt(
+      at,
+      "damaged pin file: the sha256 of '" + c.key + "' (verified with " +
+          (versions.empty() ? "no version" : versions) +
+          ") is not the fingerprint of the text it records, and upstream still has that text",
+      "restore the pin file from version control; if it is right, delete this record, check the "
+      "upstream code and run `patchgen pin " +
+          spec_shown + "` (with the same --source-root)");
+  d.notes.push_back(Note::At(c.loc, "the entry it pins"));
+  d.notes.push_back(Note::Text("upstream " + where + " has fingerprint " + c.sha256));
+  return d;
+}
+
 }  // namespace
 
 Diagnostic PinDiagnostic(const PinFinding& f, const std::string& upstream_path,
@@ -551,6 +620,8 @@ Diagnostic PinDiagnostic(const PinFinding& f, const std::string& upstream_path,
   }
   std::string versions;
   for (const std::string& v : f.pinned->versions) versions += (versions.empty() ? "" : ", ") + v;
+  if (f.kind == PinFinding::Kind::kDamaged)
+    return DamagedPinDiagnostic(f, where, versions, spec_shown);
   d = ErrorAt(c.loc,
               std::string("upstream changed ") + subject + " this " + (guard ? "guard" : "patch") +
                   " relies on: " + c.key.substr(c.key.find(' ') + 1),

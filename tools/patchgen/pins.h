@@ -21,6 +21,7 @@ struct PinRecord {
   std::string sha256;
   std::vector<std::string> versions;
   std::string text;  ///< Normalised upstream text (no trailing newline).
+  SourceLoc loc;     ///< Its sha256 in the pin file (ReadPins; unknown for a new record).
 };
 
 struct PinEntry {
@@ -68,10 +69,13 @@ size_t UpdatePins(PinFile& pins, const std::vector<rewriter::ContractPin>& contr
 
 /// What checking one contract entry against the pins found.
 struct PinFinding {
-  enum class Kind { kChanged, kUnpinned };
+  /// kDamaged: no verified sha256 matches, but a verified record holds exactly the upstream
+  /// text: its sha256 is not the fingerprint of that text (a damaged or hand-edited pin file),
+  /// upstream did not change.
+  enum class Kind { kChanged, kUnpinned, kDamaged };
   Kind kind = Kind::kChanged;
   const rewriter::ContractPin* pin = nullptr;
-  const PinRecord* pinned = nullptr;  ///< kChanged: the newest verified record.
+  const PinRecord* pinned = nullptr;  ///< kChanged: the newest verified record; kDamaged: its own.
 };
 
 std::vector<PinFinding> ComparePins(const PinFile& pins,

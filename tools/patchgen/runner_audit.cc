@@ -128,6 +128,18 @@ std::set<std::string> AddPinFindings(const AuditView& v, std::vector<Finding>& o
                      true});
       continue;
     }
+    if (pf.kind == PinFinding::Kind::kDamaged) {
+      out.push_back({"damaged pin",
+                     c.key,
+                     pf.pinned->loc.line ? pf.pinned->loc : c.loc,
+                     v.Where(c),
+                     "the pinned sha256 is not the fingerprint of the text it records (verified "
+                     "with " +
+                         Joined(pf.pinned->versions) + "); upstream still has that text",
+                     {},
+                     true});
+      continue;
+    }
     Finding f{RegionFindingKind(c),
               c.key,
               c.loc,

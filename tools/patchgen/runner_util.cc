@@ -1,5 +1,6 @@
 // Helpers the Runner's stages and modes share (runner.h): exit codes, diagnostics and JSON output,
 // spec discovery, and the checks of a generated module's upstream targets and bytes.
+#include "base/text_util.h"
 #include "runner.h"
 
 namespace patchgen::cli {
@@ -99,6 +100,56 @@ std::string Fingerprint(const std::string& version, const std::string& sha) {
   return s.empty() ? "unknown" : s;
 }
 
+namespace {
+
+/// The value of top-level key `key` in spec text (quotes and a trailing comment removed), or
+/// nullopt. A line scan, not a YAML parse: enough to find `extends:` and `output:`.
+std::optional<std::string> TopLevelValue(const std::string& text, std::string_view key) {
+  for (std::string_view line : SplitLines(text)) {
+    if (!line.starts_with(key) || line.substr(key.size(), 1) != ":") continue;
+    std::string_view v = line.substr(key.size() + 1);
+    if (size_t hash = v.find(" #"); hash != std::string_view::npos) v = v.substr(0, hash);
+    size_t b = v.find_first_not_of(" \t");
+    size_t e = v.find_last_not_of(" \t\r");
+    std::string value = b == std::string_view::npos ? "" : std::string(v.substr(b, e - b + 1));
+    if (value.size() >= 2 && (value.front() == '"' || value.front() == '\'') &&
+        value.back() == value.front()) {
+      value = value.substr(1, value.size() - 2);
+    }
+    return value;
+  }
+  return std::nullopt;
+}
+
+/// Leaves out of `found` the abstract parents: specs that another found spec `extends` and that
+/// have no `output` of their own (meant only to be extended, they generate nothing), with a note
+/// on stderr for each (docs/spec-format.md, "Composition").
+void SkipAbstractParents(std::vector<std::pair<std::string, fs::path>>& found,
+                         const fs::path& cwd) {
+  std::map<fs::path, fs::path> extended_by;  // parent -> first child
+  std::map<fs::path, bool> has_output;
+  for (const auto& [rel, path] : found) {
+    std::optional<std::string> text = ReadFile(path);
+    if (!text) continue;
+    has_output[path.lexically_normal()] = TopLevelValue(*text, "output").has_value();
+    std::optional<std::string> parent = TopLevelValue(*text, "extends");
+    if (parent && !parent->empty()) {
+      extended_by.emplace((path.parent_path() / *parent).lexically_normal(), path);
+    }
+  }
+  std::erase_if(found, [&](const std::pair<std::string, fs::path>& f) {
+    fs::path p = f.second.lexically_normal();
+    auto child = extended_by.find(p);
+    if (child == extended_by.end() || has_output[p]) return false;
+    std::cerr << "note: " << DisplayPath(f.second, cwd)
+              << ": skipped: a parent spec without `output` (extended by "
+              << DisplayPath(child->second, cwd) << "), generated only through its children\n";
+    return true;
+  });
+}
+
+}  // namespace
+
 /// Spec files under `root`: *.yaml and *.yml, recursively, sorted by their '/'-separated relative
 /// path. Nothing is skipped silently: a folder that cannot be read and a symbolic link to a folder
 /// (not followed: it could lead out of the tree or into a loop) are errors in `errors`, and the
@@ -142,6 +193,7 @@ std::vector<fs::path> DiscoverSpecs(const fs::path& root, const fs::path& cwd,
     }
   }
   std::sort(found.begin(), found.end());
+  SkipAbstractParents(found, cwd);
   std::vector<fs::path> out;
   for (auto& [rel, path] : found) out.push_back(path);
   SortDiagnostics(errors);
@@ -198,9 +250,39 @@ std::optional<std::pair<uint32_t, std::string>> FirstSourceBlocker(std::string_v
   return std::nullopt;
 }
 
+namespace {
+
+/// The error for an entry whose target `d` (or a class around it) upstream rebinds after its
+/// definition (PyModule::Rebindings, `f = other`): the patched definition would be dead code.
+std::optional<Diagnostic> RebindingError(const rewriter::ContractPin& pin,
+                                         const parser::PyModule& upstream,
+                                         const parser::Definition& d, const std::string& shown) {
+  std::vector<ByteRange> again = upstream.Rebindings(d);
+  if (again.empty()) return std::nullopt;
+  LineCol lc = upstream.lines().At(again.front().start);
+  std::string text(upstream.Text(again.front()).substr(0, 60));
+  Diagnostic e =
+      ErrorAt(pin.loc,
+              "'" + d.qualname + "' (line " + std::to_string(d.line) + ") is rebound at line " +
+                  std::to_string(lc.line) + " of the upstream module " + shown + " (`" +
+                  text.substr(0, text.find('\n')) +
+                  "`): Python uses that value, the patched definition " + "would be dead code",
+              "patchgen does not patch a definition that upstream replaces; patch what line " +
+                  std::to_string(lc.line) +
+                  " binds, or generate against an upstream that does not "
+                  "rebind '" +
+                  d.qualname + "'",
+              ErrorKind::kUpstream);
+  e.notes.push_back(Note::At(SourceLoc{shown, lc.line, lc.col, 1, {}}, "rebound here"));
+  return e;
+}
+
+}  // namespace
+
 /// Errors for entries whose upstream target (or a class around it) is defined more than once in one
 /// scope (PyModule::Redefinitions): Python keeps the last definition, the splice would patch the
-/// first. Located at the spec entry, naming every definition.
+/// first; or is rebound later in its scope (RebindingError). Located at the spec entry, naming
+/// every definition.
 std::vector<Diagnostic> AmbiguousTargets(const std::vector<rewriter::ContractPin>& contract,
                                          const parser::PyModule& upstream,
                                          const std::string& shown) {
@@ -213,6 +295,10 @@ std::vector<Diagnostic> AmbiguousTargets(const std::vector<rewriter::ContractPin
     if (pin.qualname.empty()) continue;
     for (const parser::Definition* d = upstream.Find(pin.qualname); d != nullptr;
          d = d->parent >= 0 ? &upstream.definitions()[d->parent] : nullptr) {
+      if (auto rebound = RebindingError(pin, upstream, *d, shown)) {
+        out.push_back(std::move(*rebound));
+        break;
+      }
       std::vector<const parser::Definition*> again = upstream.Redefinitions(*d);
       if (again.empty()) continue;
       const char* what = d->kind == parser::Definition::Kind::kClass ? "class"

@@ -36,18 +36,21 @@ std::string Trim(std::string_view s) {
 }  // namespace
 
 std::optional<std::string> VersionFromInit(const std::string& text) {
+  // Python keeps the last assignment: a later one replaces an earlier version, and a later one
+  // whose value is not a string literal makes the version unknown.
+  std::optional<std::string> found;
   for (std::string_view line : SplitLines(text)) {
     if (line.rfind("__version__", 0) != 0) continue;
     std::string_view rest = line.substr(11);
     size_t eq = rest.find_first_not_of(" \t");
-    if (eq == std::string_view::npos || rest[eq] != '=') continue;
+    if (eq == std::string_view::npos || rest[eq] != '=' || rest.substr(eq, 2) == "==") continue;
+    found.reset();
     size_t q = rest.find_first_not_of(" \t", eq + 1);
     if (q == std::string_view::npos || (rest[q] != '"' && rest[q] != '\'')) continue;
     size_t end = rest.find(rest[q], q + 1);
-    if (end == std::string_view::npos) continue;
-    return std::string(rest.substr(q + 1, end - q - 1));
+    if (end != std::string_view::npos) found = std::string(rest.substr(q + 1, end - q - 1));
   }
-  return std::nullopt;
+  return found;
 }
 
 std::optional<std::string> VersionFromMetadata(const std::string& text) {
@@ -139,43 +142,94 @@ std::string SourceLookup::Version(const fs::path& root, const std::string& top) 
 
 std::string TopPackage(const std::string& module) { return module.substr(0, module.find('.')); }
 
+namespace {
+
+/// A folder Python searches for the next component of a dotted name, and the index of the root
+/// it descends from.
+struct SearchDir {
+  fs::path dir;
+  size_t root = 0;
+};
+
+/// Where Python's path-based import finds module `parts` when `dirs` is the search path (the
+/// CPython FileFinder/PathFinder rules for source files): at each component, the first folder
+/// holding `<part>/__init__.py` (a regular package) or `<part>.py` (a module) ends the search;
+/// folders `<part>/` without `__init__.py` seen before that are namespace portions, used only
+/// when no folder has a package or module. The next component is searched in the package's
+/// folder, or in every portion in order. `top_namespace` tells whether the top-level component
+/// was a namespace package (then a later root could still hold a regular package that wins).
+std::optional<SearchDir> PythonImport(const std::vector<std::string>& parts,
+                                      std::vector<SearchDir> dirs, bool& top_namespace) {
+  std::error_code ec;
+  for (size_t k = 0; k < parts.size(); ++k) {
+    bool last = k + 1 == parts.size();
+    std::vector<SearchDir> portions;
+    bool regular = false;
+    for (const SearchDir& d : dirs) {
+      fs::path pkg = d.dir / parts[k];
+      if (fs::is_regular_file(pkg / "__init__.py", ec)) {
+        if (last) return SearchDir{pkg / "__init__.py", d.root};
+        portions = {SearchDir{pkg, d.root}};
+        regular = true;
+        break;
+      }
+      if (fs::is_regular_file(d.dir / (parts[k] + ".py"), ec)) {
+        if (last) return SearchDir{d.dir / (parts[k] + ".py"), d.root};
+        return std::nullopt;  // A module is not a package: `a.b` with `a.py`.
+      }
+      if (fs::is_directory(pkg, ec)) portions.push_back(SearchDir{pkg, d.root});
+    }
+    if (k == 0) top_namespace = !regular;
+    if (last || portions.empty()) return std::nullopt;  // A namespace package has no file.
+    dirs = std::move(portions);
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 LookupResult SourceLookup::Find(const std::string& module) {
   std::string rel;
   for (char c : module) rel += c == '.' ? '/' : c;
   const std::string top = TopPackage(module);
+  std::vector<std::string> parts;
+  for (size_t start = 0;;) {
+    size_t dot = module.find('.', start);
+    parts.push_back(module.substr(start, dot - start));
+    if (dot == std::string::npos) break;
+    start = dot + 1;
+  }
 
   LookupResult result;
-  bool package_seen = false;
-  auto search = [&](size_t from) -> bool {
-    for (size_t i = from; i < roots_.size(); ++i) {
-      const SourceRoot& root = roots_[i];
-      std::error_code ec;
-      fs::path file = root.path / (rel + ".py");
-      fs::path init = root.path / rel / "__init__.py";
-      if (fs::is_directory(root.path / top, ec) ||
-          fs::is_regular_file(root.path / (top + ".py"), ec)) {
-        package_seen = true;
-      }
-      for (const fs::path& candidate : {file, init}) {
-        if (fs::is_regular_file(candidate, ec)) {
-          result.status = LookupResult::Status::kFound;
-          result.file.file = candidate;
-          result.file.rel_path = candidate.lexically_relative(root.path).generic_string();
-          result.file.version = Version(root.path, top);
-          return true;
-        }
-      }
-      result.looked.push_back(DisplayPath(file, shown_base_) + " (" + root.origin + ")");
-    }
-    return false;
+  // Python's rules over roots_[0, roots_.size()): true when it found a file that no root after
+  // them could take away (the top-level package is regular, or a module).
+  auto resolve = [&](bool final) -> bool {
+    std::vector<SearchDir> dirs;
+    for (size_t i = 0; i < roots_.size(); ++i) dirs.push_back({roots_[i].path, i});
+    bool top_namespace = false;
+    std::optional<SearchDir> found = PythonImport(parts, dirs, top_namespace);
+    if (!found || (top_namespace && !final)) return false;
+    const SourceRoot& root = roots_[found->root];
+    result.status = LookupResult::Status::kFound;
+    result.file.file = found->dir;
+    result.file.rel_path = found->dir.lexically_relative(root.path).generic_string();
+    result.file.version = Version(root.path, top);
+    return true;
   };
-  size_t explicit_roots = roots_.size();
+  if (resolve(asked_interpreter_)) return result;
   if (!asked_interpreter_) {
-    if (search(0)) return result;
     EnsureSysPath();
-    if (search(explicit_roots)) return result;
-  } else if (search(0)) {
-    return result;
+    if (resolve(true)) return result;
+  }
+  bool package_seen = false;
+  for (const SourceRoot& root : roots_) {
+    std::error_code ec;
+    if (fs::is_directory(root.path / top, ec) ||
+        fs::is_regular_file(root.path / (top + ".py"), ec)) {
+      package_seen = true;
+    }
+    result.looked.push_back(DisplayPath(root.path / (rel + ".py"), shown_base_) + " (" +
+                            root.origin + ")");
   }
   if (sys_path_error_) result.looked.push_back("sys.path: " + *sys_path_error_);
   result.status =

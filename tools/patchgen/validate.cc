@@ -23,7 +23,8 @@ void CheckParses(const std::string& code, const spec::TextOrigin& origin, const 
                  std::vector<Diagnostic>& out) {
   parser::TreePtr tree = parser::ParseTree(code);
   if (!tree) return;
-  std::optional<TSNode> bad = parser::FirstErrorNode(ts_tree_root_node(tree.get()));
+  std::optional<TSNode> deep = parser::NestedTooDeep(ts_tree_root_node(tree.get()));
+  std::optional<TSNode> bad = deep ? deep : parser::FirstErrorNode(ts_tree_root_node(tree.get()));
   if (bad) {
     // tree-sitter's column counts bytes; a SourceLoc's counts code points, like every column
     // patchgen prints. `col_offset` is the block scalar's indentation (spaces: bytes = columns).
@@ -33,8 +34,12 @@ void CheckParses(const std::string& code, const spec::TextOrigin& origin, const 
     loc.line = origin.first_line + at.line - 1;
     loc.col = at.col + origin.col_offset;
     loc.source_line = LineOf(origin.file_text, loc.line);
-    out.push_back(
-        ErrorAt(loc, what + " does not parse as Python", "fix the syntax error at this position"));
+    out.push_back(deep ? ErrorAt(loc,
+                                 what + " nests deeper than " +
+                                     std::to_string(parser::kMaxNesting) + " levels",
+                                 "patchgen refuses code nested this deep, as CPython does")
+                       : ErrorAt(loc, what + " does not parse as Python",
+                                 "fix the syntax error at this position"));
   }
 }
 
