@@ -171,15 +171,14 @@ __device__ void scale_rows(T* s, F f) {
   }
 }
 
-// dst[r][c] (pitch ldd) = src[r][c] (pitch lds) for r < rows, c < cols, converted; columns at or
-// past col_limit read as 0 (scratch columns past Dv are never written). Four steps per thread in
-// flight; same-type copies of whole 16-byte pieces (every pitch and offset here is a multiple of 16
-// bytes) go as uint4.
+// dst[r][c] (pitch ldd) = src[r][c] (pitch lds) for r < rows, c < cols, converted. Four steps per
+// thread in flight; same-type copies of whole 16-byte pieces (every pitch and offset here is a
+// multiple of 16 bytes) go as uint4.
 template <typename D, typename S>
-__device__ void copy_tile(D* dst, int ldd, const S* src, int64_t lds, int rows, int cols, int64_t col_limit = 1 << 30) {
+__device__ void copy_tile(D* dst, int ldd, const S* src, int64_t lds, int rows, int cols) {
   if constexpr (std::is_same_v<D, S>) {
     constexpr int V = 16 / sizeof(D);
-    if (col_limit >= cols && cols % V == 0) {
+    if (cols % V == 0) {
       const int vc = cols / V, n = rows * vc;
       for (int base = threadIdx.x; base < n; base += 4 * blockDim.x) {
         uint4 v[4];
@@ -203,7 +202,7 @@ __device__ void copy_tile(D* dst, int ldd, const S* src, int64_t lds, int rows, 
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       const int i = base + k * blockDim.x, r = i / cols, c = i % cols;
-      v[k] = (i < n && c < col_limit) ? cvt<D>(src[r * lds + c]) : from_float<D>(0.f);
+      v[k] = i < n ? cvt<D>(src[r * lds + c]) : from_float<D>(0.f);
     }
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
