@@ -587,6 +587,10 @@ KNOWN_ATTN_IMPLEMENTATIONS = (
 )
 
 
+#: opslot's own: variable-length attention for packed rows (opslot.packing, docs/packing.md).
+VARLEN_ATTN_IMPLEMENTATION = "opslot_varlen"
+
+
 def _registered_attn_implementations() -> List[str]:
     """Keys of Transformers' AttentionInterface when Transformers is already imported."""
     if "transformers" not in sys.modules:
@@ -600,9 +604,14 @@ def _registered_attn_implementations() -> List[str]:
 
 
 def _check_attn_implementation(value: str) -> None:
+    if value == VARLEN_ATTN_IMPLEMENTATION:
+        from .packing import register_attention
+
+        register_attention()  # Transformers checks the name when a model is built
+        return
     if "/" in value or value in KNOWN_ATTN_IMPLEMENTATIONS:  # a Hub kernel repository: Transformers resolves it
         return
-    known = list(KNOWN_ATTN_IMPLEMENTATIONS) + _registered_attn_implementations()
+    known = list(KNOWN_ATTN_IMPLEMENTATIONS) + [VARLEN_ATTN_IMPLEMENTATION] + _registered_attn_implementations()
     if value in known:
         return
     close = difflib.get_close_matches(value, known, n=1)
