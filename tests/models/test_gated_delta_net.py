@@ -8,9 +8,8 @@ kernels wrapped in a recording spy:
 
 - packed sequences: a row of documents with `cu_seq_lens_q/k`, `max_length_q/k` and position ids
   restarting per document reaches both slots with `cu_seqlens`, and the conv and delta-rule outputs
-  (and the logits) of every document equal those of the document run alone; upstream's eager code
-  (slots unbound, no `fla`) mixes the documents in 5.17 (which shows the check can tell) and refuses
-  packed rows from 5.23;
+  (and the logits) of every document equal those of the document run alone; with the slots on
+  eager (upstream's code, which mixes the documents in 5.17) the packed row is refused;
 - decode: `generate()` with the cache reaches the decode call sites (conv with `conv_state`, the
   delta rule with one token and a state) and gives upstream's tokens;
 - with a fake `fla` and `causal_conv1d` importable when the generated module is imported, the hub
@@ -173,15 +172,13 @@ def test_packed_documents_equal_separate_documents(key, worlds, device):
                                    msg=lambda m: f"document {d} logits: {m}")
         start += n
 
-    # upstream's eager code without `fla`: 5.17 ignores cu_seqlens (the state runs on across documents,
-    # so the check above would fail), 5.23 refuses packed rows
-    try:
-        eager_logits, _ = run(w.build("eager", device), **inputs)
-    except ValueError as exc:
-        assert "can't keep packed sequences apart" in str(exc), exc
-    else:
-        later = slice(LENGTHS[0], None)
-        assert not torch.allclose(eager_logits[:, later], packed_logits[:, later], rtol=1e-4, atol=1e-4)
+    # upstream's eager code without `fla` ignores cu_seqlens in 5.17 (the state runs on across documents)
+    # and refuses packed rows from 5.23; the generated model refuses them first, in both
+    from opslot.packing import PackedSequenceError
+
+    with pytest.raises(PackedSequenceError, match="^a packed row reaches causal_conv1d_implementation, "
+                                                  "chunk_gated_delta_rule_implementation = eager"):
+        run(w.build("eager", device), **inputs)
 
 
 @pytest.mark.parametrize("key", KEYS)
