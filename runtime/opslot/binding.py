@@ -350,6 +350,10 @@ def _config_copy(hf_config: Any, config: OpsImplementationConfig, slots: Dict[st
     """The copy of `hf_config` the model is constructed with (see build_model)."""
     hf_config = copy.deepcopy(hf_config)
     hf_config.ops_implementation = config.to_dict()
+    if config.aliases:  # the reference trainer's names it was written with (opslot.compat): binding_plan shows them
+        hf_config.ops_implementation_aliases = {field: list(pair) for field, pair in config.aliases.items()}
+    elif hasattr(hf_config, "ops_implementation_aliases"):
+        del hf_config.ops_implementation_aliases
     attn = config.value("attn_implementation", device)
     if attn is not None:
         carry_dispatch(hf_config, "attn_implementation", attn)

@@ -29,6 +29,7 @@ import json
 import os
 import sys
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Set, Tuple
 
 from .hardware import DeviceInfo, current_device
@@ -149,6 +150,9 @@ class OpsImplementationConfig:
     #: Ops whose explicit choice may bind no slot of a model (a model family that keeps the op
     #: upstream on purpose); any other explicit choice that binds nowhere is an error.
     allow_unbound: Tuple[str, ...] = ()
+    #: {field: (value as written, opslot's value)}: the reference trainer's names from_dict translated
+    #: (opslot.compat, docs/migration.md); empty for a config in opslot's names. Not a field.
+    aliases = MappingProxyType({})
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "allow_unbound", _normalise_allow_unbound(self.allow_unbound))
@@ -181,13 +185,19 @@ class OpsImplementationConfig:
         if not isinstance(data, Mapping):
             raise TypeError(f"ops_implementation must be a mapping, got {type(data).__name__}")
         data = _ops_section(data)
+        from .compat import translate  # the reference trainer's names and fields (docs/migration.md)
+
+        data, aliases = translate(data)
         names = [f.name for f in dataclasses.fields(cls)]
         for key in data:
             if key not in names:
                 note = _config_attribute_note(key)
                 hint = f": {note}" if note else _did_you_mean(str(key), [_SECTION] if _is_section_key(key) else names)
                 raise ValueError(f"unknown ops_implementation field {key!r}{hint}")
-        return cls(**dict(data))
+        config = cls(**dict(data))
+        if aliases:
+            object.__setattr__(config, "aliases", aliases)
+        return config
 
     @classmethod
     def from_yaml(cls, path: Any) -> "OpsImplementationConfig":
@@ -362,8 +372,7 @@ def _moe_missing_message(impl: str, variant: str, registry: KernelRegistry, devi
     elsewhere = sorted(v for (_, v), names in every.items() if impl in names)
     if elsewhere:
         return msg + f" ('fused_{impl}' implements moe variant(s) {', '.join(elsewhere)} only)"
-    close = difflib.get_close_matches(f"fused_{impl}", [f"fused_{n}" for n in here], n=1)
-    return msg + (f"; did you mean {close[0]!r}?" if close else "")
+    return msg + _suggest_value(f"fused_{impl}", [f"fused_{n}" for n in here])  # kernel names compared, not the prefix
 
 
 # -- $OPSLOT_FORCE_IMPL ------------------------------------------------------------------------
@@ -646,7 +655,8 @@ def _did_you_mean(word: str, names: Iterable[str]) -> str:
 def _suggest_value(word: str, values: Iterable[str]) -> str:
     """"; did you mean 'X'?" for the implementation value of `values` that `word` most likely meant,
     ignoring case and a `fused_` prefix (the same name first, else the closest spelling); "" when
-    none is close. Only ever suggests a member of `values`."""
+    none is close. Only ever suggests a member of `values`; nothing for a bare `fused` (no kernel named)."""
+    values = list(values)
     keys: Dict[str, str] = {}
     for value in values:
         keys.setdefault(value.lower(), value)
@@ -656,6 +666,8 @@ def _suggest_value(word: str, values: Iterable[str]) -> str:
     for candidate in (word, _unfused(word)):
         if candidate in keys:
             return f"; did you mean {keys[candidate]!r}?"
+    if _unfused(word).strip("_") in ("", "fused"):  # `fused`, `fused_`, `fused_fused`: the prefix names no kernel
+        return ""
     close = difflib.get_close_matches(_unfused(word), list(keys), n=1)
     return f"; did you mean {keys[close[0]]!r}?" if close else ""
 

@@ -156,12 +156,16 @@ class BindingPlan:
     """What runs where: `entries` (PlanEntry), `target` (the model class or module name),
     `attention` (the model config's `_attn_implementation`, if any), `config_slots` (the model's
     ConfigSlots as PlanEntry rows with op "config", variant the config attribute, impl the value;
-    listed apart: they bind no kernel). Iterable over `entries`; `as_dict()` gives {slot: impl};
-    equal when the entries are."""
+    listed apart: they bind no kernel), `aliases` ({field: (the reference trainer's name, opslot's)}
+    the ops config was translated with, opslot.compat; from the model config's
+    `ops_implementation_aliases`). Iterable over `entries`; `as_dict()` gives {slot: impl}; equal when
+    the entries are."""
 
     def __init__(self, target: str, entries: List[PlanEntry], module: Optional[str] = None,
-                 attention: Optional[str] = None, config_slots: Optional[List[PlanEntry]] = None) -> None:
+                 attention: Optional[str] = None, config_slots: Optional[List[PlanEntry]] = None,
+                 aliases: Optional[Dict[str, Any]] = None) -> None:
         self.target = target
+        self.aliases = {field: tuple(pair) for field, pair in (aliases or {}).items()}
         self.entries = list(entries)
         self.module = module
         self.attention = attention
@@ -202,6 +206,9 @@ class BindingPlan:
             lines.append(f"  config slot {e.slot}{count}: {e.impl} ({e.why}, config.{e.variant})")
         if self.attention is not None:
             lines.append(f"  attention: {self.attention} (config._attn_implementation)")
+        if self.aliases:
+            lines.append("  reference trainer's names: " + ", ".join(
+                f"{field} {given!r} -> {ours!r}" for field, (given, ours) in sorted(self.aliases.items())))
         return "\n".join(lines)
 
 
@@ -253,8 +260,10 @@ def binding_plan(target: Any) -> BindingPlan:
     entries += [e for e in rows if e.op != "config"]
     config = getattr(target, "config", None)
     attention = getattr(config, "_attn_implementation", None) if config is not None else None
+    aliases = getattr(config, "ops_implementation_aliases", None) if config is not None else None
+    aliases = aliases if isinstance(aliases, dict) else None
     return BindingPlan(type(target).__name__, entries, module=type(target).__module__, attention=attention,
-                       config_slots=[e for e in rows if e.op == "config"])
+                       config_slots=[e for e in rows if e.op == "config"], aliases=aliases)
 
 
 def log_plan(plan: BindingPlan) -> None:
