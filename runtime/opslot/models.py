@@ -95,7 +95,7 @@ GPU, GPU_NPU = ("gpu",), ("gpu", "npu")
 
 #: model_type -> GeneratedModel, for every real-model spec folder under specs/.
 MODELS: Dict[str, GeneratedModel] = _models(
-    ("deepseek_v3", GPU, {"deepseek_v3": _text("DeepseekV3")}),
+    ("deepseek_v3", GPU_NPU, {"deepseek_v3": _text("DeepseekV3")}),
     ("gemma3", GPU, {
         "gemma3": {"causal_lm": "Gemma3ForConditionalGeneration", "base": "Gemma3Model",
                    "conditional_generation": "Gemma3ForConditionalGeneration"},
@@ -116,7 +116,7 @@ MODELS: Dict[str, GeneratedModel] = _models(
         "qwen3_5_moe_text": {"causal_lm": "Qwen3_5MoeForCausalLM", "base": "Qwen3_5MoeTextModel"},
     }),
     ("qwen3_moe", GPU_NPU, {"qwen3_moe": _text("Qwen3Moe")}),
-    ("seed_oss", GPU, {"seed_oss": _text("SeedOss")}),
+    ("seed_oss", GPU_NPU, {"seed_oss": _text("SeedOss")}),
 )
 
 
