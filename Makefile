@@ -14,6 +14,9 @@ PYTHON       := $(VENV)/bin/python
 PATCHGEN     := $(BUILD)/tools/patchgen/patchgen
 JOBS         ?= $(shell nproc)
 UPSTREAM     := .upstream/transformers-5.17.0
+# KERNELS=OFF builds without the CUDA kernels (a machine without the CUDA toolkit; opslot's `cuda`
+# implementations are then unavailable and say so). Read when the build folder is first configured.
+KERNELS      ?= ON
 # Real-model specs: their outputs are generated (git-ignored), never committed.
 REAL_SPECS   := $(filter-out specs/example/%,$(wildcard specs/*/*.yaml))
 
@@ -32,7 +35,8 @@ upstream: venv
 	@$(PYTHON) scripts/fetch-upstream.py 5.17.0 5.23.0 >/dev/null
 
 $(BUILD)/build.ninja: CMakeLists.txt | deps
-	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPATCHGEN_TEST_PYTHON=$(abspath $(PYTHON))
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPATCHGEN_TEST_PYTHON=$(abspath $(PYTHON)) \
+	  -DPATCHGEN_KERNELS=$(KERNELS)
 
 build: deps venv $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS)
