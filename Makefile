@@ -41,10 +41,12 @@ $(BUILD)/build.ninja: CMakeLists.txt | deps
 build: deps venv $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS)
 
-# libopslot_kernels.so (kernels/), also copied into the runtime package where opslot looks for it.
+# libopslot_kernels.so (kernels/), also copied into the runtime package where opslot looks for it,
+# with the specs (opslot.auto generates modules from them outside a checkout: docs/auto.md).
 kernels: build
 	mkdir -p runtime/opslot/_native
 	cp $(BUILD)/kernels/libopslot_kernels.so runtime/opslot/_native/
+	rm -rf runtime/opslot/_specs && cp -r specs runtime/opslot/_specs
 
 # Everything that tests. Each suite is also a ctest entry, so `ctest --test-dir build` works too.
 # The real-model outputs are generated first (they are not committed), the committed example
