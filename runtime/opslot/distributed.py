@@ -451,3 +451,17 @@ def full_state_dict(model: nn.Module, *, grads: bool = False) -> Dict[str, Tenso
 
 __all__ = ["Meshes", "init_meshes", "shard_experts", "all_to_all", "fully_shard_model", "full_state_dict",
            "decoder_layers", "experts_modules", "is_experts_module", "moe_slot_of", "EPState", "MODES"]
+
+
+# -- sequence parallelism: runtime/opslot/sequence_parallel.py, re-exported here (lazily: it imports this module)
+_SEQUENCE_PARALLEL = ("Parallel", "average_gradients", "init_sp_mesh", "parallelize", "sequence_parallel",
+                      "shard_batch")
+__all__ += list(_SEQUENCE_PARALLEL)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SEQUENCE_PARALLEL:
+        from . import sequence_parallel
+
+        return getattr(sequence_parallel, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
