@@ -512,8 +512,8 @@ def sequence_parallel(model: nn.Module, group: Any) -> nn.Module:
             if slot not in gdn_slots:
                 gdn_slots.append(slot)
     for slot in gdn_slots:
-        if not isinstance(slot._fn, SequenceParallelKernel):
-            slot._fn = SequenceParallelKernel(slot._fn, slot.op)
+        if not isinstance(slot.kernel, SequenceParallelKernel):
+            slot.wrap_kernel(lambda fn, op=slot.op: SequenceParallelKernel(fn, op))
     mod = sys.modules.get(cls.__module__)
     moe = all(hasattr(model, a) for a in ("router_aux_loss_coef", "num_experts", "num_experts_per_tok"))
     lb = getattr(mod, "load_balancing_loss_func", None) if moe else None
@@ -539,7 +539,7 @@ def _flags(kw: Dict[str, Any], state: SPState, config: Any) -> List[int]:
     ref = ids if ids is not None else embeds
     batch, local = (tuple(ref.shape[:2]) + (0, 0))[:2] if torch.is_tensor(ref) and ref.dim() >= 2 else (-1, -1)
     pos, mask = kw.get("position_ids"), kw.get("attention_mask")
-    intact = (all(isinstance(s._fn, SequenceParallelKernel) for s in state.gdn_slots)
+    intact = (all(isinstance(s.kernel, SequenceParallelKernel) for s in state.gdn_slots)
               and getattr(config, "_attn_implementation", None) == SP_ATTENTION)
     return [batch, local, int(ids is not None), int(embeds is not None), _rank_of(pos), _rank_of(mask),
             int(kw.get("labels") is not None), int(kw.get("shift_labels") is not None),

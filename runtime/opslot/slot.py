@@ -100,6 +100,23 @@ class OpSlot:
 
         return bind_from_config(self, config, registry=registry)
 
+    @property
+    def kernel(self) -> Optional[Callable[..., Any]]:
+        """The callable a call of the slot runs (None when unbound): the bound kernel, or what
+        `wrap_kernel` made of it."""
+        return self._fn
+
+    def wrap_kernel(self, wrapper: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+        """Replace the bound kernel by `wrapper(kernel)` (e.g. sequence parallelism's exchange around
+        the Gated DeltaNet kernels), until the slot is bound again. The implementation name, the
+        reason and the proof of dispatch are unchanged. An unbound slot cannot be wrapped."""
+        if self._fn is None:
+            raise RuntimeError(f"{self._label()} is not bound to a kernel (impl 'eager'): there is nothing to wrap")
+        wrapped = wrapper(self._fn)
+        if not callable(wrapped):
+            raise TypeError(f"wrap_kernel: the wrapper returned {type(wrapped).__name__}, not a callable")
+        self._fn = wrapped
+
     def attach(self, model: Any) -> None:
         """Record that `model` uses this slot (weakly), for the rebinding warning."""
         self._users.add(model)
