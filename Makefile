@@ -87,7 +87,7 @@ FUZZ_SECONDS ?= 600
 fuzz: deps venv
 	fuzz/run_fuzz.sh --seconds $(FUZZ_SECONDS) --python $(abspath $(PYTHON)) $(FUZZ_ARGS)
 
-# clang-format over src/, tools/ and fuzz/ (.clang-format); `make test` checks it (ctest `format`).
+# clang-format over src/, tools/, fuzz/ and kernels/ (.clang-format); `make test` checks it (ctest `format`).
 format: deps
 	scripts/format.sh
 

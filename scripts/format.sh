@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# clang-format (Debian's clang-format 14, .clang-format at the root) over our C++ sources:
+# clang-format (Debian's clang-format 14, .clang-format at the root) over our C++ and CUDA sources
+# (src/, tools/, fuzz/ and the kernels' library, kernels/):
 #   scripts/format.sh           rewrite them in place (`make format`)
 #   scripts/format.sh --check   list the files that differ and fail (`make format-check`, ctest `format`)
-# The CUDA kernels (kernels/) keep their own hand layout and are not included.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CLANG_FORMAT=${CLANG_FORMAT:-clang-format}
@@ -10,7 +10,8 @@ if ! command -v "$CLANG_FORMAT" >/dev/null; then
   echo "format: $CLANG_FORMAT not found (scripts/install-deps.sh installs it)" >&2
   exit 2
 fi
-mapfile -t files < <(git ls-files 'src/**.cc' 'src/**.h' 'tools/**.cc' 'tools/**.h' 'fuzz/*.cc' 'fuzz/*.h')
+mapfile -t files < <(git ls-files 'src/**.cc' 'src/**.h' 'tools/**.cc' 'tools/**.h' 'fuzz/*.cc' 'fuzz/*.h' \
+  'kernels/**.cu' 'kernels/**.cuh' 'kernels/**.h')
 if [[ "${1:-}" == "--check" ]]; then
   bad=()
   for f in "${files[@]}"; do

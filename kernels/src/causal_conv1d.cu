@@ -11,7 +11,8 @@
 // (channel group, batch, time tile of 4 runs), sized so that the grid is about kWaves resident
 // waves of equal blocks.
 //
-// The relayout kernel copies a gradient into x's layout (a tiled transpose) for the backward's vector path.
+// The relayout kernel copies a gradient into x's layout (a tiled transpose) for the backward's
+// vector path.
 //
 // Sections: device helpers; kernels; launchers; extern "C" entry points.
 #include <atomic>
@@ -114,14 +115,15 @@ __device__ __forceinline__ Vec<T, VEC> zero_vec() {
 // Lag taps wl[k][j] = weight[c0 + j, W-1-k] (the tap on x[t-k]) and the bias, fp32; zero for
 // channels past C.
 template <typename T, int VEC, int W>
-__device__ __forceinline__ void load_taps(const Problem& p, int64_t c0, int nvalid, float (&wl)[W][VEC],
-                                          float (&bias)[VEC]) {
+__device__ __forceinline__ void load_taps(const Problem& p, int64_t c0, int nvalid,
+                                          float (&wl)[W][VEC], float (&bias)[VEC]) {
 #pragma unroll
   for (int j = 0; j < VEC; ++j) {
     const bool ok = j < nvalid;
     bias[j] = ok && p.bias ? load_param<T>(p.bias, p.bias_f32, c0 + j) : 0.f;
 #pragma unroll
-    for (int k = 0; k < W; ++k) wl[k][j] = ok ? load_param<T>(p.weight, p.weight_f32, (c0 + j) * W + (W - 1 - k)) : 0.f;
+    for (int k = 0; k < W; ++k)
+      wl[k][j] = ok ? load_param<T>(p.weight, p.weight_f32, (c0 + j) * W + (W - 1 - k)) : 0.f;
   }
 }
 
@@ -132,7 +134,8 @@ __device__ __forceinline__ int64_t cu_at(const Problem& p, int64_t i) {
 // [start, end) of the sequence holding position t: the segment [cu[i], cu[i+1]) with the last i
 // such that cu[i] <= t (so empty segments are skipped), or [0, T) without cu_seqlens. Clamped to
 // start <= t < end <= T whatever cu_seqlens holds.
-__device__ __forceinline__ void segment_of(const Problem& p, int64_t t, int64_t& start, int64_t& end) {
+__device__ __forceinline__ void segment_of(const Problem& p, int64_t t, int64_t& start,
+                                           int64_t& end) {
   start = 0;
   end = p.T;
   if (p.cu == nullptr) return;
@@ -155,7 +158,8 @@ __device__ __forceinline__ void cp_async_n(void* smem, const void* gmem) {
     cp_async16(smem, gmem);
   } else {
     const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(s), "l"(gmem), "n"(kBytes) : "memory");
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(s), "l"(gmem), "n"(kBytes)
+                 : "memory");
   }
 }
 
@@ -213,7 +217,8 @@ template <typename T, int VEC>
 using OutLane = Lane<T, VEC, T*>;
 
 template <typename T, int VEC, typename P>
-__device__ __forceinline__ Lane<T, VEC, P> lane_of(P ptr, const Strides& s, int64_t b, int64_t c0, int nvalid) {
+__device__ __forceinline__ Lane<T, VEC, P> lane_of(P ptr, const Strides& s, int64_t b, int64_t c0,
+                                                   int nvalid) {
   return Lane<T, VEC, P>{ptr + b * s.b + c0 * s.c, s.t, s.c, nvalid};
 }
 
@@ -240,13 +245,14 @@ __device__ __forceinline__ Work work_of(const Problem& p, const Geometry& g) {
 
 // pipelined(n, fetch, use) streams steps 0..n-1 through this thread's ring of kStages x kUnroll
 // slots: fetch(i, slot) starts step i's copies into its slot, use(i, slot) runs once they have
-// landed. While a group of kUnroll steps is used, the next kStages-1 groups are in flight. A slot is
-// refilled only after this thread has used it (the ring is private to the thread: no barrier).
+// landed. While a group of kUnroll steps is used, the next kStages-1 groups are in flight. A slot
+// is refilled only after this thread has used it (the ring is private to the thread: no barrier).
 // Whole groups are used in straight-line code (the register windows of `use` rotate without
 // moves); the last partial group in a loop.
 template <typename Fetch>
 __device__ __forceinline__ void fetch_group(int n, int i0, Fetch&& fetch) {
-  const int base = (i0 / kUnroll) % kStages * kUnroll;  // steps i0 .. i0 + kUnroll - 1: stage (i0 / kUnroll) % kStages
+  const int base = (i0 / kUnroll) % kStages *
+                   kUnroll;  // steps i0 .. i0 + kUnroll - 1: stage (i0 / kUnroll) % kStages
 #pragma unroll
   for (int i = 0; i < kUnroll; ++i)
     if (i0 + i < n) fetch(i0 + i, base + i);
@@ -318,7 +324,8 @@ struct FwdState {
 
 // The running state of one lane's backward walk (descending time, position u):
 //   xw[k] = x[u-k] (k < W, fp32; zero before the start of u's sequence), gw[m-1] = g[u+m] (m < W;
-//   zero past its end), where g = d(loss)/d(pre) = grad * silu'(pre) (or grad without the activation).
+//   zero past its end), where g = d(loss)/d(pre) = grad * silu'(pre) (or grad without the
+//   activation).
 template <typename T, int VEC, int W>
 struct BwdState {
   float wl[W][VEC], bias[VEC];
@@ -388,7 +395,8 @@ struct BwdState {
 // W-1 only filling the window.
 template <typename T, int VEC, int W>
 __global__ void __launch_bounds__(kThreads, 4)
-    conv_fwd_kernel(Problem p, Geometry geo, const T* __restrict__ x, Strides xs, T* __restrict__ out, Strides os) {
+    conv_fwd_kernel(Problem p, Geometry geo, const T* __restrict__ x, Strides xs,
+                    T* __restrict__ out, Strides os) {
   using V = Vec<T, VEC>;
   __shared__ V ring[kStages * kUnroll][kThreads];
   const Work w = work_of<VEC>(p, geo);
@@ -404,7 +412,8 @@ __global__ void __launch_bounds__(kThreads, 4)
     const int64_t b = imin(end, w.t1), ta = imax(a - (W - 1), start);
     st.clear();
     pipelined(
-        static_cast<int>(b - ta), [&](int i, int slot) { xr.fetch(ta + i, mine + slot * kThreads); },
+        static_cast<int>(b - ta),
+        [&](int i, int slot) { xr.fetch(ta + i, mine + slot * kThreads); },
         [&](int i, int slot) {
           st.push(ld_slot(mine + slot * kThreads));
           if (ta + i >= a) {
@@ -420,17 +429,19 @@ __global__ void __launch_bounds__(kThreads, 4)
 // The backward window before the step at u (which shifts it): xw[k+1] = x[u-k], k < W-1, zero
 // before the sequence start.
 template <typename T, int VEC, int W>
-__device__ __forceinline__ void reload_window(BwdState<T, VEC, W>& st, const InLane<T, VEC>& xr, int64_t u,
-                                              int64_t start) {
+__device__ __forceinline__ void reload_window(BwdState<T, VEC, W>& st, const InLane<T, VEC>& xr,
+                                              int64_t u, int64_t start) {
 #pragma unroll
-  for (int k = 0; k + 1 < W; ++k) st.set_x(k + 1, u - k >= start ? xr.load(u - k) : zero_vec<T, VEC>());
+  for (int k = 0; k + 1 < W; ++k)
+    st.set_x(k + 1, u - k >= start ? xr.load(u - k) : zero_vec<T, VEC>());
 }
 
 // The gradient halo above a run ending at t1: positions hi .. t1 (at most W-1, in t1-1's sequence)
 // give g only; their rows are loaded together.
 template <typename T, int VEC, int W>
-__device__ __forceinline__ void bwd_halo(BwdState<T, VEC, W>& st, const InLane<T, VEC>& xr, const InLane<T, VEC>& gr,
-                                         int64_t hi, int64_t t1, int64_t start, bool silu) {
+__device__ __forceinline__ void bwd_halo(BwdState<T, VEC, W>& st, const InLane<T, VEC>& xr,
+                                         const InLane<T, VEC>& gr, int64_t hi, int64_t t1,
+                                         int64_t start, bool silu) {
   Vec<T, VEC> hx[W - 1], hg[W - 1];
 #pragma unroll
   for (int h = 0; h + 1 < W; ++h) {
@@ -460,8 +471,9 @@ __device__ __forceinline__ void bwd_halo(BwdState<T, VEC, W>& st, const InLane<T
 // ring group is in flight.
 template <typename T, int VEC, int W>
 __device__ __forceinline__ void bwd_run(const Problem& p, const Work& w, const InLane<T, VEC>& xr,
-                                        const InLane<T, VEC>& gr, const OutLane<T, VEC>& dxr, Vec<T, VEC>* xring,
-                                        Vec<T, VEC>* gring, bool silu, BwdState<T, VEC, W>& st) {
+                                        const InLane<T, VEC>& gr, const OutLane<T, VEC>& dxr,
+                                        Vec<T, VEC>* xring, Vec<T, VEC>* gring, bool silu,
+                                        BwdState<T, VEC, W>& st) {
   int64_t start, end, top = w.t1 - 1;
   segment_of(p, top, start, end);
   auto fetch = [&](int i, int slot) {
@@ -475,7 +487,8 @@ __device__ __forceinline__ void bwd_run(const Problem& p, const Work& w, const I
     st.template step<true>(silu, ld_slot(gring + slot * kThreads), dx);
     dxr.store(top - i, dx);
   };
-  int64_t a = imax(start, w.t0), body = imax(a, start + W - 1);  // this piece: [a, top], streamed [body, top]
+  int64_t a = imax(start, w.t0),
+          body = imax(a, start + W - 1);  // this piece: [a, top], streamed [body, top]
   pipe_prologue(static_cast<int>(imax(top - body + 1, 0)), fetch);
   bwd_halo(st, xr, gr, imin(w.t1 + W - 2, end - 1), w.t1, start, silu);
   for (bool first = true;; first = false) {
@@ -504,8 +517,9 @@ __device__ __forceinline__ void bwd_run(const Problem& p, const Work& w, const I
 // the bias sum) over the item's 32*VEC channels, its warps added in order.
 template <typename T, int VEC, int W>
 __global__ void __launch_bounds__(kThreads, 4)
-    conv_bwd_kernel(Problem p, Geometry geo, const T* __restrict__ x, Strides xs, const T* __restrict__ grad,
-                    Strides gs, T* __restrict__ dx, Strides ds, float* __restrict__ partial) {
+    conv_bwd_kernel(Problem p, Geometry geo, const T* __restrict__ x, Strides xs,
+                    const T* __restrict__ grad, Strides gs, T* __restrict__ dx, Strides ds,
+                    float* __restrict__ partial) {
   using V = Vec<T, VEC>;
   __shared__ V xring[kStages * kUnroll][kThreads];
   __shared__ V gring[kStages * kUnroll][kThreads];
@@ -521,8 +535,9 @@ __global__ void __launch_bounds__(kThreads, 4)
   if (w.nvalid > 0 && w.t0 < p.T) {
     load_taps<T, VEC, W>(p, w.c0, w.nvalid, st.wl, st.bias);
     bwd_run<T, VEC, W>(p, w, lane_of<T, VEC>(x, xs, w.b, w.c0, w.nvalid),
-                       lane_of<T, VEC>(grad, gs, w.b, w.c0, w.nvalid), lane_of<T, VEC>(dx, ds, w.b, w.c0, w.nvalid),
-                       &xring[0][threadIdx.x], &gring[0][threadIdx.x], p.silu, st);
+                       lane_of<T, VEC>(grad, gs, w.b, w.c0, w.nvalid),
+                       lane_of<T, VEC>(dx, ds, w.b, w.c0, w.nvalid), &xring[0][threadIdx.x],
+                       &gring[0][threadIdx.x], p.silu, st);
   }
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
@@ -532,7 +547,8 @@ __global__ void __launch_bounds__(kThreads, 4)
     red[warp][W][lane * VEC + j] = st.db[j];
   }
   __syncthreads();
-  const int64_t item = blockIdx.x, cb = (item % geo.groups) * 32 * VEC, row = item / geo.groups;  // b * tiles + tile
+  const int64_t item = blockIdx.x, cb = (item % geo.groups) * 32 * VEC,
+                row = item / geo.groups;  // b * tiles + tile
   for (int i = threadIdx.x; i < (W + 1) * 32 * VEC; i += kThreads) {
     const int k = i / (32 * VEC), c = i % (32 * VEC);
     if (cb + c < p.C) {
@@ -544,12 +560,12 @@ __global__ void __launch_bounds__(kThreads, 4)
   }
 }
 
-// dweight[c, W-1-k] = sum over partial rows r of partial[r][k][c] (k < W), dbias[c] = ... [r][W][c]:
-// each output by one thread, rows in order.
+// dweight[c, W-1-k] = sum over partial rows r of partial[r][k][c] (k < W), dbias[c] = ...
+// [r][W][c]: each output by one thread, rows in order.
 template <typename T>
 __global__ void __launch_bounds__(kSimpleThreads)
-    conv_dw_reduce_kernel(Problem p, int W, const float* __restrict__ partial, int64_t rows, void* dweight,
-                          void* dbias) {
+    conv_dw_reduce_kernel(Problem p, int W, const float* __restrict__ partial, int64_t rows,
+                          void* dweight, void* dbias) {
   const int64_t n = (W + 1) * p.C;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kSimpleThreads + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * kSimpleThreads) {
@@ -564,13 +580,13 @@ __global__ void __launch_bounds__(kSimpleThreads)
   }
 }
 
-// Decode: one thread per (batch, channel); positions before x come from conv_state [.., S]; then the
-// state takes the last S columns of cat(state, x), in ascending order (in place: the value read,
-// state[j + T], lies right of the one written).
+// Decode: one thread per (batch, channel); positions before x come from conv_state [.., S]; then
+// the state takes the last S columns of cat(state, x), in ascending order (in place: the value
+// read, state[j + T], lies right of the one written).
 template <typename T>
 __global__ void __launch_bounds__(kSimpleThreads)
-    conv_update_kernel(Problem p, int W, const T* __restrict__ x, Strides xs, T* __restrict__ state, int64_t S,
-                       Strides ss, T* __restrict__ out, Strides os) {
+    conv_update_kernel(Problem p, int W, const T* __restrict__ x, Strides xs, T* __restrict__ state,
+                       int64_t S, Strides ss, T* __restrict__ out, Strides os) {
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * kSimpleThreads + threadIdx.x;
   if (idx >= p.B * p.C) return;
   const int64_t b = idx / p.C, c = idx % p.C;
@@ -579,7 +595,8 @@ __global__ void __launch_bounds__(kSimpleThreads)
   T* orow = out + b * os.b + c * os.c;
   float wl[kMaxWidth];
 #pragma unroll
-  for (int k = 0; k < kMaxWidth; ++k) wl[k] = k < W ? load_param<T>(p.weight, p.weight_f32, c * W + (W - 1 - k)) : 0.f;
+  for (int k = 0; k < kMaxWidth; ++k)
+    wl[k] = k < W ? load_param<T>(p.weight, p.weight_f32, c * W + (W - 1 - k)) : 0.f;
   const float bias = p.bias ? load_param<T>(p.bias, p.bias_f32, c) : 0.f;
   for (int64_t t = 0; t < p.T; ++t) {
     float z = bias;
@@ -600,9 +617,10 @@ __global__ void __launch_bounds__(kSimpleThreads)
 }
 
 // Relayout (the backward's gradient into dx's layout): dst[b, c, t] = src[b, c, t], any strides,
-// as raw bits E (2 or 4 bytes). A block moves one kTile x kTile tile (channels x steps) through shared
-// memory; each side is read or written with consecutive lanes along the dimension its `time_fast`
-// names, so a transposing copy is coalesced on both sides (a plain strided copy is not).
+// as raw bits E (2 or 4 bytes). A block moves one kTile x kTile tile (channels x steps) through
+// shared memory; each side is read or written with consecutive lanes along the dimension its
+// `time_fast` names, so a transposing copy is coalesced on both sides (a plain strided copy is
+// not).
 template <typename E>
 struct RelayoutSide {
   E* base;
@@ -625,8 +643,8 @@ struct TileWalk {
 };
 
 template <int kPitch, typename E>
-__device__ __forceinline__ TileWalk<E> tile_walk(const RelayoutSide<E>& side, int64_t b, int64_t c0, int64_t t0,
-                                                 int64_t C, int64_t T) {
+__device__ __forceinline__ TileWalk<E> tile_walk(const RelayoutSide<E>& side, int64_t b, int64_t c0,
+                                                 int64_t t0, int64_t C, int64_t T) {
   const int fast = threadIdx.x % kTile, slow0 = threadIdx.x / kTile;
   const bool tf = side.time_fast;
   const int64_t fstride = tf ? side.s.t : side.s.c, sstride = tf ? side.s.c : side.s.t;
@@ -644,16 +662,18 @@ __device__ __forceinline__ TileWalk<E> tile_walk(const RelayoutSide<E>& side, in
 
 template <typename E>
 __global__ void __launch_bounds__(kSimpleThreads, kRelayoutBlocks)
-    conv_relayout_kernel(int64_t C, int64_t T, int64_t ctiles, int64_t ttiles, RelayoutSide<const E> src,
-                         RelayoutSide<E> dst) {
-  constexpr int kPitch = kTile + 4 / sizeof(E);  // an odd number of words: channel-wise access conflict-free
-  __shared__ E tile[kTile * kPitch];              // [channel][step]
+    conv_relayout_kernel(int64_t C, int64_t T, int64_t ctiles, int64_t ttiles,
+                         RelayoutSide<const E> src, RelayoutSide<E> dst) {
+  constexpr int kPitch =
+      kTile + 4 / sizeof(E);          // an odd number of words: channel-wise access conflict-free
+  __shared__ E tile[kTile * kPitch];  // [channel][step]
   const int64_t item = blockIdx.x, b = item / ctiles / ttiles;
   const int64_t c0 = item % ctiles * kTile, t0 = item / ctiles % ttiles * kTile;
   const TileWalk<const E> in = tile_walk<kPitch>(src, b, c0, t0, C, T);
   E v[kTilePasses];  // all loads in flight at once; positions past the edge hold 0, never stored
 #pragma unroll
-  for (int r = 0; r < kTilePasses; ++r) v[r] = in.on && in.slow0 + r * kTileRows < in.nslow ? in.g[r * in.gstep] : E{0};
+  for (int r = 0; r < kTilePasses; ++r)
+    v[r] = in.on && in.slow0 + r * kTileRows < in.nslow ? in.g[r * in.gstep] : E{0};
 #pragma unroll
   for (int r = 0; r < kTilePasses; ++r) tile[in.o + r * in.ostep] = v[r];
   __syncthreads();
@@ -673,7 +693,8 @@ int num_sms() {
   int dev = 0, n = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0) return 132;
   if (dev < 64 && (n = cached[dev].load(std::memory_order_relaxed)) > 0) return n;
-  if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) n = 132;
+  if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0)
+    n = 132;
   if (dev < 64) cached[dev].store(n, std::memory_order_relaxed);
   return n;
 }
@@ -683,7 +704,8 @@ template <typename K>
 int blocks_per_sm(K kernel, std::atomic<int>& cached) {
   int n = cached.load(std::memory_order_relaxed);
   if (n > 0) return n;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, 0) != cudaSuccess || n <= 0) {
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, 0) != cudaSuccess ||
+      n <= 0) {
     cudaGetLastError();  // a failed query only costs the geometry's balance
     n = 1;
   }
@@ -730,7 +752,8 @@ bool vector_ok(const void* ptr, const Strides& s) {
 }
 
 int check_grid(const char* what, const Geometry& g, int64_t B) {
-  if (g.groups * g.tiles * B > INT32_MAX) return set_error(OPSLOT_ERR_UNSUPPORTED, "%s: input too large", what);
+  if (g.groups * g.tiles * B > INT32_MAX)
+    return set_error(OPSLOT_ERR_UNSUPPORTED, "%s: input too large", what);
   return OPSLOT_OK;
 }
 
@@ -753,22 +776,25 @@ Geometry bwd_geometry(const Problem& p, int vec) {
   return geometry_for(p, kBwdBytes / sizeof(T), vec, bwd_blocks_per_sm<T, W>());
 }
 
-int64_t partial_rows(const Problem& p, const Geometry& g) { return p.B * p.T > 0 ? p.B * g.tiles : 0; }
+int64_t partial_rows(const Problem& p, const Geometry& g) {
+  return p.B * p.T > 0 ? p.B * g.tiles : 0;
+}
 
 template <typename T>
-int launch_reduce(const Problem& p, int W, const float* partial, int64_t rows, void* dweight, void* dbias,
-                  cudaStream_t s) {
+int launch_reduce(const Problem& p, int W, const float* partial, int64_t rows, void* dweight,
+                  void* dbias, cudaStream_t s) {
   const int64_t blocks = imin(imax(cdiv((W + 1) * p.C, kSimpleThreads), 1), 4096);
-  conv_dw_reduce_kernel<T>
-      <<<static_cast<unsigned>(blocks), kSimpleThreads, 0, s>>>(p, W, partial, rows, dweight, dbias);
+  conv_dw_reduce_kernel<T><<<static_cast<unsigned>(blocks), kSimpleThreads, 0, s>>>(
+      p, W, partial, rows, dweight, dbias);
   return check_launch("causal_conv1d weight-gradient reduction");
 }
 
 template <typename T, int W>
-int launch_bwd(const Problem& p, const T* x, Strides xs, const T* grad, Strides gs, T* dx, Strides ds, void* dweight,
-               void* dbias, float* scratch, cudaStream_t s) {
+int launch_bwd(const Problem& p, const T* x, Strides xs, const T* grad, Strides gs, T* dx,
+               Strides ds, void* dweight, void* dbias, float* scratch, cudaStream_t s) {
   constexpr int kVec = kBwdBytes / sizeof(T);
-  const bool vec = vector_ok<T, kVec>(x, xs) && vector_ok<T, kVec>(grad, gs) && vector_ok<T, kVec>(dx, ds);
+  const bool vec =
+      vector_ok<T, kVec>(x, xs) && vector_ok<T, kVec>(grad, gs) && vector_ok<T, kVec>(dx, ds);
   const Geometry g = bwd_geometry<T, W>(p, vec ? kVec : 1);
   const int64_t rows = partial_rows(p, g);
   if (rows > 0) {
@@ -784,25 +810,31 @@ int launch_bwd(const Problem& p, const T* x, Strides xs, const T* grad, Strides 
 }
 
 template <typename T>
-int launch_update(const Problem& p, int W, const T* x, Strides xs, T* state, int64_t S, Strides ss, T* out, Strides os,
-                  cudaStream_t s) {
+int launch_update(const Problem& p, int W, const T* x, Strides xs, T* state, int64_t S, Strides ss,
+                  T* out, Strides os, cudaStream_t s) {
   const int64_t blocks = cdiv(p.B * p.C, kSimpleThreads);
-  if (blocks > INT32_MAX) return set_error(OPSLOT_ERR_UNSUPPORTED, "causal_conv1d update: too many channels");
-  conv_update_kernel<T><<<static_cast<unsigned>(blocks), kSimpleThreads, 0, s>>>(p, W, x, xs, state, S, ss, out, os);
+  if (blocks > INT32_MAX)
+    return set_error(OPSLOT_ERR_UNSUPPORTED, "causal_conv1d update: too many channels");
+  conv_update_kernel<T>
+      <<<static_cast<unsigned>(blocks), kSimpleThreads, 0, s>>>(p, W, x, xs, state, S, ss, out, os);
   return check_launch("causal_conv1d update");
 }
 
 // Lanes along time on a side whose time stride is the smaller (a degenerate dimension never leads).
-bool lanes_along_time(const Strides& s, int64_t C, int64_t T) { return C == 1 || (T > 1 && s.t < s.c); }
+bool lanes_along_time(const Strides& s, int64_t C, int64_t T) {
+  return C == 1 || (T > 1 && s.t < s.c);
+}
 
 template <typename E>
-int launch_relayout(int64_t B, int64_t C, int64_t T, const void* src, Strides ss, void* dst, Strides ds,
-                    cudaStream_t s) {
+int launch_relayout(int64_t B, int64_t C, int64_t T, const void* src, Strides ss, void* dst,
+                    Strides ds, cudaStream_t s) {
   const int64_t ctiles = cdiv(C, kTile), ttiles = cdiv(T, kTile), blocks = B * ctiles * ttiles;
-  if (blocks > INT32_MAX) return set_error(OPSLOT_ERR_UNSUPPORTED, "causal_conv1d relayout: input too large");
+  if (blocks > INT32_MAX)
+    return set_error(OPSLOT_ERR_UNSUPPORTED, "causal_conv1d relayout: input too large");
   const RelayoutSide<const E> in{static_cast<const E*>(src), ss, lanes_along_time(ss, C, T)};
   const RelayoutSide<E> out{static_cast<E*>(dst), ds, lanes_along_time(ds, C, T)};
-  conv_relayout_kernel<E><<<static_cast<unsigned>(blocks), kSimpleThreads, 0, s>>>(C, T, ctiles, ttiles, in, out);
+  conv_relayout_kernel<E>
+      <<<static_cast<unsigned>(blocks), kSimpleThreads, 0, s>>>(C, T, ctiles, ttiles, in, out);
   return check_launch("causal_conv1d relayout");
 }
 
@@ -818,31 +850,47 @@ auto dispatch_width(int width, F&& f) {
   }
 }
 
-bool valid_dtype(int d) { return d == OPSLOT_FLOAT32 || d == OPSLOT_FLOAT16 || d == OPSLOT_BFLOAT16; }
+bool valid_dtype(int d) {
+  return d == OPSLOT_FLOAT32 || d == OPSLOT_FLOAT16 || d == OPSLOT_BFLOAT16;
+}
 
 // Checks what every entry point shares and fills `p`; OPSLOT_OK or an error code (message set).
-int make_problem(const char* what, int dtype, int64_t B, int64_t C, int64_t T, int width, int weight_dtype,
-                 const void* weight, int bias_dtype, const void* bias, const void* cu, int cu64, int64_t nseg, int silu,
-                 Problem& p) {
-  if (B < 0 || C < 0 || T < 0) return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: negative size", what);
+int make_problem(const char* what, int dtype, int64_t B, int64_t C, int64_t T, int width,
+                 int weight_dtype, const void* weight, int bias_dtype, const void* bias,
+                 const void* cu, int cu64, int64_t nseg, int silu, Problem& p) {
+  if (B < 0 || C < 0 || T < 0)
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: negative size", what);
   if (width < 2 || width > kMaxWidth)
-    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: kernel width %d (2 to %d supported)", what, width, kMaxWidth);
-  if (!valid_dtype(dtype)) return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: unknown dtype code %d", what, dtype);
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: kernel width %d (2 to %d supported)", what,
+                     width, kMaxWidth);
+  if (!valid_dtype(dtype))
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: unknown dtype code %d", what, dtype);
   if ((weight_dtype != dtype && weight_dtype != OPSLOT_FLOAT32) ||
       (bias_dtype != dtype && bias_dtype != OPSLOT_FLOAT32))
-    return set_error(OPSLOT_ERR_INVALID_ARGUMENT,
-                     "%s: weight/bias dtype codes %d/%d with input dtype %d (float32 or the input's dtype)", what,
-                     weight_dtype, bias_dtype, dtype);
+    return set_error(
+        OPSLOT_ERR_INVALID_ARGUMENT,
+        "%s: weight/bias dtype codes %d/%d with input dtype %d (float32 or the input's dtype)",
+        what, weight_dtype, bias_dtype, dtype);
   if (T > INT32_MAX - 64)
-    return set_error(OPSLOT_ERR_UNSUPPORTED, "%s: sequence of %lld steps", what, static_cast<long long>(T));
+    return set_error(OPSLOT_ERR_UNSUPPORTED, "%s: sequence of %lld steps", what,
+                     static_cast<long long>(T));
   if (C > 0 && !weight) return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: null weight", what);
   if (cu && (B != 1 || nseg < 1 || (cu64 != 0 && cu64 != 1)))
-    return set_error(OPSLOT_ERR_INVALID_ARGUMENT,
-                     "%s: cu_seqlens needs batch 1 and at least one segment (batch %lld, %lld segments)", what,
-                     static_cast<long long>(B), static_cast<long long>(nseg));
-  p = Problem{
-      B,         C,        T, weight, bias, cu, nseg, weight_dtype == OPSLOT_FLOAT32, bias_dtype == OPSLOT_FLOAT32,
-      cu64 == 1, silu != 0};
+    return set_error(
+        OPSLOT_ERR_INVALID_ARGUMENT,
+        "%s: cu_seqlens needs batch 1 and at least one segment (batch %lld, %lld segments)", what,
+        static_cast<long long>(B), static_cast<long long>(nseg));
+  p = Problem{B,
+              C,
+              T,
+              weight,
+              bias,
+              cu,
+              nseg,
+              weight_dtype == OPSLOT_FLOAT32,
+              bias_dtype == OPSLOT_FLOAT32,
+              cu64 == 1,
+              silu != 0};
   return OPSLOT_OK;
 }
 
@@ -871,52 +919,58 @@ using namespace opslot;
 
 extern "C" {
 
-OPSLOT_API int opslot_causal_conv1d_fwd(int dtype, int64_t batch, int64_t channels, int64_t seqlen, int width,
-                                        const void* x, const int64_t* x_strides, int weight_dtype, const void* weight,
-                                        int bias_dtype, const void* bias, const void* cu_seqlens, int cu_seqlens_int64,
-                                        int64_t num_segments, int silu, void* out, const int64_t* out_strides,
-                                        void* stream) {
+OPSLOT_API int opslot_causal_conv1d_fwd(int dtype, int64_t batch, int64_t channels, int64_t seqlen,
+                                        int width, const void* x, const int64_t* x_strides,
+                                        int weight_dtype, const void* weight, int bias_dtype,
+                                        const void* bias, const void* cu_seqlens,
+                                        int cu_seqlens_int64, int64_t num_segments, int silu,
+                                        void* out, const int64_t* out_strides, void* stream) {
   const char* what = "causal_conv1d forward";
   Problem p;
-  if (int rc = make_problem(what, dtype, batch, channels, seqlen, width, weight_dtype, weight, bias_dtype, bias,
-                            cu_seqlens, cu_seqlens_int64, num_segments, silu, p))
+  if (int rc = make_problem(what, dtype, batch, channels, seqlen, width, weight_dtype, weight,
+                            bias_dtype, bias, cu_seqlens, cu_seqlens_int64, num_segments, silu, p))
     return rc;
   if (batch * channels * seqlen == 0) return OPSLOT_OK;
-  if (!x || !out || !x_strides || !out_strides) return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: null tensor", what);
+  if (!x || !out || !x_strides || !out_strides)
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: null tensor", what);
   const Strides xs = strides_of(x_strides, batch, channels, seqlen),
                 os = strides_of(out_strides, batch, channels, seqlen);
   return dispatch_dtype(dtype, what, [&](auto t) -> int {
     using T = decltype(t);
     return dispatch_width(width, [&](auto w) -> int {
-      return launch_fwd<T, decltype(w)::value>(p, static_cast<const T*>(x), xs, static_cast<T*>(out), os,
+      return launch_fwd<T, decltype(w)::value>(p, static_cast<const T*>(x), xs,
+                                               static_cast<T*>(out), os,
                                                static_cast<cudaStream_t>(stream));
     });
   });
 }
 
-OPSLOT_API int64_t opslot_causal_conv1d_bwd_scratch_floats(int dtype, int64_t batch, int64_t channels, int64_t seqlen,
+OPSLOT_API int64_t opslot_causal_conv1d_bwd_scratch_floats(int dtype, int64_t batch,
+                                                           int64_t channels, int64_t seqlen,
                                                            int width) {
-  if (!valid_dtype(dtype) || batch < 0 || channels < 0 || seqlen < 0 || width < 2 || width > kMaxWidth) {
+  if (!valid_dtype(dtype) || batch < 0 || channels < 0 || seqlen < 0 || width < 2 ||
+      width > kMaxWidth) {
     set_error(OPSLOT_ERR_INVALID_ARGUMENT,
               "causal_conv1d backward scratch: dtype %d, shape [%lld, %lld, %lld], width %d", dtype,
-              static_cast<long long>(batch), static_cast<long long>(channels), static_cast<long long>(seqlen), width);
+              static_cast<long long>(batch), static_cast<long long>(channels),
+              static_cast<long long>(seqlen), width);
     return -1;
   }
-  const Problem p{batch, channels, seqlen, nullptr, nullptr, nullptr, 0, false, false, false, false};
+  const Problem p{batch, channels, seqlen, nullptr, nullptr, nullptr,
+                  0,     false,    false,  false,   false};
   return bwd_scratch_floats(dtype, p, width);
 }
 
-OPSLOT_API int opslot_causal_conv1d_bwd(int dtype, int64_t batch, int64_t channels, int64_t seqlen, int width,
-                                        const void* x, const int64_t* x_strides, const void* grad,
-                                        const int64_t* grad_strides, int weight_dtype, const void* weight,
-                                        int bias_dtype, const void* bias, const void* cu_seqlens, int cu_seqlens_int64,
-                                        int64_t num_segments, int silu, void* dx, const int64_t* dx_strides,
-                                        void* dweight, void* dbias, float* scratch, int64_t scratch_floats,
-                                        void* stream) {
+OPSLOT_API int opslot_causal_conv1d_bwd(
+    int dtype, int64_t batch, int64_t channels, int64_t seqlen, int width, const void* x,
+    const int64_t* x_strides, const void* grad, const int64_t* grad_strides, int weight_dtype,
+    const void* weight, int bias_dtype, const void* bias, const void* cu_seqlens,
+    int cu_seqlens_int64, int64_t num_segments, int silu, void* dx, const int64_t* dx_strides,
+    void* dweight, void* dbias, float* scratch, int64_t scratch_floats, void* stream) {
   const char* what = "causal_conv1d backward";
   Problem p;
-  if (int rc = make_problem(what, dtype, batch, channels, seqlen, width, weight_dtype, weight, bias_dtype, bias,
-                            cu_seqlens, cu_seqlens_int64, num_segments, silu, p))
+  if (int rc = make_problem(what, dtype, batch, channels, seqlen, width, weight_dtype, weight,
+                            bias_dtype, bias, cu_seqlens, cu_seqlens_int64, num_segments, silu, p))
     return rc;
   if (channels == 0) return OPSLOT_OK;
   const bool empty = batch * seqlen == 0;
@@ -933,42 +987,49 @@ OPSLOT_API int opslot_causal_conv1d_bwd(int dtype, int64_t batch, int64_t channe
   return dispatch_dtype(dtype, what, [&](auto t) -> int {
     using T = decltype(t);
     return dispatch_width(width, [&](auto w) -> int {
-      return launch_bwd<T, decltype(w)::value>(p, static_cast<const T*>(x), xs, static_cast<const T*>(grad), gs,
-                                               static_cast<T*>(dx), ds, dweight, dbias, scratch,
-                                               static_cast<cudaStream_t>(stream));
+      return launch_bwd<T, decltype(w)::value>(
+          p, static_cast<const T*>(x), xs, static_cast<const T*>(grad), gs, static_cast<T*>(dx), ds,
+          dweight, dbias, scratch, static_cast<cudaStream_t>(stream));
     });
   });
 }
 
-OPSLOT_API int opslot_causal_conv1d_relayout(int dtype, int64_t batch, int64_t channels, int64_t seqlen,
-                                             const void* src, const int64_t* src_strides, void* dst,
+OPSLOT_API int opslot_causal_conv1d_relayout(int dtype, int64_t batch, int64_t channels,
+                                             int64_t seqlen, const void* src,
+                                             const int64_t* src_strides, void* dst,
                                              const int64_t* dst_strides, void* stream) {
   const char* what = "causal_conv1d relayout";
-  if (!valid_dtype(dtype)) return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: unknown dtype code %d", what, dtype);
-  if (batch < 0 || channels < 0 || seqlen < 0) return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: negative size", what);
+  if (!valid_dtype(dtype))
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: unknown dtype code %d", what, dtype);
+  if (batch < 0 || channels < 0 || seqlen < 0)
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: negative size", what);
   if (batch * channels * seqlen == 0) return OPSLOT_OK;
   if (!src || !dst || !src_strides || !dst_strides)
     return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: null tensor", what);
   const Strides ss = strides_of(src_strides, batch, channels, seqlen),
                 ds = strides_of(dst_strides, batch, channels, seqlen);
   const auto s = static_cast<cudaStream_t>(stream);
-  if (dtype == OPSLOT_FLOAT32) return launch_relayout<uint32_t>(batch, channels, seqlen, src, ss, dst, ds, s);
+  if (dtype == OPSLOT_FLOAT32)
+    return launch_relayout<uint32_t>(batch, channels, seqlen, src, ss, dst, ds, s);
   return launch_relayout<uint16_t>(batch, channels, seqlen, src, ss, dst, ds, s);
 }
 
-OPSLOT_API int opslot_causal_conv1d_update(int dtype, int64_t batch, int64_t channels, int64_t seqlen, int width,
-                                           const void* x, const int64_t* x_strides, void* conv_state, int64_t state_len,
-                                           const int64_t* state_strides, int weight_dtype, const void* weight,
-                                           int bias_dtype, const void* bias, int silu, void* out,
+OPSLOT_API int opslot_causal_conv1d_update(int dtype, int64_t batch, int64_t channels,
+                                           int64_t seqlen, int width, const void* x,
+                                           const int64_t* x_strides, void* conv_state,
+                                           int64_t state_len, const int64_t* state_strides,
+                                           int weight_dtype, const void* weight, int bias_dtype,
+                                           const void* bias, int silu, void* out,
                                            const int64_t* out_strides, void* stream) {
   const char* what = "causal_conv1d update";
   Problem p;
-  if (int rc = make_problem(what, dtype, batch, channels, seqlen, width, weight_dtype, weight, bias_dtype, bias,
-                            nullptr, 0, 0, silu, p))
+  if (int rc = make_problem(what, dtype, batch, channels, seqlen, width, weight_dtype, weight,
+                            bias_dtype, bias, nullptr, 0, 0, silu, p))
     return rc;
   if (state_len < width - 1)
-    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: conv_state of %lld columns for kernel width %d (needs >= %d)",
-                     what, static_cast<long long>(state_len), width, width - 1);
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT,
+                     "%s: conv_state of %lld columns for kernel width %d (needs >= %d)", what,
+                     static_cast<long long>(state_len), width, width - 1);
   if (batch * channels * seqlen == 0) return OPSLOT_OK;
   if (!x || !conv_state || !out || !x_strides || !state_strides || !out_strides)
     return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: null tensor", what);
@@ -977,8 +1038,9 @@ OPSLOT_API int opslot_causal_conv1d_update(int dtype, int64_t batch, int64_t cha
   const Strides ss = strides_of(state_strides, batch, channels, state_len);
   return dispatch_dtype(dtype, what, [&](auto t) -> int {
     using T = decltype(t);
-    return launch_update<T>(p, width, static_cast<const T*>(x), xs, static_cast<T*>(conv_state), state_len, ss,
-                            static_cast<T*>(out), os, static_cast<cudaStream_t>(stream));
+    return launch_update<T>(p, width, static_cast<const T*>(x), xs, static_cast<T*>(conv_state),
+                            state_len, ss, static_cast<T*>(out), os,
+                            static_cast<cudaStream_t>(stream));
   });
 }
 

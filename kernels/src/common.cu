@@ -19,7 +19,8 @@ int set_error(int code, const char* fmt, ...) {
 int check_launch(const char* what) {
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) {
-    return set_error(static_cast<int>(err), "%s: kernel launch failed: %s", what, cudaGetErrorString(err));
+    return set_error(static_cast<int>(err), "%s: kernel launch failed: %s", what,
+                     cudaGetErrorString(err));
   }
   return OPSLOT_OK;
 }
@@ -35,8 +36,8 @@ OPSLOT_API const char* opslot_last_error(void) { return g_last_error; }
 #define OPSLOT_STR2(x) #x
 #define OPSLOT_STR(x) OPSLOT_STR2(x)
 OPSLOT_API const char* opslot_build_info(void) {
-  return "opslot_kernels abi " OPSLOT_STR(OPSLOT_KERNELS_ABI_VERSION) "; nvcc " OPSLOT_STR(__CUDACC_VER_MAJOR__) "." OPSLOT_STR(
-      __CUDACC_VER_MINOR__) "; sm_90a sm_80 compute_80";
+  return "opslot_kernels abi " OPSLOT_STR(OPSLOT_KERNELS_ABI_VERSION) "; nvcc " OPSLOT_STR(
+      __CUDACC_VER_MAJOR__) "." OPSLOT_STR(__CUDACC_VER_MINOR__) "; sm_90a sm_80 compute_80";
 }
 
 // A kernel that does nothing: its attributes tell whether the library has code for a device.
@@ -45,19 +46,23 @@ __global__ void opslot_probe_kernel() {}
 OPSLOT_API int opslot_check_device(int device) {
   int major = 0, minor = 0;
   cudaError_t err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  if (err == cudaSuccess)
+    err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
   if (err != cudaSuccess) {
-    return opslot::set_error(static_cast<int>(err), "CUDA device %d: %s", device, cudaGetErrorString(err));
+    return opslot::set_error(static_cast<int>(err), "CUDA device %d: %s", device,
+                             cudaGetErrorString(err));
   }
   if (major < 8) {
-    return opslot::set_error(OPSLOT_ERR_UNSUPPORTED,
-                             "CUDA device %d has compute capability %d.%d; libopslot_kernels needs 8.0 or newer",
-                             device, major, minor);
+    return opslot::set_error(
+        OPSLOT_ERR_UNSUPPORTED,
+        "CUDA device %d has compute capability %d.%d; libopslot_kernels needs 8.0 or newer", device,
+        major, minor);
   }
   cudaFuncAttributes attr;
   err = cudaFuncGetAttributes(&attr, opslot_probe_kernel);
   if (err != cudaSuccess) {
-    return opslot::set_error(static_cast<int>(err), "CUDA device %d (sm_%d%d): no usable code in libopslot_kernels: %s",
+    return opslot::set_error(static_cast<int>(err),
+                             "CUDA device %d (sm_%d%d): no usable code in libopslot_kernels: %s",
                              device, major, minor, cudaGetErrorString(err));
   }
   return OPSLOT_OK;

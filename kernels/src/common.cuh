@@ -20,18 +20,38 @@ int set_error(int code, const char* fmt, ...) __attribute__((format(printf, 2, 3
 int check_launch(const char* what);
 
 // Storage type of each dtype code.
-template <int D> struct DtypeOf;
-template <> struct DtypeOf<OPSLOT_FLOAT32> { using type = float; };
-template <> struct DtypeOf<OPSLOT_FLOAT16> { using type = __half; };
-template <> struct DtypeOf<OPSLOT_BFLOAT16> { using type = __nv_bfloat16; };
+template <int D>
+struct DtypeOf;
+template <>
+struct DtypeOf<OPSLOT_FLOAT32> {
+  using type = float;
+};
+template <>
+struct DtypeOf<OPSLOT_FLOAT16> {
+  using type = __half;
+};
+template <>
+struct DtypeOf<OPSLOT_BFLOAT16> {
+  using type = __nv_bfloat16;
+};
 
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <typename T> __device__ __forceinline__ T from_float(float x);
-template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
-template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+template <typename T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ float from_float<float>(float x) {
+  return x;
+}
+template <>
+__device__ __forceinline__ __half from_float<__half>(float x) {
+  return __float2half_rn(x);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
 
 // Vectorised access: N elements of T moved as one aligned load/store (16 bytes for bf16 x 8).
 template <typename T, int N>
@@ -58,7 +78,8 @@ __device__ __forceinline__ void store_vec(T* p, const float (&in)[VEC]) {
 // Streaming (evict-first) loads and stores of a 2/4/8/16-byte vector type.
 template <typename V>
 __device__ __forceinline__ V ld_stream(const V* p) {
-  static_assert(sizeof(V) == 2 || sizeof(V) == 4 || sizeof(V) == 8 || sizeof(V) == 16, "vector size");
+  static_assert(sizeof(V) == 2 || sizeof(V) == 4 || sizeof(V) == 8 || sizeof(V) == 16,
+                "vector size");
   V v;
   if constexpr (sizeof(V) == 2) {
     const unsigned short x = __ldcs(reinterpret_cast<const unsigned short*>(p));
@@ -103,7 +124,9 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
@@ -113,10 +136,14 @@ __device__ __forceinline__ void cp_async_wait() {
 template <typename F>
 int dispatch_dtype(int dtype, const char* what, F&& f) {
   switch (dtype) {
-    case OPSLOT_FLOAT32: return f(float{});
-    case OPSLOT_FLOAT16: return f(__half{});
-    case OPSLOT_BFLOAT16: return f(__nv_bfloat16{});
-    default: return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: unknown dtype code %d", what, dtype);
+    case OPSLOT_FLOAT32:
+      return f(float{});
+    case OPSLOT_FLOAT16:
+      return f(__half{});
+    case OPSLOT_BFLOAT16:
+      return f(__nv_bfloat16{});
+    default:
+      return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: unknown dtype code %d", what, dtype);
   }
 }
 

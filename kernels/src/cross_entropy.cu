@@ -128,7 +128,8 @@ template <typename T>
 __device__ __forceinline__ Pack<T> grad_pack(const Pack<T>& in, float lse, float scale) {
   Pack<T> out;
 #pragma unroll
-  for (int k = 0; k < Pack<T>::kN; ++k) out.v[k] = from_float<T>(__expf(to_float(in.v[k]) - lse) * scale);
+  for (int k = 0; k < Pack<T>::kN; ++k)
+    out.v[k] = from_float<T>(__expf(to_float(in.v[k]) - lse) * scale);
   return out;
 }
 
@@ -150,8 +151,8 @@ __device__ void zero_row(T* g, int64_t vocab) {
 template <typename T>
 __global__ void __launch_bounds__(kMaxThreads, 2)
     ce_rows_kernel(const T* logits, int64_t ld_logits, T* grad, int64_t ld_grad, int64_t vocab,
-                   const int64_t* __restrict__ targets, int64_t ignore_index, const float* __restrict__ grad_scale,
-                   float* __restrict__ row_loss) {
+                   const int64_t* __restrict__ targets, int64_t ignore_index,
+                   const float* __restrict__ grad_scale, float* __restrict__ row_loss) {
   constexpr int kN = Pack<T>::kN;
   __shared__ float shm_m[33], shm_s[33];
   const int64_t row = blockIdx.x;
@@ -166,7 +167,8 @@ __global__ void __launch_bounds__(kMaxThreads, 2)
     return;
   }
   const bool in_range = t >= 0 && t < vocab;
-  // Read before the barrier in block_stats: after it, other threads may overwrite the row (in place).
+  // Read before the barrier in block_stats: after it, other threads may overwrite the row (in
+  // place).
   const float xt = (tid == 0 && in_range) ? to_float(x[t]) : NAN;
 
   // Pass 1: statistics.
@@ -198,7 +200,8 @@ __global__ void __launch_bounds__(kMaxThreads, 2)
   const float scale = in_range ? *grad_scale : NAN;
   if (aligned_head(g, vocab) == head) {
     T* gb = g + head;
-    for (int64_t j = tid; j < head; j += nt) g[j] = from_float<T>(__expf(to_float(x[j]) - lse) * scale);
+    for (int64_t j = tid; j < head; j += nt)
+      g[j] = from_float<T>(__expf(to_float(x[j]) - lse) * scale);
     i = tid;
     for (; i + 3 * nt < nvec; i += 4 * nt) {
       const Pack<T> p0 = load_pack(xb + i * kN);
@@ -210,10 +213,13 @@ __global__ void __launch_bounds__(kMaxThreads, 2)
       store_pack(gb + (i + 2 * nt) * kN, grad_pack(p2, lse, scale));
       store_pack(gb + (i + 3 * nt) * kN, grad_pack(p3, lse, scale));
     }
-    for (; i < nvec; i += nt) store_pack(gb + i * kN, grad_pack(load_pack(xb + i * kN), lse, scale));
-    for (int64_t j = tail + tid; j < vocab; j += nt) g[j] = from_float<T>(__expf(to_float(x[j]) - lse) * scale);
+    for (; i < nvec; i += nt)
+      store_pack(gb + i * kN, grad_pack(load_pack(xb + i * kN), lse, scale));
+    for (int64_t j = tail + tid; j < vocab; j += nt)
+      g[j] = from_float<T>(__expf(to_float(x[j]) - lse) * scale);
   } else {  // logits and gradient aligned differently (out of place only): scalar
-    for (int64_t j = tid; j < vocab; j += nt) g[j] = from_float<T>(__expf(to_float(x[j]) - lse) * scale);
+    for (int64_t j = tid; j < vocab; j += nt)
+      g[j] = from_float<T>(__expf(to_float(x[j]) - lse) * scale);
   }
   __syncthreads();  // the whole row is written; now the target's entry
   if (tid == 0 && in_range) g[t] = from_float<T>((__expf(xt - lse) - 1.f) * scale);
@@ -235,7 +241,8 @@ __global__ void ce_scale_kernel(T* x, int64_t n, const float* __restrict__ facto
     for (int k = 0; k < kN; ++k) p.v[k] = from_float<T>(to_float(p.v[k]) * f);
     store_pack(xb + i * kN, p);
   }
-  for (int64_t i = head + nvec * kN + gt; i < n; i += stride) x[i] = from_float<T>(to_float(x[i]) * f);
+  for (int64_t i = head + nvec * kN + gt; i < n; i += stride)
+    x[i] = from_float<T>(to_float(x[i]) * f);
 }
 
 }  // namespace
@@ -243,27 +250,36 @@ __global__ void ce_scale_kernel(T* x, int64_t n, const float* __restrict__ facto
 
 extern "C" {
 
-OPSLOT_API int opslot_ce_rows(const void* logits, int64_t ld_logits, void* grad, int64_t ld_grad, int64_t rows,
-                              int64_t vocab, int dtype, const int64_t* targets, int64_t ignore_index,
-                              const float* grad_scale, float* row_loss, void* stream) {
+OPSLOT_API int opslot_ce_rows(const void* logits, int64_t ld_logits, void* grad, int64_t ld_grad,
+                              int64_t rows, int64_t vocab, int dtype, const int64_t* targets,
+                              int64_t ignore_index, const float* grad_scale, float* row_loss,
+                              void* stream) {
   using namespace opslot;
   const char* what = "opslot_ce_rows";
-  if (rows < 0 || rows > 0x7fffffff) return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: rows=%lld out of range", what, (long long)rows);
-  if (vocab < 1) return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: vocab=%lld must be >= 1", what, (long long)vocab);
+  if (rows < 0 || rows > 0x7fffffff)
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: rows=%lld out of range", what,
+                     (long long)rows);
+  if (vocab < 1)
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: vocab=%lld must be >= 1", what,
+                     (long long)vocab);
   if (rows == 0) return OPSLOT_OK;
   if (logits == nullptr || targets == nullptr || row_loss == nullptr) {
     return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: null logits/targets/row_loss pointer", what);
   }
   if (rows > 1 && ld_logits < vocab) {
-    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: ld_logits=%lld < vocab=%lld", what, (long long)ld_logits, (long long)vocab);
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: ld_logits=%lld < vocab=%lld", what,
+                     (long long)ld_logits, (long long)vocab);
   }
   if (grad != nullptr) {
-    if (grad_scale == nullptr) return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: a gradient needs grad_scale", what);
+    if (grad_scale == nullptr)
+      return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: a gradient needs grad_scale", what);
     if (rows > 1 && ld_grad < vocab) {
-      return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: ld_grad=%lld < vocab=%lld", what, (long long)ld_grad, (long long)vocab);
+      return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: ld_grad=%lld < vocab=%lld", what,
+                       (long long)ld_grad, (long long)vocab);
     }
     if (grad == logits && ld_grad != ld_logits) {
-      return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: an in-place gradient needs ld_grad == ld_logits", what);
+      return set_error(OPSLOT_ERR_INVALID_ARGUMENT,
+                       "%s: an in-place gradient needs ld_grad == ld_logits", what);
     }
   }
   cudaStream_t s = static_cast<cudaStream_t>(stream);
@@ -274,18 +290,20 @@ OPSLOT_API int opslot_ce_rows(const void* logits, int64_t ld_logits, void* grad,
     int threads = static_cast<int>(((vecs < kMaxThreads ? vecs : kMaxThreads) + 31) / 32 * 32);
     if (threads < 32) threads = 32;
     ce_rows_kernel<T><<<static_cast<unsigned>(rows), threads, 0, s>>>(
-        static_cast<const T*>(logits), ld_logits, static_cast<T*>(grad), ld_grad, vocab, targets, ignore_index,
-        grad_scale, row_loss);
+        static_cast<const T*>(logits), ld_logits, static_cast<T*>(grad), ld_grad, vocab, targets,
+        ignore_index, grad_scale, row_loss);
     return check_launch(what);
   });
 }
 
-OPSLOT_API int opslot_ce_scale_inplace(void* x, int64_t n, int dtype, const float* factor, void* stream) {
+OPSLOT_API int opslot_ce_scale_inplace(void* x, int64_t n, int dtype, const float* factor,
+                                       void* stream) {
   using namespace opslot;
   const char* what = "opslot_ce_scale_inplace";
   if (n < 0) return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: n=%lld < 0", what, (long long)n);
   if (n == 0) return OPSLOT_OK;
-  if (x == nullptr || factor == nullptr) return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: null pointer", what);
+  if (x == nullptr || factor == nullptr)
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: null pointer", what);
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   return dispatch_dtype(dtype, what, [&](auto tag) {
     using T = decltype(tag);
@@ -293,7 +311,8 @@ OPSLOT_API int opslot_ce_scale_inplace(void* x, int64_t n, int dtype, const floa
     const int64_t work = n / Pack<T>::kN + 1;
     int64_t blocks = (work + kThreads - 1) / kThreads;
     if (blocks > 8192) blocks = 8192;
-    ce_scale_kernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(static_cast<T*>(x), n, factor);
+    ce_scale_kernel<T>
+        <<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(static_cast<T*>(x), n, factor);
     return check_launch(what);
   });
 }

@@ -1,6 +1,6 @@
-// Device helpers of the chunked gated delta rule (gated_delta_rule.cu): chunk addressing, tile loads,
-// block-wide tensor-core matrix products over shared memory, and the unit-lower-triangular inverse.
-// Not part of the C ABI.
+// Device helpers of the chunked gated delta rule (gated_delta_rule.cu): chunk addressing, tile
+// loads, block-wide tensor-core matrix products over shared memory, and the unit-lower-triangular
+// inverse. Not part of the C ABI.
 #pragma once
 
 #include <mma.h>
@@ -12,12 +12,13 @@
 
 namespace opslot::gdr {
 
-constexpr int kChunk = 64;        // tokens per chunk
-constexpr int kD = 128;           // Dk and Dv are padded with zeros to this inside the kernels
-constexpr int kLd = kD + 8;       // row pitch (elements) of [rows, 128] tiles in shared memory
-constexpr int kLd64 = kChunk + 8; // row pitch of [64, 64] tiles
-// Dv columns of the state that one sequential block carries: every block of a sequential kernel must
-// be resident at once (16 columns made 512 blocks at the Qwen3.5 shape, two waves: 1.7x slower).
+constexpr int kChunk = 64;         // tokens per chunk
+constexpr int kD = 128;            // Dk and Dv are padded with zeros to this inside the kernels
+constexpr int kLd = kD + 8;        // row pitch (elements) of [rows, 128] tiles in shared memory
+constexpr int kLd64 = kChunk + 8;  // row pitch of [64, 64] tiles
+// Dv columns of the state that one sequential block carries: every block of a sequential kernel
+// must be resident at once (16 columns made 512 blocks at the Qwen3.5 shape, two waves: 1.7x
+// slower).
 constexpr int kStateCols = 32;
 constexpr int kLdS = kStateCols + 8;
 
@@ -43,9 +44,12 @@ __device__ __forceinline__ float ld_any(const void* p, int64_t i, int dtype) {
 }
 
 __device__ __forceinline__ void st_any(void* p, int64_t i, int dtype, float x) {
-  if (dtype == OPSLOT_FLOAT32) static_cast<float*>(p)[i] = x;
-  else if (dtype == OPSLOT_FLOAT16) static_cast<__half*>(p)[i] = __float2half_rn(x);
-  else static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(x);
+  if (dtype == OPSLOT_FLOAT32)
+    static_cast<float*>(p)[i] = x;
+  else if (dtype == OPSLOT_FLOAT16)
+    static_cast<__half*>(p)[i] = __float2half_rn(x);
+  else
+    static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(x);
 }
 
 template <typename D, typename S>
@@ -53,14 +57,16 @@ __device__ __forceinline__ D cvt(S x) {
   return from_float<D>(to_float(x));
 }
 
-// Offset of chunk `ci`, head `h` in a per-chunk scratch array of `elems` elements per (chunk, head).
+// Offset of chunk `ci`, head `h` in a per-chunk scratch array of `elems` elements per (chunk,
+// head).
 __device__ __forceinline__ int64_t tile_off(int ci, int h, int heads, int64_t elems) {
   return (static_cast<int64_t>(ci) * heads + h) * elems;
 }
 
 // sG[i] = sum of g over the chunk's tokens 0..i (log decay from the chunk start; g = 0 past the
 // chunk's end, so sG[63] is the whole chunk's), sB[i] = beta (0 past the end). Ends with a barrier.
-__device__ inline void load_gates(const opslot_gdr_problem& p, const ChunkInfo& c, int h, float* sG, float* sB) {
+__device__ inline void load_gates(const opslot_gdr_problem& p, const ChunkInfo& c, int h, float* sG,
+                                  float* sB) {
   const int t = threadIdx.x;
   if (t < kChunk) {
     float g = 0.f, b = 0.f;
@@ -87,18 +93,20 @@ constexpr int kThreads = 512;
 constexpr int kRowsPerWarp = kChunk / (kThreads / 32);
 
 // dst[r][d] (64 x 128, pitch kLd) = x[r][d] * f_r for rows r < len and d < D, else 0, where
-// f_r = scale * rsqrt(sum_d x[r][d]^2 + 1e-6) with l2norm, else scale. Each warp loads its 8 rows at
-// once (4 consecutive elements per lane, one vector load where aligned), then reduces and stores.
+// f_r = scale * rsqrt(sum_d x[r][d]^2 + 1e-6) with l2norm, else scale. Each warp loads its 8 rows
+// at once (4 consecutive elements per lane, one vector load where aligned), then reduces and
+// stores.
 template <typename T>
-__device__ void load_rows(T* dst, const void* src, const int64_t* st, const ChunkInfo& c, int h, int64_t D,
-                          bool l2norm, float scale) {
+__device__ void load_rows(T* dst, const void* src, const int64_t* st, const ChunkInfo& c, int h,
+                          int64_t D, bool l2norm, float scale) {
   using V4 = Vec<T, 4>;
   const int lane = threadIdx.x & 31, r0 = (threadIdx.x >> 5) * kRowsPerWarp, d0 = 4 * lane;
   float x[kRowsPerWarp][4];
 #pragma unroll
   for (int rr = 0; rr < kRowsPerWarp; ++rr) {
     const int r = r0 + rr;
-    const T* p = static_cast<const T*>(src) + (r < c.len ? tok_off(st, c.b, c.tok0 + r, h) : 0) + d0;
+    const T* p =
+        static_cast<const T*>(src) + (r < c.len ? tok_off(st, c.b, c.tok0 + r, h) : 0) + d0;
     if (r < c.len && d0 + 3 < D && reinterpret_cast<uintptr_t>(p) % sizeof(V4) == 0) {
       const V4 v = *reinterpret_cast<const V4*>(p);
 #pragma unroll
@@ -112,7 +120,8 @@ __device__ void load_rows(T* dst, const void* src, const int64_t* st, const Chun
   for (int rr = 0; rr < kRowsPerWarp; ++rr) {
     float f = scale;
     if (l2norm) {
-      float ss = x[rr][0] * x[rr][0] + x[rr][1] * x[rr][1] + x[rr][2] * x[rr][2] + x[rr][3] * x[rr][3];
+      float ss =
+          x[rr][0] * x[rr][0] + x[rr][1] * x[rr][1] + x[rr][2] * x[rr][2] + x[rr][3] * x[rr][3];
 #pragma unroll
       for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
       f *= rsqrtf(ss + 1e-6f);
@@ -133,12 +142,12 @@ __device__ void store_decayed(T* dst, const T* src, F f) {
   }
 }
 
-// dst[r][c] (pitch ldd) = src[r * lds + c] for r < live_rows and c < live_cols, else 0, for a tile of
-// rows x cols (cols a multiple of 4): rows of a token-major tensor such as dO. Four elements per
+// dst[r][c] (pitch ldd) = src[r * lds + c] for r < live_rows and c < live_cols, else 0, for a tile
+// of rows x cols (cols a multiple of 4): rows of a token-major tensor such as dO. Four elements per
 // thread and step, several steps in flight.
 template <typename T>
-__device__ void load_token_tile(T* dst, int ldd, const T* src, int64_t lds, int rows, int cols, int live_rows,
-                                int live_cols) {
+__device__ void load_token_tile(T* dst, int ldd, const T* src, int64_t lds, int rows, int cols,
+                                int live_rows, int live_cols) {
   using V4 = Vec<T, 4>;
   const int vc = cols / 4, n = rows * vc;
   for (int base = threadIdx.x; base < n; base += 4 * blockDim.x) {
@@ -147,11 +156,13 @@ __device__ void load_token_tile(T* dst, int ldd, const T* src, int64_t lds, int 
     for (int k = 0; k < 4; ++k) {
       const int i = base + k * blockDim.x, r = i / vc, c = (i % vc) * 4;
       const T* p = src + r * lds + c;
-      if (i < n && r < live_rows && c + 3 < live_cols && reinterpret_cast<uintptr_t>(p) % sizeof(V4) == 0) {
+      if (i < n && r < live_rows && c + 3 < live_cols &&
+          reinterpret_cast<uintptr_t>(p) % sizeof(V4) == 0) {
         v[k] = *reinterpret_cast<const V4*>(p);
       } else {
 #pragma unroll
-        for (int j = 0; j < 4; ++j) v[k].v[j] = (i < n && r < live_rows && c + j < live_cols) ? p[j] : from_float<T>(0.f);
+        for (int j = 0; j < 4; ++j)
+          v[k].v[j] = (i < n && r < live_rows && c + j < live_cols) ? p[j] : from_float<T>(0.f);
       }
     }
 #pragma unroll
@@ -212,8 +223,8 @@ __device__ void copy_tile(D* dst, int ldd, const S* src, int64_t lds, int rows, 
   }
 }
 
-// Asynchronous tile loads (cp.async, 16 bytes each; rows and pitches are multiples of 16 bytes): the
-// caller issues several, then cp_async_commit(); cp_async_wait<0>(); __syncthreads().
+// Asynchronous tile loads (cp.async, 16 bytes each; rows and pitches are multiples of 16 bytes):
+// the caller issues several, then cp_async_commit(); cp_async_wait<0>(); __syncthreads().
 template <typename T>
 __device__ void cp_tile(T* dst, int ldd, const T* src, int64_t lds, int rows, int cols) {
   constexpr int V = 16 / sizeof(T);
@@ -228,8 +239,8 @@ __device__ void cp_tile(T* dst, int ldd, const T* src, int64_t lds, int rows, in
 // at or past live_rows and columns at or past live_cols read as 0. Asynchronous (cp.async with zero
 // fill) when live_cols is a multiple of 16 bytes and the rows are aligned, else a synchronous load.
 template <typename T>
-__device__ void cp_token_tile(T* dst, int ldd, const T* src, int64_t lds, int rows, int cols, int live_rows,
-                              int live_cols) {
+__device__ void cp_token_tile(T* dst, int ldd, const T* src, int64_t lds, int rows, int cols,
+                              int live_rows, int live_cols) {
   constexpr int V = 16 / sizeof(T);
   if (live_cols % V != 0 || lds % V != 0 || reinterpret_cast<uintptr_t>(src) % 16 != 0) {
     load_token_tile(dst, ldd, src, lds, rows, cols, live_rows, live_cols);
@@ -240,8 +251,8 @@ __device__ void cp_token_tile(T* dst, int ldd, const T* src, int64_t lds, int ro
     const int r = i / vc, c = (i % vc) * V;
     const bool live = r < live_rows && c < live_cols;
     const unsigned sa = static_cast<unsigned>(__cvta_generic_to_shared(dst + r * ldd + c));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa), "l"(live ? src + r * lds + c : src),
-                 "r"(live ? 16 : 0)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa),
+                 "l"(live ? src + r * lds + c : src), "r"(live ? 16 : 0)
                  : "memory");
   }
 }
@@ -252,7 +263,8 @@ __device__ __forceinline__ void cp_wait_all() {
   __syncthreads();
 }
 
-// Tensor-core operand types: 16-bit inputs multiply as themselves (k = 16), fp32 inputs as tf32 pieces (k = 8).
+// Tensor-core operand types: 16-bit inputs multiply as themselves (k = 16), fp32 inputs as tf32
+// pieces (k = 8).
 template <typename T>
 struct Mma {
   using frag = T;
@@ -269,8 +281,8 @@ struct Mma<float> {
 // likewise B ((k, n) at B[k * ldb + n] when BRow, else B[n * ldb + k]). M, N, K multiples of 16.
 // Each warp takes whole 16 x 16 output tiles, so the caller needs a barrier before reading C.
 template <typename T, bool ARow, bool BRow>
-__device__ void block_gemm(int M, int N, int K, const T* A, int lda, const T* B, int ldb, float* C, int ldc,
-                           bool accumulate) {
+__device__ void block_gemm(int M, int N, int K, const T* A, int lda, const T* B, int ldb, float* C,
+                           int ldc, bool accumulate) {
   namespace wmma = nvcuda::wmma;
   using F = typename Mma<T>::frag;
   constexpr int KK = Mma<T>::k;
@@ -281,15 +293,18 @@ __device__ void block_gemm(int M, int N, int K, const T* A, int lda, const T* B,
     const int tm = t / tiles_n, tn = t % tiles_n;
     float* c = C + tm * 16 * ldc + tn * 16;
     wmma::fragment<wmma::accumulator, 16, 16, KK, float> acc;
-    if (accumulate) wmma::load_matrix_sync(acc, c, ldc, wmma::mem_row_major);
-    else wmma::fill_fragment(acc, 0.f);
+    if (accumulate)
+      wmma::load_matrix_sync(acc, c, ldc, wmma::mem_row_major);
+    else
+      wmma::fill_fragment(acc, 0.f);
     for (int k = 0; k < K; k += KK) {
       wmma::fragment<wmma::matrix_a, 16, 16, KK, F, LA> a;
       wmma::fragment<wmma::matrix_b, 16, 16, KK, F, LB> b;
       wmma::load_matrix_sync(a, ARow ? A + tm * 16 * lda + k : A + k * lda + tm * 16, lda);
       wmma::load_matrix_sync(b, BRow ? B + k * ldb + tn * 16 : B + tn * 16 * ldb + k, ldb);
       if constexpr (std::is_same_v<T, float>) {
-        // fp32 operands as three tf32 products (a_hi b_hi + a_hi b_lo + a_lo b_hi): about fp32 accuracy.
+        // fp32 operands as three tf32 products (a_hi b_hi + a_hi b_lo + a_lo b_hi): about fp32
+        // accuracy.
         auto a_lo = a;
         auto b_lo = b;
 #pragma unroll
@@ -326,14 +341,15 @@ __device__ void decayed_gram(const T* sK, const float* sG, const float* sB, floa
 }
 
 // sT = (I + sA)^-1 for strictly lower sA (64 x 64, fp32, pitch kLd64), in 16 x 16 blocks:
-//   T_bb = (I + A_bb)^-1 by forward substitution, one warp per diagonal block and one lane per column
-//   (the column in registers: no barrier), then block-diagonal by block-diagonal,
+//   T_bb = (I + A_bb)^-1 by forward substitution, one warp per diagonal block and one lane per
+//   column (the column in registers: no barrier), then block-diagonal by block-diagonal,
 //   T_ij = -T_ii sum_{m=j}^{i-1} A_im T_mj. Fixed order everywhere (deterministic). Needs at least
 //   256 threads (one per element of a 16 x 16 block); ends with a barrier.
 __device__ inline void invert_unit_lower(const float* sA, float* sT, float* sX) {
   constexpr int kB = 16, kNB = kChunk / kB;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  for (int i = threadIdx.x; i < kChunk * kChunk; i += blockDim.x) sT[(i / kChunk) * kLd64 + i % kChunk] = 0.f;
+  for (int i = threadIdx.x; i < kChunk * kChunk; i += blockDim.x)
+    sT[(i / kChunk) * kLd64 + i % kChunk] = 0.f;
   __syncthreads();
   if (warp < kNB && lane < kB) {
     const int o = warp * kB;
@@ -355,7 +371,8 @@ __device__ inline void invert_unit_lower(const float* sA, float* sT, float* sX) 
     for (int bi = d; mine && bi < kNB; ++bi) {  // X_ij = sum_{m=j}^{i-1} A_im T_mj, j = bi - d
       const int bj = bi - d;
       float acc = 0.f;
-      for (int m = bj * kB; m < bi * kB; ++m) acc += sA[(bi * kB + r) * kLd64 + m] * sT[m * kLd64 + bj * kB + c];
+      for (int m = bj * kB; m < bi * kB; ++m)
+        acc += sA[(bi * kB + r) * kLd64 + m] * sT[m * kLd64 + bj * kB + c];
       sX[(bi - d) * kB * kB + r * kB + c] = acc;
     }
     __syncthreads();
@@ -393,7 +410,8 @@ __device__ void row_dots(const A* a, const B* b, float* out) {
   for (int r = threadIdx.x >> 5; r < kChunk; r += blockDim.x >> 5) {
     float s = 0.f;
 #pragma unroll
-    for (int j = 0; j < kD / 32; ++j) s += to_float(a[r * kLd + lane + 32 * j]) * to_float(b[r * kLd + lane + 32 * j]);
+    for (int j = 0; j < kD / 32; ++j)
+      s += to_float(a[r * kLd + lane + 32 * j]) * to_float(b[r * kLd + lane + 32 * j]);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
     if (lane == 0) out[r] = s;

@@ -2,8 +2,8 @@
 //
 // With q~ = q e^G and k~ = k e^-G, a chunk's output and outgoing state depend on G only through q~,
 // k~ and the factor e^{G_C}: so dG_i = q_i . dq_i - k_i . dk_i from the output/state terms, plus
-// <S_out, dS_out> = e^{G_C} <h, dh> + sum_i k_i . dk_i(state) at the chunk's last position, plus the
-// terms of the UT transform (wy_kernel, finish_kernel). dg is the reverse cumulative sum of dG.
+// <S_out, dS_out> = e^{G_C} <h, dh> + sum_i k_i . dk_i(state) at the chunk's last position, plus
+// the terms of the UT transform (wy_kernel, finish_kernel). dg is the reverse cumulative sum of dG.
 #pragma once
 
 #include "gdr_device.cuh"
@@ -20,16 +20,16 @@ constexpr size_t dqk_union() {
 
 template <typename T>
 constexpr size_t dqk_smem() {
-  return 3 * carve_bytes<float>(kChunk * kLd) + carve_bytes<float>(kChunk * kLd64) + dqk_union<T>() +
-         4 * carve_bytes<float>(kChunk) + carve_bytes<float>(kThreads);
+  return 3 * carve_bytes<float>(kChunk * kLd) + carve_bytes<float>(kChunk * kLd64) +
+         dqk_union<T>() + 4 * carve_bytes<float>(kChunk) + carve_bytes<float>(kThreads);
 }
 
 // Accumulates over Dv slices: dQ = dO h^T, dK = v_new dh^T, dW = dv_total h^T, dP = dO v_new^T, and
 // hdh (this thread's share of <h, dh>).
 template <typename T>
-__device__ void dqk_slices(const opslot_gdr_problem& p, const ChunkInfo& c, int h, const T* hs, const T* vnew,
-                           const T* dh, const T* dvt, const T* dout, char* u, float* sDQ, float* sDK, float* sDW,
-                           float* sP, float& hdh) {
+__device__ void dqk_slices(const opslot_gdr_problem& p, const ChunkInfo& c, int h, const T* hs,
+                           const T* vnew, const T* dh, const T* dvt, const T* dout, char* u,
+                           float* sDQ, float* sDK, float* sDW, float* sP, float& hdh) {
   constexpr int W = slice_cols<T>(), LW = W + 8;
   Carve cv{u};
   T* sDO = cv.take<T>(kChunk * LW);
@@ -38,7 +38,8 @@ __device__ void dqk_slices(const opslot_gdr_problem& p, const ChunkInfo& c, int 
   T* sH = cv.take<T>(kD * LW);
   T* sDH = cv.take<T>(kD * LW);
   const int H = static_cast<int>(p.heads);
-  const int64_t orow = p.heads * p.dv, tv = tile_off(blockIdx.x, h, H, kChunk * kD), th = tile_off(blockIdx.x, h, H, kD * kD);
+  const int64_t orow = p.heads * p.dv, tv = tile_off(blockIdx.x, h, H, kChunk * kD),
+                th = tile_off(blockIdx.x, h, H, kD * kD);
   const T* drows = dout + (static_cast<int64_t>(c.b) * p.seqlen + c.tok0) * orow + h * p.dv;
   for (int c0 = 0; c0 < p.dv; c0 += W) {
     const int cols = static_cast<int>(p.dv - c0 < W ? p.dv - c0 : W);
@@ -80,11 +81,13 @@ __device__ void masked_dp_in_place(float* sP, const float* sG) {
   __syncthreads();
 }
 
-// dq (of the scaled, normalised q), dk (output and state terms), dw = -dv_total h^T, and dG from them.
+// dq (of the scaled, normalised q), dk (output and state terms), dw = -dv_total h^T, and dG from
+// them.
 template <typename T>
-__global__ void __launch_bounds__(kThreads) dqk_kernel(opslot_gdr_problem p, const ChunkInfo* table, const T* hs,
-                                                  const T* vnew, const T* dh, const T* dvt, const T* dout,
-                                                  float* dq, float* dkp, T* dw, float* dgam) {
+__global__ void __launch_bounds__(kThreads)
+    dqk_kernel(opslot_gdr_problem p, const ChunkInfo* table, const T* hs, const T* vnew,
+               const T* dh, const T* dvt, const T* dout, float* dq, float* dkp, T* dw,
+               float* dgam) {
   const ChunkInfo c = table[blockIdx.x];
   if (c.seq < 0) return;
   const int h = blockIdx.y, H = static_cast<int>(p.heads);
@@ -117,7 +120,8 @@ __global__ void __launch_bounds__(kThreads) dqk_kernel(opslot_gdr_problem p, con
   load_rows<T>(sK, p.k, p.k_stride, c, h, p.dk, p.use_l2norm, 1.f);
   __syncthreads();
   row_dots(sK, sDK, sR1);
-  const float last = expf(gc) * block_sum(hdh, sRed) + block_sum(threadIdx.x < kChunk ? sR1[threadIdx.x] : 0.f, sRed);
+  const float last = expf(gc) * block_sum(hdh, sRed) +
+                     block_sum(threadIdx.x < kChunk ? sR1[threadIdx.x] : 0.f, sRed);
   masked_dp_in_place<T>(sP, sG);
   const T* sPo = reinterpret_cast<const T*>(sP);
   block_gemm<T, true, true>(kChunk, kD, kChunk, sPo, kLd64, sK, kLd, sDQ, kLd, true);
@@ -135,14 +139,15 @@ __global__ void __launch_bounds__(kThreads) dqk_kernel(opslot_gdr_problem p, con
   copy_tile(dw + tv, kD, sDW, kLd, kChunk, kD);
 }
 
-// dst[r][d] (global fp32, [64, 128] contiguous) += src[r][d] * f(r) (src pitch kLd): every load of a
-// thread issued before the first store (one memory latency, not one per element).
+// dst[r][d] (global fp32, [64, 128] contiguous) += src[r][d] * f(r) (src pitch kLd): every load of
+// a thread issued before the first store (one memory latency, not one per element).
 template <typename F>
 __device__ void add_rows_scaled(float* dst, const float* src, F f) {
   constexpr int kPer = kChunk * kD / 4 / kThreads;
   float4 v[kPer];
 #pragma unroll
-  for (int k = 0; k < kPer; ++k) v[k] = reinterpret_cast<const float4*>(dst)[threadIdx.x + k * kThreads];
+  for (int k = 0; k < kPer; ++k)
+    v[k] = reinterpret_cast<const float4*>(dst)[threadIdx.x + k * kThreads];
 #pragma unroll
   for (int k = 0; k < kPer; ++k) {
     const int i = threadIdx.x + k * kThreads, r = i / (kD / 4), d = (i % (kD / 4)) * 4;
@@ -155,20 +160,22 @@ __device__ void add_rows_scaled(float* dst, const float* src, F f) {
   }
 }
 
-// ---- through the UT transform ----------------------------------------------------------------------
+// ---- through the UT transform -------------------------------------------------------------------
 
 template <typename T>
 constexpr size_t wy_smem() {
-  return 4 * carve_bytes<T>(kChunk * kLd) + 2 * carve_bytes<float>(kChunk * kLd64) + carve_bytes<T>(kChunk * kLd64) +
-         carve_bytes<float>(kChunk * kLd) + 4 * carve_bytes<float>(kChunk);
+  return 4 * carve_bytes<T>(kChunk * kLd) + 2 * carve_bytes<float>(kChunk * kLd64) +
+         carve_bytes<T>(kChunk * kLd64) + carve_bytes<float>(kChunk * kLd) +
+         4 * carve_bytes<float>(kChunk);
 }
 
 // u = T (beta v), w = T (beta e^G k):  dv = beta T^T du, d(beta e^G k) = T^T dw,
-// dT = du (beta v)^T + dw (beta e^G k)^T, dA = -T^T dT T^T (strictly lower, stored for finish_kernel).
+// dT = du (beta v)^T + dw (beta e^G k)^T, dA = -T^T dT T^T (strictly lower, stored for
+// finish_kernel).
 template <typename T>
-__global__ void __launch_bounds__(kThreads) wy_kernel(opslot_gdr_problem p, const ChunkInfo* table, const T* dvt,
-                                                 const T* dw, float* dkp, float* dA, float* dgam, float* dbp,
-                                                 T* dv) {
+__global__ void __launch_bounds__(kThreads)
+    wy_kernel(opslot_gdr_problem p, const ChunkInfo* table, const T* dvt, const T* dw, float* dkp,
+              float* dA, float* dgam, float* dbp, T* dv) {
   const ChunkInfo c = table[blockIdx.x];
   if (c.seq < 0) return;
   const int h = blockIdx.y, H = static_cast<int>(p.heads);
@@ -198,7 +205,9 @@ __global__ void __launch_bounds__(kThreads) wy_kernel(opslot_gdr_problem p, cons
   const int64_t orow = p.heads * p.dv;
   for (int i = threadIdx.x; i < kChunk * kD; i += blockDim.x) {
     const int r = i / kD, d = i % kD;
-    if (r < c.len && d < p.dv) dv[(static_cast<int64_t>(c.b) * p.seqlen + c.tok0 + r) * orow + h * p.dv + d] = from_float<T>(sB[r] * sAcc[r * kLd + d]);
+    if (r < c.len && d < p.dv)
+      dv[(static_cast<int64_t>(c.b) * p.seqlen + c.tok0 + r) * orow + h * p.dv + d] =
+          from_float<T>(sB[r] * sAcc[r * kLd + d]);
   }
   __syncthreads();
   block_gemm<T, false, true>(kChunk, kD, kChunk, sTo, kLd64, sDW, kLd, sAcc, kLd, false);
@@ -219,7 +228,8 @@ __global__ void __launch_bounds__(kThreads) wy_kernel(opslot_gdr_problem p, cons
   T* sX = sDW;
   for (int i = threadIdx.x; i < kChunk * kChunk; i += blockDim.x) {
     const int r = i / kChunk, col = i % kChunk;
-    sDT[r * kLd64 + col] = from_float<T>(sB[col] * (sA[r * kLd64 + col] + sTf[r * kLd64 + col] * expf(sG[col])));
+    sDT[r * kLd64 + col] =
+        from_float<T>(sB[col] * (sA[r * kLd64 + col] + sTf[r * kLd64 + col] * expf(sG[col])));
   }
   __syncthreads();
   block_gemm<T, true, false>(kChunk, kChunk, kChunk, sDT, kLd64, sTo, kLd64, sA, kLd64, false);
@@ -234,27 +244,30 @@ __global__ void __launch_bounds__(kThreads) wy_kernel(opslot_gdr_problem p, cons
   }
 }
 
-// ---- the system matrix's gradient, dg, dbeta, and the L2-norm backward ---------------------------------
+// ---- the system matrix's gradient, dg, dbeta, and the L2-norm backward --------------------------
 
 template <typename T>
 constexpr size_t finish_smem() {
-  return carve_bytes<T>(kChunk * kLd) + 2 * carve_bytes<float>(kChunk * kLd64) + carve_bytes<T>(kChunk * kLd64) +
-         carve_bytes<float>(kChunk * kLd) + 3 * carve_bytes<float>(kChunk);
+  return carve_bytes<T>(kChunk * kLd) + 2 * carve_bytes<float>(kChunk * kLd64) +
+         carve_bytes<T>(kChunk * kLd64) + carve_bytes<float>(kChunk * kLd) +
+         3 * carve_bytes<float>(kChunk);
 }
 
 // dx of y = scale * x * rsqrt(|x|^2 + 1e-6) (l2norm) or y = scale * x, given dy (fp32 rows of pitch
-// ldy, in shared or global memory), for the chunk's rows, written to dst (contiguous [B, T, H, Dk]) in
-// T: dx = r (s dy - y' (y' . s dy)), y' = x r. Each warp loads its 8 rows at once, then reduces.
+// ldy, in shared or global memory), for the chunk's rows, written to dst (contiguous [B, T, H, Dk])
+// in T: dx = r (s dy - y' (y' . s dy)), y' = x r. Each warp loads its 8 rows at once, then reduces.
 template <typename T>
-__device__ void norm_backward_rows(const opslot_gdr_problem& p, const ChunkInfo& c, int h, const void* xsrc,
-                                   const int64_t* st, const float* dy, int ldy, float scale, T* dst) {
+__device__ void norm_backward_rows(const opslot_gdr_problem& p, const ChunkInfo& c, int h,
+                                   const void* xsrc, const int64_t* st, const float* dy, int ldy,
+                                   float scale, T* dst) {
   const int lane = threadIdx.x & 31, r0 = (threadIdx.x >> 5) * kRowsPerWarp, d0 = 4 * lane;
   const int64_t D = p.dk;
   float x[kRowsPerWarp][4], g[kRowsPerWarp][4];
 #pragma unroll
   for (int rr = 0; rr < kRowsPerWarp; ++rr) {
     const int r = r0 + rr;
-    const T* xp = static_cast<const T*>(xsrc) + (r < c.len ? tok_off(st, c.b, c.tok0 + r, h) : 0) + d0;
+    const T* xp =
+        static_cast<const T*>(xsrc) + (r < c.len ? tok_off(st, c.b, c.tok0 + r, h) : 0) + d0;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const bool live = r < c.len && d0 + j < D;
@@ -282,7 +295,9 @@ __device__ void norm_backward_rows(const opslot_gdr_problem& p, const ChunkInfo&
     T* out = dst + ((static_cast<int64_t>(c.b) * p.seqlen + c.tok0 + r) * p.heads + h) * D;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      if (d0 + j < D) out[d0 + j] = from_float<T>(p.use_l2norm ? rn * (g[rr][j] - x[rr][j] * rn * dot) : g[rr][j]);
+      if (d0 + j < D)
+        out[d0 + j] =
+            from_float<T>(p.use_l2norm ? rn * (g[rr][j] - x[rr][j] * rn * dot) : g[rr][j]);
     }
   }
 }
@@ -307,9 +322,10 @@ __device__ void system_grads(const float* sG, const float* sB, float* sM, float*
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads) finish_kernel(opslot_gdr_problem p, const ChunkInfo* table, const float* dA,
-                                                     const float* dq, const float* dkp, const float* dgam,
-                                                     const float* dbp, T* dqo, T* dko, void* dg, void* dbeta) {
+__global__ void __launch_bounds__(kThreads)
+    finish_kernel(opslot_gdr_problem p, const ChunkInfo* table, const float* dA, const float* dq,
+                  const float* dkp, const float* dgam, const float* dbp, T* dqo, T* dko, void* dg,
+                  void* dbeta) {
   const ChunkInfo c = table[blockIdx.x];
   if (c.seq < 0) return;
   const int h = blockIdx.y, H = static_cast<int>(p.heads);
@@ -323,7 +339,8 @@ __global__ void __launch_bounds__(kThreads) finish_kernel(opslot_gdr_problem p, 
   float* sG = cv.take<float>(kChunk);
   float* sB = cv.take<float>(kChunk);
   float* sR = cv.take<float>(kChunk);
-  const int64_t tv = tile_off(blockIdx.x, h, H, kChunk * kD), tg = tile_off(blockIdx.x, h, H, kChunk);
+  const int64_t tv = tile_off(blockIdx.x, h, H, kChunk * kD),
+                tg = tile_off(blockIdx.x, h, H, kChunk);
   cp_tile(sAcc, kLd, dkp + tv, kD, kChunk, kD);
   cp_tile(sDA, kLd64, dA + tile_off(blockIdx.x, h, H, kChunk * kChunk), kChunk, kChunk, kChunk);
   load_gates(p, c, h, sG, sB);

@@ -1,9 +1,10 @@
 // Load-balancing loss over the tuple of per-layer router logits. The layer pointers travel by value
 // in the kernel-parameter struct, up to kMaxLayers per launch (more layers: more launches, each
 // writing its own partial rows). A (layer, token) row is spread over LPR lanes, each holding EPL
-// (up to 16) consecutive experts; softmax and top-k are butterflies over those lanes. Per-block partial sums (counts, probability
-// sums) go to scratch; lb_finalize adds them in a fixed order and writes the loss and the
-// coefficients the backward needs. See kernels/include/opslot_kernels/load_balancing.h.
+// (up to 16) consecutive experts; softmax and top-k are butterflies over those lanes. Per-block
+// partial sums (counts, probability sums) go to scratch; lb_finalize adds them in a fixed order and
+// writes the loss and the coefficients the backward needs. See
+// kernels/include/opslot_kernels/load_balancing.h.
 #include <type_traits>
 
 #include "common.cuh"
@@ -37,7 +38,8 @@ struct LbArgs {
 // Lane layout: LPR lanes per row (a power of two dividing 32), RPW = 32 / LPR rows per warp at a
 // time; lane q of a row owns experts q*EPL .. q*EPL+EPL-1.
 template <typename T, int EPL, bool VEC>
-__device__ __forceinline__ void load_row(const LbLayers& L, int layer, int64_t t, int E, int q, float (&v)[EPL]) {
+__device__ __forceinline__ void load_row(const LbLayers& L, int layer, int64_t t, int E, int q,
+                                         float (&v)[EPL]) {
   const T* p = static_cast<const T*>(L.ptr[layer]) + t * L.stride[layer] + q * EPL;
   if (VEC) {
     const Vec<T, EPL> x = *reinterpret_cast<const Vec<T, EPL>*>(p);
@@ -71,7 +73,8 @@ __device__ __forceinline__ void softmax_row(float (&v)[EPL], int E, int q) {
 }
 
 template <typename T, int EPL, int LPR, bool VEC>
-__global__ void __launch_bounds__(kThreads) lb_fwd_kernel(const __grid_constant__ LbLayers L, LbArgs a) {
+__global__ void __launch_bounds__(kThreads)
+    lb_fwd_kernel(const __grid_constant__ LbLayers L, LbArgs a) {
   constexpr int RPW = 32 / LPR;
   extern __shared__ float sm[];  // [kWarps * RPW][2E]
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -148,9 +151,9 @@ __global__ void __launch_bounds__(kThreads) lb_fwd_kernel(const __grid_constant_
 
 // One block: the column sums' kColChunks rows in a fixed order, then the loss (a fixed-order tree
 // over the experts) and the backward's coefficients. E <= 512, so 2E <= kFinalThreads.
-__global__ void __launch_bounds__(kFinalThreads) lb_finalize_kernel(const float* sums, int nrows, int E, int layers,
-                                                                    int64_t rows, const float* mask, float* loss,
-                                                                    float* coef) {
+__global__ void __launch_bounds__(kFinalThreads)
+    lb_finalize_kernel(const float* sums, int nrows, int E, int layers, int64_t rows,
+                       const float* mask, float* loss, float* coef) {
   __shared__ float sm[kFinalThreads];
   __shared__ float red[kFinalThreads];
   __shared__ float total_rows;
@@ -191,7 +194,8 @@ __global__ void __launch_bounds__(kFinalThreads) lb_finalize_kernel(const float*
 }
 
 template <typename T, int EPL, int LPR, bool VEC>
-__global__ void __launch_bounds__(kThreads) lb_bwd_kernel(const __grid_constant__ LbLayers L, LbArgs a) {
+__global__ void __launch_bounds__(kThreads)
+    lb_bwd_kernel(const __grid_constant__ LbLayers L, LbArgs a) {
   constexpr int RPW = 32 / LPR;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int q = lane % LPR, sub = lane / LPR;
@@ -254,7 +258,8 @@ __device__ __forceinline__ int layer_of(int64_t R, int64_t rows) {
 }
 
 struct FastLayout {
-  int pitch;       // bytes per tile row (row bytes + 16: lanes reading their own rows hit distinct banks)
+  int pitch;       // bytes per tile row (row bytes + 16: lanes reading their own rows hit distinct
+                   // banks)
   int tile_bytes;  // 32 rows
   int warp_bytes;  // two tiles + selection words + row statistics
 };
@@ -298,15 +303,19 @@ __device__ __forceinline__ void sort_desc(T (&c)[N]) {
 template <bool BF16>
 __device__ __forceinline__ unsigned pmax2(unsigned a, unsigned b) {
   unsigned d;
-  if (BF16) asm("max.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-  else asm("max.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  if (BF16)
+    asm("max.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  else
+    asm("max.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
   return d;
 }
 template <bool BF16>
 __device__ __forceinline__ unsigned pmin2(unsigned a, unsigned b) {
   unsigned d;
-  if (BF16) asm("min.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-  else asm("min.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  if (BF16)
+    asm("min.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  else
+    asm("min.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
   return d;
 }
 template <bool BF16>
@@ -325,7 +334,8 @@ __device__ __forceinline__ float half_hi(unsigned x) {
 // (__hmax2/__hmin2: one list for the even and one for the odd positions), and the two lists are
 // merged at the end; fp32 values one at a time.
 template <bool BF16, int KMAX>
-__device__ __forceinline__ void top_values_packed(const unsigned char* rowp, int cpr, float (&lst)[KMAX]) {
+__device__ __forceinline__ void top_values_packed(const unsigned char* rowp, int cpr,
+                                                  float (&lst)[KMAX]) {
   const unsigned neg_inf = BF16 ? 0xff80ff80u : 0xfc00fc00u;
   unsigned l2[KMAX];
 #pragma unroll
@@ -347,7 +357,8 @@ __device__ __forceinline__ void top_values_packed(const unsigned char* rowp, int
   // Even list descending, odd list ascending: their elementwise maximum holds the KMAX largest of
   // both (a bitonic sequence), which a bitonic sort orders.
 #pragma unroll
-  for (int i = 0; i < KMAX; ++i) lst[i] = fmaxf(half_lo<BF16>(l2[i]), half_hi<BF16>(l2[KMAX - 1 - i]));
+  for (int i = 0; i < KMAX; ++i)
+    lst[i] = fmaxf(half_lo<BF16>(l2[i]), half_hi<BF16>(l2[KMAX - 1 - i]));
   sort_desc(lst);
 }
 
@@ -377,8 +388,8 @@ __device__ __forceinline__ void top_values(const unsigned char* rowp, int cpr, f
 }
 
 template <typename T, int KMAX>
-__global__ void __launch_bounds__(kFastWarps * 32) lb_fwd_fast_kernel(const __grid_constant__ LbLayers L, LbArgs a,
-                                                                      int64_t partial_rows) {
+__global__ void __launch_bounds__(kFastWarps * 32)
+    lb_fwd_fast_kernel(const __grid_constant__ LbLayers L, LbArgs a, int64_t partial_rows) {
   extern __shared__ __align__(16) unsigned char fsm[];
   constexpr int VPC = 16 / sizeof(T);  // values per 16-byte piece
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -403,7 +414,8 @@ __global__ void __launch_bounds__(kFastWarps * 32) lb_fwd_fast_kernel(const __gr
       if (R < total) {
         const int layer = layer_of(R, a.rows);
         const int64_t t = R - static_cast<int64_t>(layer) * a.rows;
-        rp = reinterpret_cast<const unsigned char*>(static_cast<const T*>(L.ptr[layer]) + t * L.stride[layer]);
+        rp = reinterpret_cast<const unsigned char*>(static_cast<const T*>(L.ptr[layer]) +
+                                                    t * L.stride[layer]);
       }
       unsigned char* dst = base + stage * F.tile_bytes;
       for (int q = lane; q < 32 * cpr; q += 32) {
@@ -564,8 +576,10 @@ struct RawRow {
 template <bool BF16>
 __device__ __forceinline__ unsigned ord2(unsigned w) {
   unsigned d;
-  if (BF16) asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(w), "r"(0x3f803f80u), "r"(0u));
-  else asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(w), "r"(0x3c003c00u), "r"(0u));
+  if (BF16)
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(w), "r"(0x3f803f80u), "r"(0u));
+  else
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(w), "r"(0x3c003c00u), "r"(0u));
   const unsigned t = d & 0x80008000u;
   return d ^ ((t - (t >> 15)) | 0x80008000u);
 }
@@ -626,7 +640,7 @@ __global__ void __launch_bounds__(kWarpWarps * 32, MINB)
 #pragma unroll
   for (int i = 0; i < EPL; ++i) cnt[i] = ps[i] = 0.f;
 
-  auto fetch = [&](int c, RawRow<EPL> (&buf)[C], float (&mw)[C]) {
+  auto fetch = [&](int c, RawRow<EPL>(&buf)[C], float(&mw)[C]) {
 #pragma unroll
     for (int i = 0; i < C; ++i) {
       mw[i] = 0.f;
@@ -637,7 +651,8 @@ __global__ void __launch_bounds__(kWarpWarps * 32, MINB)
       const int layer = c / ch.cpl;
       const int t0 = (c - layer * ch.cpl) * C;
       const int64_t stride = L.stride[layer];
-      const unsigned short* p = static_cast<const unsigned short*>(L.ptr[layer]) + t0 * stride + lane * EPL;
+      const unsigned short* p =
+          static_cast<const unsigned short*>(L.ptr[layer]) + t0 * stride + lane * EPL;
 #pragma unroll
       for (int i = 0; i < C; ++i)
         if (t0 + i < rows) {
@@ -731,13 +746,15 @@ __global__ void __launch_bounds__(kWarpWarps * 32, MINB)
     a.partial[static_cast<int64_t>(blockIdx.x) * 2 * E + col] = v;
   }
   for (int64_t p = blockIdx.x + gridDim.x; p < partial_rows; p += gridDim.x)
-    for (int col = threadIdx.x; col < 2 * E; col += kWarpWarps * 32) a.partial[p * 2 * E + col] = 0.f;
+    for (int col = threadIdx.x; col < 2 * E; col += kWarpWarps * 32)
+      a.partial[p * 2 * E + col] = 0.f;
 }
 
 // Backward: LPR lanes per row, each with NV 16-byte vectors (E = LPR * NV * VPV), 32 / LPR rows per
 // warp step, S steps per chunk.
 template <typename T, int LPR, int NV, int MINB>
-__global__ void __launch_bounds__(kWarpWarps * 32, MINB) lb_bwd_warp_kernel(const __grid_constant__ LbLayers L, LbArgs a) {
+__global__ void __launch_bounds__(kWarpWarps * 32, MINB)
+    lb_bwd_warp_kernel(const __grid_constant__ LbLayers L, LbArgs a) {
   constexpr int VPV = 16 / sizeof(T);
   constexpr int EPL = NV * VPV;
   constexpr int RPW = 32 / LPR;
@@ -760,7 +777,7 @@ __global__ void __launch_bounds__(kWarpWarps * 32, MINB) lb_bwd_warp_kernel(cons
   const int rows = static_cast<int>(a.rows);
   const int W = static_cast<int>(gridDim.x) * kWarpWarps;
 
-  auto fetch = [&](int c, V (&buf)[S][NV], float (&mw)[S]) {
+  auto fetch = [&](int c, V(&buf)[S][NV], float(&mw)[S]) {
 #pragma unroll
     for (int s = 0; s < S; ++s) {
       mw[s] = 0.f;
@@ -828,8 +845,10 @@ __global__ void __launch_bounds__(kWarpWarps * 32, MINB) lb_bwd_warp_kernel(cons
         for (int j = 0; j < NV; ++j) {
           V o;
 #pragma unroll
-          for (int i = 0; i < VPV; ++i) o.v[i] = from_float<T>((cf[j * VPV + i] - dot) * (scale * v[j * VPV + i]));
-          st_stream(reinterpret_cast<V*>(out + static_cast<int64_t>(s) * RPW * E + LPR * VPV * j), o);
+          for (int i = 0; i < VPV; ++i)
+            o.v[i] = from_float<T>((cf[j * VPV + i] - dot) * (scale * v[j * VPV + i]));
+          st_stream(reinterpret_cast<V*>(out + static_cast<int64_t>(s) * RPW * E + LPR * VPV * j),
+                    o);
         }
       }
     }
@@ -845,7 +864,8 @@ __global__ void __launch_bounds__(kWarpWarps * 32, MINB) lb_bwd_warp_kernel(cons
 // The finalize's first stage: partial rows [prows][ncol] summed in kColChunks chunks of rows, in
 // a fixed order, into out[kColChunks][ncol] (the finalize then adds those kColChunks rows).
 constexpr int kColChunks = 16;
-__global__ void __launch_bounds__(256) lb_colsum_kernel(const float* partial, int64_t prows, int ncol, float* out) {
+__global__ void __launch_bounds__(256)
+    lb_colsum_kernel(const float* partial, int64_t prows, int ncol, float* out) {
   __shared__ float sm[8][33];
   const int cx = threadIdx.x & 31, gy = threadIdx.x >> 5;
   const int col = blockIdx.x * 32 + cx;
@@ -867,7 +887,8 @@ __global__ void __launch_bounds__(256) lb_colsum_kernel(const float* partial, in
 int num_sms() {
   int dev = 0, n = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) return 132;
-  if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) return 132;
+  if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0)
+    return 132;
   return n;
 }
 
@@ -878,8 +899,8 @@ int64_t blocks_for(int64_t rows, int layers) {
 }
 
 template <typename T, int EPL, int LPR>
-int launch_epl(bool bwd, int num_layers, const void* const* logits, const int64_t* strides, void* const* outs,
-               LbArgs a, float* partial_base, cudaStream_t s) {
+int launch_epl(bool bwd, int num_layers, const void* const* logits, const int64_t* strides,
+               void* const* outs, LbArgs a, float* partial_base, cudaStream_t s) {
   int64_t offset = 0;
   for (int first = 0; first < num_layers; first += kMaxLayers) {
     LbLayers L{};
@@ -888,8 +909,10 @@ int launch_epl(bool bwd, int num_layers, const void* const* logits, const int64_
     for (int i = 0; i < n; ++i) {
       L.ptr[i] = logits[first + i];
       L.stride[i] = strides[first + i];
-      if (!L.ptr[i] && a.rows > 0) return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "load_balancing: null logits");
-      vec = vec && L.stride[i] % EPL == 0 && reinterpret_cast<uintptr_t>(L.ptr[i]) % (EPL * sizeof(T)) == 0;
+      if (!L.ptr[i] && a.rows > 0)
+        return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "load_balancing: null logits");
+      vec = vec && L.stride[i] % EPL == 0 &&
+            reinterpret_cast<uintptr_t>(L.ptr[i]) % (EPL * sizeof(T)) == 0;
       if (bwd) {
         L.out[i] = outs[first + i];
         vec = vec && reinterpret_cast<uintptr_t>(L.out[i]) % (EPL * sizeof(T)) == 0;
@@ -901,14 +924,21 @@ int launch_epl(bool bwd, int num_layers, const void* const* logits, const int64_
     b.partial = partial_base + offset * 2 * a.experts;
     offset += blocks;
     if (bwd) {
-      if (vec) lb_bwd_kernel<T, EPL, LPR, true><<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(L, b);
-      else lb_bwd_kernel<T, EPL, LPR, false><<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(L, b);
+      if (vec)
+        lb_bwd_kernel<T, EPL, LPR, true><<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(L, b);
+      else
+        lb_bwd_kernel<T, EPL, LPR, false><<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(L, b);
     } else {
       const size_t smem = sizeof(float) * kWarps * (32 / LPR) * 2 * a.experts;
-      if (vec) lb_fwd_kernel<T, EPL, LPR, true><<<static_cast<unsigned>(blocks), kThreads, smem, s>>>(L, b);
-      else lb_fwd_kernel<T, EPL, LPR, false><<<static_cast<unsigned>(blocks), kThreads, smem, s>>>(L, b);
+      if (vec)
+        lb_fwd_kernel<T, EPL, LPR, true>
+            <<<static_cast<unsigned>(blocks), kThreads, smem, s>>>(L, b);
+      else
+        lb_fwd_kernel<T, EPL, LPR, false>
+            <<<static_cast<unsigned>(blocks), kThreads, smem, s>>>(L, b);
     }
-    if (int rc = check_launch(bwd ? "load_balancing backward" : "load_balancing forward")) return rc;
+    if (int rc = check_launch(bwd ? "load_balancing backward" : "load_balancing forward"))
+      return rc;
   }
   return OPSLOT_OK;
 }
@@ -929,14 +959,20 @@ int launch_fast_k(const LbLayers& L, const LbArgs& b, int64_t owned_rows, cudaSt
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) dev = 0;
   Cache& c = cache[dev];
   if (c.attr < smem) {
-    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (err != cudaSuccess) return set_error(static_cast<int>(err), "load_balancing: shared-memory opt-in failed: %s", cudaGetErrorString(err));
+    cudaError_t err =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (err != cudaSuccess)
+      return set_error(static_cast<int>(err), "load_balancing: shared-memory opt-in failed: %s",
+                       cudaGetErrorString(err));
     c.attr = smem;
   }
   if (c.smem != smem) {
     int n = 0;
-    cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kFastWarps * 32, smem);
-    if (err != cudaSuccess) return set_error(static_cast<int>(err), "load_balancing: occupancy query failed: %s", cudaGetErrorString(err));
+    cudaError_t err =
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kFastWarps * 32, smem);
+    if (err != cudaSuccess)
+      return set_error(static_cast<int>(err), "load_balancing: occupancy query failed: %s",
+                       cudaGetErrorString(err));
     c.smem = smem;
     c.occ = n > 0 ? n : 1;
   }
@@ -946,16 +982,18 @@ int launch_fast_k(const LbLayers& L, const LbArgs& b, int64_t owned_rows, cudaSt
   return check_launch("load_balancing forward");
 }
 
-// The fast forward for every launch of kMaxLayers layers, or kNotEligible (then the general kernel runs).
+// The fast forward for every launch of kMaxLayers layers, or kNotEligible (then the general kernel
+// runs).
 template <typename T>
-int launch_fast(int num_layers, const void* const* logits, const int64_t* strides, LbArgs a, float* partial_base,
-                cudaStream_t s) {
+int launch_fast(int num_layers, const void* const* logits, const int64_t* strides, LbArgs a,
+                float* partial_base, cudaStream_t s) {
   constexpr int VPC = 16 / sizeof(T);
-  if (a.experts < 8 || a.experts > kFastMaxE || a.experts % VPC != 0 || a.top_k < 1 || a.top_k > 16 ||
-      kFastWarps * fast_layout(a.experts, sizeof(T)).warp_bytes > 200 * 1024)
+  if (a.experts < 8 || a.experts > kFastMaxE || a.experts % VPC != 0 || a.top_k < 1 ||
+      a.top_k > 16 || kFastWarps * fast_layout(a.experts, sizeof(T)).warp_bytes > 200 * 1024)
     return kNotEligible;
   for (int i = 0; i < num_layers; ++i)
-    if (!logits[i] || reinterpret_cast<uintptr_t>(logits[i]) % 16 != 0 || strides[i] % VPC != 0) return kNotEligible;
+    if (!logits[i] || reinterpret_cast<uintptr_t>(logits[i]) % 16 != 0 || strides[i] % VPC != 0)
+      return kNotEligible;
   int64_t offset = 0;
   for (int first = 0; first < num_layers; first += kMaxLayers) {
     LbLayers L{};
@@ -970,10 +1008,14 @@ int launch_fast(int num_layers, const void* const* logits, const int64_t* stride
     b.partial = partial_base + offset * 2 * a.experts;
     offset += owned;
     int rc;
-    if (a.top_k <= 2) rc = launch_fast_k<T, 2>(L, b, owned, s);
-    else if (a.top_k <= 4) rc = launch_fast_k<T, 4>(L, b, owned, s);
-    else if (a.top_k <= 8) rc = launch_fast_k<T, 8>(L, b, owned, s);
-    else rc = launch_fast_k<T, 16>(L, b, owned, s);
+    if (a.top_k <= 2)
+      rc = launch_fast_k<T, 2>(L, b, owned, s);
+    else if (a.top_k <= 4)
+      rc = launch_fast_k<T, 4>(L, b, owned, s);
+    else if (a.top_k <= 8)
+      rc = launch_fast_k<T, 8>(L, b, owned, s);
+    else
+      rc = launch_fast_k<T, 16>(L, b, owned, s);
     if (rc) return rc;
   }
   return OPSLOT_OK;
@@ -987,7 +1029,8 @@ int launch_warp_fwd_k(const LbLayers& L, const LbArgs& b, int64_t owned_rows, cu
   const size_t smem = sizeof(float) * kWarpWarps * 2 * 32 * EPL;
   const int64_t cap = static_cast<int64_t>(num_sms()) * MINB;
   const int64_t grid = owned_rows < cap ? owned_rows : cap;
-  lb_fwd_warp_kernel<BF16, EPL, KMAX, EXACT, MINB><<<static_cast<unsigned>(grid), kWarpWarps * 32, smem, s>>>(L, b, owned_rows);
+  lb_fwd_warp_kernel<BF16, EPL, KMAX, EXACT, MINB>
+      <<<static_cast<unsigned>(grid), kWarpWarps * 32, smem, s>>>(L, b, owned_rows);
   return check_launch("load_balancing forward");
 }
 
@@ -1007,7 +1050,8 @@ template <typename T, int LPR, int NV, int MINB>
 int launch_warp_bwd_k(const LbLayers& L, const LbArgs& b, int64_t owned_rows, cudaStream_t s) {
   const int64_t cap = static_cast<int64_t>(num_sms()) * MINB;
   const int64_t grid = owned_rows < cap ? owned_rows : cap;
-  lb_bwd_warp_kernel<T, LPR, NV, MINB><<<static_cast<unsigned>(grid), kWarpWarps * 32, 0, s>>>(L, b);
+  lb_bwd_warp_kernel<T, LPR, NV, MINB>
+      <<<static_cast<unsigned>(grid), kWarpWarps * 32, 0, s>>>(L, b);
   return check_launch("load_balancing backward");
 }
 
@@ -1016,26 +1060,34 @@ int launch_warp_bwd_lpr(const LbLayers& L, const LbArgs& b, int64_t owned_rows, 
   return launch_warp_bwd_k<T, LPR, NV, 2>(L, b, owned_rows, s);
 }
 
-bool warp_rows_aligned(int num_layers, const void* const* ptrs, const int64_t* strides, int vec, int elem) {
+bool warp_rows_aligned(int num_layers, const void* const* ptrs, const int64_t* strides, int vec,
+                       int elem) {
   for (int i = 0; i < num_layers; ++i)
-    if (!ptrs[i] || reinterpret_cast<uintptr_t>(ptrs[i]) % (vec * elem) != 0 || (strides && strides[i] % vec != 0))
+    if (!ptrs[i] || reinterpret_cast<uintptr_t>(ptrs[i]) % (vec * elem) != 0 ||
+        (strides && strides[i] % vec != 0))
       return false;
   return true;
 }
 
 template <typename T>
-int launch_warp(bool bwd, int num_layers, const void* const* logits, const int64_t* strides, void* const* outs,
-                LbArgs a, float* partial_base, cudaStream_t s) {
+int launch_warp(bool bwd, int num_layers, const void* const* logits, const int64_t* strides,
+                void* const* outs, LbArgs a, float* partial_base, cudaStream_t s) {
   constexpr bool k16 = sizeof(T) == 2;
   const int E = a.experts;
   // The vector a lane loads: EPL values in the forward, 16 bytes in the backward.
   const int vec = bwd ? static_cast<int>(16 / sizeof(T)) : E / 32;
   // Backward: two 16-byte vectors per lane where that leaves 8, 16 or 32 lanes per row, else one.
-  const int nv = bwd && vec > 0 && E % (2 * vec) == 0 && (E / (2 * vec) == 8 || E / (2 * vec) == 16 || E / (2 * vec) == 32) ? 2 : 1;
+  const int nv = bwd && vec > 0 && E % (2 * vec) == 0 &&
+                         (E / (2 * vec) == 8 || E / (2 * vec) == 16 || E / (2 * vec) == 32)
+                     ? 2
+                     : 1;
   const int lpr = bwd ? E / (vec * nv) : 32;
-  bool ok = (bwd ? g_lb_bwd_path : g_lb_fwd_path) == 0 && vec > 0 && E % vec == 0 && a.rows < (int64_t(1) << 30) &&
+  bool ok = (bwd ? g_lb_bwd_path : g_lb_fwd_path) == 0 && vec > 0 && E % vec == 0 &&
+            a.rows < (int64_t(1) << 30) &&
             static_cast<int64_t>(num_layers) * (a.rows + 3) / 4 < (int64_t(1) << 30);
-  ok = ok && (bwd ? (lpr == 8 || lpr == 16 || lpr == 32) : (k16 && E % 32 == 0 && (vec == 2 || vec == 4 || vec == 8) && a.top_k >= 1 && a.top_k <= 16));
+  ok = ok && (bwd ? (lpr == 8 || lpr == 16 || lpr == 32)
+                  : (k16 && E % 32 == 0 && (vec == 2 || vec == 4 || vec == 8) && a.top_k >= 1 &&
+                     a.top_k <= 16));
   ok = ok && warp_rows_aligned(num_layers, logits, strides, vec, sizeof(T)) &&
        (!bwd || warp_rows_aligned(num_layers, outs, nullptr, vec, sizeof(T)));
   if (!ok) return kNotEligible;
@@ -1054,20 +1106,29 @@ int launch_warp(bool bwd, int num_layers, const void* const* logits, const int64
     int rc = OPSLOT_OK;
     if (bwd) {
       if (nv == 2) {
-        if (lpr == 8) rc = launch_warp_bwd_lpr<T, 8, 2>(L, b, owned, s);
-        else if (lpr == 16) rc = launch_warp_bwd_lpr<T, 16, 2>(L, b, owned, s);
-        else rc = launch_warp_bwd_lpr<T, 32, 2>(L, b, owned, s);
+        if (lpr == 8)
+          rc = launch_warp_bwd_lpr<T, 8, 2>(L, b, owned, s);
+        else if (lpr == 16)
+          rc = launch_warp_bwd_lpr<T, 16, 2>(L, b, owned, s);
+        else
+          rc = launch_warp_bwd_lpr<T, 32, 2>(L, b, owned, s);
       } else {
-        if (lpr == 8) rc = launch_warp_bwd_lpr<T, 8, 1>(L, b, owned, s);
-        else if (lpr == 16) rc = launch_warp_bwd_lpr<T, 16, 1>(L, b, owned, s);
-        else rc = launch_warp_bwd_lpr<T, 32, 1>(L, b, owned, s);
+        if (lpr == 8)
+          rc = launch_warp_bwd_lpr<T, 8, 1>(L, b, owned, s);
+        else if (lpr == 16)
+          rc = launch_warp_bwd_lpr<T, 16, 1>(L, b, owned, s);
+        else
+          rc = launch_warp_bwd_lpr<T, 32, 1>(L, b, owned, s);
       }
     } else if constexpr (k16) {
       b.partial = partial_base + offset * 2 * a.experts;
       offset += owned;
-      if (vec == 2) rc = launch_warp_fwd_epl<T, 2>(L, b, owned, s);
-      else if (vec == 4) rc = launch_warp_fwd_epl<T, 4>(L, b, owned, s);
-      else rc = launch_warp_fwd_epl<T, 8>(L, b, owned, s);
+      if (vec == 2)
+        rc = launch_warp_fwd_epl<T, 2>(L, b, owned, s);
+      else if (vec == 4)
+        rc = launch_warp_fwd_epl<T, 4>(L, b, owned, s);
+      else
+        rc = launch_warp_fwd_epl<T, 8>(L, b, owned, s);
     }
     if (rc) return rc;
   }
@@ -1075,8 +1136,8 @@ int launch_warp(bool bwd, int num_layers, const void* const* logits, const int64
 }
 
 template <typename T>
-int launch(bool bwd, int num_layers, const void* const* logits, const int64_t* strides, void* const* outs, LbArgs a,
-           float* partial, cudaStream_t s) {
+int launch(bool bwd, int num_layers, const void* const* logits, const int64_t* strides,
+           void* const* outs, LbArgs a, float* partial, cudaStream_t s) {
   if (a.rows > 0) {
     int rc = launch_warp<T>(bwd, num_layers, logits, strides, outs, a, partial, s);
     if (rc != kNotEligible) return rc;
@@ -1087,27 +1148,45 @@ int launch(bool bwd, int num_layers, const void* const* logits, const int64_t* s
   }
   // Up to 16 experts per lane; rows of more than 16 experts are spread over 2..32 lanes.
   switch (a.experts <= 16 ? a.experts : 16 + (a.experts + 15) / 16) {
-    case 1: return launch_epl<T, 1, 1>(bwd, num_layers, logits, strides, outs, a, partial, s);
-    case 2: return launch_epl<T, 2, 1>(bwd, num_layers, logits, strides, outs, a, partial, s);
-    case 3: case 4: return launch_epl<T, 4, 1>(bwd, num_layers, logits, strides, outs, a, partial, s);
-    case 5: case 6: case 7: case 8: return launch_epl<T, 8, 1>(bwd, num_layers, logits, strides, outs, a, partial, s);
-    default: break;
+    case 1:
+      return launch_epl<T, 1, 1>(bwd, num_layers, logits, strides, outs, a, partial, s);
+    case 2:
+      return launch_epl<T, 2, 1>(bwd, num_layers, logits, strides, outs, a, partial, s);
+    case 3:
+    case 4:
+      return launch_epl<T, 4, 1>(bwd, num_layers, logits, strides, outs, a, partial, s);
+    case 5:
+    case 6:
+    case 7:
+    case 8:
+      return launch_epl<T, 8, 1>(bwd, num_layers, logits, strides, outs, a, partial, s);
+    default:
+      break;
   }
-  if (a.experts <= 16) return launch_epl<T, 16, 1>(bwd, num_layers, logits, strides, outs, a, partial, s);
-  if (a.experts <= 32) return launch_epl<T, 16, 2>(bwd, num_layers, logits, strides, outs, a, partial, s);
-  if (a.experts <= 64) return launch_epl<T, 16, 4>(bwd, num_layers, logits, strides, outs, a, partial, s);
-  if (a.experts <= 128) return launch_epl<T, 16, 8>(bwd, num_layers, logits, strides, outs, a, partial, s);
-  if (a.experts <= 256) return launch_epl<T, 16, 16>(bwd, num_layers, logits, strides, outs, a, partial, s);
-  if (a.experts <= 512) return launch_epl<T, 16, 32>(bwd, num_layers, logits, strides, outs, a, partial, s);
+  if (a.experts <= 16)
+    return launch_epl<T, 16, 1>(bwd, num_layers, logits, strides, outs, a, partial, s);
+  if (a.experts <= 32)
+    return launch_epl<T, 16, 2>(bwd, num_layers, logits, strides, outs, a, partial, s);
+  if (a.experts <= 64)
+    return launch_epl<T, 16, 4>(bwd, num_layers, logits, strides, outs, a, partial, s);
+  if (a.experts <= 128)
+    return launch_epl<T, 16, 8>(bwd, num_layers, logits, strides, outs, a, partial, s);
+  if (a.experts <= 256)
+    return launch_epl<T, 16, 16>(bwd, num_layers, logits, strides, outs, a, partial, s);
+  if (a.experts <= 512)
+    return launch_epl<T, 16, 32>(bwd, num_layers, logits, strides, outs, a, partial, s);
   return set_error(OPSLOT_ERR_UNSUPPORTED, "load_balancing: %d experts (at most 512)", a.experts);
 }
 
 int check_args(int num_layers, int64_t rows, int E, int top_k) {
   if (num_layers <= 0 || rows < 0 || E <= 0 || E > 512)
-    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "load_balancing: bad sizes (layers %d, rows %lld, experts %d; "
-                     "at most 512 experts)", num_layers, static_cast<long long>(rows), E);
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT,
+                     "load_balancing: bad sizes (layers %d, rows %lld, experts %d; "
+                     "at most 512 experts)",
+                     num_layers, static_cast<long long>(rows), E);
   if (top_k < 0 || top_k > E)
-    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "load_balancing: top_k %d with %d experts", top_k, E);
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "load_balancing: top_k %d with %d experts", top_k,
+                     E);
   return OPSLOT_OK;
 }
 
@@ -1121,7 +1200,9 @@ int64_t partial_rows_of(int num_layers, int64_t rows) {
   return total;
 }
 
-int64_t scratch_rows(int num_layers, int64_t rows) { return partial_rows_of(num_layers, rows) + kColChunks; }
+int64_t scratch_rows(int num_layers, int64_t rows) {
+  return partial_rows_of(num_layers, rows) + kColChunks;
+}
 
 }  // namespace
 }  // namespace opslot
@@ -1130,14 +1211,16 @@ using namespace opslot;
 
 extern "C" {
 
-OPSLOT_API int64_t opslot_load_balancing_scratch_floats(int num_layers, int64_t rows, int num_experts) {
+OPSLOT_API int64_t opslot_load_balancing_scratch_floats(int num_layers, int64_t rows,
+                                                        int num_experts) {
   if (check_args(num_layers, rows, num_experts, 0)) return -1;
   return scratch_rows(num_layers, rows) * 2 * num_experts;
 }
 
 OPSLOT_API int opslot_load_balancing_fwd(int dtype, int num_layers, const void* const* logits,
-                                         const int64_t* row_strides, int64_t rows, int num_experts, int top_k,
-                                         const float* mask, float* scratch, float* loss, float* coef, void* stream) {
+                                         const int64_t* row_strides, int64_t rows, int num_experts,
+                                         int top_k, const float* mask, float* scratch, float* loss,
+                                         float* coef, void* stream) {
   if (int rc = check_args(num_layers, rows, num_experts, top_k)) return rc;
   if (!logits || !row_strides || !scratch || !loss || !coef)
     return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "load_balancing: null argument");
@@ -1156,14 +1239,16 @@ OPSLOT_API int opslot_load_balancing_fwd(int dtype, int num_layers, const void* 
   const dim3 grid((2 * num_experts + 31) / 32, kColChunks);
   lb_colsum_kernel<<<grid, 256, 0, s>>>(scratch, prows, 2 * num_experts, sums);
   if (int rc = check_launch("load_balancing column sums")) return rc;
-  lb_finalize_kernel<<<1, kFinalThreads, 0, s>>>(sums, kColChunks, num_experts, num_layers, rows, mask, loss, coef);
+  lb_finalize_kernel<<<1, kFinalThreads, 0, s>>>(sums, kColChunks, num_experts, num_layers, rows,
+                                                 mask, loss, coef);
   return check_launch("load_balancing finalize");
 }
 
 OPSLOT_API int opslot_load_balancing_bwd(int dtype, int num_layers, const void* const* logits,
                                          const int64_t* row_strides, int64_t rows, int num_experts,
-                                         const float* mask, const float* coef, const float* grad_loss,
-                                         void* const* grad_logits, void* stream) {
+                                         const float* mask, const float* coef,
+                                         const float* grad_loss, void* const* grad_logits,
+                                         void* stream) {
   if (int rc = check_args(num_layers, rows, num_experts, 0)) return rc;
   if (!logits || !row_strides || !coef || !grad_loss || !grad_logits)
     return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "load_balancing: null argument");
@@ -1182,7 +1267,8 @@ OPSLOT_API int opslot_load_balancing_bwd(int dtype, int num_layers, const void* 
 
 OPSLOT_API int opslot_load_balancing_set_tuning(int forward_path, int backward_path) {
   if (forward_path < 0 || forward_path > 2 || backward_path < 0 || backward_path > 1)
-    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "load_balancing tuning: forward_path 0..2, backward_path 0..1");
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT,
+                     "load_balancing tuning: forward_path 0..2, backward_path 0..1");
   g_lb_fwd_path = forward_path;
   g_lb_bwd_path = backward_path;
   return OPSLOT_OK;

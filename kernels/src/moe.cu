@@ -1,23 +1,25 @@
-// MoE experts: token scatter/gather-sum, gated activations, bias-gradient segment sums and a portable
-// grouped GEMM (see opslot_kernels/moe.h for the layout; docs/kernels.md "## MoE experts" for the design).
+// MoE experts: token scatter/gather-sum, gated activations, bias-gradient segment sums and a
+// portable grouped GEMM (see opslot_kernels/moe.h for the layout; docs/kernels.md "## MoE experts"
+// for the design).
 //
 // The fast bf16 GEMMs of the layer are torch._grouped_mm (CUTLASS, sm90/sm100), called from Python;
 // the grouped GEMM here is the path for fp16/fp32, other GPUs and unaligned widths: SIMT tiles with
 // fp32 accumulation whose row segments are found on the device from `offs`, so no host read.
-#include "opslot_kernels/moe.h"
-
 #include <cuda_runtime.h>
 
 #include <type_traits>
 
 #include "common.cuh"
+#include "opslot_kernels/moe.h"
 
 namespace opslot {
 namespace {
 
 constexpr int kSegSplit = 8;  // row splits per expert in the bias-gradient segment sum
 
-__device__ __forceinline__ int kept_rows(const int32_t* offs, int num_experts) { return offs[num_experts - 1]; }
+__device__ __forceinline__ int kept_rows(const int32_t* offs, int num_experts) {
+  return offs[num_experts - 1];
+}
 
 template <typename T, int V>
 __device__ __forceinline__ void load_vec(const T* p, float (&out)[V]) {
@@ -82,8 +84,9 @@ __device__ __forceinline__ int route_key(const I* idx, int64_t a, int num_expert
 }
 
 template <typename I>
-__global__ void __launch_bounds__(kRouteThreads) route_hist_kernel(const I* __restrict__ idx, int64_t n,
-                                                                   int num_experts, int32_t* __restrict__ counts) {
+__global__ void __launch_bounds__(kRouteThreads)
+    route_hist_kernel(const I* __restrict__ idx, int64_t n, int num_experts,
+                      int32_t* __restrict__ counts) {
   extern __shared__ int sh[];
   const int bins = num_experts + 1;
   for (int i = threadIdx.x; i < bins; i += blockDim.x) sh[i] = 0;
@@ -94,12 +97,13 @@ __global__ void __launch_bounds__(kRouteThreads) route_hist_kernel(const I* __re
     if (a < n) atomicAdd(&sh[route_key(idx, a, num_experts)], 1);  // counts: order-independent
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < bins; i += blockDim.x) counts[static_cast<int64_t>(blockIdx.x) * bins + i] = sh[i];
+  for (int i = threadIdx.x; i < bins; i += blockDim.x)
+    counts[static_cast<int64_t>(blockIdx.x) * bins + i] = sh[i];
 }
 
 // One block: per bin, exclusive prefix over the chunks, plus the bin's start; offs = segment ends.
-__global__ void route_scan_kernel(const int32_t* __restrict__ counts, int32_t* __restrict__ bases, int chunks,
-                                  int num_experts, int32_t* __restrict__ offs) {
+__global__ void route_scan_kernel(const int32_t* __restrict__ counts, int32_t* __restrict__ bases,
+                                  int chunks, int num_experts, int32_t* __restrict__ offs) {
   __shared__ int totals[kRouteMaxExperts + 1];
   __shared__ int starts[kRouteMaxExperts + 1];
   const int bins = num_experts + 1;
@@ -129,15 +133,17 @@ __global__ void route_scan_kernel(const int32_t* __restrict__ counts, int32_t* _
 }
 
 template <typename I>
-__global__ void __launch_bounds__(kRouteThreads) route_scatter_kernel(
-    const I* __restrict__ idx, int64_t n, int64_t top_k, int num_experts, const int32_t* __restrict__ bases,
-    int32_t* __restrict__ row_expert, int32_t* __restrict__ src_token, int32_t* __restrict__ inv) {
+__global__ void __launch_bounds__(kRouteThreads)
+    route_scatter_kernel(const I* __restrict__ idx, int64_t n, int64_t top_k, int num_experts,
+                         const int32_t* __restrict__ bases, int32_t* __restrict__ row_expert,
+                         int32_t* __restrict__ src_token, int32_t* __restrict__ inv) {
   extern __shared__ int sh[];
   const int bins = num_experts + 1;
-  int* running = sh;                 // [bins]: next row of each bin for this chunk
-  int* warp_hist = sh + bins;        // [8][bins]: per-warp counts of the current tile
+  int* running = sh;           // [bins]: next row of each bin for this chunk
+  int* warp_hist = sh + bins;  // [8][bins]: per-warp counts of the current tile
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  for (int i = threadIdx.x; i < bins; i += blockDim.x) running[i] = bases[static_cast<int64_t>(blockIdx.x) * bins + i];
+  for (int i = threadIdx.x; i < bins; i += blockDim.x)
+    running[i] = bases[static_cast<int64_t>(blockIdx.x) * bins + i];
   const int64_t base = static_cast<int64_t>(blockIdx.x) * kRouteChunk;
   const unsigned lower = (1u << lane) - 1u;
   for (int t0 = 0; t0 < kRouteChunk && base + t0 < n; t0 += kRouteThreads) {
@@ -169,11 +175,13 @@ __global__ void __launch_bounds__(kRouteThreads) route_scatter_kernel(
 
 // ---- token-major scatter (gather into expert order; combine backward) -----------------------
 template <typename T, int V>
-__global__ void scatter_rows_kernel(const T* __restrict__ src, T* __restrict__ dst, const int32_t* __restrict__ inv,
+__global__ void scatter_rows_kernel(const T* __restrict__ src, T* __restrict__ dst,
+                                    const int32_t* __restrict__ inv,
                                     const float* __restrict__ weights, const T* __restrict__ rows,
-                                    const T* __restrict__ bias, const int32_t* __restrict__ row_expert,
-                                    float* __restrict__ dot_out, const int32_t* __restrict__ offs, int num_experts,
-                                    int64_t top_k, int64_t hidden) {
+                                    const T* __restrict__ bias,
+                                    const int32_t* __restrict__ row_expert,
+                                    float* __restrict__ dot_out, const int32_t* __restrict__ offs,
+                                    int num_experts, int64_t top_k, int64_t hidden) {
   __shared__ float red[32];
   const int64_t t = blockIdx.x;
   const int kept = kept_rows(offs, num_experts);
@@ -187,8 +195,10 @@ __global__ void scatter_rows_kernel(const T* __restrict__ src, T* __restrict__ d
       const float w = weights ? weights[a] : 1.f;
       T* d = dst + static_cast<int64_t>(r) * hidden;
       const T* y = dot_out ? rows + static_cast<int64_t>(r) * hidden : nullptr;
-      const T* b = (dot_out && bias) ? bias + static_cast<int64_t>(row_expert[r]) * hidden : nullptr;
-      for (int64_t c = static_cast<int64_t>(threadIdx.x) * V; c < hidden; c += static_cast<int64_t>(blockDim.x) * V) {
+      const T* b =
+          (dot_out && bias) ? bias + static_cast<int64_t>(row_expert[r]) * hidden : nullptr;
+      for (int64_t c = static_cast<int64_t>(threadIdx.x) * V; c < hidden;
+           c += static_cast<int64_t>(blockDim.x) * V) {
         float x[V], o[V];
         load_vec<T, V>(s + c, x);
 #pragma unroll
@@ -217,7 +227,8 @@ __global__ void scatter_rows_kernel(const T* __restrict__ src, T* __restrict__ d
       float z[V];
 #pragma unroll
       for (int i = 0; i < V; ++i) z[i] = 0.f;
-      for (int64_t c = static_cast<int64_t>(threadIdx.x) * V; c < hidden; c += static_cast<int64_t>(blockDim.x) * V)
+      for (int64_t c = static_cast<int64_t>(threadIdx.x) * V; c < hidden;
+           c += static_cast<int64_t>(blockDim.x) * V)
         store_vec<T, V>(d + c, z);
     }
   }
@@ -225,13 +236,16 @@ __global__ void scatter_rows_kernel(const T* __restrict__ src, T* __restrict__ d
 
 // ---- token-major gather-sum (weighted combine; gather backward) ----------------------------
 template <typename T, int V>
-__global__ void gather_sum_kernel(const T* __restrict__ rows, T* __restrict__ out, const int32_t* __restrict__ inv,
+__global__ void gather_sum_kernel(const T* __restrict__ rows, T* __restrict__ out,
+                                  const int32_t* __restrict__ inv,
                                   const float* __restrict__ weights, const T* __restrict__ bias,
-                                  const int32_t* __restrict__ row_expert, const int32_t* __restrict__ offs,
-                                  int num_experts, int64_t top_k, int64_t hidden) {
+                                  const int32_t* __restrict__ row_expert,
+                                  const int32_t* __restrict__ offs, int num_experts, int64_t top_k,
+                                  int64_t hidden) {
   const int64_t t = blockIdx.x;
   const int kept = kept_rows(offs, num_experts);
-  for (int64_t c = static_cast<int64_t>(threadIdx.x) * V; c < hidden; c += static_cast<int64_t>(blockDim.x) * V) {
+  for (int64_t c = static_cast<int64_t>(threadIdx.x) * V; c < hidden;
+       c += static_cast<int64_t>(blockDim.x) * V) {
     float acc[V];
 #pragma unroll
     for (int i = 0; i < V; ++i) acc[i] = 0.f;
@@ -259,9 +273,11 @@ __global__ void gather_sum_kernel(const T* __restrict__ rows, T* __restrict__ ou
 __device__ __forceinline__ float sigmoidf_(float x) { return 1.f / (1.f + __expf(-x)); }
 
 template <typename T, int V, int KIND>
-__global__ void act_forward_kernel(const T* __restrict__ h, T* __restrict__ a, const T* __restrict__ bias,
-                                   const int32_t* __restrict__ row_expert, const int32_t* __restrict__ offs,
-                                   int num_experts, int64_t rows, int64_t inter, float alpha, float limit) {
+__global__ void act_forward_kernel(const T* __restrict__ h, T* __restrict__ a,
+                                   const T* __restrict__ bias,
+                                   const int32_t* __restrict__ row_expert,
+                                   const int32_t* __restrict__ offs, int num_experts, int64_t rows,
+                                   int64_t inter, float alpha, float limit) {
   const int kept = kept_rows(offs, num_experts);
   const int64_t per_row = inter / V;
   const int64_t total = rows * per_row;
@@ -299,10 +315,11 @@ __global__ void act_forward_kernel(const T* __restrict__ h, T* __restrict__ a, c
 }
 
 template <typename T, int V, int KIND>
-__global__ void act_backward_kernel(const T* __restrict__ da, const T* __restrict__ h, T* __restrict__ dh,
-                                    const T* __restrict__ bias, const int32_t* __restrict__ row_expert,
-                                    const int32_t* __restrict__ offs, int num_experts, int64_t rows, int64_t inter,
-                                    float alpha, float limit) {
+__global__ void act_backward_kernel(const T* __restrict__ da, const T* __restrict__ h,
+                                    T* __restrict__ dh, const T* __restrict__ bias,
+                                    const int32_t* __restrict__ row_expert,
+                                    const int32_t* __restrict__ offs, int num_experts, int64_t rows,
+                                    int64_t inter, float alpha, float limit) {
   const int kept = kept_rows(offs, num_experts);
   const int64_t per_row = inter / V;
   const int64_t total = rows * per_row;
@@ -362,7 +379,8 @@ __global__ void act_backward_kernel(const T* __restrict__ da, const T* __restric
 // ---- per-expert column sums (bias gradients) ------------------------------------------------
 template <typename T>
 __global__ void segment_sum_partial_kernel(const T* __restrict__ g, float* __restrict__ partial,
-                                           const int32_t* __restrict__ offs, int num_experts, int64_t cols) {
+                                           const int32_t* __restrict__ offs, int num_experts,
+                                           int64_t cols) {
   __shared__ float red[8][33];
   const int e = blockIdx.y, split = blockIdx.z;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
@@ -383,8 +401,8 @@ __global__ void segment_sum_partial_kernel(const T* __restrict__ g, float* __res
 }
 
 template <typename T>
-__global__ void segment_sum_final_kernel(const float* __restrict__ partial, T* __restrict__ out, int num_experts,
-                                         int64_t cols) {
+__global__ void segment_sum_final_kernel(const float* __restrict__ partial, T* __restrict__ out,
+                                         int num_experts, int64_t cols) {
   const int64_t total = static_cast<int64_t>(num_experts) * cols;
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -398,7 +416,8 @@ __global__ void segment_sum_final_kernel(const float* __restrict__ partial, T* _
 // ---- portable grouped GEMM (SIMT, fp32 accumulation) ----------------------------------------
 constexpr int kBM = 64, kBN = 64, kBK = 16, kGemmThreads = 256;
 
-__device__ __forceinline__ void tile_fma(const float (*As)[kBM + 4], const float (*Bs)[kBN + 4], float (&acc)[4][4]) {
+__device__ __forceinline__ void tile_fma(const float (*As)[kBM + 4], const float (*Bs)[kBN + 4],
+                                         float (&acc)[4][4]) {
   const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
 #pragma unroll
   for (int kk = 0; kk < kBK; ++kk) {
@@ -415,10 +434,10 @@ __device__ __forceinline__ void tile_fma(const float (*As)[kBM + 4], const float
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kGemmThreads) gmm_rows_kernel(const T* __restrict__ A, const T* __restrict__ B,
-                                                                int64_t sbe, int64_t sbk, int64_t sbn,
-                                                                T* __restrict__ C, const int32_t* __restrict__ offs,
-                                                                int num_experts, int64_t K, int64_t N) {
+__global__ void __launch_bounds__(kGemmThreads)
+    gmm_rows_kernel(const T* __restrict__ A, const T* __restrict__ B, int64_t sbe, int64_t sbk,
+                    int64_t sbn, T* __restrict__ C, const int32_t* __restrict__ offs,
+                    int num_experts, int64_t K, int64_t N) {
   __shared__ float As[kBK][kBM + 4];
   __shared__ float Bs[kBK][kBN + 4];
   __shared__ int s_e, s_row0, s_end;
@@ -479,10 +498,10 @@ __global__ void __launch_bounds__(kGemmThreads) gmm_rows_kernel(const T* __restr
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kGemmThreads) gmm_wgrad_kernel(const T* __restrict__ A, const T* __restrict__ G,
-                                                                 T* __restrict__ C, int64_t sce, int64_t scp,
-                                                                 int64_t scq, const int32_t* __restrict__ offs,
-                                                                 int64_t P, int64_t Q, int64_t tiles_q) {
+__global__ void __launch_bounds__(kGemmThreads)
+    gmm_wgrad_kernel(const T* __restrict__ A, const T* __restrict__ G, T* __restrict__ C,
+                     int64_t sce, int64_t scp, int64_t scq, const int32_t* __restrict__ offs,
+                     int64_t P, int64_t Q, int64_t tiles_q) {
   __shared__ float As[kBK][kBM + 4];
   __shared__ float Bs[kBK][kBN + 4];
   const int e = blockIdx.y;
@@ -525,8 +544,8 @@ __global__ void __launch_bounds__(kGemmThreads) gmm_wgrad_kernel(const T* __rest
 constexpr int kTailRows = 16;
 
 template <typename T, int V>
-__global__ void zero_tail_kernel(T* __restrict__ c, const int32_t* __restrict__ offs, int num_experts, int64_t rows,
-                                 int64_t cols) {
+__global__ void zero_tail_kernel(T* __restrict__ c, const int32_t* __restrict__ offs,
+                                 int num_experts, int64_t rows, int64_t cols) {
   const int64_t kept = kept_rows(offs, num_experts);
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kTailRows;
   if (r0 + kTailRows <= kept) return;
@@ -534,7 +553,8 @@ __global__ void zero_tail_kernel(T* __restrict__ c, const int32_t* __restrict__ 
 #pragma unroll
   for (int i = 0; i < V; ++i) z[i] = 0.f;
   for (int64_t r = r0 > kept ? r0 : kept; r < r0 + kTailRows && r < rows; ++r)
-    for (int64_t j = static_cast<int64_t>(threadIdx.x) * V; j < cols; j += static_cast<int64_t>(blockDim.x) * V)
+    for (int64_t j = static_cast<int64_t>(threadIdx.x) * V; j < cols;
+         j += static_cast<int64_t>(blockDim.x) * V)
       store_vec<T, V>(c + r * cols + j, z);
 }
 
@@ -568,12 +588,15 @@ int check_common(const char* what, const int32_t* offs, int64_t num_experts) {
 }
 
 // Arguments shared by the activation's forward and backward entry points.
-int check_act_args(const char* what, const int32_t* offs, int64_t num_experts, int kind, const void* bias,
-                   const int32_t* row_expert, int64_t rows, int64_t inter) {
+int check_act_args(const char* what, const int32_t* offs, int64_t num_experts, int kind,
+                   const void* bias, const int32_t* row_expert, int64_t rows, int64_t inter) {
   if (int rc = check_common(what, offs, num_experts)) return rc;
-  if (kind != 0 && kind != 1) return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: unknown kind %d", what, kind);
-  if (kind == 0 && bias) return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: kind 0 takes no bias", what);
-  if (bias && row_expert == nullptr) return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: bias needs row_expert", what);
+  if (kind != 0 && kind != 1)
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: unknown kind %d", what, kind);
+  if (kind == 0 && bias)
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: kind 0 takes no bias", what);
+  if (bias && row_expert == nullptr)
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: bias needs row_expert", what);
   if (rows < 0 || inter < 1) return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: bad shape", what);
   return OPSLOT_OK;
 }
@@ -590,9 +613,9 @@ OPSLOT_API int64_t opslot_moe_route_scratch(int64_t n, int64_t num_experts) {
   return 2 * (chunks > 0 ? chunks : 1) * (num_experts + 1);
 }
 
-OPSLOT_API int opslot_moe_route(const void* idx, int idx_is_int64, int64_t n, int64_t top_k, int64_t num_experts,
-                                int32_t* offs, int32_t* row_expert, int32_t* src_token, int32_t* inv,
-                                int32_t* scratch, void* stream) {
+OPSLOT_API int opslot_moe_route(const void* idx, int idx_is_int64, int64_t n, int64_t top_k,
+                                int64_t num_experts, int32_t* offs, int32_t* row_expert,
+                                int32_t* src_token, int32_t* inv, int32_t* scratch, void* stream) {
   const char* what = "opslot_moe_route";
   if (num_experts < 1 || num_experts > kRouteMaxExperts)
     return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: num_experts %lld outside [1, %d]", what,
@@ -613,7 +636,8 @@ OPSLOT_API int opslot_moe_route(const void* idx, int idx_is_int64, int64_t n, in
           ix, n, static_cast<int>(num_experts), counts);
       if (int rc = check_launch(what)) return rc;
     }
-    route_scan_kernel<<<1, 1024, 0, s>>>(counts, bases, static_cast<int>(chunks), static_cast<int>(num_experts), offs);
+    route_scan_kernel<<<1, 1024, 0, s>>>(counts, bases, static_cast<int>(chunks),
+                                         static_cast<int>(num_experts), offs);
     if (int rc = check_launch(what)) return rc;
     if (chunks > 0) {
       const size_t smem = static_cast<size_t>(bins) * (1 + kRouteThreads / 32) * sizeof(int);
@@ -626,17 +650,21 @@ OPSLOT_API int opslot_moe_route(const void* idx, int idx_is_int64, int64_t n, in
   return idx_is_int64 ? launch(int64_t{}) : launch(int32_t{});
 }
 
-OPSLOT_API int opslot_moe_scatter_rows(const void* src, void* dst, const int32_t* inv, const float* weights,
-                                       const void* rows, const void* bias, const int32_t* row_expert,
-                                       float* dot_out, const int32_t* offs, int64_t num_experts, int64_t tokens,
+OPSLOT_API int opslot_moe_scatter_rows(const void* src, void* dst, const int32_t* inv,
+                                       const float* weights, const void* rows, const void* bias,
+                                       const int32_t* row_expert, float* dot_out,
+                                       const int32_t* offs, int64_t num_experts, int64_t tokens,
                                        int64_t top_k, int64_t hidden, int dtype, void* stream) {
   const char* what = "opslot_moe_scatter_rows";
   if (int rc = check_common(what, offs, num_experts)) return rc;
   if (tokens < 0 || top_k < 1 || hidden < 1 || tokens > 0x7fffffff)
-    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: bad shape tokens %lld top_k %lld hidden %lld", what,
-                     static_cast<long long>(tokens), static_cast<long long>(top_k), static_cast<long long>(hidden));
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT,
+                     "%s: bad shape tokens %lld top_k %lld hidden %lld", what,
+                     static_cast<long long>(tokens), static_cast<long long>(top_k),
+                     static_cast<long long>(hidden));
   if (dot_out && (rows == nullptr || (bias && row_expert == nullptr)))
-    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: dot_out needs rows (and row_expert with bias)", what);
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT,
+                     "%s: dot_out needs rows (and row_expert with bias)", what);
   if (tokens == 0) return OPSLOT_OK;
   auto s = static_cast<cudaStream_t>(stream);
   return dispatch_dtype(dtype, what, [&](auto tag) {
@@ -644,26 +672,30 @@ OPSLOT_API int opslot_moe_scatter_rows(const void* src, void* dst, const int32_t
     constexpr int V = vec_width<T>();
     if (hidden % V == 0) {
       scatter_rows_kernel<T, V><<<static_cast<unsigned>(tokens), row_threads(hidden / V), 0, s>>>(
-          static_cast<const T*>(src), static_cast<T*>(dst), inv, weights, static_cast<const T*>(rows),
-          static_cast<const T*>(bias), row_expert, dot_out, offs, static_cast<int>(num_experts), top_k, hidden);
+          static_cast<const T*>(src), static_cast<T*>(dst), inv, weights,
+          static_cast<const T*>(rows), static_cast<const T*>(bias), row_expert, dot_out, offs,
+          static_cast<int>(num_experts), top_k, hidden);
     } else {
       scatter_rows_kernel<T, 1><<<static_cast<unsigned>(tokens), row_threads(hidden), 0, s>>>(
-          static_cast<const T*>(src), static_cast<T*>(dst), inv, weights, static_cast<const T*>(rows),
-          static_cast<const T*>(bias), row_expert, dot_out, offs, static_cast<int>(num_experts), top_k, hidden);
+          static_cast<const T*>(src), static_cast<T*>(dst), inv, weights,
+          static_cast<const T*>(rows), static_cast<const T*>(bias), row_expert, dot_out, offs,
+          static_cast<int>(num_experts), top_k, hidden);
     }
     return check_launch(what);
   });
 }
 
-OPSLOT_API int opslot_moe_gather_sum(const void* rows, void* out, const int32_t* inv, const float* weights,
-                                     const void* bias, const int32_t* row_expert, const int32_t* offs,
-                                     int64_t num_experts, int64_t tokens, int64_t top_k, int64_t hidden, int dtype,
-                                     void* stream) {
+OPSLOT_API int opslot_moe_gather_sum(const void* rows, void* out, const int32_t* inv,
+                                     const float* weights, const void* bias,
+                                     const int32_t* row_expert, const int32_t* offs,
+                                     int64_t num_experts, int64_t tokens, int64_t top_k,
+                                     int64_t hidden, int dtype, void* stream) {
   const char* what = "opslot_moe_gather_sum";
   if (int rc = check_common(what, offs, num_experts)) return rc;
   if (tokens < 0 || top_k < 1 || hidden < 1 || tokens > 0x7fffffff)
     return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: bad shape", what);
-  if (bias && row_expert == nullptr) return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: bias needs row_expert", what);
+  if (bias && row_expert == nullptr)
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: bias needs row_expert", what);
   if (tokens == 0) return OPSLOT_OK;
   auto s = static_cast<cudaStream_t>(stream);
   return dispatch_dtype(dtype, what, [&](auto tag) {
@@ -671,22 +703,26 @@ OPSLOT_API int opslot_moe_gather_sum(const void* rows, void* out, const int32_t*
     constexpr int V = vec_width<T>();
     if (hidden % V == 0) {
       gather_sum_kernel<T, V><<<static_cast<unsigned>(tokens), row_threads(hidden / V), 0, s>>>(
-          static_cast<const T*>(rows), static_cast<T*>(out), inv, weights, static_cast<const T*>(bias), row_expert,
-          offs, static_cast<int>(num_experts), top_k, hidden);
+          static_cast<const T*>(rows), static_cast<T*>(out), inv, weights,
+          static_cast<const T*>(bias), row_expert, offs, static_cast<int>(num_experts), top_k,
+          hidden);
     } else {
       gather_sum_kernel<T, 1><<<static_cast<unsigned>(tokens), row_threads(hidden), 0, s>>>(
-          static_cast<const T*>(rows), static_cast<T*>(out), inv, weights, static_cast<const T*>(bias), row_expert,
-          offs, static_cast<int>(num_experts), top_k, hidden);
+          static_cast<const T*>(rows), static_cast<T*>(out), inv, weights,
+          static_cast<const T*>(bias), row_expert, offs, static_cast<int>(num_experts), top_k,
+          hidden);
     }
     return check_launch(what);
   });
 }
 
-OPSLOT_API int opslot_moe_act_forward(const void* h, void* a, const void* bias, const int32_t* row_expert,
-                                      const int32_t* offs, int64_t num_experts, int64_t rows, int64_t inter,
-                                      int kind, float alpha, float limit, int dtype, void* stream) {
+OPSLOT_API int opslot_moe_act_forward(const void* h, void* a, const void* bias,
+                                      const int32_t* row_expert, const int32_t* offs,
+                                      int64_t num_experts, int64_t rows, int64_t inter, int kind,
+                                      float alpha, float limit, int dtype, void* stream) {
   const char* what = "opslot_moe_act_forward";
-  if (int rc = check_act_args(what, offs, num_experts, kind, bias, row_expert, rows, inter)) return rc;
+  if (int rc = check_act_args(what, offs, num_experts, kind, bias, row_expert, rows, inter))
+    return rc;
   if (rows == 0) return OPSLOT_OK;
   auto s = static_cast<cudaStream_t>(stream);
   return dispatch_dtype(dtype, what, [&](auto tag) {
@@ -697,13 +733,13 @@ OPSLOT_API int opslot_moe_act_forward(const void* h, void* a, const void* bias, 
       constexpr int VV = decltype(vtag)::value;
       const int blocks = elementwise_blocks(rows * (inter / VV), threads);
       if (kind == 0)
-        act_forward_kernel<T, VV, 0><<<blocks, threads, 0, s>>>(static_cast<const T*>(h), static_cast<T*>(a),
-                                                                static_cast<const T*>(bias), row_expert, offs,
-                                                                static_cast<int>(num_experts), rows, inter, alpha, limit);
+        act_forward_kernel<T, VV, 0><<<blocks, threads, 0, s>>>(
+            static_cast<const T*>(h), static_cast<T*>(a), static_cast<const T*>(bias), row_expert,
+            offs, static_cast<int>(num_experts), rows, inter, alpha, limit);
       else
-        act_forward_kernel<T, VV, 1><<<blocks, threads, 0, s>>>(static_cast<const T*>(h), static_cast<T*>(a),
-                                                                static_cast<const T*>(bias), row_expert, offs,
-                                                                static_cast<int>(num_experts), rows, inter, alpha, limit);
+        act_forward_kernel<T, VV, 1><<<blocks, threads, 0, s>>>(
+            static_cast<const T*>(h), static_cast<T*>(a), static_cast<const T*>(bias), row_expert,
+            offs, static_cast<int>(num_experts), rows, inter, alpha, limit);
     };
     if (inter % V == 0)
       launch(std::integral_constant<int, V>{});
@@ -714,11 +750,12 @@ OPSLOT_API int opslot_moe_act_forward(const void* h, void* a, const void* bias, 
 }
 
 OPSLOT_API int opslot_moe_act_backward(const void* da, const void* h, void* dh, const void* bias,
-                                       const int32_t* row_expert, const int32_t* offs, int64_t num_experts,
-                                       int64_t rows, int64_t inter, int kind, float alpha, float limit, int dtype,
-                                       void* stream) {
+                                       const int32_t* row_expert, const int32_t* offs,
+                                       int64_t num_experts, int64_t rows, int64_t inter, int kind,
+                                       float alpha, float limit, int dtype, void* stream) {
   const char* what = "opslot_moe_act_backward";
-  if (int rc = check_act_args(what, offs, num_experts, kind, bias, row_expert, rows, inter)) return rc;
+  if (int rc = check_act_args(what, offs, num_experts, kind, bias, row_expert, rows, inter))
+    return rc;
   if (rows == 0) return OPSLOT_OK;
   auto s = static_cast<cudaStream_t>(stream);
   return dispatch_dtype(dtype, what, [&](auto tag) {
@@ -730,12 +767,14 @@ OPSLOT_API int opslot_moe_act_backward(const void* da, const void* h, void* dh, 
       const int blocks = elementwise_blocks(rows * (inter / VV), threads);
       if (kind == 0)
         act_backward_kernel<T, VV, 0><<<blocks, threads, 0, s>>>(
-            static_cast<const T*>(da), static_cast<const T*>(h), static_cast<T*>(dh), static_cast<const T*>(bias),
-            row_expert, offs, static_cast<int>(num_experts), rows, inter, alpha, limit);
+            static_cast<const T*>(da), static_cast<const T*>(h), static_cast<T*>(dh),
+            static_cast<const T*>(bias), row_expert, offs, static_cast<int>(num_experts), rows,
+            inter, alpha, limit);
       else
         act_backward_kernel<T, VV, 1><<<blocks, threads, 0, s>>>(
-            static_cast<const T*>(da), static_cast<const T*>(h), static_cast<T*>(dh), static_cast<const T*>(bias),
-            row_expert, offs, static_cast<int>(num_experts), rows, inter, alpha, limit);
+            static_cast<const T*>(da), static_cast<const T*>(h), static_cast<T*>(dh),
+            static_cast<const T*>(bias), row_expert, offs, static_cast<int>(num_experts), rows,
+            inter, alpha, limit);
     };
     if (inter % V == 0)
       launch(std::integral_constant<int, V>{});
@@ -753,14 +792,17 @@ OPSLOT_API int opslot_moe_segment_sum(const void* g, void* out, float* scratch, 
                                       int64_t num_experts, int64_t cols, int dtype, void* stream) {
   const char* what = "opslot_moe_segment_sum";
   if (int rc = check_common(what, offs, num_experts)) return rc;
-  if (cols < 1 || scratch == nullptr) return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: bad cols or scratch", what);
-  if (num_experts > 65535) return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: too many experts", what);
+  if (cols < 1 || scratch == nullptr)
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: bad cols or scratch", what);
+  if (num_experts > 65535)
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: too many experts", what);
   auto s = static_cast<cudaStream_t>(stream);
   return dispatch_dtype(dtype, what, [&](auto tag) {
     using T = decltype(tag);
-    dim3 grid(static_cast<unsigned>((cols + 31) / 32), static_cast<unsigned>(num_experts), kSegSplit);
-    segment_sum_partial_kernel<T><<<grid, dim3(32, 8), 0, s>>>(static_cast<const T*>(g), scratch, offs,
-                                                               static_cast<int>(num_experts), cols);
+    dim3 grid(static_cast<unsigned>((cols + 31) / 32), static_cast<unsigned>(num_experts),
+              kSegSplit);
+    segment_sum_partial_kernel<T><<<grid, dim3(32, 8), 0, s>>>(
+        static_cast<const T*>(g), scratch, offs, static_cast<int>(num_experts), cols);
     if (int rc = check_launch(what)) return rc;
     segment_sum_final_kernel<T><<<elementwise_blocks(num_experts * cols, 256), 256, 0, s>>>(
         scratch, static_cast<T*>(out), static_cast<int>(num_experts), cols);
@@ -768,12 +810,13 @@ OPSLOT_API int opslot_moe_segment_sum(const void* g, void* out, float* scratch, 
   });
 }
 
-OPSLOT_API int opslot_moe_gmm_rows(const void* a, const void* b, int64_t sbe, int64_t sbk, int64_t sbn, void* c,
-                                   const int32_t* offs, int64_t num_experts, int64_t rows, int64_t k, int64_t n,
-                                   int dtype, void* stream) {
+OPSLOT_API int opslot_moe_gmm_rows(const void* a, const void* b, int64_t sbe, int64_t sbk,
+                                   int64_t sbn, void* c, const int32_t* offs, int64_t num_experts,
+                                   int64_t rows, int64_t k, int64_t n, int dtype, void* stream) {
   const char* what = "opslot_moe_gmm_rows";
   if (int rc = check_common(what, offs, num_experts)) return rc;
-  if (rows < 0 || k < 1 || n < 1) return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: bad shape", what);
+  if (rows < 0 || k < 1 || n < 1)
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: bad shape", what);
   const int64_t row_tiles = (rows + kBM - 1) / kBM + num_experts;
   const int64_t col_tiles = (n + kBN - 1) / kBN;
   if (row_tiles > 65535 || col_tiles > 0x7fffffff)
@@ -783,35 +826,39 @@ OPSLOT_API int opslot_moe_gmm_rows(const void* a, const void* b, int64_t sbe, in
   auto s = static_cast<cudaStream_t>(stream);
   return dispatch_dtype(dtype, what, [&](auto tag) {
     using T = decltype(tag);
-    gmm_rows_kernel<T><<<dim3(static_cast<unsigned>(col_tiles), static_cast<unsigned>(row_tiles)), kGemmThreads, 0,
-                         s>>>(static_cast<const T*>(a), static_cast<const T*>(b), sbe, sbk, sbn, static_cast<T*>(c),
-                              offs, static_cast<int>(num_experts), k, n);
+    gmm_rows_kernel<T><<<dim3(static_cast<unsigned>(col_tiles), static_cast<unsigned>(row_tiles)),
+                         kGemmThreads, 0, s>>>(static_cast<const T*>(a), static_cast<const T*>(b),
+                                               sbe, sbk, sbn, static_cast<T*>(c), offs,
+                                               static_cast<int>(num_experts), k, n);
     return check_launch(what);
   });
 }
 
-OPSLOT_API int opslot_moe_gmm_wgrad(const void* a, const void* g, void* c, int64_t sce, int64_t scp, int64_t scq,
-                                    const int32_t* offs, int64_t num_experts, int64_t rows, int64_t p, int64_t q,
-                                    int dtype, void* stream) {
+OPSLOT_API int opslot_moe_gmm_wgrad(const void* a, const void* g, void* c, int64_t sce, int64_t scp,
+                                    int64_t scq, const int32_t* offs, int64_t num_experts,
+                                    int64_t rows, int64_t p, int64_t q, int dtype, void* stream) {
   const char* what = "opslot_moe_gmm_wgrad";
   if (int rc = check_common(what, offs, num_experts)) return rc;
-  if (rows < 0 || p < 1 || q < 1) return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: bad shape", what);
-  if (num_experts > 65535) return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: too many experts", what);
+  if (rows < 0 || p < 1 || q < 1)
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: bad shape", what);
+  if (num_experts > 65535)
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: too many experts", what);
   const int64_t tiles_q = (q + kBN - 1) / kBN;
   const int64_t tiles = (p + kBM - 1) / kBM * tiles_q;
   if (tiles > 0x7fffffff) return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: too large", what);
   auto s = static_cast<cudaStream_t>(stream);
   return dispatch_dtype(dtype, what, [&](auto tag) {
     using T = decltype(tag);
-    gmm_wgrad_kernel<T><<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(num_experts)), kGemmThreads, 0,
-                          s>>>(static_cast<const T*>(a), static_cast<const T*>(g), static_cast<T*>(c), sce, scp, scq,
-                               offs, p, q, tiles_q);
+    gmm_wgrad_kernel<T><<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(num_experts)),
+                          kGemmThreads, 0, s>>>(static_cast<const T*>(a), static_cast<const T*>(g),
+                                                static_cast<T*>(c), sce, scp, scq, offs, p, q,
+                                                tiles_q);
     return check_launch(what);
   });
 }
 
-OPSLOT_API int opslot_moe_zero_tail_rows(void* c, const int32_t* offs, int64_t num_experts, int64_t rows,
-                                         int64_t cols, int dtype, void* stream) {
+OPSLOT_API int opslot_moe_zero_tail_rows(void* c, const int32_t* offs, int64_t num_experts,
+                                         int64_t rows, int64_t cols, int dtype, void* stream) {
   const char* what = "opslot_moe_zero_tail_rows";
   if (int rc = check_common(what, offs, num_experts)) return rc;
   if (rows < 0 || cols < 1) return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: bad shape", what);

@@ -42,7 +42,7 @@ struct RmsArgs {
   int mode;
   int diag;     // diagnostic builds only: 1 skips version 3's row sums (what the sums cost)
   int reverse;  // version 3's backward: rows from the last one (the default)
-  int tpr;  // threads per row
+  int tpr;      // threads per row
   int64_t rows;
   int64_t cols;
   float eps;
@@ -82,7 +82,8 @@ __device__ __forceinline__ float row_sum(float v, int tpr, float* smem) {
 // Loads this thread's NV vectors of a row as raw storage (converted to fp32 only where used, which
 // keeps registers low enough for more resident rows); zeros where there is nothing to load.
 template <int VEC, int NV, typename T>
-__device__ __forceinline__ void load_raw(Vec<T, VEC> (&dst)[NV], const T* rowp, bool valid, int t, int tpr, int nvec) {
+__device__ __forceinline__ void load_raw(Vec<T, VEC> (&dst)[NV], const T* rowp, bool valid, int t,
+                                         int tpr, int nvec) {
 #pragma unroll
   for (int i = 0; i < NV; ++i) {
     const int c = t + i * tpr;
@@ -98,7 +99,8 @@ __device__ __forceinline__ void load_raw(Vec<T, VEC> (&dst)[NV], const T* rowp, 
 // The gradient w.r.t. the normalised value n (dt), for one element; also the weight-gradient term
 // (dwt) and, for the gated norm, the gate's gradient (dg).
 template <typename Tx, typename Tw, bool GATED>
-__device__ __forceinline__ float rms_dt(int mode, float n, float d, float w, float z, float& dwt, float& dg) {
+__device__ __forceinline__ float rms_dt(int mode, float n, float d, float w, float z, float& dwt,
+                                        float& dg) {
   if (!GATED) {
     (void)z;
     (void)dg;
@@ -135,7 +137,8 @@ __global__ void __launch_bounds__(kMaxThreads) rms_fwd_kernel_v1(RmsArgs a) {
   const int nvec = static_cast<int>(a.cols / VEC);
   const float fcols = static_cast<float>(a.cols);
   const Tw* w = static_cast<const Tw*>(a.w);
-  // The weight is the same for every row: loaded once, kept in registers (off the per-row latency chain).
+  // The weight is the same for every row: loaded once, kept in registers (off the per-row latency
+  // chain).
   float wreg[NV][VEC];
 #pragma unroll
   for (int i = 0; i < NV; ++i) {
@@ -319,7 +322,8 @@ __global__ void __launch_bounds__(kMaxThreads) rms_fwd_kernel(RmsArgs a) {
   const Tx* X = static_cast<const Tx*>(a.x);
   // The weight is the same for every row: loaded once, kept in registers.
   Vec<Tw, VEC> wreg[NV];
-  load_raw<VEC, NV>(wreg, static_cast<const Tw*>(a.w), a.mode != OPSLOT_RMS_UNWEIGHTED, t, tpr, nvec);
+  load_raw<VEC, NV>(wreg, static_cast<const Tw*>(a.w), a.mode != OPSLOT_RMS_UNWEIGHTED, t, tpr,
+                    nvec);
   const int64_t step = static_cast<int64_t>(gridDim.x) * rpb;
   int64_t base = static_cast<int64_t>(blockIdx.x) * rpb;
   Vec<Tx, VEC> cur[NV];
@@ -394,7 +398,8 @@ __global__ void __launch_bounds__(kMaxThreads) rms_bwd_kernel(RmsArgs a) {
   const To* DY = static_cast<const To*>(a.dy);
   const Tx* G = static_cast<const Tx*>(a.gate);
   Vec<Tw, VEC> wreg[NV];
-  load_raw<VEC, NV>(wreg, static_cast<const Tw*>(a.w), a.mode != OPSLOT_RMS_UNWEIGHTED, t, tpr, nvec);
+  load_raw<VEC, NV>(wreg, static_cast<const Tw*>(a.w), a.mode != OPSLOT_RMS_UNWEIGHTED, t, tpr,
+                    nvec);
   float dwacc[NV][VEC];
 #pragma unroll
   for (int i = 0; i < NV; ++i)
@@ -439,8 +444,9 @@ __global__ void __launch_bounds__(kMaxThreads) rms_bwd_kernel(RmsArgs a) {
         const float n = to_float(cx[i].v[j]) * r;
         float dwt = 0.f;
         dg[j] = 0.f;
-        const float g = rms_dt<Tx, Tw, GATED>(a.mode, n, to_float(cd[i].v[j]), to_float(wreg[i].v[j]), to_float(cg[i].v[j]),
-                                       dwt, dg[j]);
+        const float g =
+            rms_dt<Tx, Tw, GATED>(a.mode, n, to_float(cd[i].v[j]), to_float(wreg[i].v[j]),
+                                  to_float(cg[i].v[j]), dwt, dg[j]);
         dwacc[i][j] += dwt;  // zero for rows past the end (their loads were zeros)
         dot += g * n;
       }
@@ -459,8 +465,9 @@ __global__ void __launch_bounds__(kMaxThreads) rms_bwd_kernel(RmsArgs a) {
         for (int j = 0; j < VEC; ++j) {
           const float n = to_float(cx[i].v[j]) * r;
           float dwt, dg;
-          const float g = rms_dt<Tx, Tw, GATED>(a.mode, n, to_float(cd[i].v[j]), to_float(wreg[i].v[j]),
-                                         to_float(cg[i].v[j]), dwt, dg);
+          const float g =
+              rms_dt<Tx, Tw, GATED>(a.mode, n, to_float(cd[i].v[j]), to_float(wreg[i].v[j]),
+                                    to_float(cg[i].v[j]), dwt, dg);
           out[j] = r * (g - n * mean);
         }
         store_vec<VEC>(dxr + static_cast<int64_t>(c) * VEC, out);
@@ -490,8 +497,9 @@ __global__ void __launch_bounds__(kMaxThreads) rms_bwd_kernel(RmsArgs a) {
 // into a shared-memory ring with cp.async while the current row is reduced and written. Each thread
 // copies exactly the 16-byte pieces it later reads, so the ring needs no barrier: only the row sum
 // does (one __syncthreads per row, double-buffered partials). The bytes in flight per SM come from
-// the ring, not from registers, which is what versions 1 and 2 lacked (docs/results/kernels_h200.md).
-constexpr int kStages = 4;      // ring depth (rows in flight per block, the current one included)
+// the ring, not from registers, which is what versions 1 and 2 lacked
+// (docs/results/kernels_h200.md).
+constexpr int kStages = 4;  // ring depth (rows in flight per block, the current one included)
 constexpr int kPipeMaxThreads = 512;
 constexpr int64_t kPipeMaxSmem = 200 * 1024;
 
@@ -537,16 +545,26 @@ __global__ void __launch_bounds__(kPipeMaxThreads) rms_pipe_kernel(RmsArgs a) {
     if (row < a.rows) {
       const int64_t at = phys(row);
       unsigned char* st = ring + s * stage_bytes;
-      const unsigned char* xr = reinterpret_cast<const unsigned char*>(static_cast<const Tx*>(a.x) + at * a.xs);
-      const unsigned char* gr = GATED ? reinterpret_cast<const unsigned char*>(static_cast<const Tx*>(a.gate) + at * a.gs) : nullptr;
-      const unsigned char* dr = BWD ? reinterpret_cast<const unsigned char*>(static_cast<const To*>(a.dy) + at * a.dys) : nullptr;
+      const unsigned char* xr =
+          reinterpret_cast<const unsigned char*>(static_cast<const Tx*>(a.x) + at * a.xs);
+      const unsigned char* gr =
+          GATED ? reinterpret_cast<const unsigned char*>(static_cast<const Tx*>(a.gate) + at * a.gs)
+                : nullptr;
+      const unsigned char* dr =
+          BWD ? reinterpret_cast<const unsigned char*>(static_cast<const To*>(a.dy) + at * a.dys)
+              : nullptr;
 #pragma unroll
       for (int i = 0; i < NV; ++i) {
         const int c = t + i * T;
         if (c < nvec) {
           copy_piece<BX>(st + static_cast<int64_t>(c) * BX, xr + static_cast<int64_t>(c) * BX);
-          if (GATED) copy_piece<BG>(st + static_cast<int64_t>(nvec) * BX + static_cast<int64_t>(c) * BG, gr + static_cast<int64_t>(c) * BG);
-          if (BWD) copy_piece<BD>(st + static_cast<int64_t>(nvec) * (BX + BG) + static_cast<int64_t>(c) * BD, dr + static_cast<int64_t>(c) * BD);
+          if (GATED)
+            copy_piece<BG>(st + static_cast<int64_t>(nvec) * BX + static_cast<int64_t>(c) * BG,
+                           gr + static_cast<int64_t>(c) * BG);
+          if (BWD)
+            copy_piece<BD>(
+                st + static_cast<int64_t>(nvec) * (BX + BG) + static_cast<int64_t>(c) * BD,
+                dr + static_cast<int64_t>(c) * BD);
         }
       }
     }
@@ -594,8 +612,12 @@ __global__ void __launch_bounds__(kPipeMaxThreads) rms_pipe_kernel(RmsArgs a) {
       const int c = t + i * T;
       if (c < nvec) {
         xv[i] = *reinterpret_cast<const Vec<Tx, VEC>*>(st + static_cast<int64_t>(c) * BX);
-        if (GATED) gv[i] = *reinterpret_cast<const Vec<Tx, VEC>*>(st + static_cast<int64_t>(nvec) * BX + static_cast<int64_t>(c) * BG);
-        if (BWD) dv[i] = *reinterpret_cast<const Vec<To, VEC>*>(st + static_cast<int64_t>(nvec) * (BX + BG) + static_cast<int64_t>(c) * BD);
+        if (GATED)
+          gv[i] = *reinterpret_cast<const Vec<Tx, VEC>*>(st + static_cast<int64_t>(nvec) * BX +
+                                                         static_cast<int64_t>(c) * BG);
+        if (BWD)
+          dv[i] = *reinterpret_cast<const Vec<To, VEC>*>(
+              st + static_cast<int64_t>(nvec) * (BX + BG) + static_cast<int64_t>(c) * BD);
       } else {
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
@@ -707,17 +729,19 @@ __global__ void __launch_bounds__(kPipeMaxThreads) rms_pipe_kernel(RmsArgs a) {
     if (c < nvec) {
       float4* p4 = reinterpret_cast<float4*>(pr + static_cast<int64_t>(c) * VEC);
 #pragma unroll
-      for (int j = 0; j < VEC; j += 4) p4[j / 4] = make_float4(dwacc[i][j], dwacc[i][j + 1], dwacc[i][j + 2], dwacc[i][j + 3]);
+      for (int j = 0; j < VEC; j += 4)
+        p4[j / 4] = make_float4(dwacc[i][j], dwacc[i][j + 1], dwacc[i][j + 2], dwacc[i][j + 3]);
     }
   }
 }
 
 // dw[c] = sum over p of partial[p][c], in a fixed order: 32 columns x 32 row lanes a block, each
 // lane with 4 accumulators over rows lane + 32 * (4k + u) (four loads in flight), added
-// (0 + 1) + (2 + 3), then the 32 lanes in order. (8 lanes and one accumulator: 3.5 µs for 396 x 4096
-// partials on an H200; this layout 2.5 µs.)
+// (0 + 1) + (2 + 3), then the 32 lanes in order. (8 lanes and one accumulator: 3.5 µs for 396 x
+// 4096 partials on an H200; this layout 2.5 µs.)
 template <typename Tw>
-__global__ void __launch_bounds__(1024) rms_dw_reduce_kernel(const float* partial, int64_t prow, int64_t cols, Tw* dw) {
+__global__ void __launch_bounds__(1024)
+    rms_dw_reduce_kernel(const float* partial, int64_t prow, int64_t cols, Tw* dw) {
   __shared__ float sm[32][33];
   const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
   const int64_t col = static_cast<int64_t>(blockIdx.x) * 32 + tx;
@@ -748,7 +772,8 @@ int num_sms() {
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0) return 132;
   if (dev < 64 && cached[dev]) return cached[dev];
   int n = 0;
-  if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) n = 132;
+  if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0)
+    n = 132;
   if (dev < 64) cached[dev] = n;
   return n;
 }
@@ -759,7 +784,9 @@ int pow2ceil(int64_t v) {
   return p;
 }
 
-bool aligned(const void* p, int bytes) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+bool aligned(const void* p, int bytes) {
+  return p == nullptr || reinterpret_cast<uintptr_t>(p) % bytes == 0;
+}
 
 // Tuning knobs (opslot_rms_norm_set_tuning; benchmarks only): 16-byte vectors per thread the
 // geometry aims at, and resident waves of the backward (each wave adds partial rows).
@@ -767,13 +794,15 @@ struct Tuning {
   int vectors_per_thread = 2;
   int bwd_waves = 1;
   int variant = 0;
-  int pipe_blocks_per_sm = 0;  // version 3: resident blocks per SM (0: as many as fit; -1: forward not persistent)
-  int diag = 0;                // version 3 without its row sums (wrong results: a diagnostic)
-  int backward_from_start = 0; // version 3's backward in row order (default: from the last row)
+  int pipe_blocks_per_sm =
+      0;  // version 3: resident blocks per SM (0: as many as fit; -1: forward not persistent)
+  int diag = 0;                 // version 3 without its row sums (wrong results: a diagnostic)
+  int backward_from_start = 0;  // version 3's backward in row order (default: from the last row)
 };
 Tuning g_tuning;
 
-// Launch geometry, from the width and vector size only (so a row's arithmetic does not depend on the rows).
+// Launch geometry, from the width and vector size only (so a row's arithmetic does not depend on
+// the rows).
 struct Geometry {
   int vec, tpr, nv, threads, rpb;
 };
@@ -781,10 +810,14 @@ struct Geometry {
 template <typename Tx, typename Tw, typename To>
 Geometry geometry(const RmsArgs& a, bool bwd) {
   constexpr int kVec = 16 / sizeof(Tx);
-  bool ok = a.cols % kVec == 0 && a.xs % kVec == 0 && aligned(a.x, 16) && aligned(a.w, kVec * sizeof(Tw));
+  bool ok =
+      a.cols % kVec == 0 && a.xs % kVec == 0 && aligned(a.x, 16) && aligned(a.w, kVec * sizeof(Tw));
   if (a.mode == OPSLOT_RMS_GATED) ok = ok && a.gs % kVec == 0 && aligned(a.gate, 16);
-  if (bwd) ok = ok && a.dys % kVec == 0 && aligned(a.dy, kVec * sizeof(To)) && aligned(a.dx, 16) && aligned(a.dgate, 16);
-  else ok = ok && aligned(a.y, kVec * sizeof(To));
+  if (bwd)
+    ok = ok && a.dys % kVec == 0 && aligned(a.dy, kVec * sizeof(To)) && aligned(a.dx, 16) &&
+         aligned(a.dgate, 16);
+  else
+    ok = ok && aligned(a.y, kVec * sizeof(To));
   Geometry g;
   g.vec = ok ? kVec : 1;
   const int64_t nvec = a.cols / g.vec;
@@ -799,22 +832,30 @@ Geometry geometry(const RmsArgs& a, bool bwd) {
 }
 
 template <typename Tx, typename Tw, typename To, int VEC, int NV>
-int launch_nv(const RmsArgs& a, const Geometry& g, bool bwd, cudaStream_t stream, int64_t* partial_rows) {
+int launch_nv(const RmsArgs& a, const Geometry& g, bool bwd, cudaStream_t stream,
+              int64_t* partial_rows) {
   const int64_t needed = (a.rows + g.rpb - 1) / g.rpb;
   const bool gated = a.mode == OPSLOT_RMS_GATED;
   // Version 0 (auto, the default): version 2 for the plain norms, version 1 for the gated norm
   // (measured faster on an H200: docs/results/kernels_h200.md).
   const int v = g_tuning.variant == 1 || (g_tuning.variant == 0 && gated) ? 0 : 1;
   void (*kernel)(RmsArgs);
-  if (v == 0) kernel = bwd ? rms_bwd_kernel_v1<Tx, Tw, To, VEC, NV> : rms_fwd_kernel_v1<Tx, Tw, To, VEC, NV>;
-  else if (gated) kernel = bwd ? rms_bwd_kernel<Tx, Tw, To, VEC, NV, true> : rms_fwd_kernel<Tx, Tw, To, VEC, NV, true>;
-  else kernel = bwd ? rms_bwd_kernel<Tx, Tw, To, VEC, NV, false> : rms_fwd_kernel<Tx, Tw, To, VEC, NV, false>;
+  if (v == 0)
+    kernel = bwd ? rms_bwd_kernel_v1<Tx, Tw, To, VEC, NV> : rms_fwd_kernel_v1<Tx, Tw, To, VEC, NV>;
+  else if (gated)
+    kernel =
+        bwd ? rms_bwd_kernel<Tx, Tw, To, VEC, NV, true> : rms_fwd_kernel<Tx, Tw, To, VEC, NV, true>;
+  else
+    kernel = bwd ? rms_bwd_kernel<Tx, Tw, To, VEC, NV, false>
+                 : rms_fwd_kernel<Tx, Tw, To, VEC, NV, false>;
   static int occupancy[2][2][2][2] = {};  // [variant][gated][backward][block of 512 threads]
   int& occ = occupancy[v][gated ? 1 : 0][bwd ? 1 : 0][g.threads > 256 ? 1 : 0];
   if (occ == 0) {
     int n = 0;
     cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, g.threads, 0);
-    if (err != cudaSuccess) return set_error(static_cast<int>(err), "rms_norm: occupancy query failed: %s", cudaGetErrorString(err));
+    if (err != cudaSuccess)
+      return set_error(static_cast<int>(err), "rms_norm: occupancy query failed: %s",
+                       cudaGetErrorString(err));
     occ = n > 0 ? n : 1;
   }
   // The forward may use many waves; the backward keeps bwd_waves resident waves (one partial row
@@ -832,26 +873,36 @@ int launch_nv(const RmsArgs& a, const Geometry& g, bool bwd, cudaStream_t stream
 }
 
 template <typename Tx, typename Tw, typename To, int VEC>
-int launch_vec(const RmsArgs& a, const Geometry& g, bool bwd, cudaStream_t stream, int64_t* partial_rows) {
+int launch_vec(const RmsArgs& a, const Geometry& g, bool bwd, cudaStream_t stream,
+               int64_t* partial_rows) {
   // At most 32 elements per thread (more would spill in the backward).
   constexpr int kMaxNV = VEC >= 8 ? 4 : VEC == 4 ? 8 : 16;
   switch (g.nv) {
-    case 1: return launch_nv<Tx, Tw, To, VEC, 1>(a, g, bwd, stream, partial_rows);
-    case 2: return launch_nv<Tx, Tw, To, VEC, 2>(a, g, bwd, stream, partial_rows);
-    case 4: return launch_nv<Tx, Tw, To, VEC, 4>(a, g, bwd, stream, partial_rows);
+    case 1:
+      return launch_nv<Tx, Tw, To, VEC, 1>(a, g, bwd, stream, partial_rows);
+    case 2:
+      return launch_nv<Tx, Tw, To, VEC, 2>(a, g, bwd, stream, partial_rows);
+    case 4:
+      return launch_nv<Tx, Tw, To, VEC, 4>(a, g, bwd, stream, partial_rows);
     case 8:
-      if constexpr (kMaxNV >= 8) return launch_nv<Tx, Tw, To, VEC, 8>(a, g, bwd, stream, partial_rows);
+      if constexpr (kMaxNV >= 8)
+        return launch_nv<Tx, Tw, To, VEC, 8>(a, g, bwd, stream, partial_rows);
       break;
     case 16:
-      if constexpr (kMaxNV >= 16) return launch_nv<Tx, Tw, To, VEC, 16>(a, g, bwd, stream, partial_rows);
+      if constexpr (kMaxNV >= 16)
+        return launch_nv<Tx, Tw, To, VEC, 16>(a, g, bwd, stream, partial_rows);
       break;
-    default: break;
+    default:
+      break;
   }
-  return set_error(OPSLOT_ERR_UNSUPPORTED,
-                   "rms_norm: width %lld is too wide for the register-resident kernel with %d-element vectors "
-                   "(at most %d elements per row)%s",
-                   static_cast<long long>(a.cols), VEC, kMaxThreads * kMaxNV * VEC,
-                   VEC == 1 ? "; rows that are contiguous, 16-byte aligned and a multiple of 16 bytes wide take wider vectors" : "");
+  return set_error(
+      OPSLOT_ERR_UNSUPPORTED,
+      "rms_norm: width %lld is too wide for the register-resident kernel with %d-element vectors "
+      "(at most %d elements per row)%s",
+      static_cast<long long>(a.cols), VEC, kMaxThreads * kMaxNV * VEC,
+      VEC == 1 ? "; rows that are contiguous, 16-byte aligned and a multiple of 16 bytes wide take "
+                 "wider vectors"
+               : "");
 }
 
 // Version 3's launch: returns kNotEligible when the input does not fit it (the caller then uses
@@ -876,8 +927,9 @@ PipeGeometry pipe_geometry(const RmsArgs& a, bool bwd, const Geometry& g) {
   if (T > kPipeMaxThreads) T = kPipeMaxThreads;
   const int64_t nv = pow2ceil((nvec + T - 1) / T);
   if (nv > 2) return p;  // four vectors per thread (bf16 wider than 8192) spill in the backward
-  const int64_t per_chunk = kVec * (static_cast<int64_t>(sizeof(Tx)) * (a.mode == OPSLOT_RMS_GATED ? 2 : 1) +
-                                    (bwd ? static_cast<int64_t>(sizeof(To)) : 0));
+  const int64_t per_chunk =
+      kVec * (static_cast<int64_t>(sizeof(Tx)) * (a.mode == OPSLOT_RMS_GATED ? 2 : 1) +
+              (bwd ? static_cast<int64_t>(sizeof(To)) : 0));
   // One ring depth for every direction: a 6-stage ring for the plain forward measured slower than
   // 4 (0.0851 against 0.0819 ms, 0.0840 against 0.0815 in an earlier run), and a 3- or 2-stage
   // backward ring the same as 4 (docs/results/kernels_h200.md).
@@ -898,7 +950,8 @@ int device_id() {
 }
 
 template <typename Tx, typename Tw, typename To, int VEC, int NV, bool GATED, bool BWD, int S>
-int launch_pipe_inst(const RmsArgs& a, const PipeGeometry& p, cudaStream_t stream, int64_t* partial_rows) {
+int launch_pipe_inst(const RmsArgs& a, const PipeGeometry& p, cudaStream_t stream,
+                     int64_t* partial_rows) {
   void (*kernel)(RmsArgs) = rms_pipe_kernel<Tx, Tw, To, VEC, NV, GATED, BWD, S>;
   // Per device: the dynamic shared-memory opt-in (once), and the occupancy of the last geometry.
   struct Cache {
@@ -910,20 +963,29 @@ int launch_pipe_inst(const RmsArgs& a, const PipeGeometry& p, cudaStream_t strea
   static Cache cache[64];
   Cache& c = cache[device_id()];
   if (!c.attr) {
-    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kPipeMaxSmem));
-    if (err != cudaSuccess) return set_error(static_cast<int>(err), "rms_norm: shared-memory opt-in failed: %s", cudaGetErrorString(err));
+    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(kPipeMaxSmem));
+    if (err != cudaSuccess)
+      return set_error(static_cast<int>(err), "rms_norm: shared-memory opt-in failed: %s",
+                       cudaGetErrorString(err));
     c.attr = true;
   }
   if (c.threads != p.threads || c.smem != p.smem) {
     int n = 0;
-    cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, p.threads, static_cast<size_t>(p.smem));
-    if (err != cudaSuccess) return set_error(static_cast<int>(err), "rms_norm: occupancy query failed: %s", cudaGetErrorString(err));
+    cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, p.threads,
+                                                                    static_cast<size_t>(p.smem));
+    if (err != cudaSuccess)
+      return set_error(static_cast<int>(err), "rms_norm: occupancy query failed: %s",
+                       cudaGetErrorString(err));
     c.threads = p.threads;
     c.smem = p.smem;
     c.occ = n > 0 ? n : 1;
   }
-  const int occ = g_tuning.pipe_blocks_per_sm > 0 && g_tuning.pipe_blocks_per_sm < c.occ ? g_tuning.pipe_blocks_per_sm : c.occ;
-  const int64_t cap = g_tuning.pipe_blocks_per_sm < 0 && !BWD ? a.rows : static_cast<int64_t>(num_sms()) * occ;
+  const int occ = g_tuning.pipe_blocks_per_sm > 0 && g_tuning.pipe_blocks_per_sm < c.occ
+                      ? g_tuning.pipe_blocks_per_sm
+                      : c.occ;
+  const int64_t cap =
+      g_tuning.pipe_blocks_per_sm < 0 && !BWD ? a.rows : static_cast<int64_t>(num_sms()) * occ;
   int64_t grid = a.rows < cap ? a.rows : cap;
   if (grid < 1) grid = 1;
   if (partial_rows) {
@@ -939,7 +1001,8 @@ int launch_pipe_inst(const RmsArgs& a, const PipeGeometry& p, cudaStream_t strea
 }
 
 template <typename Tx, typename Tw, typename To, bool GATED, bool BWD>
-int launch_pipe_nv(const RmsArgs& a, const PipeGeometry& p, cudaStream_t stream, int64_t* partial_rows) {
+int launch_pipe_nv(const RmsArgs& a, const PipeGeometry& p, cudaStream_t stream,
+                   int64_t* partial_rows) {
   constexpr int kVec = 16 / sizeof(Tx);
   switch (p.nv) {
     case 1:
@@ -950,13 +1013,15 @@ int launch_pipe_nv(const RmsArgs& a, const PipeGeometry& p, cudaStream_t stream,
 }
 
 template <typename Tx, typename Tw, typename To>
-int launch_pipe(const RmsArgs& a, const Geometry& g, bool bwd, cudaStream_t stream, int64_t* partial_rows) {
+int launch_pipe(const RmsArgs& a, const Geometry& g, bool bwd, cudaStream_t stream,
+                int64_t* partial_rows) {
   if (g_tuning.variant != 0 && g_tuning.variant != 3) return kNotEligible;
   const PipeGeometry p = pipe_geometry<Tx, Tw, To>(a, bwd, g);
   if (p.threads == 0) return kNotEligible;
   const bool gated = a.mode == OPSLOT_RMS_GATED;
-  if (gated) return bwd ? launch_pipe_nv<Tx, Tw, To, true, true>(a, p, stream, partial_rows)
-                        : launch_pipe_nv<Tx, Tw, To, true, false>(a, p, stream, partial_rows);
+  if (gated)
+    return bwd ? launch_pipe_nv<Tx, Tw, To, true, true>(a, p, stream, partial_rows)
+               : launch_pipe_nv<Tx, Tw, To, true, false>(a, p, stream, partial_rows);
   return bwd ? launch_pipe_nv<Tx, Tw, To, false, true>(a, p, stream, partial_rows)
              : launch_pipe_nv<Tx, Tw, To, false, false>(a, p, stream, partial_rows);
 }
@@ -979,29 +1044,37 @@ int dispatch_types(int mode, int x_dtype, int w_dtype, F&& f) {
     return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "rms_norm: unknown mode %d", mode);
   if (mode == OPSLOT_RMS_UNWEIGHTED) w_dtype = x_dtype;
   if (w_dtype != x_dtype && w_dtype != OPSLOT_FLOAT32)
-    return set_error(OPSLOT_ERR_UNSUPPORTED, "rms_norm: weight dtype code %d with input dtype code %d (the weight must "
-                     "have the input's dtype or float32)", w_dtype, x_dtype);
+    return set_error(OPSLOT_ERR_UNSUPPORTED,
+                     "rms_norm: weight dtype code %d with input dtype code %d (the weight must "
+                     "have the input's dtype or float32)",
+                     w_dtype, x_dtype);
   const bool wf = w_dtype == OPSLOT_FLOAT32;
   const bool of = wf && mode == OPSLOT_RMS_STANDARD;
   switch (x_dtype) {
-    case OPSLOT_FLOAT32: return f(float{}, float{}, float{});
+    case OPSLOT_FLOAT32:
+      return f(float{}, float{}, float{});
     case OPSLOT_FLOAT16:
       if (!wf) return f(__half{}, __half{}, __half{});
       return of ? f(__half{}, float{}, float{}) : f(__half{}, float{}, __half{});
     case OPSLOT_BFLOAT16:
       if (!wf) return f(__nv_bfloat16{}, __nv_bfloat16{}, __nv_bfloat16{});
-      return of ? f(__nv_bfloat16{}, float{}, float{}) : f(__nv_bfloat16{}, float{}, __nv_bfloat16{});
-    default: return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "rms_norm: unknown dtype code %d", x_dtype);
+      return of ? f(__nv_bfloat16{}, float{}, float{})
+                : f(__nv_bfloat16{}, float{}, __nv_bfloat16{});
+    default:
+      return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "rms_norm: unknown dtype code %d", x_dtype);
   }
 }
 
-int check_common(int mode, int64_t rows, int64_t cols, const void* x, const void* gate, const void* w) {
+int check_common(int mode, int64_t rows, int64_t cols, const void* x, const void* gate,
+                 const void* w) {
   if (rows < 0 || cols <= 0)
     return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "rms_norm: bad shape rows=%lld cols=%lld",
                      static_cast<long long>(rows), static_cast<long long>(cols));
   if (rows > 0 && !x) return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "rms_norm: null input");
-  if (mode == OPSLOT_RMS_GATED && rows > 0 && !gate) return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "rms_norm: null gate");
-  if (mode != OPSLOT_RMS_UNWEIGHTED && !w) return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "rms_norm: null weight");
+  if (mode == OPSLOT_RMS_GATED && rows > 0 && !gate)
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "rms_norm: null gate");
+  if (mode != OPSLOT_RMS_UNWEIGHTED && !w)
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "rms_norm: null weight");
   return OPSLOT_OK;
 }
 
@@ -1012,9 +1085,10 @@ using namespace opslot;
 
 extern "C" {
 
-OPSLOT_API int opslot_rms_norm_fwd(int mode, int x_dtype, int w_dtype, int64_t rows, int64_t cols, float eps,
-                                   const void* x, int64_t x_row_stride, const void* gate, int64_t gate_row_stride,
-                                   const void* weight, void* y, float* rstd, void* stream) {
+OPSLOT_API int opslot_rms_norm_fwd(int mode, int x_dtype, int w_dtype, int64_t rows, int64_t cols,
+                                   float eps, const void* x, int64_t x_row_stride, const void* gate,
+                                   int64_t gate_row_stride, const void* weight, void* y,
+                                   float* rstd, void* stream) {
   if (int rc = check_common(mode, rows, cols, x, gate, weight)) return rc;
   RmsArgs a{};
   a.mode = mode;
@@ -1038,8 +1112,8 @@ OPSLOT_API int opslot_rms_norm_fwd(int mode, int x_dtype, int w_dtype, int64_t r
   });
 }
 
-static int rms_bwd_impl(int mode, int x_dtype, int w_dtype, const RmsArgs& a, void* dw, cudaStream_t stream,
-                        int64_t* partial_rows) {
+static int rms_bwd_impl(int mode, int x_dtype, int w_dtype, const RmsArgs& a, void* dw,
+                        cudaStream_t stream, int64_t* partial_rows) {
   return dispatch_types(mode, x_dtype, w_dtype, [&](auto tx, auto tw, auto to) -> int {
     using Tx = decltype(tx);
     using Tw = decltype(tw);
@@ -1056,15 +1130,17 @@ static int rms_bwd_impl(int mode, int x_dtype, int w_dtype, const RmsArgs& a, vo
     if (mode == OPSLOT_RMS_UNWEIGHTED) return OPSLOT_OK;
     const int64_t blocks = (a.cols + 31) / 32;
     // With no rows nothing wrote the partials: the reduction over zero partial rows writes zeros.
-    rms_dw_reduce_kernel<Tw><<<static_cast<unsigned>(blocks), 1024, 0, stream>>>(a.dw_partial, a.rows == 0 ? 0 : prow,
-                                                                                 a.cols, static_cast<Tw*>(dw));
+    rms_dw_reduce_kernel<Tw><<<static_cast<unsigned>(blocks), 1024, 0, stream>>>(
+        a.dw_partial, a.rows == 0 ? 0 : prow, a.cols, static_cast<Tw*>(dw));
     return check_launch("rms_norm weight-gradient reduction");
   });
 }
 
-OPSLOT_API int64_t opslot_rms_norm_bwd_partial_rows(int mode, int x_dtype, int w_dtype, int64_t rows, int64_t cols,
-                                                    const void* x, int64_t x_row_stride, const void* gate,
-                                                    int64_t gate_row_stride, const void* dy, int64_t dy_row_stride) {
+OPSLOT_API int64_t opslot_rms_norm_bwd_partial_rows(int mode, int x_dtype, int w_dtype,
+                                                    int64_t rows, int64_t cols, const void* x,
+                                                    int64_t x_row_stride, const void* gate,
+                                                    int64_t gate_row_stride, const void* dy,
+                                                    int64_t dy_row_stride) {
   static const char dummy = 0;  // the weight pointer is not needed to size the scratch
   if (check_common(mode, rows, cols, x, gate, &dummy)) return -1;
   RmsArgs a{};
@@ -1083,12 +1159,14 @@ OPSLOT_API int64_t opslot_rms_norm_bwd_partial_rows(int mode, int x_dtype, int w
 }
 
 OPSLOT_API int opslot_rms_norm_bwd(int mode, int x_dtype, int w_dtype, int64_t rows, int64_t cols,
-                                   const void* x, int64_t x_row_stride, const void* gate, int64_t gate_row_stride,
-                                   const void* weight, const float* rstd, const void* dy, int64_t dy_row_stride,
-                                   void* dx, void* dgate, float* dw_partial, void* dw, void* stream) {
+                                   const void* x, int64_t x_row_stride, const void* gate,
+                                   int64_t gate_row_stride, const void* weight, const float* rstd,
+                                   const void* dy, int64_t dy_row_stride, void* dx, void* dgate,
+                                   float* dw_partial, void* dw, void* stream) {
   if (int rc = check_common(mode, rows, cols, x, gate, weight)) return rc;
   if (mode != OPSLOT_RMS_UNWEIGHTED && (!dw || !dw_partial))
-    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "rms_norm backward: null weight-gradient buffers");
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT,
+                     "rms_norm backward: null weight-gradient buffers");
   RmsArgs a{};
   a.mode = mode;
   a.rows = rows;
@@ -1107,15 +1185,18 @@ OPSLOT_API int opslot_rms_norm_bwd(int mode, int x_dtype, int w_dtype, int64_t r
   return rms_bwd_impl(mode, x_dtype, w_dtype, a, dw, static_cast<cudaStream_t>(stream), nullptr);
 }
 
-OPSLOT_API int opslot_rms_norm_set_experiment(int pipe_blocks_per_sm, int skip_row_sums, int backward_from_start) {
-  if (pipe_blocks_per_sm < -1 || pipe_blocks_per_sm > 32 || skip_row_sums < 0 || skip_row_sums > 1 ||
-      backward_from_start < 0 || backward_from_start > 1)
+OPSLOT_API int opslot_rms_norm_set_experiment(int pipe_blocks_per_sm, int skip_row_sums,
+                                              int backward_from_start) {
+  if (pipe_blocks_per_sm < -1 || pipe_blocks_per_sm > 32 || skip_row_sums < 0 ||
+      skip_row_sums > 1 || backward_from_start < 0 || backward_from_start > 1)
     return set_error(OPSLOT_ERR_INVALID_ARGUMENT,
-                     "rms_norm experiment: pipe_blocks_per_sm -1..32, skip_row_sums 0..1, backward_from_start 0..1");
+                     "rms_norm experiment: pipe_blocks_per_sm -1..32, skip_row_sums 0..1, "
+                     "backward_from_start 0..1");
   if (skip_row_sums && !kDiagnostics)
-    return set_error(OPSLOT_ERR_UNSUPPORTED,
-                     "rms_norm experiment: skip_row_sums gives wrong results and is only in a library built "
-                     "with -DOPSLOT_KERNELS_DIAGNOSTICS=ON");
+    return set_error(
+        OPSLOT_ERR_UNSUPPORTED,
+        "rms_norm experiment: skip_row_sums gives wrong results and is only in a library built "
+        "with -DOPSLOT_KERNELS_DIAGNOSTICS=ON");
   g_tuning.backward_from_start = backward_from_start;
   g_tuning.pipe_blocks_per_sm = pipe_blocks_per_sm;
   g_tuning.diag = skip_row_sums;
@@ -1123,8 +1204,10 @@ OPSLOT_API int opslot_rms_norm_set_experiment(int pipe_blocks_per_sm, int skip_r
 }
 
 OPSLOT_API int opslot_rms_norm_set_tuning(int vectors_per_thread, int bwd_waves, int variant) {
-  if (vectors_per_thread < 1 || vectors_per_thread > 8 || bwd_waves < 1 || bwd_waves > 16 || variant < 0 || variant > 3)
-    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "rms_norm tuning: vectors_per_thread 1..8, bwd_waves 1..16, variant 0..3");
+  if (vectors_per_thread < 1 || vectors_per_thread > 8 || bwd_waves < 1 || bwd_waves > 16 ||
+      variant < 0 || variant > 3)
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT,
+                     "rms_norm tuning: vectors_per_thread 1..8, bwd_waves 1..16, variant 0..3");
   g_tuning.vectors_per_thread = vectors_per_thread;
   g_tuning.bwd_waves = bwd_waves;
   g_tuning.variant = variant;

@@ -29,7 +29,7 @@ struct RopeArgs {
   int slots_per_row;  // = pairs: each slot also copies every pairs-th pass-through vector
   int pairs;          // half / VEC (at least 1)
   int npass;          // (head_dim - rotary_dim) / VEC pass-through vectors
-  int spread;         // 1: pair slots also copy the pass-through part; 0: one slot per pass-through vector
+  int spread;  // 1: pair slots also copy the pass-through part; 0: one slot per pass-through vector
   int rd;
 };
 
@@ -42,13 +42,15 @@ constexpr int kLoopHeads = 8;
 // each use.
 template <typename T, typename Tc, int VEC, bool BWD>
 __device__ __forceinline__ void rotate(const T* x, T* y, int e, int half, const Vec<Tc, VEC>& cv1,
-                                       const Vec<Tc, VEC>& cv2, const Vec<Tc, VEC>& sv1, const Vec<Tc, VEC>& sv2) {
+                                       const Vec<Tc, VEC>& cv2, const Vec<Tc, VEC>& sv1,
+                                       const Vec<Tc, VEC>& sv2) {
   float x1[VEC], x2[VEC], o1[VEC], o2[VEC];
   load_vec<VEC>(x + e, x1);
   load_vec<VEC>(x + e + half, x2);
 #pragma unroll
   for (int j = 0; j < VEC; ++j) {
-    const float c1 = to_float(cv1.v[j]), c2 = to_float(cv2.v[j]), s1 = to_float(sv1.v[j]), s2 = to_float(sv2.v[j]);
+    const float c1 = to_float(cv1.v[j]), c2 = to_float(cv2.v[j]), s1 = to_float(sv1.v[j]),
+                s2 = to_float(sv2.v[j]);
     if (BWD) {
       o1[j] = x1[j] * c1 + x2[j] * s2;
       o2[j] = x2[j] * c2 - x1[j] * s1;
@@ -117,11 +119,14 @@ __global__ void __launch_bounds__(256) rope_kernel(RopeArgs a) {
 int g_spread = 1;  // opslot_rope_set_tuning (benchmarks only)
 int g_loop = 0;
 
-bool aligned(const void* p, int bytes) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+bool aligned(const void* p, int bytes) {
+  return p == nullptr || reinterpret_cast<uintptr_t>(p) % bytes == 0;
+}
 
 template <typename T, typename Tc>
-int launch(bool bwd, int64_t head_dim, int64_t rotary_dim, const void* cos, const void* sin, const void* q_in,
-           void* q_out, const void* k_in, void* k_out, const int64_t* meta, cudaStream_t stream) {
+int launch(bool bwd, int64_t head_dim, int64_t rotary_dim, const void* cos, const void* sin,
+           const void* q_in, void* q_out, const void* k_in, void* k_out, const int64_t* meta,
+           cudaStream_t stream) {
   constexpr int kVec = 16 / sizeof(T);
   RopeArgs a{};
   a.cos = cos;
@@ -149,7 +154,8 @@ int launch(bool bwd, int64_t head_dim, int64_t rotary_dim, const void* cos, cons
       t.ss[d] = m[12 + d];
       if (t.n[d] < 0) return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "rope: negative dimension");
       rows *= t.n[d];
-      vec_ok = vec_ok && t.is[d] % kVec == 0 && t.os[d] % kVec == 0 && t.cs[d] % kVec == 0 && t.ss[d] % kVec == 0;
+      vec_ok = vec_ok && t.is[d] % kVec == 0 && t.os[d] % kVec == 0 && t.cs[d] % kVec == 0 &&
+               t.ss[d] % kVec == 0;
     }
     if (rows == 0) continue;
     if (!t.in || !t.out) return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "rope: null tensor");
@@ -176,7 +182,8 @@ int launch(bool bwd, int64_t head_dim, int64_t rotary_dim, const void* cos, cons
   // With the head loop a thread row is (chunk of kLoopHeads heads, i1, i2).
   if (loop)
     for (int w = 0; w < 2; ++w)
-      if (rows_total[w] > 0) rows_total[w] = rows_total[w] / a.t[w].n[0] * ((a.t[w].n[0] + kLoopHeads - 1) / kLoopHeads);
+      if (rows_total[w] > 0)
+        rows_total[w] = rows_total[w] / a.t[w].n[0] * ((a.t[w].n[0] + kLoopHeads - 1) / kLoopHeads);
   const int vec = vec_ok ? kVec : 1;
   a.pairs = a.half / vec;
   a.npass = static_cast<int>((head_dim - rotary_dim) / vec);
@@ -199,21 +206,29 @@ int launch(bool bwd, int64_t head_dim, int64_t rotary_dim, const void* cos, cons
     constexpr int V = decltype(vec_tag)::value;
     constexpr bool SP = decltype(spread_tag)::value;
     if (loop) {
-      if (bwd) rope_kernel<T, Tc, V, true, SP, true><<<g, threads, 0, stream>>>(a);
-      else rope_kernel<T, Tc, V, false, SP, true><<<g, threads, 0, stream>>>(a);
+      if (bwd)
+        rope_kernel<T, Tc, V, true, SP, true><<<g, threads, 0, stream>>>(a);
+      else
+        rope_kernel<T, Tc, V, false, SP, true><<<g, threads, 0, stream>>>(a);
     } else {
-      if (bwd) rope_kernel<T, Tc, V, true, SP, false><<<g, threads, 0, stream>>>(a);
-      else rope_kernel<T, Tc, V, false, SP, false><<<g, threads, 0, stream>>>(a);
+      if (bwd)
+        rope_kernel<T, Tc, V, true, SP, false><<<g, threads, 0, stream>>>(a);
+      else
+        rope_kernel<T, Tc, V, false, SP, false><<<g, threads, 0, stream>>>(a);
     }
   };
   using Yes = std::true_type;
   using No = std::false_type;
   if (vec_ok) {
-    if (a.spread) go(std::integral_constant<int, kVec>{}, Yes{});
-    else go(std::integral_constant<int, kVec>{}, No{});
+    if (a.spread)
+      go(std::integral_constant<int, kVec>{}, Yes{});
+    else
+      go(std::integral_constant<int, kVec>{}, No{});
   } else {
-    if (a.spread) go(std::integral_constant<int, 1>{}, Yes{});
-    else go(std::integral_constant<int, 1>{}, No{});
+    if (a.spread)
+      go(std::integral_constant<int, 1>{}, Yes{});
+    else
+      go(std::integral_constant<int, 1>{}, No{});
   }
   return check_launch(bwd ? "rope backward" : "rope forward");
 }
@@ -223,36 +238,47 @@ int launch(bool bwd, int64_t head_dim, int64_t rotary_dim, const void* cos, cons
 
 using namespace opslot;
 
-extern "C" OPSLOT_API int opslot_rope(int backward, int dtype, int cs_dtype, int64_t head_dim, int64_t rotary_dim,
-                                      const void* cos, const void* sin, const void* q_in, void* q_out,
-                                      const void* k_in, void* k_out, const int64_t* meta, void* stream) {
+extern "C" OPSLOT_API int opslot_rope(int backward, int dtype, int cs_dtype, int64_t head_dim,
+                                      int64_t rotary_dim, const void* cos, const void* sin,
+                                      const void* q_in, void* q_out, const void* k_in, void* k_out,
+                                      const int64_t* meta, void* stream) {
   if (!meta) return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "rope: null meta");
   if (rotary_dim <= 0 || rotary_dim % 2 || rotary_dim > head_dim || head_dim > (1 << 30))
-    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "rope: rotary_dim %lld must be even, positive and <= head_dim %lld",
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT,
+                     "rope: rotary_dim %lld must be even, positive and <= head_dim %lld",
                      static_cast<long long>(rotary_dim), static_cast<long long>(head_dim));
   if (cs_dtype != dtype && cs_dtype != OPSLOT_FLOAT32)
-    return set_error(OPSLOT_ERR_UNSUPPORTED, "rope: cos/sin dtype code %d with q/k dtype code %d (cos/sin must have "
-                     "q's dtype or float32)", cs_dtype, dtype);
+    return set_error(OPSLOT_ERR_UNSUPPORTED,
+                     "rope: cos/sin dtype code %d with q/k dtype code %d (cos/sin must have "
+                     "q's dtype or float32)",
+                     cs_dtype, dtype);
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   const bool bwd = backward != 0;
   const bool cf = cs_dtype == OPSLOT_FLOAT32;
   switch (dtype) {
     case OPSLOT_FLOAT32:
-      return launch<float, float>(bwd, head_dim, rotary_dim, cos, sin, q_in, q_out, k_in, k_out, meta, s);
+      return launch<float, float>(bwd, head_dim, rotary_dim, cos, sin, q_in, q_out, k_in, k_out,
+                                  meta, s);
     case OPSLOT_FLOAT16:
-      return cf ? launch<__half, float>(bwd, head_dim, rotary_dim, cos, sin, q_in, q_out, k_in, k_out, meta, s)
-                : launch<__half, __half>(bwd, head_dim, rotary_dim, cos, sin, q_in, q_out, k_in, k_out, meta, s);
+      return cf ? launch<__half, float>(bwd, head_dim, rotary_dim, cos, sin, q_in, q_out, k_in,
+                                        k_out, meta, s)
+                : launch<__half, __half>(bwd, head_dim, rotary_dim, cos, sin, q_in, q_out, k_in,
+                                         k_out, meta, s);
     case OPSLOT_BFLOAT16:
-      return cf ? launch<__nv_bfloat16, float>(bwd, head_dim, rotary_dim, cos, sin, q_in, q_out, k_in, k_out, meta, s)
-                : launch<__nv_bfloat16, __nv_bfloat16>(bwd, head_dim, rotary_dim, cos, sin, q_in, q_out, k_in, k_out,
-                                                       meta, s);
-    default: return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "rope: unknown dtype code %d", dtype);
+      return cf ? launch<__nv_bfloat16, float>(bwd, head_dim, rotary_dim, cos, sin, q_in, q_out,
+                                               k_in, k_out, meta, s)
+                : launch<__nv_bfloat16, __nv_bfloat16>(bwd, head_dim, rotary_dim, cos, sin, q_in,
+                                                       q_out, k_in, k_out, meta, s);
+    default:
+      return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "rope: unknown dtype code %d", dtype);
   }
 }
 
 extern "C" OPSLOT_API int opslot_rope_set_tuning(int spread_pass_through, int loop_heads) {
-  if ((spread_pass_through != 0 && spread_pass_through != 1) || (loop_heads != 0 && loop_heads != 1))
-    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "rope tuning: spread_pass_through and loop_heads 0 or 1");
+  if ((spread_pass_through != 0 && spread_pass_through != 1) ||
+      (loop_heads != 0 && loop_heads != 1))
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT,
+                     "rope tuning: spread_pass_through and loop_heads 0 or 1");
   g_spread = spread_pass_through;
   g_loop = loop_heads;
   return OPSLOT_OK;

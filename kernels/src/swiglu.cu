@@ -10,7 +10,7 @@ namespace opslot {
 namespace {
 
 constexpr int kThreads = 256;
-int g_unroll = 1;           // vectors per thread and tensor (opslot_silu_mul_set_tuning; benchmarks only)
+int g_unroll = 1;  // vectors per thread and tensor (opslot_silu_mul_set_tuning; benchmarks only)
 int g_bwd_from_start = 0;  // the backward in index order (benchmarks only; default: from the end)
 
 // fp32: expf and an exact division; 16-bit types: the fast intrinsics (their error is far below
@@ -22,8 +22,9 @@ __device__ __forceinline__ float sigmoid_t(float z) {
 }
 
 template <typename T, int VEC, int kUnroll>
-__global__ void __launch_bounds__(kThreads) silu_mul_fwd_kernel(int64_t nvec, int64_t n, const T* __restrict__ gate,
-                                                                const T* __restrict__ up, T* __restrict__ out) {
+__global__ void __launch_bounds__(kThreads)
+    silu_mul_fwd_kernel(int64_t nvec, int64_t n, const T* __restrict__ gate,
+                        const T* __restrict__ up, T* __restrict__ out) {
   using V = Vec<T, VEC>;
   const int64_t base = static_cast<int64_t>(blockIdx.x) * kThreads * kUnroll + threadIdx.x;
   V g[kUnroll], u[kUnroll];
@@ -57,10 +58,10 @@ __global__ void __launch_bounds__(kThreads) silu_mul_fwd_kernel(int64_t nvec, in
 }
 
 template <typename T, int VEC, int kUnroll>
-__global__ void __launch_bounds__(kThreads) silu_mul_bwd_kernel(int64_t nvec, int64_t n, const T* __restrict__ gate,
-                                                                const T* __restrict__ up, const T* __restrict__ grad,
-                                                                T* __restrict__ dgate, T* __restrict__ dup,
-                                                                bool from_start) {
+__global__ void __launch_bounds__(kThreads)
+    silu_mul_bwd_kernel(int64_t nvec, int64_t n, const T* __restrict__ gate,
+                        const T* __restrict__ up, const T* __restrict__ grad, T* __restrict__ dgate,
+                        T* __restrict__ dup, bool from_start) {
   using V = Vec<T, VEC>;
   // From the end unless told otherwise (blocks start in index order): what the producer of grad
   // wrote last, and what the forward read last, is the most likely to be still in L2.
@@ -105,12 +106,15 @@ __global__ void __launch_bounds__(kThreads) silu_mul_bwd_kernel(int64_t nvec, in
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 template <typename T>
-int run(bool bwd, int64_t n, const void* gate, const void* up, const void* grad, void* a, void* b, cudaStream_t s) {
+int run(bool bwd, int64_t n, const void* gate, const void* up, const void* grad, void* a, void* b,
+        cudaStream_t s) {
   if (n < 0) return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "silu_mul: negative size");
   if (n == 0) return OPSLOT_OK;
-  if (!gate || !up || !a || (bwd && (!grad || !b))) return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "silu_mul: null tensor");
+  if (!gate || !up || !a || (bwd && (!grad || !b)))
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "silu_mul: null tensor");
   constexpr int kVec = 16 / sizeof(T);
-  const bool vec = aligned16(gate) && aligned16(up) && aligned16(a) && (!bwd || (aligned16(grad) && aligned16(b)));
+  const bool vec = aligned16(gate) && aligned16(up) && aligned16(a) &&
+                   (!bwd || (aligned16(grad) && aligned16(b)));
   const int v = vec ? kVec : 1;
   const int64_t nvec = n / v;
   const T* g = static_cast<const T*>(gate);
@@ -125,18 +129,27 @@ int run(bool bwd, int64_t n, const void* gate, const void* up, const void* grad,
     if (blocks > INT32_MAX) return set_error(OPSLOT_ERR_UNSUPPORTED, "silu_mul: too many elements");
     const unsigned grid = static_cast<unsigned>(blocks);
     if (bwd) {
-      if (vec) silu_mul_bwd_kernel<T, kVec, U><<<grid, kThreads, 0, s>>>(nvec, n, g, u, d, o1, o2, g_bwd_from_start != 0);
-      else silu_mul_bwd_kernel<T, 1, U><<<grid, kThreads, 0, s>>>(nvec, n, g, u, d, o1, o2, g_bwd_from_start != 0);
+      if (vec)
+        silu_mul_bwd_kernel<T, kVec, U>
+            <<<grid, kThreads, 0, s>>>(nvec, n, g, u, d, o1, o2, g_bwd_from_start != 0);
+      else
+        silu_mul_bwd_kernel<T, 1, U>
+            <<<grid, kThreads, 0, s>>>(nvec, n, g, u, d, o1, o2, g_bwd_from_start != 0);
       return check_launch("silu_mul backward");
     }
-    if (vec) silu_mul_fwd_kernel<T, kVec, U><<<grid, kThreads, 0, s>>>(nvec, n, g, u, o1);
-    else silu_mul_fwd_kernel<T, 1, U><<<grid, kThreads, 0, s>>>(nvec, n, g, u, o1);
+    if (vec)
+      silu_mul_fwd_kernel<T, kVec, U><<<grid, kThreads, 0, s>>>(nvec, n, g, u, o1);
+    else
+      silu_mul_fwd_kernel<T, 1, U><<<grid, kThreads, 0, s>>>(nvec, n, g, u, o1);
     return check_launch("silu_mul forward");
   };
   switch (g_unroll) {
-    case 2: return go(std::integral_constant<int, 2>{});
-    case 4: return go(std::integral_constant<int, 4>{});
-    default: return go(std::integral_constant<int, 1>{});
+    case 2:
+      return go(std::integral_constant<int, 2>{});
+    case 4:
+      return go(std::integral_constant<int, 4>{});
+    default:
+      return go(std::integral_constant<int, 1>{});
   }
 }
 
@@ -147,23 +160,26 @@ using namespace opslot;
 
 extern "C" {
 
-OPSLOT_API int opslot_silu_mul_fwd(int dtype, int64_t n, const void* gate, const void* up, void* out, void* stream) {
+OPSLOT_API int opslot_silu_mul_fwd(int dtype, int64_t n, const void* gate, const void* up,
+                                   void* out, void* stream) {
   return dispatch_dtype(dtype, "silu_mul", [&](auto t) -> int {
-    return run<decltype(t)>(false, n, gate, up, nullptr, out, nullptr, static_cast<cudaStream_t>(stream));
+    return run<decltype(t)>(false, n, gate, up, nullptr, out, nullptr,
+                            static_cast<cudaStream_t>(stream));
   });
 }
 
-OPSLOT_API int opslot_silu_mul_bwd(int dtype, int64_t n, const void* gate, const void* up, const void* grad,
-                                   void* dgate, void* dup, void* stream) {
+OPSLOT_API int opslot_silu_mul_bwd(int dtype, int64_t n, const void* gate, const void* up,
+                                   const void* grad, void* dgate, void* dup, void* stream) {
   return dispatch_dtype(dtype, "silu_mul", [&](auto t) -> int {
     return run<decltype(t)>(true, n, gate, up, grad, dgate, dup, static_cast<cudaStream_t>(stream));
   });
 }
 
 OPSLOT_API int opslot_silu_mul_set_tuning(int vectors_per_thread, int backward_from_start) {
-  if ((vectors_per_thread != 1 && vectors_per_thread != 2 && vectors_per_thread != 4) || backward_from_start < 0 ||
-      backward_from_start > 1)
-    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "silu_mul tuning: vectors_per_thread 1, 2 or 4; backward_from_start 0 or 1");
+  if ((vectors_per_thread != 1 && vectors_per_thread != 2 && vectors_per_thread != 4) ||
+      backward_from_start < 0 || backward_from_start > 1)
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT,
+                     "silu_mul tuning: vectors_per_thread 1, 2 or 4; backward_from_start 0 or 1");
   g_unroll = vectors_per_thread;
   g_bwd_from_start = backward_from_start;
   return OPSLOT_OK;

@@ -29,15 +29,17 @@ typedef enum {
 
 enum {
   OPSLOT_OK = 0,
-  OPSLOT_ERR_INVALID_ARGUMENT = 10001, /* a shape, stride, dtype or pointer the kernel cannot take */
-  OPSLOT_ERR_UNSUPPORTED = 10002,      /* valid, but not implemented by this build or device */
+  OPSLOT_ERR_INVALID_ARGUMENT =
+      10001,                      /* a shape, stride, dtype or pointer the kernel cannot take */
+  OPSLOT_ERR_UNSUPPORTED = 10002, /* valid, but not implemented by this build or device */
 };
 
 /* OPSLOT_KERNELS_ABI_VERSION of the library (the Python binding refuses a mismatch). */
 OPSLOT_API int opslot_abi_version(void);
 /* The message of the last failed call on this thread ("" if none). */
 OPSLOT_API const char* opslot_last_error(void);
-/* What the library was built for, e.g. "opslot_kernels abi 1; nvcc 13.0; sm_90a sm_80 compute_80". */
+/* What the library was built for,
+ * e.g. "opslot_kernels abi 1; nvcc 13.0; sm_90a sm_80 compute_80". */
 OPSLOT_API const char* opslot_build_info(void);
 /* 0 when the library has machine code or PTX that runs on `device` (a CUDA ordinal), else an error
  * naming the device's compute capability and the library's targets. */

@@ -25,13 +25,15 @@ extern "C" {
  *                                                            out of range), rounded to `dtype`.
  * `grad_scale` is a device pointer to one fp32 value (e.g. 1 / number of counted tokens), read on
  * the device: no host synchronisation. rows == 0 is a no-op; vocab must be >= 1. */
-OPSLOT_API int opslot_ce_rows(const void* logits, int64_t ld_logits, void* grad, int64_t ld_grad, int64_t rows,
-                              int64_t vocab, int dtype, const int64_t* targets, int64_t ignore_index,
-                              const float* grad_scale, float* row_loss, void* stream);
+OPSLOT_API int opslot_ce_rows(const void* logits, int64_t ld_logits, void* grad, int64_t ld_grad,
+                              int64_t rows, int64_t vocab, int dtype, const int64_t* targets,
+                              int64_t ignore_index, const float* grad_scale, float* row_loss,
+                              void* stream);
 
 /* x[i] = x[i] * (*factor) for i < n (contiguous, `dtype`), in fp32 math; `factor` is a device
  * pointer to one fp32 value. Scales gradients computed in the forward by the incoming gradient. */
-OPSLOT_API int opslot_ce_scale_inplace(void* x, int64_t n, int dtype, const float* factor, void* stream);
+OPSLOT_API int opslot_ce_scale_inplace(void* x, int64_t n, int dtype, const float* factor,
+                                       void* stream);
 
 #ifdef __cplusplus
 }

@@ -6,7 +6,8 @@
  *   standard   y = w * to_x(x * r)                     (y in the promoted dtype of w and x)
  *   offset     y = to_x(x * r * (1 + w))
  *   unweighted y = to_x(x * r)
- *   gated      y = to_x(m * silu(gate)),  m = w * to_x(x * r) (rounded to x's dtype unless w is fp32)
+ *   gated      y = to_x(m * silu(gate)),  m = w * to_x(x * r)
+ *              (m rounded to x's dtype unless w is fp32)
  * with r = rsqrt(mean(x^2) + eps), everything else in fp32. `weight` has dtype x_dtype or fp32.
  * The forward also writes r (fp32 [rows]) for the backward.
  *
@@ -31,22 +32,27 @@ enum {
 };
 
 /* y: [rows, cols] contiguous, dtype y_dtype (standard with an fp32 weight: fp32; else x_dtype). */
-OPSLOT_API int opslot_rms_norm_fwd(int mode, int x_dtype, int w_dtype, int64_t rows, int64_t cols, float eps,
-                                   const void* x, int64_t x_row_stride, const void* gate, int64_t gate_row_stride,
-                                   const void* weight, void* y, float* rstd, void* stream);
+OPSLOT_API int opslot_rms_norm_fwd(int mode, int x_dtype, int w_dtype, int64_t rows, int64_t cols,
+                                   float eps, const void* x, int64_t x_row_stride, const void* gate,
+                                   int64_t gate_row_stride, const void* weight, void* y,
+                                   float* rstd, void* stream);
 
 /* Rows of fp32 scratch (each `cols` wide) the backward needs for these arguments on the current
- * device (same arguments as opslot_rms_norm_bwd; -1 with opslot_last_error() when they are invalid). */
-OPSLOT_API int64_t opslot_rms_norm_bwd_partial_rows(int mode, int x_dtype, int w_dtype, int64_t rows, int64_t cols,
-                                                    const void* x, int64_t x_row_stride, const void* gate,
-                                                    int64_t gate_row_stride, const void* dy, int64_t dy_row_stride);
+ * device (same arguments as opslot_rms_norm_bwd; -1 with opslot_last_error() when they are
+ * invalid). */
+OPSLOT_API int64_t opslot_rms_norm_bwd_partial_rows(int mode, int x_dtype, int w_dtype,
+                                                    int64_t rows, int64_t cols, const void* x,
+                                                    int64_t x_row_stride, const void* gate,
+                                                    int64_t gate_row_stride, const void* dy,
+                                                    int64_t dy_row_stride);
 
 /* dy has the dtype of y; dx, dgate (gated only) are contiguous in x_dtype; dw (not for unweighted)
  * has w_dtype. */
 OPSLOT_API int opslot_rms_norm_bwd(int mode, int x_dtype, int w_dtype, int64_t rows, int64_t cols,
-                                   const void* x, int64_t x_row_stride, const void* gate, int64_t gate_row_stride,
-                                   const void* weight, const float* rstd, const void* dy, int64_t dy_row_stride,
-                                   void* dx, void* dgate, float* dw_partial, void* dw, void* stream);
+                                   const void* x, int64_t x_row_stride, const void* gate,
+                                   int64_t gate_row_stride, const void* weight, const float* rstd,
+                                   const void* dy, int64_t dy_row_stride, void* dx, void* dgate,
+                                   float* dw_partial, void* dw, void* stream);
 
 /* Benchmarks and tests only (not thread-safe; changes the row-group count, so call it between
  * runs): the number of 16-byte vectors per thread the launch geometry aims at (default 2; version 3
@@ -63,7 +69,8 @@ OPSLOT_API int opslot_rms_norm_set_tuning(int vectors_per_thread, int bwd_waves,
  * library built with the CMake option OPSLOT_KERNELS_DIAGNOSTICS=ON, else OPSLOT_ERR_UNSUPPORTED);
  * backward_from_start = 1: version 3's backward takes the rows in order (the default walks them
  * from the last row, which the producer of dy wrote last). */
-OPSLOT_API int opslot_rms_norm_set_experiment(int pipe_blocks_per_sm, int skip_row_sums, int backward_from_start);
+OPSLOT_API int opslot_rms_norm_set_experiment(int pipe_blocks_per_sm, int skip_row_sums,
+                                              int backward_from_start);
 
 #ifdef __cplusplus
 }

@@ -9,9 +9,11 @@
  *
  * meta: 2 tensors (q, then k) x 15 int64: shape[3], in_stride[3], out_stride[3], cos_stride[3],
  * sin_stride[3] (elements). Forward: in = q/k, out = q_embed/k_embed:
- *   out[i] = x[i] cos[i] - x[i+h] sin[i],  out[i+h] = x[i+h] cos[i+h] + x[i] sin[i+h]   (h = rotary_dim / 2)
+ *   out[i] = x[i] cos[i] - x[i+h] sin[i],  out[i+h] = x[i+h] cos[i+h] + x[i] sin[i+h]
+ *   (h = rotary_dim / 2)
  * Backward (backward != 0): in = the gradient of the output, out = the gradient of the input
- * (the transpose: out[i] = g[i] cos[i] + g[i+h] sin[i+h], out[i+h] = g[i+h] cos[i+h] - g[i] sin[i]).
+ * (the transpose: out[i] = g[i] cos[i] + g[i+h] sin[i+h],
+ *                 out[i+h] = g[i+h] cos[i+h] - g[i] sin[i]).
  * q/k and their outputs have `dtype`; cos and sin have `cs_dtype` (the same, or float32). k may be
  * absent (k_in == NULL). All arithmetic is fp32, each output element rounded once.
  */
@@ -24,9 +26,10 @@
 extern "C" {
 #endif
 
-OPSLOT_API int opslot_rope(int backward, int dtype, int cs_dtype, int64_t head_dim, int64_t rotary_dim,
-                           const void* cos, const void* sin, const void* q_in, void* q_out, const void* k_in,
-                           void* k_out, const int64_t* meta, void* stream);
+OPSLOT_API int opslot_rope(int backward, int dtype, int cs_dtype, int64_t head_dim,
+                           int64_t rotary_dim, const void* cos, const void* sin, const void* q_in,
+                           void* q_out, const void* k_in, void* k_out, const int64_t* meta,
+                           void* stream);
 
 /* Benchmarks and tests only (not thread-safe): spread_pass_through 1 (default) spreads the
  * pass-through part of a partial rotation over the pair slots, 0 gives each pass-through 16-byte

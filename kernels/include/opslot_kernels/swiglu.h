@@ -2,7 +2,8 @@
  *
  * gate, up, out, grad, dgate, dup: contiguous tensors of n elements of `dtype`.
  *   forward:  out = silu(gate) * up                          (fp32 arithmetic, one rounding)
- *   backward: dgate = grad * up * s * (1 + gate * (1 - s)),  dup = grad * silu(gate),  s = sigmoid(gate)
+ *   backward: dgate = grad * up * s * (1 + gate * (1 - s)),  dup = grad * silu(gate),
+ *             s = sigmoid(gate)
  */
 #ifndef OPSLOT_KERNELS_SWIGLU_H_
 #define OPSLOT_KERNELS_SWIGLU_H_
@@ -13,9 +14,10 @@
 extern "C" {
 #endif
 
-OPSLOT_API int opslot_silu_mul_fwd(int dtype, int64_t n, const void* gate, const void* up, void* out, void* stream);
-OPSLOT_API int opslot_silu_mul_bwd(int dtype, int64_t n, const void* gate, const void* up, const void* grad,
-                                   void* dgate, void* dup, void* stream);
+OPSLOT_API int opslot_silu_mul_fwd(int dtype, int64_t n, const void* gate, const void* up,
+                                   void* out, void* stream);
+OPSLOT_API int opslot_silu_mul_bwd(int dtype, int64_t n, const void* gate, const void* up,
+                                   const void* grad, void* dgate, void* dup, void* stream);
 /* Benchmarks only: 16-byte vectors per thread and tensor (1, 2 or 4; default 1), and the backward's
  * order (backward_from_start = 1: in index order; 0, the default: from the end, where what the
  * producer of grad wrote last is most likely still in L2). Not thread-safe. */
