@@ -472,7 +472,12 @@ class _Classifier:
             if up_path is not None:
                 return (f"{self._upstream_root(up_path, up)}, so {_where(up_path)} is upstream's {guard.owner}, not "
                         f"the generated class whose {where} holds the guard")
-            if _HEAD.search(guard.owner.rsplit(".", 1)[-1]) and ref.slot.op not in self.ran_ops:
+            # Another head's forward (the causal-LM loss guard): upstream code computed this head's
+            # loss, unless the model's own head dispatches that op itself (a guard of the op in a
+            # generated class it instantiates: a *ForSequenceClassification's `loss_function`). A guard
+            # outside a forward (that `loss_function`) is never another head's loss path: "not used".
+            if (_HEAD.search(guard.owner.rsplit(".", 1)[-1]) and guard.function == "forward"
+                    and ref.slot.op not in self.ran_ops and not self._own_guard_of_op(ref, index, gen)):
                 head = next((k for k in self.root.__mro__ if original_name(k.__module__) == gen), None)
                 if head is not None and _HEAD.search(head.__name__):
                     return (f"the guard is in {where}, and this model is a {head.__name__}, whose forward "
@@ -500,6 +505,12 @@ class _Classifier:
             return (f"{self._upstream_root(path, up)}, so {_where(path)} is upstream's {start}, which calls "
                     f"upstream's {target}, not the generated one that holds the guard")
         return None
+
+    def _own_guard_of_op(self, ref: _SlotRef, index: SourceIndex, gen: str) -> bool:
+        """Whether a module-level slot of `ref`'s op has a guard in a generated class the model
+        instantiates."""
+        return any(g.scope == "module" and g.owner is not None and (gen, g.owner) in self.instances
+                   and getattr(ref.globs.get(g.slot), "op", None) == ref.slot.op for g in index.guards)
 
     def _upstream_root(self, path: str, up: str) -> str:
         """"model.X is upstream's <module>.<Class> (built by upstream code, ...)" for the outermost
@@ -530,7 +541,7 @@ class _Classifier:
                     f"sets 'eager' when a moe slot runs a kernel; an experts_implementation given to from_pretrained "
                     f"or set_experts_implementation overrides it)")
         decorated = [d for d in decorators if d.split("(")[0].rsplit(".", 1)[-1] not in (
-            "auto_docstring", "can_return_tuple", "staticmethod", "classmethod", "property")]
+            "auto_docstring", "can_return_tuple", "staticmethod", "classmethod", "property", "getter", "setter")]
         by = f" ({guard.owner} is decorated with {', '.join('@' + d for d in decorated)}, which can dispatch " \
              f"elsewhere)" if decorated else ""
         return (f"{_where(path)} is a {guard.owner}, but {where} did not run its guard{by}: the model's forward "

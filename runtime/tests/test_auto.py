@@ -272,17 +272,18 @@ def test_from_config_builds_the_generated_class_with_the_ops_bound(monkeypatch, 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(tiny_qwen3(), ops=dict(TORCH_OPS, swiglu_mlp_implementation="eager"))
     assert type(model).__name__ == "Qwen3ForCausalLM"
-    assert type(model).__module__ == "patched_modeling_qwen3_gpu__opslot__torch-torch-torch-eager"
+    assert type(model).__module__ == "patched_modeling_qwen3_gpu__opslot__torch-torch-torch-torch-eager"
     assert original_name(type(model).__module__) == "patched_modeling_qwen3_gpu"
     assert Path(sys.modules["patched_modeling_qwen3_gpu"].__file__) == \
         cache_path(shared_cache, "qwen3", "patched_modeling_qwen3_gpu")
     assert repr(binding_plan(model)) == "\n".join([
-        "BindingPlan of Qwen3ForCausalLM (module patched_modeling_qwen3_gpu__opslot__torch-torch-torch-eager):",
-        "  slot                 op/variant                 impl   why",
-        "  causal_lm_loss_slot  cross_entropy_loss/causal  torch  explicit",
-        "  rms_norm_slot        rms_norm/standard          torch  explicit",
-        "  rope_slot            rotary_pos_emb/full        torch  explicit",
-        "  swiglu_mlp_slot      swiglu_mlp/standard        eager  explicit",
+        "BindingPlan of Qwen3ForCausalLM (module patched_modeling_qwen3_gpu__opslot__torch-torch-torch-torch-eager):",
+        "  slot                               op/variant                                  impl   why",
+        "  causal_lm_loss_slot                cross_entropy_loss/causal                   torch  explicit",
+        "  rms_norm_slot                      rms_norm/standard                           torch  explicit",
+        "  rope_slot                          rotary_pos_emb/full                         torch  explicit",
+        "  sequence_classification_loss_slot  cross_entropy_loss/sequence_classification  torch  explicit",
+        "  swiglu_mlp_slot                    swiglu_mlp/standard                         eager  explicit",
         "  attention: sdpa (config._attn_implementation)"])
     ids = torch.arange(16).reshape(2, 8)
     out = model(input_ids=ids, labels=ids)
@@ -301,9 +302,10 @@ def test_from_config_on_an_npu_builds_the_npu_module_with_npu_defaults(monkeypat
     monkeypatch.setitem(sys.modules, "torch_npu", make_fake_torch_npu())
     with use_device(DeviceInfo("npu")):
         model = AutoModelForCausalLM.from_config(tiny_qwen3())
-        assert type(model).__module__ == "patched_modeling_qwen3_npu__opslot__eager-npu-npu-npu"
+        assert type(model).__module__ == "patched_modeling_qwen3_npu__opslot__eager-npu-npu-eager-npu"
         assert binding_plan(model).as_dict() == {"causal_lm_loss_slot": "eager", "rms_norm_slot": "npu",
-                                                 "rope_slot": "npu", "swiglu_mlp_slot": "npu"}
+                                                 "rope_slot": "npu", "sequence_classification_loss_slot": "eager",
+                                                 "swiglu_mlp_slot": "npu"}
         ids = torch.arange(16).reshape(2, 8)
         model(input_ids=ids, labels=ids).loss.backward()
     assert {c[0] for c in sys.modules["torch_npu"].calls} == {"npu_rms_norm", "npu_rotary_mul", "npu_swiglu"}
@@ -344,7 +346,8 @@ def test_from_pretrained_loads_a_saved_checkpoint_strictly(monkeypatch, shared_c
     loaded = AutoModelForCausalLM.from_pretrained(str(tmp_path / "ckpt"), ops=TORCH_OPS)
     assert type(loaded) is type(saved)  # the same bound module copy
     assert binding_plan(loaded).as_dict() == {"causal_lm_loss_slot": "torch", "rms_norm_slot": "torch",
-                                              "rope_slot": "torch", "swiglu_mlp_slot": "torch"}
+                                              "rope_slot": "torch", "sequence_classification_loss_slot": "torch",
+                                              "swiglu_mlp_slot": "torch"}
     expected = saved.state_dict()
     got = loaded.state_dict()
     assert sorted(got) == sorted(expected)

@@ -349,12 +349,15 @@ train:
 
 QWEN3_MOE_SLOTS = {"cpu": ("gpu", {"causal_lm_loss_slot": "torch_chunked", "load_balancing_loss_slot": "torch",
                                     "moe_slot": "torch", "rms_norm_slot": "torch", "rope_slot": "torch",
-                                    "swiglu_mlp_slot": "torch"}),
+                                    "sequence_classification_loss_slot": "torch_chunked", "swiglu_mlp_slot": "torch"}),
                    "cuda": ("gpu", dict.fromkeys(("causal_lm_loss_slot", "load_balancing_loss_slot", "moe_slot",
-                                                  "rms_norm_slot", "rope_slot", "swiglu_mlp_slot"), "cuda")),
+                                                  "rms_norm_slot", "rope_slot", "sequence_classification_loss_slot",
+                                                  "swiglu_mlp_slot"), "cuda")),
                    "npu": ("npu", {"causal_lm_loss_slot": "torch_chunked", "load_balancing_loss_slot": "torch",
                                    "moe_slot": "npu", "rms_norm_slot": "npu", "rope_slot": "npu",
-                                   "swiglu_mlp_slot": "npu"})}
+                                   "sequence_classification_loss_slot": "torch_chunked", "swiglu_mlp_slot": "npu"})}
+#: The sequence-classification head's loss slot: a *ForCausalLM never uses it.
+NOT_USED = {"sequence_classification_loss_slot": "not used by this model"}
 DEVICE_OF = {"cpu": CPU, "cuda": H200, "npu": NPU}
 
 
@@ -424,7 +427,7 @@ def test_a_reference_qwen3_moe_section_builds_and_steps_on_a_cpu(qwen3_moe):
     model = _build(qwen3_moe, "gpu")
     _step(model)
     assert {e.slot: (e.impl, e.why, e.dispatch) for e in binding_plan(model)} == {
-        slot: (impl, "explicit", "ran") for slot, impl in QWEN3_MOE_SLOTS["cpu"][1].items()}
+        slot: (impl, "explicit", NOT_USED.get(slot, "ran")) for slot, impl in QWEN3_MOE_SLOTS["cpu"][1].items()}
 
 
 def test_a_reference_qwen3_moe_section_builds_and_steps_on_a_simulated_npu(qwen3_moe, monkeypatch):
@@ -435,7 +438,7 @@ def test_a_reference_qwen3_moe_section_builds_and_steps_on_a_simulated_npu(qwen3
         _step(model)
     assert ({e.slot: (e.impl, e.dispatch) for e in binding_plan(model)},
             sorted({call[0] for call in fake.calls})) == (
-        {slot: (impl, "ran") for slot, impl in QWEN3_MOE_SLOTS["npu"][1].items()},
+        {slot: (impl, NOT_USED.get(slot, "ran")) for slot, impl in QWEN3_MOE_SLOTS["npu"][1].items()},
         ["npu_grouped_matmul", "npu_rms_norm", "npu_rotary_mul", "npu_swiglu"])
 
 

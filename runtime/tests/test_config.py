@@ -155,18 +155,16 @@ def test_explicit_unsupported_value_on_npu_is_an_error():
 
 
 def test_validate_reports_every_problem_at_once():
-    cfg = OpsImplementationConfig(rms_norm_implementation="torch", cross_entropy_loss_implementation="torch_chunked")
+    cfg = OpsImplementationConfig(rms_norm_implementation="torch", moe_implementation="fused_npu")
     with use_device(H200), pytest.raises(ValueError) as err:
-        cfg.validate([("rms_norm", "standard"), ("cross_entropy_loss", "sequence_classification"),
-                      ("fancy_op", "standard")])
+        cfg.validate([("rms_norm", "standard"), ("moe", "gpt_oss"), ("fancy_op", "standard")])
     assert str(err.value) == (
         "invalid ops_implementation:\n"
-        "  cross_entropy_loss/sequence_classification (cross_entropy_loss_implementation='torch_chunked'): "
-        "no kernel 'torch_chunked' for cross_entropy_loss/sequence_classification; available: eager, cuda, torch "
-        "('torch_chunked' implements cross_entropy_loss variant(s) causal only)\n"
         "  fancy_op/standard (no config field): slot op 'fancy_op' has no field in OpsImplementationConfig "
         "(ops with a field: attn, causal_conv1d, chunk_gated_delta_rule, cross_entropy_loss, load_balancing_loss, "
-        "moe, rms_norm, rms_norm_gated, rotary_pos_emb, swiglu_mlp)")
+        "moe, rms_norm, rms_norm_gated, rotary_pos_emb, swiglu_mlp)\n"
+        "  moe/gpt_oss (moe_implementation='fused_npu'): no kernel 'npu' for moe/gpt_oss; available: eager, "
+        "fused_cuda, fused_torch ('fused_npu' implements moe variant(s) standard only)")
 
 
 def test_to_dict_keeps_only_explicit_fields():

@@ -8,8 +8,9 @@ training step on the CPU, and the error or warning text and the binding plan are
 - DeepSeek-V3 with `rope_interleave=True` (its default): the attention calls the interleaved RoPE,
   never the guarded `apply_rotary_pos_emb`;
 - Qwen3-MoE with every layer sparse: the dense-MLP swiglu slot is "not used by this model", no error;
-- a sequence-classification head: its loss is upstream's, and so is its whole base model
-  (`GenericForSequenceClassification` builds it with `AutoModel.from_config`);
+- a sequence-classification head: its loss runs the sequence-classification slot (the spec's
+  `loss_function` property), where the causal-LM loss slot is "not used"; its whole base model is
+  upstream's (`GenericForSequenceClassification` builds it with `AutoModel.from_config`);
 - `experts_implementation="batched_mm"` with a moe kernel: the eager experts forward that holds the
   guard is never called.
 """
@@ -132,14 +133,20 @@ def test_qwen3_5_multimodal_head_runs_none_of_its_kernels(generated):
         FOOTER.format(ops="'cross_entropy_loss', 'rms_norm', 'rotary_pos_emb', 'swiglu_mlp'"),
     ])
     assert plan_rows(model) == (
-        "  slot                         op/variant                       impl   why       dispatch\n"
-        "  causal_conv1d_slot           causal_conv1d/standard           eager  default   -\n"
-        "  causal_lm_loss_slot          cross_entropy_loss/causal        torch  explicit  not reached\n"
-        "  chunk_gated_delta_rule_slot  chunk_gated_delta_rule/standard  eager  default   -\n"
-        "  rms_norm_gated_slot          rms_norm_gated/standard          eager  default   -\n"
-        "  rms_norm_slot                rms_norm/offset                  torch  explicit  not reached\n"
-        "  rope_slot                    rotary_pos_emb/partial           torch  explicit  not reached\n"
-        "  swiglu_mlp_slot              swiglu_mlp/standard              torch  explicit  not reached\n"
+        "  slot                               op/variant                                  impl   why       dispatch\n"
+        "  causal_conv1d_slot                 causal_conv1d/standard                      eager  default   -\n"
+        "  causal_lm_loss_slot                cross_entropy_loss/causal                   torch  explicit  "
+        "not reached\n"
+        "  chunk_gated_delta_rule_slot        chunk_gated_delta_rule/standard             eager  default   -\n"
+        "  rms_norm_gated_slot                rms_norm_gated/standard                     eager  default   -\n"
+        "  rms_norm_slot                      rms_norm/offset                             torch  explicit  "
+        "not reached\n"
+        "  rope_slot                          rotary_pos_emb/partial                      torch  explicit  "
+        "not reached\n"
+        "  sequence_classification_loss_slot  cross_entropy_loss/sequence_classification  torch  explicit  "
+        "not used by this model\n"
+        "  swiglu_mlp_slot                    swiglu_mlp/standard                         torch  explicit  "
+        "not reached\n"
         "  attention: sdpa (config._attn_implementation)")
 
 
@@ -149,7 +156,8 @@ def test_qwen3_5_text_model_runs_every_kernel(generated):
     model = build(transformers.Qwen3_5TextConfig(**QWEN3_5_TEXT), DENSE_TORCH, module, "Qwen3_5ForCausalLM")
     step(model)
     assert {e.slot: e.dispatch for e in binding_plan(model) if e.impl != "eager"} == {
-        "causal_lm_loss_slot": "ran", "rms_norm_slot": "ran", "rope_slot": "ran", "swiglu_mlp_slot": "ran"}
+        "causal_lm_loss_slot": "ran", "rms_norm_slot": "ran", "rope_slot": "ran", "swiglu_mlp_slot": "ran",
+        "sequence_classification_loss_slot": "not used by this model"}
 
 
 # -- DeepSeek-V3 with rope_interleave ------------------------------------------------------------------------
@@ -181,12 +189,14 @@ def test_deepseek_v3_rope_interleave_never_reaches_the_rope_guard(generated):
         FOOTER.format(ops="'rotary_pos_emb'"),
     ])
     assert plan_rows(model) == (
-        "  slot                 op/variant                 impl   why       dispatch\n"
-        "  causal_lm_loss_slot  cross_entropy_loss/causal  eager  default   -\n"
-        "  moe_slot             moe/standard               eager  default   -\n"
-        "  rms_norm_slot        rms_norm/standard          torch  explicit  ran\n"
-        "  rope_slot            rotary_pos_emb/full        torch  explicit  not reached\n"
-        "  swiglu_mlp_slot      swiglu_mlp/standard        eager  default   -\n"
+        "  slot                               op/variant                                  impl   why       dispatch\n"
+        "  causal_lm_loss_slot                cross_entropy_loss/causal                   eager  default   -\n"
+        "  moe_slot                           moe/standard                                eager  default   -\n"
+        "  rms_norm_slot                      rms_norm/standard                           torch  explicit  ran\n"
+        "  rope_slot                          rotary_pos_emb/full                         torch  explicit  "
+        "not reached\n"
+        "  sequence_classification_loss_slot  cross_entropy_loss/sequence_classification  eager  default   -\n"
+        "  swiglu_mlp_slot                    swiglu_mlp/standard                         eager  default   -\n"
         "  attention: sdpa (config._attn_implementation)")
 
 
@@ -223,13 +233,15 @@ def test_qwen3_moe_all_sparse_swiglu_is_not_used_and_not_an_error(generated, rec
     step(model)
     assert not [w for w in recwarn if w.category is UnreachedSlotWarning]
     assert plan_rows(model) == (
-        "  slot                      op/variant                    impl   why       dispatch\n"
-        "  causal_lm_loss_slot       cross_entropy_loss/causal     eager  default   -\n"
-        "  load_balancing_loss_slot  load_balancing_loss/standard  eager  default   -\n"
-        "  moe_slot                  moe/standard                  torch  explicit  ran\n"
-        "  rms_norm_slot             rms_norm/standard             eager  default   -\n"
-        "  rope_slot                 rotary_pos_emb/full           eager  default   -\n"
-        "  swiglu_mlp_slot           swiglu_mlp/standard           torch  explicit  not used by this model\n"
+        "  slot                               op/variant                                  impl   why       dispatch\n"
+        "  causal_lm_loss_slot                cross_entropy_loss/causal                   eager  default   -\n"
+        "  load_balancing_loss_slot           load_balancing_loss/standard                eager  default   -\n"
+        "  moe_slot                           moe/standard                                torch  explicit  ran\n"
+        "  rms_norm_slot                      rms_norm/standard                           eager  default   -\n"
+        "  rope_slot                          rotary_pos_emb/full                         eager  default   -\n"
+        "  sequence_classification_loss_slot  cross_entropy_loss/sequence_classification  eager  default   -\n"
+        "  swiglu_mlp_slot                    swiglu_mlp/standard                         torch  explicit  "
+        "not used by this model\n"
         "  config slot model.layers.*.mlp.gate.router_implementation (x2): eager (default, "
         "config.router_implementation)\n"
         "  attention: sdpa (config._attn_implementation)")
@@ -258,6 +270,13 @@ def test_experts_implementation_batched_mm_bypasses_the_moe_guard(generated):
 
 
 # -- a sequence-classification head ------------------------------------------------------------------------
+RMS_NORM_UPSTREAM_BASE = (
+    "  - rms_norm_slot (rms_norm/standard -> 'torch', explicit): model.model is upstream's "
+    "transformers.models.qwen3.modeling_qwen3.Qwen3Model (a sub-model built by upstream code, e.g. "
+    "AutoModel.from_config), so model.model.layers.0.self_attn.q_norm is upstream's Qwen3RMSNorm, not the "
+    "generated class whose Qwen3RMSNorm.forward holds the guard")
+
+
 def test_sequence_classification_head_runs_its_loss_and_base_model_upstream(generated):
     module = generated("qwen3")
     config = transformers.Qwen3Config(**dict(SMALL, num_hidden_layers=1, pad_token_id=0))
@@ -266,24 +285,41 @@ def test_sequence_classification_head_runs_its_loss_and_base_model_upstream(gene
     with pytest.raises(UnreachedSlotError) as info:
         step(model, labels=torch.tensor([0, 1]))
     assert str(info.value) == "\n".join([
-        header("Qwen3ForSequenceClassification", 2),
-        "  - causal_lm_loss_slot (cross_entropy_loss/causal -> 'torch', explicit): the guard is in "
-        "Qwen3ForCausalLM.forward, and this model is a Qwen3ForSequenceClassification, whose forward computes its "
-        "output and loss with upstream code that has no guard (a multimodal *ForConditionalGeneration or a "
-        "classification head never calls Qwen3ForCausalLM.forward)",
-        "  - rms_norm_slot (rms_norm/standard -> 'torch', explicit): model.model is upstream's "
-        "transformers.models.qwen3.modeling_qwen3.Qwen3Model (a sub-model built by upstream code, e.g. "
-        "AutoModel.from_config), so model.model.layers.0.self_attn.q_norm is upstream's Qwen3RMSNorm, not the "
-        "generated class whose Qwen3RMSNorm.forward holds the guard",
-        FOOTER.format(ops="'cross_entropy_loss', 'rms_norm'"),
+        header("Qwen3ForSequenceClassification", 1),
+        RMS_NORM_UPSTREAM_BASE,
+        FOOTER.format(ops="'rms_norm'"),
     ])
     assert plan_rows(model) == (
-        "  slot                 op/variant                 impl   why       dispatch\n"
-        "  causal_lm_loss_slot  cross_entropy_loss/causal  torch  explicit  not reached\n"
-        "  rms_norm_slot        rms_norm/standard          torch  explicit  not reached\n"
-        "  rope_slot            rotary_pos_emb/full        eager  default   -\n"
-        "  swiglu_mlp_slot      swiglu_mlp/standard        eager  default   -\n"
+        "  slot                               op/variant                                  impl   why       dispatch\n"
+        "  causal_lm_loss_slot                cross_entropy_loss/causal                   torch  explicit  "
+        "not used by this model\n"
+        "  rms_norm_slot                      rms_norm/standard                           torch  explicit  "
+        "not reached\n"
+        "  rope_slot                          rotary_pos_emb/full                         eager  default   -\n"
+        "  sequence_classification_loss_slot  cross_entropy_loss/sequence_classification  torch  explicit  ran\n"
+        "  swiglu_mlp_slot                    swiglu_mlp/standard                         eager  default   -\n"
         "  attention: sdpa (config._attn_implementation)")
+
+
+def test_sequence_classification_head_without_labels_did_not_reach_its_loss(generated):
+    """No labels: upstream's forward never reads loss_function, so the head's own loss slot is "not
+    reached" (asked for, reachable); the causal-LM loss slot of another head stays "not used"."""
+    module = generated("qwen3")
+    config = transformers.Qwen3Config(**dict(SMALL, num_hidden_layers=1, pad_token_id=0))
+    ops = {"cross_entropy_loss_implementation": "torch", "rms_norm_implementation": "torch"}
+    model = build(config, ops, module, "Qwen3ForSequenceClassification")
+    with pytest.raises(UnreachedSlotError) as info:
+        model(input_ids=torch.arange(16).remainder(64).reshape(2, 8)).logits.sum().backward()
+    assert str(info.value) == "\n".join([
+        header("Qwen3ForSequenceClassification", 2),
+        RMS_NORM_UPSTREAM_BASE,
+        "  - sequence_classification_loss_slot (cross_entropy_loss/sequence_classification -> 'torch', explicit): "
+        "the model itself is a Qwen3ForSequenceClassification, but Qwen3ForSequenceClassification.loss_function did "
+        "not run its guard: the model's forward does not reach it in this configuration (another branch, an early "
+        "return, or a replaced forward)",
+        FOOTER.format(ops="'cross_entropy_loss', 'rms_norm'"),
+    ])
+    assert dispatch_report(model).as_dict()["causal_lm_loss_slot"] == "not used by this model"
 
 
 def test_base_model_computes_no_loss_so_the_loss_slot_is_not_used(generated):
@@ -292,4 +328,5 @@ def test_base_model_computes_no_loss_so_the_loss_slot_is_not_used(generated):
     model = build(config, DENSE_TORCH, module, "Qwen3Model")
     model(input_ids=torch.arange(8).reshape(1, 8)).last_hidden_state.sum().backward()
     assert dispatch_report(model).as_dict() == {"causal_lm_loss_slot": "not used by this model", "rms_norm_slot": "ran",
-                                                "rope_slot": "ran", "swiglu_mlp_slot": "ran"}
+                                                "rope_slot": "ran", "swiglu_mlp_slot": "ran",
+                                                "sequence_classification_loss_slot": "not used by this model"}

@@ -118,10 +118,21 @@ def test_resolve_unknown_names_say_what_exists():
 
 def test_resolve_kernel_of_another_variant_says_so():
     with pytest.raises(KeyError) as err, use_device(CPU):
-        KERNEL_REGISTRY.resolve("cross_entropy_loss", "sequence_classification", "torch_chunked")
-    assert err.value.args[0] == ("no kernel 'torch_chunked' for cross_entropy_loss/sequence_classification; "
-                                 "available: eager, cuda [needs cuda sm_80+], torch ('torch_chunked' implements "
-                                 "cross_entropy_loss variant(s) causal only)")
+        KERNEL_REGISTRY.resolve("moe", "gpt_oss", "npu")
+    assert err.value.args[0] == ("no kernel 'npu' for moe/gpt_oss; available: eager, cuda [needs cuda sm_80+], torch "
+                                 "('npu' implements moe variant(s) standard only)")
+
+
+def test_every_cross_entropy_value_binds_both_loss_variants():
+    """One cross_entropy_loss_implementation binds a model's causal-LM and sequence-classification
+    slots alike: `torch_chunked` (nothing to chunk on [batch, num_labels] pooled logits) is the torch
+    kernel of the sequence-classification loss."""
+    available = KERNEL_REGISTRY.list_available("cross_entropy_loss", include_unsupported=True)
+    causal, seq_cls = (set(available[("cross_entropy_loss", v)]) for v in ("causal", "sequence_classification"))
+    assert causal <= seq_cls, sorted(causal - seq_cls)
+    get = KERNEL_REGISTRY.get
+    assert get("cross_entropy_loss", "sequence_classification", "torch_chunked").factory == \
+        get("cross_entropy_loss", "sequence_classification", "torch").factory
 
 
 def test_hardware_requirement():

@@ -42,9 +42,9 @@ def test_bind_dispatches_and_eager_unbinds():
 
 
 def test_bind_to_wrong_variant_is_refused():
-    slot = OpSlot("cross_entropy_loss", "sequence_classification")
-    with pytest.raises(KeyError, match="'torch_chunked' implements cross_entropy_loss variant"):
-        slot.bind("torch_chunked")
+    slot = OpSlot("moe", "gpt_oss")
+    with pytest.raises(KeyError, match="'npu' implements moe variant"):
+        slot.bind("npu")
     assert slot.impl == "eager"
 
 

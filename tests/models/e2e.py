@@ -13,6 +13,15 @@ specs/<model>/ folder must have a case below. Then, for every model:
      "ran" for every bound slot) -> logits, loss and every parameter gradient must be close
      to upstream's; the max abs errors are recorded; then again with the causal-LM loss on the
      chunked fused linear + cross-entropy (`torch_chunked`, no full logits): loss and gradients;
+  4c. the model's `*ForSequenceClassification` head (upstream's GenericForSequenceClassification, whose
+     forward calls `self.loss_function`; the spec's `loss_function` property returns the
+     cross_entropy_loss/sequence_classification slot), single-label, regression and multi-label:
+     every slot on "eager" -> pooled logits, loss and gradients torch.equal to upstream's head with the
+     same weights; every slot on the counted `torch` kernels -> loss and gradients close (fp32), the
+     loss kernel counted, the proof of dispatch "ran" for its slot and "not used by this model" for
+     the causal-LM loss slot (which the causal-LM model, in turn, reports for this one); an instance
+     override set through Transformers' setter (`model.loss_function = f`) wins over the slot; every
+     `*ForSequenceClassification` class of the module (multimodal ones too) has the property;
   5. one AdamW step on the torch-kernel model: losses finite before and after, weights moved;
   5d. a spec's config slot `router_implementation` (the MoE specs' opt-in fp32 router): built with
      `router_implementation: fp32`, the fp32 model equals upstream exactly, and in bf16 the router
@@ -76,6 +85,7 @@ class Case:
     npu_removes: Optional[List[str]] = None  # None: no NPU sibling; else the slots it removes
     softcapped_loss_refused: bool = False    # the loss slot covers final_logit_softcapping (Gemma3)
     fp32_router: bool = False                # the spec's config slot router_implementation (fp32 router)
+    seq_cls: Optional[str] = None            # the text *ForSequenceClassification head (None: the module has none)
 
     @property
     def upstream_module(self) -> str:
@@ -96,13 +106,15 @@ BASE = dict(
 )
 
 CASES = [
-    Case("llama", "LlamaConfig", {}, "LlamaForCausalLM"),
-    Case("qwen2", "Qwen2Config", {}, "Qwen2ForCausalLM"),
-    Case("qwen3", "Qwen3Config", {}, "Qwen3ForCausalLM", npu_removes=[]),
+    Case("llama", "LlamaConfig", {}, "LlamaForCausalLM", seq_cls="LlamaForSequenceClassification"),
+    Case("qwen2", "Qwen2Config", {}, "Qwen2ForCausalLM", seq_cls="Qwen2ForSequenceClassification"),
+    Case("qwen3", "Qwen3Config", {}, "Qwen3ForCausalLM", npu_removes=[],
+         seq_cls="Qwen3ForSequenceClassification"),
     Case("qwen3_moe", "Qwen3MoeConfig",
          dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, decoder_sparse_step=1,
               mlp_only_layers=[0], norm_topk_prob=True, output_router_logits=True, router_aux_loss_coef=0.01),
-         "Qwen3MoeForCausalLM", moe=True, npu_removes=[], fp32_router=True),
+         "Qwen3MoeForCausalLM", moe=True, npu_removes=[], fp32_router=True,
+         seq_cls="Qwen3MoeForSequenceClassification"),
     Case("qwen3_5", "Qwen3_5TextConfig",
          dict(linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
               linear_num_key_heads=2, linear_num_value_heads=4,
@@ -110,7 +122,8 @@ CASES = [
               rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
                                "mrope_section": [2, 1, 1], "mrope_interleaved": True}),
          "Qwen3_5ForCausalLM", offset_norm=True,
-         npu_removes=["causal_conv1d_slot", "chunk_gated_delta_rule_slot"]),
+         npu_removes=["causal_conv1d_slot", "chunk_gated_delta_rule_slot"],
+         seq_cls="Qwen3_5TextForSequenceClassification"),
     Case("qwen3_5_moe", "Qwen3_5MoeTextConfig",
          dict(linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
               linear_num_key_heads=2, linear_num_value_heads=4,
@@ -124,20 +137,23 @@ CASES = [
     Case("gemma3", "Gemma3TextConfig",
          dict(query_pre_attn_scalar=16, sliding_window=8, layer_types=["sliding_attention", "full_attention"],
               hidden_activation="gelu_pytorch_tanh", final_logit_softcapping=None, attn_logit_softcapping=None),
-         "Gemma3ForCausalLM", offset_norm=True, softcapped_loss_refused=True),
+         "Gemma3ForCausalLM", offset_norm=True, softcapped_loss_refused=True,
+         seq_cls="Gemma3TextForSequenceClassification"),
     Case("seed_oss", "SeedOssConfig", dict(residual_dropout=0.0, attention_bias=True), "SeedOssForCausalLM",
-         npu_removes=[]),
+         npu_removes=[], seq_cls="SeedOssForSequenceClassification"),
     Case("deepseek_v3", "DeepseekV3Config",
          dict(num_key_value_heads=4, moe_intermediate_size=32, first_k_dense_replace=1, n_shared_experts=1,
               n_routed_experts=8, num_experts_per_tok=2, n_group=2, topk_group=1, kv_lora_rank=16,
               q_lora_rank=32, qk_rope_head_dim=8, v_head_dim=16, qk_nope_head_dim=16,
               rope_interleave=False, norm_topk_prob=True),
-         "DeepseekV3ForCausalLM", npu_removes=[]),
+         "DeepseekV3ForCausalLM", npu_removes=[],
+         seq_cls="DeepseekV3ForSequenceClassification"),
     Case("gpt_oss", "GptOssConfig",
          dict(num_local_experts=8, num_experts_per_tok=2, sliding_window=8,
               layer_types=["sliding_attention", "full_attention"], output_router_logits=True,
               router_aux_loss_coef=0.01),
-         "GptOssForCausalLM", moe=True, fp32_router=True),
+         "GptOssForCausalLM", moe=True, fp32_router=True,
+         seq_cls="GptOssForSequenceClassification"),
 ]
 
 
@@ -163,6 +179,9 @@ class Result:
     cuda_loss_abs_err: Optional[float] = None
     cuda_grads_max_abs_err: Optional[float] = None
     cuda_slot_calls: str = ""
+    seq_cls: str = ""
+    seq_cls_loss_max_abs_err: Optional[float] = None
+    seq_cls_grads_max_abs_err: Optional[float] = None
     step: str = ""
     npu: str = ""
     errors: List[str] = dataclasses.field(default_factory=list)
@@ -311,18 +330,32 @@ def register_counted_kernels(base: str = "torch", counted: str = COUNTED_IMPL, c
     return pairs
 
 
-def dispatch_errors(model, stage: str) -> List[str]:
+#: The sequence-classification loss: its slot runs in a *ForSequenceClassification head only.
+SEQ_CLS = ("cross_entropy_loss", "sequence_classification")
+
+
+def causal_lm_slots(slots: Dict[str, Any]) -> Dict[str, Any]:
+    """The slots a *ForCausalLM can run: all but the sequence-classification loss."""
+    return {name: s for name, s in slots.items() if (s.op, s.variant) != SEQ_CLS}
+
+
+def dispatch_errors(model, stage: str, slots: Optional[Dict[str, Any]] = None) -> List[str]:
     """opslot's proof of dispatch after the step just taken (the model's first): every slot bound to
     a kernel must have run ("not reached" raises UnreachedSlotError; "not used by this model" is not
-    expected in these configurations either)."""
+    expected in these configurations either), except those of `slots` (name -> OpSlot of the module)
+    that the model cannot use: in a *ForCausalLM, the sequence-classification loss slot must be
+    "not used by this model"."""
     from opslot.dispatch import UnreachedSlotError, check_dispatch
 
     try:
         report = check_dispatch(model, allow_unreached=False)
     except UnreachedSlotError as exc:
         return [f"{stage}: {exc}"]
-    return [f"{stage}: slot {e.slot} ({e.op}/{e.variant} -> {e.impl}) is {e.status!r}, not 'ran'"
-            for e in report.entries if e.impl != "eager" and e.status != "ran"]
+    unused = {name for name, s in (slots or {}).items() if (s.op, s.variant) == SEQ_CLS}
+    return [f"{stage}: slot {e.slot} ({e.op}/{e.variant} -> {e.impl}) is {e.status!r}, not "
+            f"{'not used by this model' if e.slot in unused else 'ran'}"
+            for e in report.entries if e.impl != "eager"
+            and e.status != ("not used by this model" if e.slot in unused else "ran")]
 
 
 def ops_for(slots: Dict[str, Any], impl: str) -> Dict[str, str]:
@@ -425,12 +458,12 @@ def check_model(case: Case, args, device: torch.device) -> Result:
         for n, err in diff.grad_by_param.items():
             if err > ATOL + RTOL * float(up_grads[n].abs().max()):
                 res.errors.append(f"torch grad of {n} not close (max abs {err:.3g})")
-        fired = {f"{s.op}/{s.variant}": CALLS.get((s.op, s.variant), 0) for s in slots.values()}
+        fired = {f"{s.op}/{s.variant}": CALLS.get((s.op, s.variant), 0) for s in causal_lm_slots(slots).values()}
         res.slot_calls = " ".join(f"{k}:{v}" for k, v in sorted(fired.items()))
         for k, v in sorted(fired.items()):
             if v == 0:
                 res.errors.append(f"slot {k} never dispatched with the torch kernels")
-        res.errors += dispatch_errors(tmodel, "torch kernels")
+        res.errors += dispatch_errors(tmodel, "torch kernels", slots)
 
         # 4b. the chunked fused linear + cross-entropy (no full logits) in place of the causal-LM loss
         if any(sl.op == "cross_entropy_loss" for sl in slots.values()):
@@ -442,6 +475,11 @@ def check_model(case: Case, args, device: torch.device) -> Result:
             for n, err in cdiff.grad_by_param.items():
                 if err > ATOL + RTOL * float(up_grads[n].abs().max()):
                     res.errors.append(f"chunked cross-entropy: grad of {n} not close (max abs {err:.3g})")
+
+        # 4c. the sequence-classification head: eager equal, torch kernels close, the loss slot ran
+        check_sequence_classification_classes(case, module, res)
+        if case.seq_cls is not None:
+            res.seq_cls = check_sequence_classification(case, module, slots, device, res)
 
         # 5. one optimizer step on the torch-kernel model
         _, loss_before, _ = run_model(tmodel, inputs, case.moe)
@@ -458,6 +496,9 @@ def check_model(case: Case, args, device: torch.device) -> Result:
         # 5c. on a GPU: every slot that has a `cuda` kernel on it (the others on `torch`), counted
         if device.type == "cuda" and args.cuda_kernels:
             check_cuda_kernels(slots, build, upstream, inputs, case, up_loss, up_logits, up_grads, res)
+            if case.seq_cls is not None and SEQ_CLS in CUDA_PAIRS:
+                res.seq_cls += "; cuda: " + check_sequence_classification(
+                    case, module, slots, device, res, kernel=COUNTED_CUDA, calls=CUDA_CALLS, eager=False)
 
         # 5b. a soft-capped config must make the loss kernel refuse, never silently drop the capping
         if case.softcapped_loss_refused:
@@ -503,12 +544,12 @@ def check_cuda_kernels(slots, build, upstream, inputs, case, up_loss, up_logits,
         if err > ATOL + RTOL * float(up_grads[n].abs().max()):
             res.errors.append(f"cuda: grad of {n} not close (max abs {err:.3g})")
     fired = {f"{s.op}/{s.variant}": CUDA_CALLS.get((s.op, s.variant), 0)
-             for s in slots.values() if (s.op, s.variant) in cuda_pairs}
+             for s in causal_lm_slots(slots).values() if (s.op, s.variant) in cuda_pairs}
     res.cuda_slot_calls = " ".join(f"{k}:{v}" for k, v in sorted(fired.items()))
     for k, v in sorted(fired.items()):
         if v == 0:
             res.errors.append(f"slot {k} never dispatched with the cuda kernels")
-    res.errors += dispatch_errors(cmodel, "cuda kernels")
+    res.errors += dispatch_errors(cmodel, "cuda kernels", slots)
     _, loss_before, _ = run_model(cmodel, inputs, case.moe)
     opt = torch.optim.AdamW(cmodel.parameters(), lr=1e-3)
     opt.step()
@@ -516,6 +557,141 @@ def check_cuda_kernels(slots, build, upstream, inputs, case, up_loss, up_logits,
     res.step += f"; cuda: loss {float(loss_before):.4f} -> {float(loss_after):.4f}"
     if not math.isfinite(float(loss_after)):
         res.errors.append(f"cuda optimizer step: loss after {float(loss_after)}")
+
+
+#: The problem types of the sequence-classification head: (problem, num_labels, labels of a batch of
+#: BATCH). config.problem_type is left unset: upstream's loss and the kernel both infer it from the
+#: labels and num_labels (and set it on the config).
+SEQ_CLS_PROBLEMS = [
+    ("single_label_classification", 3, lambda: torch.tensor([0, 2])),
+    ("regression", 1, lambda: torch.tensor([0.5, -1.25])),
+    ("multi_label_classification", 3, lambda: torch.tensor([[1.0, 0.0, 1.0], [0.0, 1.0, 0.0]])),
+]
+
+
+def seq_cls_inputs(vocab: int, device: torch.device) -> Dict[str, torch.Tensor]:
+    """Two rows, the second right-padded with pad_token_id 0 (the head pools the last non-pad token)."""
+    gen = torch.Generator().manual_seed(2468)
+    input_ids = torch.randint(1, vocab, (BATCH, SEQ), generator=gen)
+    attention_mask = torch.ones(BATCH, SEQ, dtype=torch.long)
+    input_ids[1, -4:], attention_mask[1, -4:] = 0, 0
+    return {"input_ids": input_ids.to(device), "attention_mask": attention_mask.to(device)}
+
+
+def check_sequence_classification_classes(case: Case, module, res: Result) -> None:
+    """Every *ForSequenceClassification class of the generated module (the multimodal ones too) has
+    the spec's `loss_function`: a property with Transformers' own setter; case.seq_cls is one of them,
+    and a case without one has none."""
+    from transformers.modeling_utils import PreTrainedModel
+
+    classes = sorted(name for name, value in vars(module).items() if isinstance(value, type)
+                     and name.endswith("ForSequenceClassification") and value.__module__ == module.__name__)
+    if (case.seq_cls is None) != (not classes) or (case.seq_cls is not None and case.seq_cls not in classes):
+        res.errors.append(f"sequence-classification heads of the module: {classes}, case.seq_cls {case.seq_cls!r}")
+    for name in classes:
+        prop = vars(getattr(module, name)).get("loss_function")
+        if not isinstance(prop, property) or prop.fset is not PreTrainedModel.loss_function.fset:
+            res.errors.append(f"{name}.loss_function is {prop!r}, not a property with Transformers' setter")
+
+
+def check_sequence_classification(case: Case, module, slots, device: torch.device, res: Result,
+                                  kernel: str = COUNTED_IMPL, calls=CALLS, eager: bool = True) -> str:
+    """The `case.seq_cls` head (upstream's GenericForSequenceClassification) against upstream's head with
+    the same weights, for each of SEQ_CLS_PROBLEMS: every slot "eager" -> pooled logits, loss and
+    gradients torch.equal (when `eager`); every slot on the counted torch kernels and the loss on
+    `kernel` -> loss, logits and gradients close, the loss kernel called once, the proof of dispatch
+    "ran" for the sequence-classification slot and "not used by this model" for the causal-LM loss
+    slot. Then an instance's own loss function (Transformers' setter) wins over the slot. The head's
+    base model is built by upstream's AutoModel.from_config (upstream's classes): its slots are not
+    asserted on here (docs/runtime.md, "Proof of dispatch")."""
+    import copy
+    import warnings
+
+    from opslot import OpSlot, build_model
+    from opslot.dispatch import UnreachedSlotWarning, check_dispatch, watch_dispatch
+
+    up_cls = getattr(importlib.import_module(case.upstream_module), case.seq_cls)
+    seq_slot = next(name for name, s in slots.items() if (s.op, s.variant) == SEQ_CLS)
+    causal_loss = [name for name, s in slots.items() if (s.op, s.variant) == ("cross_entropy_loss", "causal")]
+    ops = dict(ops_for(slots, COUNTED_IMPL), cross_entropy_loss_implementation=kernel)
+    tol = lambda ref: ATOL + RTOL * float(ref.abs().max())  # noqa: E731
+    worst_loss = worst_grad = 0.0
+    done = []
+    for problem, num_labels, make_labels in SEQ_CLS_PROBLEMS:
+        where = f"{case.seq_cls} ({problem}, {kernel})"
+        config = make_config(case)
+        config.num_labels, config.pad_token_id = num_labels, 0
+        torch.manual_seed(0)
+        upstream = up_cls(copy.deepcopy(config))
+        randomize_(upstream, case.offset_norm)
+        upstream.to(device).train()
+        state = upstream.state_dict()
+        inputs = dict(seq_cls_inputs(config.vocab_size, device), labels=make_labels().to(device))
+        up_logits, up_loss, up_grads = run_model(upstream, inputs, False)
+        if upstream.config.problem_type != problem:
+            raise CheckFailed(f"{where}: upstream inferred problem_type {upstream.config.problem_type!r}")
+
+        def build(ops_):
+            model = build_model(copy.deepcopy(config), ops=ops_, module=module, model_class=case.seq_cls)
+            model.load_state_dict(state, strict=True)
+            watch_dispatch(model, allow_unreached=True)  # the base model's slots: upstream's classes
+            return model.to(device).train()
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UnreachedSlotWarning)
+            if eager:
+                e_logits, e_loss, e_grads = run_model(build(ops_for(slots, "eager")), inputs, False)
+                same_grads = set(e_grads) == set(up_grads) and all(torch.equal(e_grads[n], up_grads[n])
+                                                                   for n in up_grads)
+                if not (torch.equal(e_logits, up_logits) and torch.equal(e_loss, up_loss) and same_grads):
+                    res.errors.append(f"{where}: eager head differs from upstream (loss {float(e_loss)!r} vs "
+                                      f"{float(up_loss)!r}, logits max abs {max_abs_diff(e_logits, up_logits):.3g})")
+            calls.pop(SEQ_CLS, None)
+            model = build(ops)
+            logits, loss, grads = run_model(model, inputs, False)
+            status = check_dispatch(model, allow_unreached=True).as_dict()
+        if calls.get(SEQ_CLS, 0) != 1:
+            res.errors.append(f"{where}: the loss kernel ran {calls.get(SEQ_CLS, 0)} time(s), not once")
+        expected = dict({seq_slot: "ran"}, **{name: "not used by this model" for name in causal_loss})
+        got = {name: status.get(name) for name in expected}
+        if got != expected:
+            res.errors.append(f"{where}: proof of dispatch {got}, expected {expected}")
+        if model.config.problem_type != problem:
+            res.errors.append(f"{where}: problem_type {model.config.problem_type!r}")
+        worst_loss = max(worst_loss, max_abs_diff(loss, up_loss))
+        if max_abs_diff(loss, up_loss) > tol(up_loss) or max_abs_diff(logits, up_logits) > tol(up_logits):
+            res.errors.append(f"{where}: loss {float(loss)!r} / logits not close to upstream ({float(up_loss)!r})")
+        if set(grads) != set(up_grads):
+            res.errors.append(f"{where}: parameters with gradients differ: {sorted(set(grads) ^ set(up_grads))}")
+        for n in sorted(set(grads) & set(up_grads)):
+            err = max_abs_diff(grads[n], up_grads[n])
+            worst_grad = max(worst_grad, err)
+            if err > tol(up_grads[n]):
+                res.errors.append(f"{where}: grad of {n} not close (max abs {err:.3g})")
+        done.append(problem.split("_")[0])
+
+        if problem == SEQ_CLS_PROBLEMS[0][0]:  # Transformers' setter: an instance's own loss function wins
+            own = []
+            upstream_loss = upstream.loss_function
+
+            def spy(**kwargs):
+                own.append(1)
+                return upstream_loss(**kwargs)
+
+            before = calls.get(SEQ_CLS, 0)
+            model.loss_function = spy
+            out = model(**forward_kwargs(inputs, False))
+            if not (own and calls.get(SEQ_CLS, 0) == before and model.loss_function is spy
+                    and vars(model).get("_loss_function") is spy and max_abs_diff(out.loss, up_loss) <= tol(up_loss)):
+                res.errors.append(f"{where}: `model.loss_function = f` did not make the head use f "
+                                  f"(f called {len(own)}x, kernel {calls.get(SEQ_CLS, 0) - before}x)")
+            del model._loss_function
+            if not (isinstance(model.loss_function, OpSlot) and model.loss_function.impl == kernel):
+                res.errors.append(f"{where}: without an own loss function, loss_function is {model.loss_function!r}")
+    if kernel == COUNTED_IMPL:
+        res.seq_cls_loss_max_abs_err, res.seq_cls_grads_max_abs_err = worst_loss, worst_grad
+    return (f"{'/'.join(done)}: {'eager equal, ' if eager else ''}loss Δ {worst_loss:.1e}, grads Δ {worst_grad:.1e}, "
+            f"{seq_slot} ran")
 
 
 def check_softcap_refused(case, config, state, inputs, build_model, module, device, res) -> str:
@@ -629,7 +805,8 @@ COLUMNS = [
     ("torch_grads_max_abs_err", "torch max abs err grads"), ("torch_loss_abs_err", "torch loss abs err"),
     ("chunked_ce_loss_abs_err", "chunked CE loss abs err"), ("chunked_ce_grads_max_abs_err", "chunked CE max abs err grads"),
     ("cuda_logits_max_abs_err", "cuda max abs err logits"), ("cuda_grads_max_abs_err", "cuda max abs err grads"),
-    ("cuda_loss_abs_err", "cuda loss abs err"), ("step", "AdamW step"), ("npu", "NPU sibling"),
+    ("cuda_loss_abs_err", "cuda loss abs err"), ("seq_cls", "sequence-classification head"),
+    ("step", "AdamW step"), ("npu", "NPU sibling"),
 ]
 
 

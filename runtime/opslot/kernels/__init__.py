@@ -24,6 +24,11 @@ BUILTIN_KERNELS = [
      "chunked fused linear + cross-entropy, no full logits"),
     ("torch", "cross_entropy_loss", "sequence_classification",
      "torch_ops:cross_entropy_sequence_classification", ANY, "HF sequence-classification loss"),
+    # There is no lm_head to chunk (the pooled logits are [batch, num_labels]): `torch_chunked` is the
+    # torch kernel, so that one cross_entropy_loss_implementation binds a model's causal-LM and
+    # sequence-classification slots alike.
+    ("torch_chunked", "cross_entropy_loss", "sequence_classification",
+     "torch_ops:cross_entropy_sequence_classification", ANY, "the torch kernel (no lm_head to chunk)"),
     ("torch", "load_balancing_loss", "standard", "torch_ops:load_balancing_loss", ANY, "all layers at once"),
     ("torch", "moe", "standard", "torch_ops:moe_standard", ANY, "sorted per-expert matmuls"),
     ("torch", "moe", "gpt_oss", "torch_ops:moe_gpt_oss", ANY, "sorted per-expert matmuls"),
