@@ -5,12 +5,21 @@ triton.testing.do_bench), the fraction of the device-to-device copy bandwidth me
 run (bytes as issue #12 counts them), peak extra memory of one call, and the host time of one
 forward+backward call on a tiny tensor.
 
-    python3 bench/kernels.py --out $OUT/kernels_h200.md [--no-compile] [--quick]
+    python3 bench/kernels.py --out $OUT/kernels_h200.md [--no-compile] [--quick] [--tune]
+
+Every default-configuration row runs on the production library (libopslot_kernels.so, as opslot
+loads it). --tune also times the kernel variants behind the benchmark-only knobs
+(kernels/include/opslot_kernels/bench.h): those rows, marked [in brackets], run on the bench library
+libopslot_kernels_bench.so (`cmake --build build --target opslot_kernels_bench`; found beside the
+production library, in build/kernels/, or at $OPSLOT_KERNELS_BENCH_LIB); without it each sweep is
+skipped with a message and the rest runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
 import os
 import sys
 import time
@@ -23,6 +32,7 @@ sys.path.insert(0, os.path.join(ROOT, "runtime"))
 
 from opslot import reference as R  # noqa: E402
 from opslot.kernels import torch_ops as T  # noqa: E402
+from opslot.kernels.cuda import _lib  # noqa: E402
 from opslot.kernels.cuda import load_balancing as CLB, norms as CN, rope as CR, swiglu as CS  # noqa: E402
 
 try:
@@ -161,6 +171,41 @@ def measure(name, make, tiny, nbytes=None):
         return (name + " (failed)", float("nan"), float("nan"), float("nan"), "", nbytes)
 
 
+@contextlib.contextmanager
+def bench_library(sweep):
+    """For a --tune sweep: the bench library (libopslot_kernels_bench.so, the knobs), which every
+    opslot cuda op calls inside the block; None, with a message saying the sweep is skipped, when it
+    is not built (the default-configuration rows still run, on the production library)."""
+    try:
+        path = _lib.bench_library_path()
+    except _lib.KernelLibraryError as exc:
+        print(f"note: {sweep} sweep skipped: {exc}", file=sys.stderr, flush=True)
+        yield None
+        return
+    with _lib.using_library(path) as lib:
+        yield lib
+
+
+def knob(lib, name, nargs):
+    f = getattr(lib, name)
+    f.argtypes = [ctypes.c_int] * nargs
+    f.restype = ctypes.c_int
+    return f
+
+
+def libraries_line():
+    """Which libraries the rows ran on."""
+    prod = _lib.library()
+    line = f"production library: {prod._opslot_path} ({prod.opslot_build_info().decode()})"
+    try:
+        bench = _lib.bench_library_path()
+        with _lib.using_library(bench) as lib:
+            line += f"; bench library ([bracketed] --tune rows): {bench} ({lib.opslot_build_info().decode()})"
+    except _lib.KernelLibraryError:
+        line += "; bench library: not built (--tune sweeps skipped)"
+    return line
+
+
 def leaf(*shape, dtype=BF, scale=1.0):
     return (torch.randn(*shape, device=DEV, dtype=torch.float32) * scale).to(dtype).requires_grad_(True)
 
@@ -182,13 +227,6 @@ def bench_rms(copy_bw, args, out):
         impls.insert(1, ("torch.compile(eager)", torch.compile(lambda x, w: R.rms_norm_standard(x, w, eps))))
     rows = [measure(n, lambda f=f: fwd_bwd(f, (x, w)), lambda f=f: fwd_bwd(f, (tx, tw))) for n, f in impls]
     if args.tune:  # kernel variants of the cuda op, each with its forward alone
-        import ctypes
-
-        from opslot.kernels.cuda import _lib
-        lib = _lib.library()
-        set_tuning, set_exp = lib.opslot_rms_norm_set_tuning, lib.opslot_rms_norm_set_experiment
-        set_tuning.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
-        set_exp.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
         fwd_bytes = 4 * N * D
         f = lambda x, w: CN.rms_norm_standard(x, w, eps)  # noqa: E731
         fwd_only = lambda: (lambda: CN.rms_norm_standard(x.detach(), w.detach(), eps))  # noqa: E731
@@ -203,19 +241,23 @@ def bench_rms(copy_bw, args, out):
             ("version 3, 5 blocks/SM (the backward fits 3)", (2, 1, 3), (5, 0, 0)),
             ("DIAGNOSTIC: version 3 without its row sums (wrong results)", (2, 1, 3), (0, 1, 0)),
         ]
-        try:
-            for name, tun, exp in variants:
-                set_tuning(*tun)
-                if set_exp(*exp) != 0:  # the diagnostic: only in an OPSLOT_KERNELS_DIAGNOSTICS=ON build
-                    print(f"note: RMSNorm [{name}] skipped: {lib.opslot_last_error().decode()}", file=sys.stderr)
-                    continue
-                rows.append(measure(f"opslot cuda [{name}]", lambda: fwd_bwd(f, (x, w)), None))
-                rows.append(measure("  its forward only", fwd_only, None, fwd_bytes))
-                if args.profile:
-                    kernel_breakdown(f"RMSNorm opslot cuda [{name}]", fwd_bwd(f, (x, w)), out)
-        finally:
-            set_tuning(2, 1, 0)
-            set_exp(0, 0, 0)
+        with bench_library("RMSNorm --tune") as lib:
+            if lib is not None:
+                set_tuning = knob(lib, "opslot_rms_norm_set_tuning", 3)
+                set_exp = knob(lib, "opslot_rms_norm_set_experiment", 3)
+                try:
+                    for name, tun, exp in variants:
+                        set_tuning(*tun)
+                        if set_exp(*exp) != 0:  # the diagnostic: only in an OPSLOT_KERNELS_DIAGNOSTICS=ON build
+                            print(f"note: RMSNorm [{name}] skipped: {lib.opslot_last_error().decode()}", file=sys.stderr)
+                            continue
+                        rows.append(measure(f"opslot cuda [{name}]", lambda: fwd_bwd(f, (x, w)), None))
+                        rows.append(measure("  its forward only", fwd_only, None, fwd_bytes))
+                        if args.profile:
+                            kernel_breakdown(f"RMSNorm opslot cuda [{name}]", fwd_bwd(f, (x, w)), out)
+                finally:
+                    set_tuning(2, 1, 0)
+                    set_exp(0, 0, 0)
     out.append(table(f"RMSNorm (standard) {N}x{D} bf16 — 10 B/element", 10 * N * D, copy_bw, rows,
                      "≤ 0.19 ms, ≥ 83% of copy BW"))
     if args.profile:
@@ -234,17 +276,17 @@ def bench_rms(copy_bw, args, out):
         impls.insert(1, ("torch.compile(eager)", torch.compile(lambda x, g, w: R.rms_norm_gated(x, g, w, eps))))
     rows = [measure(n, lambda f=f: fwd_bwd(f, (x, g, w)), lambda f=f: fwd_bwd(f, (tx, tg, tw))) for n, f in impls]
     if args.tune:
-        import ctypes
-
-        from opslot.kernels.cuda import _lib
-        set_tuning = _lib.library().opslot_rms_norm_set_tuning
-        set_tuning.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
-        for vpt, waves, variant in ((2, 1, 1), (2, 1, 2), (2, 1, 3)):
-            set_tuning(vpt, waves, variant)
-            f = lambda x, g, w: CN.rms_norm_gated(x, g, w, eps)  # noqa: E731
-            rows.append(measure(f"opslot cuda [version {variant}, vectors/thread {vpt}, bwd waves {waves}]",
-                                lambda f=f: fwd_bwd(f, (x, g, w)), None))
-        set_tuning(2, 1, 0)
+        with bench_library("gated RMSNorm --tune") as lib:
+            if lib is not None:
+                set_tuning = knob(lib, "opslot_rms_norm_set_tuning", 3)
+                try:
+                    for vpt, waves, variant in ((2, 1, 1), (2, 1, 2), (2, 1, 3)):
+                        set_tuning(vpt, waves, variant)
+                        f = lambda x, g, w: CN.rms_norm_gated(x, g, w, eps)  # noqa: E731
+                        rows.append(measure(f"opslot cuda [version {variant}, vectors/thread {vpt}, bwd waves {waves}]",
+                                            lambda f=f: fwd_bwd(f, (x, g, w)), None))
+                finally:
+                    set_tuning(2, 1, 0)
     out.append(table(f"Gated RMSNorm (Qwen3.5) {N}x{D} bf16 — 16 B/element (fwd: x, gate, y; bwd: x, gate, dy, dx, dgate)",
                      16 * N * D, copy_bw, rows, "≥ 75% of copy BW"))
 
@@ -277,21 +319,19 @@ def bench_rope(copy_bw, args, out):
         rows.append(measure("opslot cuda, forward only (4 B/element)",
                             lambda: (lambda: cud(q.detach(), k.detach(), cos, sin)), None, 4 * (q.numel() + k.numel())))
         if args.tune:  # the other layouts, side by side
-            import ctypes
-
-            from opslot.kernels.cuda import _lib
-            set_tuning = _lib.library().opslot_rope_set_tuning
-            set_tuning.argtypes = [ctypes.c_int, ctypes.c_int]
-            try:
-                set_tuning(1, 1)
-                rows.append(measure("opslot cuda [head loop: a thread rotates 8 heads per cos/sin load]",
-                                    lambda: fwd_bwd(cud, (q, k, cos, sin)), None))
-                if not full:
-                    set_tuning(0, 0)
-                    rows.append(measure("opslot cuda [pass-through: one thread per vector]",
-                                        lambda: fwd_bwd(cud, (q, k, cos, sin)), None))
-            finally:
-                set_tuning(1, 0)
+            with bench_library(f"RoPE {label} --tune") as lib:
+                if lib is not None:
+                    set_tuning = knob(lib, "opslot_rope_set_tuning", 2)
+                    try:
+                        set_tuning(1, 1)
+                        rows.append(measure("opslot cuda [head loop: a thread rotates 8 heads per cos/sin load]",
+                                            lambda: fwd_bwd(cud, (q, k, cos, sin)), None))
+                        if not full:
+                            set_tuning(0, 0)
+                            rows.append(measure("opslot cuda [pass-through: one thread per vector]",
+                                                lambda: fwd_bwd(cud, (q, k, cos, sin)), None))
+                    finally:
+                        set_tuning(1, 0)
         out.append(table(f"RoPE {label}: q [2,32,{S},128], k [2,8,{S},128] (transposed views), bf16 — 8 B per q/k element",
                          8 * (q.numel() + k.numel()), copy_bw, rows, target))
         if args.profile:
@@ -316,19 +356,17 @@ def bench_silu(copy_bw, args, out):
     rows.append(measure("opslot cuda, forward only (6 B/element)",
                         lambda: (lambda: torch.ops.opslot.silu_mul(a.detach(), b.detach())), None, 6 * N * D))
     if args.tune:  # 16-byte vectors per thread and tensor (default 1), the backward's order (default: from the end)
-        import ctypes
-
-        from opslot.kernels.cuda import _lib
-        set_tuning = _lib.library().opslot_silu_mul_set_tuning
-        set_tuning.argtypes = [ctypes.c_int, ctypes.c_int]
-        try:
-            for vpt, from_start in ((1, 1), (2, 0), (4, 0)):
-                set_tuning(vpt, from_start)
-                name = f"vectors/thread {vpt}" + (", backward from the start" if from_start else "")
-                rows.append(measure(f"opslot cuda [{name}]",
-                                    lambda: fwd_bwd(lambda a, b: torch.ops.opslot.silu_mul(a, b), (a, b)), None))
-        finally:
-            set_tuning(1, 0)
+        with bench_library("SiLU-mul --tune") as lib:
+            if lib is not None:
+                set_tuning = knob(lib, "opslot_silu_mul_set_tuning", 2)
+                try:
+                    for vpt, from_start in ((1, 1), (2, 0), (4, 0)):
+                        set_tuning(vpt, from_start)
+                        name = f"vectors/thread {vpt}" + (", backward from the start" if from_start else "")
+                        rows.append(measure(f"opslot cuda [{name}]",
+                                            lambda: fwd_bwd(lambda a, b: torch.ops.opslot.silu_mul(a, b), (a, b)), None))
+                finally:
+                    set_tuning(1, 0)
     out.append(table(f"SiLU·mul {N}x{D} bf16 — 16 B/element (opslot torch = upstream eager here)", 16 * N * D, copy_bw,
                      rows, "≤ 0.82 ms, ≥ 92% of copy BW"))
 
@@ -351,20 +389,20 @@ def bench_lb(copy_bw, args, out):
     rows.append(measure("opslot cuda, forward only (logits read once)",
                         lambda: (lambda: CLB.load_balancing_loss(det, E, K)), None, L * N * E * 2))
     if args.tune:  # the previous kernels and register budgets, side by side
-        import ctypes
-
-        from opslot.kernels.cuda import _lib
-        set_tuning = _lib.library().opslot_load_balancing_set_tuning
-        set_tuning.argtypes = [ctypes.c_int, ctypes.c_int]
         names = {(1, 1): "tile forward + general backward (the previous kernels)",
                  (2, 1): "general forward + general backward", (0, 1): "warp forward + general backward"}
-        try:
-            for (fp, bp), name in names.items():
-                set_tuning(fp, bp)
-                rows.append(measure(f"opslot cuda [{name}]", lambda: fwd_bwd(lambda *ls: CLB.load_balancing_loss(tuple(ls), E, K), fresh()), None))
-                rows.append(measure("  its forward only", lambda: (lambda: CLB.load_balancing_loss(det, E, K)), None, L * N * E * 2))
-        finally:
-            set_tuning(0, 0)
+        with bench_library("load-balancing --tune") as lib:
+            if lib is not None:
+                set_tuning = knob(lib, "opslot_load_balancing_set_tuning", 2)
+                try:
+                    for (fp, bp), name in names.items():
+                        set_tuning(fp, bp)
+                        rows.append(measure(f"opslot cuda [{name}]",
+                                            lambda: fwd_bwd(lambda *ls: CLB.load_balancing_loss(tuple(ls), E, K), fresh()), None))
+                        rows.append(measure("  its forward only", lambda: (lambda: CLB.load_balancing_loss(det, E, K)), None,
+                                            L * N * E * 2))
+                finally:
+                    set_tuning(0, 0)
     # bytes: logits read twice (forward, backward), gradient written once
     out.append(table(f"Load-balancing loss: {L} layers x {N} x {E} bf16, top-8 — bytes: logits read fwd + bwd, grads written",
                      3 * L * N * E * 2, copy_bw, rows, "≤ 0.30 ms"))
@@ -379,13 +417,15 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", default="rms,rope,silu,lb")
     ap.add_argument("--profile", action="store_true", help="also list the kernels of one call of each opslot op (torch.profiler)")
-    ap.add_argument("--tune", action="store_true", help="also time kernel variants (RMSNorm, SiLU-mul, load-balancing)")
+    ap.add_argument("--tune", action="store_true",
+                    help="also time the kernel variants behind the knobs (RMSNorm, RoPE, SiLU-mul, load-balancing; "
+                         "needs libopslot_kernels_bench.so, else those sweeps are skipped)")
     args = ap.parse_args()
     torch.manual_seed(0)
     out = []
     bw = copy_bandwidth()
     head = (f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}; device-to-device copy "
-            f"{bw / 1e12:.2f} TB/s (bytes read + written, 2 GiB bf16 copy, median)\n")
+            f"{bw / 1e12:.2f} TB/s (bytes read + written, 2 GiB bf16 copy, median)\n\n{libraries_line()}\n")
     print(head, flush=True)
     out.append(head)
     steps = {"rms": bench_rms, "rope": bench_rope, "silu": bench_silu, "lb": bench_lb}

@@ -35,9 +35,21 @@ OPSLOT_API const char* opslot_last_error(void) { return g_last_error; }
 
 #define OPSLOT_STR2(x) #x
 #define OPSLOT_STR(x) OPSLOT_STR2(x)
+#ifdef OPSLOT_KERNELS_BENCH
+#define OPSLOT_BUILD_KNOBS "; bench (tuning knobs)"
+#else
+#define OPSLOT_BUILD_KNOBS ""
+#endif
+#if defined(OPSLOT_KERNELS_DIAGNOSTICS) && OPSLOT_KERNELS_DIAGNOSTICS
+#define OPSLOT_BUILD_DIAGNOSTICS "; diagnostics"
+#else
+#define OPSLOT_BUILD_DIAGNOSTICS ""
+#endif
+#define OPSLOT_BUILD_ABI OPSLOT_STR(OPSLOT_KERNELS_ABI_VERSION)
+#define OPSLOT_BUILD_NVCC OPSLOT_STR(__CUDACC_VER_MAJOR__) "." OPSLOT_STR(__CUDACC_VER_MINOR__)
 OPSLOT_API const char* opslot_build_info(void) {
-  return "opslot_kernels abi " OPSLOT_STR(OPSLOT_KERNELS_ABI_VERSION) "; nvcc " OPSLOT_STR(
-      __CUDACC_VER_MAJOR__) "." OPSLOT_STR(__CUDACC_VER_MINOR__) "; sm_90a sm_80 compute_80";
+  return "opslot_kernels abi " OPSLOT_BUILD_ABI "; nvcc " OPSLOT_BUILD_NVCC
+         "; sm_90a sm_80 compute_80" OPSLOT_BUILD_KNOBS OPSLOT_BUILD_DIAGNOSTICS;
 }
 
 // A kernel that does nothing: its attributes tell whether the library has code for a device.

@@ -5,13 +5,53 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdarg>
 #include <cstdint>
 #include <cstring>
 
 #include "opslot_kernels/common.h"
 
+// OPSLOT_KERNELS_BENCH (CMake target opslot_kernels_bench, libopslot_kernels_bench.so): the same
+// sources with the benchmark-only tuning knobs of opslot_kernels/bench.h. In the production library
+// (opslot_kernels) every knob is a compile-time constant, its default, and the kernel versions that
+// only a knob selects are not compiled: a knob-only branch sits under `if constexpr (kBench)`.
+#ifdef OPSLOT_KERNELS_BENCH
+#include "opslot_kernels/bench.h"
+#endif
+
 namespace opslot {
+
+#ifdef OPSLOT_KERNELS_BENCH
+constexpr bool kBench = true;
+#else
+constexpr bool kBench = false;
+#endif
+
+// Host-side memo of one value per CUDA device (a kernel's occupancy at the last geometry asked
+// for), safe to share between threads: the key and its value are one 64-bit atomic,
+// so a reader never pairs a key with another key's value; two threads that race compute the same
+// value and store it twice. Devices past kMaxDevices are not memoised (the caller recomputes).
+class DeviceMemo {
+ public:
+  static constexpr int kMaxDevices = 64;
+  // The value stored for `key` on `device`, or -1 (none yet, or stored for another key).
+  int get(int device, uint32_t key) const {
+    if (device < 0 || device >= kMaxDevices) return -1;
+    const uint64_t v = slot_[device].load(std::memory_order_acquire);
+    if (v == 0 || static_cast<uint32_t>(v >> 32) != key) return -1;
+    return static_cast<int>(static_cast<uint32_t>(v) - 1);
+  }
+  // Stores `value` (>= 0) for `key` on `device`, replacing what was stored.
+  void put(int device, uint32_t key, int value) {
+    if (device < 0 || device >= kMaxDevices || value < 0) return;
+    slot_[device].store(static_cast<uint64_t>(key) << 32 | (static_cast<uint32_t>(value) + 1u),
+                        std::memory_order_release);
+  }
+
+ private:
+  std::atomic<uint64_t> slot_[kMaxDevices] = {};
+};
 
 // Records the message returned by opslot_last_error() for this thread; returns `code`.
 int set_error(int code, const char* fmt, ...) __attribute__((format(printf, 2, 3)));

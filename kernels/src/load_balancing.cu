@@ -5,6 +5,8 @@
 // partial sums (counts, probability sums) go to scratch; lb_finalize adds them in a fixed order and
 // writes the loss and the coefficients the backward needs. See
 // kernels/include/opslot_kernels/load_balancing.h.
+#include <atomic>
+#include <mutex>
 #include <type_traits>
 
 #include "common.cuh"
@@ -248,6 +250,7 @@ __global__ void __launch_bounds__(kThreads)
 // per-round arg-max: the selection is a threshold (the k-th largest value; ties: lower index).
 constexpr int kFastWarps = 4;
 constexpr int kFastMaxE = 256;
+constexpr int kFastMaxSmem = 200 * 1024;  // the tile path's largest dynamic shared memory
 constexpr int kFastMaxWords = kFastMaxE / 32;
 
 // R / rows, in 32 bits when both fit (a 64-bit division is a long software sequence).
@@ -563,8 +566,17 @@ __global__ void __launch_bounds__(kFastWarps * 32)
 // lower index first), each lane popping its sorted keys. Backward, any dtype: a warp per row,
 // softmax recomputed, two butterflies (sum, dot with the coefficients).
 constexpr int kWarpWarps = 16;  // 512-thread blocks, 4 per SM: 64 warps, 32 registers
-int g_lb_fwd_path = 0;          // opslot_load_balancing_set_tuning: 0 auto, 1 tile, 2 general
-int g_lb_bwd_path = 0;          // 0 auto (warp per row), 1 general
+// Tuning knobs (opslot_load_balancing_set_tuning, opslot_kernels/bench.h): the forward path (0
+// auto, 1 tile, 2 general) and the backward path (0 auto: warp per row, 1 general). Mutable in the
+// bench library only; the production library has the defaults (auto) as constants. Every path is
+// the automatic choice for some inputs, so both libraries have the same kernels.
+#ifdef OPSLOT_KERNELS_BENCH
+int g_lb_fwd_path = 0;
+int g_lb_bwd_path = 0;
+#else
+constexpr int g_lb_fwd_path = 0;
+constexpr int g_lb_bwd_path = 0;
+#endif
 
 template <int EPL>
 struct RawRow {
@@ -950,33 +962,39 @@ int launch_fast_k(const LbLayers& L, const LbArgs& b, int64_t owned_rows, cudaSt
   const FastLayout F = fast_layout(b.experts, sizeof(T));
   const int smem = kFastWarps * F.warp_bytes;
   void (*kernel)(const LbLayers, LbArgs, int64_t) = lb_fwd_fast_kernel<T, KMAX>;
-  struct Cache {
-    int attr = 0;  // the dynamic shared memory opted in so far
-    int smem = -1, occ = 0;
-  };
-  static Cache cache[64];
+  // Per device: the dynamic shared memory opted in so far, which only grows (the mutex orders the
+  // opt-ins, so no thread lowers it under another's launch), and the occupancy of the last size
+  // asked for (DeviceMemo: thread-safe). A device past the memo's range opts in to the largest size
+  // the tile path takes.
+  static std::atomic<int> opted_in[DeviceMemo::kMaxDevices];
+  static std::mutex opt_in_mutex;
+  static DeviceMemo last_occupancy;
   int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) dev = 0;
-  Cache& c = cache[dev];
-  if (c.attr < smem) {
-    cudaError_t err =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (err != cudaSuccess)
-      return set_error(static_cast<int>(err), "load_balancing: shared-memory opt-in failed: %s",
-                       cudaGetErrorString(err));
-    c.attr = smem;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0) dev = 0;
+  const bool memo = dev < DeviceMemo::kMaxDevices;
+  if (!memo || opted_in[dev].load(std::memory_order_acquire) < smem) {
+    std::lock_guard<std::mutex> lock(opt_in_mutex);
+    if (!memo || opted_in[dev].load(std::memory_order_relaxed) < smem) {
+      cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             memo ? smem : kFastMaxSmem);
+      if (err != cudaSuccess)
+        return set_error(static_cast<int>(err), "load_balancing: shared-memory opt-in failed: %s",
+                         cudaGetErrorString(err));
+      if (memo) opted_in[dev].store(smem, std::memory_order_release);
+    }
   }
-  if (c.smem != smem) {
+  int occ = last_occupancy.get(dev, static_cast<uint32_t>(smem));
+  if (occ < 0) {
     int n = 0;
     cudaError_t err =
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kFastWarps * 32, smem);
     if (err != cudaSuccess)
       return set_error(static_cast<int>(err), "load_balancing: occupancy query failed: %s",
                        cudaGetErrorString(err));
-    c.smem = smem;
-    c.occ = n > 0 ? n : 1;
+    occ = n > 0 ? n : 1;
+    last_occupancy.put(dev, static_cast<uint32_t>(smem), occ);
   }
-  const int64_t cap = static_cast<int64_t>(num_sms()) * c.occ;
+  const int64_t cap = static_cast<int64_t>(num_sms()) * occ;
   const int64_t grid = owned_rows < cap ? owned_rows : cap;
   kernel<<<static_cast<unsigned>(grid), kFastWarps * 32, smem, s>>>(L, b, owned_rows);
   return check_launch("load_balancing forward");
@@ -989,7 +1007,7 @@ int launch_fast(int num_layers, const void* const* logits, const int64_t* stride
                 float* partial_base, cudaStream_t s) {
   constexpr int VPC = 16 / sizeof(T);
   if (a.experts < 8 || a.experts > kFastMaxE || a.experts % VPC != 0 || a.top_k < 1 ||
-      a.top_k > 16 || kFastWarps * fast_layout(a.experts, sizeof(T)).warp_bytes > 200 * 1024)
+      a.top_k > 16 || kFastWarps * fast_layout(a.experts, sizeof(T)).warp_bytes > kFastMaxSmem)
     return kNotEligible;
   for (int i = 0; i < num_layers; ++i)
     if (!logits[i] || reinterpret_cast<uintptr_t>(logits[i]) % 16 != 0 || strides[i] % VPC != 0)
@@ -1265,6 +1283,7 @@ OPSLOT_API int opslot_load_balancing_bwd(int dtype, int num_layers, const void* 
   });
 }
 
+#ifdef OPSLOT_KERNELS_BENCH
 OPSLOT_API int opslot_load_balancing_set_tuning(int forward_path, int backward_path) {
   if (forward_path < 0 || forward_path > 2 || backward_path < 0 || backward_path > 1)
     return set_error(OPSLOT_ERR_INVALID_ARGUMENT,
@@ -1273,5 +1292,6 @@ OPSLOT_API int opslot_load_balancing_set_tuning(int forward_path, int backward_p
   g_lb_bwd_path = backward_path;
   return OPSLOT_OK;
 }
+#endif  // OPSLOT_KERNELS_BENCH
 
 }  // extern "C"

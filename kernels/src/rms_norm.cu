@@ -8,6 +8,7 @@
 // only on the width: a row's result is the same whatever the batch. The backward accumulates each
 // thread's weight-gradient columns over the rows of its row group in registers and writes one fp32
 // partial row per row group; rms_dw_reduce then adds the partial rows in a fixed order.
+#include <atomic>
 #include <type_traits>
 
 #include "common.cuh"
@@ -34,8 +35,12 @@ __device__ __forceinline__ float fast_sigmoid(float z) {
 #ifndef OPSLOT_KERNELS_DIAGNOSTICS
 #define OPSLOT_KERNELS_DIAGNOSTICS 0
 #endif
+#if OPSLOT_KERNELS_DIAGNOSTICS && !defined(OPSLOT_KERNELS_BENCH)
+#error "OPSLOT_KERNELS_DIAGNOSTICS is for the bench library (opslot_kernels_bench) only"
+#endif
 // Whether this build has the wrong-result diagnostic (CMake OPSLOT_KERNELS_DIAGNOSTICS, off by
-// default): without it the branch on RmsArgs::diag is compiled out of the kernels.
+// default, bench library only): without it the branch on RmsArgs::diag is compiled out of the
+// kernels.
 constexpr bool kDiagnostics = OPSLOT_KERNELS_DIAGNOSTICS != 0;
 
 struct RmsArgs {
@@ -766,15 +771,17 @@ __global__ void __launch_bounds__(1024)
   }
 }
 
+// The SM count of the current device, asked once per device (atomics: a race asks twice and
+// stores the same value).
 int num_sms() {
-  static int cached[64] = {0};
+  static std::atomic<int> cached[64];
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0) return 132;
-  if (dev < 64 && cached[dev]) return cached[dev];
-  int n = 0;
+  int n = dev < 64 ? cached[dev].load(std::memory_order_relaxed) : 0;
+  if (n > 0) return n;
   if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0)
     n = 132;
-  if (dev < 64) cached[dev] = n;
+  if (dev < 64) cached[dev].store(n, std::memory_order_relaxed);
   return n;
 }
 
@@ -788,18 +795,27 @@ bool aligned(const void* p, int bytes) {
   return p == nullptr || reinterpret_cast<uintptr_t>(p) % bytes == 0;
 }
 
-// Tuning knobs (opslot_rms_norm_set_tuning; benchmarks only): 16-byte vectors per thread the
-// geometry aims at, and resident waves of the backward (each wave adds partial rows).
+// Tuning knobs (opslot_rms_norm_set_tuning / _set_experiment, opslot_kernels/bench.h): mutable in
+// the bench library only; the production library has these defaults as constants.
 struct Tuning {
+  // 16-byte vectors per thread the geometry aims at.
   int vectors_per_thread = 2;
+  // Resident waves of the backward (each wave adds partial rows).
   int bwd_waves = 1;
+  // 0: version 3 where it applies, else 2 (plain norms) / 1 (gated); 1, 2, 3: that version.
   int variant = 0;
-  int pipe_blocks_per_sm =
-      0;  // version 3: resident blocks per SM (0: as many as fit; -1: forward not persistent)
-  int diag = 0;                 // version 3 without its row sums (wrong results: a diagnostic)
-  int backward_from_start = 0;  // version 3's backward in row order (default: from the last row)
+  // Version 3: resident blocks per SM (0: as many as fit; -1: forward not persistent).
+  int pipe_blocks_per_sm = 0;
+  // Version 3 without its row sums (wrong results: a diagnostic).
+  int diag = 0;
+  // Version 3's backward in row order (default: from the last row).
+  int backward_from_start = 0;
 };
+#ifdef OPSLOT_KERNELS_BENCH
 Tuning g_tuning;
+#else
+constexpr Tuning g_tuning{};
+#endif
 
 // Launch geometry, from the width and vector size only (so a row's arithmetic does not depend on
 // the rows).
@@ -840,16 +856,24 @@ int launch_nv(const RmsArgs& a, const Geometry& g, bool bwd, cudaStream_t stream
   // (measured faster on an H200: docs/results/kernels_h200.md).
   const int v = g_tuning.variant == 1 || (g_tuning.variant == 0 && gated) ? 0 : 1;
   void (*kernel)(RmsArgs);
-  if (v == 0)
+  if (v == 0) {
     kernel = bwd ? rms_bwd_kernel_v1<Tx, Tw, To, VEC, NV> : rms_fwd_kernel_v1<Tx, Tw, To, VEC, NV>;
-  else if (gated)
-    kernel =
-        bwd ? rms_bwd_kernel<Tx, Tw, To, VEC, NV, true> : rms_fwd_kernel<Tx, Tw, To, VEC, NV, true>;
-  else
+  } else if (!gated) {
     kernel = bwd ? rms_bwd_kernel<Tx, Tw, To, VEC, NV, false>
                  : rms_fwd_kernel<Tx, Tw, To, VEC, NV, false>;
-  static int occupancy[2][2][2][2] = {};  // [variant][gated][backward][block of 512 threads]
-  int& occ = occupancy[v][gated ? 1 : 0][bwd ? 1 : 0][g.threads > 256 ? 1 : 0];
+  } else if constexpr (kBench) {
+    // Version 2 of the gated norm: only opslot_rms_norm_set_tuning selects it (bench library).
+    kernel =
+        bwd ? rms_bwd_kernel<Tx, Tw, To, VEC, NV, true> : rms_fwd_kernel<Tx, Tw, To, VEC, NV, true>;
+  } else {
+    return set_error(OPSLOT_ERR_UNSUPPORTED,
+                     "rms_norm: version 2 of the gated norm is only in the bench library");
+  }
+  // Blocks per SM of each kernel, asked once (atomics: a race asks twice and stores the same
+  // value).
+  static std::atomic<int> occupancy[2][2][2][2];  // [variant][gated][backward][512-thread block]
+  std::atomic<int>& occ_memo = occupancy[v][gated ? 1 : 0][bwd ? 1 : 0][g.threads > 256 ? 1 : 0];
+  int occ = occ_memo.load(std::memory_order_relaxed);
   if (occ == 0) {
     int n = 0;
     cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, g.threads, 0);
@@ -857,6 +881,7 @@ int launch_nv(const RmsArgs& a, const Geometry& g, bool bwd, cudaStream_t stream
       return set_error(static_cast<int>(err), "rms_norm: occupancy query failed: %s",
                        cudaGetErrorString(err));
     occ = n > 0 ? n : 1;
+    occ_memo.store(occ, std::memory_order_relaxed);
   }
   // The forward may use many waves; the backward keeps bwd_waves resident waves (one partial row
   // per row group).
@@ -945,7 +970,7 @@ PipeGeometry pipe_geometry(const RmsArgs& a, bool bwd, const Geometry& g) {
 
 int device_id() {
   int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0) dev = 0;
   return dev;
 }
 
@@ -953,37 +978,36 @@ template <typename Tx, typename Tw, typename To, int VEC, int NV, bool GATED, bo
 int launch_pipe_inst(const RmsArgs& a, const PipeGeometry& p, cudaStream_t stream,
                      int64_t* partial_rows) {
   void (*kernel)(RmsArgs) = rms_pipe_kernel<Tx, Tw, To, VEC, NV, GATED, BWD, S>;
-  // Per device: the dynamic shared-memory opt-in (once), and the occupancy of the last geometry.
-  struct Cache {
-    bool attr = false;
-    int threads = 0;
-    int64_t smem = -1;
-    int occ = 0;
-  };
-  static Cache cache[64];
-  Cache& c = cache[device_id()];
-  if (!c.attr) {
+  // Per device: the dynamic shared-memory opt-in (once; the same value, so a race sets it twice),
+  // and the occupancy of the last geometry (threads, shared memory) asked for.
+  static std::atomic<bool> opted_in[DeviceMemo::kMaxDevices];
+  static DeviceMemo last_occupancy;
+  const int dev = device_id();
+  if (dev >= DeviceMemo::kMaxDevices || !opted_in[dev].load(std::memory_order_acquire)) {
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(kPipeMaxSmem));
     if (err != cudaSuccess)
       return set_error(static_cast<int>(err), "rms_norm: shared-memory opt-in failed: %s",
                        cudaGetErrorString(err));
-    c.attr = true;
+    if (dev < DeviceMemo::kMaxDevices) opted_in[dev].store(true, std::memory_order_release);
   }
-  if (c.threads != p.threads || c.smem != p.smem) {
+  // threads (< 2^11) and shared memory (< 2^21 bytes): one 32-bit key.
+  static_assert(kPipeMaxThreads < (1 << 11) && kPipeMaxSmem < (int64_t(1) << 21), "memo key");
+  const uint32_t key = static_cast<uint32_t>(p.smem) << 11 | static_cast<uint32_t>(p.threads);
+  int c_occ = last_occupancy.get(dev, key);
+  if (c_occ < 0) {
     int n = 0;
     cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, p.threads,
                                                                     static_cast<size_t>(p.smem));
     if (err != cudaSuccess)
       return set_error(static_cast<int>(err), "rms_norm: occupancy query failed: %s",
                        cudaGetErrorString(err));
-    c.threads = p.threads;
-    c.smem = p.smem;
-    c.occ = n > 0 ? n : 1;
+    c_occ = n > 0 ? n : 1;
+    last_occupancy.put(dev, key, c_occ);
   }
-  const int occ = g_tuning.pipe_blocks_per_sm > 0 && g_tuning.pipe_blocks_per_sm < c.occ
+  const int occ = g_tuning.pipe_blocks_per_sm > 0 && g_tuning.pipe_blocks_per_sm < c_occ
                       ? g_tuning.pipe_blocks_per_sm
-                      : c.occ;
+                      : c_occ;
   const int64_t cap =
       g_tuning.pipe_blocks_per_sm < 0 && !BWD ? a.rows : static_cast<int64_t>(num_sms()) * occ;
   int64_t grid = a.rows < cap ? a.rows : cap;
@@ -1185,6 +1209,7 @@ OPSLOT_API int opslot_rms_norm_bwd(int mode, int x_dtype, int w_dtype, int64_t r
   return rms_bwd_impl(mode, x_dtype, w_dtype, a, dw, static_cast<cudaStream_t>(stream), nullptr);
 }
 
+#ifdef OPSLOT_KERNELS_BENCH
 OPSLOT_API int opslot_rms_norm_set_experiment(int pipe_blocks_per_sm, int skip_row_sums,
                                               int backward_from_start) {
   if (pipe_blocks_per_sm < -1 || pipe_blocks_per_sm > 32 || skip_row_sums < 0 ||
@@ -1195,8 +1220,8 @@ OPSLOT_API int opslot_rms_norm_set_experiment(int pipe_blocks_per_sm, int skip_r
   if (skip_row_sums && !kDiagnostics)
     return set_error(
         OPSLOT_ERR_UNSUPPORTED,
-        "rms_norm experiment: skip_row_sums gives wrong results and is only in a library built "
-        "with -DOPSLOT_KERNELS_DIAGNOSTICS=ON");
+        "rms_norm experiment: skip_row_sums gives wrong results and is only in a bench library "
+        "built with -DOPSLOT_KERNELS_DIAGNOSTICS=ON");
   g_tuning.backward_from_start = backward_from_start;
   g_tuning.pipe_blocks_per_sm = pipe_blocks_per_sm;
   g_tuning.diag = skip_row_sums;
@@ -1213,5 +1238,6 @@ OPSLOT_API int opslot_rms_norm_set_tuning(int vectors_per_thread, int bwd_waves,
   g_tuning.variant = variant;
   return OPSLOT_OK;
 }
+#endif  // OPSLOT_KERNELS_BENCH
 
 }  // extern "C"

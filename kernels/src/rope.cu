@@ -33,9 +33,9 @@ struct RopeArgs {
   int rd;
 };
 
-// The head loop (opslot_rope_set_tuning; off by default: measured slower): a thread takes up to
-// kLoopHeads indices of dimension 0 (heads: cos and sin do not depend on them) for one position and
-// slot, loading cos/sin once for all of them.
+// The head loop (opslot_rope_set_tuning, bench library only; off by default: measured slower): a
+// thread takes up to kLoopHeads indices of dimension 0 (heads: cos and sin do not depend on them)
+// for one position and slot, loading cos/sin once for all of them.
 constexpr int kLoopHeads = 8;
 
 // One rotation of a VEC-element pair slot; cos/sin stay in their own type and are converted at
@@ -116,8 +116,15 @@ __global__ void __launch_bounds__(256) rope_kernel(RopeArgs a) {
   }
 }
 
-int g_spread = 1;  // opslot_rope_set_tuning (benchmarks only)
+// Tuning knobs (opslot_rope_set_tuning, opslot_kernels/bench.h): mutable in the bench library
+// only; the production library has the defaults as constants and no head-loop kernels.
+#ifdef OPSLOT_KERNELS_BENCH
+int g_spread = 1;
 int g_loop = 0;
+#else
+constexpr int g_spread = 1;
+constexpr int g_loop = 0;
+#endif
 
 bool aligned(const void* p, int bytes) {
   return p == nullptr || reinterpret_cast<uintptr_t>(p) % bytes == 0;
@@ -205,17 +212,19 @@ int launch(bool bwd, int64_t head_dim, int64_t rotary_dim, const void* cos, cons
   auto go = [&](auto vec_tag, auto spread_tag) {
     constexpr int V = decltype(vec_tag)::value;
     constexpr bool SP = decltype(spread_tag)::value;
-    if (loop) {
-      if (bwd)
-        rope_kernel<T, Tc, V, true, SP, true><<<g, threads, 0, stream>>>(a);
-      else
-        rope_kernel<T, Tc, V, false, SP, true><<<g, threads, 0, stream>>>(a);
-    } else {
-      if (bwd)
-        rope_kernel<T, Tc, V, true, SP, false><<<g, threads, 0, stream>>>(a);
-      else
-        rope_kernel<T, Tc, V, false, SP, false><<<g, threads, 0, stream>>>(a);
+    if constexpr (kBench) {  // the head loop: bench library only
+      if (loop) {
+        if (bwd)
+          rope_kernel<T, Tc, V, true, SP, true><<<g, threads, 0, stream>>>(a);
+        else
+          rope_kernel<T, Tc, V, false, SP, true><<<g, threads, 0, stream>>>(a);
+        return;
+      }
     }
+    if (bwd)
+      rope_kernel<T, Tc, V, true, SP, false><<<g, threads, 0, stream>>>(a);
+    else
+      rope_kernel<T, Tc, V, false, SP, false><<<g, threads, 0, stream>>>(a);
   };
   using Yes = std::true_type;
   using No = std::false_type;
@@ -274,6 +283,7 @@ extern "C" OPSLOT_API int opslot_rope(int backward, int dtype, int cs_dtype, int
   }
 }
 
+#ifdef OPSLOT_KERNELS_BENCH
 extern "C" OPSLOT_API int opslot_rope_set_tuning(int spread_pass_through, int loop_heads) {
   if ((spread_pass_through != 0 && spread_pass_through != 1) ||
       (loop_heads != 0 && loop_heads != 1))
@@ -283,3 +293,4 @@ extern "C" OPSLOT_API int opslot_rope_set_tuning(int spread_pass_through, int lo
   g_loop = loop_heads;
   return OPSLOT_OK;
 }
+#endif  // OPSLOT_KERNELS_BENCH

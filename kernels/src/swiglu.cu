@@ -10,8 +10,16 @@ namespace opslot {
 namespace {
 
 constexpr int kThreads = 256;
-int g_unroll = 1;  // vectors per thread and tensor (opslot_silu_mul_set_tuning; benchmarks only)
-int g_bwd_from_start = 0;  // the backward in index order (benchmarks only; default: from the end)
+// Tuning knobs (opslot_silu_mul_set_tuning, opslot_kernels/bench.h): vectors per thread and
+// tensor, and the backward in index order (default: from the end). Mutable in the bench library
+// only; the production library has the defaults as constants and only the one-vector kernels.
+#ifdef OPSLOT_KERNELS_BENCH
+int g_unroll = 1;
+int g_bwd_from_start = 0;
+#else
+constexpr int g_unroll = 1;
+constexpr int g_bwd_from_start = 0;
+#endif
 
 // fp32: expf and an exact division; 16-bit types: the fast intrinsics (their error is far below
 // one 16-bit rounding, and the exact forms cost issue slots this bandwidth-bound kernel needs).
@@ -143,14 +151,11 @@ int run(bool bwd, int64_t n, const void* gate, const void* up, const void* grad,
       silu_mul_fwd_kernel<T, 1, U><<<grid, kThreads, 0, s>>>(nvec, n, g, u, o1);
     return check_launch("silu_mul forward");
   };
-  switch (g_unroll) {
-    case 2:
-      return go(std::integral_constant<int, 2>{});
-    case 4:
-      return go(std::integral_constant<int, 4>{});
-    default:
-      return go(std::integral_constant<int, 1>{});
+  if constexpr (kBench) {  // two and four vectors per thread: bench library only
+    if (g_unroll == 2) return go(std::integral_constant<int, 2>{});
+    if (g_unroll == 4) return go(std::integral_constant<int, 4>{});
   }
+  return go(std::integral_constant<int, 1>{});
 }
 
 }  // namespace
@@ -175,6 +180,7 @@ OPSLOT_API int opslot_silu_mul_bwd(int dtype, int64_t n, const void* gate, const
   });
 }
 
+#ifdef OPSLOT_KERNELS_BENCH
 OPSLOT_API int opslot_silu_mul_set_tuning(int vectors_per_thread, int backward_from_start) {
   if ((vectors_per_thread != 1 && vectors_per_thread != 2 && vectors_per_thread != 4) ||
       backward_from_start < 0 || backward_from_start > 1)
@@ -184,5 +190,6 @@ OPSLOT_API int opslot_silu_mul_set_tuning(int vectors_per_thread, int backward_f
   g_bwd_from_start = backward_from_start;
   return OPSLOT_OK;
 }
+#endif  // OPSLOT_KERNELS_BENCH
 
 }  // extern "C"

@@ -38,13 +38,6 @@ OPSLOT_API int opslot_load_balancing_bwd(int dtype, int num_layers, const void* 
                                          const float* grad_loss, void* const* grad_logits,
                                          void* stream);
 
-/* Benchmarks and tests only: which kernels run (process-wide, not thread-safe). forward_path 0 =
- * automatic (the warp-per-row forward where eligible: 16-bit logits, 64/128/256 experts,
- * 1 <= top_k <= 16, rows aligned to a lane's values; else the tile forward; else the general one),
- * 1 = the tile forward where eligible, 2 = the general forward; backward_path 0 = automatic (the
- * warp backward for 8, 16 or 32 lanes of 16-byte vectors per row), 1 = the general backward. */
-OPSLOT_API int opslot_load_balancing_set_tuning(int forward_path, int backward_path);
-
 #ifdef __cplusplus
 }
 #endif

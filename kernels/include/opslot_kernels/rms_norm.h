@@ -54,24 +54,6 @@ OPSLOT_API int opslot_rms_norm_bwd(int mode, int x_dtype, int w_dtype, int64_t r
                                    const void* dy, int64_t dy_row_stride, void* dx, void* dgate,
                                    float* dw_partial, void* dw, void* stream);
 
-/* Benchmarks and tests only (not thread-safe; changes the row-group count, so call it between
- * runs): the number of 16-byte vectors per thread the launch geometry aims at (default 2; version 3
- * takes 1 or 2), the resident waves of their backward (default 1), and the kernel version (0, the
- * default: version 3 where it applies — 16-byte vectors, at most two per thread — else version 2
- * for the plain norms and 1 for the gated norm; 3: one block per row, the next rows copied into a
- * shared-memory ring with cp.async; 2: raw registers and the next row prefetched; 1: fp32
- * registers, one row in flight). Versions 2 and 3 fall back to 2 / 1 where they do not apply. */
-OPSLOT_API int opslot_rms_norm_set_tuning(int vectors_per_thread, int bwd_waves, int variant);
-
-/* Benchmarks only (not thread-safe): version 3's resident blocks per SM (0, the default: as many as
- * fit; -1: a forward that is not persistent, one row per block); skip_row_sums = 1, a diagnostic
- * that leaves out version 3's row sums (wrong results: it measures what the sums cost; only in a
- * library built with the CMake option OPSLOT_KERNELS_DIAGNOSTICS=ON, else OPSLOT_ERR_UNSUPPORTED);
- * backward_from_start = 1: version 3's backward takes the rows in order (the default walks them
- * from the last row, which the producer of dy wrote last). */
-OPSLOT_API int opslot_rms_norm_set_experiment(int pipe_blocks_per_sm, int skip_row_sums,
-                                              int backward_from_start);
-
 #ifdef __cplusplus
 }
 #endif

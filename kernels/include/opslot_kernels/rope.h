@@ -31,13 +31,6 @@ OPSLOT_API int opslot_rope(int backward, int dtype, int cs_dtype, int64_t head_d
                            void* q_out, const void* k_in, void* k_out, const int64_t* meta,
                            void* stream);
 
-/* Benchmarks and tests only (not thread-safe): spread_pass_through 1 (default) spreads the
- * pass-through part of a partial rotation over the pair slots, 0 gives each pass-through 16-byte
- * vector its own thread (the first layout); loop_heads 1 lets a thread rotate up to 8 heads of one
- * position with one load of cos/sin, 0 (default: measured faster, docs/results/kernels_h200.md)
- * gives each row its own threads. */
-OPSLOT_API int opslot_rope_set_tuning(int spread_pass_through, int loop_heads);
-
 #ifdef __cplusplus
 }
 #endif

@@ -18,10 +18,6 @@ OPSLOT_API int opslot_silu_mul_fwd(int dtype, int64_t n, const void* gate, const
                                    void* out, void* stream);
 OPSLOT_API int opslot_silu_mul_bwd(int dtype, int64_t n, const void* gate, const void* up,
                                    const void* grad, void* dgate, void* dup, void* stream);
-/* Benchmarks only: 16-byte vectors per thread and tensor (1, 2 or 4; default 1), and the backward's
- * order (backward_from_start = 1: in index order; 0, the default: from the end, where what the
- * producer of grad wrote last is most likely still in L2). Not thread-safe. */
-OPSLOT_API int opslot_silu_mul_set_tuning(int vectors_per_thread, int backward_from_start);
 
 #ifdef __cplusplus
 }

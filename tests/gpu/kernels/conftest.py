@@ -5,8 +5,13 @@ libopslot_kernels). Kept generic: other ops' test files use the same helpers.
 - `seed` fixture (autouse): a fixed torch seed per test.
 - `assert_close(out, ref, dtype, what)`: relative L2 error of `out` against an fp32 reference,
   with a tolerance per kernel dtype; NaN never passes; shapes must match.
+- `bench_library()` / `knob(lib, name, nargs)`: the tests of the benchmark-only tuning knobs run
+  on libopslot_kernels_bench.so (kernels/include/opslot_kernels/bench.h; docs/kernels.md "Two
+  builds"), which every opslot cuda op calls inside the block; they skip when it is not built.
 """
 
+import contextlib
+import ctypes
 import os
 import sys
 
@@ -61,6 +66,35 @@ def assert_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, what:
     err = rel_err(out, ref, floor)
     tol = TOLERANCE[dtype] * scale
     assert err <= tol, f"{what}: relative error {err:.3g} > {tol:.3g}"
+
+
+def bench_library_path():
+    """The bench library's path (found beside the production library, in build/kernels/, or at
+    $OPSLOT_KERNELS_BENCH_LIB); skips the test when it is not built."""
+    from opslot.kernels.cuda import _lib
+
+    try:
+        return _lib.bench_library_path()
+    except _lib.KernelLibraryError as exc:
+        pytest.skip(f"needs the bench library: {exc}")
+
+
+@contextlib.contextmanager
+def bench_library():
+    """Every opslot cuda op calls the bench library inside the block (it yields the CDLL, whose
+    knobs the test sets and resets); skips the test when it is not built."""
+    from opslot.kernels.cuda import _lib
+
+    with _lib.using_library(bench_library_path()) as lib:
+        yield lib
+
+
+def knob(lib, name: str, nargs: int):
+    """The bench library's knob `name` (int arguments, int return code)."""
+    f = getattr(lib, name)
+    f.argtypes = [ctypes.c_int] * nargs
+    f.restype = ctypes.c_int
+    return f
 
 
 def fp32_leaf(t: torch.Tensor) -> torch.Tensor:

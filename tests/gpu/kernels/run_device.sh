@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # On the GPU machine: the CUDA kernel tests, then the benchmark (tables to $OUT).
-#   OPSLOT_KERNELS_LIB=... OUT=... [TESTS='files'] [SKIP_BENCH=1] [BENCH_ARGS=--tune] [RMS_VERSIONS='1 2'] \
-#     tests/gpu/kernels/run_device.sh [pytest args]
+#   OPSLOT_KERNELS_LIB=... [OPSLOT_KERNELS_BENCH_LIB=...] OUT=... [TESTS='files'] [SKIP_BENCH=1] \
+#     [BENCH_ARGS=--tune] [RMS_VERSIONS='1 2'] tests/gpu/kernels/run_device.sh [pytest args]
+# The knob tests, RMS_VERSIONS and the --tune sweeps run on the bench library
+# (libopslot_kernels_bench.so: `cmake --build build --target opslot_kernels_bench`), found beside
+# the production library or at $OPSLOT_KERNELS_BENCH_LIB; without it they skip (RMS_VERSIONS fails).
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)
 cd "$ROOT"

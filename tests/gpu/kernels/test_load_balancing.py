@@ -5,7 +5,7 @@ top-k, dtypes; bitwise determinism."""
 import pytest
 import torch
 
-from conftest import DTYPES, assert_close, fp32_leaf, requires_cuda
+from conftest import DTYPES, assert_close, bench_library, fp32_leaf, knob, requires_cuda
 
 pytestmark = requires_cuda
 
@@ -130,35 +130,26 @@ def test_fast_and_general_forward_agree_on_counts():
     torch.testing.assert_close(a, b, rtol=1e-5, atol=0)
 
 
-def _set_paths(forward, backward):
-    import ctypes
-
-    from opslot.kernels.cuda import _lib
-
-    f = _lib.library().opslot_load_balancing_set_tuning
-    f.argtypes = [ctypes.c_int, ctypes.c_int]
-    assert f(forward, backward) == 0
+def _set_paths(lib, forward, backward):
+    assert knob(lib, "opslot_load_balancing_set_tuning", 2)(forward, backward) == 0
 
 
 def test_tuning_rejects_bad_values():
-    import ctypes
-
-    from opslot.kernels.cuda import _lib
-
-    f = _lib.library().opslot_load_balancing_set_tuning
-    f.argtypes = [ctypes.c_int, ctypes.c_int]
-    for bad in [(3, 0), (0, 2), (-1, 0), (0, -1)]:
-        assert f(*bad) != 0
-    assert f(0, 0) == 0
+    with bench_library() as lib:
+        f = knob(lib, "opslot_load_balancing_set_tuning", 2)
+        for bad in [(3, 0), (0, 2), (-1, 0), (0, -1)]:
+            assert f(*bad) != 0
+        assert f(0, 0) == 0
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("experts,top_k", [(64, 6), (128, 8), (128, 2), (256, 16), (256, 9)])
 def test_every_path_agrees(dtype, experts, top_k):
-    """The warp-per-row forward and backward (the defaults for 64/128/256 experts), the tile forward
-    and the general kernels on the same logits (ties included: few distinct values, signed zeros):
-    the loss equal up to fp32 summation order, the gradients within the dtype's tolerance of each
-    other and of the tie reference."""
+    """The warp-per-row forward and backward (the defaults for 64/128/256 experts, here on the
+    production library), the tile forward and the general kernels (forced on the bench library) on
+    the same logits (ties included: few distinct values, signed zeros): the loss equal up to fp32
+    summation order, the gradients within the dtype's tolerance of each other and of the tie
+    reference."""
     from opslot.kernels.cuda import load_balancing as LB
 
     torch.manual_seed(experts + top_k)
@@ -168,23 +159,29 @@ def test_every_path_agrees(dtype, experts, top_k):
     refs = tuple(t.detach().float().requires_grad_(True) for t in logits)
     lref = _tie_reference(refs, experts, top_k)
     results = {}
-    try:
-        for fwd, bwd in [(0, 0), (1, 1), (2, 1), (0, 1), (2, 0)]:
-            _set_paths(fwd, bwd)
-            xs = tuple(t.detach().clone().requires_grad_(True) for t in logits)
-            loss = LB.load_balancing_loss(xs, experts, top_k)
-            loss.backward()
-            results[(fwd, bwd)] = (loss.detach(), [x.grad for x in xs])
-            xs = tuple(t.detach().clone().requires_grad_(True) for t in logits)
-            masked = LB.load_balancing_loss(xs, experts, top_k, mask)
-            masked.backward()
-            results[(fwd, bwd, "mask")] = (masked.detach(), [x.grad for x in xs])
-    finally:
-        _set_paths(0, 0)
+
+    def run(fwd, bwd):
+        xs = tuple(t.detach().clone().requires_grad_(True) for t in logits)
+        loss = LB.load_balancing_loss(xs, experts, top_k)
+        loss.backward()
+        results[(fwd, bwd)] = (loss.detach(), [x.grad for x in xs])
+        xs = tuple(t.detach().clone().requires_grad_(True) for t in logits)
+        masked = LB.load_balancing_loss(xs, experts, top_k, mask)
+        masked.backward()
+        results[(fwd, bwd, "mask")] = (masked.detach(), [x.grad for x in xs])
+
+    run(0, 0)  # the automatic paths, on the library in use
     assert_close(results[(0, 0)][0], lref.detach(), torch.float32, "loss", scale=20)
     lref.backward()
     for a, b in zip(results[(0, 0)][1], refs):
         assert_close(a, b.grad, dtype, "grad vs tie reference")
+    with bench_library() as lib:  # the forced paths
+        try:
+            for fwd, bwd in [(1, 1), (2, 1), (0, 1), (2, 0)]:
+                _set_paths(lib, fwd, bwd)
+                run(fwd, bwd)
+        finally:
+            _set_paths(lib, 0, 0)
     for key, (loss, grads) in results.items():
         base = results[(0, 0, "mask")] if "mask" in key else results[(0, 0)]
         torch.testing.assert_close(loss, base[0], rtol=2e-6, atol=0, msg=f"loss of path {key}")

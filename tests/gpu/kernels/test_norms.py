@@ -5,29 +5,32 @@ invariance."""
 import pytest
 import torch
 
-from conftest import DTYPES, assert_close, fp32_leaf, requires_cuda
+from conftest import DTYPES, assert_close, bench_library, fp32_leaf, knob, requires_cuda
 
 pytestmark = requires_cuda
 
 
 @pytest.fixture(autouse=True, scope="module")
 def kernel_version():
-    """OPSLOT_RMS_TEST_VERSION=1, 2 or 3 runs this file against the library's version-1, -2 or -3
-    kernels for every variant, where the version applies (the default, 0, picks per input;
-    opslot_rms_norm_set_tuning)."""
-    import ctypes
+    """OPSLOT_RMS_TEST_VERSION=1, 2 or 3 runs this file against the version-1, -2 or -3 kernels for
+    every variant, where the version applies (the default, 0, picks per input, on the production
+    library). A forced version runs on the bench library (opslot_rms_norm_set_tuning), which must
+    then be built."""
     import os
 
     version = int(os.environ.get("OPSLOT_RMS_TEST_VERSION", "0"))
-    if version != 0:
-        from opslot.kernels.cuda import _lib
+    if version == 0:
+        yield version
+        return
+    from opslot.kernels.cuda import _lib
 
-        f = _lib.library().opslot_rms_norm_set_tuning
-        f.argtypes = [ctypes.c_int] * 3
+    with _lib.using_library(_lib.bench_library_path()) as lib:
+        f = knob(lib, "opslot_rms_norm_set_tuning", 3)
         assert f(2, 1, version) == 0
-    yield version
-    if version != 0:
-        f(2, 1, 0)
+        try:
+            yield version
+        finally:
+            f(2, 1, 0)
 
 WIDTHS = [1, 7, 127, 2048, 4096, 5120, 16384]
 ROWS = [0, 1, 3]
@@ -132,53 +135,65 @@ def test_batch_invariant(variant, width):
         assert torch.equal(full[2][5:9], part[2])  # dgate
 
 
-def _set_experiment(pipe_blocks_per_sm, skip_row_sums=0, backward_from_start=0):
-    """opslot_rms_norm_set_experiment's return code."""
-    import ctypes
-
-    from opslot.kernels.cuda import _lib
-
-    f = _lib.library().opslot_rms_norm_set_experiment
-    f.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
+def _set_experiment(lib, pipe_blocks_per_sm, skip_row_sums=0, backward_from_start=0):
+    """The bench library's opslot_rms_norm_set_experiment's return code."""
+    f = knob(lib, "opslot_rms_norm_set_experiment", 3)
     return f(pipe_blocks_per_sm, skip_row_sums, backward_from_start)
 
 
-def _experiment(pipe_blocks_per_sm, skip_row_sums=0, backward_from_start=0):
-    assert _set_experiment(pipe_blocks_per_sm, skip_row_sums, backward_from_start) == 0
+def _experiment(lib, pipe_blocks_per_sm, skip_row_sums=0, backward_from_start=0):
+    assert _set_experiment(lib, pipe_blocks_per_sm, skip_row_sums, backward_from_start) == 0
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("blocks_per_sm,from_start", [(-1, 0), (1, 0), (3, 0), (0, 1)])
 def test_version3_geometry_changes_no_row(variant, blocks_per_sm, from_start, kernel_version):
     """Version 3's benchmark geometries (a forward that is not persistent, fewer resident blocks, the
-    backward in row order instead of from the last row): rows bitwise equal to the default's, the
+    backward in row order instead of from the last row; bench library): rows bitwise equal to the
+    default's (the production library's, unless OPSLOT_RMS_TEST_VERSION forces a version), the
     weight gradient against the reference."""
     if kernel_version not in (0, 3):
         pytest.skip("version 3 only")
     x, g, w = _inputs(variant, 2051, 4096, torch.bfloat16)
     dy = torch.randn(x.shape, device="cuda", dtype=torch.bfloat16)
     ref = _run(variant, x, g, w, dy)
-    _experiment(blocks_per_sm, 0, from_start)
-    try:
-        got = _run(variant, x, g, w, dy)
-        check(variant, x, g, w, torch.bfloat16)
-    finally:
-        _experiment(0)
+    with bench_library() as lib:
+        _experiment(lib, blocks_per_sm, 0, from_start)
+        try:
+            got = _run(variant, x, g, w, dy)
+            check(variant, x, g, w, torch.bfloat16)
+        finally:
+            _experiment(lib, 0)
     rows = [0, 1] + ([2] if g is not None else [])  # y, dx, dgate
     assert all(torch.equal(ref[i], got[i]) for i in rows)
 
 
-def test_wrong_result_diagnostic_is_not_in_the_default_library():
-    """The skip-the-row-sums diagnostic (wrong results on purpose) is compiled only into a library
-    built with OPSLOT_KERNELS_DIAGNOSTICS=ON: the default library refuses it and keeps its state."""
+def test_wrong_result_diagnostic_is_not_in_the_default_bench_library():
+    """The skip-the-row-sums diagnostic (wrong results on purpose) is compiled only into a bench
+    library built with OPSLOT_KERNELS_DIAGNOSTICS=ON (the production library has no knobs at all):
+    the default bench library refuses it and keeps its state."""
+    with bench_library() as lib:
+        if b"diagnostics" in lib.opslot_build_info():
+            pytest.skip("this bench library was built with OPSLOT_KERNELS_DIAGNOSTICS=ON")
+        assert _set_experiment(lib, 0, 1, 0) == 10002  # OPSLOT_ERR_UNSUPPORTED
+        assert lib.opslot_last_error().decode() == (
+            "rms_norm experiment: skip_row_sums gives wrong results and is only in a bench library "
+            "built with -DOPSLOT_KERNELS_DIAGNOSTICS=ON")
+        x, g, w = _inputs("standard", 257, 4096, torch.bfloat16)
+        check("standard", x, g, w, torch.bfloat16)
+
+
+def test_production_library_has_no_knobs():
+    """The library opslot loads exports none of bench.h's knobs (runtime/tests/
+    test_kernel_library_symbols.py checks the build tree's; this, the library the GPU run loads)."""
     from opslot.kernels.cuda import _lib
 
-    assert _set_experiment(0, 1, 0) == 10002  # OPSLOT_ERR_UNSUPPORTED
-    assert _lib.library().opslot_last_error().decode() == (
-        "rms_norm experiment: skip_row_sums gives wrong results and is only in a library built "
-        "with -DOPSLOT_KERNELS_DIAGNOSTICS=ON")
-    x, g, w = _inputs("standard", 257, 4096, torch.bfloat16)
-    check("standard", x, g, w, torch.bfloat16)
+    lib = _lib.library()
+    if b"; bench" in lib.opslot_build_info():
+        pytest.skip(f"the library in use is a bench library: {lib._opslot_path}")
+    for name in ("opslot_rms_norm_set_tuning", "opslot_rms_norm_set_experiment", "opslot_rope_set_tuning",
+                 "opslot_silu_mul_set_tuning", "opslot_load_balancing_set_tuning"):
+        assert not hasattr(lib, name), f"{lib._opslot_path} exports {name}"
 
 
 def test_backward_launches_no_fill():

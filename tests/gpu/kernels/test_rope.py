@@ -5,7 +5,7 @@ gradients of q and k vs the fp32 reference; determinism; layout kept."""
 import pytest
 import torch
 
-from conftest import DTYPES, assert_close, fp32_leaf, requires_cuda
+from conftest import DTYPES, assert_close, bench_library, fp32_leaf, knob, requires_cuda
 
 pytestmark = requires_cuda
 
@@ -108,18 +108,12 @@ def test_refusals():
 
 @pytest.mark.parametrize("rd", [128, 64])
 def test_head_loop_and_row_layout_agree(rd):
-    """The head loop (opslot_rope_set_tuning: a thread rotates up to 8 heads of one position with one
-    load of cos/sin) and the default row layout give bitwise-equal outputs and gradients, on the
-    transposed views HF passes (forward) and contiguous gradients (backward), with head counts that
-    are not a multiple of 8 (q 12 heads, k 3); bad tuning values are refused."""
-    import ctypes
-
-    from opslot.kernels.cuda import _lib
+    """The head loop (opslot_rope_set_tuning, bench library: a thread rotates up to 8 heads of one
+    position with one load of cos/sin) and the default row layout (the production library's) give
+    bitwise-equal outputs and gradients, on the transposed views HF passes (forward) and contiguous
+    gradients (backward), with head counts that are not a multiple of 8 (q 12 heads, k 3); bad
+    tuning values are refused."""
     from opslot.kernels.cuda import rope as CR
-
-    f = _lib.library().opslot_rope_set_tuning
-    f.argtypes = [ctypes.c_int, ctypes.c_int]
-    assert f(1, 2) != 0 and f(2, 0) != 0
     torch.manual_seed(rd)
     q = torch.randn(2, 37, 12, 128, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
     k = torch.randn(2, 37, 3, 128, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
@@ -133,11 +127,14 @@ def test_head_loop_and_row_layout_agree(rd):
         (oq.float().square().sum() + ok.float().sum()).backward()
         return oq, ok, qq.grad, kk.grad
 
-    try:
-        assert f(1, 1) == 0
-        a = run()
-    finally:
-        assert f(1, 0) == 0
+    with bench_library() as lib:
+        f = knob(lib, "opslot_rope_set_tuning", 2)
+        assert f(1, 2) != 0 and f(2, 0) != 0
+        try:
+            assert f(1, 1) == 0
+            a = run()
+        finally:
+            assert f(1, 0) == 0
     b = run()
     for x, y in zip(a, b):
         assert torch.equal(x, y)

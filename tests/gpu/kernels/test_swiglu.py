@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from conftest import DTYPES, assert_close, fp32_leaf, requires_cuda
+from conftest import DTYPES, assert_close, bench_library, fp32_leaf, knob, requires_cuda
 
 pytestmark = requires_cuda
 
@@ -57,13 +57,8 @@ def test_bitwise_deterministic():
 @pytest.mark.parametrize("vectors,n", [(1, 4097 * 1024 + 5), (2, 4097 * 1024 + 5), (4, 9), (1, 0)])
 def test_launch_variants_change_nothing(vectors, n):
     """The benchmark geometries (vectors per thread; the backward in index order instead of from the
-    end) give bitwise the default's results, the scalar tail included."""
-    import ctypes
-
-    from opslot.kernels.cuda import _lib
-
-    f = _lib.library().opslot_silu_mul_set_tuning
-    f.argtypes = [ctypes.c_int, ctypes.c_int]
+    end; bench library) give bitwise the default's results (the production library's), the scalar
+    tail included."""
     g = torch.randn(n, device="cuda", dtype=torch.bfloat16)
     u, d = torch.randn_like(g), torch.randn_like(g)
 
@@ -74,14 +69,16 @@ def test_launch_variants_change_nothing(vectors, n):
         return h, ga.grad, ua.grad
 
     ref = run()
-    for from_start in (0, 1):
-        assert f(vectors, from_start) == 0
-        try:
-            got = run()
-        finally:
-            assert f(1, 0) == 0
-        assert all(torch.equal(a, b) for a, b in zip(ref, got))
-    assert f(3, 0) != 0  # refused: 1, 2 or 4 vectors
+    with bench_library() as lib:
+        f = knob(lib, "opslot_silu_mul_set_tuning", 2)
+        for from_start in (0, 1):
+            assert f(vectors, from_start) == 0
+            try:
+                got = run()
+            finally:
+                assert f(1, 0) == 0
+            assert all(torch.equal(a, b) for a, b in zip(ref, got))
+        assert f(3, 0) != 0  # refused: 1, 2 or 4 vectors
 
 
 class MLP(nn.Module):

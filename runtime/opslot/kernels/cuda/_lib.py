@@ -5,21 +5,28 @@ folder (where an installed opslot carries it), and in the build tree of a source
 (`build/kernels/`). Every failure names its cause: no library found (and where it looked), a
 library built for another ABI, no CUDA device, a device the library has no code for. Nothing falls
 back silently to another implementation.
+
+Benchmarks and the GPU tests of the tuning knobs use the bench library, libopslot_kernels_bench.so
+(the same kernels plus the knobs of kernels/include/opslot_kernels/bench.h; docs/kernels.md):
+`bench_library_path()` finds it, `using_library(path)` makes every op call it for a while.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import threading
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 import torch
 
 ABI_VERSION = 1  # OPSLOT_KERNELS_ABI_VERSION in kernels/include/opslot_kernels/common.h
 LIB_NAME = "libopslot_kernels.so"
 ENV_VAR = "OPSLOT_KERNELS_LIB"
+BENCH_LIB_NAME = "libopslot_kernels_bench.so"  # CMake target opslot_kernels_bench
+BENCH_ENV_VAR = "OPSLOT_KERNELS_BENCH_LIB"
 
 #: opslot_dtype codes.
 DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
@@ -45,6 +52,33 @@ _lock = threading.Lock()
 _lib: Optional[ctypes.CDLL] = None
 _error: Optional[str] = None
 _checked_devices: Dict[int, Optional[str]] = {}
+# Bumped whenever using_library() swaps the library: the callables of function() then look their
+# entry point up again in the library now in use.
+_generation = 0
+_opened: Dict[str, ctypes.CDLL] = {}
+
+
+def _open(path: Path, env_var: str = ENV_VAR) -> ctypes.CDLL:
+    """The library at `path`, loaded once (KernelLibraryError when it cannot be, or has another ABI)."""
+    key = str(path)
+    if key in _opened:
+        return _opened[key]
+    try:
+        lib = ctypes.CDLL(key)  # RTLD_LOCAL: a second library's entry points do not interpose
+    except OSError as exc:
+        raise KernelLibraryError(f"cannot load {path}: {exc}") from None
+    lib.opslot_abi_version.restype = ctypes.c_int
+    lib.opslot_last_error.restype = ctypes.c_char_p
+    lib.opslot_build_info.restype = ctypes.c_char_p
+    lib.opslot_check_device.argtypes = [ctypes.c_int]
+    version = lib.opslot_abi_version()
+    if version != ABI_VERSION:
+        raise KernelLibraryError(
+            f"{path} has C ABI version {version}, this opslot needs {ABI_VERSION}: rebuild kernels/ "
+            f"(`make kernels`) or point ${env_var} at a matching build")
+    lib._opslot_path = key  # type: ignore[attr-defined]
+    _opened[key] = lib
+    return lib
 
 
 def _load() -> ctypes.CDLL:
@@ -55,21 +89,7 @@ def _load() -> ctypes.CDLL:
             break  # an explicit $OPSLOT_KERNELS_LIB is the only place looked at
         tried.append(str(path))
         if path.is_file():
-            try:
-                lib = ctypes.CDLL(str(path))
-            except OSError as exc:
-                raise KernelLibraryError(f"cannot load {path}: {exc}") from None
-            lib.opslot_abi_version.restype = ctypes.c_int
-            lib.opslot_last_error.restype = ctypes.c_char_p
-            lib.opslot_build_info.restype = ctypes.c_char_p
-            lib.opslot_check_device.argtypes = [ctypes.c_int]
-            version = lib.opslot_abi_version()
-            if version != ABI_VERSION:
-                raise KernelLibraryError(
-                    f"{path} has C ABI version {version}, this opslot needs {ABI_VERSION}: rebuild kernels/ "
-                    "(`make kernels`) or point ${ENV_VAR} at a matching build")
-            lib._opslot_path = str(path)  # type: ignore[attr-defined]
-            return lib
+            return _open(path)
     where = f"${ENV_VAR}={env}" if env else ", ".join(tried)
     raise KernelLibraryError(
         f"{LIB_NAME} not found (looked at {where}); build it with `make kernels` in the opslot source "
@@ -122,27 +142,94 @@ def unavailable_reason() -> Optional[str]:
     return None
 
 
+def generation() -> int:
+    """A number that changes whenever using_library() swaps the library (for callers that cache
+    raw entry points)."""
+    return _generation
+
+
 def function(name: str, argtypes: Sequence[Any]) -> Callable[..., None]:
     """A Python callable for the entry point `name`: returns None, raises RuntimeError with the
-    library's message when the call fails."""
-    lib = library()
-    try:
-        raw = getattr(lib, name)
-    except AttributeError:
-        raise KernelLibraryError(
-            f"{lib._opslot_path} has no entry point {name!r}: it was built without that kernel "  # type: ignore[attr-defined]
-            "(OPSLOT_KERNELS_ONLY?) or is older than this opslot; rebuild kernels/") from None
-    raw.argtypes = list(argtypes)
-    raw.restype = ctypes.c_int
+    library's message when the call fails. It follows using_library(): inside such a block it calls
+    that library's entry point."""
+    argtypes = list(argtypes)
+    bound: List[Any] = [None, None, None]  # generation, library, raw function
+
+    def bind() -> None:
+        lib = library()
+        try:
+            raw = getattr(lib, name)
+        except AttributeError:
+            raise KernelLibraryError(
+                f"{lib._opslot_path} has no entry point {name!r}: it was built without that kernel "  # type: ignore[attr-defined]
+                "(OPSLOT_KERNELS_ONLY?) or is older than this opslot; rebuild kernels/") from None
+        raw.argtypes = argtypes
+        raw.restype = ctypes.c_int
+        bound[:] = [_generation, lib, raw]
+
+    bind()
 
     def call(*args: Any) -> None:
-        rc = raw(*args)
+        if bound[0] != _generation:
+            bind()
+        rc = bound[2](*args)
         if rc != 0:
             raise RuntimeError(f"opslot cuda kernel {name} failed ({rc}): "
-                               f"{lib.opslot_last_error().decode(errors='replace')}")
+                               f"{bound[1].opslot_last_error().decode(errors='replace')}")
 
     call.__name__ = name
     return call
+
+
+def bench_candidate_paths() -> List[Path]:
+    """Where the bench library is looked for, in order: `$OPSLOT_KERNELS_BENCH_LIB` (when set, the
+    only place), beside the production library opslot loads, and `<checkout>/build/kernels/`."""
+    env = os.environ.get(BENCH_ENV_VAR)
+    if env:
+        return [Path(env)]
+    paths = []
+    try:
+        paths.append(Path(library()._opslot_path).with_name(BENCH_LIB_NAME))  # type: ignore[attr-defined]
+    except KernelLibraryError:
+        pass
+    paths.append(Path(__file__).resolve().parents[4] / "build" / "kernels" / BENCH_LIB_NAME)
+    unique: List[Path] = []
+    for p in paths:
+        if p not in unique:
+            unique.append(p)
+    return unique
+
+
+def bench_library_path() -> Path:
+    """The bench library's path, or KernelLibraryError saying where it looked and how to build it."""
+    paths = bench_candidate_paths()
+    for path in paths:
+        if path.is_file():
+            return path
+    raise KernelLibraryError(
+        f"{BENCH_LIB_NAME} (the tuning knobs; benchmarks and their tests only) not found (looked at "
+        f"{', '.join(map(str, paths))}): build it with `cmake --build build --target "
+        f"opslot_kernels_bench` (or configure with -DOPSLOT_KERNELS_BENCH=ON), or set ${BENCH_ENV_VAR}")
+
+
+@contextlib.contextmanager
+def using_library(path: "os.PathLike[str] | str") -> Iterator[ctypes.CDLL]:
+    """Benchmarks and tests only: inside the block every op of opslot.kernels.cuda calls the library
+    at `path` (e.g. bench_library_path(), whose knobs the caller sets on the yielded CDLL); after
+    it, the library it called before. Process-wide and not thread-safe: no other thread may launch
+    kernels meanwhile. Blocks nest."""
+    global _lib, _error, _checked_devices, _generation
+    lib = _open(Path(path), BENCH_ENV_VAR)
+    with _lock:
+        saved = (_lib, _error, _checked_devices)
+        _lib, _error, _checked_devices = lib, None, {}
+        _generation += 1
+    try:
+        yield lib
+    finally:
+        with _lock:
+            _lib, _error, _checked_devices = saved
+            _generation += 1
 
 
 def dtype_code(t: torch.Tensor) -> int:

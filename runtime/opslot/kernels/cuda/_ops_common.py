@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import ctypes
-from typing import Any, Callable, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import torch
 
 from . import _lib
 
 _functions: Dict[str, Callable[..., None]] = {}
+_raw: Dict[str, Tuple[int, Any]] = {}
 
 
 def fn(name: str, argtypes: Sequence[Any]) -> Callable[..., None]:
@@ -21,15 +22,16 @@ def fn(name: str, argtypes: Sequence[Any]) -> Callable[..., None]:
 
 
 def raw(name: str, restype: Any, argtypes: Sequence[Any]) -> Any:
-    """A raw ctypes function (for entry points that return a value instead of a status)."""
+    """A raw ctypes function (for entry points that return a value instead of a status), of the
+    library in use (it follows _lib.using_library)."""
     key = "raw:" + name
-    f = _functions.get(key)
-    if f is None:
+    entry = _raw.get(key)
+    if entry is None or entry[0] != _lib.generation():
         f = getattr(_lib.library(), name)
         f.argtypes = list(argtypes)
         f.restype = restype
-        _functions[key] = f
-    return f
+        entry = _raw[key] = (_lib.generation(), f)
+    return entry[1]
 
 
 def last_error() -> str:

@@ -1,0 +1,63 @@
+/* Benchmark-only tuning knobs: exported by libopslot_kernels_bench.so only (CMake target
+ * opslot_kernels_bench: the same sources compiled with -DOPSLOT_KERNELS_BENCH), never by
+ * libopslot_kernels.so, the library opslot loads. In the production library every knob below is a
+ * compile-time constant with the default value named here, and the kernel versions that only a knob
+ * selects are not compiled. runtime/tests/test_kernel_library_symbols.py checks both.
+ *
+ * Each knob is process-wide mutable state of the bench library, not thread-safe: set it between
+ * runs, never while another thread launches kernels. Each returns 0, or OPSLOT_ERR_INVALID_ARGUMENT
+ * (or OPSLOT_ERR_UNSUPPORTED) with opslot_last_error() and the state unchanged.
+ */
+#ifndef OPSLOT_KERNELS_BENCH_H_
+#define OPSLOT_KERNELS_BENCH_H_
+
+#include "opslot_kernels/common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* RMSNorm (changes the row-group count, so call it between runs): the number of 16-byte vectors per
+ * thread the launch geometry aims at (default 2; version 3 takes 1 or 2), the resident waves of
+ * their backward (default 1), and the kernel version (0, the default: version 3 where it applies —
+ * 16-byte vectors, at most two per thread — else version 2 for the plain norms and 1 for the gated
+ * norm; 3: one block per row, the next rows copied into a shared-memory ring with cp.async; 2: raw
+ * registers and the next row prefetched; 1: fp32 registers, one row in flight). Versions 2 and 3
+ * fall back to 2 / 1 where they do not apply. Version 2 of the gated norm and version 1 of the
+ * plain norms exist only here. */
+OPSLOT_API int opslot_rms_norm_set_tuning(int vectors_per_thread, int bwd_waves, int variant);
+
+/* RMSNorm version 3's resident blocks per SM (0, the default: as many as fit; -1: a forward that is
+ * not persistent, one row per block); skip_row_sums = 1, a diagnostic that leaves out version 3's
+ * row sums (wrong results: it measures what the sums cost; only in a bench library built with the
+ * CMake option OPSLOT_KERNELS_DIAGNOSTICS=ON, else OPSLOT_ERR_UNSUPPORTED); backward_from_start =
+ * 1: version 3's backward takes the rows in order (the default walks them from the last row, which
+ * the producer of dy wrote last). */
+OPSLOT_API int opslot_rms_norm_set_experiment(int pipe_blocks_per_sm, int skip_row_sums,
+                                              int backward_from_start);
+
+/* RoPE: spread_pass_through 1 (default) spreads the pass-through part of a partial rotation over
+ * the pair slots, 0 gives each pass-through 16-byte vector its own thread (the first layout);
+ * loop_heads 1 lets a thread rotate up to 8 heads of one position with one load of cos/sin (the
+ * head-loop kernels exist only here), 0 (default: measured faster, docs/results/kernels_h200.md)
+ * gives each row its own threads. */
+OPSLOT_API int opslot_rope_set_tuning(int spread_pass_through, int loop_heads);
+
+/* SiLU-mul: 16-byte vectors per thread and tensor (1, 2 or 4; default 1; 2 and 4 exist only here),
+ * and the backward's order (backward_from_start = 1: in index order; 0, the default: from the end,
+ * where what the producer of grad wrote last is most likely still in L2). */
+OPSLOT_API int opslot_silu_mul_set_tuning(int vectors_per_thread, int backward_from_start);
+
+/* Load-balancing loss: which kernels run. forward_path 0 = automatic (the default: the warp-per-row
+ * forward where eligible: 16-bit logits, 64/128/256 experts, 1 <= top_k <= 16, rows aligned to a
+ * lane's values; else the tile forward; else the general one), 1 = the tile forward where
+ * eligible, 2 = the general forward; backward_path 0 = automatic (the warp backward for 8, 16 or
+ * 32 lanes of 16-byte vectors per row), 1 = the general backward. Every path is also the default
+ * for some inputs: the production library has the same kernels, only not this switch. */
+OPSLOT_API int opslot_load_balancing_set_tuning(int forward_path, int backward_path);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* OPSLOT_KERNELS_BENCH_H_ */
