@@ -134,25 +134,31 @@ std::string CaretMarker(std::string_view line, const ExcerptWindow& w, size_t le
   return marker;
 }
 
+// The window of `loc`'s line an excerpt shows, and its text (not yet made printable) with "..."
+// where text was left out. A cropped line (SetSourceLine) holds at least 2 * kMaxExcerptColumns
+// code points before a column that is not near its start, so the window starts after its first
+// code point as the whole line's would, and "..." is written where it would be.
+ExcerptWindow ShownWindow(const SourceLoc& loc, std::string* shown) {
+  std::string_view line = loc.source_line;
+  ExcerptWindow w = WindowOf(line, loc.col - std::min(loc.col, loc.line_first_col));
+  if (w.first > 0) *shown += "...";
+  size_t begin_byte = w.ByteAt(w.first, line.size());
+  size_t end_byte = w.ByteAt(w.last, line.size());
+  shown->append(line.substr(begin_byte, end_byte - begin_byte));
+  if (w.last < w.total()) *shown += "...";
+  return w;
+}
+
 // The excerpt: the source line with its number in a gutter of at least four columns, and the caret
 // line under it.
 void AppendExcerpt(std::string& out, const Diagnostic& d) {
   std::string num = std::to_string(d.loc.line);
   std::string gutter(num.size() < 4 ? 4 : num.size(), ' ');
   std::string lead = std::string(gutter.size() - num.size(), ' ') + num;
-  std::string_view line = d.loc.source_line;
-  // A cropped line (CropSourceLine) holds at least 2 * kMaxExcerptColumns code points before a
-  // column that is not near its start, so the window starts after its first code point as the
-  // whole line's would, and "..." is written where it would be.
-  ExcerptWindow w = WindowOf(line, d.loc.col - std::min(d.loc.col, d.loc.line_first_col));
   std::string shown;
-  if (w.first > 0) shown += "...";
-  size_t begin_byte = w.ByteAt(w.first, line.size());
-  size_t end_byte = w.ByteAt(w.last, line.size());
-  shown += ExcerptText(line.substr(begin_byte, end_byte - begin_byte));
-  if (w.last < w.total()) shown += "...";
-  out += ' ' + lead + " | " + shown + '\n';
-  out += ' ' + gutter + " | " + CaretMarker(line, w, d.loc.length) + '\n';
+  ExcerptWindow w = ShownWindow(d.loc, &shown);
+  out += ' ' + lead + " | " + ExcerptText(shown) + '\n';
+  out += ' ' + gutter + " | " + CaretMarker(d.loc.source_line, w, d.loc.length) + '\n';
 }
 
 }  // namespace
@@ -165,7 +171,7 @@ SourceLoc LocOf(std::string path, std::string_view text, const LineIndex& lines,
   loc.col = lc.col;
   uint32_t line0 = lc.line - 1;
   std::string_view line_text = lines.LineText(line0);
-  loc.source_line = std::string(line_text);
+  SetSourceLine(loc, line_text);
   uint32_t line_start = lines.LineStart(line0);
   uint32_t line_end = line_start + static_cast<uint32_t>(line_text.size());
   uint32_t end = std::min(range.end, line_end);
@@ -175,20 +181,62 @@ SourceLoc LocOf(std::string path, std::string_view text, const LineIndex& lines,
   return loc;
 }
 
-void CropSourceLine(SourceLoc& loc) {
+void SetSourceLine(SourceLoc& loc, std::string_view line) {
   constexpr size_t kKeep = 2 * kMaxExcerptColumns;
-  const std::string& line = loc.source_line;
-  if (line.size() <= 2 * kKeep) return;  // fewer code points than bytes
-  std::vector<size_t> starts;            // byte offset of each code point
-  for (size_t i = 0; i < line.size(); ++i) {
-    if ((static_cast<unsigned char>(line[i]) & 0xC0) != 0x80) starts.push_back(i);
+  loc.line_first_col = 0;
+  if (line.size() <= 2 * kKeep) {  // fewer code points than bytes
+    loc.source_line = std::string(line);
+    return;
   }
-  size_t caret = std::min<size_t>(loc.col > 0 ? loc.col - 1 : 0, starts.size());
+  auto starts_code_point = [&](size_t i) {
+    return (static_cast<unsigned char>(line[i]) & 0xC0) != 0x80;
+  };
+  size_t total = 0;
+  for (size_t i = 0; i < line.size(); ++i) total += starts_code_point(i) ? 1 : 0;
+  size_t caret = std::min<size_t>(loc.col > 0 ? loc.col - 1 : 0, total);
   size_t first = caret > kKeep ? caret - kKeep : 0;
-  size_t last = std::min(starts.size(), caret + kKeep);
-  size_t end = last < starts.size() ? starts[last] : line.size();
-  loc.source_line = line.substr(starts[first], end - starts[first]);
+  size_t last = std::min(total, caret + kKeep);
+  size_t begin = line.size(), end = line.size();
+  for (size_t i = 0, cp = 0; i < line.size(); ++i) {
+    if (!starts_code_point(i)) continue;
+    if (cp == first) begin = i;
+    if (cp == last) {
+      end = i;
+      break;
+    }
+    ++cp;
+  }
+  begin = std::min(begin, end);
+  loc.source_line = std::string(line.substr(begin, end - begin));
   loc.line_first_col = static_cast<uint32_t>(first);
+}
+
+void CropSourceLine(SourceLoc& loc) {
+  std::string line = std::move(loc.source_line);
+  SetSourceLine(loc, line);
+}
+
+std::string ShownLine(const SourceLoc& loc) {
+  std::string shown;
+  ShownWindow(loc, &shown);
+  return shown;
+}
+
+Note MoreOfAKind(size_t more, const std::string& what) {
+  return Note::Text("... and " + std::to_string(more) + " more " + what);
+}
+
+void CapDiagnostics(std::vector<Diagnostic>& diags, size_t from, const std::string& what) {
+  if (diags.size() - std::min(from, diags.size()) <= kMaxDiagnosticsOfAKind) return;
+  auto key = [](const Diagnostic& d) {
+    return std::tie(d.loc.path, d.loc.line, d.loc.col, d.message);
+  };
+  auto begin = diags.begin() + static_cast<std::ptrdiff_t>(from);
+  std::stable_sort(begin, diags.end(),
+                   [&](const Diagnostic& a, const Diagnostic& b) { return key(a) < key(b); });
+  size_t more = static_cast<size_t>(diags.end() - begin) - kMaxDiagnosticsOfAKind;
+  diags.erase(begin + kMaxDiagnosticsOfAKind, diags.end());
+  diags.back().notes.push_back(MoreOfAKind(more, what));
 }
 
 Diagnostic MakeDiagnostic(std::string path, std::string_view text, const LineIndex& lines,

@@ -117,10 +117,31 @@ std::string FormatNote(const Note& note);
 /// A SourceLoc for `range` of `text`; line 1, column 1, an empty excerpt line when `text` is empty.
 SourceLoc LocOf(std::string path, std::string_view text, const LineIndex& lines, ByteRange range);
 
-/// Keeps of `loc.source_line` only what an excerpt can show: the code points within
-/// 2 * kMaxExcerptColumns of the column (the excerpt prints the same). Thousands of locations on
-/// one long line then hold a short copy each rather than the whole line (issue #28).
+/// Sets `loc.source_line` to what an excerpt of `line` (the whole text of line `loc.line`) can
+/// show: the line, or for a long one the code points within 2 * kMaxExcerptColumns of `loc.col`
+/// (`line_first_col` counts those left out before). Thousands of locations on one long line then
+/// hold a short copy each rather than the whole line (issue #28); the line is not copied first.
+void SetSourceLine(SourceLoc& loc, std::string_view line);
+
+/// SetSourceLine of the line `loc.source_line` holds now.
 void CropSourceLine(SourceLoc& loc);
+
+/// The text of `loc`'s line as its excerpt shows it: the whole line, or for a long one (longer
+/// than kMaxExcerptColumns code points) the window around the column, with "..." where text was
+/// left out. For a note that quotes a line ("generated line 42: ...").
+std::string ShownLine(const SourceLoc& loc);
+
+/// At most this many diagnostics of one kind are reported for one spec (undefined names in
+/// inserted code, ...): the first ones by location, the last of them with a note
+/// "... and K more <what>" (CapDiagnostics), so that output stays bounded (issue #28).
+inline constexpr size_t kMaxDiagnosticsOfAKind = 20;
+
+/// The note on the last reported diagnostic when `more` of its kind were left out.
+Note MoreOfAKind(size_t more, const std::string& what);
+
+/// Keeps of `diags[from..]` (diagnostics of one kind) the kMaxDiagnosticsOfAKind first by
+/// location (SortDiagnostics' order), the last one noting how many more `what` there were.
+void CapDiagnostics(std::vector<Diagnostic>& diags, size_t from, const std::string& what);
 
 /// Builds a located diagnostic from a byte range of `text` (the caret spans the range's part on
 /// its first line).

@@ -227,5 +227,62 @@ TEST_CASE("FormatDiagnostic prints the notes after the excerpt, in order, before
             std::to_string(prefix.size() + 2000 - kMaxMessageBytes) + " more bytes)\n");
 }
 
+TEST_CASE("A location keeps only what its excerpt shows of a long line; notes quote the window") {
+  // 2,000 names on one line: each location holds at most 4 * kMaxExcerptColumns code points of
+  // it, and prints the excerpt the whole line would.
+  std::string text;
+  for (int i = 0; i < 2000; ++i) text += (i ? ", n" : "x = [n") + std::to_string(1000 + i);
+  text += "]\n";
+  LineIndex lines(text);
+  for (uint32_t at : {4u, 300u, 9000u, static_cast<uint32_t>(text.size() - 6)}) {
+    Diagnostic d = MakeDiagnostic("a.py", text, lines, {at, at + 5}, "m");
+    CHECK(d.loc.source_line.size() <= 4 * kMaxExcerptColumns);
+    SourceLoc whole = d.loc;
+    whole.source_line = std::string(lines.LineText(0));
+    whole.line_first_col = 0;
+    Diagnostic w = d;
+    w.loc = whole;
+    CHECK(FormatDiagnostic(d) == FormatDiagnostic(w));
+    // The note text of the line is the excerpt's window, "..." where text was left out.
+    std::string shown = ShownLine(d.loc);
+    CHECK(FormatDiagnostic(d).find(" | " + shown + "\n") != std::string::npos);
+    CHECK(shown.size() <= kMaxExcerptColumns + 6);
+  }
+  SourceLoc short_line = LocOf("b.py", "y = 1\n", LineIndex("y = 1\n"), {4, 5});
+  CHECK(ShownLine(short_line) == "y = 1");
+}
+
+TEST_CASE("LineColCursor counts columns on from the previous offset") {
+  std::string text = "ab\xC3\xA9 cd\nxyz\n";
+  LineIndex lines(text);
+  LineColCursor cursor(text, lines);
+  for (uint32_t offset : {0u, 2u, 4u, 5u, 8u, 10u}) {
+    LineCol want = lines.At(offset);
+    LineCol got = cursor.At(offset);
+    CHECK(got.line == want.line);
+    CHECK(got.col == want.col);
+  }
+  CHECK(cursor.At(1).col == 2);  // backwards: counted again from the line's start
+}
+
+TEST_CASE("CapDiagnostics keeps the first of a kind by location and counts the rest") {
+  std::vector<Diagnostic> ds;
+  ds.push_back(ErrorAt(SourceLoc{"s.yaml", 1, 1, 1, {}}, "other kind"));
+  for (uint32_t i = 30; i > 0; --i) {
+    ds.push_back(ErrorAt(SourceLoc{"s.yaml", 5, i, 1, {}}, "undefined " + std::to_string(i)));
+  }
+  CapDiagnostics(ds, 1, "undefined names");
+  REQUIRE(ds.size() == 1 + kMaxDiagnosticsOfAKind);
+  CHECK(ds[0].message == "other kind");
+  CHECK(ds[1].loc.col == 1);
+  CHECK(ds.back().loc.col == kMaxDiagnosticsOfAKind);
+  REQUIRE(ds.back().notes.size() == 1);
+  CHECK(FormatNote(ds.back().notes[0]) == "note: ... and 10 more undefined names");
+  std::vector<Diagnostic> few(3, ErrorAt(SourceLoc{"s.yaml", 5, 1, 1, {}}, "x"));
+  CapDiagnostics(few, 0, "x");
+  CHECK(few.size() == 3);
+  CHECK(few.back().notes.empty());
+}
+
 }  // namespace
 }  // namespace patchgen

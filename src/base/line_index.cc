@@ -32,6 +32,18 @@ std::string_view LineIndex::LineText(uint32_t line) const {
   return s;
 }
 
+LineCol LineColCursor::At(uint32_t offset) {
+  uint32_t line = lines_.LineOf(offset);
+  if (line != line_ || offset < offset_) {
+    line_ = line;
+    offset_ = lines_.LineStart(line);
+    col_ = 1;
+  }
+  col_ += CodePointCount(text_.substr(offset_, offset - offset_));
+  offset_ = offset;
+  return {line + 1, col_};
+}
+
 uint32_t CodePointCount(std::string_view s) {
   uint32_t n = 0;
   for (unsigned char c : s) {

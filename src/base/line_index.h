@@ -31,6 +31,22 @@ class LineIndex {
   std::vector<uint32_t> starts_;
 };
 
+/// LineIndex::At for offsets asked in ascending order: the column of each is counted on from the
+/// previous one on its line, so that thousands of offsets on one long line cost the line's length
+/// once, not once each.
+class LineColCursor {
+ public:
+  LineColCursor(std::string_view text, const LineIndex& lines) : text_(text), lines_(lines) {}
+  LineCol At(uint32_t offset);
+
+ private:
+  std::string_view text_;
+  const LineIndex& lines_;
+  uint32_t line_ = UINT32_MAX;  ///< 0-based line of `offset_`.
+  uint32_t offset_ = 0;
+  uint32_t col_ = 1;
+};
+
 /// Number of code points in `s` (UTF-8; invalid bytes count one each).
 uint32_t CodePointCount(std::string_view s);
 

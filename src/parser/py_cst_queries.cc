@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "base/text_util.h"
+#include "base/unicode_nfkc.h"
 #include "parser/ts_node.h"
 
 namespace patchgen::parser {
@@ -78,7 +79,7 @@ void CollectNameReferences(TSNode node, std::string_view code, std::string_view 
   for (uint32_t i = 0; i < n; ++i) {
     TSNode c = ts_node_child(node, i);
     ByteRange r = RangeOf(c);
-    if (TypeOf(c) == "identifier" && r.In(code) == name) {
+    if (TypeOf(c) == "identifier" && SameIdentifier(r.In(code), name)) {
       bool attribute = TypeOf(node) == "attribute" && ts_node_eq(c, Field(node, "attribute"));
       bool keyword = TypeOf(node) == "keyword_argument" && ts_node_eq(c, Field(node, "name"));
       if (!attribute && !keyword) out.push_back(r);
@@ -150,7 +151,8 @@ TSNode LastStatement(const PyModule& m, const Definition& def) {
 std::optional<ByteRange> SuperInitStatement(const PyModule& m, const Definition& init) {
   for (TSNode s : BlockStatements(BodyBlock(m, init))) {
     if (!Is(s, "expression_statement")) continue;
-    std::string_view text = m.Text(RangeOf(s));
+    std::string key;  // as Python reads the names: `ｓｕｐｅｒ()` is `super()`
+    std::string_view text = IdentifierKeyView(m.Text(RangeOf(s)), key);
     if (text.starts_with("super(") && text.find(".__init__(") != std::string_view::npos) {
       return RangeOf(s);
     }

@@ -73,8 +73,8 @@ struct NestedStatement {
 std::vector<NestedStatement> NestedStatements(TSNode block, const LineIndex& lines);
 
 /// Every identifier under `node` whose text (in `code`, the source `node` was parsed from) is
-/// `name` and that refers to the bare name: not an attribute's name (`x.name`) nor a keyword
-/// argument's name (`f(name=1)`). In document order.
+/// `name` for Python (SameIdentifier: NFKC-equal) and that refers to the bare name: not an
+/// attribute's name (`x.name`) nor a keyword argument's name (`f(name=1)`). In document order.
 std::vector<ByteRange> NameReferences(TSNode node, std::string_view code, std::string_view name);
 
 /// Every identifier node under `node` that overlaps `region`, in document order: names in any
@@ -82,7 +82,7 @@ std::vector<ByteRange> NameReferences(TSNode node, std::string_view code, std::s
 /// f-string), never the text of strings or comments.
 std::vector<ByteRange> IdentifiersIn(TSNode node, ByteRange region);
 
-/// Every `attribute` node under `node` whose text (in `code`) is exactly `text` (`self.x`), in
+/// Every `attribute` node under `node` whose text (in `code`) is `text` (`self.x`; NFKC-equal), in
 /// document order, at any depth (nested defs included).
 std::vector<ByteRange> AttributeReferences(TSNode node, std::string_view code,
                                            std::string_view text);

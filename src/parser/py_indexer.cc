@@ -10,10 +10,13 @@
 //   the definition's column.
 // - `type(x).attr = v` parses as a type_alias_statement (grammar bug); a type alias is only
 //   genuine when `type` is followed by a plain name.
+// - Names (of definitions, imports, bound names) are stored as Python compares them: NFKC for a
+//   non-ASCII identifier (PEP 3131; base/unicode_nfkc.h). Ranges still give upstream's bytes.
 #include "parser/py_indexer.h"
 
 #include <string_view>
 
+#include "base/unicode_nfkc.h"
 #include "parser/ts_node.h"
 
 namespace patchgen::parser {
@@ -91,7 +94,7 @@ class Indexer {
     imp.relative_level = static_cast<int>(dots);
     size_t first = dots;
     while (first < text.size() && IsSpace(text[first])) ++first;
-    imp.module_name = std::string(text.substr(first));
+    imp.module_name = IdentifierKey(text.substr(first));
   }
 
   /// Names, wildcard and parentheses: the statement's direct children after `import` (for a plain
@@ -113,12 +116,12 @@ class Indexer {
     if (Is(c, "(")) imp.parenthesized = true;
     if (Is(c, "wildcard_import")) imp.wildcard = true;
     if (Is(c, "dotted_name")) {
-      imp.names.push_back({std::string(RangeOf(c).In(src_)), "", RangeOf(c)});
+      imp.names.push_back({IdentifierKey(RangeOf(c).In(src_)), "", RangeOf(c)});
     } else if (Is(c, "aliased_import")) {
       TSNode name = Field(c, "name");
       TSNode alias = Field(c, "alias");
-      imp.names.push_back(
-          {std::string(RangeOf(name).In(src_)), std::string(RangeOf(alias).In(src_)), RangeOf(c)});
+      imp.names.push_back({IdentifierKey(RangeOf(name).In(src_)),
+                           IdentifierKey(RangeOf(alias).In(src_)), RangeOf(c)});
     }
   }
 
@@ -146,7 +149,7 @@ class Indexer {
     Definition d;
     d.kind = Is(n, "class_definition") ? Definition::Kind::kClass : Definition::Kind::kFunction;
     TSNode name = Field(n, "name");
-    d.name = std::string(RangeOf(name).In(src_));
+    d.name = IdentifierKey(RangeOf(name).In(src_));
     d.qualname = parent < 0 ? d.name : m_.definitions_[parent].qualname + "." + d.name;
     d.name_range = RangeOf(name);
     d.is_async = ts_node_child_count(n) > 0 && Is(ts_node_child(n, 0), "async");

@@ -26,11 +26,13 @@ uint32_t TrimmedEnd(TSNode n, std::string_view src);
 /// Python statements that can hold other statements (where imports and definitions can nest).
 bool IsContainer(TSNode n);
 
-/// Names bound by an assignment target (identifiers in patterns; attributes/subscripts bind none).
+/// Names bound by an assignment target (identifiers in patterns; attributes/subscripts bind none),
+/// as Python compares them (IdentifierKey: NFKC when not ASCII).
 void CollectTargetNames(TSNode n, std::string_view src, std::vector<std::string>& out);
 
 /// A type_alias_statement is genuine only when `type` is followed by a (possibly generic) name;
-/// `type(x).attr = v` is an assignment the grammar misreads. Sets `*name` when it is.
+/// `type(x).attr = v` is an assignment the grammar misreads. Sets `*name` (IdentifierKey) when it
+/// is.
 bool IsGenuineTypeAlias(TSNode n, std::string_view src, std::string* name);
 
 /// Fills `m`'s index from its parsed tree (which has no ERROR or MISSING node).

@@ -8,6 +8,7 @@
 #include <string>
 #include <string_view>
 
+#include "base/unicode_nfkc.h"
 #include "parser/py_indexer.h"
 #include "parser/ts_node.h"
 
@@ -118,7 +119,11 @@ Result<std::unique_ptr<PyModule>> PyModule::Parse(std::string path, std::string 
 
 TSNode PyModule::root() const { return ts_tree_root_node(tree_.get()); }
 
+// Names are looked up as Python compares them (the index holds NFKC names): a non-ASCII name is
+// normalised once, an ASCII one is compared as is.
 const Definition* PyModule::FindTopLevel(std::string_view name) const {
+  std::string key;
+  name = IdentifierKeyView(name, key);
   for (const TopLevelStatement& s : top_level_) {
     if (s.definition >= 0 && definitions_[s.definition].name == name)
       return &OverloadImplementation(definitions_[s.definition]);
@@ -127,6 +132,8 @@ const Definition* PyModule::FindTopLevel(std::string_view name) const {
 }
 
 const Definition* PyModule::Find(std::string_view qualname) const {
+  std::string key;
+  qualname = IdentifierKeyView(qualname, key);
   for (const Definition& d : definitions_) {
     if (d.qualname == qualname) return &OverloadImplementation(d);
   }
@@ -135,10 +142,13 @@ const Definition* PyModule::Find(std::string_view qualname) const {
 
 bool PyModule::IsOverloadStub(const Definition& def) const {
   if (def.kind != Definition::Kind::kFunction || def.decorators.empty()) return false;
-  std::string_view text = Text(def.decorators);
+  // As Python reads the decorators' names: `@ｏverload` is `@overload`.
+  std::string key;
+  std::string_view text = IdentifierKeyView(Text(def.decorators), key);
   for (size_t at = text.find('@'); at != std::string_view::npos; at = text.find('@', at + 1)) {
     size_t end = at + 1;
     while (end < text.size() && (std::isalnum(static_cast<unsigned char>(text[end])) ||
+                                 static_cast<unsigned char>(text[end]) >= 0x80 ||
                                  text[end] == '_' || text[end] == '.')) {
       ++end;
     }
@@ -164,7 +174,8 @@ std::vector<const Definition*> PyModule::Redefinitions(const Definition& def) co
   // A definition that does not rebind the name as a plain new object: property accessors keep the
   // property (`@x.setter def x`), typing.overload stubs are replaced by the implementation.
   auto exempt = [&](const Definition& d) {
-    std::string_view decorators = Text(d.decorators);
+    std::string key;  // names as d.name is held
+    std::string_view decorators = IdentifierKeyView(Text(d.decorators), key);
     for (std::string_view accessor : {".setter", ".getter", ".deleter"}) {
       if (decorators.find("@" + d.name + std::string(accessor)) != std::string_view::npos)
         return true;

@@ -21,9 +21,11 @@
 namespace patchgen::parser {
 
 /// One name of an import statement: `a.b` or `a.b as c` (for `import`), `x` or `x as y` (for
-/// `from`).
+/// `from`). Every name of the index (imports, definitions, bound names) is held as Python compares
+/// it: NFKC when it is not ASCII (PEP 3131; base/unicode_nfkc.h), so `ﬁnd` is held as `find`; the
+/// ranges give upstream's bytes, which patchgen never rewrites.
 struct ImportedName {
-  std::string name;   ///< Dotted name as written, e.g. "torch.nn" or "ACT2FN".
+  std::string name;   ///< Dotted name (NFKC), e.g. "torch.nn" or "ACT2FN".
   std::string alias;  ///< "" when there is no `as`.
   ByteRange range;    ///< The whole `name` or `name as alias` node.
 };
@@ -36,7 +38,8 @@ struct Import {
   ByteRange
       module;  ///< `from` imports: the module part incl. leading dots ("..utils"); empty otherwise.
   int relative_level = 0;   ///< Number of leading dots of a `from` import.
-  std::string module_name;  ///< Module part without the dots ("utils"; "" for `from . import x`).
+  std::string module_name;  ///< Module part without the dots ("utils"; "" for `from . import x`);
+                            ///< NFKC like every name (the text as written: `module`).
   std::vector<ImportedName> names;
   bool wildcard = false;       ///< `from x import *`.
   bool parenthesized = false;  ///< `from x import (a, b)`.
@@ -57,8 +60,8 @@ using TreePtr = std::unique_ptr<TSTree, TreeDeleter>;
 struct Definition {
   enum class Kind { kClass, kFunction };
   Kind kind = Kind::kFunction;
-  std::string name;      ///< "forward"
-  std::string qualname;  ///< "Outer.Inner.forward"
+  std::string name;      ///< "forward" (NFKC when not ASCII, as Python compares it)
+  std::string qualname;  ///< "Outer.Inner.forward" (names joined as held)
   bool is_async = false;
   /// Whole definition: first attached leading comment line (comment block directly above, no blank
   /// line between) or first decorator or the keyword, through the last byte of the body.
@@ -184,9 +187,9 @@ std::optional<ByteRange> FirstTabIndentation(const PyModule& m);
 // Tree queries over a parsed module (the structural ones the rewriter asks about statements,
 // `__all__` and names are in parser/py_cst_queries.h).
 
-/// Names of the parameters of function `def` of `m`, in order: plain, typed and default
-/// parameters (`self`, `x: int`, `y=1`); `*args`, `**kwargs`, `/` and `*` separators are not
-/// included. Empty when `def` has no parameter list.
+/// Names of the parameters of function `def` of `m` (NFKC like the index's), in order: plain,
+/// typed and default parameters (`self`, `x: int`, `y=1`); `*args`, `**kwargs`, `/` and `*`
+/// separators are not included. Empty when `def` has no parameter list.
 std::vector<std::string> ParameterNames(const PyModule& m, const Definition& def);
 
 /// The smallest named node exactly covering `r` (walking up from the deepest one).

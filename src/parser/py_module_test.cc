@@ -757,5 +757,28 @@ TEST_CASE("NodeAt, DefNode and BodyBlock find the nodes of index ranges", "[pars
   CHECK(RangeOf(stmt).end >= x + 7);
 }
 
+TEST_CASE("The index holds names as Python compares them (NFKC), ranges give upstream's bytes",
+          "[parser]") {
+  // U+FB01 LATIN SMALL LIGATURE FI and fullwidth letters: `ﬁnd` is `find`, `ｆｏｏ` is `foo`.
+  const std::string fi = "\xEF\xAC\x81";
+  const std::string foo = "\xEF\xBD\x86\xEF\xBD\x8F\xEF\xBD\x8F";
+  auto m = ParseOk("from .m" + fi + " import " + foo + " as b" + fi + "\n" + foo + ", x = 1, 2\n" +
+                   "class A:\n    def " + fi + "nd(self, " + foo + "):\n        pass\n\n" +
+                   "    @" + fi + "nd.setter\n    def find(self, v):\n        pass\n");
+  const Import& imp = m->imports()[0];
+  CHECK(imp.module_name == "mfi");
+  CHECK(imp.names[0].name == "foo");
+  CHECK(imp.names[0].alias == "bfi");
+  CHECK(m->top_level()[1].names == std::vector<std::string>{"foo", "x"});
+  const Definition* d = m->Find("A.find");
+  REQUIRE(d != nullptr);
+  CHECK(d->name == "find");
+  CHECK(m->Text(d->name_range) == fi + "nd");  // upstream's bytes
+  CHECK(m->Find("A." + fi + "nd") == d);       // a spelling Python reads the same
+  CHECK(ParameterNames(*m, *d) == std::vector<std::string>{"self", "foo"});
+  // `@ﬁnd.setter def find` is a property accessor of `find`, not a redefinition.
+  CHECK(m->Redefinitions(*d).empty());
+}
+
 }  // namespace
 }  // namespace patchgen::parser

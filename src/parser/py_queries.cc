@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/unicode_nfkc.h"
 #include "parser/py_cst_queries.h"
 #include "parser/py_indexer.h"
 #include "parser/py_module.h"
@@ -46,7 +47,7 @@ uint32_t TrimmedEnd(TSNode n, std::string_view src) {
 
 void CollectTargetNames(TSNode n, std::string_view src, std::vector<std::string>& out) {
   if (Is(n, "identifier")) {
-    out.emplace_back(RangeOf(n).In(src));
+    out.push_back(IdentifierKey(RangeOf(n).In(src)));
     return;
   }
   if (Is(n, "pattern_list") || Is(n, "tuple_pattern") || Is(n, "list_pattern") ||
@@ -72,7 +73,7 @@ bool IsGenuineTypeAlias(TSNode n, std::string_view src, std::string* name) {
   // The keyword must be followed by whitespace, not `(` or `.`.
   uint32_t kw_end = ts_node_start_byte(n) + 4;
   if (kw_end >= src.size() || !IsSpace(src[kw_end])) return false;
-  *name = std::string(text.substr(0, i));
+  *name = IdentifierKey(text.substr(0, i));
   return true;
 }
 
@@ -324,7 +325,7 @@ std::optional<std::pair<TSNode, std::string>> FirstCompileError(TSNode root,
 std::vector<std::string> ParameterNames(const PyModule& m, const Definition& def) {
   std::vector<std::string> names;
   for (const Parameter& p : Parameters(m, def)) {
-    if (p.plain) names.emplace_back(m.Text(p.name));
+    if (p.plain) names.push_back(IdentifierKey(m.Text(p.name)));
   }
   return names;
 }

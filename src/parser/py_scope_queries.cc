@@ -5,6 +5,7 @@
 #include <string_view>
 #include <vector>
 
+#include "base/unicode_nfkc.h"
 #include "parser/py_cst_queries.h"
 #include "parser/py_module.h"
 #include "parser/ts_node.h"
@@ -12,11 +13,15 @@
 namespace patchgen::parser {
 namespace {
 
+/// True when the code text `text` (an identifier, an attribute, an import's name) is `name` for
+/// Python: names are compared in NFKC.
+bool SameName(std::string_view text, std::string_view name) { return SameIdentifier(text, name); }
+
 /// True when assignment target `t` (an identifier, a pattern, or an attribute) binds `name`; an
 /// attribute target binds only when its text is `name` (`Cls.m`).
 bool TargetBinds(TSNode t, std::string_view code, std::string_view name) {
   if (ts_node_is_null(t)) return false;
-  if (Is(t, "identifier") || Is(t, "attribute")) return RangeOf(t).In(code) == name;
+  if (Is(t, "identifier") || Is(t, "attribute")) return SameName(RangeOf(t).In(code), name);
   if (Is(t, "pattern_list") || Is(t, "tuple_pattern") || Is(t, "list_pattern") ||
       Is(t, "list_splat_pattern") || Is(t, "parenthesized_expression") ||
       Is(t, "expression_list")) {
@@ -38,8 +43,10 @@ bool AssignmentRebinds(TSNode a, std::string_view code, std::string_view name,
     TSNode right = Field(n, "right");
     if (ts_node_is_null(right) || Is(right, "assignment")) continue;
     // `Cls.m = wrap(Cls.m)` refers to the method through the attribute.
+    std::string key;
     if (!NameReferences(right, code, bare).empty() ||
-        (name != bare && RangeOf(right).In(code).find(name) != std::string_view::npos)) {
+        (name != bare &&
+         IdentifierKeyView(RangeOf(right).In(code), key).find(name) != std::string_view::npos)) {
       return false;
     }
   }
@@ -60,7 +67,7 @@ bool ImportBinds(TSNode stmt, std::string_view code, std::string_view name) {
       bound = RangeOf(c).In(code);
       if (!from) bound = bound.substr(0, bound.find('.'));
     }
-    if (bound == name) return true;
+    if (!bound.empty() && SameName(bound, name)) return true;
   }
   return false;
 }
@@ -96,7 +103,7 @@ void CollectAttributes(TSNode node, std::string_view code, std::string_view text
                        std::vector<ByteRange>& out) {
   for (uint32_t i = 0; i < ts_node_named_child_count(node); ++i) {
     TSNode c = ts_node_named_child(node, i);
-    if (Is(c, "attribute") && RangeOf(c).In(code) == text) out.push_back(RangeOf(c));
+    if (Is(c, "attribute") && SameName(RangeOf(c).In(code), text)) out.push_back(RangeOf(c));
     CollectAttributes(c, code, text, out);
   }
 }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "base/unicode_nfkc.h"
 #include "parser/ts_node.h"
 #include "rewriter/sha256.h"
 
@@ -17,6 +18,7 @@ using parser::TypeOf;
 struct Token {
   ByteRange range;
   char marker = 0;
+  bool identifier = false;  ///< Hashed as Python compares it (NFKC): `ﬁnd` and `find` agree.
 };
 
 bool Inside(ByteRange r, const std::vector<ByteRange>& skip) {
@@ -63,7 +65,7 @@ bool Visit(Walk& w, TSTreeCursor& cursor, const Frame* parent, std::vector<Frame
   if (statement && whole && r.end > r.start) w.out.push_back({r, ';'});
   uint32_t n = ts_node_child_count(node);
   if (n == 0 || t == "string") {
-    if (whole && r.end > r.start) w.out.push_back({r});
+    if (whole && r.end > r.start) w.out.push_back({r, 0, t == "identifier"});
     return false;
   }
   // A trailing comma before the closing bracket of a parameter list, an argument list or a
@@ -111,6 +113,12 @@ void Collect(Walk& w, TSTreeCursor& cursor) {
   }
 }
 
+/// What a token adds to the hashed stream: its text, an identifier's in NFKC.
+std::string TokenText(const parser::PyModule& module, const Token& t) {
+  std::string_view text = module.Text(t.range);
+  return t.identifier ? IdentifierKey(text) : std::string(text);
+}
+
 }  // namespace
 
 Fingerprint FingerprintOf(const parser::PyModule& module, const std::vector<ByteRange>& ranges,
@@ -151,7 +159,7 @@ Fingerprint FingerprintOf(const parser::PyModule& module, const std::vector<Byte
     }
     ++fp.tokens;
     const ByteRange& r = tokens[i].range;
-    stream += module.Text(r);
+    stream += TokenText(module, tokens[i]);
     uint32_t line = lines.LineOf(r.start);
     uint32_t end_line_of_group = group_line == UINT32_MAX ? 0 : lines.LineOf(group_end - 1);
     if (group_line == UINT32_MAX || (line != group_line && line > end_line_of_group)) {

@@ -33,7 +33,7 @@ SourceLoc CallLoc(const Guard& g, const std::vector<std::string_view>& call_line
   loc.length = std::max<uint32_t>(1, CodePointCount(text.substr(col_start, col_end - col_start)));
   LineIndex file_lines(*o.file_text);
   if (loc.line >= 1 && loc.line <= file_lines.line_count()) {
-    loc.source_line = std::string(file_lines.LineText(loc.line - 1));
+    SetSourceLine(loc, file_lines.LineText(loc.line - 1));
   }
   return loc;
 }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "base/text_util.h"
+#include "base/unicode_nfkc.h"
 #include "parser/py_cst_queries.h"
 #include "parser/ts_node.h"
 #include "rewriter/guard_planner.h"
@@ -19,9 +20,16 @@ using parser::Definition;
 using spec::Guard;
 using spec::Slot;
 
-/// True when identifier `name` occurs as a whole word in `text`.
+/// True when identifier `name` occurs as a whole word in `text` (both compared as Python reads
+/// names: NFKC when not ASCII).
 bool UsesWord(std::string_view text, std::string_view name) {
-  auto ident = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
+  std::string text_key, name_key;
+  text = IdentifierKeyView(text, text_key);
+  name = IdentifierKeyView(name, name_key);
+  auto ident = [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '_' ||
+           static_cast<unsigned char>(c) >= 0x80;
+  };
   for (size_t at = text.find(name); at != std::string_view::npos; at = text.find(name, at + 1)) {
     bool before = at > 0 && ident(text[at - 1]);
     bool after = at + name.size() < text.size() && ident(text[at + name.size()]);

@@ -5,6 +5,7 @@
 #include <set>
 #include <vector>
 
+#include "base/unicode_nfkc.h"
 #include "parser/ts_node.h"
 #include "rewriter/name_resolution_types.h"
 
@@ -26,6 +27,10 @@ bool IsFieldOf(TSNode child, TSNode parent, const char* field) {
 std::string_view TextOf(TSNode n, std::string_view source) {
   return source.substr(ts_node_start_byte(n), ts_node_end_byte(n) - ts_node_start_byte(n));
 }
+
+/// The name an identifier (or an import's dotted name) binds or reads, as Python compares it:
+/// NFKC when it is not ASCII (PEP 3131), so `ﬁnd` and `find` are one name.
+std::string NameOf(TSNode n, std::string_view source) { return IdentifierKey(TextOf(n, source)); }
 
 bool Inside(TSNode inner, TSNode outer) {
   return !ts_node_is_null(outer) && ts_node_start_byte(outer) <= ts_node_start_byte(inner) &&
@@ -154,11 +159,11 @@ void ImportBindings(TSNode stmt, std::string_view source, std::set<std::string>&
     if (from && IsFieldOf(c, stmt, "module_name")) continue;
     if (Is(c, Type::kWildcardImport)) wildcard = true;
     if (Is(c, Type::kAliasedImport)) {
-      out.insert(std::string(TextOf(Field(c, "alias"), source)));
+      out.insert(NameOf(Field(c, "alias"), source));
     } else if (Is(c, Type::kDottedName)) {
-      std::string_view text = TextOf(c, source);
+      std::string text = NameOf(c, source);
       if (!from) text = text.substr(0, text.find('.'));
-      out.insert(std::string(text));
+      out.insert(std::move(text));
     }
   }
 }
@@ -171,8 +176,7 @@ bool IsScope(TSNode n) {
 /// The names a global or nonlocal statement declares.
 void DeclaredNames(TSNode stmt, std::string_view source, std::set<std::string>& out) {
   uint32_t m = ts_node_named_child_count(stmt);
-  for (uint32_t j = 0; j < m; ++j)
-    out.insert(std::string(TextOf(ts_node_named_child(stmt, j), source)));
+  for (uint32_t j = 0; j < m; ++j) out.insert(NameOf(ts_node_named_child(stmt, j), source));
 }
 
 /// Collects the names bound in `node`'s subtree without entering nested scopes (whose own names
@@ -182,14 +186,14 @@ void CollectBindings(TSNode node, std::string_view source, std::set<std::string>
   Path path;
   WalkNamed(node, path, [&](TSNode c, const Path& up) {
     if (Is(c, Type::kIdentifier)) {
-      if (RoleOf(c, up) == Role::kBinding) out.insert(std::string(TextOf(c, source)));
+      if (RoleOf(c, up) == Role::kBinding) out.insert(NameOf(c, source));
     } else if (Is(c, Type::kImportStatement) || Is(c, Type::kImportFromStatement)) {
       ImportBindings(c, source, out, wildcard);
     } else if (Is(c, Type::kGlobalStatement) || Is(c, Type::kNonlocalStatement)) {
       DeclaredNames(c, source, out);
     } else if (Is(c, Type::kFunctionDefinition) || Is(c, Type::kClassDefinition)) {
       TSNode name = Field(c, "name");
-      if (!ts_node_is_null(name)) out.insert(std::string(TextOf(name, source)));
+      if (!ts_node_is_null(name)) out.insert(NameOf(name, source));
       // Decorators, defaults, annotations and base classes are evaluated here, but bind nothing.
     } else {
       return !IsScope(c);
@@ -242,7 +246,7 @@ class Resolver {
   /// Whether identifier `id`, whose enclosing scopes (IsScope) are `scopes` (outermost first),
   /// resolves.
   bool Resolves(TSNode id, const std::vector<TSNode>& scopes) {
-    std::string name(TextOf(id, source_));
+    std::string name = NameOf(id, source_);
     if (module_wildcard_ || module_.count(name) || IsBuiltinName(name)) return true;
     bool crossed_function = false;
     for (size_t k = scopes.size(); k-- > 0;) {
@@ -287,14 +291,14 @@ class Resolver {
   /// The parameter names of `params` (not of lambdas in its default values).
   void CollectParams(TSNode params, std::set<std::string>& out) {
     if (Is(params, Type::kIdentifier)) {
-      if (RoleOf(params, {}) == Role::kBinding) out.insert(std::string(TextOf(params, source_)));
+      if (RoleOf(params, {}) == Role::kBinding) out.insert(NameOf(params, source_));
       return;
     }
     if (IsScope(params)) return;
     Path path;
     WalkNamed(params, path, [&](TSNode n, const Path& up) {
       if (Is(n, Type::kIdentifier)) {
-        if (RoleOf(n, up) == Role::kBinding) out.insert(std::string(TextOf(n, source_)));
+        if (RoleOf(n, up) == Role::kBinding) out.insert(NameOf(n, source_));
         return false;
       }
       return !IsScope(n);
@@ -363,7 +367,7 @@ std::vector<NameUse> FindUnresolvedNames(TSNode root, std::string_view source,
     if (RoleOf(node, up) != Role::kUse || resolver.Resolves(node, around)) return false;
     uint32_t s = ts_node_start_byte(node), e = ts_node_end_byte(node);
     for (const ByteRange& r : ranges) {
-      if (r.start <= s && e <= r.end) out.push_back({std::string(TextOf(node, source)), s});
+      if (r.start <= s && e <= r.end) out.push_back({NameOf(node, source), s, e});
     }
     return false;
   });

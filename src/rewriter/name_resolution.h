@@ -11,6 +11,8 @@
 //   - in the class body it is used in directly (not from methods: Python's class scope rule);
 //   - as a Python 3.11 builtin or module attribute (`__name__`, `__file__`, ...).
 // Attribute names after `.`, keyword-argument names, and import module paths are not uses.
+// Names are compared as Python compares them: NFKC when not ASCII (PEP 3131), so inserted code
+// reading `ｆｏｏ` finds upstream's `foo`.
 // A module-level `from x import *` makes every name resolve (nothing can be checked then).
 // Not modelled: `match` capture patterns (treated as uses), `del`, names bound only by `exec`.
 #pragma once
@@ -26,8 +28,9 @@
 namespace patchgen::rewriter {
 
 struct NameUse {
-  std::string name;
+  std::string name;     ///< As Python compares it: NFKC when not ASCII (`ﬁnd` is `find`).
   uint32_t offset = 0;  ///< Byte offset of the identifier in the source.
+  uint32_t end = 0;     ///< Byte offset just after it (the text as written is [offset, end)).
 };
 
 /// Identifiers read inside any of `ranges` that resolve to no binding (see the prelude).

@@ -91,3 +91,16 @@ TEST_CASE("Names declared global anywhere resolve, however the statement is spel
   CHECK(Unresolved("global_counter = 1\n# global counter\n#<\nv = counter\n#>\n")
             .starts_with("counter@"));
 }
+
+TEST_CASE("Names are compared as Python compares them: NFKC (PEP 3131)", "[rewriter]") {
+  // `ｆｏｏ` (fullwidth) reads upstream's `foo`; `find` reads a `def ﬁnd` (U+FB01); a parameter
+  // `ｘ` binds `x`; `ｌｅｎ` is the builtin `len`. An unknown name is reported in NFKC, as
+  // Python's NameError names it.
+  CHECK(Unresolved("foo = 1\n"
+                   "def \xEF\xAC\x81nd(\xEF\xBD\x98):\n"
+                   "#<\n"
+                   "    return x + \xEF\xBD\x86\xEF\xBD\x8F\xEF\xBD\x8F + find(1) + "
+                   "\xEF\xBD\x8C\xEF\xBD\x85\xEF\xBD\x8E([]) + \xEF\xBD\x82"
+                   "ar\n"
+                   "#>\n") == "bar@80 ");
+}

@@ -4,8 +4,8 @@
 #include <tree_sitter/api.h>
 
 #include <algorithm>
-#include <functional>
 #include <memory>
+#include <tuple>
 
 #include "base/line_index.h"
 #include "parser/ts_node.h"
@@ -16,55 +16,121 @@
 namespace patchgen::rewriter {
 namespace {
 
-/// The spec location of output byte `offset` when it lies in inserted text, else nullopt.
-std::optional<SourceLoc> InsertedLoc(const EditPlan& plan, uint32_t offset,
-                                     const LineIndex& out_lines,
-                                     const std::vector<ByteRange>& ranges, uint32_t header_size) {
-  const std::vector<TextEdit>& edits = plan.edits();
-  for (size_t i = 0; i < edits.size(); ++i) {
-    ByteRange r{ranges[i].start + header_size, ranges[i].end + header_size};
-    if (!r.Contains(offset)) continue;
-    const TextEdit& e = edits[i];
-    for (const std::optional<CodeSpan>* span : {&e.code, &e.tail_code}) {
-      const std::optional<CodeSpan>& c = *span;
-      if (!c || c->begin > offset - r.start || offset - r.start >= c->end) continue;
-      uint32_t span_start = r.start + c->begin;
-      uint32_t line0 = out_lines.LineOf(offset) - out_lines.LineOf(span_start);
-      int32_t col = static_cast<int32_t>(out_lines.At(offset).col) - c->col_shift;
-      spec::TextOrigin o = c->origin;
-      o.first_line = c->first_line;
-      o.col_offset = 0;
-      return OriginLoc(o, line0, static_cast<uint32_t>(std::max(1, col)));
+/// What the checks locate by: the plan, the output and its lines, the edits' output ranges.
+struct OutputText {
+  const EditPlan& plan;
+  const std::string& out;
+  const LineIndex& lines;
+  std::vector<ByteRange> ranges;  ///< EditPlan::OutputRanges (without the header).
+  uint32_t header_size;
+  const std::string& path;  ///< The output as printed.
+
+  /// A location in the output file (its line cropped to what an excerpt shows).
+  SourceLoc At(uint32_t offset) const { return LocOf(path, out, lines, {offset, offset + 1}); }
+
+  /// The spec location of output byte `offset` (at `at` in the output) when it lies in inserted
+  /// text, else nullopt. Without `with_line`, only the position (no excerpt text): sorting
+  /// thousands of locations must not copy a line for each.
+  std::optional<SourceLoc> Inserted(uint32_t offset, LineCol at, bool with_line = true) const {
+    const std::vector<TextEdit>& edits = plan.edits();
+    for (size_t i = 0; i < edits.size(); ++i) {
+      ByteRange r{ranges[i].start + header_size, ranges[i].end + header_size};
+      if (!r.Contains(offset)) continue;
+      const TextEdit& e = edits[i];
+      for (const std::optional<CodeSpan>* span : {&e.code, &e.tail_code}) {
+        const std::optional<CodeSpan>& c = *span;
+        if (!c || c->begin > offset - r.start || offset - r.start >= c->end) continue;
+        uint32_t line0 = (at.line - 1) - lines.LineOf(r.start + c->begin);
+        int32_t col = static_cast<int32_t>(at.col) - c->col_shift;
+        spec::TextOrigin o = c->origin;
+        o.first_line = c->first_line;
+        o.col_offset = 0;
+        if (!with_line) o.file_text = nullptr;
+        return OriginLoc(o, line0, static_cast<uint32_t>(std::max(1, col)));
+      }
+      SourceLoc loc = e.origin;
+      if (!with_line) loc.source_line.clear();
+      return loc;
     }
-    return e.origin;
+    return std::nullopt;
   }
-  return std::nullopt;
-}
+  std::optional<SourceLoc> Inserted(uint32_t offset) const {
+    return Inserted(offset, lines.At(offset));
+  }
+
+  /// "generated line N: <the line as an excerpt shows it>".
+  static Note GeneratedLine(const SourceLoc& at) {
+    return Note::Text("generated line " + std::to_string(at.line) + ": " + ShownLine(at));
+  }
+};
 
 /// Excluded definitions and dropped imports must not leave names behind that now resolve
-/// nowhere (a name bound again by a helper or an added import is fine).
+/// nowhere (a name bound again by a helper or an added import is fine). At most
+/// kMaxDiagnosticsOfAKind uses of one removed name are reported.
 void CheckRemovedNames(const spec::PatchSpec& spec,
                        const std::vector<const spec::LocatedName*>& excluded, TSNode root,
-                       const std::string& out, uint32_t header_size,
-                       const std::function<SourceLoc(uint32_t)>& output_loc,
-                       std::vector<Diagnostic>& errors) {
+                       const OutputText& o, std::vector<Diagnostic>& errors) {
   std::vector<std::pair<const spec::LocatedName*, std::string>> removed;
   for (const spec::LocatedName* ex : excluded) removed.push_back({ex, "excluded name"});
   for (const spec::LocatedName& d : spec.import_drops) removed.push_back({&d, "dropped import"});
   if (removed.empty()) return;
-  std::vector<NameUse> unresolved =
-      FindUnresolvedNames(root, out, {ByteRange{header_size, static_cast<uint32_t>(out.size())}});
+  std::vector<NameUse> unresolved = FindUnresolvedNames(
+      root, o.out, {ByteRange{o.header_size, static_cast<uint32_t>(o.out.size())}});
   for (const auto& [name, noun] : removed) {
+    size_t uses = 0;
     for (const NameUse& use : unresolved) {
-      if (use.name != name->name) continue;
-      SourceLoc at = output_loc(use.offset);
+      if (use.name != name->name) continue;  // both as Python compares names (NFKC)
+      if (++uses > kMaxDiagnosticsOfAKind) continue;
+      SourceLoc at = o.At(use.offset);
       Diagnostic d = ErrorAt(name->loc,
                              noun + " '" + name->name + "' is still used at line " +
                                  std::to_string(at.line) + " of the output",
                              "remove or patch the code that uses it, or keep '" + name->name + "'");
-      d.notes.push_back(Note::Text(at.PathLine() + ": " + at.source_line));
+      d.notes.push_back(Note::Text(at.PathLine() + ": " + ShownLine(at)));
       errors.push_back(std::move(d));
     }
+    if (uses > kMaxDiagnosticsOfAKind) {
+      errors.back().notes.push_back(
+          MoreOfAKind(uses - kMaxDiagnosticsOfAKind, "uses of '" + name->name + "'"));
+    }
+  }
+}
+
+/// Undefined names in inserted code: the first kMaxDiagnosticsOfAKind by spec location, each
+/// located and quoted, the last with "... and K more"; the others are only counted. Positions
+/// are found for every use without copying a line (columns counted on along the output), so
+/// that 10,000 names on one long line cost time and memory linear in the input (issue #28).
+void ReportUndefinedNames(const std::vector<NameUse>& uses, const OutputText& o,
+                          std::vector<Diagnostic>& errors) {
+  struct Found {
+    SourceLoc pos;  ///< Path, line and column only.
+    size_t use;
+  };
+  std::vector<Found> found;
+  LineColCursor cursor(o.out, o.lines);
+  for (size_t i = 0; i < uses.size(); ++i) {
+    LineCol at = cursor.At(uses[i].offset);
+    std::optional<SourceLoc> pos = o.Inserted(uses[i].offset, at, /*with_line=*/false);
+    found.push_back({pos ? std::move(*pos) : SourceLoc{o.path, at.line, at.col, 1, {}}, i});
+  }
+  auto key = [](const Found& f) { return std::tie(f.pos.path, f.pos.line, f.pos.col); };
+  std::stable_sort(found.begin(), found.end(),
+                   [&](const Found& a, const Found& b) { return key(a) < key(b); });
+  size_t shown = std::min(found.size(), kMaxDiagnosticsOfAKind);
+  for (size_t k = 0; k < shown; ++k) {
+    const NameUse& use = uses[found[k].use];
+    SourceLoc at = o.At(use.offset);
+    SourceLoc loc = o.Inserted(use.offset).value_or(at);
+    loc.length = std::max<uint32_t>(
+        1, CodePointCount(std::string_view(o.out).substr(use.offset, use.end - use.offset)));
+    Diagnostic d = ErrorAt(loc, "undefined name '" + use.name + "' in inserted code",
+                           "import it with `imports.add`, define it in `helpers:`, or map it "
+                           "with `name_map`");
+    d.notes.push_back(OutputText::GeneratedLine(at));
+    if (k + 1 == shown && found.size() > shown) {
+      d.notes.push_back(MoreOfAKind(found.size() - shown, "undefined names in inserted code"));
+    }
+    errors.push_back(std::move(d));
   }
 }
 
@@ -256,50 +322,37 @@ std::vector<Diagnostic> CheckOutput(const spec::PatchSpec& spec, const parser::P
     return errors;
   }
   LineIndex lines(out);
-  std::vector<ByteRange> ranges = plan.OutputRanges();
-  std::function<SourceLoc(uint32_t)> output_loc = [&](uint32_t offset) {
-    return LocOf(spec.output, out, lines, {offset, offset + 1});
-  };
+  OutputText o{plan, out, lines, plan.OutputRanges(), header_size, spec.output};
   TSNode root = ts_tree_root_node(tree.get());
   if (auto err = parser::FirstErrorNode(root)) {
     uint32_t offset = ts_node_start_byte(*err);
-    SourceLoc at = output_loc(offset);
-    std::optional<SourceLoc> spec_loc = InsertedLoc(plan, offset, lines, ranges, header_size);
+    SourceLoc at = o.At(offset);
+    std::optional<SourceLoc> spec_loc = o.Inserted(offset);
     Diagnostic d = ErrorAt(spec_loc ? *spec_loc : at, "generated code does not parse",
                            "check the indentation and completeness of the inserted code");
     if (spec_loc) {
-      d.notes.push_back(Note::Text("at " + at.PathLineCol() + ": " + at.source_line));
+      d.notes.push_back(Note::Text("at " + at.PathLineCol() + ": " + ShownLine(at)));
     }
     errors.push_back(std::move(d));
     return errors;
   }
   std::vector<ByteRange> inserted;
-  for (const ByteRange& r : ranges) {
+  for (const ByteRange& r : o.ranges) {
     if (!r.empty()) inserted.push_back({r.start + header_size, r.end + header_size});
   }
-  for (const NameUse& use : FindUnresolvedNames(root, out, inserted)) {
-    SourceLoc at = output_loc(use.offset);
-    SourceLoc loc = InsertedLoc(plan, use.offset, lines, ranges, header_size).value_or(at);
-    loc.length = static_cast<uint32_t>(use.name.size());
-    Diagnostic d = ErrorAt(loc, "undefined name '" + use.name + "' in inserted code",
-                           "import it with `imports.add`, define it in `helpers:`, or map it "
-                           "with `name_map`");
-    d.notes.push_back(
-        Note::Text("generated line " + std::to_string(at.line) + ": " + at.source_line));
-    errors.push_back(std::move(d));
-  }
+  ReportUndefinedNames(FindUnresolvedNames(root, out, inserted), o, errors);
   std::vector<Misplaced> misplaced = FindMisplaced(root, inserted);
   for (Misplaced& m : FindMisplacedFuture(root, inserted)) misplaced.push_back(std::move(m));
+  size_t first_misplaced = errors.size();
   for (const Misplaced& m : misplaced) {
     uint32_t offset = ts_node_start_byte(m.node);
-    SourceLoc at = output_loc(offset);
-    Diagnostic d = ErrorAt(InsertedLoc(plan, offset, lines, ranges, header_size).value_or(at),
-                           m.message, m.help);
-    d.notes.push_back(
-        Note::Text("generated line " + std::to_string(at.line) + ": " + at.source_line));
+    SourceLoc at = o.At(offset);
+    Diagnostic d = ErrorAt(o.Inserted(offset).value_or(at), m.message, m.help);
+    d.notes.push_back(OutputText::GeneratedLine(at));
     errors.push_back(std::move(d));
   }
-  CheckRemovedNames(spec, excluded, root, out, header_size, output_loc, errors);
+  CapDiagnostics(errors, first_misplaced, "statements Python rejects in inserted code");
+  CheckRemovedNames(spec, excluded, root, o, errors);
   return errors;
 }
 

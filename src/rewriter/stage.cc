@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "base/text_util.h"
+#include "base/unicode_nfkc.h"
 #include "parser/py_cst_queries.h"
 #include "parser/ts_node.h"
 #include "rewriter/fingerprint.h"
@@ -31,6 +32,9 @@ std::string KeywordMark(const spec::NameMapEntry& e) { return "\x01keyword " + e
 }  // namespace
 
 std::optional<std::string> NameMap::Map(std::string_view name) {
+  // As Python compares names (the entries are NFKC already): `ｆｏｏ` is mapped like `foo`.
+  std::string key;
+  name = IdentifierKeyView(name, key);
   for (Use& u : uses_) {
     if (!u.entry->prefix && u.entry->from == name) {
       u.used = true;
@@ -136,10 +140,19 @@ SourceLoc OriginLoc(const spec::TextOrigin& o, uint32_t line0, uint32_t col, uin
   loc.line = o.first_line + line0;
   loc.col = col + o.col_offset;
   loc.length = length;
-  if (o.file_text) {
-    std::vector<std::string_view> lines = SplitLines(*o.file_text);
-    if (loc.line >= 1 && loc.line <= lines.size())
-      loc.source_line = std::string(lines[loc.line - 1]);
+  if (o.file_text && loc.line >= 1) {
+    // Line `loc.line` of the file, found without splitting the whole file (a spec may locate
+    // thousands of names), and kept only as far as an excerpt shows it.
+    std::string_view text = *o.file_text;
+    size_t start = 0;
+    for (uint32_t l = 1; l < loc.line && start != std::string_view::npos; ++l) {
+      start = text.find('\n', start);
+      if (start != std::string_view::npos) ++start;
+    }
+    if (start != std::string_view::npos && start < text.size()) {
+      size_t end = std::min(text.find('\n', start), text.size());
+      SetSourceLine(loc, text.substr(start, end - start));
+    }
   }
   return loc;
 }

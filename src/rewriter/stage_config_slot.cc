@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "base/text_util.h"
+#include "base/unicode_nfkc.h"
 #include "parser/py_cst_queries.h"
 #include "rewriter/stage_patches.h"
 
@@ -16,7 +17,8 @@ using parser::PyModule;
 using spec::Patch;
 
 bool IsIdentChar(char c) {
-  return c == '_' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
+  return c == '_' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+         static_cast<unsigned char>(c) >= 0x80;
 }
 
 /// Whether `init` has a parameter named `config` (plain, typed or with a default).
@@ -26,8 +28,11 @@ bool HasConfigParameter(const PyModule& up, const Definition& init) {
 }
 
 /// The 1-based upstream line where `init` assigns `self.<name>` (`=` or an annotation), or 0.
+/// Names as Python reads them: a body that is not ASCII is searched in its NFKC form (which keeps
+/// every newline), so `self.ｋernel = ...` sets `kernel`.
 uint32_t AssignsSelfAttribute(const PyModule& up, const Definition& init, const std::string& name) {
-  std::string_view body = up.Text(init.body);
+  std::string key;
+  std::string_view body = IdentifierKeyView(up.Text(init.body), key);
   std::string needle = "self." + name;
   for (size_t at = body.find(needle); at != std::string_view::npos;
        at = body.find(needle, at + 1)) {
@@ -38,7 +43,11 @@ uint32_t AssignsSelfAttribute(const PyModule& up, const Definition& init, const 
     if (next == std::string_view::npos) continue;
     bool assigns = (body[next] == '=' && (next + 1 >= body.size() || body[next + 1] != '=')) ||
                    body[next] == ':';
-    if (assigns) return up.lines().LineOf(init.body.start + static_cast<uint32_t>(at)) + 1;
+    if (assigns) {
+      auto newlines =
+          std::count(body.begin(), body.begin() + static_cast<std::ptrdiff_t>(at), '\n');
+      return up.lines().LineOf(init.body.start) + 1 + static_cast<uint32_t>(newlines);
+    }
   }
   return 0;
 }

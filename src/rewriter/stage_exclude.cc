@@ -2,6 +2,7 @@
 #include <algorithm>
 
 #include "base/text_util.h"
+#include "base/unicode_nfkc.h"
 #include "parser/py_cst_queries.h"
 #include "parser/ts_node.h"
 #include "rewriter/stages.h"
@@ -39,7 +40,7 @@ std::vector<parser::DunderAll> DunderAllLists(const PyModule& up) {
     TSNode left = parser::Field(aug, "left");
     TSNode op = parser::Field(aug, "operator");
     TSNode right = parser::Field(aug, "right");
-    if (ts_node_is_null(left) || up.Text(parser::RangeOf(left)) != "__all__" ||
+    if (ts_node_is_null(left) || !SameIdentifier(up.Text(parser::RangeOf(left)), "__all__") ||
         ts_node_is_null(op) || up.Text(parser::RangeOf(op)) != "+=" || ts_node_is_null(right) ||
         !(parser::Is(right, "list") || parser::Is(right, "tuple"))) {
       continue;

@@ -44,7 +44,12 @@ std::optional<std::string> AbsoluteModule(const spec::PatchSpec& spec, const PyM
   base.resize(base.size() - levels);
   std::string out;
   for (const std::string& p : base) out += (out.empty() ? "" : ".") + p;
-  if (!imp.module_name.empty()) out += "." + imp.module_name;
+  // The module part as upstream wrote it (`module_name` is held in NFKC, as Python compares
+  // names): the rewrite changes only the leading dots.
+  std::string_view written = up.Text(imp.module);
+  written.remove_prefix(std::min(written.size(), written.find_first_not_of('.')));
+  written.remove_prefix(std::min(written.size(), written.find_first_not_of(" \t\n\r\f\v")));
+  if (!written.empty()) out += "." + std::string(written);
   return out;
 }
 

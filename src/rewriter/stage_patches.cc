@@ -35,7 +35,11 @@ std::optional<Snippet> DefinitionSnippet(PatchContext& ctx, const Patch& p, Name
     return std::nullopt;
   }
   if (has_decorators) *has_decorators = !def->decorators.empty();
-  std::pair<ByteRange, std::string> rename{def->name_range, LastComponent(p.target)};
+  // The name as written when it already is the target's for Python (`ﬁnd` for `find`: the index
+  // holds NFKC names), so that no byte of the body changes for nothing.
+  std::string name = LastComponent(p.target);
+  if (def->name == name) name = std::string(m->Text(def->name_range));
+  std::pair<ByteRange, std::string> rename{def->name_range, std::move(name)};
   return MakeSnippet(*m, def->whole, p.body.origin, {&patch_map, &ctx.spec_map}, rename, column);
 }
 

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "base/text_util.h"
+#include "base/unicode_nfkc.h"
 
 namespace patchgen::rewriter {
 namespace {
@@ -19,6 +20,21 @@ constexpr size_t kMaxCandidates = 8;  // Candidate statements listed in "no matc
 
 uint32_t LineStartOf(const PyModule& m, uint32_t offset) {
   return m.lines().LineStart(m.lines().LineOf(offset));
+}
+
+/// True when statement text `text` starts with the anchor `prefix`, as written or as Python reads
+/// names (NFKC, PEP 3131: `x = ﬁnd(` anchors `x = find(`). Only the head of the statement is
+/// normalised: NFKC turns at most 4 bytes into one, so 4 bytes a byte of the prefix (and a margin
+/// for combining marks) are enough.
+bool StartsWithAnchor(std::string_view text, std::string_view prefix) {
+  if (text.substr(0, prefix.size()) == prefix) return true;
+  std::string_view head = text.substr(0, std::min(text.size(), 4 * prefix.size() + 64));
+  while (head.size() < text.size() && !head.empty() &&
+         (static_cast<unsigned char>(text[head.size()]) & 0xC0) == 0x80) {
+    head.remove_suffix(1);  // a code point boundary
+  }
+  if (IsAscii(prefix) && IsAscii(head)) return false;
+  return Nfkc(head).starts_with(Nfkc(prefix));
 }
 
 }  // namespace
@@ -74,7 +90,7 @@ BodyStatements::BodyStatements(const PyModule& m, const Definition& def)
 std::vector<const Stmt*> BodyStatements::Matching(std::string_view prefix) const {
   std::vector<const Stmt*> out;
   for (const Stmt& s : stmts_) {
-    if (s.range.In(m_.source()).substr(0, prefix.size()) == prefix) out.push_back(&s);
+    if (StartsWithAnchor(s.range.In(m_.source()), prefix)) out.push_back(&s);
   }
   return out;
 }
@@ -171,7 +187,7 @@ const Stmt* BodyStatements::LocateThrough(const AnchorQuery& q, const Stmt& firs
   }
   std::vector<const Stmt*> sibling_matches;
   for (const Stmt* s : later) {
-    if (s->range.In(m_.source()).substr(0, through.size()) == through) sibling_matches.push_back(s);
+    if (StartsWithAnchor(s->range.In(m_.source()), through)) sibling_matches.push_back(s);
   }
   if (sibling_matches.size() == 1) return sibling_matches[0];
   if (sibling_matches.size() > 1) {

@@ -50,7 +50,8 @@ class BodyStatements {
   bool ok() const { return ok_; }
   const std::vector<Stmt>& all() const { return stmts_; }
 
-  /// Statements whose text starts with `prefix` (trimmed by the caller).
+  /// Statements whose text starts with `prefix` (trimmed by the caller), as written or NFKC-equal
+  /// (names as Python reads them, PEP 3131).
   std::vector<const Stmt*> Matching(std::string_view prefix) const;
 
   /// Locates `q.at` .. `q.through` in the body; on failure appends one located error to

@@ -5,6 +5,7 @@
 #include <set>
 
 #include "base/text_util.h"
+#include "base/unicode_nfkc.h"
 
 namespace patchgen::spec {
 namespace {
@@ -60,7 +61,7 @@ std::optional<std::string> LeadingName(std::string_view rest) {
   };
   while (end < rest.size() && name_byte(rest[end])) ++end;
   if (end == 0) return std::nullopt;
-  return std::string(rest.substr(0, end));
+  return IdentifierKey(rest.substr(0, end));
 }
 
 // The name of the first top-level def/class in `code` (decorators and comments skipped).

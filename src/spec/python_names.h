@@ -23,7 +23,8 @@ bool IsDotted(std::string_view s);
 /// The number of '.' in `s`.
 size_t CountDots(std::string_view s);
 
-/// The identifier-like word `rest` starts with after spaces, or nullopt.
+/// The identifier-like word `rest` starts with after spaces (as Python compares names: NFKC when
+/// not ASCII), or nullopt.
 std::optional<std::string> LeadingName(std::string_view rest);
 
 /// The name of the first top-level def/class in `code` (`async def` too; decorators, comments and

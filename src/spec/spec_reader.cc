@@ -5,6 +5,7 @@
 
 #include "base/file_util.h"
 #include "base/text_util.h"
+#include "base/unicode_nfkc.h"
 #include "spec/python_names.h"
 
 namespace patchgen::spec {
@@ -21,13 +22,9 @@ std::string JoinRelative(const std::string& spec_path, const std::string& rel) {
   return out.empty() ? "." : out;
 }
 
-// Cropped: every located entry of a spec keeps its location, and a spec may hold thousands of
-// them on one line.
-SourceLoc SpecReader::LocAt(ByteRange r) {
-  SourceLoc loc = LocOf(path_, *text_, lines_, r);
-  CropSourceLine(loc);
-  return loc;
-}
+// Cropped (LocOf keeps only what an excerpt shows): every located entry of a spec keeps its
+// location, and a spec may hold thousands of them on one line.
+SourceLoc SpecReader::LocAt(ByteRange r) { return LocOf(path_, *text_, lines_, r); }
 
 void SpecReader::Error(const RawNode& at, std::string msg, std::string help) {
   diags_.push_back(ErrorAt(Loc(at), std::move(msg), std::move(help)));
@@ -97,13 +94,15 @@ std::optional<std::string> SpecReader::OneLine(const RawNode& n, std::string_vie
   return s;
 }
 
-std::optional<std::string> SpecReader::Identifier(const RawNode& n, std::string_view what) {
+std::optional<std::string> SpecReader::Identifier(const RawNode& n, std::string_view what,
+                                                  bool as_python) {
   auto s = String(n, what);
   if (s && !IsIdentifier(*s)) {
     Error(n, "'" + *s + "' is not a Python identifier",
           std::string("'") + std::string(what) + "' takes a name like `rms_norm_slot`");
     return std::nullopt;
   }
+  if (s && as_python) NormalizeIdentifier(*s);
   return s;
 }
 
@@ -116,6 +115,7 @@ std::optional<std::string> SpecReader::Dotted(const RawNode& n, std::string_view
               "`");
     return std::nullopt;
   }
+  if (s) NormalizeIdentifier(*s);
   return s;
 }
 
@@ -216,7 +216,7 @@ std::vector<NameMapEntry> SpecReader::NameMap(const RawNode& n) {
     std::optional<std::string> from, to;
     if (prefix) {
       if (IsIdentifier(std::string_view(key.scalar).substr(0, key.scalar.size() - 1))) {
-        from = key.scalar.substr(0, key.scalar.size() - 1);
+        from = IdentifierKey(std::string_view(key.scalar).substr(0, key.scalar.size() - 1));
       } else {
         Error(key, "'" + key.scalar + "' is not a Python identifier followed by '*'",
               "a prefix rule looks like `Qwen3_5*: Qwen3_5Moe*`");
@@ -224,7 +224,7 @@ std::vector<NameMapEntry> SpecReader::NameMap(const RawNode& n) {
       auto v = String(value, "name_map");
       if (v && v->size() > 1 && v->back() == '*' &&
           IsIdentifier(std::string_view(*v).substr(0, v->size() - 1))) {
-        to = v->substr(0, v->size() - 1);
+        to = IdentifierKey(std::string_view(*v).substr(0, v->size() - 1));
       } else if (v) {
         Error(value,
               "'" + key.scalar + "' is a prefix rule, so its value must be a prefix too, like `" +
@@ -236,14 +236,15 @@ std::vector<NameMapEntry> SpecReader::NameMap(const RawNode& n) {
       to = Identifier(value, "name_map");
     }
     if (!from || !to) continue;
-    auto [it, inserted] = seen.emplace(key.scalar, &key);
+    NameMapEntry e{*from, *to, Loc(key)};
+    e.prefix = prefix;
+    // Two keys that are one name for Python (`ﬁnd`, `find`) are one key.
+    auto [it, inserted] = seen.emplace(e.Key(), &key);
     if (!inserted) {
       ErrorWithNote(key, "duplicate key '" + key.scalar + "'", Loc(*it->second),
                     "first given here");
       continue;
     }
-    NameMapEntry e{*from, *to, Loc(key)};
-    e.prefix = prefix;
     out.push_back(std::move(e));
   }
   return out;

@@ -55,7 +55,11 @@ class SpecReader {
   std::optional<std::string> String(const RawNode& n, std::string_view what);
   // A one-line string (descriptions).
   std::optional<std::string> OneLine(const RawNode& n, std::string_view what);
-  std::optional<std::string> Identifier(const RawNode& n, std::string_view what);
+  // A name (Identifier) or a dotted name (Dotted), held as Python compares names: NFKC when it
+  // is not ASCII (PEP 3131; base/unicode_nfkc.h), so a spec naming `ﬁnd` means upstream's `find`.
+  // `as_python` false keeps the name as written (a name that ends up in a string literal).
+  std::optional<std::string> Identifier(const RawNode& n, std::string_view what,
+                                        bool as_python = true);
   std::optional<std::string> Dotted(const RawNode& n, std::string_view what,
                                     std::string_view example);
   // An op or variant name (docs/ops.md): letters, digits and `_`, as it is written into the

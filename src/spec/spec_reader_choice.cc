@@ -102,7 +102,9 @@ bool SpecReader::LoadChoice(const KeyMap& keys, const PatchKindInfo& info, const
   }
   ConfigChoice& c = p.choice;
   if (attribute) {
-    std::optional<std::string> a = Identifier(*attribute, "attribute");
+    // As written: it becomes a string literal (`ConfigSlot(..., "<attribute>", ...)`), which the
+    // runtime reads with getattr, and Python does not normalise strings.
+    std::optional<std::string> a = Identifier(*attribute, "attribute", /*as_python=*/false);
     ok = ok && a.has_value();
     c.attribute = a.value_or("");
     c.attribute_loc = Loc(*attribute);

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "base/file_util.h"
+#include "base/unicode_nfkc.h"
 #include "parser/py_cst_queries.h"
 
 namespace patchgen::cli {
@@ -40,7 +41,9 @@ std::string Text(const parser::PyModule& m, std::optional<ByteRange> r) {
 std::vector<Param> ParametersOf(const parser::PyModule& m, const parser::Definition& def) {
   std::vector<Param> out;
   for (const parser::Parameter& p : parser::Parameters(m, def)) {
-    out.push_back(Param{Text(m, p.name), Text(m, p.annotation), Text(m, p.default_value)});
+    // Parameter names as Python compares them (NFKC): respelling one is no signature change.
+    out.push_back(
+        Param{IdentifierKey(Text(m, p.name)), Text(m, p.annotation), Text(m, p.default_value)});
   }
   return out;
 }

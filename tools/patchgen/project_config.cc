@@ -41,7 +41,7 @@ Diagnostic ErrorAtRegion(const ConfigSource& src, const toml::source_region& reg
     loc.length = static_cast<uint32_t>(region.end.column - region.begin.column);
   }
   auto lines = SplitLines(src.text);
-  if (loc.line >= 1 && loc.line <= lines.size()) loc.source_line = std::string(lines[loc.line - 1]);
+  if (loc.line >= 1 && loc.line <= lines.size()) SetSourceLine(loc, lines[loc.line - 1]);
   return ErrorAt(loc, std::move(message), std::move(help));
 }
 

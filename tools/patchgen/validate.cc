@@ -33,7 +33,7 @@ void CheckParses(const std::string& code, const spec::TextOrigin& origin, const 
     loc.path = origin.path;
     loc.line = origin.first_line + at.line - 1;
     loc.col = at.col + origin.col_offset;
-    loc.source_line = LineOf(origin.file_text, loc.line);
+    SetSourceLine(loc, LineOf(origin.file_text, loc.line));
     out.push_back(deep ? ErrorAt(loc,
                                  what + " nests deeper than " +
                                      std::to_string(parser::kMaxNesting) + " levels",
