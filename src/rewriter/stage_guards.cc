@@ -1,5 +1,7 @@
 // The guards stage: PlanGuards (guards.cc) on the spec with mapped guard targets, and the
 // conflicts between guards and patches that replace or add the guarded definition.
+#include <cctype>
+
 #include "rewriter/stages.h"
 
 namespace patchgen::rewriter {
@@ -69,13 +71,35 @@ ContractPin GuardPin(const PyModule& up, const GuardPlan::Region& r) {
 
 /// Slots whose every guard was skipped (or that have none): declared, but nothing in this
 /// module dispatches through them; the header says so.
+/// True when `name` occurs in `text` as a whole identifier (ASCII word boundaries).
+bool NamesWord(const std::string& text, const std::string& name) {
+  auto word = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
+  for (size_t at = text.find(name); at != std::string::npos; at = text.find(name, at + 1)) {
+    const size_t end = at + name.size();
+    if ((at == 0 || !word(text[at - 1])) && (end == text.size() || !word(text[end]))) return true;
+  }
+  return false;
+}
+
+/// True when a patch's own code (an added or replaced body, a statement edit) names the slot: it
+/// dispatches through it itself (e.g. a `loss_function` property that returns the bound slot).
+bool NamedByPatchCode(const spec::PatchSpec& spec, const std::string& slot) {
+  for (const spec::Patch& p : spec.patches) {
+    if (p.body.source == spec::Body::Source::kCode && NamesWord(p.body.text, slot)) return true;
+    for (const spec::StatementEdit& e : p.edits) {
+      if (NamesWord(e.code, slot)) return true;
+    }
+  }
+  return false;
+}
+
 std::vector<const spec::Slot*> SlotsWithoutGuards(const spec::PatchSpec& spec,
                                                   const std::vector<GuardPlan::Region>& regions) {
   std::vector<const spec::Slot*> out;
   std::set<std::string> seen;
   for (const spec::Slot& slot : spec.slots) {
     if (!seen.insert(slot.name).second) continue;
-    bool guarded = false;
+    bool guarded = NamedByPatchCode(spec, slot.name);
     for (const GuardPlan::Region& r : regions) guarded |= r.slot == slot.name;
     if (!guarded) out.push_back(&slot);
   }

@@ -117,6 +117,35 @@ patches:
         "guard on A.forward conflicts with override_method A.forward at s.yaml:11");
 }
 
+TEST_CASE("a slot that patch code dispatches through is not listed as without a guard",
+          "[rewriter]") {
+  auto up = Module();
+  spec::PatchSpec s = Spec(R"(slots:
+  - name: loss_slot
+    op: o
+    variant: v
+  - name: loss
+    op: o
+    variant: w
+  - name: other_slot
+    op: o
+    variant: u
+patches:
+  - add_method: A.loss_function
+    code: |
+      @property
+      def loss_function(self):
+          return loss_slot if loss_slot.use_non_eager_impl else other_slot_2
+)");
+  GuardsStage st = PlanGuardStage(s, *up, "opslot", {}, {});
+  CHECK(st.out.errors.empty());
+  // `loss_slot` is named by the added method; `loss` only as a prefix of it, `other_slot` only as a
+  // prefix of `other_slot_2`: still without a guard.
+  REQUIRE(st.unguarded_slots.size() == 2);
+  CHECK(st.unguarded_slots[0]->name == "loss");
+  CHECK(st.unguarded_slots[1]->name == "other_slot");
+}
+
 TEST_CASE("optional patches with an absent target are returned as skipped", "[rewriter]") {
   auto up = Module();
   PatchesStage st = PlanPatches(Spec(R"(patches:
