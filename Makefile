@@ -87,12 +87,14 @@ FUZZ_SECONDS ?= 600
 fuzz: deps venv
 	fuzz/run_fuzz.sh --seconds $(FUZZ_SECONDS) --python $(abspath $(PYTHON)) $(FUZZ_ARGS)
 
-# clang-format over src/, tools/, fuzz/ and kernels/ (.clang-format); `make test` checks it (ctest `format`).
-format: deps
-	scripts/format.sh
+# clang-format over src/, tools/, fuzz/ and kernels/ (.clang-format), and ruff (format, and check with
+# its safe fixes) over the Python of runtime/, tests/, bench/, scripts/ and fuzz/ ([tool.ruff] in
+# pyproject.toml); `make test` checks both (ctest `format`, scripts/format.sh --check).
+format: deps venv
+	PYTHON=$(PYTHON) scripts/format.sh
 
-format-check: deps
-	scripts/format.sh --check
+format-check: deps venv
+	PYTHON=$(PYTHON) scripts/format.sh --check
 
 # clang-tidy's cognitive complexity (threshold 25) over src/ and tools/, tests excluded (issue #19);
 # `make test` checks it too (ctest `complexity`).

@@ -18,7 +18,6 @@ Upstream keeps its bf16 logits alive until after backward (HF returns them in th
 
 import argparse
 import json
-import math
 import os
 import statistics
 import sys
@@ -37,6 +36,7 @@ from opslot.kernels.cuda import cross_entropy as ce  # noqa: E402
 
 try:
     from transformers.loss.loss_utils import ForCausalLMLoss as _UPSTREAM_LOSS
+
     UPSTREAM_NAME = "upstream (transformers ForCausalLMLoss)"
 except Exception:  # noqa: BLE001
     _UPSTREAM_LOSS = reference.for_causal_lm_loss
@@ -48,8 +48,9 @@ GiB = float(1 << 30)
 def make_module(weight, vocab):
     head = nn.Linear(weight.shape[1], vocab, bias=False, device="meta", dtype=weight.dtype)
     head.weight = weight
-    return types.SimpleNamespace(lm_head=head, config=types.SimpleNamespace(vocab_size=vocab,
-                                                                            final_logit_softcapping=None))
+    return types.SimpleNamespace(
+        lm_head=head, config=types.SimpleNamespace(vocab_size=vocab, final_logit_softcapping=None)
+    )
 
 
 def impls(vocab):
@@ -60,10 +61,11 @@ def impls(vocab):
         return _UPSTREAM_LOSS(logits, labels, vocab_size=vocab), logits
 
     out["upstream"] = upstream
-    out["opslot torch"] = lambda m, h, l: torch_ops.cross_entropy_causal(m, h, l)[::-1]
-    out["opslot torch_chunked"] = lambda m, h, l: (fused_ce.cross_entropy_causal_chunked(m, h, l)[1], None)
+    out["opslot torch"] = lambda m, h, lab: torch_ops.cross_entropy_causal(m, h, lab)[::-1]
+    out["opslot torch_chunked"] = lambda m, h, lab: (fused_ce.cross_entropy_causal_chunked(m, h, lab)[1], None)
     try:
         from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+
         liger = LigerFusedLinearCrossEntropyLoss()
 
         def liger_fn(module, h, labels):
@@ -73,7 +75,7 @@ def impls(vocab):
         out["Liger FLCE"] = liger_fn
     except Exception as exc:  # noqa: BLE001
         print(f"Liger not available: {exc}")
-    out["opslot cuda"] = lambda m, h, l: (ce.cross_entropy_causal(m, h, l)[1], None)
+    out["opslot cuda"] = lambda m, h, lab: (ce.cross_entropy_causal(m, h, lab)[1], None)
     return out
 
 
@@ -184,45 +186,75 @@ def main():
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--sweep", default="1024,2048,2816,3072,4096", help="cuda chunk sizes at 16k x first vocab")
-    ap.add_argument("--full-tokens", default=None,
-                    help="token counts at which every implementation runs (default: all); others: floor + opslot cuda")
+    ap.add_argument(
+        "--full-tokens",
+        default=None,
+        help="token counts at which every implementation runs (default: all); others: floor + opslot cuda",
+    )
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     torch.backends.cuda.matmul.allow_tf32 = False
     dev = torch.cuda.get_device_name()
     H = args.hidden
-    results = {"device": dev, "torch": torch.__version__, "hidden": H, "runs": [], "sweep": [], "accuracy": None,
-               "rows_kernel": None, "command": " ".join(sys.argv)}
+    results = {
+        "device": dev,
+        "torch": torch.__version__,
+        "hidden": H,
+        "runs": [],
+        "sweep": [],
+        "accuracy": None,
+        "rows_kernel": None,
+        "command": " ".join(sys.argv),
+    }
     md_path = os.path.join(args.out, "cross_entropy_bench.md")
 
     def write():
         with open(os.path.join(args.out, "cross_entropy_bench.json"), "w") as f:
             json.dump(results, f, indent=1)
-        lines = [f"# lm_head + causal-LM loss, fwd+bwd ({dev}, torch {torch.__version__}, bf16, hidden {H})", "",
-                 "time: median of %d steps (CUDA events); extra peak = max_memory_allocated during one step - "
-                 "memory_allocated before (includes the returned grad_hidden + grad_weight); excl. grads = minus "
-                 "their (N+V)*H*2 bytes. Floor = the three full-size bf16 cuBLAS GEMMs alone." % args.iters, "",
-                 "| tokens | vocab | implementation | time ms | vs floor | extra peak GiB | extra excl. grads GiB |",
-                 "|---:|---:|---|---:|---:|---:|---:|"]
+        lines = [
+            f"# lm_head + causal-LM loss, fwd+bwd ({dev}, torch {torch.__version__}, bf16, hidden {H})",
+            "",
+            "time: median of %d steps (CUDA events); extra peak = max_memory_allocated during one step - "
+            "memory_allocated before (includes the returned grad_hidden + grad_weight); excl. grads = minus "
+            "their (N+V)*H*2 bytes. Floor = the three full-size bf16 cuBLAS GEMMs alone." % args.iters,
+            "",
+            "| tokens | vocab | implementation | time ms | vs floor | extra peak GiB | extra excl. grads GiB |",
+            "|---:|---:|---|---:|---:|---:|---:|",
+        ]
         for r in results["runs"]:
-            lines.append(f"| {r['tokens']} | {r['vocab']} | {r['impl']} | {fmt(r['ms'], '.1f')} | "
-                         f"{fmt(r.get('x_floor'), '.2f')} | {fmt(r['peak_gib'], '.2f')} | {fmt(r['excl_gib'], '.2f')} |"
-                         + (f" {r['note']}" if r.get("note") else ""))
+            lines.append(
+                f"| {r['tokens']} | {r['vocab']} | {r['impl']} | {fmt(r['ms'], '.1f')} | "
+                f"{fmt(r.get('x_floor'), '.2f')} | {fmt(r['peak_gib'], '.2f')} | {fmt(r['excl_gib'], '.2f')} |"
+                + (f" {r['note']}" if r.get("note") else "")
+            )
         if results["sweep"]:
-            lines += ["", "## opslot cuda: chunk size (16k tokens)", "",
-                      "| chunk | time ms | extra excl. grads GiB |", "|---:|---:|---:|"]
+            lines += [
+                "",
+                "## opslot cuda: chunk size (16k tokens)",
+                "",
+                "| chunk | time ms | extra excl. grads GiB |",
+                "|---:|---:|---:|",
+            ]
             for s in results["sweep"]:
                 lines.append(f"| {s['chunk']} | {fmt(s['ms'], '.1f')} | {fmt(s['excl_gib'], '.2f')} |")
         if results["rows_kernel"]:
             rk = results["rows_kernel"]
-            lines += ["", f"fused rows kernel alone on a [{rk['chunk']}, {rk['vocab']}] bf16 tile: {rk['ms']:.3f} ms, "
-                      f"{rk['tbs']:.2f} TB/s effective (2 reads + 1 write)"]
+            lines += [
+                "",
+                f"fused rows kernel alone on a [{rk['chunk']}, {rk['vocab']}] bf16 tile: {rk['ms']:.3f} ms, "
+                f"{rk['tbs']:.2f} TB/s effective (2 reads + 1 write)",
+            ]
         if results["accuracy"]:
             acc = results["accuracy"]
-            lines += ["", f"## Accuracy vs fp32 reference ({acc['tokens']} tokens, vocab {acc['vocab']}, "
-                      f"ref loss {acc['ref_loss']:.6f})", "",
-                      "| implementation | abs loss err | rel err grad_hidden | rel err grad_weight |", "|---|---:|---:|---:|"]
+            lines += [
+                "",
+                f"## Accuracy vs fp32 reference ({acc['tokens']} tokens, vocab {acc['vocab']}, "
+                f"ref loss {acc['ref_loss']:.6f})",
+                "",
+                "| implementation | abs loss err | rel err grad_hidden | rel err grad_weight |",
+                "|---|---:|---:|---:|",
+            ]
             for name, le, eh, ew in acc["rows"]:
                 lines.append(f"| {name} | {fmt(le, '.2e')} | {fmt(eh, '.3e')} | {fmt(ew, '.3e')} |")
         with open(md_path, "w") as f:
@@ -243,10 +275,19 @@ def main():
             try:
                 fl = gemm_floor(h.detach().reshape(n, H), weight.detach(), args.iters)
                 floor = fl[3]
-                results["runs"].append({"tokens": n, "vocab": v, "impl": "GEMM floor (3 cuBLAS GEMMs)", "ms": floor,
-                                        "peak_gib": None, "excl_gib": None, "gemm_ms": fl[:3],
-                                        "note": "(%.1f + %.1f + %.1f ms; %.0f TFLOP/s)" % (
-                                            fl[0], fl[1], fl[2], 6 * n * H * v / (floor * 1e-3) / 1e12)})
+                results["runs"].append(
+                    {
+                        "tokens": n,
+                        "vocab": v,
+                        "impl": "GEMM floor (3 cuBLAS GEMMs)",
+                        "ms": floor,
+                        "peak_gib": None,
+                        "excl_gib": None,
+                        "gemm_ms": fl[:3],
+                        "note": "(%.1f + %.1f + %.1f ms; %.0f TFLOP/s)"
+                        % (fl[0], fl[1], fl[2], 6 * n * H * v / (floor * 1e-3) / 1e12),
+                    }
+                )
             except torch.cuda.OutOfMemoryError:
                 floor = None
             torch.cuda.empty_cache()
@@ -256,20 +297,41 @@ def main():
                     continue
                 try:
                     ms, peak = measure(fn, module, h, labels, args.iters, args.warmup)
-                    row = {"tokens": n, "vocab": v, "impl": name, "ms": ms, "peak_gib": peak / GiB,
-                           "excl_gib": (peak - grads) / GiB, "x_floor": ms / floor if floor else None}
+                    row = {
+                        "tokens": n,
+                        "vocab": v,
+                        "impl": name,
+                        "ms": ms,
+                        "peak_gib": peak / GiB,
+                        "excl_gib": (peak - grads) / GiB,
+                        "x_floor": ms / floor if floor else None,
+                    }
                 except torch.cuda.OutOfMemoryError:
-                    row = {"tokens": n, "vocab": v, "impl": name, "ms": None, "peak_gib": None, "excl_gib": None,
-                           "note": "OOM (does not fit in GPU memory)"}
+                    row = {
+                        "tokens": n,
+                        "vocab": v,
+                        "impl": name,
+                        "ms": None,
+                        "peak_gib": None,
+                        "excl_gib": None,
+                        "note": "OOM (does not fit in GPU memory)",
+                    }
                 except Exception as exc:  # noqa: BLE001
-                    row = {"tokens": n, "vocab": v, "impl": name, "ms": None, "peak_gib": None, "excl_gib": None,
-                           "note": f"failed: {type(exc).__name__}: {str(exc)[:120]}"}
+                    row = {
+                        "tokens": n,
+                        "vocab": v,
+                        "impl": name,
+                        "ms": None,
+                        "peak_gib": None,
+                        "excl_gib": None,
+                        "note": f"failed: {type(exc).__name__}: {str(exc)[:120]}",
+                    }
                 results["runs"].append(row)
                 torch.cuda.empty_cache()
             if n == 16384 and v == vocab_list[0]:
                 if args.sweep:
                     for c in [int(x) for x in args.sweep.split(",")]:
-                        fn = lambda m, hh, l, c=c: (ce.cross_entropy_causal(m, hh, l, chunk_size=c)[1], None)  # noqa: E731
+                        fn = lambda m, hh, lab, c=c: (ce.cross_entropy_causal(m, hh, lab, chunk_size=c)[1], None)  # noqa: E731
                         try:
                             ms, peak = measure(fn, module, h, labels, args.iters, args.warmup)
                             results["sweep"].append({"chunk": c, "ms": ms, "excl_gib": (peak - grads) / GiB})
@@ -287,8 +349,16 @@ def main():
                             b.synchronize()
                             if i:
                                 ts.append(a.elapsed_time(b))
-                    results["runs"].append({"tokens": n, "vocab": v, "impl": "opslot cuda, forward only (no_grad)",
-                                            "ms": statistics.median(ts), "peak_gib": None, "excl_gib": None})
+                    results["runs"].append(
+                        {
+                            "tokens": n,
+                            "vocab": v,
+                            "impl": "opslot cuda, forward only (no_grad)",
+                            "ms": statistics.median(ts),
+                            "peak_gib": None,
+                            "excl_gib": None,
+                        }
+                    )
                     chunk = ce.default_chunk_size(n, v, 2)
                     ms, tbs = rows_kernel_bandwidth(chunk, v)
                     results["rows_kernel"] = {"chunk": chunk, "vocab": v, "ms": ms, "tbs": tbs}

@@ -43,9 +43,20 @@ def model_config(layers: int, tiny: bool = False) -> Any:
     if tiny:  # the code path on the CPU (a smoke test of this script), not a measurement
         return harness.tiny_config(num_hidden_layers=layers, mlp_only_layers=[], vocab_size=151936)
     return harness.tiny_config(
-        vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=layers, num_attention_heads=32,
-        num_key_value_heads=4, head_dim=128, max_position_embeddings=8192, num_experts=64, num_experts_per_tok=8,
-        moe_intermediate_size=768, mlp_only_layers=[], rope_theta=1e6)
+        vocab_size=151936,
+        hidden_size=2048,
+        intermediate_size=6144,
+        num_hidden_layers=layers,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        head_dim=128,
+        max_position_embeddings=8192,
+        num_experts=64,
+        num_experts_per_tok=8,
+        moe_intermediate_size=768,
+        mlp_only_layers=[],
+        rope_theta=1e6,
+    )
 
 
 def ceilings() -> Dict[str, float]:
@@ -59,9 +70,12 @@ def ceilings() -> Dict[str, float]:
     ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
     times = []
     for _ in range(10):
-        ev[0].record(); a @ b; ev[1].record(); torch.cuda.synchronize()
+        ev[0].record()
+        a @ b
+        ev[1].record()
+        torch.cuda.synchronize()
         times.append(ev[0].elapsed_time(ev[1]) / 1e3)
-    tflops = 2 * 8192 ** 3 / sorted(times)[len(times) // 2] / 1e12
+    tflops = 2 * 8192**3 / sorted(times)[len(times) // 2] / 1e12
     x = torch.randn(256 << 20, device="cuda", dtype=torch.bfloat16)  # 512 MiB, half of it to the peer
     y = torch.empty_like(x)
     for _ in range(3):
@@ -69,7 +83,10 @@ def ceilings() -> Dict[str, float]:
     torch.cuda.synchronize()
     times = []
     for _ in range(10):
-        ev[0].record(); dist.all_to_all_single(y, x); ev[1].record(); torch.cuda.synchronize()
+        ev[0].record()
+        dist.all_to_all_single(y, x)
+        ev[1].record()
+        torch.cuda.synchronize()
         times.append(ev[0].elapsed_time(ev[1]) / 1e3)
     moved = x.numel() * x.element_size() / 2  # bytes that cross to the other GPU, each direction
     return {"bf16_gemm_tflops": tflops, "all_to_all_gbps": moved / sorted(times)[len(times) // 2] / 1e9}
@@ -89,20 +106,25 @@ def one(opts: Dict[str, Any], name: str, ops: str, ep: int, mode: str) -> Dict[s
     dev = torch.device("cuda", torch.cuda.current_device()) if gpu else torch.device("cpu")
     gc.collect()
     if gpu:
-        torch.cuda.empty_cache(); torch.cuda.reset_peak_memory_stats()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
     if opts["module_dir"] not in sys.path:
         sys.path.insert(0, opts["module_dir"])
     torch.manual_seed(0)
     with dev:
-        model = opslot.build_model(model_config(opts["layers"], not gpu),
-                                   ops=dict(train.OPS[ops], attn_implementation=opts["attn"]),
-                                   module=harness.MODULE, model_class="Qwen3MoeForCausalLM")
+        model = opslot.build_model(
+            model_config(opts["layers"], not gpu),
+            ops=dict(train.OPS[ops], attn_implementation=opts["attn"]),
+            module=harness.MODULE,
+            model_class="Qwen3MoeForCausalLM",
+        )
     experts_impl = getattr(model.config, "_experts_implementation", None)
     meshes = od.init_meshes(dev.type, ep=ep)
     if ep > 1:
         od.shard_experts(model, meshes.ep, mode=mode)
-    od.fully_shard_model(model, meshes, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16,
-                                                                        reduce_dtype=torch.float32))
+    od.fully_shard_model(
+        model, meshes, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    )
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
     tokens = opts["batch"] * opts["seq"]
     g = torch.Generator(device=dev).manual_seed(rank)
@@ -125,22 +147,36 @@ def one(opts: Dict[str, Any], name: str, ops: str, ep: int, mode: str) -> Dict[s
             losses.append(float(loss.detach()))
     step_s = torch.tensor(sorted(times)[len(times) // 2], device=dev)
     dist.all_reduce(step_s, op=dist.ReduceOp.MAX)
-    peak = torch.cuda.max_memory_allocated() / 2 ** 30 if gpu else float("nan")
+    peak = torch.cuda.max_memory_allocated() / 2**30 if gpu else float("nan")
     params = sum(p.numel() for p in model.parameters())  # this rank's shards
     del model, opt
     gc.collect()
     if gpu:
         torch.cuda.empty_cache()
-    return {"config": name, "ops": ops, "ep": ep, "mode": mode, "experts_impl": experts_impl,
-            "step_ms": float(step_s) * 1e3, "tokens_per_s_per_gpu": tokens / float(step_s), "peak_gib": peak,
-            "losses": losses, "local_params": params, "step_times": times}
+    return {
+        "config": name,
+        "ops": ops,
+        "ep": ep,
+        "mode": mode,
+        "experts_impl": experts_impl,
+        "step_ms": float(step_s) * 1e3,
+        "tokens_per_s_per_gpu": tokens / float(step_s),
+        "peak_gib": peak,
+        "losses": losses,
+        "local_params": params,
+        "step_times": times,
+    }
 
 
 def worker(opts: Dict[str, Any]) -> Dict[str, Any]:
     import traceback
 
-    out: Dict[str, Any] = {"ceilings": ceilings() if opts["device"] == "cuda" else
-                           {"bf16_gemm_tflops": float("nan"), "all_to_all_gbps": float("nan")}, "runs": []}
+    out: Dict[str, Any] = {
+        "ceilings": ceilings()
+        if opts["device"] == "cuda"
+        else {"bf16_gemm_tflops": float("nan"), "all_to_all_gbps": float("nan")},
+        "runs": [],
+    }
     for name, ops, ep, mode in CONFIGS:
         if opts["only"] and ops not in opts["only"]:
             continue
@@ -153,23 +189,27 @@ def worker(opts: Dict[str, Any]) -> Dict[str, Any]:
 
 def table(ranks: List[Dict[str, Any]], opts: Dict[str, Any]) -> str:
     c = ranks[0]["ceilings"]
-    lines = [f"2 GPUs, {opts['layers']} layers, {opts['batch']}x{opts['seq']} tokens per GPU per step, attention "
-             f"{opts['attn']}, median of "
-             f"{opts['steps']} steps after {opts['warmup']}; ceilings: bf16 GEMM {c['bf16_gemm_tflops']:.0f} TFLOP/s, "
-             f"NCCL all-to-all {c['all_to_all_gbps']:.0f} GB/s per direction",
-             "",
-             "| configuration | slots | experts run by | step ms | tokens/s per GPU | peak GiB GPU0 | peak GiB GPU1 | "
-             "loss (last) |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"2 GPUs, {opts['layers']} layers, {opts['batch']}x{opts['seq']} tokens per GPU per step, attention "
+        f"{opts['attn']}, median of "
+        f"{opts['steps']} steps after {opts['warmup']}; ceilings: bf16 GEMM {c['bf16_gemm_tflops']:.0f} TFLOP/s, "
+        f"NCCL all-to-all {c['all_to_all_gbps']:.0f} GB/s per direction",
+        "",
+        "| configuration | slots | experts run by | step ms | tokens/s per GPU | peak GiB GPU0 | peak GiB GPU1 | "
+        "loss (last) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r0, r1 in zip(ranks[0]["runs"], ranks[1]["runs"]):
         if "error" in r0 or "error" in r1:
             err = (r0.get("error") or r1.get("error")).strip().splitlines()[-1]
             lines.append(f"| {r0['config']} | {r0['ops']} | — | error: {err} | | | | |")
             continue
         experts = "opslot fused_cuda" if r0["ops"] == "cuda" else f"Transformers `{r0['experts_impl']}`"
-        lines.append(f"| {r0['config']} | {r0['ops']} | {experts} | {r0['step_ms']:.1f} | "
-                     f"{r0['tokens_per_s_per_gpu']:,.0f} | {r0['peak_gib']:.1f} | {r1['peak_gib']:.1f} | "
-                     f"{r0['losses'][-1]:.3f} |")
+        lines.append(
+            f"| {r0['config']} | {r0['ops']} | {experts} | {r0['step_ms']:.1f} | "
+            f"{r0['tokens_per_s_per_gpu']:,.0f} | {r0['peak_gib']:.1f} | {r1['peak_gib']:.1f} | "
+            f"{r0['losses'][-1]:.3f} |"
+        )
     return "\n".join(lines)
 
 
@@ -186,9 +226,17 @@ def main() -> int:
     p.add_argument("--only", default="", help="comma-separated ops families to run (default: all)")
     p.add_argument("--out", default=None, help="write the table (markdown) here, and the raw numbers beside it (.json)")
     a = p.parse_args()
-    opts = dict(module_dir=str(Path(a.module_dir).resolve()), layers=a.layers, batch=a.batch, seq=a.seq,
-                warmup=a.warmup, steps=a.steps, only=[x for x in a.only.split(",") if x], device=a.device,
-                attn=a.attn)
+    opts = dict(
+        module_dir=str(Path(a.module_dir).resolve()),
+        layers=a.layers,
+        batch=a.batch,
+        seq=a.seq,
+        warmup=a.warmup,
+        steps=a.steps,
+        only=[x for x in a.only.split(",") if x],
+        device=a.device,
+        attn=a.attn,
+    )
     t0 = time.time()
     ranks = harness.spawn(worker, opts, world=2, device=a.device)
     text = table(ranks, opts)

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "runtime"))
 from opslot.kernels.fused_ce import default_chunk_size, linear_cross_entropy  # noqa: E402
 
-GIB = 1024 ** 3
+GIB = 1024**3
 
 
 def eager(hidden, weight, labels):
@@ -35,8 +35,10 @@ def eager(hidden, weight, labels):
 
 def chunked(chunk_size=None, fp32_weight_grad=True):
     def run(hidden, weight, labels):
-        return linear_cross_entropy(hidden, weight, None, labels, ignore_index=-100, chunk_size=chunk_size,
-                                    fp32_weight_grad=fp32_weight_grad)
+        return linear_cross_entropy(
+            hidden, weight, None, labels, ignore_index=-100, chunk_size=chunk_size, fp32_weight_grad=fp32_weight_grad
+        )
+
     return run
 
 
@@ -80,7 +82,7 @@ def main():
     torch.manual_seed(0)
     dev = "cuda"
     hidden = (torch.randn(args.tokens, args.hidden, device=dev) * 0.5).to(dtype).requires_grad_()
-    weight = (torch.randn(args.vocab, args.hidden, device=dev) * args.hidden ** -0.5).to(dtype).requires_grad_()
+    weight = (torch.randn(args.vocab, args.hidden, device=dev) * args.hidden**-0.5).to(dtype).requires_grad_()
     labels = torch.randint(0, args.vocab, (args.tokens,), device=dev)
     labels[torch.rand(args.tokens, device=dev) < args.ignore_fraction] = -100
 
@@ -103,18 +105,43 @@ def main():
         del grads
     grad_bytes = (hidden.numel() + weight.numel()) * hidden.element_size() / GIB
     for row in rows:
-        row.update(tokens=args.tokens, hidden=args.hidden, vocab=args.vocab, dtype=args.dtype,
-                   grads_gib=round(grad_bytes, 3), device=torch.cuda.get_device_name(), torch=torch.__version__)
+        row.update(
+            tokens=args.tokens,
+            hidden=args.hidden,
+            vocab=args.vocab,
+            dtype=args.dtype,
+            grads_gib=round(grad_bytes, 3),
+            device=torch.cuda.get_device_name(),
+            torch=torch.__version__,
+        )
 
-    print(f"M={args.tokens} H={args.hidden} V={args.vocab} {args.dtype} on {torch.cuda.get_device_name()}, "
-          f"torch {torch.__version__}; gradients themselves: {grad_bytes:.2f} GiB; diffs are against eager")
+    print(
+        f"M={args.tokens} H={args.hidden} V={args.vocab} {args.dtype} on {torch.cuda.get_device_name()}, "
+        f"torch {torch.__version__}; gradients themselves: {grad_bytes:.2f} GiB; diffs are against eager"
+    )
     print(f"{'impl':<20}{'chunk':>7}{'peak extra GiB':>16}{'fwd+bwd ms':>12}{'loss':>12}{'dgrad_h':>10}{'dgrad_w':>10}")
     for r in rows:
-        print(f"{r['impl']:<20}{r['chunk_tokens']!s:>7}{r['peak_extra_gib']:>16.2f}{r['time_ms']:>12.1f}"
-              f"{r['loss']:>12.5f}{r['grad_hidden_maxdiff']:>10.1e}{r['grad_weight_maxdiff']:>10.1e}")
+        print(
+            f"{r['impl']:<20}{r['chunk_tokens']!s:>7}{r['peak_extra_gib']:>16.2f}{r['time_ms']:>12.1f}"
+            f"{r['loss']:>12.5f}{r['grad_hidden_maxdiff']:>10.1e}{r['grad_weight_maxdiff']:>10.1e}"
+        )
     if args.csv:
-        fields = ["impl", "tokens", "hidden", "vocab", "dtype", "chunk_tokens", "peak_extra_gib", "grads_gib",
-                  "time_ms", "loss", "grad_hidden_maxdiff", "grad_weight_maxdiff", "device", "torch"]
+        fields = [
+            "impl",
+            "tokens",
+            "hidden",
+            "vocab",
+            "dtype",
+            "chunk_tokens",
+            "peak_extra_gib",
+            "grads_gib",
+            "time_ms",
+            "loss",
+            "grad_hidden_maxdiff",
+            "grad_weight_maxdiff",
+            "device",
+            "torch",
+        ]
         with open(args.csv, "w", newline="") as fh:
             w = csv.DictWriter(fh, fieldnames=fields)
             w.writeheader()

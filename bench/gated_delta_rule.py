@@ -38,7 +38,7 @@ def flops(B, T, H, D):
     C = 64
     chunks = B * ((T + C - 1) // C) * H
     fwd = chunks * (10 * C * C * D + 6 * C * D * D)
-    bwd = chunks * (32 * C * C * D + 12 * C * D * D + 4 * C ** 3)
+    bwd = chunks * (32 * C * C * D + 12 * C * D * D + 4 * C**3)
     return fwd, bwd
 
 
@@ -47,7 +47,7 @@ def gemm_rate():
     a = torch.randn(n, n, dtype=BF, device="cuda")
     b = torch.randn(n, n, dtype=BF, device="cuda")
     ms = do_bench(lambda: a @ b, warmup=25, rep=100, return_mode="median")
-    return 2 * n ** 3 / (ms * 1e-3)
+    return 2 * n**3 / (ms * 1e-3)
 
 
 def inputs(B, T, H, D, grad=True):
@@ -70,8 +70,8 @@ def torch_impl(q, k, v, g, beta):
 
 def fla_impl(unsafe: bool):
     try:
-        from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk
         import fla.ops.common.chunk_o as fla_chunk_o
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk
     except Exception as exc:  # noqa: BLE001
         print(f"flash-linear-attention unavailable: {type(exc).__name__}: {exc}")
         return None
@@ -86,6 +86,7 @@ def fla_impl(unsafe: bool):
 
 def timings(fn, xs, dout, mode):
     """(device ms, user-path ms) of one forward (mode 'fwd') or forward + backward ('fwdbwd')."""
+
     def call():
         for x in xs:
             x.grad = None
@@ -106,7 +107,7 @@ def timings(fn, xs, dout, mode):
     base = torch.cuda.memory_allocated()
     call()
     torch.cuda.synchronize()
-    peak = (torch.cuda.max_memory_allocated() - base) / 2 ** 30
+    peak = (torch.cuda.max_memory_allocated() - base) / 2**30
     return dev, user, peak
 
 
@@ -128,7 +129,7 @@ def profile(shape):
 def copy_bandwidth():
     a = torch.empty(1 << 30, dtype=BF, device="cuda").normal_()
     b = torch.empty_like(a)
-    ms = do_bench(lambda: b.copy_(a), warmup=10, rep=100, return_mode="median")
+    ms = do_bench(lambda: b.copy_(a), warmup=10, rep=100, return_mode="median")  # noqa: F821  (called before the del)
     del a, b
     torch.cuda.empty_cache()
     return 2 * (1 << 30) * 2 / (ms * 1e-3)
@@ -145,15 +146,19 @@ def conv_rows(bw):
     w0 = torch.randn(Ch, W, device="cuda", dtype=BF) * 0.5
     n = B * Tn * Ch * 2
     lines = []
-    for label, fn in (("opslot cuda", lambda x, w: CC.causal_conv1d(x, w, None, activation="silu")),
-                      ("opslot torch", lambda x, w: T.causal_conv1d(x, w, None, activation="silu"))):
+    for label, fn in (
+        ("opslot cuda", lambda x, w: CC.causal_conv1d(x, w, None, activation="silu")),
+        ("opslot torch", lambda x, w: T.causal_conv1d(x, w, None, activation="silu")),
+    ):
         for mode, nbytes in (("fwd", 2 * n), ("fwdbwd", 5 * n)):
             x = x0.clone().transpose(1, 2).requires_grad_(True)
             w = w0.clone().requires_grad_(True)
             dout = torch.randn(B, Tn, Ch, device="cuda", dtype=BF).transpose(1, 2)  # the model's layout
             dev, user, peak = timings(lambda xx, ww: fn(xx, ww), [x, w], dout, mode)
             frac = f"{100 * nbytes / (dev * 1e-3) / bw:.0f} % of copy" if dev == dev else ""
-            lines.append(f"| conv1d {(B, Tn, Ch, W)} | {label} | {mode} | {dev:.3f} | {user:.3f} | {frac} | {peak:.2f} |")
+            lines.append(
+                f"| conv1d {(B, Tn, Ch, W)} | {label} | {mode} | {dev:.3f} | {user:.3f} | {frac} | {peak:.2f} |"
+            )
             print(lines[-1], flush=True)
     return lines
 
@@ -162,8 +167,11 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
     ap.add_argument("--shapes", default="step,32k")
-    ap.add_argument("--fla-unsafe", action="store_true",
-                    help="switch off flash-linear-attention's Hopper refusal of its gated backward (timing only)")
+    ap.add_argument(
+        "--fla-unsafe",
+        action="store_true",
+        help="switch off flash-linear-attention's Hopper refusal of its gated backward (timing only)",
+    )
     ap.add_argument("--no-torch", action="store_true", help="skip opslot's torch implementation")
     ap.add_argument("--profile", action="store_true", help="print the time of each kernel of opslot's fwd+bwd")
     ap.add_argument("--no-conv", action="store_true", help="skip the causal conv1d rows")
@@ -174,10 +182,13 @@ def main():
         return
     rate = gemm_rate()
     bw = copy_bandwidth()
-    lines = [f"GPU: {torch.cuda.get_device_name()}; bf16 GEMM 8192^3 measured {rate / 1e12:.0f} TFLOP/s (the delta rule's "
-             f"bound); device-to-device copy {bw / 1e12:.2f} TB/s (the conv's)",
-             "", "| shape | impl | pass | device ms (graph) | user ms (events) | % of bound | "
-             "peak extra GiB |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"GPU: {torch.cuda.get_device_name()}; bf16 GEMM 8192^3 measured {rate / 1e12:.0f} TFLOP/s (the delta rule's "
+        f"bound); device-to-device copy {bw / 1e12:.2f} TB/s (the conv's)",
+        "",
+        "| shape | impl | pass | device ms (graph) | user ms (events) | % of bound | peak extra GiB |",
+        "|---|---|---|---|---|---|---|",
+    ]
     if not args.no_conv:
         lines += conv_rows(bw)
     impls = [("opslot cuda", ours)]
@@ -196,14 +207,17 @@ def main():
                 try:
                     dev, user, peak = timings(fn, xs, dout, mode)
                 except Exception as exc:  # noqa: BLE001
-                    lines.append(f"| {name} {(B, Tn, H, Dk)} | {label} | {mode} | failed: {type(exc).__name__}: "
-                                 f"{str(exc)[:100]} | | | |")
+                    lines.append(
+                        f"| {name} {(B, Tn, H, Dk)} | {label} | {mode} | failed: {type(exc).__name__}: "
+                        f"{str(exc)[:100]} | | | |"
+                    )
                     torch.cuda.synchronize()
                     continue
                 bound = (fw if mode == "fwd" else fw + bw) / rate * 1e3
                 frac = f"{100 * bound / dev:.0f} %" if label == "opslot cuda" and dev == dev else ""
-                lines.append(f"| {name} {(B, Tn, H, Dk)} | {label} | {mode} | {dev:.3f} | {user:.3f} | {frac} | "
-                             f"{peak:.2f} |")
+                lines.append(
+                    f"| {name} {(B, Tn, H, Dk)} | {label} | {mode} | {dev:.3f} | {user:.3f} | {frac} | {peak:.2f} |"
+                )
                 print(lines[-1], flush=True)
                 del xs, dout
                 torch.cuda.empty_cache()

@@ -93,6 +93,7 @@ def fwd_bwd(fn: Callable[..., Any], inputs: List[torch.Tensor], grads: Optional[
         out = fn(*inputs)
         outs = out if isinstance(out, tuple) else (out,)
         torch.autograd.backward(outs, grads if grads is not None else [torch.ones_like(o) for o in outs])
+
     return step
 
 
@@ -103,7 +104,7 @@ def eager_rms(x, w, eps=1e-6):  # Qwen3RMSNorm.forward
 
 
 def rotate_half(x):
-    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]
     return torch.cat((-x2, x1), dim=-1)
 
 
@@ -116,6 +117,7 @@ def liger():
     try:
         from liger_kernel.ops.rms_norm import LigerRMSNormFunction
         from liger_kernel.ops.swiglu import LigerSiLUMulFunction
+
         return LigerRMSNormFunction, LigerSiLUMulFunction
     except Exception:  # noqa: BLE001
         return None, None
@@ -143,14 +145,16 @@ def main() -> int:
             "opslot cuda": fwd_bwd(lambda a, b: norms.rms_norm_standard(a, b, 1e-6), [x, w]),
             "torch native": fwd_bwd(lambda a, b: F.rms_norm(a, (256,), b, 1e-6), [x, w]),
             "eager math": fwd_bwd(eager_rms, [x, w]),
-            "Liger": fwd_bwd(lambda a, b: lrms.apply(a, b, 1e-6), [x, w]) if lrms else None},
+            "Liger": fwd_bwd(lambda a, b: lrms.apply(a, b, 1e-6), [x, w]) if lrms else None,
+        },
     }
     gt, up = rn(8, 512), rn(8, 512)
     cases["SiLU·mul [8, 512]"] = {
         "opslot cuda": fwd_bwd(swiglu.silu_mul, [gt, up]),
         "torch native": fwd_bwd(lambda a, b: F.silu(a) * b, [gt, up]),
         "eager math": None,
-        "Liger": fwd_bwd(lambda a, b: lsilu.apply(a, b), [gt, up]) if lsilu else None}
+        "Liger": fwd_bwd(lambda a, b: lsilu.apply(a, b), [gt, up]) if lsilu else None,
+    }
     q, k = rn(1, 4, 8, 64), rn(1, 2, 8, 64)
     cos = torch.randn(1, 8, 64, device=dev, dtype=dt, generator=g)
     sin = torch.randn(1, 8, 64, device=dev, dtype=dt, generator=g)
@@ -158,13 +162,15 @@ def main() -> int:
         "opslot cuda": fwd_bwd(lambda a, b: rope.rotary_pos_emb_full(a, b, cos, sin), [q, k]),
         "torch native": None,
         "eager math": fwd_bwd(lambda a, b: eager_rope(a, b, cos, sin), [q, k]),
-        "Liger": None}
+        "Liger": None,
+    }
     logits = [rn(16, 8, dtype=torch.float32) for _ in range(4)]
     cases["load-balancing loss, 4 layers [16, 8]"] = {
         "opslot cuda": fwd_bwd(lambda *ls: lb_cuda.load_balancing_loss(tuple(ls), 8, 2), logits),
         "torch native": None,
         "eager math": fwd_bwd(lambda *ls: eager_lb(tuple(ls), 8, 2), logits),
-        "Liger": None}
+        "Liger": None,
+    }
 
     for name, impls in cases.items():
         row: Dict[str, Any] = {"case": name}
@@ -176,36 +182,67 @@ def main() -> int:
     full: List[Dict[str, Any]] = []
     xb, wb = rn(16384, 4096), rn(4096)
     gy = torch.randn(16384, 4096, device=dev, dtype=dt, generator=g)
-    for impl, fn in (("opslot cuda", lambda a, b: norms.rms_norm_standard(a, b, 1e-6)),
-                     ("torch native", lambda a, b: F.rms_norm(a, (4096,), b, 1e-6))):
+    for impl, fn in (
+        ("opslot cuda", lambda a, b: norms.rms_norm_standard(a, b, 1e-6)),
+        ("torch native", lambda a, b: F.rms_norm(a, (4096,), b, 1e-6)),
+    ):
         step = fwd_bwd(fn, [xb, wb], [gy])
-        full.append({"case": "RMSNorm 16384x4096 bf16 fwd+bwd", "impl": impl, "user_ms": user_path(step, args.reps),
-                     "graph_ms": graph_time(step, args.reps)})
+        full.append(
+            {
+                "case": "RMSNorm 16384x4096 bf16 fwd+bwd",
+                "impl": impl,
+                "user_ms": user_path(step, args.reps),
+                "graph_ms": graph_time(step, args.reps),
+            }
+        )
         print(json.dumps(full[-1]), flush=True)
     del xb, gy
     big = [rn(16384, 128, dtype=torch.float32) for _ in range(48)]
-    for impl, fn in (("opslot cuda", lambda *ls: lb_cuda.load_balancing_loss(tuple(ls), 128, 8)),
-                     ("eager math", lambda *ls: eager_lb(tuple(ls), 128, 8))):
+    for impl, fn in (
+        ("opslot cuda", lambda *ls: lb_cuda.load_balancing_loss(tuple(ls), 128, 8)),
+        ("eager math", lambda *ls: eager_lb(tuple(ls), 128, 8)),
+    ):
         step = fwd_bwd(fn, big)
-        full.append({"case": "load-balancing loss, 48 layers [16384, 128], top 8", "impl": impl,
-                     "user_ms": user_path(step, args.reps), "graph_ms": graph_time(step, args.reps)})
+        full.append(
+            {
+                "case": "load-balancing loss, 48 layers [16384, 128], top 8",
+                "impl": impl,
+                "user_ms": user_path(step, args.reps),
+                "graph_ms": graph_time(step, args.reps),
+            }
+        )
         print(json.dumps(full[-1]), flush=True)
 
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
     impls = ["opslot cuda", "torch native", "eager math", "Liger"]
-    lines = ["# Kernel boundary: host cost and user path (bench/host_cost.py)", "",
-             f"- command: {' '.join(sys.argv)}", f"- commit {commit or '?'}; torch {torch.__version__}; "
-             f"{torch.cuda.get_device_name(dev)}; {args.rounds} rounds x {args.calls} calls", "",
-             "| per-call host cost, fwd+bwd (µs) | " + " | ".join(impls) + " | opslot / torch native |",
-             "|---|" + "---|" * (len(impls) + 1)]
+    lines = [
+        "# Kernel boundary: host cost and user path (bench/host_cost.py)",
+        "",
+        f"- command: {' '.join(sys.argv)}",
+        f"- commit {commit or '?'}; torch {torch.__version__}; "
+        f"{torch.cuda.get_device_name(dev)}; {args.rounds} rounds x {args.calls} calls",
+        "",
+        "| per-call host cost, fwd+bwd (µs) | " + " | ".join(impls) + " | opslot / torch native |",
+        "|---|" + "---|" * (len(impls) + 1),
+    ]
     for r in rows:
-        ratio = (f"{r['opslot cuda'] / r['torch native']:.2f}x (target <= 1.5x)"
-                 if r.get("torch native") else "n/a")
-        lines.append(f"| {r['case']} | " + " | ".join("n/a" if r[i] is None else f"{r[i]:.0f}" for i in impls)
-                     + f" | {ratio} |")
-    lines += ["", "| full size | impl | user path ms (CUDA events) | device only ms (CUDA graph) |", "|---|---|---|---|"]
-    lines += [f"| {f['case']} | {f['impl']} | {f['user_ms']:.3f} | "
-              + ("not capturable (host sync)" if f["graph_ms"] is None else f"{f['graph_ms']:.3f}") + " |" for f in full]
+        ratio = f"{r['opslot cuda'] / r['torch native']:.2f}x (target <= 1.5x)" if r.get("torch native") else "n/a"
+        lines.append(
+            f"| {r['case']} | " + " | ".join("n/a" if r[i] is None else f"{r[i]:.0f}" for i in impls) + f" | {ratio} |"
+        )
+    lines += [
+        "",
+        "| full size | impl | user path ms (CUDA events) | device only ms (CUDA graph) |",
+        "|---|---|---|---|",
+    ]
+    lines += [
+        f"| {f['case']} | {f['impl']} | {f['user_ms']:.3f} | "
+        + ("not capturable (host sync)" if f["graph_ms"] is None else f"{f['graph_ms']:.3f}")
+        + " |"
+        for f in full
+    ]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "host_cost.md").write_text("\n".join(lines) + "\n", encoding="utf-8")

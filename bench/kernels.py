@@ -30,15 +30,16 @@ import torch.nn.functional as F
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "runtime"))
 
+# (cuda's swiglu is imported for torch.ops.opslot.silu_mul, which its import registers: the SwiGLU benchmark calls it)
 from opslot import reference as R  # noqa: E402
 from opslot.kernels import torch_ops as T  # noqa: E402
-from opslot.kernels.cuda import _lib  # noqa: E402
-from opslot.kernels.cuda import load_balancing as CLB, norms as CN, rope as CR, swiglu as CS  # noqa: E402
+from opslot.kernels.cuda import _lib, load_balancing as CLB, norms as CN, rope as CR, swiglu as CS  # noqa: E402, F401
 
 try:
     from liger_kernel.ops.rms_norm import LigerRMSNormFunction
     from liger_kernel.ops.swiglu import LigerSiLUMulFunction
     from liger_kernel.transformers.rope import liger_rotary_pos_emb
+
     LIGER = True
 except Exception as exc:  # noqa: BLE001
     print(f"liger unavailable: {exc}")
@@ -66,7 +67,7 @@ def copy_bandwidth():
     n = 1 << 30  # 2 GiB of bf16
     a = torch.empty(n, dtype=BF, device=DEV).normal_()
     b = torch.empty_like(a)
-    ms = do_bench(lambda: b.copy_(a), warmup=25, rep=200, return_mode="median")  # 4 GiB per call: no host bound
+    ms = do_bench(lambda: b.copy_(a), warmup=25, rep=200, return_mode="median")  # noqa: F821  (4 GiB per call: no host bound)
     bw = 2 * a.numel() * 2 / (ms * 1e-3)
     del a, b
     torch.cuda.empty_cache()
@@ -112,9 +113,14 @@ def fwd_bwd(f, inputs, grad_seed=0):
         outs = out if isinstance(out, tuple) else (out,)
         if "g" not in state:
             gen = torch.Generator(device=DEV).manual_seed(grad_seed)
-            state["g"] = [torch.randn(o.shape, dtype=o.dtype, device=DEV, generator=gen) if o.dim() else torch.ones((), device=DEV)
-                          for o in outs]
+            state["g"] = [
+                torch.randn(o.shape, dtype=o.dtype, device=DEV, generator=gen)
+                if o.dim()
+                else torch.ones((), device=DEV)
+                for o in outs
+            ]
         torch.autograd.grad(outs, diff, state["g"])
+
     return run
 
 
@@ -128,7 +134,12 @@ def kernel_breakdown(title, run, out, reps=10):
         for _ in range(reps):
             run()
         torch.cuda.synchronize()
-    lines = [f"#### kernels of one call: {title} (torch.profiler, mean of {reps})", "", "| kernel | calls/iter | µs/call |", "|---|---:|---:|"]
+    lines = [
+        f"#### kernels of one call: {title} (torch.profiler, mean of {reps})",
+        "",
+        "| kernel | calls/iter | µs/call |",
+        "|---|---:|---:|",
+    ]
     for ev in sorted(prof.key_averages(), key=lambda e: -getattr(e, "self_device_time_total", 0)):
         dev = getattr(ev, "self_device_time_total", 0)
         if dev <= 0:
@@ -137,7 +148,6 @@ def kernel_breakdown(title, run, out, reps=10):
     text = "\n".join(lines) + "\n"
     print(text, flush=True)
     out.append(text)
-
 
 
 def table(title, bytes_moved, copy_bw, rows, target_ms=None):
@@ -229,7 +239,7 @@ def bench_rms(copy_bw, args, out):
     if args.tune:  # kernel variants of the cuda op, each with its forward alone
         fwd_bytes = 4 * N * D
         f = lambda x, w: CN.rms_norm_standard(x, w, eps)  # noqa: E731
-        fwd_only = lambda: (lambda: CN.rms_norm_standard(x.detach(), w.detach(), eps))  # noqa: E731
+        fwd_only = lambda: lambda: CN.rms_norm_standard(x.detach(), w.detach(), eps)  # noqa: E731
         rows.append(measure("opslot cuda, forward only (4 B/element)", fwd_only, None, fwd_bytes))
         variants = [  # (name, (vectors/thread, bwd waves, version), (version 3's blocks/SM, skip row sums, bwd from row 0))
             ("version 2 (registers, next row prefetched)", (2, 1, 2), (0, 0, 0)),
@@ -249,7 +259,9 @@ def bench_rms(copy_bw, args, out):
                     for name, tun, exp in variants:
                         set_tuning(*tun)
                         if set_exp(*exp) != 0:  # the diagnostic: only in an OPSLOT_KERNELS_DIAGNOSTICS=ON build
-                            print(f"note: RMSNorm [{name}] skipped: {lib.opslot_last_error().decode()}", file=sys.stderr)
+                            print(
+                                f"note: RMSNorm [{name}] skipped: {lib.opslot_last_error().decode()}", file=sys.stderr
+                            )
                             continue
                         rows.append(measure(f"opslot cuda [{name}]", lambda: fwd_bwd(f, (x, w)), None))
                         rows.append(measure("  its forward only", fwd_only, None, fwd_bytes))
@@ -258,8 +270,11 @@ def bench_rms(copy_bw, args, out):
                 finally:
                     set_tuning(2, 1, 0)
                     set_exp(0, 0, 0)
-    out.append(table(f"RMSNorm (standard) {N}x{D} bf16 — 10 B/element", 10 * N * D, copy_bw, rows,
-                     "≤ 0.19 ms, ≥ 83% of copy BW"))
+    out.append(
+        table(
+            f"RMSNorm (standard) {N}x{D} bf16 — 10 B/element", 10 * N * D, copy_bw, rows, "≤ 0.19 ms, ≥ 83% of copy BW"
+        )
+    )
     if args.profile:
         kernel_breakdown("RMSNorm opslot cuda", fwd_bwd(lambda x, w: CN.rms_norm_standard(x, w, eps), (x, w)), out)
         if not args.no_compile:
@@ -283,12 +298,24 @@ def bench_rms(copy_bw, args, out):
                     for vpt, waves, variant in ((2, 1, 1), (2, 1, 2), (2, 1, 3)):
                         set_tuning(vpt, waves, variant)
                         f = lambda x, g, w: CN.rms_norm_gated(x, g, w, eps)  # noqa: E731
-                        rows.append(measure(f"opslot cuda [version {variant}, vectors/thread {vpt}, bwd waves {waves}]",
-                                            lambda f=f: fwd_bwd(f, (x, g, w)), None))
+                        rows.append(
+                            measure(
+                                f"opslot cuda [version {variant}, vectors/thread {vpt}, bwd waves {waves}]",
+                                lambda f=f: fwd_bwd(f, (x, g, w)),
+                                None,
+                            )
+                        )
                 finally:
                     set_tuning(2, 1, 0)
-    out.append(table(f"Gated RMSNorm (Qwen3.5) {N}x{D} bf16 — 16 B/element (fwd: x, gate, y; bwd: x, gate, dy, dx, dgate)",
-                     16 * N * D, copy_bw, rows, "≥ 75% of copy BW"))
+    out.append(
+        table(
+            f"Gated RMSNorm (Qwen3.5) {N}x{D} bf16 — 16 B/element (fwd: x, gate, y; bwd: x, gate, dy, dx, dgate)",
+            16 * N * D,
+            copy_bw,
+            rows,
+            "≥ 75% of copy BW",
+        )
+    )
 
 
 def _rope_inputs(B, S, HQ, HK, D, RD, grad=True):
@@ -302,7 +329,10 @@ def _rope_inputs(B, S, HQ, HK, D, RD, grad=True):
 
 def bench_rope(copy_bw, args, out):
     S = 8192 if not args.quick else 2048
-    for label, RD, target in (("full", 128, "≤ 0.20 ms, ≥ 80% of copy BW"), ("partial (rotary dim 64 of 128)", 64, "≥ 75% of copy BW")):
+    for label, RD, target in (
+        ("full", 128, "≤ 0.20 ms, ≥ 80% of copy BW"),
+        ("partial (rotary dim 64 of 128)", 64, "≥ 75% of copy BW"),
+    ):
         q, k, cos, sin = _rope_inputs(2, S, 32, 8, 128, RD)
         tq, tk, tcos, tsin = _rope_inputs(1, 4, 2, 1, 128, RD)
         full = RD == 128
@@ -314,26 +344,51 @@ def bench_rope(copy_bw, args, out):
             impls.insert(1, ("Liger 0.8.5", lambda q, k, c, s, rd=RD: liger_rotary_pos_emb(q, k, c, s, rotary_dim=rd)))
         if not args.no_compile:
             impls.insert(1, ("torch.compile(eager)", torch.compile(ref)))
-        rows = [measure(n, lambda f=f: fwd_bwd(f, (q, k, cos, sin)), lambda f=f: fwd_bwd(f, (tq, tk, tcos, tsin)))
-                for n, f in impls]
-        rows.append(measure("opslot cuda, forward only (4 B/element)",
-                            lambda: (lambda: cud(q.detach(), k.detach(), cos, sin)), None, 4 * (q.numel() + k.numel())))
+        rows = [
+            measure(n, lambda f=f: fwd_bwd(f, (q, k, cos, sin)), lambda f=f: fwd_bwd(f, (tq, tk, tcos, tsin)))  # noqa: F821
+            for n, f in impls
+        ]
+        rows.append(
+            measure(
+                "opslot cuda, forward only (4 B/element)",
+                lambda: lambda: cud(q.detach(), k.detach(), cos, sin),  # noqa: F821
+                None,
+                4 * (q.numel() + k.numel()),
+            )
+        )
         if args.tune:  # the other layouts, side by side
             with bench_library(f"RoPE {label} --tune") as lib:
                 if lib is not None:
                     set_tuning = knob(lib, "opslot_rope_set_tuning", 2)
                     try:
                         set_tuning(1, 1)
-                        rows.append(measure("opslot cuda [head loop: a thread rotates 8 heads per cos/sin load]",
-                                            lambda: fwd_bwd(cud, (q, k, cos, sin)), None))
+                        rows.append(
+                            measure(
+                                "opslot cuda [head loop: a thread rotates 8 heads per cos/sin load]",
+                                lambda: fwd_bwd(cud, (q, k, cos, sin)),  # noqa: F821
+                                None,
+                            )
+                        )
                         if not full:
                             set_tuning(0, 0)
-                            rows.append(measure("opslot cuda [pass-through: one thread per vector]",
-                                                lambda: fwd_bwd(cud, (q, k, cos, sin)), None))
+                            rows.append(
+                                measure(
+                                    "opslot cuda [pass-through: one thread per vector]",
+                                    lambda: fwd_bwd(cud, (q, k, cos, sin)),  # noqa: F821
+                                    None,
+                                )
+                            )
                     finally:
                         set_tuning(1, 0)
-        out.append(table(f"RoPE {label}: q [2,32,{S},128], k [2,8,{S},128] (transposed views), bf16 — 8 B per q/k element",
-                         8 * (q.numel() + k.numel()), copy_bw, rows, target))
+        out.append(
+            table(
+                f"RoPE {label}: q [2,32,{S},128], k [2,8,{S},128] (transposed views), bf16 — 8 B per q/k element",
+                8 * (q.numel() + k.numel()),
+                copy_bw,
+                rows,
+                target,
+            )
+        )
         if args.profile:
             for n, f in impls:
                 if n in ("opslot cuda", "torch.compile(eager)"):
@@ -346,15 +401,23 @@ def bench_silu(copy_bw, args, out):
     N, D = (16384, 12288) if not args.quick else (4096, 12288)
     a, b = leaf(N, D, scale=2.0), leaf(N, D)
     ta, tb = leaf(2, 64), leaf(2, 64)
-    impls = [("upstream eager (F.silu(a) * b)", lambda a, b: F.silu(a) * b),
-             ("opslot cuda", lambda a, b: torch.ops.opslot.silu_mul(a, b))]
+    impls = [
+        ("upstream eager (F.silu(a) * b)", lambda a, b: F.silu(a) * b),
+        ("opslot cuda", lambda a, b: torch.ops.opslot.silu_mul(a, b)),
+    ]
     if LIGER:
         impls.insert(1, ("Liger 0.8.5", lambda a, b: LigerSiLUMulFunction.apply(a, b)))
     if not args.no_compile:
         impls.insert(1, ("torch.compile(eager)", torch.compile(lambda a, b: F.silu(a) * b)))
     rows = [measure(n, lambda f=f: fwd_bwd(f, (a, b)), lambda f=f: fwd_bwd(f, (ta, tb))) for n, f in impls]
-    rows.append(measure("opslot cuda, forward only (6 B/element)",
-                        lambda: (lambda: torch.ops.opslot.silu_mul(a.detach(), b.detach())), None, 6 * N * D))
+    rows.append(
+        measure(
+            "opslot cuda, forward only (6 B/element)",
+            lambda: lambda: torch.ops.opslot.silu_mul(a.detach(), b.detach()),
+            None,
+            6 * N * D,
+        )
+    )
     if args.tune:  # 16-byte vectors per thread and tensor (default 1), the backward's order (default: from the end)
         with bench_library("SiLU-mul --tune") as lib:
             if lib is not None:
@@ -363,12 +426,24 @@ def bench_silu(copy_bw, args, out):
                     for vpt, from_start in ((1, 1), (2, 0), (4, 0)):
                         set_tuning(vpt, from_start)
                         name = f"vectors/thread {vpt}" + (", backward from the start" if from_start else "")
-                        rows.append(measure(f"opslot cuda [{name}]",
-                                            lambda: fwd_bwd(lambda a, b: torch.ops.opslot.silu_mul(a, b), (a, b)), None))
+                        rows.append(
+                            measure(
+                                f"opslot cuda [{name}]",
+                                lambda: fwd_bwd(lambda a, b: torch.ops.opslot.silu_mul(a, b), (a, b)),
+                                None,
+                            )
+                        )
                 finally:
                     set_tuning(1, 0)
-    out.append(table(f"SiLU·mul {N}x{D} bf16 — 16 B/element (opslot torch = upstream eager here)", 16 * N * D, copy_bw,
-                     rows, "≤ 0.82 ms, ≥ 92% of copy BW"))
+    out.append(
+        table(
+            f"SiLU·mul {N}x{D} bf16 — 16 B/element (opslot torch = upstream eager here)",
+            16 * N * D,
+            copy_bw,
+            rows,
+            "≤ 0.82 ms, ≥ 92% of copy BW",
+        )
+    )
 
 
 def bench_lb(copy_bw, args, out):
@@ -378,36 +453,69 @@ def bench_lb(copy_bw, args, out):
 
     def fresh():  # new leaves per implementation (a leaf's gradient accumulator remembers its stream)
         return tuple(t.detach().requires_grad_(True) for t in base)
-    logits = base
-    impls = [("opslot cuda", lambda *ls: CLB.load_balancing_loss(tuple(ls), E, K)),
-             ("opslot torch", lambda *ls: T.load_balancing_loss(tuple(ls), E, K)),
-             ("upstream eager", lambda *ls: R.load_balancing_loss(tuple(ls), E, K))]
+
+    impls = [
+        ("opslot cuda", lambda *ls: CLB.load_balancing_loss(tuple(ls), E, K)),
+        ("opslot torch", lambda *ls: T.load_balancing_loss(tuple(ls), E, K)),
+        ("upstream eager", lambda *ls: R.load_balancing_loss(tuple(ls), E, K)),
+    ]
     if not args.no_compile:
         impls.append(("torch.compile(eager)", torch.compile(lambda *ls: R.load_balancing_loss(tuple(ls), E, K))))
     rows = [measure(n, lambda f=f: fwd_bwd(f, fresh()), lambda f=f: fwd_bwd(f, tiny)) for n, f in impls]
     det = tuple(base)
-    rows.append(measure("opslot cuda, forward only (logits read once)",
-                        lambda: (lambda: CLB.load_balancing_loss(det, E, K)), None, L * N * E * 2))
+    rows.append(
+        measure(
+            "opslot cuda, forward only (logits read once)",
+            lambda: lambda: CLB.load_balancing_loss(det, E, K),
+            None,
+            L * N * E * 2,
+        )
+    )
     if args.tune:  # the previous kernels and register budgets, side by side
-        names = {(1, 1): "tile forward + general backward (the previous kernels)",
-                 (2, 1): "general forward + general backward", (0, 1): "warp forward + general backward"}
+        names = {
+            (1, 1): "tile forward + general backward (the previous kernels)",
+            (2, 1): "general forward + general backward",
+            (0, 1): "warp forward + general backward",
+        }
         with bench_library("load-balancing --tune") as lib:
             if lib is not None:
                 set_tuning = knob(lib, "opslot_load_balancing_set_tuning", 2)
                 try:
                     for (fp, bp), name in names.items():
                         set_tuning(fp, bp)
-                        rows.append(measure(f"opslot cuda [{name}]",
-                                            lambda: fwd_bwd(lambda *ls: CLB.load_balancing_loss(tuple(ls), E, K), fresh()), None))
-                        rows.append(measure("  its forward only", lambda: (lambda: CLB.load_balancing_loss(det, E, K)), None,
-                                            L * N * E * 2))
+                        rows.append(
+                            measure(
+                                f"opslot cuda [{name}]",
+                                lambda: fwd_bwd(lambda *ls: CLB.load_balancing_loss(tuple(ls), E, K), fresh()),
+                                None,
+                            )
+                        )
+                        rows.append(
+                            measure(
+                                "  its forward only",
+                                lambda: lambda: CLB.load_balancing_loss(det, E, K),
+                                None,
+                                L * N * E * 2,
+                            )
+                        )
                 finally:
                     set_tuning(0, 0)
     # bytes: logits read twice (forward, backward), gradient written once
-    out.append(table(f"Load-balancing loss: {L} layers x {N} x {E} bf16, top-8 — bytes: logits read fwd + bwd, grads written",
-                     3 * L * N * E * 2, copy_bw, rows, "≤ 0.30 ms"))
+    out.append(
+        table(
+            f"Load-balancing loss: {L} layers x {N} x {E} bf16, top-8 — bytes: logits read fwd + bwd, grads written",
+            3 * L * N * E * 2,
+            copy_bw,
+            rows,
+            "≤ 0.30 ms",
+        )
+    )
     if args.profile:
-        kernel_breakdown("load-balancing loss opslot cuda", fwd_bwd(lambda *ls: CLB.load_balancing_loss(tuple(ls), E, K), fresh()), out)
+        kernel_breakdown(
+            "load-balancing loss opslot cuda",
+            fwd_bwd(lambda *ls: CLB.load_balancing_loss(tuple(ls), E, K), fresh()),
+            out,
+        )
 
 
 def main():
@@ -416,16 +524,23 @@ def main():
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", default="rms,rope,silu,lb")
-    ap.add_argument("--profile", action="store_true", help="also list the kernels of one call of each opslot op (torch.profiler)")
-    ap.add_argument("--tune", action="store_true",
-                    help="also time the kernel variants behind the knobs (RMSNorm, RoPE, SiLU-mul, load-balancing; "
-                         "needs libopslot_kernels_bench.so, else those sweeps are skipped)")
+    ap.add_argument(
+        "--profile", action="store_true", help="also list the kernels of one call of each opslot op (torch.profiler)"
+    )
+    ap.add_argument(
+        "--tune",
+        action="store_true",
+        help="also time the kernel variants behind the knobs (RMSNorm, RoPE, SiLU-mul, load-balancing; "
+        "needs libopslot_kernels_bench.so, else those sweeps are skipped)",
+    )
     args = ap.parse_args()
     torch.manual_seed(0)
     out = []
     bw = copy_bandwidth()
-    head = (f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}; device-to-device copy "
-            f"{bw / 1e12:.2f} TB/s (bytes read + written, 2 GiB bf16 copy, median)\n\n{libraries_line()}\n")
+    head = (
+        f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}; device-to-device copy "
+        f"{bw / 1e12:.2f} TB/s (bytes read + written, 2 GiB bf16 copy, median)\n\n{libraries_line()}\n"
+    )
     print(head, flush=True)
     out.append(head)
     steps = {"rms": bench_rms, "rope": bench_rope, "silu": bench_silu, "lb": bench_lb}

@@ -63,16 +63,18 @@ def timed(fn, reps=20, warmup=2, budget_ms=800.0):
     return statistics.median(s.elapsed_time(e) for s, e in times)
 
 
-def make_layer(variant, E, K, H, I):
+def make_layer(variant, E, K, H, I):  # noqa: E741  (I: the intermediate size)
     if variant == "standard":
         from transformers import Qwen3MoeConfig
         from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
+
         cfg = Qwen3MoeConfig(hidden_size=H, moe_intermediate_size=I, num_experts=E, num_experts_per_tok=K)
         with torch.device("cuda"):
             mod = Qwen3MoeExperts(cfg)
     else:
         from transformers import GptOssConfig
         from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
+
         cfg = GptOssConfig(hidden_size=H, intermediate_size=I, num_local_experts=E, num_experts_per_tok=K)
         with torch.device("cuda"):
             mod = GptOssExperts(cfg)
@@ -93,13 +95,14 @@ def make_inputs(T, E, K, H, seed=0):
     return x, idx, w
 
 
-def impls(variant, mod, E, K, H, I):
+def impls(variant, mod, E, K, H, I):  # noqa: E741  (I: the intermediate size)
     out = {}
 
     def upstream(kind):
         def f(x, idx, w):
             mod.config._experts_implementation = kind
             return mod(x, idx, w)
+
         return f
 
     out["upstream eager"] = upstream("eager")
@@ -107,6 +110,7 @@ def impls(variant, mod, E, K, H, I):
     if variant == "standard":
         try:
             from liger_kernel.transformers.swiglu import LigerExperts
+
             lcfg = types.SimpleNamespace(num_experts=E, moe_intermediate_size=I, hidden_size=H, hidden_act="silu")
             with torch.device("cuda"):
                 lig = LigerExperts(lcfg)
@@ -135,6 +139,7 @@ def fwd_bwd(fn, mod, x, idx, w, go):
     def step():
         out = fn(xs, idx, ws)
         torch.autograd.grad(out, [xs, ws] + params, go, allow_unused=True)
+
     return step
 
 
@@ -142,8 +147,8 @@ def dense_ceiling(rows):
     res = {}
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    ms = timed(lambda: a @ b, reps=30)
-    res["dense bf16 GEMM 8192^3"] = (ms, 2 * 8192 ** 3 / ms / 1e9)
+    ms = timed(lambda: a @ b, reps=30)  # noqa: F821  (called before the del)
+    res["dense bf16 GEMM 8192^3"] = (ms, 2 * 8192**3 / ms / 1e9)
     del a, b
     x = torch.randn(rows, 2048, device="cuda", dtype=torch.bfloat16)
     wt = torch.randn(1536, 2048, device="cuda", dtype=torch.bfloat16)
@@ -183,8 +188,9 @@ def stages(variant, mod, x, idx, w):
         "activation": lambda: ops.moe_act(h, r.offs, r.row_expert, b1, kind, alpha, limit),
         "GEMM2 down": lambda: ops.moe_grouped_mm(a, mod.down_proj, r.offs, tr),
         "combine (weighted gather-sum)": lambda: ops.moe_combine(y, r.inv, r.offs, wf, r.row_expert, b2),
-        "bwd combine (scatter + weight grad)": lambda: ops.moe_combine_backward(go, y, r.inv, r.offs, wf,
-                                                                                 r.row_expert, b2),
+        "bwd combine (scatter + weight grad)": lambda: ops.moe_combine_backward(
+            go, y, r.inv, r.offs, wf, r.row_expert, b2
+        ),
         "bwd GEMM2 (dgrad + wgrad)": lambda: ops.moe_grouped_mm_backward(dy, a, mod.down_proj, r.offs, tr),
         "bwd activation": lambda: ops.moe_act_backward(da, h, r.offs, r.row_expert, b1, kind, alpha, limit),
         "bwd GEMM1 (dgrad + wgrad)": lambda: ops.moe_grouped_mm_backward(dh, xs, mod.gate_up_proj, r.offs, tr),
@@ -200,7 +206,9 @@ def train_step(out_dir, batch=4, seq=4096, layers=2):
     fused_cuda (other slots eager), both with the same weights. Needs
     generated/qwen3_moe/patched_modeling_qwen3_moe_gpu.py (`make generate`)."""
     import importlib.util
+
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
     from opslot import build_model
 
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
@@ -209,25 +217,41 @@ def train_step(out_dir, batch=4, seq=4096, layers=2):
     gen = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = gen
     spec.loader.exec_module(gen)
-    cfg = Qwen3MoeConfig(hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768, num_experts=128,
-                         num_experts_per_tok=8, num_hidden_layers=layers, num_attention_heads=32,
-                         num_key_value_heads=4, head_dim=128, vocab_size=151936, max_position_embeddings=seq,
-                         norm_topk_prob=True)
+    cfg = Qwen3MoeConfig(
+        hidden_size=2048,
+        intermediate_size=6144,
+        moe_intermediate_size=768,
+        num_experts=128,
+        num_experts_per_tok=8,
+        num_hidden_layers=layers,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        head_dim=128,
+        vocab_size=151936,
+        max_position_embeddings=seq,
+        norm_topk_prob=True,
+    )
     import dataclasses
+
     from opslot import OpsImplementationConfig
-    ops = {f.name: "eager" for f in dataclasses.fields(OpsImplementationConfig)
-           if f.name.endswith("_implementation") and f.name != "attn_implementation"}
-    ops["moe_implementation"] = "fused_cuda"   # every other slot explicitly eager: only the experts differ
+
+    ops = {
+        f.name: "eager"
+        for f in dataclasses.fields(OpsImplementationConfig)
+        if f.name.endswith("_implementation") and f.name != "attn_implementation"
+    }
+    ops["moe_implementation"] = "fused_cuda"  # every other slot explicitly eager: only the experts differ
     torch.manual_seed(0)
     with torch.device("cuda"):
         up = Qwen3MoeForCausalLM(cfg).to(torch.bfloat16)
-        op = build_model(cfg, ops=ops, module=gen,
-                         model_class="Qwen3MoeForCausalLM").to(torch.bfloat16)
+        op = build_model(cfg, ops=ops, module=gen, model_class="Qwen3MoeForCausalLM").to(torch.bfloat16)
     op.load_state_dict(up.state_dict())
     bound = sys.modules[type(op).__module__]
-    info = {"upstream experts_implementation": up.config._experts_implementation,
-            "opslot experts_implementation": op.config._experts_implementation,
-            "opslot moe slot impl": bound.moe_slot.impl}
+    info = {
+        "upstream experts_implementation": up.config._experts_implementation,
+        "opslot experts_implementation": op.config._experts_implementation,
+        "opslot moe slot impl": bound.moe_slot.impl,
+    }
     g = torch.Generator(device="cuda").manual_seed(1)
     ids = torch.randint(0, cfg.vocab_size, (batch, seq), device="cuda", generator=g)
     calls = []
@@ -242,14 +266,21 @@ def train_step(out_dir, batch=4, seq=4096, layers=2):
             loss = model(input_ids=ids, labels=ids).loss
             loss.backward()
             return loss
+
         loss = float(step().detach())
         ms = timed(step, reps=10, budget_ms=3000.0)
         res[name] = {"loss": loss, "ms": ms, "tokens_per_s": batch * seq / ms * 1e3}
         print(name, res[name], flush=True)
     info["opslot moe kernel calls"] = len(calls)
-    lines = [f"2-layer Qwen3-30B-A3B-shaped causal LM (vocab 151936), batch {batch} x seq {seq}, bf16, "
-             f"forward + backward (no optimizer)", "", f"{info}", "",
-             "| model | loss (step 1) | step ms | tokens/s |", "|---|---|---|---|"]
+    lines = [
+        f"2-layer Qwen3-30B-A3B-shaped causal LM (vocab 151936), batch {batch} x seq {seq}, bf16, "
+        f"forward + backward (no optimizer)",
+        "",
+        f"{info}",
+        "",
+        "| model | loss (step 1) | step ms | tokens/s |",
+        "|---|---|---|---|",
+    ]
     for name, r in res.items():
         lines.append(f"| {name} | {r['loss']:.5f} | {r['ms']:.1f} | {r['tokens_per_s']:.0f} |")
     with open(os.path.join(out_dir, "moe_train_step.md"), "w") as fh:
@@ -276,12 +307,14 @@ def main():
     def dump():
         with open(os.path.join(args.out, "moe_bench.json"), "w") as fh:
             json.dump(results, fh, indent=1)
-        lines = [f"device: {dev}, torch {torch.__version__}", "",
-                 "| ceiling | ms | TFLOP/s |", "|---|---|---|"]
+        lines = [f"device: {dev}, torch {torch.__version__}", "", "| ceiling | ms | TFLOP/s |", "|---|---|---|"]
         for k, (ms, tf) in results["ceiling"].items():
             lines.append(f"| {k} | {ms:.3f} | {tf:.0f} |")
-        lines += ["", "| model | tokens | impl | fwd+bwd ms | TFLOP/s (6 expert GEMMs) | note |",
-                  "|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "| model | tokens | impl | fwd+bwd ms | TFLOP/s (6 expert GEMMs) | note |",
+            "|---|---|---|---|---|---|",
+        ]
         for row in results["rows"]:
             ms = f"{row['ms']:.2f}" if row.get("ms") is not None else "—"
             tf = f"{row['tflops']:.0f}" if row.get("tflops") is not None else "—"
@@ -292,7 +325,9 @@ def main():
         for key, d in results["stages"].items():
             st += ["", f"{key}", "", "| stage | ms |", "|---|---|"]
             st += [f"| {k} | {v:.3f} |" for k, v in d.items()]
-            st.append(f"| sum (without the comparison row) | {sum(v for k, v in d.items() if not k.startswith('(')):.3f} |")
+            st.append(
+                f"| sum (without the comparison row) | {sum(v for k, v in d.items() if not k.startswith('(')):.3f} |"
+            )
         with open(os.path.join(args.out, "moe_stages.md"), "w") as fh:
             fh.write("\n".join(st) + "\n")
 
@@ -302,7 +337,7 @@ def main():
     dump()
 
     order = [(m, t) for t in tokens for m in MODELS]
-    for (name, variant, E, K, H, I), T in order:
+    for (name, variant, E, K, H, I), T in order:  # noqa: E741  (I: the intermediate size)
         mod = make_layer(variant, E, K, H, I)
         x, idx, w = make_inputs(T, E, K, H)
         go = torch.randn_like(x)
@@ -325,9 +360,10 @@ def main():
                 if impl == "upstream grouped_mm":
                     ref = o.float()
                 if impl == "opslot cuda" and ref is not None:
-                    d = (o.float() - ref)
-                    row["note"] = (f"vs grouped_mm: max|Δ| {float(d.abs().max()):.2e}, "
-                                   f"rel {float(d.norm() / ref.norm()):.2e}")
+                    d = o.float() - ref
+                    row["note"] = (
+                        f"vs grouped_mm: max|Δ| {float(d.abs().max()):.2e}, rel {float(d.norm() / ref.norm()):.2e}"
+                    )
                 del o
                 ms = timed(fwd_bwd(fn, mod, x, idx, w, go))
                 row["ms"], row["tflops"] = ms, flops / ms / 1e9

@@ -88,16 +88,21 @@ def batches(lengths: List[int], vocab: int, device, seed: int) -> Dict[str, Dict
     mask = torch.zeros_like(padded)
     plabels = torch.full_like(padded, -100)
     for i, d in enumerate(docs):
-        padded[i, :len(d)] = d
-        mask[i, :len(d)] = 1
-        plabels[i, 1:len(d)] = d[1:]
+        padded[i, : len(d)] = d
+        mask[i, : len(d)] = 1
+        plabels[i, 1 : len(d)] = d[1:]
     dev = lambda t: t.to(device)  # noqa: E731
-    return {"packed": dict(input_ids=dev(ids), position_ids=dev(pos), labels=dev(labels), use_cache=False),
-            "padded": dict(input_ids=dev(padded), attention_mask=dev(mask), labels=dev(plabels), use_cache=False)}
+    return {
+        "packed": dict(input_ids=dev(ids), position_ids=dev(pos), labels=dev(labels), use_cache=False),
+        "padded": dict(input_ids=dev(padded), attention_mask=dev(mask), labels=dev(plabels), use_cache=False),
+    }
 
 
-ROWS = [("padded, sdpa", "padded", "sdpa"), ("packed, sdpa", "packed", "sdpa"),
-        ("packed, opslot_varlen", "packed", "opslot_varlen")]
+ROWS = [
+    ("padded, sdpa", "padded", "sdpa"),
+    ("packed, sdpa", "packed", "sdpa"),
+    ("packed, opslot_varlen", "packed", "opslot_varlen"),
+]
 
 
 def measure(model, steps: List[Dict[str, Any]], device, warmup: int, iters: int) -> Dict[str, Any]:
@@ -130,8 +135,9 @@ def measure(model, steps: List[Dict[str, Any]], device, warmup: int, iters: int)
         losses.append(float(loss))
     peak = torch.cuda.max_memory_allocated(device) / GiB if device.type == "cuda" else None
     model.zero_grad(set_to_none=True)
-    return dict(ms=statistics.median(times), ms_min=min(times), ms_max=max(times), peak_gib=peak,
-                loss=statistics.mean(losses))
+    return dict(
+        ms=statistics.median(times), ms_min=min(times), ms_max=max(times), peak_gib=peak, loss=statistics.mean(losses)
+    )
 
 
 def attention_alone(lengths: List[int], heads: int, kv_heads: int, dim: int, device, reps: int) -> Dict[str, Any]:
@@ -143,7 +149,7 @@ def attention_alone(lengths: List[int], heads: int, kv_heads: int, dim: int, dev
     flops = sum(2 * 2 * n * n / 2 * heads * dim for n in lengths) * 3.5  # fwd 1 + bwd 2.5
     a = torch.randn(8192, 8192, device=device, dtype=dt)
     gemm = time_it(lambda: a @ a, reps) / 1e3
-    rate = 2 * 8192 ** 3 / gemm
+    rate = 2 * 8192**3 / gemm
     q = torch.randn(total, heads, dim, device=device, dtype=dt, requires_grad=True)
     k = torch.randn(total, kv_heads, dim, device=device, dtype=dt, requires_grad=True)
     v = torch.randn(total, kv_heads, dim, device=device, dtype=dt, requires_grad=True)
@@ -162,7 +168,7 @@ def attention_alone(lengths: List[int], heads: int, kv_heads: int, dim: int, dev
     gb = grad.transpose(0, 1)[None]
 
     def masked():
-        out = torch.nn.functional.scaled_dot_product_attention(qb, kb, vb, attn_mask=block, enable_gqa=True)
+        out = torch.nn.functional.scaled_dot_product_attention(qb, kb, vb, attn_mask=block, enable_gqa=True)  # noqa: F821
         torch.autograd.grad(out, (qb, kb, vb), gb)
 
     sdpa_block = time_it(masked, max(3, reps // 4))
@@ -182,8 +188,16 @@ def attention_alone(lengths: List[int], heads: int, kv_heads: int, dim: int, dev
 
     sdpa_pad = time_it(padded, max(3, reps // 4))
     bound = flops / rate * 1e3
-    return dict(flops=flops, gemm_tflops=rate / 1e12, bound_ms=bound, varlen_graph_ms=graph, varlen_user_ms=user,
-                varlen_fraction=bound / graph, sdpa_block_ms=sdpa_block, sdpa_padded_ms=sdpa_pad)
+    return dict(
+        flops=flops,
+        gemm_tflops=rate / 1e12,
+        bound_ms=bound,
+        varlen_graph_ms=graph,
+        varlen_user_ms=user,
+        varlen_fraction=bound / graph,
+        sdpa_block_ms=sdpa_block,
+        sdpa_padded_ms=sdpa_pad,
+    )
 
 
 def time_it(fn, reps: int) -> float:
@@ -218,8 +232,13 @@ def run_model(mdef, args, device, dtype, steps: List[List[int]], out: Dict[str, 
     config = ts.make_config(mdef, args.tiny)
     gen = ts.generate_and_import(mdef, args.patchgen, args.source_root, Path(args.gen_dir))
     torch.manual_seed(args.seed)
-    ref = ts.construct(lambda: build_model(copy.deepcopy(config), ops={"attn_implementation": "sdpa"}, module=gen,
-                                           model_class=mdef.causal_lm), device, dtype)
+    ref = ts.construct(
+        lambda: build_model(
+            copy.deepcopy(config), ops={"attn_implementation": "sdpa"}, module=gen, model_class=mdef.causal_lm
+        ),
+        device,
+        dtype,
+    )
     state = {k: v.detach().to("cpu", copy=True) for k, v in ref.state_dict().items()}
     del ref
     ts.free(device)
@@ -230,8 +249,13 @@ def run_model(mdef, args, device, dtype, steps: List[List[int]], out: Dict[str, 
         row: Dict[str, Any] = dict(name=name)
         model = None
         try:
-            model = ts.construct(lambda: build_model(copy.deepcopy(config), ops={"attn_implementation": attn}, module=gen,
-                                                     model_class=mdef.causal_lm), device, dtype)
+            model = ts.construct(
+                lambda: build_model(
+                    copy.deepcopy(config), ops={"attn_implementation": attn}, module=gen, model_class=mdef.causal_lm
+                ),
+                device,
+                dtype,
+            )
             model.load_state_dict(state, strict=True)
             row["kernels"] = ts.plan_summary(model)[0]
             ts.free(device)
@@ -252,8 +276,14 @@ def run_model(mdef, args, device, dtype, steps: List[List[int]], out: Dict[str, 
         entry["speedup_vs_padded"] = v / by["padded, sdpa"]["real_tokens_per_s"]
     if device.type == "cuda" and not args.tiny:
         try:
-            entry["attention_alone"] = attention_alone(steps[0], config.num_attention_heads, config.num_key_value_heads,
-                                                       config.head_dim, device, args.attn_reps)
+            entry["attention_alone"] = attention_alone(
+                steps[0],
+                config.num_attention_heads,
+                config.num_key_value_heads,
+                config.head_dim,
+                device,
+                args.attn_reps,
+            )
         except Exception as exc:  # noqa: BLE001
             entry["attention_alone"] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
         print(json.dumps(entry["attention_alone"]), flush=True)
@@ -262,20 +292,30 @@ def run_model(mdef, args, device, dtype, steps: List[List[int]], out: Dict[str, 
 def write(out: Dict[str, Any], path: Path) -> None:
     path.mkdir(parents=True, exist_ok=True)
     (path / "packing.json").write_text(json.dumps(out, indent=1, default=str), encoding="utf-8")
-    lines = [f"# {out['title']}", "", *[f"- {h}" for h in out["header"]], "",
-             "| model | rows | step ms (median, min-max) | real tokens/s | peak GiB | loss |", "|---|---|---|---|---|---|"]
+    lines = [
+        f"# {out['title']}",
+        "",
+        *[f"- {h}" for h in out["header"]],
+        "",
+        "| model | rows | step ms (median, min-max) | real tokens/s | peak GiB | loss |",
+        "|---|---|---|---|---|---|",
+    ]
     for m in out["models"]:
         for r in m["rows"]:
             if "error" in r:
                 lines.append(f"| {m['model']} | {r['name']} | FAILED: {r['error']} | | | |")
             else:
                 peak = "n/a" if r["peak_gib"] is None else f"{r['peak_gib']:.2f}"
-                lines.append(f"| {m['model']} | {r['name']} | {r['ms']:.1f} ({r['ms_min']:.1f}-{r['ms_max']:.1f}) | "
-                             f"{r['real_tokens_per_s']:,.0f} | {peak} | {r['loss']:.4f} |")
+                lines.append(
+                    f"| {m['model']} | {r['name']} | {r['ms']:.1f} ({r['ms_min']:.1f}-{r['ms_max']:.1f}) | "
+                    f"{r['real_tokens_per_s']:,.0f} | {peak} | {r['loss']:.4f} |"
+                )
     for m in out["models"]:
         if "speedup_vs_packed_sdpa" in m:
-            lines.append(f"\n{m['model']}: opslot_varlen real tokens/s = {m['speedup_vs_packed_sdpa']:.2f}x packed sdpa, "
-                         f"{m['speedup_vs_padded']:.2f}x padded sdpa")
+            lines.append(
+                f"\n{m['model']}: opslot_varlen real tokens/s = {m['speedup_vs_packed_sdpa']:.2f}x packed sdpa, "
+                f"{m['speedup_vs_padded']:.2f}x padded sdpa"
+            )
         if "attention_alone" in m:
             lines.append(f"{m['model']} attention alone: " + json.dumps(m["attention_alone"]))
     (path / "packing.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -306,12 +346,20 @@ def main() -> int:
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     steps = draw_steps(args.seed, args.steps, args.tokens, args.min_len, args.max_len)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    out: Dict[str, Any] = dict(title="Packed vs padded training steps (bench/packing.py)", models=[], header=[
-        f"command: {' '.join(sys.argv)}", f"commit {commit or '?'}; torch {torch.__version__}; "
-        f"device {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}",
-        f"{args.tokens} real tokens per step; lengths log-uniform in [{args.min_len}, {args.max_len}], seed {args.seed}; "
-        f"steps (documents): {steps}"])
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    out: Dict[str, Any] = dict(
+        title="Packed vs padded training steps (bench/packing.py)",
+        models=[],
+        header=[
+            f"command: {' '.join(sys.argv)}",
+            f"commit {commit or '?'}; torch {torch.__version__}; "
+            f"device {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}",
+            f"{args.tokens} real tokens per step; lengths log-uniform in [{args.min_len}, {args.max_len}], seed {args.seed}; "
+            f"steps (documents): {steps}",
+        ],
+    )
     for key in args.models.split(","):
         try:
             run_model(ts.MODELS[key], args, device, dtype, steps, out)

@@ -113,15 +113,21 @@ def build_tree(dest, source_roots, use_real):
             break
         base = os.path.basename(s)
         folder = os.path.dirname(s)
-        extended = any(o != s and os.path.dirname(os.path.dirname(o)) == os.path.dirname(folder) and
-                       re.search(r"extends:.*" + re.escape(base), t) for o, t in texts.items())
+        extended = any(
+            o != s
+            and os.path.dirname(os.path.dirname(o)) == os.path.dirname(folder)
+            and re.search(r"extends:.*" + re.escape(base), t)
+            for o, t in texts.items()
+        )
         if not extended:
             os.remove(s)
             all_specs.remove(s)
     roots = ", ".join(f'"{r}"' for r in source_roots)
     with open(os.path.join(dest, "pyproject.toml"), "w") as f:
-        f.write(f'[tool.patchgen]\nspecs = "specs"\noutput = "generated"\nsource_roots = [{roots}]\n'
-                'python = "/nonexistent-python"\n')
+        f.write(
+            f'[tool.patchgen]\nspecs = "specs"\noutput = "generated"\nsource_roots = [{roots}]\n'
+            'python = "/nonexistent-python"\n'
+        )
     return len(all_specs)
 
 
@@ -137,11 +143,15 @@ def build_identity_tree(dest, upstream):
     for name in modules[:TREE_SIZE]:
         os.makedirs(os.path.join(dest, "specs", name))
         with open(os.path.join(dest, "specs", name, f"{name}.yaml"), "w") as f:
-            f.write(f"version: 1\nupstream: transformers.models.{name}.modeling_{name}\n"
-                    f"output: patched_modeling_{name}.py\n")
+            f.write(
+                f"version: 1\nupstream: transformers.models.{name}.modeling_{name}\n"
+                f"output: patched_modeling_{name}.py\n"
+            )
     with open(os.path.join(dest, "pyproject.toml"), "w") as f:
-        f.write(f'[tool.patchgen]\nspecs = "specs"\noutput = "generated"\nsource_roots = ["{upstream}"]\n'
-                'python = "/nonexistent-python"\n')
+        f.write(
+            f'[tool.patchgen]\nspecs = "specs"\noutput = "generated"\nsource_roots = ["{upstream}"]\n'
+            'python = "/nonexistent-python"\n'
+        )
     return min(TREE_SIZE, len(modules))
 
 
@@ -182,8 +192,10 @@ def compare(baseline, binary, source_roots, use_real, runs):
             time.sleep(1.1)  # specs older than a second: generation writes check stamps
             for label, (b, tree) in trees.items():
                 run_once([b, "--all", "--diff"], tree)  # outputs (and stamps) in place
-            for measure_name, args in ((f"{TREE_SIZE} {kind}specs (--all --diff)", ["--all", "--diff"]),
-                                       (f"{TREE_SIZE} {kind}specs (--check)", ["--check"])):
+            for measure_name, args in (
+                (f"{TREE_SIZE} {kind}specs (--all --diff)", ["--all", "--diff"]),
+                (f"{TREE_SIZE} {kind}specs (--check)", ["--check"]),
+            ):
                 samples = {label: [] for label in trees}
                 for _ in range(runs):
                     for label, (b, tree) in trees.items():
@@ -215,22 +227,59 @@ def measure_all(binary, source_roots, use_real, args):
             files.sort()
             nbytes = sum(os.path.getsize(f) for f in files)
             runs = max(1, min(args.runs, 3))
-            rows.append(measure("index corpus (1 thread)", [binary, "index", "-j", "1", *files], REPO,
-                                runs, files=len(files), nbytes=nbytes))
-            rows.append(measure("index corpus (all cores)", [binary, "index", *files], REPO,
-                                runs, files=len(files), nbytes=nbytes))
+            rows.append(
+                measure(
+                    "index corpus (1 thread)",
+                    [binary, "index", "-j", "1", *files],
+                    REPO,
+                    runs,
+                    files=len(files),
+                    nbytes=nbytes,
+                )
+            )
+            rows.append(
+                measure(
+                    "index corpus (all cores)", [binary, "index", *files], REPO, runs, files=len(files), nbytes=nbytes
+                )
+            )
         else:
             print(f"note: corpus {args.corpus} not found; index benchmark skipped", file=sys.stderr)
     return rows
 
 
 def print_rows(rows, binary, args, use_real):
-    print(f"patchgen benchmark: {binary}, median of {args.runs} runs, {len(os.sched_getaffinity(0))} cores, "
-          f"{'real-model specs (.upstream)' if use_real else 'example specs'}\n")
-    cols = ["measure", "median_ms", "min_ms", "max_ms", "cpu_ms", "files", "files_per_s", "mb_per_s", "peak_rss_mb",
-            "exit", "target", "python_tool"]
-    heads = ["measure", "median ms", "min ms", "max ms", "CPU ms", "files", "files/s", "MB/s", "peak RSS MB", "exit",
-             "target", "Python tool"]
+    print(
+        f"patchgen benchmark: {binary}, median of {args.runs} runs, {len(os.sched_getaffinity(0))} cores, "
+        f"{'real-model specs (.upstream)' if use_real else 'example specs'}\n"
+    )
+    cols = [
+        "measure",
+        "median_ms",
+        "min_ms",
+        "max_ms",
+        "cpu_ms",
+        "files",
+        "files_per_s",
+        "mb_per_s",
+        "peak_rss_mb",
+        "exit",
+        "target",
+        "python_tool",
+    ]
+    heads = [
+        "measure",
+        "median ms",
+        "min ms",
+        "max ms",
+        "CPU ms",
+        "files",
+        "files/s",
+        "MB/s",
+        "peak RSS MB",
+        "exit",
+        "target",
+        "Python tool",
+    ]
     print("| " + " | ".join(heads) + " |")
     print("|" + "---|" * len(heads))
     for row in rows:

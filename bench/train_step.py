@@ -84,7 +84,7 @@ T0 = time.time()
 # -- models ------------------------------------------------------------------------------------------
 @dataclasses.dataclass
 class ModelDef:
-    key: str                 # specs/<key>/<key>_gpu.yaml, transformers.models.<key>
+    key: str  # specs/<key>/<key>_gpu.yaml, transformers.models.<key>
     config_class: str
     causal_lm: str
     full: Dict[str, Any]
@@ -104,39 +104,113 @@ class ModelDef:
         return f"transformers.models.{self.key}.modeling_{self.key}"
 
 
-COMMON = dict(rms_norm_eps=1e-6, tie_word_embeddings=False, attention_dropout=0.0, use_cache=False,
-              hidden_act="silu", max_position_embeddings=32768)
-TINY_COMMON = dict(COMMON, vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                   num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256)
+COMMON = dict(
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=False,
+    attention_dropout=0.0,
+    use_cache=False,
+    hidden_act="silu",
+    max_position_embeddings=32768,
+)
+TINY_COMMON = dict(
+    COMMON,
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=256,
+)
 
 MODELS = {
     "qwen3_5": ModelDef(
-        "qwen3_5", "Qwen3_5TextConfig", "Qwen3_5ForCausalLM", linear_attention=True,
-        full=dict(COMMON, vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=4,
-                  layer_types=["linear_attention"] * 3 + ["full_attention"],
-                  num_attention_heads=16, num_key_value_heads=4, head_dim=256,
-                  linear_conv_kernel_dim=4, linear_num_key_heads=16, linear_num_value_heads=32,
-                  linear_key_head_dim=128, linear_value_head_dim=128,
-                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
-                                   "mrope_section": [11, 11, 10], "mrope_interleaved": True}),
-        tiny=dict(TINY_COMMON, layer_types=["linear_attention", "full_attention"], linear_conv_kernel_dim=4,
-                  linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
-                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
-                                   "mrope_section": [2, 1, 1], "mrope_interleaved": True})),
+        "qwen3_5",
+        "Qwen3_5TextConfig",
+        "Qwen3_5ForCausalLM",
+        linear_attention=True,
+        full=dict(
+            COMMON,
+            vocab_size=151936,
+            hidden_size=2048,
+            intermediate_size=6144,
+            num_hidden_layers=4,
+            layer_types=["linear_attention"] * 3 + ["full_attention"],
+            num_attention_heads=16,
+            num_key_value_heads=4,
+            head_dim=256,
+            linear_conv_kernel_dim=4,
+            linear_num_key_heads=16,
+            linear_num_value_heads=32,
+            linear_key_head_dim=128,
+            linear_value_head_dim=128,
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "partial_rotary_factor": 0.25,
+                "mrope_section": [11, 11, 10],
+                "mrope_interleaved": True,
+            },
+        ),
+        tiny=dict(
+            TINY_COMMON,
+            layer_types=["linear_attention", "full_attention"],
+            linear_conv_kernel_dim=4,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            linear_key_head_dim=16,
+            linear_value_head_dim=16,
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "partial_rotary_factor": 0.5,
+                "mrope_section": [2, 1, 1],
+                "mrope_interleaved": True,
+            },
+        ),
+    ),
     "qwen3": ModelDef(
-        "qwen3", "Qwen3Config", "Qwen3ForCausalLM",
-        full=dict(COMMON, vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=4,
-                  num_attention_heads=16, num_key_value_heads=8, head_dim=128,
-                  rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
-        tiny=dict(TINY_COMMON)),
+        "qwen3",
+        "Qwen3Config",
+        "Qwen3ForCausalLM",
+        full=dict(
+            COMMON,
+            vocab_size=151936,
+            hidden_size=2048,
+            intermediate_size=6144,
+            num_hidden_layers=4,
+            num_attention_heads=16,
+            num_key_value_heads=8,
+            head_dim=128,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        ),
+        tiny=dict(TINY_COMMON),
+    ),
 }
 
 #: Config fields written into the output (those the config has).
-RECORDED = ["vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "layer_types",
-            "num_attention_heads", "num_key_value_heads", "head_dim", "linear_conv_kernel_dim",
-            "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
-            "rope_parameters", "rms_norm_eps", "tie_word_embeddings", "hidden_act", "attention_bias",
-            "attention_dropout"]
+RECORDED = [
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "layer_types",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "linear_conv_kernel_dim",
+    "linear_num_key_heads",
+    "linear_num_value_heads",
+    "linear_key_head_dim",
+    "linear_value_head_dim",
+    "rope_parameters",
+    "rms_norm_eps",
+    "tie_word_embeddings",
+    "hidden_act",
+    "attention_bias",
+    "attention_dropout",
+]
 
 
 def make_config(mdef: ModelDef, tiny: bool):
@@ -276,8 +350,16 @@ def measure(model, batch, device: torch.device, warmup: int, iters: int, budget_
     last = float(loss)
     peak = torch.cuda.max_memory_allocated(device) / GiB if device.type == "cuda" else None
     model.zero_grad(set_to_none=True)
-    return dict(ms=statistics.median(times), ms_min=min(times), ms_max=max(times), steps=len(times), peak_gib=peak,
-                weights_gib=weights, loss=losses[0], loss_last=last)
+    return dict(
+        ms=statistics.median(times),
+        ms_min=min(times),
+        ms_max=max(times),
+        steps=len(times),
+        peak_gib=peak,
+        weights_gib=weights,
+        loss=losses[0],
+        loss_last=last,
+    )
 
 
 def plan_summary(model) -> Tuple[str, str]:
@@ -305,12 +387,20 @@ def configurations(mdef: ModelDef, fla_rows: bool) -> List[Config]:
     attn = {"attn_implementation": "sdpa"}
     rows = [Config("upstream eager", None), Config("opslot defaults", dict(attn))]
     if mdef.linear_attention:
-        rows.append(Config("opslot defaults, delta rule on torch",
-                           dict(attn, chunk_gated_delta_rule_implementation="torch",
-                                causal_conv1d_implementation="torch")))
+        rows.append(
+            Config(
+                "opslot defaults, delta rule on torch",
+                dict(attn, chunk_gated_delta_rule_implementation="torch", causal_conv1d_implementation="torch"),
+            )
+        )
         if fla_rows:
-            rows.append(Config("opslot + fla", dict(attn, chunk_gated_delta_rule_implementation="eager"),
-                               note="delta rule: upstream call -> its wrapper's resolution"))
+            rows.append(
+                Config(
+                    "opslot + fla",
+                    dict(attn, chunk_gated_delta_rule_implementation="eager"),
+                    note="delta rule: upstream call -> its wrapper's resolution",
+                )
+            )
     return rows
 
 
@@ -329,8 +419,17 @@ class Report:
         self.header = header
         self.models: List[Dict[str, Any]] = []
 
-    COLS = ["model", "configuration", "step ms (median)", "min-max ms (steps)", "tokens/s", "peak GiB", "weights GiB",
-            "loss", "kernels (slot impls; upstream: resolved functions)"]
+    COLS = [
+        "model",
+        "configuration",
+        "step ms (median)",
+        "min-max ms (steps)",
+        "tokens/s",
+        "peak GiB",
+        "weights GiB",
+        "loss",
+        "kernels (slot impls; upstream: resolved functions)",
+    ]
 
     @staticmethod
     def row_line(r: Dict[str, Any]) -> str:
@@ -338,9 +437,17 @@ class Report:
             cells = [r["model"], r["name"], "FAILED", "", "", "", "", "", r["error"]]
         else:
             tps = r["tokens"] / (r["ms"] * 1e-3)
-            cells = [r["model"], r["name"], f"{r['ms']:.1f}", f"{r['ms_min']:.1f}-{r['ms_max']:.1f} ({r['steps']})", f"{tps:,.0f}",
-                     fmt(r["peak_gib"], ".2f"), fmt(r["weights_gib"], ".2f"),
-                     f"{r['loss']:.4f}" + ("" if math.isfinite(r["loss"]) else " (NOT FINITE)"), r["kernels"]]
+            cells = [
+                r["model"],
+                r["name"],
+                f"{r['ms']:.1f}",
+                f"{r['ms_min']:.1f}-{r['ms_max']:.1f} ({r['steps']})",
+                f"{tps:,.0f}",
+                fmt(r["peak_gib"], ".2f"),
+                fmt(r["weights_gib"], ".2f"),
+                f"{r['loss']:.4f}" + ("" if math.isfinite(r["loss"]) else " (NOT FINITE)"),
+                r["kernels"],
+            ]
         return "| " + " | ".join(str(c).replace("|", "\\|").replace("\n", " ") for c in cells) + " |"
 
     def write(self) -> None:
@@ -349,21 +456,28 @@ class Report:
         for m in self.models:
             lines += [self.row_line(r) for r in m["rows"]]
         for m in self.models:
-            lines += ["", f"## {m['model']}: config, binding plans", "",
-                      f"- config ({m['config_class']}): " + json.dumps(m["config"]),
-                      f"- parameters: {fmt(m.get('params_m'), '.1f')} M; batch {m['batch']} x {m['seq']} tokens"]
+            lines += [
+                "",
+                f"## {m['model']}: config, binding plans",
+                "",
+                f"- config ({m['config_class']}): " + json.dumps(m["config"]),
+                f"- parameters: {fmt(m.get('params_m'), '.1f')} M; batch {m['batch']} x {m['seq']} tokens",
+            ]
             if m.get("error"):
                 lines.append(f"- error: {m['error']}")
             if m.get("upstream_backends"):
-                lines.append("- upstream linear-attention functions resolve to: "
-                             + ", ".join(f"{k} -> {v}" for k, v in m["upstream_backends"].items()))
+                lines.append(
+                    "- upstream linear-attention functions resolve to: "
+                    + ", ".join(f"{k} -> {v}" for k, v in m["upstream_backends"].items())
+                )
             for r in m["rows"]:
                 if r.get("plan"):
                     lines += ["", f"{r['name']}:", "", "```text", r["plan"], "```"]
         text = "\n".join(lines) + "\n"
         self.md.write_text(text, encoding="utf-8")
-        self.js.write_text(json.dumps({"header": self.header, "models": self.models}, indent=1, default=str),
-                           encoding="utf-8")
+        self.js.write_text(
+            json.dumps({"header": self.header, "models": self.models}, indent=1, default=str), encoding="utf-8"
+        )
 
 
 def run_model(mdef: ModelDef, args, device: torch.device, dtype: torch.dtype, report: Report) -> None:
@@ -400,6 +514,7 @@ def run_model(mdef: ModelDef, args, device: torch.device, dtype: torch.dtype, re
     if fla_rows and args.fla_unsafe:
         try:
             import fla.ops.common.chunk_o as fla_chunk_o
+
             fla_chunk_o.TRITON_ABOVE_3_7_1 = True
         except Exception as exc:  # noqa: BLE001
             print(f"   --fla-unsafe: {type(exc).__name__}: {exc}", flush=True)
@@ -442,11 +557,18 @@ def run_model(mdef: ModelDef, args, device: torch.device, dtype: torch.dtype, re
                 if gen_error:
                     raise RuntimeError(gen_error)
                 if cfg.name == "opslot + fla" and not uses_fla(gen_backends):
-                    raise RuntimeError("fla is not what the upstream delta-rule call resolves to here "
-                                       f"({gen_backends.get('torch_chunk_gated_delta_rule')}); "
-                                       f"import fla: {'works' if fla_here else 'fails'}")
-                model = construct(lambda: build_model(copy.deepcopy(config), ops=cfg.ops, module=gen_module,
-                                                      model_class=mdef.causal_lm), device, dtype)
+                    raise RuntimeError(
+                        "fla is not what the upstream delta-rule call resolves to here "
+                        f"({gen_backends.get('torch_chunk_gated_delta_rule')}); "
+                        f"import fla: {'works' if fla_here else 'fails'}"
+                    )
+                model = construct(
+                    lambda: build_model(
+                        copy.deepcopy(config), ops=cfg.ops, module=gen_module, model_class=mdef.causal_lm
+                    ),
+                    device,
+                    dtype,
+                )
                 model.load_state_dict(state, strict=True)
                 kernels, row["plan"] = plan_summary(model)
                 if cfg.name == "opslot + fla":
@@ -478,16 +600,30 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--row-budget", type=float, default=30.0,
-                    help="seconds of timed steps per configuration: fewer than --iters (at least 3) when the "
-                         "last warm-up step says they would take longer")
+    ap.add_argument(
+        "--row-budget",
+        type=float,
+        default=30.0,
+        help="seconds of timed steps per configuration: fewer than --iters (at least 3) when the "
+        "last warm-up step says they would take longer",
+    )
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
-    ap.add_argument("--fla", default="auto", choices=["auto", "yes", "no"],
-                    help="the 'opslot + fla' row: auto = when `import fla` works")
-    ap.add_argument("--fla-unsafe", action="store_true",
-                    help="switch off fla's Hopper refusal of its gated backward (Triton < 3.7.1): timing only")
-    ap.add_argument("--patchgen", default=default_patchgen(),
-                    help="patchgen binary (default $PATCHGEN, .device-bin/patchgen or build/tools/patchgen/patchgen)")
+    ap.add_argument(
+        "--fla",
+        default="auto",
+        choices=["auto", "yes", "no"],
+        help="the 'opslot + fla' row: auto = when `import fla` works",
+    )
+    ap.add_argument(
+        "--fla-unsafe",
+        action="store_true",
+        help="switch off fla's Hopper refusal of its gated backward (Triton < 3.7.1): timing only",
+    )
+    ap.add_argument(
+        "--patchgen",
+        default=default_patchgen(),
+        help="patchgen binary (default $PATCHGEN, .device-bin/patchgen or build/tools/patchgen/patchgen)",
+    )
     ap.add_argument("--source-root", default=None, help="folder holding transformers (default: the installed one)")
     ap.add_argument("--gen-dir", default=None, help="where generated modules go (default: a temporary folder)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."), help="folder (train_step.md/.json) or a .md path")
@@ -530,13 +666,14 @@ def main() -> int:
         f"{args.dtype}, attention sdpa, batch {batch_n} x {seq} tokens, labels = input_ids, no attention_mask; "
         f"{kernels_line}; OPSLOT_KERNELS_LIB={os.environ.get('OPSLOT_KERNELS_LIB', '(unset)')}; "
         f"USE_HUB_KERNELS={os.environ.get('USE_HUB_KERNELS')}; importable: "
-        + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in pk.items()) + f"; patchgen {args.patchgen}.",
+        + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in pk.items())
+        + f"; patchgen {args.patchgen}.",
         "",
         f"step = `zero_grad(set_to_none=True)` (untimed), then `model(**batch).loss.backward()`; time = median "
         f"(and min-max) of {args.iters} steps (fewer, at least 3, where they would take over {args.row_budget:g} s: the "
         f"count is in the table) after {args.warmup} warm-up steps, "
-        + ("CUDA events around the Python step" if device.type == "cuda" else "time.perf_counter") +
-        "; peak GiB = torch.cuda.max_memory_allocated() over the timed steps (weights + grads + activations); "
+        + ("CUDA events around the Python step" if device.type == "cuda" else "time.perf_counter")
+        + "; peak GiB = torch.cuda.max_memory_allocated() over the timed steps (weights + grads + activations); "
         "weights GiB = memory_allocated() before a step; loss = first step's (same weights and tokens in every "
         "row of a model). Command: `" + " ".join(sys.argv) + "`",
     ]
@@ -548,8 +685,17 @@ def main() -> int:
             run_model(MODELS[key], args, device, dtype, report)
         except Exception as exc:  # noqa: BLE001
             traceback.print_exc()
-            report.models.append(dict(model=key, config_class=MODELS[key].config_class, config={}, batch=batch_n,
-                                      seq=seq, rows=[], error=f"{type(exc).__name__}: {exc}"))
+            report.models.append(
+                dict(
+                    model=key,
+                    config_class=MODELS[key].config_class,
+                    config={},
+                    batch=batch_n,
+                    seq=seq,
+                    rows=[],
+                    error=f"{type(exc).__name__}: {exc}",
+                )
+            )
             report.write()
         free(device)
     report.write()

@@ -37,8 +37,10 @@ def main():
         why = compiles(os.path.join(folder, name))
         if why is not None:
             failed.append((name, why))
-    print(f"fuzz: CPython compiled {checked - len(failed)} of {checked} generated modules "
-          f"({skipped} left out: their upstream does not compile with CPython)")
+    print(
+        f"fuzz: CPython compiled {checked - len(failed)} of {checked} generated modules "
+        f"({skipped} left out: their upstream does not compile with CPython)"
+    )
     for name, why in failed[:20]:
         print(f"fuzz: {os.path.join(folder, name)}: {why}")
     return 1 if failed else 0

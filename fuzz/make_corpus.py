@@ -101,7 +101,8 @@ def seeds():
         if seed is not None:
             generate[case] = seed
     for root in [os.path.join(GOLDEN, "inputs"), os.path.join(ROOT, "examples")] + [
-            os.path.join(GOLDEN, c, "input") for c in sorted(os.listdir(GOLDEN))]:
+        os.path.join(GOLDEN, c, "input") for c in sorted(os.listdir(GOLDEN))
+    ]:
         for dirpath, dirnames, files in os.walk(root):
             dirnames.sort()
             for name in sorted(files):
@@ -123,6 +124,7 @@ def seeds():
                             generate[rel] = seed
                 elif name.endswith(".py"):
                     index[rel] = read(path)
+
     # Dedupe by content (libFuzzer would anyway); first name wins.
     def unique(d):
         seen, out = set(), {}
@@ -131,6 +133,7 @@ def seeds():
                 seen.add(v)
                 out[k] = v
         return out
+
     return {"fuzz_spec": unique(spec), "fuzz_index": unique(index), "fuzz_generate": unique(generate)}
 
 

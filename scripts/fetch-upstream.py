@@ -54,8 +54,23 @@ def fetch(name: str, version: str, sha: str) -> Path:
     wheel = DEPS / f"{name.replace('-', '_')}-{version}-py3-none-any.whl"
     if not wheel.is_file() or sha256(wheel) != sha:
         DEPS.mkdir(exist_ok=True)
-        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
-                        "--no-deps", "--only-binary", ":all:", "-d", str(DEPS), f"{name}=={version}"], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--quiet",
+                "--disable-pip-version-check",
+                "--no-deps",
+                "--only-binary",
+                ":all:",
+                "-d",
+                str(DEPS),
+                f"{name}=={version}",
+            ],
+            check=True,
+        )
     have = sha256(wheel)
     if have != sha:
         raise SystemExit(f"fetch-upstream: {wheel}: sha256 {have} is not the pinned {sha} ({PINS})")

@@ -137,7 +137,7 @@ def write_tables(path, decompositions, classes, compositions):
     lines.append("};")
     lines.append("constexpr char32_t kDecompositionPool[] = {")
     for i in range(0, len(pool), 12):
-        lines.append("    " + " ".join(f"0x{c:X}," for c in pool[i:i + 12]))
+        lines.append("    " + " ".join(f"0x{c:X}," for c in pool[i : i + 12]))
     lines.append("};")
     lines.append("constexpr CombiningClassRange kCombiningClasses[] = {")
     for first, last, c in classes:
@@ -160,13 +160,43 @@ def sample_sequences(classes, compositions):
     marks = sorted({cp for first, last, _ in classes for cp in range(first, last + 1)})
     firsts = sorted({f for f, _, _ in compositions})
     seconds = sorted({s for _, s, _ in compositions})
-    compat = [0xFB01, 0xFB03, 0xFF41, 0xFF21, 0x2168, 0x00BD, 0x1E9B, 0x0344, 0x0F73, 0x2126,
-              0x212B, 0x1E0A, 0x00C5, 0x1E9B, 0x0385, 0x03D3, 0x1FED, 0x2000, 0x00A0, 0xFDFA,
-              0x3300, 0x32FF, 0x1D400, 0x1F130]
+    compat = [
+        0xFB01,
+        0xFB03,
+        0xFF41,
+        0xFF21,
+        0x2168,
+        0x00BD,
+        0x1E9B,
+        0x0344,
+        0x0F73,
+        0x2126,
+        0x212B,
+        0x1E0A,
+        0x00C5,
+        0x1E9B,
+        0x0385,
+        0x03D3,
+        0x1FED,
+        0x2000,
+        0x00A0,
+        0xFDFA,
+        0x3300,
+        0x32FF,
+        0x1D400,
+        0x1F130,
+    ]
     jamo = list(range(0x1100, 0x1113)) + list(range(0x1161, 0x1176)) + list(range(0x11A8, 0x11C3))
     syllables = [0xAC00, 0xAC01, 0xB098, 0xD7A3, 0xD4DB]
-    pool = ([ord(c) for c in "aeiouAEIOUnNcCsSzZ_x1"] + compat + jamo + syllables +
-            rng.sample(marks, 120) + rng.sample(firsts, 80) + rng.sample(seconds, min(40, len(seconds))))
+    pool = (
+        [ord(c) for c in "aeiouAEIOUnNcCsSzZ_x1"]
+        + compat
+        + jamo
+        + syllables
+        + rng.sample(marks, 120)
+        + rng.sample(firsts, 80)
+        + rng.sample(seconds, min(40, len(seconds)))
+    )
     out = []
     for _ in range(30000):
         n = rng.randint(2, 7)
@@ -176,7 +206,7 @@ def sample_sequences(classes, compositions):
         out.append(chr(first) + chr(second))
         out.append(chr(first) + "\u0316" + chr(second))  # class 220 mark before
         out.append(chr(first) + "\u0301" + chr(second))
-    for l in range(0x1100, 0x1113, 3):
+    for l in range(0x1100, 0x1113, 3):  # noqa: E741  (Hangul L, V, T jamo)
         for v in range(0x1161, 0x1176, 4):
             out.append(chr(l) + chr(v))
             for t in range(0x11A7, 0x11C3, 5):
@@ -185,8 +215,10 @@ def sample_sequences(classes, compositions):
 
 
 def write_expectations(path, classes, compositions):
-    lines = [f"# NFKC expectations, Unicode {unicodedata.unidata_version} "
-             f"(Python {sys.version.split()[0]}), scripts/gen_unicode_tables.py"]
+    lines = [
+        f"# NFKC expectations, Unicode {unicodedata.unidata_version} "
+        f"(Python {sys.version.split()[0]}), scripts/gen_unicode_tables.py"
+    ]
     run = None
     for cp in code_points():
         out = unicodedata.normalize("NFKC", chr(cp))

@@ -25,16 +25,22 @@ def _check_torch(version: str) -> None:
 
 _check_torch(_torch.__version__)
 
-from . import hf  # noqa: F401  (Transformers integration: opslot.hf)
-from . import auto, compat, loss_hook, models  # noqa: F401  (opslot.auto, opslot.compat, ...)
+# The imports below come after the torch version check on purpose: an old torch fails with its message.
+# ruff: noqa: E402
+from . import auto, compat, hf, loss_hook, models  # noqa: F401  (opslot.auto, opslot.hf, ...)
 from .auto import AutoModel, AutoModelForCausalLM, AutoModelForImageTextToText, GeneratedModuleError
 from .binding import bind_ops, build_model, load_private_copy, module_slots
-from .copies import install_finder as _install_finder
-from .copies import is_instance, release_unused_copies
-from .dispatch import (DispatchReport, UnreachedSlotError, UnreachedSlotWarning, check_dispatch, dispatch_report,
-                       watch_dispatch)
-from .config_slot import ConfigSlot
 from .config import CUDA_DEFAULTS, FIELD_FOR_OP, FORCE_ENV, NPU_DEFAULTS, OpsImplementationConfig
+from .config_slot import ConfigSlot
+from .copies import install_finder as _install_finder, is_instance, release_unused_copies
+from .dispatch import (
+    DispatchReport,
+    UnreachedSlotError,
+    UnreachedSlotWarning,
+    check_dispatch,
+    dispatch_report,
+    watch_dispatch,
+)
 from .hardware import DeviceInfo, HardwareRequirement, current_device, set_device_detector, use_device
 from .kernels import register_builtin_kernels
 from .loss_hook import CausalLMLoss, CausalLMLossHandle, install_causal_lm_loss, installed_causal_lm_loss
@@ -48,13 +54,52 @@ register_builtin_kernels(KERNEL_REGISTRY)
 _install_finder()  # private module copies import by name (pickled models)
 
 __all__ = [
-    "AutoModel", "AutoModelForCausalLM", "AutoModelForImageTextToText", "CausalLMLoss", "CausalLMLossHandle",
-    "GeneratedModuleError", "MODELS", "UnsupportedModelError", "install_causal_lm_loss", "installed_causal_lm_loss",
-    "BindingPlan", "CUDA_DEFAULTS", "ConfigSlot", "DeviceInfo", "DispatchReport", "EAGER", "FIELD_FOR_OP", "FORCE_ENV", "HardwareRequirement",
-    "KERNEL_REGISTRY", "KNOWN_OPS", "KernelRegistry", "KernelSpec", "NPU_DEFAULTS", "OpSlot",
-    "OpsImplementationConfig", "PLUGIN_GROUP", "PlanEntry", "bind_ops", "binding_plan", "build_model",
-    "current_device", "declared_config_slots", "declared_slots", "is_instance", "load_private_copy", "module_slots", "register_builtin_kernels",
-    "register_kernel", "release_unused_copies", "set_device_detector", "use_device",
-    "UnreachedSlotError", "UnreachedSlotWarning", "check_dispatch", "dispatch_report", "watch_dispatch",
+    "AutoModel",
+    "AutoModelForCausalLM",
+    "AutoModelForImageTextToText",
+    "CausalLMLoss",
+    "CausalLMLossHandle",
+    "GeneratedModuleError",
+    "MODELS",
+    "UnsupportedModelError",
+    "install_causal_lm_loss",
+    "installed_causal_lm_loss",
+    "BindingPlan",
+    "CUDA_DEFAULTS",
+    "ConfigSlot",
+    "DeviceInfo",
+    "DispatchReport",
+    "EAGER",
+    "FIELD_FOR_OP",
+    "FORCE_ENV",
+    "HardwareRequirement",
+    "KERNEL_REGISTRY",
+    "KNOWN_OPS",
+    "KernelRegistry",
+    "KernelSpec",
+    "NPU_DEFAULTS",
+    "OpSlot",
+    "OpsImplementationConfig",
+    "PLUGIN_GROUP",
+    "PlanEntry",
+    "bind_ops",
+    "binding_plan",
+    "build_model",
+    "current_device",
+    "declared_config_slots",
+    "declared_slots",
+    "is_instance",
+    "load_private_copy",
+    "module_slots",
+    "register_builtin_kernels",
+    "register_kernel",
+    "release_unused_copies",
+    "set_device_detector",
+    "use_device",
+    "UnreachedSlotError",
+    "UnreachedSlotWarning",
+    "check_dispatch",
+    "dispatch_report",
+    "watch_dispatch",
 ]
 __version__ = "0.1.0"

@@ -43,15 +43,19 @@ def module_slots(module: types.ModuleType) -> Dict[str, OpSlot]:
 def _not_a_module(target: Any) -> str:
     kind = type(target).__name__
     if hasattr(target, "named_modules"):
-        return (f"bind_ops binds the module-level slots of a generated module, not a model ({kind}); build the model "
-                f"with opslot.build_model(config, ops, module=..., model_class=...) (or opslot.hf.from_pretrained), "
-                f"or bind its module: opslot.bind_ops(sys.modules[type(model).__module__], ops)")
+        return (
+            f"bind_ops binds the module-level slots of a generated module, not a model ({kind}); build the model "
+            f"with opslot.build_model(config, ops, module=..., model_class=...) (or opslot.hf.from_pretrained), "
+            f"or bind its module: opslot.bind_ops(sys.modules[type(model).__module__], ops)"
+        )
     return f"bind_ops takes a generated module (or its import name), got {kind}"
 
 
 def _no_slots(module: types.ModuleType, what: str) -> str:
-    return (f"{what}: module {module.__name__!r} declares no OpSlot, so there is nothing to bind (an upstream module? "
-            f"generate a patched one with patchgen and pass that, e.g. module='patched_modeling_<model>_gpu')")
+    return (
+        f"{what}: module {module.__name__!r} declares no OpSlot, so there is nothing to bind (an upstream module? "
+        f"generate a patched one with patchgen and pass that, e.g. module='patched_modeling_<model>_gpu')"
+    )
 
 
 def _unbound_error(config: OpsImplementationConfig, ops: List[str], where: str, have: Iterable[str]) -> ValueError:
@@ -60,7 +64,8 @@ def _unbound_error(config: OpsImplementationConfig, ops: List[str], where: str, 
     return ValueError(
         f"{asked} binds no slot: {where} has no {'/'.join(ops)} slot (its slots: {', '.join(have) or 'none'}). "
         f"Remove the field, or, if this model keeps {'/'.join(ops)} upstream on purpose, say so with "
-        f"ops_implementation.allow_unbound: [{', '.join(ops)}]")
+        f"ops_implementation.allow_unbound: [{', '.join(ops)}]"
+    )
 
 
 def _resolve_module(module: Union[str, types.ModuleType], allow_version_mismatch: bool = False) -> types.ModuleType:
@@ -77,8 +82,11 @@ def _live_models_of(module: types.ModuleType, exclude: Iterable[Any]) -> List[An
     """Objects alive now whose class is defined in `module` and that no slot records as a user
     (models constructed directly from the module), outermost ones only."""
     skip = {id(x) for x in exclude}
-    found = [o for o in gc.get_objects() if getattr(type(o), "__module__", None) == module.__name__
-             and hasattr(o, "named_modules")]
+    found = [
+        o
+        for o in gc.get_objects()
+        if getattr(type(o), "__module__", None) == module.__name__ and hasattr(o, "named_modules")
+    ]
     inner = set()
     for obj in found + [x for x in exclude if hasattr(x, "named_modules")]:
         for _, sub in obj.named_modules():
@@ -87,8 +95,14 @@ def _live_models_of(module: types.ModuleType, exclude: Iterable[Any]) -> List[An
     return [o for o in found if id(o) not in inner and id(o) not in skip]
 
 
-def _bind_module(module: types.ModuleType, config: OpsImplementationConfig, slots: Dict[str, OpSlot],
-                 registry: Optional[KernelRegistry], device: Optional[DeviceInfo], warn_live: bool) -> Dict[str, str]:
+def _bind_module(
+    module: types.ModuleType,
+    config: OpsImplementationConfig,
+    slots: Dict[str, OpSlot],
+    registry: Optional[KernelRegistry],
+    device: Optional[DeviceInfo],
+    warn_live: bool,
+) -> Dict[str, str]:
     chosen = config.validate({(s.op, s.variant) for s in slots.values()}, registry=registry, device=device)
     _check_name_kept(module, [chosen[(s.op, s.variant)] for _, s in sorted(slots.items())])
     changing = [(n, s) for n, s in sorted(slots.items()) if chosen[(s.op, s.variant)] != s.impl]
@@ -102,7 +116,9 @@ def _bind_module(module: types.ModuleType, config: OpsImplementationConfig, slot
                 f"rebinding module {module.__name__!r} changes {len(live)} live model(s) built from it directly "
                 f"({', '.join(names)}): {changes}; "
                 f"build models with opslot.build_model (private module copy) to keep them apart",
-                RuntimeWarning, stacklevel=3)
+                RuntimeWarning,
+                stacklevel=3,
+            )
     bound = {}
     for name, slot in sorted(slots.items()):
         slot.name = name
@@ -124,12 +140,17 @@ def _check_name_kept(module: types.ModuleType, impls: List[str]) -> None:
         f"pickled models are restored with; binding it to {'-'.join(impls)} would make its name lie. Build "
         f"another model with opslot.build_model(config, ops, module=..., model_class=...) (its copy is named after "
         f"its own binding), or bind a copy of your own: opslot.bind_ops(opslot.load_private_copy("
-        f"sys.modules[{original_name(module.__name__)!r}]), ops)")
+        f"sys.modules[{original_name(module.__name__)!r}]), ops)"
+    )
 
 
 def bind_ops(
-    module: Union[str, types.ModuleType], ops: Any = None, *, registry: Optional[KernelRegistry] = None,
-    device: Optional[DeviceInfo] = None, allow_version_mismatch: bool = False,
+    module: Union[str, types.ModuleType],
+    ops: Any = None,
+    *,
+    registry: Optional[KernelRegistry] = None,
+    device: Optional[DeviceInfo] = None,
+    allow_version_mismatch: bool = False,
 ) -> Dict[str, str]:
     """Bind every module-level slot of `module` from `ops` (config, mapping, YAML/JSON path or text,
     or None for the device defaults). Everything is validated before anything is bound. Returns
@@ -157,9 +178,9 @@ def bind_ops(
                 f"{', '.join(f'{FIELD_FOR_OP[op]}={getattr(config, FIELD_FOR_OP[op])!r}' for op in instance)}: the "
                 f"{'/'.join(instance)} slots of {module.__name__} are instance-scoped and bind from "
                 f"config.ops_implementation when a model is built, which bind_ops cannot do; use "
-                f"opslot.build_model(config, ops, module=..., model_class=...) or opslot.hf.from_pretrained")
-        raise _unbound_error(config, unbound, f"module {module.__name__}",
-                             [f"{d.op}/{d.variant}" for d in declared])
+                f"opslot.build_model(config, ops, module=..., model_class=...) or opslot.hf.from_pretrained"
+            )
+        raise _unbound_error(config, unbound, f"module {module.__name__}", [f"{d.op}/{d.variant}" for d in declared])
     with LOCK:
         bound = _bind_module(module, config, slots, registry, device, warn_live=not is_copy(module.__name__))
     log_plan(binding_plan(module))
@@ -193,8 +214,12 @@ def load_private_copy(module: types.ModuleType, *, allow_version_mismatch: bool 
 EXPERTS_EAGER = "eager"
 
 
-def moe_runs_kernel(slots: Dict[str, OpSlot], config: OpsImplementationConfig,
-                    device: Optional[DeviceInfo] = None, registry: Optional[KernelRegistry] = None) -> bool:
+def moe_runs_kernel(
+    slots: Dict[str, OpSlot],
+    config: OpsImplementationConfig,
+    device: Optional[DeviceInfo] = None,
+    registry: Optional[KernelRegistry] = None,
+) -> bool:
     """Whether a `moe` slot of the model runs a kernel. Transformers wraps `*Experts.forward` in
     `@use_experts_implementation`, which calls the eager body (where the moe guard sits) only when
     `config._experts_implementation == "eager"` and otherwise its own grouped_mm etc.; build_model
@@ -245,8 +270,10 @@ def build_model(
     config = _ops_for(hf_config, ops)
     module, class_name = _target(module, model_class, allow_version_mismatch)
     chosen = _check_choices(config, hf_config, module, class_name, registry, device)
-    with allowing_version_mismatch(allow_version_mismatch), \
-            _bound_module(module, config, chosen, private_copy, registry, device) as (module, slots):
+    with (
+        allowing_version_mismatch(allow_version_mismatch),
+        _bound_module(module, config, chosen, private_copy, registry, device) as (module, slots),
+    ):
         model = getattr(module, class_name)(_config_copy(hf_config, config, slots, registry, device))
         with LOCK:
             for slot in slots.values():
@@ -254,26 +281,36 @@ def build_model(
     plan = binding_plan(model)
     unbound = config.unbound_choices(plan.ops())
     if unbound:
-        raise _unbound_error(config, unbound, f"{class_name} (built from {module.__name__})",
-                             [f"{e.op}/{e.variant}" for e in plan])
+        raise _unbound_error(
+            config, unbound, f"{class_name} (built from {module.__name__})", [f"{e.op}/{e.variant}" for e in plan]
+        )
     log_plan(plan)
     return watch_dispatch(model, allow_unreached=allow_unreached)
 
 
 def _check_hf_config(hf_config: Any) -> None:
     """Refuse what is not a model config object (None, a dict, a path) with what build_model takes."""
-    if hf_config is not None and not isinstance(hf_config, (Mapping, str, bytes, os.PathLike)) \
-            and hasattr(hf_config, "__dict__"):
+    if (
+        hf_config is not None
+        and not isinstance(hf_config, (Mapping, str, bytes, os.PathLike))
+        and hasattr(hf_config, "__dict__")
+    ):
         return
     got = "None" if hf_config is None else type(hf_config).__name__
     if isinstance(hf_config, Mapping):
-        got += (" (make the config object from it: e.g. Qwen3Config(**values), or "
-                "AutoConfig.for_model(model_type, **values))")
+        got += (
+            " (make the config object from it: e.g. Qwen3Config(**values), or "
+            "AutoConfig.for_model(model_type, **values))"
+        )
     elif isinstance(hf_config, (str, os.PathLike)):
-        got += (" (for a checkpoint or config folder: opslot.hf.from_pretrained(path, module), or "
-                "AutoConfig.from_pretrained(path))")
-    raise TypeError(f"build_model takes the model's config object (a transformers PretrainedConfig, e.g. "
-                    f"Qwen3Config(...) or AutoConfig.from_pretrained(path)) as hf_config, got {got}")
+        got += (
+            " (for a checkpoint or config folder: opslot.hf.from_pretrained(path, module), or "
+            "AutoConfig.from_pretrained(path))"
+        )
+    raise TypeError(
+        f"build_model takes the model's config object (a transformers PretrainedConfig, e.g. "
+        f"Qwen3Config(...) or AutoConfig.from_pretrained(path)) as hf_config, got {got}"
+    )
 
 
 def _ops_for(hf_config: Any, ops: Any) -> OpsImplementationConfig:
@@ -283,13 +320,17 @@ def _ops_for(hf_config: Any, ops: Any) -> OpsImplementationConfig:
         return saved
     config = OpsImplementationConfig.coerce(ops)
     if ops is not None and saved is not None and saved != config:
-        logger.warning("build_model: ops=%s replaces the config's ops_implementation %s", config.to_dict(),
-                       saved.to_dict())
+        logger.warning(
+            "build_model: ops=%s replaces the config's ops_implementation %s", config.to_dict(), saved.to_dict()
+        )
     return config
 
 
-def _target(module: Union[str, types.ModuleType, None], model_class: Union[str, type, None],
-            allow_version_mismatch: bool = False) -> Tuple[types.ModuleType, str]:
+def _target(
+    module: Union[str, types.ModuleType, None],
+    model_class: Union[str, type, None],
+    allow_version_mismatch: bool = False,
+) -> Tuple[types.ModuleType, str]:
     """(module, class name) that build_model constructs."""
     if module is not None:
         module = _resolve_module(module, allow_version_mismatch)
@@ -303,8 +344,14 @@ def _target(module: Union[str, types.ModuleType, None], model_class: Union[str, 
     return module, model_class if isinstance(model_class, str) else model_class.__name__
 
 
-def _check_choices(config: OpsImplementationConfig, hf_config: Any, module: types.ModuleType, class_name: str,
-                   registry: Optional[KernelRegistry], device: Optional[DeviceInfo]) -> Dict[Tuple[str, str], str]:
+def _check_choices(
+    config: OpsImplementationConfig,
+    hf_config: Any,
+    module: types.ModuleType,
+    class_name: str,
+    registry: Optional[KernelRegistry],
+    device: Optional[DeviceInfo],
+) -> Dict[Tuple[str, str], str]:
     """Everything the model will bind (instance-scoped slots and config slots included), checked
     before anything is bound; returns {(op, variant): impl}."""
     declared = declared_slots(module)
@@ -325,9 +372,14 @@ def _check_choices(config: OpsImplementationConfig, hf_config: Any, module: type
 
 
 @contextlib.contextmanager
-def _bound_module(module: types.ModuleType, config: OpsImplementationConfig, chosen: Dict[Tuple[str, str], str],
-                  private_copy: bool, registry: Optional[KernelRegistry], device: Optional[DeviceInfo]
-                  ) -> Iterator[Tuple[types.ModuleType, Dict[str, OpSlot]]]:
+def _bound_module(
+    module: types.ModuleType,
+    config: OpsImplementationConfig,
+    chosen: Dict[Tuple[str, str], str],
+    private_copy: bool,
+    registry: Optional[KernelRegistry],
+    device: Optional[DeviceInfo],
+) -> Iterator[Tuple[types.ModuleType, Dict[str, OpSlot]]]:
     """(module, its module-level slots) bound as `chosen`: the shared private copy named after that
     binding (or `module` itself with `private_copy=False`), pinned until the `with` block ends."""
     pin = Pin()  # a user of the copy until the model is constructed and attached
@@ -335,8 +387,9 @@ def _bound_module(module: types.ModuleType, config: OpsImplementationConfig, cho
         slots = module_slots(module)
         if slots and private_copy:
             release_unused_copies()
-            module = shared_copy(module, {n: chosen[(s.op, s.variant)] for n, s in slots.items()}) or \
-                load_private_copy(module)
+            module = shared_copy(module, {n: chosen[(s.op, s.variant)] for n, s in slots.items()}) or load_private_copy(
+                module
+            )
             slots = module_slots(module)
             adopt(pin, module)
         if slots:
@@ -345,8 +398,13 @@ def _bound_module(module: types.ModuleType, config: OpsImplementationConfig, cho
     del pin
 
 
-def _config_copy(hf_config: Any, config: OpsImplementationConfig, slots: Dict[str, OpSlot],
-                 registry: Optional[KernelRegistry], device: Optional[DeviceInfo]) -> Any:
+def _config_copy(
+    hf_config: Any,
+    config: OpsImplementationConfig,
+    slots: Dict[str, OpSlot],
+    registry: Optional[KernelRegistry],
+    device: Optional[DeviceInfo],
+) -> Any:
     """The copy of `hf_config` the model is constructed with (see build_model)."""
     hf_config = copy.deepcopy(hf_config)
     hf_config.ops_implementation = config.to_dict()

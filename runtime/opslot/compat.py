@@ -71,40 +71,104 @@ def _npu(field: str, value: str, ours: str, what: str) -> ReferenceName:
 #: computes the same math).
 REFERENCE_NAMES: Tuple[ReferenceName, ...] = (
     _gpu("rms_norm_implementation", "liger_kernel", "cuda", "npu", "torch", "Liger-Kernel RMSNorm (GPU)"),
-    ReferenceName("rms_norm_implementation", "triton", "cuda", None, None,
-                  "batch-invariant Triton RMSNorm (DeepSeek-V3, GPU)",
-                  "opslot's batch-invariant RMSNorm is its cuda kernel, on a CUDA GPU only"),
+    ReferenceName(
+        "rms_norm_implementation",
+        "triton",
+        "cuda",
+        None,
+        None,
+        "batch-invariant Triton RMSNorm (DeepSeek-V3, GPU)",
+        "opslot's batch-invariant RMSNorm is its cuda kernel, on a CUDA GPU only",
+    ),
     _gpu("rotary_pos_emb_implementation", "liger_kernel", "cuda", "npu", "torch", "Liger-Kernel RoPE (GPU)"),
     _gpu("swiglu_mlp_implementation", "liger_kernel", "cuda", "npu", "torch", "Liger-Kernel SwiGLU MLP (GPU)"),
-    _gpu("load_balancing_loss_implementation", "triton", "cuda", "torch", "torch",
-         "Triton load-balancing loss (GPU)"),
-    _gpu("cross_entropy_loss_implementation", "liger_kernel", "cuda", "torch_chunked", "torch_chunked",
-         "Liger-Kernel fused linear + cross-entropy (GPU)"),
-    _gpu("cross_entropy_loss_implementation", "chunk_loss", "torch_chunked", "torch_chunked", "torch_chunked",
-         "chunked linear + cross-entropy in PyTorch (any device)"),
+    _gpu("load_balancing_loss_implementation", "triton", "cuda", "torch", "torch", "Triton load-balancing loss (GPU)"),
+    _gpu(
+        "cross_entropy_loss_implementation",
+        "liger_kernel",
+        "cuda",
+        "torch_chunked",
+        "torch_chunked",
+        "Liger-Kernel fused linear + cross-entropy (GPU)",
+    ),
+    _gpu(
+        "cross_entropy_loss_implementation",
+        "chunk_loss",
+        "torch_chunked",
+        "torch_chunked",
+        "torch_chunked",
+        "chunked linear + cross-entropy in PyTorch (any device)",
+    ),
     _npu("cross_entropy_loss_implementation", "npu", "torch_chunked", "NPU-gated name of its chunk_loss"),
-    _gpu("moe_implementation", "fused_triton", "fused_cuda", "fused_npu", "fused_torch",
-         "Triton group-GEMM MoE experts (GPU, sm_70+)"),
-    _gpu("moe_implementation", "fused_quack", "fused_cuda", "fused_npu", "fused_torch",
-         "Quack CUTLASS/CuTe MoE experts (GPU, sm_90+)"),
-    _gpu("moe_implementation", "fused", "fused_cuda", "fused_npu", "fused_torch",
-         "deprecated MoE alias (fused_quack on a GPU, fused_npu on an NPU)"),
-    _gpu("rms_norm_gated_implementation", "fla", "cuda", "torch", "torch",
-         "flash-linear-attention FusedRMSNormGated (GPU)"),
+    _gpu(
+        "moe_implementation",
+        "fused_triton",
+        "fused_cuda",
+        "fused_npu",
+        "fused_torch",
+        "Triton group-GEMM MoE experts (GPU, sm_70+)",
+    ),
+    _gpu(
+        "moe_implementation",
+        "fused_quack",
+        "fused_cuda",
+        "fused_npu",
+        "fused_torch",
+        "Quack CUTLASS/CuTe MoE experts (GPU, sm_90+)",
+    ),
+    _gpu(
+        "moe_implementation",
+        "fused",
+        "fused_cuda",
+        "fused_npu",
+        "fused_torch",
+        "deprecated MoE alias (fused_quack on a GPU, fused_npu on an NPU)",
+    ),
+    _gpu(
+        "rms_norm_gated_implementation",
+        "fla",
+        "cuda",
+        "torch",
+        "torch",
+        "flash-linear-attention FusedRMSNormGated (GPU)",
+    ),
     _npu("rms_norm_gated_implementation", "npu", "torch", "NPUFusedRMSNormGated (Ascend NPU)"),
     _gpu("causal_conv1d_implementation", "fla", "cuda", "torch", "torch", "flash-linear-attention causal conv1d (GPU)"),
     _npu("causal_conv1d_implementation", "npu", "torch", "vendored Triton causal conv1d (Ascend NPU)"),
-    _gpu("chunk_gated_delta_rule_implementation", "fla", "cuda", "torch", "torch",
-         "flash-linear-attention chunk gated delta rule (GPU)"),
-    _gpu("chunk_gated_delta_rule_implementation", "flash_qla", "cuda", "torch", "torch",
-         "FlashQLA chunk gated delta rule (GPU, sm_90)"),
-    _npu("chunk_gated_delta_rule_implementation", "npu", "torch",
-         "vendored Triton chunk gated delta rule (Ascend NPU)"),
-    _npu("chunk_gated_delta_rule_implementation", "npu_ascendc", "torch",
-         "AscendC fused chunk gated delta rule (Ascend NPU)"),
+    _gpu(
+        "chunk_gated_delta_rule_implementation",
+        "fla",
+        "cuda",
+        "torch",
+        "torch",
+        "flash-linear-attention chunk gated delta rule (GPU)",
+    ),
+    _gpu(
+        "chunk_gated_delta_rule_implementation",
+        "flash_qla",
+        "cuda",
+        "torch",
+        "torch",
+        "FlashQLA chunk gated delta rule (GPU, sm_90)",
+    ),
+    _npu(
+        "chunk_gated_delta_rule_implementation", "npu", "torch", "vendored Triton chunk gated delta rule (Ascend NPU)"
+    ),
+    _npu(
+        "chunk_gated_delta_rule_implementation",
+        "npu_ascendc",
+        "torch",
+        "AscendC fused chunk gated delta rule (Ascend NPU)",
+    ),
 ) + tuple(
-    _gpu("attn_implementation", f"veomni_{name}_with_sp", name, name, name,
-         f"{name} behind its Ulysses sequence-parallel wrapper")
+    _gpu(
+        "attn_implementation",
+        f"veomni_{name}_with_sp",
+        name,
+        name,
+        name,
+        f"{name} behind its Ulysses sequence-parallel wrapper",
+    )
     for name in ("flash_attention_2", "flash_attention_3", "flash_attention_4", "flex_attention")
 )
 
@@ -112,31 +176,35 @@ _TRANSFORMERS_ATTN = "sdpa, flash_attention_2, flash_attention_3, flash_attentio
 
 #: Reference names with no equivalent in opslot: (field, value) -> what it is and why there is none.
 NO_EQUIVALENT: Dict[Tuple[str, str], str] = {
-    ("rotary_pos_emb_implementation", "triton"):
-        "deterministic RoPE table of DeepSeek-V3 (a Triton bmm in DeepseekV3RotaryEmbedding.forward, the cos/sin "
-        "computation), not a kernel of apply_rotary_pos_emb, which this field chooses; opslot has no slot for the "
-        "table (upstream's code computes it)",
-    ("attn_implementation", "magi_attention"):
-        "MagiAttention (a MagiAttentionMask built by its own models); Transformers, which runs opslot's attention, "
-        "has none",
-    ("attn_implementation", "veomni_magi_attention_with_sp"):
-        "MagiAttention behind its Ulysses wrapper (a MagiAttentionMask built by its own models); Transformers, "
-        "which runs opslot's attention, has none",
-    ("attn_implementation", "native-sparse"):
-        "native sparse attention; Transformers, which runs opslot's attention, has none",
+    (
+        "rotary_pos_emb_implementation",
+        "triton",
+    ): "deterministic RoPE table of DeepSeek-V3 (a Triton bmm in DeepseekV3RotaryEmbedding.forward, the cos/sin "
+    "computation), not a kernel of apply_rotary_pos_emb, which this field chooses; opslot has no slot for the "
+    "table (upstream's code computes it)",
+    (
+        "attn_implementation",
+        "magi_attention",
+    ): "MagiAttention (a MagiAttentionMask built by its own models); Transformers, which runs opslot's attention, "
+    "has none",
+    (
+        "attn_implementation",
+        "veomni_magi_attention_with_sp",
+    ): "MagiAttention behind its Ulysses wrapper (a MagiAttentionMask built by its own models); Transformers, "
+    "which runs opslot's attention, has none",
+    (
+        "attn_implementation",
+        "native-sparse",
+    ): "native sparse attention; Transformers, which runs opslot's attention, has none",
 }
 
 #: The reference's fields that opslot does not have: field -> what it chooses.
 REFERENCE_ONLY_FIELDS: Dict[str, str] = {
-    "rotary_pos_emb_vision_implementation":
-        "the vision tower's rotary embedding (apply_rotary_pos_emb_vision of the VL and Omni models); opslot "
-        "generates no vision-tower slot",
-    "dsa_indexer_implementation":
-        "DeepSeek-V4's sparse-attention top-k indexer; opslot has no DeepSeek-V4 spec",
-    "dsa_attention_implementation":
-        "DeepSeek-V4's sparse attention; opslot has no DeepSeek-V4 spec",
-    "mhc_implementation":
-        "DeepSeek-V4's manifold-constrained hyper-connections; opslot has no DeepSeek-V4 spec",
+    "rotary_pos_emb_vision_implementation": "the vision tower's rotary embedding (apply_rotary_pos_emb_vision of the VL and Omni models); opslot "
+    "generates no vision-tower slot",
+    "dsa_indexer_implementation": "DeepSeek-V4's sparse-attention top-k indexer; opslot has no DeepSeek-V4 spec",
+    "dsa_attention_implementation": "DeepSeek-V4's sparse attention; opslot has no DeepSeek-V4 spec",
+    "mhc_implementation": "DeepSeek-V4's manifold-constrained hyper-connections; opslot has no DeepSeek-V4 spec",
 }
 
 _BY_NAME: Dict[Tuple[str, str], ReferenceName] = {(r.field, r.value): r for r in REFERENCE_NAMES}
@@ -171,9 +239,11 @@ def _values_here(field: str, registry: KernelRegistry, device: DeviceInfo) -> st
 
 
 def _refusal(row: ReferenceName, registry: KernelRegistry, device: DeviceInfo) -> str:
-    return (f"{_P}.{row.field}: {row.value!r} is the reference trainer's {row.what}; {row.elsewhere}, and this "
-            f"machine has {device.describe()}. opslot's values for {row.field} here: "
-            f"{_values_here(row.field, registry, device)}")
+    return (
+        f"{_P}.{row.field}: {row.value!r} is the reference trainer's {row.what}; {row.elsewhere}, and this "
+        f"machine has {device.describe()}. opslot's values for {row.field} here: "
+        f"{_values_here(row.field, registry, device)}"
+    )
 
 
 def _no_equivalent(field: str, value: str, registry: KernelRegistry) -> str:
@@ -188,16 +258,21 @@ def _reference_field(field: str, value: Any, strict: bool) -> Optional[str]:
     """The problem with a reference-only field (None: accepted, ignored)."""
     what = REFERENCE_ONLY_FIELDS[field]
     if strict:
-        return (f"{_P}.{field} is the reference trainer's field for {what}, and {_P}.{STRICT_KEY} is set (opslot's "
-                f"names only): remove it")
+        return (
+            f"{_P}.{field} is the reference trainer's field for {what}, and {_P}.{STRICT_KEY} is set (opslot's "
+            f"names only): remove it"
+        )
     if value == EAGER:
         return None
-    return (f"{_P}.{field}={value!r}: the reference trainer's field for {what}, so that code runs upstream's. "
-            f"Remove the field, or set it to 'eager' (accepted and ignored)")
+    return (
+        f"{_P}.{field}={value!r}: the reference trainer's field for {what}, so that code runs upstream's. "
+        f"Remove the field, or set it to 'eager' (accepted and ignored)"
+    )
 
 
-def translate(data: Mapping[str, Any], device: Optional[DeviceInfo] = None,
-              registry: Optional[KernelRegistry] = None) -> Tuple[Dict[str, Any], Dict[str, Tuple[str, str]]]:
+def translate(
+    data: Mapping[str, Any], device: Optional[DeviceInfo] = None, registry: Optional[KernelRegistry] = None
+) -> Tuple[Dict[str, Any], Dict[str, Tuple[str, str]]]:
     """(the section in opslot's names, {field: (as written, opslot's)}) for an ops section `data`
     (a mapping of fields, without `model:`/`ops_implementation:` around it) read on `device`
     (default: this machine). Keys it does not know are passed through (from_dict checks them).
@@ -233,17 +308,21 @@ def translate(data: Mapping[str, Any], device: Optional[DeviceInfo] = None,
         if ours is None:
             problems.append(_refusal(row, registry, device))
         elif strict:
-            problems.append(f"{_P}.{field}: {value!r} is the reference trainer's name, and {_P}.{STRICT_KEY} is set "
-                            f"(opslot's names only): write {ours!r}, its equivalent on this machine "
-                            f"({device.describe()})")
+            problems.append(
+                f"{_P}.{field}: {value!r} is the reference trainer's name, and {_P}.{STRICT_KEY} is set "
+                f"(opslot's names only): write {ours!r}, its equivalent on this machine "
+                f"({device.describe()})"
+            )
         else:
             out[field] = ours
             aliases[field] = (value, ours)
     if len(problems) == 1:
         raise ValueError(problems[0])
     if problems:
-        raise ValueError(f"{_P} written for the reference trainer has {len(problems)} problems:\n"
-                         + "\n".join(f"  {p}" for p in problems))
+        raise ValueError(
+            f"{_P} written for the reference trainer has {len(problems)} problems:\n"
+            + "\n".join(f"  {p}" for p in problems)
+        )
     _allow_unbound(out, aliases)
     _log(aliases, ignored, device)
     return out, aliases
@@ -274,10 +353,12 @@ def _log(aliases: Mapping[str, Tuple[str, str]], ignored: Mapping[str, Any], dev
         parts.append(", ".join(f"{f} {given!r} -> {ours!r}" for f, (given, ours) in aliases.items()))
     if ignored:
         parts.append("ignored (upstream code runs): " + ", ".join(f"{f}={v!r}" for f, v in ignored.items()))
-    message = (f"{_P} written for the reference trainer, read on {device.describe()}: " + "; ".join(parts)
-               + f" ({_P}.{STRICT_KEY}: true refuses these names)")
+    message = (
+        f"{_P} written for the reference trainer, read on {device.describe()}: "
+        + "; ".join(parts)
+        + f" ({_P}.{STRICT_KEY}: true refuses these names)"
+    )
     if message in _LOGGED:
         return
     _LOGGED.add(message)
     logger.info("%s", message)
-

@@ -113,6 +113,7 @@ def device_defaults(device: Optional[DeviceInfo] = None) -> Dict[str, Optional[s
         return CUDA_DEFAULTS
     return CPU_DEFAULTS
 
+
 #: Defaults on NPU machines, applied to fields the user did not set.
 NPU_DEFAULTS: Dict[str, Optional[str]] = dict(
     CPU_DEFAULTS,
@@ -166,8 +167,9 @@ class OpsImplementationConfig:
         if moe is not None and moe != EAGER and not moe.startswith("fused_"):
             values = moe_config_values()
             hint = _suggest_value(moe, values) or f" (values: {', '.join(values)})"
-            raise ValueError(f"ops_implementation.moe_implementation must be 'eager' or 'fused_<impl>', "
-                             f"got {moe!r}{hint}")
+            raise ValueError(
+                f"ops_implementation.moe_implementation must be 'eager' or 'fused_<impl>', got {moe!r}{hint}"
+            )
         if self.attn_implementation is not None:
             _check_attn_implementation(self.attn_implementation)
 
@@ -235,7 +237,8 @@ class OpsImplementationConfig:
                     return cls.from_dict(data)
             raise ValueError(
                 f"ops={ops!r} is neither a YAML/JSON file nor a mapping; give a mapping such as "
-                f"{{'rms_norm_implementation': {text!r}}}, its JSON text, or the path of a (training) YAML file")
+                f"{{'rms_norm_implementation': {text!r}}}, its JSON text, or the path of a (training) YAML file"
+            )
         return cls.from_dict(ops)
 
     def to_dict(self) -> Dict[str, Any]:
@@ -265,11 +268,15 @@ class OpsImplementationConfig:
         """Kernel name for `op`: the field value, with `moe: fused_<x>` mapped to `<x>`."""
         value = self.value(_field_of(op), device) or EAGER
         if op == "moe" and value.startswith("fused_"):
-            return value[len("fused_"):]
+            return value[len("fused_") :]
         return value
 
     def effective_impl(
-        self, op: str, variant: str, *, registry: Optional[KernelRegistry] = None,
+        self,
+        op: str,
+        variant: str,
+        *,
+        registry: Optional[KernelRegistry] = None,
         device: Optional[DeviceInfo] = None,
     ) -> str:
         """The implementation to bind for a slot of `op`/`variant`. A device default without a
@@ -278,7 +285,11 @@ class OpsImplementationConfig:
         return self.choose(op, variant, registry=registry, device=device)[0]
 
     def choose(
-        self, op: str, variant: str, *, registry: Optional[KernelRegistry] = None,
+        self,
+        op: str,
+        variant: str,
+        *,
+        registry: Optional[KernelRegistry] = None,
         device: Optional[DeviceInfo] = None,
     ) -> Tuple[str, str]:
         """(implementation, why) for a slot of `op`/`variant`; why is "explicit" (a field set),
@@ -313,7 +324,10 @@ class OpsImplementationConfig:
         return out
 
     def validate(
-        self, slots: Iterable[Tuple[str, str]], *, registry: Optional[KernelRegistry] = None,
+        self,
+        slots: Iterable[Tuple[str, str]],
+        *,
+        registry: Optional[KernelRegistry] = None,
         device: Optional[DeviceInfo] = None,
     ) -> Dict[Tuple[str, str], str]:
         """Check every (op, variant) a module's slots use; returns {(op, variant): impl}.
@@ -338,8 +352,9 @@ class OpsImplementationConfig:
             raise ValueError("invalid ops_implementation:\n" + "\n".join(errors))
         return chosen
 
-    def _slot_problem(self, op: str, variant: str, exc: Exception, registry: KernelRegistry,
-                      device: Optional[DeviceInfo]) -> str:
+    def _slot_problem(
+        self, op: str, variant: str, exc: Exception, registry: KernelRegistry, device: Optional[DeviceInfo]
+    ) -> str:
         """validate's line for a slot of `op`/`variant` whose choice failed with `exc`."""
         msg = exc.args[0] if exc.args else str(exc)
         field = FIELD_FOR_OP.get(op)
@@ -351,8 +366,9 @@ class OpsImplementationConfig:
         return f"  {op}/{variant} ({where}): {msg}"
 
 
-def config_values(op: str, variant: str, registry: Optional[KernelRegistry] = None,
-                  device: Optional[DeviceInfo] = None) -> List[str]:
+def config_values(
+    op: str, variant: str, registry: Optional[KernelRegistry] = None, device: Optional[DeviceInfo] = None
+) -> List[str]:
     """The values a config field may take for a slot of `op`/`variant` here (moe: `fused_<impl>`)."""
     impls = (registry or KERNEL_REGISTRY).list_available(op, variant, device=device).get((op, variant), [])
     prefix = "fused_" if op == "moe" else ""
@@ -392,9 +408,11 @@ def _parse_force(text: str) -> Tuple[Optional[str], Dict[str, str]]:
             op, _, impl = (x.strip() for x in item.partition("="))
             op = op[: -len("_implementation")] if op.endswith("_implementation") else op
             if op not in FIELD_FOR_OP or op == "attn" or not impl:
-                raise ValueError(f"{FORCE_ENV}={text!r}: {item!r} is not op=kernel"
-                                 f"{_did_you_mean(op + '_implementation', _slot_fields())}")
-            per_op[op] = impl[len("fused_"):] if op == "moe" and impl.startswith("fused_") else impl
+                raise ValueError(
+                    f"{FORCE_ENV}={text!r}: {item!r} is not op=kernel"
+                    f"{_did_you_mean(op + '_implementation', _slot_fields())}"
+                )
+            per_op[op] = impl[len("fused_") :] if op == "moe" and impl.startswith("fused_") else impl
         else:
             everything = item
     return everything, per_op
@@ -413,8 +431,9 @@ def forced_impl_spec(op: str) -> Optional[Tuple[str, bool]]:
     return None
 
 
-def forced_name_problem(op: Optional[str], registry: Optional[KernelRegistry] = None,
-                        device: Optional[DeviceInfo] = None) -> Optional[str]:
+def forced_name_problem(
+    op: Optional[str], registry: Optional[KernelRegistry] = None, device: Optional[DeviceInfo] = None
+) -> Optional[str]:
     """Why the kernel $OPSLOT_FORCE_IMPL names binds nothing, or None: the one check of both forms.
     `op` None checks the bare value (`torch`: it must name a kernel of some op, usable on this
     machine for at least one), an op checks its `op=kernel` value (a kernel of that op; whether it
@@ -431,8 +450,10 @@ def forced_name_problem(op: Optional[str], registry: Optional[KernelRegistry] = 
         return f"no kernel {spec!r} {scope}{_suggest_value(spec, values)} (values: {', '.join(values)})"
     usable = sorted({n for names in registry.list_available(device=device).values() for n in names})
     if op is None and spec not in usable:
-        return (f"no kernel {spec!r} can run on this machine, so every slot would run eager (usable here: "
-                f"{', '.join([EAGER] + usable)})")
+        return (
+            f"no kernel {spec!r} can run on this machine, so every slot would run eager (usable here: "
+            f"{', '.join([EAGER] + usable)})"
+        )
     return None
 
 
@@ -446,8 +467,9 @@ def _forced_value(op: Optional[str]) -> Optional[str]:
     return everything if op is None else per_op.get(op)
 
 
-def forced_impl(op: str, variant: str, *, registry: Optional[KernelRegistry] = None,
-                device: Optional[DeviceInfo] = None) -> Optional[Tuple[str, str]]:
+def forced_impl(
+    op: str, variant: str, *, registry: Optional[KernelRegistry] = None, device: Optional[DeviceInfo] = None
+) -> Optional[Tuple[str, str]]:
     """(impl, why) imposed by $OPSLOT_FORCE_IMPL for a slot of `op`/`variant`, or None."""
     spec = forced_impl_spec(op)
     if spec is None:
@@ -501,8 +523,10 @@ def _misplaced_fields(mapping: Mapping[str, Any], where: str, allowed: Iterable[
         elif note:
             problems.append(f"{path!r}: {note}")
         else:
-            problems.append(f"{path!r}: not an ops field{_did_you_mean(key, _field_names())}; ops fields go "
-                            f"under 'model.{_SECTION}'")
+            problems.append(
+                f"{path!r}: not an ops field{_did_you_mean(key, _field_names())}; ops fields go "
+                f"under 'model.{_SECTION}'"
+            )
     return problems
 
 
@@ -532,8 +556,9 @@ def _check_placement(data: Mapping[str, Any], model: Optional[Mapping[str, Any]]
     """Refuse ops settings anywhere in a training config but its section at `allowed`: an ops
     section at any depth (`train.ops_implementation`, `model.model.ops_implementation`, ...), ops
     fields directly at the top or under `model:`. One ValueError lists every place found."""
-    problems = [f"{path!r}: the ops section is 'model.{_SECTION}'"
-                for path in _misplaced_sections(data, "", allowed, set())]
+    problems = [
+        f"{path!r}: the ops section is 'model.{_SECTION}'" for path in _misplaced_sections(data, "", allowed, set())
+    ]
     problems += _misplaced_fields(data, "", allowed={"model", _SECTION})
     if model is not None:
         problems += _misplaced_fields(model, "model", allowed={_SECTION})
@@ -558,8 +583,9 @@ def _ops_section(data: Mapping[str, Any]) -> Mapping[str, Any]:
         if model is None:
             model = {}
         if not isinstance(model, Mapping):
-            raise TypeError(f"'model' (the model section of a training config) must be a mapping, got "
-                            f"{type(model).__name__}")
+            raise TypeError(
+                f"'model' (the model section of a training config) must be a mapping, got {type(model).__name__}"
+            )
         _check_placement(data, model, allowed=f"model.{_SECTION}")
         return _section(model.get(_SECTION), f"model.{_SECTION}")
     if _SECTION in data:
@@ -567,8 +593,10 @@ def _ops_section(data: Mapping[str, Any]) -> Mapping[str, Any]:
         return _section(data[_SECTION], _SECTION)
     nested = [path for path in _misplaced_sections(data, "", "", set()) if path not in data]
     if nested:  # e.g. a training config without `model:` whose section sits under `train:`
-        raise ValueError("misplaced ops settings in the training config: " + "; ".join(
-            f"{path!r}: the ops section is 'model.{_SECTION}'" for path in nested))
+        raise ValueError(
+            "misplaced ops settings in the training config: "
+            + "; ".join(f"{path!r}: the ops section is 'model.{_SECTION}'" for path in nested)
+        )
     return data  # its own keys are checked as fields (unknown ones: did-you-mean)
 
 
@@ -581,8 +609,10 @@ def _normalise_allow_unbound(value: Any) -> Tuple[str, ...]:
     for item in value:
         op = item[: -len("_implementation")] if isinstance(item, str) and item.endswith("_implementation") else item
         if op not in FIELD_FOR_OP or op == "attn":
-            raise ValueError(f"ops_implementation.allow_unbound: {item!r} is not an op with slots"
-                             f"{_did_you_mean(str(item) + '_implementation', _slot_fields())}")
+            raise ValueError(
+                f"ops_implementation.allow_unbound: {item!r} is not an op with slots"
+                f"{_did_you_mean(str(item) + '_implementation', _slot_fields())}"
+            )
         out.append(op)
     return tuple(sorted(set(out)))
 
@@ -591,8 +621,17 @@ def _normalise_allow_unbound(value: Any) -> Tuple[str, ...]:
 #: Transformers' attention implementations (5.x); values registered with its AttentionInterface at
 #: run time and Hub kernels ("org/repo[:fn]") are accepted as well.
 KNOWN_ATTN_IMPLEMENTATIONS = (
-    "eager", "sdpa", "flash_attention_2", "flash_attention_3", "flash_attention_4", "flex_attention",
-    "paged|eager", "paged|sdpa", "paged|flash_attention_2", "paged|flash_attention_3", "paged|flash_attention_4",
+    "eager",
+    "sdpa",
+    "flash_attention_2",
+    "flash_attention_3",
+    "flash_attention_4",
+    "flex_attention",
+    "paged|eager",
+    "paged|sdpa",
+    "paged|flash_attention_2",
+    "paged|flash_attention_3",
+    "paged|flash_attention_4",
 )
 
 
@@ -627,19 +666,28 @@ def _check_attn_implementation(value: str) -> None:
     hint = f"; did you mean {close[0]!r}?" if close else ""
     raise ValueError(
         f"ops_implementation.attn_implementation={value!r} is not an attention implementation{hint} "
-        f"(known: {', '.join(dict.fromkeys(known))}; a Hub kernel is written 'org/repo')")
+        f"(known: {', '.join(dict.fromkeys(known))}; a Hub kernel is written 'org/repo')"
+    )
 
 
 #: Common other names of ops, for suggestions.
 _OP_ALIASES = {
-    "rope": "rotary_pos_emb", "rotary": "rotary_pos_emb", "swiglu": "swiglu_mlp", "mlp": "swiglu_mlp",
-    "cross_entropy": "cross_entropy_loss", "ce": "cross_entropy_loss", "aux_loss": "load_balancing_loss",
-    "experts": "moe", "attention": "attn", "conv1d": "causal_conv1d", "gated_delta_rule": "chunk_gated_delta_rule",
+    "rope": "rotary_pos_emb",
+    "rotary": "rotary_pos_emb",
+    "swiglu": "swiglu_mlp",
+    "mlp": "swiglu_mlp",
+    "cross_entropy": "cross_entropy_loss",
+    "ce": "cross_entropy_loss",
+    "aux_loss": "load_balancing_loss",
+    "experts": "moe",
+    "attention": "attn",
+    "conv1d": "causal_conv1d",
+    "gated_delta_rule": "chunk_gated_delta_rule",
 }
 
 
 def _did_you_mean(word: str, names: Iterable[str]) -> str:
-    """"; did you mean 'X'?" for the name of `names` that `word` most likely meant (an op alias or a
+    """ "; did you mean 'X'?" for the name of `names` that `word` most likely meant (an op alias or a
     close spelling), or "" when none is close. Only ever suggests a member of `names`."""
     names = list(names)
     base = word[: -len("_implementation")] if word.endswith("_implementation") else word
@@ -653,7 +701,7 @@ def _did_you_mean(word: str, names: Iterable[str]) -> str:
 
 
 def _suggest_value(word: str, values: Iterable[str]) -> str:
-    """"; did you mean 'X'?" for the implementation value of `values` that `word` most likely meant,
+    """ "; did you mean 'X'?" for the implementation value of `values` that `word` most likely meant,
     ignoring case and a `fused_` prefix (the same name first, else the closest spelling); "" when
     none is close. Only ever suggests a member of `values`; nothing for a bare `fused` (no kernel named)."""
     values = list(values)
@@ -673,7 +721,7 @@ def _suggest_value(word: str, values: Iterable[str]) -> str:
 
 
 def _unfused(name: str) -> str:
-    return name[len("fused_"):] if name.startswith("fused_") else name
+    return name[len("fused_") :] if name.startswith("fused_") else name
 
 
 def _config_attribute_note(key: Any) -> Optional[str]:
@@ -683,8 +731,10 @@ def _config_attribute_note(key: Any) -> Optional[str]:
 
     if key not in CONFIG_ATTRIBUTES:
         return None
-    return (f"{key} is a model-config attribute, not an ops field (a config slot of the generated model reads "
-            f"config.{key}); set it on the model config (config.{key} = ..., or in its config.json)")
+    return (
+        f"{key} is a model-config attribute, not an ops field (a config slot of the generated model reads "
+        f"config.{key}); set it on the model config (config.{key} = ..., or in its config.json)"
+    )
 
 
 def moe_config_values(registry: Optional[KernelRegistry] = None) -> List[str]:

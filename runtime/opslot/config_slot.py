@@ -54,21 +54,25 @@ class ConfigSlot:
     def value(self) -> str:
         """The chosen implementation. Reading it before `bind_from` is a RuntimeError."""
         if self._value is None:
-            raise RuntimeError(f"{self._label()} is not bound: call bind_from(config) (patchgen's "
-                               f"generated __init__ does) before reading it")
+            raise RuntimeError(
+                f"{self._label()} is not bound: call bind_from(config) (patchgen's "
+                f"generated __init__ does) before reading it"
+            )
         return self._value
 
     @property
     def why(self) -> str:
-        """"config" (the config sets the attribute), "default" or "unbound"."""
+        """ "config" (the config sets the attribute), "default" or "unbound"."""
         return self._why
 
     def uses(self, impl: str) -> bool:
         """Whether the chosen implementation is `impl`; `impl` must be one of `values`, so a typo in
         patched code is an error, not a branch that is never taken."""
         if impl not in self.values:
-            raise ValueError(f"{self._label()} has no implementation {impl!r}{_did_you_mean(impl, self.values)}; "
-                             f"its implementations: {_names(self.values)}")
+            raise ValueError(
+                f"{self._label()} has no implementation {impl!r}{_did_you_mean(impl, self.values)}; "
+                f"its implementations: {_names(self.values)}"
+            )
         return self.value == impl
 
     def bind_from(self, config: Any) -> "ConfigSlot":
@@ -81,15 +85,20 @@ class ConfigSlot:
             if self.default is None:
                 raise ValueError(
                     f"{self._label()} reads config.{self.attribute}, which the model config does not set, "
-                    f"and it has no default; set config.{self.attribute} to one of: {_names(self.values)}")
+                    f"and it has no default; set config.{self.attribute} to one of: {_names(self.values)}"
+                )
             self._value, self._why = self.default, "default"
             return self._checked(config)
         if not isinstance(raw, str):
-            raise ValueError(f"{self._label()}: config.{self.attribute} is {raw!r} ({type(raw).__name__}); "
-                             f"it must name one of the implementations: {_names(self.values)}")
+            raise ValueError(
+                f"{self._label()}: config.{self.attribute} is {raw!r} ({type(raw).__name__}); "
+                f"it must name one of the implementations: {_names(self.values)}"
+            )
         if raw not in self.values:
-            raise ValueError(f"{self._label()}: config.{self.attribute} is {raw!r}, which is not one of its "
-                             f"implementations: {_names(self.values)}{_did_you_mean(raw, self.values)}")
+            raise ValueError(
+                f"{self._label()}: config.{self.attribute} is {raw!r}, which is not one of its "
+                f"implementations: {_names(self.values)}{_did_you_mean(raw, self.values)}"
+            )
         self._value, self._why = raw, "config"
         return self._checked(config)
 
@@ -115,8 +124,9 @@ class ConfigSlot:
 
     def __repr__(self) -> str:
         value = self._value if self._value is not None else "<unbound>"
-        return (f"ConfigSlot({self.name!r}, config.{self.attribute}={value!r}, why={self._why!r}, "
-                f"values={self.values!r})")
+        return (
+            f"ConfigSlot({self.name!r}, config.{self.attribute}={value!r}, why={self._why!r}, values={self.values!r})"
+        )
 
 
 def _read(config: Any, attribute: str) -> Tuple[Any, bool]:

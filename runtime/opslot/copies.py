@@ -84,8 +84,11 @@ class _CopyLoader(importlib.machinery.SourceFileLoader):
         super().exec_module(module)
         slots = sorted((name, value) for name, value in vars(module).items() if isinstance(value, OpSlot))
         if len(slots) != len(self._impls):
-            raise ImportError(f"{module.__name__}: the name binds {len(self._impls)} slot(s), the module has "
-                              f"{len(slots)} (its source changed?)", name=module.__name__)
+            raise ImportError(
+                f"{module.__name__}: the name binds {len(self._impls)} slot(s), the module has "
+                f"{len(slots)} (its source changed?)",
+                name=module.__name__,
+            )
         for (name, slot), impl in zip(slots, self._impls):
             slot.name = name
             slot.bind(impl, why="restored (copy name)")

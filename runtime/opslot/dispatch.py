@@ -282,8 +282,9 @@ def _slot_refs(model: Any) -> List[_SlotRef]:
             if isinstance(value, OpSlot):
                 cls = type(sub)
                 globs = _globals_of(cls.__module__, [k for k in cls.__mro__ if k.__module__ == cls.__module__])
-                refs.append(_SlotRef(value, f"{path}.{attr}" if path else attr, "instance", cls.__module__,
-                                     globs, cls, path))
+                refs.append(
+                    _SlotRef(value, f"{path}.{attr}" if path else attr, "instance", cls.__module__, globs, cls, path)
+                )
     for modname, members in classes.items():
         slots: Dict[str, OpSlot] = {}
         for cls in members:
@@ -293,8 +294,10 @@ def _slot_refs(model: Any) -> List[_SlotRef]:
         if not slots:
             continue
         globs = _globals_of(modname, members)
-        refs += [_SlotRef(slot, name, "module", modname, globs, twins=_twins(modname, globs, name, slot))
-                 for name, slot in sorted(slots.items())]
+        refs += [
+            _SlotRef(slot, name, "module", modname, globs, twins=_twins(modname, globs, name, slot))
+            for name, slot in sorted(slots.items())
+        ]
     return refs
 
 
@@ -383,7 +386,8 @@ class DispatchReport:
     def __repr__(self) -> str:
         rows = [("slot", "op/variant", "impl", "status")] + [
             (e.slot, f"{e.op}/{e.variant}" + (f" (x{e.count})" if e.count > 1 else ""), e.impl, e.status)
-            for e in self.entries]
+            for e in self.entries
+        ]
         widths = [max(len(r[i]) for r in rows) for i in range(3)]
         lines = [f"DispatchReport of {self.target}:"]
         lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r[:3], widths)) + "  " + r[3] for r in rows]
@@ -401,8 +405,9 @@ def _normalize_allow(allow: Any) -> Union[bool, Tuple[str, ...]]:
         if not isinstance(op, str) or op not in known:
             close = difflib.get_close_matches(str(op).replace("_implementation", ""), known, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ValueError(f"allow_unreached: {op!r} is not an op{hint}; it takes True or a list of ops: "
-                             f"{', '.join(known)}")
+            raise ValueError(
+                f"allow_unreached: {op!r} is not an op{hint}; it takes True or a list of ops: {', '.join(known)}"
+            )
     return tuple(sorted(set(ops)))
 
 
@@ -412,7 +417,7 @@ def _requested(slot: OpSlot, model: Any) -> bool:
     if why in ("explicit", "direct"):
         return True
     if why.startswith("forced ("):  # the per-op form of OPSLOT_FORCE_IMPL names the op: strict
-        text = why[len("forced ("):].split(";")[0].rstrip(")").split("=", 1)[-1]
+        text = why[len("forced (") :].split(";")[0].rstrip(")").split("=", 1)[-1]
         return any(piece.split("=")[0].strip() == slot.op for piece in text.split(",") if "=" in piece)
     if why.startswith("restored"):  # a re-created copy: explicit when the saved ops config names the op
         saved = getattr(getattr(model, "config", None), "ops_implementation", None)
@@ -443,8 +448,9 @@ class _Classifier:
         owners = None
         if ref.scope == "instance" and ref.owner is not None:
             owners = {k.__qualname__ for k in ref.owner.__mro__ if original_name(k.__module__) == gen}
-        guards = [g for g in index.guards if g.slot == attr and g.scope == ref.scope
-                  and (owners is None or g.owner in owners)]
+        guards = [
+            g for g in index.guards if g.slot == attr and g.scope == ref.scope and (owners is None or g.owner in owners)
+        ]
         if not guards:
             return NOT_REACHED, f"no guard in {gen} tests it"
         for guard in guards:
@@ -470,19 +476,27 @@ class _Classifier:
                 return self._method_hint(guard, ref, index, path)
             up_path = self.instances.get((up, guard.owner)) if up else None
             if up_path is not None:
-                return (f"{self._upstream_root(up_path, up)}, so {_where(up_path)} is upstream's {guard.owner}, not "
-                        f"the generated class whose {where} holds the guard")
+                return (
+                    f"{self._upstream_root(up_path, up)}, so {_where(up_path)} is upstream's {guard.owner}, not "
+                    f"the generated class whose {where} holds the guard"
+                )
             # Another head's forward (the causal-LM loss guard): upstream code computed this head's
             # loss, unless the model's own head dispatches that op itself (a guard of the op in a
             # generated class it instantiates: a *ForSequenceClassification's `loss_function`). A guard
             # outside a forward (that `loss_function`) is never another head's loss path: "not used".
-            if (_HEAD.search(guard.owner.rsplit(".", 1)[-1]) and guard.function == "forward"
-                    and ref.slot.op not in self.ran_ops and not self._own_guard_of_op(ref, index, gen)):
+            if (
+                _HEAD.search(guard.owner.rsplit(".", 1)[-1])
+                and guard.function == "forward"
+                and ref.slot.op not in self.ran_ops
+                and not self._own_guard_of_op(ref, index, gen)
+            ):
                 head = next((k for k in self.root.__mro__ if original_name(k.__module__) == gen), None)
                 if head is not None and _HEAD.search(head.__name__):
-                    return (f"the guard is in {where}, and this model is a {head.__name__}, whose forward "
-                            f"computes its output and loss with upstream code that has no guard (a multimodal "
-                            f"*ForConditionalGeneration or a classification head never calls {where})")
+                    return (
+                        f"the guard is in {where}, and this model is a {head.__name__}, whose forward "
+                        f"computes its output and loss with upstream code that has no guard (a multimodal "
+                        f"*ForConditionalGeneration or a classification head never calls {where})"
+                    )
             return None
         target = guard.function if guard.owner is None else guard.owner.split(".")[0]
         generated = [q for (m, q) in self.instances if m == gen]
@@ -502,26 +516,35 @@ class _Classifier:
         if target in found:
             start = found[target][0]
             path = self.instances[(up, start)]
-            return (f"{self._upstream_root(path, up)}, so {_where(path)} is upstream's {start}, which calls "
-                    f"upstream's {target}, not the generated one that holds the guard")
+            return (
+                f"{self._upstream_root(path, up)}, so {_where(path)} is upstream's {start}, which calls "
+                f"upstream's {target}, not the generated one that holds the guard"
+            )
         return None
 
     def _own_guard_of_op(self, ref: _SlotRef, index: SourceIndex, gen: str) -> bool:
         """Whether a module-level slot of `ref`'s op has a guard in a generated class the model
         instantiates."""
-        return any(g.scope == "module" and g.owner is not None and (gen, g.owner) in self.instances
-                   and getattr(ref.globs.get(g.slot), "op", None) == ref.slot.op for g in index.guards)
+        return any(
+            g.scope == "module"
+            and g.owner is not None
+            and (gen, g.owner) in self.instances
+            and getattr(ref.globs.get(g.slot), "op", None) == ref.slot.op
+            for g in index.guards
+        )
 
     def _upstream_root(self, path: str, up: str) -> str:
-        """"model.X is upstream's <module>.<Class> (built by upstream code, ...)" for the outermost
+        """ "model.X is upstream's <module>.<Class> (built by upstream code, ...)" for the outermost
         submodule on `path` whose class is upstream's."""
         parts = path.split(".") if path else []
         for i in range(len(parts) + 1):
             prefix = ".".join(parts[:i])
             sub = self.model.get_submodule(prefix) if prefix else self.model
             if original_name(type(sub).__module__) == up:
-                return (f"{_where(prefix)} is upstream's {up}.{type(sub).__qualname__} (a sub-model built by "
-                        f"upstream code, e.g. AutoModel.from_config)")
+                return (
+                    f"{_where(prefix)} is upstream's {up}.{type(sub).__qualname__} (a sub-model built by "
+                    f"upstream code, e.g. AutoModel.from_config)"
+                )
         return f"{_where(path)} is upstream's code"
 
     def _method_hint(self, guard: Guard, ref: _SlotRef, index: SourceIndex, path: str) -> str:
@@ -534,18 +557,30 @@ class _Classifier:
                 experts = config._experts_implementation
                 break
         decorators = index.decorators.get((guard.owner, None), []) + index.decorators.get(
-            (guard.owner, guard.function), [])
+            (guard.owner, guard.function), []
+        )
         if ref.slot.op == "moe" and experts not in (None, "eager"):
-            return (f"config._experts_implementation is {experts!r}: Transformers' @use_experts_implementation runs "
-                    f"its {experts!r} experts and never calls the eager {where} that holds the guard (build_model "
-                    f"sets 'eager' when a moe slot runs a kernel; an experts_implementation given to from_pretrained "
-                    f"or set_experts_implementation overrides it)")
-        decorated = [d for d in decorators if d.split("(")[0].rsplit(".", 1)[-1] not in (
-            "auto_docstring", "can_return_tuple", "staticmethod", "classmethod", "property", "getter", "setter")]
-        by = f" ({guard.owner} is decorated with {', '.join('@' + d for d in decorated)}, which can dispatch " \
-             f"elsewhere)" if decorated else ""
-        return (f"{_where(path)} is a {guard.owner}, but {where} did not run its guard{by}: the model's forward "
-                f"does not reach it in this configuration (another branch, an early return, or a replaced forward)")
+            return (
+                f"config._experts_implementation is {experts!r}: Transformers' @use_experts_implementation runs "
+                f"its {experts!r} experts and never calls the eager {where} that holds the guard (build_model "
+                f"sets 'eager' when a moe slot runs a kernel; an experts_implementation given to from_pretrained "
+                f"or set_experts_implementation overrides it)"
+            )
+        decorated = [
+            d
+            for d in decorators
+            if d.split("(")[0].rsplit(".", 1)[-1]
+            not in ("auto_docstring", "can_return_tuple", "staticmethod", "classmethod", "property", "getter", "setter")
+        ]
+        by = (
+            f" ({guard.owner} is decorated with {', '.join('@' + d for d in decorated)}, which can dispatch elsewhere)"
+            if decorated
+            else ""
+        )
+        return (
+            f"{_where(path)} is a {guard.owner}, but {where} did not run its guard{by}: the model's forward "
+            f"does not reach it in this configuration (another branch, an early return, or a replaced forward)"
+        )
 
 
 def _classify(model: Any, allow: Union[bool, Tuple[str, ...]]) -> DispatchReport:
@@ -567,22 +602,28 @@ def _classify(model: Any, allow: Union[bool, Tuple[str, ...]]) -> DispatchReport
             groups[key][1] += 1
         else:
             groups[key] = [hint, 1]
-    entries = [DispatchEntry(k[0], k[1], k[2], k[3], k[4], k[5], k[6], hint, k[7], count)
-               for k, (hint, count) in groups.items()]
+    entries = [
+        DispatchEntry(k[0], k[1], k[2], k[3], k[4], k[5], k[6], hint, k[7], count)
+        for k, (hint, count) in groups.items()
+    ]
     return DispatchReport(type(model).__name__, entries, by_id)
 
 
 def _message(report: DispatchReport, entries: List[DispatchEntry], error: bool) -> str:
-    lines = [f"opslot: {report.target} did not run {len(entries)} bound kernel(s) in its first forward and "
-             f"backward, although the model can reach their guarded code (binding_plan says \"not reached\"):"]
+    lines = [
+        f"opslot: {report.target} did not run {len(entries)} bound kernel(s) in its first forward and "
+        f'backward, although the model can reach their guarded code (binding_plan says "not reached"):'
+    ]
     for e in entries:
         count = f" (x{e.count})" if e.count > 1 else ""
         lines.append(f"  - {e.slot}{count} ({e.op}/{e.variant} -> {e.impl!r}, {e.why}): {e.hint}")
     ops = sorted({e.op for e in entries})
     if error:
-        lines.append(f"Fix the cause, remove the field(s) from the ops config, or let these ops run upstream code with "
-                     f"a warning: build_model(..., allow_unreached=[{', '.join(repr(op) for op in ops)}]) "
-                     f"(or allow_unreached=True).")
+        lines.append(
+            f"Fix the cause, remove the field(s) from the ops config, or let these ops run upstream code with "
+            f"a warning: build_model(..., allow_unreached=[{', '.join(repr(op) for op in ops)}]) "
+            f"(or allow_unreached=True)."
+        )
     else:
         lines.append("These run upstream code instead (device defaults and ops in allow_unreached are warnings).")
     return "\n".join(lines)
@@ -594,8 +635,12 @@ def _raise_or_warn(report: DispatchReport) -> None:
     if report.errors:
         raise UnreachedSlotError(_message(report, report.errors, error=True), report)
     ran = sum(e.count for e in report.entries if e.status == RAN)
-    logger.info("opslot: %s ran %d bound kernel(s) in its first step; proof of dispatch: %s", report.target, ran,
-                ", ".join(f"{e.slot}={e.status}" for e in report.entries if e.status != EAGER_STATUS) or "no kernels")
+    logger.info(
+        "opslot: %s ran %d bound kernel(s) in its first step; proof of dispatch: %s",
+        report.target,
+        ran,
+        ", ".join(f"{e.slot}={e.status}" for e in report.entries if e.status != EAGER_STATUS) or "no kernels",
+    )
 
 
 # -- when: hooks on the root module --------------------------------------------------------------------
@@ -636,8 +681,12 @@ def _clear_flags(model: Any, state: _Watch) -> None:
     """Clear the flags of the model's bound slots, except those another model's open step shares
     (a module-level slot of a private copy is shared by the models of one binding)."""
     state.slots = [s for r in _slot_refs(model) if r.slot.use_non_eager_impl for s in (r.slot,) + r.twins]
-    busy = {id(s) for other, st in list(_WATCHES.items())
-            if other is not model and st.phase in (_FORWARD, _AWAIT) for s in st.slots}
+    busy = {
+        id(s)
+        for other, st in list(_WATCHES.items())
+        if other is not model and st.phase in (_FORWARD, _AWAIT)
+        for s in st.slots
+    }
     for slot in state.slots:
         if id(slot) not in busy:
             slot._ran = False
@@ -648,8 +697,11 @@ def _remove_hooks(model: Any) -> None:
         for key, hook in list(hooks.items()):
             if hook is _pre_hook or hook is _post_hook:
                 del hooks[key]
-                for extra in ("_forward_pre_hooks_with_kwargs", "_forward_hooks_with_kwargs",
-                              "_forward_hooks_always_called"):
+                for extra in (
+                    "_forward_pre_hooks_with_kwargs",
+                    "_forward_hooks_with_kwargs",
+                    "_forward_hooks_always_called",
+                ):
                     getattr(model, extra, {}).pop(key, None)
 
 

@@ -64,6 +64,7 @@ MODES = ("splits", "padded")
 class Meshes(NamedTuple):
     """`dp`: every rank (FSDP of the dense parameters); `ep`: ranks that split one layer's experts;
     `expert_dp`: ranks that hold the same experts (FSDP of the expert parameters; size world // ep)."""
+
     dp: Any
     ep: Any
     expert_dp: Any
@@ -80,8 +81,10 @@ def init_meshes(device_type: str, ep: int = 1) -> Meshes:
     dp = init_device_mesh(device_type, (world,), mesh_dim_names=("dp",))  # the default group: no new group
     asked = [e for (e,) in _gather_ints([ep], dist.group.WORLD, torch.device(device_type))]
     if len(set(asked)) > 1:
-        raise ValueError("init_meshes: every rank must ask for the same expert-parallel size, got "
-                         + ", ".join(f"rank {r}: {e}" for r, e in enumerate(asked)))
+        raise ValueError(
+            "init_meshes: every rank must ask for the same expert-parallel size, got "
+            + ", ".join(f"rank {r}: {e}" for r, e in enumerate(asked))
+        )
     if ep < 1 or world % ep:
         raise ValueError(f"expert-parallel size {ep} must divide the world size {world}")
     two = init_device_mesh(device_type, (world // ep, ep), mesh_dim_names=("expert_dp", "ep"))
@@ -129,13 +132,13 @@ def all_to_all(x: Tensor, out_splits: Optional[List[int]], in_splits: Optional[L
 # -- expert parallelism ------------------------------------------------------------------------------
 class EPState(NamedTuple):
     group: Any
-    size: int           # ep
-    rank: int           # this rank's index in the EP group
-    num_experts: int    # global
-    first: int          # first global expert held here
-    local: int          # experts held here
+    size: int  # ep
+    rank: int  # this rank's index in the EP group
+    num_experts: int  # global
+    first: int  # first global expert held here
+    local: int  # experts held here
     mode: str
-    sharded: tuple      # names of the parameters cut to the local experts
+    sharded: tuple  # names of the parameters cut to the local experts
     capacity: Optional[int] = None  # padded mode: rows sent to each rank (None: this rank's tokens·top_k)
 
 
@@ -176,15 +179,28 @@ _EP_CLASSES: Dict[type, type] = {}
 def _ep_class(cls: type) -> type:
     ep_cls = _EP_CLASSES.get(cls)
     if ep_cls is None:
-        ep_cls = type(f"ExpertParallel{cls.__name__}", (cls,), {
-            "forward": _ep_forward, "_opslot_ep_base": cls, "__module__": cls.__module__,
-            "__qualname__": f"ExpertParallel{cls.__qualname__}"})
+        ep_cls = type(
+            f"ExpertParallel{cls.__name__}",
+            (cls,),
+            {
+                "forward": _ep_forward,
+                "_opslot_ep_base": cls,
+                "__module__": cls.__module__,
+                "__qualname__": f"ExpertParallel{cls.__qualname__}",
+            },
+        )
         _EP_CLASSES[cls] = ep_cls
     return ep_cls
 
 
-def shard_experts(model: nn.Module, ep_group: Any, *, mode: str = "splits", capacity: Optional[int] = None,
-                  modules: Optional[Iterable[nn.Module]] = None) -> List[nn.Module]:
+def shard_experts(
+    model: nn.Module,
+    ep_group: Any,
+    *,
+    mode: str = "splits",
+    capacity: Optional[int] = None,
+    modules: Optional[Iterable[nn.Module]] = None,
+) -> List[nn.Module]:
     """Make every experts module of `model` (or `modules`) expert-parallel over `ep_group` (a process
     group or a 1-D DeviceMesh; None: the default group). Call it on every rank of the group, after
     the model is built (same weights on every rank, e.g. the same seed or a loaded checkpoint) and
@@ -208,7 +224,7 @@ def shard_experts(model: nn.Module, ep_group: Any, *, mode: str = "splits", capa
         first = rank * local
         names = []
         for name, p in _stacked(m):
-            setattr(m, name, nn.Parameter(p.detach()[first:first + local].clone(), requires_grad=p.requires_grad))
+            setattr(m, name, nn.Parameter(p.detach()[first : first + local].clone(), requires_grad=p.requires_grad))
             names.append(name)
         m.num_experts = local
         m._opslot_ep = EPState(group, size, rank, total, first, local, mode, tuple(names), capacity)
@@ -227,8 +243,10 @@ def _refusal(model: nn.Module, targets: List[nn.Module], mode: str, size: int) -
     if mode not in MODES:
         return f"shard_experts mode must be one of {MODES}, got {mode!r}"
     if not targets:
-        return (f"shard_experts: {type(model).__name__} has no experts module guarded by a moe slot "
-                f"(a module with num_experts and [num_experts, ...] parameters)")
+        return (
+            f"shard_experts: {type(model).__name__} has no experts module guarded by a moe slot "
+            f"(a module with num_experts and [num_experts, ...] parameters)"
+        )
     for m in targets:
         if hasattr(m, "_opslot_ep"):
             return f"shard_experts: {type(m).__name__} is already expert-parallel"
@@ -237,9 +255,11 @@ def _refusal(model: nn.Module, targets: List[nn.Module], mode: str, size: int) -
         if m.num_experts % size:
             return f"shard_experts: {m.num_experts} experts of {type(m).__name__} do not split over {size} ranks"
         if mode == "padded" and moe_slot_of(m).impl == "eager":
-            return ("shard_experts mode='padded' pads with the masking index, which upstream's eager experts code "
-                    "does not skip; bind a moe kernel (moe_implementation: fused_torch or fused_cuda) or use "
-                    "mode='splits'")
+            return (
+                "shard_experts mode='padded' pads with the masking index, which upstream's eager experts code "
+                "does not skip; bind a moe kernel (moe_implementation: fused_torch or fused_cuda) or use "
+                "mode='splits'"
+            )
     return None
 
 
@@ -263,11 +283,15 @@ def _agree_to_shard(group: Any, refusal: Optional[str], plan: str) -> None:
     if bad and len(set(refusals)) == 1:
         raise ValueError(refusals[0])
     if bad:
-        raise ValueError(f"shard_experts refused on {len(bad)} of {len(got)} ranks of the EP group: "
-                         + "; ".join(f"rank {i}: {refusals[i]}" for i in bad))
+        raise ValueError(
+            f"shard_experts refused on {len(bad)} of {len(got)} ranks of the EP group: "
+            + "; ".join(f"rank {i}: {refusals[i]}" for i in bad)
+        )
     if len({p for _, p in got}) > 1:
-        raise ValueError("shard_experts: every rank of the EP group must shard the same way, got "
-                         + "; ".join(f"rank {i}: {p}" for i, (_, p) in enumerate(got)))
+        raise ValueError(
+            "shard_experts: every rank of the EP group must shard the same way, got "
+            + "; ".join(f"rank {i}: {p}" for i, (_, p) in enumerate(got))
+        )
 
 
 def _ranks(ranks: List[int]) -> str:
@@ -294,13 +318,17 @@ def _padded_capacity(st: EPState, tokens: int, top_k: int, device: torch.device)
     rows = [t * k for t, k in got]
     counts = ", ".join(f"rank {r}: {t} tokens x top-{k} = {t * k} rows" for r, (t, k) in enumerate(got))
     if st.capacity is None and len(set(rows)) > 1:
-        raise ValueError(f"expert parallelism (padded): without a capacity every rank of the EP group must send "
-                         f"the same number of rows ({counts}); use a fixed batch shape, or give shard_experts a "
-                         f"capacity of at least {max(rows)}")
+        raise ValueError(
+            f"expert parallelism (padded): without a capacity every rank of the EP group must send "
+            f"the same number of rows ({counts}); use a fixed batch shape, or give shard_experts a "
+            f"capacity of at least {max(rows)}"
+        )
     over = [r for r, n in enumerate(rows) if st.capacity is not None and n > st.capacity]
     if over:
-        raise ValueError(f"expert parallelism (padded): more rows than the capacity {st.capacity} given to "
-                         f"shard_experts on {_ranks(over)} ({counts})")
+        raise ValueError(
+            f"expert parallelism (padded): more rows than the capacity {st.capacity} given to "
+            f"shard_experts on {_ranks(over)} ({counts})"
+        )
     return rows[0] if st.capacity is None else st.capacity
 
 
@@ -336,9 +364,10 @@ def _ep_forward(self, hidden_states: Tensor, top_k_index: Tensor, top_k_weights:
     total, ep, local = st.num_experts, st.size, st.local
     flat = top_k_index.reshape(n).long()
     key = torch.where((flat >= 0) & (flat < total), flat, torch.full_like(flat, total))  # total = dropped
-    order = torch.sort(key, stable=True).indices                      # assignments by global expert
-    counts = torch.zeros(total + 1, device=dev, dtype=torch.int64).scatter_add_(
-        0, key, torch.ones_like(key))[:total]                           # per expert, on the device
+    order = torch.sort(key, stable=True).indices  # assignments by global expert
+    counts = torch.zeros(total + 1, device=dev, dtype=torch.int64).scatter_add_(0, key, torch.ones_like(key))[
+        :total
+    ]  # per expert, on the device
     # token rows in assignment order (a copy whose backward is a plain sum over k: deterministic)
     x_rep = x.unsqueeze(1).expand(tokens, top_k, hidden).reshape(n, hidden)
     if st.mode == "splits":
@@ -349,29 +378,31 @@ def _ep_forward(self, hidden_states: Tensor, top_k_index: Tensor, top_k_weights:
         order = order[:kept]
         received = sum(out_splits)
         x_recv = all_to_all(x_rep[order], out_splits, in_splits, st.group)
-        ids = torch.arange(local, device=dev).repeat(ep).repeat_interleave(recv_counts.reshape(-1),
-                                                                           output_size=received)
+        ids = (
+            torch.arange(local, device=dev).repeat(ep).repeat_interleave(recv_counts.reshape(-1), output_size=received)
+        )
         y_recv = _connected(_local_experts(self, x_recv, ids), x_recv, self)
-        y_sorted = all_to_all(y_recv, in_splits, out_splits, st.group)        # [kept, H], in `order`
+        y_sorted = all_to_all(y_recv, in_splits, out_splits, st.group)  # [kept, H], in `order`
     else:  # padded: capacity n rows per destination, masking index `local` on the padding
-        cap = _padded_capacity(st, tokens, top_k, dev)                   # agreed by every rank, or ValueError
+        cap = _padded_capacity(st, tokens, top_k, dev)  # agreed by every rank, or ValueError
         skey = key[order]
-        dest = torch.div(skey, local, rounding_mode="floor")                # ep for dropped rows
+        dest = torch.div(skey, local, rounding_mode="floor")  # ep for dropped rows
         per_rank = counts.view(ep, local).sum(1)
         start = torch.cumsum(per_rank, 0) - per_rank
         pos = torch.arange(n, device=dev) - start[dest.clamp(max=ep - 1)]
         # dropped rows go to n trash rows past the end (unique indices: index_copy stays deterministic)
         row = torch.arange(n, device=dev)
         slot = torch.where(skey < total, dest * cap + pos, ep * cap + row)
-        send = x.new_zeros(ep * cap + n, hidden).index_copy(0, slot, x_rep[order])[:ep * cap]
+        send = x.new_zeros(ep * cap + n, hidden).index_copy(0, slot, x_rep[order])[: ep * cap]
         send_ids = torch.full((ep * cap + n,), local, device=dev, dtype=torch.int64).index_copy(
-            0, slot, skey - dest * local)[:ep * cap]
+            0, slot, skey - dest * local
+        )[: ep * cap]
         x_recv = all_to_all(send, None, None, st.group)
         ids = _all_to_all(send_ids, None, None, st.group)
         y_recv = _connected(_local_experts(self, x_recv, ids), x_recv, self)
         y_back = all_to_all(y_recv, None, None, st.group)
         y_back = torch.cat([y_back, y_back.new_zeros(n, hidden)])
-        y_sorted = y_back[slot]                                               # [n, H], dropped rows zero
+        y_sorted = y_back[slot]  # [n, H], dropped rows zero
     y = x.new_zeros(n, hidden).index_copy(0, order, y_sorted.to(x.dtype))
     w = top_k_weights.reshape(tokens, top_k, 1).float()
     out = (y.view(tokens, top_k, hidden).float() * w).sum(1)
@@ -390,8 +421,9 @@ def decoder_layers(model: nn.Module) -> List[nn.Module]:
     return found
 
 
-def fully_shard_model(model: nn.Module, meshes: Union[Meshes, Any], *, layers: Optional[Iterable[nn.Module]] = None,
-                      **fsdp_kwargs: Any) -> nn.Module:
+def fully_shard_model(
+    model: nn.Module, meshes: Union[Meshes, Any], *, layers: Optional[Iterable[nn.Module]] = None, **fsdp_kwargs: Any
+) -> nn.Module:
     """FSDP2 (`fully_shard`) per decoder layer and at the root, over `meshes.dp` (or a 1-D mesh).
 
     Expert-parallel experts modules (`shard_experts`) are sharded first, each on its own, over
@@ -411,13 +443,15 @@ def fully_shard_model(model: nn.Module, meshes: Union[Meshes, Any], *, layers: O
         if st is None:
             continue
         if expert_dp is None:
-            raise ValueError("fully_shard_model: the model has expert-parallel experts; pass the Meshes of "
-                             "opslot.distributed.init_meshes(device, ep) (their expert_dp mesh shards them)")
+            raise ValueError(
+                "fully_shard_model: the model has expert-parallel experts; pass the Meshes of "
+                "opslot.distributed.init_meshes(device, ep) (their expert_dp mesh shards them)"
+            )
         if expert_dp.size() * st.size != world:
             raise ValueError(f"fully_shard_model: expert_dp ({expert_dp.size()}) x ep ({st.size}) != dp ({world})")
         fully_shard(m, mesh=expert_dp, **fsdp_kwargs)
         m.set_gradient_divide_factor(float(world))
-    for layer in (list(layers) if layers is not None else decoder_layers(model)):
+    for layer in list(layers) if layers is not None else decoder_layers(model):
         fully_shard(layer, mesh=dp, **fsdp_kwargs)
     fully_shard(model, mesh=dp, **fsdp_kwargs)
     return model
@@ -434,8 +468,11 @@ def full_state_dict(model: nn.Module, *, grads: bool = False) -> Dict[str, Tenso
             for p in st.sharded:
                 ep_params[f"{name}.{p}" if name else p] = st
     out: Dict[str, Tensor] = {}
-    items = model.state_dict().items() if not grads else [
-        (k, p.grad if p.grad is not None else torch.zeros_like(p)) for k, p in model.named_parameters()]
+    items = (
+        model.state_dict().items()
+        if not grads
+        else [(k, p.grad if p.grad is not None else torch.zeros_like(p)) for k, p in model.named_parameters()]
+    )
     for key, value in items:
         if hasattr(value, "full_tensor"):
             value = value.full_tensor()
@@ -449,13 +486,31 @@ def full_state_dict(model: nn.Module, *, grads: bool = False) -> Dict[str, Tenso
     return out
 
 
-__all__ = ["Meshes", "init_meshes", "shard_experts", "all_to_all", "fully_shard_model", "full_state_dict",
-           "decoder_layers", "experts_modules", "is_experts_module", "moe_slot_of", "EPState", "MODES"]
+__all__ = [
+    "Meshes",
+    "init_meshes",
+    "shard_experts",
+    "all_to_all",
+    "fully_shard_model",
+    "full_state_dict",
+    "decoder_layers",
+    "experts_modules",
+    "is_experts_module",
+    "moe_slot_of",
+    "EPState",
+    "MODES",
+]
 
 
 # -- sequence parallelism: runtime/opslot/sequence_parallel.py, re-exported here (lazily: it imports this module)
-_SEQUENCE_PARALLEL = ("Parallel", "average_gradients", "init_sp_mesh", "parallelize", "sequence_parallel",
-                      "shard_batch")
+_SEQUENCE_PARALLEL = (
+    "Parallel",
+    "average_gradients",
+    "init_sp_mesh",
+    "parallelize",
+    "sequence_parallel",
+    "shard_batch",
+)
 __all__ += list(_SEQUENCE_PARALLEL)
 
 

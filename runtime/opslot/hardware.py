@@ -85,9 +85,7 @@ class HardwareRequirement:
 
     def __post_init__(self) -> None:
         if self.device_type not in DEVICE_TYPES:
-            raise ValueError(
-                f"unknown device type {self.device_type!r}; expected one of: {', '.join(DEVICE_TYPES)}"
-            )
+            raise ValueError(f"unknown device type {self.device_type!r}; expected one of: {', '.join(DEVICE_TYPES)}")
         if (self.min_cc is not None or self.max_cc is not None) and self.device_type != "cuda":
             raise ValueError("min_cc/max_cc only apply to device_type 'cuda'")
 

@@ -32,8 +32,17 @@ import types
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 #: Keyword arguments of `from_pretrained` that locate files (passed to AutoConfig as well).
-_HUB_KWARGS = ("cache_dir", "force_download", "local_files_only", "proxies", "revision", "subfolder", "token",
-               "trust_remote_code", "_commit_hash")
+_HUB_KWARGS = (
+    "cache_dir",
+    "force_download",
+    "local_files_only",
+    "proxies",
+    "revision",
+    "subfolder",
+    "token",
+    "trust_remote_code",
+    "_commit_hash",
+)
 #: How many keys of each kind a PartialLoadError message lists before summarising.
 _MAX_KEYS_LISTED = 50
 
@@ -42,16 +51,23 @@ class PartialLoadError(RuntimeError):
     """A checkpoint would load only partially into a generated model. `missing`, `unexpected` and
     `mismatched` hold the keys (sorted; mismatched as (key, checkpoint shape, model shape))."""
 
-    def __init__(self, model_name: str, source: Any, missing: Iterable[str], unexpected: Iterable[str],
-                 mismatched: Iterable[Tuple[str, Any, Any]] = ()) -> None:
+    def __init__(
+        self,
+        model_name: str,
+        source: Any,
+        missing: Iterable[str],
+        unexpected: Iterable[str],
+        mismatched: Iterable[Tuple[str, Any, Any]] = (),
+    ) -> None:
         self.missing: List[str] = sorted(missing)
         self.unexpected: List[str] = sorted(unexpected)
         self.mismatched: List[Tuple[str, Any, Any]] = sorted(mismatched, key=lambda m: m[0])
         lines = [f"{model_name}.from_pretrained({str(source)!r}) would load only part of the weights:"]
-        for title, keys in (("missing from the checkpoint (would be initialised at random)", self.missing),
-                            ("unexpected (in the checkpoint, not in the model)", self.unexpected),
-                            ("shape mismatch (checkpoint vs model)",
-                             [f"{k}: {tuple(a)} vs {tuple(b)}" for k, a, b in self.mismatched])):
+        for title, keys in (
+            ("missing from the checkpoint (would be initialised at random)", self.missing),
+            ("unexpected (in the checkpoint, not in the model)", self.unexpected),
+            ("shape mismatch (checkpoint vs model)", [f"{k}: {tuple(a)} vs {tuple(b)}" for k, a, b in self.mismatched]),
+        ):
             if keys:
                 lines.append(f"  {len(keys)} {title}:")
                 lines += [f"    {k}" for k in keys[:_MAX_KEYS_LISTED]]
@@ -61,8 +77,9 @@ class PartialLoadError(RuntimeError):
         super().__init__("\n".join(lines))
 
 
-def check_loading_info(model: Any, info: Dict[str, Any], source: Any = None,
-                       ignore_mismatched_sizes: bool = False) -> None:
+def check_loading_info(
+    model: Any, info: Dict[str, Any], source: Any = None, ignore_mismatched_sizes: bool = False
+) -> None:
     """Raise PartialLoadError when `info` (what `from_pretrained(..., output_loading_info=True)`
     returns) reports missing or unexpected keys, or mismatched ones not explicitly allowed."""
     missing = set(info.get("missing_keys") or ())
@@ -142,10 +159,19 @@ def _resolve_module(module: Union[str, types.ModuleType]) -> types.ModuleType:
     return importlib.import_module(module) if isinstance(module, str) else module
 
 
-def from_pretrained(pretrained_model_name_or_path: Any, module: Union[str, types.ModuleType],
-                    model_class: Union[str, type, None] = None, ops: Any = None, *, private_copy: bool = True,
-                    registry: Any = None, device: Any = None, allow_unreached: Any = False,
-                    allow_version_mismatch: bool = False, **kwargs: Any) -> Any:
+def from_pretrained(
+    pretrained_model_name_or_path: Any,
+    module: Union[str, types.ModuleType],
+    model_class: Union[str, type, None] = None,
+    ops: Any = None,
+    *,
+    private_copy: bool = True,
+    registry: Any = None,
+    device: Any = None,
+    allow_unreached: Any = False,
+    allow_version_mismatch: bool = False,
+    **kwargs: Any,
+) -> Any:
     """A generated model with kernels chosen by `ops`, weights from a checkpoint.
 
     What `opslot.build_model` does for a fresh model (private copy of `module` with its module-level
@@ -159,10 +185,9 @@ def from_pretrained(pretrained_model_name_or_path: Any, module: Union[str, types
     from transformers import AutoConfig
 
     from .binding import build_model
-    from .dispatch import watch_dispatch
-    from .copies import LOCK, slots_of_class
-
     from .checks import check_module_upstream, import_generated
+    from .copies import LOCK, slots_of_class
+    from .dispatch import watch_dispatch
 
     if isinstance(module, str):  # refused before it is imported when generated for another release
         module = import_generated(module, allow_version_mismatch)
@@ -178,8 +203,16 @@ def from_pretrained(pretrained_model_name_or_path: Any, module: Union[str, types
         model_class = archs[0]
     # The class, bound module copy and config that build_model would use, without allocating weights.
     with torch.device("meta"):
-        shell = build_model(config, ops=ops, module=module, model_class=model_class, private_copy=private_copy,
-                            registry=registry, device=device, allow_version_mismatch=allow_version_mismatch)
+        shell = build_model(
+            config,
+            ops=ops,
+            module=module,
+            model_class=model_class,
+            private_copy=private_copy,
+            registry=registry,
+            device=device,
+            allow_version_mismatch=allow_version_mismatch,
+        )
     cls, config = type(shell), shell.config  # shell (a user of the copy) lives until the model is attached
     chosen_attn = (getattr(config, "ops_implementation", None) or {}).get("attn_implementation")
     attn = kwargs.get("attn_implementation")
@@ -232,14 +265,19 @@ def _auto_model_classes() -> List[type]:
     found = []
     for name in sorted(dir(modeling_auto)):
         obj = getattr(modeling_auto, name)
-        if (isinstance(obj, type) and issubclass(obj, _BaseAutoModelClass) and name.startswith("AutoModel")
-                and getattr(obj, "_model_mapping", None) is not None):
+        if (
+            isinstance(obj, type)
+            and issubclass(obj, _BaseAutoModelClass)
+            and name.startswith("AutoModel")
+            and getattr(obj, "_model_mapping", None) is not None
+        ):
             found.append(obj)
     return found
 
 
-def register_auto_classes(module: Union[str, types.ModuleType], auto_classes: Optional[Iterable[type]] = None
-                          ) -> AutoRegistration:
+def register_auto_classes(
+    module: Union[str, types.ModuleType], auto_classes: Optional[Iterable[type]] = None
+) -> AutoRegistration:
     """Make the Transformers auto classes (`AutoModelForCausalLM`, `AutoModel`, ... or those given)
     produce the classes of the generated `module` wherever upstream would produce the class of the
     same name for the same config class. Returns an `AutoRegistration` (usable as a context manager).
@@ -254,11 +292,16 @@ def register_auto_classes(module: Union[str, types.ModuleType], auto_classes: Op
     from transformers import PreTrainedModel
 
     module = _resolve_module(module)
-    generated = {name: obj for name, obj in vars(module).items()
-                 if isinstance(obj, type) and issubclass(obj, PreTrainedModel) and obj.__module__ == module.__name__
-                 and isinstance(getattr(obj, "config_class", None), type)}
+    generated = {
+        name: obj
+        for name, obj in vars(module).items()
+        if isinstance(obj, type)
+        and issubclass(obj, PreTrainedModel)
+        and obj.__module__ == module.__name__
+        and isinstance(getattr(obj, "config_class", None), type)
+    }
     reg = AutoRegistration()
-    for auto in (list(auto_classes) if auto_classes is not None else _auto_model_classes()):
+    for auto in list(auto_classes) if auto_classes is not None else _auto_model_classes():
         mapping = auto._model_mapping
         for cls in generated.values():
             config_class = cls.config_class
@@ -275,8 +318,10 @@ def register_auto_classes(module: Union[str, types.ModuleType], auto_classes: Op
                 mapping._extra_content[config_class] = cls
             if mapping[config_class] is not cls:
                 reg.unregister()
-                raise RuntimeError(f"could not register {cls.__name__} for {auto.__name__}: this Transformers "
-                                   f"version resolves auto classes differently")
+                raise RuntimeError(
+                    f"could not register {cls.__name__} for {auto.__name__}: this Transformers "
+                    f"version resolves auto classes differently"
+                )
             reg.classes.setdefault(auto.__name__, {})[config_class.__name__] = cls
     if not reg.classes:
         raise ValueError(f"module {module.__name__!r} has no class that a Transformers auto class produces")

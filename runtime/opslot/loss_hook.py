@@ -54,25 +54,34 @@ _LOCK = threading.RLock()
 
 
 # -- kernels (cross_entropy_loss/causal_logits) -----------------------------------------------------
-def causal_lm_loss_torch(logits, labels, vocab_size: int, num_items_in_batch=None, ignore_index: int = -100,
-                         shift_labels=None, **kwargs):
+def causal_lm_loss_torch(
+    logits, labels, vocab_size: int, num_items_in_batch=None, ignore_index: int = -100, shift_labels=None, **kwargs
+):
     """Transformers' `ForCausalLMLoss`, as opslot's fp32 reference writes it (same operations)."""
-    return reference.for_causal_lm_loss(logits, labels, vocab_size, num_items_in_batch=num_items_in_batch,
-                                        ignore_index=ignore_index, shift_labels=shift_labels, **kwargs)
+    return reference.for_causal_lm_loss(
+        logits,
+        labels,
+        vocab_size,
+        num_items_in_batch=num_items_in_batch,
+        ignore_index=ignore_index,
+        shift_labels=shift_labels,
+        **kwargs,
+    )
 
 
-def causal_lm_loss_cuda(logits, labels, vocab_size: int, num_items_in_batch=None, ignore_index: int = -100,
-                        shift_labels=None, **kwargs):
+def causal_lm_loss_cuda(
+    logits, labels, vocab_size: int, num_items_in_batch=None, ignore_index: int = -100, shift_labels=None, **kwargs
+):
     """`ForCausalLMLoss` on libopslot_kernels' logits-in cross-entropy (`opslot::ce_logits_fwd`): the
     logits are read in their dtype (fp32, fp16, bf16) with fp32 math, as upstream's `.float()` copy
     does, and the fp32 loss is returned; the gradient is written in the logits dtype (where upstream's
     backward of `.float()` rounds it). Every label ignored: NaN loss and zero gradients, as upstream."""
-    from .kernels.cuda import _lib
-    from .kernels.cuda import cross_entropy as ce
+    from .kernels.cuda import _lib, cross_entropy as ce
 
     if logits.dtype not in _lib.DTYPE_CODES:
-        raise TypeError(f"cross_entropy_loss/causal_logits (cuda) takes float32, float16 or bfloat16 logits, "
-                        f"got {logits.dtype}")
+        raise TypeError(
+            f"cross_entropy_loss/causal_logits (cuda) takes float32, float16 or bfloat16 logits, got {logits.dtype}"
+        )
     if shift_labels is None:
         shift_labels = F.pad(labels, (0, 1), value=ignore_index)[..., 1:]
     x = logits.reshape(-1, vocab_size)
@@ -95,10 +104,22 @@ def causal_lm_loss_cuda(logits, labels, vocab_size: int, num_items_in_batch=None
 
 #: The built-in kernels of cross_entropy_loss/causal_logits, used when the registry has none of that name.
 BUILTIN_KERNELS: Dict[str, KernelSpec] = {
-    "torch": KernelSpec("torch", OP, VARIANT, f"{__name__}:causal_lm_loss_torch", ANY,
-                        "Transformers' ForCausalLMLoss (opslot.reference), bit-identical"),
-    "cuda": KernelSpec("cuda", OP, VARIANT, f"{__name__}:causal_lm_loss_cuda", CUDA,
-                       "logits-in CUDA cross-entropy (opslot::ce_logits_fwd), fp32 math, no fp32 logits copy"),
+    "torch": KernelSpec(
+        "torch",
+        OP,
+        VARIANT,
+        f"{__name__}:causal_lm_loss_torch",
+        ANY,
+        "Transformers' ForCausalLMLoss (opslot.reference), bit-identical",
+    ),
+    "cuda": KernelSpec(
+        "cuda",
+        OP,
+        VARIANT,
+        f"{__name__}:causal_lm_loss_cuda",
+        CUDA,
+        "logits-in CUDA cross-entropy (opslot::ce_logits_fwd), fp32 math, no fp32 logits copy",
+    ),
 }
 
 
@@ -115,16 +136,20 @@ def resolve_kernel(impl: str, registry: Optional[KernelRegistry] = None) -> Call
     """The `cross_entropy_loss/causal_logits` kernel `impl`, refused (ValueError / RuntimeError) when
     it does not exist or cannot run on this machine."""
     if impl == EAGER:
-        raise ValueError("impl 'eager' is Transformers' own ForCausalLMLoss: there is nothing to install "
-                         "(leave the loss as it is, or choose one of: "
-                         f"{', '.join(sorted(available_impls(registry)))})")
+        raise ValueError(
+            "impl 'eager' is Transformers' own ForCausalLMLoss: there is nothing to install "
+            "(leave the loss as it is, or choose one of: "
+            f"{', '.join(sorted(available_impls(registry)))})"
+        )
     specs = available_impls(registry)
     spec = specs.get(impl) if isinstance(impl, str) else None
     if spec is None:
         close = difflib.get_close_matches(str(impl), list(specs), n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise ValueError(f"no kernel {impl!r} for {OP}/{VARIANT} (the causal-LM loss on given logits){hint} "
-                         f"(available: {', '.join(sorted(specs))})")
+        raise ValueError(
+            f"no kernel {impl!r} for {OP}/{VARIANT} (the causal-LM loss on given logits){hint} "
+            f"(available: {', '.join(sorted(specs))})"
+        )
     reason = spec.hardware.unmet_reason()
     if reason is None and impl == "cuda":
         from . import config as _config
@@ -145,17 +170,33 @@ class CausalLMLoss:
         self.kernel = resolve_kernel(impl, registry)
         self.calls = 0
 
-    def __call__(self, logits, labels, vocab_size: int, num_items_in_batch=None, ignore_index: int = -100,
-                 shift_labels=None, **kwargs):
+    def __call__(
+        self,
+        logits,
+        labels,
+        vocab_size: int,
+        num_items_in_batch=None,
+        ignore_index: int = -100,
+        shift_labels=None,
+        **kwargs,
+    ):
         if logits.shape[-1] != vocab_size:
             raise ValueError(
                 f"opslot causal-LM loss ({self.impl}): the logits have {logits.shape[-1]} classes but the model "
                 f"passes vocab_size={vocab_size}; Transformers' ForCausalLMLoss would reshape them with "
                 f"logits.view(-1, {vocab_size}), which is an error or a wrong loss, so the hook refuses it "
-                f"(check config.vocab_size against the lm_head)")
+                f"(check config.vocab_size against the lm_head)"
+            )
         self.calls += 1
-        return self.kernel(logits, labels, vocab_size, num_items_in_batch=num_items_in_batch,
-                           ignore_index=ignore_index, shift_labels=shift_labels, **kwargs)
+        return self.kernel(
+            logits,
+            labels,
+            vocab_size,
+            num_items_in_batch=num_items_in_batch,
+            ignore_index=ignore_index,
+            shift_labels=shift_labels,
+            **kwargs,
+        )
 
     def __reduce__(self):  # pickled / deep-copied with a model: the kernel is resolved again
         return (CausalLMLoss, (self.impl,))
@@ -194,22 +235,28 @@ def check_model(model: Any) -> None:
     (its loss never reaches `loss_function`), or an lm_head whose rows are not `config.vocab_size`."""
     name = type(model).__name__
     if not isinstance(getattr(type(model), "loss_function", None), property):
-        raise TypeError(f"install_causal_lm_loss(model=...) takes a Transformers PreTrainedModel (a *ForCausalLM "
-                        f"or *ForConditionalGeneration head), got {name}")
+        raise TypeError(
+            f"install_causal_lm_loss(model=...) takes a Transformers PreTrainedModel (a *ForCausalLM "
+            f"or *ForConditionalGeneration head), got {name}"
+        )
     current = model.loss_function
     upstream = _upstream_loss()
     if not (current is upstream or isinstance(current, CausalLMLoss)):
         loss_type = getattr(model, "loss_type", None)
-        raise ValueError(f"{name}'s loss function is {_fn_name(current)} (loss_type {loss_type!r}), "
-                         f"not Transformers' ForCausalLMLoss: the causal-LM loss hook would change what this model "
-                         f"computes; install it on a causal-LM head")
+        raise ValueError(
+            f"{name}'s loss function is {_fn_name(current)} (loss_type {loss_type!r}), "
+            f"not Transformers' ForCausalLMLoss: the causal-LM loss hook would change what this model "
+            f"computes; install it on a causal-LM head"
+        )
     try:
         source = inspect.getsource(inspect.unwrap(type(model).forward))
     except (OSError, TypeError):
         source = None  # no source to read: the hook's `calls` says whether it ran
     if source is not None and "loss_function" not in source:
-        raise ValueError(f"{name}.forward never calls self.loss_function (it computes no loss, or its own), so the "
-                         f"hook would never run; install it on the model's causal-LM head (e.g. *ForCausalLM)")
+        raise ValueError(
+            f"{name}.forward never calls self.loss_function (it computes no loss, or its own), so the "
+            f"hook would never run; install it on the model's causal-LM head (e.g. *ForCausalLM)"
+        )
     from .slot import OpSlot
 
     module = sys.modules.get(type(model).__module__)
@@ -217,9 +264,11 @@ def check_model(model: Any) -> None:
     candidates += list(vars(model).items())
     for attr, slot in candidates:
         if isinstance(slot, OpSlot) and slot.op == OP and slot.variant == "causal" and slot.use_non_eager_impl:
-            raise ValueError(f"{name} is a generated model whose {attr} ({OP}/causal) runs kernel {slot.impl!r}: its "
-                             f"forward computes the loss there and never calls loss_function, so the hook would never "
-                             f"run. Its loss is already opslot's; to use the hook instead, bind that slot to eager")
+            raise ValueError(
+                f"{name} is a generated model whose {attr} ({OP}/causal) runs kernel {slot.impl!r}: its "
+                f"forward computes the loss there and never calls loss_function, so the hook would never "
+                f"run. Its loss is already opslot's; to use the hook instead, bind that slot to eager"
+            )
     vocab = _text_vocab_size(getattr(model, "config", None))
     try:
         head = model.get_output_embeddings()
@@ -227,8 +276,10 @@ def check_model(model: Any) -> None:
         head = None
     weight = getattr(head, "weight", None)
     if vocab is not None and torch.is_tensor(weight) and weight.dim() == 2 and weight.shape[0] != vocab:
-        raise ValueError(f"{name}: the lm_head has {weight.shape[0]} rows but config vocab_size is {vocab}; "
-                         f"ForCausalLMLoss reshapes the logits by vocab_size, so the loss would be wrong or an error")
+        raise ValueError(
+            f"{name}: the lm_head has {weight.shape[0]} rows but config vocab_size is {vocab}; "
+            f"ForCausalLMLoss reshapes the logits by vocab_size, so the loss would be wrong or an error"
+        )
 
 
 class CausalLMLossHandle:
@@ -260,8 +311,10 @@ class CausalLMLossHandle:
                 mapping = _loss_mapping()
                 if mapping.get(LOSS_TYPE) is not self.hook:
                     now = _fn_name(mapping.get(LOSS_TYPE))
-                    raise RuntimeError(f"LOSS_MAPPING[{LOSS_TYPE!r}] is {now} now, not this hook: uninstall what was "
-                                       f"installed over it first (in reverse order)")
+                    raise RuntimeError(
+                        f"LOSS_MAPPING[{LOSS_TYPE!r}] is {now} now, not this hook: uninstall what was "
+                        f"installed over it first (in reverse order)"
+                    )
                 if self._had_previous:
                     mapping[LOSS_TYPE] = self._previous
                 else:
@@ -269,9 +322,11 @@ class CausalLMLossHandle:
             else:
                 state = vars(self.model)
                 if state.get("_loss_function") is not self.hook:
-                    raise RuntimeError(f"{type(self.model).__name__}.loss_function is "
-                                       f"{_fn_name(state.get('_loss_function'))} now, not this hook: uninstall what "
-                                       f"was installed over it first (in reverse order)")
+                    raise RuntimeError(
+                        f"{type(self.model).__name__}.loss_function is "
+                        f"{_fn_name(state.get('_loss_function'))} now, not this hook: uninstall what "
+                        f"was installed over it first (in reverse order)"
+                    )
                 if self._had_previous:
                     self.model._loss_function = self._previous
                 else:
@@ -290,8 +345,9 @@ class CausalLMLossHandle:
         return f"CausalLMLossHandle({self.hook.impl!r} on {where}, {state}, calls={self.calls})"
 
 
-def install_causal_lm_loss(impl: str, model: Any = None, *,
-                           registry: Optional[KernelRegistry] = None) -> CausalLMLossHandle:
+def install_causal_lm_loss(
+    impl: str, model: Any = None, *, registry: Optional[KernelRegistry] = None
+) -> CausalLMLossHandle:
     """Make the causal-LM loss of an unpatched Transformers model run opslot kernel `impl` of
     `cross_entropy_loss/causal_logits` ("torch", "cuda", or a plug-in's).
 

@@ -24,8 +24,11 @@ from typing import Dict, Mapping, Optional, Tuple
 
 #: The roles, in the order messages list them, and the opslot auto class that builds each.
 ROLES: Tuple[str, ...] = ("causal_lm", "base", "conditional_generation")
-AUTO_CLASS_OF_ROLE: Dict[str, str] = {"causal_lm": "AutoModelForCausalLM", "base": "AutoModel",
-                                      "conditional_generation": "AutoModelForImageTextToText"}
+AUTO_CLASS_OF_ROLE: Dict[str, str] = {
+    "causal_lm": "AutoModelForCausalLM",
+    "base": "AutoModel",
+    "conditional_generation": "AutoModelForImageTextToText",
+}
 #: Module targets: "gpu" (CUDA and CPU machines) and "npu" (Ascend).
 TARGETS: Tuple[str, ...] = ("gpu", "npu")
 #: Spec folders that generate no Transformers model (the example patches the toy package toyformers).
@@ -56,7 +59,8 @@ class GeneratedModel:
                 f"model_type {self.model_type!r} has no {target.upper()} module: specs/{self.spec_folder}/ has "
                 f"{have} only. Add specs/{self.spec_folder}/{self.spec_folder}_{target}.yaml (extends: "
                 f"{self.spec_folder}_gpu.yaml) and its target in opslot/models.py, or use the GPU module here "
-                f"with target='gpu'")
+                f"with target='gpu'"
+            )
         return f"patched_modeling_{self.spec_folder}_{target}"
 
     def spec(self, target: str) -> str:
@@ -71,11 +75,13 @@ class GeneratedModel:
         if name is not None:
             return name
         with_role = ", ".join(t for t, m in sorted(MODELS.items()) if role in m.classes)
-        alternatives = " or ".join(f"opslot.{AUTO_CLASS_OF_ROLE[r]} ({self.classes[r]})" for r in ROLES
-                                   if r in self.classes)
+        alternatives = " or ".join(
+            f"opslot.{AUTO_CLASS_OF_ROLE[r]} ({self.classes[r]})" for r in ROLES if r in self.classes
+        )
         raise UnsupportedModelError(
             f"{who}: model_type {self.model_type!r} has no {role} class (model types that have one: {with_role}); "
-            f"use {alternatives}")
+            f"use {alternatives}"
+        )
 
 
 def _models(*rows: Tuple[str, Tuple[str, ...], Dict[str, Dict[str, str]]]) -> Dict[str, GeneratedModel]:
@@ -96,25 +102,46 @@ GPU, GPU_NPU = ("gpu",), ("gpu", "npu")
 #: model_type -> GeneratedModel, for every real-model spec folder under specs/.
 MODELS: Dict[str, GeneratedModel] = _models(
     ("deepseek_v3", GPU_NPU, {"deepseek_v3": _text("DeepseekV3")}),
-    ("gemma3", GPU, {
-        "gemma3": {"causal_lm": "Gemma3ForConditionalGeneration", "base": "Gemma3Model",
-                   "conditional_generation": "Gemma3ForConditionalGeneration"},
-        "gemma3_text": {"causal_lm": "Gemma3ForCausalLM", "base": "Gemma3TextModel"},
-    }),
+    (
+        "gemma3",
+        GPU,
+        {
+            "gemma3": {
+                "causal_lm": "Gemma3ForConditionalGeneration",
+                "base": "Gemma3Model",
+                "conditional_generation": "Gemma3ForConditionalGeneration",
+            },
+            "gemma3_text": {"causal_lm": "Gemma3ForCausalLM", "base": "Gemma3TextModel"},
+        },
+    ),
     ("gpt_oss", GPU, {"gpt_oss": _text("GptOss")}),
     ("llama", GPU, {"llama": _text("Llama")}),
     ("qwen2", GPU, {"qwen2": _text("Qwen2")}),
     ("qwen3", GPU_NPU, {"qwen3": _text("Qwen3")}),
-    ("qwen3_5", GPU_NPU, {
-        "qwen3_5": {"causal_lm": "Qwen3_5ForCausalLM", "base": "Qwen3_5Model",
-                    "conditional_generation": "Qwen3_5ForConditionalGeneration"},
-        "qwen3_5_text": {"causal_lm": "Qwen3_5ForCausalLM", "base": "Qwen3_5TextModel"},
-    }),
-    ("qwen3_5_moe", GPU_NPU, {
-        "qwen3_5_moe": {"causal_lm": "Qwen3_5MoeForCausalLM", "base": "Qwen3_5MoeModel",
-                        "conditional_generation": "Qwen3_5MoeForConditionalGeneration"},
-        "qwen3_5_moe_text": {"causal_lm": "Qwen3_5MoeForCausalLM", "base": "Qwen3_5MoeTextModel"},
-    }),
+    (
+        "qwen3_5",
+        GPU_NPU,
+        {
+            "qwen3_5": {
+                "causal_lm": "Qwen3_5ForCausalLM",
+                "base": "Qwen3_5Model",
+                "conditional_generation": "Qwen3_5ForConditionalGeneration",
+            },
+            "qwen3_5_text": {"causal_lm": "Qwen3_5ForCausalLM", "base": "Qwen3_5TextModel"},
+        },
+    ),
+    (
+        "qwen3_5_moe",
+        GPU_NPU,
+        {
+            "qwen3_5_moe": {
+                "causal_lm": "Qwen3_5MoeForCausalLM",
+                "base": "Qwen3_5MoeModel",
+                "conditional_generation": "Qwen3_5MoeForConditionalGeneration",
+            },
+            "qwen3_5_moe_text": {"causal_lm": "Qwen3_5MoeForCausalLM", "base": "Qwen3_5MoeTextModel"},
+        },
+    ),
     ("qwen3_moe", GPU_NPU, {"qwen3_moe": _text("Qwen3Moe")}),
     ("seed_oss", GPU_NPU, {"seed_oss": _text("SeedOss")}),
 )
@@ -126,7 +153,8 @@ def model_entry(model_type: Optional[str], who: str = "opslot") -> GeneratedMode
     if entry is None:
         raise UnsupportedModelError(
             f"{who}: no generated model for model_type {model_type!r}; opslot generates these model types: "
-            f"{', '.join(MODELS)} (a new one needs a spec under specs/<model>/ and its entry in opslot/models.py)")
+            f"{', '.join(MODELS)} (a new one needs a spec under specs/<model>/ and its entry in opslot/models.py)"
+        )
     return entry
 
 

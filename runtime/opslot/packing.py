@@ -71,9 +71,14 @@ def boundaries(position_ids: torch.Tensor) -> Tuple[torch.Tensor, int, int]:
     return cu.to(position_ids.device, non_blocking=True), longest, cu.numel() - 1
 
 
-def packed_sequence_kwargs(position_ids: Optional[torch.Tensor], attention_mask: Any, past_key_values: Any,
-                           use_cache: Optional[bool], kwargs: Dict[str, Any],
-                           token_mixers: Sequence[Any] = ()) -> Tuple[Dict[str, Any], Optional[bool]]:
+def packed_sequence_kwargs(
+    position_ids: Optional[torch.Tensor],
+    attention_mask: Any,
+    past_key_values: Any,
+    use_cache: Optional[bool],
+    kwargs: Dict[str, Any],
+    token_mixers: Sequence[Any] = (),
+) -> Tuple[Dict[str, Any], Optional[bool]]:
     """(kwargs, use_cache) for the layers of a generated text model's forward.
 
     A packed row (position ids restarting inside a row, or `cu_seq_lens_q` given) gets
@@ -90,7 +95,8 @@ def packed_sequence_kwargs(position_ids: Optional[torch.Tensor], attention_mask:
     if given is not None and position_ids is None:
         raise PackedSequenceError(
             "cu_seq_lens_q was given without position_ids: RoPE and the attention mask need the positions "
-            "restarting at 0 in each document (DataCollatorWithFlattening(return_position_ids=True) gives both)")
+            "restarting at 0 in each document (DataCollatorWithFlattening(return_position_ids=True) gives both)"
+        )
     if given is None and attention_mask is not None:
         _refuse_packed_padding(position_ids, attention_mask)
         return kwargs, use_cache  # a padded batch: Transformers' masks (or opslot_varlen's unpadding) take it
@@ -102,12 +108,15 @@ def packed_sequence_kwargs(position_ids: Optional[torch.Tensor], attention_mask:
             if other is not None and not torch.equal(other.to(cu.device, torch.int32), cu):
                 raise PackedSequenceError(
                     f"{name}={other.tolist()} disagrees with the documents of position_ids (restarts give "
-                    f"{cu.tolist()}); pass the collator's position_ids and cu_seq_lens together")
+                    f"{cu.tolist()}); pass the collator's position_ids and cu_seq_lens together"
+                )
     elif count == batch:
         return kwargs, use_cache  # one document per row: nothing is packed
     if attention_mask is not None:
-        raise PackedSequenceError("cu_seq_lens_q came with an attention_mask: pass one or the other (a packed row "
-                                  "has no padding; DataCollatorWithFlattening gives no mask)")
+        raise PackedSequenceError(
+            "cu_seq_lens_q came with an attention_mask: pass one or the other (a packed row "
+            "has no padding; DataCollatorWithFlattening gives no mask)"
+        )
     if past_key_values is not None:
         raise PackedSequenceError("a packed row came with past_key_values: a cache cannot hold several documents")
     eager = [slot for slot in token_mixers if not slot.use_non_eager_impl]
@@ -115,7 +124,8 @@ def packed_sequence_kwargs(position_ids: Optional[torch.Tensor], attention_mask:
         names = ", ".join(f"{slot.op}_implementation" for slot in eager)
         raise PackedSequenceError(
             f"a packed row reaches {names} = eager: upstream's code runs the state across document boundaries; "
-            f"choose 'torch' or 'cuda' for it (they take cu_seqlens), or do not pack rows for this model here")
+            f"choose 'torch' or 'cuda' for it (they take cu_seqlens), or do not pack rows for this model here"
+        )
     if use_cache:
         _note_cache_off()
     out = dict(kwargs, cu_seq_lens_q=cu, cu_seq_lens_k=cu)
@@ -131,13 +141,14 @@ def _refuse_packed_padding(position_ids: torch.Tensor, attention_mask: Any) -> N
     if not torch.is_tensor(attention_mask) or attention_mask.ndim != 2:
         return
     pos = text_positions(position_ids)
-    real = attention_mask[:, -pos.shape[1]:].to(device=pos.device, dtype=torch.bool)
+    real = attention_mask[:, -pos.shape[1] :].to(device=pos.device, dtype=torch.bool)
     inside = document_starts(pos)[:, 1:] & real[:, 1:] & real[:, :-1]
     if bool(inside.any()):
         raise PackedSequenceError(
             "a packed row (position ids restart inside the row) came with an attention_mask: Transformers "
             "then ignores the document boundaries; pass attention_mask=None for packed rows "
-            "(DataCollatorWithFlattening does), or pad instead of packing")
+            "(DataCollatorWithFlattening does), or pad instead of packing"
+        )
 
 
 def _note_cache_off() -> None:
@@ -147,8 +158,12 @@ def _note_cache_off() -> None:
         _log.info("packed row: use_cache is off for this forward (a cache cannot hold several documents)")
 
 
-def packed_labels(labels: Optional[torch.Tensor], position_ids: Optional[torch.Tensor],
-                  kwargs: Dict[str, Any], ignore_index: int = -100) -> Tuple[Optional[torch.Tensor], Dict[str, Any]]:
+def packed_labels(
+    labels: Optional[torch.Tensor],
+    position_ids: Optional[torch.Tensor],
+    kwargs: Dict[str, Any],
+    ignore_index: int = -100,
+) -> Tuple[Optional[torch.Tensor], Dict[str, Any]]:
     """(labels, kwargs) for a generated causal-LM head: the label at each document's first token
     becomes `ignore_index` (it is the target of the previous document's last token; a row's first
     label is never a target, so unpacked rows are unchanged). A given `shift_labels` (already
@@ -167,10 +182,18 @@ def packed_labels(labels: Optional[torch.Tensor], position_ids: Optional[torch.T
 
 
 # -- opslot_varlen attention ----------------------------------------------------------------------
-def varlen_attention_forward(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                             attention_mask: Optional[torch.Tensor], dropout: float = 0.0,
-                             scaling: Optional[float] = None, sliding_window: Optional[int] = None,
-                             softcap: Optional[float] = None, **kwargs: Any) -> Tuple[torch.Tensor, None]:
+def varlen_attention_forward(
+    module: Any,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: Optional[torch.Tensor],
+    dropout: float = 0.0,
+    scaling: Optional[float] = None,
+    sliding_window: Optional[int] = None,
+    softcap: Optional[float] = None,
+    **kwargs: Any,
+) -> Tuple[torch.Tensor, None]:
     """Transformers' attention-interface signature: query [B, H, Sq, D], key/value [B, Hkv, Sk, D(v)]
     -> ([B, Sq, H, Dv], None). Documents come from `cu_seq_lens_q/k` (set by packed_sequence_kwargs or
     the collator), else from restarting `position_ids`, else each row is one (its padding, given by
@@ -202,29 +225,43 @@ def varlen_attention_forward(module: Any, query: torch.Tensor, key: torch.Tensor
 def _refuse_unsupported(module: Any, dropout: float, softcap: Optional[float], kwargs: Dict[str, Any]) -> None:
     name = type(module).__name__
     if softcap is not None:
-        raise NotImplementedError(f"{ATTN_IMPLEMENTATION}: {name} caps attention logits (softcap={softcap}); "
-                                  f"FlashAttention in PyTorch has no softcapping: use attn_implementation='eager'")
+        raise NotImplementedError(
+            f"{ATTN_IMPLEMENTATION}: {name} caps attention logits (softcap={softcap}); "
+            f"FlashAttention in PyTorch has no softcapping: use attn_implementation='eager'"
+        )
     if kwargs.get("s_aux") is not None or getattr(module, "sinks", None) is not None:
-        raise NotImplementedError(f"{ATTN_IMPLEMENTATION}: {name} has attention sinks (GPT-OSS); PyTorch's "
-                                  f"variable-length attention cannot add them: use attn_implementation='eager' "
-                                  f"(Transformers' block-diagonal mask keeps a packed row exact)")
+        raise NotImplementedError(
+            f"{ATTN_IMPLEMENTATION}: {name} has attention sinks (GPT-OSS); PyTorch's "
+            f"variable-length attention cannot add them: use attn_implementation='eager' "
+            f"(Transformers' block-diagonal mask keeps a packed row exact)"
+        )
     if dropout and getattr(module, "training", False):
-        raise NotImplementedError(f"{ATTN_IMPLEMENTATION}: attention dropout ({dropout}) is not supported; "
-                                  f"set attention_dropout=0 in the model config")
+        raise NotImplementedError(
+            f"{ATTN_IMPLEMENTATION}: attention dropout ({dropout}) is not supported; "
+            f"set attention_dropout=0 in the model config"
+        )
 
 
 class _Docs:
     """Document boundaries of one attention call: cumulative offsets over the kept query and key
     tokens, the longest document of each, and the flat indices of the kept tokens (None: all)."""
 
-    def __init__(self, cu_q: torch.Tensor, cu_k: torch.Tensor, max_q: int, max_k: int,
-                 q_keep: Optional[torch.Tensor] = None, k_keep: Optional[torch.Tensor] = None) -> None:
+    def __init__(
+        self,
+        cu_q: torch.Tensor,
+        cu_k: torch.Tensor,
+        max_q: int,
+        max_k: int,
+        q_keep: Optional[torch.Tensor] = None,
+        k_keep: Optional[torch.Tensor] = None,
+    ) -> None:
         self.cu_q, self.cu_k, self.max_q, self.max_k = cu_q, cu_k, max_q, max_k
         self.q_keep, self.k_keep = q_keep, k_keep
 
 
-def _documents(query: torch.Tensor, key: torch.Tensor, attention_mask: Optional[torch.Tensor],
-               kwargs: Dict[str, Any]) -> _Docs:
+def _documents(
+    query: torch.Tensor, key: torch.Tensor, attention_mask: Optional[torch.Tensor], kwargs: Dict[str, Any]
+) -> _Docs:
     batch, q_len, k_len, device = query.shape[0], query.shape[2], key.shape[2], query.device
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
     if cu_q is not None:
@@ -246,15 +283,22 @@ def _documents(query: torch.Tensor, key: torch.Tensor, attention_mask: Optional[
         cu_k = torch.arange(batch + 1, device=device, dtype=torch.int32) * k_len
         return _Docs(cu_q, cu_k, q_len, k_len)
     if attention_mask.ndim != 2:
-        raise PackedSequenceError(f"{ATTN_IMPLEMENTATION} takes a 2-D padding mask [batch, keys], got shape "
-                                  f"{tuple(attention_mask.shape)}")
+        raise PackedSequenceError(
+            f"{ATTN_IMPLEMENTATION} takes a 2-D padding mask [batch, keys], got shape {tuple(attention_mask.shape)}"
+        )
     keep_k = attention_mask[:, -k_len:].to(torch.bool)
     keep_q = keep_k[:, -q_len:]
     counts = torch.stack([keep_q.sum(1), keep_k.sum(1)]).cpu()
     cu_q = F.pad(counts[0].cumsum(0), (1, 0)).to(device, torch.int32)
     cu_k = F.pad(counts[1].cumsum(0), (1, 0)).to(device, torch.int32)
-    return _Docs(cu_q, cu_k, int(counts[0].max()), int(counts[1].max()),
-                 keep_q.flatten().nonzero().flatten(), keep_k.flatten().nonzero().flatten())
+    return _Docs(
+        cu_q,
+        cu_k,
+        int(counts[0].max()),
+        int(counts[1].max()),
+        keep_q.flatten().nonzero().flatten(),
+        keep_k.flatten().nonzero().flatten(),
+    )
 
 
 def _window(causal: bool, sliding_window: Optional[int]) -> Tuple[int, int]:
@@ -264,33 +308,60 @@ def _window(causal: bool, sliding_window: Optional[int]) -> Tuple[int, int]:
     return (left, 0) if causal else (left, left)
 
 
-def _flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: _Docs, scaling: Optional[float],
-           causal: bool, sliding_window: Optional[int]) -> torch.Tensor:
+def _flash(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    docs: _Docs,
+    scaling: Optional[float],
+    causal: bool,
+    sliding_window: Optional[int],
+) -> torch.Tensor:
     from torch.nn.attention.varlen import varlen_attn
 
     if q.dtype not in (torch.float16, torch.bfloat16) or k.dtype != q.dtype or v.dtype != q.dtype:
-        raise TypeError(f"{ATTN_IMPLEMENTATION} on CUDA runs FlashAttention, which takes float16 or bfloat16; "
-                        f"got query {q.dtype}, key {k.dtype}, value {v.dtype} (run the model in bf16/fp16, or "
-                        f"use attn_implementation='sdpa' for fp32)")
+        raise TypeError(
+            f"{ATTN_IMPLEMENTATION} on CUDA runs FlashAttention, which takes float16 or bfloat16; "
+            f"got query {q.dtype}, key {k.dtype}, value {v.dtype} (run the model in bf16/fp16, or "
+            f"use attn_implementation='sdpa' for fp32)"
+        )
     dim, dim_v = q.shape[-1], v.shape[-1]
     width = max(dim, dim_v)
     if width > MAX_FLASH_HEAD_DIM or dim != k.shape[-1]:
-        raise ValueError(f"{ATTN_IMPLEMENTATION}: head dims query {dim}, key {k.shape[-1]}, value {dim_v}; "
-                         f"FlashAttention needs query and key equal and at most {MAX_FLASH_HEAD_DIM}")
+        raise ValueError(
+            f"{ATTN_IMPLEMENTATION}: head dims query {dim}, key {k.shape[-1]}, value {dim_v}; "
+            f"FlashAttention needs query and key equal and at most {MAX_FLASH_HEAD_DIM}"
+        )
     pad = (-width) % 8
     if dim_v != dim or pad:  # e.g. DeepSeek-V3's MLA: value head 128 under a 192-wide query
         q = F.pad(q, (0, width + pad - dim))
         k = F.pad(k, (0, width + pad - dim))
         v = F.pad(v, (0, width + pad - dim_v))
     if scaling is None:
-        scaling = dim ** -0.5
-    out = varlen_attn(q.contiguous(), k.contiguous(), v.contiguous(), docs.cu_q, docs.cu_k, docs.max_q, docs.max_k,
-                      scale=scaling, window_size=_window(causal, sliding_window))
+        scaling = dim**-0.5
+    out = varlen_attn(
+        q.contiguous(),
+        k.contiguous(),
+        v.contiguous(),
+        docs.cu_q,
+        docs.cu_k,
+        docs.max_q,
+        docs.max_k,
+        scale=scaling,
+        window_size=_window(causal, sliding_window),
+    )
     return out[..., :dim_v]
 
 
-def _exact(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: _Docs, scaling: Optional[float],
-           causal: bool, sliding_window: Optional[int]) -> torch.Tensor:
+def _exact(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    docs: _Docs,
+    scaling: Optional[float],
+    causal: bool,
+    sliding_window: Optional[int],
+) -> torch.Tensor:
     """Per-document scaled_dot_product_attention with the mask written out: exact, for the CPU."""
     if scaling is None:
         scaling = q.shape[-1] ** -0.5
@@ -320,9 +391,16 @@ def _allowed(q_len: int, k_len: int, causal: bool, sliding_window: Optional[int]
     return allowed
 
 
-def varlen_attention_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0, kv_offset: int = 0,
-                          mask_function: Any = None, attention_mask: Optional[torch.Tensor] = None,
-                          **kwargs: Any) -> Optional[torch.Tensor]:
+def varlen_attention_mask(
+    batch_size: int,
+    q_length: int,
+    kv_length: int,
+    q_offset: int = 0,
+    kv_offset: int = 0,
+    mask_function: Any = None,
+    attention_mask: Optional[torch.Tensor] = None,
+    **kwargs: Any,
+) -> Optional[torch.Tensor]:
     """Transformers' mask-interface signature: no 4-D mask is built; the 2-D padding mask (sliced to
     the keys) passes through when it has padding, else None."""
     if attention_mask is None:

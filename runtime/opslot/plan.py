@@ -22,7 +22,6 @@ import ast
 import logging
 import os
 import re
-import sys
 import types
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Tuple
@@ -53,7 +52,8 @@ def _is_opslot_call(node: ast.AST) -> bool:
         return False
     func = node.func
     return (isinstance(func, ast.Name) and func.id == "OpSlot") or (
-        isinstance(func, ast.Attribute) and func.attr == "OpSlot")
+        isinstance(func, ast.Attribute) and func.attr == "OpSlot"
+    )
 
 
 def _instance_slots_in_source(path: str) -> List[DeclaredSlot]:
@@ -73,8 +73,11 @@ def _instance_slots_in_source(path: str) -> List[DeclaredSlot]:
         for node in ast.walk(cls):
             if not isinstance(node, ast.Assign):
                 continue
-            targets = [t for t in node.targets if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name)
-                       and t.value.id == "self"]
+            targets = [
+                t
+                for t in node.targets
+                if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"
+            ]
             if not targets:
                 continue
             for call in (n for n in ast.walk(node.value) if _is_opslot_call(n)):
@@ -92,8 +95,10 @@ def _literal_config_slot(call: ast.Call) -> Optional[ConfigSlot]:
     """The unbound ConfigSlot of a `ConfigSlot("A.x", "attr", ("a", "b"), default="a")` call whose
     arguments are literals (what patchgen writes), else None."""
     func = call.func
-    if not ((isinstance(func, ast.Name) and func.id == "ConfigSlot")
-            or (isinstance(func, ast.Attribute) and func.attr == "ConfigSlot")):
+    if not (
+        (isinstance(func, ast.Name) and func.id == "ConfigSlot")
+        or (isinstance(func, ast.Attribute) and func.attr == "ConfigSlot")
+    ):
         return None
     try:
         args = [ast.literal_eval(a) for a in call.args]
@@ -128,8 +133,11 @@ def declared_config_slots(module: types.ModuleType) -> List[ConfigSlot]:
 def declared_slots(module: types.ModuleType) -> List[DeclaredSlot]:
     """Every slot `module` declares: its module-level OpSlot attributes, and the instance-scoped
     `self.x = OpSlot(op, variant)...` assignments found in its source file."""
-    out = [DeclaredSlot(slot.op, slot.variant, "module", name)
-           for name, slot in sorted(vars(module).items()) if isinstance(slot, OpSlot)]
+    out = [
+        DeclaredSlot(slot.op, slot.variant, "module", name)
+        for name, slot in sorted(vars(module).items())
+        if isinstance(slot, OpSlot)
+    ]
     path = getattr(module, "__file__", None)
     if path and path.endswith(".py"):
         out += _instance_slots_in_source(path)
@@ -161,9 +169,15 @@ class BindingPlan:
     `ops_implementation_aliases`). Iterable over `entries`; `as_dict()` gives {slot: impl}; equal when
     the entries are."""
 
-    def __init__(self, target: str, entries: List[PlanEntry], module: Optional[str] = None,
-                 attention: Optional[str] = None, config_slots: Optional[List[PlanEntry]] = None,
-                 aliases: Optional[Dict[str, Any]] = None) -> None:
+    def __init__(
+        self,
+        target: str,
+        entries: List[PlanEntry],
+        module: Optional[str] = None,
+        attention: Optional[str] = None,
+        config_slots: Optional[List[PlanEntry]] = None,
+        aliases: Optional[Dict[str, Any]] = None,
+    ) -> None:
         self.target = target
         self.aliases = {field: tuple(pair) for field, pair in (aliases or {}).items()}
         self.entries = list(entries)
@@ -178,8 +192,12 @@ class BindingPlan:
         return len(self.entries)
 
     def __eq__(self, other: Any) -> bool:
-        return isinstance(other, BindingPlan) and [(e.slot, e.op, e.variant, e.impl, e.count) for e in self] == [
-            (e.slot, e.op, e.variant, e.impl, e.count) for e in other] and self.attention == other.attention
+        return (
+            isinstance(other, BindingPlan)
+            and [(e.slot, e.op, e.variant, e.impl, e.count) for e in self]
+            == [(e.slot, e.op, e.variant, e.impl, e.count) for e in other]
+            and self.attention == other.attention
+        )
 
     def as_dict(self) -> Dict[str, str]:
         return {e.slot: e.impl for e in self.entries}
@@ -193,8 +211,9 @@ class BindingPlan:
         rows = [("slot", "op/variant", "impl", "why") + (("dispatch",) if stepped else ())]
         for e in self.entries:
             count = f" (x{e.count})" if e.count > 1 else ""
-            rows.append((e.slot, f"{e.op}/{e.variant}{count}", e.impl, e.why)
-                        + ((e.dispatch or "-",) if stepped else ()))
+            rows.append(
+                (e.slot, f"{e.op}/{e.variant}{count}", e.impl, e.why) + ((e.dispatch or "-",) if stepped else ())
+            )
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
         lines = [f"BindingPlan of {self.target}{where}:"]
         for r in rows:
@@ -207,8 +226,10 @@ class BindingPlan:
         if self.attention is not None:
             lines.append(f"  attention: {self.attention} (config._attn_implementation)")
         if self.aliases:
-            lines.append("  reference trainer's names: " + ", ".join(
-                f"{field} {given!r} -> {ours!r}" for field, (given, ours) in sorted(self.aliases.items())))
+            lines.append(
+                "  reference trainer's names: "
+                + ", ".join(f"{field} {given!r} -> {ours!r}" for field, (given, ours) in sorted(self.aliases.items()))
+            )
         return "\n".join(lines)
 
 
@@ -217,9 +238,19 @@ _INDEX = re.compile(r"(?<=\.)\d+(?=\.)|^\d+(?=\.)")
 
 def _module_entries(module: Any, dispatch: Any = None) -> List[PlanEntry]:
     items = module.items() if isinstance(module, dict) else vars(module).items()
-    return [PlanEntry(name, "module", s.op, s.variant, s.impl, s.why,
-                      dispatch=dispatch.status_of(s) if dispatch is not None else None)
-            for name, s in sorted(items) if isinstance(s, OpSlot)]
+    return [
+        PlanEntry(
+            name,
+            "module",
+            s.op,
+            s.variant,
+            s.impl,
+            s.why,
+            dispatch=dispatch.status_of(s) if dispatch is not None else None,
+        )
+        for name, s in sorted(items)
+        if isinstance(s, OpSlot)
+    ]
 
 
 def binding_plan(target: Any) -> BindingPlan:
@@ -229,8 +260,9 @@ def binding_plan(target: Any) -> BindingPlan:
         return BindingPlan(target.__name__, _module_entries(target), module=target.__name__)
     named = getattr(target, "named_modules", None)
     if not callable(named):
-        raise TypeError(f"binding_plan takes a model (torch.nn.Module) or a generated module, got "
-                        f"{type(target).__name__}")
+        raise TypeError(
+            f"binding_plan takes a model (torch.nn.Module) or a generated module, got {type(target).__name__}"
+        )
     from .copies import slots_of_class
     from .dispatch import dispatch_report
 
@@ -245,11 +277,16 @@ def binding_plan(target: Any) -> BindingPlan:
             if isinstance(value, (OpSlot, ConfigSlot)):
                 name = f"{path}.{attr}" if path else attr
                 if isinstance(value, ConfigSlot):  # config/<attribute>, the chosen implementation
-                    key = (_INDEX.sub("*", name), "config", value.attribute, value._value or "unbound", value.why,
-                           None)
+                    key = (_INDEX.sub("*", name), "config", value.attribute, value._value or "unbound", value.why, None)
                 else:
-                    key = (_INDEX.sub("*", name), value.op, value.variant, value.impl, value.why,
-                           report.status_of(value) if report is not None else None)
+                    key = (
+                        _INDEX.sub("*", name),
+                        value.op,
+                        value.variant,
+                        value.impl,
+                        value.why,
+                        report.status_of(value) if report is not None else None,
+                    )
                 if key not in groups:
                     order.append(key)
                     groups[key] = 0
@@ -262,8 +299,14 @@ def binding_plan(target: Any) -> BindingPlan:
     attention = getattr(config, "_attn_implementation", None) if config is not None else None
     aliases = getattr(config, "ops_implementation_aliases", None) if config is not None else None
     aliases = aliases if isinstance(aliases, dict) else None
-    return BindingPlan(type(target).__name__, entries, module=type(target).__module__, attention=attention,
-                       config_slots=[e for e in rows if e.op == "config"], aliases=aliases)
+    return BindingPlan(
+        type(target).__name__,
+        entries,
+        module=type(target).__module__,
+        attention=attention,
+        config_slots=[e for e in rows if e.op == "config"],
+        aliases=aliases,
+    )
 
 
 def log_plan(plan: BindingPlan) -> None:

@@ -88,8 +88,9 @@ def fixed_cross_entropy(source, target, num_items_in_batch=None, ignore_index: i
     return loss
 
 
-def for_causal_lm_loss(logits, labels, vocab_size: int, num_items_in_batch=None, ignore_index: int = -100,
-                       shift_labels=None, **kwargs):
+def for_causal_lm_loss(
+    logits, labels, vocab_size: int, num_items_in_batch=None, ignore_index: int = -100, shift_labels=None, **kwargs
+):
     logits = logits.float()
     if shift_labels is None:
         labels = F.pad(labels, (0, 1), value=ignore_index)
@@ -151,8 +152,9 @@ def load_balancing_loss(gate_logits, num_experts=None, top_k=2, attention_mask=N
         routing_weights = F.softmax(layer_gate.to(compute_device), dim=-1)
         _, selected_experts = torch.topk(routing_weights, top_k, dim=-1)
         if attention_mask is None:
-            tokens_per_expert_sum = tokens_per_expert_sum + torch.bincount(
-                selected_experts.reshape(-1), minlength=num_experts).float()
+            tokens_per_expert_sum = (
+                tokens_per_expert_sum + torch.bincount(selected_experts.reshape(-1), minlength=num_experts).float()
+            )
             router_prob_sum = router_prob_sum + routing_weights.float().sum(dim=0)
             total_rows = total_rows + routing_weights.shape[0]
         else:
@@ -218,10 +220,18 @@ def cu_seqlens_bounds(cu_seqlens, batch_size: int, seq_len: int, op: str):
     `cu_seqlens` is a 1-D integer tensor [N + 1] with 0 = cu[0] <= cu[1] <= ... <= cu[N] = seq_len
     (empty segments allowed); the batch must be 1 (segments of one packed row). Anything else is a
     ValueError naming `op`."""
-    if not torch.is_tensor(cu_seqlens) or cu_seqlens.dim() != 1 or cu_seqlens.is_floating_point() \
-            or cu_seqlens.is_complex() or cu_seqlens.dtype == torch.bool:
-        what = (f"a {cu_seqlens.dim()}-D {cu_seqlens.dtype} tensor" if torch.is_tensor(cu_seqlens)
-                else type(cu_seqlens).__name__)
+    if (
+        not torch.is_tensor(cu_seqlens)
+        or cu_seqlens.dim() != 1
+        or cu_seqlens.is_floating_point()
+        or cu_seqlens.is_complex()
+        or cu_seqlens.dtype == torch.bool
+    ):
+        what = (
+            f"a {cu_seqlens.dim()}-D {cu_seqlens.dtype} tensor"
+            if torch.is_tensor(cu_seqlens)
+            else type(cu_seqlens).__name__
+        )
         raise ValueError(f"{op}: cu_seqlens must be a 1-D integer tensor [num_sequences + 1], got {what}")
     if batch_size != 1:
         raise ValueError(f"{op}: cu_seqlens (packed sequences) needs batch size 1, got {batch_size}")
@@ -229,8 +239,7 @@ def cu_seqlens_bounds(cu_seqlens, batch_size: int, seq_len: int, op: str):
     if len(cu) < 2 or cu[0] != 0 or any(b < a for a, b in zip(cu, cu[1:])):
         raise ValueError(f"{op}: cu_seqlens must start at 0 and never decrease (at least 2 entries), got {cu}")
     if cu[-1] != seq_len:
-        raise ValueError(f"{op}: cu_seqlens ends at {cu[-1]}, but the input has {seq_len} positions "
-                         f"(cu_seqlens {cu})")
+        raise ValueError(f"{op}: cu_seqlens ends at {cu[-1]}, but the input has {seq_len} positions (cu_seqlens {cu})")
     return list(zip(cu[:-1], cu[1:]))
 
 
@@ -247,14 +256,22 @@ def causal_conv1d(hidden_states, weight, bias=None, activation=None, cu_seqlens=
         return _causal_conv1d_update(hidden_states, conv_state, weight, bias, activation)
     if cu_seqlens is not None:
         bounds = cu_seqlens_bounds(cu_seqlens, hidden_states.shape[0], hidden_states.shape[-1], "causal_conv1d")
-        pieces = [causal_conv1d(hidden_states[:, :, start:end], weight, bias, activation)
-                  for start, end in bounds if end > start]
+        pieces = [
+            causal_conv1d(hidden_states[:, :, start:end], weight, bias, activation)
+            for start, end in bounds
+            if end > start
+        ]
         if not pieces:  # no positions at all
             return hidden_states.new_zeros(hidden_states.shape)
         return torch.cat(pieces, dim=-1)
     _, hidden_size, seq_len = hidden_states.shape
-    out = F.conv1d(hidden_states.to(weight.dtype), weight=weight.unsqueeze(1), bias=bias,
-                   padding=weight.shape[-1] - 1, groups=hidden_size)[:, :, :seq_len]
+    out = F.conv1d(
+        hidden_states.to(weight.dtype),
+        weight=weight.unsqueeze(1),
+        bias=bias,
+        padding=weight.shape[-1] - 1,
+        groups=hidden_size,
+    )[:, :, :seq_len]
     if activation is not None:
         out = _ACTIVATIONS[activation](out)
     return out.to(hidden_states.dtype)
@@ -265,8 +282,10 @@ def _causal_conv1d_update(hidden_states, conv_state, weight, bias, activation):
     _, hidden_size, seq_len = hidden_states.shape
     state_len = conv_state.shape[-1]
     if state_len < weight.shape[-1] - 1:
-        raise ValueError(f"causal_conv1d: conv_state holds {state_len} columns, the kernel width "
-                         f"{weight.shape[-1]} needs at least {weight.shape[-1] - 1}")
+        raise ValueError(
+            f"causal_conv1d: conv_state holds {state_len} columns, the kernel width "
+            f"{weight.shape[-1]} needs at least {weight.shape[-1] - 1}"
+        )
     hidden_states_new = torch.cat([conv_state, hidden_states], dim=-1).to(weight.dtype)
     conv_state.copy_(hidden_states_new[:, :, -state_len:])
     out = F.conv1d(hidden_states_new, weight.unsqueeze(1), bias, padding=0, groups=hidden_size)
@@ -280,9 +299,19 @@ def l2norm(x: torch.Tensor, dim: int = -1, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(dim=dim, keepdim=True) + eps)
 
 
-def chunk_gated_delta_rule(query, key, value, g, beta, chunk_size: int = 64, initial_state=None,
-                           output_final_state: bool = False, use_qk_l2norm_in_kernel: bool = False,
-                           cu_seqlens=None, **kwargs):
+def chunk_gated_delta_rule(
+    query,
+    key,
+    value,
+    g,
+    beta,
+    chunk_size: int = 64,
+    initial_state=None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    cu_seqlens=None,
+    **kwargs,
+):
     """The gated delta rule token by token (upstream `torch_recurrent_gated_delta_rule`, the defining
     recurrence that `torch_chunk_gated_delta_rule` computes chunk-wise); `chunk_size` is ignored.
 
@@ -291,14 +320,22 @@ def chunk_gated_delta_rule(query, key, value, g, beta, chunk_size: int = 64, ini
     if cu_seqlens is not None:
         bounds = cu_seqlens_bounds(cu_seqlens, query.shape[0], query.shape[1], "chunk_gated_delta_rule")
         if initial_state is not None and initial_state.shape[0] != len(bounds):
-            raise ValueError(f"chunk_gated_delta_rule: initial_state has {initial_state.shape[0]} states for "
-                             f"{len(bounds)} sequences in cu_seqlens")
+            raise ValueError(
+                f"chunk_gated_delta_rule: initial_state has {initial_state.shape[0]} states for "
+                f"{len(bounds)} sequences in cu_seqlens"
+            )
         outs, states = [], []
         for n, (start, end) in enumerate(bounds):
             out, state = chunk_gated_delta_rule(
-                query[:, start:end], key[:, start:end], value[:, start:end], g[:, start:end], beta[:, start:end],
-                initial_state=None if initial_state is None else initial_state[n:n + 1],
-                output_final_state=True, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
+                query[:, start:end],
+                key[:, start:end],
+                value[:, start:end],
+                g[:, start:end],
+                beta[:, start:end],
+                initial_state=None if initial_state is None else initial_state[n : n + 1],
+                output_final_state=True,
+                use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+            )
             outs.append(out)
             states.append(state)
         return torch.cat(outs, dim=1), (torch.cat(states, dim=0) if output_final_state else None)

@@ -34,9 +34,7 @@ class KernelSpec:
     factory: Factory
     hardware: HardwareRequirement = ANY
     description: str = ""
-    _loaded: Dict[str, Callable[..., Any]] = field(
-        default_factory=dict, init=False, repr=False, compare=False
-    )
+    _loaded: Dict[str, Callable[..., Any]] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for attr in ("name", "op", "variant"):
@@ -153,7 +151,11 @@ class KernelRegistry:
         return self._kernels.get((op, variant), {}).get(name)
 
     def list_available(
-        self, op: Optional[str] = None, variant: Optional[str] = None, *, device: Optional[DeviceInfo] = None,
+        self,
+        op: Optional[str] = None,
+        variant: Optional[str] = None,
+        *,
+        device: Optional[DeviceInfo] = None,
         include_unsupported: bool = False,
     ) -> Dict[Tuple[str, str], List[str]]:
         """{(op, variant): sorted implementation names} usable on this machine (or every registered
@@ -163,9 +165,7 @@ class KernelRegistry:
         for (o, v), impls in sorted(self._kernels.items()):
             if (op is not None and o != op) or (variant is not None and v != variant):
                 continue
-            names = sorted(
-                n for n, s in impls.items() if include_unsupported or s.hardware.is_satisfied(device)
-            )
+            names = sorted(n for n, s in impls.items() if include_unsupported or s.hardware.is_satisfied(device))
             if names:
                 out[(o, v)] = names
         return out

@@ -69,8 +69,9 @@ _GDN_OPS = ("causal_conv1d", "chunk_gated_delta_rule")
 #: Keywords of one local forward that the inner attention must not see (they describe the local slice).
 _LOCAL_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "position_ids")
 #: torch < 2.5: sdpa returns NaN for a query whose keys are all masked (since 2.5: zeros).
-_OLD_SDPA = tuple(int("".join(c for c in v if c.isdigit()) or 0)
-                  for v in torch.__version__.split("+")[0].split(".")[:2]) < (2, 5)
+_OLD_SDPA = tuple(
+    int("".join(c for c in v if c.isdigit()) or 0) for v in torch.__version__.split("+")[0].split(".")[:2]
+) < (2, 5)
 #: Inputs whose tensors travel along the sequence (second dimension).
 _SEQ_INPUTS = ("input_ids", "labels", "shift_labels", "attention_mask", "position_ids", "inputs_embeds")
 
@@ -81,13 +82,14 @@ def _exchange(x: Tensor, size: int, group: Any, split: int, cat: int) -> Tensor:
     the blocks received along `cat`, in rank order. Differentiable (the backward is the reverse)."""
     shape = list(x.shape)
     if shape[split] % size:
-        raise ValueError(f"sequence parallelism: dimension {split} of {tuple(x.shape)} does not split over "
-                         f"{size} ranks")
-    blocks = x.reshape(shape[:split] + [size, shape[split] // size] + shape[split + 1:]).movedim(split, 0)
-    got = all_to_all(blocks.contiguous(), None, None, group)          # [size (source rank), ...]
+        raise ValueError(
+            f"sequence parallelism: dimension {split} of {tuple(x.shape)} does not split over {size} ranks"
+        )
+    blocks = x.reshape(shape[:split] + [size, shape[split] // size] + shape[split + 1 :]).movedim(split, 0)
+    got = all_to_all(blocks.contiguous(), None, None, group)  # [size (source rank), ...]
     got = got.movedim(0, cat)
     merged = list(got.shape)
-    return got.reshape(merged[:cat] + [merged[cat] * merged[cat + 1]] + merged[cat + 2:])
+    return got.reshape(merged[:cat] + [merged[cat] * merged[cat + 1]] + merged[cat + 2 :])
 
 
 class _AllReduceSum(torch.autograd.Function):
@@ -144,14 +146,14 @@ class SPState(NamedTuple):
     group: Any
     size: int
     rank: int
-    base: type                      # the model's class before sequence parallelism
-    params: Tuple[str, ...]         # names of the base forward's parameters, in order (positional binding)
-    inner: str                      # the attention implementation the wrapper calls
+    base: type  # the model's class before sequence parallelism
+    params: Tuple[str, ...]  # names of the base forward's parameters, in order (positional binding)
+    inner: str  # the attention implementation the wrapper calls
     eager_fns: Dict[type, Callable]  # attention class -> its module's eager_attention_forward
-    kv_rep: int                     # replication of KV heads (1: none)
-    gdn_slots: Tuple[OpSlot, ...]    # token-mixer slots whose kernels are wrapped
-    lb_func: Optional[Callable]     # the model module's load_balancing_loss_func (MoE), else None
-    aux_attr: Optional[str]         # the attribute holding the aux-loss coefficient
+    kv_rep: int  # replication of KV heads (1: none)
+    gdn_slots: Tuple[OpSlot, ...]  # token-mixer slots whose kernels are wrapped
+    lb_func: Optional[Callable]  # the model module's load_balancing_loss_func (MoE), else None
+    aux_attr: Optional[str]  # the attribute holding the aux-loss coefficient
 
 
 class _HeadView:
@@ -169,16 +171,26 @@ class _HeadView:
 class SequenceParallelContext:
     """What one forward's layers need of the global sequence (passed to them as the `opslot_sp` keyword)."""
 
-    def __init__(self, state: SPState, batch: int, local: int, positions: Tensor, packed: bool,
-                 cu: Optional[Tensor], longest: int, key_mask: Optional[Tensor], mask: Optional[Tensor]) -> None:
+    def __init__(
+        self,
+        state: SPState,
+        batch: int,
+        local: int,
+        positions: Tensor,
+        packed: bool,
+        cu: Optional[Tensor],
+        longest: int,
+        key_mask: Optional[Tensor],
+        mask: Optional[Tensor],
+    ) -> None:
         self.state = state
         self.batch, self.local, self.total = batch, local, local * state.size
-        self.positions = positions      # [B, S] global position ids
+        self.positions = positions  # [B, S] global position ids
         self.packed = packed
-        self.cu = cu                    # int32 document offsets over the flattened rows (packed rows), else None
+        self.cu = cu  # int32 document offsets over the flattened rows (packed rows), else None
         self.longest = longest
-        self.key_mask = key_mask        # bool [B, S]: padding the attention must mask (None: none, or trailing only)
-        self.mask = mask                # [B, S] the gathered padding mask as given (None when none was given)
+        self.key_mask = key_mask  # bool [B, S]: padding the attention must mask (None: none, or trailing only)
+        self.mask = mask  # [B, S] the gathered padding mask as given (None when none was given)
         self._masks: Dict[Any, Tensor] = {}
         self._docs: Optional[Tensor] = None
 
@@ -206,8 +218,9 @@ class SequenceParallelContext:
             got = self._masks[key] = allowed[:, None]
         return got
 
-    def attention_inputs(self, window: Optional[int], dtype: torch.dtype,
-                         device: torch.device) -> Tuple[Optional[Tensor], Dict[str, Any]]:
+    def attention_inputs(
+        self, window: Optional[int], dtype: torch.dtype, device: torch.device
+    ) -> Tuple[Optional[Tensor], Dict[str, Any]]:
         """(attention_mask, extra keywords) of the gathered sequence for the inner implementation."""
         inner = self.state.inner
         if inner == "opslot_varlen":
@@ -234,20 +247,24 @@ class SequenceParallelContext:
         if got is None:
             allowed = self._allowed(window, device)
             got = self._masks[key] = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(
-                ~allowed, torch.finfo(dtype).min)
+                ~allowed, torch.finfo(dtype).min
+            )
         return got, {}
 
 
 # -- attention ---------------------------------------------------------------------------------------
 def _no_context(what: str) -> RuntimeError:
-    return RuntimeError(f"{what} ran without a sequence-parallel context: a model made sequence-parallel "
-                        f"(opslot.distributed.sequence_parallel / parallelize) must be called through its "
-                        f"top-level forward, with every rank of its SP group")
+    return RuntimeError(
+        f"{what} ran without a sequence-parallel context: a model made sequence-parallel "
+        f"(opslot.distributed.sequence_parallel / parallelize) must be called through its "
+        f"top-level forward, with every rank of its SP group"
+    )
 
 
 @torch.compiler.disable
-def sp_attention_forward(module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
-                         attention_mask: Optional[Tensor], **kwargs: Any) -> Tuple[Tensor, None]:
+def sp_attention_forward(
+    module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Optional[Tensor], **kwargs: Any
+) -> Tuple[Tensor, None]:
     """Transformers' attention-interface signature. query [B, H, s, D], key/value [B, Hkv, s, D(v)] of
     this rank's tokens -> [B, s, H, Dv]: all-to-all to H/sp heads of every token, the inner
     implementation over the gathered sequence, all-to-all back."""
@@ -273,8 +290,8 @@ def sp_attention_forward(module: nn.Module, query: Tensor, key: Tensor, value: T
         from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
         fn = ALL_ATTENTION_FUNCTIONS[st.inner]
-    out, _ = fn(view, q, k, v, mask, **inner_kwargs)                  # [B, S, H/sp, Dv]
-    return _exchange(out, size, group, split=1, cat=2), None          # [B, s, H, Dv]
+    out, _ = fn(view, q, k, v, mask, **inner_kwargs)  # [B, S, H/sp, Dv]
+    return _exchange(out, size, group, split=1, cat=2), None  # [B, s, H, Dv]
 
 
 def register_attention() -> None:
@@ -307,41 +324,65 @@ class SequenceParallelKernel:
 
 
 @torch.compiler.disable
-def _sp_conv(inner: Callable, ctx: SequenceParallelContext, hidden_states: Tensor, weight: Tensor,
-             bias: Optional[Tensor] = None, activation: Optional[str] = None, cu_seqlens: Any = None,
-             conv_state: Optional[Tensor] = None, **kwargs: Any) -> Tensor:
+def _sp_conv(
+    inner: Callable,
+    ctx: SequenceParallelContext,
+    hidden_states: Tensor,
+    weight: Tensor,
+    bias: Optional[Tensor] = None,
+    activation: Optional[str] = None,
+    cu_seqlens: Any = None,
+    conv_state: Optional[Tensor] = None,
+    **kwargs: Any,
+) -> Tensor:
     """hidden_states [B, C, s] -> the depthwise causal conv of the whole sequence, [B, C, s]: C/sp
     channels of every token per rank (the conv of a channel needs only that channel)."""
     if conv_state is not None:
-        raise ValueError("sequence parallelism: causal_conv1d with a conv_state (decoding with a cache) is not "
-                         "supported")
+        raise ValueError(
+            "sequence parallelism: causal_conv1d with a conv_state (decoding with a cache) is not supported"
+        )
     st = ctx.state
     size, group = st.size, st.group
     block = hidden_states.shape[1] // size
-    x = _exchange(hidden_states, size, group, split=1, cat=2)        # [B, C/sp, S]
+    x = _exchange(hidden_states, size, group, split=1, cat=2)  # [B, C/sp, S]
     lo, hi = st.rank * block, (st.rank + 1) * block
-    y = inner(x, weight[lo:hi], None if bias is None else bias[lo:hi], activation=activation, cu_seqlens=ctx.cu,
-              **kwargs)
-    return _exchange(y, size, group, split=2, cat=1)                  # [B, C, s]
+    y = inner(
+        x, weight[lo:hi], None if bias is None else bias[lo:hi], activation=activation, cu_seqlens=ctx.cu, **kwargs
+    )
+    return _exchange(y, size, group, split=2, cat=1)  # [B, C, s]
 
 
 @torch.compiler.disable
-def _sp_delta_rule(inner: Callable, ctx: SequenceParallelContext, query: Tensor, key: Tensor, value: Tensor,
-                   g: Tensor, beta: Tensor, chunk_size: int = 64, initial_state: Optional[Tensor] = None,
-                   output_final_state: bool = False, use_qk_l2norm_in_kernel: bool = False, cu_seqlens: Any = None,
-                   **kwargs: Any) -> Tuple[Tensor, None]:
+def _sp_delta_rule(
+    inner: Callable,
+    ctx: SequenceParallelContext,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    g: Tensor,
+    beta: Tensor,
+    chunk_size: int = 64,
+    initial_state: Optional[Tensor] = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    cu_seqlens: Any = None,
+    **kwargs: Any,
+) -> Tuple[Tensor, None]:
     """q/k [B, s, Hk, Dk], v [B, s, Hv, Dv], g/beta [B, s, Hv] -> ([B, s, Hv, Dv], None): the delta rule
     over the whole sequence, Hv/sp heads per rank (q/k heads fewer than the ranks replicated)."""
     if initial_state is not None or output_final_state:
-        raise ValueError("sequence parallelism: chunk_gated_delta_rule with a recurrent state (a cache) is not "
-                         "supported")
+        raise ValueError(
+            "sequence parallelism: chunk_gated_delta_rule with a recurrent state (a cache) is not supported"
+        )
     st = ctx.state
     size, group = st.size, st.group
     heads_qk = query.shape[2]
     if heads_qk % size:
         if size % heads_qk:
-            raise ValueError(f"sequence parallelism: {heads_qk} query/key heads of the delta rule neither split "
-                             f"over nor divide {size} ranks")
+            raise ValueError(
+                f"sequence parallelism: {heads_qk} query/key heads of the delta rule neither split "
+                f"over nor divide {size} ranks"
+            )
         query = query.repeat_interleave(size // heads_qk, dim=2)
         key = key.repeat_interleave(size // heads_qk, dim=2)
     q = _exchange(query, size, group, split=2, cat=1)
@@ -349,9 +390,20 @@ def _sp_delta_rule(inner: Callable, ctx: SequenceParallelContext, query: Tensor,
     v = _exchange(value, size, group, split=2, cat=1)
     g2 = _exchange(g.unsqueeze(-1), size, group, split=2, cat=1).squeeze(-1)
     b2 = _exchange(beta.unsqueeze(-1), size, group, split=2, cat=1).squeeze(-1)
-    out, _ = inner(q, k, v, g=g2, beta=b2, chunk_size=chunk_size, initial_state=None, output_final_state=False,
-                   use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=ctx.cu, **kwargs)
-    return _exchange(out, size, group, split=1, cat=2), None          # [B, s, Hv, Dv]
+    out, _ = inner(
+        q,
+        k,
+        v,
+        g=g2,
+        beta=b2,
+        chunk_size=chunk_size,
+        initial_state=None,
+        output_final_state=False,
+        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+        cu_seqlens=ctx.cu,
+        **kwargs,
+    )
+    return _exchange(out, size, group, split=1, cat=2), None  # [B, s, Hv, Dv]
 
 
 def _gdn_modules(model: nn.Module) -> List[nn.Module]:
@@ -379,9 +431,16 @@ _SP_CLASSES: Dict[type, type] = {}
 def _sp_class(cls: type) -> type:
     sp_cls = _SP_CLASSES.get(cls)
     if sp_cls is None:
-        sp_cls = type(f"SequenceParallel{cls.__name__}", (cls,), {
-            "forward": _sp_forward, "_opslot_sp_base": cls, "__module__": cls.__module__,
-            "__qualname__": f"SequenceParallel{cls.__qualname__}"})
+        sp_cls = type(
+            f"SequenceParallel{cls.__name__}",
+            (cls,),
+            {
+                "forward": _sp_forward,
+                "_opslot_sp_base": cls,
+                "__module__": cls.__module__,
+                "__qualname__": f"SequenceParallel{cls.__qualname__}",
+            },
+        )
         _SP_CLASSES[cls] = sp_cls
     return sp_cls
 
@@ -403,19 +462,29 @@ def _refusal(model: nn.Module, size: int) -> Optional[str]:
     config = getattr(model, "config", None)
     params = inspect.signature(type(model).forward).parameters
     if config is None or not hasattr(model, "lm_head") or not {"input_ids", "position_ids", "labels"} <= set(params):
-        return (f"sequence_parallel: {name} is not a causal-LM text model (a config, an lm_head and a forward "
-                f"taking input_ids, position_ids and labels)")
+        return (
+            f"sequence_parallel: {name} is not a causal-LM text model (a config, an lm_head and a forward "
+            f"taking input_ids, position_ids and labels)"
+        )
     inner = _inner_attention(model)
     attention = _attention_modules(model)
     if attention and inner not in INNER_ATTENTION:
-        return (f"sequence_parallel: attn_implementation {inner!r} is not supported; use one of "
-                f"{', '.join(INNER_ATTENTION)} (the SP wrapper gives it the gathered sequence)")
+        return (
+            f"sequence_parallel: attn_implementation {inner!r} is not supported; use one of "
+            f"{', '.join(INNER_ATTENTION)} (the SP wrapper gives it the gathered sequence)"
+        )
     if inner == "eager":
-        missing = sorted({type(m).__name__ for m in attention
-                          if getattr(sys.modules.get(type(m).__module__), "eager_attention_forward", None) is None})
+        missing = sorted(
+            {
+                type(m).__name__
+                for m in attention
+                if getattr(sys.modules.get(type(m).__module__), "eager_attention_forward", None) is None
+            }
+        )
         if missing:
-            return (f"sequence_parallel: no eager_attention_forward beside {', '.join(missing)}; use sdpa or "
-                    f"opslot_varlen")
+            return (
+                f"sequence_parallel: no eager_attention_forward beside {', '.join(missing)}; use sdpa or opslot_varlen"
+            )
     if any(getattr(m, "sinks", None) is not None for m in attention):
         return f"sequence_parallel: {name} has attention sinks (one per head), which are not sharded over heads"
     heads, kv = getattr(config, "num_attention_heads", None), getattr(config, "num_key_value_heads", None)
@@ -424,23 +493,31 @@ def _refusal(model: nn.Module, size: int) -> Optional[str]:
         if heads % size:
             return f"sequence_parallel: {heads} attention heads do not split over {size} ranks"
         if kv % size and size % kv:
-            return (f"sequence_parallel: {kv} key/value heads neither split over {size} ranks nor divide it "
-                    f"(to be replicated)")
+            return (
+                f"sequence_parallel: {kv} key/value heads neither split over {size} ranks nor divide it "
+                f"(to be replicated)"
+            )
     gdn = _gdn_modules(model)
     if gdn:
         slots = _slots_of(gdn[0], _GDN_OPS)
         eager = [op for op in _GDN_OPS if op not in slots or not slots[op].use_non_eager_impl]
         if eager:
-            return (f"sequence_parallel: the Gated DeltaNet layers of {name} run {', '.join(eager)} on upstream's "
-                    f"code; bind a kernel ('torch' or 'cuda': {', '.join(f'{op}_implementation' for op in eager)}), "
-                    f"whose calls sequence parallelism makes head-parallel")
+            return (
+                f"sequence_parallel: the Gated DeltaNet layers of {name} run {', '.join(eager)} on upstream's "
+                f"code; bind a kernel ('torch' or 'cuda': {', '.join(f'{op}_implementation' for op in eager)}), "
+                f"whose calls sequence parallelism makes head-parallel"
+            )
         m = gdn[0]
         if m.conv_dim % size or m.num_v_heads % size:
-            return (f"sequence_parallel: Gated DeltaNet with {m.conv_dim} conv channels and {m.num_v_heads} value "
-                    f"heads does not split over {size} ranks")
+            return (
+                f"sequence_parallel: Gated DeltaNet with {m.conv_dim} conv channels and {m.num_v_heads} value "
+                f"heads does not split over {size} ranks"
+            )
         if m.num_k_heads % size and size % m.num_k_heads:
-            return (f"sequence_parallel: {m.num_k_heads} Gated DeltaNet key heads neither split over {size} ranks "
-                    f"nor divide it")
+            return (
+                f"sequence_parallel: {m.num_k_heads} Gated DeltaNet key heads neither split over {size} ranks "
+                f"nor divide it"
+            )
     return None
 
 
@@ -451,8 +528,10 @@ def _plan(model: nn.Module, size: int) -> str:
     if config is not None and hasattr(config, "to_json_string"):
         digest = hashlib.sha256(config.to_json_string(use_diff=False).encode()).hexdigest()[:12]
     dtypes = sorted({str(p.dtype).replace("torch.", "") for p in model.parameters()})
-    return (f"{type(model).__name__}, sp={size}, attention={_inner_attention(model) if config is not None else '-'}, "
-            f"config {digest}, {'/'.join(dtypes)}, {sum(p.numel() for p in model.parameters())} parameters")
+    return (
+        f"{type(model).__name__}, sp={size}, attention={_inner_attention(model) if config is not None else '-'}, "
+        f"config {digest}, {'/'.join(dtypes)}, {sum(p.numel() for p in model.parameters())} parameters"
+    )
 
 
 def _refusal_and_plan(model: nn.Module, size: int) -> Tuple[Optional[str], str]:
@@ -475,11 +554,13 @@ def agree(what: str, group: Any, refusal: Optional[str], plan: str) -> None:
     if bad and len(set(refusals)) == 1:
         raise ValueError(refusals[0])
     if bad:
-        raise ValueError(f"{what} refused on {len(bad)} of {len(got)} ranks: "
-                         + "; ".join(f"rank {i}: {refusals[i]}" for i in bad))
+        raise ValueError(
+            f"{what} refused on {len(bad)} of {len(got)} ranks: " + "; ".join(f"rank {i}: {refusals[i]}" for i in bad)
+        )
     if len({p for _, p in got}) > 1:
-        raise ValueError(f"{what}: every rank must do the same, got "
-                         + "; ".join(f"rank {i}: {p}" for i, (_, p) in enumerate(got)))
+        raise ValueError(
+            f"{what}: every rank must do the same, got " + "; ".join(f"rank {i}: {p}" for i, (_, p) in enumerate(got))
+        )
 
 
 def sequence_parallel(model: nn.Module, group: Any) -> nn.Module:
@@ -517,10 +598,24 @@ def sequence_parallel(model: nn.Module, group: Any) -> nn.Module:
     mod = sys.modules.get(cls.__module__)
     moe = all(hasattr(model, a) for a in ("router_aux_loss_coef", "num_experts", "num_experts_per_tok"))
     lb = getattr(mod, "load_balancing_loss_func", None) if moe else None
-    params = tuple(n for n, p in inspect.signature(cls.forward).parameters.items()
-                   if n != "self" and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
-    state = SPState(g, size, rank, cls, params, inner, eager_fns, kv_rep, tuple(gdn_slots), lb,
-                    "router_aux_loss_coef" if lb is not None else None)
+    params = tuple(
+        n
+        for n, p in inspect.signature(cls.forward).parameters.items()
+        if n != "self" and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    )
+    state = SPState(
+        g,
+        size,
+        rank,
+        cls,
+        params,
+        inner,
+        eager_fns,
+        kv_rep,
+        tuple(gdn_slots),
+        lb,
+        "router_aux_loss_coef" if lb is not None else None,
+    )
     seen = set()
     for m in model.modules():
         config = getattr(m, "config", None)
@@ -539,13 +634,26 @@ def _flags(kw: Dict[str, Any], state: SPState, config: Any) -> List[int]:
     ref = ids if ids is not None else embeds
     batch, local = (tuple(ref.shape[:2]) + (0, 0))[:2] if torch.is_tensor(ref) and ref.dim() >= 2 else (-1, -1)
     pos, mask = kw.get("position_ids"), kw.get("attention_mask")
-    intact = (all(isinstance(s.kernel, SequenceParallelKernel) for s in state.gdn_slots)
-              and getattr(config, "_attn_implementation", None) == SP_ATTENTION)
-    return [batch, local, int(ids is not None), int(embeds is not None), _rank_of(pos), _rank_of(mask),
-            int(kw.get("labels") is not None), int(kw.get("shift_labels") is not None),
-            int(kw.get("past_key_values") is not None), int(kw.get("cu_seq_lens_q") is not None),
-            int(kw.get("num_items_in_batch") is not None), int(_keeps_some_logits(kw.get("logits_to_keep"))),
-            int(intact), int(_shapes_fit(kw, batch, local))]
+    intact = (
+        all(isinstance(s.kernel, SequenceParallelKernel) for s in state.gdn_slots)
+        and getattr(config, "_attn_implementation", None) == SP_ATTENTION
+    )
+    return [
+        batch,
+        local,
+        int(ids is not None),
+        int(embeds is not None),
+        _rank_of(pos),
+        _rank_of(mask),
+        int(kw.get("labels") is not None),
+        int(kw.get("shift_labels") is not None),
+        int(kw.get("past_key_values") is not None),
+        int(kw.get("cu_seq_lens_q") is not None),
+        int(kw.get("num_items_in_batch") is not None),
+        int(_keeps_some_logits(kw.get("logits_to_keep"))),
+        int(intact),
+        int(_shapes_fit(kw, batch, local)),
+    ]
 
 
 def _rank_of(x: Any) -> int:
@@ -569,8 +677,21 @@ def _keeps_some_logits(value: Any) -> bool:
     return value is not None and not (isinstance(value, int) and value == 0)
 
 
-_FLAG_WORDS = ("", "", "input_ids", "inputs_embeds", "position_ids", "attention_mask", "labels", "shift_labels",
-               "past_key_values", "cu_seq_lens_q", "num_items_in_batch", "logits_to_keep", "")
+_FLAG_WORDS = (
+    "",
+    "",
+    "input_ids",
+    "inputs_embeds",
+    "position_ids",
+    "attention_mask",
+    "labels",
+    "shift_labels",
+    "past_key_values",
+    "cu_seq_lens_q",
+    "num_items_in_batch",
+    "logits_to_keep",
+    "",
+)
 
 
 def _describe(flags: List[int]) -> str:
@@ -589,38 +710,50 @@ def _agree_inputs(state: SPState, kw: Dict[str, Any], device: torch.device, conf
     flags = _flags(kw, state, config)
     got = _gather_ints(flags, state.group, device)
     if any(f != got[0] for f in got):
-        raise ValueError("sequence parallelism: every rank of the SP group must pass the same batch shape and the "
-                         "same inputs (its slice of each), got "
-                         + "; ".join(f"rank {r}: {_describe(f)}" for r, f in enumerate(got)))
+        raise ValueError(
+            "sequence parallelism: every rank of the SP group must pass the same batch shape and the "
+            "same inputs (its slice of each), got " + "; ".join(f"rank {r}: {_describe(f)}" for r, f in enumerate(got))
+        )
     batch, local, ids, embeds, pos_dim, mask_dim, labels, shift, pkv, cu, _, keep, intact, fit = got[0]
     if ids == embeds:
         raise ValueError("sequence parallelism: pass exactly one of input_ids and inputs_embeds")
     if local < 1 or batch < 1:
         raise ValueError(f"sequence parallelism: every rank needs at least one token per row, got {batch} x {local}")
     if pkv:
-        raise ValueError("sequence parallelism: past_key_values (a cache, generation) is not supported; "
-                         "generate with the unsharded model")
+        raise ValueError(
+            "sequence parallelism: past_key_values (a cache, generation) is not supported; "
+            "generate with the unsharded model"
+        )
     if cu:
-        raise ValueError("sequence parallelism: pass position_ids (restarting per document) instead of "
-                         "cu_seq_lens_q/k: the documents are found on the gathered position ids (shard_batch "
-                         "drops them)")
+        raise ValueError(
+            "sequence parallelism: pass position_ids (restarting per document) instead of "
+            "cu_seq_lens_q/k: the documents are found on the gathered position ids (shard_batch "
+            "drops them)"
+        )
     if keep:
-        raise ValueError("sequence parallelism: logits_to_keep is not supported (every rank holds a slice of the "
-                         "sequence); pass logits_to_keep=0")
+        raise ValueError(
+            "sequence parallelism: logits_to_keep is not supported (every rank holds a slice of the "
+            "sequence); pass logits_to_keep=0"
+        )
     if labels and shift:
         raise ValueError("sequence parallelism: pass labels or shift_labels, not both")
     if pos_dim not in (-1, 1, 2):
         raise ValueError(f"sequence parallelism: position_ids must be [seq] or [batch, seq], got {pos_dim}-D")
     if mask_dim not in (-1, 2):
-        raise ValueError(f"sequence parallelism: attention_mask must be a 2-D padding mask [batch, seq], got "
-                         f"{mask_dim}-D")
+        raise ValueError(
+            f"sequence parallelism: attention_mask must be a 2-D padding mask [batch, seq], got {mask_dim}-D"
+        )
     if not fit:
-        raise ValueError(f"sequence parallelism: labels, shift_labels and attention_mask must be [batch, seq] like "
-                         f"the inputs ({batch} x {local} on every rank), position_ids [seq], [1, seq] or [batch, seq]")
+        raise ValueError(
+            f"sequence parallelism: labels, shift_labels and attention_mask must be [batch, seq] like "
+            f"the inputs ({batch} x {local} on every rank), position_ids [seq], [1, seq] or [batch, seq]"
+        )
     if not intact:
-        raise ValueError(f"sequence parallelism: the attention implementation (config._attn_implementation must "
-                         f"stay {SP_ATTENTION!r}) or the causal_conv1d / chunk_gated_delta_rule slots were changed "
-                         f"after sequence_parallel; build the model again")
+        raise ValueError(
+            f"sequence parallelism: the attention implementation (config._attn_implementation must "
+            f"stay {SP_ATTENTION!r}) or the causal_conv1d / chunk_gated_delta_rule slots were changed "
+            f"after sequence_parallel; build the model again"
+        )
     return batch, local
 
 
@@ -641,7 +774,7 @@ def _prepare(state: SPState, kw: Dict[str, Any], config: Any) -> Tuple[Dict[str,
         rows.append(mask.long())
     gathered: List[Tensor] = []
     if rows:
-        stacked = torch.stack([r.to(device) for r in rows])            # [k, B, s]
+        stacked = torch.stack([r.to(device) for r in rows])  # [k, B, s]
         parts = [torch.empty_like(stacked) for _ in range(size)]
         dist.all_gather(parts, stacked.contiguous(), group=state.group)
         gathered = list(torch.stack(parts, 2).reshape(len(rows), batch, total).unbind(0))
@@ -654,8 +787,8 @@ def _prepare(state: SPState, kw: Dict[str, Any], config: Any) -> Tuple[Dict[str,
     real = mask_g.bool() if mask_g is not None else None
     checks = [starts[:, 1:].any()]
     if real is not None:
-        checks.append((real[:, 1:] <= real[:, :-1]).all())           # ones, then zeros, in every row
-    packed, trailing = (torch.stack(checks).tolist() + [True])[:2]    # one host read
+        checks.append((real[:, 1:] <= real[:, :-1]).all())  # ones, then zeros, in every row
+    packed, trailing = (torch.stack(checks).tolist() + [True])[:2]  # one host read
     cu, longest = None, 0
     if packed:
         from .packing import boundaries
@@ -665,13 +798,15 @@ def _prepare(state: SPState, kw: Dict[str, Any], config: Any) -> Tuple[Dict[str,
     if real is not None:
         if not trailing:
             if packed:
-                raise ValueError("sequence parallelism: a packed row (position ids restarting) with padding that is "
-                                 "not at the end of its row; pad at the end (shard_batch does) or do not pack")
+                raise ValueError(
+                    "sequence parallelism: a packed row (position ids restarting) with padding that is "
+                    "not at the end of its row; pad at the end (shard_batch does) or do not pack"
+                )
             key_mask = real
     local_labels = None
     if lab_g is not None:
         if kw.get("labels") is not None:
-            lab_g = lab_g.masked_fill(starts, -100)                   # a document's first token is never a target
+            lab_g = lab_g.masked_fill(starts, -100)  # a document's first token is never a target
             shift_g = torch.cat([lab_g[:, 1:], lab_g.new_full((batch, 1), -100)], 1)
         else:
             ends = torch.zeros_like(starts)
@@ -679,14 +814,14 @@ def _prepare(state: SPState, kw: Dict[str, Any], config: Any) -> Tuple[Dict[str,
             shift_g = lab_g.masked_fill(ends, -100)
         if kw.get("num_items_in_batch") is None:
             kw["num_items_in_batch"] = (shift_g != -100).sum()
-        local_labels = shift_g[:, rank * local:(rank + 1) * local].contiguous()
+        local_labels = shift_g[:, rank * local : (rank + 1) * local].contiguous()
     ctx = SequenceParallelContext(state, batch, local, pos_g, packed, cu, longest, key_mask, mask_g)
     out = dict(kw)
     out.pop("shift_labels", None)
     if local_labels is not None:
-        out["labels"] = local_labels                                  # the loss reads shift_labels
+        out["labels"] = local_labels  # the loss reads shift_labels
         out["shift_labels"] = local_labels
-    out["position_ids"] = pos_g[:, rank * local:(rank + 1) * local]
+    out["position_ids"] = pos_g[:, rank * local : (rank + 1) * local]
     out["attention_mask"] = None if (mask is None or packed) else mask
     out["use_cache"] = False
     out[CTX_KEY] = ctx
@@ -696,8 +831,8 @@ def _prepare(state: SPState, kw: Dict[str, Any], config: Any) -> Tuple[Dict[str,
 def _router_logits_global(logits: Tuple[Tensor, ...], ctx: SequenceParallelContext) -> Tuple[Tensor, ...]:
     """Every layer's router logits [B·s, E] gathered into the global [B·S, E] (row b·S + t)."""
     st = ctx.state
-    stacked = torch.stack([x.reshape(ctx.batch, ctx.local, -1) for x in logits], 0)   # [L, B, s, E]
-    got = _AllGather.apply(stacked, st.group, st.size)               # [sp, L, B, s, E]
+    stacked = torch.stack([x.reshape(ctx.batch, ctx.local, -1) for x in logits], 0)  # [L, B, s, E]
+    got = _AllGather.apply(stacked, st.group, st.size)  # [sp, L, B, s, E]
     got = got.permute(1, 2, 0, 3, 4).reshape(len(logits), ctx.batch * ctx.total, -1)
     return tuple(got.unbind(0))
 
@@ -717,7 +852,7 @@ def _sp_forward(self, *args: Any, **kwargs: Any) -> Any:
     coef = None
     if st.aux_attr is not None:
         coef = getattr(self, st.aux_attr)
-        setattr(self, st.aux_attr, 0.0)        # the local aux loss adds nothing; the global one is added below
+        setattr(self, st.aux_attr, 0.0)  # the local aux loss adds nothing; the global one is added below
     try:
         out = st.base.forward(self, **kw, return_dict=True)
     finally:
@@ -740,8 +875,15 @@ def _sp_forward(self, *args: Any, **kwargs: Any) -> Any:
 
 
 # -- batches -------------------------------------------------------------------------------------------
-def shard_batch(batch: Mapping[str, Any], group: Any = None, *, size: Optional[int] = None, rank: Optional[int] = None,
-                pad_token_id: int = 0, ignore_index: int = -100) -> Dict[str, Any]:
+def shard_batch(
+    batch: Mapping[str, Any],
+    group: Any = None,
+    *,
+    size: Optional[int] = None,
+    rank: Optional[int] = None,
+    pad_token_id: int = 0,
+    ignore_index: int = -100,
+) -> Dict[str, Any]:
     """This rank's slice of a global batch along the sequence (no collective).
 
     `batch`: input_ids or inputs_embeds [B, S(, H)], and optionally labels / shift_labels, position_ids
@@ -762,10 +904,17 @@ def shard_batch(batch: Mapping[str, Any], group: Any = None, *, size: Optional[i
     rows, seq = ref.shape[:2]
     has_cu = any(batch.get(k) is not None for k in ("cu_seq_lens_q", "cu_seq_lens_k"))
     if has_cu and batch.get("position_ids") is None:
-        raise ValueError("shard_batch: cu_seq_lens_q/k without position_ids; pass the position ids restarting per "
-                         "document (DataCollatorWithFlattening(return_position_ids=True))")
-    unknown = [k for k, v in batch.items() if torch.is_tensor(v) and k not in _SEQ_INPUTS
-               and k not in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")]
+        raise ValueError(
+            "shard_batch: cu_seq_lens_q/k without position_ids; pass the position ids restarting per "
+            "document (DataCollatorWithFlattening(return_position_ids=True))"
+        )
+    unknown = [
+        k
+        for k, v in batch.items()
+        if torch.is_tensor(v)
+        and k not in _SEQ_INPUTS
+        and k not in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+    ]
     if unknown:
         raise ValueError(f"shard_batch: do not know how to shard {', '.join(unknown)} along the sequence")
     pad = (-seq) % size
@@ -784,8 +933,13 @@ def shard_batch(batch: Mapping[str, Any], group: Any = None, *, size: Optional[i
                 step = torch.arange(1, pad + 1, device=value.device, dtype=value.dtype)
                 value = torch.cat([value, value[:, -1:] + step], 1)
         elif pad:
-            fill = {"input_ids": pad_token_id, "labels": ignore_index, "shift_labels": ignore_index,
-                    "attention_mask": 0, "inputs_embeds": 0}[key]
+            fill = {
+                "input_ids": pad_token_id,
+                "labels": ignore_index,
+                "shift_labels": ignore_index,
+                "attention_mask": 0,
+                "inputs_embeds": 0,
+            }[key]
             shape = list(value.shape)
             shape[1] = pad
             value = torch.cat([value, value.new_full(shape, fill)], 1)
@@ -801,6 +955,7 @@ def shard_batch(batch: Mapping[str, Any], group: Any = None, *, size: Optional[i
 class Parallel(NamedTuple):
     """What `parallelize` made: `mesh` the 2-D ("dp", "sp") mesh, `sp` this rank's SP group (1-D),
     `meshes` the FSDP / expert-parallel meshes (opslot.distributed.Meshes; None without FSDP and EP)."""
+
     mesh: Any
     sp: Any
     meshes: Any
@@ -814,15 +969,26 @@ def init_sp_mesh(device_type: str, sp: int) -> Any:
     world = dist.get_world_size()
     asked = [s for (s,) in _gather_ints([sp], dist.group.WORLD, torch.device(device_type))]
     if len(set(asked)) > 1:
-        raise ValueError("init_sp_mesh: every rank must ask for the same sequence-parallel size, got "
-                         + ", ".join(f"rank {r}: {s}" for r, s in enumerate(asked)))
+        raise ValueError(
+            "init_sp_mesh: every rank must ask for the same sequence-parallel size, got "
+            + ", ".join(f"rank {r}: {s}" for r, s in enumerate(asked))
+        )
     if sp < 1 or world % sp:
         raise ValueError(f"sequence-parallel size {sp} must divide the world size {world}")
     return init_device_mesh(device_type, (world // sp, sp), mesh_dim_names=("dp", "sp"))
 
 
-def parallelize(model: nn.Module, mesh: Any = None, *, sp: Optional[int] = None, ep: int = 1, fsdp: bool = True,
-                ep_mode: str = "splits", capacity: Optional[int] = None, **fsdp_kwargs: Any) -> Parallel:
+def parallelize(
+    model: nn.Module,
+    mesh: Any = None,
+    *,
+    sp: Optional[int] = None,
+    ep: int = 1,
+    fsdp: bool = True,
+    ep_mode: str = "splits",
+    capacity: Optional[int] = None,
+    **fsdp_kwargs: Any,
+) -> Parallel:
     """Sequence parallelism, expert parallelism and FSDP2 of a generated causal-LM in one call, on every
     rank (same weights on every rank; activation checkpointing and torch.compile of the layers before).
 
@@ -855,8 +1021,12 @@ def parallelize(model: nn.Module, mesh: Any = None, *, sp: Optional[int] = None,
         refusal = f"parallelize: sequence-parallel size {sp} must divide the world size {world}"
     elif ep < 1 or world % ep:
         refusal = f"parallelize: expert-parallel size {ep} must divide the world size {world}"
-    agree("parallelize", dist.group.WORLD, refusal,
-          f"sp={sp}, ep={ep}, fsdp={fsdp}, ep_mode={ep_mode!r}, capacity={capacity}")
+    agree(
+        "parallelize",
+        dist.group.WORLD,
+        refusal,
+        f"sp={sp}, ep={ep}, fsdp={fsdp}, ep_mode={ep_mode!r}, capacity={capacity}",
+    )
     if mesh is None:
         mesh = init_device_mesh(device_type, (world // sp, sp), mesh_dim_names=("dp", "sp"))
     sequence_parallel(model, mesh["sp"])
@@ -873,7 +1043,21 @@ def parallelize(model: nn.Module, mesh: Any = None, *, sp: Optional[int] = None,
 
 register_attention()
 
-__all__ = ["SP_ATTENTION", "CTX_KEY", "INNER_ATTENTION", "Parallel", "SPState", "SequenceParallelContext",
-           "SequenceParallelKernel", "agree", "all_reduce_sum", "average_gradients",
-           "init_sp_mesh", "parallelize", "register_attention", "sequence_parallel", "shard_batch",
-           "sp_attention_forward"]
+__all__ = [
+    "SP_ATTENTION",
+    "CTX_KEY",
+    "INNER_ATTENTION",
+    "Parallel",
+    "SPState",
+    "SequenceParallelContext",
+    "SequenceParallelKernel",
+    "agree",
+    "all_reduce_sum",
+    "average_gradients",
+    "init_sp_mesh",
+    "parallelize",
+    "register_attention",
+    "sequence_parallel",
+    "shard_batch",
+    "sp_attention_forward",
+]

@@ -23,8 +23,9 @@ def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.detach().float() - b.detach().float()).abs().max()) if a.numel() else 0.0
 
 
-def compare_models(upstream_model: torch.nn.Module, patched_model: torch.nn.Module,
-                   inputs: Mapping[str, Any]) -> ModelDiff:
+def compare_models(
+    upstream_model: torch.nn.Module, patched_model: torch.nn.Module, inputs: Mapping[str, Any]
+) -> ModelDiff:
     """Load the upstream weights into the patched model (strictly), run both on `inputs` (keyword
     arguments of `forward`; the output is a logits tensor or has `.logits`/`.loss`), back-propagate
     the loss when there is one (else the sum of the logits), and return the max absolute
@@ -44,8 +45,10 @@ def compare_models(upstream_model: torch.nn.Module, patched_model: torch.nn.Modu
         outputs.append((logits, loss, grads))
     (l0, s0, g0), (l1, s1, g1) = outputs
     if set(g0) != set(g1):
-        raise AssertionError(f"parameters with gradients differ: only upstream {sorted(set(g0) - set(g1))}, "
-                             f"only patched {sorted(set(g1) - set(g0))}")
+        raise AssertionError(
+            f"parameters with gradients differ: only upstream {sorted(set(g0) - set(g1))}, "
+            f"only patched {sorted(set(g1) - set(g0))}"
+        )
     by_param = {n: max_abs_diff(g0[n], g1[n]) for n in sorted(g0)}
     return ModelDiff(
         logits=max_abs_diff(l0, l1) if l0 is not None and l1 is not None else None,

@@ -24,7 +24,10 @@ def make_fake_torch_npu():
     mod.calls = []
 
     def npu_rms_norm(x, gamma, epsilon=1e-6):
-        _require(gamma.dim() == 1 and gamma.shape[0] == x.shape[-1], f"gamma shape {tuple(gamma.shape)} vs x {tuple(x.shape)}")
+        _require(
+            gamma.dim() == 1 and gamma.shape[0] == x.shape[-1],
+            f"gamma shape {tuple(gamma.shape)} vs x {tuple(x.shape)}",
+        )
         _require(gamma.dtype == x.dtype, f"gamma dtype {gamma.dtype} != x dtype {x.dtype}")
         mod.calls.append(("npu_rms_norm", tuple(x.shape), x.dtype, {"epsilon": epsilon}))
         x32 = x.float()
@@ -48,17 +51,23 @@ def make_fake_torch_npu():
         a, b = x.chunk(2, dim=dim)
         return F.silu(a) * b
 
-    def npu_grouped_matmul(x, weight, *, bias=None, group_list=None, split_item=0, group_type=None,
-                           group_list_type=0):
+    def npu_grouped_matmul(x, weight, *, bias=None, group_list=None, split_item=0, group_type=None, group_list_type=0):
         _require(isinstance(x, list) and len(x) == 1 and x[0].dim() == 2, "x must be a list of one 2-D tensor")
         _require(isinstance(weight, list) and all(w.dim() == 2 for w in weight), "weight must be a list of 2-D tensors")
         _require(all(w.shape[0] == x[0].shape[1] for w in weight), "weight[i] must be [K, N] with K = x.shape[1]")
         _require(all(w.dtype == x[0].dtype for w in weight), "weight dtype must match x")
         _require(bias is None, "bias is not used")
-        _require(split_item in (2, 3) and group_type == 0 and group_list_type == 0,
-                 f"unexpected split_item={split_item} group_type={group_type} group_list_type={group_list_type}")
-        _require(torch.is_tensor(group_list) and group_list.dtype == torch.int64 and group_list.dim() == 1
-                 and len(group_list) == len(weight), "group_list must be an int64 cumulative tensor, one per weight")
+        _require(
+            split_item in (2, 3) and group_type == 0 and group_list_type == 0,
+            f"unexpected split_item={split_item} group_type={group_type} group_list_type={group_list_type}",
+        )
+        _require(
+            torch.is_tensor(group_list)
+            and group_list.dtype == torch.int64
+            and group_list.dim() == 1
+            and len(group_list) == len(weight),
+            "group_list must be an int64 cumulative tensor, one per weight",
+        )
         ends = group_list.tolist()
         _require(ends == sorted(ends) and ends[-1] == x[0].shape[0], "group_list must be cumulative and end at M")
         mod.calls.append(("npu_grouped_matmul", tuple(x[0].shape), x[0].dtype, {"groups": len(weight)}))

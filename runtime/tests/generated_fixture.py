@@ -1,7 +1,7 @@
 """Source of a small "generated" module, in the shape patchgen emits: module-level slots declared
 after the imports, entry guards, and one instance-scoped slot bound in `__init__` from the config."""
 
-SOURCE = '''\
+SOURCE = """\
 import torch
 from torch import nn
 
@@ -64,4 +64,4 @@ class TinyModel(nn.Module):
 
     def forward(self, x):
         return self.mlp(self.norm(x))
-'''
+"""

@@ -3,7 +3,6 @@ different kernel choices in one process (module-level slots via private copies, 
 
 import types
 import uuid
-import warnings
 
 import pytest
 import torch
@@ -31,11 +30,14 @@ def spies():
         def kernel(*args, **kwargs):
             calls.append(op)
             return fn(*args, **kwargs)
+
         return kernel
 
-    specs = [KernelSpec("spy", "rms_norm", "standard", lambda: spy("rms_norm", torch_ops.rms_norm_standard)),
-             KernelSpec("spy", "swiglu_mlp", "standard", lambda: spy("swiglu_mlp", torch_ops.swiglu_mlp)),
-             KernelSpec("spy", "rotary_pos_emb", "full", lambda: spy("rotary_pos_emb", torch_ops.rotary_pos_emb_full))]
+    specs = [
+        KernelSpec("spy", "rms_norm", "standard", lambda: spy("rms_norm", torch_ops.rms_norm_standard)),
+        KernelSpec("spy", "swiglu_mlp", "standard", lambda: spy("swiglu_mlp", torch_ops.swiglu_mlp)),
+        KernelSpec("spy", "rotary_pos_emb", "full", lambda: spy("rotary_pos_emb", torch_ops.rotary_pos_emb_full)),
+    ]
     for s in specs:
         KERNEL_REGISTRY.register(s)
     yield calls
@@ -66,15 +68,20 @@ def test_bind_ops_validates_before_binding(gen_module):
         bind_ops(mod, {"rms_norm_implementation": "torch"})
     assert str(err.value).startswith(
         "invalid ops_implementation:\n  fancy_op/standard (no config field): slot op 'fancy_op' has no field "
-        "in OpsImplementationConfig")
+        "in OpsImplementationConfig"
+    )
     assert mod.rms_norm_slot.impl == "eager"  # nothing was bound
 
 
 def test_build_model_eager_and_torch_agree(gen_module):
     x = torch.randn(3, 8)
     eager = build_model(hf_config(), ops=None, module=gen_module, model_class="TinyModel")
-    fast = build_model(hf_config(), ops={"rms_norm_implementation": "torch", "swiglu_mlp_implementation": "torch"},
-                       module=gen_module, model_class="TinyModel")
+    fast = build_model(
+        hf_config(),
+        ops={"rms_norm_implementation": "torch", "swiglu_mlp_implementation": "torch"},
+        module=gen_module,
+        model_class="TinyModel",
+    )
     fast.load_state_dict(eager.state_dict())
     assert torch.allclose(eager(x), fast(x), atol=1e-6)
 
@@ -97,8 +104,9 @@ def test_two_models_with_module_slots_do_not_interfere(gen_module, spies):
 
 
 def test_two_models_with_instance_slots_do_not_interfere(gen_module, spies):
-    a = build_model(hf_config(), ops={"rotary_pos_emb_implementation": "spy"}, module=gen_module,
-                    model_class="TinyModel")
+    a = build_model(
+        hf_config(), ops={"rotary_pos_emb_implementation": "spy"}, module=gen_module, model_class="TinyModel"
+    )
     b = build_model(hf_config(), ops={}, module=gen_module, model_class="TinyModel")
     assert a.rope_slot.impl == "spy" and b.rope_slot.impl == "eager"
     q, k = torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4)
@@ -112,10 +120,18 @@ def test_two_models_with_instance_slots_do_not_interfere(gen_module, spies):
 
 
 def test_build_model_without_private_copy_shares_and_warns(gen_module):
-    a = build_model(hf_config(), ops={"rms_norm_implementation": "torch"}, module=gen_module,
-                    model_class="TinyModel", private_copy=False)
-    with pytest.warns(RuntimeWarning, match=r"^rebinding OpSlot 'rms_norm_slot' \(rms_norm/standard\) from 'torch' "
-                      r"to 'eager' changes the 1 live model instance\(s\) that share it"):
+    a = build_model(
+        hf_config(),
+        ops={"rms_norm_implementation": "torch"},
+        module=gen_module,
+        model_class="TinyModel",
+        private_copy=False,
+    )
+    with pytest.warns(
+        RuntimeWarning,
+        match=r"^rebinding OpSlot 'rms_norm_slot' \(rms_norm/standard\) from 'torch' "
+        r"to 'eager' changes the 1 live model instance\(s\) that share it",
+    ):
         build_model(hf_config(), ops={}, module=gen_module, model_class="TinyModel", private_copy=False)
     assert type(a).__module__ == gen_module
 

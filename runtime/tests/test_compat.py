@@ -15,11 +15,19 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from fake_torch_npu import make_fake_torch_npu
 
-from opslot import (KERNEL_REGISTRY, DeviceInfo, KernelSpec, OpsImplementationConfig, binding_plan, build_model,
-                    declared_slots, use_device)
-from opslot import compat
+from fake_torch_npu import make_fake_torch_npu
+from opslot import (
+    KERNEL_REGISTRY,
+    DeviceInfo,
+    KernelSpec,
+    OpsImplementationConfig,
+    binding_plan,
+    build_model,
+    compat,
+    declared_slots,
+    use_device,
+)
 from opslot.config import _suggest_value, moe_config_values
 from opslot.dispatch import watch_dispatch
 
@@ -42,7 +50,7 @@ def _table(header):
     lines = _section().splitlines()
     first = next(i for i, line in enumerate(lines) if line.startswith(header))
     rows = []
-    for line in lines[first + 2:]:
+    for line in lines[first + 2 :]:
         if not line.startswith("|"):
             break
         rows.append([cell.strip().strip("`") for cell in line.strip().strip("|").split("|")])
@@ -52,15 +60,19 @@ def _table(header):
 def _block(kind, after):
     """The first ```kind fenced block after the text `after` in the section."""
     section = _section()
-    return re.search(rf"```{kind}\n(.*?)```", section[section.index(after):], re.S).group(1)
+    return re.search(rf"```{kind}\n(.*?)```", section[section.index(after) :], re.S).group(1)
 
 
 ALIASES = _table("| reference field | reference value | CUDA | Ascend NPU | CPU |")
 NO_EQUIVALENT = _table("| reference field | reference value | why there is none |")
 REFERENCE_FIELDS = _table("| reference field | reference values | what it chooses |")
-ALIAS_CASES = [pytest.param(row[0], row[1], column, None if row[2 + i] == "refused" else row[2 + i],
-                            id=f"{row[0]}={row[1]}@{column}")
-               for row in ALIASES for i, column in enumerate(COLUMNS)]
+ALIAS_CASES = [
+    pytest.param(
+        row[0], row[1], column, None if row[2 + i] == "refused" else row[2 + i], id=f"{row[0]}={row[1]}@{column}"
+    )
+    for row in ALIASES
+    for i, column in enumerate(COLUMNS)
+]
 
 
 def test_the_page_lists_what_the_code_knows():
@@ -92,12 +104,16 @@ def test_the_page_example_loads_and_logs_as_shown(caplog, monkeypatch):
     with use_device(H200):
         config = OpsImplementationConfig.coerce(_block("yaml", "loads as is"))
     assert config.to_dict() == {
-        "rms_norm_implementation": "cuda", "cross_entropy_loss_implementation": "cuda",
-        "load_balancing_loss_implementation": "cuda", "moe_implementation": "fused_cuda",
+        "rms_norm_implementation": "cuda",
+        "cross_entropy_loss_implementation": "cuda",
+        "load_balancing_loss_implementation": "cuda",
+        "moe_implementation": "fused_cuda",
         "attn_implementation": "flash_attention_2",
-        "allow_unbound": ["cross_entropy_loss", "load_balancing_loss", "moe", "rms_norm"]}
+        "allow_unbound": ["cross_entropy_loss", "load_balancing_loss", "moe", "rms_norm"],
+    }
     assert [r.getMessage() for r in caplog.records if r.name == "opslot.compat"] == [
-        _block("text", "logs, once").strip()]
+        _block("text", "logs, once").strip()
+    ]
 
 
 # -- the log ---------------------------------------------------------------------------------------
@@ -112,99 +128,159 @@ def test_the_mapping_is_logged_once_at_info(caplog, monkeypatch):
     with use_device(CPU):
         OpsImplementationConfig.from_dict(section)  # another translation: logged too
     assert [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "opslot.compat"] == [
-        (logging.INFO, "ops_implementation written for the reference trainer, read on npu: moe_implementation "
-                       "'fused_triton' -> 'fused_npu'; ignored (upstream code runs): mhc_implementation='eager' "
-                       "(ops_implementation.strict_names: true refuses these names)"),
-        (logging.INFO, "ops_implementation written for the reference trainer, read on cpu: moe_implementation "
-                       "'fused_triton' -> 'fused_torch'; ignored (upstream code runs): mhc_implementation='eager' "
-                       "(ops_implementation.strict_names: true refuses these names)"),
+        (
+            logging.INFO,
+            "ops_implementation written for the reference trainer, read on npu: moe_implementation "
+            "'fused_triton' -> 'fused_npu'; ignored (upstream code runs): mhc_implementation='eager' "
+            "(ops_implementation.strict_names: true refuses these names)",
+        ),
+        (
+            logging.INFO,
+            "ops_implementation written for the reference trainer, read on cpu: moe_implementation "
+            "'fused_triton' -> 'fused_torch'; ignored (upstream code runs): mhc_implementation='eager' "
+            "(ops_implementation.strict_names: true refuses these names)",
+        ),
     ]
 
 
 # -- refusals, word for word -----------------------------------------------------------------------
 REFUSALS = [
     # names for another device
-    (CPU, {"cross_entropy_loss_implementation": "npu"},
-     "ops_implementation.cross_entropy_loss_implementation: 'npu' is the reference trainer's NPU-gated name of its "
-     "chunk_loss; opslot reads it on an Ascend NPU only, as the reference runs it only there, and this machine has "
-     "cpu. opslot's values for cross_entropy_loss_implementation here: eager, torch, torch_chunked"),
-    (H200, {"cross_entropy_loss_implementation": "npu"},
-     "ops_implementation.cross_entropy_loss_implementation: 'npu' is the reference trainer's NPU-gated name of its "
-     "chunk_loss; opslot reads it on an Ascend NPU only, as the reference runs it only there, and this machine has "
-     "cuda (sm_90). opslot's values for cross_entropy_loss_implementation here: eager, cuda, torch, torch_chunked"),
-    (CPU, {"rms_norm_gated_implementation": "npu"},
-     "ops_implementation.rms_norm_gated_implementation: 'npu' is the reference trainer's NPUFusedRMSNormGated "
-     "(Ascend NPU); opslot reads it on an Ascend NPU only, as the reference runs it only there, and this machine has "
-     "cpu. opslot's values for rms_norm_gated_implementation here: eager, torch"),
-    (H200, {"causal_conv1d_implementation": "npu"},
-     "ops_implementation.causal_conv1d_implementation: 'npu' is the reference trainer's vendored Triton causal "
-     "conv1d (Ascend NPU); opslot reads it on an Ascend NPU only, as the reference runs it only there, and this "
-     "machine has cuda (sm_90). opslot's values for causal_conv1d_implementation here: eager, cuda, torch"),
-    (CPU, {"chunk_gated_delta_rule_implementation": "npu"},
-     "ops_implementation.chunk_gated_delta_rule_implementation: 'npu' is the reference trainer's vendored Triton "
-     "chunk gated delta rule (Ascend NPU); opslot reads it on an Ascend NPU only, as the reference runs it only "
-     "there, and this machine has cpu. opslot's values for chunk_gated_delta_rule_implementation here: eager, torch"),
-    (H200, {"chunk_gated_delta_rule_implementation": "npu_ascendc"},
-     "ops_implementation.chunk_gated_delta_rule_implementation: 'npu_ascendc' is the reference trainer's AscendC "
-     "fused chunk gated delta rule (Ascend NPU); opslot reads it on an Ascend NPU only, as the reference runs it "
-     "only there, and this machine has cuda (sm_90). opslot's values for chunk_gated_delta_rule_implementation "
-     "here: eager, cuda, torch"),
-    (NPU, {"rms_norm_implementation": "triton"},
-     "ops_implementation.rms_norm_implementation: 'triton' is the reference trainer's batch-invariant Triton "
-     "RMSNorm (DeepSeek-V3, GPU); opslot's batch-invariant RMSNorm is its cuda kernel, on a CUDA GPU only, and "
-     "this machine has npu. opslot's values for rms_norm_implementation here: eager, npu, torch"),
-    (CPU, {"rms_norm_implementation": "triton"},
-     "ops_implementation.rms_norm_implementation: 'triton' is the reference trainer's batch-invariant Triton "
-     "RMSNorm (DeepSeek-V3, GPU); opslot's batch-invariant RMSNorm is its cuda kernel, on a CUDA GPU only, and "
-     "this machine has cpu. opslot's values for rms_norm_implementation here: eager, torch"),
+    (
+        CPU,
+        {"cross_entropy_loss_implementation": "npu"},
+        "ops_implementation.cross_entropy_loss_implementation: 'npu' is the reference trainer's NPU-gated name of its "
+        "chunk_loss; opslot reads it on an Ascend NPU only, as the reference runs it only there, and this machine has "
+        "cpu. opslot's values for cross_entropy_loss_implementation here: eager, torch, torch_chunked",
+    ),
+    (
+        H200,
+        {"cross_entropy_loss_implementation": "npu"},
+        "ops_implementation.cross_entropy_loss_implementation: 'npu' is the reference trainer's NPU-gated name of its "
+        "chunk_loss; opslot reads it on an Ascend NPU only, as the reference runs it only there, and this machine has "
+        "cuda (sm_90). opslot's values for cross_entropy_loss_implementation here: eager, cuda, torch, torch_chunked",
+    ),
+    (
+        CPU,
+        {"rms_norm_gated_implementation": "npu"},
+        "ops_implementation.rms_norm_gated_implementation: 'npu' is the reference trainer's NPUFusedRMSNormGated "
+        "(Ascend NPU); opslot reads it on an Ascend NPU only, as the reference runs it only there, and this machine has "
+        "cpu. opslot's values for rms_norm_gated_implementation here: eager, torch",
+    ),
+    (
+        H200,
+        {"causal_conv1d_implementation": "npu"},
+        "ops_implementation.causal_conv1d_implementation: 'npu' is the reference trainer's vendored Triton causal "
+        "conv1d (Ascend NPU); opslot reads it on an Ascend NPU only, as the reference runs it only there, and this "
+        "machine has cuda (sm_90). opslot's values for causal_conv1d_implementation here: eager, cuda, torch",
+    ),
+    (
+        CPU,
+        {"chunk_gated_delta_rule_implementation": "npu"},
+        "ops_implementation.chunk_gated_delta_rule_implementation: 'npu' is the reference trainer's vendored Triton "
+        "chunk gated delta rule (Ascend NPU); opslot reads it on an Ascend NPU only, as the reference runs it only "
+        "there, and this machine has cpu. opslot's values for chunk_gated_delta_rule_implementation here: eager, torch",
+    ),
+    (
+        H200,
+        {"chunk_gated_delta_rule_implementation": "npu_ascendc"},
+        "ops_implementation.chunk_gated_delta_rule_implementation: 'npu_ascendc' is the reference trainer's AscendC "
+        "fused chunk gated delta rule (Ascend NPU); opslot reads it on an Ascend NPU only, as the reference runs it "
+        "only there, and this machine has cuda (sm_90). opslot's values for chunk_gated_delta_rule_implementation "
+        "here: eager, cuda, torch",
+    ),
+    (
+        NPU,
+        {"rms_norm_implementation": "triton"},
+        "ops_implementation.rms_norm_implementation: 'triton' is the reference trainer's batch-invariant Triton "
+        "RMSNorm (DeepSeek-V3, GPU); opslot's batch-invariant RMSNorm is its cuda kernel, on a CUDA GPU only, and "
+        "this machine has npu. opslot's values for rms_norm_implementation here: eager, npu, torch",
+    ),
+    (
+        CPU,
+        {"rms_norm_implementation": "triton"},
+        "ops_implementation.rms_norm_implementation: 'triton' is the reference trainer's batch-invariant Triton "
+        "RMSNorm (DeepSeek-V3, GPU); opslot's batch-invariant RMSNorm is its cuda kernel, on a CUDA GPU only, and "
+        "this machine has cpu. opslot's values for rms_norm_implementation here: eager, torch",
+    ),
     # names with no equivalent (any device)
-    (H200, {"rotary_pos_emb_implementation": "triton"},
-     "ops_implementation.rotary_pos_emb_implementation: 'triton' is the reference trainer's deterministic RoPE "
-     "table of DeepSeek-V3 (a Triton bmm in DeepseekV3RotaryEmbedding.forward, the cos/sin computation), not a "
-     "kernel of apply_rotary_pos_emb, which this field chooses; opslot has no slot for the table (upstream's code "
-     "computes it). Use opslot's values for rotary_pos_emb_implementation: eager, cuda, npu, torch"),
-    (H200, {"attn_implementation": "magi_attention"},
-     "ops_implementation.attn_implementation: 'magi_attention' is the reference trainer's MagiAttention (a "
-     "MagiAttentionMask built by its own models); Transformers, which runs opslot's attention, has none. Use a "
-     "Transformers attention: sdpa, flash_attention_2, flash_attention_3, flash_attention_4, flex_attention, eager"),
-    (CPU, {"attn_implementation": "veomni_magi_attention_with_sp"},
-     "ops_implementation.attn_implementation: 'veomni_magi_attention_with_sp' is the reference trainer's "
-     "MagiAttention behind its Ulysses wrapper (a MagiAttentionMask built by its own models); Transformers, which "
-     "runs opslot's attention, has none. Use a Transformers attention: sdpa, flash_attention_2, flash_attention_3, "
-     "flash_attention_4, flex_attention, eager"),
-    (NPU, {"attn_implementation": "native-sparse"},
-     "ops_implementation.attn_implementation: 'native-sparse' is the reference trainer's native sparse attention; "
-     "Transformers, which runs opslot's attention, has none. Use a Transformers attention: sdpa, flash_attention_2, "
-     "flash_attention_3, flash_attention_4, flex_attention, eager"),
+    (
+        H200,
+        {"rotary_pos_emb_implementation": "triton"},
+        "ops_implementation.rotary_pos_emb_implementation: 'triton' is the reference trainer's deterministic RoPE "
+        "table of DeepSeek-V3 (a Triton bmm in DeepseekV3RotaryEmbedding.forward, the cos/sin computation), not a "
+        "kernel of apply_rotary_pos_emb, which this field chooses; opslot has no slot for the table (upstream's code "
+        "computes it). Use opslot's values for rotary_pos_emb_implementation: eager, cuda, npu, torch",
+    ),
+    (
+        H200,
+        {"attn_implementation": "magi_attention"},
+        "ops_implementation.attn_implementation: 'magi_attention' is the reference trainer's MagiAttention (a "
+        "MagiAttentionMask built by its own models); Transformers, which runs opslot's attention, has none. Use a "
+        "Transformers attention: sdpa, flash_attention_2, flash_attention_3, flash_attention_4, flex_attention, eager",
+    ),
+    (
+        CPU,
+        {"attn_implementation": "veomni_magi_attention_with_sp"},
+        "ops_implementation.attn_implementation: 'veomni_magi_attention_with_sp' is the reference trainer's "
+        "MagiAttention behind its Ulysses wrapper (a MagiAttentionMask built by its own models); Transformers, which "
+        "runs opslot's attention, has none. Use a Transformers attention: sdpa, flash_attention_2, flash_attention_3, "
+        "flash_attention_4, flex_attention, eager",
+    ),
+    (
+        NPU,
+        {"attn_implementation": "native-sparse"},
+        "ops_implementation.attn_implementation: 'native-sparse' is the reference trainer's native sparse attention; "
+        "Transformers, which runs opslot's attention, has none. Use a Transformers attention: sdpa, flash_attention_2, "
+        "flash_attention_3, flash_attention_4, flex_attention, eager",
+    ),
     # the reference's fields opslot does not have, at anything but eager
-    (NPU, {"rotary_pos_emb_vision_implementation": "npu"},
-     "ops_implementation.rotary_pos_emb_vision_implementation='npu': the reference trainer's field for the vision "
-     "tower's rotary embedding (apply_rotary_pos_emb_vision of the VL and Omni models); opslot generates no "
-     "vision-tower slot, so that code runs upstream's. Remove the field, or set it to 'eager' (accepted and "
-     "ignored)"),
-    (H200, {"dsa_indexer_implementation": "tilelang"},
-     "ops_implementation.dsa_indexer_implementation='tilelang': the reference trainer's field for DeepSeek-V4's "
-     "sparse-attention top-k indexer; opslot has no DeepSeek-V4 spec, so that code runs upstream's. Remove the "
-     "field, or set it to 'eager' (accepted and ignored)"),
-    (H200, {"dsa_attention_implementation": "flashmla_cudnn"},
-     "ops_implementation.dsa_attention_implementation='flashmla_cudnn': the reference trainer's field for "
-     "DeepSeek-V4's sparse attention; opslot has no DeepSeek-V4 spec, so that code runs upstream's. Remove the "
-     "field, or set it to 'eager' (accepted and ignored)"),
-    (CPU, {"mhc_implementation": "tilelang"},
-     "ops_implementation.mhc_implementation='tilelang': the reference trainer's field for DeepSeek-V4's "
-     "manifold-constrained hyper-connections; opslot has no DeepSeek-V4 spec, so that code runs upstream's. Remove "
-     "the field, or set it to 'eager' (accepted and ignored)"),
+    (
+        NPU,
+        {"rotary_pos_emb_vision_implementation": "npu"},
+        "ops_implementation.rotary_pos_emb_vision_implementation='npu': the reference trainer's field for the vision "
+        "tower's rotary embedding (apply_rotary_pos_emb_vision of the VL and Omni models); opslot generates no "
+        "vision-tower slot, so that code runs upstream's. Remove the field, or set it to 'eager' (accepted and "
+        "ignored)",
+    ),
+    (
+        H200,
+        {"dsa_indexer_implementation": "tilelang"},
+        "ops_implementation.dsa_indexer_implementation='tilelang': the reference trainer's field for DeepSeek-V4's "
+        "sparse-attention top-k indexer; opslot has no DeepSeek-V4 spec, so that code runs upstream's. Remove the "
+        "field, or set it to 'eager' (accepted and ignored)",
+    ),
+    (
+        H200,
+        {"dsa_attention_implementation": "flashmla_cudnn"},
+        "ops_implementation.dsa_attention_implementation='flashmla_cudnn': the reference trainer's field for "
+        "DeepSeek-V4's sparse attention; opslot has no DeepSeek-V4 spec, so that code runs upstream's. Remove the "
+        "field, or set it to 'eager' (accepted and ignored)",
+    ),
+    (
+        CPU,
+        {"mhc_implementation": "tilelang"},
+        "ops_implementation.mhc_implementation='tilelang': the reference trainer's field for DeepSeek-V4's "
+        "manifold-constrained hyper-connections; opslot has no DeepSeek-V4 spec, so that code runs upstream's. Remove "
+        "the field, or set it to 'eager' (accepted and ignored)",
+    ),
     # every problem of a section at once
-    (CPU, {"rms_norm_implementation": "liger_kernel", "rotary_pos_emb_implementation": "triton",
-           "mhc_implementation": "tilelang"},
-     "ops_implementation written for the reference trainer has 2 problems:\n"
-     "  ops_implementation.rotary_pos_emb_implementation: 'triton' is the reference trainer's deterministic RoPE "
-     "table of DeepSeek-V3 (a Triton bmm in DeepseekV3RotaryEmbedding.forward, the cos/sin computation), not a "
-     "kernel of apply_rotary_pos_emb, which this field chooses; opslot has no slot for the table (upstream's code "
-     "computes it). Use opslot's values for rotary_pos_emb_implementation: eager, cuda, npu, torch\n"
-     "  ops_implementation.mhc_implementation='tilelang': the reference trainer's field for DeepSeek-V4's "
-     "manifold-constrained hyper-connections; opslot has no DeepSeek-V4 spec, so that code runs upstream's. Remove "
-     "the field, or set it to 'eager' (accepted and ignored)"),
+    (
+        CPU,
+        {
+            "rms_norm_implementation": "liger_kernel",
+            "rotary_pos_emb_implementation": "triton",
+            "mhc_implementation": "tilelang",
+        },
+        "ops_implementation written for the reference trainer has 2 problems:\n"
+        "  ops_implementation.rotary_pos_emb_implementation: 'triton' is the reference trainer's deterministic RoPE "
+        "table of DeepSeek-V3 (a Triton bmm in DeepseekV3RotaryEmbedding.forward, the cos/sin computation), not a "
+        "kernel of apply_rotary_pos_emb, which this field chooses; opslot has no slot for the table (upstream's code "
+        "computes it). Use opslot's values for rotary_pos_emb_implementation: eager, cuda, npu, torch\n"
+        "  ops_implementation.mhc_implementation='tilelang': the reference trainer's field for DeepSeek-V4's "
+        "manifold-constrained hyper-connections; opslot has no DeepSeek-V4 spec, so that code runs upstream's. Remove "
+        "the field, or set it to 'eager' (accepted and ignored)",
+    ),
 ]
 
 
@@ -217,26 +293,41 @@ def test_refusals_say_what_opslot_offers(device, section, message):
 
 # -- strict names ----------------------------------------------------------------------------------
 STRICT_REFUSALS = [
-    (NPU, {"moe_implementation": "fused"},
-     "ops_implementation.moe_implementation: 'fused' is the reference trainer's name, and "
-     "ops_implementation.strict_names is set (opslot's names only): write 'fused_npu', its equivalent on this "
-     "machine (npu)"),
-    (CPU, {"moe_implementation": "fused"},
-     "ops_implementation.moe_implementation: 'fused' is the reference trainer's name, and "
-     "ops_implementation.strict_names is set (opslot's names only): write 'fused_torch', its equivalent on this "
-     "machine (cpu)"),
-    (H200, {"rms_norm_implementation": "liger_kernel"},
-     "ops_implementation.rms_norm_implementation: 'liger_kernel' is the reference trainer's name, and "
-     "ops_implementation.strict_names is set (opslot's names only): write 'cuda', its equivalent on this machine "
-     "(cuda (sm_90))"),
-    (H200, {"attn_implementation": "veomni_flash_attention_2_with_sp"},
-     "ops_implementation.attn_implementation: 'veomni_flash_attention_2_with_sp' is the reference trainer's name, "
-     "and ops_implementation.strict_names is set (opslot's names only): write 'flash_attention_2', its equivalent "
-     "on this machine (cuda (sm_90))"),
-    (CPU, {"dsa_indexer_implementation": "eager"},
-     "ops_implementation.dsa_indexer_implementation is the reference trainer's field for DeepSeek-V4's "
-     "sparse-attention top-k indexer; opslot has no DeepSeek-V4 spec, and ops_implementation.strict_names is set "
-     "(opslot's names only): remove it"),
+    (
+        NPU,
+        {"moe_implementation": "fused"},
+        "ops_implementation.moe_implementation: 'fused' is the reference trainer's name, and "
+        "ops_implementation.strict_names is set (opslot's names only): write 'fused_npu', its equivalent on this "
+        "machine (npu)",
+    ),
+    (
+        CPU,
+        {"moe_implementation": "fused"},
+        "ops_implementation.moe_implementation: 'fused' is the reference trainer's name, and "
+        "ops_implementation.strict_names is set (opslot's names only): write 'fused_torch', its equivalent on this "
+        "machine (cpu)",
+    ),
+    (
+        H200,
+        {"rms_norm_implementation": "liger_kernel"},
+        "ops_implementation.rms_norm_implementation: 'liger_kernel' is the reference trainer's name, and "
+        "ops_implementation.strict_names is set (opslot's names only): write 'cuda', its equivalent on this machine "
+        "(cuda (sm_90))",
+    ),
+    (
+        H200,
+        {"attn_implementation": "veomni_flash_attention_2_with_sp"},
+        "ops_implementation.attn_implementation: 'veomni_flash_attention_2_with_sp' is the reference trainer's name, "
+        "and ops_implementation.strict_names is set (opslot's names only): write 'flash_attention_2', its equivalent "
+        "on this machine (cuda (sm_90))",
+    ),
+    (
+        CPU,
+        {"dsa_indexer_implementation": "eager"},
+        "ops_implementation.dsa_indexer_implementation is the reference trainer's field for DeepSeek-V4's "
+        "sparse-attention top-k indexer; opslot has no DeepSeek-V4 spec, and ops_implementation.strict_names is set "
+        "(opslot's names only): remove it",
+    ),
 ]
 
 
@@ -264,8 +355,9 @@ def test_strict_names_must_be_a_boolean():
 # -- what translation keeps --------------------------------------------------------------------------
 def test_opslot_names_are_never_translated():
     with use_device(CPU):  # npu is opslot's name for rms_norm: kept, and binding says it needs an NPU
-        config = OpsImplementationConfig.from_dict({"rms_norm_implementation": "npu",
-                                                     "moe_implementation": "fused_npu"})
+        config = OpsImplementationConfig.from_dict(
+            {"rms_norm_implementation": "npu", "moe_implementation": "fused_npu"}
+        )
         assert (config.rms_norm_implementation, config.moe_implementation, config.aliases) == ("npu", "fused_npu", {})
     KERNEL_REGISTRY.register(KernelSpec("liger_kernel", "rms_norm", "standard", lambda: abs))  # a plug-in's kernel
     try:
@@ -276,8 +368,13 @@ def test_opslot_names_are_never_translated():
 
 
 def test_translated_ops_may_bind_nowhere_and_the_users_allow_unbound_is_kept():
-    config = OpsImplementationConfig.from_dict({"allow_unbound": "swiglu_mlp", "moe_implementation": "fused_torch",
-                                                 "chunk_gated_delta_rule_implementation": "fla"})
+    config = OpsImplementationConfig.from_dict(
+        {
+            "allow_unbound": "swiglu_mlp",
+            "moe_implementation": "fused_torch",
+            "chunk_gated_delta_rule_implementation": "fla",
+        }
+    )
     assert config.allow_unbound == ("chunk_gated_delta_rule", "swiglu_mlp")  # not moe: written in opslot's name
 
 
@@ -292,8 +389,10 @@ def test_a_translated_config_equals_the_same_choice_in_opslot_names_and_pickles_
 def test_a_bare_fused_gets_no_made_up_suggestion():
     with pytest.raises(ValueError) as err:
         OpsImplementationConfig(moe_implementation="fused")  # the constructor takes opslot's names only
-    assert str(err.value) == ("ops_implementation.moe_implementation must be 'eager' or 'fused_<impl>', got 'fused' "
-                              "(values: eager, fused_cuda, fused_npu, fused_torch)")  # was: did you mean 'fused_npu'?
+    assert str(err.value) == (
+        "ops_implementation.moe_implementation must be 'eager' or 'fused_<impl>', got 'fused' "
+        "(values: eager, fused_cuda, fused_npu, fused_torch)"
+    )  # was: did you mean 'fused_npu'?
 
 
 @pytest.mark.parametrize("value", ["fused_fused", "fused_", "fused_quack"])
@@ -302,15 +401,26 @@ def test_an_unknown_moe_kernel_is_compared_by_its_name_not_its_prefix(value):
         OpsImplementationConfig(moe_implementation=value).validate([("moe", "standard")])
     assert str(err.value) == (
         f"invalid ops_implementation:\n  moe/standard (moe_implementation={value!r}): no kernel "
-        f"{value[len('fused_'):]!r} for moe/standard; available: eager, fused_cuda [needs cuda sm_80+], "
-        f"fused_npu [needs npu], fused_torch")  # was: did you mean 'fused_cuda'/'fused_npu'?
+        f"{value[len('fused_') :]!r} for moe/standard; available: eager, fused_cuda [needs cuda sm_80+], "
+        f"fused_npu [needs npu], fused_torch"
+    )  # was: did you mean 'fused_cuda'/'fused_npu'?
 
 
-@pytest.mark.parametrize("word, suggested", [
-    ("fused", None), ("FUSED", None), ("fused_", None), ("fused_fused", None),
-    ("torhc", "fused_torch"), ("Fused_Torch", "fused_torch"), ("fused_tor", "fused_torch"), ("npu", "fused_npu"),
-    ("cude", "fused_cuda"), ("fused_cudaa", "fused_cuda"),
-])
+@pytest.mark.parametrize(
+    "word, suggested",
+    [
+        ("fused", None),
+        ("FUSED", None),
+        ("fused_", None),
+        ("fused_fused", None),
+        ("torhc", "fused_torch"),
+        ("Fused_Torch", "fused_torch"),
+        ("fused_tor", "fused_torch"),
+        ("npu", "fused_npu"),
+        ("cude", "fused_cuda"),
+        ("fused_cudaa", "fused_cuda"),
+    ],
+)
 def test_suggestions_are_existing_values(word, suggested):
     values = moe_config_values()
     expected = f"; did you mean {suggested!r}?" if suggested else ""
@@ -347,15 +457,47 @@ train:
     lr: 1.0e-4
 """
 
-QWEN3_MOE_SLOTS = {"cpu": ("gpu", {"causal_lm_loss_slot": "torch_chunked", "load_balancing_loss_slot": "torch",
-                                    "moe_slot": "torch", "rms_norm_slot": "torch", "rope_slot": "torch",
-                                    "sequence_classification_loss_slot": "torch_chunked", "swiglu_mlp_slot": "torch"}),
-                   "cuda": ("gpu", dict.fromkeys(("causal_lm_loss_slot", "load_balancing_loss_slot", "moe_slot",
-                                                  "rms_norm_slot", "rope_slot", "sequence_classification_loss_slot",
-                                                  "swiglu_mlp_slot"), "cuda")),
-                   "npu": ("npu", {"causal_lm_loss_slot": "torch_chunked", "load_balancing_loss_slot": "torch",
-                                   "moe_slot": "npu", "rms_norm_slot": "npu", "rope_slot": "npu",
-                                   "sequence_classification_loss_slot": "torch_chunked", "swiglu_mlp_slot": "npu"})}
+QWEN3_MOE_SLOTS = {
+    "cpu": (
+        "gpu",
+        {
+            "causal_lm_loss_slot": "torch_chunked",
+            "load_balancing_loss_slot": "torch",
+            "moe_slot": "torch",
+            "rms_norm_slot": "torch",
+            "rope_slot": "torch",
+            "sequence_classification_loss_slot": "torch_chunked",
+            "swiglu_mlp_slot": "torch",
+        },
+    ),
+    "cuda": (
+        "gpu",
+        dict.fromkeys(
+            (
+                "causal_lm_loss_slot",
+                "load_balancing_loss_slot",
+                "moe_slot",
+                "rms_norm_slot",
+                "rope_slot",
+                "sequence_classification_loss_slot",
+                "swiglu_mlp_slot",
+            ),
+            "cuda",
+        ),
+    ),
+    "npu": (
+        "npu",
+        {
+            "causal_lm_loss_slot": "torch_chunked",
+            "load_balancing_loss_slot": "torch",
+            "moe_slot": "npu",
+            "rms_norm_slot": "npu",
+            "rope_slot": "npu",
+            "sequence_classification_loss_slot": "torch_chunked",
+            "swiglu_mlp_slot": "npu",
+        },
+    ),
+}
 #: The sequence-classification head's loss slot: a *ForCausalLM never uses it.
 NOT_USED = {"sequence_classification_loss_slot": "not used by this model"}
 DEVICE_OF = {"cpu": CPU, "cuda": H200, "npu": NPU}
@@ -400,9 +542,21 @@ def test_a_reference_qwen3_moe_section_loads_and_validates_on_every_device(devic
 
 def _qwen3_moe_config(transformers):
     return transformers.Qwen3MoeConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, head_dim=16, max_position_embeddings=64, num_experts=4, num_experts_per_tok=2,
-        moe_intermediate_size=16, decoder_sparse_step=1, mlp_only_layers=[0], output_router_logits=True)
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        max_position_embeddings=64,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=16,
+        decoder_sparse_step=1,
+        mlp_only_layers=[0],
+        output_router_logits=True,
+    )
 
 
 def _build(qwen3_moe, kind):
@@ -411,8 +565,9 @@ def _build(qwen3_moe, kind):
     ops = yaml.safe_load(REFERENCE_TRAINING_CONFIG)
     ops["model"]["ops_implementation"]["attn_implementation"] = "sdpa"
     torch.manual_seed(0)
-    model = build_model(_qwen3_moe_config(transformers), ops=ops, module=modules[kind],
-                        model_class="Qwen3MoeForCausalLM")
+    model = build_model(
+        _qwen3_moe_config(transformers), ops=ops, module=modules[kind], model_class="Qwen3MoeForCausalLM"
+    )
     return watch_dispatch(model)
 
 
@@ -427,7 +582,8 @@ def test_a_reference_qwen3_moe_section_builds_and_steps_on_a_cpu(qwen3_moe):
     model = _build(qwen3_moe, "gpu")
     _step(model)
     assert {e.slot: (e.impl, e.why, e.dispatch) for e in binding_plan(model)} == {
-        slot: (impl, "explicit", NOT_USED.get(slot, "ran")) for slot, impl in QWEN3_MOE_SLOTS["cpu"][1].items()}
+        slot: (impl, "explicit", NOT_USED.get(slot, "ran")) for slot, impl in QWEN3_MOE_SLOTS["cpu"][1].items()
+    }
 
 
 def test_a_reference_qwen3_moe_section_builds_and_steps_on_a_simulated_npu(qwen3_moe, monkeypatch):
@@ -436,10 +592,10 @@ def test_a_reference_qwen3_moe_section_builds_and_steps_on_a_simulated_npu(qwen3
     with use_device(NPU):
         model = _build(qwen3_moe, "npu")
         _step(model)
-    assert ({e.slot: (e.impl, e.dispatch) for e in binding_plan(model)},
-            sorted({call[0] for call in fake.calls})) == (
+    assert ({e.slot: (e.impl, e.dispatch) for e in binding_plan(model)}, sorted({call[0] for call in fake.calls})) == (
         {slot: (impl, NOT_USED.get(slot, "ran")) for slot, impl in QWEN3_MOE_SLOTS["npu"][1].items()},
-        ["npu_grouped_matmul", "npu_rms_norm", "npu_rotary_mul", "npu_swiglu"])
+        ["npu_grouped_matmul", "npu_rms_norm", "npu_rotary_mul", "npu_swiglu"],
+    )
 
 
 def test_a_reference_qwen3_moe_section_binds_the_cuda_kernels_on_a_simulated_h200(qwen3_moe):
@@ -457,7 +613,8 @@ def test_binding_plan_shows_the_reference_names(qwen3_moe):
         "-> 'torch_chunked', load_balancing_loss_implementation 'triton' -> 'torch', moe_implementation "
         "'fused_triton' -> 'fused_torch', rms_norm_gated_implementation 'fla' -> 'torch', rms_norm_implementation "
         "'liger_kernel' -> 'torch', rotary_pos_emb_implementation 'liger_kernel' -> 'torch', "
-        "swiglu_mlp_implementation 'liger_kernel' -> 'torch'")
+        "swiglu_mlp_implementation 'liger_kernel' -> 'torch'"
+    )
 
 
 def test_build_model_records_the_reference_names(qwen3_moe):

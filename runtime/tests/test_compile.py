@@ -29,8 +29,12 @@ def inputs(vocab=64):
 
 @pytest.mark.parametrize("ce", ["torch", "torch_chunked"])
 def test_dense_model_compiles_fullgraph_with_every_slot_bound(ce):
-    ops = {"rms_norm_implementation": "torch", "rotary_pos_emb_implementation": "torch",
-           "swiglu_mlp_implementation": "torch", "cross_entropy_loss_implementation": ce}
+    ops = {
+        "rms_norm_implementation": "torch",
+        "rotary_pos_emb_implementation": "torch",
+        "swiglu_mlp_implementation": "torch",
+        "cross_entropy_loss_implementation": ce,
+    }
     torch.manual_seed(0)
     model = build_model(toy_config(), ops=ops, module=TOY, model_class="ToyForCausalLM")
     assert set(binding_plan(model).as_dict().values()) == {"torch", ce}
@@ -62,18 +66,31 @@ def test_generated_qwen3_compiles_fullgraph_with_every_slot_bound():
 
     from example_models import REPO
 
-    candidates = [os.path.join(REPO, "generated", "qwen3"),
-                  os.path.join(REPO, "build", "real_models", "generated", "qwen3")]
+    candidates = [
+        os.path.join(REPO, "generated", "qwen3"),
+        os.path.join(REPO, "build", "real_models", "generated", "qwen3"),
+    ]
     found = [f for f in candidates if os.path.isfile(os.path.join(f, "patched_modeling_qwen3_gpu.py"))]
     if not found:
         pytest.skip("no generated Qwen3 (make run)")
     if found[0] not in sys.path:
         sys.path.append(found[0])
-    config = transformers.Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                      num_attention_heads=2, num_key_value_heads=1, head_dim=16)
-    ops = {"rms_norm_implementation": "torch", "rotary_pos_emb_implementation": "torch",
-           "swiglu_mlp_implementation": "torch", "cross_entropy_loss_implementation": "torch",
-           "attn_implementation": "sdpa"}
+    config = transformers.Qwen3Config(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+    )
+    ops = {
+        "rms_norm_implementation": "torch",
+        "rotary_pos_emb_implementation": "torch",
+        "swiglu_mlp_implementation": "torch",
+        "cross_entropy_loss_implementation": "torch",
+        "attn_implementation": "sdpa",
+    }
     model = build_model(config, ops=ops, module="patched_modeling_qwen3_gpu", model_class="Qwen3ForCausalLM")
     assert set(binding_plan(model).as_dict().values()) == {"torch"}
     torch._dynamo.reset()

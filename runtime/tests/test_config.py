@@ -2,8 +2,16 @@
 
 import pytest
 
-from opslot import (CUDA_DEFAULTS, DeviceInfo, HardwareRequirement, KernelRegistry, KernelSpec,
-                    OpsImplementationConfig, register_builtin_kernels, use_device)
+from opslot import (
+    CUDA_DEFAULTS,
+    DeviceInfo,
+    HardwareRequirement,
+    KernelRegistry,
+    KernelSpec,
+    OpsImplementationConfig,
+    register_builtin_kernels,
+    use_device,
+)
 from opslot.config import CPU_DEFAULTS, set_cuda_kernels_check
 
 NPU = DeviceInfo("npu")
@@ -24,7 +32,10 @@ def test_from_dict_accepts_three_shapes():
 def test_unknown_fields_are_rejected_with_suggestions():
     with pytest.raises(ValueError) as err:
         OpsImplementationConfig.from_dict({"rms_norm_implemntation": "torch"})
-    assert str(err.value) == "unknown ops_implementation field 'rms_norm_implemntation'; did you mean 'rms_norm_implementation'?"
+    assert (
+        str(err.value)
+        == "unknown ops_implementation field 'rms_norm_implemntation'; did you mean 'rms_norm_implementation'?"
+    )
     with pytest.raises(ValueError) as err:
         OpsImplementationConfig.from_dict({"rms_norm": "torch"})
     assert str(err.value) == "unknown ops_implementation field 'rms_norm'; did you mean 'rms_norm_implementation'?"
@@ -36,8 +47,10 @@ def test_unknown_fields_are_rejected_with_suggestions():
 def test_values_are_checked():
     with pytest.raises(ValueError) as err:
         OpsImplementationConfig(moe_implementation="torch")
-    assert str(err.value) == ("ops_implementation.moe_implementation must be 'eager' or 'fused_<impl>', "
-                              "got 'torch'; did you mean 'fused_torch'?")
+    assert str(err.value) == (
+        "ops_implementation.moe_implementation must be 'eager' or 'fused_<impl>', "
+        "got 'torch'; did you mean 'fused_torch'?"
+    )
     with pytest.raises(ValueError) as err:
         OpsImplementationConfig.from_dict({"rms_norm_implementation": 3})
     assert str(err.value) == "ops_implementation.rms_norm_implementation must be a non-empty string, got 3"
@@ -47,17 +60,23 @@ def test_values_are_checked():
 
 def test_from_yaml(tmp_path):
     path = tmp_path / "train.yaml"
-    path.write_text("model:\n  ops_implementation:\n    rms_norm_implementation: torch\n"
-                    "    cross_entropy_loss_implementation: torch_chunked\n    attn_implementation: sdpa\n")
+    path.write_text(
+        "model:\n  ops_implementation:\n    rms_norm_implementation: torch\n"
+        "    cross_entropy_loss_implementation: torch_chunked\n    attn_implementation: sdpa\n"
+    )
     cfg = OpsImplementationConfig.from_yaml(str(path))
-    assert cfg.to_dict() == {"rms_norm_implementation": "torch", "cross_entropy_loss_implementation": "torch_chunked",
-                             "attn_implementation": "sdpa"}
+    assert cfg.to_dict() == {
+        "rms_norm_implementation": "torch",
+        "cross_entropy_loss_implementation": "torch_chunked",
+        "attn_implementation": "sdpa",
+    }
     bad = tmp_path / "bad.yaml"
     bad.write_text("ops_implementation:\n  rope_implementation: torch\n")
     with pytest.raises(ValueError) as err:
         OpsImplementationConfig.coerce(str(bad))
-    assert str(err.value) == (f"{bad}: unknown ops_implementation field 'rope_implementation'; "
-                              "did you mean 'rotary_pos_emb_implementation'?")
+    assert str(err.value) == (
+        f"{bad}: unknown ops_implementation field 'rope_implementation'; did you mean 'rotary_pos_emb_implementation'?"
+    )
 
 
 def test_cpu_defaults_are_eager_and_cuda_defaults_need_the_library():
@@ -75,8 +94,16 @@ def test_cpu_defaults_are_eager_and_cuda_defaults_need_the_library():
         # ... with one: every op that has a CUDA kernel here takes it
         set_cuda_kernels_check(lambda: None)
         with use_device(H200):
-            for op in ("rms_norm", "rms_norm_gated", "rotary_pos_emb", "swiglu_mlp", "load_balancing_loss",
-                       "cross_entropy_loss", "causal_conv1d", "chunk_gated_delta_rule"):
+            for op in (
+                "rms_norm",
+                "rms_norm_gated",
+                "rotary_pos_emb",
+                "swiglu_mlp",
+                "load_balancing_loss",
+                "cross_entropy_loss",
+                "causal_conv1d",
+                "chunk_gated_delta_rule",
+            ):
                 assert cfg.impl_for(op) == "cuda", op
             assert cfg.impl_for("moe") == "cuda"  # fused_cuda
             assert cfg.effective_impl("causal_conv1d", "standard") == "cuda"
@@ -131,13 +158,18 @@ def test_npu_normalises_only_unset_fields():
         assert cfg.effective_impl("moe", "gpt_oss") == "eager"
         assert cfg.effective_impl("moe", "standard") == "npu"
         assert cfg.validate([("rms_norm", "offset"), ("moe", "gpt_oss"), ("moe", "standard")]) == {
-            ("moe", "gpt_oss"): "eager", ("moe", "standard"): "npu", ("rms_norm", "offset"): "npu"}
+            ("moe", "gpt_oss"): "eager",
+            ("moe", "standard"): "npu",
+            ("rms_norm", "offset"): "npu",
+        }
     # ... but an explicit value never does
     with use_device(NPU), pytest.raises(ValueError) as err:
         OpsImplementationConfig(moe_implementation="fused_npu").validate([("moe", "gpt_oss")])
-    assert str(err.value) == ("invalid ops_implementation:\n"
-                              "  moe/gpt_oss (moe_implementation='fused_npu'): no kernel 'npu' for moe/gpt_oss; "
-                              "available: eager, fused_cuda [needs cuda sm_80+], fused_torch ('fused_npu' implements moe variant(s) standard only)")
+    assert str(err.value) == (
+        "invalid ops_implementation:\n"
+        "  moe/gpt_oss (moe_implementation='fused_npu'): no kernel 'npu' for moe/gpt_oss; "
+        "available: eager, fused_cuda [needs cuda sm_80+], fused_torch ('fused_npu' implements moe variant(s) standard only)"
+    )
 
 
 def test_explicit_unsupported_value_on_npu_is_an_error():
@@ -149,9 +181,11 @@ def test_explicit_unsupported_value_on_npu_is_an_error():
         assert cfg.validate([("rms_norm", "standard")], registry=reg) == {("rms_norm", "standard"): "cuda_fast"}
     with use_device(NPU), pytest.raises(ValueError) as err:
         cfg.validate([("rms_norm", "standard")], registry=reg)
-    assert str(err.value) == ("invalid ops_implementation:\n  rms_norm/standard (rms_norm_implementation="
-                              "'cuda_fast'): kernel 'cuda_fast' for rms_norm/standard cannot run here: "
-                              "needs cuda; this machine has npu")
+    assert str(err.value) == (
+        "invalid ops_implementation:\n  rms_norm/standard (rms_norm_implementation="
+        "'cuda_fast'): kernel 'cuda_fast' for rms_norm/standard cannot run here: "
+        "needs cuda; this machine has npu"
+    )
 
 
 def test_validate_reports_every_problem_at_once():
@@ -164,7 +198,8 @@ def test_validate_reports_every_problem_at_once():
         "(ops with a field: attn, causal_conv1d, chunk_gated_delta_rule, cross_entropy_loss, load_balancing_loss, "
         "moe, rms_norm, rms_norm_gated, rotary_pos_emb, swiglu_mlp)\n"
         "  moe/gpt_oss (moe_implementation='fused_npu'): no kernel 'npu' for moe/gpt_oss; available: eager, "
-        "fused_cuda, fused_torch ('fused_npu' implements moe variant(s) standard only)")
+        "fused_cuda, fused_torch ('fused_npu' implements moe variant(s) standard only)"
+    )
 
 
 def test_to_dict_keeps_only_explicit_fields():

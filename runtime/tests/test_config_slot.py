@@ -54,14 +54,17 @@ def test_value_not_allowed_names_attribute_value_and_allowed():
         slot().bind_from(SimpleNamespace(toy_attention_kernel="spda"))
     assert str(err.value) == (
         "config slot 'ToyAttention.attention_kernel': config.toy_attention_kernel is 'spda', which is not one "
-        "of its implementations: 'eager', 'sdpa' (did you mean 'sdpa'?)")
+        "of its implementations: 'eager', 'sdpa' (did you mean 'sdpa'?)"
+    )
 
 
 def test_value_not_a_string():
     with pytest.raises(ValueError) as err:
         slot().bind_from(SimpleNamespace(toy_attention_kernel=2))
-    assert str(err.value) == ("config slot 'ToyAttention.attention_kernel': config.toy_attention_kernel is 2 (int); "
-                              "it must name one of the implementations: 'eager', 'sdpa'")
+    assert str(err.value) == (
+        "config slot 'ToyAttention.attention_kernel': config.toy_attention_kernel is 2 (int); "
+        "it must name one of the implementations: 'eager', 'sdpa'"
+    )
 
 
 def test_missing_without_default():
@@ -69,15 +72,18 @@ def test_missing_without_default():
         slot(default=None).bind_from(SimpleNamespace())
     assert str(err.value) == (
         "config slot 'ToyAttention.attention_kernel' reads config.toy_attention_kernel, which the model config "
-        "does not set, and it has no default; set config.toy_attention_kernel to one of: 'eager', 'sdpa'")
+        "does not set, and it has no default; set config.toy_attention_kernel to one of: 'eager', 'sdpa'"
+    )
 
 
 def test_uses_refuses_an_undeclared_implementation():
     s = slot().bind_from(SimpleNamespace())
     with pytest.raises(ValueError) as err:
         s.uses("flash")
-    assert str(err.value) == ("config slot 'ToyAttention.attention_kernel' has no implementation 'flash'; "
-                              "its implementations: 'eager', 'sdpa'")
+    assert str(err.value) == (
+        "config slot 'ToyAttention.attention_kernel' has no implementation 'flash'; "
+        "its implementations: 'eager', 'sdpa'"
+    )
 
 
 def test_unbound_value_is_an_error():
@@ -97,12 +103,20 @@ def test_declaration_errors():
 def test_pickles_with_its_value():
     s = pickle.loads(pickle.dumps(slot().bind_from(SimpleNamespace(toy_attention_kernel="sdpa"))))
     assert (s.name, s.attribute, s.values, s.default, s.value, s.why) == (
-        "ToyAttention.attention_kernel", "toy_attention_kernel", ("eager", "sdpa"), "eager", "sdpa", "config")
+        "ToyAttention.attention_kernel",
+        "toy_attention_kernel",
+        ("eager", "sdpa"),
+        "eager",
+        "sdpa",
+        "config",
+    )
 
 
 def test_repr():
-    assert repr(slot()) == ("ConfigSlot('ToyAttention.attention_kernel', config.toy_attention_kernel='<unbound>', "
-                            "why='unbound', values=('eager', 'sdpa'))")
+    assert repr(slot()) == (
+        "ConfigSlot('ToyAttention.attention_kernel', config.toy_attention_kernel='<unbound>', "
+        "why='unbound', values=('eager', 'sdpa'))"
+    )
 
 
 # ---- generated code ----------------------------------------------------------------------------
@@ -114,8 +128,9 @@ needs_patchgen = pytest.mark.skipif(not PATCHGEN, reason="set PATCHGEN_BIN to th
 def generated(tmp_path_factory):
     """The fixture spec generated into a temporary folder and imported."""
     out = tmp_path_factory.mktemp("generated")
-    proc = subprocess.run([PATCHGEN, SPEC, "--source-root", UPSTREAM_ROOT, "-o", str(out)],
-                          cwd=REPO, capture_output=True, text=True)
+    proc = subprocess.run(
+        [PATCHGEN, SPEC, "--source-root", UPSTREAM_ROOT, "-o", str(out)], cwd=REPO, capture_output=True, text=True
+    )
     assert proc.returncode == 0, f"patchgen failed ({proc.returncode}):\n{proc.stdout}{proc.stderr}"
     path = out / f"{MODULE}.py"
     assert path.is_file(), f"patchgen wrote no {MODULE}.py"
@@ -146,13 +161,16 @@ def logits_of(model, seed=0):
 
 @needs_patchgen
 def test_generated_init_sets_the_slot(generated):
-    assert ('        # patchgen: config_slot ToyAttention.attention_kernel - the attention math, chosen per model '
-            'from its config (runtime/tests/fixtures/config_slot/toy_config_slot.yaml:22)\n'
-            '        self.attention_kernel = ConfigSlot("ToyAttention.attention_kernel", "toy_attention_kernel", '
-            '("eager", "sdpa"), default="eager").bind_from(config)\n') in generated.source
+    assert (
+        "        # patchgen: config_slot ToyAttention.attention_kernel - the attention math, chosen per model "
+        "from its config (runtime/tests/fixtures/config_slot/toy_config_slot.yaml:22)\n"
+        '        self.attention_kernel = ConfigSlot("ToyAttention.attention_kernel", "toy_attention_kernel", '
+        '("eager", "sdpa"), default="eager").bind_from(config)\n'
+    ) in generated.source
     assert "from opslot import ConfigSlot\n" in generated.source
     assert [(s.name, s.attribute, s.values, s.default) for s in declared_config_slots(generated.module)] == [
-        ("ToyAttention.attention_kernel", "toy_attention_kernel", ("eager", "sdpa"), "eager")]
+        ("ToyAttention.attention_kernel", "toy_attention_kernel", ("eager", "sdpa"), "eager")
+    ]
 
 
 @needs_patchgen
@@ -164,8 +182,7 @@ def test_two_config_values_two_code_paths(generated, monkeypatch):
     torch.manual_seed(0)
     eager = build_model(toy_config(), module=generated.module, model_class="ToyForCausalLM")
     torch.manual_seed(0)
-    fused = build_model(toy_config(toy_attention_kernel="sdpa"), module=generated.module,
-                        model_class="ToyForCausalLM")
+    fused = build_model(toy_config(toy_attention_kernel="sdpa"), module=generated.module, model_class="ToyForCausalLM")
     kernels = {m.attention_kernel.value for m in eager.modules() if hasattr(m, "attention_kernel")}
     assert kernels == {"eager"}
     assert {m.attention_kernel.value for m in fused.modules() if hasattr(m, "attention_kernel")} == {"sdpa"}
@@ -182,29 +199,34 @@ def test_two_config_values_two_code_paths(generated, monkeypatch):
         "  slot  op/variant  impl  why",
         "  (no slots)",
         "  config slot model.layers.*.self_attn.attention_kernel (x2): sdpa (config, config.toy_attention_kernel)",
-        "  attention: eager (config._attn_implementation)"]
+        "  attention: eager (config._attn_implementation)",
+    ]
     assert plan.as_dict() == {} and len(plan) == 0  # no kernel binding: listed apart
     assert [(e.slot, e.variant, e.impl, e.why, e.count) for e in binding_plan(eager).config_slots] == [
-        ("model.layers.*.self_attn.attention_kernel", "toy_attention_kernel", "eager", "default", 2)]
+        ("model.layers.*.self_attn.attention_kernel", "toy_attention_kernel", "eager", "default", 2)
+    ]
 
 
 @needs_patchgen
 def test_refused_value_before_the_model_is_constructed(generated, monkeypatch):
     constructed = []
-    monkeypatch.setattr(generated.module.ToyForCausalLM, "__init__",
-                        lambda self, config: constructed.append(1))
+    monkeypatch.setattr(generated.module.ToyForCausalLM, "__init__", lambda self, config: constructed.append(1))
     with pytest.raises(ValueError) as err:
         build_model(toy_config(toy_attention_kernel="flash"), module=generated.module, model_class="ToyForCausalLM")
     assert str(err.value) == (
         "config slot 'ToyAttention.attention_kernel': config.toy_attention_kernel is 'flash', which is not one "
-        "of its implementations: 'eager', 'sdpa'")
+        "of its implementations: 'eager', 'sdpa'"
+    )
     assert constructed == []
 
 
 @needs_patchgen
 def test_refused_value_when_constructed_directly(generated):
-    with pytest.raises(ValueError, match=r"config.toy_attention_kernel is 'sdpa2', which is not one of its "
-                                         r"implementations: 'eager', 'sdpa' \(did you mean 'sdpa'\?\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"config.toy_attention_kernel is 'sdpa2', which is not one of its "
+        r"implementations: 'eager', 'sdpa' \(did you mean 'sdpa'\?\)",
+    ):
         generated.module.ToyForCausalLM(toy_config(toy_attention_kernel="sdpa2"))
 
 
@@ -217,8 +239,9 @@ def test_opslot_exports():
 @pytest.mark.parametrize("kernel", ["eager", "sdpa"])
 def test_compiles_without_graph_breaks(generated, kernel):
     torch.manual_seed(0)
-    model = build_model(toy_config(toy_attention_kernel=kernel), module=generated.module,
-                        model_class="ToyForCausalLM").eval()
+    model = build_model(
+        toy_config(toy_attention_kernel=kernel), module=generated.module, model_class="ToyForCausalLM"
+    ).eval()
     input_ids = torch.randint(0, model.config.vocab_size, (2, 7))
     with torch.no_grad():
         reference = model(input_ids=input_ids).logits

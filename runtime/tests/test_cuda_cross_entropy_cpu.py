@@ -15,8 +15,7 @@ import torch
 import torch.nn as nn
 
 from opslot import reference
-from opslot.kernels.cuda import KernelLibraryError
-from opslot.kernels.cuda import cross_entropy as ce
+from opslot.kernels.cuda import KernelLibraryError, cross_entropy as ce
 
 
 class EmulatedBackend:
@@ -86,15 +85,20 @@ def test_cpu_tensors_are_refused_clearly():
         ce.cross_entropy_causal(module, torch.randn(1, 4, 16), torch.randint(0, 50, (1, 4)))
     config = types.SimpleNamespace(num_labels=3, problem_type=None)
     with pytest.raises(KernelLibraryError, match="CUDA tensors"):
-        ce.cross_entropy_sequence_classification(pooled_logits=torch.randn(4, 3), labels=torch.tensor([0, 1, 2, 1]),
-                                                 config=config)
+        ce.cross_entropy_sequence_classification(
+            pooled_logits=torch.randn(4, 3), labels=torch.tensor([0, 1, 2, 1]), config=config
+        )
 
 
 def test_softcapping_and_bias_are_refused():
     with pytest.raises(ValueError, match="final_logit_softcapping"):
-        ce.cross_entropy_causal(make_module(50, 16, softcap=30.0), torch.randn(1, 4, 16), torch.zeros(1, 4, dtype=torch.long))
+        ce.cross_entropy_causal(
+            make_module(50, 16, softcap=30.0), torch.randn(1, 4, 16), torch.zeros(1, 4, dtype=torch.long)
+        )
     with pytest.raises(ValueError, match="bias"):
-        ce.cross_entropy_causal(make_module(50, 16, bias=True), torch.randn(1, 4, 16), torch.zeros(1, 4, dtype=torch.long))
+        ce.cross_entropy_causal(
+            make_module(50, 16, bias=True), torch.randn(1, 4, 16), torch.zeros(1, 4, dtype=torch.long)
+        )
 
 
 def test_without_labels_returns_lm_head_logits():
@@ -132,8 +136,11 @@ def test_matches_reference(emulated, pattern, chunk_size, num_items):
         kwargs["num_items_in_batch"] = 11
     elif num_items == "tensor":
         kwargs["num_items_in_batch"] = torch.tensor(11)
-    (loss, gh, gw), (ref, rgh, rgw) = run_both(module, hidden, labels, chunk_size=chunk_size, **kwargs) \
-        if chunk_size else run_both(module, hidden, labels, **kwargs)
+    (loss, gh, gw), (ref, rgh, rgw) = (
+        run_both(module, hidden, labels, chunk_size=chunk_size, **kwargs)
+        if chunk_size
+        else run_both(module, hidden, labels, **kwargs)
+    )
     if pattern == "all" and num_items is None:
         assert torch.isnan(ref)  # upstream: 0 / 0
         assert loss.item() == 0.0  # documented: 0 here
@@ -148,8 +155,9 @@ def test_shift_labels_and_bf16(emulated):
     module = make_module(41, 32, dtype=torch.bfloat16)
     hidden = torch.randn(3, 7, 32).to(torch.bfloat16)
     shift = labels_for(3, 7, 41, "half")
-    (loss, gh, gw), (ref, rgh, rgw) = run_both(module, hidden, torch.zeros(3, 7, dtype=torch.long), shift_labels=shift,
-                                               chunk_size=4)
+    (loss, gh, gw), (ref, rgh, rgw) = run_both(
+        module, hidden, torch.zeros(3, 7, dtype=torch.long), shift_labels=shift, chunk_size=4
+    )
     assert gh.dtype == torch.bfloat16 and gw.dtype == torch.bfloat16
     torch.testing.assert_close(loss, ref, rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(gh.float(), rgh, rtol=5e-2, atol=5e-3)
@@ -187,8 +195,9 @@ def test_empty_and_single_token(emulated):
     module = make_module(29, 8)
     (loss, gh, gw), _ = run_both(module, torch.randn(1, 0, 8), torch.zeros(1, 0, dtype=torch.long))
     assert loss.item() == 0.0 and gh.shape == (1, 0, 8) and torch.count_nonzero(gw) == 0
-    (loss, gh, gw), (ref, rgh, rgw) = run_both(module, torch.randn(1, 1, 8), torch.zeros(1, 1, dtype=torch.long),
-                                               shift_labels=torch.tensor([[3]]))
+    (loss, gh, gw), (ref, rgh, rgw) = run_both(
+        module, torch.randn(1, 1, 8), torch.zeros(1, 1, dtype=torch.long), shift_labels=torch.tensor([[3]])
+    )
     torch.testing.assert_close(loss, ref)
     torch.testing.assert_close(gw, rgw)
 
@@ -198,9 +207,11 @@ def test_opcheck(emulated):
     w = torch.randn(13, 8, requires_grad=True)
     t = torch.randint(0, 13, (10,))
     t[3] = -100
-    for args in [(h, w, t, None, 0.0, 0, -100, 4, True, True),
-                 (h, w, t, torch.tensor(7.0), 0.0, 2, -100, 3, True, False),
-                 (h.detach(), w.detach(), t, None, 5.0, 1, -100, 16, False, False)]:
+    for args in [
+        (h, w, t, None, 0.0, 0, -100, 4, True, True),
+        (h, w, t, torch.tensor(7.0), 0.0, 2, -100, 3, True, False),
+        (h.detach(), w.detach(), t, None, 5.0, 1, -100, 16, False, False),
+    ]:
         torch.library.opcheck(torch.ops.opslot.ce_linear_fwd.default, args)
     x = torch.randn(6, 5, requires_grad=True)
     y = torch.tensor([0, 4, -100, 2, 1, 3])

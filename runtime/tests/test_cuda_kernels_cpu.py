@@ -10,10 +10,18 @@ from opslot import DeviceInfo, OpsImplementationConfig, use_device
 from opslot.kernels.cuda import _lib
 
 H200 = DeviceInfo("cuda", (9, 0))
-CUDA_OPS = [("rms_norm", "standard"), ("rms_norm", "offset"), ("rms_norm", "unweighted"),
-            ("rms_norm_gated", "standard"), ("rotary_pos_emb", "full"), ("rotary_pos_emb", "partial"),
-            ("swiglu_mlp", "standard"), ("load_balancing_loss", "standard"), ("causal_conv1d", "standard"),
-            ("chunk_gated_delta_rule", "standard")]
+CUDA_OPS = [
+    ("rms_norm", "standard"),
+    ("rms_norm", "offset"),
+    ("rms_norm", "unweighted"),
+    ("rms_norm_gated", "standard"),
+    ("rotary_pos_emb", "full"),
+    ("rotary_pos_emb", "partial"),
+    ("swiglu_mlp", "standard"),
+    ("load_balancing_loss", "standard"),
+    ("causal_conv1d", "standard"),
+    ("chunk_gated_delta_rule", "standard"),
+]
 
 
 def test_explicit_cuda_on_a_cpu_machine_is_an_error():
@@ -25,7 +33,8 @@ def test_explicit_cuda_on_a_cpu_machine_is_an_error():
         "  rms_norm/standard (rms_norm_implementation='cuda'): kernel 'cuda' for rms_norm/standard cannot run here: "
         "needs cuda sm_80+; this machine has cpu\n"
         "  rotary_pos_emb/full (rotary_pos_emb_implementation='cuda'): kernel 'cuda' for rotary_pos_emb/full cannot "
-        "run here: needs cuda sm_80+; this machine has cpu")
+        "run here: needs cuda sm_80+; this machine has cpu"
+    )
 
 
 @pytest.fixture
@@ -34,14 +43,20 @@ def missing_library(monkeypatch, tmp_path):
     monkeypatch.setenv(_lib.ENV_VAR, str(tmp_path / "libopslot_kernels.so"))
     monkeypatch.setattr(_lib, "_lib", None)
     monkeypatch.setattr(_lib, "_error", None)
-    saved = {name: mod for name, mod in sys.modules.items() if name.startswith("opslot.kernels.cuda.")
-             and not name.endswith("._lib") and not name.endswith("._ops_common")}
+    saved = {
+        name: mod
+        for name, mod in sys.modules.items()
+        if name.startswith("opslot.kernels.cuda.") and not name.endswith("._lib") and not name.endswith("._ops_common")
+    }
     for name in saved:
         del sys.modules[name]
     # Kernels already loaded by earlier tests (on a GPU machine) are cached in their specs: forget them.
     from opslot.registry import KERNEL_REGISTRY
-    specs = [KERNEL_REGISTRY.get(op, variant, "cuda") for (op, variant) in
-             KERNEL_REGISTRY.list_available(include_unsupported=True)]
+
+    specs = [
+        KERNEL_REGISTRY.get(op, variant, "cuda")
+        for (op, variant) in KERNEL_REGISTRY.list_available(include_unsupported=True)
+    ]
     cached = [(spec, dict(spec._loaded)) for spec in specs if spec is not None]
     for spec, _ in cached:
         spec._loaded.clear()
@@ -70,10 +85,13 @@ def test_calling_a_cuda_kernel_without_a_gpu_is_an_error():
     from opslot.kernels.cuda import norms  # imports fine on a CPU machine (fake implementations work anywhere)
 
     x = torch.randn(2, 8)
-    with pytest.raises(_lib.KernelLibraryError, match=r"^opslot's cuda kernels run on CUDA tensors, got a tensor on cpu "
-                                                      r"\(on a CUDA machine they are the default: move the model to the "
-                                                      r"GPU, or choose 'eager' or 'torch' for this op in ops_implementation, "
-                                                      r"or set OPSLOT_FORCE_IMPL=eager\)$"):
+    with pytest.raises(
+        _lib.KernelLibraryError,
+        match=r"^opslot's cuda kernels run on CUDA tensors, got a tensor on cpu "
+        r"\(on a CUDA machine they are the default: move the model to the "
+        r"GPU, or choose 'eager' or 'torch' for this op in ops_implementation, "
+        r"or set OPSLOT_FORCE_IMPL=eager\)$",
+    ):
         norms.rms_norm_standard(x, torch.ones(8), 1e-6)
 
 
@@ -99,6 +117,10 @@ def test_fake_implementations_run_without_a_gpu():
         loss.backward()
         assert loss.shape == () and logits[0].grad.shape == (10, 8)
     with pytest.raises(ValueError, match="cos/sin require grad"):
-        rope.rotary_pos_emb_full(torch.randn(1, 1, 2, 4), torch.randn(1, 1, 2, 4),
-                                 torch.randn(1, 2, 4, requires_grad=True), torch.randn(1, 2, 4))
+        rope.rotary_pos_emb_full(
+            torch.randn(1, 1, 2, 4),
+            torch.randn(1, 1, 2, 4),
+            torch.randn(1, 2, 4, requires_grad=True),
+            torch.randn(1, 2, 4),
+        )
     assert load_balancing.load_balancing_loss(None, 8) == 0

@@ -46,13 +46,13 @@ def test_route_sorts_stably_and_drops_the_masking_index():
 def test_route_empty_and_out_of_range():
     r = moe.route(torch.zeros(0, 3, dtype=torch.long), 5)
     assert r.offs.tolist() == [0] * 5 and r.inv.numel() == 0
-    r = moe.route(torch.tensor([[7, -1, 1]]), 3)   # outside [0, E] is dropped like E
+    r = moe.route(torch.tensor([[7, -1, 1]]), 3)  # outside [0, E] is dropped like E
     assert r.offs.tolist() == [0, 1, 1]
 
 
 def test_route_random_matches_bincount():
     g = torch.Generator().manual_seed(0)
-    idx = torch.randint(0, 9, (257, 3), generator=g)     # 8 experts + masking index 8
+    idx = torch.randint(0, 9, (257, 3), generator=g)  # 8 experts + masking index 8
     r = moe.route(idx, 8)
     counts = torch.bincount(idx.reshape(-1), minlength=9)[:8]
     assert r.offs.tolist() == torch.cumsum(counts, 0).tolist()
@@ -163,17 +163,23 @@ def emu_gmm_wgrad(x, g, c, offs):
 
 
 def emu_zero_tail(c, offs):
-    c[_kept(offs):] = 0
+    c[_kept(offs) :] = 0
 
 
 @pytest.fixture(params=["portable", "grouped_mm"])
 def emulated(request, monkeypatch):
     """moe.py with its C entry points emulated on CPU; GEMMs via the portable kernel's emulation or
     via torch._grouped_mm (its CPU kernel) in the layouts the CUDA path uses."""
-    for name, fn in [("_k_scatter_rows", emu_scatter_rows), ("_k_gather_sum", emu_gather_sum),
-                     ("_k_act_forward", emu_act_forward), ("_k_act_backward", emu_act_backward),
-                     ("_k_segment_sum", emu_segment_sum), ("_k_gmm_rows", emu_gmm_rows),
-                     ("_k_gmm_wgrad", emu_gmm_wgrad), ("_k_zero_tail", emu_zero_tail)]:
+    for name, fn in [
+        ("_k_scatter_rows", emu_scatter_rows),
+        ("_k_gather_sum", emu_gather_sum),
+        ("_k_act_forward", emu_act_forward),
+        ("_k_act_backward", emu_act_backward),
+        ("_k_segment_sum", emu_segment_sum),
+        ("_k_gmm_rows", emu_gmm_rows),
+        ("_k_gmm_wgrad", emu_gmm_wgrad),
+        ("_k_zero_tail", emu_zero_tail),
+    ]:
         monkeypatch.setattr(moe, name, fn)
     monkeypatch.setattr(moe, "_check", lambda t: None)
     monkeypatch.setattr(moe._lib, "check_device", lambda d: None)
@@ -186,7 +192,7 @@ def emulated(request, monkeypatch):
     return request.param
 
 
-def _qwen_module(E, H, I, seed=0):
+def _qwen_module(E, H, I, seed=0):  # noqa: E741  (I: the intermediate size)
     g = torch.Generator().manual_seed(seed)
     m = types.SimpleNamespace()
     m.num_experts = E
@@ -196,7 +202,7 @@ def _qwen_module(E, H, I, seed=0):
     return m
 
 
-def _gpt_oss_module(E, H, I, seed=0):
+def _gpt_oss_module(E, H, I, seed=0):  # noqa: E741  (I: the intermediate size)
     g = torch.Generator().manual_seed(seed)
     m = types.SimpleNamespace()
     m.num_experts = E
@@ -204,7 +210,7 @@ def _gpt_oss_module(E, H, I, seed=0):
     m.gate_up_proj_bias = nn.Parameter(torch.randn(E, 2 * I, generator=g) * 2)
     m.down_proj = nn.Parameter(torch.randn(E, I, H, generator=g) * 0.2)
     m.down_proj_bias = nn.Parameter(torch.randn(E, H, generator=g) * 0.2)
-    m.alpha, m.limit = 1.702, 1.5     # a small limit so that the clamps are hit
+    m.alpha, m.limit = 1.702, 1.5  # a small limit so that the clamps are hit
     return m
 
 
@@ -284,7 +290,7 @@ def test_grouped_experts_dispatched_interface(emulated):
     m = _qwen_module(E=3, H=8, I=8)
     g = torch.Generator().manual_seed(5)
     x_sorted = torch.randn(10, 8, generator=g)
-    offs = torch.tensor([4, 4, 9], dtype=torch.int32)           # expert 1 empty, row 9 padding
+    offs = torch.tensor([4, 4, 9], dtype=torch.int32)  # expert 1 empty, row 9 padding
     row_expert = torch.tensor([0] * 4 + [2] * 5 + [3], dtype=torch.int32)
     y = moe.grouped_experts(x_sorted, offs, row_expert, m.gate_up_proj, m.down_proj)
     for r, e in enumerate(row_expert.tolist()[:9]):
@@ -302,20 +308,30 @@ def test_standard_refuses_other_activations():
 
 
 def test_custom_ops_are_registered():
-    for name in ["moe_route", "moe_gather", "moe_gather_backward", "moe_combine", "moe_combine_backward", "moe_act",
-                 "moe_act_backward", "moe_grouped_mm", "moe_grouped_mm_backward"]:
+    for name in [
+        "moe_route",
+        "moe_gather",
+        "moe_gather_backward",
+        "moe_combine",
+        "moe_combine_backward",
+        "moe_act",
+        "moe_act_backward",
+        "moe_grouped_mm",
+        "moe_grouped_mm_backward",
+    ]:
         assert hasattr(torch.ops.opslot, name)
 
 
 def test_cpu_tensors_are_refused_with_a_clear_error():
     from opslot.kernels.cuda import KernelLibraryError
+
     m = _qwen_module(E=2, H=8, I=8)
     with pytest.raises(KernelLibraryError):
         moe.moe_standard(m, torch.zeros(2, 8), torch.zeros(2, 1, dtype=torch.long), torch.ones(2, 1))
 
 
 # -- binding: Transformers' experts dispatch -------------------------------------------------
-MOE_MODULE_SOURCE = '''\
+MOE_MODULE_SOURCE = """\
 import torch
 from torch import nn
 from transformers.integrations import use_experts_implementation
@@ -345,7 +361,7 @@ class TinyMoeModel(nn.Module):
         super().__init__()
         self.config = config
         self.experts = TinyExperts(config)
-'''
+"""
 
 
 @pytest.fixture
@@ -378,14 +394,19 @@ def test_build_model_routes_experts_to_the_guard(moe_module):
 
     KERNEL_REGISTRY.register(KernelSpec("spymoe", "moe", "standard", lambda: spy, description="test spy"), force=True)
     try:
-        model = build_model(_hf_config("grouped_mm"), ops={"moe_implementation": "fused_spymoe"},
-                            module=moe_module, model_class="TinyMoeModel")
+        model = build_model(
+            _hf_config("grouped_mm"),
+            ops={"moe_implementation": "fused_spymoe"},
+            module=moe_module,
+            model_class="TinyMoeModel",
+        )
         assert model.config._experts_implementation == "eager"
         out = model.experts(torch.ones(3, 4), torch.zeros(3, 1, dtype=torch.long), torch.ones(3, 1))
         assert calls and float(out.max()) == -1.0
         # eager moe: Transformers' own choice is kept
-        model = build_model(_hf_config("grouped_mm"), ops={"moe_implementation": "eager"},
-                            module=moe_module, model_class="TinyMoeModel")
+        model = build_model(
+            _hf_config("grouped_mm"), ops={"moe_implementation": "eager"}, module=moe_module, model_class="TinyMoeModel"
+        )
         assert model.config._experts_implementation == "grouped_mm"
     finally:
         KERNEL_REGISTRY.unregister("moe", "standard", "spymoe")

@@ -20,13 +20,16 @@ import torch
 import opslot
 from example_models import REPO, TOY, TOY_MOE, moe_config, toy_config
 from generated_fixture import SOURCE
-from opslot import binding_plan, bind_ops, build_model
-from opslot.dispatch import (UnreachedSlotError, UnreachedSlotWarning, check_dispatch, dispatch_report,
-                             watch_dispatch)
+from opslot import bind_ops, binding_plan, build_model
+from opslot.dispatch import UnreachedSlotError, UnreachedSlotWarning, check_dispatch, dispatch_report, watch_dispatch
 from opslot.slot import OpSlot
 
-ALL_TORCH = {"rms_norm_implementation": "torch", "rotary_pos_emb_implementation": "torch",
-             "swiglu_mlp_implementation": "torch", "cross_entropy_loss_implementation": "torch"}
+ALL_TORCH = {
+    "rms_norm_implementation": "torch",
+    "rotary_pos_emb_implementation": "torch",
+    "swiglu_mlp_implementation": "torch",
+    "cross_entropy_loss_implementation": "torch",
+}
 
 
 def build(config, ops, module, model_class, allow_unreached=False, **kwargs):
@@ -56,10 +59,12 @@ def watched(model):
 @pytest.fixture
 def gen_module(tmp_path, monkeypatch):
     """A fresh importable module written from `source` (default: generated_fixture.SOURCE)."""
+
     def make(source=SOURCE):
         name = f"tiny_dispatch_{uuid.uuid4().hex[:8]}"
         (tmp_path / f"{name}.py").write_text(source)
         return name
+
     monkeypatch.syspath_prepend(str(tmp_path))
     return make
 
@@ -95,7 +100,11 @@ def test_every_bound_slot_of_the_toy_runs_and_the_plan_says_so():
     assert "dispatch" not in repr(binding_plan(model))  # before the first step: today's plan
     out = model(input_ids=ids(), labels=ids())
     assert dispatch_report(model).as_dict() == {  # live during the step: the forward ran them all
-        "causal_lm_loss_slot": "ran", "rms_norm_slot": "ran", "rope_slot": "ran", "swiglu_mlp_slot": "ran"}
+        "causal_lm_loss_slot": "ran",
+        "rms_norm_slot": "ran",
+        "rope_slot": "ran",
+        "swiglu_mlp_slot": "ran",
+    }
     assert watched(model) == (True, True)  # checked after the backward, not before
     out.loss.backward()
     assert watched(model) == (False, False)  # checked: the hooks removed themselves
@@ -106,7 +115,8 @@ def test_every_bound_slot_of_the_toy_runs_and_the_plan_says_so():
         "  rms_norm_slot        rms_norm/standard          torch  explicit  ran\n"
         "  rope_slot            rotary_pos_emb/full        torch  explicit  ran\n"
         "  swiglu_mlp_slot      swiglu_mlp/standard        torch  explicit  ran\n"
-        "  attention: eager (config._attn_implementation)")
+        "  attention: eager (config._attn_implementation)"
+    )
     assert [e.dispatch for e in binding_plan(model)] == ["ran"] * 4
 
 
@@ -114,28 +124,36 @@ def test_eager_slots_show_a_dash():
     model = build(toy_config(), {"rms_norm_implementation": "torch"}, TOY, "ToyForCausalLM")
     step(model)
     plan = binding_plan(model)
-    assert {e.slot: e.dispatch for e in plan} == {"causal_lm_loss_slot": "-", "rms_norm_slot": "ran",
-                                                   "rope_slot": "-", "swiglu_mlp_slot": "-"}
+    assert {e.slot: e.dispatch for e in plan} == {
+        "causal_lm_loss_slot": "-",
+        "rms_norm_slot": "ran",
+        "rope_slot": "-",
+        "swiglu_mlp_slot": "-",
+    }
 
 
 # -- not reached: errors, warnings, allow_unreached ------------------------------------------------------
 TOY_MOE_OPS = {"load_balancing_loss_implementation": "torch", "moe_implementation": "fused_torch"}
 
-LB_HINT = ("the model's own code calls load_balancing_loss_func from ToyMoeForCausalLM.forward under "
-           "`if output_router_logits:` (here config.output_router_logits=False), but that call did not happen "
-           "in this step")
+LB_HINT = (
+    "the model's own code calls load_balancing_loss_func from ToyMoeForCausalLM.forward under "
+    "`if output_router_logits:` (here config.output_router_logits=False), but that call did not happen "
+    "in this step"
+)
 LB_ERROR = (
     "opslot: ToyMoeForCausalLM did not run 1 bound kernel(s) in its first forward and backward, although the "
-    "model can reach their guarded code (binding_plan says \"not reached\"):\n"
+    'model can reach their guarded code (binding_plan says "not reached"):\n'
     f"  - load_balancing_loss_slot (load_balancing_loss/standard -> 'torch', explicit): {LB_HINT}\n"
     "Fix the cause, remove the field(s) from the ops config, or let these ops run upstream code with a warning: "
-    "build_model(..., allow_unreached=['load_balancing_loss']) (or allow_unreached=True).")
+    "build_model(..., allow_unreached=['load_balancing_loss']) (or allow_unreached=True)."
+)
 MOE_PLAN_ROWS = (
     "  slot                                         op/variant                    impl   why       dispatch\n"
     "  causal_lm_loss_slot                          cross_entropy_loss/causal     eager  default   -\n"
     "  load_balancing_loss_slot                     load_balancing_loss/standard  torch  explicit  not reached\n"
     "  model.layers.*.mlp.experts.moe_experts_slot  moe/standard (x2)             torch  explicit  ran\n"
-    "  attention: eager (config._attn_implementation)")
+    "  attention: eager (config._attn_implementation)"
+)
 
 
 def test_a_function_guard_behind_a_config_branch_is_an_error_after_the_backward():
@@ -154,8 +172,11 @@ def test_a_function_guard_behind_a_config_branch_is_an_error_after_the_backward(
 def test_reaching_the_branch_makes_it_run():
     model = build(moe_config(output_router_logits=True), TOY_MOE_OPS, TOY_MOE, "ToyMoeForCausalLM")
     step(model)
-    assert dispatch_report(model).as_dict() == {"model.layers.*.mlp.experts.moe_experts_slot": "ran",
-                                                "causal_lm_loss_slot": "-", "load_balancing_loss_slot": "ran"}
+    assert dispatch_report(model).as_dict() == {
+        "model.layers.*.mlp.experts.moe_experts_slot": "ran",
+        "causal_lm_loss_slot": "-",
+        "load_balancing_loss_slot": "ran",
+    }
 
 
 def test_allow_unreached_turns_the_error_into_a_warning():
@@ -165,7 +186,8 @@ def test_allow_unreached_turns_the_error_into_a_warning():
             step(model)
         assert len(record) == 1
         assert str(record[0].message) == LB_ERROR.rsplit("\n", 1)[0] + (
-            "\nThese run upstream code instead (device defaults and ops in allow_unreached are warnings).")
+            "\nThese run upstream code instead (device defaults and ops in allow_unreached are warnings)."
+        )
         assert dispatch_report(model).as_dict()["load_balancing_loss_slot"] == "not reached"
     model = build(moe_config(), TOY_MOE_OPS, TOY_MOE, "ToyMoeForCausalLM", allow_unreached=["moe"])
     with pytest.raises(UnreachedSlotError):  # another op allowed: still an error
@@ -179,7 +201,8 @@ def test_allow_unreached_names_ops():
     assert str(info.value) == (
         "allow_unreached: 'load_balancing' is not an op (did you mean 'load_balancing_loss'?); it takes True or a "
         "list of ops: causal_conv1d, chunk_gated_delta_rule, cross_entropy_loss, load_balancing_loss, moe, "
-        "rms_norm, rms_norm_gated, rotary_pos_emb, swiglu_mlp")
+        "rms_norm, rms_norm_gated, rotary_pos_emb, swiglu_mlp"
+    )
 
 
 def test_a_kernel_chosen_by_the_device_defaults_only_warns():
@@ -196,23 +219,30 @@ def test_a_method_never_called_is_not_reached(gen_module):
     """TinyModel is instantiated and holds the rope guard in TinyModel.rope, which its forward never
     calls: the instance-scoped rope slot is bound and would silently never run."""
     name = gen_module()
-    model = build(Cfg(), {"rotary_pos_emb_implementation": "torch", "rms_norm_implementation": "torch"}, name,
-                  "TinyModel")
+    model = build(
+        Cfg(), {"rotary_pos_emb_implementation": "torch", "rms_norm_implementation": "torch"}, name, "TinyModel"
+    )
     with pytest.raises(UnreachedSlotError) as info:
         model(torch.randn(2, 8)).sum().backward()
     assert str(info.value) == (
         "opslot: TinyModel did not run 1 bound kernel(s) in its first forward and backward, although the model can "
-        "reach their guarded code (binding_plan says \"not reached\"):\n"
+        'reach their guarded code (binding_plan says "not reached"):\n'
         "  - rope_slot (rotary_pos_emb/full -> 'torch', explicit): the model itself is a TinyModel, but TinyModel.rope "
         "did not run its guard: the model's forward does not reach it in this configuration (another branch, an early "
         "return, or a replaced forward)\n"
         "Fix the cause, remove the field(s) from the ops config, or let these ops run upstream code with a warning: "
-        "build_model(..., allow_unreached=['rotary_pos_emb']) (or allow_unreached=True).")
+        "build_model(..., allow_unreached=['rotary_pos_emb']) (or allow_unreached=True)."
+    )
     assert {e.slot: e.dispatch for e in binding_plan(model)} == {
-        "rms_norm_slot": "ran", "swiglu_slot": "-", "rope_slot": "not reached"}
+        "rms_norm_slot": "ran",
+        "swiglu_slot": "-",
+        "rope_slot": "not reached",
+    }
 
 
-SKIPPING = SOURCE + '''
+SKIPPING = (
+    SOURCE
+    + '''
 
 class TinySkip(nn.Module):
     """Instantiates the norm and the MLP, runs only the MLP."""
@@ -236,16 +266,20 @@ class TinyHeadless(nn.Module):
     def forward(self, x):
         return self.mlp(x)
 '''
+)
 
 
 def test_a_class_the_model_does_not_instantiate_is_not_used(gen_module):
     name = gen_module(SKIPPING)
-    model = build(Cfg(), {"rms_norm_implementation": "torch", "swiglu_mlp_implementation": "torch"}, name,
-                  "TinyHeadless")
+    model = build(
+        Cfg(), {"rms_norm_implementation": "torch", "swiglu_mlp_implementation": "torch"}, name, "TinyHeadless"
+    )
     model(torch.randn(2, 8)).sum().backward()  # no error, no warning
     assert dispatch_report(model).as_dict() == {"rms_norm_slot": "not used by this model", "swiglu_slot": "ran"}
-    assert {e.slot: e.dispatch for e in binding_plan(model)} == {"rms_norm_slot": "not used by this model",
-                                                                  "swiglu_slot": "ran"}
+    assert {e.slot: e.dispatch for e in binding_plan(model)} == {
+        "rms_norm_slot": "not used by this model",
+        "swiglu_slot": "ran",
+    }
 
 
 def test_models_sharing_a_module_copy_are_checked_apart(gen_module):
@@ -258,8 +292,11 @@ def test_models_sharing_a_module_copy_are_checked_apart(gen_module):
     assert dispatch_report(first).as_dict()["rms_norm_slot"] == "ran"
     second = build(Cfg(), ops, name, "TinySkip")
     assert type(second).__module__ == type(first).__module__  # the same copy, the same slot objects
-    with pytest.raises(UnreachedSlotError, match=r"rms_norm_slot \(rms_norm/standard -> 'torch', explicit\): "
-                                                 r"model.norm is a TinyRMSNorm, but TinyRMSNorm.forward did not run"):
+    with pytest.raises(
+        UnreachedSlotError,
+        match=r"rms_norm_slot \(rms_norm/standard -> 'torch', explicit\): "
+        r"model.norm is a TinyRMSNorm, but TinyRMSNorm.forward did not run",
+    ):
         second(torch.randn(2, 8)).sum().backward()
     assert dispatch_report(first).as_dict()["rms_norm_slot"] == "ran"  # the first model's report stays
 
@@ -329,13 +366,21 @@ def test_compiled_model_counts_its_kernels_with_no_graph_break():
     compiled(input_ids=ids(), labels=ids()).loss.backward()
     assert watched(model) == (True, True)  # the hooks did nothing while compiled
     report = check_dispatch(model)
-    assert report.as_dict() == {"causal_lm_loss_slot": "-", "rms_norm_slot": "ran", "rope_slot": "ran",
-                                "swiglu_mlp_slot": "ran"}
+    assert report.as_dict() == {
+        "causal_lm_loss_slot": "-",
+        "rms_norm_slot": "ran",
+        "rope_slot": "ran",
+        "swiglu_mlp_slot": "ran",
+    }
     for slot in module_level_slots(model):
         slot._ran = False
     compiled(input_ids=ids(), labels=ids())  # the compiled graph again: the store is replayed
     assert {s.name: s.ran for s in module_level_slots(model)} == {
-        "causal_lm_loss_slot": False, "rms_norm_slot": True, "rope_slot": True, "swiglu_mlp_slot": True}
+        "causal_lm_loss_slot": False,
+        "rms_norm_slot": True,
+        "rope_slot": True,
+        "swiglu_mlp_slot": True,
+    }
 
 
 def test_compiled_model_of_a_copy_imported_again():
@@ -353,8 +398,12 @@ def test_compiled_model_of_a_copy_imported_again():
     assert type(second).__module__ == name and sys.modules[name] is not old  # imported again
     compiled = torch.compile(second, backend="eager", fullgraph=True)
     compiled(input_ids=ids(), labels=ids()).loss.backward()
-    assert check_dispatch(second).as_dict() == {"causal_lm_loss_slot": "-", "rms_norm_slot": "ran", "rope_slot": "-",
-                                                "swiglu_mlp_slot": "ran"}
+    assert check_dispatch(second).as_dict() == {
+        "causal_lm_loss_slot": "-",
+        "rms_norm_slot": "ran",
+        "rope_slot": "-",
+        "swiglu_mlp_slot": "ran",
+    }
 
 
 def test_compiled_model_with_an_unreached_slot_is_found_by_check_dispatch():
@@ -385,8 +434,9 @@ def test_build_model_watches_the_model():
     with pytest.raises(UnreachedSlotError) as info:
         step(model)
     assert str(info.value) == LB_ERROR
-    model = build_model(moe_config(), ops=TOY_MOE_OPS, module=TOY_MOE, model_class="ToyMoeForCausalLM",
-                        allow_unreached=True)
+    model = build_model(
+        moe_config(), ops=TOY_MOE_OPS, module=TOY_MOE, model_class="ToyMoeForCausalLM", allow_unreached=True
+    )
     with pytest.warns(UnreachedSlotWarning):
         step(model)
 
@@ -398,8 +448,13 @@ def test_the_doc_example_prints_what_the_doc_shows(capsys, monkeypatch):
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     output = re.search(r"```text\n(.*?)```", section, re.S).group(1)
     if not _BUILD_WATCHES:  # what build_model does once binding.py calls watch_dispatch
-        monkeypatch.setattr(opslot, "build_model", lambda *a, allow_unreached=False, **k: watch_dispatch(
-            build_model(*a, **k), allow_unreached=allow_unreached))
+        monkeypatch.setattr(
+            opslot,
+            "build_model",
+            lambda *a, allow_unreached=False, **k: watch_dispatch(
+                build_model(*a, **k), allow_unreached=allow_unreached
+            ),
+        )
     cwd = os.getcwd()
     os.chdir(REPO)
     try:

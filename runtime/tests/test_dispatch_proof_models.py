@@ -32,8 +32,16 @@ REPO = Path(__file__).resolve().parents[2]
 PATCHGEN = os.environ.get("PATCHGEN_BIN")
 pytestmark = pytest.mark.skipif(not PATCHGEN, reason="set PATCHGEN_BIN to the built patchgen binary")
 
-SMALL = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-             num_key_value_heads=1, head_dim=16, max_position_embeddings=64)
+SMALL = dict(
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=16,
+    max_position_embeddings=64,
+)
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +57,12 @@ def generated(tmp_path_factory):
             import subprocess
 
             spec = f"specs/{key}/{key}_gpu.yaml"
-            proc = subprocess.run([PATCHGEN, spec, "--source-root", source_root, "-o", str(out / key)], cwd=REPO,
-                                  capture_output=True, text=True)
+            proc = subprocess.run(
+                [PATCHGEN, spec, "--source-root", source_root, "-o", str(out / key)],
+                cwd=REPO,
+                capture_output=True,
+                text=True,
+            )
             assert proc.returncode == 0, proc.stderr
             (path,) = (out / key).rglob(f"patched_modeling_{key}_gpu.py")
             name = f"dispatch_proof_{key}_gpu"
@@ -85,25 +97,52 @@ def plan_rows(model):
     return repr(binding_plan(model)).split("\n", 1)[1]
 
 
-FOOTER = ("Fix the cause, remove the field(s) from the ops config, or let these ops run upstream code with a "
-          "warning: build_model(..., allow_unreached=[{ops}]) (or allow_unreached=True).")
+FOOTER = (
+    "Fix the cause, remove the field(s) from the ops config, or let these ops run upstream code with a "
+    "warning: build_model(..., allow_unreached=[{ops}]) (or allow_unreached=True)."
+)
 
 
 def header(model_class, n):
-    return (f"opslot: {model_class} did not run {n} bound kernel(s) in its first forward and backward, although the "
-            f"model can reach their guarded code (binding_plan says \"not reached\"):")
+    return (
+        f"opslot: {model_class} did not run {n} bound kernel(s) in its first forward and backward, although the "
+        f'model can reach their guarded code (binding_plan says "not reached"):'
+    )
 
 
 # -- Qwen3.5 multimodal head -------------------------------------------------------------------------------
-QWEN3_5_TEXT = dict(SMALL, linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
-                    linear_num_key_heads=2, linear_num_value_heads=4,
-                    layer_types=["linear_attention", "full_attention"],
-                    rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
-                                     "mrope_section": [2, 1, 1], "mrope_interleaved": True})
-QWEN3_5_VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=32, patch_size=2,
-                      temporal_patch_size=1, spatial_merge_size=1)
-DENSE_TORCH = {"rms_norm_implementation": "torch", "rotary_pos_emb_implementation": "torch",
-               "swiglu_mlp_implementation": "torch", "cross_entropy_loss_implementation": "torch"}
+QWEN3_5_TEXT = dict(
+    SMALL,
+    linear_conv_kernel_dim=4,
+    linear_key_head_dim=16,
+    linear_value_head_dim=16,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    layer_types=["linear_attention", "full_attention"],
+    rope_parameters={
+        "rope_type": "default",
+        "rope_theta": 10000.0,
+        "partial_rotary_factor": 0.5,
+        "mrope_section": [2, 1, 1],
+        "mrope_interleaved": True,
+    },
+)
+QWEN3_5_VISION = dict(
+    depth=1,
+    hidden_size=32,
+    intermediate_size=64,
+    num_heads=2,
+    out_hidden_size=32,
+    patch_size=2,
+    temporal_patch_size=1,
+    spatial_merge_size=1,
+)
+DENSE_TORCH = {
+    "rms_norm_implementation": "torch",
+    "rotary_pos_emb_implementation": "torch",
+    "swiglu_mlp_implementation": "torch",
+    "cross_entropy_loss_implementation": "torch",
+}
 UP_QWEN3_5 = "transformers.models.qwen3_5.modeling_qwen3_5"
 
 
@@ -111,27 +150,31 @@ def test_qwen3_5_multimodal_head_runs_none_of_its_kernels(generated):
     module = generated("qwen3_5")
     config = transformers.Qwen3_5Config(text_config=QWEN3_5_TEXT, vision_config=QWEN3_5_VISION)
     model = build(config, DENSE_TORCH, module, "Qwen3_5ForConditionalGeneration")
-    root = (f"model.model.language_model is upstream's {UP_QWEN3_5}.Qwen3_5TextModel (a sub-model built by upstream "
-            f"code, e.g. AutoModel.from_config)")
+    root = (
+        f"model.model.language_model is upstream's {UP_QWEN3_5}.Qwen3_5TextModel (a sub-model built by upstream "
+        f"code, e.g. AutoModel.from_config)"
+    )
     with pytest.raises(UnreachedSlotError) as info:
         step(model)
-    assert str(info.value) == "\n".join([
-        header("Qwen3_5ForConditionalGeneration", 4),
-        "  - causal_lm_loss_slot (cross_entropy_loss/causal -> 'torch', explicit): the guard is in "
-        "Qwen3_5ForCausalLM.forward, and this model is a Qwen3_5ForConditionalGeneration, whose forward computes its "
-        "output and loss with upstream code that has no guard (a multimodal *ForConditionalGeneration or a "
-        "classification head never calls Qwen3_5ForCausalLM.forward)",
-        f"  - rms_norm_slot (rms_norm/offset -> 'torch', explicit): {root}, so "
-        "model.model.language_model.layers.0.input_layernorm is upstream's Qwen3_5RMSNorm, not the generated class "
-        "whose Qwen3_5RMSNorm.forward holds the guard",
-        f"  - rope_slot (rotary_pos_emb/partial -> 'torch', explicit): {root}, so "
-        "model.model.language_model.layers.1.self_attn is upstream's Qwen3_5Attention, which calls upstream's "
-        "apply_rotary_pos_emb, not the generated one that holds the guard",
-        f"  - swiglu_mlp_slot (swiglu_mlp/standard -> 'torch', explicit): {root}, so "
-        "model.model.language_model.layers.0.mlp is upstream's Qwen3_5MLP, not the generated class whose "
-        "Qwen3_5MLP.forward holds the guard",
-        FOOTER.format(ops="'cross_entropy_loss', 'rms_norm', 'rotary_pos_emb', 'swiglu_mlp'"),
-    ])
+    assert str(info.value) == "\n".join(
+        [
+            header("Qwen3_5ForConditionalGeneration", 4),
+            "  - causal_lm_loss_slot (cross_entropy_loss/causal -> 'torch', explicit): the guard is in "
+            "Qwen3_5ForCausalLM.forward, and this model is a Qwen3_5ForConditionalGeneration, whose forward computes its "
+            "output and loss with upstream code that has no guard (a multimodal *ForConditionalGeneration or a "
+            "classification head never calls Qwen3_5ForCausalLM.forward)",
+            f"  - rms_norm_slot (rms_norm/offset -> 'torch', explicit): {root}, so "
+            "model.model.language_model.layers.0.input_layernorm is upstream's Qwen3_5RMSNorm, not the generated class "
+            "whose Qwen3_5RMSNorm.forward holds the guard",
+            f"  - rope_slot (rotary_pos_emb/partial -> 'torch', explicit): {root}, so "
+            "model.model.language_model.layers.1.self_attn is upstream's Qwen3_5Attention, which calls upstream's "
+            "apply_rotary_pos_emb, not the generated one that holds the guard",
+            f"  - swiglu_mlp_slot (swiglu_mlp/standard -> 'torch', explicit): {root}, so "
+            "model.model.language_model.layers.0.mlp is upstream's Qwen3_5MLP, not the generated class whose "
+            "Qwen3_5MLP.forward holds the guard",
+            FOOTER.format(ops="'cross_entropy_loss', 'rms_norm', 'rotary_pos_emb', 'swiglu_mlp'"),
+        ]
+    )
     assert plan_rows(model) == (
         "  slot                               op/variant                                  impl   why       dispatch\n"
         "  causal_conv1d_slot                 causal_conv1d/standard                      eager  default   -\n"
@@ -147,7 +190,8 @@ def test_qwen3_5_multimodal_head_runs_none_of_its_kernels(generated):
         "not used by this model\n"
         "  swiglu_mlp_slot                    swiglu_mlp/standard                         torch  explicit  "
         "not reached\n"
-        "  attention: sdpa (config._attn_implementation)")
+        "  attention: sdpa (config._attn_implementation)"
+    )
 
 
 def test_qwen3_5_text_model_runs_every_kernel(generated):
@@ -156,25 +200,44 @@ def test_qwen3_5_text_model_runs_every_kernel(generated):
     model = build(transformers.Qwen3_5TextConfig(**QWEN3_5_TEXT), DENSE_TORCH, module, "Qwen3_5ForCausalLM")
     step(model)
     assert {e.slot: e.dispatch for e in binding_plan(model) if e.impl != "eager"} == {
-        "causal_lm_loss_slot": "ran", "rms_norm_slot": "ran", "rope_slot": "ran", "swiglu_mlp_slot": "ran",
-        "sequence_classification_loss_slot": "not used by this model"}
+        "causal_lm_loss_slot": "ran",
+        "rms_norm_slot": "ran",
+        "rope_slot": "ran",
+        "swiglu_mlp_slot": "ran",
+        "sequence_classification_loss_slot": "not used by this model",
+    }
 
 
 # -- DeepSeek-V3 with rope_interleave ------------------------------------------------------------------------
 def deepseek_config(**kwargs):
-    fields = dict(SMALL, num_key_value_heads=2, moe_intermediate_size=16, first_k_dense_replace=1,
-                  n_shared_experts=1, n_routed_experts=4, num_experts_per_tok=2, n_group=2, topk_group=1,
-                  kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=8, v_head_dim=16, qk_nope_head_dim=16)
+    fields = dict(
+        SMALL,
+        num_key_value_heads=2,
+        moe_intermediate_size=16,
+        first_k_dense_replace=1,
+        n_shared_experts=1,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        n_group=2,
+        topk_group=1,
+        kv_lora_rank=16,
+        q_lora_rank=16,
+        qk_rope_head_dim=8,
+        v_head_dim=16,
+        qk_nope_head_dim=16,
+    )
     fields.pop("head_dim")
     fields.update(kwargs)
     return transformers.DeepseekV3Config(**fields)
 
 
 DEEPSEEK_OPS = {"rms_norm_implementation": "torch", "rotary_pos_emb_implementation": "torch"}
-ROPE_HINT = ("the model instantiates DeepseekV3Attention (model.model.layers.0.self_attn), whose code calls "
-             "apply_rotary_pos_emb from DeepseekV3Attention.forward under the else branch of "
-             "`if self.config.rope_interleave:` (here config.rope_interleave=True), but that call did not happen in "
-             "this step")
+ROPE_HINT = (
+    "the model instantiates DeepseekV3Attention (model.model.layers.0.self_attn), whose code calls "
+    "apply_rotary_pos_emb from DeepseekV3Attention.forward under the else branch of "
+    "`if self.config.rope_interleave:` (here config.rope_interleave=True), but that call did not happen in "
+    "this step"
+)
 
 
 def test_deepseek_v3_rope_interleave_never_reaches_the_rope_guard(generated):
@@ -183,11 +246,13 @@ def test_deepseek_v3_rope_interleave_never_reaches_the_rope_guard(generated):
     model = build(deepseek_config(), DEEPSEEK_OPS, module, "DeepseekV3ForCausalLM")
     with pytest.raises(UnreachedSlotError) as info:
         step(model)
-    assert str(info.value) == "\n".join([
-        header("DeepseekV3ForCausalLM", 1),
-        f"  - rope_slot (rotary_pos_emb/full -> 'torch', explicit): {ROPE_HINT}",
-        FOOTER.format(ops="'rotary_pos_emb'"),
-    ])
+    assert str(info.value) == "\n".join(
+        [
+            header("DeepseekV3ForCausalLM", 1),
+            f"  - rope_slot (rotary_pos_emb/full -> 'torch', explicit): {ROPE_HINT}",
+            FOOTER.format(ops="'rotary_pos_emb'"),
+        ]
+    )
     assert plan_rows(model) == (
         "  slot                               op/variant                                  impl   why       dispatch\n"
         "  causal_lm_loss_slot                cross_entropy_loss/causal                   eager  default   -\n"
@@ -197,7 +262,8 @@ def test_deepseek_v3_rope_interleave_never_reaches_the_rope_guard(generated):
         "not reached\n"
         "  sequence_classification_loss_slot  cross_entropy_loss/sequence_classification  eager  default   -\n"
         "  swiglu_mlp_slot                    swiglu_mlp/standard                         eager  default   -\n"
-        "  attention: sdpa (config._attn_implementation)")
+        "  attention: sdpa (config._attn_implementation)"
+    )
 
 
 def test_deepseek_v3_rope_interleave_allowed_is_a_warning(generated):
@@ -205,11 +271,15 @@ def test_deepseek_v3_rope_interleave_allowed_is_a_warning(generated):
     model = build(deepseek_config(), DEEPSEEK_OPS, module, "DeepseekV3ForCausalLM", allow_unreached=["rotary_pos_emb"])
     with pytest.warns(UnreachedSlotWarning) as record:
         step(model)
-    assert [str(w.message) for w in record if w.category is UnreachedSlotWarning] == ["\n".join([
-        header("DeepseekV3ForCausalLM", 1),
-        f"  - rope_slot (rotary_pos_emb/full -> 'torch', explicit): {ROPE_HINT}",
-        "These run upstream code instead (device defaults and ops in allow_unreached are warnings).",
-    ])]
+    assert [str(w.message) for w in record if w.category is UnreachedSlotWarning] == [
+        "\n".join(
+            [
+                header("DeepseekV3ForCausalLM", 1),
+                f"  - rope_slot (rotary_pos_emb/full -> 'torch', explicit): {ROPE_HINT}",
+                "These run upstream code instead (device defaults and ops in allow_unreached are warnings).",
+            ]
+        )
+    ]
     assert dispatch_report(model).as_dict()["rope_slot"] == "not reached"
 
 
@@ -222,8 +292,9 @@ def test_deepseek_v3_without_interleave_runs_the_rope_kernel(generated):
 
 # -- Qwen3-MoE: all layers sparse; experts_implementation ------------------------------------------------
 def qwen3_moe_config(**kwargs):
-    return transformers.Qwen3MoeConfig(**dict(SMALL, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
-                                              decoder_sparse_step=1, **kwargs))
+    return transformers.Qwen3MoeConfig(
+        **dict(SMALL, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, decoder_sparse_step=1, **kwargs)
+    )
 
 
 def test_qwen3_moe_all_sparse_swiglu_is_not_used_and_not_an_error(generated, recwarn):
@@ -244,7 +315,8 @@ def test_qwen3_moe_all_sparse_swiglu_is_not_used_and_not_an_error(generated, rec
         "not used by this model\n"
         "  config slot model.layers.*.mlp.gate.router_implementation (x2): eager (default, "
         "config.router_implementation)\n"
-        "  attention: sdpa (config._attn_implementation)")
+        "  attention: sdpa (config._attn_implementation)"
+    )
     # with one dense layer the same slot runs
     model = build(qwen3_moe_config(mlp_only_layers=[0]), ops, module, "Qwen3MoeForCausalLM")
     step(model)
@@ -258,14 +330,16 @@ def test_experts_implementation_batched_mm_bypasses_the_moe_guard(generated):
     model.set_experts_implementation("batched_mm")  # e.g. from_pretrained(..., experts_implementation=...)
     with pytest.raises(UnreachedSlotError) as info:
         step(model)
-    assert str(info.value) == "\n".join([
-        header("Qwen3MoeForCausalLM", 1),
-        "  - moe_slot (moe/standard -> 'torch', explicit): config._experts_implementation is 'batched_mm': "
-        "Transformers' @use_experts_implementation runs its 'batched_mm' experts and never calls the eager "
-        "Qwen3MoeExperts.forward that holds the guard (build_model sets 'eager' when a moe slot runs a kernel; an "
-        "experts_implementation given to from_pretrained or set_experts_implementation overrides it)",
-        FOOTER.format(ops="'moe'"),
-    ])
+    assert str(info.value) == "\n".join(
+        [
+            header("Qwen3MoeForCausalLM", 1),
+            "  - moe_slot (moe/standard -> 'torch', explicit): config._experts_implementation is 'batched_mm': "
+            "Transformers' @use_experts_implementation runs its 'batched_mm' experts and never calls the eager "
+            "Qwen3MoeExperts.forward that holds the guard (build_model sets 'eager' when a moe slot runs a kernel; an "
+            "experts_implementation given to from_pretrained or set_experts_implementation overrides it)",
+            FOOTER.format(ops="'moe'"),
+        ]
+    )
     assert dispatch_report(model).as_dict()["moe_slot"] == "not reached"
 
 
@@ -274,7 +348,8 @@ RMS_NORM_UPSTREAM_BASE = (
     "  - rms_norm_slot (rms_norm/standard -> 'torch', explicit): model.model is upstream's "
     "transformers.models.qwen3.modeling_qwen3.Qwen3Model (a sub-model built by upstream code, e.g. "
     "AutoModel.from_config), so model.model.layers.0.self_attn.q_norm is upstream's Qwen3RMSNorm, not the "
-    "generated class whose Qwen3RMSNorm.forward holds the guard")
+    "generated class whose Qwen3RMSNorm.forward holds the guard"
+)
 
 
 def test_sequence_classification_head_runs_its_loss_and_base_model_upstream(generated):
@@ -284,11 +359,13 @@ def test_sequence_classification_head_runs_its_loss_and_base_model_upstream(gene
     model = build(config, ops, module, "Qwen3ForSequenceClassification")
     with pytest.raises(UnreachedSlotError) as info:
         step(model, labels=torch.tensor([0, 1]))
-    assert str(info.value) == "\n".join([
-        header("Qwen3ForSequenceClassification", 1),
-        RMS_NORM_UPSTREAM_BASE,
-        FOOTER.format(ops="'rms_norm'"),
-    ])
+    assert str(info.value) == "\n".join(
+        [
+            header("Qwen3ForSequenceClassification", 1),
+            RMS_NORM_UPSTREAM_BASE,
+            FOOTER.format(ops="'rms_norm'"),
+        ]
+    )
     assert plan_rows(model) == (
         "  slot                               op/variant                                  impl   why       dispatch\n"
         "  causal_lm_loss_slot                cross_entropy_loss/causal                   torch  explicit  "
@@ -298,7 +375,8 @@ def test_sequence_classification_head_runs_its_loss_and_base_model_upstream(gene
         "  rope_slot                          rotary_pos_emb/full                         eager  default   -\n"
         "  sequence_classification_loss_slot  cross_entropy_loss/sequence_classification  torch  explicit  ran\n"
         "  swiglu_mlp_slot                    swiglu_mlp/standard                         eager  default   -\n"
-        "  attention: sdpa (config._attn_implementation)")
+        "  attention: sdpa (config._attn_implementation)"
+    )
 
 
 def test_sequence_classification_head_without_labels_did_not_reach_its_loss(generated):
@@ -310,15 +388,17 @@ def test_sequence_classification_head_without_labels_did_not_reach_its_loss(gene
     model = build(config, ops, module, "Qwen3ForSequenceClassification")
     with pytest.raises(UnreachedSlotError) as info:
         model(input_ids=torch.arange(16).remainder(64).reshape(2, 8)).logits.sum().backward()
-    assert str(info.value) == "\n".join([
-        header("Qwen3ForSequenceClassification", 2),
-        RMS_NORM_UPSTREAM_BASE,
-        "  - sequence_classification_loss_slot (cross_entropy_loss/sequence_classification -> 'torch', explicit): "
-        "the model itself is a Qwen3ForSequenceClassification, but Qwen3ForSequenceClassification.loss_function did "
-        "not run its guard: the model's forward does not reach it in this configuration (another branch, an early "
-        "return, or a replaced forward)",
-        FOOTER.format(ops="'cross_entropy_loss', 'rms_norm'"),
-    ])
+    assert str(info.value) == "\n".join(
+        [
+            header("Qwen3ForSequenceClassification", 2),
+            RMS_NORM_UPSTREAM_BASE,
+            "  - sequence_classification_loss_slot (cross_entropy_loss/sequence_classification -> 'torch', explicit): "
+            "the model itself is a Qwen3ForSequenceClassification, but Qwen3ForSequenceClassification.loss_function did "
+            "not run its guard: the model's forward does not reach it in this configuration (another branch, an early "
+            "return, or a replaced forward)",
+            FOOTER.format(ops="'cross_entropy_loss', 'rms_norm'"),
+        ]
+    )
     assert dispatch_report(model).as_dict()["causal_lm_loss_slot"] == "not used by this model"
 
 
@@ -327,6 +407,10 @@ def test_base_model_computes_no_loss_so_the_loss_slot_is_not_used(generated):
     config = transformers.Qwen3Config(**dict(SMALL, num_hidden_layers=1))
     model = build(config, DENSE_TORCH, module, "Qwen3Model")
     model(input_ids=torch.arange(8).reshape(1, 8)).last_hidden_state.sum().backward()
-    assert dispatch_report(model).as_dict() == {"causal_lm_loss_slot": "not used by this model", "rms_norm_slot": "ran",
-                                                "rope_slot": "ran", "swiglu_mlp_slot": "ran",
-                                                "sequence_classification_loss_slot": "not used by this model"}
+    assert dispatch_report(model).as_dict() == {
+        "causal_lm_loss_slot": "not used by this model",
+        "rms_norm_slot": "ran",
+        "rope_slot": "ran",
+        "swiglu_mlp_slot": "ran",
+        "sequence_classification_loss_slot": "not used by this model",
+    }

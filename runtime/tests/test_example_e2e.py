@@ -22,8 +22,10 @@ UPSTREAM_ROOT = os.path.join(REPO, "examples", "upstream")
 
 pytestmark = pytest.mark.skipif(not PATCHGEN, reason="set PATCHGEN_BIN to the built patchgen binary")
 
-ALL_TORCH = {f"{op}_implementation": "torch" for op in
-             ("rms_norm", "rotary_pos_emb", "swiglu_mlp", "cross_entropy_loss", "load_balancing_loss")}
+ALL_TORCH = {
+    f"{op}_implementation": "torch"
+    for op in ("rms_norm", "rotary_pos_emb", "swiglu_mlp", "cross_entropy_loss", "load_balancing_loss")
+}
 ALL_TORCH["moe_implementation"] = "fused_torch"
 # One choice for both models: each lacks some of these ops, on purpose.
 ALL_TORCH["allow_unbound"] = ["rms_norm", "rotary_pos_emb", "swiglu_mlp", "load_balancing_loss", "moe"]
@@ -33,8 +35,9 @@ ALL_TORCH["allow_unbound"] = ["rms_norm", "rotary_pos_emb", "swiglu_mlp", "load_
 def generated(tmp_path_factory):
     """{output file stem: path} of the example modules generated into a temporary folder."""
     out = tmp_path_factory.mktemp("generated")
-    proc = subprocess.run([PATCHGEN, *SPECS, "--source-root", UPSTREAM_ROOT, "-o", str(out)],
-                          cwd=REPO, capture_output=True, text=True)
+    proc = subprocess.run(
+        [PATCHGEN, *SPECS, "--source-root", UPSTREAM_ROOT, "-o", str(out)], cwd=REPO, capture_output=True, text=True
+    )
     assert proc.returncode == 0, f"patchgen failed ({proc.returncode}):\n{proc.stdout}{proc.stderr}"
     files = {os.path.basename(p)[:-3]: p for p in glob.glob(str(out / "**" / "*.py"), recursive=True)}
     for name in ("patched_modeling_toy_gpu", "patched_modeling_toy_moe_gpu"):
@@ -112,8 +115,9 @@ def test_chunked_cross_entropy_matches_upstream(generated):
     config, upstream, module, cls = models("toy")
     torch.manual_seed(0)
     ref = getattr(upstream, cls)(config)
-    patched = build_model(config, ops={"cross_entropy_loss_implementation": "torch_chunked"}, module=module,
-                          model_class=cls)
+    patched = build_model(
+        config, ops={"cross_entropy_loss_implementation": "torch_chunked"}, module=module, model_class=cls
+    )
     diff = compare_models(ref, patched, inputs(config.vocab_size))
     assert diff.logits is None  # the fused kernel never built the logits
     assert diff.loss < 1e-5 and diff.grads < 1e-5, diff

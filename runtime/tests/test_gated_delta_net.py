@@ -35,8 +35,10 @@ def delta_inputs(B, T, H, D, seed, l2norm=True, states=None, Dv=None):
     """q/k/v, log-space gate g < 0, beta in (0, 1); `states` initial states (None: no state)."""
     Dv = Dv or D
     t = {
-        "q": randn(B, T, H, D, seed=seed), "k": randn(B, T, H, D, seed=seed + 1) * (1 if l2norm else 0.3),
-        "v": randn(B, T, H, Dv, seed=seed + 2), "g": -F.softplus(randn(B, T, H, seed=seed + 3)),
+        "q": randn(B, T, H, D, seed=seed),
+        "k": randn(B, T, H, D, seed=seed + 1) * (1 if l2norm else 0.3),
+        "v": randn(B, T, H, Dv, seed=seed + 2),
+        "g": -F.softplus(randn(B, T, H, seed=seed + 3)),
         "beta": torch.sigmoid(randn(B, T, H, seed=seed + 4)),
     }
     if states is not None:
@@ -47,8 +49,19 @@ def delta_inputs(B, T, H, D, seed, l2norm=True, states=None, Dv=None):
 def delta_call(chunk_size=64, l2norm=True, final=True, cu=None):
     def call(f, t, m):
         kwargs = {} if cu is None else {"cu_seqlens": cu}
-        return f(t["q"], t["k"], t["v"], g=t["g"], beta=t["beta"], chunk_size=chunk_size,
-                 initial_state=t.get("s0"), output_final_state=final, use_qk_l2norm_in_kernel=l2norm, **kwargs)
+        return f(
+            t["q"],
+            t["k"],
+            t["v"],
+            g=t["g"],
+            beta=t["beta"],
+            chunk_size=chunk_size,
+            initial_state=t.get("s0"),
+            output_final_state=final,
+            use_qk_l2norm_in_kernel=l2norm,
+            **kwargs,
+        )
+
     return call
 
 
@@ -98,15 +111,33 @@ def test_decode_continues_a_prefill(device):
     the same outputs and state as the whole sequence at once."""
     t = {k: v.to(device) for k, v in delta_inputs(2, 9, 2, 8, seed=140, states=2).items()}
     f = delta_rule()
-    whole, whole_state = f(t["q"], t["k"], t["v"], t["g"], t["beta"], chunk_size=4, initial_state=t["s0"],
-                           output_final_state=True, use_qk_l2norm_in_kernel=True)
+    whole, whole_state = f(
+        t["q"],
+        t["k"],
+        t["v"],
+        t["g"],
+        t["beta"],
+        chunk_size=4,
+        initial_state=t["s0"],
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=True,
+    )
     outs, state = [], t["s0"]
-    out, state = f(*(t[k][:, :6] for k in ("q", "k", "v", "g", "beta")), chunk_size=4, initial_state=state,
-                   output_final_state=True, use_qk_l2norm_in_kernel=True)
+    out, state = f(
+        *(t[k][:, :6] for k in ("q", "k", "v", "g", "beta")),
+        chunk_size=4,
+        initial_state=state,
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=True,
+    )
     outs.append(out)
     for i in range(6, 9):
-        out, state = f(*(t[k][:, i:i + 1] for k in ("q", "k", "v", "g", "beta")), initial_state=state,
-                       output_final_state=True, use_qk_l2norm_in_kernel=True)
+        out, state = f(
+            *(t[k][:, i : i + 1] for k in ("q", "k", "v", "g", "beta")),
+            initial_state=state,
+            output_final_state=True,
+            use_qk_l2norm_in_kernel=True,
+        )
         outs.append(out)
     assert_close(torch.cat(outs, dim=1), whole, FP32, "decode outputs")
     assert_close(state, whole_state, FP32, "decode state")
@@ -128,7 +159,7 @@ def run_separately(f, t, lengths, chunk_size, l2norm):
         end = start + length
         piece = {k: v[:, start:end] for k, v in t.items() if k != "s0"}
         if "s0" in t:
-            piece["s0"] = t["s0"][n:n + 1]
+            piece["s0"] = t["s0"][n : n + 1]
         out, state = delta_call(chunk_size, l2norm)(f, piece, [])
         outs.append(out)
         states.append(state)
@@ -148,8 +179,9 @@ def test_packed_equals_separate(device, impl, with_state, l2norm):
     cu = cu_of(LENGTHS)
     packed = {k: leaf(v, device, FP32) for k, v in base.items()}
     separate = {k: leaf(v, device, FP32) for k, v in base.items()}
-    p_out, p_grads = forward_backward(lambda: delta_call(4, l2norm, cu=cu.to(device))(f, packed, []),
-                                      list(packed.values()))
+    p_out, p_grads = forward_backward(
+        lambda: delta_call(4, l2norm, cu=cu.to(device))(f, packed, []), list(packed.values())
+    )
     s_out, s_grads = forward_backward(lambda: run_separately(f, separate, LENGTHS, 4, l2norm), list(separate.values()))
     assert p_out[1].shape == (len(LENGTHS), 2, 8, 8)
     for i, (a, b) in enumerate(zip(p_out, s_out)):
@@ -163,8 +195,9 @@ def test_packed_torch_matches_packed_reference(device):
     """The torch kernel against the reference, both packed: outputs and gradients."""
     T = sum(LENGTHS)
     t = delta_inputs(1, T, 2, 8, seed=160, states=len(LENGTHS))
-    compare(delta_rule(), reference.chunk_gated_delta_rule, t, delta_call(4, cu=cu_of(LENGTHS).to(device)),
-            device, FP32)
+    compare(
+        delta_rule(), reference.chunk_gated_delta_rule, t, delta_call(4, cu=cu_of(LENGTHS).to(device)), device, FP32
+    )
 
 
 def test_packed_documents_do_not_see_each_other():
@@ -184,18 +217,24 @@ def test_packed_documents_do_not_see_each_other():
     assert not torch.allclose(whole[:, 15:], whole2[:, 15:])
 
 
-@pytest.mark.parametrize("f", [lambda: delta_rule(), lambda: reference.chunk_gated_delta_rule], ids=["torch", "reference"])
+@pytest.mark.parametrize(
+    "f", [lambda: delta_rule(), lambda: reference.chunk_gated_delta_rule], ids=["torch", "reference"]
+)
 def test_packed_errors(f):
     f = f()
     t = delta_inputs(2, 6, 2, 8, seed=180)
     q, k, v, g, beta = (t[n] for n in ("q", "k", "v", "g", "beta"))
-    with pytest.raises(ValueError, match=r"^chunk_gated_delta_rule: cu_seqlens \(packed sequences\) needs batch size 1, got 2$"):
+    with pytest.raises(
+        ValueError, match=r"^chunk_gated_delta_rule: cu_seqlens \(packed sequences\) needs batch size 1, got 2$"
+    ):
         f(q, k, v, g, beta, cu_seqlens=torch.tensor([0, 3, 6]))
     q, k, v, g, beta = (x[:1] for x in (q, k, v, g, beta))
     for bad in ([1, 3, 6], [0, 4, 3, 6], [6]):
         with pytest.raises(ValueError, match=r"^chunk_gated_delta_rule: cu_seqlens must start at 0 and never decrease"):
             f(q, k, v, g, beta, cu_seqlens=torch.tensor(bad))
-    with pytest.raises(ValueError, match=r"^chunk_gated_delta_rule: cu_seqlens ends at 5, but the input has 6 positions"):
+    with pytest.raises(
+        ValueError, match=r"^chunk_gated_delta_rule: cu_seqlens ends at 5, but the input has 6 positions"
+    ):
         f(q, k, v, g, beta, cu_seqlens=torch.tensor([0, 3, 5]))
     with pytest.raises(ValueError, match="1-D integer tensor"):
         f(q, k, v, g, beta, cu_seqlens=torch.tensor([0.0, 6.0]))
@@ -248,8 +287,9 @@ def test_conv_packed_equals_separate(device, width, activation, bias):
 
     def separate(f, t, m):
         bounds = [(int(a), int(b)) for a, b in zip(cu[:-1], cu[1:])]
-        return torch.cat([f(t["x"][:, :, a:b], t["w"], t.get("b"), activation=activation)
-                          for a, b in bounds if b > a], dim=-1)
+        return torch.cat(
+            [f(t["x"][:, :, a:b], t["w"], t.get("b"), activation=activation) for a, b in bounds if b > a], dim=-1
+        )
 
     for f in (conv(), reference.causal_conv1d):
         pt = {k: leaf(v, device, FP32) for k, v in t.items()}
@@ -275,8 +315,15 @@ def test_conv_packed_restarts_at_segment_starts():
 def test_conv_packed_bf16_smoke(device):
     t = {"x": randn(1, 8, 21, seed=220), "w": randn(8, 4, seed=221, scale=0.5), "b": randn(8, seed=222)}
     cu = cu_of(LENGTHS).to(device)
-    compare(conv(), reference.causal_conv1d, t,
-            lambda f, t, m: f(t["x"], t["w"], t["b"], activation="silu", cu_seqlens=cu), device, BF16, out_dtype=BF16)
+    compare(
+        conv(),
+        reference.causal_conv1d,
+        t,
+        lambda f, t, m: f(t["x"], t["w"], t["b"], activation="silu", cu_seqlens=cu),
+        device,
+        BF16,
+        out_dtype=BF16,
+    )
 
 
 def upstream_conv_update(x, conv_state, weight, bias=None, activation=None):
@@ -312,7 +359,7 @@ def test_conv_decode_continues_a_prefill(device, impl):
     x, w, b = randn(1, 5, 8, seed=240).to(device), randn(5, 4, seed=241).to(device), randn(5, seed=242).to(device)
     whole = f(x, w, b, activation="silu")
     state = torch.zeros(1, 5, 4, device=device)
-    steps = [f(x[:, :, i:i + 1], w, b, activation="silu", conv_state=state) for i in range(8)]
+    steps = [f(x[:, :, i : i + 1], w, b, activation="silu", conv_state=state) for i in range(8)]
     assert_close(torch.cat(steps, dim=-1), whole, FP32, "decoded conv")
     assert torch.equal(state, x[:, :, -4:])
 
@@ -321,9 +368,13 @@ def test_conv_decode_continues_a_prefill(device, impl):
 def test_conv_errors(impl):
     f = conv() if impl == "torch" else reference.causal_conv1d
     x, w = randn(1, 4, 6, seed=250), randn(4, 4, seed=251)
-    with pytest.raises(ValueError, match=r"^causal_conv1d: conv_state \(decode\) and cu_seqlens \(packed\) cannot be combined$"):
+    with pytest.raises(
+        ValueError, match=r"^causal_conv1d: conv_state \(decode\) and cu_seqlens \(packed\) cannot be combined$"
+    ):
         f(x, w, conv_state=torch.zeros(1, 4, 3), cu_seqlens=torch.tensor([0, 6]))
-    with pytest.raises(ValueError, match=r"^causal_conv1d: conv_state holds 2 columns, the kernel width 4 needs at least 3$"):
+    with pytest.raises(
+        ValueError, match=r"^causal_conv1d: conv_state holds 2 columns, the kernel width 4 needs at least 3$"
+    ):
         f(x, w, conv_state=torch.zeros(1, 4, 2))
     with pytest.raises(ValueError, match=r"^causal_conv1d: cu_seqlens \(packed sequences\) needs batch size 1, got 2$"):
         f(x.expand(2, -1, -1), w, cu_seqlens=torch.tensor([0, 6]))

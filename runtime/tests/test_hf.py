@@ -22,12 +22,17 @@ def fake_loader(info, calls=None):
         if calls is not None:
             calls.append((args, kwargs))
         return FakeModel(), info
+
     return load
 
 
 def info(missing=(), unexpected=(), mismatched=()):
-    return {"missing_keys": set(missing), "unexpected_keys": set(unexpected), "mismatched_keys": set(mismatched),
-            "error_msgs": []}
+    return {
+        "missing_keys": set(missing),
+        "unexpected_keys": set(unexpected),
+        "mismatched_keys": set(mismatched),
+        "error_msgs": [],
+    }
 
 
 def test_partial_load_error_names_every_kind_of_key():
@@ -35,8 +40,15 @@ def test_partial_load_error_names_every_kind_of_key():
     assert err.missing == ["a", "b"] and err.unexpected == ["x"] and err.mismatched == [("w", (2, 3), (3, 3))]
     text = str(err)
     assert "M.from_pretrained('/ckpt')" in text
-    for needle in ("2 missing from the checkpoint", "    a", "    b", "1 unexpected", "    x",
-                   "w: (2, 3) vs (3, 3)", "strict=False"):
+    for needle in (
+        "2 missing from the checkpoint",
+        "    a",
+        "    b",
+        "1 unexpected",
+        "    x",
+        "w: (2, 3) vs (3, 3)",
+        "strict=False",
+    ):
         assert needle in text
 
 
@@ -62,12 +74,14 @@ def test_strict_from_pretrained_refuses_a_partial_load(kind):
         strict_from_pretrained(fake_loader(info(**{kind: [key]})), "/ckpt")
     assert getattr(exc.value, kind) == [key]
     # the explicit opt-outs
-    model, got = strict_from_pretrained(fake_loader(info(**{kind: [key]})), "/ckpt", strict=False,
-                                        output_loading_info=True)
+    model, got = strict_from_pretrained(
+        fake_loader(info(**{kind: [key]})), "/ckpt", strict=False, output_loading_info=True
+    )
     assert got[f"{kind}_keys"] == {key}
     if kind == "mismatched":
-        assert isinstance(strict_from_pretrained(fake_loader(info(mismatched=[key])), "/c",
-                                                 ignore_mismatched_sizes=True), FakeModel)
+        assert isinstance(
+            strict_from_pretrained(fake_loader(info(mismatched=[key])), "/c", ignore_mismatched_sizes=True), FakeModel
+        )
 
 
 def test_check_loading_info_reports_the_model_class_and_source():
@@ -78,15 +92,17 @@ def test_check_loading_info_reports_the_model_class_and_source():
 def test_transformers_refusal_gets_the_load_report():
     def load(*args, **kwargs):
         logging.getLogger("transformers.modeling_utils").warning(
-            "\x1b[1mM LOAD REPORT\x1b[0m from: p\nmodel.layers.1.mlp.experts.gate_up_proj | CONVERSION |")
+            "\x1b[1mM LOAD REPORT\x1b[0m from: p\nmodel.layers.1.mlp.experts.gate_up_proj | CONVERSION |"
+        )
         raise RuntimeError("We encountered some issues during automatic conversion of the weights.")
 
     with pytest.raises(RuntimeError) as exc:
         strict_from_pretrained(load, "p")
     assert "model.layers.1.mlp.experts.gate_up_proj | CONVERSION" in str(exc.value)
     assert "\x1b" not in str(exc.value) and isinstance(exc.value.__cause__, RuntimeError)
-    assert not any(type(h).__name__ == "_LoadReportCapture"
-                   for h in logging.getLogger("transformers.modeling_utils").handlers)
+    assert not any(
+        type(h).__name__ == "_LoadReportCapture" for h in logging.getLogger("transformers.modeling_utils").handlers
+    )
 
 
 def test_other_errors_pass_unchanged():
@@ -143,9 +159,18 @@ def make_module(tmp_path, monkeypatch, plain):
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     """An upstream tiny Qwen3-MoE written by save_pretrained (per-expert layout on disk)."""
-    config = transformers.Qwen3MoeConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                         num_attention_heads=2, num_key_value_heads=1, head_dim=16, num_experts=4,
-                                         num_experts_per_tok=2, moe_intermediate_size=16)
+    config = transformers.Qwen3MoeConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=16,
+    )
     torch.manual_seed(0)
     model = transformers.Qwen3MoeForCausalLM(config)
     path = tmp_path_factory.mktemp("qwen3_moe")
@@ -161,8 +186,9 @@ def test_root_cause_custom_code_skips_the_conversion_mapping(checkpoint, tmp_pat
     model, got = mod.Qwen3MoeForCausalLM.from_pretrained(path, output_loading_info=True)
     assert type(model.model) is mod.Qwen3MoeModel
     assert any(".experts.0.gate_proj.weight" in k for k in got["unexpected_keys"])
-    assert not torch.equal(model.state_dict()["model.layers.0.mlp.experts.gate_up_proj"],
-                           state["model.layers.0.mlp.experts.gate_up_proj"])  # random experts
+    assert not torch.equal(
+        model.state_dict()["model.layers.0.mlp.experts.gate_up_proj"], state["model.layers.0.mlp.experts.gate_up_proj"]
+    )  # random experts
 
 
 @needs_moe
@@ -227,9 +253,19 @@ def test_from_pretrained_binds_a_private_copy(checkpoint, tmp_path, monkeypatch)
 @needs_moe
 def test_tied_embeddings_are_not_a_partial_load(tmp_path, monkeypatch):
     """A tied lm_head is not in the checkpoint (safetensors drops it) and is not missing."""
-    config = transformers.Qwen3MoeConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                         num_attention_heads=2, num_key_value_heads=1, head_dim=16, num_experts=4,
-                                         num_experts_per_tok=2, moe_intermediate_size=16, tie_word_embeddings=True)
+    config = transformers.Qwen3MoeConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=16,
+        tie_word_embeddings=True,
+    )
     transformers.Qwen3MoeForCausalLM(config).save_pretrained(tmp_path / "tied")
     mod = make_module(tmp_path, monkeypatch, plain=False)
     model = mod.Qwen3MoeForCausalLM.from_pretrained(tmp_path / "tied")

@@ -6,10 +6,9 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from test_hf import checkpoint, make_module, needs_moe  # noqa: E402,F401  (the fixture, reused)
-
 import opslot  # noqa: E402
 import opslot.hf  # noqa: E402
+from test_hf import checkpoint, make_module, needs_moe  # noqa: E402,F401  (the fixture, reused)
 
 
 @needs_moe
@@ -35,7 +34,10 @@ def test_loading_a_saved_bound_model_with_the_plain_class_is_refused(checkpoint,
     out = tmp_path / "saved"
     first.save_pretrained(out)
     # the module's own class: its module-level slots are not bound as the saved config says
-    with pytest.raises(ValueError, match=r"module-level slots do not follow: rms_norm_slot \(rms_norm/standard\) "
-                                         r"runs 'eager', the config chooses 'torch'\. Build it with opslot.build_model"):
+    with pytest.raises(
+        ValueError,
+        match=r"module-level slots do not follow: rms_norm_slot \(rms_norm/standard\) "
+        r"runs 'eager', the config chooses 'torch'\. Build it with opslot.build_model",
+    ):
         mod.Qwen3MoeForCausalLM.from_pretrained(str(out))
     assert type(mod.Qwen3MoeForCausalLM.from_pretrained(path)) is mod.Qwen3MoeForCausalLM  # nothing saved: fine

@@ -18,8 +18,12 @@ import opslot
 from example_models import TOY, TOY_MOE, moe_config, toy_config
 from opslot import bind_ops, binding_plan, build_model
 
-FIELDS = ("cross_entropy_loss_implementation", "rms_norm_implementation", "rotary_pos_emb_implementation",
-          "swiglu_mlp_implementation")
+FIELDS = (
+    "cross_entropy_loss_implementation",
+    "rms_norm_implementation",
+    "rotary_pos_emb_implementation",
+    "swiglu_mlp_implementation",
+)
 #: Every binding of the toy's four module-level slots with eager/torch: 16 copies.
 COMBOS = [dict(zip(FIELDS, impls)) for impls in itertools.product(("eager", "torch"), repeat=4)]
 
@@ -60,8 +64,17 @@ def test_threads_building_models_get_picklable_models_with_their_binding():
         for j in range(3):
             ops = COMBOS[(3 * i + j) % len(COMBOS)]
             built.append((ops, build_model(toy_config(), ops=ops, module=TOY, model_class="ToyForCausalLM")))
-        built.append((None, build_model(moe_config(), ops={"moe_implementation": "fused_torch"}, module=TOY_MOE,
-                                        model_class="ToyMoeForCausalLM")))
+        built.append(
+            (
+                None,
+                build_model(
+                    moe_config(),
+                    ops={"moe_implementation": "fused_torch"},
+                    module=TOY_MOE,
+                    model_class="ToyMoeForCausalLM",
+                ),
+            )
+        )
 
     assert run_threads(work) == []
     assert len(built) == 32
@@ -73,8 +86,9 @@ def test_threads_building_models_get_picklable_models_with_their_binding():
 
 
 def test_threads_unpickling_while_others_build():
-    blobs = [pickle.dumps(build_model(toy_config(), ops=ops, module=TOY, model_class="ToyForCausalLM"))
-             for ops in COMBOS[:8]]
+    blobs = [
+        pickle.dumps(build_model(toy_config(), ops=ops, module=TOY, model_class="ToyForCausalLM")) for ops in COMBOS[:8]
+    ]
     gc.collect()
     opslot.release_unused_copies()  # every copy is imported again by the unpickling threads
     restored = []
@@ -107,11 +121,15 @@ def _deepcopy(model, tmp_path):
     return copy.deepcopy(model)
 
 
-@pytest.mark.parametrize("restore, impls", [
-    (_pickle, ("torch_chunked", "eager", "torch", "torch")),
-    (_torch_load, ("torch_chunked", "torch", "torch", "eager")),
-    (_deepcopy, ("torch_chunked", "torch", "eager", "torch")),
-], ids=["pickle", "torch.load", "deepcopy"])
+@pytest.mark.parametrize(
+    "restore, impls",
+    [
+        (_pickle, ("torch_chunked", "eager", "torch", "torch")),
+        (_torch_load, ("torch_chunked", "torch", "torch", "eager")),
+        (_deepcopy, ("torch_chunked", "torch", "eager", "torch")),
+    ],
+    ids=["pickle", "torch.load", "deepcopy"],
+)
 def test_restored_model_keeps_its_copy_and_saves_again(tmp_path, restore, impls):
     model = build_model(toy_config(), ops=dict(zip(FIELDS, impls)), module=TOY, model_class="ToyForCausalLM").eval()
     expected = model(input_ids=ids()).logits
@@ -122,8 +140,9 @@ def test_restored_model_keeps_its_copy_and_saves_again(tmp_path, restore, impls)
     build_model(toy_config(), module=TOY, model_class="ToyForCausalLM")  # releases the copies nobody uses
     name = type(restored).__module__
     assert name == f"{TOY}__opslot__" + "-".join(impls)
-    assert sys.modules.get(name) is importlib.import_module(name) and vars(sys.modules[name])["ToyForCausalLM"] is \
-        type(restored)
+    assert sys.modules.get(name) is importlib.import_module(name) and vars(sys.modules[name])["ToyForCausalLM"] is type(
+        restored
+    )
     buffer = io.BytesIO()
     torch.save(restored, buffer)  # the second save
     buffer.seek(0)
@@ -134,8 +153,12 @@ def test_restored_model_keeps_its_copy_and_saves_again(tmp_path, restore, impls)
 
 
 def test_a_restored_model_survives_a_release_in_another_module():
-    model = build_model(moe_config(), ops={"cross_entropy_loss_implementation": "torch_chunked"}, module=TOY_MOE,
-                        model_class="ToyMoeForCausalLM")
+    model = build_model(
+        moe_config(),
+        ops={"cross_entropy_loss_implementation": "torch_chunked"},
+        module=TOY_MOE,
+        model_class="ToyMoeForCausalLM",
+    )
     restored = copy.deepcopy(model)
     del model
     gc.collect()
@@ -155,7 +178,8 @@ def test_bind_ops_refuses_to_rebind_a_copy_and_unpickling_restores_its_binding()
         f"module '{name}' is a private copy named after its binding (torch_chunked-torch-eager-eager), which pickled "
         f"models are restored with; binding it to eager-torch-eager-torch would make its name lie. Build another "
         f"model with opslot.build_model(config, ops, module=..., model_class=...) (its copy is named after its own "
-        f"binding), or bind a copy of your own: opslot.bind_ops(opslot.load_private_copy(sys.modules['{TOY}']), ops)")
+        f"binding), or bind a copy of your own: opslot.bind_ops(opslot.load_private_copy(sys.modules['{TOY}']), ops)"
+    )
     assert binding_plan(model).as_dict()["swiglu_mlp_slot"] == "eager"  # nothing was bound
     assert bind_ops(sys.modules[name], ops)["rms_norm_slot"] == "torch"  # the binding its name says: fine
     assert binding_plan(pickle.loads(pickle.dumps(model))) == binding_plan(model)

@@ -41,8 +41,12 @@ def generated(tmp_path_factory):
     """The Qwen3-MoE module patchgen generates from the installed Transformers, imported."""
     out = tmp_path_factory.mktemp("generated")
     site = os.path.dirname(os.path.dirname(transformers.__file__))
-    proc = subprocess.run([PATCHGEN, "specs/qwen3_moe/qwen3_moe_gpu.yaml", "--source-root", site, "-o", str(out)],
-                          cwd=REPO, capture_output=True, text=True)
+    proc = subprocess.run(
+        [PATCHGEN, "specs/qwen3_moe/qwen3_moe_gpu.yaml", "--source-root", site, "-o", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, f"patchgen failed ({proc.returncode}):\n{proc.stdout}{proc.stderr}"
     (path,) = out.rglob(f"{MODULE}.py")
     sys.path.insert(0, str(path.parent))
@@ -76,9 +80,20 @@ OPS = {"moe_implementation": f"fused_{COUNTED}", "rms_norm_implementation": COUN
 
 def tiny_config():
     return transformers.Qwen3MoeConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=8, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
-        decoder_sparse_step=1, mlp_only_layers=[], max_position_embeddings=64)
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=16,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        max_position_embeddings=64,
+    )
 
 
 def kernel_calls(model):
@@ -106,8 +121,9 @@ REBUILDS = {
     "the bound class on the loaded config": lambda cls, mod, path: cls(loaded_config(path)),
     "the bound class's _from_config": lambda cls, mod, path: cls._from_config(loaded_config(path)),
     "opslot.hf.from_pretrained": lambda cls, mod, path: opslot.hf.from_pretrained(path, mod),
-    "build_model on the loaded config": lambda cls, mod, path: build_model(loaded_config(path), module=mod,
-                                                                           model_class=CLASS),
+    "build_model on the loaded config": lambda cls, mod, path: build_model(
+        loaded_config(path), module=mod, model_class=CLASS
+    ),
 }
 
 
@@ -129,17 +145,21 @@ def test_a_loaded_model_saved_again_still_carries_its_dispatch(saved, tmp_path):
 
 def test_an_explicit_experts_implementation_still_wins(saved):
     model, path = saved
-    assert type(model).from_pretrained(path, experts_implementation="batched_mm").config._experts_implementation == \
-        "batched_mm"
+    assert (
+        type(model).from_pretrained(path, experts_implementation="batched_mm").config._experts_implementation
+        == "batched_mm"
+    )
 
 
 def test_the_plain_class_built_from_a_saved_config_is_refused(generated, saved):
     _, path = saved
-    message = (f"a model of {MODULE} is being built from a config whose ops_implementation its module-level slots "
-               f"do not follow: moe_slot (moe/standard) runs 'eager', the config chooses '{COUNTED}'; rms_norm_slot "
-               f"(rms_norm/standard) runs 'eager', the config chooses '{COUNTED}'. Build it with "
-               f"opslot.build_model(config, module=..., model_class=...) or opslot.hf.from_pretrained(path, module), "
-               f"which bind every slot")
+    message = (
+        f"a model of {MODULE} is being built from a config whose ops_implementation its module-level slots "
+        f"do not follow: moe_slot (moe/standard) runs 'eager', the config chooses '{COUNTED}'; rms_norm_slot "
+        f"(rms_norm/standard) runs 'eager', the config chooses '{COUNTED}'. Build it with "
+        f"opslot.build_model(config, module=..., model_class=...) or opslot.hf.from_pretrained(path, module), "
+        f"which bind every slot"
+    )
     cls = getattr(generated, CLASS)
     with pytest.raises(ValueError) as err:
         cls(loaded_config(path))  # was: an all-eager model, silently

@@ -57,7 +57,7 @@ def exported_functions(path: Path) -> Set[str]:
     protected visibility symbols of type FUNC in .dynsym (ELF64 little-endian, what nvcc builds)."""
     data = path.read_bytes()
     assert data[:4] == b"\x7fELF" and data[4] == 2 and data[5] == 1, f"{path}: not an ELF64 little-endian file"
-    shoff, = struct.unpack_from("<Q", data, 0x28)
+    (shoff,) = struct.unpack_from("<Q", data, 0x28)
     shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
     sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
     names: Set[str] = set()
@@ -66,13 +66,12 @@ def exported_functions(path: Path) -> Set[str]:
             continue
         str_off = sections[sh_link][4]
         for i in range(sh_size // sh_entsize):
-            st_name, st_info, st_other, st_shndx, _, _ = struct.unpack_from(
-                "<IBBHQQ", data, sh_offset + i * sh_entsize)
+            st_name, st_info, st_other, st_shndx, _, _ = struct.unpack_from("<IBBHQQ", data, sh_offset + i * sh_entsize)
             bind, kind, vis = st_info >> 4, st_info & 0xF, st_other & 0x3
             if st_shndx == 0 or kind != 2 or bind not in (1, 2) or vis not in (0, 3):
                 continue  # undefined, not a function, local, or hidden/internal
             end = data.index(b"\0", str_off + st_name)
-            names.add(data[str_off + st_name:end].decode())
+            names.add(data[str_off + st_name : end].decode())
     return names
 
 
@@ -108,7 +107,9 @@ def binding_names() -> Dict[str, Set[str]]:
 def test_headers_are_parsed():
     headers = _headers()
     assert {"common.h", "rms_norm.h", "bench.h"} <= set(headers)
-    assert {"opslot_abi_version", "opslot_last_error", "opslot_build_info", "opslot_check_device"} <= headers["common.h"]
+    assert {"opslot_abi_version", "opslot_last_error", "opslot_build_info", "opslot_check_device"} <= headers[
+        "common.h"
+    ]
     assert {"opslot_rms_norm_fwd", "opslot_rms_norm_bwd", "opslot_rms_norm_bwd_partial_rows"} == headers["rms_norm.h"]
     assert len(production_declarations()) >= 30
 

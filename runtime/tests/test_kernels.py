@@ -1,7 +1,6 @@
 """Every built-in portable kernel ("torch", "torch_chunked") against its fp32 reference: outputs and
 gradients, fp32 and bf16, on every available device."""
 
-import math
 import types
 
 import pytest
@@ -11,7 +10,7 @@ import torch.nn.functional as F
 
 from kernel_harness import DTYPES, assert_close, compare, forward_backward, leaf
 from opslot import KERNEL_REGISTRY, reference
-from opslot.kernels import fused_ce, torch_ops
+from opslot.kernels import fused_ce
 
 pytestmark = pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
 
@@ -32,28 +31,49 @@ def kernel(op, variant, name="torch"):
 def test_rms_norm(device, dtype, variant):
     t = {"x": randn(2, 5, 32, seed=1) * 3, "w": 1 + randn(32, seed=2, scale=0.1)}
     ref = getattr(reference, f"rms_norm_{variant}")
-    compare(kernel("rms_norm", variant), ref, t, lambda f, t, m: f(t["x"], t["w"], 1e-6), device, dtype,
-            out_dtype=dtype)
+    compare(
+        kernel("rms_norm", variant), ref, t, lambda f, t, m: f(t["x"], t["w"], 1e-6), device, dtype, out_dtype=dtype
+    )
 
 
 def test_rms_norm_unweighted(device, dtype):
     t = {"x": randn(3, 7, 16, seed=3)}
-    compare(kernel("rms_norm", "unweighted"), reference.rms_norm_unweighted, t,
-            lambda f, t, m: f(t["x"], None, 1e-5), device, dtype, out_dtype=dtype)
+    compare(
+        kernel("rms_norm", "unweighted"),
+        reference.rms_norm_unweighted,
+        t,
+        lambda f, t, m: f(t["x"], None, 1e-5),
+        device,
+        dtype,
+        out_dtype=dtype,
+    )
 
 
 def test_rms_norm_variants_are_distinguished(device, dtype):
     """The tolerance check is sharp enough to tell standard from offset math."""
     t = {"x": randn(2, 5, 32, seed=1), "w": randn(32, seed=2, scale=0.1)}
     with pytest.raises(AssertionError, match="output 0: max abs error"):
-        compare(kernel("rms_norm", "standard"), reference.rms_norm_offset, t,
-                lambda f, t, m: f(t["x"], t["w"], 1e-6), device, dtype)
+        compare(
+            kernel("rms_norm", "standard"),
+            reference.rms_norm_offset,
+            t,
+            lambda f, t, m: f(t["x"], t["w"], 1e-6),
+            device,
+            dtype,
+        )
 
 
 def test_rms_norm_gated(device, dtype):
     t = {"x": randn(2, 4, 3, 16, seed=4), "gate": randn(2, 4, 3, 16, seed=5), "w": 1 + randn(16, seed=6, scale=0.1)}
-    compare(kernel("rms_norm_gated", "standard"), reference.rms_norm_gated, t,
-            lambda f, t, m: f(t["x"], t["gate"], t["w"], 1e-6), device, dtype, out_dtype=dtype)
+    compare(
+        kernel("rms_norm_gated", "standard"),
+        reference.rms_norm_gated,
+        t,
+        lambda f, t, m: f(t["x"], t["gate"], t["w"], 1e-6),
+        device,
+        dtype,
+        out_dtype=dtype,
+    )
 
 
 def _cos_sin(batch, seq, dim, seed):
@@ -70,9 +90,15 @@ def test_rotary_pos_emb(device, dtype, variant, rot_dim, unsqueeze_dim):
     q_shape = (2, 4, 5, 16) if unsqueeze_dim == 1 else (2, 5, 4, 16)
     k_shape = (2, 2, 5, 16) if unsqueeze_dim == 1 else (2, 5, 2, 16)
     t = {"q": randn(*q_shape, seed=8), "k": randn(*k_shape, seed=9), "cos": cos, "sin": sin}
-    compare(kernel("rotary_pos_emb", variant), getattr(reference, f"rotary_pos_emb_{variant}"), t,
-            lambda f, t, m: f(t["q"], t["k"], t["cos"], t["sin"], unsqueeze_dim=unsqueeze_dim),
-            device, dtype, out_dtype=dtype)
+    compare(
+        kernel("rotary_pos_emb", variant),
+        getattr(reference, f"rotary_pos_emb_{variant}"),
+        t,
+        lambda f, t, m: f(t["q"], t["k"], t["cos"], t["sin"], unsqueeze_dim=unsqueeze_dim),
+        device,
+        dtype,
+        out_dtype=dtype,
+    )
 
 
 class MLP(nn.Module):
@@ -86,12 +112,22 @@ class MLP(nn.Module):
 
 
 def test_swiglu_mlp(device, dtype):
-    compare(kernel("swiglu_mlp", "standard"), reference.swiglu_mlp, {"x": randn(2, 5, 16, seed=11)},
-            lambda f, t, m: f(m[0], t["x"]), device, dtype, modules=[MLP()], out_dtype=dtype)
+    compare(
+        kernel("swiglu_mlp", "standard"),
+        reference.swiglu_mlp,
+        {"x": randn(2, 5, 16, seed=11)},
+        lambda f, t, m: f(m[0], t["x"]),
+        device,
+        dtype,
+        modules=[MLP()],
+        out_dtype=dtype,
+    )
 
 
 def test_swiglu_mlp_refuses_other_activation(dtype):
-    with pytest.raises(ValueError, match=r"^swiglu_mlp computes SiLU gating but the model's hidden_act is 'gelu'; use 'eager'$"):
+    with pytest.raises(
+        ValueError, match=r"^swiglu_mlp computes SiLU gating but the model's hidden_act is 'gelu'; use 'eager'$"
+    ):
         kernel("swiglu_mlp", "standard")(MLP(act="gelu"), randn(1, 2, 16))
 
 
@@ -135,9 +171,15 @@ def test_cross_entropy_causal(device, dtype, impl, case, bias):
             return (loss,)
         return (loss,) if impl == "torch_chunked" else (logits, loss)
 
-    k_out, r_out = compare(kernel("cross_entropy_loss", "causal", impl), reference.cross_entropy_causal,
-                           {"h": randn(2, 7, 16, seed=14), "labels": labels}, call, device, dtype,
-                           modules=[head])
+    k_out, r_out = compare(
+        kernel("cross_entropy_loss", "causal", impl),
+        reference.cross_entropy_causal,
+        {"h": randn(2, 7, 16, seed=14), "labels": labels},
+        call,
+        device,
+        dtype,
+        modules=[head],
+    )
     assert k_out[-1].dtype == torch.float32 and k_out[-1].dim() == 0
 
 
@@ -145,8 +187,11 @@ def test_cross_entropy_causal(device, dtype, impl, case, bias):
 def test_cross_entropy_causal_refuses_softcapping(dtype, impl):
     head = CausalLMHead()
     head.config.final_logit_softcapping = 30.0
-    with pytest.raises(ValueError, match=r"^cross_entropy_loss/causal kernels do not apply final_logit_softcapping "
-                                         r"\(30.0\); use 'eager'$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^cross_entropy_loss/causal kernels do not apply final_logit_softcapping "
+        r"\(30.0\); use 'eager'$",
+    ):
         kernel("cross_entropy_loss", "causal", impl)(head, randn(1, 2, 16), torch.zeros(1, 2, dtype=torch.long))
 
 
@@ -167,8 +212,7 @@ def test_linear_cross_entropy_chunk_sizes_agree(dtype):
     results = []
     for chunk in (1, 4, 11):
         h, w = leaf(h0, "cpu", dtype), leaf(w0, "cpu", dtype)
-        outs, grads = forward_backward(
-            lambda: fused_ce.linear_cross_entropy(h, w, None, t, chunk_size=chunk), [h, w])
+        outs, grads = forward_backward(lambda: fused_ce.linear_cross_entropy(h, w, None, t, chunk_size=chunk), [h, w])
         results.append((outs[0], grads))
     for loss, grads in results[1:]:
         assert_close(loss, results[0][0], dtype, "loss")
@@ -183,8 +227,9 @@ def test_linear_cross_entropy_weight_grad_in_weight_dtype(device, dtype):
     results = []
     for fp32_acc in (True, False):
         h, w = leaf(h0, device, dtype), leaf(w0, device, dtype)
-        outs, grads = forward_backward(lambda: fused_ce.linear_cross_entropy(
-            h, w, None, t, chunk_size=3, fp32_weight_grad=fp32_acc), [h, w])
+        outs, grads = forward_backward(
+            lambda: fused_ce.linear_cross_entropy(h, w, None, t, chunk_size=3, fp32_weight_grad=fp32_acc), [h, w]
+        )
         results.append((outs[0], grads))
     assert_close(results[1][0], results[0][0], dtype, "loss")
     assert results[1][1][1].dtype == dtype
@@ -218,8 +263,14 @@ def test_cross_entropy_sequence_classification(device, dtype, problem):
         problem_types.append(config.problem_type)
         return loss
 
-    compare(kernel("cross_entropy_loss", "sequence_classification"), reference.cross_entropy_sequence_classification,
-            {"pooled": randn(3, num_labels, seed=20), "labels": labels}, call, device, dtype)
+    compare(
+        kernel("cross_entropy_loss", "sequence_classification"),
+        reference.cross_entropy_sequence_classification,
+        {"pooled": randn(3, num_labels, seed=20), "labels": labels},
+        call,
+        device,
+        dtype,
+    )
     assert problem_types == [problem, problem]  # both set config.problem_type, as upstream does
 
 
@@ -283,8 +334,16 @@ def test_moe_standard(device, dtype, masking):
     def call(f, t, m):
         return f(m[0], t["x"], index.to(t["x"].device), t["w"])
 
-    compare(kernel("moe", "standard"), reference.moe_standard, {"x": randn(10, 16, seed=33), "w": weights},
-            call, device, dtype, modules=[Experts()], out_dtype=dtype)
+    compare(
+        kernel("moe", "standard"),
+        reference.moe_standard,
+        {"x": randn(10, 16, seed=33), "w": weights},
+        call,
+        device,
+        dtype,
+        modules=[Experts()],
+        out_dtype=dtype,
+    )
 
 
 def test_moe_gpt_oss(device, dtype):
@@ -293,15 +352,30 @@ def test_moe_gpt_oss(device, dtype):
     def call(f, t, m):
         return f(m[0], t["x"], index.to(t["x"].device), t["w"])
 
-    compare(kernel("moe", "gpt_oss"), reference.moe_gpt_oss, {"x": randn(9, 16, seed=35), "w": weights},
-            call, device, dtype, modules=[GptOssExperts()], out_dtype=dtype)
+    compare(
+        kernel("moe", "gpt_oss"),
+        reference.moe_gpt_oss,
+        {"x": randn(9, 16, seed=35), "w": weights},
+        call,
+        device,
+        dtype,
+        modules=[GptOssExperts()],
+        out_dtype=dtype,
+    )
 
 
 @pytest.mark.parametrize("activation", [None, "silu"])
 def test_causal_conv1d(device, dtype, activation):
     t = {"x": randn(2, 8, 10, seed=36), "w": randn(8, 4, seed=37, scale=0.5), "b": randn(8, seed=38)}
-    compare(kernel("causal_conv1d", "standard"), reference.causal_conv1d, t,
-            lambda f, t, m: f(t["x"], t["w"], t["b"], activation=activation), device, dtype, out_dtype=dtype)
+    compare(
+        kernel("causal_conv1d", "standard"),
+        reference.causal_conv1d,
+        t,
+        lambda f, t, m: f(t["x"], t["w"], t["b"], activation=activation),
+        device,
+        dtype,
+        out_dtype=dtype,
+    )
 
 
 @pytest.mark.parametrize("l2norm", [False, True], ids=["raw", "l2norm"])
@@ -309,17 +383,29 @@ def test_causal_conv1d(device, dtype, activation):
 def test_chunk_gated_delta_rule(device, dtype, l2norm, with_state):
     B, T, H, D = 1, 10, 2, 8  # T not a multiple of the chunk size: exercises the padding
     t = {
-        "q": randn(B, T, H, D, seed=40), "k": randn(B, T, H, D, seed=41) * (1 if l2norm else 0.3),
-        "v": randn(B, T, H, D, seed=42), "g": -F.softplus(randn(B, T, H, seed=43)),
+        "q": randn(B, T, H, D, seed=40),
+        "k": randn(B, T, H, D, seed=41) * (1 if l2norm else 0.3),
+        "v": randn(B, T, H, D, seed=42),
+        "g": -F.softplus(randn(B, T, H, seed=43)),
         "beta": torch.sigmoid(randn(B, T, H, seed=44)),
     }
     if with_state:
         t["s0"] = randn(B, H, D, D, seed=45, scale=0.3)
 
     def call(f, t, m):
-        return f(t["q"], t["k"], t["v"], g=t["g"], beta=t["beta"], chunk_size=4,
-                 initial_state=t.get("s0"), output_final_state=True, use_qk_l2norm_in_kernel=l2norm)
+        return f(
+            t["q"],
+            t["k"],
+            t["v"],
+            g=t["g"],
+            beta=t["beta"],
+            chunk_size=4,
+            initial_state=t.get("s0"),
+            output_final_state=True,
+            use_qk_l2norm_in_kernel=l2norm,
+        )
 
-    k_out, _ = compare(kernel("chunk_gated_delta_rule", "standard"), reference.chunk_gated_delta_rule, t, call,
-                       device, dtype)
+    k_out, _ = compare(
+        kernel("chunk_gated_delta_rule", "standard"), reference.chunk_gated_delta_rule, t, call, device, dtype
+    )
     assert k_out[0].dtype == dtype and k_out[1].dtype == torch.float32

@@ -27,8 +27,15 @@ from opslot.loss_hook import install_causal_lm_loss, installed_causal_lm_loss  #
 from opslot.registry import KernelRegistry, KernelSpec  # noqa: E402
 
 VOCAB = 64
-SMALL = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-             num_key_value_heads=1, head_dim=16)
+SMALL = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=16,
+)
 
 
 def qwen3():
@@ -342,8 +349,11 @@ def test_impl_refusals():
     model = qwen3()
     with pytest.raises(ValueError, match="impl 'eager' is Transformers' own ForCausalLMLoss: there is nothing"):
         install_causal_lm_loss("eager", model)
-    with pytest.raises(ValueError, match=r"no kernel 'trch' for cross_entropy_loss/causal_logits .*did you mean "
-                                         r"'torch'\? \(available: cuda, torch\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"no kernel 'trch' for cross_entropy_loss/causal_logits .*did you mean "
+        r"'torch'\? \(available: cuda, torch\)",
+    ):
         install_causal_lm_loss("trch", model)
     # the test machine is a CPU machine (conftest): cuda is refused with the reason, before anything changes
     with pytest.raises(RuntimeError, match="kernel 'cuda' for cross_entropy_loss/causal_logits cannot run here: "):
@@ -363,8 +373,11 @@ def test_models_the_hook_cannot_stand_in_for_are_refused():
     with pytest.raises(TypeError, match="takes a Transformers PreTrainedModel"):
         install_causal_lm_loss("torch", torch.nn.Linear(2, 2))
     classifier = transformers.Qwen3ForSequenceClassification(config)
-    with pytest.raises(ValueError, match=r"Qwen3ForSequenceClassification's loss function is "
-                                         r"ForSequenceClassificationLoss \(loss_type 'ForSequenceClassification'\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"Qwen3ForSequenceClassification's loss function is "
+        r"ForSequenceClassificationLoss \(loss_type 'ForSequenceClassification'\)",
+    ):
         install_causal_lm_loss("torch", classifier)
     base = transformers.Qwen3Model(config)  # its loss_function falls back to ForCausalLMLoss, but it computes no loss
     with pytest.raises(ValueError, match="Qwen3Model.forward never calls self.loss_function"):
@@ -400,8 +413,11 @@ def test_generated_model_whose_loss_slot_runs_a_kernel_is_refused(monkeypatch):
     torch.manual_seed(0)
     model = cls(transformers.Qwen3Config(**SMALL))
     module.causal_lm_loss_slot.bind("torch_chunked")
-    with pytest.raises(ValueError, match=r"generated model whose causal_lm_loss_slot \(cross_entropy_loss/causal\) "
-                                         r"runs kernel 'torch_chunked'"):
+    with pytest.raises(
+        ValueError,
+        match=r"generated model whose causal_lm_loss_slot \(cross_entropy_loss/causal\) "
+        r"runs kernel 'torch_chunked'",
+    ):
         install_causal_lm_loss("torch", model)
     module.causal_lm_loss_slot.bind("eager")
     with install_causal_lm_loss("torch", model) as handle:

@@ -29,12 +29,19 @@ def test_backend_builds_out_of_tree():
 def test_wheel_builds_without_touching_the_tree(tmp_path):
     pytest.importorskip("flit_core")
     before = listing()
-    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                           "-w", str(tmp_path), RUNTIME], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), RUNTIME],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr
     assert listing() == before
     (wheel,) = tmp_path.glob("opslot-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    for needed in ("opslot/__init__.py", "opslot/plan.py", "opslot/kernels/torch_ops.py",
-                   "opslot/kernels/cuda/_lib.py"):
+    for needed in (
+        "opslot/__init__.py",
+        "opslot/plan.py",
+        "opslot/kernels/torch_ops.py",
+        "opslot/kernels/cuda/_lib.py",
+    ):
         assert needed in names

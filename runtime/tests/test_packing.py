@@ -69,13 +69,20 @@ def test_padded_rows_are_not_packed():
 
 def test_collator_boundaries_are_checked_against_the_positions():
     cu = torch.tensor([0, 2, 5], dtype=torch.int32)
-    kwargs, _ = packed_sequence_kwargs(positions([2, 3]), None, None, False,
-                                       {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": 3, "max_length_k": 3})
+    kwargs, _ = packed_sequence_kwargs(
+        positions([2, 3]),
+        None,
+        None,
+        False,
+        {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": 3, "max_length_k": 3},
+    )
     assert kwargs["cu_seq_lens_q"].tolist() == [0, 2, 5]
     with pytest.raises(PackedSequenceError) as err:
         packed_sequence_kwargs(positions([3, 2]), None, None, False, {"cu_seq_lens_q": cu})
-    assert str(err.value) == ("cu_seq_lens_q=[0, 2, 5] disagrees with the documents of position_ids (restarts give "
-                              "[0, 3, 5]); pass the collator's position_ids and cu_seq_lens together")
+    assert str(err.value) == (
+        "cu_seq_lens_q=[0, 2, 5] disagrees with the documents of position_ids (restarts give "
+        "[0, 3, 5]); pass the collator's position_ids and cu_seq_lens together"
+    )
     with pytest.raises(PackedSequenceError, match="^cu_seq_lens_q was given without position_ids"):
         packed_sequence_kwargs(None, None, None, False, {"cu_seq_lens_q": cu})
 
@@ -98,15 +105,18 @@ def test_packed_row_through_an_eager_token_mixer_is_refused():
     rule.bind("torch")
     with pytest.raises(PackedSequenceError) as err:
         packed_sequence_kwargs(positions([2, 3]), None, None, False, {}, token_mixers=(conv, rule))
-    assert str(err.value) == ("a packed row reaches causal_conv1d_implementation = eager: upstream's code runs the "
-                              "state across document boundaries; choose 'torch' or 'cuda' for it (they take cu_seqlens), "
-                              "or do not pack rows for this model here")
+    assert str(err.value) == (
+        "a packed row reaches causal_conv1d_implementation = eager: upstream's code runs the "
+        "state across document boundaries; choose 'torch' or 'cuda' for it (they take cu_seqlens), "
+        "or do not pack rows for this model here"
+    )
     conv.bind("torch")
     kwargs, _ = packed_sequence_kwargs(positions([2, 3]), None, None, False, {}, token_mixers=(conv, rule))
     assert kwargs["cu_seq_lens_q"].tolist() == [0, 2, 5]
     # an unpacked batch never needs them
-    assert packed_sequence_kwargs(torch.arange(5)[None], None, None, False, {},
-                                  token_mixers=(OpSlot("causal_conv1d", "standard"),)) == ({}, False)
+    assert packed_sequence_kwargs(
+        torch.arange(5)[None], None, None, False, {}, token_mixers=(OpSlot("causal_conv1d", "standard"),)
+    ) == ({}, False)
 
 
 # -- packed_labels ---------------------------------------------------------------------------------
@@ -172,11 +182,11 @@ def dtypes(device):
 
 
 CASES = [  # (lengths, heads, kv_heads, dim, dim_v, causal, window)
-    ([5, 1, 7, 3], 4, 2, 16, 16, True, None),     # GQA, a one-token document
-    ([9, 4], 4, 4, 32, 32, True, 3),              # sliding window shorter than the documents
-    ([6, 6, 2], 4, 1, 24, 16, True, None),        # MQA; value head narrower than the query's (MLA)
-    ([7], 2, 2, 8, 8, False, None),               # bidirectional
-    ([65, 130, 1], 8, 2, 64, 64, True, None),     # longer than a FlashAttention block
+    ([5, 1, 7, 3], 4, 2, 16, 16, True, None),  # GQA, a one-token document
+    ([9, 4], 4, 4, 32, 32, True, 3),  # sliding window shorter than the documents
+    ([6, 6, 2], 4, 1, 24, 16, True, None),  # MQA; value head narrower than the query's (MLA)
+    ([7], 2, 2, 8, 8, False, None),  # bidirectional
+    ([65, 130, 1], 8, 2, 64, 64, True, None),  # longer than a FlashAttention block
 ]
 
 
@@ -187,10 +197,20 @@ def test_varlen_attention_equals_the_reference(device, case):
     for dtype in dtypes(device):
         q, k, v = make_qkv(sum(lengths), heads, kv_heads, dim, dim_v, device, dtype)
         cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32, device=device)
-        scale = dim ** -0.5
-        out, weights = packing.varlen_attention_forward(Attn(causal), q, k, v, None, scaling=scale, sliding_window=window,
-                                                        cu_seq_lens_q=cu, cu_seq_lens_k=cu,
-                                                        max_length_q=max(lengths), max_length_k=max(lengths))
+        scale = dim**-0.5
+        out, weights = packing.varlen_attention_forward(
+            Attn(causal),
+            q,
+            k,
+            v,
+            None,
+            scaling=scale,
+            sliding_window=window,
+            cu_seq_lens_q=cu,
+            cu_seq_lens_k=cu,
+            max_length_q=max(lengths),
+            max_length_k=max(lengths),
+        )
         assert weights is None and out.shape == (1, sum(lengths), heads, dim_v) and out.dtype == dtype
         grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(device, dtype)
         out.backward(grad)
@@ -200,8 +220,13 @@ def test_varlen_attention_equals_the_reference(device, case):
         rtol, atol = tolerance(dtype)
         torch.testing.assert_close(out.detach().cpu()[0].double(), ref, rtol=rtol, atol=atol)
         for name, got, want in (("dq", q, qr), ("dk", k, kr), ("dv", v, vr)):
-            torch.testing.assert_close(got.grad.cpu()[0].transpose(0, 1).double(), want.grad, rtol=rtol, atol=atol,
-                                       msg=lambda m: f"{dtype} {name}: {m}")
+            torch.testing.assert_close(
+                got.grad.cpu()[0].transpose(0, 1).double(),
+                want.grad,
+                rtol=rtol,
+                atol=atol,
+                msg=lambda m: f"{dtype} {name}: {m}",
+            )
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -223,8 +248,9 @@ def test_documents_from_position_ids_padding_and_decoding(device):
     out, _ = packing.varlen_attention_forward(Attn(), q2, k2, v2, mask, scaling=0.25)
     assert torch.count_nonzero(out[0, :3]) == 0
     for row, start in ((0, 3), (1, 0)):
-        ref = reference(*[t[row, :, start:].transpose(0, 1).cpu() for t in (q2, k2, v2)], [(0, 7 - start)],
-                        [(0, 7 - start)], 0.25)
+        ref = reference(
+            *[t[row, :, start:].transpose(0, 1).cpu() for t in (q2, k2, v2)], [(0, 7 - start)], [(0, 7 - start)], 0.25
+        )
         torch.testing.assert_close(out[row, start:].cpu().double(), ref, rtol=rtol, atol=atol)
     # decoding: one query over a padded cache, aligned to the last key
     q3 = q2[:, :, -1:]

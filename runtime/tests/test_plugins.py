@@ -21,7 +21,7 @@ def install_plugin(tmp_path, monkeypatch, body):
     return name
 
 
-PLUGIN = '''
+PLUGIN = """
 LOADS = []
 
 def double_norm(hidden_states, weight, eps):
@@ -31,7 +31,7 @@ def register(registry):
     from opslot import KernelSpec
     LOADS.append(1)
     registry.register(KernelSpec("demo", "rms_norm", "standard", lambda: double_norm, description="demo plug-in"))
-'''
+"""
 
 
 def test_plugin_kernel_is_selected_from_config(tmp_path, monkeypatch):
@@ -43,8 +43,9 @@ def test_plugin_kernel_is_selected_from_config(tmp_path, monkeypatch):
 
     module = types.ModuleType("generated_demo")
     module.rms_norm_slot = OpSlot("rms_norm", "standard")
-    assert bind_ops(module, {"model": {"ops_implementation": {"rms_norm_implementation": "demo"}}},
-                    registry=reg) == {"rms_norm_slot": "demo"}
+    assert bind_ops(module, {"model": {"ops_implementation": {"rms_norm_implementation": "demo"}}}, registry=reg) == {
+        "rms_norm_slot": "demo"
+    }
     assert module.rms_norm_slot(3, None, 0.0) == 6
     assert reg.get("rms_norm", "standard", "demo").description == "demo plug-in"
     reg.list_available()
@@ -57,8 +58,10 @@ def test_failing_plugin_names_itself(tmp_path, monkeypatch):
     reg = KernelRegistry(plugin_group="opslot.kernels")
     with pytest.raises(RuntimeError) as err:
         reg.list_available()
-    assert str(err.value) == (f"opslot plug-in 'demo' ({name}:register) from entry-point group 'opslot.kernels' "
-                              "failed: ImportError: no GPU toolkit")
+    assert str(err.value) == (
+        f"opslot plug-in 'demo' ({name}:register) from entry-point group 'opslot.kernels' "
+        "failed: ImportError: no GPU toolkit"
+    )
 
 
 def test_registry_without_group_loads_no_plugins(tmp_path, monkeypatch):

@@ -41,8 +41,12 @@ def test_copies_are_named_after_their_binding_and_shared():
 
 
 def test_whole_model_pickles_in_process_and_in_a_new_process(tmp_path):
-    model = build_model(moe_config(), ops={"moe_implementation": "fused_torch", "cross_entropy_loss_implementation":
-                                           "torch"}, module=TOY_MOE, model_class="ToyMoeForCausalLM").eval()
+    model = build_model(
+        moe_config(),
+        ops={"moe_implementation": "fused_torch", "cross_entropy_loss_implementation": "torch"},
+        module=TOY_MOE,
+        model_class="ToyMoeForCausalLM",
+    ).eval()
     ids = batch()
     expected = model(input_ids=ids).logits
     again = pickle.loads(pickle.dumps(model))
@@ -57,14 +61,28 @@ def test_whole_model_pickles_in_process_and_in_a_new_process(tmp_path):
         f"m = torch.load({str(path)!r}, weights_only=False)\n"
         f"io = torch.load({str(tmp_path / 'io.pt')!r})\n"
         "assert torch.equal(m(input_ids=io['ids']).logits, io['logits'])\n"
-        "print(opslot.binding_plan(m).as_dict())\n")
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONPATH=os.pathsep.join(
-        [os.path.join(REPO, "runtime"), os.path.join(REPO, "examples", "upstream"),
-         os.path.join(REPO, "generated", "example")]))
+        "print(opslot.binding_plan(m).as_dict())\n"
+    )
+    env = dict(
+        os.environ,
+        CUDA_VISIBLE_DEVICES="",
+        PYTHONPATH=os.pathsep.join(
+            [
+                os.path.join(REPO, "runtime"),
+                os.path.join(REPO, "examples", "upstream"),
+                os.path.join(REPO, "generated", "example"),
+            ]
+        ),
+    )
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, cwd=str(tmp_path))
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == str({"causal_lm_loss_slot": "torch", "load_balancing_loss_slot": "eager",
-                                       "model.layers.*.mlp.experts.moe_experts_slot": "torch"})
+    assert proc.stdout.strip() == str(
+        {
+            "causal_lm_loss_slot": "torch",
+            "load_balancing_loss_slot": "eager",
+            "model.layers.*.mlp.experts.moe_experts_slot": "torch",
+        }
+    )
 
 
 def test_is_instance_against_the_generated_classes():

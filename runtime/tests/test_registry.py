@@ -4,8 +4,15 @@ import dataclasses
 
 import pytest
 
-from opslot import (KERNEL_REGISTRY, DeviceInfo, HardwareRequirement, KernelRegistry, KernelSpec, register_kernel,
-                    use_device)
+from opslot import (
+    KERNEL_REGISTRY,
+    DeviceInfo,
+    HardwareRequirement,
+    KernelRegistry,
+    KernelSpec,
+    register_kernel,
+    use_device,
+)
 
 
 def fresh():
@@ -56,8 +63,9 @@ def test_register_duplicate_is_an_error_unless_forced():
     reg.register(KernelSpec("k", "rms_norm", "standard", lambda: abs, description="first"))
     with pytest.raises(ValueError) as err:
         reg.register(KernelSpec("k", "rms_norm", "standard", lambda: round))
-    assert str(err.value) == ("kernel 'k' is already registered for rms_norm/standard (first); "
-                              "pass force=True to replace it")
+    assert str(err.value) == (
+        "kernel 'k' is already registered for rms_norm/standard (first); pass force=True to replace it"
+    )
     reg.register(KernelSpec("k", "rms_norm", "standard", lambda: round), force=True)
     assert reg.resolve("rms_norm", "standard", "k") is round
 
@@ -99,28 +107,36 @@ CPU = DeviceInfo("cpu")
 def test_resolve_unknown_names_say_what_exists():
     with pytest.raises(KeyError) as err, use_device(CPU):
         KERNEL_REGISTRY.resolve("rms_norm", "offset", "liger")
-    assert err.value.args[0] == ("no kernel 'liger' for rms_norm/offset; available: eager, cuda [needs cuda sm_80+], "
-                                 "npu [needs npu], torch")
+    assert err.value.args[0] == (
+        "no kernel 'liger' for rms_norm/offset; available: eager, cuda [needs cuda sm_80+], npu [needs npu], torch"
+    )
     with pytest.raises(KeyError) as err:
         KERNEL_REGISTRY.resolve("rms_norm", "ofset", "torch")
-    assert err.value.args[0] == ("unknown variant 'ofset' of op 'rms_norm'; did you mean 'offset'? "
-                                 "(known variants: offset, standard, unweighted)")
+    assert err.value.args[0] == (
+        "unknown variant 'ofset' of op 'rms_norm'; did you mean 'offset'? "
+        "(known variants: offset, standard, unweighted)"
+    )
     with pytest.raises(KeyError) as err:
         KERNEL_REGISTRY.resolve("rmsnorm", "standard", "torch")
     assert err.value.args[0] == (
         "unknown op 'rmsnorm'; did you mean 'rms_norm'? (known ops: causal_conv1d, chunk_gated_delta_rule, "
-        "cross_entropy_loss, load_balancing_loss, moe, rms_norm, rms_norm_gated, rotary_pos_emb, swiglu_mlp)")
+        "cross_entropy_loss, load_balancing_loss, moe, rms_norm, rms_norm_gated, rotary_pos_emb, swiglu_mlp)"
+    )
     with pytest.raises(KeyError) as err, use_device(CPU):
         KERNEL_REGISTRY.resolve("rms_norm", "standard", "trch")
-    assert err.value.args[0] == ("no kernel 'trch' for rms_norm/standard; available: eager, cuda [needs cuda sm_80+], "
-                                 "npu [needs npu], torch; did you mean 'torch'?")
+    assert err.value.args[0] == (
+        "no kernel 'trch' for rms_norm/standard; available: eager, cuda [needs cuda sm_80+], "
+        "npu [needs npu], torch; did you mean 'torch'?"
+    )
 
 
 def test_resolve_kernel_of_another_variant_says_so():
     with pytest.raises(KeyError) as err, use_device(CPU):
         KERNEL_REGISTRY.resolve("moe", "gpt_oss", "npu")
-    assert err.value.args[0] == ("no kernel 'npu' for moe/gpt_oss; available: eager, cuda [needs cuda sm_80+], torch "
-                                 "('npu' implements moe variant(s) standard only)")
+    assert err.value.args[0] == (
+        "no kernel 'npu' for moe/gpt_oss; available: eager, cuda [needs cuda sm_80+], torch "
+        "('npu' implements moe variant(s) standard only)"
+    )
 
 
 def test_every_cross_entropy_value_binds_both_loss_variants():
@@ -131,8 +147,10 @@ def test_every_cross_entropy_value_binds_both_loss_variants():
     causal, seq_cls = (set(available[("cross_entropy_loss", v)]) for v in ("causal", "sequence_classification"))
     assert causal <= seq_cls, sorted(causal - seq_cls)
     get = KERNEL_REGISTRY.get
-    assert get("cross_entropy_loss", "sequence_classification", "torch_chunked").factory == \
-        get("cross_entropy_loss", "sequence_classification", "torch").factory
+    assert (
+        get("cross_entropy_loss", "sequence_classification", "torch_chunked").factory
+        == get("cross_entropy_loss", "sequence_classification", "torch").factory
+    )
 
 
 def test_hardware_requirement():
@@ -146,7 +164,8 @@ def test_hardware_requirement():
     assert hopper.unmet_reason(DeviceInfo("cpu")) == "needs cuda sm_90+; this machine has cpu"
     ampere_only = HardwareRequirement("cuda", min_cc=(8, 0), max_cc=(8, 9))
     assert ampere_only.unmet_reason(DeviceInfo("cuda", (9, 0))) == (
-        "needs cuda sm_80+ up to sm_89; this machine has cuda (sm_90)")
+        "needs cuda sm_80+ up to sm_89; this machine has cuda (sm_90)"
+    )
     assert HardwareRequirement().is_satisfied(DeviceInfo("npu"))
 
 
@@ -157,8 +176,9 @@ def test_resolve_checks_the_hardware_and_list_available_filters():
     with use_device(DeviceInfo("cuda", (8, 6))):
         with pytest.raises(RuntimeError) as err:
             reg.resolve("rms_norm", "standard", "hopper")
-        assert str(err.value) == ("kernel 'hopper' for rms_norm/standard cannot run here: "
-                                  "needs cuda sm_90+; this machine has cuda (sm_86)")
+        assert str(err.value) == (
+            "kernel 'hopper' for rms_norm/standard cannot run here: needs cuda sm_90+; this machine has cuda (sm_86)"
+        )
         assert reg.list_available() == {("rms_norm", "standard"): ["torch"]}
         assert reg.list_available(include_unsupported=True) == {("rms_norm", "standard"): ["hopper", "torch"]}
     with use_device(DeviceInfo("cuda", (9, 0))):
@@ -177,6 +197,12 @@ def test_builtin_kernels_cover_every_documented_variant():
     cuda_pairs = sorted(k for k, names in everything.items() if "cuda" in names)
     assert cuda_pairs == sorted((op, v) for op, vs in KNOWN_OPS.items() for v in vs)
     npu_pairs = sorted(k for k, names in everything.items() if "npu" in names)
-    assert npu_pairs == [("moe", "standard"), ("rms_norm", "offset"), ("rms_norm", "standard"),
-                         ("rms_norm", "unweighted"), ("rotary_pos_emb", "full"), ("rotary_pos_emb", "partial"),
-                         ("swiglu_mlp", "standard")]
+    assert npu_pairs == [
+        ("moe", "standard"),
+        ("rms_norm", "offset"),
+        ("rms_norm", "standard"),
+        ("rms_norm", "unweighted"),
+        ("rotary_pos_emb", "full"),
+        ("rotary_pos_emb", "partial"),
+        ("swiglu_mlp", "standard"),
+    ]

@@ -15,8 +15,14 @@ import torch.distributed as dist
 from torch import nn
 
 from opslot import sequence_parallel as spm
-from opslot.sequence_parallel import (CTX_KEY, SP_ATTENTION, SequenceParallelContext, SequenceParallelKernel, SPState,
-                                      shard_batch)
+from opslot.sequence_parallel import (
+    CTX_KEY,
+    SP_ATTENTION,
+    SequenceParallelContext,
+    SequenceParallelKernel,
+    SPState,
+    shard_batch,
+)
 from opslot.slot import OpSlot
 
 
@@ -33,7 +39,7 @@ def test_shard_batch_pads_to_a_multiple_of_the_sp_size_and_slices_every_row():
     whole = {k: torch.cat([p[k] for p in parts], 1) for k in ("input_ids", "labels", "attention_mask")}
     assert whole["input_ids"][:, :15].equal(ids) and whole["input_ids"][:, 15].tolist() == [99, 99]
     assert whole["labels"][:, :15].equal(ids + 100) and whole["labels"][:, 15].tolist() == [-100, -100]
-    assert whole["attention_mask"].tolist() == [[1] * 15 + [0]] * 2   # made: the padding is no router token
+    assert whole["attention_mask"].tolist() == [[1] * 15 + [0]] * 2  # made: the padding is no router token
     assert all(p["return_dict"] is True and "position_ids" not in p for p in parts)
 
 
@@ -44,13 +50,18 @@ def test_shard_batch_without_padding_adds_no_mask():
 
 def test_shard_batch_of_a_packed_row_continues_the_positions_and_drops_the_boundaries():
     pos = positions([5, 1, 6, 3])
-    batch = {"input_ids": torch.arange(15)[None], "position_ids": pos,
-             "cu_seq_lens_q": torch.tensor([0, 5, 6, 12, 15]), "cu_seq_lens_k": torch.tensor([0, 5, 6, 12, 15]),
-             "max_length_q": 6, "max_length_k": 6}
+    batch = {
+        "input_ids": torch.arange(15)[None],
+        "position_ids": pos,
+        "cu_seq_lens_q": torch.tensor([0, 5, 6, 12, 15]),
+        "cu_seq_lens_k": torch.tensor([0, 5, 6, 12, 15]),
+        "max_length_q": 6,
+        "max_length_k": 6,
+    }
     parts = [shard_batch(batch, size=2, rank=r) for r in range(2)]
     assert all(set(p) == {"input_ids", "position_ids", "attention_mask"} for p in parts)
     got = torch.cat([p["position_ids"] for p in parts], 1)
-    assert got.tolist() == [pos[0].tolist() + [3]]             # the padding joins the last document
+    assert got.tolist() == [pos[0].tolist() + [3]]  # the padding joins the last document
 
 
 def test_shard_batch_inputs_embeds_and_a_given_mask():
@@ -61,13 +72,20 @@ def test_shard_batch_inputs_embeds_and_a_given_mask():
     assert torch.cat([p["attention_mask"] for p in parts], 1).tolist() == [[0, 1, 1, 1, 1, 0]]
 
 
-@pytest.mark.parametrize("batch, message", [
-    ({"input_ids": torch.zeros(1, 4, dtype=torch.long), "cu_seq_lens_q": torch.tensor([0, 4])},
-     "cu_seq_lens_q/k without position_ids"),
-    ({"input_ids": torch.zeros(1, 4, dtype=torch.long), "token_type_ids": torch.zeros(1, 4)},
-     "do not know how to shard token_type_ids"),
-    ({"labels": torch.zeros(1, 4, dtype=torch.long)}, "needs input_ids"),
-])
+@pytest.mark.parametrize(
+    "batch, message",
+    [
+        (
+            {"input_ids": torch.zeros(1, 4, dtype=torch.long), "cu_seq_lens_q": torch.tensor([0, 4])},
+            "cu_seq_lens_q/k without position_ids",
+        ),
+        (
+            {"input_ids": torch.zeros(1, 4, dtype=torch.long), "token_type_ids": torch.zeros(1, 4)},
+            "do not know how to shard token_type_ids",
+        ),
+        ({"labels": torch.zeros(1, 4, dtype=torch.long)}, "needs input_ids"),
+    ],
+)
 def test_shard_batch_refusals(batch, message):
     with pytest.raises(ValueError, match=message):
         shard_batch(batch, size=2, rank=0)
@@ -88,8 +106,17 @@ def _context(inner: str, pos: torch.Tensor, key_mask: Optional[torch.Tensor] = N
         from opslot.packing import boundaries
 
         cu, longest, _ = boundaries(pos)
-    return SequenceParallelContext(_state(inner), batch, total // 2, pos, packed, cu, longest, key_mask,
-                                   None if key_mask is None else key_mask.long())
+    return SequenceParallelContext(
+        _state(inner),
+        batch,
+        total // 2,
+        pos,
+        packed,
+        cu,
+        longest,
+        key_mask,
+        None if key_mask is None else key_mask.long(),
+    )
 
 
 def _brute(pos: torch.Tensor, key_mask: Optional[torch.Tensor], window: Optional[int]) -> torch.Tensor:
@@ -103,16 +130,22 @@ def _brute(pos: torch.Tensor, key_mask: Optional[torch.Tensor], window: Optional
                 doc += 1
             docs.append(doc)
         for i, j in itertools.product(range(total), repeat=2):
-            out[b, 0, i, j] = (j <= i and docs[i] == docs[j] and (window is None or i - j < window)
-                               and (key_mask is None or bool(key_mask[b, j])))
+            out[b, 0, i, j] = (
+                j <= i
+                and docs[i] == docs[j]
+                and (window is None or i - j < window)
+                and (key_mask is None or bool(key_mask[b, j]))
+            )
     return out
 
 
 CASES = {
     "packed": (torch.cat([positions([3, 1, 4]), torch.arange(8)[None]]), None),
     "padded": (torch.arange(8)[None].repeat(2, 1), torch.tensor([[1] * 8, [0, 0, 0] + [1] * 5]).bool()),
-    "packed_padded": (torch.cat([positions([2, 6]), positions([5, 3])]),
-                      torch.tensor([[1] * 8, [1] * 6 + [0, 1]]).bool()),
+    "packed_padded": (
+        torch.cat([positions([2, 6]), positions([5, 3])]),
+        torch.tensor([[1] * 8, [1] * 6 + [0, 1]]).bool(),
+    ),
 }
 
 
@@ -147,12 +180,14 @@ def test_varlen_gets_the_global_documents():
     assert mask is None and extra["cu_seq_lens_q"].tolist() == [0, 3, 4, 8] and extra["max_length_q"] == 4
     assert extra["position_ids"] is not None and extra["position_ids"].equal(pos)
     mask, extra = _context("opslot_varlen", torch.arange(8)[None].repeat(2, 1)).attention_inputs(
-        None, torch.float32, torch.device("cpu"))
+        None, torch.float32, torch.device("cpu")
+    )
     assert mask is None and extra["cu_seq_lens_k"].tolist() == [0, 8, 16] and extra["max_length_k"] == 8
     key_mask = torch.tensor([[0, 1, 1, 1]]).bool()
     mask, extra = _context("opslot_varlen", torch.arange(4)[None], key_mask).attention_inputs(
-        None, torch.float32, torch.device("cpu"))
-    assert mask.equal(key_mask) and "cu_seq_lens_q" not in extra   # the padding is dropped by opslot_varlen
+        None, torch.float32, torch.device("cpu")
+    )
+    assert mask.equal(key_mask) and "cu_seq_lens_q" not in extra  # the padding is dropped by opslot_varlen
 
 
 # -- wrappers and refusals -----------------------------------------------------------------------------
@@ -181,7 +216,7 @@ def test_the_attention_is_registered_without_a_mask_function():
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     assert ALL_ATTENTION_FUNCTIONS[SP_ATTENTION] is spm.sp_attention_forward and CTX_KEY == "opslot_sp"
-    assert SP_ATTENTION not in ALL_MASK_ATTENTION_FUNCTIONS._global_mapping   # Transformers builds no local mask
+    assert SP_ATTENTION not in ALL_MASK_ATTENTION_FUNCTIONS._global_mapping  # Transformers builds no local mask
 
 
 def test_head_view_changes_only_the_groups():
@@ -214,19 +249,22 @@ class _LM(nn.Module):
         return None
 
 
-@pytest.mark.parametrize("model, size, message", [
-    (nn.Linear(2, 2), 2, "Linear is not a causal-LM text model"),
-    (_LM(heads=6), 4, "6 attention heads do not split over 4 ranks"),
-    (_LM(heads=6, kv=3), 2, "3 key/value heads neither split over 2 ranks nor divide it"),
-    (_LM(attn="flex_attention"), 2, "attn_implementation 'flex_attention' is not supported"),
-    (_LM(gdn=True), 2, "run causal_conv1d, chunk_gated_delta_rule on upstream's code"),
-])
+@pytest.mark.parametrize(
+    "model, size, message",
+    [
+        (nn.Linear(2, 2), 2, "Linear is not a causal-LM text model"),
+        (_LM(heads=6), 4, "6 attention heads do not split over 4 ranks"),
+        (_LM(heads=6, kv=3), 2, "3 key/value heads neither split over 2 ranks nor divide it"),
+        (_LM(attn="flex_attention"), 2, "attn_implementation 'flex_attention' is not supported"),
+        (_LM(gdn=True), 2, "run causal_conv1d, chunk_gated_delta_rule on upstream's code"),
+    ],
+)
 def test_refusals(model, size, message):
     assert message in spm._refusal(model, size)
 
 
 def test_accepted_shapes():
-    assert spm._refusal(_LM(heads=4, kv=2), 4) is None      # 2 KV heads replicated over 4 ranks
+    assert spm._refusal(_LM(heads=4, kv=2), 4) is None  # 2 KV heads replicated over 4 ranks
     assert spm._refusal(_LM(heads=4, kv=4, attn="opslot_varlen"), 2) is None
 
 
@@ -234,10 +272,11 @@ def test_a_gated_delta_net_with_bound_kernels_is_accepted():
     slots = {op: OpSlot(op, "standard").bind("torch") for op in ("causal_conv1d", "chunk_gated_delta_rule")}
     model = _LM(heads=8, kv=8, gdn=True)
     for op, slot in slots.items():
-        setattr(model.mixer, f"{op}_slot", slot)                  # instance-scoped slots are found too
+        setattr(model.mixer, f"{op}_slot", slot)  # instance-scoped slots are found too
     assert spm._refusal(model, 2) is None
-    assert ("Gated DeltaNet with 96 conv channels and 4 value heads does not split over 8 ranks"
-            in spm._refusal(model, 8))
+    assert "Gated DeltaNet with 96 conv channels and 4 value heads does not split over 8 ranks" in spm._refusal(
+        model, 8
+    )
 
 
 @pytest.mark.skipif(dist.is_initialized(), reason="a process group exists in this process")

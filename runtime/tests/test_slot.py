@@ -28,7 +28,8 @@ def test_unbound_call_is_a_clear_error():
         slot(torch.ones(2), torch.ones(2), 1e-6)
     assert str(err.value) == (
         "OpSlot 'rms_norm_slot' (rms_norm/standard) is not bound to a kernel (impl 'eager'): a guard must check "
-        "`use_non_eager_impl` before calling it; bind it with opslot.bind_ops(module, ops) or slot.bind('<impl>')")
+        "`use_non_eager_impl` before calling it; bind it with opslot.bind_ops(module, ops) or slot.bind('<impl>')"
+    )
 
 
 def test_bind_dispatches_and_eager_unbinds():
@@ -66,7 +67,8 @@ def test_rebinding_a_shared_slot_warns():
     assert str(record[0].message) == (
         "rebinding OpSlot 'norm_slot' (rms_norm/standard) from 'torch' to 'eager' changes the 1 live model "
         "instance(s) that share it; build models with opslot.build_model (private module copy) or "
-        "instance-scoped slots to keep them apart")
+        "instance-scoped slots to keep them apart"
+    )
     del model
     gc.collect()
     with warnings.catch_warnings():
@@ -74,10 +76,13 @@ def test_rebinding_a_shared_slot_warns():
         slot.bind("torch")  # the model is gone: no one shares the slot any more
 
 
-@pytest.mark.parametrize("ops", [
-    {"rms_norm_implementation": "torch"},
-    OpsImplementationConfig(rms_norm_implementation="torch"),
-])
+@pytest.mark.parametrize(
+    "ops",
+    [
+        {"rms_norm_implementation": "torch"},
+        OpsImplementationConfig(rms_norm_implementation="torch"),
+    ],
+)
 def test_bind_from_config(ops):
     config = types.SimpleNamespace(ops_implementation=ops)
     assert OpSlot("rms_norm", "offset").bind_from(config).impl == "torch"

@@ -15,6 +15,7 @@ def test_wrap_kernel_runs_the_wrapper_until_the_slot_is_bound_again():
         def wrapped(*args, **kwargs):
             seen.append(len(args))
             return fn(*args, **kwargs)
+
         return wrapped
 
     slot.wrap_kernel(wrapper)
@@ -32,8 +33,11 @@ def test_wrap_kernel_runs_the_wrapper_until_the_slot_is_bound_again():
 def test_wrap_kernel_refuses_an_unbound_slot_and_a_non_callable():
     slot = OpSlot("rms_norm", "standard")
     assert slot.kernel is None
-    with pytest.raises(RuntimeError, match=r"^OpSlot \(rms_norm/standard\) is not bound to a kernel \(impl 'eager'\): "
-                                           r"there is nothing to wrap$"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"^OpSlot \(rms_norm/standard\) is not bound to a kernel \(impl 'eager'\): "
+        r"there is nothing to wrap$",
+    ):
         slot.wrap_kernel(lambda fn: fn)
     slot.bind("torch")
     with pytest.raises(TypeError, match="^wrap_kernel: the wrapper returned int, not a callable$"):

@@ -28,14 +28,22 @@ def test_eager_build_is_bit_identical(gen_module):
     patched = build_model(config(), module=gen_module, model_class="TinyModel")
     diff = compare_models(upstream, patched, {"x": torch.randn(4, 8)})
     assert diff.logits == 0.0 and diff.grads == 0.0 and diff.loss is None
-    assert sorted(diff.grad_by_param) == ["mlp.down_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
-                                          "norm.weight"]
+    assert sorted(diff.grad_by_param) == [
+        "mlp.down_proj.weight",
+        "mlp.gate_proj.weight",
+        "mlp.up_proj.weight",
+        "norm.weight",
+    ]
 
 
 def test_torch_kernels_within_tolerance(gen_module):
     upstream = build_model(config(), module=gen_module, model_class="TinyModel")
-    patched = build_model(config(), ops={"rms_norm_implementation": "torch", "swiglu_mlp_implementation": "torch"},
-                          module=gen_module, model_class="TinyModel")
+    patched = build_model(
+        config(),
+        ops={"rms_norm_implementation": "torch", "swiglu_mlp_implementation": "torch"},
+        module=gen_module,
+        model_class="TinyModel",
+    )
     diff = compare_models(upstream, patched, {"x": torch.randn(4, 8)})
     assert diff.logits < 1e-5 and diff.grads < 1e-5
 
@@ -47,8 +55,9 @@ def test_a_wrong_kernel_is_visible(gen_module):
     KERNEL_REGISTRY.register(KernelSpec("wrong", "rms_norm", "standard", lambda: torch_ops.rms_norm_offset))
     try:
         upstream = build_model(config(), module=gen_module, model_class="TinyModel")
-        patched = build_model(config(), ops={"rms_norm_implementation": "wrong"}, module=gen_module,
-                              model_class="TinyModel")
+        patched = build_model(
+            config(), ops={"rms_norm_implementation": "wrong"}, module=gen_module, model_class="TinyModel"
+        )
         diff = compare_models(upstream, patched, {"x": torch.randn(4, 8)})
     finally:
         KERNEL_REGISTRY.unregister("rms_norm", "standard", "wrong")

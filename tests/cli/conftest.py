@@ -42,8 +42,7 @@ class Project:
         # An interpreter without the fixture packages, so sys.path never finds them by accident.
         full_env["PATH"] = "/usr/bin:/bin"
         full_env.update(env or {})
-        return subprocess.run([self.binary, *args], cwd=cwd or self.root, env=full_env,
-                              capture_output=True, text=True)
+        return subprocess.run([self.binary, *args], cwd=cwd or self.root, env=full_env, capture_output=True, text=True)
 
     def snapshot(self):
         """{relative path: (bytes, mtime_ns)} of every file in the tree."""

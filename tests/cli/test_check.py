@@ -34,7 +34,7 @@ def test_drift_prints_unified_diff_and_exits_1(project):
     assert lines[1] == f"--- a/{PY}"
     assert lines[2] == f"+++ b/{PY}"
     assert lines[3].startswith("@@ -")
-    assert any(l.startswith("-") and l.endswith("# edited") for l in lines)
+    assert any(line.startswith("-") and line.endswith("# edited") for line in lines)
     assert lines[-1] == "check: 0 up to date, 1 stale, 0 skipped, 0 failed"
     assert project.snapshot() == before  # bytes and mtimes untouched
 
@@ -77,16 +77,18 @@ def test_upstream_changed_since_generation_names_both_versions(project):
     assert r.returncode == 1
     lines = r.stdout.splitlines()
     assert lines[0] == f"stale: {PY} (from {SPEC})"
-    assert lines[1] == (f"upstream changed since generation: 1.0.0 (sha256 {old_sha[:12]}) -> "
-                        f"1.0.1 (sha256 {new_sha[:12]})")
+    assert lines[1] == (
+        f"upstream changed since generation: 1.0.0 (sha256 {old_sha[:12]}) -> 1.0.1 (sha256 {new_sha[:12]})"
+    )
     assert "+EXTRA = 1" in lines
     assert project.snapshot() == before
 
 
 def test_broken_spec_fails_the_gate_with_its_error(project):
     generated(project)
-    project.write("specs/tiny/broken.yaml",
-                  "version: 1\nupstream: tinypkg.models.tiny.modeling_tiny\noutput: b.py\nslotz: []\n")
+    project.write(
+        "specs/tiny/broken.yaml", "version: 1\nupstream: tinypkg.models.tiny.modeling_tiny\noutput: b.py\nslotz: []\n"
+    )
     before = project.snapshot()
     r = project.run("--check")
     assert r.returncode == 3
@@ -112,16 +114,21 @@ def test_fix_writes_what_differs(project):
 
 def test_absent_upstream_package_is_skipped_by_all_and_check(project):
     generated(project)
-    project.write("specs/real/llama.yaml",
-                  "version: 1\nupstream: transformers.models.llama.modeling_llama\noutput: patched_llama.py\n")
+    project.write(
+        "specs/real/llama.yaml",
+        "version: 1\nupstream: transformers.models.llama.modeling_llama\noutput: patched_llama.py\n",
+    )
     r = project.run("--all")
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[0] == (
-        "skipped specs/real/llama.yaml: upstream package 'transformers' not found (upstream not found)")
+        "skipped specs/real/llama.yaml: upstream package 'transformers' not found (upstream not found)"
+    )
     r = project.run("--check")
     assert r.returncode == 0, r.stderr
-    assert r.stdout == ("skipped specs/real/llama.yaml: upstream package 'transformers' not found on any source root\n"
-                        "check: 1 up to date, 0 stale, 1 skipped, 0 failed\n")
+    assert r.stdout == (
+        "skipped specs/real/llama.yaml: upstream package 'transformers' not found on any source root\n"
+        "check: 1 up to date, 0 stale, 1 skipped, 0 failed\n"
+    )
     # Named explicitly, it is an error.
     r = project.run("--check", "specs/real/llama.yaml")
     assert r.returncode == 4
@@ -130,20 +137,20 @@ def test_absent_upstream_package_is_skipped_by_all_and_check(project):
 
 def test_package_found_but_module_missing_fails_check_and_all(project):
     generated(project)
-    project.write("specs/tiny/gone.yaml",
-                  "version: 1\nupstream: tinypkg.models.gone.modeling_gone\noutput: gone.py\n")
+    project.write("specs/tiny/gone.yaml", "version: 1\nupstream: tinypkg.models.gone.modeling_gone\noutput: gone.py\n")
     for args in (["--check"], ["--all"]):
         r = project.run(*args)
         assert r.returncode == 4, args
         assert r.stderr.startswith(
-            "specs/tiny/gone.yaml:2:11: error: upstream module 'tinypkg.models.gone.modeling_gone' not found\n")
+            "specs/tiny/gone.yaml:2:11: error: upstream module 'tinypkg.models.gone.modeling_gone' not found\n"
+        )
 
 
 def test_check_json_statuses(project):
     import json
+
     for name in ["a", "b"]:
-        project.write(f"specs/tiny/{name}.yaml",
-                      project.read(SPEC).replace("patched_modeling_tiny.py", f"{name}.py"))
+        project.write(f"specs/tiny/{name}.yaml", project.read(SPEC).replace("patched_modeling_tiny.py", f"{name}.py"))
     generated(project)
     os.remove(project.path("generated/tiny/a.py"))
     project.write("generated/tiny/b.py", "old\n")
@@ -152,4 +159,7 @@ def test_check_json_statuses(project):
     report = json.loads(r.stdout)
     assert report["exit_code"] == 1
     assert [(e["spec"], e["status"]) for e in report["specs"]] == [
-        ("specs/tiny/a.yaml", "missing"), ("specs/tiny/b.yaml", "stale"), (SPEC, "up to date")]
+        ("specs/tiny/a.yaml", "missing"),
+        ("specs/tiny/b.yaml", "stale"),
+        (SPEC, "up to date"),
+    ]

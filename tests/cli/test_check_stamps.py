@@ -123,8 +123,9 @@ def test_new_spec_and_json_take_the_full_path(project):
     generate_with_stamp(project)
     r = project.run("--check", "--json")
     assert r.returncode == 0 and '"status": "up to date"' in r.stdout
-    project.write("specs/tiny/second.yaml",
-                  "version: 1\nupstream: tinypkg.models.tiny.modeling_tiny\noutput: second.py\n")
+    project.write(
+        "specs/tiny/second.yaml", "version: 1\nupstream: tinypkg.models.tiny.modeling_tiny\noutput: second.py\n"
+    )
     r = project.run("--check", "-v")
     assert r.returncode == 1
     assert r.stdout.startswith("missing: generated/tiny/second.py (from specs/tiny/second.yaml)\n")

@@ -23,9 +23,7 @@ def upstream_of(project, *args, env=None):
 
 def fake_python(project, sys_path):
     """An 'interpreter' that logs each call and prints `sys_path` as JSON."""
-    script = ("#!/bin/sh\n"
-              f"echo called >> '{project.path('python_calls.log')}'\n"
-              f"echo '{json.dumps(sys_path)}'\n")
+    script = f"#!/bin/sh\necho called >> '{project.path('python_calls.log')}'\necho '{json.dumps(sys_path)}'\n"
     project.write("fakepy", script)
     os.chmod(project.path("fakepy"), 0o755)
 
@@ -77,20 +75,21 @@ def test_unknown_config_key_suggests_the_right_one(project):
     assert r.returncode == 2
     assert r.stderr == (
         "pyproject.toml:3:1: error: unknown key 'source_root' in [tool.patchgen]\n"
-        "    3 | source_root = [\"upstream\"]\n"
+        '    3 | source_root = ["upstream"]\n'
         "      | ^~~~~~~~~~~\n"
-        "help: did you mean 'source_roots'? known keys: specs, output, source_roots, python, runtime\n")
+        "help: did you mean 'source_roots'? known keys: specs, output, source_roots, python, runtime\n"
+    )
 
 
 def test_config_value_of_wrong_type(project):
-    project.write("pyproject.toml", '[tool.patchgen]\nspecs = 3\n')
+    project.write("pyproject.toml", "[tool.patchgen]\nspecs = 3\n")
     r = project.run("--all")
     assert r.returncode == 2
     assert r.stderr.startswith("pyproject.toml:2:9: error: 'specs' must be a string\n")
 
 
 def test_invalid_toml(project):
-    project.write("pyproject.toml", '[tool.patchgen]\nspecs = \n')
+    project.write("pyproject.toml", "[tool.patchgen]\nspecs = \n")
     r = project.run("--all")
     assert r.returncode == 2
     assert r.stderr.startswith("pyproject.toml:2:")
@@ -118,8 +117,7 @@ def test_interpreter_is_asked_once_per_run(project):
     fake_python(project, ["", project.path("sys")])
     project.write("pyproject.toml", '[tool.patchgen]\npython = "./fakepy"\n')
     for name in ["a", "b", "c"]:
-        project.write(f"specs/tiny/{name}.yaml",
-                      project.read(SPEC).replace("patched_modeling_tiny.py", f"{name}.py"))
+        project.write(f"specs/tiny/{name}.yaml", project.read(SPEC).replace("patched_modeling_tiny.py", f"{name}.py"))
     r = project.run("--all")
     assert r.returncode == 0, r.stderr
     assert calls(project) == 1
@@ -127,15 +125,16 @@ def test_interpreter_is_asked_once_per_run(project):
 
 def test_version_from_dist_info_metadata(project):
     project.write("upstream/tinypkg/__init__.py", "")
-    project.write("upstream/tinypkg-2.3.4.dist-info/METADATA",
-                  "Metadata-Version: 2.1\nName: tinypkg\nVersion: 2.3.4\n\nVersion: 9.9.9\n")
+    project.write(
+        "upstream/tinypkg-2.3.4.dist-info/METADATA",
+        "Metadata-Version: 2.1\nName: tinypkg\nVersion: 2.3.4\n\nVersion: 9.9.9\n",
+    )
     assert upstream_of(project) == (f"upstream/{MODULE_REL}", "2.3.4")
 
 
 def test_package_as_init_module(project):
     # `a.b` may be a package: a/b/__init__.py.
-    project.write("specs/tiny/pkg.yaml",
-                  "version: 1\nupstream: tinypkg.models.tiny\noutput: pkg.py\n")
+    project.write("specs/tiny/pkg.yaml", "version: 1\nupstream: tinypkg.models.tiny\noutput: pkg.py\n")
     r = project.run("specs/tiny/pkg.yaml", "--json", "--dry-run")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["specs"][0]["upstream_path"] == "upstream/tinypkg/models/tiny/__init__.py"
@@ -158,8 +157,9 @@ def test_not_found_lists_every_place_and_how_to_fix(project):
         f"  upstream/{MODULE_REL} (source_roots in pyproject.toml)\n"
         f"  nowhere/{MODULE_REL} (sys.path of {project.path('fakepy')})\n"
         "help: add the folder that contains 'tinypkg/' with --source-root DIR, "
-        "PATCHGEN_SOURCE_PATH=DIR[:DIR...], or source_roots = [\"DIR\"] in the project config "
-        "([tool.patchgen] in pyproject.toml)\n")
+        'PATCHGEN_SOURCE_PATH=DIR[:DIR...], or source_roots = ["DIR"] in the project config '
+        "([tool.patchgen] in pyproject.toml)\n"
+    )
 
 
 def test_messages_name_paths_relative_to_the_project_root_from_a_subfolder(project):
@@ -169,25 +169,37 @@ def test_messages_name_paths_relative_to_the_project_root_from_a_subfolder(proje
     assert r.returncode == 0, r.stderr
     report = json.loads(r.stdout)["specs"][0]
     assert (report["spec"], report["output"], report["upstream_path"]) == (
-        "specs/tiny/tiny.yaml", "generated/tiny/patched_modeling_tiny.py",
-        "upstream/tinypkg/models/tiny/modeling_tiny.py")
+        "specs/tiny/tiny.yaml",
+        "generated/tiny/patched_modeling_tiny.py",
+        "upstream/tinypkg/models/tiny/modeling_tiny.py",
+    )
     # --check: stale output and its spec.
-    project.write("generated/tiny/patched_modeling_tiny.py",
-                  project.read("generated/tiny/patched_modeling_tiny.py") + "# edited\n")
+    project.write(
+        "generated/tiny/patched_modeling_tiny.py",
+        project.read("generated/tiny/patched_modeling_tiny.py") + "# edited\n",
+    )
     r = project.run("--check", cwd=sub)
     assert r.returncode == 1
-    assert r.stdout.startswith("stale: generated/tiny/patched_modeling_tiny.py (from specs/tiny/tiny.yaml)\n"
-                               "--- a/generated/tiny/patched_modeling_tiny.py\n")
+    assert r.stdout.startswith(
+        "stale: generated/tiny/patched_modeling_tiny.py (from specs/tiny/tiny.yaml)\n"
+        "--- a/generated/tiny/patched_modeling_tiny.py\n"
+    )
     # An error in the spec and one in its patch file.
-    project.write("specs/tiny/tiny.yaml", project.read("specs/tiny/tiny.yaml").replace(
-        "symbol: mlp_forward", "symbol: mlp_forwrd"))
+    project.write(
+        "specs/tiny/tiny.yaml",
+        project.read("specs/tiny/tiny.yaml").replace("symbol: mlp_forward", "symbol: mlp_forwrd"),
+    )
     r = project.run("--all", cwd=sub)
     assert r.returncode == 3
     assert r.stderr.startswith("specs/tiny/tiny.yaml:")
     assert "specs/tiny/patches/mlp.py" in r.stderr and "../" not in r.stderr
     # An upstream that is not found: the places looked.
-    project.write("specs/tiny/tiny.yaml", project.read("specs/tiny/tiny.yaml").replace(
-        "symbol: mlp_forwrd", "symbol: mlp_forward").replace("models.tiny.modeling_tiny", "models.tiny.gone"))
+    project.write(
+        "specs/tiny/tiny.yaml",
+        project.read("specs/tiny/tiny.yaml")
+        .replace("symbol: mlp_forwrd", "symbol: mlp_forward")
+        .replace("models.tiny.modeling_tiny", "models.tiny.gone"),
+    )
     r = project.run("specs/tiny/tiny.yaml", cwd=project.root)
     from_root = r.stderr
     r = project.run("tiny.yaml", cwd=sub)

@@ -21,7 +21,8 @@ def test_all_with_diff_writes_py_and_diff(project):
     assert r.stdout == (
         f"wrote {PY} ({size(project, PY)} bytes, 2 patches)\n"
         f"wrote {DIFF} ({size(project, DIFF)} bytes)\n"
-        "1 specs: 1 written, 0 unchanged, 0 skipped, 0 failed\n")
+        "1 specs: 1 written, 0 unchanged, 0 skipped, 0 failed\n"
+    )
     text = project.read(PY)
     assert "tinypkg.models.tiny.modeling_tiny" in text.split("\n\n")[0]
     assert "specs/tiny/tiny.yaml" in text
@@ -55,7 +56,8 @@ def test_verbose_reports_unchanged_files_and_upstream(project):
         f"unchanged {PY} ({size(project, PY)} bytes, 2 patches)\n"
         "  specs/tiny/tiny.yaml: tinypkg.models.tiny.modeling_tiny 1.0.0 from "
         "upstream/tinypkg/models/tiny/modeling_tiny.py\n"
-        "1 specs: 0 written, 1 unchanged, 0 skipped, 0 failed\n")
+        "1 specs: 0 written, 1 unchanged, 0 skipped, 0 failed\n"
+    )
 
 
 def test_named_spec_without_diff_writes_only_py(project):
@@ -102,8 +104,19 @@ def test_json_report_shape(project):
     assert list(report) == ["exit_code", "specs"] or set(report) == {"exit_code", "specs"}
     assert report["exit_code"] == 0
     (entry,) = report["specs"]
-    assert set(entry) == {"spec", "upstream", "upstream_path", "upstream_version", "output", "status",
-                          "patches", "bytes", "errors", "warnings", "skipped_entries"}
+    assert set(entry) == {
+        "spec",
+        "upstream",
+        "upstream_path",
+        "upstream_version",
+        "output",
+        "status",
+        "patches",
+        "bytes",
+        "errors",
+        "warnings",
+        "skipped_entries",
+    }
     assert entry["warnings"] == [] and entry["skipped_entries"] == []
     assert entry["spec"] == SPEC
     assert entry["upstream"] == "tinypkg.models.tiny.modeling_tiny"
@@ -118,8 +131,11 @@ def test_json_report_shape(project):
 
 def test_failing_spec_leaves_existing_outputs_untouched(project):
     # A second spec whose target does not exist; its previous output must survive byte for byte.
-    bad = project.read(SPEC).replace("TinyMLP.forward", "TinyMLP.fowrard").replace(
-        "patched_modeling_tiny.py", "patched_bad.py")
+    bad = (
+        project.read(SPEC)
+        .replace("TinyMLP.forward", "TinyMLP.fowrard")
+        .replace("patched_modeling_tiny.py", "patched_bad.py")
+    )
     project.write("specs/tiny/bad.yaml", bad)
     project.write("generated/tiny/patched_bad.py", "# previous output\n")
     os.utime(project.path("generated/tiny/patched_bad.py"), ns=(1_000_000_000, 1_000_000_000))
@@ -137,8 +153,10 @@ def test_failing_spec_leaves_existing_outputs_untouched(project):
 def test_write_replaces_file_atomically_via_rename(project):
     project.run("--all")
     inode = os.stat(project.path(PY)).st_ino
-    project.write("upstream/tinypkg/models/tiny/modeling_tiny.py",
-                  project.read("upstream/tinypkg/models/tiny/modeling_tiny.py") + "\nEXTRA = 1\n")
+    project.write(
+        "upstream/tinypkg/models/tiny/modeling_tiny.py",
+        project.read("upstream/tinypkg/models/tiny/modeling_tiny.py") + "\nEXTRA = 1\n",
+    )
     assert project.run("--all").returncode == 0
     assert os.stat(project.path(PY)).st_ino != inode  # a new file renamed into place
     assert project.read(PY).endswith("EXTRA = 1\n")
@@ -149,7 +167,10 @@ def test_usage_errors_exit_2(project):
     assert project.run().returncode == 2
     assert project.run("--bogus").returncode == 2
     r = project.run("--fix")
-    assert (r.returncode, r.stderr) == (2, "patchgen: error: --fix needs --check\nRun with --help for more information.\n")
+    assert (r.returncode, r.stderr) == (
+        2,
+        "patchgen: error: --fix needs --check\nRun with --help for more information.\n",
+    )
     r = project.run("--all", SPEC)
     assert (r.returncode, r.stderr.splitlines()[0]) == (2, "patchgen: error: give SPEC files or --all, not both")
     assert project.run("--check", "--list").returncode == 2
@@ -167,6 +188,8 @@ def test_missing_specs_root_is_a_usage_error(project):
     shutil.rmtree(project.path("specs"))
     r = project.run("--all")
     assert r.returncode == 2
-    assert r.stderr == ("patchgen: error: specs folder 'specs' does not exist\n"
-                        "help: set `specs` in the project config (pyproject.toml) or name spec files "
-                        "on the command line\n")
+    assert r.stderr == (
+        "patchgen: error: specs folder 'specs' does not exist\n"
+        "help: set `specs` in the project config (pyproject.toml) or name spec files "
+        "on the command line\n"
+    )

@@ -16,8 +16,9 @@ def run(project, *args):
     env = {k: v for k, v in os.environ.items() if k != "PATCHGEN_SOURCE_PATH"}
     env["PATH"] = "/usr/bin:/bin"
     try:
-        return subprocess.run([project.binary, *args], cwd=project.root, env=env,
-                              capture_output=True, text=True, timeout=30)
+        return subprocess.run(
+            [project.binary, *args], cwd=project.root, env=env, capture_output=True, text=True, timeout=30
+        )
     except subprocess.TimeoutExpired:
         pytest.fail("patchgen blocked on its input")
 
@@ -33,8 +34,10 @@ def test_patch_file_fifo_is_refused_without_blocking(project):
     point_patch_file_at(project, "patches/pipe.py")
     r = run(project, "--all")
     assert r.returncode == 3
-    assert ("specs/tiny/tiny.yaml:17:11: error: cannot read patch file 'specs/tiny/patches/pipe.py': "
-            "is a FIFO (named pipe), not a regular file\n") in r.stderr
+    assert (
+        "specs/tiny/tiny.yaml:17:11: error: cannot read patch file 'specs/tiny/patches/pipe.py': "
+        "is a FIFO (named pipe), not a regular file\n"
+    ) in r.stderr
     assert not os.path.exists(project.path(PY))
 
 
@@ -45,8 +48,10 @@ def test_extends_fifo_is_refused_without_blocking(project):
     # (test_hostile_gate.py).
     r = run(project, SPEC)
     assert r.returncode == 3
-    assert ("specs/tiny/tiny.yaml:1:10: error: cannot read spec 'specs/tiny/parent.yaml': "
-            "is a FIFO (named pipe), not a regular file\n") in r.stderr
+    assert (
+        "specs/tiny/tiny.yaml:1:10: error: cannot read spec 'specs/tiny/parent.yaml': "
+        "is a FIFO (named pipe), not a regular file\n"
+    ) in r.stderr
 
 
 def test_oversized_patch_file_is_refused(project):
@@ -56,8 +61,10 @@ def test_oversized_patch_file_is_refused(project):
     point_patch_file_at(project, "patches/big.py")
     r = run(project, "--all")
     assert r.returncode == 3
-    assert ("error: cannot read patch file 'specs/tiny/patches/big.py': the file is larger than the "
-            f"limit of 4 MiB ({len(big)} bytes)\n") in r.stderr
+    assert (
+        "error: cannot read patch file 'specs/tiny/patches/big.py': the file is larger than the "
+        f"limit of 4 MiB ({len(big)} bytes)\n"
+    ) in r.stderr
 
 
 def test_oversized_spec_is_refused(project):
@@ -76,8 +83,9 @@ def test_deep_extends_chain_is_bounded(project):
     r = run(project, "--all")
     assert r.returncode == 3
     chain = " -> ".join(["specs/tiny/tiny.yaml"] + [f"specs/tiny/p{i}.yaml" for i in range(1, 33)])
-    assert ("specs/tiny/p31.yaml:1:10: error: 'extends' chain is deeper than the limit of 32 specs\n"
-            in r.stderr), r.stderr
+    assert "specs/tiny/p31.yaml:1:10: error: 'extends' chain is deeper than the limit of 32 specs\n" in r.stderr, (
+        r.stderr
+    )
     assert f"help: the chain: {chain}\n" in r.stderr
     assert not os.path.exists(project.path(PY))
 
@@ -92,7 +100,8 @@ def test_output_over_the_upstream_file_is_refused(project):
         f"specs/tiny/tiny.yaml:3:9: error: output '{upstream}' would overwrite the upstream file '{upstream}'\n"
         "    3 | output: modeling_tiny.py\n"
         "      |         ^~~~~~~~~~~~~~~~\n"
-        "help: patchgen never writes over its inputs; choose another `output:` name or output folder\n")
+        "help: patchgen never writes over its inputs; choose another `output:` name or output folder\n"
+    )
     assert project.read(upstream) == before[upstream][0].decode()
 
 
@@ -113,8 +122,7 @@ def test_output_over_the_spec_itself_via_symlink_is_refused(project):
     before = project.read(SPEC)
     r = run(project, "--all", "-o", "out")
     assert r.returncode == 3, r.stderr
-    assert ("error: output 'out/patched_modeling_tiny.py' would overwrite the spec 'specs/tiny/tiny.yaml'\n"
-            in r.stderr)
+    assert "error: output 'out/patched_modeling_tiny.py' would overwrite the spec 'specs/tiny/tiny.yaml'\n" in r.stderr
     assert project.read(SPEC) == before
 
 
@@ -135,7 +143,8 @@ def test_two_specs_with_one_output_fail_both_and_write_nothing(project):
         "    3 | output: patched_modeling_tiny.py\n"
         "      |         ^~~~~~~~~~~~~~~~~~~~~~~~\n"
         "specs/tiny/other.yaml:3:9: note: its output is set here\n"
-        "help: two specs cannot write one file; give one of them another `output:` name\n")
+        "help: two specs cannot write one file; give one of them another `output:` name\n"
+    )
     assert "2 specs: 0 written, 0 unchanged, 0 skipped, 2 failed" in r.stdout
     assert not os.path.exists(project.path("out"))
 
@@ -152,15 +161,19 @@ def test_check_fails_when_a_configured_source_root_is_missing(project):
         '    7 | source_roots = ["upstream"]\n'
         "      |                 ^~~~~~~~~~\n"
         "help: --check would skip every spec whose upstream package lives there; create it "
-        "(e.g. `make upstream`) or remove it from `source_roots`\n")
+        "(e.g. `make upstream`) or remove it from `source_roots`\n"
+    )
     assert project.snapshot() == before
 
 
-@pytest.mark.parametrize("make, what", [
-    (lambda p: os.mkfifo(p), "is a FIFO (named pipe), not a regular file"),
-    (lambda p: os.mkdir(p), "is a folder, not a file"),
-    (lambda p: os.symlink("/dev/zero", p), "is a character device, not a regular file"),
-])
+@pytest.mark.parametrize(
+    "make, what",
+    [
+        (lambda p: os.mkfifo(p), "is a FIFO (named pipe), not a regular file"),
+        (lambda p: os.mkdir(p), "is a folder, not a file"),
+        (lambda p: os.symlink("/dev/zero", p), "is a character device, not a regular file"),
+    ],
+)
 def test_named_spec_that_is_no_regular_file_is_refused_at_once(project, make, what):
     make(project.path("specs/odd.yaml"))
     r = run(project, "specs/odd.yaml")

@@ -22,8 +22,15 @@ DIFF = "generated/tiny/patched_modeling_tiny.diff"
 def run(project, *args, preexec_fn=None):
     env = {k: v for k, v in os.environ.items() if k != "PATCHGEN_SOURCE_PATH"}
     env["PATH"] = "/usr/bin:/bin"
-    return subprocess.run([project.binary, *args], cwd=project.root, env=env, capture_output=True,
-                          text=True, timeout=60, preexec_fn=preexec_fn)
+    return subprocess.run(
+        [project.binary, *args],
+        cwd=project.root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=preexec_fn,
+    )
 
 
 def reachable_by_others(path):
@@ -69,6 +76,7 @@ def test_unreadable_spec_folder_fails_discovery(project):
             if root:
                 os.setgid(65534)
                 os.setuid(65534)
+
         try:
             r = run(project, "--check", preexec_fn=as_nobody)
         except subprocess.SubprocessError as e:  # setuid refused (a container without CAP_SETUID)
@@ -76,7 +84,8 @@ def test_unreadable_spec_folder_fails_discovery(project):
         assert r.returncode == 5, r  # was: exit 1/0 with specs/locked silently left out
         assert r.stderr == (
             "specs/locked: error: cannot read the specs folder: Permission denied\n"
-            "help: patchgen must see every spec under the specs root; fix the folder's permissions\n")
+            "help: patchgen must see every spec under the specs root; fix the folder's permissions\n"
+        )
         assert r.stdout == ""
     finally:
         os.chmod(project.path("specs/locked"), 0o755)
@@ -93,7 +102,8 @@ def test_symlinked_spec_folder_is_refused(project, tmp_path):
     assert r.stderr == (
         f"specs/linked: error: spec folder is a symbolic link (to '{elsewhere}'); patchgen does not "
         "follow folder links under the specs root\n"
-        "help: replace the link with the folder, or name its specs on the command line\n")
+        "help: replace the link with the folder, or name its specs on the command line\n"
+    )
     assert not os.path.exists(project.path(PY))
 
 
@@ -120,13 +130,15 @@ def test_check_reports_outputs_no_spec_produces_and_fix_removes_only_generated_o
         "removes it)\n"
         f"orphaned: {PY} (carries patchgen's header, but no spec produces it; `patchgen --check --fix` "
         "removes it)\n"
-        "check: 1 up to date, 0 stale, 0 skipped, 0 failed, 2 orphaned\n")
+        "check: 1 up to date, 0 stale, 0 skipped, 0 failed, 2 orphaned\n"
+    )
     r = run(project, "--check", "--fix")
     assert r.returncode == 0, r
     assert r.stdout == (
         f"removed: {DIFF} (orphaned: no spec produces it)\n"
         f"removed: {PY} (orphaned: no spec produces it)\n"
-        "check: 1 up to date, 0 stale, 0 fixed, 0 skipped, 0 failed, 2 orphaned removed\n")
+        "check: 1 up to date, 0 stale, 0 fixed, 0 skipped, 0 failed, 2 orphaned removed\n"
+    )
     assert not os.path.exists(project.path(PY)) and not os.path.exists(project.path(DIFF))
     assert project.read("generated/tiny/handwritten.py") == "# mine\nx = 1\n"
     assert run(project, "--check").returncode == 0
@@ -163,10 +175,13 @@ def test_output_root_holding_the_project_is_not_searched_for_orphans(project):
 
 def test_source_roots_and_specs_under_the_output_root_are_not_searched(project):
     # Output root = the folder holding specs/ and upstream/ (but not pyproject.toml's folder).
-    project.write("pyproject.toml", project.read("pyproject.toml")
-                  .replace('specs = "specs"', 'specs = "all/specs"')
-                  .replace('output = "generated"', 'output = "all"')
-                  .replace('source_roots = ["upstream"]', 'source_roots = ["all/upstream"]'))
+    project.write(
+        "pyproject.toml",
+        project.read("pyproject.toml")
+        .replace('specs = "specs"', 'specs = "all/specs"')
+        .replace('output = "generated"', 'output = "all"')
+        .replace('source_roots = ["upstream"]', 'source_roots = ["all/upstream"]'),
+    )
     os.makedirs(project.path("all"))
     os.rename(project.path("specs"), project.path("all/specs"))
     os.rename(project.path("upstream"), project.path("all/upstream"))

@@ -19,8 +19,9 @@ DIFF = "generated/tiny/patched_modeling_tiny.diff"
 def run(project, *args, preexec_fn=None):
     env = {k: v for k, v in os.environ.items() if k != "PATCHGEN_SOURCE_PATH"}
     env["PATH"] = "/usr/bin:/bin"
-    return subprocess.run([project.binary, *args], cwd=project.root, env=env, capture_output=True,
-                          timeout=60, preexec_fn=preexec_fn)
+    return subprocess.run(
+        [project.binary, *args], cwd=project.root, env=env, capture_output=True, timeout=60, preexec_fn=preexec_fn
+    )
 
 
 def temp_files(project):
@@ -28,8 +29,11 @@ def temp_files(project):
 
 
 def test_json_report_is_valid_utf8_json_when_a_message_holds_other_bytes(project):
-    spec = project.read(SPEC).encode().replace(b"upstream: tinypkg.models.tiny.modeling_tiny",
-                                               b"upstream: tinypkg.models.tiny.modeling_\xff\xfe")
+    spec = (
+        project.read(SPEC)
+        .encode()
+        .replace(b"upstream: tinypkg.models.tiny.modeling_tiny", b"upstream: tinypkg.models.tiny.modeling_\xff\xfe")
+    )
     with open(project.path(SPEC), "wb") as f:
         f.write(spec)
     r = run(project, "--all", "--json")
@@ -57,12 +61,14 @@ def test_jobs_out_of_range_says_the_range(project, value):
     assert r.returncode == 2
     assert r.stderr.decode() == (
         f"--jobs: takes a number of worker threads from 1 to 1024, not '{value}' (leave --jobs out to use "
-        "every core this process may use)\nRun with --help for more information.\n")
+        "every core this process may use)\nRun with --help for more information.\n"
+    )
 
 
 def test_failing_write_names_the_output_and_leaves_no_temporary_file(project):
     def small_files():  # ulimit -f: writes past 100 bytes fail (SIGXFSZ used to kill patchgen)
         resource.setrlimit(resource.RLIMIT_FSIZE, (100, 100))
+
     r = run(project, "--all", "--diff", preexec_fn=small_files)
     assert r.returncode == 5, r
     assert r.stderr.decode() == f"{PY}: error: cannot write: File too large\n"
@@ -89,7 +95,8 @@ def test_output_that_is_a_symbolic_link_is_refused(project, tmp_path):
     assert r.returncode == 5
     assert r.stderr.decode() == (
         f"{PY}: error: the output is a symbolic link; patchgen writes only regular files and never "
-        "writes through a link (remove the link)\n")
+        "writes through a link (remove the link)\n"
+    )
     assert target.read_text() == "precious = 1\n"
     assert os.path.islink(project.path(PY))
 
@@ -103,7 +110,8 @@ def test_output_folder_linked_out_of_the_output_root_is_refused(project, tmp_pat
     assert r.returncode == 5
     assert r.stderr.decode() == (
         f"{PY}: error: the output folder leads out of the output root through a symbolic link (to "
-        f"'{outside}'); patchgen never writes through a link out of the output root\n")
+        f"'{outside}'); patchgen never writes through a link out of the output root\n"
+    )
     assert list(outside.iterdir()) == []
 
 

@@ -8,7 +8,6 @@ import ast
 import os
 import subprocess
 
-
 SPEC = "specs/tiny/tiny.yaml"
 PY = "generated/tiny/patched_modeling_tiny.py"
 
@@ -16,8 +15,9 @@ PY = "generated/tiny/patched_modeling_tiny.py"
 def run(project, *args):
     env = {k: v for k, v in os.environ.items() if k != "PATCHGEN_SOURCE_PATH"}
     env["PATH"] = "/usr/bin:/bin"
-    return subprocess.run([project.binary, *args], cwd=project.root, env=env, capture_output=True,
-                          text=True, timeout=60)
+    return subprocess.run(
+        [project.binary, *args], cwd=project.root, env=env, capture_output=True, text=True, timeout=60
+    )
 
 
 def test_slot_op_string_cannot_inject_code(project):
@@ -34,16 +34,19 @@ def test_slot_op_string_cannot_inject_code(project):
 
 
 def test_trailing_comment_on_the_last_line_of_a_patch_body_is_kept(project):
-    project.write("specs/tiny/patches/mlp.py",
-                  "def mlp_forward(self, x):\n    return self.down_proj(x)  # keep this comment\n")
+    project.write(
+        "specs/tiny/patches/mlp.py", "def mlp_forward(self, x):\n    return self.down_proj(x)  # keep this comment\n"
+    )
     r = run(project, "--all")
     assert r.returncode == 0, r.stderr
     assert "return self.down_proj(x)  # keep this comment\n" in project.read(PY)
 
 
 def test_broken_parent_spec_gives_only_its_own_error(project):
-    project.write("specs/tiny/parent.yaml",
-                  "version: 1\nupstream: tinypkg.models.tiny.modeling_tiny\noutput: parent.py\nslots: [\n")
+    project.write(
+        "specs/tiny/parent.yaml",
+        "version: 1\nupstream: tinypkg.models.tiny.modeling_tiny\noutput: parent.py\nslots: [\n",
+    )
     spec = project.read(SPEC).replace("upstream: tinypkg.models.tiny.modeling_tiny\n", "extends: parent.yaml\n")
     project.write(SPEC, spec)
     r = run(project, SPEC)
@@ -59,4 +62,6 @@ def test_parent_spec_with_a_byte_order_mark_keeps_its_columns(project):
     project.write(SPEC, "version: 1\nextends: parent.yaml\noutput: child.py\n")
     r = run(project, SPEC)
     assert r.returncode == 3
-    assert r.stderr.startswith("specs/tiny/parent.yaml:15:22: error: no method 'fowrard' in class 'TinyMLP'\n"), r.stderr
+    assert r.stderr.startswith("specs/tiny/parent.yaml:15:22: error: no method 'fowrard' in class 'TinyMLP'\n"), (
+        r.stderr
+    )

@@ -19,8 +19,7 @@ PY = "generated/tiny/patched_modeling_tiny.py"
 DIFF = "generated/tiny/patched_modeling_tiny.diff"
 CLEAN = "check: 1 up to date, 0 stale, 0 skipped, 0 failed\n"
 CLEAN_FIX = "check: 1 up to date, 0 stale, 0 fixed, 0 skipped, 0 failed\n"
-NO_RECORD = ("patchgen has no record of writing it in this project; remove it by hand if no other "
-             "project writes it")
+NO_RECORD = "patchgen has no record of writing it in this project; remove it by hand if no other project writes it"
 
 
 def generate(project, *args):
@@ -37,6 +36,7 @@ def set_config(project, old, new):
 
 # --- 1a: an output folder that is a link inside the output root --------------------------------
 
+
 def test_output_written_through_a_folder_link_inside_the_output_root_is_no_orphan(project):
     os.makedirs(project.path("generated/real_tiny"))
     os.symlink("real_tiny", project.path("generated/tiny"))
@@ -51,6 +51,7 @@ def test_output_written_through_a_folder_link_inside_the_output_root_is_no_orpha
 
 
 # --- 1b: two projects that share an output root ------------------------------------------------
+
 
 def test_fix_never_removes_the_outputs_of_another_project_sharing_the_output_root(project, tmp_path):
     shared = tmp_path / "shared"
@@ -78,7 +79,8 @@ def test_fix_never_removes_the_outputs_of_another_project_sharing_the_output_roo
         "produces it; `patchgen --check --fix` removes it)\n"
         "orphaned: ../shared/tiny/patched_modeling_tiny.py (carries patchgen's header, but no spec "
         "produces it; `patchgen --check --fix` removes it)\n"
-        "check: 1 up to date, 0 stale, 0 skipped, 0 failed, 4 orphaned\n")
+        "check: 1 up to date, 0 stale, 0 skipped, 0 failed, 4 orphaned\n"
+    )
     r = project.run("--check", "--fix")
     assert r.returncode == 1, r  # what is left is still reported
     assert r.stdout == (
@@ -87,7 +89,8 @@ def test_fix_never_removes_the_outputs_of_another_project_sharing_the_output_roo
         "removed: ../shared/tiny/patched_modeling_tiny.diff (orphaned: no spec produces it)\n"
         "removed: ../shared/tiny/patched_modeling_tiny.py (orphaned: no spec produces it)\n"
         "check: 1 up to date, 0 stale, 0 fixed, 0 skipped, 0 failed, 2 orphaned removed, "
-        "2 orphaned kept\n")
+        "2 orphaned kept\n"
+    )
     # was: the other project's outputs removed too
     assert {n: open(shared / "tiny" / n, "rb").read() for n in ("other.py", "other.diff")} == theirs
     assert not os.path.exists(shared / "tiny" / "patched_modeling_tiny.py")
@@ -110,11 +113,13 @@ def test_fix_keeps_an_orphan_that_changed_since_patchgen_wrote_it(project):
         f"kept: {PY} (orphaned, not removed: its bytes are not the ones patchgen wrote there; remove "
         "it by hand if the change is not needed)\n"
         "check: 1 up to date, 0 stale, 0 fixed, 0 skipped, 0 failed, 1 orphaned removed, "
-        "1 orphaned kept\n")
+        "1 orphaned kept\n"
+    )
     assert project.read(PY).endswith("# a note someone added\n")
 
 
 # --- 1c: a symlinked output that --check calls up to date --------------------------------------
+
 
 def test_fix_never_removes_the_target_of_a_symlinked_output(project):
     generate(project)
@@ -131,32 +136,41 @@ def test_fix_never_removes_the_target_of_a_symlinked_output(project):
 
 # --- 1d: a spec added while --check --fix runs -------------------------------------------------
 
+
 def test_fix_never_removes_the_output_of_a_spec_added_during_the_run(project):
     # specs/new/new.yaml is generated (its outputs are patchgen's, recorded), then moved aside; an
     # "interpreter" that patchgen asks for sys.path during --check puts it back: the spec appears
     # after discovery, before the orphans are removed.
-    project.write("specs/new/new.yaml",
-                  project.read(SPEC).replace("output: patched_modeling_tiny.py", "output: patched_new.py")
-                  .replace("file: patches/mlp.py", "file: ../tiny/patches/mlp.py"))
+    project.write(
+        "specs/new/new.yaml",
+        project.read(SPEC)
+        .replace("output: patched_modeling_tiny.py", "output: patched_new.py")
+        .replace("file: patches/mlp.py", "file: ../tiny/patches/mlp.py"),
+    )
     generate(project)
     new_py = project.read("generated/new/patched_new.py")
     shutil.move(project.path("specs/new"), project.path("aside"))
-    project.write("specs/real/llama.yaml",
-                  "version: 1\nupstream: transformers.models.llama.modeling_llama\noutput: patched_llama.py\n")
+    project.write(
+        "specs/real/llama.yaml",
+        "version: 1\nupstream: transformers.models.llama.modeling_llama\noutput: patched_llama.py\n",
+    )
     project.write("fakepy", "#!/bin/sh\nmv aside specs/new\necho '[]'\n")
     os.chmod(project.path("fakepy"), 0o755)
     set_config(project, 'source_roots = ["upstream"]', 'source_roots = ["upstream"]\npython = "./fakepy"')
     r = project.run("--check", "--fix")
     assert os.path.isfile(project.path("specs/new/new.yaml"))  # the race happened
     assert r.returncode == 1, r
-    reason = ("its spec 'specs/new/new.yaml' exists but was not checked in this run (added during "
-              "the run?); run `patchgen --check` again")
+    reason = (
+        "its spec 'specs/new/new.yaml' exists but was not checked in this run (added during "
+        "the run?); run `patchgen --check` again"
+    )
     assert f"kept: generated/new/patched_new.diff (orphaned, not removed: {reason})\n" in r.stdout
     assert f"kept: generated/new/patched_new.py (orphaned, not removed: {reason})\n" in r.stdout
     assert project.read("generated/new/patched_new.py") == new_py  # was: removed
 
 
 # --- 2: a source root that holds nothing -------------------------------------------------------
+
 
 def test_check_fails_when_a_configured_source_root_is_empty(project):
     generate(project)
@@ -172,7 +186,8 @@ def test_check_fails_when_a_configured_source_root_is_empty(project):
         "      |                 ^~~~~~~~~~\n"
         "help: --check would skip 1 spec whose upstream package is on no source root, and pass; fill "
         "the folder (e.g. `make upstream`, `git submodule update --init`) or remove it from the "
-        "source roots\n")
+        "source roots\n"
+    )
     assert r.stdout == ""
     assert project.snapshot() == before
 
@@ -181,13 +196,16 @@ def test_check_fails_when_a_source_root_holds_another_package_and_a_spec_is_skip
     generate(project)
     os.makedirs(project.path("tf/transformers-5.17.0.dist-info"))  # the package itself is missing
     set_config(project, 'source_roots = ["upstream"]', 'source_roots = ["upstream", "tf"]')
-    project.write("specs/real/llama.yaml",
-                  "version: 1\nupstream: transformers.models.llama.modeling_llama\noutput: patched_llama.py\n")
+    project.write(
+        "specs/real/llama.yaml",
+        "version: 1\nupstream: transformers.models.llama.modeling_llama\noutput: patched_llama.py\n",
+    )
     r = project.run("--check")
     assert r.returncode == 2, r  # was: 0, "1 skipped"
     assert r.stderr.startswith(
         "pyproject.toml:7:29: error: source root 'tf' holds no upstream package of the specs (no "
-        "'tinypkg', 'transformers' under it)\n")
+        "'tinypkg', 'transformers' under it)\n"
+    )
     # Without the useless root, the skip is what it always was: the package is on no root.
     set_config(project, 'source_roots = ["upstream", "tf"]', 'source_roots = ["upstream"]')
     r = project.run("--check")
@@ -207,7 +225,8 @@ def test_check_fails_on_a_source_root_flag_or_path_entry_that_does_not_exist(pro
     assert r.stderr == (
         "patchgen: error: source root 'upstrem' (--source-root) does not exist\n"
         "help: --check would skip every spec whose upstream package lives there; give the folder "
-        "that contains the upstream package (e.g. the one that contains 'transformers/')\n")
+        "that contains the upstream package (e.g. the one that contains 'transformers/')\n"
+    )
     assert r.stdout == ""
     r = project.run("--check", env={"PATCHGEN_SOURCE_PATH": "upstrem"})
     assert r.returncode == 2, r  # was: 0, the spec skipped
@@ -224,15 +243,18 @@ def test_check_fails_on_a_source_root_flag_that_holds_no_package_of_the_specs(pr
     assert r.returncode == 2, r  # was: 0, checked against the configured root instead
     assert r.stderr.startswith(
         "patchgen: error: source root '.' (--source-root) holds no upstream package of the specs "
-        "(no 'tinypkg' under it)\n")
+        "(no 'tinypkg' under it)\n"
+    )
 
 
 def test_audit_fails_when_the_new_source_root_is_wrong(project):
     generate(project)
     os.makedirs(project.path("empty"))
-    for new, what in [("new-typo", "does not exist"),
-                      ("empty", "holds no upstream package of the specs (no 'tinypkg' under it): it is empty"),
-                      (".", "holds no upstream package of the specs (no 'tinypkg' under it)")]:
+    for new, what in [
+        ("new-typo", "does not exist"),
+        ("empty", "holds no upstream package of the specs (no 'tinypkg' under it): it is empty"),
+        (".", "holds no upstream package of the specs (no 'tinypkg' under it)"),
+    ]:
         r = project.run("audit", "--source-root", new)
         assert r.returncode == 2, (new, r)  # was: 0, "1 ok": the configured (old) root audited
         assert r.stderr.startswith(f"patchgen: error: source root '{new}' (--source-root) {what}\n"), r.stderr
@@ -244,6 +266,7 @@ def test_audit_fails_when_the_new_source_root_is_wrong(project):
 
 
 # --- 3: a different binary copied in place with `cp -p` ----------------------------------------
+
 
 def test_a_different_binary_copied_in_place_never_reuses_check_stamps(project, tmp_path):
     binary = tmp_path / "bin" / "patchgen"
@@ -276,6 +299,5 @@ def test_check_stamps_still_answer_after_a_second_run(project):
     generate(project)
     for _ in range(2):
         r = project.run("--check", "-v")
-        assert (r.returncode, r.stdout) == (
-            0, "up to date by their check stamps (nothing parsed): 1 spec\n" + CLEAN)
+        assert (r.returncode, r.stdout) == (0, "up to date by their check stamps (nothing parsed): 1 spec\n" + CLEAN)
     assert glob.glob(project.path(".patchgen_cache", "binary", "*"))

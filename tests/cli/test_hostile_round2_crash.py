@@ -17,14 +17,11 @@ The binary runs with its peak memory measured (wait4) and a time limit.
 import os
 import re
 import resource
-import shutil
 import subprocess
 import tempfile
 import threading
 
 import pytest
-
-from conftest import FIXTURES, Project
 
 SPEC = "specs/tiny/tiny.yaml"
 MODEL = "upstream/tinypkg/models/tiny/modeling_tiny.py"
@@ -51,8 +48,9 @@ def measured(project, *args):
             resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
 
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        p = subprocess.Popen([project.binary, *args], cwd=project.root, env=env, stdout=out,
-                             stderr=err, preexec_fn=limit)
+        p = subprocess.Popen(
+            [project.binary, *args], cwd=project.root, env=env, stdout=out, stderr=err, preexec_fn=limit
+        )
         timer = threading.Timer(TIME_LIMIT_S, p.kill)
         timer.start()
         _, status, usage = os.wait4(p.pid, 0)
@@ -60,8 +58,7 @@ def measured(project, *args):
         p.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0)
         err.seek(0)
-        return (p.returncode, out.read().decode(), err.read().decode(),
-                usage.ru_maxrss // 1024)
+        return (p.returncode, out.read().decode(), err.read().decode(), usage.ru_maxrss // 1024)
 
 
 def edit(project, rel, old, new):
@@ -87,29 +84,34 @@ def test_deeply_nested_parentheses_in_a_guarded_upstream_function_are_refused(pr
     for args in ((SPEC, "-o", "out"), ("pin", SPEC), ("--check",)):
         rc, out, err, rss = measured(project, *args)
         assert rc == 4, (args, rc, err[:300])  # was: SIGSEGV (-11) in the fingerprint walk
-        assert err.startswith(f"{MODEL}:18:4023: error: cannot parse Python: nesting deeper than "
-                              "4000 levels\n"), args
-        assert ("help: patchgen refuses code nested this deep, as CPython does; check the file "
-                f"with `python3 -m py_compile {MODEL}`\n") in err
+        assert err.startswith(f"{MODEL}:18:4023: error: cannot parse Python: nesting deeper than 4000 levels\n"), args
+        assert (
+            "help: patchgen refuses code nested this deep, as CPython does; check the file "
+            f"with `python3 -m py_compile {MODEL}`\n"
+        ) in err
         assert rss < MAX_RSS_MIB
 
 
 def test_deeply_nested_parentheses_in_edit_body_code_are_refused(project):
-    add_to_spec(project, f"""\
+    add_to_spec(
+        project,
+        f"""\
   - edit_body: TinyRMSNorm.forward
     edits:
       - insert_after: "variance ="
         code: |
           variance = variance + {NESTED}
-""")
+""",
+    )
     rc, out, err, rss = measured(project, "--validate", SPEC)
     assert rc == 3  # was: "valid"
-    assert err.startswith("specs/tiny/tiny.yaml:23:4029: error: code of edit_body "
-                          "TinyRMSNorm.forward insert_after nests deeper than 4000 levels\n")
+    assert err.startswith(
+        "specs/tiny/tiny.yaml:23:4029: error: code of edit_body "
+        "TinyRMSNorm.forward insert_after nests deeper than 4000 levels\n"
+    )
     rc, out, err, rss = measured(project, SPEC, "-o", "out")
     assert rc == 3, err[:300]  # was: SIGSEGV with a small stack (or under ASan)
-    assert err.startswith("specs/tiny/tiny.yaml:23:4029: error: code does not parse: nesting "
-                          "deeper than 4000 levels\n")
+    assert err.startswith("specs/tiny/tiny.yaml:23:4029: error: code does not parse: nesting deeper than 4000 levels\n")
     assert rss < MAX_RSS_MIB
 
 
@@ -138,8 +140,12 @@ def test_long_chains_in_upstream_checked_whole_take_linear_memory(project):
     chain = "hidden_states" + " + hidden_states" * CHAIN
     body = "".join(f"        hidden_states = {chain}\n" for _ in range(CHAINS))
     edit(project, MODEL, RMS_RETURN, body + RMS_RETURN)
-    edit(project, MODEL, '__all__ = ["TinyRMSNorm", "TinyMLP"]',
-         '__all__ = ["TinyRMSNorm", "TinyMLP"]\n\n\ndef unused():\n    return 1')
+    edit(
+        project,
+        MODEL,
+        '__all__ = ["TinyRMSNorm", "TinyMLP"]',
+        '__all__ = ["TinyRMSNorm", "TinyMLP"]\n\n\ndef unused():\n    return 1',
+    )
     add_to_spec(project, "exclude: [unused]\n")
     rc, out, err, rss = measured(project, SPEC, "-o", "out")
     assert (rc, err) == (0, "")
@@ -160,12 +166,14 @@ def test_a_chain_deeper_than_the_limit_is_refused(project):
     add_to_spec(project, f"blocks:\n  - |\n    x = 1\n    y = {chain}\n")
     rc, out, err, rss = measured(project, SPEC, "-o", "out")
     assert rc == 3
-    assert err.startswith("specs/tiny/tiny.yaml:22:9: error: code does not parse: nesting deeper "
-                          "than 4000 levels\n"), err[:300]
+    assert err.startswith("specs/tiny/tiny.yaml:22:9: error: code does not parse: nesting deeper than 4000 levels\n"), (
+        err[:300]
+    )
     assert rss < MAX_RSS_MIB, rss  # was: gigabytes
 
 
 # --- 1c: thousands of names on one spec line ----------------------------------------------------
+
 
 def test_ten_thousand_unknown_names_on_one_line_take_bounded_memory(project):
     names = [f"unknown_name_{i}" for i in range(10_000)]
@@ -176,25 +184,28 @@ def test_ten_thousand_unknown_names_on_one_line_take_bounded_memory(project):
     assert err.count("error: exclude: no top-level definition or assignment 'unknown_name_") == 10_000
     # The excerpt of a long line is the same window around the column as before.
     first = err.split("\n")[:4]
-    assert first[0] == ("specs/tiny/tiny.yaml:19:11: error: exclude: no top-level definition or "
-                        f"assignment 'unknown_name_0' in {MODEL}")
+    assert first[0] == (
+        f"specs/tiny/tiny.yaml:19:11: error: exclude: no top-level definition or assignment 'unknown_name_0' in {MODEL}"
+    )
     assert first[1].startswith("   19 | exclude: [unknown_name_0, unknown_name_1, ")
     assert first[1].endswith("...") and len(first[1]) == len("   19 | ") + 200 + 3
     assert first[2] == "      |           ^~~~~~~~~~~~~~"
     last = err.split("specs/tiny/tiny.yaml:19:")[-1].split("\n")
-    assert last[0].endswith("error: exclude: no top-level definition or assignment "
-                            f"'unknown_name_9999' in {MODEL}")
+    assert last[0].endswith(f"error: exclude: no top-level definition or assignment 'unknown_name_9999' in {MODEL}")
     assert last[1].startswith("   19 | ...") and last[1].endswith("unknown_name_9999]")
     assert last[2] == "      |    " + " " * (200 - len("unknown_name_9999]")) + "^" + "~" * 16
 
 
 # --- 2: contract pins ---------------------------------------------------------------------------
 
+
 def pinned(project, old, new):
     """Pins the tiny spec against an upstream holding `old` in place of RMSNorm's body, then
     changes it to `new`; returns the result of generating it (which compares the pins)."""
-    body = ("        variance = hidden_states.pow(2).mean(-1, keepdim=True)\n"
-            "        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)\n")
+    body = (
+        "        variance = hidden_states.pow(2).mean(-1, keepdim=True)\n"
+        "        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)\n"
+    )
     edit(project, MODEL, body, old)
     r = project.run("pin", SPEC)
     assert r.returncode == 0, r.stderr
@@ -202,17 +213,23 @@ def pinned(project, old, new):
     return project.run(SPEC, "-o", "out")
 
 
-CHANGED = ("specs/tiny/tiny.yaml:11:9: error: upstream changed the guarded function this guard "
-           "relies on: rms_norm_slot in TinyRMSNorm.forward")
+CHANGED = (
+    "specs/tiny/tiny.yaml:11:9: error: upstream changed the guarded function this guard "
+    "relies on: rms_norm_slot in TinyRMSNorm.forward"
+)
 
 
 def test_pin_sees_a_statement_moved_out_of_its_block(project):
-    old = ("        if self.training:\n"
-           "            hidden_states = hidden_states.float()\n"
-           "            hidden_states = hidden_states * self.variance_epsilon\n")
-    new = ("        if self.training:\n"
-           "            hidden_states = hidden_states.float()\n"
-           "        hidden_states = hidden_states * self.variance_epsilon\n")
+    old = (
+        "        if self.training:\n"
+        "            hidden_states = hidden_states.float()\n"
+        "            hidden_states = hidden_states * self.variance_epsilon\n"
+    )
+    new = (
+        "        if self.training:\n"
+        "            hidden_states = hidden_states.float()\n"
+        "        hidden_states = hidden_states * self.variance_epsilon\n"
+    )
     r = pinned(project, old, new)
     assert r.returncode == 3, r.stderr  # was: 0, the same fingerprint
     assert CHANGED in r.stderr
@@ -245,10 +262,10 @@ def pin_file(project):
 def test_damaged_pin_sha_is_reported_as_a_damaged_pin_file(project):
     text = pin_file(project)
     sha = re.findall(r"sha256: ([0-9a-f]{64})", text)[1]  # the guard's (after the override's)
-    assert "key: \"guard rms_norm_slot in TinyRMSNorm.forward\"" in text
+    assert 'key: "guard rms_norm_slot in TinyRMSNorm.forward"' in text
     damaged = sha[:10] + ("0" if sha[10] != "0" else "1") + sha[11:]
     project.write("specs/tiny/tiny.pins", text.replace(sha, damaged))
-    line = text[:text.index(sha)].count("\n") + 1
+    line = text[: text.index(sha)].count("\n") + 1
     r = project.run(SPEC, "-o", "out")
     assert r.returncode == 3
     # was: "upstream changed the guarded function ..." with an empty diff
@@ -256,7 +273,8 @@ def test_damaged_pin_sha_is_reported_as_a_damaged_pin_file(project):
     assert r.stderr.startswith(
         f"specs/tiny/tiny.pins:{line}:17: error: damaged pin file: the sha256 of 'guard "
         "rms_norm_slot in TinyRMSNorm.forward' (verified with 1.0.0) is not the fingerprint of "
-        "the text it records, and upstream still has that text\n")
+        "the text it records, and upstream still has that text\n"
+    )
     assert "specs/tiny/tiny.yaml:11:9: note: the entry it pins" in r.stderr
     assert "help: restore the pin file from version control" in r.stderr
 
@@ -265,20 +283,23 @@ def test_malformed_pin_sha_is_an_invalid_pin_file(project):
     text = pin_file(project)
     sha = re.findall(r"sha256: ([0-9a-f]{64})", text)[1]
     project.write("specs/tiny/tiny.pins", text.replace(sha, sha[:40]))
-    line = text[:text.index(sha)].count("\n") + 1
+    line = text[: text.index(sha)].count("\n") + 1
     r = project.run(SPEC, "-o", "out")
     assert r.returncode == 3
     assert r.stderr.startswith(
         f"specs/tiny/tiny.pins:{line}:17: error: invalid pin file: damaged pin file: sha256 "
-        f"'{sha[:40]}' is not 64 lowercase hexadecimal digits\n")
+        f"'{sha[:40]}' is not 64 lowercase hexadecimal digits\n"
+    )
 
 
-@pytest.mark.parametrize("old,new,key,where,suggest", [
-    ("    expects: ", "    expect: ", "expect", "a pin", "expects"),
-    ("        text: |", "        sah256: x\n        text: |", "sah256", "a verified record",
-     "sha256"),
-    ("pins:\n", "pin: []\npins:\n", "pin", "the file", "pins"),
-])
+@pytest.mark.parametrize(
+    "old,new,key,where,suggest",
+    [
+        ("    expects: ", "    expect: ", "expect", "a pin", "expects"),
+        ("        text: |", "        sah256: x\n        text: |", "sah256", "a verified record", "sha256"),
+        ("pins:\n", "pin: []\npins:\n", "pin", "the file", "pins"),
+    ],
+)
 def test_unknown_pin_key_is_refused_with_did_you_mean(project, old, new, key, where, suggest):
     text = pin_file(project)
     assert old in text

@@ -31,16 +31,16 @@ def measured(project, *args):
             resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
 
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        p = subprocess.Popen([project.binary, *args], cwd=project.root, env=env, stdout=out,
-                             stderr=err, preexec_fn=limit)
+        p = subprocess.Popen(
+            [project.binary, *args], cwd=project.root, env=env, stdout=out, stderr=err, preexec_fn=limit
+        )
         timer = threading.Timer(TIME_LIMIT_S, p.kill)
         timer.start()
         _, status, usage = os.wait4(p.pid, 0)
         timer.cancel()
         out.seek(0)
         err.seek(0)
-        return (os.waitstatus_to_exitcode(status), out.read().decode(), err.read().decode(),
-                usage.ru_maxrss // 1024)
+        return (os.waitstatus_to_exitcode(status), out.read().decode(), err.read().decode(), usage.ru_maxrss // 1024)
 
 
 def names_line(n):
@@ -69,9 +69,9 @@ def test_ten_thousand_undefined_names_on_one_line_take_bounded_memory_and_output
     # name00019 starts at column 10 + 19 * 11 = 219 (code point 218): the window starts 50 code
     # points before it; in the output the line is not indented (code point 214).
     assert last[0] == "219: error: undefined name 'name00019' in inserted code"
-    assert last[1] == "   21 | ..." + spec_line[218 - 50:218 - 50 + WINDOW] + "..."
+    assert last[1] == "   21 | ..." + spec_line[218 - 50 : 218 - 50 + WINDOW] + "..."
     assert last[2] == "      |    " + " " * 50 + "^~~~~~~~~"
-    assert last[3] == ("note: generated line 24: ..." + line[214 - 50:214 - 50 + WINDOW] + "...")
+    assert last[3] == ("note: generated line 24: ..." + line[214 - 50 : 214 - 50 + WINDOW] + "...")
     assert last[4] == "note: ... and 9980 more undefined names in inserted code"
     assert last[5].startswith("help: ")
     assert out == "1 specs: 0 written, 0 unchanged, 0 skipped, 1 failed\n"
@@ -87,10 +87,10 @@ def test_a_long_line_with_a_few_undefined_names_reports_each_with_its_window(pro
     alpha = 4 + line.index("alpha")  # 0-based code point of the spec line
     assert lines[0] == f"specs/tiny/tiny.yaml:21:{alpha + 1}: error: undefined name 'alpha' in inserted code"
     spec_line = "    " + line
-    assert lines[1] == "   21 | ..." + spec_line[alpha - 50:alpha + 150] + "..."
+    assert lines[1] == "   21 | ..." + spec_line[alpha - 50 : alpha + 150] + "..."
     assert lines[2] == "      |    " + " " * 50 + "^~~~~"
     at = line.index("alpha")  # the output's line is not indented
-    assert lines[3] == "note: generated line 24: ..." + line[at - 50:at + 150] + "..."
+    assert lines[3] == "note: generated line 24: ..." + line[at - 50 : at + 150] + "..."
     beta = 4 + line.index("beta")
     assert f"specs/tiny/tiny.yaml:21:{beta + 1}: error: undefined name 'beta' in inserted code" in err
     assert "... and" not in err

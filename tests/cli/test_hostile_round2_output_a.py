@@ -23,8 +23,9 @@ MARK = "# a namespace portion's copy: Python never imports it\n"
 def python_origin(roots):
     """Where CPython itself finds MODULE with `roots` first on sys.path (parents imported; they
     hold nothing but a version string)."""
-    code = ("import importlib.util, sys; sys.path[:0] = sys.argv[1:]; "
-            f"print(importlib.util.find_spec({MODULE!r}).origin)")
+    code = (
+        f"import importlib.util, sys; sys.path[:0] = sys.argv[1:]; print(importlib.util.find_spec({MODULE!r}).origin)"
+    )
     r = subprocess.run([sys.executable, "-c", code, *roots], capture_output=True, text=True)
     return r.stdout.strip() if r.returncode == 0 else None
 
@@ -43,8 +44,7 @@ def namespace_copy(project, folder):
 def test_a_regular_package_wins_over_an_earlier_namespace_portion(project):
     namespace_copy(project, "portion")
     # CPython agrees: the namespace portion comes first on the path, the regular package wins.
-    assert python_origin([project.path("portion"), project.path("upstream")]) == \
-        project.path("upstream", MODELING)
+    assert python_origin([project.path("portion"), project.path("upstream")]) == project.path("upstream", MODELING)
     r = project.run("--all", "--source-root", "portion")
     assert r.returncode == 0, r.stderr
     out = project.read(PY)
@@ -61,8 +61,7 @@ def test_a_namespace_portion_is_used_when_no_root_has_a_regular_package(project)
         text = f.read()
     with open(project.path("upstream", MODELING), "w") as f:
         f.write(text.replace(MARK, "# the second portion\n"))
-    assert python_origin([project.path("portion"), project.path("upstream")]) == \
-        project.path("portion", MODELING)
+    assert python_origin([project.path("portion"), project.path("upstream")]) == project.path("portion", MODELING)
     r = project.run("--all", "--source-root", "portion")
     assert r.returncode == 0, r.stderr
     assert MARK in project.read(PY)

@@ -11,7 +11,8 @@ SPEC = "specs/tiny/tiny.yaml"
 def split_into_parent_and_child(project):
     text = project.read(SPEC)
     parent = text.replace("output: patched_modeling_tiny.py\n", "").replace(
-        "file: patches/mlp.py", "file: ../tiny/patches/mlp.py")
+        "file: patches/mlp.py", "file: ../tiny/patches/mlp.py"
+    )
     project.write("specs/base/tiny_base.yaml", parent)
     project.write(SPEC, "extends: ../base/tiny_base.yaml\noutput: patched_modeling_tiny.py\n")
 
@@ -20,8 +21,10 @@ def test_all_skips_an_abstract_parent_inside_the_specs_root_with_a_note(project)
     split_into_parent_and_child(project)
     r = project.run("--all", "--diff")
     assert r.returncode == 0, r.stderr  # was: exit 3, "missing required key 'output'"
-    assert r.stderr == ("note: specs/base/tiny_base.yaml: skipped: a parent spec without `output` "
-                        "(extended by specs/tiny/tiny.yaml), generated only through its children\n")
+    assert r.stderr == (
+        "note: specs/base/tiny_base.yaml: skipped: a parent spec without `output` "
+        "(extended by specs/tiny/tiny.yaml), generated only through its children\n"
+    )
     assert project.read("generated/tiny/patched_modeling_tiny.py")
     r = project.run("--check")
     assert r.returncode == 0, r.stdout + r.stderr

@@ -9,10 +9,11 @@ MODULE = "tinypkg.models.tiny.modeling_tiny"
 
 def test_list_statuses(project):
     for name in ["a", "b", "c"]:
-        project.write(f"specs/tiny/{name}.yaml",
-                      project.read(SPEC).replace("patched_modeling_tiny.py", f"{name}.py"))
-    project.write("specs/real/llama.yaml",
-                  "version: 1\nupstream: transformers.models.llama.modeling_llama\noutput: patched_llama.py\n")
+        project.write(f"specs/tiny/{name}.yaml", project.read(SPEC).replace("patched_modeling_tiny.py", f"{name}.py"))
+    project.write(
+        "specs/real/llama.yaml",
+        "version: 1\nupstream: transformers.models.llama.modeling_llama\noutput: patched_llama.py\n",
+    )
     assert project.run("--all").returncode == 0
     project.write("generated/tiny/b.py", "old\n")
     shutil.os.remove(project.path("generated/tiny/c.py"))
@@ -25,13 +26,17 @@ def test_list_statuses(project):
         "specs/tiny/a.yaml      tinypkg.models.tiny.modeling_tiny         generated/tiny/a.py                      up to date\n"
         "specs/tiny/b.yaml      tinypkg.models.tiny.modeling_tiny         generated/tiny/b.py                      stale\n"
         "specs/tiny/c.yaml      tinypkg.models.tiny.modeling_tiny         generated/tiny/c.py                      missing\n"
-        "specs/tiny/tiny.yaml   tinypkg.models.tiny.modeling_tiny         generated/tiny/patched_modeling_tiny.py  up to date\n")
+        "specs/tiny/tiny.yaml   tinypkg.models.tiny.modeling_tiny         generated/tiny/patched_modeling_tiny.py  up to date\n"
+    )
     assert project.snapshot() == before
     report = json.loads(project.run("--list", "--json").stdout)
     assert [(e["spec"], e["status"]) for e in report["specs"]] == [
-        ("specs/real/llama.yaml", "upstream not found"), ("specs/tiny/a.yaml", "up to date"),
-        ("specs/tiny/b.yaml", "stale"), ("specs/tiny/c.yaml", "missing"),
-        ("specs/tiny/tiny.yaml", "up to date")]
+        ("specs/real/llama.yaml", "upstream not found"),
+        ("specs/tiny/a.yaml", "up to date"),
+        ("specs/tiny/b.yaml", "stale"),
+        ("specs/tiny/c.yaml", "missing"),
+        ("specs/tiny/tiny.yaml", "up to date"),
+    ]
 
 
 def test_validate_needs_no_upstream(project):
@@ -44,7 +49,9 @@ def test_validate_needs_no_upstream(project):
 
 def test_validate_reports_python_and_slot_errors(project):
     shutil.rmtree(project.path("upstream"))
-    project.write("specs/tiny/bad.yaml", """\
+    project.write(
+        "specs/tiny/bad.yaml",
+        """\
 version: 1
 upstream: tinypkg.models.tiny.modeling_tiny
 output: bad.py
@@ -67,11 +74,14 @@ patches:
   - override_method: TinyRMSNorm.forward
     file: patches/mlp.py
     symbol: mlp_forwrd
-""")
+""",
+    )
     r = project.run("--validate")
     assert r.returncode == 3
     assert r.stdout == "validate: 1 of 2 specs valid\n"
-    assert r.stderr == """\
+    assert (
+        r.stderr
+        == """\
 specs/tiny/bad.yaml:11:13: error: slot 'rms_norm_slot' has scope: instance, so it can only guard methods
    11 |       - in: rms_helper
       |             ^~~~~~~~~~
@@ -85,12 +95,15 @@ specs/tiny/bad.yaml:22:13: error: no def or class 'mlp_forwrd' in 'patches/mlp.p
       |             ^~~~~~~~~~
 help: did you mean 'mlp_forward'? definitions in patches/mlp.py: mlp_forward
 """
+    )
 
 
 def test_validate_parses_statement_edits(project):
     """`--validate` parses every edit_body edit's code, as it parses patch bodies (no upstream needed)."""
     shutil.rmtree(project.path("upstream"))
-    project.write("specs/tiny/edits.yaml", """\
+    project.write(
+        "specs/tiny/edits.yaml",
+        """\
 version: 1
 upstream: tinypkg.models.tiny.modeling_tiny
 output: edits.py
@@ -103,16 +116,20 @@ patches:
           if x.isnan().any()
               raise ValueError("nan")
       - delete: "return x"
-""")
+""",
+    )
     r = project.run("--validate")
     assert r.returncode == 3
     assert r.stdout == "validate: 1 of 2 specs valid\n"
-    assert r.stderr == """\
+    assert (
+        r.stderr
+        == """\
 specs/tiny/edits.yaml:10:11: error: code of edit_body TinyMLP.forward insert_after does not parse as Python
    10 |           if x.isnan().any()
       |           ^
 help: fix the syntax error at this position
 """
+    )
 
 
 def test_validate_yaml_error_exits_3(project):
@@ -149,8 +166,11 @@ def test_index_refuses_a_file_that_does_not_parse(project):
 
 
 def test_index_output_does_not_depend_on_jobs(project):
-    files = ["upstream/tinypkg/activations.py", "upstream/tinypkg/models/tiny/modeling_tiny.py",
-             "upstream/tinypkg/__init__.py"]
+    files = [
+        "upstream/tinypkg/activations.py",
+        "upstream/tinypkg/models/tiny/modeling_tiny.py",
+        "upstream/tinypkg/__init__.py",
+    ]
     one = project.run("index", "-j", "1", *files)
     many = project.run("index", "--jobs", "4", *files)
     assert one.returncode == many.returncode == 0

@@ -124,14 +124,16 @@ def test_pin_keeps_the_comments_a_reviewer_wrote_in_place(toy):
     assert guard in text and record in text
     text = text.replace("pins:\n", "# Reviewed by alice on 2026-12-01.\npins:\n", 1)
     text = text.replace(guard, "  # The RMSNorm body: checked against the op's reference.\n" + guard, 1)
-    text = text.replace(guard + "    region: function\n",
-                        guard + "    region: function  # the whole body\n", 1)
+    text = text.replace(guard + "    region: function\n", guard + "    region: function  # the whole body\n", 1)
     text = text.replace(record, "      # fp32 on the CPU, bit-exact\n" + record, 1)
     text += "# end of the pins\n"
     toy.write("specs/toy/toy.pins", text)
     # A new upstream whose RMSNorm body differs: a new record is appended, the file rewritten.
-    drift(toy, "return self.weight * hidden_states.to(input_dtype)",
-          "return (self.weight * hidden_states).to(input_dtype)")
+    drift(
+        toy,
+        "return self.weight * hidden_states.to(input_dtype)",
+        "return (self.weight * hidden_states).to(input_dtype)",
+    )
     r = toy.run("pin", "specs/toy/toy.yaml", "--source-root", "new")
     assert r.returncode == 0, r.stderr
     assert "1 new fingerprints" in r.stdout
@@ -163,18 +165,25 @@ def test_generation_and_check_never_write_pins(toy):
 def test_body_change_under_a_guard_fails_check_and_generation_without_writing(toy):
     pin(toy)
     assert toy.run("specs/toy/toy.yaml", "--source-root", "old").returncode == 0
-    drift(toy, "return self.weight * hidden_states.to(input_dtype)",
-          "return (self.weight * hidden_states).to(input_dtype)")
+    drift(
+        toy,
+        "return self.weight * hidden_states.to(input_dtype)",
+        "return (self.weight * hidden_states).to(input_dtype)",
+    )
     before = toy.snapshot()
     r = toy.run("--check", "--source-root", "new")
     assert r.returncode == 3
     assert toy.snapshot() == before
-    assert (f"specs/toy/toy.yaml:{LINE_RMS_GUARD}:9: error: upstream changed the guarded function "
-            "this guard relies on: rms_norm_slot in ToyRMSNorm.forward") in r.stderr
+    assert (
+        f"specs/toy/toy.yaml:{LINE_RMS_GUARD}:9: error: upstream changed the guarded function "
+        "this guard relies on: rms_norm_slot in ToyRMSNorm.forward"
+    ) in r.stderr
     assert "-  return self.weight * hidden_states.to(input_dtype)" in r.stderr
     assert "+  return (self.weight * hidden_states).to(input_dtype)" in r.stderr
-    assert "re-verify that the upstream body still computes rms_norm/standard, then run " \
-           "`patchgen pin specs/toy/toy.yaml`" in r.stderr
+    assert (
+        "re-verify that the upstream body still computes rms_norm/standard, then run "
+        "`patchgen pin specs/toy/toy.yaml`" in r.stderr
+    )
     r = toy.run("specs/toy/toy.yaml", "--source-root", "new")
     assert r.returncode == 3
     assert toy.snapshot() == before
@@ -186,12 +195,14 @@ def test_body_change_under_a_guard_fails_check_and_generation_without_writing(to
 
 def test_unpinned_entry_is_a_warning(toy):
     pin(toy)
-    toy.write("specs/toy/toy.yaml", SPEC + "  - add_method: ToyAttention.extra_repr\n"
-              "    code: |\n      def extra_repr(self):\n          return 'a'\n")
+    toy.write(
+        "specs/toy/toy.yaml",
+        SPEC + "  - add_method: ToyAttention.extra_repr\n"
+        "    code: |\n      def extra_repr(self):\n          return 'a'\n",
+    )
     r = toy.run("specs/toy/toy.yaml", "--source-root", "old")
     assert r.returncode == 0
-    assert "warning: no contract pin for 'add_method ToyAttention.extra_repr' in specs/toy/toy.pins" \
-        in r.stderr
+    assert "warning: no contract pin for 'add_method ToyAttention.extra_repr' in specs/toy/toy.pins" in r.stderr
 
 
 def test_audit_clean(toy):
@@ -201,21 +212,39 @@ def test_audit_clean(toy):
     assert [f for f in findings(report) if f["attention"]] == []
 
 
-@pytest.mark.parametrize("old,new,kind,line,entry", [
-    ("return self.weight * hidden_states.to(input_dtype)",
-     "return (self.weight * hidden_states).to(input_dtype)",
-     "body changed under a guard", LINE_RMS_GUARD, "guard rms_norm_slot in ToyRMSNorm.forward"),
-    ("def forward(self, hidden_states, attention_mask=None):",
-     "def forward(self, hidden_states, position_ids, attention_mask=None):",
-     "signature changed", LINE_OVERRIDE, "override_method ToyAttention.forward"),
-    ("    def forward(self, hidden_states, attention_mask=None):",
-     "    @torch.no_grad()\n    def forward(self, hidden_states, attention_mask=None):",
-     "signature changed", LINE_OVERRIDE, "override_method ToyAttention.forward"),
-    ("            loss = nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())",
-     "            loss = nn.functional.cross_entropy(logits.float().flatten(0, 1), labels.flatten())",
-     "guarded statements changed", LINE_LOSS_GUARD,
-     "guard loss_slot in ToyForCausalLM.forward at 'logits = self.lm_head(' through 'if labels is not None:'"),
-])
+@pytest.mark.parametrize(
+    "old,new,kind,line,entry",
+    [
+        (
+            "return self.weight * hidden_states.to(input_dtype)",
+            "return (self.weight * hidden_states).to(input_dtype)",
+            "body changed under a guard",
+            LINE_RMS_GUARD,
+            "guard rms_norm_slot in ToyRMSNorm.forward",
+        ),
+        (
+            "def forward(self, hidden_states, attention_mask=None):",
+            "def forward(self, hidden_states, position_ids, attention_mask=None):",
+            "signature changed",
+            LINE_OVERRIDE,
+            "override_method ToyAttention.forward",
+        ),
+        (
+            "    def forward(self, hidden_states, attention_mask=None):",
+            "    @torch.no_grad()\n    def forward(self, hidden_states, attention_mask=None):",
+            "signature changed",
+            LINE_OVERRIDE,
+            "override_method ToyAttention.forward",
+        ),
+        (
+            "            loss = nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())",
+            "            loss = nn.functional.cross_entropy(logits.float().flatten(0, 1), labels.flatten())",
+            "guarded statements changed",
+            LINE_LOSS_GUARD,
+            "guard loss_slot in ToyForCausalLM.forward at 'logits = self.lm_head(' through 'if labels is not None:'",
+        ),
+    ],
+)
 def test_audit_reports_each_drift_with_its_location(toy, old, new, kind, line, entry):
     for pinned in (True, False):  # against the pins, and against the old upstream alone
         if pinned:
@@ -235,27 +264,36 @@ def test_audit_reports_each_drift_with_its_location(toy, old, new, kind, line, e
 
 
 def test_audit_signature_details(toy):
-    drift(toy, "def forward(self, hidden_states, attention_mask=None):",
-          "def forward(self, attention_mask=1, hidden_states=None, position_ids=None):")
+    drift(
+        toy,
+        "def forward(self, hidden_states, attention_mask=None):",
+        "def forward(self, attention_mask=1, hidden_states=None, position_ids=None):",
+    )
     r, report = audit(toy)
     (hit,) = [f for f in findings(report) if f["kind"] == "signature changed"]
     details = "\n".join(hit["details"])
     assert "ToyAttention.forward: parameter 'position_ids' added (default None)" in details
-    assert "ToyAttention.forward: parameters reordered: self, hidden_states, attention_mask -> " \
-           "self, attention_mask, hidden_states" in details
+    assert (
+        "ToyAttention.forward: parameters reordered: self, hidden_states, attention_mask -> "
+        "self, attention_mask, hidden_states" in details
+    )
     assert "ToyAttention.forward: default of 'attention_mask' changed: None -> 1" in details
 
 
 def test_audit_anchor_gone_target_gone_import_gone(toy):
     pin(toy)
-    drift(toy, "        logits = self.lm_head(hidden_states[:, slice_indices, :])",
-          "        hidden_states = hidden_states[:, slice_indices, :]\n"
-          "        logits = self.output_head(hidden_states)")
-    drift(toy, "from ...utils import can_return_tuple, old_helper\n",
-          "from ...utils import can_return_tuple\n")
+    drift(
+        toy,
+        "        logits = self.lm_head(hidden_states[:, slice_indices, :])",
+        "        hidden_states = hidden_states[:, slice_indices, :]\n        logits = self.output_head(hidden_states)",
+    )
+    drift(toy, "from ...utils import can_return_tuple, old_helper\n", "from ...utils import can_return_tuple\n")
     # The body a guard relies on changes too: still reported although the spec no longer generates.
-    drift(toy, "return self.weight * hidden_states.to(input_dtype)",
-          "return (self.weight * hidden_states).to(input_dtype)")
+    drift(
+        toy,
+        "return self.weight * hidden_states.to(input_dtype)",
+        "return (self.weight * hidden_states).to(input_dtype)",
+    )
     r, report = audit(toy)
     assert r.returncode == 1
     by_kind = {}
@@ -272,8 +310,11 @@ def test_audit_anchor_gone_target_gone_import_gone(toy):
     toy.write("new/toypkg/__init__.py", '__version__ = "2.0.0"\n')
     drift(toy, "class ToyAttention(nn.Module):", "class ToySelfAttention(nn.Module):")
     drift(toy, "def can_return_tuple(fn):", "def can_return_tuple_v2(fn):", rel="toypkg/utils.py")
-    drift(toy, "from ...utils import can_return_tuple, old_helper",
-          "from ...utils import can_return_tuple_v2 as can_return_tuple, old_helper")
+    drift(
+        toy,
+        "from ...utils import can_return_tuple, old_helper",
+        "from ...utils import can_return_tuple_v2 as can_return_tuple, old_helper",
+    )
     r, report = audit(toy)
     assert r.returncode == 1
     kinds = {(f["kind"], f["line"]) for f in findings(report)}
@@ -285,15 +326,17 @@ def test_audit_anchor_gone_target_gone_import_gone(toy):
 
 def test_audit_text_report_and_added_method_now_upstream(toy):
     pin(toy)
-    drift(toy, "    def forward(self, hidden_states):\n        \"\"\"Root",
-          "    def extra_repr(self):\n        return 'upstream'\n\n"
-          "    def forward(self, hidden_states):\n        \"\"\"Root")
+    drift(
+        toy,
+        '    def forward(self, hidden_states):\n        """Root',
+        "    def extra_repr(self):\n        return 'upstream'\n\n"
+        '    def forward(self, hidden_states):\n        """Root',
+    )
     before = toy.snapshot()
     r = toy.run("audit", "--source-root", "new", "--source-root-old", "old")
     assert toy.snapshot() == before
     assert r.returncode == 1
-    assert "specs/toy/toy.yaml (toypkg.models.toy.modeling_toy 1.0.0 -> 2.0.0): needs attention" \
-        in r.stdout
+    assert "specs/toy/toy.yaml (toypkg.models.toy.modeling_toy 1.0.0 -> 2.0.0): needs attention" in r.stdout
     assert f"! target added upstream: (specs/toy/toy.yaml:{LINE_ADD_METHOD}:" in r.stdout
     assert "audit: 1 specs: 1 need attention, 0 ok, 0 skipped" in r.stdout
 
@@ -314,7 +357,7 @@ def test_every_real_model_spec_is_pinned():
             continue
         for name in sorted(os.listdir(os.path.join(specs, model))):
             if name.endswith(".yaml"):
-                pins = os.path.join(specs, model, name[:-len(".yaml")] + ".pins")
+                pins = os.path.join(specs, model, name[: -len(".yaml")] + ".pins")
                 if not os.path.isfile(pins):
                     missing.append(f"specs/{model}/{name}")
                 else:
@@ -325,11 +368,16 @@ def test_every_real_model_spec_is_pinned():
 
 def test_audit_with_pins_only_finds_changed_bodies_of_a_spec_that_no_longer_generates(toy):
     pin(toy)
-    drift(toy, "        logits = self.lm_head(hidden_states[:, slice_indices, :])",
-          "        hidden_states = hidden_states[:, slice_indices, :]\n"
-          "        logits = self.output_head(hidden_states)")
-    drift(toy, "return self.weight * hidden_states.to(input_dtype)",
-          "return (self.weight * hidden_states).to(input_dtype)")
+    drift(
+        toy,
+        "        logits = self.lm_head(hidden_states[:, slice_indices, :])",
+        "        hidden_states = hidden_states[:, slice_indices, :]\n        logits = self.output_head(hidden_states)",
+    )
+    drift(
+        toy,
+        "return self.weight * hidden_states.to(input_dtype)",
+        "return (self.weight * hidden_states).to(input_dtype)",
+    )
     before = toy.snapshot()
     r = toy.run("audit", "--source-root", "new", "--json")
     assert toy.snapshot() == before
@@ -344,7 +392,9 @@ def test_audit_with_pins_only_finds_changed_bodies_of_a_spec_that_no_longer_gene
 def test_audit_names_a_changed_edit_anchor_as_edited_statements(toy):
     """An edit_body edit is pinned on the statements it anchors on; when upstream changes them,
     audit reports 'edited statements changed' (not the call-site guard's wording)."""
-    toy.write("specs/toy/toy.yaml", """\
+    toy.write(
+        "specs/toy/toy.yaml",
+        """\
 upstream: toypkg.models.toy.modeling_toy
 output: patched_modeling_toy.py
 patches:
@@ -353,11 +403,13 @@ patches:
       - insert_after: "self.scale = config.head_dim"
         code: |
           self.extra = 1
-""")
+""",
+    )
     pin(toy)
     drift(toy, "self.scale = config.head_dim**-0.5", "self.scale = config.head_dim**-0.25")
     r, report = audit(toy)
     assert r.returncode == 1
     kinds = [(f["kind"], f["entry"], f["line"]) for f in findings(report)]
-    assert kinds == [("edited statements changed",
-                      "edit_body ToyAttention.__init__ insert_after 'self.scale = config.head_dim'", 6)], kinds
+    assert kinds == [
+        ("edited statements changed", "edit_body ToyAttention.__init__ insert_after 'self.scale = config.head_dim'", 6)
+    ], kinds

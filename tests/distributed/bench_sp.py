@@ -33,16 +33,45 @@ sys.path.insert(0, str(HERE))
 import harness  # noqa: E402  (puts runtime/ on sys.path)
 
 MODELS = {
-    "qwen3": dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=4,
-                  num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=131072),
-    "qwen3_5": dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=4,
-                    num_attention_heads=16, num_key_value_heads=4, head_dim=128, max_position_embeddings=131072,
-                    linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
-                    linear_value_head_dim=128, layer_types=["linear_attention"] * 3 + ["full_attention"]),
+    "qwen3": dict(
+        vocab_size=151936,
+        hidden_size=2048,
+        intermediate_size=6144,
+        num_hidden_layers=4,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        max_position_embeddings=131072,
+    ),
+    "qwen3_5": dict(
+        vocab_size=151936,
+        hidden_size=2048,
+        intermediate_size=6144,
+        num_hidden_layers=4,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        head_dim=128,
+        max_position_embeddings=131072,
+        linear_num_key_heads=16,
+        linear_num_value_heads=32,
+        linear_key_head_dim=128,
+        linear_value_head_dim=128,
+        layer_types=["linear_attention"] * 3 + ["full_attention"],
+    ),
 }
-TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
-            linear_key_head_dim=16, linear_value_head_dim=16)
+TINY = dict(
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=16,
+    linear_value_head_dim=16,
+)
 
 
 def build(key: str, attn: str, opts: Dict[str, Any]):
@@ -53,7 +82,6 @@ def build(key: str, attn: str, opts: Dict[str, Any]):
 
     sys.path.insert(0, str(harness.ROOT / "tests" / "models"))
     import e2e
-
     import opslot
 
     case = next(c for c in e2e.CASES if c.key == key)
@@ -97,8 +125,10 @@ def measure(model, batch: Dict[str, Any], steps: int, device: str) -> Dict[str, 
         if step:
             times.append(time.perf_counter() - t0)
         model.zero_grad(set_to_none=True)
-    return {"seconds": statistics.median(times),
-            "peak_gib": torch.cuda.max_memory_allocated() / 2 ** 30 if cuda else None}
+    return {
+        "seconds": statistics.median(times),
+        "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
+    }
 
 
 def run(opts: Dict[str, Any]) -> List[Dict[str, Any]]:
@@ -131,7 +161,7 @@ def run(opts: Dict[str, Any]) -> List[Dict[str, Any]]:
                     except torch.OutOfMemoryError:
                         row["oom"] = True
                     oom = torch.tensor([int(row.get("oom", False))], device=opts["device"])
-                    dist.all_reduce(oom)          # the ranks go on together (an OOM on one rank skips the pair)
+                    dist.all_reduce(oom)  # the ranks go on together (an OOM on one rank skips the pair)
                     if int(oom) and not row.get("oom"):
                         row["oom"] = "other rank"
                     del model
@@ -140,15 +170,19 @@ def run(opts: Dict[str, Any]) -> List[Dict[str, Any]]:
 
 
 def table(rows: List[Dict[str, Any]]) -> str:
-    out = ["| model | attention | S | mode | tokens per GPU | step (s) | tokens/s per GPU | peak GiB per GPU |",
-           "|---|---|---|---|---|---|---|---|"]
+    out = [
+        "| model | attention | S | mode | tokens per GPU | step (s) | tokens/s per GPU | peak GiB per GPU |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         if r.get("oom"):
             out.append(f"| {r['model']} | {r['attention']} | {r['seq']} | {r['mode']} | — | OOM | — | — |")
             continue
         peak = "—" if r["peak_gib"] is None else f"{r['peak_gib']:.2f}"
-        out.append(f"| {r['model']} | {r['attention']} | {r['seq']} | {r['mode']} | {r['tokens_per_gpu']} | "
-                   f"{r['seconds']:.3f} | {r['tokens_per_s_per_gpu']:,.0f} | {peak} |")
+        out.append(
+            f"| {r['model']} | {r['attention']} | {r['seq']} | {r['mode']} | {r['tokens_per_gpu']} | "
+            f"{r['seconds']:.3f} | {r['tokens_per_s_per_gpu']:,.0f} | {peak} |"
+        )
     return "\n".join(out) + "\n"
 
 
@@ -163,9 +197,15 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None, help="write the table (markdown) here, and the rows as JSON beside it")
     args = p.parse_args(argv)
     device = "cpu" if args.tiny else "cuda"
-    opts = {"module_dir": args.module_dir, "device": device, "tiny": args.tiny, "steps": args.steps,
-            "seqs": [int(s) for s in args.seqs.split(",")], "models": args.models.split(","),
-            "attns": args.attns.split(",")}
+    opts = {
+        "module_dir": args.module_dir,
+        "device": device,
+        "tiny": args.tiny,
+        "steps": args.steps,
+        "seqs": [int(s) for s in args.seqs.split(",")],
+        "models": args.models.split(","),
+        "attns": args.attns.split(","),
+    }
     rows = harness.spawn(run, opts, world=2, device=device)[0]
     text = table(rows)
     print(text)

@@ -1,10 +1,10 @@
 """Options and fixtures of the distributed tests (tests/distributed/test_distributed.py).
 
-  --patchgen PATH     the patchgen binary (default $PATCHGEN_BIN, else .device-bin/patchgen, else build/tools/patchgen/patchgen)
-  --source-root DIR   folder holding the `transformers` package to generate against (default: the imported one's)
-  --device DEV        cpu (gloo, torch kernels, fp32) or cuda (NCCL, cuda kernels, bf16, 2 GPUs); default
-                      $OPSLOT_TEST_DEVICE, else cpu
-  --results-json PATH also write every scenario's measurements there
+--patchgen PATH     the patchgen binary (default $PATCHGEN_BIN, else .device-bin/patchgen, else build/tools/patchgen/patchgen)
+--source-root DIR   folder holding the `transformers` package to generate against (default: the imported one's)
+--device DEV        cpu (gloo, torch kernels, fp32) or cuda (NCCL, cuda kernels, bf16, 2 GPUs); default
+                    $OPSLOT_TEST_DEVICE, else cpu
+--results-json PATH also write every scenario's measurements there
 """
 
 import os
@@ -30,10 +30,12 @@ def _default_patchgen() -> str:
 
 
 def pytest_addoption(parser):
-    for name, kw in (("--patchgen", dict(default=_default_patchgen(), help="the patchgen binary")),
-                     ("--source-root", dict(default=None, help="folder holding the transformers package")),
-                     ("--device", dict(default=os.environ.get("OPSLOT_TEST_DEVICE", "cpu"), help="cpu or cuda")),
-                     ("--results-json", dict(default=None, help="write the scenarios' measurements here"))):
+    for name, kw in (
+        ("--patchgen", dict(default=_default_patchgen(), help="the patchgen binary")),
+        ("--source-root", dict(default=None, help="folder holding the transformers package")),
+        ("--device", dict(default=os.environ.get("OPSLOT_TEST_DEVICE", "cpu"), help="cpu or cuda")),
+        ("--results-json", dict(default=None, help="write the scenarios' measurements here")),
+    ):
         try:
             parser.addoption(name, **kw)
         except ValueError:  # another conftest of the same run defines it

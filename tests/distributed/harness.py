@@ -46,10 +46,26 @@ def tiny_config(**overrides: Any) -> Any:
     import transformers
 
     kw: Dict[str, Any] = dict(
-        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=8, max_position_embeddings=64, rms_norm_eps=1e-6, tie_word_embeddings=False,
-        attention_dropout=0.0, use_cache=False, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=16,
-        decoder_sparse_step=1, mlp_only_layers=[0], norm_topk_prob=True, output_router_logits=False)
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=64,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        attention_dropout=0.0,
+        use_cache=False,
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=16,
+        decoder_sparse_step=1,
+        mlp_only_layers=[0],
+        norm_topk_prob=True,
+        output_router_logits=False,
+    )
     kw.update(overrides)
     config = transformers.Qwen3MoeConfig(**kw)
     config._attn_implementation = "eager"
@@ -84,18 +100,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(rank: int, world: int, port: int, device: str, fn: Callable, arg: Any, results: Any,
-           timeout_s: int = TIMEOUT_S) -> None:
+def _entry(
+    rank: int, world: int, port: int, device: str, fn: Callable, arg: Any, results: Any, timeout_s: int = TIMEOUT_S
+) -> None:
     import torch
     import torch.distributed as dist
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank))
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank)
+    )
     torch.manual_seed(0)
     if device.startswith("cuda"):
         torch.cuda.set_device(rank)
-    dist.init_process_group("nccl" if device.startswith("cuda") else "gloo", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=timeout_s))
+    dist.init_process_group(
+        "nccl" if device.startswith("cuda") else "gloo",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
     try:
         out = fn(arg)
         results.put((rank, "ok", out))
@@ -117,8 +139,14 @@ def _wait(procs: Any, deadline_s: Optional[float]) -> None:
             raise TimeoutError(f"the ranks did not finish within {deadline_s} s (killed)")
 
 
-def spawn(fn: Callable, arg: Any, world: int = 2, device: str = "cpu", timeout_s: int = TIMEOUT_S,
-          deadline_s: Optional[float] = None) -> List[Any]:
+def spawn(
+    fn: Callable,
+    arg: Any,
+    world: int = 2,
+    device: str = "cpu",
+    timeout_s: int = TIMEOUT_S,
+    deadline_s: Optional[float] = None,
+) -> List[Any]:
     """Run fn(arg) on `world` processes of one process group; returns every rank's result, rank order.
     A rank that raises, dies (an abort) or outlives `deadline_s` fails the call with what each rank
     reported; `timeout_s` bounds every collective (the process group's timeout)."""
@@ -128,8 +156,13 @@ def spawn(fn: Callable, arg: Any, world: int = 2, device: str = "cpu", timeout_s
     results = ctx.SimpleQueue()
     port = free_port()
     try:
-        procs = mp.start_processes(_entry, args=(world, port, device, fn, arg, results, timeout_s), nprocs=world,
-                                   join=False, start_method="spawn")
+        procs = mp.start_processes(
+            _entry,
+            args=(world, port, device, fn, arg, results, timeout_s),
+            nprocs=world,
+            join=False,
+            start_method="spawn",
+        )
         _wait(procs, deadline_s)
     except Exception as exc:
         errors = []

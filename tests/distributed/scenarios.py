@@ -18,22 +18,24 @@ from typing import Any, Dict, List
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-import harness  # noqa: E402
-import train  # noqa: E402
-
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+import harness  # noqa: E402
 import opslot.distributed as od  # noqa: E402
+import train  # noqa: E402
 
 
 def _inputs(total_tokens: int, hidden: int, experts: int, top_k: int, dtype, device, drop: bool, seed: int):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(total_tokens, hidden, generator=g)
-    idx = torch.stack([torch.randperm(experts, generator=g)[:top_k] for _ in range(total_tokens)]) \
-        if total_tokens else torch.empty(0, top_k, dtype=torch.int64)
+    idx = (
+        torch.stack([torch.randperm(experts, generator=g)[:top_k] for _ in range(total_tokens)])
+        if total_tokens
+        else torch.empty(0, top_k, dtype=torch.int64)
+    )
     if drop and total_tokens > 2:
-        idx[1, 0] = experts          # upstream's masking index: dropped
+        idx[1, 0] = experts  # upstream's masking index: dropped
         idx[2, 1] = experts
     w = torch.rand(total_tokens, top_k, generator=g)
     gout = torch.randn(total_tokens, hidden, generator=g)
@@ -49,7 +51,6 @@ def _err(a: torch.Tensor, b: torch.Tensor) -> float:
 def _other_model(args, key: str):
     sys.path.insert(0, str(harness.ROOT / "tests" / "models"))
     import e2e
-
     import opslot
 
     case = next(c for c in e2e.CASES if c.key == key)
@@ -57,18 +58,20 @@ def _other_model(args, key: str):
     impl = {"torch": "fused_torch", "cuda": "fused_cuda", "eager": "eager"}[args.ops]
     if str(args.module_dir) not in sys.path:
         sys.path.insert(0, str(args.module_dir))
-    model = opslot.build_model(config, ops={"moe_implementation": impl}, module=f"patched_modeling_{key}_gpu",
-                               model_class=case.causal_lm)
+    model = opslot.build_model(
+        config, ops={"moe_implementation": impl}, module=f"patched_modeling_{key}_gpu", model_class=case.causal_lm
+    )
     harness.randomize_(model, seed=0, std=0.1)
     return config, model.to(args.device)
 
 
 def ep_layer(opts: Dict[str, Any]) -> Dict[str, Any]:
     """EP layer vs the unsharded layer, for one (ops, dtype, mode, token split) case."""
-    args = train.resolve(train.opts_from(module_dir=opts["module_dir"], device=opts["device"], ops=opts["ops"],
-                                         dtype=opts["dtype"]))
+    args = train.resolve(
+        train.opts_from(module_dir=opts["module_dir"], device=opts["device"], ops=opts["ops"], dtype=opts["dtype"])
+    )
     dtype = train.DTYPES[args.dtype]
-    world, rank = dist.get_world_size(), dist.get_rank()
+    rank = dist.get_rank()
     if opts.get("model"):  # another generated MoE model (tests/models/e2e.py's tiny config of it)
         config, model = _other_model(args, opts["model"])
     else:
@@ -78,15 +81,15 @@ def ep_layer(opts: Dict[str, Any]) -> Dict[str, Any]:
     ref = copy.deepcopy(experts)
     split: List[int] = opts["tokens"]  # tokens per rank
     top_k = config.num_experts_per_tok
-    x, idx, w, gout = _inputs(sum(split), config.hidden_size, experts.num_experts, top_k, dtype, args.device,
-                              opts.get("drop", False), seed=7)
+    x, idx, w, gout = _inputs(
+        sum(split), config.hidden_size, experts.num_experts, top_k, dtype, args.device, opts.get("drop", False), seed=7
+    )
     xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
     out_ref = ref(xr, idx, wr)
     (out_ref.float() * gout.float()).sum().backward()
 
-    od.shard_experts(model, dist.group.WORLD, mode=opts["mode"], capacity=opts.get("capacity"),
-                     modules=[experts])
-    lo, hi = sum(split[:rank]), sum(split[:rank + 1])
+    od.shard_experts(model, dist.group.WORLD, mode=opts["mode"], capacity=opts.get("capacity"), modules=[experts])
+    lo, hi = sum(split[:rank]), sum(split[: rank + 1])
     runs = []
     for _ in range(2):
         for p in experts.parameters():
@@ -97,27 +100,42 @@ def ep_layer(opts: Dict[str, Any]) -> Dict[str, Any]:
         runs.append([out.detach(), xe.grad, we.grad] + [p.grad for p in experts.parameters()])
     st = experts._opslot_ep
     first, local = st.first, st.local
-    errs = {"out": _err(runs[0][0], out_ref[lo:hi]), "grad_x": _err(runs[0][1], xr.grad[lo:hi]),
-            "grad_w": _err(runs[0][2], wr.grad[lo:hi])}
+    errs = {
+        "out": _err(runs[0][0], out_ref[lo:hi]),
+        "grad_x": _err(runs[0][1], xr.grad[lo:hi]),
+        "grad_w": _err(runs[0][2], wr.grad[lo:hi]),
+    }
     for (name, p_ref), g in zip(ref.named_parameters(), runs[0][3:]):
-        expect = p_ref.grad[first:first + local]
+        expect = p_ref.grad[first : first + local]
         errs[f"grad_{name}"] = _err(g if g is not None else torch.zeros_like(expect), expect)
-    scale = max(float(out_ref.detach().float().abs().max()) if out_ref.numel() else 0.0,
-                max(float(p.grad.float().abs().max()) for p in ref.parameters()), 1.0)
+    scale = max(
+        float(out_ref.detach().float().abs().max()) if out_ref.numel() else 0.0,
+        max(float(p.grad.float().abs().max()) for p in ref.parameters()),
+        1.0,
+    )
     bitwise = all(torch.equal(a, b) if a is not None else b is None for a, b in zip(runs[0], runs[1]))
-    return {"errors": errs, "max_error": max(errs.values()), "scale": scale, "bitwise": bitwise,
-            "impl": type(experts).__name__, "local": local, "received_tokens": hi - lo,
-            "sharded": list(st.sharded)}
+    return {
+        "errors": errs,
+        "max_error": max(errs.values()),
+        "scale": scale,
+        "bitwise": bitwise,
+        "impl": type(experts).__name__,
+        "local": local,
+        "received_tokens": hi - lo,
+        "sharded": list(st.sharded),
+    }
 
 
 def _recorder(found: Dict[str, str]):
     """attempt(name, fn): runs fn and records its refusal's message (or "no error") under name."""
+
     def attempt(name, fn):
         try:
             fn()
             found[name] = "no error"
         except (ValueError, RuntimeError, TypeError) as exc:
             found[name] = f"{type(exc).__name__}: {exc}"
+
     return attempt
 
 
@@ -133,8 +151,10 @@ def errors(opts: Dict[str, Any]) -> Dict[str, str]:
     attempt("bad_mode", lambda: od.shard_experts(model, group, mode="bogus"))
     dense = train.build(args, harness.tiny_config(mlp_only_layers=[0, 1]))
     attempt("no_experts", lambda: od.shard_experts(dense, group))
-    eager = train.build(train.resolve(train.opts_from(module_dir=opts["module_dir"], device=opts["device"],
-                                                      ops="eager")), harness.tiny_config())
+    eager = train.build(
+        train.resolve(train.opts_from(module_dir=opts["module_dir"], device=opts["device"], ops="eager")),
+        harness.tiny_config(),
+    )
     attempt("padded_eager", lambda: od.shard_experts(eager, group, mode="padded"))
     od.shard_experts(model, group)
     attempt("twice", lambda: od.shard_experts(model, group, modules=[model.model.layers[1].mlp.experts]))
@@ -158,8 +178,10 @@ def preconditions(opts: Dict[str, Any]) -> Dict[str, str]:
         model(input_ids=torch.zeros(1, tokens[rank], dtype=torch.long, device=args.device))
 
     def sharded(ops: str = args.ops, **kw):
-        model = train.build(train.resolve(train.opts_from(module_dir=opts["module_dir"], device=opts["device"],
-                                                          ops=ops)), harness.tiny_config())
+        model = train.build(
+            train.resolve(train.opts_from(module_dir=opts["module_dir"], device=opts["device"], ops=ops)),
+            harness.tiny_config(),
+        )
         od.shard_experts(model, group, **kw)
         return model
 

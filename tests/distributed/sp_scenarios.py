@@ -17,18 +17,17 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Optional
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import harness  # noqa: E402  (puts runtime/ on sys.path)
 
 sys.path.insert(0, str(harness.ROOT / "tests" / "models"))
-import e2e  # noqa: E402
-
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+import e2e  # noqa: E402
 import opslot  # noqa: E402
 import opslot.distributed as od  # noqa: E402
 
@@ -75,7 +74,7 @@ def global_batch(opts: Dict[str, Any], vocab: int, seed: int = 5) -> Dict[str, t
         batch["position_ids"] = torch.cat([torch.arange(n) for n in packed])[None].expand(rows, seq).contiguous()
     if opts.get("left_pad"):
         mask = torch.ones(rows, seq, dtype=torch.long)
-        mask[-1, :opts["left_pad"]] = 0
+        mask[-1, : opts["left_pad"]] = 0
         batch["attention_mask"] = mask
         batch["labels"] = ids.masked_fill(mask == 0, -100)
     return {k: v.to(opts["device"]) for k, v in batch.items()}
@@ -83,12 +82,14 @@ def global_batch(opts: Dict[str, Any], vocab: int, seed: int = 5) -> Dict[str, t
 
 def _replica(batch: Dict[str, torch.Tensor], d: int, dp: int) -> Dict[str, torch.Tensor]:
     rows = batch["input_ids"].shape[0] // dp
-    return {k: v[d * rows:(d + 1) * rows] for k, v in batch.items()}
+    return {k: v[d * rows : (d + 1) * rows] for k, v in batch.items()}
 
 
 def _grads(model) -> Dict[str, torch.Tensor]:
-    return {n: (p.grad if p.grad is not None else torch.zeros_like(p)).detach().float().clone()
-            for n, p in model.named_parameters()}
+    return {
+        n: (p.grad if p.grad is not None else torch.zeros_like(p)).detach().float().clone()
+        for n, p in model.named_parameters()
+    }
 
 
 def _extra(opts: Dict[str, Any], model) -> Dict[str, Any]:
@@ -118,8 +119,9 @@ def reference(opts: Dict[str, Any], batch: Dict[str, torch.Tensor]) -> Dict[str,
                 if p.grad is not None:
                     p -= opts.get("lr", 0.1) * p.grad
         model.zero_grad(set_to_none=True)
-        out["losses2"] = [float(model(**_replica(batch, d, dp), **_extra(opts, model)).loss.detach())
-                          for d in range(dp)]
+        out["losses2"] = [
+            float(model(**_replica(batch, d, dp), **_extra(opts, model)).loss.detach()) for d in range(dp)
+        ]
     return out
 
 
@@ -135,7 +137,7 @@ def parity(opts: Dict[str, Any]) -> Dict[str, Any]:
     if opts.get("ac"):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     par = od.parallelize(model, sp=sp, ep=opts.get("ep", 1), fsdp=opts.get("fsdp", False))
-    d = dist.get_rank() // sp                                  # this rank's data-parallel replica
+    d = dist.get_rank() // sp  # this rank's data-parallel replica
     local = od.shard_batch(_replica(batch, d, dp), par.sp)
     out = model(**local, **_extra(opts, model))
     out.loss.backward()
@@ -145,9 +147,13 @@ def parity(opts: Dict[str, Any]) -> Dict[str, Any]:
         od.average_gradients(model, dist.group.WORLD)
         grads = _grads(model)
     result: Dict[str, Any] = {
-        "loss": float(out.loss.detach()), "replica": d, "tokens": int(local["input_ids"].shape[1]),
-        "attention": model.config._attn_implementation, "inner": model._opslot_sp.inner,
-        "kv_rep": model._opslot_sp.kv_rep, "gdn_wrapped": len(model._opslot_sp.gdn_slots),
+        "loss": float(out.loss.detach()),
+        "replica": d,
+        "tokens": int(local["input_ids"].shape[1]),
+        "attention": model.config._attn_implementation,
+        "inner": model._opslot_sp.inner,
+        "kv_rep": model._opslot_sp.kv_rep,
+        "gdn_wrapped": len(model._opslot_sp.gdn_slots),
         "aux": None if out.get("aux_loss") is None else float(out.aux_loss.detach()),
         "router_rows": None if out.get("router_logits") is None else int(out.router_logits[0].shape[0]),
         "slots": opslot.binding_plan(model).as_dict(),
@@ -161,12 +167,21 @@ def parity(opts: Dict[str, Any]) -> Dict[str, Any]:
         result["loss2"] = float(model(**local, **_extra(opts, model)).loss.detach())
     if ref is not None:
         missing = sorted(set(ref["grads"]) ^ set(grads))
-        rel = {k: float((grads[k] - ref["grads"][k]).abs().max()) / max(float(ref["grads"][k].abs().max()), 1e-12)
-               for k in ref["grads"] if k in grads}
+        rel = {
+            k: float((grads[k] - ref["grads"][k]).abs().max()) / max(float(ref["grads"][k].abs().max()), 1e-12)
+            for k in ref["grads"]
+            if k in grads
+        }
         worst = max(rel, key=rel.get)
-        result.update(ref_losses=ref["losses"], ref_aux=ref["aux"], ref_losses2=ref.get("losses2"),
-                      max_grad_rel_diff=rel[worst], worst_grad=worst, missing=missing,
-                      grad_scale=max(float(g.abs().max()) for g in ref["grads"].values()))
+        result.update(
+            ref_losses=ref["losses"],
+            ref_aux=ref["aux"],
+            ref_losses2=ref.get("losses2"),
+            max_grad_rel_diff=rel[worst],
+            worst_grad=worst,
+            missing=missing,
+            grad_scale=max(float(g.abs().max()) for g in ref["grads"].values()),
+        )
     result["seconds"] = round(time.time() - t0, 2)
     return result
 
@@ -179,6 +194,7 @@ def _recorder(found: Dict[str, str]):
             found[name] = "no error"
         except (ValueError, RuntimeError, TypeError) as exc:
             found[name] = f"{type(exc).__name__}: {exc}"
+
     return attempt
 
 
@@ -200,24 +216,42 @@ def preconditions(opts: Dict[str, Any]) -> Dict[str, str]:
     attempt("positions_on_one_rank", lambda: model(input_ids=ids(8), position_ids=ids(8) if rank == 1 else None))
     attempt("cache_on_one_rank", lambda: model(input_ids=ids(8), past_key_values=_cache(model) if rank else None))
     mask = torch.ones(1, 8, dtype=torch.long, device=dev)
-    mask[0, 2] = 0   # a hole in the global row, on rank 0's slice
+    mask[0, 2] = 0  # a hole in the global row, on rank 0's slice
     packed_pos = torch.tensor([[0, 1, 2, 0, 1, 2, 3, 4]], device=dev)
-    attempt("packed_with_padding_inside", lambda: model(input_ids=ids(8), position_ids=packed_pos,
-                                                        attention_mask=mask if rank == 0 else torch.ones_like(mask)))
+    attempt(
+        "packed_with_padding_inside",
+        lambda: model(
+            input_ids=ids(8), position_ids=packed_pos, attention_mask=mask if rank == 0 else torch.ones_like(mask)
+        ),
+    )
     attempt("labels_shape_on_one_rank", lambda: model(input_ids=ids(8), labels=ids([8, 7][rank])))
-    attempt("attention_changed_on_one_rank", lambda: model(input_ids=ids(8)) if rank == 0 else _call_with_attention(
-        model, "sdpa", input_ids=ids(8)))
+    attempt(
+        "attention_changed_on_one_rank",
+        lambda: model(input_ids=ids(8)) if rank == 0 else _call_with_attention(model, "sdpa", input_ids=ids(8)),
+    )
     attempt("fine_after_bad_inputs", lambda: model(input_ids=ids(8), labels=ids(8)).loss.backward())
     attempt("sp_size_differs", lambda: od.parallelize(build(base), sp=[2, 1][rank], fsdp=False))
-    attempt("heads_do_not_split", lambda: od.sequence_parallel(
-        build(base, {"num_attention_heads": 3, "num_key_value_heads": 1}), dist.group.WORLD))
-    attempt("attention_differs", lambda: od.sequence_parallel(
-        _with_attention(build(base), ["sdpa", "flex_attention"][rank]), dist.group.WORLD))
-    attempt("config_differs", lambda: od.sequence_parallel(
-        build(base, {"rms_norm_eps": [1e-6, 1e-5][rank]}), dist.group.WORLD))
-    attempt("delta_rule_on_eager", lambda: od.sequence_parallel(
-        build(dict(base, model="qwen3_5"), ops_override={"chunk_gated_delta_rule_implementation": "eager"}),
-        dist.group.WORLD))
+    attempt(
+        "heads_do_not_split",
+        lambda: od.sequence_parallel(
+            build(base, {"num_attention_heads": 3, "num_key_value_heads": 1}), dist.group.WORLD
+        ),
+    )
+    attempt(
+        "attention_differs",
+        lambda: od.sequence_parallel(_with_attention(build(base), ["sdpa", "flex_attention"][rank]), dist.group.WORLD),
+    )
+    attempt(
+        "config_differs",
+        lambda: od.sequence_parallel(build(base, {"rms_norm_eps": [1e-6, 1e-5][rank]}), dist.group.WORLD),
+    )
+    attempt(
+        "delta_rule_on_eager",
+        lambda: od.sequence_parallel(
+            build(dict(base, model="qwen3_5"), ops_override={"chunk_gated_delta_rule_implementation": "eager"}),
+            dist.group.WORLD,
+        ),
+    )
     attempt("twice", lambda: od.sequence_parallel(model, dist.group.WORLD))
     attempt("fine_at_the_end", lambda: model(input_ids=ids(8), labels=ids(8)).loss.backward())
     return found
@@ -248,8 +282,13 @@ def all_scenarios(cfg: Dict[str, Any]) -> Dict[str, Any]:
     """Every scenario of cfg["scenarios"] ([(name, kind, options)]) in this rank; failures are results too."""
     out: Dict[str, Any] = {}
     for name, kind, options in cfg["scenarios"]:
-        opts = dict(options, module_dir=cfg["module_dir"], device=cfg["device"],
-                    ops=cfg.get("ops", "torch"), dtype=cfg.get("dtype", "fp32"))
+        opts = dict(
+            options,
+            module_dir=cfg["module_dir"],
+            device=cfg["device"],
+            ops=cfg.get("ops", "torch"),
+            dtype=cfg.get("dtype", "fp32"),
+        )
         try:
             out[name] = preconditions(opts) if kind == "preconditions" else parity(opts)
         except Exception:

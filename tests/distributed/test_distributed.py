@@ -29,14 +29,26 @@ import scenarios
 CPU: List[Tuple[str, str, Dict[str, Any]]] = [
     ("ep_splits", "ep_layer", {"ops": "torch", "dtype": "fp32", "mode": "splits", "tokens": [7, 5]}),
     ("ep_splits_eager_empty_rank", "ep_layer", {"ops": "eager", "dtype": "fp32", "mode": "splits", "tokens": [6, 0]}),
-    ("ep_padded_dropped", "ep_layer", {"ops": "torch", "dtype": "fp32", "mode": "padded", "tokens": [6, 6],
-                                       "drop": True}),
-    ("ep_padded_capacity_uneven", "ep_layer", {"ops": "torch", "dtype": "fp32", "mode": "padded", "capacity": 14,
-                                               "tokens": [7, 5]}),
-    ("ep_splits_gpt_oss", "ep_layer", {"model": "gpt_oss", "ops": "torch", "dtype": "fp32", "mode": "splits",
-                                       "tokens": [7, 5]}),
-    ("ep_padded_deepseek_v3", "ep_layer", {"model": "deepseek_v3", "ops": "torch", "dtype": "fp32", "mode": "padded",
-                                           "tokens": [6, 6], "drop": True}),
+    (
+        "ep_padded_dropped",
+        "ep_layer",
+        {"ops": "torch", "dtype": "fp32", "mode": "padded", "tokens": [6, 6], "drop": True},
+    ),
+    (
+        "ep_padded_capacity_uneven",
+        "ep_layer",
+        {"ops": "torch", "dtype": "fp32", "mode": "padded", "capacity": 14, "tokens": [7, 5]},
+    ),
+    (
+        "ep_splits_gpt_oss",
+        "ep_layer",
+        {"model": "gpt_oss", "ops": "torch", "dtype": "fp32", "mode": "splits", "tokens": [7, 5]},
+    ),
+    (
+        "ep_padded_deepseek_v3",
+        "ep_layer",
+        {"model": "deepseek_v3", "ops": "torch", "dtype": "fp32", "mode": "padded", "tokens": [6, 6], "drop": True},
+    ),
     ("fsdp", "train", {}),
     ("fsdp_ac", "train", {"ac": True}),
     ("fsdp_ep", "train", {"ep": 2}),
@@ -45,20 +57,42 @@ CPU: List[Tuple[str, str, Dict[str, Any]]] = [
     ("errors", "errors", {"ops": "torch"}),
 ]
 
-GPU_CONFIG = {"hidden_size": 128, "intermediate_size": 256, "moe_intermediate_size": 64, "num_experts": 16,
-              "num_experts_per_tok": 4, "head_dim": 32, "vocab_size": 512}
+GPU_CONFIG = {
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "moe_intermediate_size": 64,
+    "num_experts": 16,
+    "num_experts_per_tok": 4,
+    "head_dim": 32,
+    "vocab_size": 512,
+}
 GPU_TRAIN = {"config": GPU_CONFIG, "batch": 8, "seq": 64}
 CUDA: List[Tuple[str, str, Dict[str, Any]]] = [
-    ("ep_splits_cuda_bf16", "ep_layer", {"ops": "cuda", "dtype": "bf16", "mode": "splits", "tokens": [37, 21],
-                                         "config": GPU_CONFIG}),
-    ("ep_splits_cuda_fp32", "ep_layer", {"ops": "cuda", "dtype": "fp32", "mode": "splits", "tokens": [37, 21],
-                                         "config": GPU_CONFIG}),
-    ("ep_padded_cuda_bf16_dropped", "ep_layer", {"ops": "cuda", "dtype": "bf16", "mode": "padded",
-                                                 "tokens": [32, 32], "drop": True, "config": GPU_CONFIG}),
-    ("ep_splits_eager_empty_rank", "ep_layer", {"ops": "eager", "dtype": "bf16", "mode": "splits", "tokens": [24, 0],
-                                                "config": GPU_CONFIG}),
-    ("ep_splits_torch_fp32", "ep_layer", {"ops": "torch", "dtype": "fp32", "mode": "splits", "tokens": [37, 21],
-                                          "config": GPU_CONFIG}),
+    (
+        "ep_splits_cuda_bf16",
+        "ep_layer",
+        {"ops": "cuda", "dtype": "bf16", "mode": "splits", "tokens": [37, 21], "config": GPU_CONFIG},
+    ),
+    (
+        "ep_splits_cuda_fp32",
+        "ep_layer",
+        {"ops": "cuda", "dtype": "fp32", "mode": "splits", "tokens": [37, 21], "config": GPU_CONFIG},
+    ),
+    (
+        "ep_padded_cuda_bf16_dropped",
+        "ep_layer",
+        {"ops": "cuda", "dtype": "bf16", "mode": "padded", "tokens": [32, 32], "drop": True, "config": GPU_CONFIG},
+    ),
+    (
+        "ep_splits_eager_empty_rank",
+        "ep_layer",
+        {"ops": "eager", "dtype": "bf16", "mode": "splits", "tokens": [24, 0], "config": GPU_CONFIG},
+    ),
+    (
+        "ep_splits_torch_fp32",
+        "ep_layer",
+        {"ops": "torch", "dtype": "fp32", "mode": "splits", "tokens": [37, 21], "config": GPU_CONFIG},
+    ),
     ("fsdp", "train", dict(GPU_TRAIN)),
     ("fsdp_sgd", "train", dict(GPU_TRAIN, optim="sgd")),
     ("fsdp_ac", "train", dict(GPU_TRAIN, ac=True)),
@@ -79,8 +113,12 @@ def _list(device: str):
 @pytest.fixture(scope="session")
 def results(request, device, module_dir):
     path = request.config.getoption("--results-json")
-    cfg = {"module_dir": module_dir, "device": device, "scenarios": _list(device),
-           "progress": path + "l" if path else None}
+    cfg = {
+        "module_dir": module_dir,
+        "device": device,
+        "scenarios": _list(device),
+        "progress": path + "l" if path else None,
+    }
     ranks = harness.spawn(scenarios.all_scenarios, cfg, world=2, device=device)
     if path:
         with open(path, "w") as fh:
@@ -121,7 +159,8 @@ def test_expert_parallel_layer_equals_the_unsharded_layer(results, device, ep_na
         assert got["max_error"] <= tol * got["scale"], (rank, got["errors"], got["scale"])
         assert got["bitwise"], f"rank {rank}: two runs differ"
     expect = {"gpt_oss": ["gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias"]}.get(
-        opts.get("model"), ["gate_up_proj", "down_proj"])
+        opts.get("model"), ["gate_up_proj", "down_proj"]
+    )
     assert sorted(got["sharded"]) == sorted(expect)
 
 
@@ -156,32 +195,36 @@ def test_refusals(results, device):
     assert got["padded_eager"].startswith("ValueError: shard_experts mode='padded' pads with the masking index")
     assert got["twice"] == "ValueError: shard_experts: ExpertParallelQwen3MoeExperts is already expert-parallel"
     assert got["plain_mesh"].startswith("ValueError: fully_shard_model: the model has expert-parallel experts")
-    assert got["over_capacity"] == ("ValueError: expert parallelism (padded): more rows than the capacity 4 given to "
-                                    f"shard_experts on ranks 0, 1 ({_ROWS.format(8, 16, 8, 16)})")
+    assert got["over_capacity"] == (
+        "ValueError: expert parallelism (padded): more rows than the capacity 4 given to "
+        f"shard_experts on ranks 0, 1 ({_ROWS.format(8, 16, 8, 16)})"
+    )
 
 
-_EAGER_PADDED = ("shard_experts mode='padded' pads with the masking index, which upstream's eager experts code "
-                 "does not skip; bind a moe kernel (moe_implementation: fused_torch or fused_cuda) or use "
-                 "mode='splits'")
+_EAGER_PADDED = (
+    "shard_experts mode='padded' pads with the masking index, which upstream's eager experts code "
+    "does not skip; bind a moe kernel (moe_implementation: fused_torch or fused_cuda) or use "
+    "mode='splits'"
+)
 _ROWS = "rank 0: {} tokens x top-2 = {} rows, rank 1: {} tokens x top-2 = {} rows"
 _EXPERTS = "1 x Qwen3MoeExperts(8x32x32, 8x32x16)"
 PRECONDITIONS = {  # scenarios.preconditions: the message every rank must raise
     "padded_unequal_tokens": "ValueError: expert parallelism (padded): without a capacity every rank of the EP group "
-                             f"must send the same number of rows ({_ROWS.format(8, 16, 6, 12)}); use a fixed batch "
-                             "shape, or give shard_experts a capacity of at least 16",
+    f"must send the same number of rows ({_ROWS.format(8, 16, 6, 12)}); use a fixed batch "
+    "shape, or give shard_experts a capacity of at least 16",
     "over_capacity_on_one_rank": "ValueError: expert parallelism (padded): more rows than the capacity 12 given to "
-                                 f"shard_experts on rank 0 ({_ROWS.format(8, 16, 4, 8)})",
+    f"shard_experts on rank 0 ({_ROWS.format(8, 16, 4, 8)})",
     "padded_eager_on_one_rank": "ValueError: shard_experts refused on 1 of 2 ranks of the EP group: "
-                                f"rank 1: {_EAGER_PADDED}",
+    f"rank 1: {_EAGER_PADDED}",
     "capacity_differs": "ValueError: shard_experts: every rank of the EP group must shard the same way, got "
-                        f"rank 0: mode='padded', capacity=16, {_EXPERTS}; "
-                        f"rank 1: mode='padded', capacity=20, {_EXPERTS}",
+    f"rank 0: mode='padded', capacity=16, {_EXPERTS}; "
+    f"rank 1: mode='padded', capacity=20, {_EXPERTS}",
     "mode_differs": "ValueError: shard_experts: every rank of the EP group must shard the same way, got "
-                    f"rank 0: mode='splits', capacity=None, {_EXPERTS}; "
-                    f"rank 1: mode='padded', capacity=None, {_EXPERTS}",
+    f"rank 0: mode='splits', capacity=None, {_EXPERTS}; "
+    f"rank 1: mode='padded', capacity=None, {_EXPERTS}",
     "fine_after_refusals": "no error",
     "ep_size_differs": "ValueError: init_meshes: every rank must ask for the same expert-parallel size, got "
-                       "rank 0: 2, rank 1: 3",
+    "rank 0: 2, rank 1: 3",
 }
 
 

@@ -25,27 +25,44 @@ import harness
 SP2: List[Tuple[str, str, Dict[str, Any]]] = [
     ("qwen3_sdpa_padded", "parity", {"model": "qwen3", "attn": "sdpa", "sp": 2, "seq": 15}),
     ("qwen3_eager_left_padding", "parity", {"model": "qwen3", "attn": "eager", "sp": 2, "left_pad": 3}),
-    ("qwen3_varlen_packed_padded", "parity", {"model": "qwen3", "attn": "opslot_varlen", "sp": 2, "batch": 1,
-                                              "packed": [5, 1, 6, 3]}),
-    ("qwen3_sdpa_packed_chunked_loss", "parity", {"model": "qwen3", "attn": "sdpa", "sp": 2, "batch": 1,
-                                                  "packed": [5, 1, 6, 4], "loss": "torch_chunked"}),
+    (
+        "qwen3_varlen_packed_padded",
+        "parity",
+        {"model": "qwen3", "attn": "opslot_varlen", "sp": 2, "batch": 1, "packed": [5, 1, 6, 3]},
+    ),
+    (
+        "qwen3_sdpa_packed_chunked_loss",
+        "parity",
+        {"model": "qwen3", "attn": "sdpa", "sp": 2, "batch": 1, "packed": [5, 1, 6, 4], "loss": "torch_chunked"},
+    ),
     ("qwen3_moe_aux_padded", "parity", {"model": "qwen3_moe", "attn": "sdpa", "sp": 2, "seq": 13}),
     ("qwen3_5_sdpa_left_padding", "parity", {"model": "qwen3_5", "attn": "sdpa", "sp": 2, "left_pad": 3}),
-    ("qwen3_5_varlen_packed", "parity", {"model": "qwen3_5", "attn": "opslot_varlen", "sp": 2, "batch": 1,
-                                         "packed": [5, 1, 6, 4]}),
-    ("qwen3_5_fsdp_ac", "parity", {"model": "qwen3_5", "attn": "sdpa", "sp": 2, "fsdp": True, "ac": True,
-                                   "steps": 2}),
-    ("qwen3_moe_ep_fsdp_ac", "parity", {"model": "qwen3_moe", "attn": "sdpa", "sp": 2, "ep": 2, "fsdp": True,
-                                        "ac": True, "steps": 2}),
+    (
+        "qwen3_5_varlen_packed",
+        "parity",
+        {"model": "qwen3_5", "attn": "opslot_varlen", "sp": 2, "batch": 1, "packed": [5, 1, 6, 4]},
+    ),
+    ("qwen3_5_fsdp_ac", "parity", {"model": "qwen3_5", "attn": "sdpa", "sp": 2, "fsdp": True, "ac": True, "steps": 2}),
+    (
+        "qwen3_moe_ep_fsdp_ac",
+        "parity",
+        {"model": "qwen3_moe", "attn": "sdpa", "sp": 2, "ep": 2, "fsdp": True, "ac": True, "steps": 2},
+    ),
     ("preconditions", "preconditions", {}),
 ]
 SP4: List[Tuple[str, str, Dict[str, Any]]] = [
     ("qwen3_sp4_sdpa_padded", "parity", {"model": "qwen3", "attn": "sdpa", "sp": 4, "seq": 15}),
     ("qwen3_moe_sp4_eager_aux", "parity", {"model": "qwen3_moe", "attn": "eager", "sp": 4, "seq": 13}),
-    ("qwen3_5_sp4_varlen_packed", "parity", {"model": "qwen3_5", "attn": "opslot_varlen", "sp": 4, "batch": 1,
-                                             "packed": [5, 1, 8, 4]}),
-    ("qwen3_moe_dp2_sp2_fsdp_ac", "parity", {"model": "qwen3_moe", "attn": "sdpa", "sp": 2, "dp": 2, "fsdp": True,
-                                             "ac": True, "steps": 2}),
+    (
+        "qwen3_5_sp4_varlen_packed",
+        "parity",
+        {"model": "qwen3_5", "attn": "opslot_varlen", "sp": 4, "batch": 1, "packed": [5, 1, 8, 4]},
+    ),
+    (
+        "qwen3_moe_dp2_sp2_fsdp_ac",
+        "parity",
+        {"model": "qwen3_moe", "attn": "sdpa", "sp": 2, "dp": 2, "fsdp": True, "ac": True, "steps": 2},
+    ),
 ]
 #: On CUDA (2 GPUs, bf16, cuda kernels): the 2-process scenarios.
 CUDA2 = SP2
@@ -75,8 +92,11 @@ def sp_module_dir(request, tmp_path_factory):
         import importlib.util
 
         root = str(Path(importlib.util.find_spec("transformers").origin).resolve().parents[1])
-    return str(harness.generate(str(patchgen), root, tmp_path_factory.mktemp("sp_generated"),
-                                keys=("qwen3", "qwen3_moe", "qwen3_5")))
+    return str(
+        harness.generate(
+            str(patchgen), root, tmp_path_factory.mktemp("sp_generated"), keys=("qwen3", "qwen3_moe", "qwen3_5")
+        )
+    )
 
 
 _RUNS: Dict[int, Any] = {}
@@ -88,12 +108,15 @@ def _results(world: int, device: str, module_dir: str, results_json=None):
     if world not in _RUNS:
         import sp_scenarios
 
-        cfg = {"module_dir": module_dir, "device": device, "scenarios": _lists(device)[world],
-               "ops": "cuda" if device.startswith("cuda") else "torch",
-               "dtype": "bf16" if device.startswith("cuda") else "fp32"}
+        cfg = {
+            "module_dir": module_dir,
+            "device": device,
+            "scenarios": _lists(device)[world],
+            "ops": "cuda" if device.startswith("cuda") else "torch",
+            "dtype": "bf16" if device.startswith("cuda") else "fp32",
+        }
         try:
-            _RUNS[world] = harness.spawn(sp_scenarios.all_scenarios, cfg, world=world, device=device,
-                                         deadline_s=300)
+            _RUNS[world] = harness.spawn(sp_scenarios.all_scenarios, cfg, world=world, device=device, deadline_s=300)
         except RuntimeError as exc:
             _RUNS[world] = exc
         if results_json and not isinstance(_RUNS[world], Exception):
@@ -128,7 +151,7 @@ def test_sequence_parallel_matches_one_process(request, device, sp_module_dir, s
     sp = opts["sp"]
     assert ref["attention"] == "opslot_sp" and ref["inner"] == opts["attn"], ref
     if opts["model"] == "qwen3_5":
-        assert ref["gdn_wrapped"] == 2, ref                    # causal_conv1d and chunk_gated_delta_rule
+        assert ref["gdn_wrapped"] == 2, ref  # causal_conv1d and chunk_gated_delta_rule
     assert ref["kv_rep"] == (1 if 2 % sp == 0 else sp // 2), ref  # 2 KV heads in the tiny configs
     assert not ref["missing"], ref["missing"]
     family = "cuda" if device.startswith("cuda") else "torch"
@@ -146,45 +169,47 @@ def test_sequence_parallel_matches_one_process(request, device, sp_module_dir, s
         if ref["ref_aux"][0] is not None:
             aux = ref["ref_aux"][got["replica"]]
             assert abs(got["aux"] - aux) <= rtol * abs(aux), (rank, got["aux"], ref["ref_aux"])
-            assert got["router_rows"] == opts.get("batch", 2) * got["tokens"] * sp   # the gathered router logits
+            assert got["router_rows"] == opts.get("batch", 2) * got["tokens"] * sp  # the gathered router logits
         if opts.get("steps", 1) > 1:
             expect = ref["ref_losses2"][got["replica"]]
             assert abs(got["loss2"] - expect) <= 10 * rtol * abs(expect), (rank, got["loss2"], ref["ref_losses2"])
     assert ref["max_grad_rel_diff"] <= (1e-4 if fp32 else 0.1), (ref["worst_grad"], ref["max_grad_rel_diff"])
 
 
-_SP_REFUSAL = "sequence parallelism: every rank of the SP group must pass the same batch shape and the same inputs " \
-              "(its slice of each), got "
+_SP_REFUSAL = (
+    "sequence parallelism: every rank of the SP group must pass the same batch shape and the same inputs "
+    "(its slice of each), got "
+)
 PRECONDITIONS = {  # sp_scenarios.preconditions: the message every rank must raise
     "tokens_differ": "ValueError: " + _SP_REFUSAL + "rank 0: 1 x 8 tokens, input_ids; rank 1: 1 x 7 tokens, input_ids",
     "labels_on_one_rank": "ValueError: " + _SP_REFUSAL + "rank 0: 1 x 8 tokens, input_ids, labels; "
-                                                         "rank 1: 1 x 8 tokens, input_ids",
+    "rank 1: 1 x 8 tokens, input_ids",
     "positions_on_one_rank": "ValueError: " + _SP_REFUSAL + "rank 0: 1 x 8 tokens, input_ids; "
-                                                            "rank 1: 1 x 8 tokens, input_ids, position_ids 2-D",
+    "rank 1: 1 x 8 tokens, input_ids, position_ids 2-D",
     "cache_on_one_rank": "ValueError: " + _SP_REFUSAL + "rank 0: 1 x 8 tokens, input_ids; "
-                                                        "rank 1: 1 x 8 tokens, input_ids, past_key_values",
+    "rank 1: 1 x 8 tokens, input_ids, past_key_values",
     "packed_with_padding_inside": "ValueError: sequence parallelism: a packed row (position ids restarting) with "
-                                  "padding that is not at the end of its row; pad at the end (shard_batch does) or "
-                                  "do not pack",
+    "padding that is not at the end of its row; pad at the end (shard_batch does) or "
+    "do not pack",
     "labels_shape_on_one_rank": "ValueError: " + _SP_REFUSAL + "rank 0: 1 x 8 tokens, input_ids, labels; "
-                                "rank 1: 1 x 8 tokens, input_ids, labels, labels / mask / position ids of another "
-                                "shape",
+    "rank 1: 1 x 8 tokens, input_ids, labels, labels / mask / position ids of another "
+    "shape",
     "attention_changed_on_one_rank": "ValueError: " + _SP_REFUSAL + "rank 0: 1 x 8 tokens, input_ids; "
-                                     "rank 1: 1 x 8 tokens, input_ids, attention or token-mixer kernels changed",
+    "rank 1: 1 x 8 tokens, input_ids, attention or token-mixer kernels changed",
     "fine_after_bad_inputs": "no error",
     "sp_size_differs": "ValueError: parallelize: every rank must do the same, got rank 0: sp=2, ep=1, fsdp=False, "
-                       "ep_mode='splits', capacity=None; rank 1: sp=1, ep=1, fsdp=False, ep_mode='splits', "
-                       "capacity=None",
+    "ep_mode='splits', capacity=None; rank 1: sp=1, ep=1, fsdp=False, ep_mode='splits', "
+    "capacity=None",
     "heads_do_not_split": "ValueError: sequence_parallel: 3 attention heads do not split over 2 ranks",
     "attention_differs": "ValueError: sequence_parallel refused on 1 of 2 ranks: rank 1: sequence_parallel: "
-                         "attn_implementation 'flex_attention' is not supported; use one of sdpa, eager, "
-                         "opslot_varlen (the SP wrapper gives it the gathered sequence)",
+    "attn_implementation 'flex_attention' is not supported; use one of sdpa, eager, "
+    "opslot_varlen (the SP wrapper gives it the gathered sequence)",
     "config_differs": "ValueError: sequence_parallel: every rank must do the same, got rank 0: Qwen3ForCausalLM, "
-                      "sp=2, attention=sdpa, config ",  # ... the config digests differ: a prefix
+    "sp=2, attention=sdpa, config ",  # ... the config digests differ: a prefix
     "delta_rule_on_eager": "ValueError: sequence_parallel: the Gated DeltaNet layers of Qwen3_5ForCausalLM run "
-                           "chunk_gated_delta_rule on upstream's code; bind a kernel ('torch' or 'cuda': "
-                           "chunk_gated_delta_rule_implementation), whose calls sequence parallelism makes "
-                           "head-parallel",
+    "chunk_gated_delta_rule on upstream's code; bind a kernel ('torch' or 'cuda': "
+    "chunk_gated_delta_rule_implementation), whose calls sequence parallelism makes "
+    "head-parallel",
     "twice": "ValueError: sequence_parallel: SequenceParallelQwen3ForCausalLM is already sequence-parallel",
     "fine_at_the_end": "no error",
 }

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -31,24 +30,38 @@ from typing import Any, Dict, List, Optional
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-import harness  # noqa: E402  (puts runtime/ on sys.path)
-
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+import harness  # noqa: E402  (puts runtime/ on sys.path)
 import opslot  # noqa: E402
 import opslot.distributed as od  # noqa: E402
 
 OPS = {  # every slot of the Qwen3-MoE spec, per implementation family
-    "torch": {"rms_norm_implementation": "torch", "rotary_pos_emb_implementation": "torch",
-              "swiglu_mlp_implementation": "torch", "moe_implementation": "fused_torch",
-              "load_balancing_loss_implementation": "torch", "cross_entropy_loss_implementation": "torch"},
-    "cuda": {"rms_norm_implementation": "cuda", "rotary_pos_emb_implementation": "cuda",
-             "swiglu_mlp_implementation": "cuda", "moe_implementation": "fused_cuda",
-             "load_balancing_loss_implementation": "cuda", "cross_entropy_loss_implementation": "cuda"},
-    "eager": {"rms_norm_implementation": "eager", "rotary_pos_emb_implementation": "eager",
-              "swiglu_mlp_implementation": "eager", "moe_implementation": "eager",
-              "load_balancing_loss_implementation": "eager", "cross_entropy_loss_implementation": "eager"},
+    "torch": {
+        "rms_norm_implementation": "torch",
+        "rotary_pos_emb_implementation": "torch",
+        "swiglu_mlp_implementation": "torch",
+        "moe_implementation": "fused_torch",
+        "load_balancing_loss_implementation": "torch",
+        "cross_entropy_loss_implementation": "torch",
+    },
+    "cuda": {
+        "rms_norm_implementation": "cuda",
+        "rotary_pos_emb_implementation": "cuda",
+        "swiglu_mlp_implementation": "cuda",
+        "moe_implementation": "fused_cuda",
+        "load_balancing_loss_implementation": "cuda",
+        "cross_entropy_loss_implementation": "cuda",
+    },
+    "eager": {
+        "rms_norm_implementation": "eager",
+        "rotary_pos_emb_implementation": "eager",
+        "swiglu_mlp_implementation": "eager",
+        "moe_implementation": "eager",
+        "load_balancing_loss_implementation": "eager",
+        "cross_entropy_loss_implementation": "eager",
+    },
 }
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -64,9 +77,13 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--ac", action="store_true", help="activation checkpointing")
     p.add_argument("--compile", default=None, help="torch.compile backend for every decoder layer")
     p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--optim", default="adamw", choices=("adamw", "sgd"),
-                   help="sgd (momentum 0.9): the weights' difference follows the gradients' (AdamW's first steps are "
-                        "about lr * sign(grad), so in bf16 a sign flip of a near-zero gradient moves a weight by 2 lr)")
+    p.add_argument(
+        "--optim",
+        default="adamw",
+        choices=("adamw", "sgd"),
+        help="sgd (momentum 0.9): the weights' difference follows the gradients' (AdamW's first steps are "
+        "about lr * sign(grad), so in bf16 a sign flip of a near-zero gradient moves a weight by 2 lr)",
+    )
     p.add_argument("--lr", type=float, default=None, help="default: 1e-3 (adamw), 0.1 (sgd)")
     p.add_argument("--batch", type=int, default=4, help="global batch (sequences)")
     p.add_argument("--seq", type=int, default=16)
@@ -98,8 +115,13 @@ def build(args: argparse.Namespace, config: Any) -> torch.nn.Module:
         sys.path.insert(0, str(args.module_dir))
     # The harness trains without router logits (output_router_logits=False): the load-balancing
     # loss is never computed, so its bound kernel is never reached — expected here, not an error.
-    model = opslot.build_model(config, ops=OPS[args.ops], module=harness.MODULE, model_class="Qwen3MoeForCausalLM",
-                               allow_unreached=["load_balancing_loss"])
+    model = opslot.build_model(
+        config,
+        ops=OPS[args.ops],
+        module=harness.MODULE,
+        model_class="Qwen3MoeForCausalLM",
+        allow_unreached=["load_balancing_loss"],
+    )
     harness.randomize_(model, seed=0)
     return model.to(args.device)
 
@@ -145,8 +167,12 @@ class Reference:
             for w, m in zip(self.work.parameters(), self.master.parameters()):
                 m.grad = None if w.grad is None else w.grad.float()
         if grads is not None:
-            grads.update({k: (p.grad if p.grad is not None else torch.zeros_like(p)).detach().clone()
-                          for k, p in self.master.named_parameters()})
+            grads.update(
+                {
+                    k: (p.grad if p.grad is not None else torch.zeros_like(p)).detach().clone()
+                    for k, p in self.master.named_parameters()
+                }
+            )
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         return float(loss.detach())
@@ -178,6 +204,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     fsdp_kwargs: Dict[str, Any] = {}
     if dtype != torch.float32:
         from torch.distributed.fsdp import MixedPrecisionPolicy
+
         fsdp_kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
     od.fully_shard_model(model, meshes, **fsdp_kwargs)
     opt = optimizer(args, model.parameters())
@@ -189,7 +216,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     ref_grads: Dict[str, torch.Tensor] = {}
     for step in range(args.steps):
         ids = batch(args, config.vocab_size, step)
-        loss = _loss(model, ids[rank * per_rank:(rank + 1) * per_rank])
+        loss = _loss(model, ids[rank * per_rank : (rank + 1) * per_rank])
         loss.backward()
         if step == 0 and ref is not None:
             first_grads = od.full_state_dict(model, grads=True)
@@ -200,10 +227,19 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
         losses.append(float(mean) / world)
         if ref is not None:
             ref_losses.append(ref.step(ids, ref_grads if step == 0 else None))
-    result: Dict[str, Any] = {"world": world, "ep": args.ep, "ep_mode": args.ep_mode, "ac": args.ac,
-                              "compile": args.compile, "ops": args.ops, "dtype": args.dtype, "steps": args.steps,
-                              "optim": args.optim,
-                              "losses": losses, "plan": opslot.binding_plan(model).as_dict()}
+    result: Dict[str, Any] = {
+        "world": world,
+        "ep": args.ep,
+        "ep_mode": args.ep_mode,
+        "ac": args.ac,
+        "compile": args.compile,
+        "ops": args.ops,
+        "dtype": args.dtype,
+        "steps": args.steps,
+        "optim": args.optim,
+        "losses": losses,
+        "plan": opslot.binding_plan(model).as_dict(),
+    }
     final = od.full_state_dict(model)
     if ref is not None:
         ref_state = ref.master.state_dict()
@@ -212,8 +248,11 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
         worst = max(diffs, key=diffs.get)
         # AdamW hides a wrong gradient scale (its step is scale-invariant): the first step's gradients
         # are compared too, relative to the largest gradient of the same parameter
-        grad_rel = {k: float((first_grads[k].float() - ref_grads[k].float()).abs().max())
-                    / max(float(ref_grads[k].float().abs().max()), 1e-12) for k in ref_grads}
+        grad_rel = {
+            k: float((first_grads[k].float() - ref_grads[k].float()).abs().max())
+            / max(float(ref_grads[k].float().abs().max()), 1e-12)
+            for k in ref_grads
+        }
         worst_grad = max(grad_rel, key=grad_rel.get)
         # the weights' difference relative to the update (Frobenius norms, per parameter)
         weight_rel = {}
@@ -222,13 +261,17 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
             if update > 0:
                 weight_rel[k] = float((final[k].float() - ref_state[k].float()).norm()) / update
         worst_rel = max(weight_rel, key=weight_rel.get)
-        result.update(ref_losses=ref_losses,
-                      max_loss_diff=max(abs(a - b) for a, b in zip(losses, ref_losses)),
-                      max_weight_diff=diffs[worst], worst_weight=worst,
-                      max_grad_rel_diff=grad_rel[worst_grad], worst_grad=worst_grad,
-                      max_weight_rel_diff=weight_rel[worst_rel], worst_weight_rel=worst_rel,
-                      max_weight_update=max(float((ref_state[k].float() - initial[k].float()).abs().max())
-                                            for k in ref_state))
+        result.update(
+            ref_losses=ref_losses,
+            max_loss_diff=max(abs(a - b) for a, b in zip(losses, ref_losses)),
+            max_weight_diff=diffs[worst],
+            worst_weight=worst,
+            max_grad_rel_diff=grad_rel[worst_grad],
+            worst_grad=worst_grad,
+            max_weight_rel_diff=weight_rel[worst_rel],
+            worst_weight_rel=worst_rel,
+            max_weight_update=max(float((ref_state[k].float() - initial[k].float()).abs().max()) for k in ref_state),
+        )
     result["seconds"] = time.time() - t0
     return result
 

@@ -1,9 +1,9 @@
 """Options and fixtures of the real-model pytest suites (tests/models/test_*.py).
 
-  --patchgen PATH     the patchgen binary (default $PATCHGEN_BIN, else build/tools/patchgen/patchgen)
-  --source-root DIR   folder holding the `transformers` package to generate against (default: the
-                      folder of the imported transformers)
-  --device DEV        torch device the models run on (default $OPSLOT_TEST_DEVICE, else cpu)
+--patchgen PATH     the patchgen binary (default $PATCHGEN_BIN, else build/tools/patchgen/patchgen)
+--source-root DIR   folder holding the `transformers` package to generate against (default: the
+                    folder of the imported transformers)
+--device DEV        torch device the models run on (default $OPSLOT_TEST_DEVICE, else cpu)
 """
 
 import os
@@ -14,13 +14,16 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-sys.path.insert(0, str(HERE))             # e2e.py, hf_checkpoints.py
+sys.path.insert(0, str(HERE))  # e2e.py, hf_checkpoints.py
 sys.path.insert(0, str(ROOT / "runtime"))  # opslot
 
 
 def pytest_addoption(parser):
-    parser.addoption("--patchgen", default=os.environ.get("PATCHGEN_BIN", str(ROOT / "build/tools/patchgen/patchgen")),
-                     help="the patchgen binary")
+    parser.addoption(
+        "--patchgen",
+        default=os.environ.get("PATCHGEN_BIN", str(ROOT / "build/tools/patchgen/patchgen")),
+        help="the patchgen binary",
+    )
     parser.addoption("--source-root", default=None, help="folder holding the transformers package")
     parser.addoption("--device", default=os.environ.get("OPSLOT_TEST_DEVICE", "cpu"), help="torch device")
 

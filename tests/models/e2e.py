@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS; before torch
-os.environ.setdefault("USE_HUB_KERNELS", "0")                # upstream must run its own code
+os.environ.setdefault("USE_HUB_KERNELS", "0")  # upstream must run its own code
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "runtime"))
@@ -76,16 +76,16 @@ BATCH, SEQ = 2, 16
 # -- the models ------------------------------------------------------------------------------------
 @dataclasses.dataclass
 class Case:
-    key: str                       # folder under specs/
-    config_class: str              # transformers.<name>
+    key: str  # folder under specs/
+    config_class: str  # transformers.<name>
     config_kwargs: Dict[str, Any]  # model-specific (passed as is)
-    causal_lm: str                 # class name in the modeling module
-    offset_norm: bool = False      # (1 + w) RMSNorm: norm weights are initialised around 0
-    moe: bool = False              # forward with output_router_logits=True
+    causal_lm: str  # class name in the modeling module
+    offset_norm: bool = False  # (1 + w) RMSNorm: norm weights are initialised around 0
+    moe: bool = False  # forward with output_router_logits=True
     npu_removes: Optional[List[str]] = None  # None: no NPU sibling; else the slots it removes
-    softcapped_loss_refused: bool = False    # the loss slot covers final_logit_softcapping (Gemma3)
-    fp32_router: bool = False                # the spec's config slot router_implementation (fp32 router)
-    seq_cls: Optional[str] = None            # the text *ForSequenceClassification head (None: the module has none)
+    softcapped_loss_refused: bool = False  # the loss slot covers final_logit_softcapping (Gemma3)
+    fp32_router: bool = False  # the spec's config slot router_implementation (fp32 router)
+    seq_cls: Optional[str] = None  # the text *ForSequenceClassification head (None: the module has none)
 
     @property
     def upstream_module(self) -> str:
@@ -100,60 +100,160 @@ class Case:
 
 #: Dense defaults, passed only where the config class has the field.
 BASE = dict(
-    vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-    num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=128,
-    rms_norm_eps=1e-6, tie_word_embeddings=False, attention_dropout=0.0, use_cache=False,
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=128,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=False,
+    attention_dropout=0.0,
+    use_cache=False,
 )
 
 CASES = [
     Case("llama", "LlamaConfig", {}, "LlamaForCausalLM", seq_cls="LlamaForSequenceClassification"),
     Case("qwen2", "Qwen2Config", {}, "Qwen2ForCausalLM", seq_cls="Qwen2ForSequenceClassification"),
-    Case("qwen3", "Qwen3Config", {}, "Qwen3ForCausalLM", npu_removes=[],
-         seq_cls="Qwen3ForSequenceClassification"),
-    Case("qwen3_moe", "Qwen3MoeConfig",
-         dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, decoder_sparse_step=1,
-              mlp_only_layers=[0], norm_topk_prob=True, output_router_logits=True, router_aux_loss_coef=0.01),
-         "Qwen3MoeForCausalLM", moe=True, npu_removes=[], fp32_router=True,
-         seq_cls="Qwen3MoeForSequenceClassification"),
-    Case("qwen3_5", "Qwen3_5TextConfig",
-         dict(linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
-              linear_num_key_heads=2, linear_num_value_heads=4,
-              layer_types=["linear_attention", "full_attention"],
-              rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
-                               "mrope_section": [2, 1, 1], "mrope_interleaved": True}),
-         "Qwen3_5ForCausalLM", offset_norm=True,
-         npu_removes=["causal_conv1d_slot", "chunk_gated_delta_rule_slot"],
-         seq_cls="Qwen3_5TextForSequenceClassification"),
-    Case("qwen3_5_moe", "Qwen3_5MoeTextConfig",
-         dict(linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
-              linear_num_key_heads=2, linear_num_value_heads=4,
-              layer_types=["linear_attention", "full_attention"],
-              rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
-                               "mrope_section": [2, 1, 1], "mrope_interleaved": True},
-              num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32,
-              output_router_logits=True, router_aux_loss_coef=0.01),
-         "Qwen3_5MoeForCausalLM", offset_norm=True, moe=True,
-         npu_removes=["causal_conv1d_slot", "chunk_gated_delta_rule_slot"], fp32_router=True),
-    Case("gemma3", "Gemma3TextConfig",
-         dict(query_pre_attn_scalar=16, sliding_window=8, layer_types=["sliding_attention", "full_attention"],
-              hidden_activation="gelu_pytorch_tanh", final_logit_softcapping=None, attn_logit_softcapping=None),
-         "Gemma3ForCausalLM", offset_norm=True, softcapped_loss_refused=True,
-         seq_cls="Gemma3TextForSequenceClassification"),
-    Case("seed_oss", "SeedOssConfig", dict(residual_dropout=0.0, attention_bias=True), "SeedOssForCausalLM",
-         npu_removes=[], seq_cls="SeedOssForSequenceClassification"),
-    Case("deepseek_v3", "DeepseekV3Config",
-         dict(num_key_value_heads=4, moe_intermediate_size=32, first_k_dense_replace=1, n_shared_experts=1,
-              n_routed_experts=8, num_experts_per_tok=2, n_group=2, topk_group=1, kv_lora_rank=16,
-              q_lora_rank=32, qk_rope_head_dim=8, v_head_dim=16, qk_nope_head_dim=16,
-              rope_interleave=False, norm_topk_prob=True),
-         "DeepseekV3ForCausalLM", npu_removes=[],
-         seq_cls="DeepseekV3ForSequenceClassification"),
-    Case("gpt_oss", "GptOssConfig",
-         dict(num_local_experts=8, num_experts_per_tok=2, sliding_window=8,
-              layer_types=["sliding_attention", "full_attention"], output_router_logits=True,
-              router_aux_loss_coef=0.01),
-         "GptOssForCausalLM", moe=True, fp32_router=True,
-         seq_cls="GptOssForSequenceClassification"),
+    Case("qwen3", "Qwen3Config", {}, "Qwen3ForCausalLM", npu_removes=[], seq_cls="Qwen3ForSequenceClassification"),
+    Case(
+        "qwen3_moe",
+        "Qwen3MoeConfig",
+        dict(
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            decoder_sparse_step=1,
+            mlp_only_layers=[0],
+            norm_topk_prob=True,
+            output_router_logits=True,
+            router_aux_loss_coef=0.01,
+        ),
+        "Qwen3MoeForCausalLM",
+        moe=True,
+        npu_removes=[],
+        fp32_router=True,
+        seq_cls="Qwen3MoeForSequenceClassification",
+    ),
+    Case(
+        "qwen3_5",
+        "Qwen3_5TextConfig",
+        dict(
+            linear_conv_kernel_dim=4,
+            linear_key_head_dim=16,
+            linear_value_head_dim=16,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            layer_types=["linear_attention", "full_attention"],
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "partial_rotary_factor": 0.5,
+                "mrope_section": [2, 1, 1],
+                "mrope_interleaved": True,
+            },
+        ),
+        "Qwen3_5ForCausalLM",
+        offset_norm=True,
+        npu_removes=["causal_conv1d_slot", "chunk_gated_delta_rule_slot"],
+        seq_cls="Qwen3_5TextForSequenceClassification",
+    ),
+    Case(
+        "qwen3_5_moe",
+        "Qwen3_5MoeTextConfig",
+        dict(
+            linear_conv_kernel_dim=4,
+            linear_key_head_dim=16,
+            linear_value_head_dim=16,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            layer_types=["linear_attention", "full_attention"],
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "partial_rotary_factor": 0.5,
+                "mrope_section": [2, 1, 1],
+                "mrope_interleaved": True,
+            },
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=32,
+            output_router_logits=True,
+            router_aux_loss_coef=0.01,
+        ),
+        "Qwen3_5MoeForCausalLM",
+        offset_norm=True,
+        moe=True,
+        npu_removes=["causal_conv1d_slot", "chunk_gated_delta_rule_slot"],
+        fp32_router=True,
+    ),
+    Case(
+        "gemma3",
+        "Gemma3TextConfig",
+        dict(
+            query_pre_attn_scalar=16,
+            sliding_window=8,
+            layer_types=["sliding_attention", "full_attention"],
+            hidden_activation="gelu_pytorch_tanh",
+            final_logit_softcapping=None,
+            attn_logit_softcapping=None,
+        ),
+        "Gemma3ForCausalLM",
+        offset_norm=True,
+        softcapped_loss_refused=True,
+        seq_cls="Gemma3TextForSequenceClassification",
+    ),
+    Case(
+        "seed_oss",
+        "SeedOssConfig",
+        dict(residual_dropout=0.0, attention_bias=True),
+        "SeedOssForCausalLM",
+        npu_removes=[],
+        seq_cls="SeedOssForSequenceClassification",
+    ),
+    Case(
+        "deepseek_v3",
+        "DeepseekV3Config",
+        dict(
+            num_key_value_heads=4,
+            moe_intermediate_size=32,
+            first_k_dense_replace=1,
+            n_shared_experts=1,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            n_group=2,
+            topk_group=1,
+            kv_lora_rank=16,
+            q_lora_rank=32,
+            qk_rope_head_dim=8,
+            v_head_dim=16,
+            qk_nope_head_dim=16,
+            rope_interleave=False,
+            norm_topk_prob=True,
+        ),
+        "DeepseekV3ForCausalLM",
+        npu_removes=[],
+        seq_cls="DeepseekV3ForSequenceClassification",
+    ),
+    Case(
+        "gpt_oss",
+        "GptOssConfig",
+        dict(
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            sliding_window=8,
+            layer_types=["sliding_attention", "full_attention"],
+            output_router_logits=True,
+            router_aux_loss_coef=0.01,
+        ),
+        "GptOssForCausalLM",
+        moe=True,
+        fp32_router=True,
+        seq_cls="GptOssForSequenceClassification",
+    ),
 ]
 
 
@@ -265,11 +365,10 @@ def make_inputs(vocab: int, device: torch.device) -> Dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(4321)
     input_ids = torch.randint(0, vocab, (BATCH, SEQ), generator=gen)
     attention_mask = torch.ones(BATCH, SEQ, dtype=torch.long)
-    attention_mask[1, -4:] = 0                                   # right padding in the second row
+    attention_mask[1, -4:] = 0  # right padding in the second row
     labels = input_ids.clone()
     labels[attention_mask == 0] = -100
-    return {k: v.to(device) for k, v in
-            dict(input_ids=input_ids, attention_mask=attention_mask, labels=labels).items()}
+    return {k: v.to(device) for k, v in dict(input_ids=input_ids, attention_mask=attention_mask, labels=labels).items()}
 
 
 def forward_kwargs(inputs, moe: bool) -> Dict[str, Any]:
@@ -325,8 +424,9 @@ def register_counted_kernels(base: str = "torch", counted: str = COUNTED_IMPL, c
 
             return wrapper
 
-        KERNEL_REGISTRY.register(KernelSpec(counted, op, variant, factory, spec.hardware,
-                                            description=f"e2e: counted {base}"))
+        KERNEL_REGISTRY.register(
+            KernelSpec(counted, op, variant, factory, spec.hardware, description=f"e2e: counted {base}")
+        )
     return pairs
 
 
@@ -352,10 +452,12 @@ def dispatch_errors(model, stage: str, slots: Optional[Dict[str, Any]] = None) -
     except UnreachedSlotError as exc:
         return [f"{stage}: {exc}"]
     unused = {name for name, s in (slots or {}).items() if (s.op, s.variant) == SEQ_CLS}
-    return [f"{stage}: slot {e.slot} ({e.op}/{e.variant} -> {e.impl}) is {e.status!r}, not "
-            f"{'not used by this model' if e.slot in unused else 'ran'}"
-            for e in report.entries if e.impl != "eager"
-            and e.status != ("not used by this model" if e.slot in unused else "ran")]
+    return [
+        f"{stage}: slot {e.slot} ({e.op}/{e.variant} -> {e.impl}) is {e.status!r}, not "
+        f"{'not used by this model' if e.slot in unused else 'ran'}"
+        for e in report.entries
+        if e.impl != "eager" and e.status != ("not used by this model" if e.slot in unused else "ran")
+    ]
 
 
 def ops_for(slots: Dict[str, Any], impl: str) -> Dict[str, str]:
@@ -391,8 +493,9 @@ def check_model(case: Case, args, device: torch.device) -> Result:
     started = time.time()
     try:
         # 1. generate
-        gen_py, gen_diff = generate(args.patchgen, case.spec("gpu"), args.source_root,
-                                    Path(args.gen_dir) / case.key, case.output_name("gpu"))
+        gen_py, gen_diff = generate(
+            args.patchgen, case.spec("gpu"), args.source_root, Path(args.gen_dir) / case.key, case.output_name("gpu")
+        )
         res.gen_lines = len(gen_py.read_text(encoding="utf-8").splitlines())
         res.diff_added, res.diff_removed = diff_counts(gen_diff)
         module = import_generated(gen_py)
@@ -425,17 +528,23 @@ def check_model(case: Case, args, device: torch.device) -> Result:
         e_logits, e_loss, e_grads = run_model(eager, inputs, case.moe)
         res.eager_logits_equal = bool(torch.equal(e_logits, up_logits))
         res.eager_loss_equal = bool(torch.equal(e_loss, up_loss))
-        res.eager_grads_equal = (set(e_grads) == set(up_grads)
-                                 and all(torch.equal(e_grads[n], up_grads[n]) for n in up_grads))
+        res.eager_grads_equal = set(e_grads) == set(up_grads) and all(
+            torch.equal(e_grads[n], up_grads[n]) for n in up_grads
+        )
         if not res.eager_logits_equal:
             res.errors.append(f"eager logits differ from upstream (max abs {max_abs_diff(e_logits, up_logits):.3g})")
         if not res.eager_loss_equal:
             res.errors.append(f"eager loss {e_loss.item()!r} != upstream {up_loss.item()!r}")
         if not res.eager_grads_equal:
-            differ = sorted(n for n in set(up_grads) | set(e_grads)
-                            if n not in e_grads or n not in up_grads or not torch.equal(e_grads[n], up_grads[n]))
-            res.errors.append(f"eager gradients differ from upstream: {', '.join(differ[:5])}"
-                              + (f" and {len(differ) - 5} more" if len(differ) > 5 else ""))
+            differ = sorted(
+                n
+                for n in set(up_grads) | set(e_grads)
+                if n not in e_grads or n not in up_grads or not torch.equal(e_grads[n], up_grads[n])
+            )
+            res.errors.append(
+                f"eager gradients differ from upstream: {', '.join(differ[:5])}"
+                + (f" and {len(differ) - 5} more" if len(differ) > 5 else "")
+            )
         del eager
 
         # 4. torch kernels (counted): close to upstream (opslot.testing.compare_models), every slot fires
@@ -498,7 +607,8 @@ def check_model(case: Case, args, device: torch.device) -> Result:
             check_cuda_kernels(slots, build, upstream, inputs, case, up_loss, up_logits, up_grads, res)
             if case.seq_cls is not None and SEQ_CLS in CUDA_PAIRS:
                 res.seq_cls += "; cuda: " + check_sequence_classification(
-                    case, module, slots, device, res, kernel=COUNTED_CUDA, calls=CUDA_CALLS, eager=False)
+                    case, module, slots, device, res, kernel=COUNTED_CUDA, calls=CUDA_CALLS, eager=False
+                )
 
         # 5b. a soft-capped config must make the loss kernel refuse, never silently drop the capping
         if case.softcapped_loss_refused:
@@ -506,8 +616,9 @@ def check_model(case: Case, args, device: torch.device) -> Result:
 
         # 5d. the opt-in fp32 MoE router (the spec's config slot `router_implementation`)
         if case.fp32_router:
-            res.step += "; " + check_router_fp32(case, config, state, inputs, build, module, slots,
-                                                 up_logits, device, res)
+            res.step += "; " + check_router_fp32(
+                case, config, state, inputs, build, module, slots, up_logits, device, res
+            )
 
         # 6. NPU sibling
         if case.npu_removes is not None:
@@ -543,8 +654,11 @@ def check_cuda_kernels(slots, build, upstream, inputs, case, up_loss, up_logits,
     for n, err in diff.grad_by_param.items():
         if err > ATOL + RTOL * float(up_grads[n].abs().max()):
             res.errors.append(f"cuda: grad of {n} not close (max abs {err:.3g})")
-    fired = {f"{s.op}/{s.variant}": CUDA_CALLS.get((s.op, s.variant), 0)
-             for s in causal_lm_slots(slots).values() if (s.op, s.variant) in cuda_pairs}
+    fired = {
+        f"{s.op}/{s.variant}": CUDA_CALLS.get((s.op, s.variant), 0)
+        for s in causal_lm_slots(slots).values()
+        if (s.op, s.variant) in cuda_pairs
+    }
     res.cuda_slot_calls = " ".join(f"{k}:{v}" for k, v in sorted(fired.items()))
     for k, v in sorted(fired.items()):
         if v == 0:
@@ -584,8 +698,13 @@ def check_sequence_classification_classes(case: Case, module, res: Result) -> No
     and a case without one has none."""
     from transformers.modeling_utils import PreTrainedModel
 
-    classes = sorted(name for name, value in vars(module).items() if isinstance(value, type)
-                     and name.endswith("ForSequenceClassification") and value.__module__ == module.__name__)
+    classes = sorted(
+        name
+        for name, value in vars(module).items()
+        if isinstance(value, type)
+        and name.endswith("ForSequenceClassification")
+        and value.__module__ == module.__name__
+    )
     if (case.seq_cls is None) != (not classes) or (case.seq_cls is not None and case.seq_cls not in classes):
         res.errors.append(f"sequence-classification heads of the module: {classes}, case.seq_cls {case.seq_cls!r}")
     for name in classes:
@@ -594,8 +713,16 @@ def check_sequence_classification_classes(case: Case, module, res: Result) -> No
             res.errors.append(f"{name}.loss_function is {prop!r}, not a property with Transformers' setter")
 
 
-def check_sequence_classification(case: Case, module, slots, device: torch.device, res: Result,
-                                  kernel: str = COUNTED_IMPL, calls=CALLS, eager: bool = True) -> str:
+def check_sequence_classification(
+    case: Case,
+    module,
+    slots,
+    device: torch.device,
+    res: Result,
+    kernel: str = COUNTED_IMPL,
+    calls=CALLS,
+    eager: bool = True,
+) -> str:
     """The `case.seq_cls` head (upstream's GenericForSequenceClassification) against upstream's head with
     the same weights, for each of SEQ_CLS_PROBLEMS: every slot "eager" -> pooled logits, loss and
     gradients torch.equal (when `eager`); every slot on the counted torch kernels and the loss on
@@ -641,11 +768,14 @@ def check_sequence_classification(case: Case, module, slots, device: torch.devic
             warnings.simplefilter("ignore", UnreachedSlotWarning)
             if eager:
                 e_logits, e_loss, e_grads = run_model(build(ops_for(slots, "eager")), inputs, False)
-                same_grads = set(e_grads) == set(up_grads) and all(torch.equal(e_grads[n], up_grads[n])
-                                                                   for n in up_grads)
+                same_grads = set(e_grads) == set(up_grads) and all(
+                    torch.equal(e_grads[n], up_grads[n]) for n in up_grads
+                )
                 if not (torch.equal(e_logits, up_logits) and torch.equal(e_loss, up_loss) and same_grads):
-                    res.errors.append(f"{where}: eager head differs from upstream (loss {float(e_loss)!r} vs "
-                                      f"{float(up_loss)!r}, logits max abs {max_abs_diff(e_logits, up_logits):.3g})")
+                    res.errors.append(
+                        f"{where}: eager head differs from upstream (loss {float(e_loss)!r} vs "
+                        f"{float(up_loss)!r}, logits max abs {max_abs_diff(e_logits, up_logits):.3g})"
+                    )
             calls.pop(SEQ_CLS, None)
             model = build(ops)
             logits, loss, grads = run_model(model, inputs, False)
@@ -681,17 +811,26 @@ def check_sequence_classification(case: Case, module, slots, device: torch.devic
             before = calls.get(SEQ_CLS, 0)
             model.loss_function = spy
             out = model(**forward_kwargs(inputs, False))
-            if not (own and calls.get(SEQ_CLS, 0) == before and model.loss_function is spy
-                    and vars(model).get("_loss_function") is spy and max_abs_diff(out.loss, up_loss) <= tol(up_loss)):
-                res.errors.append(f"{where}: `model.loss_function = f` did not make the head use f "
-                                  f"(f called {len(own)}x, kernel {calls.get(SEQ_CLS, 0) - before}x)")
+            if not (
+                own
+                and calls.get(SEQ_CLS, 0) == before
+                and model.loss_function is spy
+                and vars(model).get("_loss_function") is spy
+                and max_abs_diff(out.loss, up_loss) <= tol(up_loss)
+            ):
+                res.errors.append(
+                    f"{where}: `model.loss_function = f` did not make the head use f "
+                    f"(f called {len(own)}x, kernel {calls.get(SEQ_CLS, 0) - before}x)"
+                )
             del model._loss_function
             if not (isinstance(model.loss_function, OpSlot) and model.loss_function.impl == kernel):
                 res.errors.append(f"{where}: without an own loss function, loss_function is {model.loss_function!r}")
     if kernel == COUNTED_IMPL:
         res.seq_cls_loss_max_abs_err, res.seq_cls_grads_max_abs_err = worst_loss, worst_grad
-    return (f"{'/'.join(done)}: {'eager equal, ' if eager else ''}loss Δ {worst_loss:.1e}, grads Δ {worst_grad:.1e}, "
-            f"{seq_slot} ran")
+    return (
+        f"{'/'.join(done)}: {'eager equal, ' if eager else ''}loss Δ {worst_loss:.1e}, grads Δ {worst_grad:.1e}, "
+        f"{seq_slot} ran"
+    )
 
 
 def check_softcap_refused(case, config, state, inputs, build_model, module, device, res) -> str:
@@ -700,8 +839,9 @@ def check_softcap_refused(case, config, state, inputs, build_model, module, devi
     capped = copy.deepcopy(config)
     capped.final_logit_softcapping = 30.0
     try:  # refused when the model is built (opslot checks the config at bind time), else at the forward
-        model = build_model(capped, ops={"cross_entropy_loss_implementation": COUNTED_IMPL}, module=module,
-                            model_class=case.causal_lm)
+        model = build_model(
+            capped, ops={"cross_entropy_loss_implementation": COUNTED_IMPL}, module=module, model_class=case.causal_lm
+        )
         model.load_state_dict(state, strict=True)
         model.to(device).train()
         model(**forward_kwargs(inputs, case.moe))
@@ -738,14 +878,17 @@ def check_router_fp32(case, config, state, inputs, build, module, slots, up_logi
     model.load_state_dict(state, strict=True)
     model.to(device).train()
     router = router_of(model)
-    if (router.router_implementation.value, router_of(build(ops_for(slots, "eager"))).router_implementation.value) \
-            != ("fp32", "eager"):
+    if (router.router_implementation.value, router_of(build(ops_for(slots, "eager"))).router_implementation.value) != (
+        "fp32",
+        "eager",
+    ):
         res.errors.append("router config slot: not bound from config.router_implementation")
     with torch.no_grad():
         logits = model(**forward_kwargs(inputs, case.moe)).logits
     if not torch.equal(logits, up_logits):
-        res.errors.append(f"fp32 router, fp32 model: logits differ from upstream "
-                          f"(max abs {max_abs_diff(logits, up_logits):.3g})")
+        res.errors.append(
+            f"fp32 router, fp32 model: logits differ from upstream (max abs {max_abs_diff(logits, up_logits):.3g})"
+        )
 
     seen = {}
 
@@ -761,24 +904,32 @@ def check_router_fp32(case, config, state, inputs, build, module, slots, up_logi
         handle.remove()
     hidden, (router_logits, router_scores, _) = seen["io"]
     bias = getattr(router, "bias", None)
-    expected = torch.nn.functional.linear(hidden.reshape(-1, hidden.shape[-1]).float(), router.weight.float(),
-                                          None if bias is None else bias.float())
+    expected = torch.nn.functional.linear(
+        hidden.reshape(-1, hidden.shape[-1]).float(), router.weight.float(), None if bias is None else bias.float()
+    )
     if router_logits.dtype != torch.float32 or not torch.equal(router_logits.detach(), expected):
-        res.errors.append(f"fp32 router, bf16 model: router logits ({router_logits.dtype}) are not the fp32 "
-                          f"linear of the router input")
+        res.errors.append(
+            f"fp32 router, bf16 model: router logits ({router_logits.dtype}) are not the fp32 "
+            f"linear of the router input"
+        )
     if router_scores.dtype != torch.bfloat16:
         res.errors.append(f"fp32 router, bf16 model: routing weights are {router_scores.dtype}, not bf16")
     if not torch.isfinite(out.loss) or router.weight.grad is None:
-        res.errors.append(f"fp32 router, bf16 model: loss {float(out.loss)}, router weight grad "
-                          f"{'missing' if router.weight.grad is None else 'present'}")
-    return f"fp32 router: fp32 equal={torch.equal(logits, up_logits)}, bf16 logits fp32, bf16 loss {float(out.loss):.4f}"
+        res.errors.append(
+            f"fp32 router, bf16 model: loss {float(out.loss)}, router weight grad "
+            f"{'missing' if router.weight.grad is None else 'present'}"
+        )
+    return (
+        f"fp32 router: fp32 equal={torch.equal(logits, up_logits)}, bf16 logits fp32, bf16 loss {float(out.loss):.4f}"
+    )
 
 
 def check_npu(case, args, config, gpu_slots, state, inputs, up_logits, device, res) -> str:
     from opslot import DeviceInfo, OpsImplementationConfig, build_model, module_slots, use_device
 
-    npu_py, _ = generate(args.patchgen, case.spec("npu"), args.source_root,
-                         Path(args.gen_dir) / case.key, case.output_name("npu"))
+    npu_py, _ = generate(
+        args.patchgen, case.spec("npu"), args.source_root, Path(args.gen_dir) / case.key, case.output_name("npu")
+    )
     module = import_generated(npu_py)
     slots = module_slots(module)
     expected = sorted(set(gpu_slots) - set(case.npu_removes))
@@ -792,21 +943,33 @@ def check_npu(case, args, config, gpu_slots, state, inputs, up_logits, device, r
     with torch.no_grad():
         logits = model(**forward_kwargs(inputs, case.moe)).logits
     if not torch.equal(logits, up_logits):
-        res.errors.append(f"NPU file, eager on {device.type}: logits differ (max abs {max_abs_diff(logits, up_logits):.3g})")
+        res.errors.append(
+            f"NPU file, eager on {device.type}: logits differ (max abs {max_abs_diff(logits, up_logits):.3g})"
+        )
     npu_kernels = sorted(f"{op}:{impl}" for (op, _), impl in chosen.items() if impl != "eager")
     return f"{len(slots)} slots, NPU defaults {'/'.join(npu_kernels) or 'eager'}, eager equal={torch.equal(logits, up_logits)}"
 
 
 # -- report ---------------------------------------------------------------------------------------
 COLUMNS = [
-    ("model", "model"), ("status", "status"), ("gen_lines", "generated lines"), ("diff", "diff +/-"),
-    ("slots", "slots (op/variant)"), ("eager_logits_equal", "eager logits equal"),
-    ("eager_grads_equal", "eager grads equal"), ("torch_logits_max_abs_err", "torch max abs err logits"),
-    ("torch_grads_max_abs_err", "torch max abs err grads"), ("torch_loss_abs_err", "torch loss abs err"),
-    ("chunked_ce_loss_abs_err", "chunked CE loss abs err"), ("chunked_ce_grads_max_abs_err", "chunked CE max abs err grads"),
-    ("cuda_logits_max_abs_err", "cuda max abs err logits"), ("cuda_grads_max_abs_err", "cuda max abs err grads"),
-    ("cuda_loss_abs_err", "cuda loss abs err"), ("seq_cls", "sequence-classification head"),
-    ("step", "AdamW step"), ("npu", "NPU sibling"),
+    ("model", "model"),
+    ("status", "status"),
+    ("gen_lines", "generated lines"),
+    ("diff", "diff +/-"),
+    ("slots", "slots (op/variant)"),
+    ("eager_logits_equal", "eager logits equal"),
+    ("eager_grads_equal", "eager grads equal"),
+    ("torch_logits_max_abs_err", "torch max abs err logits"),
+    ("torch_grads_max_abs_err", "torch max abs err grads"),
+    ("torch_loss_abs_err", "torch loss abs err"),
+    ("chunked_ce_loss_abs_err", "chunked CE loss abs err"),
+    ("chunked_ce_grads_max_abs_err", "chunked CE max abs err grads"),
+    ("cuda_logits_max_abs_err", "cuda max abs err logits"),
+    ("cuda_grads_max_abs_err", "cuda max abs err grads"),
+    ("cuda_loss_abs_err", "cuda loss abs err"),
+    ("seq_cls", "sequence-classification head"),
+    ("step", "AdamW step"),
+    ("npu", "NPU sibling"),
 ]
 
 
@@ -829,8 +992,16 @@ def write_report(results: List[Result], out_dir: Path, env: Dict[str, str], setu
     rule = "|" + "|".join("---" for _ in COLUMNS) + "|"
     rows = ["| " + " | ".join(cell(r, k).replace("|", "\\|") for k, _ in COLUMNS) + " |" for r in results]
     env_line = ", ".join(f"{k} {v}" for k, v in env.items())
-    md = "\n".join([f"Real-model end-to-end ({env_line}); torch-kernel tolerance rtol={RTOL:g}, atol={ATOL:g}.", "",
-                    header, rule, *rows, ""])
+    md = "\n".join(
+        [
+            f"Real-model end-to-end ({env_line}); torch-kernel tolerance rtol={RTOL:g}, atol={ATOL:g}.",
+            "",
+            header,
+            rule,
+            *rows,
+            "",
+        ]
+    )
     md += "\nCalls per slot with the `torch` kernels (one forward + backward):\n\n"
     md += "\n".join(f"- {r.model}: {r.slot_calls or '-'}" for r in results) + "\n"
     if any(r.cuda_slot_calls for r in results):
@@ -847,8 +1018,11 @@ def write_report(results: List[Result], out_dir: Path, env: Dict[str, str], setu
         for r in results:
             writer.writerow([cell(r, k) for k, _ in COLUMNS] + [r.slot_calls, r.seconds, "; ".join(r.errors)])
     (out_dir / "e2e.json").write_text(
-        json.dumps({"env": env, "setup_errors": setup_errors, "results": [dataclasses.asdict(r) for r in results]},
-                   indent=2), encoding="utf-8")
+        json.dumps(
+            {"env": env, "setup_errors": setup_errors, "results": [dataclasses.asdict(r) for r in results]}, indent=2
+        ),
+        encoding="utf-8",
+    )
     return md
 
 
@@ -857,15 +1031,21 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--patchgen", required=True, help="patchgen binary")
     parser.add_argument("--source-root", required=True, help="folder holding the transformers package")
     parser.add_argument("--gen-dir", required=True, help="where generated files go (not committed)")
-    parser.add_argument("--out", default=os.environ.get("OUT", str(ROOT / "build-gpu-e2e")),
-                        help="where the table goes (default $OUT)")
+    parser.add_argument(
+        "--out", default=os.environ.get("OUT", str(ROOT / "build-gpu-e2e")), help="where the table goes (default $OUT)"
+    )
     parser.add_argument("--only", default="", help="comma-separated model keys")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--no-cuda-kernels", dest="cuda_kernels", action="store_false",
-                        help="on a GPU, skip the stage with opslot's cuda kernels")
+    parser.add_argument(
+        "--no-cuda-kernels",
+        dest="cuda_kernels",
+        action="store_false",
+        help="on a GPU, skip the stage with opslot's cuda kernels",
+    )
     args = parser.parse_args(argv)
 
     import transformers
+
     import opslot  # registers the built-in kernels
 
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -881,8 +1061,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         if reason is not None:
             parser.error(f"opslot's cuda kernels cannot run here ({reason}); pass --no-cuda-kernels to skip them")
         CUDA_PAIRS.extend(register_counted_kernels("cuda", COUNTED_CUDA, CUDA_CALLS))
-    env = {"torch": torch.__version__, "transformers": transformers.__version__, "opslot": opslot.__version__,
-           "device": torch.cuda.get_device_name() if device.type == "cuda" else device.type}
+    env = {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "opslot": opslot.__version__,
+        "device": torch.cuda.get_device_name() if device.type == "cuda" else device.type,
+    }
     only = {k for k in args.only.split(",") if k}
     unknown = only - {c.key for c in CASES}
     if unknown:
@@ -891,8 +1075,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     # Every real-model spec is covered by a case, and validates without its upstream.
     specs = sorted(p for p in (ROOT / "specs").glob("*/*.yaml") if p.parent.name != "example")
     uncovered = sorted({p.parent.name for p in specs} - {c.key for c in CASES})
-    proc = subprocess.run([args.patchgen, "--validate", *[str(p.relative_to(ROOT)) for p in specs]],
-                          cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run(
+        [args.patchgen, "--validate", *[str(p.relative_to(ROOT)) for p in specs]],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     validate_line = (proc.stdout.strip().splitlines() or ["(no output)"])[-1]
     env["patchgen --validate"] = validate_line.replace("validate: ", "")
     setup_errors = []

@@ -45,8 +45,9 @@ def hub_layout(model_key: str, state_dict: Dict[str, torch.Tensor]) -> Dict[str,
         else:
             out[key] = value
     if model_key in LANGUAGE_MODEL_PREFIX:
-        out = {("model.language_model." + k[len("model."):] if k.startswith("model.") else k): v
-               for k, v in out.items()}
+        out = {
+            ("model.language_model." + k[len("model.") :] if k.startswith("model.") else k): v for k, v in out.items()
+        }
         gen = torch.Generator().manual_seed(7)
         out["model.visual.patch_embed.proj.weight"] = torch.randn(8, 3, 2, 2, 2, generator=gen)
         out["mtp.fc.weight"] = torch.randn(8, 8, generator=gen)

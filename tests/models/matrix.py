@@ -37,8 +37,20 @@ def run_release(patchgen: str, version: str, work: Path):
     tree = ROOT / ".upstream" / f"transformers-{version}"
     out = work / version
     env = dict(os.environ, PYTHONPATH=f"{tree}{os.pathsep}{os.environ.get('PYTHONPATH', '')}".rstrip(os.pathsep))
-    cmd = [sys.executable, str(ROOT / "tests" / "models" / "e2e.py"), "--device", "cpu", "--patchgen", patchgen,
-           "--source-root", str(tree), "--gen-dir", str(out / "generated"), "--out", str(out)]
+    cmd = [
+        sys.executable,
+        str(ROOT / "tests" / "models" / "e2e.py"),
+        "--device",
+        "cpu",
+        "--patchgen",
+        patchgen,
+        "--source-root",
+        str(tree),
+        "--gen-dir",
+        str(out / "generated"),
+        "--out",
+        str(out),
+    ]
     started = time.time()
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     seconds = time.time() - started
@@ -89,7 +101,8 @@ def main() -> int:
                 gen, imports, eager, kernels = verdicts(res)
                 mark = lambda ok: "yes" if ok else "**no**"  # noqa: E731
                 rows.setdefault(res["model"], {})[version] = (
-                    f"{mark(gen)} / {mark(imports)} / {mark(eager)} / {mark(kernels)}")
+                    f"{mark(gen)} / {mark(imports)} / {mark(eager)} / {mark(kernels)}"
+                )
                 for err in res["errors"]:
                     notes.append(f"- {res['model']} on {version}: {first_line(err)}")
     lines = [
@@ -112,7 +125,7 @@ def main() -> int:
     if out.is_file():
         text = out.read_text(encoding="utf-8")
         if KEEP_MARKER in text:
-            kept = text[text.index(KEEP_MARKER):]
+            kept = text[text.index(KEEP_MARKER) :]
     out.write_text("\n".join(lines) + ("\n" + kept if kept else ""), encoding="utf-8")
     print("\n".join(lines))
     return 0

@@ -57,9 +57,13 @@ def register_spies(base: str) -> None:
             inner = KERNEL_REGISTRY.get(op, "standard", base).load()
 
             def spy(*args, **kwargs):
-                rec = {"op": op, "T": args[0].shape[-1] if op == "causal_conv1d" else args[0].shape[1],
-                       "cu_seqlens": kwargs.get("cu_seqlens"), "conv_state": kwargs.get("conv_state") is not None,
-                       "initial_state": kwargs.get("initial_state") is not None}
+                rec = {
+                    "op": op,
+                    "T": args[0].shape[-1] if op == "causal_conv1d" else args[0].shape[1],
+                    "cu_seqlens": kwargs.get("cu_seqlens"),
+                    "conv_state": kwargs.get("conv_state") is not None,
+                    "initial_state": kwargs.get("initial_state") is not None,
+                }
                 out = inner(*args, **kwargs)
                 rec["out"] = (out if op == "causal_conv1d" else out[0]).detach().clone()
                 RECORDS.append(rec)
@@ -74,8 +78,9 @@ def tiny_case(key: str) -> e2e.Case:
     """e2e's case with three layers (linear, full, linear): the second linear layer's input has been
     through attention, so the packed attention mask matters too."""
     case = next(c for c in e2e.CASES if c.key == key)
-    kwargs = dict(case.config_kwargs, num_hidden_layers=3,
-                  layer_types=["linear_attention", "full_attention", "linear_attention"])
+    kwargs = dict(
+        case.config_kwargs, num_hidden_layers=3, layer_types=["linear_attention", "full_attention", "linear_attention"]
+    )
     return dataclasses.replace(case, config_kwargs=kwargs)
 
 
@@ -92,8 +97,9 @@ class World:
         from opslot import module_slots
 
         self.case = tiny_case(key)
-        gen_py, _ = e2e.generate(patchgen, self.case.spec("gpu"), source_root, tmp / "generated",
-                                 self.case.output_name("gpu"))
+        gen_py, _ = e2e.generate(
+            patchgen, self.case.spec("gpu"), source_root, tmp / "generated", self.case.output_name("gpu")
+        )
         self.module = import_as(gen_py, f"{gen_py.stem}_gdn{suffix}")
         self.slots = module_slots(self.module)
         assert {s.op for s in self.slots.values()} >= set(OPS)
@@ -133,8 +139,15 @@ def packed_inputs(vocab: int, device) -> Dict[str, Any]:
     ids = torch.randint(1, vocab, (1, T), generator=gen)
     cu = torch.tensor([0] + torch.tensor(LENGTHS).cumsum(0).tolist(), dtype=torch.int32)
     position_ids = torch.cat([torch.arange(n) for n in LENGTHS])[None]
-    return dict(input_ids=ids.to(device), position_ids=position_ids.to(device), cu_seq_lens_q=cu.to(device),
-                cu_seq_lens_k=cu.to(device), max_length_q=max(LENGTHS), max_length_k=max(LENGTHS), use_cache=False)
+    return dict(
+        input_ids=ids.to(device),
+        position_ids=position_ids.to(device),
+        cu_seq_lens_q=cu.to(device),
+        cu_seq_lens_k=cu.to(device),
+        max_length_q=max(LENGTHS),
+        max_length_k=max(LENGTHS),
+        use_cache=False,
+    )
 
 
 def run(model, **inputs):
@@ -160,24 +173,35 @@ def test_packed_documents_equal_separate_documents(key, worlds, device):
 
     start = 0
     for d, n in enumerate(LENGTHS):
-        ids = inputs["input_ids"][:, start:start + n]
+        ids = inputs["input_ids"][:, start : start + n]
         alone_logits, alone = run(model, input_ids=ids, use_cache=False)
         assert all(r["cu_seqlens"] is None for r in alone)
         for r_packed, r_alone in zip(packed, alone):
-            part = (r_packed["out"][:, :, start:start + n] if r_packed["op"] == "causal_conv1d"
-                    else r_packed["out"][:, start:start + n])
-            torch.testing.assert_close(part, r_alone["out"], rtol=1e-5, atol=1e-5,
-                                       msg=lambda m: f"document {d}, {r_packed['op']}: {m}")
-        torch.testing.assert_close(packed_logits[:, start:start + n], alone_logits, rtol=1e-4, atol=1e-4,
-                                   msg=lambda m: f"document {d} logits: {m}")
+            part = (
+                r_packed["out"][:, :, start : start + n]
+                if r_packed["op"] == "causal_conv1d"
+                else r_packed["out"][:, start : start + n]
+            )
+            torch.testing.assert_close(
+                part, r_alone["out"], rtol=1e-5, atol=1e-5, msg=lambda m: f"document {d}, {r_packed['op']}: {m}"
+            )
+        torch.testing.assert_close(
+            packed_logits[:, start : start + n],
+            alone_logits,
+            rtol=1e-4,
+            atol=1e-4,
+            msg=lambda m: f"document {d} logits: {m}",
+        )
         start += n
 
     # upstream's eager code without `fla` ignores cu_seqlens in 5.17 (the state runs on across documents)
     # and refuses packed rows from 5.23; the generated model refuses them first, in both
     from opslot.packing import PackedSequenceError
 
-    with pytest.raises(PackedSequenceError, match="^a packed row reaches causal_conv1d_implementation, "
-                                                  "chunk_gated_delta_rule_implementation = eager"):
+    with pytest.raises(
+        PackedSequenceError,
+        match="^a packed row reaches causal_conv1d_implementation, chunk_gated_delta_rule_implementation = eager",
+    ):
         run(w.build("eager", device), **inputs)
 
 
@@ -196,9 +220,9 @@ def test_generate_reaches_the_decode_call_sites(key, worlds, device):
     assert torch.equal(spy_tokens, eager_tokens)
     seen = {(r["op"], r["T"] > 1, r["conv_state"], r["initial_state"]) for r in RECORDS}
     assert seen == {
-        ("causal_conv1d", True, False, False),           # prefill conv
+        ("causal_conv1d", True, False, False),  # prefill conv
         ("chunk_gated_delta_rule", True, False, False),  # chunked prefill
-        ("causal_conv1d", False, True, False),           # one-token conv update
+        ("causal_conv1d", False, True, False),  # one-token conv update
         ("chunk_gated_delta_rule", False, False, True),  # one-token recurrent step with the state
     }, seen
 
@@ -218,38 +242,85 @@ def _heads(q, k, v):
     return q, k
 
 
-def fake_chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
-                                cu_seqlens=None, use_qk_l2norm_in_kernel=False, **kwargs):
+def fake_chunk_gated_delta_rule(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    scale=None,
+    initial_state=None,
+    output_final_state=False,
+    cu_seqlens=None,
+    use_qk_l2norm_in_kernel=False,
+    **kwargs,
+):
     from opslot import reference
 
     FAKE_CALLS.append("fla.chunk_gated_delta_rule")
     q, k = _heads(q, k, v)
-    return reference.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=initial_state,
-                                            output_final_state=output_final_state,
-                                            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens)
+    return reference.chunk_gated_delta_rule(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        initial_state=initial_state,
+        output_final_state=output_final_state,
+        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+        cu_seqlens=cu_seqlens,
+    )
 
 
-def fake_fused_recurrent_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
-                                          cu_seqlens=None, use_qk_l2norm_in_kernel=False, **kwargs):
+def fake_fused_recurrent_gated_delta_rule(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    scale=None,
+    initial_state=None,
+    output_final_state=False,
+    cu_seqlens=None,
+    use_qk_l2norm_in_kernel=False,
+    **kwargs,
+):
     from opslot import reference
 
     FAKE_CALLS.append("fla.fused_recurrent_gated_delta_rule")
     q, k = _heads(q, k, v)
-    return reference.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=initial_state,
-                                            output_final_state=output_final_state,
-                                            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens)
+    return reference.chunk_gated_delta_rule(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        initial_state=initial_state,
+        output_final_state=output_final_state,
+        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+        cu_seqlens=cu_seqlens,
+    )
 
 
-def fake_causal_conv1d_fn(x, weight, bias=None, seq_idx=None, initial_states=None, return_final_states=False,
-                          final_states_out=None, activation=None):
+def fake_causal_conv1d_fn(
+    x,
+    weight,
+    bias=None,
+    seq_idx=None,
+    initial_states=None,
+    return_final_states=False,
+    final_states_out=None,
+    activation=None,
+):
     from opslot import reference
 
     FAKE_CALLS.append("causal_conv1d.causal_conv1d_fn")
     return reference.causal_conv1d(x, weight, bias, activation)
 
 
-def fake_causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, cache_seqlens=None,
-                              conv_state_indices=None):
+def fake_causal_conv1d_update(
+    x, conv_state, weight, bias=None, activation=None, cache_seqlens=None, conv_state_indices=None
+):
     from opslot import reference
 
     FAKE_CALLS.append("causal_conv1d.causal_conv1d_update")
@@ -259,13 +330,16 @@ def fake_causal_conv1d_update(x, conv_state, weight, bias=None, activation=None,
 @pytest.fixture
 def fake_kernel_packages(monkeypatch):
     """`fla` (with `fla.ops.gated_delta_rule`) and `causal_conv1d` as importable stand-ins."""
-    fns = dict(chunk_gated_delta_rule=fake_chunk_gated_delta_rule,
-               fused_recurrent_gated_delta_rule=fake_fused_recurrent_gated_delta_rule)
+    fns = dict(
+        chunk_gated_delta_rule=fake_chunk_gated_delta_rule,
+        fused_recurrent_gated_delta_rule=fake_fused_recurrent_gated_delta_rule,
+    )
     gdr = _module("fla.ops.gated_delta_rule", **fns)
     ops = _module("fla.ops", gated_delta_rule=gdr)
     fla = _module("fla", ops=ops, **fns)
-    conv = _module("causal_conv1d", causal_conv1d_fn=fake_causal_conv1d_fn,
-                   causal_conv1d_update=fake_causal_conv1d_update)
+    conv = _module(
+        "causal_conv1d", causal_conv1d_fn=fake_causal_conv1d_fn, causal_conv1d_update=fake_causal_conv1d_update
+    )
     for mod in (fla, ops, gdr, conv):
         monkeypatch.setitem(sys.modules, mod.__name__, mod)
     FAKE_CALLS.clear()
@@ -285,8 +359,12 @@ def test_guards_are_reached_when_fla_is_installed(key, patchgen, source_root, tm
     # slots unbound: upstream's code, which the hub wrapper sends to the (fake) packages
     with torch.no_grad():
         eager_tokens = w.build("eager", device).generate(ids, **kwargs)
-    assert set(FAKE_CALLS) == {"fla.chunk_gated_delta_rule", "fla.fused_recurrent_gated_delta_rule",
-                               "causal_conv1d.causal_conv1d_fn", "causal_conv1d.causal_conv1d_update"}, FAKE_CALLS
+    assert set(FAKE_CALLS) == {
+        "fla.chunk_gated_delta_rule",
+        "fla.fused_recurrent_gated_delta_rule",
+        "causal_conv1d.causal_conv1d_fn",
+        "causal_conv1d.causal_conv1d_update",
+    }, FAKE_CALLS
 
     # an explicit kernel: every call site runs it, the packages never
     FAKE_CALLS.clear()

@@ -50,8 +50,8 @@ class World:
     gen_cls: type
     up_cls: type
     state: Dict[str, torch.Tensor]  # upstream state dict (CPU)
-    up_dir: str                     # upstream save_pretrained
-    hub_dir: str                    # original Hub layout
+    up_dir: str  # upstream save_pretrained
+    hub_dir: str  # original Hub layout
     tmp: Path
 
 
@@ -63,7 +63,9 @@ def worlds(patchgen, source_root, tmp_path_factory):
         if key not in cache:
             case = CASES[key]
             tmp = tmp_path_factory.mktemp(key)
-            gen_py, _ = e2e.generate(patchgen, case.spec("gpu"), source_root, tmp / "generated", case.output_name("gpu"))
+            gen_py, _ = e2e.generate(
+                patchgen, case.spec("gpu"), source_root, tmp / "generated", case.output_name("gpu")
+            )
             module = e2e.import_generated(gen_py)
             config = e2e.make_config(case)
             up_cls = getattr(importlib.import_module(case.upstream_module), case.causal_lm)
@@ -74,7 +76,9 @@ def worlds(patchgen, source_root, tmp_path_factory):
             up_dir = str(tmp / "upstream_saved")
             upstream.save_pretrained(up_dir)
             hub_dir = ckpt.write_hub_layout(str(tmp / "hub_layout"), key, upstream.config, state)
-            cache[key] = World(case, config, module, getattr(module, case.causal_lm), up_cls, state, up_dir, hub_dir, tmp)
+            cache[key] = World(
+                case, config, module, getattr(module, case.causal_lm), up_cls, state, up_dir, hub_dir, tmp
+            )
         return cache[key]
 
     return get
@@ -111,8 +115,15 @@ def greedy(model, inputs, use_cache: bool) -> torch.Tensor:
     # token against the full attention mask), so generation turns it off, as Hub configs do.
     extra = {"output_router_logits": False} if getattr(model.config, "output_router_logits", False) else {}
     with torch.no_grad():
-        return model.generate(**inputs, max_new_tokens=GEN_TOKENS, do_sample=False, use_cache=use_cache,
-                              pad_token_id=0, eos_token_id=None, **extra)
+        return model.generate(
+            **inputs,
+            max_new_tokens=GEN_TOKENS,
+            do_sample=False,
+            use_cache=use_cache,
+            pad_token_id=0,
+            eos_token_id=None,
+            **extra,
+        )
 
 
 PER_MODEL = pytest.mark.parametrize("key", list(CASES))
@@ -137,7 +148,9 @@ def test_checkpoints_load_and_save_like_upstream(key, worlds, device):
         up.save_pretrained(up_out)
         gen.save_pretrained(gen_out)
         written_up, written_gen = ckpt.read_safetensors(up_out), ckpt.read_safetensors(gen_out)
-        assert sorted(written_gen) == sorted(written_up), f"saved keys differ: {sorted(set(written_gen) ^ set(written_up))}"
+        assert sorted(written_gen) == sorted(written_up), (
+            f"saved keys differ: {sorted(set(written_gen) ^ set(written_up))}"
+        )
         assert all(torch.equal(written_gen[k], written_up[k]) for k in written_up)
         back, back_info = w.up_cls.from_pretrained(gen_out, output_loading_info=True)
         assert_clean(back_info, f"upstream from the generated model's save ({label})")
@@ -148,8 +161,9 @@ def test_checkpoints_load_and_save_like_upstream(key, worlds, device):
 def test_npu_sibling_loads_checkpoints_like_upstream(key, worlds, patchgen, source_root):
     """The NPU specs `extends` the GPU ones: they inherit the checkpoint methods."""
     w = worlds(key)
-    npu_py, _ = e2e.generate(patchgen, w.case.spec("npu"), source_root, w.tmp / "generated_npu",
-                             w.case.output_name("npu"))
+    npu_py, _ = e2e.generate(
+        patchgen, w.case.spec("npu"), source_root, w.tmp / "generated_npu", w.case.output_name("npu")
+    )
     cls = getattr(e2e.import_generated(npu_py), w.case.causal_lm)
     assert cls.is_custom_code() is False
     model, info = cls.from_pretrained(w.hub_dir, output_loading_info=True)
@@ -165,7 +179,9 @@ def test_partial_load_is_an_error(key, worlds):
     saved = ckpt.read_safetensors(w.up_dir)
     dropped = "model.norm.weight"
     assert dropped in saved
-    missing_dir = ckpt.write_checkpoint(str(w.tmp / "missing"), w.config, {k: v for k, v in saved.items() if k != dropped})
+    missing_dir = ckpt.write_checkpoint(
+        str(w.tmp / "missing"), w.config, {k: v for k, v in saved.items() if k != dropped}
+    )
     with pytest.raises(PartialLoadError) as exc:
         w.gen_cls.from_pretrained(missing_dir)
     assert exc.value.missing == [dropped] and exc.value.unexpected == [] and dropped in str(exc.value)
@@ -183,8 +199,9 @@ def test_partial_load_is_an_error(key, worlds):
     if key in ckpt.EXPERTS_SPLIT:  # one expert's tensor missing from a Hub-layout checkpoint
         hub = ckpt.read_safetensors(w.hub_dir)
         gone = sorted(k for k in hub if ".mlp.experts.3.up_proj." in k)[0]
-        expert_dir = ckpt.write_checkpoint(str(w.tmp / "expert_missing"), w.config,
-                                           {k: v for k, v in hub.items() if k != gone})
+        expert_dir = ckpt.write_checkpoint(
+            str(w.tmp / "expert_missing"), w.config, {k: v for k, v in hub.items() if k != gone}
+        )
         with pytest.raises(RuntimeError) as exc:  # Transformers refuses it (conversion error); we add the keys
             w.gen_cls.from_pretrained(expert_dir)
         fused = re.sub(r"^model\.language_model\.", "model.", gone.rsplit(".", 3)[0]) + ".gate_up_proj"
@@ -271,8 +288,13 @@ def test_torch_kernels_close_to_upstream(key, worlds, device):
     if hasattr(w.config, "_experts_implementation") and w.config._experts_implementation:
         kwargs["experts_implementation"] = "eager"  # the moe guards live in the eager experts forward
     up = load(w.up_cls, w.up_dir, device, **kwargs).train()
-    model = opslot.hf.from_pretrained(w.up_dir, w.module, ops=e2e.ops_for(slots, e2e.COUNTED_IMPL),
-                                      dtype=torch.float32, **kwargs).to(device).train()
+    model = (
+        opslot.hf.from_pretrained(
+            w.up_dir, w.module, ops=e2e.ops_for(slots, e2e.COUNTED_IMPL), dtype=torch.float32, **kwargs
+        )
+        .to(device)
+        .train()
+    )
     assert type(model).__module__ != w.module.__name__, "kernels must be bound in a private copy"
     assert all(s.impl == "eager" for s in slots.values()), "the shared module must stay unbound"
     assert_state_equal(model, w.state, "opslot.hf.from_pretrained")
@@ -288,8 +310,11 @@ def test_torch_kernels_close_to_upstream(key, worlds, device):
     assert e2e.max_abs_diff(logits, ref_logits) <= tol(ref_logits)
     assert e2e.max_abs_diff(loss, ref_loss) <= tol(ref_loss)
     assert sorted(grads) == sorted(ref_grads)
-    bad = {n: e2e.max_abs_diff(grads[n], ref_grads[n]) for n in ref_grads
-           if e2e.max_abs_diff(grads[n], ref_grads[n]) > tol(ref_grads[n])}
+    bad = {
+        n: e2e.max_abs_diff(grads[n], ref_grads[n])
+        for n in ref_grads
+        if e2e.max_abs_diff(grads[n], ref_grads[n]) > tol(ref_grads[n])
+    }
     assert not bad, f"gradients not close: {bad}"
 
     up.eval(), model.eval()

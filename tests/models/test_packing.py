@@ -34,7 +34,7 @@ import e2e  # tests/models/e2e.py (conftest puts it on sys.path)
 
 CASES = {c.key: c for c in e2e.CASES}
 LENGTHS = [11, 1, 6, 4]  # gemma3/gpt_oss tiny configs slide a window of 8
-SINKS = {"gpt_oss"}      # attention sinks: opslot_varlen refuses them
+SINKS = {"gpt_oss"}  # attention sinks: opslot_varlen refuses them
 
 
 @dataclasses.dataclass
@@ -77,8 +77,13 @@ def build(world: World, attn: str, device: torch.device):
     impl = "cuda" if device.type == "cuda" else "torch"
     ops = dict(e2e.ops_for(world.slots, impl), attn_implementation=attn)
     # the aux loss runs only with output_router_logits (its own test turns it on)
-    model = build_model(world.config, ops=ops, module=world.module, model_class=world.case.causal_lm,
-                        allow_unreached=["load_balancing_loss"] if world.case.moe else None)
+    model = build_model(
+        world.config,
+        ops=ops,
+        module=world.module,
+        model_class=world.case.causal_lm,
+        allow_unreached=["load_balancing_loss"] if world.case.moe else None,
+    )
     model.load_state_dict(world.state, strict=True)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     return model.to(device, dtype).eval()
@@ -126,11 +131,16 @@ def test_packed_row_equals_documents_run_alone(key, worlds, device):
     rtol, atol = tolerances(device)
     start = 0
     for d, n in enumerate(LENGTHS):
-        ids = row["input_ids"][:, start:start + n]
+        ids = row["input_ids"][:, start : start + n]
         with torch.no_grad():
             alone_logits = model(input_ids=ids, use_cache=False).logits.float()
-        torch.testing.assert_close(packed_logits[:, start:start + n], alone_logits, rtol=rtol,
-                                   atol=atol, msg=lambda m: f"{key}: document {d} logits: {m}")
+        torch.testing.assert_close(
+            packed_logits[:, start : start + n],
+            alone_logits,
+            rtol=rtol,
+            atol=atol,
+            msg=lambda m: f"{key}: document {d} logits: {m}",
+        )
         if n > 1:
             alone = model(input_ids=ids, labels=ids.clone(), use_cache=False)
             part = alone.loss.float() * (n - 1)
@@ -142,8 +152,9 @@ def test_packed_row_equals_documents_run_alone(key, worlds, device):
     assert packed_grads.keys() == alone_grads.keys()
     scale = max(g.abs().max().item() for g in alone_grads.values())
     for name, grad in packed_grads.items():
-        torch.testing.assert_close(grad, alone_grads[name], rtol=rtol, atol=atol * max(scale, 1.0),
-                                   msg=lambda m: f"{key}: grad {name}: {m}")
+        torch.testing.assert_close(
+            grad, alone_grads[name], rtol=rtol, atol=atol * max(scale, 1.0), msg=lambda m: f"{key}: grad {name}: {m}"
+        )
 
 
 @pytest.mark.parametrize("key", KEYS)
@@ -162,7 +173,7 @@ def test_packed_sdpa_and_the_collator_agree(key, worlds, device):
 
         docs, start = [], 0
         for n in LENGTHS:
-            docs.append({"input_ids": row["input_ids"][0, start:start + n].tolist()})
+            docs.append({"input_ids": row["input_ids"][0, start : start + n].tolist()})
             start += n
         batch = DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_tensors="pt")(docs)
         assert batch["cu_seq_lens_q"].tolist() == [0, 11, 12, 18, 22]
@@ -184,7 +195,7 @@ def test_moe_aux_loss_of_a_packed_row_equals_the_padded_batch(key, worlds, devic
     mask = torch.zeros_like(padded)
     start = 0
     for d, n in enumerate(LENGTHS):
-        padded[d, :n] = row["input_ids"][0, start:start + n]
+        padded[d, :n] = row["input_ids"][0, start : start + n]
         mask[d, :n] = 1
         start += n
     with torch.no_grad():
@@ -220,8 +231,9 @@ def test_qwen3_5_packed_row_on_eager_gated_deltanet_is_refused(worlds, device):
     w = worlds("qwen3_5")
     ops = dict(e2e.ops_for(w.slots, "eager"), attn_implementation="opslot_varlen")
     model = build_model(w.config, ops=ops, module=w.module, model_class=w.case.causal_lm).to(device)
-    with pytest.raises(PackedSequenceError, match="reaches causal_conv1d_implementation, "
-                                                  "chunk_gated_delta_rule_implementation = eager"):
+    with pytest.raises(
+        PackedSequenceError, match="reaches causal_conv1d_implementation, chunk_gated_delta_rule_implementation = eager"
+    ):
         model(**packed_row(w.config.vocab_size, device), use_cache=False)
 
 

@@ -18,8 +18,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 FIXTURE = os.path.join(ROOT, "tests", "cli", "fixtures", "project")
 
 
-
-
 CONFIG = """repos:
   - repo: {root}
     rev: {rev}
@@ -37,10 +35,16 @@ def scratch(tmp_path_factory, request):
     patchgen = os.path.abspath(request.config.getoption("--patchgen"))
     repo = tmp_path_factory.mktemp("scratch")
     shutil.copytree(FIXTURE, repo, dirs_exist_ok=True)
-    env = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@example.invalid",
-               GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@example.invalid")
-    rev = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], check=True, capture_output=True,
-                         text=True).stdout.strip()
+    env = dict(
+        os.environ,
+        GIT_AUTHOR_NAME="t",
+        GIT_AUTHOR_EMAIL="t@example.invalid",
+        GIT_COMMITTER_NAME="t",
+        GIT_COMMITTER_EMAIL="t@example.invalid",
+    )
+    rev = subprocess.run(
+        ["git", "-C", ROOT, "rev-parse", "HEAD"], check=True, capture_output=True, text=True
+    ).stdout.strip()
     (repo / ".pre-commit-config.yaml").write_text(CONFIG.format(root=ROOT, rev=rev))
     subprocess.run([patchgen, "--all", "--diff"], cwd=repo, check=True, capture_output=True)
     for cmd in (["git", "init", "-q", "-b", "main"], ["git", "add", "-A"], ["git", "commit", "-q", "-m", "init"]):
@@ -52,8 +56,13 @@ def hook(scratch, hook_id):
     repo, env, home = scratch
     env = dict(env, PRE_COMMIT_HOME=str(home))
     stage = ["--hook-stage", "manual"] if hook_id == "patchgen-fix" else []
-    return subprocess.run([sys.executable, "-m", "pre_commit", "run", hook_id, "--all-files", *stage],
-                          cwd=repo, env=env, capture_output=True, text=True)
+    return subprocess.run(
+        [sys.executable, "-m", "pre_commit", "run", hook_id, "--all-files", *stage],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
 
 
 def generated(repo):

@@ -33,8 +33,13 @@ def generated_dir(request, tmp_path_factory):
     patchgen = os.path.abspath(request.config.getoption("--patchgen"))
     out = tmp_path_factory.mktemp("generated")
     specs = [os.path.join("specs", "example", name) for name in EXAMPLE_SPECS]
-    proc = subprocess.run([patchgen, *specs, "--source-root", "examples/upstream", "-o", str(out), "--diff"],
-                          cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.run(
+        [patchgen, *specs, "--source-root", "examples/upstream", "-o", str(out), "--diff"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr
     return str(out)
 

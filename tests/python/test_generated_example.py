@@ -9,7 +9,6 @@ import os
 
 import pytest
 import torch
-
 from toyformers.models.toy import modeling_toy as upstream_toy
 from toyformers.models.toy.configuration_toy import ToyConfig
 from toyformers.models.toy_moe import modeling_toy_moe as upstream_moe
@@ -81,16 +80,16 @@ def test_unbound_slots_run_upstream_code_toy_moe(toy_moe):
 
 
 def test_slot_declarations_follow_the_spec(toy, toy_moe):
-    declared = {name: (slot.op, slot.variant) for name, slot in vars(toy).items()
-                if isinstance(slot, toy.OpSlot)}
+    declared = {name: (slot.op, slot.variant) for name, slot in vars(toy).items() if isinstance(slot, toy.OpSlot)}
     assert declared == {
         "rms_norm_slot": ("rms_norm", "standard"),
         "rope_slot": ("rotary_pos_emb", "full"),
         "swiglu_mlp_slot": ("swiglu_mlp", "standard"),
         "causal_lm_loss_slot": ("cross_entropy_loss", "causal"),
     }
-    declared_moe = {name: (slot.op, slot.variant) for name, slot in vars(toy_moe).items()
-                    if isinstance(slot, toy_moe.OpSlot)}
+    declared_moe = {
+        name: (slot.op, slot.variant) for name, slot in vars(toy_moe).items() if isinstance(slot, toy_moe.OpSlot)
+    }
     # moe_experts_slot is instance-scoped: it lives on each ToyMoeExperts, not in the module.
     assert declared_moe == {
         "load_balancing_loss_slot": ("load_balancing_loss", "standard"),
@@ -111,7 +110,7 @@ def test_rms_norm_entry_guard_dispatches(toy):
     kernel = Recorder(sentinel)
     toy.rms_norm_slot.bind(kernel)
     assert norm(x) is sentinel
-    (args, kwargs), = kernel.calls
+    ((args, kwargs),) = kernel.calls
     assert args[0] is x and args[1] is norm.weight and args[2] == 1e-5 and kwargs == {}
 
 
@@ -121,7 +120,7 @@ def test_rope_entry_guard_dispatches_with_keyword(toy):
     kernel = Recorder(("q_embed", "k_embed"))
     toy.rope_slot.bind(kernel)
     assert toy.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=2) == ("q_embed", "k_embed")
-    (args, kwargs), = kernel.calls
+    ((args, kwargs),) = kernel.calls
     assert all(a is b for a, b in zip(args, (q, k, cos, sin))) and len(args) == 4
     assert kwargs == {"unsqueeze_dim": 2}
 
@@ -133,15 +132,18 @@ def test_swiglu_entry_guard_passes_the_module(toy):
     kernel = Recorder(sentinel)
     toy.swiglu_mlp_slot.bind(kernel)
     assert mlp(x) is sentinel
-    (args, kwargs), = kernel.calls
+    ((args, kwargs),) = kernel.calls
     assert args[0] is mlp and args[1] is x and kwargs == {}
 
 
 def test_bound_slots_give_upstream_results_through_reference_kernels(toy):
     """Kernels that compute the upstream math reproduce the upstream model exactly."""
     upstream, generated = make_pair(upstream_toy.ToyForCausalLM, toy.ToyForCausalLM, ToyConfig())
-    norm = Recorder(compute=lambda x, w, eps: upstream_toy.ToyRMSNorm.forward(
-        type("N", (), {"weight": w, "variance_epsilon": eps})(), x))
+    norm = Recorder(
+        compute=lambda x, w, eps: upstream_toy.ToyRMSNorm.forward(
+            type("N", (), {"weight": w, "variance_epsilon": eps})(), x
+        )
+    )
     rope = Recorder(compute=upstream_toy.apply_rotary_pos_emb)
     mlp = Recorder(compute=lambda module, x: upstream_toy.ToyMLP.forward(module, x))
     toy.rms_norm_slot.bind(norm)
@@ -171,7 +173,7 @@ def test_causal_lm_loss_call_site_guard_replaces_logits_and_loss(toy):
 
     assert output.logits is logits and output.loss is loss
     assert lm_head_calls == []  # the else-branch (upstream lm_head + loss) did not run
-    (args, kwargs), = kernel.calls
+    ((args, kwargs),) = kernel.calls
     hidden = model.model(input_ids, attention_mask=attention_mask).last_hidden_state
     assert args[0] is model and args[2] is labels and kwargs == {}
     assert torch.equal(args[1], hidden[:, -4:, :])
@@ -185,7 +187,7 @@ def test_causal_lm_loss_slot_without_labels(toy):
     input_ids, _ = batch()
     output = model(input_ids[:1])
     assert output.logits is logits and output.loss is None
-    (args, _), = kernel.calls
+    ((args, _),) = kernel.calls
     assert args[2] is None
 
 
@@ -232,10 +234,12 @@ def test_load_balancing_loss_guard_dispatches(toy_moe):
     input_ids, attention_mask = batch()
     output = generated(input_ids, attention_mask=attention_mask)
     assert output.aux_loss is aux
-    (args, kwargs), = kernel.calls
+    ((args, kwargs),) = kernel.calls
     gate_logits, num_experts, top_k, mask = args
     assert isinstance(gate_logits, tuple) and len(gate_logits) == config.num_hidden_layers
-    assert all(torch.equal(g, u) for g, u in zip(gate_logits, upstream(input_ids, attention_mask=attention_mask).router_logits))
+    assert all(
+        torch.equal(g, u) for g, u in zip(gate_logits, upstream(input_ids, attention_mask=attention_mask).router_logits)
+    )
     assert (num_experts, top_k) == (config.num_experts, config.num_experts_per_tok)
     assert mask is attention_mask and kwargs == {}
 
@@ -267,8 +271,7 @@ def test_residual_hook_from_override_sees_each_residual(toy):
 
 def test_npu_sibling_drops_the_loss_slot_and_shares_experts_slot(load_generated):
     npu = load_generated("patched_modeling_toy_moe_npu")
-    declared = {name: (slot.op, slot.variant) for name, slot in vars(npu).items()
-                if isinstance(slot, npu.OpSlot)}
+    declared = {name: (slot.op, slot.variant) for name, slot in vars(npu).items() if isinstance(slot, npu.OpSlot)}
     assert declared == {
         "moe_experts_slot": ("moe", "standard"),
         "load_balancing_loss_slot": ("load_balancing_loss", "standard"),
@@ -279,7 +282,7 @@ def test_npu_sibling_drops_the_loss_slot_and_shares_experts_slot(load_generated)
     assert not hasattr(experts, "moe_experts_slot")
     hidden_states = torch.randn(3, 32)
     experts(hidden_states, torch.zeros(3, 2, dtype=torch.long), torch.ones(3, 2))
-    (args, _), = kernel.calls
+    ((args, _),) = kernel.calls
     assert args[0] is experts and args[1] is hidden_states
 
 
@@ -289,6 +292,8 @@ def test_committed_example_outputs_are_current(generated_dir):
     names = sorted(os.listdir(generated_dir))
     assert names == sorted(os.listdir(committed_dir))
     for name in names:
-        with open(os.path.join(generated_dir, name), "rb") as fresh, \
-                open(os.path.join(committed_dir, name), "rb") as committed:
+        with (
+            open(os.path.join(generated_dir, name), "rb") as fresh,
+            open(os.path.join(committed_dir, name), "rb") as committed,
+        ):
             assert fresh.read() == committed.read(), name + " is stale: run patchgen --all --diff"

@@ -28,8 +28,9 @@ def default_chunk_size(tokens: int, hidden: int, vocab: int) -> int:
 
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, ignore_index: int, divisor, chunk_size: int,
-                fp32_weight_grad: bool):
+    def forward(
+        ctx, hidden, weight, bias, targets, ignore_index: int, divisor, chunk_size: int, fp32_weight_grad: bool
+    ):
         # hidden [N, H], weight [V, H], bias [V] or None, targets [N]; loss = sum(CE) / divisor.
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         need_b = bias is not None and ctx.needs_input_grad[2]
@@ -41,8 +42,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
         w_buf = None
         inv = 1.0 / divisor if not torch.is_tensor(divisor) else divisor.float().reciprocal().to(hidden.device)
         for start in range(0, hidden.shape[0], chunk_size):
-            h = hidden[start:start + chunk_size]
-            t = targets[start:start + chunk_size]
+            h = hidden[start : start + chunk_size]
+            t = targets[start : start + chunk_size]
             logits = F.linear(h, weight, bias).float()
             valid = t != ignore_index
             safe_t = torch.where(valid, t, torch.zeros_like(t))
@@ -57,7 +58,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
                     grad_b += grad.sum(0)
                 g = grad.to(weight.dtype)  # eager's backward also rounds the logits' grad to this dtype
                 if need_h:
-                    grad_h[start:start + chunk_size] = g @ weight
+                    grad_h[start : start + chunk_size] = g @ weight
                 if need_w:
                     if grad_w.dtype == weight.dtype:  # fp32 weights, or accumulation in the weight dtype
                         grad_w.addmm_(g.t(), h)
@@ -77,13 +78,24 @@ class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         grad_h, grad_w, grad_b = ctx.saved_tensors
-        scale = lambda g: None if g is None else g * grad_out.to(g.dtype)
+
+        def scale(g):
+            return None if g is None else g * grad_out.to(g.dtype)
+
         return scale(grad_h), scale(grad_w), scale(grad_b), None, None, None, None, None
 
 
-def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                         targets: torch.Tensor, *, ignore_index: int = -100, num_items_in_batch=None,
-                         chunk_size: Optional[int] = None, fp32_weight_grad: bool = True) -> torch.Tensor:
+def linear_cross_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    targets: torch.Tensor,
+    *,
+    ignore_index: int = -100,
+    num_items_in_batch=None,
+    chunk_size: Optional[int] = None,
+    fp32_weight_grad: bool = True,
+) -> torch.Tensor:
     """`cross_entropy(hidden @ weight.T + bias, targets)` (fp32 logits) without full logits: mean
     over non-ignored targets, or sum / `num_items_in_batch` when that is given (as HF does).
     `fp32_weight_grad=False` accumulates the weight gradient in the weight dtype: less memory and
@@ -99,13 +111,19 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: Optio
     if not torch.is_grad_enabled():  # skip the gradient work entirely
         hidden, weight = hidden.detach(), weight.detach()
         bias = bias.detach() if bias is not None else None
-    return _LinearCrossEntropy.apply(hidden, weight, bias, targets, ignore_index, divisor, chunk_size,
-                                     fp32_weight_grad)
+    return _LinearCrossEntropy.apply(hidden, weight, bias, targets, ignore_index, divisor, chunk_size, fp32_weight_grad)
 
 
-def cross_entropy_causal_chunked(module: Any, hidden_states: torch.Tensor, labels: Optional[torch.Tensor],
-                                 num_items_in_batch=None, ignore_index: int = -100, shift_labels=None,
-                                 chunk_size: Optional[int] = None, **kwargs):
+def cross_entropy_causal_chunked(
+    module: Any,
+    hidden_states: torch.Tensor,
+    labels: Optional[torch.Tensor],
+    num_items_in_batch=None,
+    ignore_index: int = -100,
+    shift_labels=None,
+    chunk_size: Optional[int] = None,
+    **kwargs,
+):
     """`(logits, loss)` for a `*ForCausalLM`; with labels, `logits` is None and the loss comes from
     `linear_cross_entropy` over `module.lm_head` (HF shift and ignore_index semantics)."""
     check_no_softcapping(module)
@@ -114,7 +132,13 @@ def cross_entropy_causal_chunked(module: Any, hidden_states: torch.Tensor, label
         return lm_head(hidden_states), None
     if shift_labels is None:
         shift_labels = F.pad(labels, (0, 1), value=ignore_index)[..., 1:]
-    loss = linear_cross_entropy(hidden_states, lm_head.weight, lm_head.bias, shift_labels,
-                                ignore_index=ignore_index, num_items_in_batch=num_items_in_batch,
-                                chunk_size=chunk_size)
+    loss = linear_cross_entropy(
+        hidden_states,
+        lm_head.weight,
+        lm_head.bias,
+        shift_labels,
+        ignore_index=ignore_index,
+        num_items_in_batch=num_items_in_batch,
+        chunk_size=chunk_size,
+    )
     return None, loss

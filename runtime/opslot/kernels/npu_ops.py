@@ -88,11 +88,11 @@ def moe_standard(module: Any, hidden_states, top_k_index, top_k_weights):
     group_list = torch.tensor(counts, dtype=torch.int64, device=hidden_states.device).cumsum(0)
     x = hidden_states[token_idx]
     gate_up = npu.npu_grouped_matmul(
-        [x], [w.t() for w in module.gate_up_proj], group_list=group_list,
-        split_item=2, group_type=0, group_list_type=0)[0]
+        [x], [w.t() for w in module.gate_up_proj], group_list=group_list, split_item=2, group_type=0, group_list_type=0
+    )[0]
     inter = npu.npu_swiglu(gate_up, dim=-1)
     out = npu.npu_grouped_matmul(
-        [inter], [w.t() for w in module.down_proj], group_list=group_list,
-        split_item=2, group_type=0, group_list_type=0)[0]
+        [inter], [w.t() for w in module.down_proj], group_list=group_list, split_item=2, group_type=0, group_list_type=0
+    )[0]
     out = out * top_k_weights.reshape(-1)[order, None]
     return final.index_add(0, token_idx, out.to(final.dtype))

@@ -110,7 +110,8 @@ def cross_entropy_causal(module: Any, hidden_states: torch.Tensor, labels: Optio
 def cross_entropy_sequence_classification(logits=None, labels=None, pooled_logits=None, config=None, **kwargs):
     """HF `ForSequenceClassificationLoss` (regression / single-label / multi-label by problem_type)."""
     return reference.cross_entropy_sequence_classification(
-        logits=logits, labels=labels, pooled_logits=pooled_logits, config=config, **kwargs)
+        logits=logits, labels=labels, pooled_logits=pooled_logits, config=config, **kwargs
+    )
 
 
 def load_balancing_loss(gate_logits, num_experts=None, top_k=2, attention_mask=None):
@@ -129,7 +130,8 @@ def load_balancing_loss(gate_logits, num_experts=None, top_k=2, attention_mask=N
     else:
         mask = attention_mask.reshape(-1).to(device=device, dtype=torch.float32).repeat(layers)
         counts = torch.zeros(num_experts, dtype=torch.float32, device=device).scatter_add_(
-            0, selected.reshape(-1), mask.repeat_interleave(top_k))
+            0, selected.reshape(-1), mask.repeat_interleave(top_k)
+        )
         prob_sum = (probs.float() * mask.unsqueeze(-1)).sum(dim=0)
         rows = mask.sum()
     return torch.sum((counts / rows) * (prob_sum / rows)) * num_experts
@@ -150,7 +152,7 @@ def _grouped(x_sorted: torch.Tensor, counts, expert_fn) -> torch.Tensor:
     outs, start = [], 0
     for e, n in enumerate(counts):
         if n:
-            outs.append(expert_fn(e, x_sorted[start:start + n]))
+            outs.append(expert_fn(e, x_sorted[start : start + n]))
             start += n
     return torch.cat(outs, dim=0)
 
@@ -211,13 +213,15 @@ def causal_conv1d(hidden_states, weight, bias=None, activation=None, cu_seqlens=
         bounds = reference.cu_seqlens_bounds(cu_seqlens, hidden_states.shape[0], seq_len, "causal_conv1d")
         # Offset of every position inside its segment; tap j reads position t - (width - 1 - j),
         # which belongs to the same segment only when that lag is <= the offset.
-        starts = torch.repeat_interleave(torch.tensor([s for s, _ in bounds], dtype=torch.long),
-                                         torch.tensor([e - s for s, e in bounds], dtype=torch.long))
+        starts = torch.repeat_interleave(
+            torch.tensor([s for s, _ in bounds], dtype=torch.long),
+            torch.tensor([e - s for s, e in bounds], dtype=torch.long),
+        )
         offset = (torch.arange(seq_len) - starts).to(device=x.device)
         out = None
         for j in range(width):
             lag = width - 1 - j
-            tap = x[:, :, j:j + seq_len] * weight[:, j, None]
+            tap = x[:, :, j : j + seq_len] * weight[:, j, None]
             if lag:
                 tap = tap * (offset >= lag).to(tap.dtype)
             out = tap if out is None else out + tap
@@ -233,59 +237,86 @@ def _causal_conv1d_update(hidden_states, conv_state, weight, bias, activation):
     channels, seq_len = hidden_states.shape[1], hidden_states.shape[-1]
     state_len, width = conv_state.shape[-1], weight.shape[-1]
     if conv_state.dim() != 3 or conv_state.shape[:2] != hidden_states.shape[:2]:
-        raise ValueError(f"causal_conv1d: conv_state must be [batch, channels, S] = "
-                         f"[{hidden_states.shape[0]}, {channels}, S], got {tuple(conv_state.shape)}")
+        raise ValueError(
+            f"causal_conv1d: conv_state must be [batch, channels, S] = "
+            f"[{hidden_states.shape[0]}, {channels}, S], got {tuple(conv_state.shape)}"
+        )
     if state_len < width - 1:
-        raise ValueError(f"causal_conv1d: conv_state holds {state_len} columns, the kernel width {width} "
-                         f"needs at least {width - 1}")
+        raise ValueError(
+            f"causal_conv1d: conv_state holds {state_len} columns, the kernel width {width} needs at least {width - 1}"
+        )
     full = torch.cat([conv_state.to(weight.dtype), hidden_states.to(weight.dtype)], dim=-1)
     conv_state.copy_(full[:, :, -state_len:])
-    out = F.conv1d(full[:, :, -(seq_len + width - 1):], weight.unsqueeze(1), bias, groups=channels)
+    out = F.conv1d(full[:, :, -(seq_len + width - 1) :], weight.unsqueeze(1), bias, groups=channels)
     if activation is not None:
         out = F.silu(out)
     return out.to(hidden_states.dtype)
 
 
-def chunk_gated_delta_rule(query, key, value, g, beta, chunk_size: int = 64, initial_state=None,
-                           output_final_state: bool = False, use_qk_l2norm_in_kernel: bool = False,
-                           cu_seqlens=None, **kwargs):
+def chunk_gated_delta_rule(
+    query,
+    key,
+    value,
+    g,
+    beta,
+    chunk_size: int = 64,
+    initial_state=None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    cu_seqlens=None,
+    **kwargs,
+):
     """Gated delta rule, chunk-parallel (UT transform per chunk, sequential scan over chunks).
 
     Shapes: q/k `[B, T, H, Dk]`, v `[B, T, H, Dv]`, g/beta `[B, T, H]`; returns
     (`[B, T, H, Dv]` in q's dtype, final state `[B, H, Dk, Dv]` fp32 or None). With `cu_seqlens`
     (B = 1, `[N + 1]` boundaries) every segment runs on its own: initial/final states `[N, H, Dk, Dv]`."""
     if cu_seqlens is None:
-        return _chunk_gated_delta_rule(query, key, value, g, beta, chunk_size, initial_state,
-                                       output_final_state, use_qk_l2norm_in_kernel)
+        return _chunk_gated_delta_rule(
+            query, key, value, g, beta, chunk_size, initial_state, output_final_state, use_qk_l2norm_in_kernel
+        )
     bounds = reference.cu_seqlens_bounds(cu_seqlens, query.shape[0], query.shape[1], "chunk_gated_delta_rule")
     if initial_state is not None and initial_state.shape[0] != len(bounds):
-        raise ValueError(f"chunk_gated_delta_rule: initial_state has {initial_state.shape[0]} states for "
-                         f"{len(bounds)} sequences in cu_seqlens")
+        raise ValueError(
+            f"chunk_gated_delta_rule: initial_state has {initial_state.shape[0]} states for "
+            f"{len(bounds)} sequences in cu_seqlens"
+        )
     outs, states = [], []
     for n, (start, end) in enumerate(bounds):
         out, state = _chunk_gated_delta_rule(
-            query[:, start:end], key[:, start:end], value[:, start:end], g[:, start:end], beta[:, start:end],
-            chunk_size, None if initial_state is None else initial_state[n:n + 1], output_final_state,
-            use_qk_l2norm_in_kernel)
+            query[:, start:end],
+            key[:, start:end],
+            value[:, start:end],
+            g[:, start:end],
+            beta[:, start:end],
+            chunk_size,
+            None if initial_state is None else initial_state[n : n + 1],
+            output_final_state,
+            use_qk_l2norm_in_kernel,
+        )
         outs.append(out)
         states.append(state)
     return torch.cat(outs, dim=1), (torch.cat(states, dim=0) if output_final_state else None)
 
 
-def _chunk_gated_delta_rule(query, key, value, g, beta, chunk_size, initial_state, output_final_state,
-                            use_qk_l2norm_in_kernel):
+def _chunk_gated_delta_rule(
+    query, key, value, g, beta, chunk_size, initial_state, output_final_state, use_qk_l2norm_in_kernel
+):
     dtype = query.dtype
     B, T, H, Dk = key.shape
     Dv = value.shape[-1]
     if T == 0:  # an empty packed sequence: no output, the state passes through
-        state = (torch.zeros(B, H, Dk, Dv, dtype=torch.float32, device=query.device)
-                 if initial_state is None else initial_state.float())
+        state = (
+            torch.zeros(B, H, Dk, Dv, dtype=torch.float32, device=query.device)
+            if initial_state is None
+            else initial_state.float()
+        )
         out = value.new_zeros(B, 0, H, Dv, dtype=dtype)
         return out, (state if output_final_state else None)
     q, k, v, b, decay = (x.transpose(1, 2).float().contiguous() for x in (query, key, value, beta, g))
     if use_qk_l2norm_in_kernel:
         q, k = reference.l2norm(q), reference.l2norm(k)
-    q = q * Dk ** -0.5
+    q = q * Dk**-0.5
     C = min(chunk_size, T)  # exact for any chunk size; short inputs (decode: T = 1) need no padding
     pad = (C - T % C) % C
     q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
@@ -309,8 +340,11 @@ def _chunk_gated_delta_rule(query, key, value, g, beta, chunk_size, initial_stat
     k_decayed = k * (cum[..., -1:] - cum).exp().unsqueeze(-1)
     chunk_decay = cum[..., -1].exp()[..., None, None]
 
-    state = (torch.zeros(B, H, Dk, Dv, dtype=torch.float32, device=q.device)
-             if initial_state is None else initial_state.float())
+    state = (
+        torch.zeros(B, H, Dk, Dv, dtype=torch.float32, device=q.device)
+        if initial_state is None
+        else initial_state.float()
+    )
     outs = []
     for i in range(n):
         v_new = u[:, :, i] - w[:, :, i] @ state

@@ -57,8 +57,9 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor, floor=None) -> float:
     return diff / denom if denom > 0 else diff
 
 
-def assert_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, what: str = "", scale: float = 1.0,
-                 floor=None):
+def assert_close(
+    out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, what: str = "", scale: float = 1.0, floor=None
+):
     assert out.shape == ref.shape, f"{what}: shape {tuple(out.shape)} != {tuple(ref.shape)}"
     assert not torch.isnan(out).any(), f"{what}: NaN in the output"
     if out.numel() == 0:

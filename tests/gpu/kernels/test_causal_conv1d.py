@@ -50,7 +50,7 @@ def ref_update(x, state, weight, bias=None, silu=False):
     s = state.shape[-1]
     full = torch.cat([state.float(), x.float()], dim=-1)
     out = F.conv1d(full, weight.float().unsqueeze(1), None if bias is None else bias.float(), groups=x.shape[1])
-    out = out[:, :, -x.shape[-1]:]
+    out = out[:, :, -x.shape[-1] :]
     return (F.silu(out) if silu else out), full[:, :, -s:]
 
 
@@ -83,8 +83,11 @@ def check(x, weight, bias, silu, cu=None, scale=1.0):
     dtype = x.dtype
     out, dx, dw, db, dy = run(x, weight, bias, silu, cu=cu)
     assert out.dtype == dtype and out.shape == x.shape
-    assert out.stride() == (x.transpose(1, 2).contiguous().transpose(1, 2).stride() if x.stride(1) < x.stride(2)
-                            else x.contiguous().stride())
+    assert out.stride() == (
+        x.transpose(1, 2).contiguous().transpose(1, 2).stride()
+        if x.stride(1) < x.stride(2)
+        else x.contiguous().stride()
+    )
     xr = x.detach().float().requires_grad_(True)
     wr = weight.detach().float().requires_grad_(True)
     br = bias.detach().float().requires_grad_(True) if bias is not None else None
@@ -148,8 +151,7 @@ def test_layouts(dtype, layout):
 def _abi():
     import ctypes
 
-    from opslot.kernels.cuda import _lib
-    from opslot.kernels.cuda import _ops_common as C
+    from opslot.kernels.cuda import _lib, _ops_common as C
 
     return ctypes, _lib, C
 
@@ -175,14 +177,54 @@ def test_partial_last_vector_through_the_abi(dtype, silu):
     code = _lib.DTYPE_CODES[dtype]
     st = lambda u: (ctypes.c_int64 * 3)(*u.stride())  # noqa: E731
     C.fn("opslot_causal_conv1d_fwd", m._FWD_ARGS)(
-        code, b, c, t, width, C.ptr(x), st(x), code, C.ptr(weight), code, C.ptr(bias), None, 0, 0, int(silu),
-        C.ptr(out), st(out), C.stream(x))
+        code,
+        b,
+        c,
+        t,
+        width,
+        C.ptr(x),
+        st(x),
+        code,
+        C.ptr(weight),
+        code,
+        C.ptr(bias),
+        None,
+        0,
+        0,
+        int(silu),
+        C.ptr(out),
+        st(out),
+        C.stream(x),
+    )
     n = C.raw("opslot_causal_conv1d_bwd_scratch_floats", _lib.I64, m._SCRATCH_ARGS)(code, b, c, t, width)
     assert n > 0
     scratch = torch.empty(n, device=DEV)
     C.fn("opslot_causal_conv1d_bwd", m._BWD_ARGS)(
-        code, b, c, t, width, C.ptr(x), st(x), C.ptr(dy), st(dy), code, C.ptr(weight), code, C.ptr(bias), None, 0,
-        0, int(silu), C.ptr(dx), st(dx), C.ptr(dw), C.ptr(db), scratch.data_ptr(), n, C.stream(x))
+        code,
+        b,
+        c,
+        t,
+        width,
+        C.ptr(x),
+        st(x),
+        C.ptr(dy),
+        st(dy),
+        code,
+        C.ptr(weight),
+        code,
+        C.ptr(bias),
+        None,
+        0,
+        0,
+        int(silu),
+        C.ptr(dx),
+        st(dx),
+        C.ptr(dw),
+        C.ptr(db),
+        scratch.data_ptr(),
+        n,
+        C.stream(x),
+    )
     xr, wr, br = (v.detach().float().requires_grad_(True) for v in (x, weight, bias))
     ref = ref_conv(xr, wr, br, silu)
     ref.backward(dy.float())
@@ -193,12 +235,52 @@ def test_partial_last_vector_through_the_abi(dtype, silu):
     assert out_base[:, :, c:].isnan().all() and dx_base[:, :, c:].isnan().all()
     with pytest.raises(RuntimeError, match="scratch of 1 floats"):
         C.fn("opslot_causal_conv1d_bwd", m._BWD_ARGS)(
-            code, b, c, t, width, C.ptr(x), st(x), C.ptr(dy), st(dy), code, C.ptr(weight), code, C.ptr(bias), None,
-            0, 0, int(silu), C.ptr(dx), st(dx), C.ptr(dw), C.ptr(db), scratch.data_ptr(), 1, C.stream(x))
+            code,
+            b,
+            c,
+            t,
+            width,
+            C.ptr(x),
+            st(x),
+            C.ptr(dy),
+            st(dy),
+            code,
+            C.ptr(weight),
+            code,
+            C.ptr(bias),
+            None,
+            0,
+            0,
+            int(silu),
+            C.ptr(dx),
+            st(dx),
+            C.ptr(dw),
+            C.ptr(db),
+            scratch.data_ptr(),
+            1,
+            C.stream(x),
+        )
     with pytest.raises(RuntimeError, match="kernel width 5"):
         C.fn("opslot_causal_conv1d_fwd", m._FWD_ARGS)(
-            code, b, c, t, 5, C.ptr(x), st(x), code, C.ptr(weight), code, C.ptr(bias), None, 0, 0, 0,
-            C.ptr(out), st(out), C.stream(x))
+            code,
+            b,
+            c,
+            t,
+            5,
+            C.ptr(x),
+            st(x),
+            code,
+            C.ptr(weight),
+            code,
+            C.ptr(bias),
+            None,
+            0,
+            0,
+            0,
+            C.ptr(out),
+            st(out),
+            C.stream(x),
+        )
 
 
 @requires_cuda
@@ -224,11 +306,11 @@ def test_empty(shape):
 
 
 PACKED = [
-    (10, [0, 3, 3, 4, 10]),                     # an empty and a length-1 segment
+    (10, [0, 3, 3, 4, 10]),  # an empty and a length-1 segment
     (200, [0, 1, 77, 77, 200]),
     (4097, [0, 1, 2, 1000, 1000, 1001, 2500, 4097]),
     (3000, [0, 3000]),
-    (129, [0, 0, 64, 65, 129, 129]),            # empty first and last segments
+    (129, [0, 0, 64, 65, 129, 129]),  # empty first and last segments
 ]
 
 
@@ -370,7 +452,7 @@ def test_bitwise_deterministic(packed):
 
 @requires_cuda
 def test_opcheck():
-    O = torch.ops.opslot
+    O = torch.ops.opslot  # noqa: E741
     x = channels_last(1, 40, 37, torch.float32).requires_grad_(True)
     weight, bias = params(40, 4, torch.float32)
     weight.requires_grad_(True)
@@ -384,8 +466,9 @@ def test_opcheck():
     torch.library.opcheck(O.causal_conv1d_bwd.default, (g, x.detach(), weight.detach(), bias.detach(), cu, True))
     torch.library.opcheck(O.causal_conv1d_bwd.default, (g, x.detach(), weight.detach(), None, None, False))
     state = torch.randn(1, 40, 4, device=DEV)
-    torch.library.opcheck(O.causal_conv1d_update.default,
-                          (x.detach()[:, :, :1], state, weight.detach(), bias.detach(), True))
+    torch.library.opcheck(
+        O.causal_conv1d_update.default, (x.detach()[:, :, :1], state, weight.detach(), bias.detach(), True)
+    )
 
 
 @requires_cuda

@@ -12,8 +12,7 @@ import torch
 import torch.nn as nn
 
 from opslot import reference  # noqa: E402
-from opslot.kernels.cuda import unavailable_reason  # noqa: E402
-from opslot.kernels.cuda import cross_entropy as ce  # noqa: E402
+from opslot.kernels.cuda import cross_entropy as ce, unavailable_reason  # noqa: E402
 
 _REASON = unavailable_reason() if torch.cuda.is_available() else "no CUDA device"
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or _REASON is not None, reason=str(_REASON))
@@ -31,9 +30,10 @@ def make_module(vocab, hidden, dtype, seed=0, softcap=None, bias=False):
     g = torch.Generator(device="cuda").manual_seed(seed)
     head = nn.Linear(hidden, vocab, bias=bias, device="cuda", dtype=dtype)
     with torch.no_grad():  # logits of std ~2: a peaked softmax, unlike nn.Linear's default init
-        head.weight.copy_(torch.randn(vocab, hidden, device="cuda", generator=g) * (2.0 / hidden ** 0.5))
-    return types.SimpleNamespace(lm_head=head, config=types.SimpleNamespace(vocab_size=vocab,
-                                                                            final_logit_softcapping=softcap))
+        head.weight.copy_(torch.randn(vocab, hidden, device="cuda", generator=g) * (2.0 / hidden**0.5))
+    return types.SimpleNamespace(
+        lm_head=head, config=types.SimpleNamespace(vocab_size=vocab, final_logit_softcapping=softcap)
+    )
 
 
 def make_inputs(batch, seq, hidden, vocab, dtype, pattern="none", seed=1):
@@ -154,8 +154,9 @@ def test_forward_only_does_no_backward_work():
     tile = 300 * vocab * 2
     assert extra < tile + (4 << 20), extra  # no grad_weight [V, H] / grad_hidden buffers
     # inputs that do not require grad: no autograd node either
-    _, loss2 = ce.cross_entropy_causal(types.SimpleNamespace(lm_head=module.lm_head.requires_grad_(False),
-                                                             config=module.config), hidden, labels)
+    _, loss2 = ce.cross_entropy_causal(
+        types.SimpleNamespace(lm_head=module.lm_head.requires_grad_(False), config=module.config), hidden, labels
+    )
     module.lm_head.requires_grad_(True)
     assert loss2.grad_fn is None and torch.equal(loss2, loss_grad)
 
@@ -236,16 +237,20 @@ def test_opcheck():
     w = torch.randn(1001, 32, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     t = torch.randint(0, 1001, (70,), device="cuda")
     t[::3] = -100
-    for args in [(h, w, t, None, 0.0, 0, -100, 32, True, True),
-                 (h, w, t, torch.tensor(9.0, device="cuda"), 0.0, 2, -100, 64, True, False),
-                 (h.detach(), w.detach(), t, None, 5.0, 1, -100, 128, False, False)]:
+    for args in [
+        (h, w, t, None, 0.0, 0, -100, 32, True, True),
+        (h, w, t, torch.tensor(9.0, device="cuda"), 0.0, 2, -100, 64, True, False),
+        (h.detach(), w.detach(), t, None, 5.0, 1, -100, 128, False, False),
+    ]:
         torch.library.opcheck(torch.ops.opslot.ce_linear_fwd.default, args)
     x = torch.randn(6, 5, device="cuda", requires_grad=True)
     y = torch.tensor([0, 4, -100, 2, 1, 3], device="cuda")
     torch.library.opcheck(torch.ops.opslot.ce_logits_fwd.default, (x, y, None, 0.0, 0, -100, True))
     torch.library.opcheck(torch.ops.opslot.ce_logits_fwd.default, (x.detach(), y, None, 3.0, 1, -100, False))
-    torch.library.opcheck(torch.ops.opslot.ce_scale_.default,
-                          (torch.randn(1037, device="cuda", dtype=torch.bfloat16), torch.tensor(2.5, device="cuda")))
+    torch.library.opcheck(
+        torch.ops.opslot.ce_scale_.default,
+        (torch.randn(1037, device="cuda", dtype=torch.bfloat16), torch.tensor(2.5, device="cuda")),
+    )
 
 
 def test_torch_compile_fullgraph():
@@ -257,9 +262,9 @@ def test_torch_compile_fullgraph():
     def step(h, labels):
         return ce.cross_entropy_causal(module, h, labels)[1]
 
-    eager = run(lambda m, h, l: (None, step(h, l)), module, hidden, labels)
+    eager = run(lambda m, h, lab: (None, step(h, lab)), module, hidden, labels)
     compiled_step = torch.compile(step, backend="aot_eager", fullgraph=True)
-    comp = run(lambda m, h, l: (None, compiled_step(h, l)), module, hidden, labels)
+    comp = run(lambda m, h, lab: (None, compiled_step(h, lab)), module, hidden, labels)
     for x, y in zip(eager, comp):
         assert torch.equal(x, y)
 
@@ -286,7 +291,8 @@ def test_sequence_classification_single_label(dtype, case):
     loss.backward()
     xr = pooled.detach().float().requires_grad_(True)
     ref = reference.cross_entropy_sequence_classification(
-        pooled_logits=xr, labels=labels, config=types.SimpleNamespace(num_labels=classes, problem_type=None), **kwargs)
+        pooled_logits=xr, labels=labels, config=types.SimpleNamespace(num_labels=classes, problem_type=None), **kwargs
+    )
     ref.backward()
     if case == "all_ignored":
         assert loss.item() == 0.0 and torch.count_nonzero(x.grad) == 0
@@ -301,12 +307,17 @@ def test_sequence_classification_other_problems_use_reference_math(problem):
     torch.manual_seed(0)
     num_labels = 1 if problem == "regression" else 4
     x = torch.randn(6, num_labels, device="cuda", requires_grad=True)
-    labels = torch.randn(6, device="cuda") if problem == "regression" else \
-        torch.randint(0, 2, (6, num_labels), device="cuda").float()
-    loss = ce.cross_entropy_sequence_classification(pooled_logits=x, labels=labels,
-                                                    config=types.SimpleNamespace(num_labels=num_labels, problem_type=None))
+    labels = (
+        torch.randn(6, device="cuda")
+        if problem == "regression"
+        else torch.randint(0, 2, (6, num_labels), device="cuda").float()
+    )
+    loss = ce.cross_entropy_sequence_classification(
+        pooled_logits=x, labels=labels, config=types.SimpleNamespace(num_labels=num_labels, problem_type=None)
+    )
     ref = reference.cross_entropy_sequence_classification(
-        pooled_logits=x, labels=labels, config=types.SimpleNamespace(num_labels=num_labels, problem_type=None))
+        pooled_logits=x, labels=labels, config=types.SimpleNamespace(num_labels=num_labels, problem_type=None)
+    )
     assert torch.equal(loss, ref)
 
 

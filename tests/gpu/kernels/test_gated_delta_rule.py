@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import requires_cuda, rel_err
+from conftest import rel_err, requires_cuda
 
 pytestmark = requires_cuda
 
@@ -91,10 +91,10 @@ def check_against_reference(ins, s0, dtype, l2norm=True, cu_seqlens=None):
 
 SHAPES = [
     (2, 200, 3, 128, 128),  # several chunks and a partial last one
-    (1, 1, 1, 128, 128),    # one token
-    (1, 64, 2, 64, 32),     # exactly one chunk, small head dims
-    (2, 130, 4, 16, 48),    # head dims below a tile
-    (1, 70, 64, 32, 32),    # 64 heads
+    (1, 1, 1, 128, 128),  # one token
+    (1, 64, 2, 64, 32),  # exactly one chunk, small head dims
+    (2, 130, 4, 16, 48),  # head dims below a tile
+    (1, 70, 64, 32, 32),  # 64 heads
 ]
 
 
@@ -123,14 +123,15 @@ def test_packed_equals_separate(dtype):
     out, final, grads = run(_op(), ins, s0, dout, dfinal, use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
     start = 0
     for i, n in enumerate(lengths):
-        part = [x[:, start:start + n] for x in ins]
-        o, f, gr = run(_op(), part, s0[i:i + 1], dout[:, start:start + n], dfinal[i:i + 1],
-                       use_qk_l2norm_in_kernel=True)
-        assert torch.equal(out[:, start:start + n], o), f"output of sequence {i}"
-        assert torch.equal(final[i:i + 1], f), f"final state of sequence {i}"
+        part = [x[:, start : start + n] for x in ins]
+        o, f, gr = run(
+            _op(), part, s0[i : i + 1], dout[:, start : start + n], dfinal[i : i + 1], use_qk_l2norm_in_kernel=True
+        )
+        assert torch.equal(out[:, start : start + n], o), f"output of sequence {i}"
+        assert torch.equal(final[i : i + 1], f), f"final state of sequence {i}"
         for name, a, b in zip(["dq", "dk", "dv", "dg", "dbeta"], grads[:5], gr[:5]):
-            assert torch.equal(a[:, start:start + n], b), f"{name} of sequence {i}"
-        assert torch.equal(grads[5][i:i + 1], gr[5]), f"d initial state of sequence {i}"
+            assert torch.equal(a[:, start : start + n], b), f"{name} of sequence {i}"
+        assert torch.equal(grads[5][i : i + 1], gr[5]), f"d initial state of sequence {i}"
         start += n
 
 
@@ -141,9 +142,9 @@ def test_packed_against_reference():
     out, final = _op()(*ins, cu_seqlens=cu, output_final_state=True, use_qk_l2norm_in_kernel=True)
     start = 0
     for i, n in enumerate(lengths):
-        ro, rf = reference(*[x[:, start:start + n] for x in ins])
-        assert rel_err(out[:, start:start + n], ro) < TOL[torch.float32]
-        assert rel_err(final[i:i + 1], rf) < TOL[torch.float32]
+        ro, rf = reference(*[x[:, start : start + n] for x in ins])
+        assert rel_err(out[:, start : start + n], ro) < TOL[torch.float32]
+        assert rel_err(final[i : i + 1], rf) < TOL[torch.float32]
         start += n
 
 

@@ -43,9 +43,22 @@ def check(layers, rows, experts, top_k, dtype, masked):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("layers,rows,experts,top_k", [
-    (1, 1, 8, 2), (3, 37, 8, 2), (3, 37, 60, 4), (2, 1000, 128, 8), (70, 64, 128, 2), (2, 33, 512, 8),
-    (4, 20, 5, 1), (2, 10, 16, 15), (2, 300, 32, 3), (2, 65, 256, 2), (1, 9, 3, 0)])
+@pytest.mark.parametrize(
+    "layers,rows,experts,top_k",
+    [
+        (1, 1, 8, 2),
+        (3, 37, 8, 2),
+        (3, 37, 60, 4),
+        (2, 1000, 128, 8),
+        (70, 64, 128, 2),
+        (2, 33, 512, 8),
+        (4, 20, 5, 1),
+        (2, 10, 16, 15),
+        (2, 300, 32, 3),
+        (2, 65, 256, 2),
+        (1, 9, 3, 0),
+    ],
+)
 @pytest.mark.parametrize("masked", [False, True])
 def test_against_reference(dtype, layers, rows, experts, top_k, masked):
     check(layers, rows, experts, top_k, dtype, masked)

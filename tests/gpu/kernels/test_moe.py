@@ -32,34 +32,36 @@ TOL = {torch.float32: 2e-4, torch.float16: 1e-2, torch.bfloat16: 2.5e-2}
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 
 
-def qwen_module(E, H, I, dtype, seed=0):
+def qwen_module(E, H, I, dtype, seed=0):  # noqa: E741  (I: the intermediate size)
     g = torch.Generator(device="cuda").manual_seed(seed)
     m = types.SimpleNamespace(num_experts=E, act_fn=nn.SiLU())
-    m.gate_up_proj = nn.Parameter((torch.randn(E, 2 * I, H, device="cuda", generator=g) / H ** 0.5).to(dtype))
-    m.down_proj = nn.Parameter((torch.randn(E, H, I, device="cuda", generator=g) / I ** 0.5).to(dtype))
+    m.gate_up_proj = nn.Parameter((torch.randn(E, 2 * I, H, device="cuda", generator=g) / H**0.5).to(dtype))
+    m.down_proj = nn.Parameter((torch.randn(E, H, I, device="cuda", generator=g) / I**0.5).to(dtype))
     return m
 
 
-def gpt_oss_module(E, H, I, dtype, seed=0):
+def gpt_oss_module(E, H, I, dtype, seed=0):  # noqa: E741  (I: the intermediate size)
     g = torch.Generator(device="cuda").manual_seed(seed)
     # fp32: a small limit, so that many clamps are hit. bf16/fp16: GPT-OSS's 7.0 (rarely hit), because
     # an element within rounding of the limit can flip the clamp's zero/nonzero derivative
     m = types.SimpleNamespace(num_experts=E, alpha=1.702, limit=1.5 if dtype == torch.float32 else 7.0)
-    m.gate_up_proj = nn.Parameter((torch.randn(E, H, 2 * I, device="cuda", generator=g) * 1.5 / H ** 0.5).to(dtype))
+    m.gate_up_proj = nn.Parameter((torch.randn(E, H, 2 * I, device="cuda", generator=g) * 1.5 / H**0.5).to(dtype))
     m.gate_up_proj_bias = nn.Parameter((torch.randn(E, 2 * I, device="cuda", generator=g) * 0.5).to(dtype))
-    m.down_proj = nn.Parameter((torch.randn(E, I, H, device="cuda", generator=g) / I ** 0.5).to(dtype))
+    m.down_proj = nn.Parameter((torch.randn(E, I, H, device="cuda", generator=g) / I**0.5).to(dtype))
     m.down_proj_bias = nn.Parameter((torch.randn(E, H, device="cuda", generator=g) * 0.1).to(dtype))
     return m
 
 
-PARAMS = {"standard": ["gate_up_proj", "down_proj"],
-          "gpt_oss": ["gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias"]}
+PARAMS = {
+    "standard": ["gate_up_proj", "down_proj"],
+    "gpt_oss": ["gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias"],
+}
 
 
 def make_inputs(T, H, E, K, dtype, routing="uniform", seed=1):
     g = torch.Generator(device="cuda").manual_seed(seed)
     x = torch.randn(T, H, device="cuda", generator=g).to(dtype)
-    if routing == "skewed":   # expert 3 takes ~all first choices, experts >= E//2 get nothing, some drops
+    if routing == "skewed":  # expert 3 takes ~all first choices, experts >= E//2 get nothing, some drops
         idx = torch.randint(0, max(1, E // 2), (T, K), device="cuda", generator=g)
         idx[:, 0] = 3 % E
         if K > 1:
@@ -67,7 +69,7 @@ def make_inputs(T, H, E, K, dtype, routing="uniform", seed=1):
     else:
         idx = torch.argsort(torch.rand(T, E, device="cuda", generator=g), dim=-1)[:, :K]
     if routing in ("skewed", "dropped") and T > 2:
-        idx[::5, -1] = E           # the masking index: these assignments are skipped
+        idx[::5, -1] = E  # the masking index: these assignments are skipped
     if routing == "all_dropped":
         idx[:] = E
     w = torch.softmax(torch.randn(T, K, device="cuda", generator=g), -1).to(dtype)
@@ -79,7 +81,7 @@ def run(fn, module, names, x, idx, w, go):
     w = w.detach().clone().requires_grad_(True)
     params = [getattr(module, n) for n in names]
     out = fn(module, x, idx, w)
-    if not out.requires_grad:   # the reference with every assignment dropped: a constant zero
+    if not out.requires_grad:  # the reference with every assignment dropped: a constant zero
         return out.detach(), [torch.zeros_like(t) for t in [x, w] + params]
     grads = torch.autograd.grad(out, [x, w] + params, go, allow_unused=True)
     return out.detach(), [g if g is not None else torch.zeros_like(p) for g, p in zip(grads, [x, w] + params)]
@@ -100,7 +102,7 @@ def rel(a, b, floor=0.0):
     return num / den if den > 0 else num
 
 
-def check(variant, dtype, T, E, K, H, I, routing, x_view=None):
+def check(variant, dtype, T, E, K, H, I, routing, x_view=None):  # noqa: E741  (I: the intermediate size)
     make = qwen_module if variant == "standard" else gpt_oss_module
     fn = moe.moe_standard if variant == "standard" else moe.moe_gpt_oss
     ref = reference.moe_standard if variant == "standard" else reference.moe_gpt_oss
@@ -112,7 +114,7 @@ def check(variant, dtype, T, E, K, H, I, routing, x_view=None):
     go = torch.randn(x.shape, device="cuda", generator=torch.Generator(device="cuda").manual_seed(7)).to(dtype)
     out, grads = run(fn, m, names, x, idx, w, go)
     assert out.dtype == dtype and out.shape == x.shape and grads[0].shape == x.shape
-    x2, go2 = x.reshape(-1, H), go.reshape(-1, H)   # the reference takes [tokens, hidden]
+    x2, go2 = x.reshape(-1, H), go.reshape(-1, H)  # the reference takes [tokens, hidden]
     ref_out, ref_grads = run(ref, fp32_copy(m, names), names, x2.float(), idx, w.float(), go2.float())
     out, grads[0] = out.reshape(-1, H), grads[0].reshape(-1, H)
     assert torch.isfinite(out).all()
@@ -122,7 +124,7 @@ def check(variant, dtype, T, E, K, H, I, routing, x_view=None):
         assert torch.isfinite(a).all(), name
         # a routing-weight gradient entry is a dot product over H of O(1) rounded terms: its error
         # scales with sqrt(H) however much the sum cancels, so its entries get that floor
-        errs[name] = rel(a, b, floor=H ** 0.5 if name == "weights" else 0.0)
+        errs[name] = rel(a, b, floor=H**0.5 if name == "weights" else 0.0)
     bad = {k: v for k, v in errs.items() if v > TOL[dtype]}
     assert not bad, f"relative errors above {TOL[dtype]}: {bad} (all: {errs})"
     return out, grads
@@ -130,22 +132,28 @@ def check(variant, dtype, T, E, K, H, I, routing, x_view=None):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("variant", ["standard", "gpt_oss"])
-@pytest.mark.parametrize("case", [
-    (96, 8, 2, 64, 32, "uniform"),
-    (200, 16, 4, 64, 48, "skewed"),
-    (130, 8, 3, 72, 40, "dropped"),
-])
+@pytest.mark.parametrize(
+    "case",
+    [
+        (96, 8, 2, 64, 32, "uniform"),
+        (200, 16, 4, 64, 48, "skewed"),
+        (130, 8, 3, 72, 40, "dropped"),
+    ],
+)
 def test_matches_reference(variant, dtype, case):
     check(variant, dtype, *case)
 
 
 @pytest.mark.parametrize("variant", ["standard", "gpt_oss"])
-@pytest.mark.parametrize("case", [
-    (33, 6, 3, 36, 20, "dropped"),       # widths not multiples of 8: portable GEMM, scalar kernels
-    (64, 256, 8, 64, 32, "uniform"),     # many experts, most of them empty
-    (1, 8, 1, 64, 32, "uniform"),        # a single token, top-1
-    (3, 4, 2, 64, 32, "all_dropped"),    # nothing routed
-])
+@pytest.mark.parametrize(
+    "case",
+    [
+        (33, 6, 3, 36, 20, "dropped"),  # widths not multiples of 8: portable GEMM, scalar kernels
+        (64, 256, 8, 64, 32, "uniform"),  # many experts, most of them empty
+        (1, 8, 1, 64, 32, "uniform"),  # a single token, top-1
+        (3, 4, 2, 64, 32, "all_dropped"),  # nothing routed
+    ],
+)
 def test_edge_shapes(variant, case):
     check(variant, torch.bfloat16, *case)
 
@@ -168,8 +176,7 @@ def test_portable_gemm_in_bf16(variant, monkeypatch):
 
 
 def test_non_contiguous_and_3d_hidden_states():
-    check("standard", torch.bfloat16, 96, 8, 2, 64, 32, "uniform",
-          x_view=lambda x: torch.cat([x, x], dim=1)[:, :64])
+    check("standard", torch.bfloat16, 96, 8, 2, 64, 32, "uniform", x_view=lambda x: torch.cat([x, x], dim=1)[:, :64])
     check("gpt_oss", torch.float32, 96, 8, 2, 64, 32, "uniform", x_view=lambda x: x.view(4, 24, 64))
 
 
@@ -228,19 +235,27 @@ def test_cuda_graph_capture_and_replay(variant):
         assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("case", [
-    (1, 8, 1, torch.int64), (100, 8, 2, torch.int32), (257, 128, 8, torch.int64), (5000, 256, 8, torch.int64),
-    (70000, 64, 4, torch.int64), (3000, 1024, 2, torch.int32), (0, 16, 4, torch.int64),
-])
+@pytest.mark.parametrize(
+    "case",
+    [
+        (1, 8, 1, torch.int64),
+        (100, 8, 2, torch.int32),
+        (257, 128, 8, torch.int64),
+        (5000, 256, 8, torch.int64),
+        (70000, 64, 4, torch.int64),
+        (3000, 1024, 2, torch.int32),
+        (0, 16, 4, torch.int64),
+    ],
+)
 def test_route_kernel_matches_torch(case):
     """The routing kernel (stable counting sort) equals the torch formulation exactly, incl. the
     masking index, out-of-range ids, skewed routing and many chunks."""
     T, E, K, dt = case
     g = torch.Generator(device="cuda").manual_seed(T + E)
-    idx = torch.randint(0, E + 1, (T, K), device="cuda", generator=g)      # E = masking index
+    idx = torch.randint(0, E + 1, (T, K), device="cuda", generator=g)  # E = masking index
     if T > 10:
-        idx[::3, 0] = 5 % E                                                # skew
-        idx[1, -1] = E + 7                                                 # out of range: dropped
+        idx[::3, 0] = 5 % E  # skew
+        idx[1, -1] = E + 7  # out of range: dropped
         idx[2, -1] = -3
     idx = idx.to(dt)
     a, b = moe.route(idx, E), moe.route_torch(idx, E)
@@ -256,7 +271,7 @@ def _routing(T=40, E=8, K=2, drop=True):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 def test_opcheck(dtype):
     r, K = _routing()
-    T, H, I, E = 40, 64, 32, 8
+    T, H, I, E = 40, 64, 32, 8  # noqa: E741  (I: the intermediate size)
     dev = "cuda"
     _, idx, _ = make_inputs(T, 8, E, K, torch.bfloat16, "dropped")
     torch.library.opcheck(torch.ops.opslot.moe_route.default, (idx, E))
@@ -277,16 +292,26 @@ def test_opcheck(dtype):
     torch.library.opcheck(torch.ops.opslot.moe_grouped_mm.default, (a, wq, r.offs, True))
     torch.library.opcheck(torch.ops.opslot.moe_grouped_mm.default, (a, wg, r.offs, False))
     g = torch.randn(T * K, 2 * I, device=dev, dtype=dtype)
-    torch.library.opcheck(torch.ops.opslot.moe_grouped_mm_backward.default, (g, a, wq, r.offs, True),
-                          test_utils=("test_schema", "test_faketensor"))
-    torch.library.opcheck(torch.ops.opslot.moe_act_backward.default,
-                          (g[:, :I].contiguous(), h, r.offs, r.row_expert, b1, 1, 1.702, 1.5),
-                          test_utils=("test_schema", "test_faketensor"))
-    torch.library.opcheck(torch.ops.opslot.moe_combine_backward.default,
-                          (x.detach(), rows, r.inv, r.offs, w, r.row_expert, bias),
-                          test_utils=("test_schema", "test_faketensor"))
-    torch.library.opcheck(torch.ops.opslot.moe_gather_backward.default, (rows, r.inv, r.offs, K),
-                          test_utils=("test_schema", "test_faketensor"))
+    torch.library.opcheck(
+        torch.ops.opslot.moe_grouped_mm_backward.default,
+        (g, a, wq, r.offs, True),
+        test_utils=("test_schema", "test_faketensor"),
+    )
+    torch.library.opcheck(
+        torch.ops.opslot.moe_act_backward.default,
+        (g[:, :I].contiguous(), h, r.offs, r.row_expert, b1, 1, 1.702, 1.5),
+        test_utils=("test_schema", "test_faketensor"),
+    )
+    torch.library.opcheck(
+        torch.ops.opslot.moe_combine_backward.default,
+        (x.detach(), rows, r.inv, r.offs, w, r.row_expert, bias),
+        test_utils=("test_schema", "test_faketensor"),
+    )
+    torch.library.opcheck(
+        torch.ops.opslot.moe_gather_backward.default,
+        (rows, r.inv, r.offs, K),
+        test_utils=("test_schema", "test_faketensor"),
+    )
 
 
 def test_grouped_experts_dispatched_matches_layer():

@@ -32,6 +32,7 @@ def kernel_version():
         finally:
             f(2, 1, 0)
 
+
 WIDTHS = [1, 7, 127, 2048, 4096, 5120, 16384]
 ROWS = [0, 1, 3]
 VARIANTS = ["standard", "offset", "unweighted", "gated"]
@@ -44,8 +45,10 @@ def _ops():
     return {
         "standard": (lambda x, g, w: N.rms_norm_standard(x, w, 1e-6), lambda x, g, w: R.rms_norm_standard(x, w, 1e-6)),
         "offset": (lambda x, g, w: N.rms_norm_offset(x, w, 1e-6), lambda x, g, w: R.rms_norm_offset(x, w, 1e-6)),
-        "unweighted": (lambda x, g, w: N.rms_norm_unweighted(x, None, 1e-6),
-                       lambda x, g, w: R.rms_norm_unweighted(x, None, 1e-6)),
+        "unweighted": (
+            lambda x, g, w: N.rms_norm_unweighted(x, None, 1e-6),
+            lambda x, g, w: R.rms_norm_unweighted(x, None, 1e-6),
+        ),
         "gated": (lambda x, g, w: N.rms_norm_gated(x, g, w, 1e-6), lambda x, g, w: R.rms_norm_gated(x, g, w, 1e-6)),
     }
 
@@ -101,7 +104,9 @@ def test_fp32_weight(variant, dtype):  # autocast-style: fp32 parameters, half a
 def test_strided_inputs(variant):
     wide = torch.randn(3, 9, 2 * 512, device="cuda", dtype=torch.bfloat16)
     check(variant, *_inputs(variant, 0, 512, torch.bfloat16, x=wide[..., :512]), torch.bfloat16)  # row stride 1024
-    check(variant, *_inputs(variant, 0, 96, torch.bfloat16, x=wide[:, :, ::2][..., :96]), torch.bfloat16)  # inner stride 2
+    check(
+        variant, *_inputs(variant, 0, 96, torch.bfloat16, x=wide[:, :, ::2][..., :96]), torch.bfloat16
+    )  # inner stride 2
     t = torch.randn(64, 40, device="cuda", dtype=torch.float16).t()  # transposed
     check(variant, *_inputs(variant, 0, 64, torch.float16, x=t), torch.float16)
 
@@ -178,7 +183,8 @@ def test_wrong_result_diagnostic_is_not_in_the_default_bench_library():
         assert _set_experiment(lib, 0, 1, 0) == 10002  # OPSLOT_ERR_UNSUPPORTED
         assert lib.opslot_last_error().decode() == (
             "rms_norm experiment: skip_row_sums gives wrong results and is only in a bench library "
-            "built with -DOPSLOT_KERNELS_DIAGNOSTICS=ON")
+            "built with -DOPSLOT_KERNELS_DIAGNOSTICS=ON"
+        )
         x, g, w = _inputs("standard", 257, 4096, torch.bfloat16)
         check("standard", x, g, w, torch.bfloat16)
 
@@ -191,8 +197,13 @@ def test_production_library_has_no_knobs():
     lib = _lib.library()
     if b"; bench" in lib.opslot_build_info():
         pytest.skip(f"the library in use is a bench library: {lib._opslot_path}")
-    for name in ("opslot_rms_norm_set_tuning", "opslot_rms_norm_set_experiment", "opslot_rope_set_tuning",
-                 "opslot_silu_mul_set_tuning", "opslot_load_balancing_set_tuning"):
+    for name in (
+        "opslot_rms_norm_set_tuning",
+        "opslot_rms_norm_set_experiment",
+        "opslot_rope_set_tuning",
+        "opslot_silu_mul_set_tuning",
+        "opslot_load_balancing_set_tuning",
+    ):
         assert not hasattr(lib, name), f"{lib._opslot_path} exports {name}"
 
 

@@ -23,7 +23,7 @@ def _cases():
     rstd = torch.rand(6, device=dev) + 0.5
     logits = [torch.randn(10, 8, device=dev, requires_grad=True) for _ in range(3)]
     mask = (torch.rand(10, device=dev) > 0.3).float()
-    O = torch.ops.opslot
+    O = torch.ops.opslot  # noqa: E741
     return [
         ("rms_norm_fwd standard", O.rms_norm_fwd.default, (x, None, w, 1e-6, 0)),
         ("rms_norm_fwd offset fp32 w", O.rms_norm_fwd.default, (x, None, w32, 1e-6, 1)),
@@ -37,8 +37,11 @@ def _cases():
         ("silu_mul_bwd", O.silu_mul_bwd.default, (x.detach(), g.detach(), w.detach().expand(6, 64))),
         ("load_balancing_loss_fwd", O.load_balancing_loss_fwd.default, (logits, None, 8, 2)),
         ("load_balancing_loss_fwd masked", O.load_balancing_loss_fwd.default, (logits, mask, 8, 2)),
-        ("load_balancing_loss_bwd", O.load_balancing_loss_bwd.default,
-         (torch.tensor(1.0, device=dev), [t.detach() for t in logits], mask, torch.rand(8, device=dev))),
+        (
+            "load_balancing_loss_bwd",
+            O.load_balancing_loss_bwd.default,
+            (torch.tensor(1.0, device=dev), [t.detach() for t in logits], mask, torch.rand(8, device=dev)),
+        ),
     ]
 
 
@@ -49,7 +52,7 @@ def test_opcheck(index):
 
 
 def test_compile_fullgraph_and_backward():
-    from opslot.kernels.cuda import load_balancing, norms, rope, swiglu
+    from opslot.kernels.cuda import load_balancing, norms, rope, swiglu  # noqa: F401  (swiglu registers silu_mul)
 
     def f(x, g, w, q, k, cos, sin, a, b, logits):
         h = norms.rms_norm_standard(x, w, 1e-6) + norms.rms_norm_gated(x, g, w, 1e-6)
@@ -65,7 +68,18 @@ def test_compile_fullgraph_and_backward():
         q = torch.randn(2, 5, 4, 32, device=dev, dtype=bf).transpose(1, 2).requires_grad_(True)
         k = torch.randn(2, 5, 2, 32, device=dev, dtype=bf).transpose(1, 2).requires_grad_(True)
         cos, sin = torch.randn(2, 5, 32, device=dev, dtype=bf), torch.randn(2, 5, 32, device=dev, dtype=bf)
-        return (t(6, 64), t(6, 64), t(64), q, k, cos, sin, t(6, 64), t(6, 64), tuple(t(10, 8, dt=torch.float32) for _ in range(3)))
+        return (
+            t(6, 64),
+            t(6, 64),
+            t(64),
+            q,
+            k,
+            cos,
+            sin,
+            t(6, 64),
+            t(6, 64),
+            tuple(t(10, 8, dt=torch.float32) for _ in range(3)),
+        )
 
     eager_in, comp_in = inputs(), inputs()
     out_e = f(*eager_in)
@@ -84,7 +98,7 @@ def test_compile_fullgraph_and_backward():
 def test_cuda_graph_capture():
     from opslot.kernels.cuda import load_balancing, norms, rope, swiglu  # noqa: F401
 
-    O = torch.ops.opslot
+    O = torch.ops.opslot  # noqa: E741
     bf, dev = torch.bfloat16, "cuda"
     x = torch.randn(64, 256, device=dev, dtype=bf)
     w = torch.randn(256, device=dev, dtype=bf)
@@ -122,8 +136,15 @@ def test_device_defaults_bind_cuda():
     from opslot import OpsImplementationConfig
 
     cfg = OpsImplementationConfig()
-    for op, variant in [("rms_norm", "standard"), ("rms_norm_gated", "standard"), ("rotary_pos_emb", "partial"),
-                        ("swiglu_mlp", "standard"), ("load_balancing_loss", "standard")]:
+    for op, variant in [
+        ("rms_norm", "standard"),
+        ("rms_norm_gated", "standard"),
+        ("rotary_pos_emb", "partial"),
+        ("swiglu_mlp", "standard"),
+        ("load_balancing_loss", "standard"),
+    ]:
         assert cfg.effective_impl(op, variant) == "cuda", op
     assert cfg.validate([("rms_norm", "offset"), ("rotary_pos_emb", "full")]) == {
-        ("rms_norm", "offset"): "cuda", ("rotary_pos_emb", "full"): "cuda"}
+        ("rms_norm", "offset"): "cuda",
+        ("rotary_pos_emb", "full"): "cuda",
+    }

@@ -66,7 +66,11 @@ def test_fp32_cos_sin_and_unsqueeze_dim_2(dtype):
 
 def test_contiguous_and_odd_strides():
     q = torch.randn(2, 4, 16, 64, device="cuda", dtype=torch.bfloat16)  # contiguous [B, H, S, D]
-    k = torch.randn(2, 16, 3 * 64, device="cuda", dtype=torch.bfloat16)[..., 64:128].reshape(2, 16, 1, 64).transpose(1, 2)
+    k = (
+        torch.randn(2, 16, 3 * 64, device="cuda", dtype=torch.bfloat16)[..., 64:128]
+        .reshape(2, 16, 1, 64)
+        .transpose(1, 2)
+    )
     cos, sin = _cos_sin(2, 16, 64, torch.bfloat16)
     check(True, q, k, cos, sin, 1, torch.bfloat16)
 
@@ -114,6 +118,7 @@ def test_head_loop_and_row_layout_agree(rd):
     gradients (backward), with head counts that are not a multiple of 8 (q 12 heads, k 3); bad
     tuning values are refused."""
     from opslot.kernels.cuda import rope as CR
+
     torch.manual_seed(rd)
     q = torch.randn(2, 37, 12, 128, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
     k = torch.randn(2, 37, 3, 128, device="cuda", dtype=torch.bfloat16).transpose(1, 2)

@@ -43,8 +43,8 @@ def candidate_paths() -> List[Path]:
     if env:
         paths.append(Path(env))
     here = Path(__file__).resolve()
-    paths.append(here.parent.parent.parent / "_native" / LIB_NAME)     # opslot/_native/
-    paths.append(here.parents[4] / "build" / "kernels" / LIB_NAME)     # <checkout>/build/kernels/
+    paths.append(here.parent.parent.parent / "_native" / LIB_NAME)  # opslot/_native/
+    paths.append(here.parents[4] / "build" / "kernels" / LIB_NAME)  # <checkout>/build/kernels/
     return paths
 
 
@@ -75,7 +75,8 @@ def _open(path: Path, env_var: str = ENV_VAR) -> ctypes.CDLL:
     if version != ABI_VERSION:
         raise KernelLibraryError(
             f"{path} has C ABI version {version}, this opslot needs {ABI_VERSION}: rebuild kernels/ "
-            f"(`make kernels`) or point ${env_var} at a matching build")
+            f"(`make kernels`) or point ${env_var} at a matching build"
+        )
     lib._opslot_path = key  # type: ignore[attr-defined]
     _opened[key] = lib
     return lib
@@ -93,7 +94,8 @@ def _load() -> ctypes.CDLL:
     where = f"${ENV_VAR}={env}" if env else ", ".join(tried)
     raise KernelLibraryError(
         f"{LIB_NAME} not found (looked at {where}); build it with `make kernels` in the opslot source "
-        f"checkout, or set ${ENV_VAR} to its path")
+        f"checkout, or set ${ENV_VAR} to its path"
+    )
 
 
 def library() -> ctypes.CDLL:
@@ -119,7 +121,8 @@ def check_device(device: torch.device) -> None:
         raise KernelLibraryError(
             f"opslot's cuda kernels run on CUDA tensors, got a tensor on {device} (on a CUDA machine they are "
             "the default: move the model to the GPU, or choose 'eager' or 'torch' for this op in "
-            "ops_implementation, or set OPSLOT_FORCE_IMPL=eager)")
+            "ops_implementation, or set OPSLOT_FORCE_IMPL=eager)"
+        )
     index = device.index if device.index is not None else torch.cuda.current_device()
     if index not in _checked_devices:
         lib = library()
@@ -162,7 +165,8 @@ def function(name: str, argtypes: Sequence[Any]) -> Callable[..., None]:
         except AttributeError:
             raise KernelLibraryError(
                 f"{lib._opslot_path} has no entry point {name!r}: it was built without that kernel "  # type: ignore[attr-defined]
-                "(OPSLOT_KERNELS_ONLY?) or is older than this opslot; rebuild kernels/") from None
+                "(OPSLOT_KERNELS_ONLY?) or is older than this opslot; rebuild kernels/"
+            ) from None
         raw.argtypes = argtypes
         raw.restype = ctypes.c_int
         bound[:] = [_generation, lib, raw]
@@ -174,8 +178,9 @@ def function(name: str, argtypes: Sequence[Any]) -> Callable[..., None]:
             bind()
         rc = bound[2](*args)
         if rc != 0:
-            raise RuntimeError(f"opslot cuda kernel {name} failed ({rc}): "
-                               f"{bound[1].opslot_last_error().decode(errors='replace')}")
+            raise RuntimeError(
+                f"opslot cuda kernel {name} failed ({rc}): {bound[1].opslot_last_error().decode(errors='replace')}"
+            )
 
     call.__name__ = name
     return call
@@ -209,7 +214,8 @@ def bench_library_path() -> Path:
     raise KernelLibraryError(
         f"{BENCH_LIB_NAME} (the tuning knobs; benchmarks and their tests only) not found (looked at "
         f"{', '.join(map(str, paths))}): build it with `cmake --build build --target "
-        f"opslot_kernels_bench` (or configure with -DOPSLOT_KERNELS_BENCH=ON), or set ${BENCH_ENV_VAR}")
+        f"opslot_kernels_bench` (or configure with -DOPSLOT_KERNELS_BENCH=ON), or set ${BENCH_ENV_VAR}"
+    )
 
 
 @contextlib.contextmanager

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import torch

@@ -26,23 +26,66 @@ from typing import Optional, Sequence, Tuple
 
 import torch
 
-from . import _lib
-from . import _ops_common as C
+from . import _lib, _ops_common as C
 
 C.require_library_on_cuda_machines()
 
 _SILU_NAMES = ("silu", "swish")
 _STRIDES = ctypes.c_int64 * 3
 _COMMON = [_lib.I32, _lib.I64, _lib.I64, _lib.I64, _lib.I32]  # dtype, batch, channels, seqlen, width
-_FWD_ARGS = _COMMON + [_lib.PTR, _lib.PTR, _lib.I32, _lib.PTR, _lib.I32, _lib.PTR, _lib.PTR, _lib.I32, _lib.I64,
-                       _lib.I32, _lib.PTR, _lib.PTR, _lib.PTR]
+_FWD_ARGS = _COMMON + [
+    _lib.PTR,
+    _lib.PTR,
+    _lib.I32,
+    _lib.PTR,
+    _lib.I32,
+    _lib.PTR,
+    _lib.PTR,
+    _lib.I32,
+    _lib.I64,
+    _lib.I32,
+    _lib.PTR,
+    _lib.PTR,
+    _lib.PTR,
+]
 _SCRATCH_ARGS = [_lib.I32, _lib.I64, _lib.I64, _lib.I64, _lib.I32]
-_BWD_ARGS = _COMMON + [_lib.PTR, _lib.PTR, _lib.PTR, _lib.PTR, _lib.I32, _lib.PTR, _lib.I32, _lib.PTR, _lib.PTR,
-                       _lib.I32, _lib.I64, _lib.I32, _lib.PTR, _lib.PTR, _lib.PTR, _lib.PTR, _lib.PTR, _lib.I64,
-                       _lib.PTR]
+_BWD_ARGS = _COMMON + [
+    _lib.PTR,
+    _lib.PTR,
+    _lib.PTR,
+    _lib.PTR,
+    _lib.I32,
+    _lib.PTR,
+    _lib.I32,
+    _lib.PTR,
+    _lib.PTR,
+    _lib.I32,
+    _lib.I64,
+    _lib.I32,
+    _lib.PTR,
+    _lib.PTR,
+    _lib.PTR,
+    _lib.PTR,
+    _lib.PTR,
+    _lib.I64,
+    _lib.PTR,
+]
 _RELAYOUT_ARGS = [_lib.I32, _lib.I64, _lib.I64, _lib.I64, _lib.PTR, _lib.PTR, _lib.PTR, _lib.PTR, _lib.PTR]
-_UPDATE_ARGS = _COMMON + [_lib.PTR, _lib.PTR, _lib.PTR, _lib.I64, _lib.PTR, _lib.I32, _lib.PTR, _lib.I32, _lib.PTR,
-                          _lib.I32, _lib.PTR, _lib.PTR, _lib.PTR]
+_UPDATE_ARGS = _COMMON + [
+    _lib.PTR,
+    _lib.PTR,
+    _lib.PTR,
+    _lib.I64,
+    _lib.PTR,
+    _lib.I32,
+    _lib.PTR,
+    _lib.I32,
+    _lib.PTR,
+    _lib.I32,
+    _lib.PTR,
+    _lib.PTR,
+    _lib.PTR,
+]
 
 
 def _silu(activation) -> bool:
@@ -52,55 +95,73 @@ def _silu(activation) -> bool:
     return activation is not None
 
 
-def _check(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-           cu_seqlens: Optional[torch.Tensor] = None) -> None:
+def _check(
+    x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor] = None
+) -> None:
     C.check_float(x, "causal_conv1d")
     if x.dim() != 3:
         raise ValueError(f"causal_conv1d: hidden_states must be [batch, channels, seq], got shape {tuple(x.shape)}")
     channels = x.shape[1]
     if weight.dim() != 2 or weight.shape[0] != channels:
-        raise ValueError(f"causal_conv1d: weight must be [channels, width] = [{channels}, width], "
-                         f"got {tuple(weight.shape)}")
+        raise ValueError(
+            f"causal_conv1d: weight must be [channels, width] = [{channels}, width], got {tuple(weight.shape)}"
+        )
     if not 2 <= weight.shape[1] <= 4:
-        raise ValueError(f"causal_conv1d: kernel width {weight.shape[1]}; the cuda kernel takes widths 2 to 4 "
-                         "(use 'torch' or 'eager')")
+        raise ValueError(
+            f"causal_conv1d: kernel width {weight.shape[1]}; the cuda kernel takes widths 2 to 4 "
+            "(use 'torch' or 'eager')"
+        )
     if weight.dtype not in (x.dtype, torch.float32):
-        raise TypeError(f"causal_conv1d: weight dtype {weight.dtype} with input dtype {x.dtype} (the cuda kernel "
-                        "takes a weight in the input's dtype or float32); use 'torch' or 'eager'")
+        raise TypeError(
+            f"causal_conv1d: weight dtype {weight.dtype} with input dtype {x.dtype} (the cuda kernel "
+            "takes a weight in the input's dtype or float32); use 'torch' or 'eager'"
+        )
     if bias is not None:
         if bias.shape != (channels,):
             raise ValueError(f"causal_conv1d: bias must be [{channels}], got {tuple(bias.shape)}")
         if bias.dtype not in (x.dtype, torch.float32):
-            raise TypeError(f"causal_conv1d: bias dtype {bias.dtype} with input dtype {x.dtype} (the cuda kernel "
-                            "takes the input's dtype or float32)")
+            raise TypeError(
+                f"causal_conv1d: bias dtype {bias.dtype} with input dtype {x.dtype} (the cuda kernel "
+                "takes the input's dtype or float32)"
+            )
     for name, t in (("weight", weight), ("bias", bias), ("cu_seqlens", cu_seqlens)):
         if t is not None and t.device != x.device:
             raise ValueError(f"causal_conv1d: {name} is on {t.device}, hidden_states on {x.device}")
     if cu_seqlens is not None:
         if cu_seqlens.dim() != 1 or cu_seqlens.dtype not in (torch.int32, torch.int64) or cu_seqlens.numel() < 2:
-            raise ValueError("causal_conv1d: cu_seqlens must be a 1-D int32 or int64 tensor [num_sequences + 1] "
-                             f"(at least 2 entries), got a {cu_seqlens.dim()}-D {cu_seqlens.dtype} tensor of "
-                             f"{cu_seqlens.numel()} entries")
+            raise ValueError(
+                "causal_conv1d: cu_seqlens must be a 1-D int32 or int64 tensor [num_sequences + 1] "
+                f"(at least 2 entries), got a {cu_seqlens.dim()}-D {cu_seqlens.dtype} tensor of "
+                f"{cu_seqlens.numel()} entries"
+            )
         if x.shape[0] != 1:
             raise ValueError(f"causal_conv1d: cu_seqlens (packed sequences) needs batch size 1, got {x.shape[0]}")
 
 
 def _check_state(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor) -> None:
     if conv_state.dim() != 3 or tuple(conv_state.shape[:2]) != tuple(x.shape[:2]):
-        raise ValueError(f"causal_conv1d: conv_state must be [batch, channels, S] = [{x.shape[0]}, {x.shape[1]}, S], "
-                         f"got {tuple(conv_state.shape)}")
+        raise ValueError(
+            f"causal_conv1d: conv_state must be [batch, channels, S] = [{x.shape[0]}, {x.shape[1]}, S], "
+            f"got {tuple(conv_state.shape)}"
+        )
     if conv_state.shape[2] < weight.shape[1] - 1:
-        raise ValueError(f"causal_conv1d: conv_state holds {conv_state.shape[2]} columns, the kernel width "
-                         f"{weight.shape[1]} needs at least {weight.shape[1] - 1}")
+        raise ValueError(
+            f"causal_conv1d: conv_state holds {conv_state.shape[2]} columns, the kernel width "
+            f"{weight.shape[1]} needs at least {weight.shape[1] - 1}"
+        )
     if conv_state.dtype != x.dtype or conv_state.device != x.device:
-        raise ValueError(f"causal_conv1d: conv_state ({conv_state.dtype} on {conv_state.device}) must have the "
-                         f"input's dtype and device ({x.dtype} on {x.device})")
+        raise ValueError(
+            f"causal_conv1d: conv_state ({conv_state.dtype} on {conv_state.device}) must have the "
+            f"input's dtype and device ({x.dtype} on {x.device})"
+        )
 
 
 def _check_grad(grad: torch.Tensor, x: torch.Tensor) -> None:
     if grad.shape != x.shape or grad.device != x.device:
-        raise ValueError(f"causal_conv1d backward: gradient {tuple(grad.shape)} on {grad.device} for an input "
-                         f"{tuple(x.shape)} on {x.device}")
+        raise ValueError(
+            f"causal_conv1d backward: gradient {tuple(grad.shape)} on {grad.device} for an input "
+            f"{tuple(x.shape)} on {x.device}"
+        )
 
 
 def _channels_last(x: torch.Tensor) -> bool:
@@ -124,8 +185,16 @@ def _relayout(g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     on both sides (torch's copy_ of a transposed view is not); call on x's device."""
     out = _new_like(x)
     C.fn("opslot_causal_conv1d_relayout", _RELAYOUT_ARGS)(
-        _lib.DTYPE_CODES[x.dtype], x.shape[0], x.shape[1], x.shape[2], C.ptr(g), _strides(g), C.ptr(out),
-        _strides(out), C.stream(x))
+        _lib.DTYPE_CODES[x.dtype],
+        x.shape[0],
+        x.shape[1],
+        x.shape[2],
+        C.ptr(g),
+        _strides(g),
+        C.ptr(out),
+        _strides(out),
+        C.stream(x),
+    )
     return out
 
 
@@ -147,8 +216,9 @@ def _cu(cu_seqlens: Optional[torch.Tensor]):
 
 
 @torch.library.custom_op("opslot::causal_conv1d_fwd", mutates_args=())
-def causal_conv1d_fwd(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                      cu_seqlens: Optional[torch.Tensor], silu: bool) -> torch.Tensor:
+def causal_conv1d_fwd(
+    x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor], silu: bool
+) -> torch.Tensor:
     """The conv (and SiLU), in x's dtype and layout."""
     _check(x, weight, bias, cu_seqlens)
     out = _new_like(x)
@@ -160,8 +230,25 @@ def causal_conv1d_fwd(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torc
     cu, cu64, nseg = _cu(cu_seqlens)
     with torch.cuda.device(x.device):  # the library launches on the current device
         C.fn("opslot_causal_conv1d_fwd", _FWD_ARGS)(
-            _lib.DTYPE_CODES[x.dtype], x.shape[0], x.shape[1], x.shape[2], w.shape[1], C.ptr(x), _strides(x), wc,
-            C.ptr(w), bc, C.ptr(b), C.ptr(cu), cu64, nseg, int(silu), C.ptr(out), _strides(out), C.stream(x))
+            _lib.DTYPE_CODES[x.dtype],
+            x.shape[0],
+            x.shape[1],
+            x.shape[2],
+            w.shape[1],
+            C.ptr(x),
+            _strides(x),
+            wc,
+            C.ptr(w),
+            bc,
+            C.ptr(b),
+            C.ptr(cu),
+            cu64,
+            nseg,
+            int(silu),
+            C.ptr(out),
+            _strides(out),
+            C.stream(x),
+        )
     return out
 
 
@@ -179,9 +266,14 @@ def _bwd_outputs(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Ten
 
 
 @torch.library.custom_op("opslot::causal_conv1d_bwd", mutates_args=())
-def causal_conv1d_bwd(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                      cu_seqlens: Optional[torch.Tensor],
-                      silu: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def causal_conv1d_bwd(
+    grad: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    cu_seqlens: Optional[torch.Tensor],
+    silu: bool,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dx, dweight, dbias); dbias has bias's dtype (weight's without a bias: then it is unused)."""
     _check(x, weight, bias, cu_seqlens)
     _check_grad(grad, x)
@@ -204,9 +296,31 @@ def causal_conv1d_bwd(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
             raise RuntimeError(f"opslot cuda kernel causal_conv1d backward: {C.last_error()}")
         scratch = torch.empty((max(n, 1),), dtype=torch.float32, device=x.device)
         C.fn("opslot_causal_conv1d_bwd", _BWD_ARGS)(
-            code, B, Ch, T, width, C.ptr(x), _strides(x), C.ptr(g), _strides(g), wc, C.ptr(w), bc, C.ptr(b),
-            C.ptr(cu), cu64, nseg, int(silu), C.ptr(dx), _strides(dx), C.ptr(dw), C.ptr(db), scratch.data_ptr(),
-            scratch.numel(), C.stream(x))
+            code,
+            B,
+            Ch,
+            T,
+            width,
+            C.ptr(x),
+            _strides(x),
+            C.ptr(g),
+            _strides(g),
+            wc,
+            C.ptr(w),
+            bc,
+            C.ptr(b),
+            C.ptr(cu),
+            cu64,
+            nseg,
+            int(silu),
+            C.ptr(dx),
+            _strides(dx),
+            C.ptr(dw),
+            C.ptr(db),
+            scratch.data_ptr(),
+            scratch.numel(),
+            C.stream(x),
+        )
     return dx, dw, db
 
 
@@ -233,8 +347,9 @@ causal_conv1d_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
 @torch.library.custom_op("opslot::causal_conv1d_update", mutates_args=("conv_state",))
-def causal_conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor,
-                         bias: Optional[torch.Tensor], silu: bool) -> torch.Tensor:
+def causal_conv1d_update(
+    x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], silu: bool
+) -> torch.Tensor:
     """Decode: the conv over cat(conv_state, x), its last T positions; conv_state <- the last S
     columns of cat(conv_state, x), in place."""
     _check(x, weight, bias)
@@ -247,9 +362,25 @@ def causal_conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torc
     wc, bc = _codes(w, b)
     with torch.cuda.device(x.device):  # the library launches on the current device
         C.fn("opslot_causal_conv1d_update", _UPDATE_ARGS)(
-            _lib.DTYPE_CODES[x.dtype], x.shape[0], x.shape[1], x.shape[2], w.shape[1], C.ptr(x), _strides(x),
-            C.ptr(conv_state), conv_state.shape[2], _strides(conv_state), wc, C.ptr(w), bc, C.ptr(b), int(silu),
-            C.ptr(out), _strides(out), C.stream(x))
+            _lib.DTYPE_CODES[x.dtype],
+            x.shape[0],
+            x.shape[1],
+            x.shape[2],
+            w.shape[1],
+            C.ptr(x),
+            _strides(x),
+            C.ptr(conv_state),
+            conv_state.shape[2],
+            _strides(conv_state),
+            wc,
+            C.ptr(w),
+            bc,
+            C.ptr(b),
+            int(silu),
+            C.ptr(out),
+            _strides(out),
+            C.stream(x),
+        )
     return out
 
 
@@ -264,9 +395,15 @@ def _requires_grad(tensors: Sequence[Optional[torch.Tensor]]) -> bool:
     return any(t is not None and t.requires_grad for t in tensors)
 
 
-def causal_conv1d(hidden_states: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
-                  activation: Optional[str] = None, cu_seqlens: Optional[torch.Tensor] = None,
-                  conv_state: Optional[torch.Tensor] = None, **kwargs) -> torch.Tensor:
+def causal_conv1d(
+    hidden_states: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
+    activation: Optional[str] = None,
+    cu_seqlens: Optional[torch.Tensor] = None,
+    conv_state: Optional[torch.Tensor] = None,
+    **kwargs,
+) -> torch.Tensor:
     """Upstream `causal_conv1d_fn` (`conv_state` None) or `causal_conv1d_update` (decode).
 
     hidden_states [B, C, T] (any strides; upstream's transposed view is read in place and the output
@@ -280,7 +417,9 @@ def causal_conv1d(hidden_states: torch.Tensor, weight: torch.Tensor, bias: Optio
         if cu_seqlens is not None:
             raise ValueError("causal_conv1d: conv_state (decode) and cu_seqlens (packed) cannot be combined")
         if torch.is_grad_enabled() and _requires_grad((hidden_states, weight, bias, conv_state)):
-            raise ValueError("causal_conv1d (cuda): the decode update (conv_state) computes no gradients; call it "
-                             "under torch.no_grad() (as generation does) or use 'torch'/'eager'")
+            raise ValueError(
+                "causal_conv1d (cuda): the decode update (conv_state) computes no gradients; call it "
+                "under torch.no_grad() (as generation does) or use 'torch'/'eager'"
+            )
         return torch.ops.opslot.causal_conv1d_update(hidden_states, conv_state, weight, bias, silu)
     return torch.ops.opslot.causal_conv1d_fwd(hidden_states, weight, bias, cu_seqlens, silu)

@@ -83,17 +83,48 @@ class _CudaBackend:
     def check(self, t: torch.Tensor) -> None:
         _lib.check_device(t.device)
 
-    def rows(self, logits: torch.Tensor, grad: Optional[torch.Tensor], targets: torch.Tensor, ignore_index: int,
-             grad_scale: Optional[torch.Tensor], row_loss: torch.Tensor) -> None:
+    def rows(
+        self,
+        logits: torch.Tensor,
+        grad: Optional[torch.Tensor],
+        targets: torch.Tensor,
+        ignore_index: int,
+        grad_scale: Optional[torch.Tensor],
+        row_loss: torch.Tensor,
+    ) -> None:
         if self._rows is None:
-            self._rows = _lib.function("opslot_ce_rows", [
-                _lib.PTR, _lib.I64, _lib.PTR, _lib.I64, _lib.I64, _lib.I64, _lib.I32, _lib.PTR, _lib.I64, _lib.PTR,
-                _lib.PTR, _lib.PTR])
+            self._rows = _lib.function(
+                "opslot_ce_rows",
+                [
+                    _lib.PTR,
+                    _lib.I64,
+                    _lib.PTR,
+                    _lib.I64,
+                    _lib.I64,
+                    _lib.I64,
+                    _lib.I32,
+                    _lib.PTR,
+                    _lib.I64,
+                    _lib.PTR,
+                    _lib.PTR,
+                    _lib.PTR,
+                ],
+            )
         rows, vocab = logits.shape
-        self._rows(logits.data_ptr(), logits.stride(0), None if grad is None else grad.data_ptr(),
-                   0 if grad is None else grad.stride(0), rows, vocab, _lib.dtype_code(logits), targets.data_ptr(),
-                   int(ignore_index), None if grad_scale is None else grad_scale.data_ptr(), row_loss.data_ptr(),
-                   _lib.stream_of(logits))
+        self._rows(
+            logits.data_ptr(),
+            logits.stride(0),
+            None if grad is None else grad.data_ptr(),
+            0 if grad is None else grad.stride(0),
+            rows,
+            vocab,
+            _lib.dtype_code(logits),
+            targets.data_ptr(),
+            int(ignore_index),
+            None if grad_scale is None else grad_scale.data_ptr(),
+            row_loss.data_ptr(),
+            _lib.stream_of(logits),
+        )
 
     def scale_(self, x: torch.Tensor, factor: torch.Tensor) -> None:
         if self._scale is None:
@@ -105,8 +136,9 @@ class _CudaBackend:
 _backend: Any = _CudaBackend()
 
 
-def _divisor(targets: torch.Tensor, divisor: Optional[torch.Tensor], divisor_value: float, mode: int,
-             ignore_index: int) -> torch.Tensor:
+def _divisor(
+    targets: torch.Tensor, divisor: Optional[torch.Tensor], divisor_value: float, mode: int, ignore_index: int
+) -> torch.Tensor:
     """The loss's denominator as a device fp32 scalar, without a host synchronisation."""
     if mode == _MODE_TENSOR:
         return divisor.to(device=targets.device, dtype=torch.float32).reshape(())
@@ -118,9 +150,18 @@ def _divisor(targets: torch.Tensor, divisor: Optional[torch.Tensor], divisor_val
 
 # -- causal LM: fused lm_head + loss --------------------------------------------------------------
 @torch.library.custom_op("opslot::ce_linear_fwd", mutates_args=())
-def _ce_linear_fwd(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, divisor: Optional[torch.Tensor],
-                   divisor_value: float, mode: int, ignore_index: int, chunk_size: int, grad_hidden: bool,
-                   grad_weight: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _ce_linear_fwd(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    divisor: Optional[torch.Tensor],
+    divisor_value: float,
+    mode: int,
+    ignore_index: int,
+    chunk_size: int,
+    grad_hidden: bool,
+    grad_weight: bool,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(loss, d loss/d hidden, d loss/d weight) of `CE(hidden @ weight.T, targets)` reduced by
     `mode`; a gradient not asked for comes back as an empty tensor."""
     _backend.check(hidden)
@@ -144,8 +185,7 @@ def _ce_linear_fwd(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
             h = hidden[start:end]
             tile = tile_buf[: end - start]
             torch.mm(h, wt, out=tile)
-            _backend.rows(tile, tile if want_grad else None, targets[start:end], ignore_index, inv,
-                          row_loss[start:end])
+            _backend.rows(tile, tile if want_grad else None, targets[start:end], ignore_index, inv, row_loss[start:end])
             if grad_hidden:
                 torch.mm(tile, weight, out=grad_h[start:end])
             if grad_weight:
@@ -198,6 +238,7 @@ def _traced(t: torch.Tensor) -> bool:
         return True
     from torch._subclasses.fake_tensor import FakeTensor
     from torch._subclasses.functional_tensor import FunctionalTensor
+
     return isinstance(t, (FakeTensor, FunctionalTensor)) or torch._is_functional_tensor(t)
 
 
@@ -233,18 +274,28 @@ def _reduction_args(num_items_in_batch, device: torch.device) -> Tuple[Optional[
     return None, float(num_items_in_batch), _MODE_VALUE
 
 
-def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *,
-                         ignore_index: int = -100, num_items_in_batch=None,
-                         chunk_size: Optional[int] = None) -> torch.Tensor:
+def linear_cross_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    ignore_index: int = -100,
+    num_items_in_batch=None,
+    chunk_size: Optional[int] = None,
+) -> torch.Tensor:
     """fp32 `cross_entropy(hidden @ weight.T, targets)` without full logits: mean over targets !=
     ignore_index (0 when there are none), or sum / `num_items_in_batch` when given (HF semantics).
     `hidden [..., H]` and `weight [V, H]` share a dtype (fp32, fp16 or bf16); `targets` has one
     entry per row of `hidden`."""
     if weight.dim() != 2 or hidden.shape[-1] != weight.shape[1]:
-        raise ValueError(f"linear_cross_entropy: hidden {tuple(hidden.shape)} does not match weight {tuple(weight.shape)}")
+        raise ValueError(
+            f"linear_cross_entropy: hidden {tuple(hidden.shape)} does not match weight {tuple(weight.shape)}"
+        )
     if hidden.dtype != weight.dtype:
-        raise ValueError(f"linear_cross_entropy: hidden is {hidden.dtype} but the lm_head weight is {weight.dtype} "
-                         "(autocast is not supported by this kernel; cast the model or use 'torch')")
+        raise ValueError(
+            f"linear_cross_entropy: hidden is {hidden.dtype} but the lm_head weight is {weight.dtype} "
+            "(autocast is not supported by this kernel; cast the model or use 'torch')"
+        )
     if hidden.dtype not in _lib.DTYPE_CODES:
         raise TypeError(f"linear_cross_entropy takes float32, float16 or bfloat16, got {hidden.dtype}")
     if not torch.compiler.is_compiling():  # early, clear error; the op checks again when it runs
@@ -263,14 +314,30 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: to
     grad_enabled = torch.is_grad_enabled()
     divisor, value, mode = _reduction_args(num_items_in_batch, h2.device)
     loss, _, _ = torch.ops.opslot.ce_linear_fwd(
-        h2, w, t, divisor, value, mode, int(ignore_index), int(chunk_size),
-        grad_enabled and h2.requires_grad, grad_enabled and w.requires_grad)
+        h2,
+        w,
+        t,
+        divisor,
+        value,
+        mode,
+        int(ignore_index),
+        int(chunk_size),
+        grad_enabled and h2.requires_grad,
+        grad_enabled and w.requires_grad,
+    )
     return loss
 
 
-def cross_entropy_causal(module: Any, hidden_states: torch.Tensor, labels: Optional[torch.Tensor],
-                         num_items_in_batch=None, ignore_index: int = -100, shift_labels=None,
-                         chunk_size: Optional[int] = None, **kwargs):
+def cross_entropy_causal(
+    module: Any,
+    hidden_states: torch.Tensor,
+    labels: Optional[torch.Tensor],
+    num_items_in_batch=None,
+    ignore_index: int = -100,
+    shift_labels=None,
+    chunk_size: Optional[int] = None,
+    **kwargs,
+):
     """`(logits, loss)` of a `*ForCausalLM` (slot contract of `cross_entropy_loss/causal`). Without
     labels: `(lm_head(hidden_states), None)` as upstream. With labels: `(None, loss)`, full logits
     are never made."""
@@ -280,23 +347,40 @@ def cross_entropy_causal(module: Any, hidden_states: torch.Tensor, labels: Optio
         return lm_head(hidden_states), None
     weight = getattr(lm_head, "weight", None)
     if not torch.is_tensor(weight) or weight.dim() != 2:
-        raise ValueError(f"cross_entropy_loss/causal (cuda) needs an lm_head with a 2-D weight, got {type(lm_head).__name__}")
+        raise ValueError(
+            f"cross_entropy_loss/causal (cuda) needs an lm_head with a 2-D weight, got {type(lm_head).__name__}"
+        )
     if getattr(lm_head, "bias", None) is not None:
-        raise ValueError("cross_entropy_loss/causal (cuda) does not support an lm_head with a bias; use 'torch_chunked'")
+        raise ValueError(
+            "cross_entropy_loss/causal (cuda) does not support an lm_head with a bias; use 'torch_chunked'"
+        )
     vocab = getattr(getattr(module, "config", None), "vocab_size", weight.shape[0])
     if vocab != weight.shape[0]:
         raise ValueError(f"config.vocab_size={vocab} but lm_head.weight has {weight.shape[0]} rows")
     if shift_labels is None:
         shift_labels = F.pad(labels, (0, 1), value=ignore_index)[..., 1:]
-    loss = linear_cross_entropy(hidden_states, weight, shift_labels, ignore_index=ignore_index,
-                                num_items_in_batch=num_items_in_batch, chunk_size=chunk_size)
+    loss = linear_cross_entropy(
+        hidden_states,
+        weight,
+        shift_labels,
+        ignore_index=ignore_index,
+        num_items_in_batch=num_items_in_batch,
+        chunk_size=chunk_size,
+    )
     return None, loss
 
 
 # -- cross-entropy on given logits ----------------------------------------------------------------
 @torch.library.custom_op("opslot::ce_logits_fwd", mutates_args=())
-def _ce_logits_fwd(logits: torch.Tensor, targets: torch.Tensor, divisor: Optional[torch.Tensor], divisor_value: float,
-                   mode: int, ignore_index: int, compute_grad: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+def _ce_logits_fwd(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    divisor: Optional[torch.Tensor],
+    divisor_value: float,
+    mode: int,
+    ignore_index: int,
+    compute_grad: bool,
+) -> Tuple[torch.Tensor, torch.Tensor]:
     """(fp32 loss, d loss/d logits or an empty tensor) of `CE(logits.float(), targets)`."""
     _backend.check(logits)
     rows = logits.shape[0]
@@ -304,8 +388,14 @@ def _ce_logits_fwd(logits: torch.Tensor, targets: torch.Tensor, divisor: Optiona
     row_loss = torch.empty(rows, dtype=torch.float32, device=logits.device)
     grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device) if compute_grad else logits.new_empty(0)
     if rows > 0:
-        _backend.rows(logits, grad if compute_grad else None, targets, ignore_index,
-                      div.reciprocal() if compute_grad else None, row_loss)
+        _backend.rows(
+            logits,
+            grad if compute_grad else None,
+            targets,
+            ignore_index,
+            div.reciprocal() if compute_grad else None,
+            row_loss,
+        )
     return row_loss.sum() / div, grad
 
 
@@ -331,8 +421,9 @@ def _logits_backward(ctx, grad_loss, _grad_out):
 _ce_logits_fwd.register_autograd(_logits_backward, setup_context=_logits_setup_context)
 
 
-def logits_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, *, ignore_index: int = -100,
-                         num_items_in_batch=None) -> torch.Tensor:
+def logits_cross_entropy(
+    logits: torch.Tensor, targets: torch.Tensor, *, ignore_index: int = -100, num_items_in_batch=None
+) -> torch.Tensor:
     """`F.cross_entropy(logits, targets)` of `[N, C]` logits as HF's `fixed_cross_entropy`: mean (0
     when every target is ignored) or sum / `num_items_in_batch`; the loss has the logits' dtype."""
     if logits.dim() != 2:
@@ -351,16 +442,18 @@ def logits_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, *, ignore_
     return loss.to(logits.dtype)
 
 
-
-
 def cross_entropy_sequence_classification(logits=None, labels=None, pooled_logits=None, config=None, **kwargs):
     """HF `ForSequenceClassificationLoss`: single-label classification on the CUDA kernel;
     regression and multi-label through the reference math."""
     if reference.sequence_classification_problem_type(config, labels) != "single_label_classification":
         return reference.cross_entropy_sequence_classification(
-            logits=logits, labels=labels, pooled_logits=pooled_logits, config=config, **kwargs)
+            logits=logits, labels=labels, pooled_logits=pooled_logits, config=config, **kwargs
+        )
     labels = labels.to(pooled_logits.device)
     num_labels = config.num_labels
-    return logits_cross_entropy(pooled_logits.view(-1, num_labels), labels.view(-1),
-                                ignore_index=kwargs.get("ignore_index", -100),
-                                num_items_in_batch=kwargs.get("num_items_in_batch"))
+    return logits_cross_entropy(
+        pooled_logits.view(-1, num_labels),
+        labels.view(-1),
+        ignore_index=kwargs.get("ignore_index", -100),
+        num_items_in_batch=kwargs.get("num_items_in_batch"),
+    )

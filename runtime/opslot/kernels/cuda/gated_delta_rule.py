@@ -15,8 +15,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from . import _lib
-from . import _ops_common as C
+from . import _lib, _ops_common as C
 
 C.require_library_on_cuda_machines()
 
@@ -28,15 +27,29 @@ class _Problem(ctypes.Structure):
     """opslot_gdr_problem (kernels/include/opslot_kernels/gated_delta_rule.h), field for field."""
 
     _fields_ = [
-        ("dtype", ctypes.c_int), ("g_dtype", ctypes.c_int), ("beta_dtype", ctypes.c_int),
-        ("use_l2norm", ctypes.c_int), ("scale", ctypes.c_float),
-        ("batch", ctypes.c_int64), ("seqlen", ctypes.c_int64), ("heads", ctypes.c_int64),
-        ("dk", ctypes.c_int64), ("dv", ctypes.c_int64), ("nseq", ctypes.c_int64),
-        ("cu_seqlens", ctypes.c_void_p), ("max_chunks", ctypes.c_int64),
-        ("q", ctypes.c_void_p), ("k", ctypes.c_void_p), ("v", ctypes.c_void_p), ("g", ctypes.c_void_p),
+        ("dtype", ctypes.c_int),
+        ("g_dtype", ctypes.c_int),
+        ("beta_dtype", ctypes.c_int),
+        ("use_l2norm", ctypes.c_int),
+        ("scale", ctypes.c_float),
+        ("batch", ctypes.c_int64),
+        ("seqlen", ctypes.c_int64),
+        ("heads", ctypes.c_int64),
+        ("dk", ctypes.c_int64),
+        ("dv", ctypes.c_int64),
+        ("nseq", ctypes.c_int64),
+        ("cu_seqlens", ctypes.c_void_p),
+        ("max_chunks", ctypes.c_int64),
+        ("q", ctypes.c_void_p),
+        ("k", ctypes.c_void_p),
+        ("v", ctypes.c_void_p),
+        ("g", ctypes.c_void_p),
         ("beta", ctypes.c_void_p),
-        ("q_stride", ctypes.c_int64 * 3), ("k_stride", ctypes.c_int64 * 3), ("v_stride", ctypes.c_int64 * 3),
-        ("g_stride", ctypes.c_int64 * 3), ("beta_stride", ctypes.c_int64 * 3),
+        ("q_stride", ctypes.c_int64 * 3),
+        ("k_stride", ctypes.c_int64 * 3),
+        ("v_stride", ctypes.c_int64 * 3),
+        ("g_stride", ctypes.c_int64 * 3),
+        ("beta_stride", ctypes.c_int64 * 3),
     ]
 
 
@@ -61,32 +74,41 @@ def _check(q, k, v, g, beta, initial_state, cu_seqlens) -> None:
         if t.dim() != 4:
             raise ValueError(f"chunk_gated_delta_rule: {what} must be [batch, seq, heads, dim], got {tuple(t.shape)}")
     if k.dtype != q.dtype or v.dtype != q.dtype:
-        raise TypeError(f"chunk_gated_delta_rule: query, key and value must share a dtype, got {q.dtype}, {k.dtype}, "
-                        f"{v.dtype}")
+        raise TypeError(
+            f"chunk_gated_delta_rule: query, key and value must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}"
+        )
     B, T, H, Dk = q.shape
     if tuple(k.shape) != (B, T, H, Dk) or tuple(v.shape[:3]) != (B, T, H):
-        raise ValueError(f"chunk_gated_delta_rule: query {tuple(q.shape)}, key {tuple(k.shape)} and value "
-                         f"{tuple(v.shape)} must agree in batch, sequence and heads (repeat query/key heads to the "
-                         "value heads first)")
+        raise ValueError(
+            f"chunk_gated_delta_rule: query {tuple(q.shape)}, key {tuple(k.shape)} and value "
+            f"{tuple(v.shape)} must agree in batch, sequence and heads (repeat query/key heads to the "
+            "value heads first)"
+        )
     Dv = v.shape[3]
     if not (1 <= Dk <= MAX_HEAD_DIM and 1 <= Dv <= MAX_HEAD_DIM):
-        raise ValueError(f"chunk_gated_delta_rule: the cuda kernel takes head dims 1..{MAX_HEAD_DIM}, got key "
-                         f"{Dk} and value {Dv}")
+        raise ValueError(
+            f"chunk_gated_delta_rule: the cuda kernel takes head dims 1..{MAX_HEAD_DIM}, got key {Dk} and value {Dv}"
+        )
     for t, what in ((g, "g"), (beta, "beta")):
         C.check_float(t, f"chunk_gated_delta_rule: {what}")
         if tuple(t.shape) != (B, T, H):
-            raise ValueError(f"chunk_gated_delta_rule: {what} must be [batch, seq, heads] = {(B, T, H)}, got "
-                             f"{tuple(t.shape)}")
+            raise ValueError(
+                f"chunk_gated_delta_rule: {what} must be [batch, seq, heads] = {(B, T, H)}, got {tuple(t.shape)}"
+            )
     if cu_seqlens is not None:
         if cu_seqlens.dim() != 1 or cu_seqlens.shape[0] < 1 or cu_seqlens.dtype not in (torch.int32, torch.int64):
-            raise ValueError("chunk_gated_delta_rule: cu_seqlens must be a 1-D int32/int64 tensor [num_seqs + 1], got "
-                             f"{cu_seqlens.dtype} {tuple(cu_seqlens.shape)}")
+            raise ValueError(
+                "chunk_gated_delta_rule: cu_seqlens must be a 1-D int32/int64 tensor [num_seqs + 1], got "
+                f"{cu_seqlens.dtype} {tuple(cu_seqlens.shape)}"
+            )
         if B != 1:
             raise ValueError(f"chunk_gated_delta_rule: packed sequences (cu_seqlens) need batch 1, got {B}")
     nseq = _nseq(q, cu_seqlens)
     if initial_state is not None and tuple(initial_state.shape) != (nseq, H, Dk, Dv):
-        raise ValueError(f"chunk_gated_delta_rule: initial_state must be {(nseq, H, Dk, Dv)} (one per sequence), got "
-                         f"{tuple(initial_state.shape)}")
+        raise ValueError(
+            f"chunk_gated_delta_rule: initial_state must be {(nseq, H, Dk, Dv)} (one per sequence), got "
+            f"{tuple(initial_state.shape)}"
+        )
 
 
 def _inner(t: torch.Tensor) -> torch.Tensor:
@@ -96,9 +118,26 @@ def _inner(t: torch.Tensor) -> torch.Tensor:
 def _problem(q, k, v, g, beta, cu32, use_l2norm: bool, scale: float) -> _Problem:
     B, T, H, Dk = q.shape
     nseq = _nseq(q, cu32)
-    p = _Problem(_lib.DTYPE_CODES[q.dtype], _lib.DTYPE_CODES[g.dtype], _lib.DTYPE_CODES[beta.dtype], int(use_l2norm),
-                 float(scale), B, T, H, Dk, v.shape[3], nseq, C.ptr(cu32), max_chunks(B, T, nseq, cu32 is not None),
-                 q.data_ptr(), k.data_ptr(), v.data_ptr(), g.data_ptr(), beta.data_ptr())
+    p = _Problem(
+        _lib.DTYPE_CODES[q.dtype],
+        _lib.DTYPE_CODES[g.dtype],
+        _lib.DTYPE_CODES[beta.dtype],
+        int(use_l2norm),
+        float(scale),
+        B,
+        T,
+        H,
+        Dk,
+        v.shape[3],
+        nseq,
+        C.ptr(cu32),
+        max_chunks(B, T, nseq, cu32 is not None),
+        q.data_ptr(),
+        k.data_ptr(),
+        v.data_ptr(),
+        g.data_ptr(),
+        beta.data_ptr(),
+    )
     for name, t in (("q_stride", q), ("k_stride", k), ("v_stride", v), ("g_stride", g), ("beta_stride", beta)):
         getattr(p, name)[:] = list(t.stride()[:3])
     return p
@@ -126,9 +165,17 @@ def _cu32(cu_seqlens: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
 
 
 @torch.library.custom_op("opslot::gdr_fwd", mutates_args=())
-def gdr_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-            initial_state: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor], use_l2norm: bool,
-            scale: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def gdr_fwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    initial_state: Optional[torch.Tensor],
+    cu_seqlens: Optional[torch.Tensor],
+    use_l2norm: bool,
+    scale: float,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(out [B, T, H, Dv] in q's dtype, final states fp32 [nseq, H, Dk, Dv], h, v_new, w, gamma) — the
     last four are what gdr_bwd reads."""
     _check(q, k, v, g, beta, initial_state, cu_seqlens)
@@ -150,8 +197,18 @@ def gdr_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, 
     gamma = alloc(gamma_shape, dtype=torch.float32, device=q.device)
     s0 = None if initial_state is None else initial_state.float().contiguous()
     ws = _workspace(p, 0, q.device)
-    C.fn("opslot_gdr_fwd", _FWD_ARGS)(ctypes.byref(p), C.ptr(s0), C.ptr(out), C.ptr(final), C.ptr(hs), C.ptr(vnew),
-                                      C.ptr(w), C.ptr(gamma), C.ptr(ws), C.stream(q))
+    C.fn("opslot_gdr_fwd", _FWD_ARGS)(
+        ctypes.byref(p),
+        C.ptr(s0),
+        C.ptr(out),
+        C.ptr(final),
+        C.ptr(hs),
+        C.ptr(vnew),
+        C.ptr(w),
+        C.ptr(gamma),
+        C.ptr(ws),
+        C.stream(q),
+    )
     return out, final, hs, vnew, w, gamma
 
 
@@ -160,16 +217,33 @@ def _gdr_fwd_fake(q, k, v, g, beta, initial_state, cu_seqlens, use_l2norm, scale
     _check(q, k, v, g, beta, initial_state, cu_seqlens)
     B, T, H, Dk = q.shape
     hs_shape, tile_shape, gamma_shape = _saved_shapes(q, cu_seqlens)
-    return (q.new_empty(B, T, H, v.shape[3]), q.new_empty(_nseq(q, cu_seqlens), H, Dk, v.shape[3], dtype=torch.float32),
-            q.new_empty(hs_shape), q.new_empty(tile_shape), q.new_empty(tile_shape),
-            q.new_empty(gamma_shape, dtype=torch.float32))
+    return (
+        q.new_empty(B, T, H, v.shape[3]),
+        q.new_empty(_nseq(q, cu_seqlens), H, Dk, v.shape[3], dtype=torch.float32),
+        q.new_empty(hs_shape),
+        q.new_empty(tile_shape),
+        q.new_empty(tile_shape),
+        q.new_empty(gamma_shape, dtype=torch.float32),
+    )
 
 
 @torch.library.custom_op("opslot::gdr_bwd", mutates_args=())
-def gdr_bwd(dout: torch.Tensor, dfinal: Optional[torch.Tensor], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-            g: torch.Tensor, beta: torch.Tensor, hs: torch.Tensor, vnew: torch.Tensor, w: torch.Tensor,
-            gamma: torch.Tensor, cu_seqlens: Optional[torch.Tensor], use_l2norm: bool,
-            scale: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def gdr_bwd(
+    dout: torch.Tensor,
+    dfinal: Optional[torch.Tensor],
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    hs: torch.Tensor,
+    vnew: torch.Tensor,
+    w: torch.Tensor,
+    gamma: torch.Tensor,
+    cu_seqlens: Optional[torch.Tensor],
+    use_l2norm: bool,
+    scale: float,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv, dg, dbeta, d initial state fp32)."""
     C.prepare(q)
     q, k, v, g, beta = (_inner(t) for t in (q, k, v, g, beta))
@@ -178,25 +252,46 @@ def gdr_bwd(dout: torch.Tensor, dfinal: Optional[torch.Tensor], q: torch.Tensor,
     B, T, H, Dk = q.shape
     dout = dout.to(q.dtype).contiguous()
     df = None if dfinal is None else dfinal.float().contiguous()
-    dq, dk, dv = torch.empty_like(q, memory_format=torch.contiguous_format), torch.empty(
-        B, T, H, Dk, dtype=q.dtype, device=q.device), torch.empty(B, T, H, v.shape[3], dtype=q.dtype, device=q.device)
+    dq, dk, dv = (
+        torch.empty_like(q, memory_format=torch.contiguous_format),
+        torch.empty(B, T, H, Dk, dtype=q.dtype, device=q.device),
+        torch.empty(B, T, H, v.shape[3], dtype=q.dtype, device=q.device),
+    )
     dg = torch.empty(B, T, H, dtype=g.dtype, device=q.device)
     dbeta = torch.empty(B, T, H, dtype=beta.dtype, device=q.device)
     dinit = torch.empty(p.nseq, H, Dk, v.shape[3], dtype=torch.float32, device=q.device)
     ws = _workspace(p, 1, q.device)
-    C.fn("opslot_gdr_bwd", _BWD_ARGS)(ctypes.byref(p), C.ptr(dout), C.ptr(df), C.ptr(hs), C.ptr(vnew), C.ptr(w),
-                                      C.ptr(gamma), C.ptr(dq),
-                                      C.ptr(dk), C.ptr(dv), C.ptr(dg), C.ptr(dbeta), C.ptr(dinit), C.ptr(ws),
-                                      C.stream(q))
+    C.fn("opslot_gdr_bwd", _BWD_ARGS)(
+        ctypes.byref(p),
+        C.ptr(dout),
+        C.ptr(df),
+        C.ptr(hs),
+        C.ptr(vnew),
+        C.ptr(w),
+        C.ptr(gamma),
+        C.ptr(dq),
+        C.ptr(dk),
+        C.ptr(dv),
+        C.ptr(dg),
+        C.ptr(dbeta),
+        C.ptr(dinit),
+        C.ptr(ws),
+        C.stream(q),
+    )
     return dq, dk, dv, dg, dbeta, dinit
 
 
 @gdr_bwd.register_fake
 def _gdr_bwd_fake(dout, dfinal, q, k, v, g, beta, hs, vnew, w, gamma, cu_seqlens, use_l2norm, scale):
     B, T, H, Dk = q.shape
-    return (q.new_empty(B, T, H, Dk), q.new_empty(B, T, H, Dk), q.new_empty(B, T, H, v.shape[3]),
-            g.new_empty(B, T, H), beta.new_empty(B, T, H),
-            q.new_empty(_nseq(q, cu_seqlens), H, Dk, v.shape[3], dtype=torch.float32))
+    return (
+        q.new_empty(B, T, H, Dk),
+        q.new_empty(B, T, H, Dk),
+        q.new_empty(B, T, H, v.shape[3]),
+        g.new_empty(B, T, H),
+        beta.new_empty(B, T, H),
+        q.new_empty(_nseq(q, cu_seqlens), H, Dk, v.shape[3], dtype=torch.float32),
+    )
 
 
 def _setup_context(ctx, inputs, output):
@@ -212,8 +307,9 @@ def _backward(ctx, dout, dfinal, *_saved_grads):
     q, k, v, g, beta, hs, vnew, w, gamma, cu_seqlens = ctx.saved_tensors
     if dout is None:
         dout = torch.zeros(*q.shape[:3], v.shape[3], dtype=q.dtype, device=q.device)
-    dq, dk, dv, dg, dbeta, dinit = torch.ops.opslot.gdr_bwd(dout, dfinal, q, k, v, g, beta, hs, vnew, w, gamma,
-                                                            cu_seqlens, ctx.use_l2norm, ctx.scale)
+    dq, dk, dv, dg, dbeta, dinit = torch.ops.opslot.gdr_bwd(
+        dout, dfinal, q, k, v, g, beta, hs, vnew, w, gamma, cu_seqlens, ctx.use_l2norm, ctx.scale
+    )
     return dq, dk, dv, dg, dbeta, (dinit if ctx.has_initial else None), None, None, None
 
 
@@ -226,13 +322,24 @@ def _check_cu_seqlens_async(cu_seqlens: torch.Tensor, seqlen: int) -> None:
     ok = (cu[0] == 0) & (cu[-1] == seqlen)
     if cu.shape[0] > 1:
         ok = ok & (cu[1:] >= cu[:-1]).all()
-    torch._assert_async(ok, "chunk_gated_delta_rule: cu_seqlens must start at 0, never decrease and end at the "
-                            "sequence length")
+    torch._assert_async(
+        ok, "chunk_gated_delta_rule: cu_seqlens must start at 0, never decrease and end at the sequence length"
+    )
 
 
-def chunk_gated_delta_rule(query, key, value, g, beta, chunk_size: int = 64, initial_state=None,
-                           output_final_state: bool = False, use_qk_l2norm_in_kernel: bool = False, cu_seqlens=None,
-                           **kwargs):
+def chunk_gated_delta_rule(
+    query,
+    key,
+    value,
+    g,
+    beta,
+    chunk_size: int = 64,
+    initial_state=None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    cu_seqlens=None,
+    **kwargs,
+):
     """The upstream `torch_chunk_gated_delta_rule` contract (docs/ops.md) on the CUDA kernels; `chunk_size`
     does not change the result (the kernels use 64-token chunks). With cu_seqlens (batch 1) each segment
     is its own sequence, initial_state and the final state are [num_seqs, H, Dk, Dv]."""
@@ -242,6 +349,15 @@ def chunk_gated_delta_rule(query, key, value, g, beta, chunk_size: int = 64, ini
         cu_seqlens = cu_seqlens.to(query.device)
         if cu_seqlens.dim() == 1 and cu_seqlens.numel() > 0:
             _check_cu_seqlens_async(cu_seqlens, query.shape[1])
-    out, final, *_ = torch.ops.opslot.gdr_fwd(query, key, value, g, beta, initial_state, cu_seqlens,
-                                                bool(use_qk_l2norm_in_kernel), float(query.shape[-1] ** -0.5))
+    out, final, *_ = torch.ops.opslot.gdr_fwd(
+        query,
+        key,
+        value,
+        g,
+        beta,
+        initial_state,
+        cu_seqlens,
+        bool(use_qk_l2norm_in_kernel),
+        float(query.shape[-1] ** -0.5),
+    )
     return out, (final if output_final_state else None)

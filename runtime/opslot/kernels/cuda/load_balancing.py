@@ -13,8 +13,7 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from . import _lib
-from . import _ops_common as C
+from . import _lib, _ops_common as C
 
 C.require_library_on_cuda_machines()
 
@@ -26,8 +25,10 @@ def _check(logits: List[torch.Tensor], mask: Optional[torch.Tensor], num_experts
     C.check_float(first, "load_balancing_loss")
     for t in logits:
         if t.dim() != 2 or t.shape != first.shape or t.dtype != first.dtype or t.device != first.device:
-            raise ValueError("load_balancing_loss (cuda): every layer's router logits must be [tokens, experts] of "
-                             f"one shape, dtype and device; got {[(tuple(x.shape), x.dtype) for x in logits][:4]}")
+            raise ValueError(
+                "load_balancing_loss (cuda): every layer's router logits must be [tokens, experts] of "
+                f"one shape, dtype and device; got {[(tuple(x.shape), x.dtype) for x in logits][:4]}"
+            )
     if first.shape[1] != num_experts:
         raise ValueError(f"load_balancing_loss: logits have {first.shape[1]} experts, num_experts is {num_experts}")
     if not 0 < num_experts <= 512:
@@ -35,8 +36,10 @@ def _check(logits: List[torch.Tensor], mask: Optional[torch.Tensor], num_experts
     if not 0 <= top_k <= num_experts:
         raise ValueError(f"load_balancing_loss: top_k {top_k} with {num_experts} experts")
     if mask is not None and (mask.dim() != 1 or mask.shape[0] != first.shape[0] or mask.dtype != torch.float32):
-        raise ValueError(f"load_balancing_loss: the flattened attention mask has {mask.numel()} entries for "
-                         f"{first.shape[0]} rows of router logits")
+        raise ValueError(
+            f"load_balancing_loss: the flattened attention mask has {mask.numel()} entries for "
+            f"{first.shape[0]} rows of router logits"
+        )
 
 
 def _pointers(ts: List[torch.Tensor]):
@@ -52,8 +55,9 @@ def _rows_ready(logits: List[torch.Tensor]) -> List[torch.Tensor]:
 
 
 @torch.library.custom_op("opslot::load_balancing_loss_fwd", mutates_args=())
-def load_balancing_loss_fwd(logits: List[torch.Tensor], mask: Optional[torch.Tensor], num_experts: int,
-                            top_k: int) -> Tuple[torch.Tensor, torch.Tensor]:
+def load_balancing_loss_fwd(
+    logits: List[torch.Tensor], mask: Optional[torch.Tensor], num_experts: int, top_k: int
+) -> Tuple[torch.Tensor, torch.Tensor]:
     """(loss, coef): the fp32 scalar loss and E * count_e / R^2 per expert (for the backward)."""
     _check(logits, mask, num_experts, top_k)
     first = logits[0]
@@ -61,7 +65,8 @@ def load_balancing_loss_fwd(logits: List[torch.Tensor], mask: Optional[torch.Ten
     logits = _rows_ready(logits)
     rows = first.shape[0]
     n = C.raw("opslot_load_balancing_scratch_floats", _lib.I64, [_lib.I32, _lib.I64, _lib.I32])(
-        len(logits), rows, num_experts)
+        len(logits), rows, num_experts
+    )
     if n < 0:
         raise RuntimeError(f"opslot cuda kernel load_balancing: {C.last_error()}")
     scratch = torch.empty(max(n, 1), dtype=torch.float32, device=first.device)
@@ -69,12 +74,36 @@ def load_balancing_loss_fwd(logits: List[torch.Tensor], mask: Optional[torch.Ten
     coef = torch.empty(num_experts, dtype=torch.float32, device=first.device)
     m = mask.contiguous() if mask is not None else None
     ptrs, strides = _pointers(logits), _strides(logits)  # kept alive across the call
-    C.fn("opslot_load_balancing_fwd", [_lib.I32, _lib.I32, ctypes.c_void_p, ctypes.c_void_p, _lib.I64, _lib.I32,
-                                       _lib.I32, _lib.PTR, _lib.PTR, _lib.PTR, _lib.PTR, _lib.PTR])(
-        _lib.DTYPE_CODES[first.dtype], len(logits), ctypes.addressof(ptrs), ctypes.addressof(strides), rows,
-        num_experts, top_k,
-        m.data_ptr() if m is not None and m.numel() else None, scratch.data_ptr(), loss.data_ptr(), coef.data_ptr(),
-        C.stream(first))
+    C.fn(
+        "opslot_load_balancing_fwd",
+        [
+            _lib.I32,
+            _lib.I32,
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            _lib.I64,
+            _lib.I32,
+            _lib.I32,
+            _lib.PTR,
+            _lib.PTR,
+            _lib.PTR,
+            _lib.PTR,
+            _lib.PTR,
+        ],
+    )(
+        _lib.DTYPE_CODES[first.dtype],
+        len(logits),
+        ctypes.addressof(ptrs),
+        ctypes.addressof(strides),
+        rows,
+        num_experts,
+        top_k,
+        m.data_ptr() if m is not None and m.numel() else None,
+        scratch.data_ptr(),
+        loss.data_ptr(),
+        coef.data_ptr(),
+        C.stream(first),
+    )
     return loss, coef
 
 
@@ -86,8 +115,9 @@ def _lb_fwd_fake(logits, mask, num_experts, top_k):
 
 
 @torch.library.custom_op("opslot::load_balancing_loss_bwd", mutates_args=())
-def load_balancing_loss_bwd(grad: torch.Tensor, logits: List[torch.Tensor], mask: Optional[torch.Tensor],
-                            coef: torch.Tensor) -> torch.Tensor:
+def load_balancing_loss_bwd(
+    grad: torch.Tensor, logits: List[torch.Tensor], mask: Optional[torch.Tensor], coef: torch.Tensor
+) -> torch.Tensor:
     """The gradient of every layer's logits, stacked: [layers, rows, experts] in the logits' dtype."""
     first = logits[0]
     C.prepare(first)
@@ -100,11 +130,34 @@ def load_balancing_loss_bwd(grad: torch.Tensor, logits: List[torch.Tensor], mask
     c = coef.contiguous()
     m = mask.contiguous() if mask is not None else None
     ptrs, strides = _pointers(logits), _strides(logits)  # kept alive across the call
-    C.fn("opslot_load_balancing_bwd", [_lib.I32, _lib.I32, ctypes.c_void_p, ctypes.c_void_p, _lib.I64, _lib.I32,
-                                       _lib.PTR, _lib.PTR, _lib.PTR, ctypes.c_void_p, _lib.PTR])(
-        _lib.DTYPE_CODES[first.dtype], len(logits), ctypes.addressof(ptrs), ctypes.addressof(strides), rows, experts,
-        m.data_ptr() if m is not None and m.numel() else None, c.data_ptr(), g.data_ptr(), ctypes.addressof(outs),
-        C.stream(first))
+    C.fn(
+        "opslot_load_balancing_bwd",
+        [
+            _lib.I32,
+            _lib.I32,
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            _lib.I64,
+            _lib.I32,
+            _lib.PTR,
+            _lib.PTR,
+            _lib.PTR,
+            ctypes.c_void_p,
+            _lib.PTR,
+        ],
+    )(
+        _lib.DTYPE_CODES[first.dtype],
+        len(logits),
+        ctypes.addressof(ptrs),
+        ctypes.addressof(strides),
+        rows,
+        experts,
+        m.data_ptr() if m is not None and m.numel() else None,
+        c.data_ptr(),
+        g.data_ptr(),
+        ctypes.addressof(outs),
+        C.stream(first),
+    )
     return out
 
 

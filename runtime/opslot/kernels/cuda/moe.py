@@ -46,8 +46,8 @@ from ._lib import F32, I32, I64, PTR
 #: "auto" (torch._grouped_mm for bf16 on sm90/sm100, else portable) or "portable".
 GEMM_BACKEND = os.environ.get("OPSLOT_MOE_GEMM", "auto")
 
-KIND_SILU = 0       # act(gate) * up, gate = h[:, :I], up = h[:, I:]
-KIND_GPT_OSS = 1    # clamped alpha-SwiGLU, gate = h[:, 0::2], up = h[:, 1::2], optional bias
+KIND_SILU = 0  # act(gate) * up, gate = h[:, :I], up = h[:, I:]
+KIND_GPT_OSS = 1  # clamped alpha-SwiGLU, gate = h[:, 0::2], up = h[:, 1::2], optional bias
 
 _fns: dict = {}
 
@@ -70,10 +70,11 @@ def _stream(t: Tensor) -> ctypes.c_void_p:
 # -- routing -----------------------------------------------------------------------------------
 class Routing(NamedTuple):
     """Device-side routing metadata of N = tokens * top_k assignments (all int32, no host values)."""
-    offs: Tensor        # [E] cumulative row count at the end of each expert's segment
+
+    offs: Tensor  # [E] cumulative row count at the end of each expert's segment
     row_expert: Tensor  # [N] expert of each row (E for dropped rows, which sit past offs[-1])
-    src_token: Tensor   # [N] token of each row
-    inv: Tensor         # [N] row of each (token, k) assignment, token-major
+    src_token: Tensor  # [N] token of each row
+    inv: Tensor  # [N] row of each (token, k) assignment, token-major
 
 
 def route_torch(top_k_index: Tensor, num_experts: int) -> Routing:
@@ -115,8 +116,18 @@ def moe_route(top_k_index: Tensor, num_experts: int) -> Tuple[Tensor, Tensor, Te
     size_fn.argtypes, size_fn.restype = [ctypes.c_int64, ctypes.c_int64], ctypes.c_int64
     scratch = torch.empty(int(size_fn(n, num_experts)), device=dev, dtype=torch.int32)
     _fn("opslot_moe_route", [PTR, I32, I64, I64, I64, PTR, PTR, PTR, PTR, PTR, PTR])(
-        _p(idx), int(idx.dtype == torch.int64), n, top_k, num_experts, _p(offs), _p(row_expert), _p(src_token),
-        _p(inv), _p(scratch), _stream(idx))
+        _p(idx),
+        int(idx.dtype == torch.int64),
+        n,
+        top_k,
+        num_experts,
+        _p(offs),
+        _p(row_expert),
+        _p(src_token),
+        _p(inv),
+        _p(scratch),
+        _stream(idx),
+    )
     return offs, row_expert, src_token, inv
 
 
@@ -124,8 +135,12 @@ def moe_route(top_k_index: Tensor, num_experts: int) -> Tuple[Tensor, Tensor, Te
 def _(top_k_index, num_experts):
     n = top_k_index.shape[0] * top_k_index.shape[1]
     new = top_k_index.new_empty
-    return (new(num_experts, dtype=torch.int32), new(n, dtype=torch.int32), new(n, dtype=torch.int32),
-            new(n, dtype=torch.int32))
+    return (
+        new(num_experts, dtype=torch.int32),
+        new(n, dtype=torch.int32),
+        new(n, dtype=torch.int32),
+        new(n, dtype=torch.int32),
+    )
 
 
 def route(top_k_index: Tensor, num_experts: int) -> Routing:
@@ -157,26 +172,77 @@ def _c(t: Optional[Tensor]) -> Optional[Tensor]:
 def _k_scatter_rows(src, dst, inv, weights, rows, bias, row_expert, dot, offs, top_k) -> None:
     tokens, hidden = src.shape
     _fn("opslot_moe_scatter_rows", [PTR, PTR, PTR, PTR, PTR, PTR, PTR, PTR, PTR, I64, I64, I64, I64, I32, PTR])(
-        _p(src), _p(dst), _p(inv), _p(weights), _p(rows), _p(bias), _p(row_expert), _p(dot), _p(offs),
-        offs.shape[0], tokens, top_k, hidden, _lib.dtype_code(src), _stream(src))
+        _p(src),
+        _p(dst),
+        _p(inv),
+        _p(weights),
+        _p(rows),
+        _p(bias),
+        _p(row_expert),
+        _p(dot),
+        _p(offs),
+        offs.shape[0],
+        tokens,
+        top_k,
+        hidden,
+        _lib.dtype_code(src),
+        _stream(src),
+    )
 
 
 def _k_gather_sum(rows, out, inv, weights, bias, row_expert, offs, top_k) -> None:
     _fn("opslot_moe_gather_sum", [PTR, PTR, PTR, PTR, PTR, PTR, PTR, I64, I64, I64, I64, I32, PTR])(
-        _p(rows), _p(out), _p(inv), _p(weights), _p(bias), _p(row_expert), _p(offs), offs.shape[0], out.shape[0],
-        top_k, rows.shape[1], _lib.dtype_code(rows), _stream(rows))
+        _p(rows),
+        _p(out),
+        _p(inv),
+        _p(weights),
+        _p(bias),
+        _p(row_expert),
+        _p(offs),
+        offs.shape[0],
+        out.shape[0],
+        top_k,
+        rows.shape[1],
+        _lib.dtype_code(rows),
+        _stream(rows),
+    )
 
 
 def _k_act_forward(h, a, bias, row_expert, offs, kind, alpha, limit) -> None:
     _fn("opslot_moe_act_forward", [PTR, PTR, PTR, PTR, PTR, I64, I64, I64, I32, F32, F32, I32, PTR])(
-        _p(h), _p(a), _p(bias), _p(row_expert), _p(offs), offs.shape[0], h.shape[0], a.shape[1], kind, alpha, limit,
-        _lib.dtype_code(h), _stream(h))
+        _p(h),
+        _p(a),
+        _p(bias),
+        _p(row_expert),
+        _p(offs),
+        offs.shape[0],
+        h.shape[0],
+        a.shape[1],
+        kind,
+        alpha,
+        limit,
+        _lib.dtype_code(h),
+        _stream(h),
+    )
 
 
 def _k_act_backward(da, h, dh, bias, row_expert, offs, kind, alpha, limit) -> None:
     _fn("opslot_moe_act_backward", [PTR, PTR, PTR, PTR, PTR, PTR, I64, I64, I64, I32, F32, F32, I32, PTR])(
-        _p(da), _p(h), _p(dh), _p(bias), _p(row_expert), _p(offs), offs.shape[0], h.shape[0], da.shape[1], kind,
-        alpha, limit, _lib.dtype_code(h), _stream(h))
+        _p(da),
+        _p(h),
+        _p(dh),
+        _p(bias),
+        _p(row_expert),
+        _p(offs),
+        offs.shape[0],
+        h.shape[0],
+        da.shape[1],
+        kind,
+        alpha,
+        limit,
+        _lib.dtype_code(h),
+        _stream(h),
+    )
 
 
 def _k_segment_sum(g, out, offs) -> None:
@@ -186,29 +252,63 @@ def _k_segment_sum(g, out, offs) -> None:
     size_fn.argtypes, size_fn.restype = [ctypes.c_int64, ctypes.c_int64], ctypes.c_int64
     scratch = torch.empty(int(size_fn(experts, cols)), device=g.device, dtype=torch.float32)
     _fn("opslot_moe_segment_sum", [PTR, PTR, PTR, PTR, I64, I64, I32, PTR])(
-        _p(g), _p(out), _p(scratch), _p(offs), experts, cols, _lib.dtype_code(g), _stream(g))
+        _p(g), _p(out), _p(scratch), _p(offs), experts, cols, _lib.dtype_code(g), _stream(g)
+    )
 
 
 def _k_gmm_rows(a, b, c, offs) -> None:
     _fn("opslot_moe_gmm_rows", [PTR, PTR, I64, I64, I64, PTR, PTR, I64, I64, I64, I64, I32, PTR])(
-        _p(a), _p(b), b.stride(0), b.stride(1), b.stride(2), _p(c), _p(offs), offs.shape[0], a.shape[0], a.shape[1],
-        b.shape[2], _lib.dtype_code(a), _stream(a))
+        _p(a),
+        _p(b),
+        b.stride(0),
+        b.stride(1),
+        b.stride(2),
+        _p(c),
+        _p(offs),
+        offs.shape[0],
+        a.shape[0],
+        a.shape[1],
+        b.shape[2],
+        _lib.dtype_code(a),
+        _stream(a),
+    )
 
 
 def _k_gmm_wgrad(x, g, c, offs) -> None:
     _fn("opslot_moe_gmm_wgrad", [PTR, PTR, PTR, I64, I64, I64, PTR, I64, I64, I64, I64, I32, PTR])(
-        _p(x), _p(g), _p(c), c.stride(0), c.stride(1), c.stride(2), _p(offs), offs.shape[0], x.shape[0], x.shape[1],
-        g.shape[1], _lib.dtype_code(x), _stream(x))
+        _p(x),
+        _p(g),
+        _p(c),
+        c.stride(0),
+        c.stride(1),
+        c.stride(2),
+        _p(offs),
+        offs.shape[0],
+        x.shape[0],
+        x.shape[1],
+        g.shape[1],
+        _lib.dtype_code(x),
+        _stream(x),
+    )
 
 
 def _k_zero_tail(c, offs) -> None:
     _fn("opslot_moe_zero_tail_rows", [PTR, PTR, I64, I64, I64, I32, PTR])(
-        _p(c), _p(offs), offs.shape[0], c.shape[0], c.shape[1], _lib.dtype_code(c), _stream(c))
+        _p(c), _p(offs), offs.shape[0], c.shape[0], c.shape[1], _lib.dtype_code(c), _stream(c)
+    )
 
 
-def _scatter_rows(src: Tensor, inv: Tensor, offs: Tensor, top_k: int, weights: Optional[Tensor] = None,
-                  rows: Optional[Tensor] = None, bias: Optional[Tensor] = None,
-                  row_expert: Optional[Tensor] = None, want_dot: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
+def _scatter_rows(
+    src: Tensor,
+    inv: Tensor,
+    offs: Tensor,
+    top_k: int,
+    weights: Optional[Tensor] = None,
+    rows: Optional[Tensor] = None,
+    bias: Optional[Tensor] = None,
+    row_expert: Optional[Tensor] = None,
+    want_dot: bool = False,
+) -> Tuple[Tensor, Optional[Tensor]]:
     tokens, hidden = src.shape
     dst = torch.empty(tokens * top_k, hidden, device=src.device, dtype=src.dtype)
     dot = torch.empty(tokens * top_k, device=src.device, dtype=torch.float32) if want_dot else None
@@ -216,9 +316,16 @@ def _scatter_rows(src: Tensor, inv: Tensor, offs: Tensor, top_k: int, weights: O
     return dst, dot
 
 
-def _gather_sum(rows: Tensor, inv: Tensor, offs: Tensor, tokens: int, top_k: int,
-                weights: Optional[Tensor] = None, bias: Optional[Tensor] = None,
-                row_expert: Optional[Tensor] = None) -> Tensor:
+def _gather_sum(
+    rows: Tensor,
+    inv: Tensor,
+    offs: Tensor,
+    tokens: int,
+    top_k: int,
+    weights: Optional[Tensor] = None,
+    bias: Optional[Tensor] = None,
+    row_expert: Optional[Tensor] = None,
+) -> Tensor:
     out = torch.empty(tokens, rows.shape[1], device=rows.device, dtype=rows.dtype)
     _k_gather_sum(rows, out, inv, weights, bias, row_expert, offs, top_k)
     return out
@@ -271,8 +378,9 @@ moe_gather.register_autograd(_gather_bwd, setup_context=_gather_setup)
 
 # combine --------------------------------------------------------------------------------------
 @torch.library.custom_op("opslot::moe_combine", mutates_args=())
-def moe_combine(rows: Tensor, inv: Tensor, offs: Tensor, weights: Tensor, row_expert: Tensor,
-                bias: Optional[Tensor]) -> Tensor:
+def moe_combine(
+    rows: Tensor, inv: Tensor, offs: Tensor, weights: Tensor, row_expert: Tensor, bias: Optional[Tensor]
+) -> Tensor:
     """out[t] = sum_k weights[t,k] * (rows[inv[t,k]] + bias[expert]) (fp32 sum, k order); weights fp32 [T, K]."""
     _check(rows)
     tokens, top_k = weights.shape
@@ -285,13 +393,15 @@ def _(rows, inv, offs, weights, row_expert, bias):
 
 
 @torch.library.custom_op("opslot::moe_combine_backward", mutates_args=())
-def moe_combine_backward(grad: Tensor, rows: Tensor, inv: Tensor, offs: Tensor, weights: Tensor,
-                         row_expert: Tensor, bias: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
+def moe_combine_backward(
+    grad: Tensor, rows: Tensor, inv: Tensor, offs: Tensor, weights: Tensor, row_expert: Tensor, bias: Optional[Tensor]
+) -> Tuple[Tensor, Tensor, Tensor]:
     """(d rows, d weights [T, K] fp32, d bias [E, H] or empty)."""
     _check(grad)
     tokens, top_k = weights.shape
-    d_rows, d_w = _scatter_rows(_c(grad), inv, offs, top_k, weights.contiguous(), _c(rows), _c(bias), row_expert,
-                                want_dot=True)
+    d_rows, d_w = _scatter_rows(
+        _c(grad), inv, offs, top_k, weights.contiguous(), _c(rows), _c(bias), row_expert, want_dot=True
+    )
     d_bias = _segment_sum(d_rows, offs) if bias is not None else grad.new_empty(0)
     return d_rows, d_w.view(tokens, top_k), d_bias
 
@@ -318,8 +428,9 @@ moe_combine.register_autograd(_combine_bwd, setup_context=_combine_setup)
 
 # activation -----------------------------------------------------------------------------------
 @torch.library.custom_op("opslot::moe_act", mutates_args=())
-def moe_act(h: Tensor, offs: Tensor, row_expert: Tensor, bias: Optional[Tensor], kind: int, alpha: float,
-            limit: float) -> Tensor:
+def moe_act(
+    h: Tensor, offs: Tensor, row_expert: Tensor, bias: Optional[Tensor], kind: int, alpha: float, limit: float
+) -> Tensor:
     """h [N, 2I] -> a [N, I]; kind 0: silu(gate) * up; kind 1: GPT-OSS (interleaved, + bias)."""
     _check(h)
     h = _c(h)
@@ -334,8 +445,16 @@ def _(h, offs, row_expert, bias, kind, alpha, limit):
 
 
 @torch.library.custom_op("opslot::moe_act_backward", mutates_args=())
-def moe_act_backward(grad: Tensor, h: Tensor, offs: Tensor, row_expert: Tensor, bias: Optional[Tensor], kind: int,
-                     alpha: float, limit: float) -> Tuple[Tensor, Tensor]:
+def moe_act_backward(
+    grad: Tensor,
+    h: Tensor,
+    offs: Tensor,
+    row_expert: Tensor,
+    bias: Optional[Tensor],
+    kind: int,
+    alpha: float,
+    limit: float,
+) -> Tuple[Tensor, Tensor]:
     """(d h [N, 2I], d bias [E, 2I] or empty)."""
     _check(grad)
     h = _c(h)
@@ -371,11 +490,22 @@ def _use_cutlass(a: Tensor, w: Tensor) -> bool:
         return False
     if GEMM_BACKEND != "auto":
         raise ValueError(f"opslot moe GEMM_BACKEND must be 'auto' or 'portable', got {GEMM_BACKEND!r}")
-    return (a.dtype == torch.bfloat16 and w.dtype == torch.bfloat16 and a.is_cuda and hasattr(torch, "_grouped_mm")
-            and torch.cuda.get_device_capability(a.device)[0] in (9, 10)
-            and a.shape[0] > 0 and a.shape[1] % 8 == 0 and w.shape[1] % 8 == 0 and w.shape[2] % 8 == 0
-            and w.shape[0] < 1024 and w.is_contiguous() and a.is_contiguous()
-            and a.data_ptr() % 16 == 0 and w.data_ptr() % 16 == 0)
+    return (
+        a.dtype == torch.bfloat16
+        and w.dtype == torch.bfloat16
+        and a.is_cuda
+        and hasattr(torch, "_grouped_mm")
+        and torch.cuda.get_device_capability(a.device)[0] in (9, 10)
+        and a.shape[0] > 0
+        and a.shape[1] % 8 == 0
+        and w.shape[1] % 8 == 0
+        and w.shape[2] % 8 == 0
+        and w.shape[0] < 1024
+        and w.is_contiguous()
+        and a.is_contiguous()
+        and a.data_ptr() % 16 == 0
+        and w.data_ptr() % 16 == 0
+    )
 
 
 def _zero_tail(c: Tensor, offs: Tensor) -> Tensor:
@@ -422,18 +552,19 @@ def _(a, w, offs, w_transposed):
 
 
 @torch.library.custom_op("opslot::moe_grouped_mm_backward", mutates_args=())
-def moe_grouped_mm_backward(grad: Tensor, a: Tensor, w: Tensor, offs: Tensor,
-                            w_transposed: bool) -> Tuple[Tensor, Tensor]:
+def moe_grouped_mm_backward(
+    grad: Tensor, a: Tensor, w: Tensor, offs: Tensor, w_transposed: bool
+) -> Tuple[Tensor, Tensor]:
     """(d a, d w) of moe_grouped_mm."""
     _check(grad)
     grad, a = grad.contiguous(), a.contiguous()
     cut = _use_cutlass(a, w) and _use_cutlass(grad, w)
-    b = _b_view(w, w_transposed)                       # [E, K, N]
+    b = _b_view(w, w_transposed)  # [E, K, N]
     d_a = _gmm_rows(grad, b.transpose(-2, -1), offs, cut)
     if w_transposed:
-        d_w = _gmm_wgrad(grad, a, offs, cut)           # [E, N, K], like w
+        d_w = _gmm_wgrad(grad, a, offs, cut)  # [E, N, K], like w
     else:
-        d_w = _gmm_wgrad(a, grad, offs, cut)           # [E, K, N], like w
+        d_w = _gmm_wgrad(a, grad, offs, cut)  # [E, K, N], like w
     return d_a, d_w
 
 
@@ -458,9 +589,20 @@ moe_grouped_mm.register_autograd(_gmm_bwd, setup_context=_gmm_setup)
 
 
 # -- composition -------------------------------------------------------------------------------
-def grouped_experts(x_sorted: Tensor, offs: Tensor, row_expert: Tensor, gate_up_proj: Tensor, down_proj: Tensor, *,
-                    kind: int = KIND_SILU, transposed: bool = True, gate_up_bias: Optional[Tensor] = None,
-                    down_bias: Optional[Tensor] = None, alpha: float = 1.702, limit: float = 7.0) -> Tensor:
+def grouped_experts(
+    x_sorted: Tensor,
+    offs: Tensor,
+    row_expert: Tensor,
+    gate_up_proj: Tensor,
+    down_proj: Tensor,
+    *,
+    kind: int = KIND_SILU,
+    transposed: bool = True,
+    gate_up_bias: Optional[Tensor] = None,
+    down_bias: Optional[Tensor] = None,
+    alpha: float = 1.702,
+    limit: float = 7.0,
+) -> Tensor:
     """The experts on already-dispatched tokens (the piece an expert-parallel all-to-all sits in front of).
 
     x_sorted [S, H]: rows grouped by local expert; offs [E] int32: cumulative row counts (rows past
@@ -479,10 +621,22 @@ def grouped_experts(x_sorted: Tensor, offs: Tensor, row_expert: Tensor, gate_up_
     return y
 
 
-def _experts(hidden_states: Tensor, top_k_index: Tensor, top_k_weights: Tensor, num_experts: int,
-             gate_up: Tensor, down: Tensor, *, kind: int, transposed: bool, gate_up_bias: Optional[Tensor] = None,
-             down_bias: Optional[Tensor] = None, alpha: float = 0.0, limit: float = 0.0) -> Tensor:
-    if not torch.compiler.is_compiling():   # the custom ops check again when they run
+def _experts(
+    hidden_states: Tensor,
+    top_k_index: Tensor,
+    top_k_weights: Tensor,
+    num_experts: int,
+    gate_up: Tensor,
+    down: Tensor,
+    *,
+    kind: int,
+    transposed: bool,
+    gate_up_bias: Optional[Tensor] = None,
+    down_bias: Optional[Tensor] = None,
+    alpha: float = 0.0,
+    limit: float = 0.0,
+) -> Tensor:
+    if not torch.compiler.is_compiling():  # the custom ops check again when they run
         _lib.check_device(hidden_states.device)
     shape = hidden_states.shape
     hidden = shape[-1]
@@ -502,25 +656,61 @@ def _experts(hidden_states: Tensor, top_k_index: Tensor, top_k_weights: Tensor, 
 
 
 def _is_silu(act: Any) -> bool:
-    return isinstance(act, torch.nn.SiLU) or type(act).__name__ in ("SiLUActivation", "SiLU") or act is \
-        torch.nn.functional.silu
+    return (
+        isinstance(act, torch.nn.SiLU)
+        or type(act).__name__ in ("SiLUActivation", "SiLU")
+        or act is torch.nn.functional.silu
+    )
 
 
 def moe_standard(module: Any, hidden_states: Tensor, top_k_index: Tensor, top_k_weights: Tensor) -> Tensor:
     """Qwen3-MoE-style experts (`gate_up_proj [E, 2I, H]`, `down_proj [E, H, I]`, SiLU), docs/ops.md."""
     if not _is_silu(module.act_fn):
-        raise ValueError(f"opslot cuda moe/standard implements act_fn SiLU only, this module has "
-                         f"{type(module.act_fn).__name__}; use moe_implementation 'fused_torch' or 'eager'")
-    return _experts(hidden_states, top_k_index, top_k_weights, module.num_experts, module.gate_up_proj,
-                    module.down_proj, kind=KIND_SILU, transposed=True)
+        raise ValueError(
+            f"opslot cuda moe/standard implements act_fn SiLU only, this module has "
+            f"{type(module.act_fn).__name__}; use moe_implementation 'fused_torch' or 'eager'"
+        )
+    return _experts(
+        hidden_states,
+        top_k_index,
+        top_k_weights,
+        module.num_experts,
+        module.gate_up_proj,
+        module.down_proj,
+        kind=KIND_SILU,
+        transposed=True,
+    )
 
 
 def moe_gpt_oss(module: Any, hidden_states: Tensor, router_indices: Tensor, routing_weights: Tensor) -> Tensor:
     """GPT-OSS experts (`gate_up_proj [E, H, 2I]` interleaved, biases, clamped alpha-SwiGLU), docs/ops.md."""
-    return _experts(hidden_states, router_indices, routing_weights, module.num_experts, module.gate_up_proj,
-                    module.down_proj, kind=KIND_GPT_OSS, transposed=False, gate_up_bias=module.gate_up_proj_bias,
-                    down_bias=module.down_proj_bias, alpha=float(module.alpha), limit=float(module.limit))
+    return _experts(
+        hidden_states,
+        router_indices,
+        routing_weights,
+        module.num_experts,
+        module.gate_up_proj,
+        module.down_proj,
+        kind=KIND_GPT_OSS,
+        transposed=False,
+        gate_up_bias=module.gate_up_proj_bias,
+        down_bias=module.down_proj_bias,
+        alpha=float(module.alpha),
+        limit=float(module.limit),
+    )
 
 
-__all__ = ["Routing", "route", "route_torch", "moe_route", "grouped_experts", "moe_standard", "moe_gpt_oss", "moe_gather", "moe_combine",
-           "moe_act", "moe_grouped_mm", "GEMM_BACKEND"]
+__all__ = [
+    "Routing",
+    "route",
+    "route_torch",
+    "moe_route",
+    "grouped_experts",
+    "moe_standard",
+    "moe_gpt_oss",
+    "moe_gather",
+    "moe_combine",
+    "moe_act",
+    "moe_grouped_mm",
+    "GEMM_BACKEND",
+]

@@ -11,21 +11,67 @@ from typing import Optional, Tuple
 
 import torch
 
-from . import _lib
-from . import _ops_common as C
+from . import _lib, _ops_common as C
 
 STANDARD, OFFSET, UNWEIGHTED, GATED = 0, 1, 2, 3
-_NAMES = {STANDARD: "rms_norm/standard", OFFSET: "rms_norm/offset", UNWEIGHTED: "rms_norm/unweighted",
-          GATED: "rms_norm_gated/standard"}
+_NAMES = {
+    STANDARD: "rms_norm/standard",
+    OFFSET: "rms_norm/offset",
+    UNWEIGHTED: "rms_norm/unweighted",
+    GATED: "rms_norm_gated/standard",
+}
 
 C.require_library_on_cuda_machines()
 
-_FWD_ARGS = [_lib.I32, _lib.I32, _lib.I32, _lib.I64, _lib.I64, _lib.F32, _lib.PTR, _lib.I64, _lib.PTR, _lib.I64,
-             _lib.PTR, _lib.PTR, _lib.PTR, _lib.PTR]
-_QUERY_ARGS = [_lib.I32, _lib.I32, _lib.I32, _lib.I64, _lib.I64, _lib.PTR, _lib.I64, _lib.PTR, _lib.I64, _lib.PTR,
-               _lib.I64]
-_BWD_ARGS = [_lib.I32, _lib.I32, _lib.I32, _lib.I64, _lib.I64, _lib.PTR, _lib.I64, _lib.PTR, _lib.I64, _lib.PTR,
-             _lib.PTR, _lib.PTR, _lib.I64, _lib.PTR, _lib.PTR, _lib.PTR, _lib.PTR, _lib.PTR]
+_FWD_ARGS = [
+    _lib.I32,
+    _lib.I32,
+    _lib.I32,
+    _lib.I64,
+    _lib.I64,
+    _lib.F32,
+    _lib.PTR,
+    _lib.I64,
+    _lib.PTR,
+    _lib.I64,
+    _lib.PTR,
+    _lib.PTR,
+    _lib.PTR,
+    _lib.PTR,
+]
+_QUERY_ARGS = [
+    _lib.I32,
+    _lib.I32,
+    _lib.I32,
+    _lib.I64,
+    _lib.I64,
+    _lib.PTR,
+    _lib.I64,
+    _lib.PTR,
+    _lib.I64,
+    _lib.PTR,
+    _lib.I64,
+]
+_BWD_ARGS = [
+    _lib.I32,
+    _lib.I32,
+    _lib.I32,
+    _lib.I64,
+    _lib.I64,
+    _lib.PTR,
+    _lib.I64,
+    _lib.PTR,
+    _lib.I64,
+    _lib.PTR,
+    _lib.PTR,
+    _lib.PTR,
+    _lib.I64,
+    _lib.PTR,
+    _lib.PTR,
+    _lib.PTR,
+    _lib.PTR,
+    _lib.PTR,
+]
 
 
 def _out_dtype(x: torch.Tensor, weight: Optional[torch.Tensor], mode: int) -> torch.dtype:
@@ -50,8 +96,10 @@ def _check(x: torch.Tensor, gate: Optional[torch.Tensor], weight: Optional[torch
         if weight.dim() != 1 or weight.shape[0] != x.shape[-1]:
             raise ValueError(f"{name}: weight of shape {tuple(weight.shape)} for rows of {x.shape[-1]}")
         if weight.dtype not in (x.dtype, torch.float32):
-            raise TypeError(f"{name}: weight dtype {weight.dtype} with input dtype {x.dtype} (the cuda kernel takes a "
-                            "weight in the input's dtype or float32); use 'torch' or 'eager'")
+            raise TypeError(
+                f"{name}: weight dtype {weight.dtype} with input dtype {x.dtype} (the cuda kernel takes a "
+                "weight in the input's dtype or float32); use 'torch' or 'eager'"
+            )
     if mode == GATED:
         if gate is None or gate.shape != x.shape or gate.dtype != x.dtype:
             raise ValueError(f"{name}: gate must have the input's shape and dtype")
@@ -69,8 +117,9 @@ def _aligned(weight: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
 
 
 @torch.library.custom_op("opslot::rms_norm_fwd", mutates_args=())
-def rms_norm_fwd(x: torch.Tensor, gate: Optional[torch.Tensor], weight: Optional[torch.Tensor], eps: float,
-                 mode: int) -> Tuple[torch.Tensor, torch.Tensor]:
+def rms_norm_fwd(
+    x: torch.Tensor, gate: Optional[torch.Tensor], weight: Optional[torch.Tensor], eps: float, mode: int
+) -> Tuple[torch.Tensor, torch.Tensor]:
     """(y, rstd): the normalised rows and the fp32 reciprocal RMS of each row (for the backward)."""
     _check(x, gate, weight, mode)
     C.prepare(x)
@@ -80,9 +129,21 @@ def rms_norm_fwd(x: torch.Tensor, gate: Optional[torch.Tensor], weight: Optional
     y = torch.empty(x.shape, dtype=_out_dtype(x, weight, mode), device=x.device)
     rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
     C.fn("opslot_rms_norm_fwd", _FWD_ARGS)(
-        mode, _lib.DTYPE_CODES[x.dtype], _lib.DTYPE_CODES[(wv if wv is not None else x).dtype], xv.shape[0],
-        xv.shape[1], float(eps), C.ptr(xv), C.row_stride(xv), C.ptr(gv), C.row_stride(gv) if gv is not None else 0,
-        C.ptr(wv), C.ptr(y), C.ptr(rstd), C.stream(x))
+        mode,
+        _lib.DTYPE_CODES[x.dtype],
+        _lib.DTYPE_CODES[(wv if wv is not None else x).dtype],
+        xv.shape[0],
+        xv.shape[1],
+        float(eps),
+        C.ptr(xv),
+        C.row_stride(xv),
+        C.ptr(gv),
+        C.row_stride(gv) if gv is not None else 0,
+        C.ptr(wv),
+        C.ptr(y),
+        C.ptr(rstd),
+        C.stream(x),
+    )
     return y, rstd
 
 
@@ -93,8 +154,14 @@ def _rms_norm_fwd_fake(x, gate, weight, eps, mode):
 
 
 @torch.library.custom_op("opslot::rms_norm_bwd", mutates_args=())
-def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, gate: Optional[torch.Tensor], weight: Optional[torch.Tensor],
-                 rstd: torch.Tensor, mode: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def rms_norm_bwd(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    gate: Optional[torch.Tensor],
+    weight: Optional[torch.Tensor],
+    rstd: torch.Tensor,
+    mode: int,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dx, dgate, dweight); dgate / dweight are empty tensors for the variants without them."""
     C.prepare(x)
     xv = C.rows_view(x)
@@ -104,21 +171,51 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, gate: Optional[torch.Tensor]
     rows, cols = xv.shape
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     dgate = torch.empty(x.shape if gate is not None else (0,), dtype=x.dtype, device=x.device)
-    dw = torch.empty(weight.shape if weight is not None else (0,),
-                     dtype=weight.dtype if weight is not None else x.dtype, device=x.device)
+    dw = torch.empty(
+        weight.shape if weight is not None else (0,),
+        dtype=weight.dtype if weight is not None else x.dtype,
+        device=x.device,
+    )
     w_code = _lib.DTYPE_CODES[(wv if wv is not None else x).dtype]
     gs = C.row_stride(gv) if gv is not None else 0
     partial = None
     if weight is not None:
-        prow = C.raw("opslot_rms_norm_bwd_partial_rows", _lib.I64, _QUERY_ARGS)(mode, _lib.DTYPE_CODES[x.dtype], w_code, rows, cols, C.ptr(xv),
-                                           C.row_stride(xv), C.ptr(gv), gs, C.ptr(dyv), C.row_stride(dyv))
+        prow = C.raw("opslot_rms_norm_bwd_partial_rows", _lib.I64, _QUERY_ARGS)(
+            mode,
+            _lib.DTYPE_CODES[x.dtype],
+            w_code,
+            rows,
+            cols,
+            C.ptr(xv),
+            C.row_stride(xv),
+            C.ptr(gv),
+            gs,
+            C.ptr(dyv),
+            C.row_stride(dyv),
+        )
         if prow < 0:
             raise RuntimeError(f"opslot cuda kernel rms_norm backward: {C.last_error()}")
         partial = torch.empty((max(prow, 1), cols), dtype=torch.float32, device=x.device)
     C.fn("opslot_rms_norm_bwd", _BWD_ARGS)(
-        mode, _lib.DTYPE_CODES[x.dtype], w_code, rows, cols, C.ptr(xv), C.row_stride(xv), C.ptr(gv), gs, C.ptr(wv),
-        C.ptr(rstd), C.ptr(dyv), C.row_stride(dyv), C.ptr(dx), C.ptr(dgate),
-        partial.data_ptr() if partial is not None else None, C.ptr(dw), C.stream(x))
+        mode,
+        _lib.DTYPE_CODES[x.dtype],
+        w_code,
+        rows,
+        cols,
+        C.ptr(xv),
+        C.row_stride(xv),
+        C.ptr(gv),
+        gs,
+        C.ptr(wv),
+        C.ptr(rstd),
+        C.ptr(dyv),
+        C.row_stride(dyv),
+        C.ptr(dx),
+        C.ptr(dgate),
+        partial.data_ptr() if partial is not None else None,
+        C.ptr(dw),
+        C.stream(x),
+    )
     return dx, dgate, dw
 
 
@@ -126,7 +223,7 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, gate: Optional[torch.Tensor]
 def _rms_norm_bwd_fake(dy, x, gate, weight, rstd, mode):
     dx = x.new_empty(x.shape)
     dgate = x.new_empty(x.shape if gate is not None else (0,))
-    dw = (weight.new_empty(weight.shape) if weight is not None else x.new_empty((0,)))
+    dw = weight.new_empty(weight.shape) if weight is not None else x.new_empty((0,))
     return dx, dgate, dw
 
 

@@ -9,12 +9,11 @@ no_grad). docs/kernels.md describes the kernel.
 from __future__ import annotations
 
 import ctypes
-from typing import List, Tuple
+from typing import Tuple
 
 import torch
 
-from . import _lib
-from . import _ops_common as C
+from . import _lib, _ops_common as C
 
 C.require_library_on_cuda_machines()
 
@@ -24,14 +23,17 @@ def _check(q, k, cos, sin, unsqueeze_dim):
     if k.dtype != q.dtype:
         raise TypeError(f"rotary_pos_emb: q is {q.dtype} but k is {k.dtype}")
     if cos.dtype != sin.dtype or cos.dtype not in (q.dtype, torch.float32):
-        raise TypeError(f"rotary_pos_emb: cos/sin of dtype {cos.dtype}/{sin.dtype} with q of dtype {q.dtype} (the cuda "
-                        "kernel takes cos/sin in q's dtype or float32)")
+        raise TypeError(
+            f"rotary_pos_emb: cos/sin of dtype {cos.dtype}/{sin.dtype} with q of dtype {q.dtype} (the cuda "
+            "kernel takes cos/sin in q's dtype or float32)"
+        )
     if cos.shape != sin.shape:
         raise ValueError("rotary_pos_emb: cos and sin differ in shape")
     rd = cos.shape[-1]
     if rd % 2 or rd > q.shape[-1] or q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"rotary_pos_emb: rotary dim {rd} must be even and at most the head dim "
-                         f"(q {q.shape[-1]}, k {k.shape[-1]})")
+        raise ValueError(
+            f"rotary_pos_emb: rotary dim {rd} must be even and at most the head dim (q {q.shape[-1]}, k {k.shape[-1]})"
+        )
 
 
 def _outer(shape, strides, what: str):
@@ -56,8 +58,10 @@ def _cs_outer(cos: torch.Tensor, unsqueeze_dim: int, lead):
     sizes, st = _outer(shape, strides, "cos/sin (unsqueezed)")
     for n, m in zip(sizes, lead):
         if n != 1 and n != m:
-            raise ValueError(f"rotary_pos_emb: cos/sin of shape {tuple(cos.shape)} (unsqueeze_dim {unsqueeze_dim}) do "
-                             f"not broadcast to q/k of outer shape {tuple(lead)}")
+            raise ValueError(
+                f"rotary_pos_emb: cos/sin of shape {tuple(cos.shape)} (unsqueeze_dim {unsqueeze_dim}) do "
+                f"not broadcast to q/k of outer shape {tuple(lead)}"
+            )
     return st
 
 
@@ -67,8 +71,18 @@ _META_CACHE: dict = {}
 def _meta(q, qo, k, ko, cos, sin, unsqueeze_dim: int):
     """The kernel's int64 meta array (shape, in/out/cos/sin strides of the three outer dims of q
     then k, largest input stride first); cached by layout."""
-    key = (q.shape, q.stride(), qo.stride(), k.shape, k.stride(), ko.stride(), cos.shape, cos.stride(),
-           sin.stride(), unsqueeze_dim)
+    key = (
+        q.shape,
+        q.stride(),
+        qo.stride(),
+        k.shape,
+        k.stride(),
+        ko.stride(),
+        cos.shape,
+        cos.stride(),
+        sin.stride(),
+        unsqueeze_dim,
+    )
     arr = _META_CACHE.get(key)
     if arr is None:
         meta = []
@@ -88,8 +102,21 @@ def _meta(q, qo, k, ko, cos, sin, unsqueeze_dim: int):
     return arr
 
 
-_ARGS = [_lib.I32, _lib.I32, _lib.I32, _lib.I64, _lib.I64, _lib.PTR, _lib.PTR, _lib.PTR, _lib.PTR, _lib.PTR, _lib.PTR,
-         ctypes.c_void_p, _lib.PTR]
+_ARGS = [
+    _lib.I32,
+    _lib.I32,
+    _lib.I32,
+    _lib.I64,
+    _lib.I64,
+    _lib.PTR,
+    _lib.PTR,
+    _lib.PTR,
+    _lib.PTR,
+    _lib.PTR,
+    _lib.PTR,
+    ctypes.c_void_p,
+    _lib.PTR,
+]
 
 
 def _launch(backward: bool, q_in, k_in, q_out, k_out, cos, sin, unsqueeze_dim: int) -> None:
@@ -100,9 +127,20 @@ def _launch(backward: bool, q_in, k_in, q_out, k_out, cos, sin, unsqueeze_dim: i
         sin = sin.contiguous()
     arr = _meta(q_in, q_out, k_in, k_out, cos, sin, unsqueeze_dim)
     C.fn("opslot_rope", _ARGS)(
-        1 if backward else 0, _lib.DTYPE_CODES[q_in.dtype], _lib.DTYPE_CODES[cos.dtype], q_in.shape[-1],
-        cos.shape[-1], C.ptr(cos), C.ptr(sin), C.ptr(q_in), C.ptr(q_out), C.ptr(k_in), C.ptr(k_out),
-        ctypes.addressof(arr), C.stream(q_in))
+        1 if backward else 0,
+        _lib.DTYPE_CODES[q_in.dtype],
+        _lib.DTYPE_CODES[cos.dtype],
+        q_in.shape[-1],
+        cos.shape[-1],
+        C.ptr(cos),
+        C.ptr(sin),
+        C.ptr(q_in),
+        C.ptr(q_out),
+        C.ptr(k_in),
+        C.ptr(k_out),
+        ctypes.addressof(arr),
+        C.stream(q_in),
+    )
 
 
 def _last_contiguous(t: torch.Tensor) -> torch.Tensor:
@@ -110,8 +148,9 @@ def _last_contiguous(t: torch.Tensor) -> torch.Tensor:
 
 
 @torch.library.custom_op("opslot::rope_fwd", mutates_args=())
-def rope_fwd(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-             unsqueeze_dim: int) -> Tuple[torch.Tensor, torch.Tensor]:
+def rope_fwd(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int
+) -> Tuple[torch.Tensor, torch.Tensor]:
     """(q_embed, k_embed), each with the memory layout of its input (torch.empty_like)."""
     _check(q, k, cos, sin, unsqueeze_dim)
     q, k = _last_contiguous(q), _last_contiguous(k)
@@ -127,8 +166,9 @@ def _rope_fwd_fake(q, k, cos, sin, unsqueeze_dim):
 
 
 @torch.library.custom_op("opslot::rope_bwd", mutates_args=())
-def rope_bwd(grad_q: torch.Tensor, grad_k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-             unsqueeze_dim: int) -> Tuple[torch.Tensor, torch.Tensor]:
+def rope_bwd(
+    grad_q: torch.Tensor, grad_k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int
+) -> Tuple[torch.Tensor, torch.Tensor]:
     """Gradients of q and k from those of q_embed and k_embed."""
     _check(grad_q, grad_k, cos, sin, unsqueeze_dim)
     gq, gk = _last_contiguous(grad_q), _last_contiguous(grad_k)
@@ -166,11 +206,15 @@ rope_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 def _apply(q, k, cos, sin, unsqueeze_dim, full: bool):
     if full and cos.shape[-1] != q.shape[-1]:
-        raise ValueError(f"rotary_pos_emb/full: cos/sin have {cos.shape[-1]} features for a head dim of {q.shape[-1]} "
-                         "(use the partial variant)")
+        raise ValueError(
+            f"rotary_pos_emb/full: cos/sin have {cos.shape[-1]} features for a head dim of {q.shape[-1]} "
+            "(use the partial variant)"
+        )
     if torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad):
-        raise ValueError("rotary_pos_emb (cuda): cos/sin require grad, but this kernel computes no gradient for "
-                         "them; compute cos/sin under torch.no_grad() (as HF does) or use 'torch'/'eager'")
+        raise ValueError(
+            "rotary_pos_emb (cuda): cos/sin require grad, but this kernel computes no gradient for "
+            "them; compute cos/sin under torch.no_grad() (as HF does) or use 'torch'/'eager'"
+        )
     return torch.ops.opslot.rope_fwd(q, k, cos, sin, int(unsqueeze_dim))
 
 

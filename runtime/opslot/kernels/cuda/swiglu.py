@@ -10,8 +10,7 @@ from typing import Any, Tuple
 import torch
 
 from ..torch_ops import _check_silu
-from . import _lib
-from . import _ops_common as C
+from . import _lib, _ops_common as C
 
 C.require_library_on_cuda_machines()
 
@@ -22,8 +21,10 @@ _BWD_ARGS = [_lib.I32, _lib.I64, _lib.PTR, _lib.PTR, _lib.PTR, _lib.PTR, _lib.PT
 def _check(gate: torch.Tensor, up: torch.Tensor) -> None:
     C.check_float(gate, "silu_mul")
     if gate.shape != up.shape or gate.dtype != up.dtype:
-        raise ValueError(f"silu_mul: gate {tuple(gate.shape)} {gate.dtype} and up {tuple(up.shape)} {up.dtype} "
-                         "must match in shape and dtype")
+        raise ValueError(
+            f"silu_mul: gate {tuple(gate.shape)} {gate.dtype} and up {tuple(up.shape)} {up.dtype} "
+            "must match in shape and dtype"
+        )
 
 
 @torch.library.custom_op("opslot::silu_mul", mutates_args=())
@@ -33,8 +34,9 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     C.prepare(gate)
     g, u = gate.contiguous(), up.contiguous()
     out = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
-    C.fn("opslot_silu_mul_fwd", _FWD_ARGS)(_lib.DTYPE_CODES[g.dtype], g.numel(), C.ptr(g), C.ptr(u), C.ptr(out),
-                                           C.stream(g))
+    C.fn("opslot_silu_mul_fwd", _FWD_ARGS)(
+        _lib.DTYPE_CODES[g.dtype], g.numel(), C.ptr(g), C.ptr(u), C.ptr(out), C.stream(g)
+    )
     return out
 
 
@@ -52,8 +54,9 @@ def silu_mul_bwd(grad: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> Tu
     g, u, d = gate.contiguous(), up.contiguous(), grad.to(gate.dtype).contiguous()
     dg = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
     du = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
-    C.fn("opslot_silu_mul_bwd", _BWD_ARGS)(_lib.DTYPE_CODES[g.dtype], g.numel(), C.ptr(g), C.ptr(u), C.ptr(d),
-                                           C.ptr(dg), C.ptr(du), C.stream(g))
+    C.fn("opslot_silu_mul_bwd", _BWD_ARGS)(
+        _lib.DTYPE_CODES[g.dtype], g.numel(), C.ptr(g), C.ptr(u), C.ptr(d), C.ptr(dg), C.ptr(du), C.stream(g)
+    )
     return dg, du
 
 
