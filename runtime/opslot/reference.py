@@ -100,12 +100,19 @@ def for_causal_lm_loss(
     return fixed_cross_entropy(logits, shift_labels, num_items_in_batch, ignore_index, **kwargs)
 
 
+def text_config(config: Any) -> Any:
+    """The language model's config: a multimodal config's text sub-config (`get_text_config()`, where
+    the vocabulary and the logit softcapping of a `*ForConditionalGeneration` live), else `config`."""
+    get = getattr(config, "get_text_config", None)
+    return get() if callable(get) else config
+
+
 def cross_entropy_causal(module: Any, hidden_states: torch.Tensor, labels: Optional[torch.Tensor], **kwargs):
     """`*ForCausalLM.forward` from `logits = self.lm_head(...)` through the loss: `(logits, loss)`."""
     logits = module.lm_head(hidden_states)
     loss = None
     if labels is not None:
-        loss = for_causal_lm_loss(logits, labels, vocab_size=module.config.vocab_size, **kwargs)
+        loss = for_causal_lm_loss(logits, labels, vocab_size=text_config(module.config).vocab_size, **kwargs)
     return logits, loss
 
 

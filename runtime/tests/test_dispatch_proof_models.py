@@ -2,9 +2,8 @@
 skipped when unset) generates the specs against the installed Transformers, tiny configs run one
 training step on the CPU, and the error or warning text and the binding plan are compared exactly.
 
-- Qwen3.5's multimodal head: its `*Model` builds the text model with `AutoModel.from_config`, i.e.
-  upstream's classes: the norm, RoPE and MLP kernels never run; its forward never reaches the
-  causal-LM loss guard (in `Qwen3_5ForCausalLM.forward`);
+- Qwen3.5's multimodal head: every kernel runs (the spec builds its language model from the generated
+  text model, where upstream's `AutoModel.from_config` built Transformers' own, and guards its loss);
 - DeepSeek-V3 with `rope_interleave=True` (its default): the attention calls the interleaved RoPE,
   never the guarded `apply_rotary_pos_emb`;
 - Qwen3-MoE with every layer sparse: the dense-MLP swiglu slot is "not used by this model", no error;
@@ -146,50 +145,25 @@ DENSE_TORCH = {
 UP_QWEN3_5 = "transformers.models.qwen3_5.modeling_qwen3_5"
 
 
-def test_qwen3_5_multimodal_head_runs_none_of_its_kernels(generated):
+def test_qwen3_5_multimodal_head_runs_every_kernel(generated):
+    """The spec builds the multimodal model's language model from the generated Qwen3_5TextModel (upstream:
+    AutoModel.from_config, i.e. Transformers' own classes, which ran none of these kernels) and guards the
+    head's causal-LM loss, whose vocabulary is in the text config."""
     module = generated("qwen3_5")
     config = transformers.Qwen3_5Config(text_config=QWEN3_5_TEXT, vision_config=QWEN3_5_VISION)
     model = build(config, DENSE_TORCH, module, "Qwen3_5ForConditionalGeneration")
-    root = (
-        f"model.model.language_model is upstream's {UP_QWEN3_5}.Qwen3_5TextModel (a sub-model built by upstream "
-        f"code, e.g. AutoModel.from_config)"
-    )
-    with pytest.raises(UnreachedSlotError) as info:
-        step(model)
-    assert str(info.value) == "\n".join(
-        [
-            header("Qwen3_5ForConditionalGeneration", 4),
-            "  - causal_lm_loss_slot (cross_entropy_loss/causal -> 'torch', explicit): the guard is in "
-            "Qwen3_5ForCausalLM.forward, and this model is a Qwen3_5ForConditionalGeneration, whose forward computes its "
-            "output and loss with upstream code that has no guard (a multimodal *ForConditionalGeneration or a "
-            "classification head never calls Qwen3_5ForCausalLM.forward)",
-            f"  - rms_norm_slot (rms_norm/offset -> 'torch', explicit): {root}, so "
-            "model.model.language_model.layers.0.input_layernorm is upstream's Qwen3_5RMSNorm, not the generated class "
-            "whose Qwen3_5RMSNorm.forward holds the guard",
-            f"  - rope_slot (rotary_pos_emb/partial -> 'torch', explicit): {root}, so "
-            "model.model.language_model.layers.1.self_attn is upstream's Qwen3_5Attention, which calls upstream's "
-            "apply_rotary_pos_emb, not the generated one that holds the guard",
-            f"  - swiglu_mlp_slot (swiglu_mlp/standard -> 'torch', explicit): {root}, so "
-            "model.model.language_model.layers.0.mlp is upstream's Qwen3_5MLP, not the generated class whose "
-            "Qwen3_5MLP.forward holds the guard",
-            FOOTER.format(ops="'cross_entropy_loss', 'rms_norm', 'rotary_pos_emb', 'swiglu_mlp'"),
-        ]
-    )
+    step(model)
     assert plan_rows(model) == (
         "  slot                               op/variant                                  impl   why       dispatch\n"
         "  causal_conv1d_slot                 causal_conv1d/standard                      eager  default   -\n"
-        "  causal_lm_loss_slot                cross_entropy_loss/causal                   torch  explicit  "
-        "not reached\n"
+        "  causal_lm_loss_slot                cross_entropy_loss/causal                   torch  explicit  ran\n"
         "  chunk_gated_delta_rule_slot        chunk_gated_delta_rule/standard             eager  default   -\n"
         "  rms_norm_gated_slot                rms_norm_gated/standard                     eager  default   -\n"
-        "  rms_norm_slot                      rms_norm/offset                             torch  explicit  "
-        "not reached\n"
-        "  rope_slot                          rotary_pos_emb/partial                      torch  explicit  "
-        "not reached\n"
+        "  rms_norm_slot                      rms_norm/offset                             torch  explicit  ran\n"
+        "  rope_slot                          rotary_pos_emb/partial                      torch  explicit  ran\n"
         "  sequence_classification_loss_slot  cross_entropy_loss/sequence_classification  torch  explicit  "
         "not used by this model\n"
-        "  swiglu_mlp_slot                    swiglu_mlp/standard                         torch  explicit  "
-        "not reached\n"
+        "  swiglu_mlp_slot                    swiglu_mlp/standard                         torch  explicit  ran\n"
         "  attention: sdpa (config._attn_implementation)"
     )
 

@@ -87,7 +87,7 @@ def _check_silu(module: Any, op: str) -> None:
 
 def check_no_softcapping(module: Any) -> None:
     """Refuse causal-LM heads that soft-cap their logits (Gemma): the loss would silently differ."""
-    cap = getattr(getattr(module, "config", None), "final_logit_softcapping", None)
+    cap = getattr(reference.text_config(getattr(module, "config", None)), "final_logit_softcapping", None)
     if cap is not None:
         raise ValueError(f"cross_entropy_loss/causal kernels do not apply final_logit_softcapping ({cap}); use 'eager'")
 
@@ -104,7 +104,8 @@ def cross_entropy_causal(module: Any, hidden_states: torch.Tensor, labels: Optio
     logits = module.lm_head(hidden_states)
     if labels is None:
         return logits, None
-    return logits, reference.for_causal_lm_loss(logits, labels, vocab_size=module.config.vocab_size, **kwargs)
+    vocab = reference.text_config(module.config).vocab_size  # a multimodal head's is in its text config
+    return logits, reference.for_causal_lm_loss(logits, labels, vocab_size=vocab, **kwargs)
 
 
 def cross_entropy_sequence_classification(logits=None, labels=None, pooled_logits=None, config=None, **kwargs):

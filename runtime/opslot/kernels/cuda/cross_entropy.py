@@ -354,7 +354,7 @@ def cross_entropy_causal(
         raise ValueError(
             "cross_entropy_loss/causal (cuda) does not support an lm_head with a bias; use 'torch_chunked'"
         )
-    vocab = getattr(getattr(module, "config", None), "vocab_size", weight.shape[0])
+    vocab = getattr(reference.text_config(getattr(module, "config", None)), "vocab_size", weight.shape[0])
     if vocab != weight.shape[0]:
         raise ValueError(f"config.vocab_size={vocab} but lm_head.weight has {weight.shape[0]} rows")
     if shift_labels is None:
