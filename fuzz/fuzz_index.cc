@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "base/unicode_nfkc.h"
 #include "fuzz_common.h"
 #include "parser/index_printer.h"
 #include "parser/py_module.h"
@@ -47,7 +48,9 @@ void CheckIndex(const PyModule& m) {
     CheckInside(d.definition, d.header, "header", d.qualname);
     CheckInside(d.definition, d.body, "body", d.qualname);
     CheckInside(d.header, d.name_range, "name", d.qualname);
-    if (m.Text(d.name_range) != d.name) Fail("name range does not hold the name", d.qualname);
+    // The index keeps names as Python compares them (NFKC); the range keeps upstream's bytes.
+    if (patchgen::IdentifierKey(m.Text(d.name_range)) != d.name)
+      Fail("name range does not hold the name", d.qualname);
     if (d.docstring) CheckInside(d.body, *d.docstring, "docstring", d.qualname);
     if (m.Find(d.qualname) == nullptr) Fail("Find() misses a definition", d.qualname);
     for (const Definition* r : m.Redefinitions(d)) {

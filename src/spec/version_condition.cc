@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <climits>
 
 namespace patchgen::spec {
 namespace {
@@ -78,7 +79,9 @@ std::vector<int> ParseVersion(std::string_view version) {
   while (i < version.size() && std::isdigit(static_cast<unsigned char>(version[i]))) {
     int v = 0;
     while (i < version.size() && std::isdigit(static_cast<unsigned char>(version[i]))) {
-      v = v * 10 + (version[i] - '0');
+      // Saturate instead of overflowing: a component this long is no release number, and any
+      // value above every real one compares the same way.
+      v = v > (INT_MAX - 9) / 10 ? INT_MAX : v * 10 + (version[i] - '0');
       ++i;
     }
     out.push_back(v);

@@ -1,6 +1,7 @@
 #include "spec/version_condition.h"
 
 #include <catch2/catch.hpp>
+#include <climits>
 
 using patchgen::spec::CheckVersionCondition;
 using patchgen::spec::ParseVersion;
@@ -31,4 +32,6 @@ TEST_CASE("version conditions that cannot be evaluated", "[version]") {
   CHECK_FALSE(CheckVersionCondition(">=5.17,<5.23").has_value());
   CHECK(ParseVersion("5.23.0") == std::vector<int>{5, 23, 0});
   CHECK(ParseVersion("unknown").empty());
+  // A component too long for an int saturates (found by fuzz_spec: it overflowed).
+  CHECK(ParseVersion("11111111111111111111.2") == std::vector<int>{INT_MAX, 2});
 }
