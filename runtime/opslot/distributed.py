@@ -173,24 +173,31 @@ def experts_modules(model: nn.Module) -> List[nn.Module]:
     return [m for m in model.modules() if is_experts_module(m) or hasattr(m, "_opslot_ep")]
 
 
-_EP_CLASSES: Dict[type, type] = {}
+_SUBCLASSES: Dict[tuple, type] = {}
+
+
+def forward_subclass(cls: type, prefix: str, forward: Any, base_attr: str) -> type:
+    """`<prefix><cls>`: a subclass of `cls` (one per class and prefix, cached) whose forward is
+    `forward`, with the original class in `base_attr`; a module made parallel gets it as `__class__`
+    (expert parallelism: `ExpertParallel*`; sequence parallelism: `SequenceParallel*`)."""
+    sub = _SUBCLASSES.get((cls, prefix))
+    if sub is None:
+        sub = type(
+            f"{prefix}{cls.__name__}",
+            (cls,),
+            {
+                "forward": forward,
+                base_attr: cls,
+                "__module__": cls.__module__,
+                "__qualname__": f"{prefix}{cls.__qualname__}",
+            },
+        )
+        _SUBCLASSES[(cls, prefix)] = sub
+    return sub
 
 
 def _ep_class(cls: type) -> type:
-    ep_cls = _EP_CLASSES.get(cls)
-    if ep_cls is None:
-        ep_cls = type(
-            f"ExpertParallel{cls.__name__}",
-            (cls,),
-            {
-                "forward": _ep_forward,
-                "_opslot_ep_base": cls,
-                "__module__": cls.__module__,
-                "__qualname__": f"ExpertParallel{cls.__qualname__}",
-            },
-        )
-        _EP_CLASSES[cls] = ep_cls
-    return ep_cls
+    return forward_subclass(cls, "ExpertParallel", _ep_forward, "_opslot_ep_base")
 
 
 def shard_experts(

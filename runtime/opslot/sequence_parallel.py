@@ -56,7 +56,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from .distributed import _all_to_all, _gather_ints, _group_of, all_to_all
+from .distributed import _all_to_all, _gather_ints, _group_of, all_to_all, forward_subclass
 from .slot import OpSlot
 
 #: The attention implementation name under which the SP wrapper is registered.
@@ -425,24 +425,8 @@ def _slots_of(module: nn.Module, ops: Tuple[str, ...]) -> Dict[str, OpSlot]:
 
 
 # -- making a model sequence-parallel ---------------------------------------------------------------
-_SP_CLASSES: Dict[type, type] = {}
-
-
 def _sp_class(cls: type) -> type:
-    sp_cls = _SP_CLASSES.get(cls)
-    if sp_cls is None:
-        sp_cls = type(
-            f"SequenceParallel{cls.__name__}",
-            (cls,),
-            {
-                "forward": _sp_forward,
-                "_opslot_sp_base": cls,
-                "__module__": cls.__module__,
-                "__qualname__": f"SequenceParallel{cls.__qualname__}",
-            },
-        )
-        _SP_CLASSES[cls] = sp_cls
-    return sp_cls
+    return forward_subclass(cls, "SequenceParallel", _sp_forward, "_opslot_sp_base")
 
 
 def _attention_modules(model: nn.Module) -> List[nn.Module]:
