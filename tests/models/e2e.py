@@ -28,7 +28,9 @@ specs/<model>/ folder must have a case below. Then, for every model:
      logits are the fp32 linear of the router's input, the routing weights bf16, the loss finite;
   6. NPU sibling: generates, imports, declares the GPU slots minus the ones it removes, binds with
      the NPU defaults (pretending to be an NPU machine; a fake `torch_npu` is installed when the
-     real one is missing) and, run eagerly here, equals upstream.
+     real one is missing) and, run eagerly here, equals upstream; then it runs with the NPU defaults
+     on a simulated NPU (runtime/tests/fake_torch_npu.py computes each torch_npu operator's math):
+     logits close to upstream's, a training step, every bound slot ran.
 One model's failure is reported and the others continue; the exit status is 1 if any failed.
 The per-model table is printed and written to $OUT (e2e.md, e2e.csv, e2e.json).
 
@@ -947,7 +949,43 @@ def check_npu(case, args, config, gpu_slots, state, inputs, up_logits, device, r
             f"NPU file, eager on {device.type}: logits differ (max abs {max_abs_diff(logits, up_logits):.3g})"
         )
     npu_kernels = sorted(f"{op}:{impl}" for (op, _), impl in chosen.items() if impl != "eager")
-    return f"{len(slots)} slots, NPU defaults {'/'.join(npu_kernels) or 'eager'}, eager equal={torch.equal(logits, up_logits)}"
+    ran = run_npu_defaults(case, config, module, state, inputs, up_logits, device, res) if npu_kernels else ""
+    return (
+        f"{len(slots)} slots, NPU defaults {'/'.join(npu_kernels) or 'eager'}, "
+        f"eager equal={torch.equal(logits, up_logits)}{ran}"
+    )
+
+
+def run_npu_defaults(case, config, module, state, inputs, up_logits, device, res) -> str:
+    """The NPU file with the NPU defaults on a simulated NPU: runtime/tests/fake_torch_npu.py's
+    torch_npu computes each operator's math on the CPU (installed after Transformers is imported, which
+    probes for it). Logits close to upstream's, a training step, every bound slot ran."""
+    from opslot import DeviceInfo, build_model, use_device
+
+    spec = importlib.util.spec_from_file_location("fake_torch_npu", ROOT / "runtime" / "tests" / "fake_torch_npu.py")
+    fake_mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fake_mod)
+    fake = fake_mod.make_fake_torch_npu()
+    saved = sys.modules.get("torch_npu")
+    sys.modules["torch_npu"] = fake
+    try:
+        with use_device(DeviceInfo("npu")):
+            model = build_model(config, module=module, model_class=case.causal_lm)
+            model.load_state_dict(state, strict=True)
+            model.to(device).train()
+            out = model(**forward_kwargs(inputs, case.moe))
+            out.loss.backward()
+            res.errors.extend(dispatch_errors(model, "NPU defaults"))
+    finally:
+        if saved is None:
+            sys.modules.pop("torch_npu", None)
+        else:
+            sys.modules["torch_npu"] = saved
+    err = max_abs_diff(out.logits.detach(), up_logits)
+    if not torch.allclose(out.logits.detach(), up_logits, rtol=RTOL, atol=ATOL):
+        res.errors.append(f"NPU defaults on the simulated NPU: logits differ from upstream (max abs {err:.3g})")
+    called = sorted({c[0] for c in fake.calls})
+    return f"; NPU defaults run on a simulated torch_npu ({', '.join(called)}): logits max abs err {err:.2e}"
 
 
 # -- report ---------------------------------------------------------------------------------------
