@@ -10,7 +10,9 @@ kernels):
 - every slot on `eager`: logits, loss and every parameter gradient torch.equal to upstream's head
   with the same weights;
 - every slot on opslot's `torch` (or `cuda`) kernels: within e2e's tolerance, and the proof of
-  dispatch says every text-model slot and the loss slot "ran".
+  dispatch says every text-model slot and the loss slot "ran";
+- Qwen3.5 / Qwen3.5-MoE: a packed row through the head gives the documents' summed loss (the head
+  masks the label at each document's first token, as `*ForCausalLM` does).
 
 Run: `python -m pytest tests/models/test_multimodal_heads.py` (ctest `real_models_multimodal_heads`).
 """
@@ -168,3 +170,34 @@ def test_multimodal_head_runs_the_kernels(key, impl, heads, device):
             continue
         assert st == "ran", f"{key}: {slot} is {st!r}"
     assert status["causal_lm_loss_slot"] == "ran"
+
+
+@pytest.mark.parametrize("key", ["qwen3_5", "qwen3_5_moe"])
+def test_packed_row_through_the_multimodal_head(key, heads, device):
+    """A packed row (position ids restarting per document, labels the ids themselves) through the
+    multimodal head: the loss summed over targets equals the documents' summed losses — the head masks
+    the label at each document's first token, the text model keeps the documents apart."""
+    from opslot import build_model
+
+    module, slots, config, upstream = heads(key)
+    ops = dict(e2e.ops_for(slots, "cuda" if device.type == "cuda" else "torch"), attn_implementation="opslot_varlen")
+    model = build_model(copy.deepcopy(config), ops=ops, module=module, model_class=HEAD[key], allow_unreached=True)
+    model.load_state_dict(upstream.state_dict(), strict=True)
+    model.to(device)
+    lengths = [7, 1, 5]
+    ids = torch.randint(
+        1, config.get_text_config().vocab_size, (1, sum(lengths)), generator=torch.Generator().manual_seed(3)
+    )
+    ids = ids.to(device)
+    positions = torch.cat([torch.arange(n) for n in lengths])[None].to(device)
+    with torch.no_grad():
+        packed = model(input_ids=ids, position_ids=positions, labels=ids, use_cache=False).loss * sum(
+            n - 1 for n in lengths
+        )
+        alone, start = torch.zeros((), device=device), 0
+        for n in lengths:
+            if n > 1:
+                doc = ids[:, start : start + n]
+                alone = alone + model(input_ids=doc, labels=doc, use_cache=False).loss * (n - 1)
+            start += n
+    torch.testing.assert_close(packed, alone, rtol=1e-4, atol=1e-4)
