@@ -2,7 +2,7 @@
 """Peak extra GPU memory and time of the chunked fused linear + cross-entropy vs eager.
 
 eager:   logits = hidden @ W.T (bf16) -> .float() -> F.cross_entropy -> backward  (what HF does)
-chunked: opslot's torch_chunked kernel (fused_ce.linear_cross_entropy), never materialising logits
+chunked: opslot's torch_chunked kernel (fused_ce.chunked_linear_cross_entropy), never materialising logits
 
 Both run forward + backward on CUDA at M tokens, hidden size H, vocabulary V (default: M 16384,
 H 4096, V 151936, bf16). "Peak extra" is the peak allocated memory during one forward+backward
@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "runtime"))
-from opslot.kernels.fused_ce import default_chunk_size, linear_cross_entropy  # noqa: E402
+from opslot.kernels.fused_ce import chunked_linear_cross_entropy, tokens_per_chunk  # noqa: E402
 
 GIB = 1024**3
 
@@ -35,7 +35,7 @@ def eager(hidden, weight, labels):
 
 def chunked(chunk_size=None, fp32_weight_grad=True):
     def run(hidden, weight, labels):
-        return linear_cross_entropy(
+        return chunked_linear_cross_entropy(
             hidden, weight, None, labels, ignore_index=-100, chunk_size=chunk_size, fp32_weight_grad=fp32_weight_grad
         )
 
@@ -86,7 +86,7 @@ def main():
     labels = torch.randint(0, args.vocab, (args.tokens,), device=dev)
     labels[torch.rand(args.tokens, device=dev) < args.ignore_fraction] = -100
 
-    chunk = default_chunk_size(args.tokens, args.hidden, args.vocab)
+    chunk = tokens_per_chunk(args.tokens, args.hidden, args.vocab)
     variants = [
         ("eager", eager, ""),
         ("torch_chunked", chunked(), chunk),  # what the registered kernel runs

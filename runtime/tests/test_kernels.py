@@ -212,7 +212,9 @@ def test_linear_cross_entropy_chunk_sizes_agree(dtype):
     results = []
     for chunk in (1, 4, 11):
         h, w = leaf(h0, "cpu", dtype), leaf(w0, "cpu", dtype)
-        outs, grads = forward_backward(lambda: fused_ce.linear_cross_entropy(h, w, None, t, chunk_size=chunk), [h, w])
+        outs, grads = forward_backward(
+            lambda: fused_ce.chunked_linear_cross_entropy(h, w, None, t, chunk_size=chunk), [h, w]
+        )
         results.append((outs[0], grads))
     for loss, grads in results[1:]:
         assert_close(loss, results[0][0], dtype, "loss")
@@ -228,7 +230,8 @@ def test_linear_cross_entropy_weight_grad_in_weight_dtype(device, dtype):
     for fp32_acc in (True, False):
         h, w = leaf(h0, device, dtype), leaf(w0, device, dtype)
         outs, grads = forward_backward(
-            lambda: fused_ce.linear_cross_entropy(h, w, None, t, chunk_size=3, fp32_weight_grad=fp32_acc), [h, w]
+            lambda: fused_ce.chunked_linear_cross_entropy(h, w, None, t, chunk_size=3, fp32_weight_grad=fp32_acc),
+            [h, w],
         )
         results.append((outs[0], grads))
     assert_close(results[1][0], results[0][0], dtype, "loss")
@@ -238,9 +241,9 @@ def test_linear_cross_entropy_weight_grad_in_weight_dtype(device, dtype):
 
 
 def test_linear_cross_entropy_default_chunk_size(dtype):
-    assert fused_ce.default_chunk_size(16384, 4096, 151936) == 512
-    assert fused_ce.default_chunk_size(14, 16, 50) == 4
-    assert fused_ce.default_chunk_size(1, 4096, 151936) == 1
+    assert fused_ce.tokens_per_chunk(16384, 4096, 151936) == 512
+    assert fused_ce.tokens_per_chunk(14, 16, 50) == 4
+    assert fused_ce.tokens_per_chunk(1, 4096, 151936) == 1
 
 
 @pytest.mark.parametrize("problem", ["regression", "single_label_classification", "multi_label_classification"])

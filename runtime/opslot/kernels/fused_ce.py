@@ -20,8 +20,9 @@ import torch.nn.functional as F
 from .torch_ops import check_no_softcapping
 
 
-def default_chunk_size(tokens: int, hidden: int, vocab: int) -> int:
-    """Tokens per chunk: a power of two giving chunk logits about the size of the hidden states."""
+def tokens_per_chunk(tokens: int, hidden: int, vocab: int) -> int:
+    """Tokens per chunk: a power of two giving chunk logits about the size of the hidden states.
+    (Not the CUDA kernel's `kernels.cuda.cross_entropy.default_chunk_size`, which sizes by a memory budget.)"""
     per = max(1, math.ceil(tokens / max(1, math.ceil(vocab / hidden))))
     return 1 << (per - 1).bit_length()
 
@@ -85,7 +86,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         return scale(grad_h), scale(grad_w), scale(grad_b), None, None, None, None, None
 
 
-def linear_cross_entropy(
+def chunked_linear_cross_entropy(
     hidden: torch.Tensor,
     weight: torch.Tensor,
     bias: Optional[torch.Tensor],
@@ -107,7 +108,7 @@ def linear_cross_entropy(
     else:
         divisor = num_items_in_batch
     if chunk_size is None:
-        chunk_size = default_chunk_size(hidden.shape[0], hidden.shape[1], weight.shape[0])
+        chunk_size = tokens_per_chunk(hidden.shape[0], hidden.shape[1], weight.shape[0])
     if not torch.is_grad_enabled():  # skip the gradient work entirely
         hidden, weight = hidden.detach(), weight.detach()
         bias = bias.detach() if bias is not None else None
@@ -125,14 +126,14 @@ def cross_entropy_causal_chunked(
     **kwargs,
 ):
     """`(logits, loss)` for a `*ForCausalLM`; with labels, `logits` is None and the loss comes from
-    `linear_cross_entropy` over `module.lm_head` (HF shift and ignore_index semantics)."""
+    `chunked_linear_cross_entropy` over `module.lm_head` (HF shift and ignore_index semantics)."""
     check_no_softcapping(module)
     lm_head = module.lm_head
     if labels is None and shift_labels is None:
         return lm_head(hidden_states), None
     if shift_labels is None:
         shift_labels = F.pad(labels, (0, 1), value=ignore_index)[..., 1:]
-    loss = linear_cross_entropy(
+    loss = chunked_linear_cross_entropy(
         hidden_states,
         lm_head.weight,
         lm_head.bias,
