@@ -30,9 +30,9 @@ _check_torch(_torch.__version__)
 from . import auto, compat, hf, loss_hook, models  # noqa: F401  (opslot.auto, opslot.hf, ...)
 from .auto import AutoModel, AutoModelForCausalLM, AutoModelForImageTextToText, GeneratedModuleError
 from .binding import bind_ops, build_model, load_private_copy, module_slots
-from .config import CUDA_DEFAULTS, FIELD_FOR_OP, FORCE_ENV, NPU_DEFAULTS, OpsImplementationConfig
 from .config_slot import ConfigSlot
 from .copies import install_finder as _install_finder, is_instance, release_unused_copies
+from .device_defaults import CUDA_DEFAULTS, NPU_DEFAULTS
 from .dispatch import (
     DispatchReport,
     UnreachedSlotError,
@@ -41,11 +41,13 @@ from .dispatch import (
     dispatch_report,
     watch_dispatch,
 )
+from .force_override import FORCE_ENV
 from .hardware import DeviceInfo, HardwareRequirement, current_device, set_device_detector, use_device
 from .kernels import register_builtin_kernels
 from .loss_hook import CausalLMLoss, CausalLMLossHandle, install_causal_lm_loss, installed_causal_lm_loss
 from .models import MODELS, UnsupportedModelError
-from .ops import EAGER, KNOWN_OPS
+from .ops import EAGER, FIELD_FOR_OP, KNOWN_OPS
+from .ops_config import OpsImplementationConfig
 from .plan import BindingPlan, PlanEntry, binding_plan, declared_config_slots, declared_slots
 from .registry import KERNEL_REGISTRY, PLUGIN_GROUP, KernelRegistry, KernelSpec, register_kernel
 from .slot import OpSlot

@@ -23,11 +23,14 @@ import warnings
 from collections.abc import Mapping
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
+from .attention_names import VARLEN_ATTN_IMPLEMENTATION
 from .checks import allowing_version_mismatch, check_model, check_module_upstream, import_generated, saved_ops
-from .config import FIELD_FOR_OP, OpsImplementationConfig, forced_impl_spec
 from .copies import LOCK, Pin, adopt, is_copy, named_binding, original_name, release_unused_copies, shared_copy
 from .dispatch import watch_dispatch
+from .force_override import forced_impl_spec
 from .hardware import DeviceInfo
+from .ops import FIELD_FOR_OP
+from .ops_config import OpsImplementationConfig
 from .plan import binding_plan, declared_config_slots, declared_slots, log_plan, logger
 from .registry import KERNEL_REGISTRY, KernelRegistry
 from .slot import OpSlot
@@ -413,11 +416,20 @@ def _config_copy(
     elif hasattr(hf_config, "ops_implementation_aliases"):
         del hf_config.ops_implementation_aliases
     attn = config.value("attn_implementation", device)
+    if attn == VARLEN_ATTN_IMPLEMENTATION:
+        _register_varlen_attention()
     if attn is not None:
         carry_dispatch(hf_config, "attn_implementation", attn)
     if moe_runs_kernel(slots, config, device, registry):
         carry_dispatch(hf_config, "experts_implementation", EXPERTS_EAGER)
     return hf_config
+
+
+def _register_varlen_attention() -> None:
+    """Register `opslot_varlen` with Transformers, which checks the name when the model is built."""
+    from .packing import register_attention  # imported here: it imports Transformers
+
+    register_attention()
 
 
 def carry_dispatch(hf_config: Any, name: str, value: str) -> None:

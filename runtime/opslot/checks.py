@@ -18,7 +18,7 @@ import types
 import warnings
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
-from .ops import EAGER
+from .ops import EAGER, FIELD_FOR_OP
 
 _SILU_NAMES = ("silu", "swish")
 
@@ -73,8 +73,6 @@ def model_refusal(op: str, variant: str, impl: str, hf_config: Any) -> Optional[
     reason = check(hf_config) if check is not None else None
     if reason is None:
         return None
-    from .config import FIELD_FOR_OP
-
     field = FIELD_FOR_OP.get(op, f"{op}_implementation")
     return f"{op}/{variant} kernel {impl!r} {reason}; set {field}: eager for this model"
 
@@ -88,7 +86,7 @@ def check_model(pairs: Iterable[Tuple[str, str, str]], hf_config: Any) -> None:
 
 def saved_ops(config: Any) -> Any:
     """`config.ops_implementation` as an OpsImplementationConfig (None when absent)."""
-    from .config import OpsImplementationConfig
+    from .ops_config import OpsImplementationConfig
 
     ops = getattr(config, "ops_implementation", None)
     if ops is None or isinstance(ops, OpsImplementationConfig):
@@ -120,8 +118,6 @@ def bind_from_config(slot: Any, config: Any, *, registry: Any = None, _depth: in
 
 
 def _mismatched_module_slots(ops: Any, slots: Dict[str, Any], registry: Any) -> List[str]:
-    from .config import FIELD_FOR_OP
-
     mismatched = []
     for name, value in sorted(slots.items()):
         if value.why == "direct" or value.op not in FIELD_FOR_OP:

@@ -20,13 +20,9 @@ otherwise run eager where the config says a kernel).
 from __future__ import annotations
 
 import difflib
-from typing import Any, Dict, Iterable, Optional, Set, Tuple
+from typing import Any, Iterable, Optional, Tuple
 
-#: Model-config attributes read by config slots: {attribute: names of the slots that read it}. The ops
-#: config's messages use it to tell such an attribute written in the ops section where it belongs.
-#: Seeded with the real-model specs' config slot (the MoE specs' `router_implementation`, so that it
-#: is known before any generated module is imported); every ConfigSlot created adds its own.
-CONFIG_ATTRIBUTES: Dict[str, Set[str]] = {"router_implementation": set()}
+from .config_attributes import CONFIG_ATTRIBUTES  # every ConfigSlot adds the attribute it reads
 
 
 class ConfigSlot:

@@ -46,9 +46,8 @@ from typing import Any, Dict, Iterable, List, Optional, Set, Tuple, Union
 
 import torch
 
-from .config import FIELD_FOR_OP
 from .copies import original_name, slots_of_class
-from .ops import KNOWN_OPS
+from .ops import FIELD_FOR_OP, KNOWN_OPS
 from .slot import OpSlot
 
 logger = logging.getLogger("opslot")

@@ -152,7 +152,7 @@ def resolve_kernel(impl: str, registry: Optional[KernelRegistry] = None) -> Call
         )
     reason = spec.hardware.unmet_reason()
     if reason is None and impl == "cuda":
-        from . import config as _config
+        from . import device_defaults as _config
 
         reason = _config.cuda_kernels_unavailable_reason()
     if reason is not None:

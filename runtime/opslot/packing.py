@@ -26,7 +26,7 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
-from .config import VARLEN_ATTN_IMPLEMENTATION as ATTN_IMPLEMENTATION
+from .attention_names import VARLEN_ATTN_IMPLEMENTATION as ATTN_IMPLEMENTATION
 
 #: Head dimensions PyTorch's FlashAttention kernels take (a multiple of 8, at most 256).
 MAX_FLASH_HEAD_DIM = 256

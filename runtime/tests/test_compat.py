@@ -28,8 +28,9 @@ from opslot import (
     declared_slots,
     use_device,
 )
-from opslot.config import _suggest_value, moe_config_values
+from opslot.choice import moe_config_values
 from opslot.dispatch import watch_dispatch
+from opslot.suggestions import suggest_value as _suggest_value
 
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "migration.md"

@@ -12,7 +12,7 @@ from opslot import (
     register_builtin_kernels,
     use_device,
 )
-from opslot.config import CPU_DEFAULTS, set_cuda_kernels_check
+from opslot.device_defaults import CPU_DEFAULTS, set_cuda_kernels_check
 
 NPU = DeviceInfo("npu")
 H200 = DeviceInfo("cuda", (9, 0))
@@ -133,7 +133,7 @@ def test_cuda_library_check_is_lazy_and_cached(monkeypatch):
             cfg.impl_for("rms_norm")
         assert calls == []  # never asked off CUDA machines
         set_cuda_kernels_check(None)
-        import opslot.config as config_module
+        import opslot.device_defaults as config_module
         import opslot.kernels.cuda._lib as lib_module
 
         monkeypatch.setattr(lib_module, "unavailable_reason", check)
@@ -205,3 +205,20 @@ def test_validate_reports_every_problem_at_once():
 def test_to_dict_keeps_only_explicit_fields():
     assert OpsImplementationConfig(attn_implementation="sdpa").to_dict() == {"attn_implementation": "sdpa"}
     assert OpsImplementationConfig().to_dict() == {}
+
+
+def test_the_config_fields_are_the_ops_fields():
+    import dataclasses
+
+    from opslot.ops import CONFIG_FIELDS
+
+    assert tuple(f.name for f in dataclasses.fields(OpsImplementationConfig)) == CONFIG_FIELDS
+
+
+def test_the_old_config_module_keeps_only_the_library_probe():
+    import opslot.config
+    import opslot.device_defaults
+
+    assert opslot.config.cuda_kernels_unavailable_reason is opslot.device_defaults.cuda_kernels_unavailable_reason
+    with pytest.raises(AttributeError, match=r"the ops config is opslot.ops_config"):
+        opslot.config.OpsImplementationConfig  # noqa: B018

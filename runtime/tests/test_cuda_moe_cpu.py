@@ -21,8 +21,8 @@ if not hasattr(torch.library, "custom_op"):
 
 from opslot import reference  # noqa: E402
 from opslot.binding import build_model, moe_runs_kernel  # noqa: E402
-from opslot.config import OpsImplementationConfig  # noqa: E402
 from opslot.kernels.cuda import moe  # noqa: E402
+from opslot.ops_config import OpsImplementationConfig  # noqa: E402
 
 
 # -- routing ---------------------------------------------------------------------------------

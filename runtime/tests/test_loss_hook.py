@@ -107,7 +107,7 @@ def emulated_cuda(monkeypatch):
     """A CUDA machine whose kernel library 'loads', with the two kernel launches run on the CPU."""
     backend = EmulatedBackend()
     monkeypatch.setattr(ce, "_backend", backend)
-    monkeypatch.setattr(opslot.config, "cuda_kernels_unavailable_reason", lambda: None)
+    monkeypatch.setattr(opslot.device_defaults, "cuda_kernels_unavailable_reason", lambda: None)
     with opslot.use_device(opslot.DeviceInfo("cuda", (9, 0))):
         yield backend
 
@@ -362,7 +362,9 @@ def test_impl_refusals():
 
 
 def test_cuda_kernel_library_missing_is_refused_at_install(monkeypatch):
-    monkeypatch.setattr(opslot.config, "cuda_kernels_unavailable_reason", lambda: "libopslot_kernels.so not found")
+    monkeypatch.setattr(
+        opslot.device_defaults, "cuda_kernels_unavailable_reason", lambda: "libopslot_kernels.so not found"
+    )
     with opslot.use_device(opslot.DeviceInfo("cuda", (9, 0))):
         with pytest.raises(RuntimeError, match="cannot run here: libopslot_kernels.so not found"):
             install_causal_lm_loss("cuda")
@@ -443,7 +445,7 @@ def test_softcapping_is_not_refused_the_hook_sees_capped_logits():
 def _real_cuda_or_skip():
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
-    reason = opslot.config.cuda_kernels_unavailable_reason()
+    reason = opslot.device_defaults.cuda_kernels_unavailable_reason()
     if reason is not None:
         pytest.skip(f"opslot's cuda kernels cannot run here: {reason}")
     return opslot.DeviceInfo("cuda", torch.cuda.get_device_capability())

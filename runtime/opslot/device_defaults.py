@@ -1,0 +1,85 @@
+"""Device defaults: the implementation an ops-config field left unset takes on this machine.
+
+On CPU every default is "eager" (`attn_implementation` unset: the model config's own choice). On a
+CUDA machine where opslot's CUDA kernel library (libopslot_kernels.so, docs/kernels.md) loads and
+runs on the current device, the `cuda` kernels of `CUDA_DEFAULTS`; where it does not, the CPU
+defaults. The library probe (`cuda_kernels_unavailable_reason`) runs lazily, once, and only on CUDA
+machines. On NPU, the NPU kernels of `NPU_DEFAULTS`. A default that has no kernel for a slot's
+variant falls back to eager (opslot.choice); an explicit value never does.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional, Tuple
+
+from .hardware import DeviceInfo, current_device
+from .ops import EAGER, FIELD_FOR_OP
+
+#: Defaults on CPU machines: the upstream code. attn None keeps the model config's choice.
+CPU_DEFAULTS: Dict[str, Optional[str]] = {f: EAGER for f in FIELD_FOR_OP.values()}
+CPU_DEFAULTS["attn_implementation"] = None
+
+#: Defaults on CUDA machines whose kernel library loads (`cuda_kernels_unavailable_reason()` is
+#: None): opslot's CUDA kernels; where the library is unavailable, the CPU defaults (eager).
+CUDA_DEFAULTS: Dict[str, Optional[str]] = dict(
+    CPU_DEFAULTS,
+    rms_norm_implementation="cuda",
+    rms_norm_gated_implementation="cuda",
+    rotary_pos_emb_implementation="cuda",
+    swiglu_mlp_implementation="cuda",
+    load_balancing_loss_implementation="cuda",
+    cross_entropy_loss_implementation="cuda",
+    moe_implementation="fused_cuda",
+    causal_conv1d_implementation="cuda",
+    chunk_gated_delta_rule_implementation="cuda",
+)
+
+#: Defaults on NPU machines, applied to fields the user did not set.
+NPU_DEFAULTS: Dict[str, Optional[str]] = dict(
+    CPU_DEFAULTS,
+    rms_norm_implementation="npu",
+    rotary_pos_emb_implementation="npu",
+    swiglu_mlp_implementation="npu",
+    moe_implementation="fused_npu",
+)
+
+_cuda_kernels_reason: Optional[Tuple[Optional[str]]] = None
+
+
+def cuda_kernels_unavailable_reason() -> Optional[str]:
+    """None when libopslot_kernels loads and runs on the current CUDA device, else why not.
+    Checked once (lazily: nothing is loaded until a CUDA default is asked for), then cached."""
+    global _cuda_kernels_reason
+    if _cuda_kernels_reason is None:
+        try:  # imported here: loading the kernel library is the probe, done only when asked
+            from .kernels.cuda._lib import unavailable_reason
+
+            reason = unavailable_reason()
+        except Exception as exc:  # a broken install is "unavailable", with its reason
+            reason = f"{type(exc).__name__}: {exc}"
+        _cuda_kernels_reason = (reason,)
+    return _cuda_kernels_reason[0]
+
+
+def set_cuda_kernels_check(check: Optional[Any]) -> None:
+    """Replace the library check (a callable returning None or a reason; None restores the real
+    one and clears its cache). For tests."""
+    global _cuda_kernels_reason, cuda_kernels_unavailable_reason
+    _cuda_kernels_reason = None
+    if check is None:
+        cuda_kernels_unavailable_reason = _real_cuda_check
+    else:
+        cuda_kernels_unavailable_reason = check
+
+
+_real_cuda_check = cuda_kernels_unavailable_reason
+
+
+def device_defaults(device: Optional[DeviceInfo] = None) -> Dict[str, Optional[str]]:
+    """The defaults that apply on `device` (default: this machine)."""
+    device = device or current_device()
+    if device.type == "npu":
+        return NPU_DEFAULTS
+    if device.type == "cuda" and cuda_kernels_unavailable_reason() is None:
+        return CUDA_DEFAULTS
+    return CPU_DEFAULTS
