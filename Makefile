@@ -41,11 +41,12 @@ $(BUILD)/build.ninja: CMakeLists.txt | deps
 build: deps venv $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS)
 
-# libopslot_kernels.so (kernels/), also copied into the runtime package where opslot looks for it,
+# libopslot_kernels.so and libopslot_torch.so (kernels/, kernels/torch/), also copied into the
+# runtime package where opslot looks for them,
 # with the specs (opslot.auto generates modules from them outside a checkout: docs/auto.md).
 kernels: build
 	mkdir -p runtime/opslot/_native
-	cp $(BUILD)/kernels/libopslot_kernels.so runtime/opslot/_native/
+	cp $(BUILD)/kernels/libopslot_kernels.so $(BUILD)/kernels/libopslot_torch.so runtime/opslot/_native/
 	rm -rf runtime/opslot/_specs && cp -r specs runtime/opslot/_specs
 
 # Everything that tests. Each suite is also a ctest entry, so `ctest --test-dir build` works too.
@@ -121,13 +122,15 @@ matrix: build
 bench: build upstream
 	$(PYTHON) bench/patchgen_bench.py --patchgen $(PATCHGEN) $(BENCH_ARGS)
 
-# A fully static patchgen for the GPU machine, copied with the kernels' library to .device-bin/
+# A fully static patchgen for the GPU machine, copied with the kernels' libraries to .device-bin/
 # (git-ignored; name it in the device tool's carry).
-static: deps
-	cmake -S . -B $(BUILD_STATIC) -G Ninja -DCMAKE_BUILD_TYPE=Release -DPATCHGEN_STATIC=ON -DPATCHGEN_TESTS=OFF
-	cmake --build $(BUILD_STATIC) -j $(JOBS) --target patchgen opslot_kernels
+static: deps venv
+	cmake -S . -B $(BUILD_STATIC) -G Ninja -DCMAKE_BUILD_TYPE=Release -DPATCHGEN_STATIC=ON -DPATCHGEN_TESTS=OFF \
+	  -DOPSLOT_TORCH_PYTHON=$(abspath $(PYTHON))
+	cmake --build $(BUILD_STATIC) -j $(JOBS) --target patchgen opslot_kernels opslot_torch
 	mkdir -p .device-bin
-	cp $(BUILD_STATIC)/tools/patchgen/patchgen $(BUILD_STATIC)/kernels/libopslot_kernels.so .device-bin/
+	cp $(BUILD_STATIC)/tools/patchgen/patchgen $(BUILD_STATIC)/kernels/libopslot_kernels.so \
+	  $(BUILD_STATIC)/kernels/libopslot_torch.so .device-bin/
 	ldd .device-bin/patchgen || true
 
 # GPU end-to-end test of the real-model specs (on the H200 machine, after `make static`).

@@ -32,7 +32,7 @@ if [[ "$have" != "$pinned" ]]; then
 fi
 ruff=("$PYTHON" -m ruff)
 mapfile -t files < <(git ls-files 'src/**.cc' 'src/**.h' 'tools/**.cc' 'tools/**.h' 'fuzz/*.cc' 'fuzz/*.h' \
-  'kernels/**.cu' 'kernels/**.cuh' 'kernels/**.h')
+  'kernels/**.cu' 'kernels/**.cuh' 'kernels/**.h' 'kernels/**.cc')
 if [[ "${1:-}" == "--check" ]]; then
   failed=0
   bad=()

@@ -85,8 +85,9 @@ def test_calling_a_cuda_kernel_without_a_gpu_is_an_error():
     from opslot.kernels.cuda import norms  # imports fine on a CPU machine (fake implementations work anywhere)
 
     x = torch.randn(2, 8)
+    # Raised by the CPU kernel libopslot_torch.so registers for every opslot op (a RuntimeError).
     with pytest.raises(
-        _lib.KernelLibraryError,
+        RuntimeError,
         match=r"^opslot's cuda kernels run on CUDA tensors, got a tensor on cpu "
         r"\(on a CUDA machine they are the default: move the model to the "
         r"GPU, or choose 'eager' or 'torch' for this op in ops_implementation, "

@@ -4,8 +4,9 @@ benchmark knobs (issue #30; docs/kernels.md "Two builds").
 - build/kernels/libopslot_kernels.so (what opslot loads) exports no `*set_tuning*` /
   `*set_experiment*` symbol, and exports exactly the `OPSLOT_API` functions declared in
   kernels/include/opslot_kernels/*.h except bench.h: none missing, none undeclared;
-- every entry point the Python binding (runtime/opslot/kernels/cuda/*.py) names is declared in a
-  production header and exported;
+- every entry point the Python binding (runtime/opslot/kernels/cuda/*.py) or the torch ops' table
+  (kernels/torch/kernel_table.h) names is declared in a production header and exported;
+  libopslot_torch.so exports only its two C functions;
 - bench.h declares only knobs; the bench library (when built) exports the production entry points
   plus exactly bench.h's;
 - `_lib.using_library` makes the binding's entry points call another library, and restores them.
@@ -29,6 +30,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 HEADERS = REPO / "kernels" / "include" / "opslot_kernels"
 BINDINGS = REPO / "runtime" / "opslot" / "kernels" / "cuda"
+TABLE = REPO / "kernels" / "torch" / "kernel_table.h"
 KNOB = re.compile(r"set_tuning|set_experiment")
 
 
@@ -99,9 +101,16 @@ def binding_names() -> Dict[str, Set[str]]:
     for py in sorted(BINDINGS.glob("*.py")):
         text = py.read_text()
         names = set(re.findall(r"""["'](opslot_\w+)["']""", text)) | set(re.findall(r"\.(opslot_\w+)\b", text))
+        names = {n for n in names if not n.startswith("opslot_torch_")}  # libopslot_torch.so's own
         if names:
             out[py.name] = names
+    out[TABLE.name] = table_entry_points()
     return out
+
+
+def table_entry_points() -> Set[str]:
+    """The X(opslot_...) entries of the torch ops' entry-point table (kernels/torch/kernel_table.h)."""
+    return set(re.findall(r"\bX\((opslot_\w+)\)", TABLE.read_text()))
 
 
 def test_headers_are_parsed():
@@ -149,6 +158,25 @@ def test_every_binding_entry_point_is_declared_and_exported():
                 problems.append(f"{module}: {name} is not exported by {lib.name}")
     assert problems == []
     assert sum(len(n) for n in binding_names().values()) >= 30  # the scan found the bindings
+
+
+def test_the_torch_ops_table_calls_only_declared_entry_points():
+    """kernel_table.h types each entry by decltype of its header prototype (a mismatch does not
+    compile); here: the list names only production entry points, and every torch-op source calls
+    the kernels through the table (no entry point is named outside it)."""
+    table = table_entry_points()
+    assert {"opslot_rms_norm_fwd", "opslot_rope", "opslot_silu_mul_fwd", "opslot_load_balancing_fwd"} <= table
+    assert sorted(table - production_declarations()) == []
+    called = set()
+    for cc in sorted(TABLE.parent.glob("*.cc")):
+        called |= set(re.findall(r"\bk\.(opslot_\w+)\(", cc.read_text()))
+    assert called and sorted(called - table) == []
+
+
+def test_torch_ops_library_exports_only_its_two_functions():
+    lib = _library("libopslot_torch.so")
+    exported = {n for n in exported_functions(lib) if n.startswith("opslot")}
+    assert exported == {"opslot_torch_use_library", "opslot_torch_library_path"}
 
 
 def test_bench_library_adds_exactly_the_knobs():

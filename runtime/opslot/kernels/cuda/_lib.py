@@ -1,10 +1,17 @@
-"""Loading libopslot_kernels.so (kernels/ at the repository root) and calling its C ABI.
+"""Loading libopslot_kernels.so (kernels/ at the repository root), the torch ops over it
+(libopslot_torch.so, kernels/torch/), and calling its C ABI.
 
 The library is looked up, in order, at `$OPSLOT_KERNELS_LIB`, in this package's `_native/`
 folder (where an installed opslot carries it), and in the build tree of a source checkout
 (`build/kernels/`). Every failure names its cause: no library found (and where it looked), a
 library built for another ABI, no CUDA device, a device the library has no code for. Nothing falls
 back silently to another implementation.
+
+libopslot_torch.so registers the `opslot::*` ops of RMSNorm, RoPE, SwiGLU and the load-balancing
+loss with PyTorch's dispatcher from C++ (CUDA, Meta and Autograd kernels) and calls the kernel
+library opslot loaded here (`torch_ops()` attaches it). It is looked up at `$OPSLOT_TORCH_LIB`,
+beside `$OPSLOT_KERNELS_LIB`, in `_native/` and in `build/kernels/`; a build for another torch
+release is refused before it is loaded.
 
 Benchmarks and the GPU tests of the tuning knobs use the bench library, libopslot_kernels_bench.so
 (the same kernels plus the knobs of kernels/include/opslot_kernels/bench.h; docs/kernels.md):
@@ -16,9 +23,10 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import re
 import threading
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -27,6 +35,8 @@ LIB_NAME = "libopslot_kernels.so"
 ENV_VAR = "OPSLOT_KERNELS_LIB"
 BENCH_LIB_NAME = "libopslot_kernels_bench.so"  # CMake target opslot_kernels_bench
 BENCH_ENV_VAR = "OPSLOT_KERNELS_BENCH_LIB"
+TORCH_LIB_NAME = "libopslot_torch.so"  # CMake target opslot_torch (kernels/torch/)
+TORCH_ENV_VAR = "OPSLOT_TORCH_LIB"
 
 #: opslot_dtype codes.
 DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
@@ -230,12 +240,105 @@ def using_library(path: "os.PathLike[str] | str") -> Iterator[ctypes.CDLL]:
         saved = (_lib, _error, _checked_devices)
         _lib, _error, _checked_devices = lib, None, {}
         _generation += 1
+    ops = _torch_ops_lib
+    if ops is not None:
+        _attach(ops, lib._opslot_path)  # type: ignore[attr-defined]
     try:
         yield lib
     finally:
         with _lock:
             _lib, _error, _checked_devices = saved
             _generation += 1
+        if ops is not None and _lib is not None:
+            _attach(ops, _lib._opslot_path)  # type: ignore[attr-defined]
+
+
+def torch_candidate_paths() -> List[Path]:
+    """Where libopslot_torch.so is looked for, in order: `$OPSLOT_TORCH_LIB` (when set, the only
+    place), beside `$OPSLOT_KERNELS_LIB`, `opslot/_native/`, `<checkout>/build/kernels/`."""
+    env = os.environ.get(TORCH_ENV_VAR)
+    if env:
+        return [Path(env)]
+    paths = []
+    kernels_env = os.environ.get(ENV_VAR)
+    if kernels_env:
+        paths.append(Path(kernels_env).with_name(TORCH_LIB_NAME))
+    here = Path(__file__).resolve()
+    paths.append(here.parent.parent.parent / "_native" / TORCH_LIB_NAME)
+    paths.append(here.parents[4] / "build" / "kernels" / TORCH_LIB_NAME)
+    return paths
+
+
+_torch_ops_lib: Optional[ctypes.CDLL] = None
+_torch_ops_error: Optional[str] = None
+_BUILT_FOR = re.compile(rb"opslot_torch built for torch (\d+)\.(\d+)\.(\d+);")
+
+
+def _torch_release() -> Tuple[int, int, int]:
+    major, minor, patch = re.match(r"(\d+)\.(\d+)\.(\d+)", torch.__version__).groups()  # type: ignore[union-attr]
+    return int(major), int(minor), int(patch)
+
+
+def _load_torch_ops(path: Path) -> ctypes.CDLL:
+    """Loads libopslot_torch.so at `path` after checking which torch it was built for."""
+    found = _BUILT_FOR.search(path.read_bytes())
+    built = tuple(int(g) for g in found.groups()) if found else None
+    if built != _torch_release():
+        what = "torch " + ".".join(map(str, built)) if built else "an unknown torch"
+        raise KernelLibraryError(
+            f"{path} was built for {what}, this process runs torch {torch.__version__}: rebuild it "
+            "against this torch (`make kernels`, or cmake -DOPSLOT_TORCH_PYTHON=<this python>)"
+        )
+    try:
+        torch.ops.load_library(str(path))
+    except OSError as exc:
+        raise KernelLibraryError(f"cannot load {path}: {exc}") from None
+    lib = ctypes.CDLL(str(path))  # the same handle; for opslot_torch_use_library
+    lib.opslot_torch_use_library.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
+    lib.opslot_torch_use_library.restype = ctypes.c_int
+    lib.opslot_torch_library_path.restype = ctypes.c_char_p
+    lib._opslot_path = str(path)  # type: ignore[attr-defined]
+    return lib
+
+
+def _attach(ops: ctypes.CDLL, kernels_path: str) -> None:
+    """Makes the torch ops call the kernel library at `kernels_path`."""
+    buf = ctypes.create_string_buffer(1024)
+    if ops.opslot_torch_use_library(kernels_path.encode(), buf, len(buf)) != 0:
+        raise KernelLibraryError(buf.value.decode(errors="replace"))
+
+
+def torch_ops() -> ctypes.CDLL:
+    """libopslot_torch.so, loaded once (its ops registered with torch), attached to the kernel
+    library when that one loads here. KernelLibraryError (remembered) when it cannot be loaded."""
+    global _torch_ops_lib, _torch_ops_error
+    if _torch_ops_lib is not None:
+        return _torch_ops_lib
+    with _lock:
+        if _torch_ops_lib is None:
+            if _torch_ops_error is not None:
+                raise KernelLibraryError(_torch_ops_error)
+            try:
+                _torch_ops_lib = _find_torch_ops()
+            except KernelLibraryError as exc:
+                _torch_ops_error = str(exc)
+                raise
+    try:
+        _attach(_torch_ops_lib, library()._opslot_path)  # type: ignore[attr-defined]
+    except KernelLibraryError:
+        pass  # no kernel library here (a CPU machine): the Meta kernels work, CUDA calls say why
+    return _torch_ops_lib
+
+
+def _find_torch_ops() -> ctypes.CDLL:
+    paths = torch_candidate_paths()
+    for path in paths:
+        if path.is_file():
+            return _load_torch_ops(path)
+    raise KernelLibraryError(
+        f"{TORCH_LIB_NAME} not found (looked at {', '.join(map(str, paths))}); build it with `make kernels` "
+        f"in the opslot source checkout, or set ${TORCH_ENV_VAR} to its path"
+    )
 
 
 def dtype_code(t: torch.Tensor) -> int:

@@ -37,15 +37,37 @@ def last_error() -> str:
     return _lib.library().opslot_last_error().decode(errors="replace")
 
 
+def _on_cuda_machine() -> bool:
+    from ...hardware import current_device
+
+    return current_device().type == "cuda"
+
+
 def require_library_on_cuda_machines() -> None:
     """Called when an op module is imported (which is when a slot binds to it): on a machine that
     opslot sees as a CUDA machine, load the library now, so that a missing or mismatched library is
     an error at bind time rather than at the first call. CPU-only machines can import the modules
     (their fake implementations work everywhere)."""
-    from ...hardware import current_device
-
-    if current_device().type == "cuda":
+    if _on_cuda_machine():
         _lib.library()
+
+
+def torch_op(name: str) -> Callable[..., Any]:
+    """`torch.ops.opslot.<name>.default`, registered from C++ by libopslot_torch.so (loaded and
+    attached to the kernel library on first use). On a CUDA machine a missing or mismatched
+    library raises here (bind time); elsewhere the returned callable raises it when called."""
+    try:
+        _lib.torch_ops()
+    except _lib.KernelLibraryError as exc:
+        if _on_cuda_machine():
+            raise
+        reason = str(exc)
+
+        def unavailable(*args: Any, **kwargs: Any) -> Any:
+            raise _lib.KernelLibraryError(reason)
+
+        return unavailable
+    return getattr(torch.ops.opslot, name).default
 
 
 def prepare(t: torch.Tensor) -> None:

@@ -1,0 +1,105 @@
+// Helpers shared by the torch ops (op_util.h).
+#include "op_util.h"
+
+#include <ATen/core/op_registration/op_registration.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include <array>
+#include <atomic>
+#include <mutex>
+#include <string>
+
+namespace opslot_torch {
+namespace {
+
+constexpr int kMaxDevices = 64;
+
+// Per device: the library whose check passed there (a swapped library is checked again).
+std::array<std::atomic<const KernelTable*>, kMaxDevices> g_checked{};
+std::mutex g_check_mutex;
+
+void check_device(const KernelTable& table, int index) {
+  TORCH_CHECK(index >= 0 && index < kMaxDevices, "opslot cuda kernels: device index ", index,
+              " out of range");
+  if (g_checked[index].load(std::memory_order_acquire) == &table) return;
+  std::lock_guard<std::mutex> lock(g_check_mutex);
+  int rc = table.opslot_check_device(index);
+  TORCH_CHECK(rc == 0, table.opslot_last_error());
+  g_checked[index].store(&table, std::memory_order_release);
+}
+
+// Any op of opslot given CPU tensors: the message opslot's Python binding gave.
+void refuse_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  std::string device = "cpu";
+  for (const c10::IValue& v : *stack) {
+    if (v.isTensor()) {
+      device = v.toTensor().device().str();
+      break;
+    }
+  }
+  TORCH_CHECK(false, "opslot's cuda kernels run on CUDA tensors, got a tensor on ", device,
+              " (on a CUDA machine they are the default: move the model to the GPU, or choose "
+              "'eager' or 'torch' for this op in ops_implementation, or set "
+              "OPSLOT_FORCE_IMPL=eager)");
+}
+
+}  // namespace
+
+int dtype_code(const at::Tensor& t, const char* what) {
+  switch (t.scalar_type()) {
+    case at::kFloat:
+      return OPSLOT_FLOAT32;
+    case at::kHalf:
+      return OPSLOT_FLOAT16;
+    case at::kBFloat16:
+      return OPSLOT_BFLOAT16;
+    default:
+      TORCH_CHECK_TYPE(false, what,
+                       ": opslot cuda kernels take float32, float16 or bfloat16 tensors, got ",
+                       c10::toString(t.scalar_type()));
+  }
+}
+
+void check_float(const at::Tensor& t, const char* what) { (void)dtype_code(t, what); }
+
+const KernelTable& prepare(const at::Tensor& t) {
+  const KernelTable& table = kernels();
+  check_device(table, t.get_device());
+  return table;
+}
+
+void* stream_of(const at::Tensor& t) {
+  return c10::cuda::getCurrentCUDAStream(t.get_device()).stream();
+}
+
+const void* ptr(const at::Tensor& t) {
+  return (!t.defined() || t.numel() == 0) ? nullptr : t.const_data_ptr();
+}
+
+const void* ptr(const std::optional<at::Tensor>& t) { return t.has_value() ? ptr(*t) : nullptr; }
+
+void* mutable_ptr(const at::Tensor& t) {
+  return (!t.defined() || t.numel() == 0) ? nullptr : t.data_ptr();
+}
+
+at::Tensor rows_view(const at::Tensor& t) {
+  TORCH_CHECK_VALUE(t.dim() > 0, "expected a tensor with at least one dimension");
+  at::Tensor v = last_contiguous(t);
+  v = v.reshape({-1, v.size(-1)});
+  return last_contiguous(v);
+}
+
+int64_t row_stride(const at::Tensor& rows) {
+  return rows.size(0) > 1 ? rows.stride(0) : rows.size(1);
+}
+
+at::Tensor last_contiguous(const at::Tensor& t) {
+  return (t.size(-1) <= 1 || t.stride(-1) == 1) ? t : t.contiguous();
+}
+
+void register_cpu_refusal(torch::Library& m, const char* op) {
+  m.impl(op, torch::CppFunction::makeFromBoxedFunction<&refuse_cpu>());
+}
+
+}  // namespace opslot_torch

@@ -1,0 +1,220 @@
+// torch ops opslot::rope_fwd / opslot::rope_bwd over the C ABI of rope.h: rotary position
+// embedding of q and k in one launch each way, read and written through their strides (HF passes
+// transposed views). CUDA and Meta kernels, and an Autograd kernel on rope_fwd; cos/sin get no
+// gradient (refused when they require one).
+#include <ATen/ATen.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/autograd.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <array>
+#include <vector>
+
+#include "op_util.h"
+
+namespace opslot_torch {
+namespace {
+
+void check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin) {
+  check_float(q, "rotary_pos_emb");
+  TORCH_CHECK_TYPE(k.scalar_type() == q.scalar_type(), "rotary_pos_emb: q is ", q.scalar_type(),
+                   " but k is ", k.scalar_type());
+  TORCH_CHECK_TYPE(cos.scalar_type() == sin.scalar_type() &&
+                       (cos.scalar_type() == q.scalar_type() || cos.scalar_type() == at::kFloat),
+                   "rotary_pos_emb: cos/sin of dtype ", cos.scalar_type(), "/", sin.scalar_type(),
+                   " with q of dtype ", q.scalar_type(),
+                   " (the cuda kernel takes cos/sin in q's dtype or float32)");
+  TORCH_CHECK_VALUE(cos.sym_sizes() == sin.sym_sizes(),
+                    "rotary_pos_emb: cos and sin differ in shape");
+  auto rd = cos.sym_size(-1);
+  TORCH_CHECK_VALUE(rd % 2 == 0 && rd <= q.sym_size(-1) && q.sym_size(-1) == k.sym_size(-1),
+                    "rotary_pos_emb: rotary dim ", rd, " must be even and at most the head dim (q ",
+                    q.sym_size(-1), ", k ", k.sym_size(-1), ")");
+}
+
+// The three outer (size, stride) pairs of a tensor of 1 to 4 dims, left-padded with size 1; a
+// dimension of size 1 gets stride 0 (it is never stepped; keeps the vector path aligned).
+struct Outer {
+  std::array<int64_t, 3> sizes;
+  std::array<int64_t, 3> strides;
+};
+
+Outer outer(const std::vector<int64_t>& shape, const std::vector<int64_t>& strides,
+            const char* what) {
+  int64_t dims = static_cast<int64_t>(shape.size());
+  TORCH_CHECK_VALUE(dims >= 1 && dims <= 4, "rotary_pos_emb: ", what, " has ", dims,
+                    " dimensions; the cuda kernel takes 1 to 4");
+  Outer o{};
+  int64_t pad = 4 - dims;
+  for (int64_t i = 0; i < 3; ++i) {
+    bool padded = i < pad;
+    o.sizes[i] = padded ? 1 : shape[i - pad];
+    o.strides[i] = (padded || o.sizes[i] == 1) ? 0 : strides[i - pad];
+  }
+  return o;
+}
+
+Outer outer(const at::Tensor& t, const char* what) {
+  return outer(t.sizes().vec(), t.strides().vec(), what);
+}
+
+// Strides of cs.unsqueeze(unsqueeze_dim) broadcast over the outer sizes `lead` (no tensor made).
+std::array<int64_t, 3> cs_outer(const at::Tensor& cs, int64_t unsqueeze_dim,
+                                const std::array<int64_t, 3>& lead) {
+  std::vector<int64_t> shape = cs.sizes().vec(), strides = cs.strides().vec();
+  int64_t dims = static_cast<int64_t>(shape.size());
+  int64_t pos = unsqueeze_dim >= 0 ? unsqueeze_dim : unsqueeze_dim + dims + 1;
+  TORCH_CHECK_INDEX(pos >= 0 && pos <= dims, "rotary_pos_emb: unsqueeze_dim ", unsqueeze_dim,
+                    " out of range for cos of ", dims, " dims");
+  shape.insert(shape.begin() + pos, 1);
+  strides.insert(strides.begin() + pos, 0);
+  Outer o = outer(shape, strides, "cos/sin (unsqueezed)");
+  for (int i = 0; i < 3; ++i) {
+    TORCH_CHECK_VALUE(o.sizes[i] == 1 || o.sizes[i] == lead[i], "rotary_pos_emb: cos/sin of shape ",
+                      cs.sizes(), " (unsqueeze_dim ", unsqueeze_dim,
+                      ") do not broadcast to q/k of outer shape (", lead[0], ", ", lead[1], ", ",
+                      lead[2], ")");
+  }
+  return o.strides;
+}
+
+// The kernel's int64 meta array: per tensor (q, then k) the outer sizes and the in/out/cos/sin
+// strides of its three outer dims, largest input stride first.
+std::array<int64_t, 30> layout(const at::Tensor& q, const at::Tensor& qo, const at::Tensor& k,
+                               const at::Tensor& ko, const at::Tensor& cos, const at::Tensor& sin,
+                               int64_t unsqueeze_dim) {
+  std::array<int64_t, 30> meta{};
+  size_t n = 0;
+  for (const auto* pair : {&q, &k}) {
+    const at::Tensor& in = *pair;
+    const at::Tensor& out = pair == &q ? qo : ko;
+    Outer t = outer(in, "q/k");
+    std::array<int64_t, 3> os = outer(out, "output").strides;
+    std::array<int64_t, 3> cs = cs_outer(cos, unsqueeze_dim, t.sizes);
+    std::array<int64_t, 3> ss = cs_outer(sin, unsqueeze_dim, t.sizes);
+    std::array<int, 3> perm = {0, 1, 2};
+    std::stable_sort(perm.begin(), perm.end(),
+                     [&](int a, int b) { return t.strides[a] > t.strides[b]; });
+    for (const auto* src : {&t.sizes, &t.strides, &os, &cs, &ss}) {
+      for (int i : perm) meta[n++] = (*src)[i];
+    }
+  }
+  return meta;
+}
+
+void launch(bool backward, const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& q_out,
+            const at::Tensor& k_out, const at::Tensor& cos_in, const at::Tensor& sin_in,
+            int64_t unsqueeze_dim) {
+  c10::DeviceGuard guard(q_in.device());
+  const KernelTable& k = prepare(q_in);
+  at::Tensor cos = last_contiguous(cos_in), sin = last_contiguous(sin_in);
+  std::array<int64_t, 30> meta = layout(q_in, q_out, k_in, k_out, cos, sin, unsqueeze_dim);
+  int rc = k.opslot_rope(backward ? 1 : 0, dtype_code(q_in, "rotary_pos_emb"),
+                         dtype_code(cos, "rotary_pos_emb"), q_in.size(-1), cos.size(-1), ptr(cos),
+                         ptr(sin), ptr(q_in), mutable_ptr(q_out), ptr(k_in), mutable_ptr(k_out),
+                         meta.data(), stream_of(q_in));
+  check_status(k, rc, "opslot_rope");
+}
+
+using Pair = std::tuple<at::Tensor, at::Tensor>;
+
+Pair rope_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
+               const at::Tensor& sin, int64_t unsqueeze_dim) {
+  check(q, k, cos, sin);
+  return {at::empty_like(last_contiguous(q)), at::empty_like(last_contiguous(k))};
+}
+
+Pair rope_cuda(bool backward, const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
+               const at::Tensor& sin, int64_t unsqueeze_dim) {
+  check(q, k, cos, sin);
+  at::Tensor qi = last_contiguous(q), ki = last_contiguous(k);
+  at::Tensor qo = at::empty_like(qi), ko = at::empty_like(ki);
+  launch(backward, qi, ki, qo, ko, cos, sin, unsqueeze_dim);
+  return {qo, ko};
+}
+
+Pair fwd_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
+              const at::Tensor& sin, int64_t unsqueeze_dim) {
+  return rope_cuda(false, q, k, cos, sin, unsqueeze_dim);
+}
+
+Pair bwd_cuda(const at::Tensor& grad_q, const at::Tensor& grad_k, const at::Tensor& cos,
+              const at::Tensor& sin, int64_t unsqueeze_dim) {
+  return rope_cuda(true, grad_q, grad_k, cos, sin, unsqueeze_dim);
+}
+
+class RopeFunction : public torch::autograd::Function<RopeFunction> {
+ public:
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
+                                                const at::Tensor& q, const at::Tensor& k,
+                                                const at::Tensor& cos, const at::Tensor& sin,
+                                                int64_t unsqueeze_dim) {
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("opslot::rope_fwd", "")
+                               .typed<decltype(fwd_cuda)>();
+    at::AutoDispatchBelowADInplaceOrView below;
+    auto [qe, ke] = op.call(q, k, cos, sin, unsqueeze_dim);
+    ctx->save_for_backward({cos, sin});
+    ctx->saved_data["dtype"] = static_cast<int64_t>(q.scalar_type());
+    ctx->saved_data["unsqueeze_dim"] = unsqueeze_dim;
+    ctx->saved_data["q_shape"] = q.sizes().vec();
+    ctx->saved_data["k_shape"] = k.sizes().vec();
+    return {qe, ke};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("opslot::rope_bwd", "")
+                               .typed<decltype(bwd_cuda)>();
+    auto saved = ctx->get_saved_variables();
+    auto options =
+        saved[0].options().dtype(static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt()));
+    at::Tensor gq = grads[0], gk = grads[1];
+    if (!gq.defined()) gq = at::zeros(ctx->saved_data["q_shape"].toIntVector(), options);
+    if (!gk.defined()) gk = at::zeros(ctx->saved_data["k_shape"].toIntVector(), options);
+    auto [dq, dk] = op.call(gq, gk, saved[0], saved[1], ctx->saved_data["unsqueeze_dim"].toInt());
+    return {dq, dk, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+Pair fwd_autograd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
+                  const at::Tensor& sin, int64_t unsqueeze_dim) {
+  TORCH_CHECK_VALUE(!(at::GradMode::is_enabled() && (cos.requires_grad() || sin.requires_grad())),
+                    "rotary_pos_emb (cuda): cos/sin require grad, but this kernel computes no "
+                    "gradient for them; compute cos/sin under torch.no_grad() (as HF does) or use "
+                    "'torch'/'eager'");
+  auto out = RopeFunction::apply(q, k, cos, sin, unsqueeze_dim);
+  return {out[0], out[1]};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(opslot, m) {
+  m.def(
+      "rope_fwd(Tensor q, Tensor k, Tensor cos, Tensor sin, int unsqueeze_dim) -> (Tensor, "
+      "Tensor)");
+  m.def(
+      "rope_bwd(Tensor grad_q, Tensor grad_k, Tensor cos, Tensor sin, int unsqueeze_dim) -> "
+      "(Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(opslot, CUDA, m) {
+  m.impl("rope_fwd", &fwd_cuda);
+  m.impl("rope_bwd", &bwd_cuda);
+}
+
+TORCH_LIBRARY_IMPL(opslot, Meta, m) {
+  m.impl("rope_fwd", &rope_meta);
+  m.impl("rope_bwd", &rope_meta);
+}
+
+TORCH_LIBRARY_IMPL(opslot, CPU, m) {
+  register_cpu_refusal(m, "rope_fwd");
+  register_cpu_refusal(m, "rope_bwd");
+}
+
+TORCH_LIBRARY_IMPL(opslot, Autograd, m) { m.impl("rope_fwd", &fwd_autograd); }
+
+}  // namespace opslot_torch
