@@ -29,7 +29,7 @@ _check_torch(_torch.__version__)
 # ruff: noqa: E402
 from . import auto, compat, hf, loss_hook, models  # noqa: F401  (opslot.auto, opslot.hf, ...)
 from .auto import AutoModel, AutoModelForCausalLM, AutoModelForImageTextToText, GeneratedModuleError
-from .binding import bind_ops, build_model, load_private_copy, module_slots
+from .binding import bind_ops, build_model, load_private_copy
 from .config_slot import ConfigSlot
 from .copies import install_finder as _install_finder, is_instance, release_unused_copies
 from .device_defaults import CUDA_DEFAULTS, NPU_DEFAULTS
@@ -50,7 +50,7 @@ from .ops import EAGER, FIELD_FOR_OP, KNOWN_OPS
 from .ops_config import OpsImplementationConfig
 from .plan import BindingPlan, PlanEntry, binding_plan, declared_config_slots, declared_slots
 from .registry import KERNEL_REGISTRY, PLUGIN_GROUP, KernelRegistry, KernelSpec, register_kernel
-from .slot import OpSlot
+from .slot import OpSlot, module_slots
 
 register_builtin_kernels(KERNEL_REGISTRY)
 _install_finder()  # private module copies import by name (pickled models)

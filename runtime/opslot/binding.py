@@ -24,8 +24,9 @@ from collections.abc import Mapping
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
 from .attention_names import VARLEN_ATTN_IMPLEMENTATION
-from .checks import allowing_version_mismatch, check_model, check_module_upstream, import_generated, saved_ops
-from .copies import LOCK, Pin, adopt, is_copy, named_binding, original_name, release_unused_copies, shared_copy
+from .checks import allowing_version_mismatch, check_kernels_for_model, check_module_upstream, import_generated
+from .copies import LOCK, Pin, adopt, release_unused_copies, shared_copy
+from .copy_names import is_copy, named_binding, original_name
 from .dispatch import watch_dispatch
 from .force_override import forced_impl_spec
 from .hardware import DeviceInfo
@@ -33,14 +34,10 @@ from .ops import FIELD_FOR_OP
 from .ops_config import OpsImplementationConfig
 from .plan import binding_plan, declared_config_slots, declared_slots, log_plan, logger
 from .registry import KERNEL_REGISTRY, KernelRegistry
-from .slot import OpSlot
+from .saved_choice import saved_ops
+from .slot import OpSlot, module_slots
 
 _copy_counter = itertools.count(1)
-
-
-def module_slots(module: types.ModuleType) -> Dict[str, OpSlot]:
-    """{attribute name: slot} for every OpSlot defined at the top level of `module`."""
-    return {name: value for name, value in vars(module).items() if isinstance(value, OpSlot)}
 
 
 def _not_a_module(target: Any) -> str:
@@ -364,13 +361,13 @@ def _check_choices(
     if not isinstance(getattr(module, class_name, None), type):
         raise AttributeError(f"module {module.__name__!r} has no class {class_name!r}")
     for config_slot in config_slots:  # a config value they refuse is an error before construction
-        config_slot.bind_from(hf_config)
+        config_slot.choose_from(hf_config)
     pairs = {(d.op, d.variant) for d in declared}
     chosen = config.validate(pairs, registry=registry, device=device)
     unbound = config.unbound_choices(d.op for d in declared)
     if unbound:
         raise _unbound_error(config, unbound, f"module {module.__name__}", [f"{op}/{v}" for op, v in sorted(pairs)])
-    check_model([(op, v, impl) for (op, v), impl in chosen.items()], hf_config)
+    check_kernels_for_model([(op, v, impl) for (op, v), impl in chosen.items()], hf_config)
     return chosen
 
 

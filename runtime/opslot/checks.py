@@ -1,9 +1,13 @@
-"""Checks that need the model: refusals that depend on its config (made at bind time, not at the
-first forward), and binding an instance-scoped slot from `config.ops_implementation` in config terms.
+"""Checks that refuse to run something wrong: kernels a model's config rules out, and generated
+modules generated for another release of their upstream package.
 
 `MODEL_CHECKS[(op, variant)]` (variant None: every variant) is `fn(hf_config) -> reason or None`;
-a reason refuses every kernel (anything but eager) for that slot on that model. Plug-ins may add
-entries for their own ops.
+a reason refuses every kernel (anything but eager) for that slot on that model, at bind time, not at
+the first forward. Plug-ins may add entries for their own ops.
+
+The header of every generated module calls `opslot.checks.check_generated_upstream(__name__, ...)`
+(patchgen writes that call: keep its name and place); opslot calls it too, through
+`import_generated` and `check_module_upstream`, where it first uses a generated module.
 """
 
 from __future__ import annotations
@@ -18,12 +22,13 @@ import types
 import warnings
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
+from .copy_names import original_name
 from .ops import EAGER, FIELD_FOR_OP
 
 _SILU_NAMES = ("silu", "swish")
 
 
-def _configs(config: Any) -> List[Any]:
+def configs_of(config: Any) -> List[Any]:
     """`config`, then its text config when it has a different one (multimodal models)."""
     out = [config]
     get_text = getattr(config, "get_text_config", None)
@@ -40,9 +45,9 @@ def _configs(config: Any) -> List[Any]:
     return out
 
 
-def check_silu(config: Any) -> Optional[str]:
+def silu_refusal(config: Any) -> Optional[str]:
     """swiglu_mlp computes `down(silu(gate(x)) * up(x))`: refuse another activation."""
-    for cfg in _configs(config):
+    for cfg in configs_of(config):
         for attr in ("hidden_act", "hidden_activation"):
             act = getattr(cfg, attr, None)
             if isinstance(act, str):
@@ -50,9 +55,9 @@ def check_silu(config: Any) -> Optional[str]:
     return None
 
 
-def check_no_softcapping(config: Any) -> Optional[str]:
+def softcapping_refusal(config: Any) -> Optional[str]:
     """cross_entropy_loss/causal kernels compute the loss of the plain lm_head logits."""
-    for cfg in _configs(config):
+    for cfg in configs_of(config):
         cap = getattr(cfg, "final_logit_softcapping", None)
         if cap is not None:
             return f"does not apply the model's final_logit_softcapping ({cap})"
@@ -60,8 +65,8 @@ def check_no_softcapping(config: Any) -> Optional[str]:
 
 
 MODEL_CHECKS: Dict[Tuple[str, Optional[str]], Callable[[Any], Optional[str]]] = {
-    ("swiglu_mlp", None): check_silu,
-    ("cross_entropy_loss", "causal"): check_no_softcapping,
+    ("swiglu_mlp", None): silu_refusal,
+    ("cross_entropy_loss", "causal"): softcapping_refusal,
 }
 
 
@@ -77,112 +82,11 @@ def model_refusal(op: str, variant: str, impl: str, hf_config: Any) -> Optional[
     return f"{op}/{variant} kernel {impl!r} {reason}; set {field}: eager for this model"
 
 
-def check_model(pairs: Iterable[Tuple[str, str, str]], hf_config: Any) -> None:
+def check_kernels_for_model(pairs: Iterable[Tuple[str, str, str]], hf_config: Any) -> None:
     """Raise ValueError listing every (op, variant, impl) the model refuses."""
     problems = sorted({r for op, variant, impl in pairs if (r := model_refusal(op, variant, impl, hf_config))})
     if problems:
         raise ValueError("the model refuses these kernels:\n" + "\n".join(f"  {p}" for p in problems))
-
-
-def saved_ops(config: Any) -> Any:
-    """`config.ops_implementation` as an OpsImplementationConfig (None when absent)."""
-    from .ops_config import OpsImplementationConfig
-
-    ops = getattr(config, "ops_implementation", None)
-    if ops is None or isinstance(ops, OpsImplementationConfig):
-        return ops
-    return OpsImplementationConfig.coerce(ops)
-
-
-def bind_from_config(slot: Any, config: Any, *, registry: Any = None, _depth: int = 3) -> Any:
-    """What `OpSlot.bind_from` does (see there)."""
-    from .registry import KERNEL_REGISTRY
-
-    registry = registry or KERNEL_REGISTRY
-    try:
-        ops = saved_ops(config)
-    except (ValueError, TypeError) as exc:
-        raise ValueError(f"config.ops_implementation of {slot._label()}: {exc}") from None
-    if ops is None:  # not built by opslot: like the module-level slots, nothing is bound
-        return slot
-    impl, why = ops.choose(slot.op, slot.variant, registry=registry)
-    try:
-        ops.validate([(slot.op, slot.variant)], registry=registry)
-    except ValueError as exc:
-        raise ValueError(f"cannot bind instance-scoped {slot._label()} from config.ops_implementation: {exc}") from None
-    _check_module_slots(ops, registry, _depth)
-    refusal = model_refusal(slot.op, slot.variant, impl, config)
-    if refusal is not None:
-        raise ValueError(f"cannot bind {slot._label()}: {refusal}")
-    return slot.bind(impl, registry=registry, why=why)
-
-
-def _mismatched_module_slots(ops: Any, slots: Dict[str, Any], registry: Any) -> List[str]:
-    mismatched = []
-    for name, value in sorted(slots.items()):
-        if value.why == "direct" or value.op not in FIELD_FOR_OP:
-            continue
-        impl, _ = ops.choose(value.op, value.variant, registry=registry)
-        if impl != value.impl:
-            mismatched.append(f"{name} ({value.op}/{value.variant}) runs {value.impl!r}, the config chooses {impl!r}")
-    return mismatched
-
-
-def _not_followed(module: str, mismatched: List[str]) -> ValueError:
-    return ValueError(
-        f"a model of {module} is being built from a config whose ops_implementation its module-level slots do "
-        f"not follow: {'; '.join(mismatched)}. Build it with opslot.build_model(config, module=..., "
-        f"model_class=...) or opslot.hf.from_pretrained(path, module), which bind every slot"
-    )
-
-
-def _check_module_slots(ops: Any, registry: Any, depth: int) -> None:
-    """A model constructed directly (`Class(config)`) from a config that carries ops_implementation
-    binds its instance-scoped slots; refuse when the module-level slots of the calling module run
-    something else than that config chooses (they would silently stay as they are)."""
-    try:
-        frame = sys._getframe(depth)
-    except ValueError:
-        return
-    from .slot import OpSlot
-
-    slots = {k: v for k, v in list(frame.f_globals.items()) if isinstance(v, OpSlot)}
-    mismatched = _mismatched_module_slots(ops, slots, registry)
-    if mismatched:
-        raise _not_followed(frame.f_globals.get("__name__", "?"), mismatched)
-
-
-def check_caller_follows_config(config: Any, depth: int) -> None:
-    """For code run while a generated model is constructed (a config slot's bind_from): refuse, as
-    `_check_module_slots` does, a `config` carrying an ops_implementation that the module-level slots
-    of the module `depth` frames above the caller do not follow. Nothing to check without one."""
-    try:
-        ops = saved_ops(config)
-    except (ValueError, TypeError) as exc:
-        raise ValueError(f"config.ops_implementation: {exc}") from None
-    if ops is not None:
-        _check_module_slots(ops, None, depth + 2)
-
-
-def check_model_follows_config(model: Any, registry: Any = None) -> None:
-    """Refuse a loaded model (e.g. `generated.Class.from_pretrained(dir)` of a checkpoint saved with
-    ops_implementation) whose module-level slots do not run what its `config.ops_implementation`
-    chooses; nothing to check when the config carries none."""
-    ops = saved_ops(getattr(model, "config", None))
-    named = getattr(model, "named_modules", None)
-    if ops is None or not callable(named):
-        return
-    from .copies import slots_of_class
-
-    seen = set()
-    for _, sub in named():
-        cls = type(sub)
-        if cls.__module__ in seen:
-            continue
-        seen.add(cls.__module__)
-        mismatched = _mismatched_module_slots(ops, slots_of_class(cls), registry)
-        if mismatched:
-            raise _not_followed(cls.__module__, mismatched)
 
 
 # --- Generated for another release of the upstream package (docs/runtime.md) -----------------------
@@ -300,8 +204,6 @@ def check_generated_upstream(
         path = getattr(sys.modules.get(name), "__file__", None)
         header = read_header(path) if path else None
         spec = header.get("spec") if header else None
-    from .copies import original_name
-
     message = version_mismatch_message(original_name(name), package, version, installed, spec)
     if allow or _ALLOW_MISMATCH.get() or _env_allows():
         key = (package, version, installed)

@@ -14,7 +14,7 @@ attribute without a default, is a ValueError when the model is built, naming the
 value and the implementations allowed: never a silent fallback. Since a config slot's `bind_from` runs
 while the model is constructed, it also refuses a config carrying an `ops_implementation` that the
 module's module-level slots do not follow (a model built directly from a saved config, which would
-otherwise run eager where the config says a kernel).
+otherwise run eager where the config says a kernel; opslot.saved_choice).
 """
 
 from __future__ import annotations
@@ -22,7 +22,11 @@ from __future__ import annotations
 import difflib
 from typing import Any, Iterable, Optional, Tuple
 
+from .checks import configs_of
 from .config_attributes import CONFIG_ATTRIBUTES  # every ConfigSlot adds the attribute it reads
+from .legacy_caller import caller_namespace
+from .saved_choice import check_slots_follow, saved_ops
+from .slot import constructing_module_slots
 
 
 class ConfigSlot:
@@ -66,16 +70,34 @@ class ConfigSlot:
         patched code is an error, not a branch that is never taken."""
         if impl not in self.values:
             raise ValueError(
-                f"{self._label()} has no implementation {impl!r}{_did_you_mean(impl, self.values)}; "
+                f"{self._label()} has no implementation {impl!r}{_close_value_hint(impl, self.values)}; "
                 f"its implementations: {_names(self.values)}"
             )
         return self.value == impl
 
-    def bind_from(self, config: Any) -> "ConfigSlot":
+    def bind_from(self, config: Any, *, owner: Any = None) -> "ConfigSlot":
+        """Choose the implementation from `config` (`choose_from`). Returns self. Since it runs while
+        a model is constructed (a generated `__init__`), a config carrying an `ops_implementation` (a
+        saved model's) that the module-level slots of that model's module do not follow is a
+        ValueError, as for instance-scoped slots: a model built directly from a saved config would
+        otherwise run eager where the config says a kernel. The module is that of `owner`'s class
+        (`owner=self`); without `owner`, the module whose code called bind_from (opslot.legacy_caller)."""
+        caller = caller_namespace() if owner is None else None
+        self.choose_from(config)
+        try:
+            ops = saved_ops(config)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"config.ops_implementation: {exc}") from None
+        if ops is not None:
+            module_name, module_level = constructing_module_slots(owner, caller)
+            check_slots_follow(ops, module_level, module_name)
+        return self
+
+    def choose_from(self, config: Any) -> "ConfigSlot":
         """Choose the implementation from `config.<attribute>` (the first of the config and its text
-        config that sets it, i.e. has it and not None); `default` when none does. Returns self.
-        Called from a generated `__init__` with a config that carries `ops_implementation` (a saved
-        model's), the module-level slots of that module must follow it (see `_checked`)."""
+        config that sets it, i.e. has it and not None); `default` when none does. Returns self. A value
+        that is not one of `values`, or a missing attribute without a default, is a ValueError.
+        (build_model checks a config with it before binding the module-level slots itself.)"""
         raw, found = _read(config, self.attribute)
         if not found:
             if self.default is None:
@@ -84,7 +106,7 @@ class ConfigSlot:
                     f"and it has no default; set config.{self.attribute} to one of: {_names(self.values)}"
                 )
             self._value, self._why = self.default, "default"
-            return self._checked(config)
+            return self
         if not isinstance(raw, str):
             raise ValueError(
                 f"{self._label()}: config.{self.attribute} is {raw!r} ({type(raw).__name__}); "
@@ -93,19 +115,9 @@ class ConfigSlot:
         if raw not in self.values:
             raise ValueError(
                 f"{self._label()}: config.{self.attribute} is {raw!r}, which is not one of its "
-                f"implementations: {_names(self.values)}{_did_you_mean(raw, self.values)}"
+                f"implementations: {_names(self.values)}{_close_value_hint(raw, self.values)}"
             )
         self._value, self._why = raw, "config"
-        return self._checked(config)
-
-    def _checked(self, config: Any) -> "ConfigSlot":
-        """Self, once the module being constructed (the caller of bind_from, i.e. a generated
-        `__init__`) is known to follow the ops_implementation `config` carries: a model built
-        directly from a saved config (`Class(config)`, `from_config`) whose module-level slots are
-        not bound as it says is a ValueError, as for instance-scoped slots (checks.py)."""
-        from .checks import check_caller_follows_config
-
-        check_caller_follows_config(config, depth=2)
         return self
 
     def _label(self) -> str:
@@ -129,9 +141,7 @@ def _read(config: Any, attribute: str) -> Tuple[Any, bool]:
     """(value, True) from the first of `config` and its text config that sets `attribute` (not None)."""
     if config is None:
         return None, False
-    from .checks import _configs
-
-    for cfg in _configs(config):
+    for cfg in configs_of(config):
         value = getattr(cfg, attribute, None)
         if value is not None:
             return value, True
@@ -142,6 +152,6 @@ def _names(values: Iterable[str]) -> str:
     return ", ".join(repr(v) for v in values)
 
 
-def _did_you_mean(word: str, values: Iterable[str]) -> str:
+def _close_value_hint(word: str, values: Iterable[str]) -> str:
     close = difflib.get_close_matches(word, list(values), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""

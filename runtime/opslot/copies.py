@@ -30,47 +30,17 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
-import re
 import sys
 import threading
 import types
 from typing import Any, Dict, List, Optional
 
+from .copy_names import COPY_MARK, copy_name, named_binding, original_name
 from .slot import OpSlot
 
-COPY_MARK = "__opslot__"
-_IMPL_NAME = re.compile(r"^[A-Za-z0-9_]+$")
 #: Held while copies are created, bound, registered or released (re-entrant: build_model holds it
 #: around calls that take it too).
 LOCK = threading.RLock()
-
-
-def original_name(name: str) -> str:
-    """The module a copy was made from (the name itself for other modules)."""
-    base = name.split(COPY_MARK)[0]
-    return re.sub(r"__opslot_copy\d+$", "", base)
-
-
-def is_copy(name: str) -> bool:
-    return COPY_MARK in name or re.search(r"__opslot_copy\d+$", name) is not None
-
-
-def named_binding(name: str) -> Optional[List[str]]:
-    """The impls a copy's name says its module-level slots run (in slot-name order), or None when
-    `name` is not the name of a copy made by build_model."""
-    base, mark, tail = name.rpartition(COPY_MARK)
-    if not mark or not base or not tail or "__" in tail:
-        return None
-    return tail.split("-")
-
-
-def copy_name(module: types.ModuleType, impls: Dict[str, str]) -> Optional[str]:
-    """The name of the copy of `module` whose module-level slots run `impls` ({slot name: impl}),
-    None when an impl name cannot be spelt in it (then the copy gets a numbered, unpicklable name)."""
-    values = [impls[name] for name in sorted(impls)]
-    if not values or not all(_IMPL_NAME.match(v) and "__" not in v for v in values):
-        return None
-    return f"{original_name(module.__name__)}{COPY_MARK}{'-'.join(values)}"
 
 
 class _CopyLoader(importlib.machinery.SourceFileLoader):
@@ -166,7 +136,7 @@ def install_finder() -> None:
 def shared_copy(module: types.ModuleType, impls: Dict[str, str]) -> Optional[types.ModuleType]:
     """The copy of `module` bound to `impls` (imported, or reused when already loaded); None when
     the impls cannot be spelt in a module name."""
-    name = copy_name(module, impls)
+    name = copy_name(module.__name__, impls)
     if name is None:
         return None
     with LOCK:
@@ -206,15 +176,3 @@ def is_instance(obj: Any, cls: type) -> bool:
         return True
     target = (original_name(cls.__module__), cls.__qualname__)
     return any((original_name(k.__module__), k.__qualname__) == target for k in type(obj).__mro__)
-
-
-def slots_of_class(cls: type) -> Dict[str, OpSlot]:
-    """The module-level slots the methods of `cls` read: those of the globals of its functions
-    (its module's, also for a private copy no longer in sys.modules)."""
-    for value in vars(cls).values():
-        fn = getattr(value, "__func__", value)
-        globs = getattr(fn, "__globals__", None)
-        if isinstance(globs, dict) and globs.get("__name__") == cls.__module__:
-            return {k: v for k, v in globs.items() if isinstance(v, OpSlot)}
-    module = sys.modules.get(cls.__module__)
-    return {k: v for k, v in vars(module).items() if isinstance(v, OpSlot)} if module is not None else {}

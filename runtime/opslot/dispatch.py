@@ -46,9 +46,9 @@ from typing import Any, Dict, Iterable, List, Optional, Set, Tuple, Union
 
 import torch
 
-from .copies import original_name, slots_of_class
+from .copy_names import original_name
 from .ops import FIELD_FOR_OP, KNOWN_OPS
-from .slot import OpSlot
+from .slot import OpSlot, slots_of_class
 
 logger = logging.getLogger("opslot")
 

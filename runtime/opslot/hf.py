@@ -31,6 +31,14 @@ import re
 import types
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
+from .binding import EXPERTS_EAGER, build_model, carry_dispatch
+from .checks import check_module_upstream, import_generated
+from .copies import LOCK
+from .dispatch import watch_dispatch
+from .plan import binding_plan
+from .saved_choice import check_slots_follow, saved_ops
+from .slot import slots_of_class
+
 #: Keyword arguments of `from_pretrained` that locate files (passed to AutoConfig as well).
 _HUB_KWARGS = (
     "cache_dir",
@@ -129,11 +137,25 @@ def strict_from_pretrained(load: Callable[..., Any], *args: Any, strict: bool = 
     if strict:
         source = args[0] if args else kwargs.get("pretrained_model_name_or_path")
         check_loading_info(model, info, source, ignore_mismatched_sizes=kwargs.get("ignore_mismatched_sizes", False))
-    from .checks import check_model_follows_config
-
-    check_model_follows_config(model)  # a saved ops_implementation the module-level slots ignore: error
+    _check_follows_saved_ops(model)  # a saved ops_implementation the module-level slots ignore: error
     reach_moe_kernels(model, kwargs.get("experts_implementation"))
     return (model, info) if want_info else model
+
+
+def _check_follows_saved_ops(model: Any) -> None:
+    """Refuse a loaded model (e.g. `generated.Class.from_pretrained(dir)` of a checkpoint saved with
+    ops_implementation) whose module-level slots do not run what its `config.ops_implementation`
+    chooses (opslot.saved_choice); nothing to check when the config carries none."""
+    ops = saved_ops(getattr(model, "config", None))
+    named = getattr(model, "named_modules", None)
+    if ops is None or not callable(named):
+        return
+    seen = set()
+    for _, sub in named():
+        cls = type(sub)
+        if cls.__module__ not in seen:
+            seen.add(cls.__module__)
+            check_slots_follow(ops, slots_of_class(cls), cls.__module__)
 
 
 def reach_moe_kernels(model: Any, explicit: Optional[str] = None) -> None:
@@ -142,9 +164,6 @@ def reach_moe_kernels(model: Any, explicit: Optional[str] = None) -> None:
     saves it (`carry_dispatch`): a checkpoint whose config.json lacks it (saved by a model that was
     itself loaded) would otherwise dispatch to Transformers' default and never reach the kernel. An
     explicit `experts_implementation=` of the caller wins."""
-    from .binding import EXPERTS_EAGER, carry_dispatch
-    from .plan import binding_plan
-
     config = getattr(model, "config", None)
     if explicit is not None or config is None or not hasattr(config, "_experts_implementation"):
         return
@@ -183,11 +202,6 @@ def from_pretrained(
     build_model's (`allow_unreached` likewise); `allow_version_mismatch` is build_model's."""
     import torch
     from transformers import AutoConfig
-
-    from .binding import build_model
-    from .checks import check_module_upstream, import_generated
-    from .copies import LOCK, slots_of_class
-    from .dispatch import watch_dispatch
 
     if isinstance(module, str):  # refused before it is imported when generated for another release
         module = import_generated(module, allow_version_mismatch)

@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from .config_slot import ConfigSlot
-from .slot import OpSlot
+from .dispatch import dispatch_report
+from .slot import OpSlot, slots_of_class
 
 logger = logging.getLogger("opslot")
 
@@ -263,9 +264,6 @@ def binding_plan(target: Any) -> BindingPlan:
         raise TypeError(
             f"binding_plan takes a model (torch.nn.Module) or a generated module, got {type(target).__name__}"
         )
-    from .copies import slots_of_class
-    from .dispatch import dispatch_report
-
     report = dispatch_report(target)  # which slots ran, once the model's first step has started
     entries: List[PlanEntry] = []
     modules_seen: Dict[str, type] = {}

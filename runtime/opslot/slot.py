@@ -6,16 +6,24 @@
 An unbound slot (or one bound to "eager") reports `use_non_eager_impl == False`, so the guard falls
 through to the upstream code. A module-scoped slot is shared by every model built from that module;
 rebinding it while such models are alive warns, because it silently changes them too.
+
+`module_slots(module)`, `slots_of_class(cls)`: the module-level slots of a module, and those the
+methods of a class read.
 """
 
 from __future__ import annotations
 
+import sys
+import types
 import warnings
 import weakref
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
+from .checks import model_refusal
+from .legacy_caller import caller_namespace
 from .ops import EAGER
 from .registry import KERNEL_REGISTRY, KernelRegistry
+from .saved_choice import check_slots_follow, saved_ops
 
 
 class OpSlot:
@@ -86,7 +94,7 @@ class OpSlot:
         self._bind_count += 1
         return self
 
-    def bind_from(self, config: Any, *, registry: Optional[KernelRegistry] = None) -> "OpSlot":
+    def bind_from(self, config: Any, *, registry: Optional[KernelRegistry] = None, owner: Any = None) -> "OpSlot":
         """Bind from `config.ops_implementation` (set by build_model on its config copy: a dict or
         an OpsImplementationConfig); a config without it leaves the slot on eager (why "unbound"),
         as the module-level slots of a module nobody bound. $OPSLOT_FORCE_IMPL applies to what is
@@ -95,10 +103,31 @@ class OpSlot:
 
         A choice that cannot be honoured is a ValueError in config terms (the field, its value, the
         values possible for this slot); so is a model the op's kernels refuse (e.g. a swiglu_mlp
-        kernel on a model whose hidden_act is not SiLU)."""
-        from .checks import bind_from_config
-
-        return bind_from_config(self, config, registry=registry)
+        kernel on a model whose hidden_act is not SiLU), and a model whose module-level slots do not
+        follow the config (built directly from a saved config: opslot.saved_choice). Those are the
+        slots of the module of `owner`'s class (`owner=self` in a generated `__init__`); without
+        `owner`, of the module whose code called bind_from (opslot.legacy_caller)."""
+        registry = registry or KERNEL_REGISTRY
+        try:
+            ops = saved_ops(config)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"config.ops_implementation of {self._label()}: {exc}") from None
+        if ops is None:  # not built by opslot: like the module-level slots, nothing is bound
+            return self
+        caller = caller_namespace() if owner is None else None
+        impl, why = ops.choose(self.op, self.variant, registry=registry)
+        try:
+            ops.validate([(self.op, self.variant)], registry=registry)
+        except ValueError as exc:
+            raise ValueError(
+                f"cannot bind instance-scoped {self._label()} from config.ops_implementation: {exc}"
+            ) from None
+        module_name, module_level = constructing_module_slots(owner, caller)
+        check_slots_follow(ops, module_level, module_name, registry)
+        refusal = model_refusal(self.op, self.variant, impl, config)
+        if refusal is not None:
+            raise ValueError(f"cannot bind {self._label()}: {refusal}")
+        return self.bind(impl, registry=registry, why=why)
 
     @property
     def kernel(self) -> Optional[Callable[..., Any]]:
@@ -154,3 +183,40 @@ def _restore_slot(op: str, variant: str, name: Optional[str], impl: str, why: st
     else:
         slot._why = why
     return slot
+
+
+def slots_in(namespace: Mapping[str, Any]) -> Dict[str, OpSlot]:
+    """{name: slot} for every OpSlot among the values of `namespace` (a module's globals)."""
+    return {name: value for name, value in list(namespace.items()) if isinstance(value, OpSlot)}
+
+
+def module_slots(module: types.ModuleType) -> Dict[str, OpSlot]:
+    """{attribute name: slot} for every OpSlot defined at the top level of `module`."""
+    return slots_in(vars(module))
+
+
+def slots_of_class(cls: type) -> Dict[str, OpSlot]:
+    """The module-level slots the methods of `cls` read: those of the globals of its functions
+    (its module's, also for a private copy no longer in sys.modules)."""
+    for value in vars(cls).values():
+        fn = getattr(value, "__func__", value)
+        globs = getattr(fn, "__globals__", None)
+        if isinstance(globs, dict) and globs.get("__name__") == cls.__module__:
+            return slots_in(globs)
+    module = sys.modules.get(cls.__module__)
+    return module_slots(module) if module is not None else {}
+
+
+def constructing_module_slots(owner: Any, caller: Optional[Mapping[str, Any]] = None) -> Tuple[str, Dict[str, OpSlot]]:
+    """(module name, module-level slots) of the module constructing a model, which a saved ops
+    choice must be followed by: the first class of `owner`'s type (MRO order) whose module declares
+    slots, else, without an owner, the module globals `caller` (opslot.legacy_caller)."""
+    if owner is not None:
+        for cls in type(owner).__mro__:
+            slots = slots_of_class(cls)
+            if slots:
+                return cls.__module__, slots
+        return type(owner).__module__, {}
+    if caller is None:
+        return "?", {}
+    return caller.get("__name__", "?"), slots_in(caller)

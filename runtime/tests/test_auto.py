@@ -24,7 +24,7 @@ import opslot
 from opslot import DeviceInfo, auto, binding_plan, use_device
 from opslot.auto import AutoModel, AutoModelForCausalLM, AutoModelForImageTextToText, GeneratedModuleError
 from opslot.checks import GeneratedVersionError
-from opslot.copies import original_name
+from opslot.copy_names import original_name
 from opslot.hf import PartialLoadError
 from opslot.models import MODELS, ROLES, SPEC_FOLDERS_WITHOUT_MODELS, TARGETS, UnsupportedModelError
 
