@@ -5,6 +5,12 @@ Generated files declare `OpSlot(op, variant)` handles and guard upstream code wi
 slot runs (`OpsImplementationConfig`, `bind_ops`, `build_model`), keeps the catalogue of kernels
 (`KERNEL_REGISTRY`, extensible by plug-ins) and ships portable PyTorch and NPU kernels with fp32
 references. See docs/runtime.md and docs/ops.md.
+
+What `import opslot` does besides defining names: it refuses a torch older than MIN_TORCH, and puts
+one finder on `sys.meta_path` (opslot.copies.install_copy_finder) that answers only the names of
+private module copies (`<module>__opslot__<impls>`), so that a pickled model of a copy loads in a new
+process. It registers no kernel: KERNEL_REGISTRY registers the built-in ones the first time it is
+used, and the plug-ins the first time it is queried. It imports no Transformers.
 """
 
 import torch as _torch
@@ -31,7 +37,7 @@ from . import auto, compat, hf, loss_hook, models  # noqa: F401  (opslot.auto, o
 from .auto import AutoModel, AutoModelForCausalLM, AutoModelForImageTextToText, GeneratedModuleError
 from .binding import bind_ops, build_model, load_private_copy
 from .config_slot import ConfigSlot
-from .copies import install_finder as _install_finder, is_instance, release_unused_copies
+from .copies import install_copy_finder as _install_copy_finder, is_instance, release_unused_copies
 from .device_defaults import CUDA_DEFAULTS, NPU_DEFAULTS
 from .dispatch import (
     DispatchReport,
@@ -43,7 +49,6 @@ from .dispatch import (
 )
 from .force_override import FORCE_ENV
 from .hardware import DeviceInfo, HardwareRequirement, current_device, set_device_detector, use_device
-from .kernels import register_builtin_kernels
 from .loss_hook import CausalLMLoss, CausalLMLossHandle, install_causal_lm_loss, installed_causal_lm_loss
 from .models import MODELS, UnsupportedModelError
 from .ops import EAGER, FIELD_FOR_OP, KNOWN_OPS
@@ -52,8 +57,7 @@ from .plan import BindingPlan, PlanEntry, binding_plan, declared_config_slots, d
 from .registry import KERNEL_REGISTRY, PLUGIN_GROUP, KernelRegistry, KernelSpec, register_kernel
 from .slot import OpSlot, module_slots
 
-register_builtin_kernels(KERNEL_REGISTRY)
-_install_finder()  # private module copies import by name (pickled models)
+_install_copy_finder()  # the one import-time effect (see the docstring): pickled models of copies load by name
 
 __all__ = [
     "AutoModel",
@@ -93,7 +97,6 @@ __all__ = [
     "is_instance",
     "load_private_copy",
     "module_slots",
-    "register_builtin_kernels",
     "register_kernel",
     "release_unused_copies",
     "set_device_detector",

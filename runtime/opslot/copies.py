@@ -6,9 +6,10 @@ with other choices cannot change it. The copy is named after its binding:
 `patched_modeling_toy_gpu__opslot__eager-torch-eager-eager`. Consequences:
 
 - models with the same module-level binding share one copy (copies no longer pile up per model);
-- the name alone re-creates the copy: a meta-path finder, installed by `import opslot`, imports any
-  such name by loading the original module's file again and binding its slots as the name says. So
-  `pickle` / `torch.save(model)` of a whole model loads in a new process (`import opslot` first);
+- the name alone re-creates the copy: a meta-path finder (`install_copy_finder`, called by
+  `import opslot`; it answers such names only) imports one by loading the original module's file
+  again and binding its slots as the name says. So `pickle` / `torch.save(model)` of a whole model
+  loads in a new process (`import opslot` first);
 - copies whose models are all gone are dropped from `sys.modules` (`release_unused_copies`, run by
   every `build_model`), and garbage-collected with their classes. A model restored from a copy's
   classes (`pickle`, `torch.load`, `copy.deepcopy`: all call `__setstate__`) is recorded as a user
@@ -128,7 +129,9 @@ class _CopyFinder(importlib.abc.MetaPathFinder):
         return importlib.util.spec_from_file_location(fullname, file, loader=loader)
 
 
-def install_finder() -> None:
+def install_copy_finder() -> None:
+    """Put the finder of copy names on `sys.meta_path` (once). `import opslot` does, so that a pickled model
+    of a copy loads in a new process (see the module docstring)."""
     if not any(isinstance(f, _CopyFinder) for f in sys.meta_path):
         sys.meta_path.append(_CopyFinder())
 
@@ -143,7 +146,7 @@ def shared_copy(module: types.ModuleType, impls: Dict[str, str]) -> Optional[typ
         existing = sys.modules.get(name)
         if existing is not None and getattr(existing, "__file__", None) != getattr(module, "__file__", None):
             del sys.modules[name]  # a copy of another file of the same module name (e.g. generated elsewhere)
-        install_finder()
+        install_copy_finder()
         return importlib.import_module(name)
 
 

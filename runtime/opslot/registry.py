@@ -5,6 +5,10 @@ A `KernelSpec` names one implementation of one (op, variant). Its `factory` is i
 nothing on machines that never use it. Third-party packages add kernels by calling `register`, or
 through the entry-point group `opslot.kernels` (each entry point is a callable taking the registry),
 loaded once, the first time the global registry is asked for anything.
+
+The global registry, `KERNEL_REGISTRY`, registers opslot's built-in kernels (opslot.kernels) itself
+the first time it is used (registered into, queried or resolved from), before the plug-ins: importing
+opslot registers nothing.
 """
 
 from __future__ import annotations
@@ -68,14 +72,41 @@ def _suggest(word: str, candidates: Iterable[str]) -> str:
     return f"; did you mean {close[0]!r}?" if close else ""
 
 
-class KernelRegistry:
-    """(op, variant) -> {implementation name: KernelSpec}."""
+_Builtins = Union[str, Callable[["KernelRegistry"], None]]
 
-    def __init__(self, plugin_group: Optional[str] = None) -> None:
+
+class KernelRegistry:
+    """(op, variant) -> {implementation name: KernelSpec}.
+
+    `builtins` ("module:function" imported lazily, or a callable) registers kernels into the registry,
+    once, before its first registration or query; `plugin_group` names the entry-point group of
+    plug-ins, run once before its first query."""
+
+    def __init__(self, plugin_group: Optional[str] = None, builtins: Optional[_Builtins] = None) -> None:
         self._kernels: Dict[Tuple[str, str], Dict[str, KernelSpec]] = {}
         self._plugin_group = plugin_group
         self._plugins_loaded = plugin_group is None
+        self._builtins = builtins
+        self._loading_builtins = False
         self._lock = threading.RLock()
+
+    # -- built-ins ----------------------------------------------------------------------------
+    def _ensure_builtins(self) -> None:
+        if self._builtins is None:  # registered (or none): other threads wait on the lock until then
+            return
+        with self._lock:
+            if self._builtins is None or self._loading_builtins:  # loading: their own register() calls
+                return
+            self._loading_builtins = True
+            try:
+                builtins = self._builtins
+                if isinstance(builtins, str):
+                    module_name, _, attr = builtins.partition(":")
+                    builtins = getattr(importlib.import_module(module_name), attr)
+                builtins(self)
+            finally:  # also after a failure: registering them again would clash with those registered
+                self._builtins = None
+                self._loading_builtins = False
 
     # -- plug-ins -----------------------------------------------------------------------------
     def load_plugins(self) -> List[str]:
@@ -84,6 +115,7 @@ class KernelRegistry:
             if self._plugins_loaded:
                 return []
             self._plugins_loaded = True  # set first: a failing plug-in is not retried on every call
+            self._ensure_builtins()  # a plug-in replaces a built-in kernel with force=True, as before
             from importlib.metadata import entry_points
 
             names = []
@@ -100,12 +132,14 @@ class KernelRegistry:
             return names
 
     def _ensure_plugins(self) -> None:
+        self._ensure_builtins()
         if not self._plugins_loaded:
             self.load_plugins()
 
     # -- registration -------------------------------------------------------------------------
     def register(self, spec: KernelSpec, *, force: bool = False) -> KernelSpec:
         """Add `spec`; a second kernel with the same (op, variant, name) is an error unless `force`."""
+        self._ensure_builtins()
         with self._lock:
             impls = self._kernels.setdefault((spec.op, spec.variant), {})
             old = impls.get(spec.name)
@@ -141,6 +175,7 @@ class KernelRegistry:
 
     def unregister(self, op: str, variant: str, name: str) -> None:
         """Remove one kernel (KeyError if absent)."""
+        self._ensure_builtins()
         with self._lock:
             del self._kernels[(op, variant)][name]
 
@@ -216,8 +251,9 @@ class KernelRegistry:
         return self.get(op, variant, name) is not None
 
 
-#: The process-wide registry: built-in kernels plus entry-point plug-ins (group `opslot.kernels`).
-KERNEL_REGISTRY = KernelRegistry(plugin_group=PLUGIN_GROUP)
+#: The process-wide registry: built-in kernels (registered on first use) plus entry-point plug-ins
+#: (group `opslot.kernels`, loaded on first query).
+KERNEL_REGISTRY = KernelRegistry(plugin_group=PLUGIN_GROUP, builtins=f"{__package__}.kernels:register_builtin_kernels")
 
 
 def register_kernel(

@@ -9,10 +9,10 @@ from opslot import (
     KernelRegistry,
     KernelSpec,
     OpsImplementationConfig,
-    register_builtin_kernels,
     use_device,
 )
 from opslot.device_defaults import CPU_DEFAULTS, set_cuda_kernels_check
+from opslot.kernels import register_builtin_kernels
 
 NPU = DeviceInfo("npu")
 H200 = DeviceInfo("cuda", (9, 0))

@@ -6,7 +6,8 @@ import uuid
 
 import pytest
 
-from opslot import KernelRegistry, OpSlot, bind_ops, register_builtin_kernels
+from opslot import KernelRegistry, OpSlot, bind_ops
+from opslot.kernels import register_builtin_kernels
 
 
 def install_plugin(tmp_path, monkeypatch, body):

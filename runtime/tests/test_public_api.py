@@ -1,5 +1,7 @@
 """`opslot.__all__` is the public API, pinned: a name added or dropped is a deliberate change of this
-list (and of docs/runtime.md), never a side effect of an import."""
+list (and of docs/runtime.md), never a side effect of an import. (`register_builtin_kernels` left it: the
+registry registers the built-in kernels on first use; `opslot.kernels.register_builtin_kernels` fills a
+registry of one's own.)"""
 
 import opslot
 
@@ -11,7 +13,7 @@ PUBLIC = [
     "UnreachedSlotError", "UnreachedSlotWarning", "UnsupportedModelError", "bind_ops", "binding_plan", "build_model",
     "check_dispatch", "current_device", "declared_config_slots", "declared_slots", "dispatch_report",
     "install_causal_lm_loss", "installed_causal_lm_loss", "is_instance", "load_private_copy", "module_slots",
-    "register_builtin_kernels", "register_kernel", "release_unused_copies", "set_device_detector", "use_device",
+    "register_kernel", "release_unused_copies", "set_device_detector", "use_device",
     "watch_dispatch",
 ]  # fmt: skip
 

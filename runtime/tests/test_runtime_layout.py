@@ -233,6 +233,16 @@ def _fresh_python(code):
     return out.stdout.strip()
 
 
+def test_import_opslot_registers_kernels_when_the_registry_is_first_asked():
+    code = (
+        "import opslot\n"
+        "reg = opslot.KERNEL_REGISTRY\n"
+        "print(len(reg._kernels))\n"
+        "print(reg.get('rms_norm', 'standard', 'torch').factory)\n"
+    )
+    assert _fresh_python(code).splitlines() == ["0", "opslot.kernels.torch_ops:rms_norm_standard"]
+
+
 def test_import_opslot_installs_only_the_copy_finder():
     code = (
         "import sys\n"
@@ -250,3 +260,29 @@ def test_a_fresh_registry_gets_the_builtin_kernels_only_when_asked_to():
     assert reg.list_available() == {}
     register_builtin_kernels(reg)
     assert reg.get("rms_norm", "standard", "torch") is not None
+
+
+def test_a_registry_registers_its_builtins_once_and_other_threads_wait_for_them():
+    import threading
+
+    started, release, calls = threading.Event(), threading.Event(), []
+
+    def builtins(reg):
+        calls.append(1)
+        started.set()
+        release.wait(10)
+        reg.register(opslot.KernelSpec("k", "rms_norm", "standard", lambda: abs))
+
+    reg = opslot.KernelRegistry(builtins=builtins)
+    first = threading.Thread(target=reg.get, args=("rms_norm", "standard", "k"))
+    first.start()
+    assert started.wait(10)
+    seen = []
+    second = threading.Thread(target=lambda: seen.append(reg.get("rms_norm", "standard", "k")))
+    second.start()
+    second.join(0.2)
+    assert seen == []  # waiting for the first thread's registration, not answering from a half-filled registry
+    release.set()
+    first.join(10)
+    second.join(10)
+    assert [s.name for s in seen] == ["k"] and calls == [1]
