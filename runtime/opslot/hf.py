@@ -35,7 +35,9 @@ from .binding import EXPERTS_EAGER, build_model, carry_dispatch
 from .checks import check_module_upstream, import_generated
 from .copies import LOCK
 from .dispatch import watch_dispatch
+from .hardware import DeviceInfo
 from .plan import binding_plan
+from .registry import KernelRegistry
 from .saved_choice import check_slots_follow, saved_ops
 from .slot import slots_of_class
 
@@ -185,9 +187,9 @@ def from_pretrained(
     ops: Any = None,
     *,
     private_copy: bool = True,
-    registry: Any = None,
-    device: Any = None,
-    allow_unreached: Any = False,
+    registry: Optional[KernelRegistry] = None,
+    device: Optional[DeviceInfo] = None,
+    allow_unreached: Union[bool, Iterable[str]] = False,
     allow_version_mismatch: bool = False,
     **kwargs: Any,
 ) -> Any:
