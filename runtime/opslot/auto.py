@@ -130,7 +130,7 @@ def cache_dir(version: str) -> Path:
 # --- lookup -------------------------------------------------------------------------------------------------
 
 
-def _target(target: Optional[str], device: Optional[DeviceInfo]) -> str:
+def _device_target(target: Optional[str], device: Optional[DeviceInfo]) -> str:
     return target if target is not None else target_for_device((device or current_device()).type)
 
 
@@ -153,7 +153,7 @@ def locate_generated(
     """The file of `model_type`'s generated module for `target` ("gpu"/"npu"; default from `device`,
     else `opslot.current_device()`), generated into the cache when needed (module docstring)."""
     entry = model_entry(model_type)
-    target = _target(target, device)
+    target = _device_target(target, device)
     module = entry.module(target)
     version, source_root = installed_upstream()
     explicit = (str(generated_dir), "generated_dir=") if generated_dir is not None else None

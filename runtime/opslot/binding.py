@@ -268,7 +268,7 @@ def build_model(
     imported when `module` is a name) unless `allow_version_mismatch` (docs/runtime.md)."""
     _check_hf_config(hf_config)
     config = _ops_for(hf_config, ops)
-    module, class_name = _target(module, model_class, allow_version_mismatch)
+    module, class_name = _build_target(module, model_class, allow_version_mismatch)
     chosen = _check_choices(config, hf_config, module, class_name, registry, device)
     with (
         allowing_version_mismatch(allow_version_mismatch),
@@ -326,7 +326,7 @@ def _ops_for(hf_config: Any, ops: Any) -> OpsImplementationConfig:
     return config
 
 
-def _target(
+def _build_target(
     module: Union[str, types.ModuleType, None],
     model_class: Union[str, type, None],
     allow_version_mismatch: bool = False,

@@ -176,7 +176,7 @@ def reach_moe_kernels(model: Any, explicit: Optional[str] = None) -> None:
     carry_dispatch(config, "experts_implementation", EXPERTS_EAGER)
 
 
-def _resolve_module(module: Union[str, types.ModuleType]) -> types.ModuleType:
+def _module_of(module: Union[str, types.ModuleType]) -> types.ModuleType:
     return importlib.import_module(module) if isinstance(module, str) else module
 
 
@@ -307,7 +307,7 @@ def register_auto_classes(
     `config.ops_implementation`, which `from_pretrained(..., config=...)` can carry."""
     from transformers import PreTrainedModel
 
-    module = _resolve_module(module)
+    module = _module_of(module)
     generated = {
         name: obj
         for name, obj in vars(module).items()
