@@ -59,6 +59,12 @@ const KernelTable& kernels() {
   return *table;
 }
 
+void missing_entry(const KernelTable& table, const char* name) {
+  TORCH_CHECK(false, table.path, " has no entry point ", name,
+              ": it was built without that kernel (OPSLOT_KERNELS_ONLY?) or is older than this "
+              "opslot; rebuild kernels/");
+}
+
 void check_status(const KernelTable& table, int rc, const char* name) {
   TORCH_CHECK(rc == 0, "opslot cuda kernel ", name, " failed (", rc,
               "): ", table.opslot_last_error());

@@ -82,18 +82,18 @@ std::tuple<at::Tensor, at::Tensor> fwd_cuda(at::TensorList logits, const OptTens
   Layers l = layers(logits);
   int n_layers = static_cast<int>(logits.size());
   int experts = static_cast<int>(num_experts);
-  int64_t floats = k.opslot_load_balancing_scratch_floats(n_layers, first.size(0), experts);
+  int64_t floats =
+      OPSLOT_ENTRY(k, opslot_load_balancing_scratch_floats)(n_layers, first.size(0), experts);
   TORCH_CHECK(floats >= 0, "opslot cuda kernel load_balancing: ", k.opslot_last_error());
   auto options = first.options().dtype(at::kFloat);
   at::Tensor scratch = at::empty({std::max<int64_t>(floats, 1)}, options);
   at::Tensor loss = at::empty({}, options), coef = at::empty({num_experts}, options);
   at::Tensor m = mask.has_value() ? mask->contiguous() : at::Tensor();
-  int rc = k.opslot_load_balancing_fwd(
-      dtype_code(first, "load_balancing_loss"), n_layers, l.pointers.data(), l.row_strides.data(),
-      first.size(0), experts, static_cast<int>(top_k), static_cast<const float*>(ptr(m)),
-      static_cast<float*>(mutable_ptr(scratch)), static_cast<float*>(mutable_ptr(loss)),
-      static_cast<float*>(mutable_ptr(coef)), stream_of(first));
-  check_status(k, rc, "opslot_load_balancing_fwd");
+  OPSLOT_LAUNCH(k, opslot_load_balancing_fwd, dtype_code(first, "load_balancing_loss"), n_layers,
+                l.pointers.data(), l.row_strides.data(), first.size(0), experts,
+                static_cast<int>(top_k), static_cast<const float*>(ptr(m)),
+                static_cast<float*>(mutable_ptr(scratch)), static_cast<float*>(mutable_ptr(loss)),
+                static_cast<float*>(mutable_ptr(coef)), stream_of(first));
   return {loss, coef};
 }
 
@@ -118,12 +118,11 @@ at::Tensor bwd_cuda(const at::Tensor& grad, at::TensorList logits, const OptTens
   at::Tensor g = grad.to(first.device(), at::kFloat).reshape({1}).contiguous();
   at::Tensor c = coef.contiguous();
   at::Tensor m = mask.has_value() ? mask->contiguous() : at::Tensor();
-  int rc = k.opslot_load_balancing_bwd(
-      dtype_code(first, "load_balancing_loss"), static_cast<int>(logits.size()), l.pointers.data(),
-      l.row_strides.data(), first.size(0), static_cast<int>(first.size(1)),
-      static_cast<const float*>(ptr(m)), static_cast<const float*>(ptr(c)),
-      static_cast<const float*>(ptr(g)), outs.data(), stream_of(first));
-  check_status(k, rc, "opslot_load_balancing_bwd");
+  OPSLOT_LAUNCH(k, opslot_load_balancing_bwd, dtype_code(first, "load_balancing_loss"),
+                static_cast<int>(logits.size()), l.pointers.data(), l.row_strides.data(),
+                first.size(0), static_cast<int>(first.size(1)), static_cast<const float*>(ptr(m)),
+                static_cast<const float*>(ptr(c)), static_cast<const float*>(ptr(g)), outs.data(),
+                stream_of(first));
   return out;
 }
 

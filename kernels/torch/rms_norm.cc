@@ -90,12 +90,11 @@ std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& x, const OptTensor
   OptTensor wv = aligned(weight);
   at::Tensor y = at::empty(x.sizes(), x.options().dtype(out_dtype(x, weight, mode)));
   at::Tensor rstd = at::empty(x.sizes().slice(0, x.dim() - 1), x.options().dtype(at::kFloat));
-  int rc = k.opslot_rms_norm_fwd(static_cast<int>(mode), dtype_code(x, "rms_norm"),
-                                 dtype_code(wv.value_or(x), "rms_norm"), xv.size(0), xv.size(1),
-                                 static_cast<float>(eps), ptr(xv), row_stride(xv), ptr(gv),
-                                 gv.has_value() ? row_stride(*gv) : 0, ptr(wv), mutable_ptr(y),
-                                 static_cast<float*>(mutable_ptr(rstd)), stream_of(x));
-  check_status(k, rc, "opslot_rms_norm_fwd");
+  OPSLOT_LAUNCH(k, opslot_rms_norm_fwd, static_cast<int>(mode), dtype_code(x, "rms_norm"),
+                dtype_code(wv.value_or(x), "rms_norm"), xv.size(0), xv.size(1),
+                static_cast<float>(eps), ptr(xv), row_stride(xv), ptr(gv),
+                gv.has_value() ? row_stride(*gv) : 0, ptr(wv), mutable_ptr(y),
+                static_cast<float*>(mutable_ptr(rstd)), stream_of(x));
   return {y, rstd};
 }
 
@@ -114,7 +113,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_meta(const at::Tensor& dy, co
 // Rows of fp32 scratch for the weight gradient (0 for the unweighted variant).
 int64_t partial_rows(const KernelTable& k, int64_t mode, int w_code, const at::Tensor& xv,
                      const OptTensor& gv, const at::Tensor& dyv) {
-  int64_t rows = k.opslot_rms_norm_bwd_partial_rows(
+  int64_t rows = OPSLOT_ENTRY(k, opslot_rms_norm_bwd_partial_rows)(
       static_cast<int>(mode), dtype_code(xv, "rms_norm"), w_code, xv.size(0), xv.size(1), ptr(xv),
       row_stride(xv), ptr(gv), gv.has_value() ? row_stride(*gv) : 0, ptr(dyv), row_stride(dyv));
   TORCH_CHECK(rows >= 0, "opslot cuda kernel rms_norm backward: ", k.opslot_last_error());
@@ -138,12 +137,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cuda(const at::Tensor& dy, co
     int64_t rows = partial_rows(k, mode, w_code, xv, gv, dyv);
     partial = at::empty({std::max<int64_t>(rows, 1), xv.size(1)}, x.options().dtype(at::kFloat));
   }
-  int rc = k.opslot_rms_norm_bwd(
-      static_cast<int>(mode), dtype_code(x, "rms_norm"), w_code, xv.size(0), xv.size(1), ptr(xv),
-      row_stride(xv), ptr(gv), gv.has_value() ? row_stride(*gv) : 0, ptr(wv),
-      static_cast<const float*>(ptr(rstd)), ptr(dyv), row_stride(dyv), mutable_ptr(dx),
-      mutable_ptr(dgate), static_cast<float*>(mutable_ptr(partial)), mutable_ptr(dw), stream_of(x));
-  check_status(k, rc, "opslot_rms_norm_bwd");
+  OPSLOT_LAUNCH(k, opslot_rms_norm_bwd, static_cast<int>(mode), dtype_code(x, "rms_norm"), w_code,
+                xv.size(0), xv.size(1), ptr(xv), row_stride(xv), ptr(gv),
+                gv.has_value() ? row_stride(*gv) : 0, ptr(wv), static_cast<const float*>(ptr(rstd)),
+                ptr(dyv), row_stride(dyv), mutable_ptr(dx), mutable_ptr(dgate),
+                static_cast<float*>(mutable_ptr(partial)), mutable_ptr(dw), stream_of(x));
   return {dx, dgate, dw};
 }
 

@@ -110,11 +110,10 @@ void launch(bool backward, const at::Tensor& q_in, const at::Tensor& k_in, const
   const KernelTable& k = prepare(q_in);
   at::Tensor cos = last_contiguous(cos_in), sin = last_contiguous(sin_in);
   std::array<int64_t, 30> meta = layout(q_in, q_out, k_in, k_out, cos, sin, unsqueeze_dim);
-  int rc = k.opslot_rope(backward ? 1 : 0, dtype_code(q_in, "rotary_pos_emb"),
-                         dtype_code(cos, "rotary_pos_emb"), q_in.size(-1), cos.size(-1), ptr(cos),
-                         ptr(sin), ptr(q_in), mutable_ptr(q_out), ptr(k_in), mutable_ptr(k_out),
-                         meta.data(), stream_of(q_in));
-  check_status(k, rc, "opslot_rope");
+  OPSLOT_LAUNCH(k, opslot_rope, backward ? 1 : 0, dtype_code(q_in, "rotary_pos_emb"),
+                dtype_code(cos, "rotary_pos_emb"), q_in.size(-1), cos.size(-1), ptr(cos), ptr(sin),
+                ptr(q_in), mutable_ptr(q_out), ptr(k_in), mutable_ptr(k_out), meta.data(),
+                stream_of(q_in));
 }
 
 using Pair = std::tuple<at::Tensor, at::Tensor>;

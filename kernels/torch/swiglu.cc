@@ -28,9 +28,8 @@ at::Tensor fwd_cuda(const at::Tensor& gate, const at::Tensor& up) {
   const KernelTable& k = prepare(gate);
   at::Tensor g = gate.contiguous(), u = up.contiguous();
   at::Tensor out = at::empty(gate.sizes(), gate.options());
-  int rc = k.opslot_silu_mul_fwd(dtype_code(g, "silu_mul"), g.numel(), ptr(g), ptr(u),
-                                 mutable_ptr(out), stream_of(g));
-  check_status(k, rc, "opslot_silu_mul_fwd");
+  OPSLOT_LAUNCH(k, opslot_silu_mul_fwd, dtype_code(g, "silu_mul"), g.numel(), ptr(g), ptr(u),
+                mutable_ptr(out), stream_of(g));
   return out;
 }
 
@@ -50,9 +49,8 @@ std::tuple<at::Tensor, at::Tensor> bwd_cuda(const at::Tensor& grad, const at::Te
   at::Tensor d = grad.to(gate.scalar_type()).contiguous();
   at::Tensor dg = at::empty(gate.sizes(), gate.options());
   at::Tensor du = at::empty(gate.sizes(), gate.options());
-  int rc = k.opslot_silu_mul_bwd(dtype_code(g, "silu_mul"), g.numel(), ptr(g), ptr(u), ptr(d),
-                                 mutable_ptr(dg), mutable_ptr(du), stream_of(g));
-  check_status(k, rc, "opslot_silu_mul_bwd");
+  OPSLOT_LAUNCH(k, opslot_silu_mul_bwd, dtype_code(g, "silu_mul"), g.numel(), ptr(g), ptr(u),
+                ptr(d), mutable_ptr(dg), mutable_ptr(du), stream_of(g));
   return {dg, du};
 }
 

@@ -108,6 +108,9 @@ def binding_names() -> Dict[str, Set[str]]:
     return out
 
 
+COMMON_ENTRIES = {"opslot_abi_version", "opslot_last_error", "opslot_check_device"}  # required when loading
+
+
 def table_entry_points() -> Set[str]:
     """The X(opslot_...) entries of the torch ops' entry-point table (kernels/torch/kernel_table.h)."""
     return set(re.findall(r"\bX\((opslot_\w+)\)", TABLE.read_text()))
@@ -162,15 +165,19 @@ def test_every_binding_entry_point_is_declared_and_exported():
 
 def test_the_torch_ops_table_calls_only_declared_entry_points():
     """kernel_table.h types each entry by decltype of its header prototype (a mismatch does not
-    compile); here: the list names only production entry points, and every torch-op source calls
-    the kernels through the table (no entry point is named outside it)."""
+    compile); here: the list is exactly the production entry points, and every torch-op source calls
+    them through OPSLOT_LAUNCH / OPSLOT_ENTRY (which name an entry point a library lacks)."""
     table = table_entry_points()
     assert {"opslot_rms_norm_fwd", "opslot_rope", "opslot_silu_mul_fwd", "opslot_load_balancing_fwd"} <= table
     assert sorted(table - production_declarations()) == []
-    called = set()
+    called, direct = set(), []
     for cc in sorted(TABLE.parent.glob("*.cc")):
-        called |= set(re.findall(r"\bk\.(opslot_\w+)\(", cc.read_text()))
+        text = cc.read_text()
+        called |= set(re.findall(r"\bOPSLOT_(?:LAUNCH|ENTRY)\(\w+, (opslot_\w+)", text))
+        direct += [f"{cc.name}: {n}" for n in re.findall(r"\.(opslot_\w+)\(", text) if n not in COMMON_ENTRIES]
     assert called and sorted(called - table) == []
+    assert direct == [], "entry points called without OPSLOT_LAUNCH/OPSLOT_ENTRY (which name a missing one)"
+    assert sorted(production_declarations() - table) == [], "kernel_table.h lacks entry points"
 
 
 def test_torch_ops_library_exports_only_its_two_functions():

@@ -309,24 +309,28 @@ def _attach(ops: ctypes.CDLL, kernels_path: str) -> None:
 
 
 def torch_ops() -> ctypes.CDLL:
-    """libopslot_torch.so, loaded once (its ops registered with torch), attached to the kernel
-    library when that one loads here. KernelLibraryError (remembered) when it cannot be loaded."""
+    """libopslot_torch.so, loaded once (its ops registered with torch) and attached to the kernel
+    library when that one loads here (on a machine without it, the Meta kernels work and a CUDA
+    call says why). KernelLibraryError (remembered) when it cannot be loaded or attached."""
     global _torch_ops_lib, _torch_ops_error
     if _torch_ops_lib is not None:
         return _torch_ops_lib
+    try:
+        kernels_path: Optional[str] = library()._opslot_path  # type: ignore[attr-defined]
+    except KernelLibraryError:
+        kernels_path = None
     with _lock:
         if _torch_ops_lib is None:
             if _torch_ops_error is not None:
                 raise KernelLibraryError(_torch_ops_error)
             try:
-                _torch_ops_lib = _find_torch_ops()
+                lib = _find_torch_ops()
+                if kernels_path is not None:
+                    _attach(lib, kernels_path)
             except KernelLibraryError as exc:
                 _torch_ops_error = str(exc)
                 raise
-    try:
-        _attach(_torch_ops_lib, library()._opslot_path)  # type: ignore[attr-defined]
-    except KernelLibraryError:
-        pass  # no kernel library here (a CPU machine): the Meta kernels work, CUDA calls say why
+            _torch_ops_lib = lib
     return _torch_ops_lib
 
 
