@@ -97,6 +97,16 @@ def _text(prefix: str) -> Dict[str, str]:
     return {"causal_lm": f"{prefix}ForCausalLM", "base": f"{prefix}Model"}
 
 
+def _vision_language(model_type: str, prefix: str) -> Dict[str, Dict[str, str]]:
+    """A vision-language family (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE): the multimodal model type
+    (`AutoModel` -> `*Model`, `AutoModelForImageTextToText` -> `*ForConditionalGeneration`) and its text
+    model type (`AutoModel` -> `*TextModel`). Neither has a causal_lm: Transformers maps none for them."""
+    return {
+        model_type: {"base": f"{prefix}Model", "conditional_generation": f"{prefix}ForConditionalGeneration"},
+        f"{model_type}_text": {"base": f"{prefix}TextModel"},
+    }
+
+
 GPU, GPU_NPU = ("gpu",), ("gpu", "npu")
 
 #: model_type -> GeneratedModel, for every real-model spec folder under specs/.
@@ -117,6 +127,8 @@ MODELS: Dict[str, GeneratedModel] = _models(
     ("gpt_oss", GPU, {"gpt_oss": _text("GptOss")}),
     ("llama", GPU, {"llama": _text("Llama")}),
     ("qwen2", GPU, {"qwen2": _text("Qwen2")}),
+    ("qwen2_5_vl", GPU, _vision_language("qwen2_5_vl", "Qwen2_5_VL")),
+    ("qwen2_vl", GPU, _vision_language("qwen2_vl", "Qwen2VL")),
     ("qwen3", GPU_NPU, {"qwen3": _text("Qwen3")}),
     (
         "qwen3_5",
@@ -143,6 +155,8 @@ MODELS: Dict[str, GeneratedModel] = _models(
         },
     ),
     ("qwen3_moe", GPU_NPU, {"qwen3_moe": _text("Qwen3Moe")}),
+    ("qwen3_vl", GPU_NPU, _vision_language("qwen3_vl", "Qwen3VL")),
+    ("qwen3_vl_moe", GPU_NPU, _vision_language("qwen3_vl_moe", "Qwen3VLMoe")),
     ("seed_oss", GPU_NPU, {"seed_oss": _text("SeedOss")}),
 )
 

@@ -31,6 +31,11 @@ specs/<model>/ folder must have a case below. Then, for every model:
      real one is missing) and, run eagerly here, equals upstream; then it runs with the NPU defaults
      on a simulated NPU (runtime/tests/fake_torch_npu.py computes each torch_npu operator's math):
      logits close to upstream's, a training step, every bound slot ran.
+The vision-language models (tests/models/vision_language.py: Qwen2-VL, Qwen2.5-VL, Qwen3-VL,
+Qwen3-VL-MoE) go through the same stages with their processor-facing `*ForConditionalGeneration` in
+place of the `*ForCausalLM`: a tiny composite (text + vision) config, and real multimodal inputs (an
+image in one row, a video in the other, `mm_token_type_ids`, padding, labels -100 on padding and
+placeholders), so every gradient includes the vision tower's; they have no sequence-classification head.
 One model's failure is reported and the others continue; the exit status is 1 if any failed.
 The per-model table is printed and written to $OUT (e2e.md, e2e.csv, e2e.json).
 
@@ -66,6 +71,9 @@ sys.path.insert(0, str(ROOT / "runtime"))
 import torch  # noqa: E402
 
 from opslot.testing import max_abs_diff  # noqa: E402  (runtime/ is on sys.path above)
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import vision_language  # noqa: E402  (tests/models/vision_language.py: the vision-language cases)
 
 #: Tolerances for the `torch` kernels against upstream eager, fp32 (outputs and gradients).
 RTOL, ATOL = 1e-3, 1e-4
@@ -258,6 +266,11 @@ CASES = [
     ),
 ]
 
+#: The vision-language models (tests/models/vision_language.py): their processor-facing
+#: *ForConditionalGeneration with a tiny composite config and real multimodal inputs (an image, a video).
+VL_CASES = vision_language.VL_CASES
+ALL_CASES = [*CASES, *VL_CASES]
+
 
 # -- result record -----------------------------------------------------------------------------------
 @dataclasses.dataclass
@@ -371,6 +384,21 @@ def make_inputs(vocab: int, device: torch.device) -> Dict[str, torch.Tensor]:
     labels = input_ids.clone()
     labels[attention_mask == 0] = -100
     return {k: v.to(device) for k, v in dict(input_ids=input_ids, attention_mask=attention_mask, labels=labels).items()}
+
+
+def case_config(case):
+    """The tiny config of a text case (`make_config`) or of a vision-language one (its composite config)."""
+    if isinstance(case, vision_language.VLCase):
+        return vision_language.make_config(case)
+    return make_config(case)
+
+
+def case_inputs(case, config, device: torch.device) -> Dict[str, torch.Tensor]:
+    """The inputs of a text case (`make_inputs`) or of a vision-language one (an image in one row, a
+    video in the other, padding, labels)."""
+    if isinstance(case, vision_language.VLCase):
+        return vision_language.make_inputs(case, config, device)
+    return make_inputs(config.vocab_size, device)
 
 
 def forward_kwargs(inputs, moe: bool) -> Dict[str, Any]:
@@ -507,14 +535,14 @@ def check_model(case: Case, args, device: torch.device) -> Result:
         res.slots = " ".join(f"{s.op}/{s.variant}" for _, s in sorted(slots.items()))
 
         # 2. upstream model with deterministic random weights
-        config = make_config(case)
+        config = case_config(case)
         upstream_cls = getattr(importlib.import_module(case.upstream_module), case.causal_lm)
         torch.manual_seed(0)
         upstream = upstream_cls(config)
         randomize_(upstream, case.offset_norm)
         upstream.to(device).train()
         state = upstream.state_dict()
-        inputs = make_inputs(config.vocab_size, device)
+        inputs = case_inputs(case, config, device)
         up_logits, up_loss, up_grads = run_model(upstream, inputs, case.moe)
 
         def build(ops, module_=module):
@@ -1106,13 +1134,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         "device": torch.cuda.get_device_name() if device.type == "cuda" else device.type,
     }
     only = {k for k in args.only.split(",") if k}
-    unknown = only - {c.key for c in CASES}
+    unknown = only - {c.key for c in ALL_CASES}
     if unknown:
-        parser.error(f"unknown model(s) {sorted(unknown)}; known: {', '.join(c.key for c in CASES)}")
+        parser.error(f"unknown model(s) {sorted(unknown)}; known: {', '.join(c.key for c in ALL_CASES)}")
 
     # Every real-model spec is covered by a case, and validates without its upstream.
     specs = sorted(p for p in (ROOT / "specs").glob("*/*.yaml") if p.parent.name != "example")
-    uncovered = sorted({p.parent.name for p in specs} - {c.key for c in CASES})
+    uncovered = sorted({p.parent.name for p in specs} - {c.key for c in ALL_CASES})
     proc = subprocess.run(
         [args.patchgen, "--validate", *[str(p.relative_to(ROOT)) for p in specs]],
         cwd=ROOT,
@@ -1130,7 +1158,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"FAIL {err}", flush=True)
 
     results = []
-    for case in CASES:
+    for case in ALL_CASES:
         if only and case.key not in only:
             continue
         print(f"== {case.key}", flush=True)
