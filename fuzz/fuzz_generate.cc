@@ -14,6 +14,7 @@
 #include "diff/unified_diff.h"
 #include "fuzz_common.h"
 #include "parser/py_module.h"
+#include "parser/tree_queries.h"
 #include "rewriter/generate.h"
 #include "spec/spec_loader.h"
 

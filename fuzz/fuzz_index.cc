@@ -10,6 +10,7 @@
 #include "fuzz_common.h"
 #include "parser/index_printer.h"
 #include "parser/py_module.h"
+#include "parser/tree_queries.h"
 
 using patchgen::ByteRange;
 using patchgen::fuzz::Fail;

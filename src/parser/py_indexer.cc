@@ -17,6 +17,7 @@
 #include <string_view>
 
 #include "base/unicode_nfkc.h"
+#include "parser/tree_queries.h"
 #include "parser/ts_node.h"
 
 namespace patchgen::parser {

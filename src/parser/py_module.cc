@@ -10,6 +10,7 @@
 
 #include "base/unicode_nfkc.h"
 #include "parser/py_indexer.h"
+#include "parser/tree_queries.h"
 #include "parser/ts_node.h"
 
 namespace patchgen::parser {
@@ -41,28 +42,6 @@ TreePtr ParseTree(std::string_view source) {
       ts_parser_parse_string(parser, nullptr, source.data(), static_cast<uint32_t>(source.size())));
   ts_parser_delete(parser);
   return tree;
-}
-
-// Found without recursion. Such code is refused before anything walks it (issue #28: 50,000
-// nested parentheses overflowed the stack of recursive walks); CPython refuses it too (200 nested
-// parentheses, a recursion limit of about 3,000 operators in one chain when compiling).
-std::optional<TSNode> NestedTooDeep(TSNode root) {
-  TSTreeCursor c = ts_tree_cursor_new(root);
-  uint32_t depth = 0;
-  std::optional<TSNode> found;
-  while (!found) {
-    if (ts_tree_cursor_goto_first_child(&c)) {
-      if (++depth > kMaxNesting) found = ts_tree_cursor_current_node(&c);
-      continue;
-    }
-    while (depth > 0 && !ts_tree_cursor_goto_next_sibling(&c)) {
-      ts_tree_cursor_goto_parent(&c);
-      --depth;
-    }
-    if (depth == 0) break;
-  }
-  ts_tree_cursor_delete(&c);
-  return found;
 }
 
 Result<std::unique_ptr<PyModule>> PyModule::Parse(std::string path, std::string source) {

@@ -2,14 +2,14 @@
 //
 // The index is exact to the byte: every range is half-open and 0-based (see base/byte_range.h).
 // A PyModule owns the text and the tree together, so TSNode values obtained from it stay valid
-// while it lives. Files with ERROR or MISSING nodes are refused at Parse().
+// while it lives. Files with ERROR or MISSING nodes are refused at Parse(). Questions about the
+// tree beyond the index are the tree queries of tree_queries.h.
 #pragma once
 
 #include <tree_sitter/api.h>
 
 #include <memory>
 #include <optional>
-#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -177,56 +177,5 @@ const TSLanguage* PythonLanguage();
 
 /// Parses `source` and returns its tree, or null. No error checking.
 TreePtr ParseTree(std::string_view source);
-
-/// The leading whitespace of the first code line of `m` whose indentation holds a tab (lines inside
-/// multi-line strings, blank lines and comment-only lines are not code lines); nullopt when the
-/// module is indented with spaces only. Code patchgen inserts is indented with spaces, and CPython
-/// rejects a block that mixes tabs and spaces (TabError), so such an upstream is refused.
-std::optional<ByteRange> FirstTabIndentation(const PyModule& m);
-
-// Tree queries over a parsed module (the structural ones the rewriter asks about statements,
-// `__all__` and names are in parser/py_cst_queries.h).
-
-/// Names of the parameters of function `def` of `m` (NFKC like the index's), in order: plain,
-/// typed and default parameters (`self`, `x: int`, `y=1`); `*args`, `**kwargs`, `/` and `*`
-/// separators are not included. Empty when `def` has no parameter list.
-std::vector<std::string> ParameterNames(const PyModule& m, const Definition& def);
-
-/// The smallest named node exactly covering `r` (walking up from the deepest one).
-TSNode NodeAt(TSNode root, ByteRange r);
-
-/// The function_definition / class_definition node of `def` in `m`'s tree.
-TSNode DefNode(const PyModule& m, const Definition& def);
-
-/// The `block` node of a function (or class) definition; null when not found.
-TSNode BodyBlock(const PyModule& m, const Definition& def);
-
-/// First ERROR or MISSING node of `tree` in document order, if any.
-std::optional<TSNode> FirstErrorNode(TSNode root);
-
-/// The first construct (document order) of an error-free tree that tree-sitter-python accepts and
-/// CPython rejects, with CPython 3.11's message: a starred expression alone as an assignment or
-/// `for` target (`*a = b`, `*a.b = c`, `for *a in b`), alone as a statement or an assignment's
-/// value (`*a`, `x = *a`), in parentheses alone (`(*a)`), or as a dictionary value (`{k: *v}`);
-/// and a block with no statement (a header at the end of the file, or comments only).
-/// Found by the fuzz suite (a spec body patchgen accepted and CPython did not compile). Only
-/// contexts that are errors whatever tree-sitter's reading: it parses `*a.b` as `(*a).b`, so a
-/// starred operand inside a chain says nothing by itself. `source` is the text the tree was parsed
-/// from (subtrees whose bytes hold no `*` are only walked for blocks).
-std::optional<std::pair<TSNode, std::string>> FirstCompileError(TSNode root,
-                                                                std::string_view source);
-
-/// The deepest nesting of syntax tree nodes PyModule::Parse accepts ("nesting deeper than N
-/// levels"): every walk over a parsed module may recurse this deep.
-inline constexpr uint32_t kMaxNesting = 4000;
-
-/// The first node nested deeper than kMaxNesting levels below `root`, if any.
-std::optional<TSNode> NestedTooDeep(TSNode root);
-
-/// Adds to `out` the 0-based numbers of the lines that start inside a multi-line string literal
-/// overlapping `within` (the lines after a string's first line, through its last). Re-indenting
-/// code must leave those lines alone: they are part of the string's value.
-void MarkLinesInsideStrings(TSNode node, ByteRange within, const LineIndex& lines,
-                            std::set<uint32_t>& out);
 
 }  // namespace patchgen::parser

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "parser/tree_queries.h"
 #include "parser/ts_node.h"
 
 namespace patchgen::parser {
@@ -493,18 +494,6 @@ TEST_CASE("Refuses what CPython's compiler rejects and tree-sitter accepts", "[p
   }
 }
 
-TEST_CASE("FirstErrorNode and ParseTree on clean and broken input", "[parser]") {
-  TreePtr clean = ParseTree("x = 1\n");
-  REQUIRE(clean != nullptr);
-  CHECK_FALSE(FirstErrorNode(ts_tree_root_node(clean.get())).has_value());
-  TreePtr broken = ParseTree("x = = 1\n");
-  REQUIRE(broken != nullptr);
-  auto err = FirstErrorNode(ts_tree_root_node(broken.get()));
-  REQUIRE(err.has_value());
-  CHECK(ts_node_start_byte(*err) == 4);  // the second '='
-  CHECK(std::string(ts_node_type(*err)) == "ERROR");
-}
-
 /// Checks the range invariants of every definition of `m`; returns the number of failures and
 /// describes the first ones in `report`.
 int CheckDefinitionRanges(const PyModule& m, std::string& report) {
@@ -697,65 +686,6 @@ TEST_CASE("Rebindings: later bindings of a definition's name in its scope (issue
 
 namespace patchgen::parser {
 namespace {
-
-TEST_CASE("FirstTabIndentation: code lines only, not strings, comments or blank lines") {
-  CHECK_FALSE(FirstTabIndentation(*ParseOk("def f():\n    return 1\n")).has_value());
-  auto strings = ParseOk("X = '''\n\tin a string\n'''\n\t# a comment\n\t\n");
-  CHECK_FALSE(FirstTabIndentation(*strings).has_value());
-  auto tabbed = ParseOk("class A:\n    x = 1\n\tdef f(self):\n\t\treturn 1\n");
-  auto r = FirstTabIndentation(*tabbed);
-  REQUIRE(r.has_value());
-  CHECK(*r == ByteRange{19, 20});
-  CHECK(tabbed->lines().At(r->start).line == 3);
-}
-
-TEST_CASE("ParameterNames: plain, typed and default parameters; no splats or separators",
-          "[parser]") {
-  auto m = ParseOk(
-      "class A:\n"
-      "    def __init__(self, config, x: int, y=1, z: str = 'a', /, *args, k, **kwargs):\n"
-      "        pass\n"
-      "def f():\n"
-      "    pass\n"
-      "def g(*, only):\n"
-      "    pass\n");
-  using Names = std::vector<std::string>;
-  CHECK(ParameterNames(*m, *m->Find("A.__init__")) == Names{"self", "config", "x", "y", "z", "k"});
-  CHECK(ParameterNames(*m, *m->Find("f")).empty());
-  CHECK(ParameterNames(*m, *m->Find("g")) == Names{"only"});
-}
-
-TEST_CASE("NodeAt, DefNode and BodyBlock find the nodes of index ranges", "[parser]") {
-  auto m = ParseOk(
-      "@dec\n"
-      "class A(B):\n"
-      "    x = 1\n"
-      "    async def f(self):\n"
-      "        return 2\n");
-  const Definition& a = *m->Find("A");
-  const Definition& f = *m->Find("A.f");
-  TSNode a_node = DefNode(*m, a);
-  REQUIRE_FALSE(ts_node_is_null(a_node));
-  CHECK(TypeOf(a_node) == "class_definition");
-  CHECK(RangeOf(a_node).start == a.header.start);
-  TSNode f_node = DefNode(*m, f);
-  CHECK(TypeOf(f_node) == "function_definition");
-  CHECK(m->Text(RangeOf(f_node)).starts_with("async def f(self):"));
-  TSNode block = BodyBlock(*m, f);
-  CHECK(TypeOf(block) == "block");
-  CHECK(m->Text(RangeOf(block)) == "return 2");
-  CHECK(TypeOf(BodyBlock(*m, a)) == "block");
-  // The smallest named node covering exactly `x = 1` is the expression statement's assignment.
-  uint32_t x = static_cast<uint32_t>(m->source().find("x = 1"));
-  TSNode assign = NodeAt(m->root(), ByteRange{x, x + 5});
-  CHECK(TypeOf(assign) == "assignment");
-  // A range inside a token walks up to the first named node covering all of it.
-  TSNode name = NodeAt(m->root(), ByteRange{x, x + 1});
-  CHECK(TypeOf(name) == "identifier");
-  TSNode stmt = NodeAt(m->root(), ByteRange{x, x + 7});
-  CHECK(RangeOf(stmt).start <= x);
-  CHECK(RangeOf(stmt).end >= x + 7);
-}
 
 TEST_CASE("The index holds names as Python compares them (NFKC), ranges give upstream's bytes",
           "[parser]") {

@@ -4,7 +4,9 @@
 #include <tree_sitter/api.h>
 
 #include <cstring>
+#include <initializer_list>
 #include <string_view>
+#include <vector>
 
 #include "base/byte_range.h"
 
@@ -22,6 +24,24 @@ inline ByteRange RangeOf(TSNode n) { return {ts_node_start_byte(n), ts_node_end_
 /// The child in field `field` (a null node when absent).
 inline TSNode Field(TSNode n, const char* field) {
   return ts_node_child_by_field_name(n, field, static_cast<uint32_t>(std::strlen(field)));
+}
+
+/// A table indexed by grammar symbol of `language` (every symbol and alias) saying whether its
+/// name is one of `types`: one lookup per node of a walk instead of string comparisons.
+inline std::vector<bool> SymbolTable(const TSLanguage* language,
+                                     std::initializer_list<std::string_view> types) {
+  std::vector<bool> table(ts_language_symbol_count(language));
+  for (TSSymbol s = 0; s < table.size(); ++s) {
+    const char* name = ts_language_symbol_name(language, s);
+    for (std::string_view t : types) table[s] = table[s] || (name && t == name);
+  }
+  return table;
+}
+
+/// Whether the node's symbol is marked in `table` (SymbolTable).
+inline bool InTable(const std::vector<bool>& table, TSNode n) {
+  TSSymbol s = ts_node_symbol(n);
+  return s < table.size() && table[s];  // ERROR's symbol is past the table
 }
 
 }  // namespace patchgen::parser

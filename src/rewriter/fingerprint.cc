@@ -182,4 +182,67 @@ Fingerprint AbsentFingerprint() {
   return fp;
 }
 
+ContractPin MakePin(const parser::PyModule& up, std::string key, std::string region,
+                    std::string expects, std::string qualname, const SourceLoc& loc,
+                    const std::vector<ByteRange>& ranges, const std::vector<ByteRange>& skip) {
+  ContractPin pin{std::move(key),
+                  std::move(region),
+                  std::move(expects),
+                  std::move(qualname),
+                  loc,
+                  0,
+                  0,
+                  {},
+                  {}};
+  Fingerprint fp = ranges.empty() ? AbsentFingerprint() : FingerprintOf(up, ranges, skip);
+  if (!ranges.empty()) {
+    pin.first_line = up.lines().LineOf(ranges.front().start) + 1;
+    uint32_t last = 0;
+    for (const ByteRange& r : ranges) {
+      last = std::max(last, up.lines().LineOf(r.end > r.start ? r.end - 1 : r.start) + 1);
+    }
+    pin.last_line = last;
+  }
+  pin.sha256 = std::move(fp.sha256);
+  pin.text = std::move(fp.text);
+  return pin;
+}
+
+std::optional<ContractPin> RefingerprintContract(const ContractPin& pin,
+                                                 const parser::PyModule& upstream) {
+  ContractPin out = pin;
+  const parser::Definition* def = upstream.Find(pin.qualname);
+  std::vector<ByteRange> ranges, skip;
+  if (pin.region == "absent") {
+    if (!def) {
+      Fingerprint fp = AbsentFingerprint();
+      out.sha256 = fp.sha256;
+      out.text = fp.text;
+      return out;
+    }
+    out.text = "(defined upstream)";
+    out.sha256 = Sha256Hex(out.text);
+    out.first_line = out.last_line = def->line;
+    return out;
+  }
+  if (!def || pin.region == "statements") return std::nullopt;
+  if (pin.region == "function") {
+    ranges.push_back(def->definition);
+    if (def->docstring) skip.push_back(*def->docstring);
+  } else {
+    ranges.push_back({def->definition.start, def->header.end});
+    if (pin.key.starts_with("modify_init ")) {
+      const parser::Definition* init = upstream.Find(pin.qualname + ".__init__");
+      if (!init) return std::nullopt;
+      ranges.push_back({init->definition.start, init->header.end});
+    }
+  }
+  Fingerprint fp = FingerprintOf(upstream, ranges, skip);
+  out.sha256 = fp.sha256;
+  out.text = fp.text;
+  out.first_line = upstream.lines().LineOf(ranges.front().start) + 1;
+  out.last_line = upstream.lines().LineOf(ranges.back().end - 1) + 1;
+  return out;
+}
+
 }  // namespace patchgen::rewriter

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "parser/py_module.h"
+#include "parser/tree_queries.h"
 
 namespace {
 

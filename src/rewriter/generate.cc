@@ -9,7 +9,6 @@
 #include <map>
 #include <set>
 
-#include "rewriter/fingerprint.h"
 #include "rewriter/header.h"
 #include "rewriter/sha256.h"
 #include "rewriter/stages.h"
@@ -18,7 +17,6 @@
 namespace patchgen::rewriter {
 namespace {
 
-using parser::Definition;
 using parser::PyModule;
 using spec::Patch;
 
@@ -138,43 +136,6 @@ Result<GenerateResult> RunStages(const spec::PatchSpec& spec, const PyModule& up
 }
 
 }  // namespace
-
-std::optional<ContractPin> RefingerprintContract(const ContractPin& pin,
-                                                 const parser::PyModule& upstream) {
-  ContractPin out = pin;
-  const Definition* def = upstream.Find(pin.qualname);
-  std::vector<ByteRange> ranges, skip;
-  if (pin.region == "absent") {
-    if (!def) {
-      Fingerprint fp = AbsentFingerprint();
-      out.sha256 = fp.sha256;
-      out.text = fp.text;
-      return out;
-    }
-    out.text = "(defined upstream)";
-    out.sha256 = Sha256Hex(out.text);
-    out.first_line = out.last_line = def->line;
-    return out;
-  }
-  if (!def || pin.region == "statements") return std::nullopt;
-  if (pin.region == "function") {
-    ranges.push_back(def->definition);
-    if (def->docstring) skip.push_back(*def->docstring);
-  } else {
-    ranges.push_back({def->definition.start, def->header.end});
-    if (pin.key.starts_with("modify_init ")) {
-      const Definition* init = upstream.Find(pin.qualname + ".__init__");
-      if (!init) return std::nullopt;
-      ranges.push_back({init->definition.start, init->header.end});
-    }
-  }
-  Fingerprint fp = FingerprintOf(upstream, ranges, skip);
-  out.sha256 = fp.sha256;
-  out.text = fp.text;
-  out.first_line = upstream.lines().LineOf(ranges.front().start) + 1;
-  out.last_line = upstream.lines().LineOf(ranges.back().end - 1) + 1;
-  return out;
-}
 
 Result<GenerateResult> Generate(const spec::PatchSpec& spec, const parser::PyModule& upstream,
                                 const GenerateOptions& options) {

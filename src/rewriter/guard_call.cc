@@ -7,8 +7,8 @@
 
 #include "base/line_index.h"
 #include "base/text_util.h"
-#include "parser/py_cst_queries.h"
 #include "parser/py_module.h"
+#include "parser/tree_queries.h"
 #include "parser/ts_node.h"
 
 namespace patchgen::rewriter {

@@ -9,7 +9,7 @@
 
 #include "base/text_util.h"
 #include "base/unicode_nfkc.h"
-#include "parser/py_cst_queries.h"
+#include "parser/tree_queries.h"
 #include "parser/ts_node.h"
 #include "rewriter/guard_planner.h"
 

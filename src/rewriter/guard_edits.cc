@@ -5,7 +5,7 @@
 #include <string>
 
 #include "base/text_util.h"
-#include "parser/py_cst_queries.h"
+#include "parser/tree_queries.h"
 #include "rewriter/guard_planner.h"
 
 namespace patchgen::rewriter {

@@ -15,6 +15,7 @@
 #include <string_view>
 
 #include "base/text_util.h"
+#include "parser/tree_queries.h"
 #include "rewriter/guard_planner.h"
 
 namespace patchgen::rewriter {

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <optional>
 
-#include "rewriter/stage.h"
+#include "rewriter/text_splice.h"
 
 namespace patchgen::rewriter {
 namespace {

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "parser/py_module.h"
-#include "rewriter/generate.h"
+#include "rewriter/result_types.h"
 #include "spec/patch_spec.h"
 
 namespace patchgen::rewriter {

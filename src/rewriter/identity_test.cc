@@ -14,6 +14,7 @@
 
 #include "base/text_util.h"
 #include "parser/py_module.h"
+#include "parser/tree_queries.h"
 #include "rewriter/generate.h"
 #include "spec/spec_loader.h"
 

@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include "base/line_index.h"
+#include "parser/tree_queries.h"
 #include "parser/ts_node.h"
 #include "rewriter/name_resolution.h"
 #include "rewriter/reparse_edits.h"

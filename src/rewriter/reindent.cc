@@ -8,6 +8,7 @@
 
 #include "base/line_index.h"
 #include "parser/py_module.h"
+#include "parser/tree_queries.h"
 
 namespace patchgen::rewriter {
 namespace {

@@ -6,8 +6,9 @@
 
 #include "base/text_util.h"
 #include "base/unicode_nfkc.h"
-#include "parser/py_cst_queries.h"
-#include "rewriter/stage_patches.h"
+#include "parser/tree_queries.h"
+#include "rewriter/fingerprint.h"
+#include "rewriter/patch_planners.h"
 
 namespace patchgen::rewriter {
 namespace {

@@ -5,10 +5,11 @@
 
 #include "base/line_index.h"
 #include "base/text_util.h"
-#include "parser/py_cst_queries.h"
+#include "parser/tree_queries.h"
 #include "parser/ts_node.h"
+#include "rewriter/fingerprint.h"
+#include "rewriter/patch_planners.h"
 #include "rewriter/reindent.h"
-#include "rewriter/stage_patches.h"
 #include "rewriter/statements.h"
 
 namespace patchgen::rewriter {

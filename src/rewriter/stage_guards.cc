@@ -2,6 +2,7 @@
 // conflicts between guards and patches that replace or add the guarded definition.
 #include <cctype>
 
+#include "rewriter/fingerprint.h"
 #include "rewriter/stages.h"
 
 namespace patchgen::rewriter {

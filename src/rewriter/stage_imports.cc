@@ -1,6 +1,6 @@
 // The imports stage: relative imports made absolute, `imports.drop` names removed.
 #include "base/text_util.h"
-#include "parser/py_cst_queries.h"
+#include "parser/tree_queries.h"
 #include "rewriter/stages.h"
 
 namespace patchgen::rewriter {

@@ -1,5 +1,8 @@
 // The module-level code stage: imports.add, slot declarations, blocks and helpers after the
-// imports, then helpers placed after a named top-level definition.
+// imports, then helpers placed after a named top-level definition; and the top-level bindings
+// it and the exclude stage look up (stages.h).
+#include <algorithm>
+
 #include "base/text_util.h"
 #include "rewriter/stages.h"
 
@@ -184,6 +187,35 @@ StageOutput PlanModuleCode(const spec::PatchSpec& spec, const PyModule& up,
   code.HelpersAfter(spec);
   code.out.used_keys = code.spec_map.UsedKeys();
   return std::move(code.out);
+}
+
+using parser::PyModule;
+using parser::TopLevelStatement;
+
+const TopLevelStatement* TopLevelBinding(const PyModule& up, const std::string& name) {
+  for (const TopLevelStatement& s : up.top_level()) {
+    if (s.kind != TopLevelStatement::Kind::kClass && s.kind != TopLevelStatement::Kind::kFunction &&
+        s.kind != TopLevelStatement::Kind::kAssignment) {
+      continue;
+    }
+    if (std::find(s.names.begin(), s.names.end(), name) != s.names.end()) return &s;
+  }
+  return nullptr;
+}
+
+Diagnostic MissingTopLevel(const PyModule& up, const SourceLoc& loc, const std::string& context,
+                           const std::string& name) {
+  std::vector<std::string> names;
+  for (const TopLevelStatement& s : up.top_level()) {
+    if (s.kind == TopLevelStatement::Kind::kImport || s.kind == TopLevelStatement::Kind::kOther) {
+      continue;
+    }
+    names.insert(names.end(), s.names.begin(), s.names.end());
+  }
+  std::string help = DidYouMeanOr(name, names, "top-level definitions: " + JoinNames(names));
+  return ErrorAt(loc,
+                 context + ": no top-level definition or assignment '" + name + "' in " + up.path(),
+                 help);
 }
 
 }  // namespace patchgen::rewriter

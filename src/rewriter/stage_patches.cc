@@ -1,11 +1,11 @@
 // The patches stage: each patch planned by the functions of its kind (kPatchPlanners), in spec
 // order. docs/rewriter.md, "Placement rules", describes where each kind's text goes.
-#include "rewriter/stage_patches.h"
-
 #include <tree_sitter/api.h>
 
 #include "base/text_util.h"
-#include "parser/py_cst_queries.h"
+#include "parser/tree_queries.h"
+#include "rewriter/fingerprint.h"
+#include "rewriter/patch_planners.h"
 
 namespace patchgen::rewriter {
 namespace {

@@ -10,6 +10,10 @@
 //   PlanModuleCode     (removed imports, slot declarations)
 //   PlanExcludes       -> excluded names
 //   WriteHeader, CheckOutput (excluded names)
+//
+// What the stages share is in headers named for it: name_map.h (renaming with use tracking),
+// snippet.h (code from the spec, ready to splice), text_splice.h, fingerprint.h (MakePin) and
+// result_types.h (AppliedPatch, SkippedEntry, ContractPin).
 #pragma once
 
 #include <set>
@@ -17,10 +21,32 @@
 #include <utility>
 #include <vector>
 
+#include "base/diagnostic.h"
+#include "parser/py_module.h"
+#include "parser/tree_queries.h"
+#include "rewriter/edit_plan.h"
 #include "rewriter/guards.h"
-#include "rewriter/stage.h"
+#include "rewriter/name_map.h"
+#include "rewriter/result_types.h"
+#include "rewriter/snippet.h"
+#include "rewriter/text_splice.h"
+#include "spec/patch_spec.h"
 
 namespace patchgen::rewriter {
+
+/// What every stage returns: its edits, in the order they enter the plan (at one offset, plan
+/// order decides); the header's `applied:` entries; its errors; the spec-level name_map keys it
+/// used (a key no stage used is an error, reported by the orchestrator).
+struct StageOutput {
+  std::vector<TextEdit> edits;
+  std::vector<AppliedPatch> applied;
+  std::vector<Diagnostic> errors;
+  std::set<std::string> used_keys;  ///< NameMapEntry::Key() of the spec-level entries used.
+};
+
+// Tree queries of the parser (tree_queries.h), used unqualified by the stages.
+using parser::DefNode;
+using parser::NodeAt;
 
 // ----- imports (stage_imports.cc) ------------------------------------------------------------
 
@@ -111,6 +137,15 @@ StageOutput PlaceStatementEdits(const parser::PyModule& up, std::vector<PendingE
 StageOutput PlanModuleCode(const spec::PatchSpec& spec, const parser::PyModule& up,
                            const std::set<size_t>& removed_imports,
                            const std::string& declarations);
+
+// ----- top-level bindings (stage_module_code.cc; the exclude stage uses them too) ----------
+
+/// The top-level statement of `up` binding `name` (class, def or assignment), or nullptr.
+const parser::TopLevelStatement* TopLevelBinding(const parser::PyModule& up,
+                                                 const std::string& name);
+/// "<context>: no top-level definition or assignment '<name>' in <upstream>" with "did you mean".
+Diagnostic MissingTopLevel(const parser::PyModule& up, const SourceLoc& loc,
+                           const std::string& context, const std::string& name);
 
 // ----- exclude (stage_exclude.cc) -------------------------------------------------------------
 

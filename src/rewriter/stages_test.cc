@@ -6,7 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include "rewriter/header.h"
-#include "rewriter/stage_patches.h"
+#include "rewriter/patch_planners.h"
 #include "spec/patch_kinds.h"
 #include "spec/spec_loader.h"
 

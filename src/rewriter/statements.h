@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "base/diagnostic.h"
-#include "parser/py_cst_queries.h"
 #include "parser/py_module.h"
+#include "parser/tree_queries.h"
 
 namespace patchgen::rewriter {
 
@@ -105,7 +105,7 @@ std::string IndentAt(const parser::PyModule& m, uint32_t offset);
 /// does not start inside a string literal (so a string's value never changes).
 std::string ShiftLines(const parser::PyModule& m, ByteRange range, std::string_view shift);
 
-// A tree query of the parser (py_module.h), used unqualified by the rewriter.
+// A tree query of the parser (tree_queries.h), used unqualified by the rewriter.
 using parser::BodyBlock;
 
 }  // namespace patchgen::rewriter

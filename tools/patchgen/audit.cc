@@ -7,7 +7,7 @@
 
 #include "base/file_util.h"
 #include "base/unicode_nfkc.h"
-#include "parser/py_cst_queries.h"
+#include "parser/tree_queries.h"
 
 namespace patchgen::cli {
 namespace fs = std::filesystem;

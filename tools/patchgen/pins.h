@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "base/diagnostic.h"
-#include "rewriter/generate.h"
+#include "rewriter/result_types.h"
 
 namespace patchgen::cli {
 

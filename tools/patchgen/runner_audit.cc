@@ -1,5 +1,6 @@
 // `patchgen audit` (runner.h): what a new upstream changes for every spec, against the pins and an
 // optional old upstream; writes nothing.
+#include "rewriter/fingerprint.h"
 #include "runner.h"
 
 namespace patchgen::cli {

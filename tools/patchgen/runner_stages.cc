@@ -1,6 +1,7 @@
 // The Runner's stages (runner.h): collect and load specs, find and parse upstream modules once,
 // generate every job in memory (the checks made before anything is written are
 // runner_outputs.cc).
+#include "parser/tree_queries.h"
 #include "rewriter/sha256.h"
 #include "runner.h"
 

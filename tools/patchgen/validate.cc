@@ -7,6 +7,7 @@
 #include "base/line_index.h"
 #include "base/text_util.h"
 #include "parser/py_module.h"
+#include "parser/tree_queries.h"
 
 namespace patchgen::cli {
 namespace {

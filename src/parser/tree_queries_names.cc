@@ -1,13 +1,13 @@
-// Scope queries: PyModule::Rebindings (py_module.h), the statements after a definition that
-// rebind its name in its own scope, so that a patch of the definition would patch an object
-// nothing reaches; and OwnScopeNodes (py_cst_queries.h).
+// Tree queries about names and scopes (tree_queries.h): the references to a bare name, the
+// identifiers of a region, attribute references, the nodes of a def's own scope, and
+// PyModule::Rebindings (py_module.h), the statements after a definition that rebind its name in
+// its own scope, so that a patch of the definition would patch an object nothing reaches.
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "base/unicode_nfkc.h"
-#include "parser/py_cst_queries.h"
-#include "parser/py_module.h"
+#include "parser/tree_queries.h"
 #include "parser/ts_node.h"
 
 namespace patchgen::parser {
@@ -108,7 +108,46 @@ void CollectAttributes(TSNode node, std::string_view code, std::string_view text
   }
 }
 
+void CollectNameReferences(TSNode node, std::string_view code, std::string_view name,
+                           std::vector<ByteRange>& out) {
+  uint32_t n = ts_node_child_count(node);
+  for (uint32_t i = 0; i < n; ++i) {
+    TSNode c = ts_node_child(node, i);
+    ByteRange r = RangeOf(c);
+    if (TypeOf(c) == "identifier" && SameIdentifier(r.In(code), name)) {
+      bool attribute = TypeOf(node) == "attribute" && ts_node_eq(c, Field(node, "attribute"));
+      bool keyword = TypeOf(node) == "keyword_argument" && ts_node_eq(c, Field(node, "name"));
+      if (!attribute && !keyword) out.push_back(r);
+    }
+    CollectNameReferences(c, code, name, out);
+  }
+}
+
+void CollectIdentifiers(TSNode node, ByteRange region, std::vector<ByteRange>& out) {
+  ByteRange r = RangeOf(node);
+  if (r.end <= region.start || r.start >= region.end) return;
+  if (Is(node, "identifier")) {
+    out.push_back(r);
+    return;
+  }
+  uint32_t count = ts_node_named_child_count(node);
+  for (uint32_t i = 0; i < count; ++i)
+    CollectIdentifiers(ts_node_named_child(node, i), region, out);
+}
+
 }  // namespace
+
+std::vector<ByteRange> NameReferences(TSNode node, std::string_view code, std::string_view name) {
+  std::vector<ByteRange> out;
+  if (!ts_node_is_null(node)) CollectNameReferences(node, code, name, out);
+  return out;
+}
+
+std::vector<ByteRange> IdentifiersIn(TSNode node, ByteRange region) {
+  std::vector<ByteRange> out;
+  if (!ts_node_is_null(node)) CollectIdentifiers(node, region, out);
+  return out;
+}
 
 std::vector<ByteRange> AttributeReferences(TSNode node, std::string_view code,
                                            std::string_view text) {

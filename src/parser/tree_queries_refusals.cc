@@ -1,8 +1,7 @@
-// Queries over a parsed module's tree: those the rewriter asks (py_module.h: error nodes, tab
-// indentation, lines inside string literals, parameter names) and those the indexer builds on
-// (py_indexer.h: trimmed ends, containers, assignment targets, type aliases).
+// Tree queries that refuse input (tree_queries.h): the first ERROR or MISSING node, the first
+// construct CPython's compiler rejects, nesting deeper than the walks may recurse, tab
+// indentation; and the lines inside string literals, which re-indenting leaves alone.
 #include <algorithm>
-#include <cctype>
 #include <cstring>
 #include <initializer_list>
 #include <string>
@@ -10,72 +9,10 @@
 #include <utility>
 #include <vector>
 
-#include "base/unicode_nfkc.h"
-#include "parser/py_cst_queries.h"
-#include "parser/py_indexer.h"
-#include "parser/py_module.h"
+#include "parser/tree_queries.h"
 #include "parser/ts_node.h"
 
 namespace patchgen::parser {
-
-bool IsComment(TSNode n) { return Is(n, "comment"); }
-
-bool IsSpace(char c) {
-  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
-}
-
-uint32_t TrimmedEnd(TSNode n, std::string_view src) {
-  for (;;) {
-    uint32_t count = ts_node_child_count(n);
-    TSNode last = {};
-    bool found = false;
-    for (uint32_t i = count; i > 0; --i) {
-      TSNode c = ts_node_child(n, i - 1);
-      if (IsComment(c) || ts_node_end_byte(c) == ts_node_start_byte(c)) continue;
-      last = c;
-      found = true;
-      break;
-    }
-    if (!found) break;
-    n = last;
-  }
-  uint32_t end = ts_node_end_byte(n);
-  uint32_t start = ts_node_start_byte(n);
-  while (end > start && IsSpace(src[end - 1])) --end;
-  return end;
-}
-
-void CollectTargetNames(TSNode n, std::string_view src, std::vector<std::string>& out) {
-  if (Is(n, "identifier")) {
-    out.push_back(IdentifierKey(RangeOf(n).In(src)));
-    return;
-  }
-  if (Is(n, "pattern_list") || Is(n, "tuple_pattern") || Is(n, "list_pattern") ||
-      Is(n, "list_splat_pattern") || Is(n, "parenthesized_expression")) {
-    for (uint32_t i = 0; i < ts_node_named_child_count(n); ++i) {
-      CollectTargetNames(ts_node_named_child(n, i), src, out);
-    }
-  }
-}
-
-bool IsGenuineTypeAlias(TSNode n, std::string_view src, std::string* name) {
-  TSNode left = Field(n, "left");
-  if (ts_node_is_null(left)) return false;
-  std::string_view text = RangeOf(left).In(src);
-  size_t i = 0;
-  while (i < text.size() && (std::isalnum(static_cast<unsigned char>(text[i])) || text[i] == '_' ||
-                             static_cast<unsigned char>(text[i]) >= 0x80)) {
-    ++i;
-  }
-  if (i == 0 || std::isdigit(static_cast<unsigned char>(text[0]))) return false;
-  std::string_view rest = text.substr(i);
-  if (!rest.empty() && rest.front() != '[') return false;
-  // The keyword must be followed by whitespace, not `(` or `.`.
-  uint32_t kw_end = ts_node_start_byte(n) + 4;
-  if (kw_end >= src.size() || !IsSpace(src[kw_end])) return false;
-  *name = IdentifierKey(text.substr(0, i));
-  return true;
-}
 
 // Walked with a cursor, without recursion: code may nest (parentheses) thousands deep.
 void MarkLinesInsideStrings(TSNode node, ByteRange within, const LineIndex& lines,
@@ -224,26 +161,10 @@ std::optional<std::string> CompileError(TSNode n, const char* field) {
   return std::nullopt;
 }
 
-// A table indexed by grammar symbol (every symbol and alias) saying whether its name is one of
-// `types`: one lookup per node of a walk instead of string comparisons.
-std::vector<bool> SymbolTable(std::initializer_list<std::string_view> types) {
-  const TSLanguage* language = PythonLanguage();
-  std::vector<bool> table(ts_language_symbol_count(language));
-  for (TSSymbol s = 0; s < table.size(); ++s) {
-    const char* name = ts_language_symbol_name(language, s);
-    for (std::string_view t : types) table[s] = table[s] || (name && t == name);
-  }
-  return table;
-}
-
-bool InTable(const std::vector<bool>& table, TSNode n) {
-  TSSymbol s = ts_node_symbol(n);
-  return s < table.size() && table[s];  // ERROR's symbol is past the table
-}
-
 // Whether CompileError can return anything for `n`.
 bool MayBeCompileError(TSNode n) {
   static const std::vector<bool> kTable = SymbolTable(
+      PythonLanguage(),
       {"class_definition", "function_definition", "if_statement", "elif_clause", "else_clause",
        "for_statement", "while_statement", "with_statement", "try_statement", "except_clause",
        "finally_clause", "assignment", "for_in_clause", "expression_statement",
@@ -282,17 +203,6 @@ class StarOffsets {
 
 }  // namespace
 
-bool IsContainer(TSNode n) {
-  // Compound statements, clauses and blocks: the nodes that hold statements (lambdas hold
-  // expressions only).
-  static const std::vector<bool> kTable =
-      SymbolTable({"module", "block", "if_statement", "elif_clause", "else_clause", "for_statement",
-                   "while_statement", "try_statement", "except_clause", "except_group_clause",
-                   "finally_clause", "with_statement", "function_definition", "class_definition",
-                   "decorated_definition", "match_statement", "case_clause"});
-  return InTable(kTable, n);
-}
-
 std::optional<std::pair<TSNode, std::string>> FirstCompileError(TSNode root,
                                                                 std::string_view source) {
   // Every complaint but the empty block is about a starred expression, whose text starts with
@@ -322,40 +232,26 @@ std::optional<std::pair<TSNode, std::string>> FirstCompileError(TSNode root,
   return found;
 }
 
-std::vector<std::string> ParameterNames(const PyModule& m, const Definition& def) {
-  std::vector<std::string> names;
-  for (const Parameter& p : Parameters(m, def)) {
-    if (p.plain) names.push_back(IdentifierKey(m.Text(p.name)));
+// Found without recursion. Such code is refused before anything walks it (issue #28: 50,000
+// nested parentheses overflowed the stack of recursive walks); CPython refuses it too (200 nested
+// parentheses, a recursion limit of about 3,000 operators in one chain when compiling).
+std::optional<TSNode> NestedTooDeep(TSNode root) {
+  TSTreeCursor c = ts_tree_cursor_new(root);
+  uint32_t depth = 0;
+  std::optional<TSNode> found;
+  while (!found) {
+    if (ts_tree_cursor_goto_first_child(&c)) {
+      if (++depth > kMaxNesting) found = ts_tree_cursor_current_node(&c);
+      continue;
+    }
+    while (depth > 0 && !ts_tree_cursor_goto_next_sibling(&c)) {
+      ts_tree_cursor_goto_parent(&c);
+      --depth;
+    }
+    if (depth == 0) break;
   }
-  return names;
-}
-
-TSNode NodeAt(TSNode root, ByteRange r) {
-  TSNode n = ts_node_named_descendant_for_byte_range(root, r.start, r.end);
-  while (!ts_node_is_null(ts_node_parent(n)) &&
-         (ts_node_start_byte(n) > r.start || ts_node_end_byte(n) < r.end)) {
-    n = ts_node_parent(n);
-  }
-  return n;
-}
-
-TSNode DefNode(const PyModule& m, const Definition& def) {
-  TSNode n = ts_node_descendant_for_byte_range(m.root(), def.header.start, def.header.start + 1);
-  while (!ts_node_is_null(n) && !((Is(n, "function_definition") || Is(n, "class_definition")) &&
-                                  ts_node_start_byte(n) == def.header.start)) {
-    n = ts_node_parent(n);
-  }
-  return n;
-}
-
-TSNode BodyBlock(const PyModule& m, const Definition& def) {
-  TSNode n = ts_node_descendant_for_byte_range(m.root(), def.name_range.start, def.name_range.end);
-  while (!ts_node_is_null(n) && TypeOf(n) != "function_definition" &&
-         TypeOf(n) != "class_definition") {
-    n = ts_node_parent(n);
-  }
-  if (ts_node_is_null(n)) return n;
-  return Field(n, "body");
+  ts_tree_cursor_delete(&c);
+  return found;
 }
 
 }  // namespace patchgen::parser

@@ -1,5 +1,6 @@
-// Internals of the patches stage (stage_patches.cc, stage_edit_body.cc): what a kind's planning
-// function works on, and the table that gives each patch kind its functions.
+// Internals of the patches stage (stage_patches.cc, stage_edit_body.cc, stage_config_slot.cc):
+// what a kind's planning function works on, and the table that gives each patch kind its
+// functions.
 #pragma once
 
 #include <optional>

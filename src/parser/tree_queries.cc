@@ -1,13 +1,123 @@
-// Structural queries the rewriter asks of a parsed module (py_cst_queries.h).
-#include "parser/py_cst_queries.h"
+// Tree queries over a parsed module (tree_queries.h): the nodes of index ranges, the statements of
+// a block or a body, a def's parameters, `__all__`, the `...` lines of a snippet, and the node
+// tests the indexer builds on (trimmed ends, containers, assignment targets, type aliases).
+#include "parser/tree_queries.h"
 
 #include <algorithm>
+#include <cctype>
 
 #include "base/text_util.h"
 #include "base/unicode_nfkc.h"
 #include "parser/ts_node.h"
 
 namespace patchgen::parser {
+
+bool IsComment(TSNode n) { return Is(n, "comment"); }
+
+bool IsSpace(char c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
+}
+
+uint32_t TrimmedEnd(TSNode n, std::string_view src) {
+  for (;;) {
+    uint32_t count = ts_node_child_count(n);
+    TSNode last = {};
+    bool found = false;
+    for (uint32_t i = count; i > 0; --i) {
+      TSNode c = ts_node_child(n, i - 1);
+      if (IsComment(c) || ts_node_end_byte(c) == ts_node_start_byte(c)) continue;
+      last = c;
+      found = true;
+      break;
+    }
+    if (!found) break;
+    n = last;
+  }
+  uint32_t end = ts_node_end_byte(n);
+  uint32_t start = ts_node_start_byte(n);
+  while (end > start && IsSpace(src[end - 1])) --end;
+  return end;
+}
+
+void CollectTargetNames(TSNode n, std::string_view src, std::vector<std::string>& out) {
+  if (Is(n, "identifier")) {
+    out.push_back(IdentifierKey(RangeOf(n).In(src)));
+    return;
+  }
+  if (Is(n, "pattern_list") || Is(n, "tuple_pattern") || Is(n, "list_pattern") ||
+      Is(n, "list_splat_pattern") || Is(n, "parenthesized_expression")) {
+    for (uint32_t i = 0; i < ts_node_named_child_count(n); ++i) {
+      CollectTargetNames(ts_node_named_child(n, i), src, out);
+    }
+  }
+}
+
+bool IsGenuineTypeAlias(TSNode n, std::string_view src, std::string* name) {
+  TSNode left = Field(n, "left");
+  if (ts_node_is_null(left)) return false;
+  std::string_view text = RangeOf(left).In(src);
+  size_t i = 0;
+  while (i < text.size() && (std::isalnum(static_cast<unsigned char>(text[i])) || text[i] == '_' ||
+                             static_cast<unsigned char>(text[i]) >= 0x80)) {
+    ++i;
+  }
+  if (i == 0 || std::isdigit(static_cast<unsigned char>(text[0]))) return false;
+  std::string_view rest = text.substr(i);
+  if (!rest.empty() && rest.front() != '[') return false;
+  // The keyword must be followed by whitespace, not `(` or `.`.
+  uint32_t kw_end = ts_node_start_byte(n) + 4;
+  if (kw_end >= src.size() || !IsSpace(src[kw_end])) return false;
+  *name = IdentifierKey(text.substr(0, i));
+  return true;
+}
+
+bool IsContainer(TSNode n) {
+  // Compound statements, clauses and blocks: the nodes that hold statements (lambdas hold
+  // expressions only).
+  static const std::vector<bool> kTable =
+      SymbolTable(PythonLanguage(),
+                  {"module", "block", "if_statement", "elif_clause", "else_clause", "for_statement",
+                   "while_statement", "try_statement", "except_clause", "except_group_clause",
+                   "finally_clause", "with_statement", "function_definition", "class_definition",
+                   "decorated_definition", "match_statement", "case_clause"});
+  return InTable(kTable, n);
+}
+
+std::vector<std::string> ParameterNames(const PyModule& m, const Definition& def) {
+  std::vector<std::string> names;
+  for (const Parameter& p : Parameters(m, def)) {
+    if (p.plain) names.push_back(IdentifierKey(m.Text(p.name)));
+  }
+  return names;
+}
+
+TSNode NodeAt(TSNode root, ByteRange r) {
+  TSNode n = ts_node_named_descendant_for_byte_range(root, r.start, r.end);
+  while (!ts_node_is_null(ts_node_parent(n)) &&
+         (ts_node_start_byte(n) > r.start || ts_node_end_byte(n) < r.end)) {
+    n = ts_node_parent(n);
+  }
+  return n;
+}
+
+TSNode DefNode(const PyModule& m, const Definition& def) {
+  TSNode n = ts_node_descendant_for_byte_range(m.root(), def.header.start, def.header.start + 1);
+  while (!ts_node_is_null(n) && !((Is(n, "function_definition") || Is(n, "class_definition")) &&
+                                  ts_node_start_byte(n) == def.header.start)) {
+    n = ts_node_parent(n);
+  }
+  return n;
+}
+
+TSNode BodyBlock(const PyModule& m, const Definition& def) {
+  TSNode n = ts_node_descendant_for_byte_range(m.root(), def.name_range.start, def.name_range.end);
+  while (!ts_node_is_null(n) && TypeOf(n) != "function_definition" &&
+         TypeOf(n) != "class_definition") {
+    n = ts_node_parent(n);
+  }
+  if (ts_node_is_null(n)) return n;
+  return Field(n, "body");
+}
 
 namespace {
 
@@ -71,33 +181,6 @@ void CollectBlock(TSNode block, const LineIndex& lines, std::vector<NestedStatem
     out.push_back(NestedStatement{c, block, index++, r, lines.LineOf(r.start) + 1});
     if (!IsDefinitionNode(t)) CollectNested(c, lines, out);
   }
-}
-
-void CollectNameReferences(TSNode node, std::string_view code, std::string_view name,
-                           std::vector<ByteRange>& out) {
-  uint32_t n = ts_node_child_count(node);
-  for (uint32_t i = 0; i < n; ++i) {
-    TSNode c = ts_node_child(node, i);
-    ByteRange r = RangeOf(c);
-    if (TypeOf(c) == "identifier" && SameIdentifier(r.In(code), name)) {
-      bool attribute = TypeOf(node) == "attribute" && ts_node_eq(c, Field(node, "attribute"));
-      bool keyword = TypeOf(node) == "keyword_argument" && ts_node_eq(c, Field(node, "name"));
-      if (!attribute && !keyword) out.push_back(r);
-    }
-    CollectNameReferences(c, code, name, out);
-  }
-}
-
-void CollectIdentifiers(TSNode node, ByteRange region, std::vector<ByteRange>& out) {
-  ByteRange r = RangeOf(node);
-  if (r.end <= region.start || r.start >= region.end) return;
-  if (Is(node, "identifier")) {
-    out.push_back(r);
-    return;
-  }
-  uint32_t count = ts_node_named_child_count(node);
-  for (uint32_t i = 0; i < count; ++i)
-    CollectIdentifiers(ts_node_named_child(node, i), region, out);
 }
 
 /// True when `n` is an expression statement holding only `...`, alone on its line of `source`.
@@ -186,18 +269,6 @@ bool OnlyStatementInBlock(const PyModule& m, ByteRange stmt) {
 std::vector<NestedStatement> NestedStatements(TSNode block, const LineIndex& lines) {
   std::vector<NestedStatement> out;
   if (!ts_node_is_null(block)) CollectBlock(block, lines, out);
-  return out;
-}
-
-std::vector<ByteRange> NameReferences(TSNode node, std::string_view code, std::string_view name) {
-  std::vector<ByteRange> out;
-  if (!ts_node_is_null(node)) CollectNameReferences(node, code, name, out);
-  return out;
-}
-
-std::vector<ByteRange> IdentifiersIn(TSNode node, ByteRange region) {
-  std::vector<ByteRange> out;
-  if (!ts_node_is_null(node)) CollectIdentifiers(node, region, out);
   return out;
 }
 
