@@ -10,6 +10,15 @@ independently of Transformers' conversion code (so it can check that code, not r
   tower and MTP tensors the causal LM must ignore (`_keys_to_ignore_on_load_unexpected`);
 - DeepSeek-V3: an MTP layer (`model.layers.61.*`), ignored the same way.
 
+Vision-language models (`vl_hub_layout`, tests/models/test_vision_language.py), the layouts their
+checkpoints come in besides what `save_pretrained` writes:
+
+- Qwen2-VL / Qwen2.5-VL: `save_pretrained` writes the original Hub layout (`model.layers.*`,
+  `visual.*`, `lm_head.*`, renamed by Transformers' conversion mapping on load); the other is the
+  module's own parameter names (`model.language_model.*`, `model.visual.*`), which load as they are;
+- Qwen3-VL-MoE: the Hub stores the fused experts transposed, `gate_up_proj [E, H, 2I]` and
+  `down_proj [E, I, H]` (the models hold `[E, 2I, H]` and `[E, H, I]`).
+
 Not covered: the quantized originals (DeepSeek-V3 FP8 block scales, GPT-OSS MXFP4), which need
 Transformers' quantizers; GPT-OSS's bf16 layout is the one `save_pretrained` writes.
 """
@@ -53,6 +62,24 @@ def hub_layout(model_key: str, state_dict: Dict[str, torch.Tensor]) -> Dict[str,
         out["mtp.fc.weight"] = torch.randn(8, 8, generator=gen)
     if model_key == "deepseek_v3":
         out["model.layers.61.eh_proj.weight"] = torch.randn(8, 8, generator=torch.Generator().manual_seed(7))
+    return out
+
+
+#: Vision-language models whose checkpoints come in a layout other than what `save_pretrained` writes.
+VL_HUB_LAYOUT = {"qwen2_vl", "qwen2_5_vl", "qwen3_vl_moe"}
+
+
+def vl_hub_layout(model_key: str, state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """The state dict of a vision-language `*ForConditionalGeneration` (its module layout) in the other
+    layout its checkpoints come in (the module docstring says which)."""
+    if model_key not in VL_HUB_LAYOUT:
+        raise ValueError(f"{model_key}: no other checkpoint layout (save_pretrained writes the Hub's)")
+    out: Dict[str, torch.Tensor] = {}
+    for key, value in state_dict.items():
+        value = value.detach().cpu()
+        if model_key == "qwen3_vl_moe" and re.search(r"\.mlp\.experts\.(gate_up_proj|down_proj)$", key):
+            value = value.transpose(1, 2)
+        out[key] = value
     return out
 
 
