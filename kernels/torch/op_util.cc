@@ -3,6 +3,7 @@
 
 #include <ATen/core/op_registration/op_registration.h>
 #include <c10/cuda/CUDAStream.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/library.h>
 
 #include <array>
@@ -29,6 +30,14 @@ void check_device(const KernelTable& table, int index) {
   g_checked[index].store(&table, std::memory_order_release);
 }
 
+// A tensor of opslot's cuda ops on another device: the message opslot's Python binding gave.
+[[noreturn]] void refuse_device(const std::string& device) {
+  TORCH_CHECK(false, "opslot's cuda kernels run on CUDA tensors, got a tensor on ", device,
+              " (on a CUDA machine they are the default: move the model to the GPU, or choose "
+              "'eager' or 'torch' for this op in ops_implementation, or set "
+              "OPSLOT_FORCE_IMPL=eager)");
+}
+
 // Any op of opslot given CPU tensors: the message opslot's Python binding gave.
 void refuse_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   std::string device = "cpu";
@@ -38,10 +47,20 @@ void refuse_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       break;
     }
   }
-  TORCH_CHECK(false, "opslot's cuda kernels run on CUDA tensors, got a tensor on ", device,
-              " (on a CUDA machine they are the default: move the model to the GPU, or choose "
-              "'eager' or 'torch' for this op in ops_implementation, or set "
-              "OPSLOT_FORCE_IMPL=eager)");
+  refuse_device(device);
+}
+
+void bump_mutated_versions(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
+                           torch::jit::Stack* stack) {
+  const auto& args = op.schema().arguments();
+  auto inputs = torch::jit::last(*stack, args.size());
+  for (size_t i = 0; i < args.size(); ++i) {
+    const c10::AliasInfo* alias = args[i].alias_info();
+    if (alias != nullptr && alias->isWrite() && inputs[i].isTensor()) {
+      torch::autograd::impl::bump_version(inputs[i].toTensor());
+    }
+  }
+  op.redispatchBoxed(keys & c10::after_ADInplaceOrView_keyset, stack);
 }
 
 }  // namespace
@@ -101,5 +120,29 @@ at::Tensor last_contiguous(const at::Tensor& t) {
 void register_cpu_refusal(torch::Library& m, const char* op) {
   m.impl(op, torch::CppFunction::makeFromBoxedFunction<&refuse_cpu>());
 }
+
+const KernelTable& prepare_cuda(const at::Tensor& t) {
+  if (!t.is_cuda()) refuse_device(t.device().str());
+  return prepare(t);
+}
+
+void register_inplace_version_bump(torch::Library& m, const char* op) {
+  m.impl(op, torch::CppFunction::makeFromBoxedFunction<&bump_mutated_versions>());
+}
+
+void check_float_dtype(const at::Tensor& t, const char* what) {
+  at::ScalarType d = t.scalar_type();
+  TORCH_CHECK_TYPE(d == at::kFloat || d == at::kHalf || d == at::kBFloat16, what,
+                   ": opslot cuda kernels take float32, float16 or bfloat16 tensors, got ",
+                   py_dtype(d));
+}
+
+std::string py_shape(c10::SymIntArrayRef sizes) {
+  std::string text = "(";
+  for (size_t i = 0; i < sizes.size(); ++i) text += (i ? ", " : "") + c10::str(sizes[i]);
+  return text + (sizes.size() == 1 ? ",)" : ")");
+}
+
+std::string py_dtype(at::ScalarType dtype) { return "torch." + c10::getDtypeNames(dtype).first; }
 
 }  // namespace opslot_torch

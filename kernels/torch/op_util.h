@@ -8,6 +8,7 @@
 #include <torch/library.h>
 
 #include <optional>
+#include <string>
 
 #include "kernel_table.h"
 
@@ -41,6 +42,23 @@ at::Tensor last_contiguous(const at::Tensor& t);
 
 // Registers the wrong-device kernel (a CPU tensor given to a cuda op) for `op` at the CPU key.
 void register_cpu_refusal(torch::Library& m, const char* op);
+
+// prepare(t) for a CUDA tensor; for any other, opslot's wrong-device message (the one
+// register_cpu_refusal gives). For ops whose CUDA kernel is also their CPU kernel: their argument
+// checks (and empty-input early returns) come before the device's refusal, as in the Python ops.
+const KernelTable& prepare_cuda(const at::Tensor& t);
+
+// Registers the ADInplaceOrView kernel of a mutating op (`Tensor(a!)` arguments): it bumps the
+// version counter of every mutated tensor argument, then redispatches (as torch.library.custom_op
+// does for mutates_args), so autograd sees the in-place write.
+void register_inplace_version_bump(torch::Library& m, const char* op);
+
+// check_float with the dtype named as Python names it ("got torch.int32"), as the Python ops did.
+void check_float_dtype(const at::Tensor& t, const char* what);
+
+// What Python prints: a shape as a tuple ("(2, 3)", "(4,)", "()"), a dtype ("torch.float32").
+std::string py_shape(c10::SymIntArrayRef sizes);
+std::string py_dtype(at::ScalarType dtype);
 
 }  // namespace opslot_torch
 
