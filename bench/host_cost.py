@@ -11,7 +11,8 @@ Rows, each measured side by side in one process:
   SiLU-mul `F.silu(g) * u`), the eager math upstream runs (Qwen3RMSNorm's body; rotate_half RoPE;
   Qwen3-MoE's load_balancing_loss_func), and Liger when `liger_kernel` imports;
 - user path at full size: RMSNorm 16384 x 4096 bf16 and the load-balancing loss over 48 layers of
-  [16384, 128] router logits, fwd+bwd, CUDA events around the Python call (median), and the same call
+  [16384, 128] router logits (bf16 and fp32), fwd+bwd (gradients returned by autograd.grad, not
+  accumulated into .grad), CUDA events around the Python call (median), and the same call
   captured in a CUDA graph (device only).
 The target of issue 30 (host cost <= 1.5x F.rms_norm's) is printed against the measured ratio.
 """
@@ -92,7 +93,10 @@ def fwd_bwd(fn: Callable[..., Any], inputs: List[torch.Tensor], grads: Optional[
     def step():
         out = fn(*inputs)
         outs = out if isinstance(out, tuple) else (out,)
-        torch.autograd.backward(outs, grads if grads is not None else [torch.ones_like(o) for o in outs])
+        # autograd.grad, not backward(): the gradients are returned, not added into .grad (which would
+        # time an extra read-modify-write of every input per call, as no training step does after
+        # zero_grad(set_to_none=True)).
+        torch.autograd.grad(outs, inputs, grads if grads is not None else [torch.ones_like(o) for o in outs])
 
     return step
 
@@ -197,21 +201,25 @@ def main() -> int:
         )
         print(json.dumps(full[-1]), flush=True)
     del xb, gy
-    big = [rn(16384, 128, dtype=torch.float32) for _ in range(48)]
-    for impl, fn in (
-        ("opslot cuda", lambda *ls: lb_cuda.load_balancing_loss(tuple(ls), 128, 8)),
-        ("eager math", lambda *ls: eager_lb(tuple(ls), 128, 8)),
-    ):
-        step = fwd_bwd(fn, big)
-        full.append(
-            {
-                "case": "load-balancing loss, 48 layers [16384, 128], top 8",
-                "impl": impl,
-                "user_ms": user_path(step, args.reps),
-                "graph_ms": graph_time(step, args.reps),
-            }
-        )
-        print(json.dumps(full[-1]), flush=True)
+    # Router logits in the model's dtype (bf16: Qwen3-MoE's gate, bench/kernels.py's shape) and in fp32
+    # (models whose router runs in fp32).
+    for ldt, lname in ((torch.bfloat16, "bf16"), (torch.float32, "fp32")):
+        big = [rn(16384, 128, dtype=ldt) for _ in range(48)]
+        for impl, fn in (
+            ("opslot cuda", lambda *ls: lb_cuda.load_balancing_loss(tuple(ls), 128, 8)),
+            ("eager math", lambda *ls: eager_lb(tuple(ls), 128, 8)),
+        ):
+            step = fwd_bwd(fn, big)
+            full.append(
+                {
+                    "case": f"load-balancing loss, 48 layers [16384, 128] {lname}, top 8",
+                    "impl": impl,
+                    "user_ms": user_path(step, args.reps),
+                    "graph_ms": graph_time(step, args.reps),
+                }
+            )
+            print(json.dumps(full[-1]), flush=True)
+        del big
 
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True

@@ -15,6 +15,8 @@ Models (`--models`, default qwen3_5; `--tiny`: 2 layers, hidden 64, vocab 256, b
   written into the output.
 - qwen3: Qwen3ForCausalLM from `patched_modeling_qwen3_gpu`, 4 dense layers, hidden 2048 (Qwen3-1.7B-like
   widths), vocab 151936: the same step shape, for scale.
+- qwen3_moe: Qwen3MoeForCausalLM from `patched_modeling_qwen3_moe_gpu`, 2 layers of Qwen3-30B-A3B's
+  widths (128 experts, top 8, expert width 768), vocab 151936 (bench/moe.py's training step).
 bf16 weights (random, seeded: Transformers' own init of the upstream class, the same state_dict loaded
 into every configuration of a model), attention `sdpa`, batch 2 x 4096 tokens without padding (no
 attention_mask), labels = input_ids (the causal-LM loss), use_cache=False, train mode.
@@ -32,6 +34,10 @@ Configurations (rows) per model:
   chunk_gated_delta_rule on `eager`, so the upstream call runs and its wrapper calls fla's
   chunk_gated_delta_rule; the conv stays on opslot's default. --fla-unsafe switches off fla's refusal
   of its gated backward on Hopper with Triton < 3.7.1 (timing only, as bench/gated_delta_rule.py).
+
+With --compile, three more rows per model under `torch.compile(model)` (inductor, default mode; at
+least 3 warm-up steps, which compile): upstream, opslot defaults, and opslot defaults with
+attn_implementation `opslot_sdpa` (the causal mask skipped under compile: runtime/opslot/compiled_sdpa.py).
 
 Measures: time = median of --iters (default 8) steps after --warmup (default 2) steps; one step is
 `model.zero_grad(set_to_none=True)` (outside the timing) then `loss = model(**batch).loss;
@@ -187,6 +193,28 @@ MODELS = {
         ),
         tiny=dict(TINY_COMMON),
     ),
+    # Qwen3-30B-A3B's widths, 2 layers (bench/moe.py's training step).
+    "qwen3_moe": ModelDef(
+        "qwen3_moe",
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        full=dict(
+            COMMON,
+            vocab_size=151936,
+            hidden_size=2048,
+            intermediate_size=6144,
+            moe_intermediate_size=768,
+            num_experts=128,
+            num_experts_per_tok=8,
+            norm_topk_prob=True,
+            num_hidden_layers=2,
+            num_attention_heads=32,
+            num_key_value_heads=4,
+            head_dim=128,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        ),
+        tiny=dict(TINY_COMMON, moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2),
+    ),
 }
 
 #: Config fields written into the output (those the config has).
@@ -210,6 +238,9 @@ RECORDED = [
     "hidden_act",
     "attention_bias",
     "attention_dropout",
+    "moe_intermediate_size",
+    "num_experts",
+    "num_experts_per_tok",
 ]
 
 
@@ -381,11 +412,22 @@ class Config:
     name: str
     ops: Optional[Dict[str, str]]  # None: the upstream class
     note: str = ""
+    compile: bool = False  # torch.compile(model) (default inductor), timed after its warm-up steps
 
 
-def configurations(mdef: ModelDef, fla_rows: bool) -> List[Config]:
+def configurations(mdef: ModelDef, fla_rows: bool, compiled: bool = False) -> List[Config]:
     attn = {"attn_implementation": "sdpa"}
     rows = [Config("upstream eager", None), Config("opslot defaults", dict(attn))]
+    if compiled:
+        rows += [
+            Config("upstream + torch.compile", None, compile=True),
+            Config("opslot defaults + torch.compile", dict(attn), compile=True),
+            Config(
+                "opslot defaults, opslot_sdpa + torch.compile",
+                {"attn_implementation": "opslot_sdpa"},
+                compile=True,
+            ),
+        ]
     if mdef.linear_attention:
         rows.append(
             Config(
@@ -536,7 +578,7 @@ def run_model(mdef: ModelDef, args, device: torch.device, dtype: torch.dtype, re
     inputs = make_batch(config.vocab_size, batch_n, seq, device, args.seed + 1)
     tokens = batch_n * seq
 
-    for cfg in configurations(mdef, fla_rows):
+    for cfg in configurations(mdef, fla_rows, args.compile):
         started = time.time()
         row: Dict[str, Any] = dict(model=mdef.key, name=cfg.name, tokens=tokens, ops=cfg.ops)
         model = None
@@ -544,7 +586,7 @@ def run_model(mdef: ModelDef, args, device: torch.device, dtype: torch.dtype, re
             if ref_error:
                 raise RuntimeError(ref_error)
             if cfg.ops is None:
-                model, ref_model = ref_model, None  # already holds the reference weights
+                model, ref_model = ref_model, None  # already holds the reference weights (first row)
                 if model is None:
                     model = construct(lambda: up_cls(copy.deepcopy(config)), device, dtype)
                     model.load_state_dict(state, strict=True)
@@ -575,7 +617,10 @@ def run_model(mdef: ModelDef, args, device: torch.device, dtype: torch.dtype, re
                     kernels += "; eager delta rule -> " + gen_backends["torch_chunk_gated_delta_rule"]
             row["kernels"] = kernels
             free(device)
-            row.update(measure(model, inputs, device, args.warmup, args.iters, args.row_budget))
+            if cfg.compile:
+                model = torch.compile(model)
+            warmup = max(args.warmup, 3) if cfg.compile else args.warmup  # the first steps compile
+            row.update(measure(model, inputs, device, warmup, args.iters, args.row_budget))
         except Exception as exc:  # noqa: BLE001  (one configuration's failure must not stop the others)
             oom = device.type == "cuda" and isinstance(exc, torch.cuda.OutOfMemoryError)
             row["error"] = "OOM" if oom else f"{type(exc).__name__}: {str(exc)[:300]}"
@@ -598,6 +643,9 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--seq", type=int, default=4096)
     ap.add_argument("--iters", type=int, default=8)
+    ap.add_argument(
+        "--compile", action="store_true", help="also time upstream and opslot defaults under torch.compile(model)"
+    )
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(

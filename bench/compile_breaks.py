@@ -1,0 +1,135 @@
+#!/usr/bin/env python3
+"""Why `torch.compile(model)` of a generated model is slower or faster than the same model eager:
+graph breaks (torch._dynamo.explain) and the CUDA kernels of one eager and one compiled training step
+(torch.profiler), side by side (issue 30, item 4).
+
+    OPSLOT_KERNELS_LIB=.../libopslot_kernels.so python3 bench/compile_breaks.py --models qwen3 --out $OUT
+
+Model shapes, weights and batch are bench/train_step.py's (`--tiny` for a CPU check); the model is the
+generated one built by `opslot.build_model` with opslot's defaults (attention sdpa). Writes
+compile_breaks.md: the graph and break counts with each distinct break reason, then per step the
+CUDA time per kernel (top --top by total time) and the totals, eager beside compiled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import copy
+import importlib.util
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+# bench/train_step.py (model definitions, generation, batches), loaded by path: bench/ itself must not
+# be on sys.path (bench/kernels.py would shadow the `kernels` package transformers probes for).
+_spec = importlib.util.spec_from_file_location("train_step", Path(__file__).resolve().parent / "train_step.py")
+ts = importlib.util.module_from_spec(_spec)
+sys.modules["train_step"] = ts
+_spec.loader.exec_module(ts)
+
+import torch  # noqa: E402
+
+
+def step(model, batch):
+    model.zero_grad(set_to_none=True)
+    loss = model(**batch).loss
+    loss.backward()
+    return loss.detach()
+
+
+def kernel_times(model, batch, device: torch.device) -> Tuple[Dict[str, float], float]:
+    """(CUDA µs per kernel name, wall ms) of one step under the profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    ts.sync(device)
+    t = time.perf_counter()
+    with profile(activities=activities) as prof:
+        step(model, batch)
+        ts.sync(device)
+    wall = (time.perf_counter() - t) * 1e3
+    per: Dict[str, float] = collections.defaultdict(float)
+    for e in prof.events():
+        if e.device_type.name == "CUDA":
+            per[e.name] += e.device_time
+    return dict(per), wall
+
+
+def explain(model, batch) -> List[str]:
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    out = torch._dynamo.explain(model)(**batch)
+    lines = [f"- graphs: {out.graph_count}, graph breaks: {out.graph_break_count}, ops in graphs: {out.op_count}"]
+    reasons = collections.Counter(f"{b.reason}" for b in out.break_reasons)
+    for reason, n in reasons.most_common():
+        lines.append(f"  - {n}x {reason.splitlines()[0][:300]}")
+    torch._dynamo.reset()
+    return lines
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="qwen3")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--seq", type=int, default=4096)
+    ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--patchgen", default=ts.default_patchgen())
+    ap.add_argument("--out", default=".")
+    args = ap.parse_args()
+    device = torch.device(args.device)
+    from opslot import build_model
+
+    lines = ["# torch.compile of generated models: graph breaks and kernels (bench/compile_breaks.py)", ""]
+    lines.append(f"- command: {' '.join(sys.argv)}; torch {torch.__version__}")
+    for key in args.models.split(","):
+        mdef = ts.MODELS[key]
+        config = ts.make_config(mdef, args.tiny)
+        module = ts.generate_and_import(mdef, args.patchgen, ts.site_packages(), Path(tempfile.mkdtemp()))
+        torch.manual_seed(0)
+        model = ts.construct(
+            lambda: build_model(
+                copy.deepcopy(config), ops={"attn_implementation": "sdpa"}, module=module, model_class=mdef.causal_lm
+            ),
+            device,
+            torch.bfloat16,
+        )
+        b, s = (1, 128) if args.tiny else (args.batch, args.seq)
+        batch = ts.make_batch(config.vocab_size, b, s, device, 1)
+        lines += ["", f"## {key} ({b} x {s} tokens)", ""]
+        lines += explain(model, batch)
+        for _ in range(2):
+            step(model, batch)
+        eager, eager_wall = kernel_times(model, batch, device)
+        compiled_model = torch.compile(model)
+        for _ in range(3):
+            step(compiled_model, batch)
+        comp, comp_wall = kernel_times(compiled_model, batch, device)
+        lines += [
+            "",
+            f"- profiled step wall ms: eager {eager_wall:.1f}, compiled {comp_wall:.1f}; CUDA ms: eager "
+            f"{sum(eager.values()) / 1e3:.2f} ({len(eager)} kernels), compiled {sum(comp.values()) / 1e3:.2f} "
+            f"({len(comp)} kernels)",
+            "",
+            "| kernel | eager µs | compiled µs |",
+            "|---|---|---|",
+        ]
+        names = sorted(set(eager) | set(comp), key=lambda n: -max(eager.get(n, 0), comp.get(n, 0)))
+        for n in names[: args.top]:
+            lines.append(f"| {n[:110]} | {eager.get(n, 0):.0f} | {comp.get(n, 0):.0f} |")
+        print("\n".join(lines), flush=True)
+        del model, compiled_model
+        ts.free(device)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "compile_breaks.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
