@@ -127,6 +127,14 @@ MODELS: Dict[str, GeneratedModel] = _models(
     ("gpt_oss", GPU, {"gpt_oss": _text("GptOss")}),
     ("llama", GPU, {"llama": _text("Llama")}),
     ("qwen2", GPU, {"qwen2": _text("Qwen2")}),
+    # the Thinker (what AutoModelForImageTextToText builds for `qwen2_5_omni_thinker`, what is trained);
+    # the whole `qwen2_5_omni` model (Thinker + Talker + Token2Wav) has no auto class. From 5.23
+    # Transformers also maps the Thinker's base model, Qwen2_5OmniThinkerModel, which 5.17 lacks.
+    (
+        "qwen2_5_omni",
+        GPU,
+        {"qwen2_5_omni_thinker": {"conditional_generation": "Qwen2_5OmniThinkerForConditionalGeneration"}},
+    ),
     ("qwen2_5_vl", GPU, _vision_language("qwen2_5_vl", "Qwen2_5_VL")),
     ("qwen2_vl", GPU, _vision_language("qwen2_vl", "Qwen2VL")),
     ("qwen3", GPU_NPU, {"qwen3": _text("Qwen3")}),

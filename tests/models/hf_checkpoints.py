@@ -17,7 +17,9 @@ checkpoints come in besides what `save_pretrained` writes:
   `visual.*`, `lm_head.*`, renamed by Transformers' conversion mapping on load); the other is the
   module's own parameter names (`model.language_model.*`, `model.visual.*`), which load as they are;
 - Qwen3-VL-MoE: the Hub stores the fused experts transposed, `gate_up_proj [E, H, 2I]` and
-  `down_proj [E, I, H]` (the models hold `[E, 2I, H]` and `[E, H, I]`).
+  `down_proj [E, I, H]` (the models hold `[E, 2I, H]` and `[E, H, I]`);
+- Qwen2.5-Omni: the Thinker is loaded from the whole model's checkpoint, its tensors under `thinker.`,
+  beside the Talker's (`talker.*`) and the speech decoder's (`token2wav.*`; a few stand-ins here).
 
 Not covered: the quantized originals (DeepSeek-V3 FP8 block scales, GPT-OSS MXFP4), which need
 Transformers' quantizers; GPT-OSS's bf16 layout is the one `save_pretrained` writes.
@@ -66,7 +68,10 @@ def hub_layout(model_key: str, state_dict: Dict[str, torch.Tensor]) -> Dict[str,
 
 
 #: Vision-language models whose checkpoints come in a layout other than what `save_pretrained` writes.
-VL_HUB_LAYOUT = {"qwen2_vl", "qwen2_5_vl", "qwen3_vl_moe"}
+VL_HUB_LAYOUT = {"qwen2_vl", "qwen2_5_vl", "qwen3_vl_moe", "qwen2_5_omni"}
+#: Tensors of such a checkpoint that belong to other parts of the whole model (upstream's from_pretrained
+#: lists them as unexpected before 5.23, which declares them ignorable).
+VL_OTHER_PARTS = {"qwen2_5_omni": ("talker.", "token2wav.")}
 
 
 def vl_hub_layout(model_key: str, state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
@@ -80,6 +85,12 @@ def vl_hub_layout(model_key: str, state_dict: Dict[str, torch.Tensor]) -> Dict[s
         if model_key == "qwen3_vl_moe" and re.search(r"\.mlp\.experts\.(gate_up_proj|down_proj)$", key):
             value = value.transpose(1, 2)
         out[key] = value
+    if model_key == "qwen2_5_omni":
+        out = {f"thinker.{k}": v for k, v in out.items()}
+        gen = torch.Generator().manual_seed(7)
+        out["talker.model.norm.weight"] = torch.randn(8, generator=gen)
+        out["talker.codec_head.weight"] = torch.randn(8, 8, generator=gen)
+        out["token2wav.code2wav_dit_model.input_embed.proj.weight"] = torch.randn(8, 8, generator=gen)
     return out
 
 

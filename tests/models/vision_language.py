@@ -1,17 +1,21 @@
-"""The vision-language models of the real-model tests (issue 31): their cases, tiny random configs and
-real multimodal inputs, shared by tests/models/e2e.py (which checks each against upstream on the CPU in
-CI, on the GPU with opslot's `cuda` kernels, and in `make matrix`) and tests/models/test_vision_language.py
-(generation, checkpoints, packing, the vision tower's slots).
+"""The vision-language and omni models of the real-model tests (issue 31): their cases, tiny random configs
+and real multimodal inputs, shared by tests/models/e2e.py (which checks each against upstream on the CPU
+in CI, on the GPU with opslot's `cuda` kernels, and in `make matrix`) and tests/models/test_vision_language.py
+(generation, checkpoints, packing, the towers' slots).
 
 A model here is its processor-facing `*ForConditionalGeneration` (the class public checkpoints load
-into), fed what the model's processor produces: `input_ids` with the vision placeholders
-(`<|vision_start|>`, one placeholder token per merged patch, `<|vision_end|>`), `mm_token_type_ids`
-(0 text, 1 image, 2 video: the 3-D RoPE positions are computed from them), `pixel_values` +
-`image_grid_thw` (patches flattened to `in_channels * temporal_patch_size * patch_size**2` features)
-and `pixel_values_videos` + `video_grid_thw` (Qwen2.5-VL also `second_per_grid_ts`). Qwen3-VL's
-processor writes each video frame as its own group (a timestamp, then `<|vision_start|>` frame
-`<|vision_end|>`), and its RoPE index splits the video grid per frame: the inputs follow that.
-Labels are the ids, -100 on padding and on the vision placeholders (what a training collator does).
+into; for Qwen2.5-Omni its Thinker, the part that is trained), fed what the model's processor produces:
+`input_ids` with the vision placeholders (`<|vision_start|>`, one placeholder token per merged patch,
+`<|vision_end|>`), `mm_token_type_ids` (0 text, 1 image, 2 video: the 3-D RoPE positions are computed
+from them), `pixel_values` + `image_grid_thw` (patches flattened to
+`in_channels * temporal_patch_size * patch_size**2` features) and `pixel_values_videos` +
+`video_grid_thw` (Qwen2.5-VL also `second_per_grid_ts`). Qwen3-VL's processor writes each video frame
+as its own group (a timestamp, then `<|vision_start|>` frame `<|vision_end|>`), and its RoPE index
+splits the video grid per frame: the inputs follow that. The omni Thinker also takes audio:
+`input_features` (log-mel frames) + `feature_attention_mask`, one `<|AUDIO|>` placeholder per encoder
+output frame between `<|audio_bos|>` and `<|audio_eos|>`; it finds the modalities from the ids (no
+`mm_token_type_ids`) and takes `video_second_per_grid`. Labels are the ids, -100 on padding and on the
+placeholders (what a training collator does).
 
 This module imports nothing from the tests (e2e.py imports it).
 """
@@ -25,10 +29,23 @@ import torch
 
 #: Token ids of the tiny configs (inside the vocabulary of 256); text tokens are drawn below 240.
 IMAGE, VIDEO, VISION_START, VISION_END = 250, 251, 252, 253
+AUDIO, AUDIO_START, AUDIO_END = 249, 246, 247
 TEXT_TOKENS = 240
 TOKEN_IDS = dict(
     image_token_id=IMAGE, video_token_id=VIDEO, vision_start_token_id=VISION_START, vision_end_token_id=VISION_END
 )
+#: The omni Thinker's names for them (its config maps `*_token_index` to `*_token_id`).
+OMNI_TOKEN_IDS = dict(
+    image_token_index=IMAGE,
+    video_token_index=VIDEO,
+    audio_token_index=AUDIO,
+    vision_start_token_id=VISION_START,
+    vision_end_token_id=VISION_END,
+    audio_start_token_id=AUDIO_START,
+    audio_end_token_id=AUDIO_END,
+)
+#: The kind of each token (mm_token_type_ids; the omni Thinker takes none, AUDIO_KIND marks its labels).
+TEXT_KIND, IMAGE_KIND, VIDEO_KIND, AUDIO_KIND = 0, 1, 2, 3
 
 #: The image and the video of every input: (t, h, w) in patches. With spatial_merge_size 2, the image
 #: is 2 x 4 = 8 placeholder tokens (Qwen2.5-VL's window of 2 x 2 merged patches splits it in two
@@ -36,6 +53,9 @@ TOKEN_IDS = dict(
 IMAGE_GRID = (1, 4, 8)
 VIDEO_GRID = (2, 4, 4)
 MERGE = 2
+#: The audio: 16 log-mel frames of 16 bins; the omni audio encoder's stride-2 convolution and its
+#: pooling make 4 placeholder tokens of them.
+AUDIO_FRAMES, AUDIO_TOKENS = 16, 4
 
 TEXT = dict(
     vocab_size=256,
@@ -65,17 +85,20 @@ class VLCase:
     `causal_lm`, `moe`, `npu_removes`, ...), plus the composite config's parts."""
 
     key: str  # folder under specs/
-    config_class: str  # transformers.<name>: the composite (text + vision) config
+    config_class: str  # transformers.<name>: the composite (text + vision [+ audio]) config
     text: Dict[str, Any]  # the text config (added to TEXT)
     vision: Dict[str, Any]  # the vision config (added to VISION)
     causal_lm: str  # the *ForConditionalGeneration: the model checked against upstream
     moe: bool = False  # forward with output_router_logits=True (reaches load_balancing_loss_func)
     npu_removes: Optional[List[str]] = None  # None: no NPU sibling; else the slots it removes
     frames_apart: bool = False  # the processor writes each video frame as its own group (Qwen3-VL)
-    seconds_per_grid: bool = False  # the forward takes second_per_grid_ts for videos (Qwen2.5-VL)
-    #: (op, variant) of the slots the vision tower itself dispatches (test_vision_language.py checks
-    #: that running the tower alone calls them)
-    vision_ops: Tuple[Tuple[str, str], ...] = ()
+    video_seconds: Optional[str] = None  # the forward's seconds-per-grid argument for videos, if any
+    #: (op, variant, class) of the slots the vision tower itself dispatches: one call per module of the
+    #: class per tower call (test_vision_language.py runs the tower alone and counts them)
+    vision_ops: Tuple[Tuple[str, str, str], ...] = ()
+    audio: Optional[Dict[str, Any]] = None  # the audio encoder's config (omni): the inputs hold an audio
+    tokens: Dict[str, int] = dataclasses.field(default_factory=lambda: dict(TOKEN_IDS))
+    mm_token_types: bool = True  # the forward takes mm_token_type_ids (the omni Thinker reads the ids)
     # what e2e.py's text cases have and these models do not
     offset_norm: bool = False
     seq_cls: Optional[str] = None
@@ -107,6 +130,34 @@ MOE_TEXT = dict(
     # (packing) and generation run without the aux loss
     output_router_logits=False,
 )
+#: A Qwen2.5-VL-style vision encoder (RMSNorm, gated SiLU MLP with biases, windowed attention).
+WINDOWED_VISION = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    out_hidden_size=64,
+    hidden_act="silu",
+    window_size=8,  # 8 pixels = 2 x 2 merged patches per window
+    fullatt_block_indexes=[1],
+)
+#: A Qwen3-VL-style vision encoder (LayerNorm, GELU MLP, learned positions, deepstack).
+DEEPSTACK_VISION = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    out_hidden_size=64,
+    num_position_embeddings=16,
+    deepstack_visual_indexes=[0],
+)
+#: The omni audio encoder: 16 mel bins, one layer; n_window 4 (chunks of 8 frames).
+OMNI_AUDIO = dict(
+    num_mel_bins=16,
+    encoder_layers=1,
+    encoder_attention_heads=2,
+    encoder_ffn_dim=64,
+    d_model=32,
+    output_dim=64,
+    n_window=4,
+    max_source_positions=64,
+)
 
 VL_CASES = [
     VLCase(
@@ -121,30 +172,16 @@ VL_CASES = [
         "qwen2_5_vl",
         "Qwen2_5_VLConfig",
         dict(rope_parameters=MROPE),
-        dict(
-            hidden_size=32,
-            intermediate_size=64,
-            out_hidden_size=64,
-            hidden_act="silu",
-            window_size=8,  # 8 pixels = 2 x 2 merged patches per window
-            fullatt_block_indexes=[1],
-            tokens_per_second=2,
-        ),
+        dict(WINDOWED_VISION, tokens_per_second=2),
         "Qwen2_5_VLForConditionalGeneration",
-        seconds_per_grid=True,
-        vision_ops=(("rms_norm", "standard"), ("swiglu_mlp", "standard")),
+        video_seconds="second_per_grid_ts",
+        vision_ops=(("rms_norm", "standard", "Qwen2_5_VLRMSNorm"), ("swiglu_mlp", "standard", "Qwen2_5_VLMLP")),
     ),
     VLCase(
         "qwen3_vl",
         "Qwen3VLConfig",
         dict(rope_parameters=dict(MROPE, mrope_interleaved=True)),
-        dict(
-            hidden_size=32,
-            intermediate_size=64,
-            out_hidden_size=64,
-            num_position_embeddings=16,
-            deepstack_visual_indexes=[0],
-        ),
+        DEEPSTACK_VISION,
         "Qwen3VLForConditionalGeneration",
         npu_removes=[],
         frames_apart=True,
@@ -153,31 +190,40 @@ VL_CASES = [
         "qwen3_vl_moe",
         "Qwen3VLMoeConfig",
         dict(MOE_TEXT, rope_parameters=dict(MROPE, mrope_interleaved=True)),
-        dict(
-            hidden_size=32,
-            intermediate_size=64,
-            out_hidden_size=64,
-            num_position_embeddings=16,
-            deepstack_visual_indexes=[0],
-        ),
+        DEEPSTACK_VISION,
         "Qwen3VLMoeForConditionalGeneration",
         moe=True,
         npu_removes=[],
         frames_apart=True,
     ),
+    VLCase(
+        "qwen2_5_omni",
+        "Qwen2_5OmniThinkerConfig",
+        dict(rope_parameters=MROPE),
+        WINDOWED_VISION,
+        "Qwen2_5OmniThinkerForConditionalGeneration",
+        video_seconds="video_second_per_grid",
+        vision_ops=(("rms_norm", "standard", "Qwen2_5OmniRMSNorm"), ("swiglu_mlp", "standard", "Qwen2_5OmniMLP")),
+        audio=OMNI_AUDIO,
+        tokens=OMNI_TOKEN_IDS,
+        mm_token_types=False,
+    ),
 ]
 
 
 def make_config(case: VLCase):
-    """The composite config (text + vision), eager attention and eager experts (the moe guard lives in
-    the eager experts forward)."""
+    """The composite config (text + vision [+ audio]), eager attention and eager experts (the moe guard
+    lives in the eager experts forward)."""
     import transformers
 
     cls = getattr(transformers, case.config_class)
     text_cls = type(cls().get_text_config())
     fields = getattr(text_cls, "__dataclass_fields__", None)
     text = {k: v for k, v in dict(TEXT, **case.text).items() if fields is None or k in fields}
-    config = cls(text_config=text, vision_config=dict(VISION, **case.vision), **TOKEN_IDS)
+    towers = dict(vision_config=dict(VISION, **case.vision))
+    if case.audio is not None:
+        towers["audio_config"] = dict(case.audio)
+    config = cls(text_config=text, **towers, **case.tokens)
     config._attn_implementation = "eager"  # the setter reaches the sub-configs
     if case.moe:
         config._experts_implementation = "eager"
@@ -190,34 +236,37 @@ def patch_features(config) -> int:
 
 
 def _segments(case: VLCase, layout: List[Tuple[str, int]]) -> Tuple[List[int], List[int]]:
-    """(ids, mm_token_type_ids) of a layout: ("text", n) random text tokens, ("image", 0) the image,
-    ("video", 0) the video (Qwen3-VL: one group per frame, a text token between frames)."""
+    """(ids, kinds) of a layout: ("text", n) random text tokens, ("image", 0) the image, ("video", 0) the
+    video (Qwen3-VL: one group per frame, a text token between frames), ("audio", 0) the audio; kinds are
+    the mm_token_type_ids (TEXT_KIND ...; AUDIO_KIND for the audio placeholders)."""
     ids: List[int] = []
     kinds: List[int] = []
     gen = torch.Generator().manual_seed(len(layout) * 31 + sum(n for _, n in layout))
 
     def text(n):
         ids.extend(torch.randint(1, TEXT_TOKENS, (n,), generator=gen).tolist())
-        kinds.extend([0] * n)
+        kinds.extend([TEXT_KIND] * n)
 
-    def vision(token, kind, tokens):
-        ids.extend([VISION_START] + [token] * tokens + [VISION_END])
-        kinds.extend([0] + [kind] * tokens + [0])
+    def placeholders(token, kind, count, start=VISION_START, end=VISION_END):
+        ids.extend([start] + [token] * count + [end])
+        kinds.extend([TEXT_KIND] + [kind] * count + [TEXT_KIND])
 
     for what, n in layout:
         if what == "text":
             text(n)
+        elif what == "audio":
+            placeholders(AUDIO, AUDIO_KIND, AUDIO_TOKENS, AUDIO_START, AUDIO_END)
         elif what == "image":
             t, h, w = IMAGE_GRID
-            vision(IMAGE, 1, t * h * w // MERGE**2)
+            placeholders(IMAGE, IMAGE_KIND, t * h * w // MERGE**2)
         else:
             t, h, w = VIDEO_GRID
             if case.frames_apart:
                 for _ in range(t):
                     text(1)  # the frame's timestamp
-                    vision(VIDEO, 2, h * w // MERGE**2)
+                    placeholders(VIDEO, VIDEO_KIND, h * w // MERGE**2)
             else:
-                vision(VIDEO, 2, t * h * w // MERGE**2)
+                placeholders(VIDEO, VIDEO_KIND, t * h * w // MERGE**2)
     return ids, kinds
 
 
@@ -226,66 +275,132 @@ def pixels(config, grid: Tuple[int, int, int], seed: int) -> torch.Tensor:
     return torch.randn(t * h * w, patch_features(config), generator=torch.Generator().manual_seed(seed))
 
 
+def audio_features(count: int, seed: int) -> Dict[str, torch.Tensor]:
+    """`count` audios of AUDIO_FRAMES log-mel frames: input_features [count, bins, frames] and the mask."""
+    bins = OMNI_AUDIO["num_mel_bins"]
+    features = torch.randn(count, bins, AUDIO_FRAMES, generator=torch.Generator().manual_seed(seed))
+    return dict(input_features=features, feature_attention_mask=torch.ones(count, AUDIO_FRAMES, dtype=torch.long))
+
+
+def _rows(rows: List[Tuple[List[int], List[int]]], left: bool, extra: int = 0) -> Dict[str, torch.Tensor]:
+    """Rows padded with token 0 to the longest row's length + `extra` (on the right, or on the left for
+    generation): input_ids, attention_mask and the tokens' kinds."""
+    length = max(len(ids) for ids, _ in rows) + extra
+    out: Dict[str, List[List[int]]] = {"input_ids": [], "attention_mask": [], "kinds": []}
+    for ids, kinds in rows:
+        pad = [0] * (length - len(ids))
+        mask = [1] * len(ids)
+        out["input_ids"].append(pad + ids if left else ids + pad)
+        out["kinds"].append(pad + kinds if left else kinds + pad)
+        out["attention_mask"].append(pad + mask if left else mask + pad)
+    return {k: torch.tensor(v) for k, v in out.items()}
+
+
+def _finish(case: VLCase, batch: Dict[str, torch.Tensor], labels: bool, device) -> Dict[str, torch.Tensor]:
+    kinds = batch.pop("kinds")
+    if case.mm_token_types:
+        batch["mm_token_type_ids"] = kinds
+    if labels:
+        target = batch["input_ids"].clone()
+        target[(batch["attention_mask"] == 0) | (kinds != TEXT_KIND)] = -100
+        batch["labels"] = target
+    return {k: v.to(device) for k, v in batch.items()}
+
+
 def make_inputs(
     case: VLCase, config, device: torch.device, video: bool = True, labels: bool = True
 ) -> Dict[str, torch.Tensor]:
-    """Two rows, right-padded to one length with an attention mask: the first holds the image, the
-    second the video (or the image again when `video` is False). Labels: the ids, -100 on padding and
-    on vision placeholders."""
-    first, first_kinds = _segments(case, [("text", 3), ("image", 0), ("text", 6)])
-    second, second_kinds = _segments(case, [("text", 2), ("video" if video else "image", 0), ("text", 4)])
-    length = max(len(first), len(second)) + 3  # the second row gets at least 3 padding tokens
-    rows = []
-    for row_ids, row_kinds in ((first, first_kinds), (second, second_kinds)):
-        pad = length - len(row_ids)
-        rows.append((row_ids + [0] * pad, row_kinds + [0] * pad, [1] * len(row_ids) + [0] * pad))
-    input_ids = torch.tensor([r[0] for r in rows])
-    kinds = torch.tensor([r[1] for r in rows])
-    attention_mask = torch.tensor([r[2] for r in rows])
-    out = dict(input_ids=input_ids, attention_mask=attention_mask, mm_token_type_ids=kinds)
-    grids = [IMAGE_GRID, VIDEO_GRID if video else IMAGE_GRID]
+    """Two rows, right-padded with an attention mask (every row by at least 3 tokens): the first holds the image (and, for an omni model, the audio after it), the second
+    the video (or the image again when `video` is False). Labels: the ids, -100 on padding and on the
+    placeholders."""
+    first = [("text", 3), ("image", 0), ("text", 6)]
+    if case.audio is not None:
+        first += [("audio", 0), ("text", 2)]
+    second = [("text", 2), ("video" if video else "image", 0), ("text", 4)]
+    batch = _rows([_segments(case, first), _segments(case, second)], left=False, extra=3)
     if video:
-        out.update(
+        batch.update(
             pixel_values=pixels(config, IMAGE_GRID, 11),
             image_grid_thw=torch.tensor([IMAGE_GRID]),
             pixel_values_videos=pixels(config, VIDEO_GRID, 12),
             video_grid_thw=torch.tensor([VIDEO_GRID]),
         )
-        if case.seconds_per_grid:
-            out["second_per_grid_ts"] = torch.tensor([1.0])
+        if case.video_seconds:
+            batch[case.video_seconds] = torch.tensor([1.0])
     else:
-        out.update(
-            pixel_values=torch.cat([pixels(config, g, 11 + i) for i, g in enumerate(grids)]),
-            image_grid_thw=torch.tensor(grids),
+        batch.update(
+            pixel_values=torch.cat([pixels(config, IMAGE_GRID, 11), pixels(config, IMAGE_GRID, 12)]),
+            image_grid_thw=torch.tensor([IMAGE_GRID, IMAGE_GRID]),
         )
-    if labels:
-        target = input_ids.clone()
-        target[(attention_mask == 0) | (kinds != 0)] = -100
-        out["labels"] = target
-    return {k: v.to(device) for k, v in out.items()}
+    if case.audio is not None:
+        batch.update(audio_features(1, 13))
+    return _finish(case, batch, labels, device)
+
+
+def document(case: VLCase, config, layout, device, seed: int) -> Dict[str, torch.Tensor]:
+    """One row of one document (its layout as for `_segments`, images only), labels the ids (-100 on
+    placeholders), with its image's pixels and grid, its audio's features."""
+    batch = _rows([_segments(case, layout)], left=False)
+    images = sum(1 for what, _ in layout if what == "image")
+    batch.update(
+        pixel_values=torch.cat([pixels(config, IMAGE_GRID, seed + i) for i in range(images)]),
+        image_grid_thw=torch.tensor([IMAGE_GRID] * images),
+    )
+    audios = sum(1 for what, _ in layout if what == "audio")
+    if audios:
+        batch.update(audio_features(audios, seed))
+    return _finish(case, batch, True, device)
 
 
 def image_prompt(case: VLCase, config, device: torch.device) -> Dict[str, torch.Tensor]:
     """A generation prompt: two rows, each text + an image + text, the second left-padded (decoder-only
     generation pads on the left)."""
-    first, first_kinds = _segments(case, [("text", 2), ("image", 0), ("text", 3)])
-    second, second_kinds = _segments(case, [("text", 1), ("image", 0), ("text", 1)])
-    pad = len(first) - len(second)
-    assert pad > 0
-    input_ids = torch.tensor([first, [0] * pad + second])
-    kinds = torch.tensor([first_kinds, [0] * pad + second_kinds])
-    attention_mask = torch.ones_like(input_ids)
-    attention_mask[1, :pad] = 0
-    return {
-        k: v.to(device)
-        for k, v in dict(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            mm_token_type_ids=kinds,
-            pixel_values=torch.cat([pixels(config, IMAGE_GRID, 21), pixels(config, IMAGE_GRID, 22)]),
-            image_grid_thw=torch.tensor([IMAGE_GRID, IMAGE_GRID]),
-        ).items()
-    }
+    rows = [
+        _segments(case, [("text", 2), ("image", 0), ("text", 3)]),
+        _segments(case, [("text", 1), ("image", 0), ("text", 1)]),
+    ]
+    batch = _rows(rows, left=True)
+    assert int(batch["attention_mask"][1].sum()) < batch["input_ids"].shape[1]  # the second row is padded
+    batch.update(
+        pixel_values=torch.cat([pixels(config, IMAGE_GRID, 21), pixels(config, IMAGE_GRID, 22)]),
+        image_grid_thw=torch.tensor([IMAGE_GRID, IMAGE_GRID]),
+    )
+    return _finish(case, batch, False, device)
+
+
+def rope_index(case: VLCase, model, inputs: Dict[str, torch.Tensor]) -> torch.Tensor:
+    """The 3-D position ids [3, batch, seq] the model computes for `inputs` (its own `get_rope_index`:
+    on the multimodal `*Model` of the VL models, on the omni Thinker itself)."""
+    owner = model if hasattr(model, "get_rope_index") else model.model
+    grids = {k: inputs[k] for k in ("image_grid_thw", "video_grid_thw") if k in inputs}
+    if case.mm_token_types:
+        if case.video_seconds and case.video_seconds in inputs:
+            grids["second_per_grid_ts"] = inputs[case.video_seconds]
+        positions, _ = owner.get_rope_index(
+            inputs["input_ids"],
+            mm_token_type_ids=inputs["mm_token_type_ids"],
+            attention_mask=inputs.get("attention_mask"),
+            **grids,
+        )
+    else:
+        if "feature_attention_mask" in inputs:
+            grids["audio_seqlens"] = inputs["feature_attention_mask"].sum(-1)
+        if case.video_seconds and case.video_seconds in inputs:
+            grids["second_per_grids"] = inputs[case.video_seconds]
+        positions, _ = owner.get_rope_index(inputs["input_ids"], attention_mask=inputs.get("attention_mask"), **grids)
+    return positions
+
+
+def towers(model) -> Dict[str, torch.nn.Module]:
+    """The model's towers by name: `language`, `visual`, and `audio` for an omni Thinker (5.17 holds them
+    on the Thinker itself, from 5.23 on its `Qwen2_5OmniThinkerModel`)."""
+    inner = model.model
+    found = {"language": getattr(inner, "language_model", inner)}
+    for name, attr in (("visual", "visual"), ("audio", "audio_tower")):
+        tower = getattr(inner, attr, None) or getattr(model, attr, None)
+        if tower is not None:
+            found[name] = tower
+    return found
 
 
 def vocab_size(config) -> int:
