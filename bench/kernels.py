@@ -397,6 +397,74 @@ def bench_rope(copy_bw, args, out):
         torch.cuda.empty_cache()
 
 
+def _deepseek_rope_inputs(B, S, H, D, nope=128, grad=True):
+    """DeepSeek-V3's attention: q_rot the last D features of q_states [B, S, H, nope + D] (transposed
+    view), k_rot [B, 1, S, D] from compressed_kv [B, S, 512 + D]; cos/sin [B, S, D] in bf16."""
+    q = torch.randn(B, S, H, nope + D, device=DEV, dtype=BF).transpose(1, 2)[..., nope:].requires_grad_(grad)
+    k = torch.randn(B, S, 512 + D, device=DEV, dtype=BF)[..., 512:].view(B, 1, S, D).requires_grad_(grad)
+    inv = 1.0 / (10000 ** (torch.arange(0, D, 2, device=DEV).float() / D))
+    freqs = torch.arange(S, device=DEV).float()[:, None] * inv
+    emb = torch.cat((freqs, freqs), -1)[None].expand(B, S, D)
+    return q, k, emb.cos().to(BF).contiguous(), emb.sin().to(BF).contiguous()
+
+
+def _vision_rope_inputs(N, H, D, grad=True):
+    """The vision attention: q/k unbound views of qkv [N, 3, H, D] (bf16), cos/sin [N, D] fp32."""
+    qkv = torch.randn(N, 3 * H * D, device=DEV, dtype=BF)
+    q, k, _ = qkv.reshape(N, 3, H, D).permute(1, 0, 2, 3).unbind(0)
+    freqs = torch.randn(N, D // 2, device=DEV) * 8
+    emb = torch.cat((freqs, freqs), -1)
+    return q.requires_grad_(grad), k.requires_grad_(grad), emb.cos(), emb.sin()
+
+
+def bench_rope_variants(copy_bw, args, out, which):
+    """RoPE interleaved (DeepSeek-V3) or the vision RoPE: fwd+bwd of upstream eager (opslot.reference
+    is its code), torch.compile of it, opslot's torch and cuda kernels, and the cuda forward alone."""
+    if which == "interleaved":
+        S = 4096 if not args.quick else 1024
+        make = lambda: _deepseek_rope_inputs(2, S, 128, 64)  # noqa: E731
+        tiny = _deepseek_rope_inputs(1, 4, 2, 64)
+        ref, tor, cud = R.rotary_pos_emb_interleaved, T.rotary_pos_emb_interleaved, CR.rotary_pos_emb_interleaved
+        title = (
+            f"RoPE interleaved (DeepSeek-V3): q_rot [2,128,{S},64] (a slice of q_states [2,{S},128,192]), "
+            f"k_rot [2,1,{S},64], bf16 — 8 B per q/k element"
+        )
+        target = "≥ 80% of copy BW"
+    else:
+        N = 16384 if not args.quick else 4096
+        make = lambda: _vision_rope_inputs(N, 16, 80)  # noqa: E731
+        tiny = _vision_rope_inputs(8, 2, 80)
+        ref, tor, cud = R.rotary_pos_emb_vision, T.rotary_pos_emb_vision, CR.rotary_pos_emb_vision
+        title = (
+            f"RoPE vision (Qwen2-VL .. Qwen3-VL-MoE): q/k [{N},16,80] (views of qkv [{N},3,16,80]) bf16, "
+            "cos/sin fp32 — 8 B per q/k element (cos/sin, 4% more, not counted)"
+        )
+        target = "≥ 80% of copy BW"
+    q, k, cos, sin = make()
+    impls = [("upstream eager", ref), ("opslot torch", tor), ("opslot cuda", cud)]
+    if not args.no_compile:
+        impls.insert(1, ("torch.compile(eager)", torch.compile(ref)))
+    rows = [
+        measure(n, lambda f=f: fwd_bwd(f, (q, k, cos, sin)), lambda f=f: fwd_bwd(f, tiny))  # noqa: F821
+        for n, f in impls
+    ]
+    rows.append(
+        measure(
+            "opslot cuda, forward only (4 B/element)",
+            lambda: lambda: cud(q.detach(), k.detach(), cos, sin),  # noqa: F821
+            None,
+            4 * (q.numel() + k.numel()),
+        )
+    )
+    out.append(table(title, 8 * (q.numel() + k.numel()), copy_bw, rows, target))
+    if args.profile:
+        for n, f in impls:
+            if n in ("opslot cuda", "torch.compile(eager)"):
+                kernel_breakdown(f"RoPE {which} {n}", fwd_bwd(f, (q, k, cos, sin)), out)
+    del q, k
+    torch.cuda.empty_cache()
+
+
 def bench_silu(copy_bw, args, out):
     N, D = (16384, 12288) if not args.quick else (4096, 12288)
     a, b = leaf(N, D, scale=2.0), leaf(N, D)
@@ -523,7 +591,7 @@ def main():
     ap.add_argument("--out", default=None)
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--only", default="rms,rope,silu,lb")
+    ap.add_argument("--only", default="rms,rope,rope_interleaved,rope_vision,silu,lb")
     ap.add_argument(
         "--profile", action="store_true", help="also list the kernels of one call of each opslot op (torch.profiler)"
     )
@@ -543,7 +611,14 @@ def main():
     )
     print(head, flush=True)
     out.append(head)
-    steps = {"rms": bench_rms, "rope": bench_rope, "silu": bench_silu, "lb": bench_lb}
+    steps = {
+        "rms": bench_rms,
+        "rope": bench_rope,
+        "rope_interleaved": lambda bw, a, o: bench_rope_variants(bw, a, o, "interleaved"),
+        "rope_vision": lambda bw, a, o: bench_rope_variants(bw, a, o, "vision"),
+        "silu": bench_silu,
+        "lb": bench_lb,
+    }
     for key in args.only.split(","):
         steps[key](bw, args, out)
         torch.cuda.empty_cache()

@@ -1,6 +1,9 @@
 // Rotary position embedding on strided q/k, forward and backward: one thread per VEC-element pair
 // slot (x[i..i+VEC) with x[i+h..i+h+VEC)), which also copies its share of the pass-through part;
-// q's and k's rows in one grid.
+// q's and k's rows in one grid. Three layouts of the same rotation (Mode): HF's rotate_half
+// (opslot_rope), DeepSeek-V3's interleaved pairs (opslot_rope_interleaved: the slot's input is the
+// 2*VEC consecutive elements x[2i..2i+2VEC)) and the vision towers' rotate_half with upstream's
+// fp32 rounding, operation by operation (opslot_rope_vision).
 // Each row's outer dimensions are ordered by the caller (largest stride first), so consecutive
 // threads walk memory in order. See kernels/include/opslot_kernels/rope.h and docs/kernels.md.
 #include <type_traits>
@@ -33,25 +36,72 @@ struct RopeArgs {
   int rd;
 };
 
+// The layout and arithmetic of a launch (one entry point each).
+enum Mode : int {
+  kHalf = 0,         // HF rotate_half, fp32 arithmetic (contracted), one rounding
+  kInterleaved = 1,  // input pairs (x[2i], x[2i+1]) -> output halves (backward: the reverse)
+  kVision = 2,       // rotate_half, every product and sum rounded to fp32 as upstream's eager
+};
+
 // The head loop (opslot_rope_set_tuning, bench library only; off by default: measured slower): a
 // thread takes up to kLoopHeads indices of dimension 0 (heads: cos and sin do not depend on them)
 // for one position and slot, loading cos/sin once for all of them.
 constexpr int kLoopHeads = 8;
 
+// 2*VEC consecutive elements at p (two VEC vectors) split into the even and the odd positions.
+template <int VEC, typename T>
+__device__ __forceinline__ void load_pairs(const T* p, float (&even)[VEC], float (&odd)[VEC]) {
+  alignas(16) T buf[2 * VEC];
+  *reinterpret_cast<Vec<T, VEC>*>(buf) = *reinterpret_cast<const Vec<T, VEC>*>(p);
+  *reinterpret_cast<Vec<T, VEC>*>(buf + VEC) = *reinterpret_cast<const Vec<T, VEC>*>(p + VEC);
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    even[j] = to_float(buf[2 * j]);
+    odd[j] = to_float(buf[2 * j + 1]);
+  }
+}
+
+// The reverse: even[j], odd[j] written to p[2j], p[2j+1] (two VEC vectors), each rounded once.
+template <int VEC, typename T>
+__device__ __forceinline__ void store_pairs(T* p, const float (&even)[VEC],
+                                            const float (&odd)[VEC]) {
+  alignas(16) T buf[2 * VEC];
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    buf[2 * j] = from_float<T>(even[j]);
+    buf[2 * j + 1] = from_float<T>(odd[j]);
+  }
+  *reinterpret_cast<Vec<T, VEC>*>(p) = *reinterpret_cast<const Vec<T, VEC>*>(buf);
+  *reinterpret_cast<Vec<T, VEC>*>(p + VEC) = *reinterpret_cast<const Vec<T, VEC>*>(buf + VEC);
+}
+
 // One rotation of a VEC-element pair slot; cos/sin stay in their own type and are converted at
-// each use.
-template <typename T, typename Tc, int VEC, bool BWD>
+// each use. kInterleaved reads cv1/sv1 only (the first half of cos/sin).
+template <typename T, typename Tc, int VEC, bool BWD, int MODE>
 __device__ __forceinline__ void rotate(const T* x, T* y, int e, int half, const Vec<Tc, VEC>& cv1,
                                        const Vec<Tc, VEC>& cv2, const Vec<Tc, VEC>& sv1,
                                        const Vec<Tc, VEC>& sv2) {
   float x1[VEC], x2[VEC], o1[VEC], o2[VEC];
-  load_vec<VEC>(x + e, x1);
-  load_vec<VEC>(x + e + half, x2);
+  if (MODE == kInterleaved && !BWD) {
+    load_pairs<VEC>(x + 2 * e, x1, x2);  // x1 = x[2i], x2 = x[2i+1]
+  } else {
+    load_vec<VEC>(x + e, x1);
+    load_vec<VEC>(x + e + half, x2);
+  }
 #pragma unroll
   for (int j = 0; j < VEC; ++j) {
-    const float c1 = to_float(cv1.v[j]), c2 = to_float(cv2.v[j]), s1 = to_float(sv1.v[j]),
-                s2 = to_float(sv2.v[j]);
-    if (BWD) {
+    const float c1 = to_float(cv1.v[j]), s1 = to_float(sv1.v[j]);
+    const float c2 = MODE == kInterleaved ? c1 : to_float(cv2.v[j]);
+    const float s2 = MODE == kInterleaved ? s1 : to_float(sv2.v[j]);
+    if (MODE == kVision) {  // upstream's rounding: no fused multiply-add
+      if (BWD) {
+        o1[j] = __fadd_rn(__fmul_rn(x1[j], c1), __fmul_rn(x2[j], s2));
+        o2[j] = __fsub_rn(__fmul_rn(x2[j], c2), __fmul_rn(x1[j], s1));
+      } else {
+        o1[j] = __fsub_rn(__fmul_rn(x1[j], c1), __fmul_rn(x2[j], s1));
+        o2[j] = __fadd_rn(__fmul_rn(x2[j], c2), __fmul_rn(x1[j], s2));
+      }
+    } else if (BWD) {
       o1[j] = x1[j] * c1 + x2[j] * s2;
       o2[j] = x2[j] * c2 - x1[j] * s1;
     } else {
@@ -59,11 +109,15 @@ __device__ __forceinline__ void rotate(const T* x, T* y, int e, int half, const 
       o2[j] = x2[j] * c2 + x1[j] * s2;
     }
   }
-  store_vec<VEC>(y + e, o1);
-  store_vec<VEC>(y + e + half, o2);
+  if (MODE == kInterleaved && BWD) {
+    store_pairs<VEC>(y + 2 * e, o1, o2);  // the gradient of x[2i] and of x[2i+1]
+  } else {
+    store_vec<VEC>(y + e, o1);
+    store_vec<VEC>(y + e + half, o2);
+  }
 }
 
-template <typename T, typename Tc, int VEC, bool BWD, bool SPREAD, bool LOOP>
+template <typename T, typename Tc, int VEC, bool BWD, bool SPREAD, bool LOOP, int MODE>
 __global__ void __launch_bounds__(256) rope_kernel(RopeArgs a) {
   int64_t gid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   int which = 0;
@@ -98,11 +152,13 @@ __global__ void __launch_bounds__(256) rope_kernel(RopeArgs a) {
   const Tc* c = static_cast<const Tc*>(a.cos) + (c0 * t.cs[0] + i1 * t.cs[1] + i2 * t.cs[2]);
   const Tc* s = static_cast<const Tc*>(a.sin) + (c0 * t.ss[0] + i1 * t.ss[1] + i2 * t.ss[2]);
   using C = Vec<Tc, VEC>;
-  const C c1 = *reinterpret_cast<const C*>(c + e), c2 = *reinterpret_cast<const C*>(c + e + a.half);
-  const C s1 = *reinterpret_cast<const C*>(s + e), s2 = *reinterpret_cast<const C*>(s + e + a.half);
+  const C c1 = *reinterpret_cast<const C*>(c + e), s1 = *reinterpret_cast<const C*>(s + e);
+  // kInterleaved: the angle of pair i is cos[i] / sin[i]; the second half is not read.
+  const C c2 = MODE == kInterleaved ? c1 : *reinterpret_cast<const C*>(c + e + a.half);
+  const C s2 = MODE == kInterleaved ? s1 : *reinterpret_cast<const C*>(s + e + a.half);
 #pragma unroll 1
   for (int64_t h = h0; h < h1; ++h, x += t.is[0], y += t.os[0]) {
-    rotate<T, Tc, VEC, BWD>(x, y, e, a.half, c1, c2, s1, s2);
+    rotate<T, Tc, VEC, BWD, MODE>(x, y, e, a.half, c1, c2, s1, s2);
     // SPREAD: the pass-through part of a partial rotation is copied by the pair slots, so that
     // every thread of a row moves about the same bytes (one thread per pass-through vector left
     // some threads with one 16-byte load and others with six). After the rotation's stores, so
@@ -130,10 +186,10 @@ bool aligned(const void* p, int bytes) {
   return p == nullptr || reinterpret_cast<uintptr_t>(p) % bytes == 0;
 }
 
-template <typename T, typename Tc>
-int launch(bool bwd, int64_t head_dim, int64_t rotary_dim, const void* cos, const void* sin,
-           const void* q_in, void* q_out, const void* k_in, void* k_out, const int64_t* meta,
-           cudaStream_t stream) {
+template <int MODE, typename T, typename Tc>
+int launch(const char* what, bool bwd, int64_t head_dim, int64_t rotary_dim, const void* cos,
+           const void* sin, const void* q_in, void* q_out, const void* k_in, void* k_out,
+           const int64_t* meta, cudaStream_t stream) {
   constexpr int kVec = 16 / sizeof(T);
   RopeArgs a{};
   a.cos = cos;
@@ -145,7 +201,7 @@ int launch(bool bwd, int64_t head_dim, int64_t rotary_dim, const void* cos, cons
   bool vec_ok = a.half % kVec == 0 && head_dim % kVec == 0 && aligned(cos, kVec * sizeof(Tc)) &&
                 aligned(sin, kVec * sizeof(Tc));
   int64_t rows_total[2] = {0, 0};
-  bool loop = g_loop != 0;
+  bool loop = g_loop != 0 && MODE == kHalf;  // the head loop exists for HF's layout only
   for (int w = 0; w < 2; ++w) {
     RopeTensor& t = a.t[w];
     if (!ins[w]) continue;
@@ -159,13 +215,13 @@ int launch(bool bwd, int64_t head_dim, int64_t rotary_dim, const void* cos, cons
       t.os[d] = m[6 + d];
       t.cs[d] = m[9 + d];
       t.ss[d] = m[12 + d];
-      if (t.n[d] < 0) return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "rope: negative dimension");
+      if (t.n[d] < 0) return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: negative dimension", what);
       rows *= t.n[d];
       vec_ok = vec_ok && t.is[d] % kVec == 0 && t.os[d] % kVec == 0 && t.cs[d] % kVec == 0 &&
                t.ss[d] % kVec == 0;
     }
     if (rows == 0) continue;
-    if (!t.in || !t.out) return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "rope: null tensor");
+    if (!t.in || !t.out) return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: null tensor", what);
     // The head loop: the largest dimension that cos and sin do not depend on, moved to position 0
     // (the other two keep their order, largest input stride first).
     int hd = -1;
@@ -183,7 +239,7 @@ int launch(bool bwd, int64_t head_dim, int64_t rotary_dim, const void* cos, cons
     t.n1 = static_cast<uint32_t>(t.n[1] > 0 ? t.n[1] : 1);
     t.n2 = static_cast<uint32_t>(t.n[2] > 0 ? t.n[2] : 1);
     if (t.n[1] > UINT32_MAX || t.n[2] > UINT32_MAX)
-      return set_error(OPSLOT_ERR_UNSUPPORTED, "rope: a dimension of 2^32 or more");
+      return set_error(OPSLOT_ERR_UNSUPPORTED, "%s: a dimension of 2^32 or more", what);
     rows_total[w] = rows;
   }
   // With the head loop a thread row is (chunk of kLoopHeads heads, i1, i2).
@@ -199,47 +255,98 @@ int launch(bool bwd, int64_t head_dim, int64_t rotary_dim, const void* cos, cons
   int64_t total = 0;
   for (int w = 0; w < 2; ++w) {
     if (rows_total[w] * a.slots_per_row >= (int64_t(1) << 32))
-      return set_error(OPSLOT_ERR_UNSUPPORTED, "rope: 2^32 or more vectors in one tensor");
+      return set_error(OPSLOT_ERR_UNSUPPORTED, "%s: 2^32 or more vectors in one tensor", what);
     a.t[w].slots = rows_total[w] * a.slots_per_row;
     total += a.t[w].slots;
   }
   if (total == 0) return OPSLOT_OK;
-  if (!cos || !sin) return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "rope: null cos/sin");
+  if (!cos || !sin) return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: null cos/sin", what);
   const int threads = 256;
   const int64_t blocks = (total + threads - 1) / threads;
-  if (blocks > INT32_MAX) return set_error(OPSLOT_ERR_UNSUPPORTED, "rope: too many elements");
+  if (blocks > INT32_MAX) return set_error(OPSLOT_ERR_UNSUPPORTED, "%s: too many elements", what);
   const unsigned g = static_cast<unsigned>(blocks);
   auto go = [&](auto vec_tag, auto spread_tag) {
     constexpr int V = decltype(vec_tag)::value;
     constexpr bool SP = decltype(spread_tag)::value;
-    if constexpr (kBench) {  // the head loop: bench library only
+    if constexpr (kBench && MODE == kHalf) {  // the head loop: bench library only
       if (loop) {
         if (bwd)
-          rope_kernel<T, Tc, V, true, SP, true><<<g, threads, 0, stream>>>(a);
+          rope_kernel<T, Tc, V, true, SP, true, MODE><<<g, threads, 0, stream>>>(a);
         else
-          rope_kernel<T, Tc, V, false, SP, true><<<g, threads, 0, stream>>>(a);
+          rope_kernel<T, Tc, V, false, SP, true, MODE><<<g, threads, 0, stream>>>(a);
         return;
       }
     }
     if (bwd)
-      rope_kernel<T, Tc, V, true, SP, false><<<g, threads, 0, stream>>>(a);
+      rope_kernel<T, Tc, V, true, SP, false, MODE><<<g, threads, 0, stream>>>(a);
     else
-      rope_kernel<T, Tc, V, false, SP, false><<<g, threads, 0, stream>>>(a);
+      rope_kernel<T, Tc, V, false, SP, false, MODE><<<g, threads, 0, stream>>>(a);
   };
   using Yes = std::true_type;
   using No = std::false_type;
-  if (vec_ok) {
-    if (a.spread)
-      go(std::integral_constant<int, kVec>{}, Yes{});
-    else
+  if constexpr (MODE != kHalf) {  // no pass-through part: never a spread copy
+    if (vec_ok)
       go(std::integral_constant<int, kVec>{}, No{});
-  } else {
-    if (a.spread)
-      go(std::integral_constant<int, 1>{}, Yes{});
     else
       go(std::integral_constant<int, 1>{}, No{});
+    return check_launch(MODE == kInterleaved
+                            ? (bwd ? "rope_interleaved backward" : "rope_interleaved forward")
+                            : (bwd ? "rope_vision backward" : "rope_vision forward"));
+  } else {
+    if (vec_ok) {
+      if (a.spread)
+        go(std::integral_constant<int, kVec>{}, Yes{});
+      else
+        go(std::integral_constant<int, kVec>{}, No{});
+    } else {
+      if (a.spread)
+        go(std::integral_constant<int, 1>{}, Yes{});
+      else
+        go(std::integral_constant<int, 1>{}, No{});
+    }
+    return check_launch(bwd ? "rope backward" : "rope forward");
   }
-  return check_launch(bwd ? "rope backward" : "rope forward");
+}
+
+// The dtype dispatch of an entry point (q/k `dtype`; cos/sin `cs_dtype`: the same or float32).
+template <int MODE>
+int run(const char* what, int backward, int dtype, int cs_dtype, int64_t head_dim,
+        int64_t rotary_dim, const void* cos, const void* sin, const void* q_in, void* q_out,
+        const void* k_in, void* k_out, const int64_t* meta, void* stream) {
+  if (!meta) return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: null meta", what);
+  if (cs_dtype != dtype && cs_dtype != OPSLOT_FLOAT32)
+    return set_error(OPSLOT_ERR_UNSUPPORTED,
+                     "%s: cos/sin dtype code %d with q/k dtype code %d (cos/sin must have "
+                     "q's dtype or float32)",
+                     what, cs_dtype, dtype);
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const bool bwd = backward != 0;
+  const bool cf = cs_dtype == OPSLOT_FLOAT32;
+  switch (dtype) {
+    case OPSLOT_FLOAT32:
+      return launch<MODE, float, float>(what, bwd, head_dim, rotary_dim, cos, sin, q_in, q_out,
+                                        k_in, k_out, meta, s);
+    case OPSLOT_FLOAT16:
+      return cf ? launch<MODE, __half, float>(what, bwd, head_dim, rotary_dim, cos, sin, q_in,
+                                              q_out, k_in, k_out, meta, s)
+                : launch<MODE, __half, __half>(what, bwd, head_dim, rotary_dim, cos, sin, q_in,
+                                               q_out, k_in, k_out, meta, s);
+    case OPSLOT_BFLOAT16:
+      return cf ? launch<MODE, __nv_bfloat16, float>(what, bwd, head_dim, rotary_dim, cos, sin,
+                                                     q_in, q_out, k_in, k_out, meta, s)
+                : launch<MODE, __nv_bfloat16, __nv_bfloat16>(
+                      what, bwd, head_dim, rotary_dim, cos, sin, q_in, q_out, k_in, k_out, meta, s);
+    default:
+      return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: unknown dtype code %d", what, dtype);
+  }
+}
+
+// The whole head dimension rotated (interleaved and vision): even, positive, at most 2^30.
+int check_whole(const char* what, int64_t head_dim) {
+  if (head_dim <= 0 || head_dim % 2 || head_dim > (1 << 30))
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: head_dim %lld must be even and positive",
+                     what, static_cast<long long>(head_dim));
+  return OPSLOT_OK;
 }
 
 }  // namespace
@@ -256,31 +363,27 @@ extern "C" OPSLOT_API int opslot_rope(int backward, int dtype, int cs_dtype, int
     return set_error(OPSLOT_ERR_INVALID_ARGUMENT,
                      "rope: rotary_dim %lld must be even, positive and <= head_dim %lld",
                      static_cast<long long>(rotary_dim), static_cast<long long>(head_dim));
-  if (cs_dtype != dtype && cs_dtype != OPSLOT_FLOAT32)
-    return set_error(OPSLOT_ERR_UNSUPPORTED,
-                     "rope: cos/sin dtype code %d with q/k dtype code %d (cos/sin must have "
-                     "q's dtype or float32)",
-                     cs_dtype, dtype);
-  cudaStream_t s = static_cast<cudaStream_t>(stream);
-  const bool bwd = backward != 0;
-  const bool cf = cs_dtype == OPSLOT_FLOAT32;
-  switch (dtype) {
-    case OPSLOT_FLOAT32:
-      return launch<float, float>(bwd, head_dim, rotary_dim, cos, sin, q_in, q_out, k_in, k_out,
-                                  meta, s);
-    case OPSLOT_FLOAT16:
-      return cf ? launch<__half, float>(bwd, head_dim, rotary_dim, cos, sin, q_in, q_out, k_in,
-                                        k_out, meta, s)
-                : launch<__half, __half>(bwd, head_dim, rotary_dim, cos, sin, q_in, q_out, k_in,
-                                         k_out, meta, s);
-    case OPSLOT_BFLOAT16:
-      return cf ? launch<__nv_bfloat16, float>(bwd, head_dim, rotary_dim, cos, sin, q_in, q_out,
-                                               k_in, k_out, meta, s)
-                : launch<__nv_bfloat16, __nv_bfloat16>(bwd, head_dim, rotary_dim, cos, sin, q_in,
-                                                       q_out, k_in, k_out, meta, s);
-    default:
-      return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "rope: unknown dtype code %d", dtype);
-  }
+  return run<kHalf>("rope", backward, dtype, cs_dtype, head_dim, rotary_dim, cos, sin, q_in, q_out,
+                    k_in, k_out, meta, stream);
+}
+
+extern "C" OPSLOT_API int opslot_rope_interleaved(int backward, int dtype, int cs_dtype,
+                                                  int64_t head_dim, const void* cos,
+                                                  const void* sin, const void* q_in, void* q_out,
+                                                  const void* k_in, void* k_out,
+                                                  const int64_t* meta, void* stream) {
+  if (int rc = check_whole("rope_interleaved", head_dim)) return rc;
+  return run<kInterleaved>("rope_interleaved", backward, dtype, cs_dtype, head_dim, head_dim, cos,
+                           sin, q_in, q_out, k_in, k_out, meta, stream);
+}
+
+extern "C" OPSLOT_API int opslot_rope_vision(int backward, int dtype, int cs_dtype,
+                                             int64_t head_dim, const void* cos, const void* sin,
+                                             const void* q_in, void* q_out, const void* k_in,
+                                             void* k_out, const int64_t* meta, void* stream) {
+  if (int rc = check_whole("rope_vision", head_dim)) return rc;
+  return run<kVision>("rope_vision", backward, dtype, cs_dtype, head_dim, head_dim, cos, sin, q_in,
+                      q_out, k_in, k_out, meta, stream);
 }
 
 #ifdef OPSLOT_KERNELS_BENCH

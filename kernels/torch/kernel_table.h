@@ -57,6 +57,8 @@
   X(opslot_rms_norm_bwd_partial_rows)        \
   X(opslot_rms_norm_bwd)                     \
   X(opslot_rope)                             \
+  X(opslot_rope_interleaved)                 \
+  X(opslot_rope_vision)                      \
   X(opslot_silu_mul_fwd)                     \
   X(opslot_silu_mul_bwd)
 

@@ -200,8 +200,6 @@ NO_EQUIVALENT: Dict[Tuple[str, str], str] = {
 
 #: The reference's fields that opslot does not have: field -> what it chooses.
 REFERENCE_ONLY_FIELDS: Dict[str, str] = {
-    "rotary_pos_emb_vision_implementation": "the vision tower's rotary embedding (apply_rotary_pos_emb_vision of the VL and Omni models); opslot "
-    "generates no vision-tower slot",
     "dsa_indexer_implementation": "DeepSeek-V4's sparse-attention top-k indexer; opslot has no DeepSeek-V4 spec",
     "dsa_attention_implementation": "DeepSeek-V4's sparse attention; opslot has no DeepSeek-V4 spec",
     "mhc_implementation": "DeepSeek-V4's manifold-constrained hyper-connections; opslot has no DeepSeek-V4 spec",

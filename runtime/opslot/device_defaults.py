@@ -26,6 +26,7 @@ CUDA_DEFAULTS: Dict[str, Optional[str]] = dict(
     rms_norm_implementation="cuda",
     rms_norm_gated_implementation="cuda",
     rotary_pos_emb_implementation="cuda",
+    rotary_pos_emb_vision_implementation="cuda",
     swiglu_mlp_implementation="cuda",
     load_balancing_loss_implementation="cuda",
     cross_entropy_loss_implementation="cuda",
@@ -39,6 +40,7 @@ NPU_DEFAULTS: Dict[str, Optional[str]] = dict(
     CPU_DEFAULTS,
     rms_norm_implementation="npu",
     rotary_pos_emb_implementation="npu",
+    rotary_pos_emb_vision_implementation="npu",
     swiglu_mlp_implementation="npu",
     moe_implementation="fused_npu",
 )

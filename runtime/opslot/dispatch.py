@@ -10,7 +10,9 @@ model's first training step, each slot bound to a kernel (not "eager") is one of
 - "not reached": the model can reach the guard's code but the kernel did not run: the class that
   holds the guard is instantiated (as the generated class, or as its upstream original, e.g. a
   sub-model built by upstream's `AutoModel.from_config`), or a class it instantiates references the
-  guarded function (then a branch, such as `if self.config.rope_interleave:`, took another way), or
+  guarded function (then a branch, such as `if self.config.rope_interleave:`, took another way: unless
+  another slot of the same op, guarding a function called in that other branch, ran; then the model's
+  config chose that variant and this slot is "not used"), or
   the guard is in another task head's forward (`*ForCausalLM.forward`) and this model is a head too
   (`*ForConditionalGeneration`, `*ForSequenceClassification`, ...) in which no slot of the op ran:
   upstream code computed what the user asked a kernel for.
@@ -502,6 +504,8 @@ class _Classifier:
         found = _reach(index, generated)
         if target in found:
             start, caller, site = found[target]
+            if self._other_branch_ran(ref, index, start, caller, site):
+                return None  # the model's config takes the other branch, where the op's kernel ran
             branch = ""
             if site.conditions:
                 parts = [f"the else branch of `if {t}:`" if in_else else f"`if {t}:`" for t, in_else in site.conditions]
@@ -520,6 +524,36 @@ class _Classifier:
                 f"upstream's {target}, not the generated one that holds the guard"
             )
         return None
+
+    def _other_branch_ran(self, ref: _SlotRef, index: SourceIndex, start: str, caller: str, site: RefSite) -> bool:
+        """Whether `caller` (the method of `start`, or the function, that calls the guarded function
+        at `site`) calls, in the other branch of one of the `if` tests around `site`, a function
+        guarded by another module-level slot of the same op that ran: two variants of one op chosen
+        by the model's config (DeepSeek-V3's `if self.config.rope_interleave:` between its
+        interleaved and its rotate_half RoPE), of which the config took the other."""
+        if not site.conditions:
+            return False
+        refs = index.func_refs.get(caller)
+        if refs is None:
+            refs = {n: s for n, s in index.class_refs.get(start, {}).items() if s.method == site.method}
+        ran = {r.name for r in self.refs if r.scope == "module" and r.module == ref.module and r.ran}
+        for name, other in refs.items():
+            if not any(
+                g.owner is None
+                and g.function == name
+                and g.scope == "module"
+                and g.slot != ref.name
+                and g.slot in ran
+                and getattr(ref.globs.get(g.slot), "op", None) == ref.slot.op
+                for g in index.guards
+            ):
+                continue
+            for i, (test, in_else) in enumerate(site.conditions):
+                if other.conditions[:i] == site.conditions[:i] and other.conditions[i : i + 1] == (
+                    (test, not in_else),
+                ):
+                    return True
+        return False
 
     def _own_guard_of_op(self, ref: _SlotRef, index: SourceIndex, gen: str) -> bool:
         """Whether a module-level slot of `ref`'s op has a guard in a generated class the model

@@ -13,7 +13,8 @@ from typing import Dict, List, Tuple
 KNOWN_OPS: Dict[str, Tuple[str, ...]] = {
     "rms_norm": ("standard", "offset", "unweighted"),
     "rms_norm_gated": ("standard",),
-    "rotary_pos_emb": ("full", "partial"),
+    "rotary_pos_emb": ("full", "partial", "interleaved"),
+    "rotary_pos_emb_vision": ("standard",),
     "swiglu_mlp": ("standard",),
     "cross_entropy_loss": ("causal", "sequence_classification"),
     "load_balancing_loss": ("standard",),
@@ -33,6 +34,7 @@ FIELD_FOR_OP: Dict[str, str] = {
         "rms_norm",
         "rms_norm_gated",
         "rotary_pos_emb",
+        "rotary_pos_emb_vision",
         "swiglu_mlp",
         "cross_entropy_loss",
         "load_balancing_loss",

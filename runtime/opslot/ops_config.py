@@ -47,6 +47,7 @@ class OpsImplementationConfig:
     rms_norm_implementation: Optional[str] = None
     rms_norm_gated_implementation: Optional[str] = None
     rotary_pos_emb_implementation: Optional[str] = None
+    rotary_pos_emb_vision_implementation: Optional[str] = None
     swiglu_mlp_implementation: Optional[str] = None
     cross_entropy_loss_implementation: Optional[str] = None
     load_balancing_loss_implementation: Optional[str] = None

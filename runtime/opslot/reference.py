@@ -2,8 +2,9 @@
 
 These are the executable form of the op contracts. Tests run them on fp32 copies of the inputs and
 compare every kernel's outputs and gradients against them. They follow the upstream code line for
-line (Transformers 5.17.0: Llama/Qwen3/Gemma3/Qwen3.5 norms and RoPE, `loss_utils`, Qwen3-MoE and
-GPT-OSS experts, Qwen3.5 gated-delta-net helpers); none of them is meant to be fast.
+line (Transformers 5.17.0: Llama/Qwen3/Gemma3/Qwen3.5 norms and RoPE, DeepSeek-V3's interleaved RoPE,
+the VL vision towers' RoPE, `loss_utils`, Qwen3-MoE and GPT-OSS experts, Qwen3.5 gated-delta-net
+helpers); none of them is meant to be fast.
 """
 
 from __future__ import annotations
@@ -70,6 +71,38 @@ def rotary_pos_emb_partial(q, k, cos, sin, unsqueeze_dim: int = 1) -> Tuple[torc
     q_embed = (q_rot * cos) + (rotate_half(q_rot) * sin)
     k_embed = (k_rot * cos) + (rotate_half(k_rot) * sin)
     return torch.cat([q_embed, q_pass], dim=-1), torch.cat([k_embed, k_pass], dim=-1)
+
+
+def rotary_pos_emb_interleaved(
+    q, k, cos, sin, position_ids=None, unsqueeze_dim: int = 1
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek-V3's `apply_rotary_pos_emb_interleave` (5.17.0 to 5.24.0): the rotary features come in
+    interleaved pairs `(x0, x1), (x2, x3), ...`, pair i turned by the angle of `cos[..., i]`; the output
+    is de-interleaved (`[rotated evens, rotated odds]`). `position_ids` is unused, as upstream."""
+    cos = cos[..., : cos.shape[-1] // 2].unsqueeze(unsqueeze_dim)
+    sin = sin[..., : sin.shape[-1] // 2].unsqueeze(unsqueeze_dim)
+
+    q1, q2 = q[..., 0::2], q[..., 1::2]
+    k1, k2 = k[..., 0::2], k[..., 1::2]
+
+    q_embed = torch.cat([q1 * cos - q2 * sin, q2 * cos + q1 * sin], dim=-1)
+    k_embed = torch.cat([k1 * cos - k2 * sin, k2 * cos + k1 * sin], dim=-1)
+    return q_embed, k_embed
+
+
+def rotary_pos_emb_vision(q, k, cos, sin) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The vision towers' `apply_rotary_pos_emb_vision` (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE;
+    the same in 5.17.0, 5.23.0 and 5.24.0): q/k `[seq, heads, dim]`, cos/sin `[seq, dim]`, rotated in
+    fp32 and cast back to q's and k's dtypes."""
+    orig_q_dtype = q.dtype
+    orig_k_dtype = k.dtype
+    q, k = q.float(), k.float()
+    cos, sin = cos.unsqueeze(-2).float(), sin.unsqueeze(-2).float()
+    q_embed = (q * cos) + (rotate_half(q) * sin)
+    k_embed = (k * cos) + (rotate_half(k) * sin)
+    q_embed = q_embed.to(orig_q_dtype)
+    k_embed = k_embed.to(orig_k_dtype)
+    return q_embed, k_embed
 
 
 # -- MLP ----------------------------------------------------------------------------------------

@@ -237,14 +237,6 @@ REFUSALS = [
     ),
     # the reference's fields opslot does not have, at anything but eager
     (
-        NPU,
-        {"rotary_pos_emb_vision_implementation": "npu"},
-        "ops_implementation.rotary_pos_emb_vision_implementation='npu': the reference trainer's field for the vision "
-        "tower's rotary embedding (apply_rotary_pos_emb_vision of the VL and Omni models); opslot generates no "
-        "vision-tower slot, so that code runs upstream's. Remove the field, or set it to 'eager' (accepted and "
-        "ignored)",
-    ),
-    (
         H200,
         {"dsa_indexer_implementation": "tilelang"},
         "ops_implementation.dsa_indexer_implementation='tilelang': the reference trainer's field for DeepSeek-V4's "

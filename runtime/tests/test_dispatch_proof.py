@@ -201,7 +201,7 @@ def test_allow_unreached_names_ops():
     assert str(info.value) == (
         "allow_unreached: 'load_balancing' is not an op (did you mean 'load_balancing_loss'?); it takes True or a "
         "list of ops: causal_conv1d, chunk_gated_delta_rule, cross_entropy_loss, load_balancing_loss, moe, "
-        "rms_norm, rms_norm_gated, rotary_pos_emb, swiglu_mlp"
+        "rms_norm, rms_norm_gated, rotary_pos_emb, rotary_pos_emb_vision, swiglu_mlp"
     )
 
 

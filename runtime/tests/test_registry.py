@@ -120,7 +120,8 @@ def test_resolve_unknown_names_say_what_exists():
         KERNEL_REGISTRY.resolve("rmsnorm", "standard", "torch")
     assert err.value.args[0] == (
         "unknown op 'rmsnorm'; did you mean 'rms_norm'? (known ops: causal_conv1d, chunk_gated_delta_rule, "
-        "cross_entropy_loss, load_balancing_loss, moe, rms_norm, rms_norm_gated, rotary_pos_emb, swiglu_mlp)"
+        "cross_entropy_loss, load_balancing_loss, moe, rms_norm, rms_norm_gated, rotary_pos_emb, rotary_pos_emb_vision, "
+        "swiglu_mlp)"
     )
     with pytest.raises(KeyError) as err, use_device(CPU):
         KERNEL_REGISTRY.resolve("rms_norm", "standard", "trch")
@@ -203,6 +204,8 @@ def test_builtin_kernels_cover_every_documented_variant():
         ("rms_norm", "standard"),
         ("rms_norm", "unweighted"),
         ("rotary_pos_emb", "full"),
+        ("rotary_pos_emb", "interleaved"),
         ("rotary_pos_emb", "partial"),
+        ("rotary_pos_emb_vision", "standard"),
         ("swiglu_mlp", "standard"),
     ]

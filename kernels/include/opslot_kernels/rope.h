@@ -16,6 +16,29 @@
  *                 out[i+h] = g[i+h] cos[i+h] - g[i] sin[i]).
  * q/k and their outputs have `dtype`; cos and sin have `cs_dtype` (the same, or float32). k may be
  * absent (k_in == NULL). All arithmetic is fp32, each output element rounded once.
+ *
+ * Two more layouts share the kernel, each its own entry point with opslot_rope's arguments but
+ * rotary_dim (both rotate the whole head dimension, head_dim even, no pass-through) and the same
+ * meta array:
+ *
+ * opslot_rope_interleaved: DeepSeek-V3's `apply_rotary_pos_emb_interleave`. The input holds the
+ * rotary dimensions in interleaved pairs (x[2i], x[2i+1]); the output is de-interleaved. Only the
+ * first head_dim/2 features of cos and sin are read (upstream: `cos[..., :cos.shape[-1] // 2]`);
+ * cos/sin have at least that many contiguous features. With h = head_dim / 2 and i < h:
+ *   forward  out[i] = x[2i] cos[i] - x[2i+1] sin[i],  out[i+h] = x[2i+1] cos[i] + x[2i] sin[i]
+ *   backward (in = the gradient of the output, de-interleaved; out = the gradient of the input,
+ *            interleaved): out[2i] = g[i] cos[i] + g[i+h] sin[i],
+ *                          out[2i+1] = g[i+h] cos[i] - g[i] sin[i]
+ * fp32 arithmetic, each output element rounded once (as opslot_rope).
+ *
+ * opslot_rope_vision: the vision towers' `apply_rotary_pos_emb_vision` (Qwen2-VL, Qwen2.5-VL,
+ * Qwen3-VL, Qwen3-VL-MoE): opslot_rope's rotation of the whole head dimension with upstream's fp32
+ * arithmetic operation by operation: every product and sum rounded to fp32 (never contracted into
+ * a fused multiply-add), then the result rounded once to `dtype`:
+ *   forward  out[i] = (x[i] cos[i]) - (x[i+h] sin[i]),  out[i+h] = (x[i+h] cos[i+h]) + (x[i]
+ * sin[i+h]) backward out[i] = (g[i] cos[i]) + (g[i+h] sin[i+h]), out[i+h] = (g[i+h] cos[i+h]) -
+ * (g[i] sin[i]) which is what upstream's `q.float()`, `(q * cos) + (rotate_half(q) * sin)`,
+ * `.to(dtype)` and its autograd compute, bit for bit.
  */
 #ifndef OPSLOT_KERNELS_ROPE_H_
 #define OPSLOT_KERNELS_ROPE_H_
@@ -30,6 +53,15 @@ OPSLOT_API int opslot_rope(int backward, int dtype, int cs_dtype, int64_t head_d
                            int64_t rotary_dim, const void* cos, const void* sin, const void* q_in,
                            void* q_out, const void* k_in, void* k_out, const int64_t* meta,
                            void* stream);
+
+OPSLOT_API int opslot_rope_interleaved(int backward, int dtype, int cs_dtype, int64_t head_dim,
+                                       const void* cos, const void* sin, const void* q_in,
+                                       void* q_out, const void* k_in, void* k_out,
+                                       const int64_t* meta, void* stream);
+
+OPSLOT_API int opslot_rope_vision(int backward, int dtype, int cs_dtype, int64_t head_dim,
+                                  const void* cos, const void* sin, const void* q_in, void* q_out,
+                                  const void* k_in, void* k_out, const int64_t* meta, void* stream);
 
 #ifdef __cplusplus
 }

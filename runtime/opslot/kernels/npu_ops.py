@@ -69,6 +69,35 @@ def rotary_pos_emb_partial(q, k, cos, sin, unsqueeze_dim: int = 1):
     )
 
 
+def rotary_pos_emb_interleaved(q, k, cos, sin, position_ids=None, unsqueeze_dim: int = 1):
+    """DeepSeek-V3's interleaved pairs: q/k de-interleaved (`(x0, x1, x2, x3, ...)` -> `(x0, x2, ...,
+    x1, x3, ...)`, a copy), then npu_rotary_mul with the first half of cos/sin (the pairs' angles)
+    repeated: `x1 * c - x2 * s`, `x2 * c + x1 * s`, as upstream. `position_ids` is unused."""
+    half = cos.shape[-1] // 2
+    cos = torch.cat((cos[..., :half], cos[..., :half]), dim=-1).unsqueeze(unsqueeze_dim)
+    sin = torch.cat((sin[..., :half], sin[..., :half]), dim=-1).unsqueeze(unsqueeze_dim)
+
+    def deinterleave(x: torch.Tensor) -> torch.Tensor:
+        return x.unflatten(-1, (-1, 2)).transpose(-1, -2).flatten(-2)
+
+    return _rotary_4d(deinterleave(q), cos, sin), _rotary_4d(deinterleave(k), cos, sin)
+
+
+def rotary_pos_emb_vision(q, k, cos, sin):
+    """The vision towers' RoPE: npu_rotary_mul in fp32 on q/k `[seq, heads, dim]` as `[1, seq, heads,
+    dim]` with cos/sin `[seq, dim]` as `[1, seq, 1, dim]`, cast back to q's and k's dtypes."""
+    if q.dim() != 3 or k.dim() != 3 or cos.dim() != 2:
+        raise ValueError(
+            f"npu rotary_pos_emb_vision needs q/k [seq, heads, dim] and cos/sin [seq, dim], got "
+            f"{q.dim()}-D, {k.dim()}-D and {cos.dim()}-D"
+        )
+    cos, sin = cos.float()[None, :, None, :], sin.float()[None, :, None, :]
+    npu = _npu()
+    q_embed = npu.npu_rotary_mul(q.float().unsqueeze(0), cos, sin)[0]
+    k_embed = npu.npu_rotary_mul(k.float().unsqueeze(0), cos, sin)[0]
+    return q_embed.to(q.dtype), k_embed.to(k.dtype)
+
+
 def swiglu_mlp(module: Any, x: torch.Tensor) -> torch.Tensor:
     """down(npu_swiglu(cat(gate(x), up(x))))."""
     torch_ops._check_silu(module, "swiglu_mlp")

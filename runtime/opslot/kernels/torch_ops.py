@@ -70,6 +70,28 @@ def rotary_pos_emb_partial(q, k, cos, sin, unsqueeze_dim: int = 1) -> Tuple[torc
     )
 
 
+def rotary_pos_emb_interleaved(
+    q, k, cos, sin, position_ids=None, unsqueeze_dim: int = 1
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek-V3: interleaved pairs `(x0, x1), (x2, x3), ...` turned by the first half of cos/sin,
+    returned de-interleaved (`position_ids` is unused, as upstream)."""
+    half = cos.shape[-1] // 2
+    cos, sin = cos[..., :half].unsqueeze(unsqueeze_dim), sin[..., :half].unsqueeze(unsqueeze_dim)
+
+    def rotate(x: torch.Tensor) -> torch.Tensor:
+        x1, x2 = x.unflatten(-1, (-1, 2)).unbind(-1)  # views of the even and odd features
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+    return rotate(q), rotate(k)
+
+
+def rotary_pos_emb_vision(q, k, cos, sin) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The vision towers' RoPE (q/k `[seq, heads, dim]`, cos/sin `[seq, dim]`) in fp32, cast back to
+    q's and k's dtypes; every product and sum is upstream's, so the result is too."""
+    cos, sin = cos.unsqueeze(-2).float(), sin.unsqueeze(-2).float()
+    return _rotate(q.float(), cos, sin).to(q.dtype), _rotate(k.float(), cos, sin).to(k.dtype)
+
+
 def _is_silu(fn: Any) -> bool:
     """True for torch's and Transformers' SiLU modules and for F.silu itself."""
     return fn is F.silu or isinstance(fn, torch.nn.SiLU) or type(fn).__name__ in ("SiLUActivation", "SiLU")

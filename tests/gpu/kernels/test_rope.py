@@ -1,6 +1,11 @@
 """RoPE full and partial: q/k as HF passes them (transposed views), GQA, unsqueeze_dim 1 and 2,
 cos/sin in q's dtype or fp32, odd head dims, empty and single-token inputs; outputs and the
-gradients of q and k vs the fp32 reference; determinism; layout kept."""
+gradients of q and k vs the fp32 reference; determinism; layout kept.
+
+RoPE interleaved (DeepSeek-V3's `apply_rotary_pos_emb_interleave`: q_rot a slice of the projection,
+k_rot one head) and the vision RoPE (`apply_rotary_pos_emb_vision`: q/k unbound views of one qkv
+projection, fp32 cos/sin): the same checks, plus opcheck, torch.compile and CUDA-graph capture of
+their ops; the vision kernel is bit-equal to upstream's eager code on CUDA (outputs and gradients)."""
 
 import pytest
 import torch
@@ -143,3 +148,328 @@ def test_head_loop_and_row_layout_agree(rd):
     b = run()
     for x, y in zip(a, b):
         assert torch.equal(x, y)
+
+
+# -- rotary_pos_emb/interleaved (DeepSeek-V3) -------------------------------------------------------------
+def _deepseek(b, s, h, d, dtype, nope=128, cs_dtype=None):
+    """q_rot [b, h, s, d]: the last d features of q_states [b, s, h, nope + d] (transposed view), k_rot
+    [b, 1, s, d]: the last d features of compressed_kv [b, s, 16 + d]; cos/sin [b, s, d] as
+    DeepseekV3RotaryEmbedding returns them (cat(freqs, freqs), in q's dtype unless `cs_dtype`)."""
+    q = torch.randn(b, s, h, nope + d, device="cuda", dtype=dtype).transpose(1, 2)[..., nope:]
+    k = torch.randn(b, s, 16 + d, device="cuda", dtype=dtype)[..., 16:].view(b, 1, s, d)
+    cos, sin = _cos_sin(b, s, d, cs_dtype or dtype)
+    return q, k, cos, sin
+
+
+def check_interleaved(q, k, cos, sin, unsqueeze_dim, dtype):
+    from opslot import reference as R
+    from opslot.kernels.cuda import rope
+
+    qa, ka = q.detach().requires_grad_(True), k.detach().requires_grad_(True)
+    qe, ke = rope.rotary_pos_emb_interleaved(qa, ka, cos, sin, position_ids=None, unsqueeze_dim=unsqueeze_dim)
+    assert qe.dtype == q.dtype and qe.stride() == torch.empty_like(q).stride()
+    gq, gk = torch.randn_like(qe), torch.randn_like(ke)
+    (qe * gq).sum().backward(inputs=[qa], retain_graph=True)
+    (ke * gk).sum().backward(inputs=[ka])
+    qr, kr = fp32_leaf(q), fp32_leaf(k)
+    qre, kre = R.rotary_pos_emb_interleaved(qr, kr, cos.float(), sin.float(), unsqueeze_dim=unsqueeze_dim)
+    ((qre * gq.float()).sum() + (kre * gk.float()).sum()).backward()
+    assert_close(qe, qre, dtype, "q_embed")
+    assert_close(ke, kre, dtype, "k_embed")
+    assert_close(qa.grad, qr.grad, dtype, "dq")
+    assert_close(ka.grad, kr.grad, dtype, "dk")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", [64, 128, 2, 6, 10, 34, 80])
+@pytest.mark.parametrize("s", [0, 1, 37])
+def test_interleaved_against_reference(dtype, d, s):
+    q, k, cos, sin = _deepseek(2, s, 4, d, dtype)
+    check_interleaved(q, k, cos, sin, 1, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_interleaved_fp32_cos_sin_unsqueeze_dim_2_and_layouts(dtype):
+    q, k, cos, sin = _deepseek(2, 33, 8, 64, dtype, cs_dtype=torch.float32)
+    check_interleaved(q, k, cos, sin, 1, dtype)
+    check_interleaved(q.transpose(1, 2), k.transpose(1, 2), cos, sin, 2, dtype)  # [b, s, h, d]
+    check_interleaved(q.contiguous(), k.contiguous(), cos[:1], sin[:1], 1, dtype)  # batch-broadcast cos/sin
+    # an odd offset: no 16-byte alignment, the scalar path
+    odd = torch.randn(2, 33, 4, 65, device="cuda", dtype=dtype).transpose(1, 2)[..., 1:]
+    check_interleaved(odd, k, cos, sin, 1, dtype)
+
+
+def test_interleaved_many_rows_and_deepseek_shape():
+    q, k, cos, sin = _deepseek(1, 70001, 2, 8, torch.bfloat16, nope=8)
+    check_interleaved(q, k, cos, sin, 1, torch.bfloat16)
+    q, k, cos, sin = _deepseek(1, 256, 128, 64, torch.bfloat16)
+    check_interleaved(q, k, cos, sin, 1, torch.bfloat16)
+
+
+def test_interleaved_reads_only_the_first_half_of_cos_sin():
+    """Upstream slices `cos[..., : cos.shape[-1] // 2]`: the second half never matters."""
+    from opslot.kernels.cuda import rope
+
+    q, k, cos, sin = _deepseek(2, 17, 4, 64, torch.bfloat16)
+    other_cos = torch.cat((cos[..., :32], torch.randn_like(cos[..., 32:])), dim=-1)
+    other_sin = torch.cat((sin[..., :32], torch.randn_like(sin[..., 32:])), dim=-1)
+    a = rope.rotary_pos_emb_interleaved(q, k, cos, sin)
+    b = rope.rotary_pos_emb_interleaved(q, k, other_cos, other_sin)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def test_interleaved_is_close_to_upstream_eager():
+    """Upstream (bf16 arithmetic, three roundings) against the kernel (fp32, one rounding)."""
+    from opslot import reference as R
+    from opslot.kernels.cuda import rope
+
+    q, k, cos, sin = _deepseek(2, 64, 16, 64, torch.bfloat16)
+    for ours, theirs in zip(
+        rope.rotary_pos_emb_interleaved(q, k, cos, sin), R.rotary_pos_emb_interleaved(q, k, cos, sin)
+    ):
+        assert_close(ours, theirs.float(), torch.bfloat16, "vs upstream bf16 eager")
+
+
+def test_interleaved_bitwise_deterministic_and_batch_invariant():
+    from opslot.kernels.cuda import rope
+
+    q, k, cos, sin = _deepseek(4, 64, 16, 64, torch.bfloat16)
+
+    def run(q, k, cos, sin):
+        qa, ka = q.detach().clone().requires_grad_(True), k.detach().clone().requires_grad_(True)
+        qe, ke = rope.rotary_pos_emb_interleaved(qa, ka, cos, sin)
+        (qe.float().square().sum() + ke.float().sum()).backward()
+        return qe, ke, qa.grad, ka.grad
+
+    a, b = run(q, k, cos, sin), run(q, k, cos, sin)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    part = run(q[1:2], k[1:2], cos[1:2], sin[1:2])
+    assert all(torch.equal(x[1:2], y) for x, y in zip(a, part))
+
+
+def test_interleaved_refusals():
+    from opslot.kernels.cuda import rope
+
+    q, k, cos, sin = _deepseek(1, 4, 2, 64, torch.bfloat16)
+    with pytest.raises(ValueError, match=r"must be even and equal to cos/sin's last dim 32"):
+        rope.rotary_pos_emb_interleaved(q, k, cos[..., :32], sin[..., :32])
+    with pytest.raises(ValueError, match="cos/sin require grad"):
+        rope.rotary_pos_emb_interleaved(q, k, cos.clone().requires_grad_(), sin)
+
+
+# -- rotary_pos_emb_vision/standard (Qwen2-VL .. Qwen3-VL-MoE vision towers) -------------------------------
+def _vision(seq, heads, d, dtype, cs_dtype=torch.float32):
+    """q/k [seq, heads, d]: unbound views of one qkv projection [seq, 3, heads, d] (as the vision
+    attention makes them); cos/sin [seq, d] (fp32, as the vision rotary embedding returns them)."""
+    qkv = torch.randn(seq, 3 * heads * d, device="cuda", dtype=dtype)
+    q, k, _ = qkv.reshape(seq, 3, heads, d).permute(1, 0, 2, 3).unbind(0)
+    freqs = torch.randn(seq, d // 2, device="cuda") * 4
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return q, k, emb.cos().to(cs_dtype), emb.sin().to(cs_dtype)
+
+
+def run_vision(fn, q, k, cos, sin, seed=7):
+    qa, ka = q.detach().requires_grad_(True), k.detach().requires_grad_(True)  # views: strides kept
+    qe, ke = fn(qa, ka, cos, sin)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    gq = torch.randn(qe.shape, device="cuda", generator=gen).to(qe.dtype)
+    gk = torch.randn(ke.shape, device="cuda", generator=gen).to(ke.dtype)
+    torch.autograd.backward((qe, ke), (gq, gk))
+    return qe, ke, qa.grad, ka.grad
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", [80, 64, 2, 6, 10, 34])
+@pytest.mark.parametrize("seq", [0, 1, 37, 1000])
+def test_vision_is_bit_equal_to_upstream(dtype, d, seq):
+    """Upstream's eager code (opslot.reference is it, word for word) on the same CUDA tensors: every
+    product and sum rounded to fp32, then to the dtype, forward and backward."""
+    from opslot import reference as R
+    from opslot.kernels.cuda import rope
+
+    q, k, cos, sin = _vision(seq, 3, d, dtype)
+    ours = run_vision(rope.rotary_pos_emb_vision, q, k, cos, sin)
+    theirs = run_vision(R.rotary_pos_emb_vision, q, k, cos, sin)
+    for name, a, b in zip(("q_embed", "k_embed", "dq", "dk"), ours, theirs):
+        assert a.dtype == b.dtype == dtype and a.shape == b.shape, name
+        assert torch.equal(a, b), f"{name}: max abs difference {(a.double() - b.double()).abs().max()}"
+    assert ours[0].stride() == theirs[0].stride()
+
+
+@pytest.mark.parametrize(
+    "q_dtype,k_dtype,cs_dtype",
+    [
+        (torch.bfloat16, torch.bfloat16, torch.bfloat16),  # cos/sin in q's dtype
+        (torch.float16, torch.float16, torch.bfloat16),  # another 16-bit dtype: widened to fp32, exactly
+        (torch.bfloat16, torch.float16, torch.float32),  # q and k of different dtypes: one launch each
+        (torch.float32, torch.bfloat16, torch.float16),
+    ],
+)
+def test_vision_mixed_dtypes_are_bit_equal_to_upstream(q_dtype, k_dtype, cs_dtype):
+    from opslot import reference as R
+    from opslot.kernels.cuda import rope
+
+    q, _, cos, sin = _vision(129, 16, 80, q_dtype, cs_dtype)
+    _, k, _, _ = _vision(129, 16, 80, k_dtype)
+    ours = run_vision(rope.rotary_pos_emb_vision, q, k, cos, sin)
+    theirs = run_vision(R.rotary_pos_emb_vision, q, k, cos, sin)
+    assert [t.dtype for t in ours] == [q_dtype, k_dtype, q_dtype, k_dtype]
+    assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
+
+
+def test_vision_strided_inputs_and_realistic_shape():
+    from opslot import reference as R
+    from opslot.kernels.cuda import rope
+
+    q, k, cos, sin = _vision(16384, 16, 80, torch.bfloat16)
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(
+            run_vision(rope.rotary_pos_emb_vision, q, k, cos, sin), run_vision(R.rotary_pos_emb_vision, q, k, cos, sin)
+        )
+    )
+    # contiguous q/k, a transposed cos (last dim contiguous only after the binding's copy), an odd offset
+    qc, kc = q.contiguous(), k.contiguous()
+    cos_t = cos.t().contiguous().t()
+    odd = torch.randn(37, 4, 81, device="cuda", dtype=torch.bfloat16)[..., 1:]
+    oc, os_ = _vision(37, 4, 80, torch.bfloat16)[2:]
+    for args in ((qc, kc, cos_t, sin), (odd, odd, oc, os_)):
+        ours = run_vision(rope.rotary_pos_emb_vision, *args)
+        theirs = run_vision(R.rotary_pos_emb_vision, *args)
+        assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
+
+
+def test_vision_bitwise_deterministic_and_batch_invariant():
+    from opslot.kernels.cuda import rope
+
+    q, k, cos, sin = _vision(512, 16, 80, torch.bfloat16)
+    a, b = (
+        run_vision(rope.rotary_pos_emb_vision, q, k, cos, sin),
+        run_vision(rope.rotary_pos_emb_vision, q, k, cos, sin),
+    )
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    part = run_vision(rope.rotary_pos_emb_vision, q[100:200], k[100:200], cos[100:200], sin[100:200])
+    full = rope.rotary_pos_emb_vision(q, k, cos, sin)
+    assert torch.equal(full[0][100:200], part[0]) and torch.equal(full[1][100:200], part[1])
+
+
+def test_vision_refusals():
+    from opslot.kernels.cuda import rope
+
+    q, k, cos, sin = _vision(8, 2, 16, torch.bfloat16)
+    with pytest.raises(ValueError, match=r"must be even and equal to cos/sin's last dim 8"):
+        rope.rotary_pos_emb_vision(q, k, cos[..., :8], sin[..., :8])
+    with pytest.raises(ValueError, match="cos/sin require grad"):
+        rope.rotary_pos_emb_vision(q, k, cos.clone().requires_grad_(), sin)
+    with pytest.raises(ValueError, match=r"do not broadcast to q/k"):
+        rope.rotary_pos_emb_vision(q, k, cos[:4], sin[:4])
+
+
+# -- the new ops: opcheck, torch.compile, CUDA graphs, the bench knobs -------------------------------------
+def _new_op_cases():
+    from opslot.kernels.cuda import rope  # noqa: F401  (registers the ops)
+
+    O = torch.ops.opslot  # noqa: E741
+    q, k, cos, sin = _deepseek(2, 5, 4, 32, torch.bfloat16, nope=16)
+    q, k = q.requires_grad_(True), k.requires_grad_(True)
+    vq, vk, vcos, vsin = _vision(9, 3, 16, torch.bfloat16)
+    vq, vk = vq.requires_grad_(True), vk.requires_grad_(True)
+    return [
+        (O.rope_interleaved_fwd.default, (q, k, cos, sin, 1)),
+        (O.rope_interleaved_fwd.default, (q, k, cos.float(), sin.float(), 1)),
+        (O.rope_interleaved_bwd.default, (q.detach(), k.detach(), cos, sin, 1)),
+        (O.rope_vision_fwd.default, (vq, vk, vcos, vsin)),
+        (O.rope_vision_fwd.default, (vq, vk.detach().half().requires_grad_(True), vcos, vsin)),
+        (O.rope_vision_bwd.default, (vq.detach(), vk.detach(), vcos, vsin)),
+    ]
+
+
+@pytest.mark.parametrize("index", range(6))
+def test_new_ops_opcheck(index):
+    op, args = _new_op_cases()[index]
+    torch.library.opcheck(op, args)
+
+
+def test_new_ops_compile_fullgraph_forward_and_backward():
+    from opslot.kernels.cuda import rope
+
+    def f(q, k, cos, sin, vq, vk, vcos, vsin):
+        qe, ke = rope.rotary_pos_emb_interleaved(q, k, cos, sin)
+        oq, ok = rope.rotary_pos_emb_vision(vq, vk, vcos, vsin)
+        return qe.float().square().sum() + ke.float().sum() + oq.float().square().sum() + ok.float().sum()
+
+    def inputs():
+        torch.manual_seed(0)
+        q, k, cos, sin = _deepseek(2, 5, 4, 32, torch.bfloat16, nope=16)
+        vq, vk, vcos, vsin = _vision(9, 3, 16, torch.bfloat16)
+        return (
+            q.requires_grad_(True),
+            k.requires_grad_(True),
+            cos,
+            sin,
+            vq.requires_grad_(True),
+            vk.requires_grad_(True),
+            vcos,
+            vsin,
+        )
+
+    eager_in, comp_in = inputs(), inputs()
+    out_e = f(*eager_in)
+    out_e.backward()
+    out_c = torch.compile(f, fullgraph=True, backend="aot_eager")(*comp_in)
+    out_c.backward()
+    torch.testing.assert_close(out_e, out_c, rtol=1e-5, atol=1e-5)
+    for a, b in zip(eager_in, comp_in):
+        if a.requires_grad:  # the same kernels; AOT autograd may order the gradients' products differently
+            torch.testing.assert_close(a.grad, b.grad, rtol=1.6e-2, atol=1e-3)
+
+
+def test_new_ops_cuda_graph_capture():
+    from opslot.kernels.cuda import rope  # noqa: F401
+
+    O = torch.ops.opslot  # noqa: E741
+    q, k, cos, sin = _deepseek(2, 16, 4, 64, torch.bfloat16)
+    vq, vk, vcos, vsin = _vision(64, 4, 80, torch.bfloat16)
+
+    def work():
+        qe, ke = O.rope_interleaved_fwd(q, k, cos, sin, 1)
+        dq, dk = O.rope_interleaved_bwd(qe, ke, cos, sin, 1)
+        oq, ok = O.rope_vision_fwd(vq, vk, vcos, vsin)
+        gq, gk = O.rope_vision_bwd(oq, ok, vcos, vsin)
+        return [qe, ke, dq, dk, oq, ok, gq, gk]
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        expected = work()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = work()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert all(torch.equal(a, b) for a, b in zip(expected, captured))
+
+
+def test_new_layouts_ignore_the_head_loop_knob():
+    """opslot_rope_set_tuning's head loop exists for HF's layout only: the interleaved and vision
+    kernels give the same bits with it on (bench library) as the production library's."""
+    from opslot.kernels.cuda import rope
+
+    q, k, cos, sin = _deepseek(2, 37, 12, 64, torch.bfloat16)
+    vq, vk, vcos, vsin = _vision(37, 12, 80, torch.bfloat16)
+
+    def run():
+        return list(rope.rotary_pos_emb_interleaved(q, k, cos, sin)) + list(
+            rope.rotary_pos_emb_vision(vq, vk, vcos, vsin)
+        )
+
+    with bench_library() as lib:
+        f = knob(lib, "opslot_rope_set_tuning", 2)
+        try:
+            assert f(1, 1) == 0
+            a = run()
+        finally:
+            assert f(1, 0) == 0
+    b = run()
+    assert all(torch.equal(x, y) for x, y in zip(a, b))

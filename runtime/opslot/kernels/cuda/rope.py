@@ -1,9 +1,14 @@
-"""Rotary position embedding (full and partial) on libopslot_kernels, reading q/k through their
-strides (HF passes transposed views of the projections: nothing is copied).
+"""Rotary position embedding on libopslot_kernels, reading q/k through their strides (HF passes
+transposed views of the projections: nothing is copied).
 
-Torch ops `opslot::rope_fwd` / `opslot::rope_bwd` (registered from C++: kernels/torch/rope.cc)
-handle q and k in one launch each way. cos/sin get no gradient: when they require one the op
-raises (HF computes them under no_grad). docs/kernels.md describes the kernel.
+Torch ops (registered from C++: kernels/torch/rope.cc), q and k in one launch each way:
+- `opslot::rope_fwd` / `rope_bwd`: HF's `apply_rotary_pos_emb`, full and partial;
+- `opslot::rope_interleaved_fwd` / `_bwd`: DeepSeek-V3's `apply_rotary_pos_emb_interleave`
+  (interleaved pairs in, de-interleaved out);
+- `opslot::rope_vision_fwd` / `_bwd`: the VL vision towers' `apply_rotary_pos_emb_vision`, in fp32
+  with upstream's rounding.
+cos/sin get no gradient: when they require one the op raises (HF computes them under no_grad).
+docs/kernels.md describes the kernel.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ from . import _ops_common as C
 
 C.require_library_on_cuda_machines()
 _ROPE = C.torch_op("rope_fwd")  # refuses cos/sin that require grad; its backward calls rope_bwd
+_INTERLEAVED = C.torch_op("rope_interleaved_fwd")  # its backward calls rope_interleaved_bwd
+_VISION = C.torch_op("rope_vision_fwd")  # its backward calls rope_vision_bwd
 
 
 def _apply(q, k, cos, sin, unsqueeze_dim, full: bool):
@@ -35,3 +42,17 @@ def rotary_pos_emb_full(q, k, cos, sin, unsqueeze_dim: int = 1) -> Tuple[torch.T
 def rotary_pos_emb_partial(q, k, cos, sin, unsqueeze_dim: int = 1) -> Tuple[torch.Tensor, torch.Tensor]:
     """RoPE over the first `cos.shape[-1]` features; the rest pass through."""
     return _apply(q, k, cos, sin, unsqueeze_dim, False)
+
+
+def rotary_pos_emb_interleaved(
+    q, k, cos, sin, position_ids=None, unsqueeze_dim: int = 1
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek-V3: the interleaved pairs of q/k turned by the first half of cos/sin, returned in the
+    de-interleaved order, in q's dtype (`position_ids` is unused, as upstream)."""
+    return _INTERLEAVED(q, k, cos, sin, unsqueeze_dim)
+
+
+def rotary_pos_emb_vision(q, k, cos, sin) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The vision towers' RoPE: q/k `[seq, heads, dim]`, cos/sin `[seq, dim]`, computed in fp32 with
+    upstream's rounding and returned in q's and k's dtypes."""
+    return _VISION(q, k, cos, sin)
