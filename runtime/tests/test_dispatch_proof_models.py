@@ -4,8 +4,9 @@ training step on the CPU, and the error or warning text and the binding plan are
 
 - Qwen3.5's multimodal head: every kernel runs (the spec builds its language model from the generated
   text model, where upstream's `AutoModel.from_config` built Transformers' own, and guards its loss);
-- DeepSeek-V3 with `rope_interleave=True` (its default): the attention calls the interleaved RoPE,
-  never the guarded `apply_rotary_pos_emb`;
+- DeepSeek-V3 with `rope_interleave=True` (its default): the attention calls the interleaved RoPE, whose
+  slot runs; the rotate_half slot of the other branch is "not used" then, and "not reached" when the
+  interleaved slot's kernel did not run;
 - Qwen3-MoE with every layer sparse: the dense-MLP swiglu slot is "not used by this model", no error;
 - a sequence-classification head: its loss runs the sequence-classification slot (the spec's
   `loss_function` property), where the causal-LM loss slot is "not used"; its whole base model is
@@ -214,10 +215,42 @@ ROPE_HINT = (
 )
 
 
-def test_deepseek_v3_rope_interleave_never_reaches_the_rope_guard(generated):
+def test_deepseek_v3_rope_interleave_runs_the_interleaved_kernel(generated, recwarn):
+    """rope_interleave=True (the config's default): the attention calls the interleaved RoPE, whose slot
+    runs; the rotate_half slot, called only in the other branch of `if self.config.rope_interleave:`, is
+    "not used by this model" (the config chose the other variant of the op), no error or warning."""
     module = generated("deepseek_v3")
     assert deepseek_config().rope_interleave is True  # the config's default
     model = build(deepseek_config(), DEEPSEEK_OPS, module, "DeepseekV3ForCausalLM")
+    step(model)
+    assert not [w for w in recwarn if w.category is UnreachedSlotWarning]
+    assert plan_rows(model) == (
+        "  slot                               op/variant                                  impl   why       dispatch\n"
+        "  causal_lm_loss_slot                cross_entropy_loss/causal                   eager  default   -\n"
+        "  moe_slot                           moe/standard                                eager  default   -\n"
+        "  rms_norm_slot                      rms_norm/standard                           torch  explicit  ran\n"
+        "  rope_interleave_slot               rotary_pos_emb/interleaved                  torch  explicit  ran\n"
+        "  rope_slot                          rotary_pos_emb/full                         torch  explicit  "
+        "not used by this model\n"
+        "  sequence_classification_loss_slot  cross_entropy_loss/sequence_classification  eager  default   -\n"
+        "  swiglu_mlp_slot                    swiglu_mlp/standard                         eager  default   -\n"
+        "  attention: sdpa (config._attn_implementation)"
+    )
+
+
+def _rebind_eager(model, slot_name):
+    """Bind the model's module-level slot `slot_name` to eager directly (what no ops config can do to one
+    variant of an op): the other branch's kernel then does not run."""
+    with pytest.warns(RuntimeWarning, match=rf"^rebinding OpSlot '{slot_name}' .* from 'torch' to 'eager'"):
+        getattr(sys.modules[type(model).__module__], slot_name).bind("eager")
+
+
+def test_deepseek_v3_the_other_branch_counts_only_when_its_kernel_ran(generated):
+    """The rotate_half slot is excused only by the interleaved slot's kernel having run: with that one
+    eager, upstream computed the RoPE the user asked a kernel for, an error as before."""
+    module = generated("deepseek_v3")
+    model = build(deepseek_config(), DEEPSEEK_OPS, module, "DeepseekV3ForCausalLM")
+    _rebind_eager(model, "rope_interleave_slot")
     with pytest.raises(UnreachedSlotError) as info:
         step(model)
     assert str(info.value) == "\n".join(
@@ -227,22 +260,13 @@ def test_deepseek_v3_rope_interleave_never_reaches_the_rope_guard(generated):
             FOOTER.format(ops="'rotary_pos_emb'"),
         ]
     )
-    assert plan_rows(model) == (
-        "  slot                               op/variant                                  impl   why       dispatch\n"
-        "  causal_lm_loss_slot                cross_entropy_loss/causal                   eager  default   -\n"
-        "  moe_slot                           moe/standard                                eager  default   -\n"
-        "  rms_norm_slot                      rms_norm/standard                           torch  explicit  ran\n"
-        "  rope_slot                          rotary_pos_emb/full                         torch  explicit  "
-        "not reached\n"
-        "  sequence_classification_loss_slot  cross_entropy_loss/sequence_classification  eager  default   -\n"
-        "  swiglu_mlp_slot                    swiglu_mlp/standard                         eager  default   -\n"
-        "  attention: sdpa (config._attn_implementation)"
-    )
+    assert dispatch_report(model).as_dict()["rope_slot"] == "not reached"
 
 
-def test_deepseek_v3_rope_interleave_allowed_is_a_warning(generated):
+def test_deepseek_v3_the_other_branch_allowed_is_a_warning(generated):
     module = generated("deepseek_v3")
     model = build(deepseek_config(), DEEPSEEK_OPS, module, "DeepseekV3ForCausalLM", allow_unreached=["rotary_pos_emb"])
+    _rebind_eager(model, "rope_interleave_slot")
     with pytest.warns(UnreachedSlotWarning) as record:
         step(model)
     assert [str(w.message) for w in record if w.category is UnreachedSlotWarning] == [
@@ -257,11 +281,13 @@ def test_deepseek_v3_rope_interleave_allowed_is_a_warning(generated):
     assert dispatch_report(model).as_dict()["rope_slot"] == "not reached"
 
 
-def test_deepseek_v3_without_interleave_runs_the_rope_kernel(generated):
+def test_deepseek_v3_without_interleave_runs_the_rope_kernel(generated, recwarn):
     module = generated("deepseek_v3")
     model = build(deepseek_config(rope_interleave=False), DEEPSEEK_OPS, module, "DeepseekV3ForCausalLM")
     step(model)
-    assert dispatch_report(model).as_dict()["rope_slot"] == "ran"
+    assert not [w for w in recwarn if w.category is UnreachedSlotWarning]
+    report = dispatch_report(model).as_dict()
+    assert (report["rope_slot"], report["rope_interleave_slot"]) == ("ran", "not used by this model")
 
 
 # -- Qwen3-MoE: all layers sparse; experts_implementation ------------------------------------------------

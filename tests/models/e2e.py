@@ -96,6 +96,15 @@ class Case:
     softcapped_loss_refused: bool = False  # the loss slot covers final_logit_softcapping (Gemma3)
     fp32_router: bool = False  # the spec's config slot router_implementation (fp32 router)
     seq_cls: Optional[str] = None  # the text *ForSequenceClassification head (None: the module has none)
+    #: (op, variant) of the slots whose guarded code sits in a branch of upstream's forward that this
+    #: config does not take (DeepSeek-V3's `if self.config.rope_interleave:`): never dispatched, and
+    #: "not used by this model" in the proof of dispatch (BRANCH_CASES runs the other branch).
+    other_branch: Tuple[Tuple[str, str], ...] = ()
+    name: Optional[str] = None  # the row's name when a model has several cases (default: key)
+
+    @property
+    def label(self) -> str:
+        return self.name or self.key
 
     @property
     def upstream_module(self) -> str:
@@ -241,12 +250,13 @@ CASES = [
             qk_rope_head_dim=8,
             v_head_dim=16,
             qk_nope_head_dim=16,
-            rope_interleave=False,
+            rope_interleave=True,  # the config's default, what the released checkpoints use
             norm_topk_prob=True,
         ),
         "DeepseekV3ForCausalLM",
         npu_removes=[],
         seq_cls="DeepseekV3ForSequenceClassification",
+        other_branch=(("rotary_pos_emb", "full"),),
     ),
     Case(
         "gpt_oss",
@@ -269,7 +279,26 @@ CASES = [
 #: The vision-language models (tests/models/vision_language.py): their processor-facing
 #: *ForConditionalGeneration with a tiny composite config and real multimodal inputs (an image, a video).
 VL_CASES = vision_language.VL_CASES
-ALL_CASES = [*CASES, *VL_CASES]
+
+
+def _other_branch(key: str, name: str, config_kwargs: Dict[str, Any], other_branch) -> Case:
+    base = next(c for c in CASES if c.key == key)
+    return dataclasses.replace(
+        base, name=name, config_kwargs=dict(base.config_kwargs, **config_kwargs), other_branch=other_branch
+    )
+
+
+#: The same spec under a config that takes the other branch of upstream's forward, so that every slot
+#: runs in some case (CASES keeps one case per key: the other tests index it by key).
+BRANCH_CASES = [
+    _other_branch(
+        "deepseek_v3",
+        "deepseek_v3 (rope_interleave=False)",
+        dict(rope_interleave=False),
+        (("rotary_pos_emb", "interleaved"),),
+    ),
+]
+ALL_CASES = [*CASES, *BRANCH_CASES, *VL_CASES]
 
 
 # -- result record -----------------------------------------------------------------------------------
@@ -464,24 +493,27 @@ def register_counted_kernels(base: str = "torch", counted: str = COUNTED_IMPL, c
 SEQ_CLS = ("cross_entropy_loss", "sequence_classification")
 
 
-def causal_lm_slots(slots: Dict[str, Any]) -> Dict[str, Any]:
-    """The slots a *ForCausalLM can run: all but the sequence-classification loss."""
-    return {name: s for name, s in slots.items() if (s.op, s.variant) != SEQ_CLS}
+def causal_lm_slots(slots: Dict[str, Any], case: Any = None) -> Dict[str, Any]:
+    """The slots a *ForCausalLM can run: all but the sequence-classification loss (and the slots of
+    `case.other_branch`, whose code this case's config does not take)."""
+    skip = {SEQ_CLS, *getattr(case, "other_branch", ())}
+    return {name: s for name, s in slots.items() if (s.op, s.variant) not in skip}
 
 
-def dispatch_errors(model, stage: str, slots: Optional[Dict[str, Any]] = None) -> List[str]:
+def dispatch_errors(model, stage: str, slots: Optional[Dict[str, Any]] = None, case: Any = None) -> List[str]:
     """opslot's proof of dispatch after the step just taken (the model's first): every slot bound to
     a kernel must have run ("not reached" raises UnreachedSlotError; "not used by this model" is not
     expected in these configurations either), except those of `slots` (name -> OpSlot of the module)
     that the model cannot use: in a *ForCausalLM, the sequence-classification loss slot must be
-    "not used by this model"."""
+    "not used by this model", and so must the slots of `case.other_branch`."""
     from opslot.dispatch import UnreachedSlotError, check_dispatch
 
     try:
         report = check_dispatch(model, allow_unreached=False)
     except UnreachedSlotError as exc:
         return [f"{stage}: {exc}"]
-    unused = {name for name, s in (slots or {}).items() if (s.op, s.variant) == SEQ_CLS}
+    not_taken = {SEQ_CLS, *getattr(case, "other_branch", ())}
+    unused = {name for name, s in (slots or {}).items() if (s.op, s.variant) in not_taken}
     return [
         f"{stage}: slot {e.slot} ({e.op}/{e.variant} -> {e.impl}) is {e.status!r}, not "
         f"{'not used by this model' if e.slot in unused else 'ran'}"
@@ -519,7 +551,7 @@ def check_model(case: Case, args, device: torch.device) -> Result:
     from opslot.dispatch import watch_dispatch
     from opslot.testing import compare_models
 
-    res = Result(case.key)
+    res = Result(case.label)
     started = time.time()
     try:
         # 1. generate
@@ -597,12 +629,12 @@ def check_model(case: Case, args, device: torch.device) -> Result:
         for n, err in diff.grad_by_param.items():
             if err > ATOL + RTOL * float(up_grads[n].abs().max()):
                 res.errors.append(f"torch grad of {n} not close (max abs {err:.3g})")
-        fired = {f"{s.op}/{s.variant}": CALLS.get((s.op, s.variant), 0) for s in causal_lm_slots(slots).values()}
+        fired = {f"{s.op}/{s.variant}": CALLS.get((s.op, s.variant), 0) for s in causal_lm_slots(slots, case).values()}
         res.slot_calls = " ".join(f"{k}:{v}" for k, v in sorted(fired.items()))
         for k, v in sorted(fired.items()):
             if v == 0:
                 res.errors.append(f"slot {k} never dispatched with the torch kernels")
-        res.errors += dispatch_errors(tmodel, "torch kernels", slots)
+        res.errors += dispatch_errors(tmodel, "torch kernels", slots, case)
 
         # 4b. the chunked fused linear + cross-entropy (no full logits) in place of the causal-LM loss
         if any(sl.op == "cross_entropy_loss" for sl in slots.values()):
@@ -686,14 +718,14 @@ def check_cuda_kernels(slots, build, upstream, inputs, case, up_loss, up_logits,
             res.errors.append(f"cuda: grad of {n} not close (max abs {err:.3g})")
     fired = {
         f"{s.op}/{s.variant}": CUDA_CALLS.get((s.op, s.variant), 0)
-        for s in causal_lm_slots(slots).values()
+        for s in causal_lm_slots(slots, case).values()
         if (s.op, s.variant) in cuda_pairs
     }
     res.cuda_slot_calls = " ".join(f"{k}:{v}" for k, v in sorted(fired.items()))
     for k, v in sorted(fired.items()):
         if v == 0:
             res.errors.append(f"slot {k} never dispatched with the cuda kernels")
-    res.errors += dispatch_errors(cmodel, "cuda kernels", slots)
+    res.errors += dispatch_errors(cmodel, "cuda kernels", slots, case)
     _, loss_before, _ = run_model(cmodel, inputs, case.moe)
     opt = torch.optim.AdamW(cmodel.parameters(), lr=1e-3)
     opt.step()
@@ -988,7 +1020,7 @@ def run_npu_defaults(case, config, module, state, inputs, up_logits, device, res
     """The NPU file with the NPU defaults on a simulated NPU: runtime/tests/fake_torch_npu.py's
     torch_npu computes each operator's math on the CPU (installed after Transformers is imported, which
     probes for it). Logits close to upstream's, a training step, every bound slot ran."""
-    from opslot import DeviceInfo, build_model, use_device
+    from opslot import DeviceInfo, build_model, module_slots, use_device
 
     spec = importlib.util.spec_from_file_location("fake_torch_npu", ROOT / "runtime" / "tests" / "fake_torch_npu.py")
     fake_mod = importlib.util.module_from_spec(spec)
@@ -1003,7 +1035,7 @@ def run_npu_defaults(case, config, module, state, inputs, up_logits, device, res
             model.to(device).train()
             out = model(**forward_kwargs(inputs, case.moe))
             out.loss.backward()
-            res.errors.extend(dispatch_errors(model, "NPU defaults"))
+            res.errors.extend(dispatch_errors(model, "NPU defaults", module_slots(module), case))
     finally:
         if saved is None:
             sys.modules.pop("torch_npu", None)
@@ -1161,7 +1193,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     for case in ALL_CASES:
         if only and case.key not in only:
             continue
-        print(f"== {case.key}", flush=True)
+        print(f"== {case.label}", flush=True)
         res = check_model(case, args, device)
         for err in res.errors:
             print(f"   FAIL {err}", flush=True)

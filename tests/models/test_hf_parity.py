@@ -304,7 +304,9 @@ def test_torch_kernels_close_to_upstream(key, worlds, device):
     ref_logits, ref_loss, ref_grads = e2e.run_model(up, inputs, w.case.moe)
     logits, loss, grads = e2e.run_model(model, inputs, w.case.moe)
     # every slot a *ForCausalLM can run (not the sequence-classification loss: e2e.py's stage 4c)
-    fired = {f"{s.op}/{s.variant}": e2e.CALLS.get((s.op, s.variant), 0) for s in e2e.causal_lm_slots(slots).values()}
+    fired = {
+        f"{s.op}/{s.variant}": e2e.CALLS.get((s.op, s.variant), 0) for s in e2e.causal_lm_slots(slots, w.case).values()
+    }
     assert all(fired.values()), f"slots that never dispatched: {fired}"
     tol = lambda ref: e2e.ATOL + e2e.RTOL * float(ref.abs().max())  # noqa: E731
     assert e2e.max_abs_diff(logits, ref_logits) <= tol(ref_logits)
