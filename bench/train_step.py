@@ -696,7 +696,7 @@ def main() -> int:
     import transformers
 
     import opslot
-    from opslot.config import cuda_kernels_unavailable_reason
+    from opslot.device_defaults import cuda_kernels_unavailable_reason
 
     if device.type == "cuda":
         torch.cuda.set_device(device.index)

@@ -213,12 +213,3 @@ def test_the_config_fields_are_the_ops_fields():
     from opslot.ops import CONFIG_FIELDS
 
     assert tuple(f.name for f in dataclasses.fields(OpsImplementationConfig)) == CONFIG_FIELDS
-
-
-def test_the_old_config_module_keeps_only_the_library_probe():
-    import opslot.config
-    import opslot.device_defaults
-
-    assert opslot.config.cuda_kernels_unavailable_reason is opslot.device_defaults.cuda_kernels_unavailable_reason
-    with pytest.raises(AttributeError, match=r"the ops config is opslot.ops_config"):
-        opslot.config.OpsImplementationConfig  # noqa: B018
