@@ -103,10 +103,6 @@ class Case:
     name: Optional[str] = None  # the row's name when a model has several cases (default: key)
 
     @property
-    def label(self) -> str:
-        return self.name or self.key
-
-    @property
     def upstream_module(self) -> str:
         return f"transformers.models.{self.key}.modeling_{self.key}"
 
@@ -493,6 +489,11 @@ def register_counted_kernels(base: str = "torch", counted: str = COUNTED_IMPL, c
 SEQ_CLS = ("cross_entropy_loss", "sequence_classification")
 
 
+def case_label(case) -> str:
+    """A case's row name: its `name` (a model's other-branch case), else its key."""
+    return getattr(case, "name", None) or case.key
+
+
 def causal_lm_slots(slots: Dict[str, Any], case: Any = None) -> Dict[str, Any]:
     """The slots a *ForCausalLM can run: all but the sequence-classification loss (and the slots of
     `case.other_branch`, whose code this case's config does not take)."""
@@ -551,7 +552,7 @@ def check_model(case: Case, args, device: torch.device) -> Result:
     from opslot.dispatch import watch_dispatch
     from opslot.testing import compare_models
 
-    res = Result(case.label)
+    res = Result(case_label(case))
     started = time.time()
     try:
         # 1. generate
@@ -1193,7 +1194,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     for case in ALL_CASES:
         if only and case.key not in only:
             continue
-        print(f"== {case.label}", flush=True)
+        print(f"== {case_label(case)}", flush=True)
         res = check_model(case, args, device)
         for err in res.errors:
             print(f"   FAIL {err}", flush=True)
