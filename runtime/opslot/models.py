@@ -163,6 +163,12 @@ MODELS: Dict[str, GeneratedModel] = _models(
         },
     ),
     ("qwen3_moe", GPU_NPU, {"qwen3_moe": _text("Qwen3Moe")}),
+    # the Thinker, as for qwen2_5_omni (Transformers maps Qwen3OmniMoeThinkerModel as base from 5.23)
+    (
+        "qwen3_omni_moe",
+        GPU_NPU,
+        {"qwen3_omni_moe_thinker": {"conditional_generation": "Qwen3OmniMoeThinkerForConditionalGeneration"}},
+    ),
     ("qwen3_vl", GPU_NPU, _vision_language("qwen3_vl", "Qwen3VL")),
     ("qwen3_vl_moe", GPU_NPU, _vision_language("qwen3_vl_moe", "Qwen3VLMoe")),
     ("seed_oss", GPU_NPU, {"seed_oss": _text("SeedOss")}),

@@ -190,9 +190,8 @@ def test_registry_modules_and_classes_exist_in_the_generated_files(monkeypatch, 
 
 SUPPORTED = (
     "deepseek_v3, gemma3, gemma3_text, gpt_oss, llama, qwen2, qwen2_5_omni_thinker, qwen2_5_vl, qwen2_5_vl_text, "
-    "qwen2_vl, qwen2_vl_text, "
-    "qwen3, qwen3_5, qwen3_5_moe, qwen3_5_moe_text, qwen3_5_text, qwen3_moe, qwen3_vl, qwen3_vl_moe, qwen3_vl_moe_text, "
-    "qwen3_vl_text, seed_oss"
+    "qwen2_vl, qwen2_vl_text, qwen3, qwen3_5, qwen3_5_moe, qwen3_5_moe_text, qwen3_5_text, qwen3_moe, "
+    "qwen3_omni_moe_thinker, qwen3_vl, qwen3_vl_moe, qwen3_vl_moe_text, qwen3_vl_text, seed_oss"
 )
 
 
@@ -228,7 +227,8 @@ def test_a_role_the_model_type_lacks_says_which_have_it():
         AutoModelForImageTextToText.from_config(transformers.Qwen3Config(**SMALL))
     assert str(err.value) == (
         "opslot.AutoModelForImageTextToText: model_type 'qwen3' has no conditional_generation class (model types that "
-        "have one: gemma3, qwen2_5_omni_thinker, qwen2_5_vl, qwen2_vl, qwen3_5, qwen3_5_moe, qwen3_vl, qwen3_vl_moe); use "
+        "have one: gemma3, qwen2_5_omni_thinker, qwen2_5_vl, qwen2_vl, qwen3_5, qwen3_5_moe, qwen3_omni_moe_thinker, "
+        "qwen3_vl, qwen3_vl_moe); use "
         "opslot.AutoModelForCausalLM (Qwen3ForCausalLM) or "
         "opslot.AutoModel (Qwen3Model)"
     )

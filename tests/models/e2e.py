@@ -31,11 +31,12 @@ specs/<model>/ folder must have a case below. Then, for every model:
      real one is missing) and, run eagerly here, equals upstream; then it runs with the NPU defaults
      on a simulated NPU (runtime/tests/fake_torch_npu.py computes each torch_npu operator's math):
      logits close to upstream's, a training step, every bound slot ran.
-The vision-language models (tests/models/vision_language.py: Qwen2-VL, Qwen2.5-VL, Qwen3-VL,
-Qwen3-VL-MoE) go through the same stages with their processor-facing `*ForConditionalGeneration` in
-place of the `*ForCausalLM`: a tiny composite (text + vision) config, and real multimodal inputs (an
-image in one row, a video in the other, `mm_token_type_ids`, padding, labels -100 on padding and
-placeholders), so every gradient includes the vision tower's; they have no sequence-classification head.
+The vision-language and omni models (tests/models/vision_language.py: Qwen2-VL, Qwen2.5-VL, Qwen3-VL,
+Qwen3-VL-MoE, and the Thinkers of Qwen2.5-Omni and Qwen3-Omni-MoE) go through the same stages with
+their processor-facing `*ForConditionalGeneration` in place of the `*ForCausalLM`: a tiny composite
+(text + vision [+ audio]) config, and real multimodal inputs (an image in one row, a video in the
+other, an audio for the omni models, `mm_token_type_ids` where taken, padding, labels -100 on padding
+and placeholders), so every gradient includes the towers'; they have no sequence-classification head.
 One model's failure is reported and the others continue; the exit status is 1 if any failed.
 The per-model table is printed and written to $OUT (e2e.md, e2e.csv, e2e.json).
 
@@ -272,8 +273,8 @@ CASES = [
     ),
 ]
 
-#: The vision-language models (tests/models/vision_language.py): their processor-facing
-#: *ForConditionalGeneration with a tiny composite config and real multimodal inputs (an image, a video).
+#: The vision-language and omni models (tests/models/vision_language.py): their processor-facing
+#: *ForConditionalGeneration with a tiny composite config and real multimodal inputs (image, video, audio).
 VL_CASES = vision_language.VL_CASES
 
 

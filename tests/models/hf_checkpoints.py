@@ -19,7 +19,9 @@ checkpoints come in besides what `save_pretrained` writes:
 - Qwen3-VL-MoE: the Hub stores the fused experts transposed, `gate_up_proj [E, H, 2I]` and
   `down_proj [E, I, H]` (the models hold `[E, 2I, H]` and `[E, H, I]`);
 - Qwen2.5-Omni: the Thinker is loaded from the whole model's checkpoint, its tensors under `thinker.`,
-  beside the Talker's (`talker.*`) and the speech decoder's (`token2wav.*`; a few stand-ins here).
+  beside the Talker's (`talker.*`) and the speech decoder's (`token2wav.*`; a few stand-ins here);
+- Qwen3-Omni-MoE: likewise (`talker.*`, `code2wav.*`), and the Thinker's experts one module per expert
+  (`mlp.experts.<e>.{gate,up,down}_proj`, as Qwen3-MoE's).
 
 Not covered: the quantized originals (DeepSeek-V3 FP8 block scales, GPT-OSS MXFP4), which need
 Transformers' quantizers; GPT-OSS's bf16 layout is the one `save_pretrained` writes.
@@ -68,10 +70,10 @@ def hub_layout(model_key: str, state_dict: Dict[str, torch.Tensor]) -> Dict[str,
 
 
 #: Vision-language models whose checkpoints come in a layout other than what `save_pretrained` writes.
-VL_HUB_LAYOUT = {"qwen2_vl", "qwen2_5_vl", "qwen3_vl_moe", "qwen2_5_omni"}
+VL_HUB_LAYOUT = {"qwen2_vl", "qwen2_5_vl", "qwen3_vl_moe", "qwen2_5_omni", "qwen3_omni_moe"}
 #: Tensors of such a checkpoint that belong to other parts of the whole model (upstream's from_pretrained
 #: lists them as unexpected before 5.23, which declares them ignorable).
-VL_OTHER_PARTS = {"qwen2_5_omni": ("talker.", "token2wav.")}
+VL_OTHER_PARTS = {"qwen2_5_omni": ("talker.", "token2wav."), "qwen3_omni_moe": ("talker.", "code2wav.")}
 
 
 def vl_hub_layout(model_key: str, state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
@@ -79,18 +81,21 @@ def vl_hub_layout(model_key: str, state_dict: Dict[str, torch.Tensor]) -> Dict[s
     layout its checkpoints come in (the module docstring says which)."""
     if model_key not in VL_HUB_LAYOUT:
         raise ValueError(f"{model_key}: no other checkpoint layout (save_pretrained writes the Hub's)")
+    if model_key == "qwen3_omni_moe":  # experts one module per expert, as Qwen3-MoE's Hub checkpoints
+        state_dict = hub_layout("qwen3_moe", state_dict)
     out: Dict[str, torch.Tensor] = {}
     for key, value in state_dict.items():
         value = value.detach().cpu()
         if model_key == "qwen3_vl_moe" and re.search(r"\.mlp\.experts\.(gate_up_proj|down_proj)$", key):
             value = value.transpose(1, 2)
         out[key] = value
-    if model_key == "qwen2_5_omni":
+    if model_key in VL_OTHER_PARTS:
         out = {f"thinker.{k}": v for k, v in out.items()}
         gen = torch.Generator().manual_seed(7)
-        out["talker.model.norm.weight"] = torch.randn(8, generator=gen)
-        out["talker.codec_head.weight"] = torch.randn(8, 8, generator=gen)
-        out["token2wav.code2wav_dit_model.input_embed.proj.weight"] = torch.randn(8, 8, generator=gen)
+        talker, speech = VL_OTHER_PARTS[model_key]
+        out[f"{talker}model.norm.weight"] = torch.randn(8, generator=gen)
+        out[f"{talker}codec_head.weight"] = torch.randn(8, 8, generator=gen)
+        out[f"{speech}decoder.0.conv.weight"] = torch.randn(8, 8, generator=gen)
     return out
 
 

@@ -1,7 +1,7 @@
 """The vision-language models (issue 31) behave like upstream where their users touch them.
 
 For every model of tests/models/vision_language.py (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE, and
-the Thinker of Qwen2.5-Omni, which also takes audio; the
+the Thinkers of Qwen2.5-Omni and Qwen3-Omni-MoE, which also take audio; the
 same tiny composite configs and multimodal inputs as tests/models/e2e.py, which checks one training
 step against upstream: eager bit-equal logits, loss and every gradient, the `torch` kernels within
 tolerance, every slot ran), the GPU spec is generated into a temporary folder and its processor-facing
@@ -9,7 +9,8 @@ tolerance, every slot ran), the GPU spec is generated into a temporary folder an
 
 - the towers: the model builds the generated text model, vision tower (and audio tower), never
   Transformers' own; run alone, the vision tower dispatches exactly the slots the spec guards in it
-  (Qwen2.5-VL, Qwen2.5-Omni: its RMSNorms and gated MLPs, counted per call) and no other (the rest
+  (Qwen2.5-VL, Qwen2.5-Omni: its RMSNorms and gated MLPs, counted per call; the vision RoPE where a
+  spec guards it) and no other (the rest
   stays upstream), the audio tower none; their output is upstream's bit for bit on `eager`, close on
   the `torch` kernels;
 - inputs the e2e step does not use: two images in one batch, text only (no pixel values), and the 3-D
@@ -420,8 +421,8 @@ def test_packed_multimodal_documents_equal_the_documents_alone(key, worlds, devi
         vl.document(w.case, w.config, [("text", 2), ("image", 0), ("text", 2)], device, 41),
     ]
     for doc in docs:
+        positions = vl.rope_index(w.case, model, doc)  # (Qwen3-Omni's needs the attention mask)
         del doc["attention_mask"]  # one document per row: nothing to mask
-        positions = vl.rope_index(w.case, model, doc)
         text = torch.arange(doc["input_ids"].shape[1], device=device)[None, None]
         doc["position_ids"] = torch.cat([text, positions])
         for k in ("pixel_values", "input_features"):

@@ -4,17 +4,18 @@ in CI, on the GPU with opslot's `cuda` kernels, and in `make matrix`) and tests/
 (generation, checkpoints, packing, the towers' slots).
 
 A model here is its processor-facing `*ForConditionalGeneration` (the class public checkpoints load
-into; for Qwen2.5-Omni its Thinker, the part that is trained), fed what the model's processor produces:
+into; for Qwen2.5-Omni and Qwen3-Omni-MoE their Thinker, the part that is trained), fed what the model's
+processor produces:
 `input_ids` with the vision placeholders (`<|vision_start|>`, one placeholder token per merged patch,
 `<|vision_end|>`), `mm_token_type_ids` (0 text, 1 image, 2 video: the 3-D RoPE positions are computed
 from them), `pixel_values` + `image_grid_thw` (patches flattened to
 `in_channels * temporal_patch_size * patch_size**2` features) and `pixel_values_videos` +
 `video_grid_thw` (Qwen2.5-VL also `second_per_grid_ts`). Qwen3-VL's processor writes each video frame
 as its own group (a timestamp, then `<|vision_start|>` frame `<|vision_end|>`), and its RoPE index
-splits the video grid per frame: the inputs follow that. The omni Thinker also takes audio:
+splits the video grid per frame: the inputs follow that. The omni Thinkers also take audio:
 `input_features` (log-mel frames) + `feature_attention_mask`, one `<|AUDIO|>` placeholder per encoder
-output frame between `<|audio_bos|>` and `<|audio_eos|>`; it finds the modalities from the ids (no
-`mm_token_type_ids`) and takes `video_second_per_grid`. Labels are the ids, -100 on padding and on the
+output frame between `<|audio_bos|>` and `<|audio_eos|>`; they find the modalities from the ids (no
+`mm_token_type_ids`) and take `video_second_per_grid`. Labels are the ids, -100 on padding and on the
 placeholders (what a training collator does).
 
 This module imports nothing from the tests (e2e.py imports it).
@@ -34,11 +35,21 @@ TEXT_TOKENS = 240
 TOKEN_IDS = dict(
     image_token_id=IMAGE, video_token_id=VIDEO, vision_start_token_id=VISION_START, vision_end_token_id=VISION_END
 )
-#: The omni Thinker's names for them (its config maps `*_token_index` to `*_token_id`).
+#: Qwen2.5-Omni's Thinker's names for them (its config maps `*_token_index` to `*_token_id`).
 OMNI_TOKEN_IDS = dict(
     image_token_index=IMAGE,
     video_token_index=VIDEO,
     audio_token_index=AUDIO,
+    vision_start_token_id=VISION_START,
+    vision_end_token_id=VISION_END,
+    audio_start_token_id=AUDIO_START,
+    audio_end_token_id=AUDIO_END,
+)
+#: Qwen3-Omni's Thinker's names for them.
+OMNI3_TOKEN_IDS = dict(
+    image_token_id=IMAGE,
+    video_token_id=VIDEO,
+    audio_token_id=AUDIO,
     vision_start_token_id=VISION_START,
     vision_end_token_id=VISION_END,
     audio_start_token_id=AUDIO_START,
@@ -53,9 +64,10 @@ TEXT_KIND, IMAGE_KIND, VIDEO_KIND, AUDIO_KIND = 0, 1, 2, 3
 IMAGE_GRID = (1, 4, 8)
 VIDEO_GRID = (2, 4, 4)
 MERGE = 2
-#: The audio: 16 log-mel frames of 16 bins; the omni audio encoder's stride-2 convolution and its
-#: pooling make 4 placeholder tokens of them.
-AUDIO_FRAMES, AUDIO_TOKENS = 16, 4
+#: The audio: log-mel frames of 16 bins. Qwen2.5-Omni's encoder (a stride-2 convolution, then pooling)
+#: makes 4 placeholder tokens of 16 frames; Qwen3-Omni's (chunks of 2 x n_window frames, three stride-2
+#: convolutions) 13 of one 100-frame chunk.
+AUDIO_BINS = 16
 
 TEXT = dict(
     vocab_size=256,
@@ -97,6 +109,8 @@ class VLCase:
     #: class per tower call (test_vision_language.py runs the tower alone and counts them)
     vision_ops: Tuple[Tuple[str, str, str], ...] = ()
     audio: Optional[Dict[str, Any]] = None  # the audio encoder's config (omni): the inputs hold an audio
+    audio_frames: int = 16  # log-mel frames of the audio
+    audio_tokens: int = 4  # the placeholder tokens the audio encoder makes of them
     tokens: Dict[str, int] = dataclasses.field(default_factory=lambda: dict(TOKEN_IDS))
     mm_token_types: bool = True  # the forward takes mm_token_type_ids (the omni Thinker reads the ids)
     # what e2e.py's text cases have and these models do not
@@ -147,15 +161,29 @@ DEEPSTACK_VISION = dict(
     num_position_embeddings=16,
     deepstack_visual_indexes=[0],
 )
-#: The omni audio encoder: 16 mel bins, one layer; n_window 4 (chunks of 8 frames).
+#: Qwen2.5-Omni's audio encoder: 16 mel bins, one layer; n_window 4 (chunks of 8 frames).
 OMNI_AUDIO = dict(
-    num_mel_bins=16,
+    num_mel_bins=AUDIO_BINS,
     encoder_layers=1,
     encoder_attention_heads=2,
     encoder_ffn_dim=64,
     d_model=32,
     output_dim=64,
     n_window=4,
+    max_source_positions=64,
+)
+#: Qwen3-Omni's audio encoder: 16 mel bins, one layer, chunks of 100 frames, a 16-channel downsampler.
+OMNI3_AUDIO = dict(
+    num_mel_bins=AUDIO_BINS,
+    encoder_layers=1,
+    encoder_attention_heads=2,
+    encoder_ffn_dim=64,
+    d_model=32,
+    output_dim=64,
+    n_window=50,
+    n_window_infer=100,
+    conv_chunksize=500,
+    downsample_hidden_size=16,
     max_source_positions=64,
 )
 
@@ -208,6 +236,21 @@ VL_CASES = [
         tokens=OMNI_TOKEN_IDS,
         mm_token_types=False,
     ),
+    VLCase(
+        "qwen3_omni_moe",
+        "Qwen3OmniMoeThinkerConfig",
+        dict(MOE_TEXT, rope_parameters=dict(MROPE, mrope_interleaved=True)),
+        DEEPSTACK_VISION,
+        "Qwen3OmniMoeThinkerForConditionalGeneration",
+        moe=True,
+        npu_removes=[],
+        video_seconds="video_second_per_grid",
+        audio=OMNI3_AUDIO,
+        audio_frames=100,
+        audio_tokens=13,
+        tokens=OMNI3_TOKEN_IDS,
+        mm_token_types=False,
+    ),
 ]
 
 
@@ -255,7 +298,7 @@ def _segments(case: VLCase, layout: List[Tuple[str, int]]) -> Tuple[List[int], L
         if what == "text":
             text(n)
         elif what == "audio":
-            placeholders(AUDIO, AUDIO_KIND, AUDIO_TOKENS, AUDIO_START, AUDIO_END)
+            placeholders(AUDIO, AUDIO_KIND, case.audio_tokens, AUDIO_START, AUDIO_END)
         elif what == "image":
             t, h, w = IMAGE_GRID
             placeholders(IMAGE, IMAGE_KIND, t * h * w // MERGE**2)
@@ -275,11 +318,11 @@ def pixels(config, grid: Tuple[int, int, int], seed: int) -> torch.Tensor:
     return torch.randn(t * h * w, patch_features(config), generator=torch.Generator().manual_seed(seed))
 
 
-def audio_features(count: int, seed: int) -> Dict[str, torch.Tensor]:
-    """`count` audios of AUDIO_FRAMES log-mel frames: input_features [count, bins, frames] and the mask."""
-    bins = OMNI_AUDIO["num_mel_bins"]
-    features = torch.randn(count, bins, AUDIO_FRAMES, generator=torch.Generator().manual_seed(seed))
-    return dict(input_features=features, feature_attention_mask=torch.ones(count, AUDIO_FRAMES, dtype=torch.long))
+def audio_features(case: VLCase, count: int, seed: int) -> Dict[str, torch.Tensor]:
+    """`count` audios of the case's log-mel frames: input_features [count, bins, frames] and the mask."""
+    frames = case.audio_frames
+    features = torch.randn(count, AUDIO_BINS, frames, generator=torch.Generator().manual_seed(seed))
+    return dict(input_features=features, feature_attention_mask=torch.ones(count, frames, dtype=torch.long))
 
 
 def _rows(rows: List[Tuple[List[int], List[int]]], left: bool, extra: int = 0) -> Dict[str, torch.Tensor]:
@@ -333,7 +376,7 @@ def make_inputs(
             image_grid_thw=torch.tensor([IMAGE_GRID, IMAGE_GRID]),
         )
     if case.audio is not None:
-        batch.update(audio_features(1, 13))
+        batch.update(audio_features(case, 1, 13))
     return _finish(case, batch, labels, device)
 
 
@@ -348,7 +391,7 @@ def document(case: VLCase, config, layout, device, seed: int) -> Dict[str, torch
     )
     audios = sum(1 for what, _ in layout if what == "audio")
     if audios:
-        batch.update(audio_features(audios, seed))
+        batch.update(audio_features(case, audios, seed))
     return _finish(case, batch, True, device)
 
 
@@ -393,7 +436,7 @@ def rope_index(case: VLCase, model, inputs: Dict[str, torch.Tensor]) -> torch.Te
 
 def towers(model) -> Dict[str, torch.nn.Module]:
     """The model's towers by name: `language`, `visual`, and `audio` for an omni Thinker (5.17 holds them
-    on the Thinker itself, from 5.23 on its `Qwen2_5OmniThinkerModel`)."""
+    on the Thinker itself, from 5.23 on its `*ThinkerModel`)."""
     inner = model.model
     found = {"language": getattr(inner, "language_model", inner)}
     for name, attr in (("visual", "visual"), ("audio", "audio_tower")):
