@@ -3,6 +3,8 @@
 
 #include <ATen/core/op_registration/op_registration.h>
 #include <c10/cuda/CUDAStream.h>
+#include <cuda.h>
+#include <dlfcn.h>
 #include <torch/csrc/autograd/variable.h>
 #include <torch/library.h>
 
@@ -135,6 +137,29 @@ void check_float_dtype(const at::Tensor& t, const char* what) {
   TORCH_CHECK_TYPE(d == at::kFloat || d == at::kHalf || d == at::kBFloat16, what,
                    ": opslot cuda kernels take float32, float16 or bfloat16 tensors, got ",
                    py_dtype(d));
+}
+
+int cuda_capability_major(int index) {
+  static std::array<std::atomic<int>, kMaxDevices> majors{};
+  TORCH_CHECK(index >= 0 && index < kMaxDevices, "opslot cuda kernels: device index ", index,
+              " out of range");
+  int major = majors[index].load(std::memory_order_relaxed);
+  if (major > 0) return major;
+  // The driver is loaded once torch has used CUDA; its two calls need no runtime library.
+  using DeviceGet = CUresult (*)(CUdevice*, int);
+  using GetAttribute = CUresult (*)(int*, CUdevice_attribute, CUdevice);
+  void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  TORCH_CHECK(driver != nullptr, "opslot cuda kernels: the CUDA driver is not loaded");
+  auto device_get = reinterpret_cast<DeviceGet>(dlsym(driver, "cuDeviceGet"));
+  auto get_attribute = reinterpret_cast<GetAttribute>(dlsym(driver, "cuDeviceGetAttribute"));
+  CUdevice device = 0;
+  TORCH_CHECK(device_get != nullptr && get_attribute != nullptr &&
+                  device_get(&device, index) == CUDA_SUCCESS &&
+                  get_attribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device) ==
+                      CUDA_SUCCESS,
+              "opslot cuda kernels: cannot read the compute capability of cuda:", index);
+  majors[index].store(major, std::memory_order_relaxed);
+  return major;
 }
 
 std::string py_shape(c10::SymIntArrayRef sizes) {

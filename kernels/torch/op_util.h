@@ -9,6 +9,8 @@
 
 #include <optional>
 #include <string>
+#include <type_traits>
+#include <utility>
 
 #include "kernel_table.h"
 
@@ -55,6 +57,21 @@ void register_inplace_version_bump(torch::Library& m, const char* op);
 
 // check_float with the dtype named as Python names it ("got torch.int32"), as the Python ops did.
 void check_float_dtype(const at::Tensor& t, const char* what);
+
+// The major compute capability of CUDA device `index` (asked of the driver once per device).
+int cuda_capability_major(int index);
+
+// The launch `Kernel` (a function calling one C entry point) on CUDA tensors (`on`'s device); on
+// any other device the op `name` through the dispatcher: `Kernel` is that op's CUDA kernel and
+// Python registers its CPU kernel, where CPU tests emulate the launch (cross_entropy, moe).
+template <auto Kernel, typename... Args>
+decltype(auto) launch_or_dispatch(const char* name, const at::Tensor& on, Args&&... args) {
+  if (on.is_cuda()) return Kernel(std::forward<Args>(args)...);
+  using Signature = std::remove_pointer_t<decltype(Kernel)>;
+  static const auto op =
+      c10::Dispatcher::singleton().findSchemaOrThrow(name, "").template typed<Signature>();
+  return op.call(std::forward<Args>(args)...);
+}
 
 // What Python prints: a shape as a tuple ("(2, 3)", "(4,)", "()"), a dtype ("torch.float32").
 std::string py_shape(c10::SymIntArrayRef sizes);

@@ -10,6 +10,8 @@ from . import _lib
 
 _functions: Dict[str, Callable[..., None]] = {}
 _raw: Dict[str, Tuple[int, Any]] = {}
+_cpu_library: Optional[torch.library.Library] = None
+_cpu_kernels: Dict[str, Callable[..., Any]] = {}
 
 
 def fn(name: str, argtypes: Sequence[Any]) -> Callable[..., None]:
@@ -52,8 +54,8 @@ def require_library_on_cuda_machines() -> None:
         _lib.library()
 
 
-def torch_op(name: str) -> Callable[..., Any]:
-    """`torch.ops.opslot.<name>.default`, registered from C++ by libopslot_torch.so (loaded and
+def torch_op(name: str, overload: str = "default") -> Callable[..., Any]:
+    """`torch.ops.opslot.<name>.<overload>`, registered from C++ by libopslot_torch.so (loaded and
     attached to the kernel library on first use). On a CUDA machine a missing or mismatched
     library raises here (bind time); elsewhere the returned callable raises it when called."""
     try:
@@ -67,7 +69,22 @@ def torch_op(name: str) -> Callable[..., Any]:
             raise _lib.KernelLibraryError(reason)
 
         return unavailable
-    return getattr(torch.ops.opslot, name).default
+    return getattr(getattr(torch.ops.opslot, name), overload)
+
+
+def cpu_kernel(name: str, fn: Callable[..., Any]) -> None:
+    """Makes `fn` the CPU kernel of `torch.ops.opslot.<name>`, an op libopslot_torch.so defines
+    without one (the launches of cross_entropy and moe, which CPU tests emulate). Registered
+    once per process, through a trampoline: importing the op module again (tests do) replaces `fn`.
+    Nothing is registered where the ops library is unavailable."""
+    global _cpu_library
+    if not isinstance(torch_op(name), torch._ops.OpOverload):
+        return
+    if name not in _cpu_kernels:
+        if _cpu_library is None:
+            _cpu_library = torch.library.Library("opslot", "IMPL")
+        _cpu_library.impl(name, lambda *args: _cpu_kernels[name](*args), "CPU")
+    _cpu_kernels[name] = fn
 
 
 def prepare(t: torch.Tensor) -> None:

@@ -32,9 +32,13 @@ logits are returned to the user, so they are not overwritten) and scaled in plac
 Regression and multi-label losses use the reference math (`opslot.reference`): they are an MSE /
 BCE over `[batch, num_labels]`, nothing to fuse.
 
-Every op is a `torch.library.custom_op` (`opslot::ce_linear_fwd`, `opslot::ce_logits_fwd`,
-`opslot::ce_scale_`) with a fake implementation and an autograd formula; no op reads device data
-on the host.
+The ops (`opslot::ce_linear_fwd`, `opslot::ce_logits_fwd`, `opslot::ce_scale_`, and
+`opslot::ce_rows`, the launch of `opslot_ce_rows`) are registered from C++ with their Meta and
+Autograd kernels (kernels/torch/cross_entropy.cc): the chunk loop, the reductions and the backward's
+in-place scaling run there; no op reads device data on the host. Kept in Python: the CPU kernels of
+the two launches (`ce_rows`, `ce_scale_`), which call `_backend`: CPU tests replace it with a torch
+emulation to run the C++ ops' chunking, reductions and autograd without a GPU (on CPU tensors the
+real backend raises KernelLibraryError).
 """
 
 import math
@@ -45,7 +49,7 @@ import torch.nn.functional as F
 
 from ... import reference
 from ..torch_ops import check_no_softcapping
-from . import _lib
+from . import _lib, _ops_common as C
 
 #: Bytes one logits tile may take (the chunk's logits and, in place, their gradient). With the
 #: fp32 row losses and cuBLAS' workspace this keeps the extra peak under 1 GiB.
@@ -73,12 +77,7 @@ def default_chunk_size(tokens: int, vocab: int, itemsize: int, budget: int = CHU
 
 # -- kernel launches ------------------------------------------------------------------------------
 class _CudaBackend:
-    """Launches of libopslot_kernels' entry points (resolved on first use, so this module imports
-    on machines without the library or a GPU)."""
-
-    def __init__(self) -> None:
-        self._rows = None
-        self._scale = None
+    """The two kernel launches, `opslot::ce_rows` and `opslot::ce_scale_` (C++, CUDA tensors)."""
 
     def check(self, t: torch.Tensor) -> None:
         _lib.check_device(t.device)
@@ -92,180 +91,41 @@ class _CudaBackend:
         grad_scale: Optional[torch.Tensor],
         row_loss: torch.Tensor,
     ) -> None:
-        if self._rows is None:
-            self._rows = _lib.function(
-                "opslot_ce_rows",
-                [
-                    _lib.PTR,
-                    _lib.I64,
-                    _lib.PTR,
-                    _lib.I64,
-                    _lib.I64,
-                    _lib.I64,
-                    _lib.I32,
-                    _lib.PTR,
-                    _lib.I64,
-                    _lib.PTR,
-                    _lib.PTR,
-                    _lib.PTR,
-                ],
-            )
-        rows, vocab = logits.shape
-        self._rows(
-            logits.data_ptr(),
-            logits.stride(0),
-            None if grad is None else grad.data_ptr(),
-            0 if grad is None else grad.stride(0),
-            rows,
-            vocab,
-            _lib.dtype_code(logits),
-            targets.data_ptr(),
-            int(ignore_index),
-            None if grad_scale is None else grad_scale.data_ptr(),
-            row_loss.data_ptr(),
-            _lib.stream_of(logits),
-        )
+        _ROWS(logits, grad, targets, int(ignore_index), grad_scale, row_loss)
 
     def scale_(self, x: torch.Tensor, factor: torch.Tensor) -> None:
-        if self._scale is None:
-            self._scale = _lib.function("opslot_ce_scale_inplace", [_lib.PTR, _lib.I64, _lib.I32, _lib.PTR, _lib.PTR])
-        self._scale(x.data_ptr(), x.numel(), _lib.dtype_code(x), factor.data_ptr(), _lib.stream_of(x))
+        _SCALE(x, factor)
 
 
-#: What the ops launch. Tests may swap in an emulation to check the Python side without a GPU.
+#: What the CPU kernels of the launches call. Tests swap in an emulation to run the ops without a GPU.
 _backend: Any = _CudaBackend()
 
 
-def _divisor(
-    targets: torch.Tensor, divisor: Optional[torch.Tensor], divisor_value: float, mode: int, ignore_index: int
-) -> torch.Tensor:
-    """The loss's denominator as a device fp32 scalar, without a host synchronisation."""
-    if mode == _MODE_TENSOR:
-        return divisor.to(device=targets.device, dtype=torch.float32).reshape(())
-    if mode == _MODE_VALUE:
-        return torch.full((), float(divisor_value), dtype=torch.float32, device=targets.device)
-    # mean over counted tokens; 0 counted tokens -> divide by 1 (loss 0, not upstream's NaN)
-    return (targets != ignore_index).sum().clamp_min(1).to(torch.float32)
+def _rows_cpu(logits, grad, targets, ignore_index, grad_scale, row_loss) -> None:
+    _backend.check(logits)
+    _backend.rows(logits, grad, targets, ignore_index, grad_scale, row_loss)
 
 
-# -- causal LM: fused lm_head + loss --------------------------------------------------------------
-@torch.library.custom_op("opslot::ce_linear_fwd", mutates_args=())
-def _ce_linear_fwd(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    targets: torch.Tensor,
-    divisor: Optional[torch.Tensor],
-    divisor_value: float,
-    mode: int,
-    ignore_index: int,
-    chunk_size: int,
-    grad_hidden: bool,
-    grad_weight: bool,
-) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(loss, d loss/d hidden, d loss/d weight) of `CE(hidden @ weight.T, targets)` reduced by
-    `mode`; a gradient not asked for comes back as an empty tensor."""
-    _backend.check(hidden)
-    tokens, _ = hidden.shape
-    vocab = weight.shape[0]
-    want_grad = grad_hidden or grad_weight
-    div = _divisor(targets, divisor, divisor_value, mode, ignore_index)
-    inv = div.reciprocal() if want_grad else None
-    row_loss = torch.empty(tokens, dtype=torch.float32, device=hidden.device)
-    grad_h = torch.empty_like(hidden) if grad_hidden else hidden.new_empty(0)
-    grad_w = torch.empty_like(weight) if grad_weight else weight.new_empty(0)
-    if tokens == 0:
-        if grad_weight:
-            grad_w.zero_()
-    else:
-        chunk = max(1, min(chunk_size, tokens))
-        tile_buf = torch.empty((chunk, vocab), dtype=weight.dtype, device=hidden.device)
-        wt = weight.t()
-        for start in range(0, tokens, chunk):
-            end = min(start + chunk, tokens)
-            h = hidden[start:end]
-            tile = tile_buf[: end - start]
-            torch.mm(h, wt, out=tile)
-            _backend.rows(tile, tile if want_grad else None, targets[start:end], ignore_index, inv, row_loss[start:end])
-            if grad_hidden:
-                torch.mm(tile, weight, out=grad_h[start:end])
-            if grad_weight:
-                if start == 0:
-                    torch.mm(tile.t(), h, out=grad_w)
-                else:
-                    grad_w.addmm_(tile.t(), h)
-        del tile_buf
-    loss = row_loss.sum() / div
-    return loss, grad_h, grad_w
-
-
-@_ce_linear_fwd.register_fake
-def _(hidden, weight, targets, divisor, divisor_value, mode, ignore_index, chunk_size, grad_hidden, grad_weight):
-    loss = hidden.new_empty((), dtype=torch.float32)
-    grad_h = torch.empty_like(hidden) if grad_hidden else hidden.new_empty(0)
-    grad_w = torch.empty_like(weight) if grad_weight else weight.new_empty(0)
-    return loss, grad_h, grad_w
-
-
-@torch.library.custom_op("opslot::ce_scale_", mutates_args=("x",))
-def _ce_scale_(x: torch.Tensor, factor: torch.Tensor) -> None:
-    """x *= factor (a one-element tensor), in place, fp32 math."""
+def _scale_cpu(x: torch.Tensor, factor: torch.Tensor) -> None:
+    """x *= factor (a one-element tensor), in place, fp32 math (the C++ CUDA kernel's checks)."""
     if x.numel() == 0:
         return
     _backend.check(x)
     if not x.is_contiguous():
         raise ValueError("opslot::ce_scale_ scales contiguous tensors")
-    f = factor.to(device=x.device, dtype=torch.float32).reshape(()).contiguous()
-    _backend.scale_(x, f)
+    _backend.scale_(x, factor.to(device=x.device, dtype=torch.float32).reshape(()).contiguous())
 
 
-@_ce_scale_.register_fake
-def _(x, factor):
-    return None
+C.require_library_on_cuda_machines()
+_LINEAR = C.torch_op("ce_linear_fwd")  # (loss, grad_hidden, grad_weight); backward scales the grads
+_LOGITS = C.torch_op("ce_logits_fwd")  # (loss, grad_logits)
+_ROWS = C.torch_op("ce_rows")
+_SCALE = C.torch_op("ce_scale_")
+C.cpu_kernel("ce_rows", _rows_cpu)
+C.cpu_kernel("ce_scale_", _scale_cpu)
 
 
-def _linear_setup_context(ctx, inputs, output):
-    # The gradient outputs are never differentiated: without this, autograd would hand backward
-    # zero-filled [N, H] and [V, H] tensors for them (a second copy of the gradients' memory).
-    ctx.set_materialize_grads(False)
-    _, grad_h, grad_w = output
-    ctx.grad_hidden, ctx.grad_weight = inputs[8], inputs[9]
-    ctx.save_for_backward(grad_h, grad_w)
-
-
-def _traced(t: torch.Tensor) -> bool:
-    """True while torch.compile / AOTAutograd traces (fake or functional tensors)."""
-    if torch.compiler.is_compiling():
-        return True
-    from torch._subclasses.fake_tensor import FakeTensor
-    from torch._subclasses.functional_tensor import FunctionalTensor
-
-    return isinstance(t, (FakeTensor, FunctionalTensor)) or torch._is_functional_tensor(t)
-
-
-def _scaled(grad: torch.Tensor, grad_loss: torch.Tensor) -> torch.Tensor:
-    """`grad * grad_loss` (fp32 math, rounded to grad's dtype). Eager: in place on the gradient
-    saved by the forward, so no second copy of a vocab x hidden gradient exists; a second backward
-    through the same graph (retain_graph) is then refused by autograd's version check. Traced
-    (torch.compile): the same math out of place, which the compiler fuses and plans memory for
-    (AOTAutograd cannot express a backward mutation of a forward output)."""
-    if _traced(grad) or _traced(grad_loss):
-        return (grad.float() * grad_loss.float()).to(grad.dtype)
-    torch.ops.opslot.ce_scale_(grad, grad_loss)
-    return grad
-
-
-def _linear_backward(ctx, grad_loss, _grad_h_out, _grad_w_out):
-    grad_h, grad_w = ctx.saved_tensors
-    if grad_loss is None:  # only the gradient outputs were used: they are constants
-        return None, None, None, None, None, None, None, None, None, None
-    gh = _scaled(grad_h, grad_loss) if ctx.grad_hidden else None
-    gw = _scaled(grad_w, grad_loss) if ctx.grad_weight else None
-    return gh, gw, None, None, None, None, None, None, None, None
-
-
-_ce_linear_fwd.register_autograd(_linear_backward, setup_context=_linear_setup_context)
-
-
+# -- causal LM: fused lm_head + loss --------------------------------------------------------------
 def _reduction_args(num_items_in_batch, device: torch.device) -> Tuple[Optional[torch.Tensor], float, int]:
     if num_items_in_batch is None:
         return None, 0.0, _MODE_MEAN
@@ -313,7 +173,7 @@ def linear_cross_entropy(
         chunk_size = default_chunk_size(h2.shape[0], w.shape[0], w.element_size())
     grad_enabled = torch.is_grad_enabled()
     divisor, value, mode = _reduction_args(num_items_in_batch, h2.device)
-    loss, _, _ = torch.ops.opslot.ce_linear_fwd(
+    loss, _, _ = _LINEAR(
         h2,
         w,
         t,
@@ -371,56 +231,6 @@ def cross_entropy_causal(
 
 
 # -- cross-entropy on given logits ----------------------------------------------------------------
-@torch.library.custom_op("opslot::ce_logits_fwd", mutates_args=())
-def _ce_logits_fwd(
-    logits: torch.Tensor,
-    targets: torch.Tensor,
-    divisor: Optional[torch.Tensor],
-    divisor_value: float,
-    mode: int,
-    ignore_index: int,
-    compute_grad: bool,
-) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(fp32 loss, d loss/d logits or an empty tensor) of `CE(logits.float(), targets)`."""
-    _backend.check(logits)
-    rows = logits.shape[0]
-    div = _divisor(targets, divisor, divisor_value, mode, ignore_index)
-    row_loss = torch.empty(rows, dtype=torch.float32, device=logits.device)
-    grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device) if compute_grad else logits.new_empty(0)
-    if rows > 0:
-        _backend.rows(
-            logits,
-            grad if compute_grad else None,
-            targets,
-            ignore_index,
-            div.reciprocal() if compute_grad else None,
-            row_loss,
-        )
-    return row_loss.sum() / div, grad
-
-
-@_ce_logits_fwd.register_fake
-def _(logits, targets, divisor, divisor_value, mode, ignore_index, compute_grad):
-    grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device) if compute_grad else logits.new_empty(0)
-    return logits.new_empty((), dtype=torch.float32), grad
-
-
-def _logits_setup_context(ctx, inputs, output):
-    ctx.set_materialize_grads(False)
-    ctx.compute_grad = inputs[6]
-    ctx.save_for_backward(output[1])
-
-
-def _logits_backward(ctx, grad_loss, _grad_out):
-    (grad,) = ctx.saved_tensors
-    if not ctx.compute_grad or grad_loss is None:
-        return None, None, None, None, None, None, None
-    return _scaled(grad, grad_loss), None, None, None, None, None, None
-
-
-_ce_logits_fwd.register_autograd(_logits_backward, setup_context=_logits_setup_context)
-
-
 def logits_cross_entropy(
     logits: torch.Tensor, targets: torch.Tensor, *, ignore_index: int = -100, num_items_in_batch=None
 ) -> torch.Tensor:
@@ -438,7 +248,7 @@ def logits_cross_entropy(
         raise ValueError(f"logits_cross_entropy: {x.shape[0]} rows but {t.numel()} targets")
     divisor, value, mode = _reduction_args(num_items_in_batch, x.device)
     compute_grad = torch.is_grad_enabled() and x.requires_grad
-    loss, _ = torch.ops.opslot.ce_logits_fwd(x, t, divisor, value, mode, int(ignore_index), compute_grad)
+    loss, _ = _LOGITS(x, t, divisor, value, mode, int(ignore_index), compute_grad)
     return loss.to(logits.dtype)
 
 
