@@ -6,9 +6,12 @@
 #include <filesystem>
 #include <fstream>
 
+#include "exit_status.h"
 #include "files.h"
+#include "options.h"
+#include "pipeline.h"
 #include "project_config.h"
-#include "runner.h"
+#include "run_result.h"
 #include "source_lookup.h"
 
 namespace patchgen::cli {

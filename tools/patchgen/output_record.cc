@@ -2,9 +2,9 @@
 
 #include <system_error>
 
-#include "check_stamp.h"
 #include "files.h"
 #include "rewriter/sha256.h"
+#include "stamp_file.h"
 
 namespace patchgen::cli {
 namespace fs = std::filesystem;

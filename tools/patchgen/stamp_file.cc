@@ -1,4 +1,4 @@
-#include "check_stamp.h"
+#include "stamp_file.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

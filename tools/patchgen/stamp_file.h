@@ -15,7 +15,8 @@ namespace patchgen::cli {
 
 /// One spec's stamp.
 struct CheckStamp {
-  std::string key;  ///< The run's settings (Runner::StampKey): version, binary, config, options.
+  std::string
+      key;  ///< The run's settings (StampKey (check_stamps.cc)): version, binary, config, options.
   std::filesystem::path spec;      ///< The spec file (absolute).
   std::string module;              ///< Its `upstream:` module.
   std::filesystem::path upstream;  ///< The upstream file it was found at (absolute).
