@@ -30,15 +30,17 @@ std::mutex g_open_mutex;
 std::string open_table(const char* path, KernelTable* table) {
   void* handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
   if (handle == nullptr) return std::string("cannot load ") + path + ": " + dlerror();
-  std::string missing;
-#define OPSLOT_TABLE_LOOKUP(name)                                          \
-  table->name = reinterpret_cast<decltype(&::name)>(dlsym(handle, #name)); \
-  if (table->name == nullptr) missing += (missing.empty() ? "" : ", ") + std::string(#name);
+    // An entry point the library lacks stays null (OPSLOT_ENTRY names it when an op needs it: a
+    // library built with OPSLOT_KERNELS_ONLY, or an older one, still serves the ops it has); the
+    // common ones are required.
+#define OPSLOT_TABLE_LOOKUP(name) \
+  table->name = reinterpret_cast<decltype(&::name)>(dlsym(handle, #name));
   OPSLOT_KERNEL_ENTRY_POINTS(OPSLOT_TABLE_LOOKUP)
 #undef OPSLOT_TABLE_LOOKUP
-  if (!missing.empty()) {
-    return std::string(path) + " has no entry point " + missing +
-           ": it is older than this opslot or was built without that kernel; rebuild kernels/";
+  if (!table->opslot_abi_version || !table->opslot_last_error || !table->opslot_check_device) {
+    return std::string(path) +
+           " is not an opslot kernel library (it lacks opslot_abi_version, opslot_last_error or "
+           "opslot_check_device)";
   }
   int version = table->opslot_abi_version();
   if (version != OPSLOT_KERNELS_ABI_VERSION) {

@@ -5,6 +5,7 @@ Autograd kernels that work on any machine (docs/kernels.md, "The boundary")."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -59,3 +60,22 @@ def test_ops_are_registered_from_cpp_with_meta_and_autograd_kernels():
         norms.rms_norm_standard(x, torch.randn(4, device="meta"), 1e-6)
     with pytest.raises(TypeError, match=r"silu_mul: opslot cuda kernels take float32, float16 or bfloat16"):
         swiglu.silu_mul(torch.ones(2, 4, dtype=torch.int32, device="meta"), torch.ones(2, 4, dtype=torch.int32))
+
+
+def test_attaching_a_library_that_is_not_opslots_is_refused_and_keeps_the_table():
+    _library("libopslot_torch.so")
+    ops = _lib.torch_ops()
+    before = ops.opslot_torch_library_path()
+    libm = next(
+        (p for p in ("/lib/x86_64-linux-gnu/libm.so.6", "/usr/lib/x86_64-linux-gnu/libm.so.6") if Path(p).is_file()),
+        None,
+    )
+    if libm is None:
+        pytest.skip("no libm.so.6 at the Debian paths")
+    with pytest.raises(_lib.KernelLibraryError) as err:
+        _lib._attach(ops, libm)
+    assert str(err.value) == (
+        f"{libm} is not an opslot kernel library (it lacks opslot_abi_version, opslot_last_error or "
+        "opslot_check_device)"
+    )
+    assert ops.opslot_torch_library_path() == before

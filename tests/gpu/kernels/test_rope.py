@@ -293,7 +293,13 @@ def test_vision_is_bit_equal_to_upstream(dtype, d, seq):
     for name, a, b in zip(("q_embed", "k_embed", "dq", "dk"), ours, theirs):
         assert a.dtype == b.dtype == dtype and a.shape == b.shape, name
         assert torch.equal(a, b), f"{name}: max abs difference {(a.double() - b.double()).abs().max()}"
-    assert ours[0].stride() == theirs[0].stride()
+    # The layout upstream returns, compared where it is defined (a dimension of size 0 or 1 has
+    # no meaningful stride: empty_like gives it any value).
+    assert _strides(ours[0]) == _strides(theirs[0])
+
+
+def _strides(t):
+    return [s for s, n in zip(t.stride(), t.shape) if n > 1]
 
 
 @pytest.mark.parametrize(
