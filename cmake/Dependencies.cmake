@@ -1,6 +1,7 @@
 # Debian packages (installed by scripts/install-deps.sh). Static archives are used when
 # PATCHGEN_STATIC is on; CMake's find_library picks .a through CMAKE_FIND_LIBRARY_SUFFIXES.
 find_package(PkgConfig REQUIRED)
+find_package(Threads REQUIRED)
 
 # tree-sitter runtime 0.20.7: no CMake config; its .pc reports a wrong version, so only the paths are used.
 find_path(TREE_SITTER_INCLUDE_DIR tree_sitter/api.h REQUIRED)
@@ -24,13 +25,28 @@ add_library(nettle_lib INTERFACE)
 target_include_directories(nettle_lib SYSTEM INTERFACE ${NETTLE_INCLUDE_DIR})
 target_link_libraries(nettle_lib INTERFACE ${NETTLE_LIBRARY})
 
+# Abseil 20220623 (libabsl-dev): absl::flat_hash_map / flat_hash_set for lookup tables, StrCat,
+# StrJoin and StrSplit for message and path text. Linked from Debian's static archives in every
+# build, not only PATCHGEN_STATIC: the archives `pkg-config --static` names, in its order (the
+# linker pulls in only the objects used), so no build needs Abseil's shared libraries at run time.
+pkg_check_modules(ABSL REQUIRED absl_flat_hash_map absl_flat_hash_set absl_strings)
+set(ABSL_ARCHIVES)
+foreach(lib IN LISTS ABSL_STATIC_LIBRARIES)
+  if(lib MATCHES "^absl_")
+    find_library(ABSL_ARCHIVE_${lib} NAMES lib${lib}.a HINTS ${ABSL_LIBRARY_DIRS} REQUIRED)
+    list(APPEND ABSL_ARCHIVES ${ABSL_ARCHIVE_${lib}})
+  endif()
+endforeach()
+add_library(absl_static INTERFACE)
+target_include_directories(absl_static SYSTEM INTERFACE ${ABSL_INCLUDE_DIRS})
+target_compile_options(absl_static INTERFACE ${ABSL_CFLAGS_OTHER})
+target_link_libraries(absl_static INTERFACE ${ABSL_ARCHIVES} Threads::Threads)
+
 # Header-only: nlohmann-json, dtl, CLI11, toml++.
 find_package(nlohmann_json 3 REQUIRED)
 find_path(DTL_INCLUDE_DIR dtl/dtl.hpp REQUIRED)
 find_path(CLI11_INCLUDE_DIR CLI/CLI.hpp REQUIRED)
 find_path(TOMLPP_INCLUDE_DIR toml++/toml.h REQUIRED)
-
-find_package(Threads REQUIRED)
 
 if(PATCHGEN_TESTS)
   find_package(Catch2 2 REQUIRED)

@@ -5,13 +5,15 @@ set -euo pipefail
 
 # clang-14 and its libFuzzer/sanitizer runtime build the fuzz targets (fuzz/, docs/fuzzing.md);
 # nettle-dev provides SHA-256 (src/rewriter/sha256.cc; libnettle.a for the static build);
-# clang-format checks the C++ layout (scripts/format.sh, the `format` ctest suite).
+# clang-format checks the C++ layout (scripts/format.sh, the `format` ctest suite);
+# libabsl-dev provides Abseil's hash tables and string functions, linked from its static archives
+# (cmake/Dependencies.cmake).
 # Python packages (torch, transformers, pytest, ...) are not Debian's: they come from PyPI into
 # .venv/ (scripts/setup-venv.sh, pinned with hashes in requirements/test.txt).
 PACKAGES=(
   build-essential cmake ninja-build pkg-config patch
   libtree-sitter-dev nlohmann-json3-dev libyaml-cpp-dev libdtl-dev
-  libcli11-dev catch2 libtomlplusplus-dev nettle-dev
+  libcli11-dev catch2 libtomlplusplus-dev nettle-dev libabsl-dev
   python3 python3-venv
   clang-14 libclang-rt-14-dev
   clang-format clang-tidy

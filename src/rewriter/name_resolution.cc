@@ -1,8 +1,9 @@
 #include "rewriter/name_resolution.h"
 
+#include <absl/container/flat_hash_map.h>
+#include <absl/container/flat_hash_set.h>
+
 #include <cctype>
-#include <map>
-#include <set>
 #include <vector>
 
 #include "base/unicode_nfkc.h"
@@ -16,6 +17,9 @@ using name_types::Is;
 using name_types::Type;
 using name_types::TypeOfNode;
 using parser::Field;
+
+/// A set of names, looked up only (never iterated for output).
+using Names = absl::flat_hash_set<std::string>;
 
 bool Same(TSNode a, TSNode b) { return ts_node_eq(a, b); }
 
@@ -150,8 +154,7 @@ Role RoleOf(TSNode id, const Path& path) {
 }
 
 /// Names bound by an import statement: aliases, or the first component of `import a.b`.
-void ImportBindings(TSNode stmt, std::string_view source, std::set<std::string>& out,
-                    bool& wildcard) {
+void ImportBindings(TSNode stmt, std::string_view source, Names& out, bool& wildcard) {
   bool from = Is(stmt, Type::kImportFromStatement);
   uint32_t n = ts_node_named_child_count(stmt);
   for (uint32_t i = 0; i < n; ++i) {
@@ -174,15 +177,14 @@ bool IsScope(TSNode n) {
 }
 
 /// The names a global or nonlocal statement declares.
-void DeclaredNames(TSNode stmt, std::string_view source, std::set<std::string>& out) {
+void DeclaredNames(TSNode stmt, std::string_view source, Names& out) {
   uint32_t m = ts_node_named_child_count(stmt);
   for (uint32_t j = 0; j < m; ++j) out.insert(NameOf(ts_node_named_child(stmt, j), source));
 }
 
 /// Collects the names bound in `node`'s subtree without entering nested scopes (whose own names
 /// are recorded: a nested def/class binds its name here).
-void CollectBindings(TSNode node, std::string_view source, std::set<std::string>& out,
-                     bool& wildcard) {
+void CollectBindings(TSNode node, std::string_view source, Names& out, bool& wildcard) {
   Path path;
   WalkNamed(node, path, [&](TSNode c, const Path& up) {
     if (Is(c, Type::kIdentifier)) {
@@ -203,7 +205,7 @@ void CollectBindings(TSNode node, std::string_view source, std::set<std::string>
 }
 
 /// Names declared `global` anywhere in the module.
-void CollectGlobals(TSNode root, std::string_view source, std::set<std::string>& out) {
+void CollectGlobals(TSNode root, std::string_view source, Names& out) {
   if (Is(root, Type::kGlobalStatement)) {
     DeclaredNames(root, source, out);
     return;
@@ -247,30 +249,32 @@ class Resolver {
   /// resolves.
   bool Resolves(TSNode id, const std::vector<TSNode>& scopes) {
     std::string name = NameOf(id, source_);
-    if (module_wildcard_ || module_.count(name) || IsBuiltinName(name)) return true;
+    if (module_wildcard_ || module_.contains(name) || IsBuiltinName(name)) return true;
     bool crossed_function = false;
     for (size_t k = scopes.size(); k-- > 0;) {
       TSNode a = scopes[k];
       if (Is(a, Type::kFunctionDefinition) || Is(a, Type::kLambda)) {
         if (!Inside(id, Field(a, "body"))) continue;  // defaults/annotations: enclosing scope
         crossed_function = true;
-        if (Bindings(a).count(name)) return true;
+        if (Bindings(a).contains(name)) return true;
       } else if (Is(a, Type::kClassDefinition)) {
         if (crossed_function || !Inside(id, Field(a, "body"))) continue;
-        if (Bindings(a).count(name)) return true;
+        if (Bindings(a).contains(name)) return true;
       } else if (IsComprehension(a)) {
-        if (Bindings(a).count(name)) return true;
+        if (Bindings(a).contains(name)) return true;
       }
     }
     return false;
   }
 
  private:
-  const std::set<std::string>& Bindings(TSNode scope) {
-    uint32_t key = ts_node_start_byte(scope);
-    auto it = cache_.find({key, ts_node_type(scope)});
-    if (it != cache_.end()) return it->second;
-    std::set<std::string>& out = cache_[{key, ts_node_type(scope)}];
+  const Names& Bindings(TSNode scope) {
+    // A scope is its first byte and its grammar symbol (a lambda and its body's first expression
+    // start at one byte).
+    uint64_t key = uint64_t{ts_node_start_byte(scope)} << 16 | ts_node_symbol(scope);
+    auto [it, inserted] = cache_.try_emplace(key);
+    if (!inserted) return it->second;
+    Names& out = it->second;
     bool wildcard = false;
     if (Is(scope, Type::kFunctionDefinition) || Is(scope, Type::kLambda)) {
       TSNode params = Field(scope, "parameters");
@@ -289,7 +293,7 @@ class Resolver {
   }
 
   /// The parameter names of `params` (not of lambdas in its default values).
-  void CollectParams(TSNode params, std::set<std::string>& out) {
+  void CollectParams(TSNode params, Names& out) {
     if (Is(params, Type::kIdentifier)) {
       if (RoleOf(params, {}) == Role::kBinding) out.insert(NameOf(params, source_));
       return;
@@ -306,9 +310,9 @@ class Resolver {
   }
 
   std::string_view source_;
-  std::set<std::string> module_;
+  Names module_;
   bool module_wildcard_ = false;
-  std::map<std::pair<uint32_t, std::string>, std::set<std::string>> cache_;
+  absl::flat_hash_map<uint64_t, Names> cache_;  ///< Each scope's bindings (Bindings' key).
 };
 
 bool Touches(TSNode node, const std::vector<ByteRange>& ranges) {

@@ -1,13 +1,14 @@
 // The names every Python 3.11 module can read without binding them (name_resolution.h).
+#include <absl/container/flat_hash_set.h>
+
 #include <string_view>
-#include <unordered_set>
 
 #include "rewriter/name_resolution.h"
 
 namespace patchgen::rewriter {
 
 bool IsBuiltinName(std::string_view name) {
-  static const std::unordered_set<std::string_view> kBuiltins = {
+  static const absl::flat_hash_set<std::string_view> kBuiltins = {
       "ArithmeticError", "AssertionError", "AttributeError", "BaseException", "BaseExceptionGroup",
       "BlockingIOError", "BrokenPipeError", "BufferError", "BytesWarning", "ChildProcessError",
       "ConnectionAbortedError", "ConnectionError", "ConnectionRefusedError", "ConnectionResetError",
@@ -35,7 +36,7 @@ bool IsBuiltinName(std::string_view name) {
       // Implicit module attributes, class-body names and the method-level `__class__` cell.
       "__file__", "__builtins__", "__annotations__", "__dict__", "__path__", "__cached__",
       "__class__", "__module__", "__qualname__"};
-  return kBuiltins.count(name) > 0;
+  return kBuiltins.contains(name);
 }
 
 }  // namespace patchgen::rewriter

@@ -1,6 +1,8 @@
 // What `patchgen audit` reports about one spec (audit_findings.h).
 #include "audit_findings.h"
 
+#include <absl/strings/str_join.h>
+
 #include <algorithm>
 #include <set>
 
@@ -74,9 +76,7 @@ std::string RegionFindingKind(const rewriter::ContractPin& c) {
 std::string Loc(const SourceLoc& l) { return l.line ? l.PathLineCol() : l.path; }
 
 std::string Joined(const std::vector<std::string>& versions) {
-  std::string v;
-  for (const auto& x : versions) v += (v.empty() ? "" : ", ") + x;
-  return v;
+  return absl::StrJoin(versions, ", ");
 }
 
 // 1. What no longer generates: missing targets, anchors, names, imports.

@@ -1,6 +1,8 @@
 // `patchgen audit` (modes.h): what a new upstream changes for every spec, against the pins and an
 // optional old upstream (--source-root-old); writes nothing. What it finds about a spec:
 // audit_findings.h.
+#include <absl/strings/str_cat.h>
+
 #include <algorithm>
 
 #include "audit_findings.h"
@@ -108,14 +110,10 @@ RunResult AuditMode(const RunContext& ctx, const std::vector<SpecRecord>& specs)
   OldUpstreams olds = LoadOldUpstreams(ctx, specs);
   nlohmann::json report = nlohmann::json::array();
   std::string text;
-  size_t attention = 0, clean = 0, skipped = 0;
   for (size_t i = 0; i < specs.size(); ++i) {
     const SpecRecord& rec = specs[i];
     if (!rec.skipped() && !rec.load.errors.empty()) r.printed.Diagnostics(rec.Errors());
     Audited a = rec.skipped() ? AuditSkipped(ctx, rec) : AuditSpec(ctx, rec, i, olds);
-    attention += a.outcome.status == JobStatus::kNeedsAttention;
-    clean += a.outcome.status == JobStatus::kOk;
-    skipped += a.outcome.status == JobStatus::kUpstreamNotFound;
     text += a.text;
     report.push_back(std::move(a.json));
     r.specs.push_back(std::move(a.outcome));
@@ -123,9 +121,10 @@ RunResult AuditMode(const RunContext& ctx, const std::vector<SpecRecord>& specs)
   if (ctx.opts.json) {
     r.report = SpecsReport(std::move(report));
   } else {
-    r.printed.Out(text + "audit: " + std::to_string(specs.size()) +
-                  " specs: " + std::to_string(attention) + " need attention, " +
-                  std::to_string(clean) + " ok, " + std::to_string(skipped) + " skipped\n");
+    r.printed.Out(absl::StrCat(text, "audit: ", specs.size(),
+                               " specs: ", CountOf(r.specs, {JobStatus::kNeedsAttention}),
+                               " need attention, ", CountOf(r.specs, {JobStatus::kOk}), " ok, ",
+                               CountOf(r.specs, {JobStatus::kUpstreamNotFound}), " skipped\n"));
   }
   return r;
 }

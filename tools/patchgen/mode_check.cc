@@ -1,5 +1,7 @@
 // --check (modes.h): every generated spec against its files on disk; what drifted printed as
 // stale or missing with a diff (written with --fix); then the orphaned outputs (orphans.cc).
+#include <absl/strings/str_cat.h>
+
 #include <algorithm>
 
 #include "diff/unified_diff.h"
@@ -91,21 +93,17 @@ SpecOutcome CheckOutcome(const RunContext& ctx, const SpecRecord& rec, bool fres
 /// `check: C up to date, S stale, [X fixed, ]K skipped, F failed[, orphans]`.
 std::string Summary(const RunContext& ctx, const std::vector<SpecOutcome>& specs,
                     const OrphansFound& orphans) {
-  auto count = [&](std::initializer_list<JobStatus> statuses) {
-    return std::to_string(std::count_if(specs.begin(), specs.end(), [&](const SpecOutcome& o) {
-      return std::find(statuses.begin(), statuses.end(), o.status) != statuses.end();
-    }));
-  };
-  std::string s = "check: " + count({JobStatus::kUpToDate}) + " up to date, " +
-                  count({JobStatus::kStale, JobStatus::kMissing}) + " stale, ";
-  if (ctx.opts.fix) s += count({JobStatus::kFixed}) + " fixed, ";
-  s +=
-      count({JobStatus::kUpstreamNotFound}) + " skipped, " + count({JobStatus::kError}) + " failed";
+  std::string s =
+      absl::StrCat("check: ", CountOf(specs, {JobStatus::kUpToDate}), " up to date, ",
+                   CountOf(specs, {JobStatus::kStale, JobStatus::kMissing}), " stale, ");
+  if (ctx.opts.fix) absl::StrAppend(&s, CountOf(specs, {JobStatus::kFixed}), " fixed, ");
+  absl::StrAppend(&s, CountOf(specs, {JobStatus::kUpstreamNotFound}), " skipped, ",
+                  CountOf(specs, {JobStatus::kError}), " failed");
   const size_t found = orphans.found.size(), kept = orphans.kept.size();
-  if (found && !ctx.opts.fix) s += ", " + std::to_string(found) + " orphaned";
+  if (found && !ctx.opts.fix) absl::StrAppend(&s, ", ", found, " orphaned");
   if (found && ctx.opts.fix) {
-    s += ", " + std::to_string(found - kept) + " orphaned removed";
-    if (kept) s += ", " + std::to_string(kept) + " orphaned kept";
+    absl::StrAppend(&s, ", ", found - kept, " orphaned removed");
+    if (kept) absl::StrAppend(&s, ", ", kept, " orphaned kept");
   }
   return s + "\n";
 }
@@ -116,8 +114,8 @@ RunResult CheckMode(const RunContext& ctx, const std::vector<SpecRecord>& specs,
   RunResult r;
   r.mode = Mode::kCheck;
   if (fresh && ctx.opts.verbose) {
-    r.printed.Out("up to date by their check stamps (nothing parsed): " +
-                  std::to_string(specs.size()) + (specs.size() == 1 ? " spec" : " specs") + "\n");
+    r.printed.Out(absl::StrCat("up to date by their check stamps (nothing parsed): ", specs.size(),
+                               specs.size() == 1 ? " spec\n" : " specs\n"));
   }
   nlohmann::json report = nlohmann::json::array();
   for (const SpecRecord& rec : specs) {

@@ -1,5 +1,7 @@
 // Generate (modes.h): each generated spec's .py (and with --diff its .diff) written when its bytes
 // change, or with --dry-run only compared; its check stamp written after.
+#include <absl/strings/str_cat.h>
+
 #include "modes.h"
 #include "report.h"
 
@@ -31,10 +33,10 @@ std::string OutputLine(const RunContext& ctx, const SpecRecord& rec, const fs::p
                        const std::string& bytes, bool changed) {
   if (ctx.opts.json || (!changed && !ctx.opts.verbose)) return "";
   std::string verb = !changed ? "unchanged" : ctx.opts.dry_run ? "would write" : "wrote";
-  std::string line = verb + " " + ctx.Show(path) + " (" + std::to_string(bytes.size()) + " bytes";
+  std::string line = absl::StrCat(verb, " ", ctx.Show(path), " (", bytes.size(), " bytes");
   if (path == rec.out.py) {
     size_t n = rec.gen.patches;
-    line += ", " + std::to_string(n) + (n == 1 ? " patch" : " patches");
+    absl::StrAppend(&line, ", ", n, n == 1 ? " patch" : " patches");
   }
   return line + ")\n";
 }
@@ -81,16 +83,11 @@ SpecOutcome GenerateOutcome(const RunContext& ctx, const SpecRecord& rec, Printo
 
 /// `N specs: W written, U unchanged, S skipped, F failed` (`to write` with --dry-run).
 std::string Summary(const RunContext& ctx, const std::vector<SpecOutcome>& specs) {
-  auto count = [&](std::initializer_list<JobStatus> statuses) {
-    return std::to_string(std::count_if(specs.begin(), specs.end(), [&](const SpecOutcome& o) {
-      return std::find(statuses.begin(), statuses.end(), o.status) != statuses.end();
-    }));
-  };
-  return std::to_string(specs.size()) +
-         " specs: " + count({JobStatus::kWritten, JobStatus::kWouldWrite}) +
-         (ctx.opts.dry_run ? " to write, " : " written, ") + count({JobStatus::kUnchanged}) +
-         " unchanged, " + count({JobStatus::kUpstreamNotFound}) + " skipped, " +
-         count({JobStatus::kError}) + " failed\n";
+  return absl::StrCat(
+      specs.size(), " specs: ", CountOf(specs, {JobStatus::kWritten, JobStatus::kWouldWrite}),
+      ctx.opts.dry_run ? " to write, " : " written, ", CountOf(specs, {JobStatus::kUnchanged}),
+      " unchanged, ", CountOf(specs, {JobStatus::kUpstreamNotFound}), " skipped, ",
+      CountOf(specs, {JobStatus::kError}), " failed\n");
 }
 
 }  // namespace

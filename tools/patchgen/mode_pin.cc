@@ -1,5 +1,7 @@
 // `pin` (modes.h): each generated spec's contract recorded in its pin file (pins.h), the only
 // command that writes pins.
+#include <absl/strings/str_cat.h>
+
 #include "modes.h"
 #include "report.h"
 
@@ -26,9 +28,9 @@ SpecOutcome PinSpec(const RunContext& ctx, const SpecRecord& rec, Printout& prin
     bool wrote = *written == WriteOutcome::kWritten;
     o = OutcomeOf(rec, wrote ? JobStatus::kPinned : JobStatus::kUnchanged);
     if (!ctx.opts.json) {
-      printed.Out((wrote ? "pinned " : "unchanged ") + ctx.Show(path) + " (" +
-                  std::to_string(rec.gen.contract.size()) + " entries, " + std::to_string(added) +
-                  " new fingerprints, " + rec.spec()->upstream + " " + version + ")\n");
+      printed.Out(absl::StrCat(wrote ? "pinned " : "unchanged ", ctx.Show(path), " (",
+                               rec.gen.contract.size(), " entries, ", added, " new fingerprints, ",
+                               rec.spec()->upstream, " ", version, ")\n"));
     }
   }
   j = SpecJson(ctx, rec, o);
@@ -43,7 +45,6 @@ RunResult PinMode(const RunContext& ctx, const std::vector<SpecRecord>& specs) {
   RunResult r;
   r.mode = Mode::kPin;
   nlohmann::json report = nlohmann::json::array();
-  size_t pinned = 0, unchanged = 0, skipped = 0, failed = 0;
   for (const SpecRecord& rec : specs) {
     SpecOutcome o;
     nlohmann::json j;
@@ -55,19 +56,17 @@ RunResult PinMode(const RunContext& ctx, const std::vector<SpecRecord>& specs) {
       o = PinSpec(ctx, rec, r.printed, j);
     }
     if (j.is_null()) j = SpecJson(ctx, rec, o);
-    pinned += o.status == JobStatus::kPinned;
-    unchanged += o.status == JobStatus::kUnchanged;
-    skipped += o.status == JobStatus::kUpstreamNotFound;
-    failed += o.status == JobStatus::kError;
     report.push_back(std::move(j));
     r.specs.push_back(std::move(o));
   }
   if (ctx.opts.json) {
     r.report = SpecsReport(std::move(report));
   } else {
-    r.printed.Out("pin: " + std::to_string(specs.size()) + " specs: " + std::to_string(pinned) +
-                  " pinned, " + std::to_string(unchanged) + " unchanged, " +
-                  std::to_string(skipped) + " skipped, " + std::to_string(failed) + " failed\n");
+    r.printed.Out(absl::StrCat("pin: ", specs.size(),
+                               " specs: ", CountOf(r.specs, {JobStatus::kPinned}), " pinned, ",
+                               CountOf(r.specs, {JobStatus::kUnchanged}), " unchanged, ",
+                               CountOf(r.specs, {JobStatus::kUpstreamNotFound}), " skipped, ",
+                               CountOf(r.specs, {JobStatus::kError}), " failed\n"));
   }
   return r;
 }

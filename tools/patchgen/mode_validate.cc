@@ -1,5 +1,7 @@
 // --validate (modes.h): every loaded spec (and what loaded of a spec with errors) checked without
 // its upstream module (validate.h).
+#include <absl/strings/str_cat.h>
+
 #include "modes.h"
 #include "report.h"
 #include "validate.h"
@@ -30,18 +32,16 @@ RunResult ValidateMode(const RunContext& ctx, const std::vector<SpecRecord>& spe
   RunResult r;
   r.mode = Mode::kValidate;
   nlohmann::json report = nlohmann::json::array();
-  size_t ok = 0;
   for (const SpecRecord& rec : specs) {
     SpecOutcome o = ValidateOne(ctx, rec, r.printed);
-    ok += o.status == JobStatus::kValid;
     report.push_back(SpecJson(ctx, rec, o));
     r.specs.push_back(std::move(o));
   }
   if (ctx.opts.json) {
     r.report = SpecsReport(std::move(report));
   } else {
-    r.printed.Out("validate: " + std::to_string(ok) + " of " + std::to_string(specs.size()) +
-                  " specs valid\n");
+    r.printed.Out(absl::StrCat("validate: ", CountOf(r.specs, {JobStatus::kValid}), " of ",
+                               specs.size(), " specs valid\n"));
   }
   return r;
 }

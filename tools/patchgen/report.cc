@@ -1,6 +1,7 @@
 // What reports print (report.h).
 #include "report.h"
 
+#include <algorithm>
 #include <iostream>
 
 namespace patchgen::cli {
@@ -92,6 +93,12 @@ SpecOutcome Skipped(const RunContext& ctx, const SpecRecord& rec, const char* wh
                 TopPackage(rec.spec()->upstream) + "' not found" + why + "\n");
   }
   return OutcomeOf(rec, JobStatus::kUpstreamNotFound);
+}
+
+size_t CountOf(const std::vector<SpecOutcome>& specs, std::initializer_list<JobStatus> statuses) {
+  return std::count_if(specs.begin(), specs.end(), [&](const SpecOutcome& o) {
+    return std::find(statuses.begin(), statuses.end(), o.status) != statuses.end();
+  });
 }
 
 nlohmann::json SpecsReport(nlohmann::json specs) { return nlohmann::json{{"specs", specs}}; }

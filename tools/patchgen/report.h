@@ -38,6 +38,9 @@ SpecOutcome Failed(const SpecRecord& rec, Printout& printed);
 SpecOutcome Skipped(const RunContext& ctx, const SpecRecord& rec, const char* why,
                     Printout& printed);
 
+/// How many of `specs` have one of `statuses` (a summary line's counts).
+size_t CountOf(const std::vector<SpecOutcome>& specs, std::initializer_list<JobStatus> statuses);
+
 /// The --json report of a mode: `specs` (and what else the mode adds).
 nlohmann::json SpecsReport(nlohmann::json specs);
 

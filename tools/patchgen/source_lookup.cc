@@ -1,6 +1,8 @@
 // Upstream module lookup (see source_lookup.h).
 #include "source_lookup.h"
 
+#include <absl/strings/str_split.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -69,17 +71,11 @@ SourceLookup::SourceLookup(std::vector<SourceRoot> roots, std::string python, fs
       shown_base_(shown_base.empty() ? cwd_ : std::move(shown_base)) {}
 
 std::vector<fs::path> SourceLookup::SplitPathList(const std::string& value, const fs::path& cwd) {
+  std::vector<std::string> items = absl::StrSplit(value, ':', absl::SkipEmpty());
   std::vector<fs::path> out;
-  size_t start = 0;
-  while (start <= value.size()) {
-    size_t end = value.find(':', start);
-    if (end == std::string::npos) end = value.size();
-    std::string item = value.substr(start, end - start);
-    if (!item.empty()) {
-      fs::path p(item);
-      out.push_back((p.is_absolute() ? p : cwd / p).lexically_normal());
-    }
-    start = end + 1;
+  for (const std::string& item : items) {
+    fs::path p(item);
+    out.push_back((p.is_absolute() ? p : cwd / p).lexically_normal());
   }
   return out;
 }
