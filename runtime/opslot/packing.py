@@ -42,13 +42,16 @@ class PackedSequenceError(ValueError):
 # -- document boundaries --------------------------------------------------------------------------
 def text_positions(position_ids: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     """The [batch, seq] text position ids of `position_ids` ([seq], [batch, seq], or the
-    multimodal [3 or 4, batch, seq] of Qwen3.5/VL models, whose first row is the text position)."""
+    multimodal [4, batch, seq] of Qwen3.5/VL models, whose first row is the text position). None
+    for the bare multimodal-RoPE positions [3, batch, seq] (`get_rope_index`'s): they have no text
+    row, and a constant temporal row inside an image is no document boundary, so they name no
+    packed documents (as Transformers builds no packed mask from them)."""
     if position_ids is None:
         return None
     if position_ids.ndim == 1:
         return position_ids[None]
     if position_ids.ndim == 3:
-        return position_ids[0]
+        return position_ids[0] if position_ids.shape[0] != 3 else None
     return position_ids
 
 
@@ -90,6 +93,8 @@ def packed_sequence_kwargs(
     ignores them. Anything else (no position ids, one document per row, generation with a cache)
     returns `kwargs` and `use_cache` unchanged."""
     given = kwargs.get("cu_seq_lens_q")
+    if position_ids is not None and text_positions(position_ids) is None:
+        position_ids = None  # multimodal-RoPE positions without a text row: no documents in them
     if given is None and (position_ids is None or past_key_values is not None):
         return kwargs, use_cache
     if given is not None and position_ids is None:
@@ -168,7 +173,7 @@ def packed_labels(
     becomes `ignore_index` (it is the target of the previous document's last token; a row's first
     label is never a target, so unpacked rows are unchanged). A given `shift_labels` (already
     shifted) is masked at each document's last token instead. Device-side, no synchronisation."""
-    if position_ids is None or (labels is None and kwargs.get("shift_labels") is None):
+    if text_positions(position_ids) is None or (labels is None and kwargs.get("shift_labels") is None):
         return labels, kwargs
     starts = document_starts(position_ids)
     if labels is not None:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from opslot import packing
-from opslot.packing import PackedSequenceError, boundaries, packed_labels, packed_sequence_kwargs
+from opslot.packing import PackedSequenceError, boundaries, packed_labels, packed_sequence_kwargs, text_positions
 from opslot.slot import OpSlot
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -34,6 +34,22 @@ def test_boundaries_flatten_rows_and_take_multimodal_positions():
     assert cu.tolist() == [0, 3, 5, 10] and (longest, count) == (5, 3)
     mrope = rows[None].expand(4, -1, -1)  # Qwen3.5: [text, t, h, w] rows
     assert boundaries(mrope)[0].tolist() == [0, 3, 5, 10]
+
+
+def test_bare_multimodal_rope_positions_name_no_documents():
+    """[3, batch, seq] (get_rope_index's temporal/height/width rows, no text row): an image's constant
+    temporal row is not a document boundary; a padded batch of them is not refused either."""
+    image_row = torch.tensor([[0, 1, 2, 2, 2, 2, 3, 4]])  # text, a 4-token image (t constant), text
+    mrope = torch.stack([image_row, image_row, image_row])
+    assert text_positions(mrope) is None
+    kwargs, use_cache = packed_sequence_kwargs(mrope, None, None, True, {})
+    assert kwargs == {} and use_cache is True
+    pad = torch.ones(1, 8, dtype=torch.long)
+    pad[0, :2] = 0
+    assert packed_sequence_kwargs(mrope, pad, None, False, {}) == ({}, False)
+    labels = torch.arange(8)[None]
+    out, kw = packed_labels(labels, mrope, {})
+    assert torch.equal(out, labels) and kw == {}
 
 
 def test_a_position_that_jumps_forward_starts_a_document():
