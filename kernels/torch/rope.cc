@@ -152,15 +152,26 @@ Pair bwd_cuda(const at::Tensor& grad_q, const at::Tensor& grad_k, const at::Tens
   return rope_cuda(true, grad_q, grad_k, cos, sin, unsqueeze_dim);
 }
 
-class RopeFunction : public torch::autograd::Function<RopeFunction> {
+// The autograd of a q/k rotation op pair (forward op `Fwd`, backward op `Bwd`, both taking
+// (q, k, cos, sin, unsqueeze_dim)): cos/sin are saved, a missing gradient of one output is zeros,
+// and cos/sin get no gradient.
+constexpr char kRopeFwd[] = "opslot::rope_fwd";
+constexpr char kRopeBwd[] = "opslot::rope_bwd";
+constexpr char kInterleavedFwd[] = "opslot::rope_interleaved_fwd";
+constexpr char kInterleavedBwd[] = "opslot::rope_interleaved_bwd";
+
+template <typename Self, const char* Fwd, const char* Bwd>
+class RotationFunction : public torch::autograd::Function<Self> {
  public:
+  using OpType = Pair(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                      int64_t);
+
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
                                                 const at::Tensor& q, const at::Tensor& k,
                                                 const at::Tensor& cos, const at::Tensor& sin,
                                                 int64_t unsqueeze_dim) {
-    static const auto op = c10::Dispatcher::singleton()
-                               .findSchemaOrThrow("opslot::rope_fwd", "")
-                               .typed<decltype(fwd_cuda)>();
+    static const auto op =
+        c10::Dispatcher::singleton().findSchemaOrThrow(Fwd, "").template typed<OpType>();
     at::AutoDispatchBelowADInplaceOrView below;
     auto [qe, ke] = op.call(q, k, cos, sin, unsqueeze_dim);
     ctx->save_for_backward({cos, sin});
@@ -173,9 +184,8 @@ class RopeFunction : public torch::autograd::Function<RopeFunction> {
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    static const auto op = c10::Dispatcher::singleton()
-                               .findSchemaOrThrow("opslot::rope_bwd", "")
-                               .typed<decltype(bwd_cuda)>();
+    static const auto op =
+        c10::Dispatcher::singleton().findSchemaOrThrow(Bwd, "").template typed<OpType>();
     auto saved = ctx->get_saved_variables();
     auto options =
         saved[0].options().dtype(static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt()));
@@ -186,6 +196,10 @@ class RopeFunction : public torch::autograd::Function<RopeFunction> {
     return {dq, dk, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
+
+class RopeFunction : public RotationFunction<RopeFunction, kRopeFwd, kRopeBwd> {};
+class RopeInterleavedFunction
+    : public RotationFunction<RopeInterleavedFunction, kInterleavedFwd, kInterleavedBwd> {};
 
 Pair fwd_autograd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
                   const at::Tensor& sin, int64_t unsqueeze_dim) {
@@ -250,41 +264,6 @@ Pair interleaved_bwd_cuda(const at::Tensor& grad_q, const at::Tensor& grad_k, co
                           const at::Tensor& sin, int64_t unsqueeze_dim) {
   return interleaved_cuda(true, grad_q, grad_k, cos, sin, unsqueeze_dim);
 }
-
-class RopeInterleavedFunction : public torch::autograd::Function<RopeInterleavedFunction> {
- public:
-  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
-                                                const at::Tensor& q, const at::Tensor& k,
-                                                const at::Tensor& cos, const at::Tensor& sin,
-                                                int64_t unsqueeze_dim) {
-    static const auto op = c10::Dispatcher::singleton()
-                               .findSchemaOrThrow("opslot::rope_interleaved_fwd", "")
-                               .typed<decltype(interleaved_fwd_cuda)>();
-    at::AutoDispatchBelowADInplaceOrView below;
-    auto [qe, ke] = op.call(q, k, cos, sin, unsqueeze_dim);
-    ctx->save_for_backward({cos, sin});
-    ctx->saved_data["dtype"] = static_cast<int64_t>(q.scalar_type());
-    ctx->saved_data["unsqueeze_dim"] = unsqueeze_dim;
-    ctx->saved_data["q_shape"] = q.sizes().vec();
-    ctx->saved_data["k_shape"] = k.sizes().vec();
-    return {qe, ke};
-  }
-
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    static const auto op = c10::Dispatcher::singleton()
-                               .findSchemaOrThrow("opslot::rope_interleaved_bwd", "")
-                               .typed<decltype(interleaved_bwd_cuda)>();
-    auto saved = ctx->get_saved_variables();
-    auto options =
-        saved[0].options().dtype(static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt()));
-    at::Tensor gq = grads[0], gk = grads[1];
-    if (!gq.defined()) gq = at::zeros(ctx->saved_data["q_shape"].toIntVector(), options);
-    if (!gk.defined()) gk = at::zeros(ctx->saved_data["k_shape"].toIntVector(), options);
-    auto [dq, dk] = op.call(gq, gk, saved[0], saved[1], ctx->saved_data["unsqueeze_dim"].toInt());
-    return {dq, dk, at::Tensor(), at::Tensor(), at::Tensor()};
-  }
-};
 
 Pair interleaved_fwd_autograd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
                               const at::Tensor& sin, int64_t unsqueeze_dim) {
