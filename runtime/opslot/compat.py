@@ -13,9 +13,7 @@ first:
   reference applies a field only where the model has the op);
 - a reference name with no equivalent (`NO_EQUIVALENT`), or one for another device, is an error that
   says what opslot offers instead;
-- the reference's fields that opslot does not have (`REFERENCE_ONLY_FIELDS`) are accepted and ignored
-  at `eager` (the upstream code runs, which is what opslot does without a slot), else an error;
-- `strict_names: true` in the section refuses every reference name and field (opslot's names only).
+- `strict_names: true` in the section refuses every reference name (opslot's names only).
 
 A value that names one of opslot's kernels (or a plug-in's) for the op is opslot's, never translated.
 The table with the reasons is docs/migration.md ("Ops configs written for the reference trainer").
@@ -65,6 +63,15 @@ def _gpu(field: str, value: str, cuda: str, npu: str, cpu: str, what: str) -> Re
 
 def _npu(field: str, value: str, ours: str, what: str) -> ReferenceName:
     return ReferenceName(field, value, None, ours, None, what, _NPU_ONLY)
+
+
+_SM90 = "opslot's kernel of it is its cuda kernel, on a CUDA GPU only, as the reference runs it only there"
+
+
+def _sm90(field: str, value: str, what: str) -> ReferenceName:
+    """A reference name for a kernel of the reference's that runs on SM90+ GPUs only (TileLang, cuDNN,
+    FlashMLA): opslot's `cuda` on a CUDA device, refused elsewhere."""
+    return ReferenceName(field, value, "cuda", None, None, what, _SM90)
 
 
 #: Every reference name that opslot reads, with its value per device (docs/migration.md says why each
@@ -160,6 +167,11 @@ REFERENCE_NAMES: Tuple[ReferenceName, ...] = (
         "torch",
         "AscendC fused chunk gated delta rule (Ascend NPU)",
     ),
+    _sm90("dsa_indexer_implementation", "tilelang", "TileLang sparse-attention indexer (GPU, sm_90+)"),
+    _sm90("dsa_indexer_implementation", "cudnn", "cuDNN sparse-attention indexer (GPU, sm_90+)"),
+    _sm90("dsa_attention_implementation", "tilelang", "TileLang sparse attention (GPU, sm_90+)"),
+    _sm90("dsa_attention_implementation", "flashmla_cudnn", "FlashMLA/cuDNN sparse attention (GPU, sm_90+)"),
+    _sm90("mhc_implementation", "tilelang", "TileLang manifold-constrained hyper-connections (GPU, sm_90+)"),
 ) + tuple(
     _gpu(
         "attn_implementation",
@@ -196,13 +208,6 @@ NO_EQUIVALENT: Dict[Tuple[str, str], str] = {
         "attn_implementation",
         "native-sparse",
     ): "native sparse attention; Transformers, which runs opslot's attention, has none",
-}
-
-#: The reference's fields that opslot does not have: field -> what it chooses.
-REFERENCE_ONLY_FIELDS: Dict[str, str] = {
-    "dsa_indexer_implementation": "DeepSeek-V4's sparse-attention top-k indexer; opslot has no DeepSeek-V4 spec",
-    "dsa_attention_implementation": "DeepSeek-V4's sparse attention; opslot has no DeepSeek-V4 spec",
-    "mhc_implementation": "DeepSeek-V4's manifold-constrained hyper-connections; opslot has no DeepSeek-V4 spec",
 }
 
 _BY_NAME: Dict[Tuple[str, str], ReferenceName] = {(r.field, r.value): r for r in REFERENCE_NAMES}
@@ -252,22 +257,6 @@ def _no_equivalent(field: str, value: str, registry: KernelRegistry) -> str:
     return f"{_P}.{field}: {value!r} is the reference trainer's {NO_EQUIVALENT[(field, value)]}. Use {offered}"
 
 
-def _reference_field(field: str, value: Any, strict: bool) -> Optional[str]:
-    """The problem with a reference-only field (None: accepted, ignored)."""
-    what = REFERENCE_ONLY_FIELDS[field]
-    if strict:
-        return (
-            f"{_P}.{field} is the reference trainer's field for {what}, and {_P}.{STRICT_KEY} is set (opslot's "
-            f"names only): remove it"
-        )
-    if value == EAGER:
-        return None
-    return (
-        f"{_P}.{field}={value!r}: the reference trainer's field for {what}, so that code runs upstream's. "
-        f"Remove the field, or set it to 'eager' (accepted and ignored)"
-    )
-
-
 def translate(
     data: Mapping[str, Any], device: Optional[DeviceInfo] = None, registry: Optional[KernelRegistry] = None
 ) -> Tuple[Dict[str, Any], Dict[str, Tuple[str, str]]]:
@@ -282,18 +271,10 @@ def translate(
     if not isinstance(strict, bool):
         raise ValueError(f"{_P}.{STRICT_KEY} must be true or false, got {strict!r}")
     aliases: Dict[str, Tuple[str, str]] = {}
-    ignored: Dict[str, Any] = {}
     problems: List[str] = []
     for field, value in data.items():
         if not isinstance(field, str) or not field.endswith("_implementation"):
             continue  # strict_names, allow_unbound, and keys from_dict refuses
-        if field in REFERENCE_ONLY_FIELDS:
-            problem = _reference_field(field, value, strict)
-            if problem:
-                problems.append(problem)
-            else:
-                ignored[field] = out.pop(field)
-            continue
         if not isinstance(value, str) or _is_ours(field, value, registry):
             continue
         if (field, value) in NO_EQUIVALENT:
@@ -322,7 +303,7 @@ def translate(
             + "\n".join(f"  {p}" for p in problems)
         )
     _allow_unbound(out, aliases)
-    _log(aliases, ignored, device)
+    _log(aliases, device)
     return out, aliases
 
 
@@ -342,18 +323,13 @@ def _allow_unbound(out: Dict[str, Any], aliases: Mapping[str, Tuple[str, str]]) 
     # anything else is left for OpsImplementationConfig to refuse
 
 
-def _log(aliases: Mapping[str, Tuple[str, str]], ignored: Mapping[str, Any], device: DeviceInfo) -> None:
+def _log(aliases: Mapping[str, Tuple[str, str]], device: DeviceInfo) -> None:
     """One INFO record per distinct translation in this process."""
-    if not aliases and not ignored:
+    if not aliases:
         return
-    parts = []
-    if aliases:
-        parts.append(", ".join(f"{f} {given!r} -> {ours!r}" for f, (given, ours) in aliases.items()))
-    if ignored:
-        parts.append("ignored (upstream code runs): " + ", ".join(f"{f}={v!r}" for f, v in ignored.items()))
     message = (
         f"{_P} written for the reference trainer, read on {device.describe()}: "
-        + "; ".join(parts)
+        + ", ".join(f"{f} {given!r} -> {ours!r}" for f, (given, ours) in aliases.items())
         + f" ({_P}.{STRICT_KEY}: true refuses these names)"
     )
     if message in _LOGGED:

@@ -15,12 +15,15 @@ KNOWN_OPS: Dict[str, Tuple[str, ...]] = {
     "rms_norm_gated": ("standard",),
     "rotary_pos_emb": ("full", "partial", "interleaved"),
     "rotary_pos_emb_vision": ("standard",),
-    "swiglu_mlp": ("standard",),
+    "swiglu_mlp": ("standard", "clamped"),
     "cross_entropy_loss": ("causal", "sequence_classification"),
     "load_balancing_loss": ("standard",),
-    "moe": ("standard", "gpt_oss"),
+    "moe": ("standard", "gpt_oss", "clamped"),
     "causal_conv1d": ("standard",),
     "chunk_gated_delta_rule": ("standard",),
+    "dsa_indexer": ("glm", "deepseek_v4"),
+    "dsa_attention": ("glm", "deepseek_v4"),
+    "mhc": ("pre", "post", "head"),
 }
 
 #: The implementation name that means "run the upstream code below the guard".
@@ -41,6 +44,9 @@ FIELD_FOR_OP: Dict[str, str] = {
         "moe",
         "causal_conv1d",
         "chunk_gated_delta_rule",
+        "dsa_indexer",
+        "dsa_attention",
+        "mhc",
         "attn",
     )
 }

@@ -54,6 +54,9 @@ class OpsImplementationConfig:
     moe_implementation: Optional[str] = None
     causal_conv1d_implementation: Optional[str] = None
     chunk_gated_delta_rule_implementation: Optional[str] = None
+    dsa_indexer_implementation: Optional[str] = None
+    dsa_attention_implementation: Optional[str] = None
+    mhc_implementation: Optional[str] = None
     attn_implementation: Optional[str] = None
     #: Ops whose explicit choice may bind no slot of a model (a model family that keeps the op
     #: upstream on purpose); any other explicit choice that binds nowhere is an error.

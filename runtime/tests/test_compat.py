@@ -66,7 +66,6 @@ def _block(kind, after):
 
 ALIASES = _table("| reference field | reference value | CUDA | Ascend NPU | CPU |")
 NO_EQUIVALENT = _table("| reference field | reference value | why there is none |")
-REFERENCE_FIELDS = _table("| reference field | reference values | what it chooses |")
 ALIAS_CASES = [
     pytest.param(
         row[0], row[1], column, None if row[2 + i] == "refused" else row[2 + i], id=f"{row[0]}={row[1]}@{column}"
@@ -79,7 +78,6 @@ ALIAS_CASES = [
 def test_the_page_lists_what_the_code_knows():
     assert {(r[0], r[1]) for r in ALIASES} == {(r.field, r.value) for r in compat.REFERENCE_NAMES}
     assert {(r[0], r[1]) for r in NO_EQUIVALENT} == set(compat.NO_EQUIVALENT)
-    assert {r[0] for r in REFERENCE_FIELDS} == set(compat.REFERENCE_ONLY_FIELDS)
 
 
 @pytest.mark.parametrize("field, value, column, ours", ALIAS_CASES)
@@ -94,9 +92,11 @@ def test_every_alias_maps_as_documented(field, value, column, ours):
             assert (getattr(config, field), config.aliases) == (ours, {field: (value, ours)})
 
 
-@pytest.mark.parametrize("field", [r[0] for r in REFERENCE_FIELDS])
-def test_reference_fields_at_eager_are_accepted_and_ignored(field):
-    assert OpsImplementationConfig.from_dict({field: "eager"}) == OpsImplementationConfig()
+@pytest.mark.parametrize("field", ["dsa_indexer_implementation", "dsa_attention_implementation", "mhc_implementation"])
+def test_the_reference_fields_of_issue_35_are_opslots_own(field):
+    # once reference-only (accepted at eager and ignored), now fields of opslot's with slots
+    config = OpsImplementationConfig.from_dict({field: "eager", "strict_names": True})
+    assert (getattr(config, field), config.aliases) == ("eager", {})
 
 
 def test_the_page_example_loads_and_logs_as_shown(caplog, monkeypatch):
@@ -109,6 +109,7 @@ def test_the_page_example_loads_and_logs_as_shown(caplog, monkeypatch):
         "cross_entropy_loss_implementation": "cuda",
         "load_balancing_loss_implementation": "cuda",
         "moe_implementation": "fused_cuda",
+        "mhc_implementation": "eager",
         "attn_implementation": "flash_attention_2",
         "allow_unbound": ["cross_entropy_loss", "load_balancing_loss", "moe", "rms_norm"],
     }
@@ -122,6 +123,7 @@ def test_the_mapping_is_logged_once_at_info(caplog, monkeypatch):
     monkeypatch.setattr(compat, "_LOGGED", set())
     caplog.set_level(logging.DEBUG, logger="opslot.compat")
     section = {"model": {"ops_implementation": {"moe_implementation": "fused_triton", "mhc_implementation": "eager"}}}
+    # mhc_implementation: eager is opslot's name too: kept as written, not logged
     with use_device(NPU):
         for _ in range(3):
             OpsImplementationConfig.from_dict(section)
@@ -132,14 +134,12 @@ def test_the_mapping_is_logged_once_at_info(caplog, monkeypatch):
         (
             logging.INFO,
             "ops_implementation written for the reference trainer, read on npu: moe_implementation "
-            "'fused_triton' -> 'fused_npu'; ignored (upstream code runs): mhc_implementation='eager' "
-            "(ops_implementation.strict_names: true refuses these names)",
+            "'fused_triton' -> 'fused_npu' (ops_implementation.strict_names: true refuses these names)",
         ),
         (
             logging.INFO,
             "ops_implementation written for the reference trainer, read on cpu: moe_implementation "
-            "'fused_triton' -> 'fused_torch'; ignored (upstream code runs): mhc_implementation='eager' "
-            "(ops_implementation.strict_names: true refuses these names)",
+            "'fused_triton' -> 'fused_torch' (ops_implementation.strict_names: true refuses these names)",
         ),
     ]
 
@@ -235,27 +235,21 @@ REFUSALS = [
         "Transformers, which runs opslot's attention, has none. Use a Transformers attention: sdpa, flash_attention_2, "
         "flash_attention_3, flash_attention_4, flex_attention, eager",
     ),
-    # the reference's fields opslot does not have, at anything but eager
-    (
-        H200,
-        {"dsa_indexer_implementation": "tilelang"},
-        "ops_implementation.dsa_indexer_implementation='tilelang': the reference trainer's field for DeepSeek-V4's "
-        "sparse-attention top-k indexer; opslot has no DeepSeek-V4 spec, so that code runs upstream's. Remove the "
-        "field, or set it to 'eager' (accepted and ignored)",
-    ),
-    (
-        H200,
-        {"dsa_attention_implementation": "flashmla_cudnn"},
-        "ops_implementation.dsa_attention_implementation='flashmla_cudnn': the reference trainer's field for "
-        "DeepSeek-V4's sparse attention; opslot has no DeepSeek-V4 spec, so that code runs upstream's. Remove the "
-        "field, or set it to 'eager' (accepted and ignored)",
-    ),
+    # the reference's SM90+ kernels (TileLang, cuDNN, FlashMLA) off a CUDA GPU
     (
         CPU,
-        {"mhc_implementation": "tilelang"},
-        "ops_implementation.mhc_implementation='tilelang': the reference trainer's field for DeepSeek-V4's "
-        "manifold-constrained hyper-connections; opslot has no DeepSeek-V4 spec, so that code runs upstream's. Remove "
-        "the field, or set it to 'eager' (accepted and ignored)",
+        {"dsa_indexer_implementation": "tilelang"},
+        "ops_implementation.dsa_indexer_implementation: 'tilelang' is the reference trainer's TileLang sparse-attention "
+        "indexer (GPU, sm_90+); opslot's kernel of it is its cuda kernel, on a CUDA GPU only, as the reference runs it "
+        "only there, and this machine has cpu. opslot's values for dsa_indexer_implementation here: eager",
+    ),
+    (
+        NPU,
+        {"dsa_attention_implementation": "flashmla_cudnn"},
+        "ops_implementation.dsa_attention_implementation: 'flashmla_cudnn' is the reference trainer's FlashMLA/cuDNN "
+        "sparse attention (GPU, sm_90+); opslot's kernel of it is its cuda kernel, on a CUDA GPU only, as the "
+        "reference runs it only there, and this machine has npu. opslot's values for dsa_attention_implementation "
+        "here: eager",
     ),
     # every problem of a section at once
     (
@@ -263,16 +257,16 @@ REFUSALS = [
         {
             "rms_norm_implementation": "liger_kernel",
             "rotary_pos_emb_implementation": "triton",
-            "mhc_implementation": "tilelang",
+            "dsa_indexer_implementation": "cudnn",
         },
         "ops_implementation written for the reference trainer has 2 problems:\n"
         "  ops_implementation.rotary_pos_emb_implementation: 'triton' is the reference trainer's deterministic RoPE "
         "table of DeepSeek-V3 (a Triton bmm in DeepseekV3RotaryEmbedding.forward, the cos/sin computation), not a "
         "kernel of apply_rotary_pos_emb, which this field chooses; opslot has no slot for the table (upstream's code "
         "computes it). Use opslot's values for rotary_pos_emb_implementation: eager, cuda, npu, torch\n"
-        "  ops_implementation.mhc_implementation='tilelang': the reference trainer's field for DeepSeek-V4's "
-        "manifold-constrained hyper-connections; opslot has no DeepSeek-V4 spec, so that code runs upstream's. Remove "
-        "the field, or set it to 'eager' (accepted and ignored)",
+        "  ops_implementation.dsa_indexer_implementation: 'cudnn' is the reference trainer's cuDNN sparse-attention "
+        "indexer (GPU, sm_90+); opslot's kernel of it is its cuda kernel, on a CUDA GPU only, as the reference runs it "
+        "only there, and this machine has cpu. opslot's values for dsa_indexer_implementation here: eager",
     ),
 ]
 
@@ -315,11 +309,11 @@ STRICT_REFUSALS = [
         "on this machine (cuda (sm_90))",
     ),
     (
-        CPU,
-        {"dsa_indexer_implementation": "eager"},
-        "ops_implementation.dsa_indexer_implementation is the reference trainer's field for DeepSeek-V4's "
-        "sparse-attention top-k indexer; opslot has no DeepSeek-V4 spec, and ops_implementation.strict_names is set "
-        "(opslot's names only): remove it",
+        H200,
+        {"dsa_attention_implementation": "flashmla_cudnn"},
+        "ops_implementation.dsa_attention_implementation: 'flashmla_cudnn' is the reference trainer's name, and "
+        "ops_implementation.strict_names is set (opslot's names only): write 'cuda', its equivalent on this machine "
+        "(cuda (sm_90))",
     ),
 ]
 

@@ -195,8 +195,9 @@ def test_validate_reports_every_problem_at_once():
     assert str(err.value) == (
         "invalid ops_implementation:\n"
         "  fancy_op/standard (no config field): slot op 'fancy_op' has no field in OpsImplementationConfig "
-        "(ops with a field: attn, causal_conv1d, chunk_gated_delta_rule, cross_entropy_loss, load_balancing_loss, "
-        "moe, rms_norm, rms_norm_gated, rotary_pos_emb, rotary_pos_emb_vision, swiglu_mlp)\n"
+        "(ops with a field: attn, causal_conv1d, chunk_gated_delta_rule, cross_entropy_loss, dsa_attention, "
+        "dsa_indexer, load_balancing_loss, mhc, moe, rms_norm, rms_norm_gated, rotary_pos_emb, rotary_pos_emb_vision, "
+        "swiglu_mlp)\n"
         "  moe/gpt_oss (moe_implementation='fused_npu'): no kernel 'npu' for moe/gpt_oss; available: eager, "
         "fused_cuda, fused_torch ('fused_npu' implements moe variant(s) standard only)"
     )

@@ -200,8 +200,8 @@ def test_allow_unreached_names_ops():
         watch_dispatch(model, allow_unreached=["load_balancing"])
     assert str(info.value) == (
         "allow_unreached: 'load_balancing' is not an op (did you mean 'load_balancing_loss'?); it takes True or a "
-        "list of ops: causal_conv1d, chunk_gated_delta_rule, cross_entropy_loss, load_balancing_loss, moe, "
-        "rms_norm, rms_norm_gated, rotary_pos_emb, rotary_pos_emb_vision, swiglu_mlp"
+        "list of ops: causal_conv1d, chunk_gated_delta_rule, cross_entropy_loss, dsa_attention, dsa_indexer, "
+        "load_balancing_loss, mhc, moe, rms_norm, rms_norm_gated, rotary_pos_emb, rotary_pos_emb_vision, swiglu_mlp"
     )
 
 

@@ -120,8 +120,8 @@ def test_resolve_unknown_names_say_what_exists():
         KERNEL_REGISTRY.resolve("rmsnorm", "standard", "torch")
     assert err.value.args[0] == (
         "unknown op 'rmsnorm'; did you mean 'rms_norm'? (known ops: causal_conv1d, chunk_gated_delta_rule, "
-        "cross_entropy_loss, load_balancing_loss, moe, rms_norm, rms_norm_gated, rotary_pos_emb, rotary_pos_emb_vision, "
-        "swiglu_mlp)"
+        "cross_entropy_loss, dsa_attention, dsa_indexer, load_balancing_loss, mhc, moe, rms_norm, rms_norm_gated, "
+        "rotary_pos_emb, rotary_pos_emb_vision, swiglu_mlp)"
     )
     with pytest.raises(KeyError) as err, use_device(CPU):
         KERNEL_REGISTRY.resolve("rms_norm", "standard", "trch")
@@ -188,15 +188,35 @@ def test_resolve_checks_the_hardware_and_list_available_filters():
         assert reg.list_available("moe") == {}
 
 
+#: Issue #35's ops while their kernels are being written: (op, variant) -> the kernels it still lacks.
+#: Whoever registers one of them removes it here.
+PENDING_KERNELS = {
+    ("dsa_indexer", "glm"): {"torch", "cuda"},
+    ("dsa_indexer", "deepseek_v4"): {"torch", "cuda"},
+    ("dsa_attention", "glm"): {"torch", "cuda"},
+    ("dsa_attention", "deepseek_v4"): {"torch", "cuda"},
+    ("mhc", "pre"): {"torch", "cuda"},
+    ("mhc", "post"): {"torch", "cuda"},
+    ("mhc", "head"): {"torch", "cuda"},
+    ("swiglu_mlp", "clamped"): {"torch", "cuda"},
+    ("moe", "clamped"): {"torch", "cuda"},
+}
+
+
 def test_builtin_kernels_cover_every_documented_variant():
     everything = KERNEL_REGISTRY.list_available(include_unsupported=True)
     torch_pairs = sorted(k for k, names in everything.items() if "torch" in names)
     from opslot import KNOWN_OPS
 
-    assert torch_pairs == sorted((op, v) for op, vs in KNOWN_OPS.items() for v in vs)
+    def documented(impl):
+        return sorted(
+            (op, v) for op, vs in KNOWN_OPS.items() for v in vs if impl not in PENDING_KERNELS.get((op, v), ())
+        )
+
+    assert torch_pairs == documented("torch")
     assert everything[("cross_entropy_loss", "causal")] == ["cuda", "torch", "torch_chunked"]
     cuda_pairs = sorted(k for k, names in everything.items() if "cuda" in names)
-    assert cuda_pairs == sorted((op, v) for op, vs in KNOWN_OPS.items() for v in vs)
+    assert cuda_pairs == documented("cuda")
     npu_pairs = sorted(k for k, names in everything.items() if "npu" in names)
     assert npu_pairs == [
         ("moe", "standard"),
