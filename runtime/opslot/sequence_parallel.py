@@ -56,7 +56,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from .distributed import _all_to_all, _gather_ints, _group_of, all_to_all, forward_subclass
+from .collectives import _all_to_all, _gather_ints, _group_of, all_to_all, forward_subclass
+from .expert_parallel import fully_shard_model, init_meshes, shard_experts
 from .slot import OpSlot
 
 #: The attention implementation name under which the SP wrapper is registered.
@@ -985,8 +986,6 @@ def parallelize(
     module docstring), so FSDP2's mean over every rank is the gradient of the mean loss. The ranks
     agree on (sp, ep, fsdp, ep_mode, capacity) first: a difference is the same ValueError on every rank."""
     from torch.distributed.device_mesh import init_device_mesh
-
-    from .distributed import fully_shard_model, init_meshes, shard_experts
 
     if not dist.is_initialized():
         raise RuntimeError("parallelize needs torch.distributed initialised (dist.init_process_group)")
