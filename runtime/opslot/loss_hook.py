@@ -152,9 +152,9 @@ def resolve_kernel(impl: str, registry: Optional[KernelRegistry] = None) -> Call
         )
     reason = spec.hardware.unmet_reason()
     if reason is None and impl == "cuda":
-        from . import device_defaults as _config
+        from .device_defaults import cuda_kernels_unavailable_reason
 
-        reason = _config.cuda_kernels_unavailable_reason()
+        reason = cuda_kernels_unavailable_reason()
     if reason is not None:
         raise RuntimeError(f"kernel {impl!r} for {OP}/{VARIANT} cannot run here: {reason}")
     return spec.load()
