@@ -139,6 +139,26 @@ def packed_sequence_kwargs(
     return out, False
 
 
+def refuse_packed_rows(
+    model: str,
+    why: str,
+    position_ids: Optional[torch.Tensor],
+    attention_mask: Any,
+    past_key_values: Any,
+    kwargs: Dict[str, Any],
+) -> None:
+    """For a generated text model whose own code cannot keep the documents of a packed row apart
+    (DeepSeek-V4's compressors): raise PackedSequenceError, naming `model` and saying `why`, when the
+    batch is packed as `packed_sequence_kwargs` finds it (position ids restarting inside a row, or
+    `cu_seq_lens_q` given); its own refusals (boundaries without positions, a packed row with a mask)
+    come first. Anything else (padded batches, one document per row, generation with a cache) passes."""
+    packed, _ = packed_sequence_kwargs(position_ids, attention_mask, past_key_values, None, kwargs)
+    if "cu_seq_lens_q" in packed:
+        raise PackedSequenceError(
+            f"{model} does not take packed rows (documents restarting their position ids inside a row): {why}"
+        )
+
+
 def _refuse_packed_padding(position_ids: torch.Tensor, attention_mask: Any) -> None:
     """Raise when a row with a 2-D padding mask restarts its positions between two real tokens (a
     packed row with padding: Transformers would ignore the boundaries). Restarts at padding (the

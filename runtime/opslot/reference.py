@@ -4,7 +4,8 @@ These are the executable form of the op contracts. Tests run them on fp32 copies
 compare every kernel's outputs and gradients against them. They follow the upstream code line for
 line (Transformers 5.17.0: Llama/Qwen3/Gemma3/Qwen3.5 norms and RoPE, DeepSeek-V3's interleaved RoPE,
 the VL vision towers' RoPE, `loss_utils`, Qwen3-MoE and GPT-OSS experts, Qwen3.5 gated-delta-net
-helpers); none of them is meant to be fast.
+helpers; DeepSeek-V4's clamped SwiGLU, hyper-connections, Lightning indexer and attention, the same
+in 5.17.0 to 5.24.0); none of them is meant to be fast.
 """
 
 from __future__ import annotations
@@ -407,3 +408,318 @@ def chunk_gated_delta_rule(
         outs_t = torch.stack(outs, dim=2)
     core_attn_out = outs_t.transpose(1, 2).contiguous().to(initial_dtype)
     return core_attn_out, (state if output_final_state else None)
+
+
+# -- DeepSeek-V4 (Transformers 5.17.0 to 5.24.0, modeling_deepseek_v4) ---------------------------
+# SwiGLU with clamped pre-activations (the shared experts' `DeepseekV4MLP` and the routed experts'
+# `DeepseekV4Experts._apply_gate`): gate clamped to at most `limit`, up to [-limit, limit].
+def clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float, act: Any = F.silu) -> torch.Tensor:
+    """`act(gate.clamp(max=limit)) * up.clamp(-limit, limit)` (act: SiLU, or the module's `act_fn`)."""
+    return act(gate.clamp(max=limit)) * up.clamp(min=-limit, max=limit)
+
+
+def swiglu_mlp_clamped(module: Any, x: torch.Tensor) -> torch.Tensor:
+    """DeepSeek-V4's MLP: `down(silu(gate(x).clamp(max=L)) * up(x).clamp(-L, L))`, L = `module.limit`."""
+    return module.down_proj(clamped_swiglu(module.gate_proj(x), module.up_proj(x), module.limit))
+
+
+def moe_clamped(module: Any, hidden_states, top_k_index, top_k_weights):
+    """DeepSeek-V4's experts: as `moe_standard` (`gate_up_proj [E, 2I, H]`, gate rows first), with the
+    clamped SwiGLU (limit `module.limit`, activation `module.act_fn`, SiLU in the model)."""
+    final = torch.zeros_like(hidden_states)
+    with torch.no_grad():
+        expert_mask = F.one_hot(top_k_index, num_classes=module.num_experts + 1)[..., : module.num_experts]
+        expert_mask = expert_mask.permute(2, 1, 0)
+        expert_hit = torch.greater(expert_mask.sum(dim=(-1, -2)), 0).nonzero()
+    for expert_idx in expert_hit:
+        e = expert_idx[0]
+        top_k_pos, token_idx = torch.where(expert_mask[e])
+        gate, up = F.linear(hidden_states[token_idx], module.gate_up_proj[e]).chunk(2, dim=-1)
+        current = F.linear(clamped_swiglu(gate, up, module.limit, module.act_fn), module.down_proj[e])
+        current = current * top_k_weights[token_idx, top_k_pos, None]
+        final.index_add_(0, token_idx, current.to(final.dtype))
+    return final
+
+
+def v4_unweighted_rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """`DeepseekV4UnweightedRMSNorm`: `x * rsqrt(mean(x^2) + eps).to(x.dtype)` (the rsqrt is cast
+    before the product)."""
+    return x * torch.rsqrt(x.float().square().mean(-1, keepdim=True) + eps).to(x.dtype)
+
+
+def mhc_pre(module: Any, hidden_streams: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`DeepseekV4HyperConnection.forward`: from the streams `[B, S, N, D]` (N = `hc_mult`) the
+    mixing weights, `post [B, S, N]` and the Sinkhorn-normalised `comb [B, S, N, N]` (fp32), and the
+    block input `collapsed [B, S, D]` (the streams weighted by `pre`, in the streams' dtype).
+
+    `module` has `hc_mult`, `hc_sinkhorn_iters`, `hc_eps`, `input_norm.eps`, `fn [(2 + N) N, N D]`,
+    `base [(2 + N) N]`, `scale [3]`."""
+    hc = module.hc_mult
+    flat = v4_unweighted_rms_norm(hidden_streams.flatten(start_dim=2).float(), module.input_norm.eps)
+    pre_w, post_w, comb_w = F.linear(flat, module.fn.float()).split([hc, hc, hc * hc], dim=-1)
+    pre_b, post_b, comb_b = module.base.split([hc, hc, hc * hc])
+    pre_scale, post_scale, comb_scale = module.scale.unbind(0)
+    pre = torch.sigmoid(pre_w * pre_scale + pre_b) + module.hc_eps
+    post = 2 * torch.sigmoid(post_w * post_scale + post_b)
+    comb = torch.softmax(comb_w.view(*comb_w.shape[:-1], hc, hc) * comb_scale + comb_b.view(hc, hc), dim=-1)
+    comb = comb + module.hc_eps
+    comb = comb / (comb.sum(dim=-2, keepdim=True) + module.hc_eps)
+    for _ in range(module.hc_sinkhorn_iters - 1):
+        comb = comb / (comb.sum(dim=-1, keepdim=True) + module.hc_eps)
+        comb = comb / (comb.sum(dim=-2, keepdim=True) + module.hc_eps)
+    collapsed = (pre.unsqueeze(-1) * hidden_streams).sum(dim=2).to(hidden_streams.dtype)
+    return post, comb, collapsed
+
+
+def mhc_post(post: torch.Tensor, comb: torch.Tensor, block_output: torch.Tensor, hidden_states: torch.Tensor):
+    """The expansion after a block in `DeepseekV4DecoderLayer.forward`: `post * block_output + comb^T @
+    streams`, with post/comb cast to the streams' dtype: `[B, S, N, D]`."""
+    dtype = hidden_states.dtype
+    return post.to(dtype).unsqueeze(-1) * block_output.unsqueeze(-2) + torch.matmul(
+        comb.to(dtype).transpose(-1, -2), hidden_states
+    )
+
+
+def mhc_head(module: Any, x: torch.Tensor) -> torch.Tensor:
+    """`DeepseekV4HyperHead.forward`: the streams `[B, S, N, D]` collapsed with sigmoid weights
+    (`hc_fn [N, N D]`, `hc_base [N]`, `hc_scale [1]`, `eps`, `input_norm.eps`): `[B, S, D]`."""
+    flat = v4_unweighted_rms_norm(x.flatten(2).float(), module.input_norm.eps)
+    mixes = F.linear(flat, module.hc_fn.float())
+    pre = torch.sigmoid(mixes * module.hc_scale.float() + module.hc_base.float()) + module.eps
+    return (pre.unsqueeze(-1) * x).sum(dim=2).to(x.dtype)
+
+
+def v4_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int = 1) -> torch.Tensor:
+    """DeepSeek-V4's `apply_rotary_pos_emb`: the trailing `2 * cos.shape[-1]` features of `x` come in
+    interleaved pairs, each turned (in fp32, cast back) by its half-width cos/sin entry, in place;
+    the leading features pass through."""
+    cos = cos.repeat_interleave(2, dim=-1).unsqueeze(unsqueeze_dim)
+    sin = sin.repeat_interleave(2, dim=-1).unsqueeze(unsqueeze_dim)
+    rope_dim = cos.shape[-1]
+    nope, rope = x[..., :-rope_dim], x[..., -rope_dim:]
+    turned = torch.stack((-rope[..., 1::2], rope[..., 0::2]), dim=-1).flatten(-2)
+    rotated = ((rope.float() * cos) + (turned.float() * sin)).to(x.dtype)
+    return torch.cat([nope, rotated], dim=-1)
+
+
+def v4_indexer_keys(module: Any, hidden_states: torch.Tensor, past_key_values: Any, layer_idx: int) -> torch.Tensor:
+    """The Lightning indexer's keys `[B, T, index_head_dim]` (`DeepseekV4Indexer.forward` up to the
+    scores): every full window of `compress_rate` tokens pooled over the two overlapping series
+    (the previous window's first half, this window's second half; softmax gates in fp32 with the
+    position bias), normalised (`module.kv_norm`) and rotated at its first token's position. With a
+    cache (`past_key_values.layers[layer_idx]`, a `DeepseekV4CSACache`) the leftover tokens, the last
+    window's first series and the emitted keys are kept there, as upstream keeps them; without one the
+    leftover tokens are dropped."""
+    batch = hidden_states.shape[0]
+    cache_layer = past_key_values.layers[layer_idx] if past_key_values is not None else None
+    kv = module.kv_proj(hidden_states)
+    gate = module.gate_proj(hidden_states)
+    ratio, head_dim = module.compress_rate, module.head_dim
+    if cache_layer is None:
+        usable = (kv.shape[1] // ratio) * ratio
+        chunk_kv, chunk_gate, first_window_position = kv[:, :usable], gate[:, :usable], 0
+    else:
+        chunk_kv, chunk_gate, first_window_position = cache_layer.store_compression_weights("indexer", kv, gate)
+    if chunk_kv.shape[1] > 0:
+        n_windows = chunk_kv.shape[1] // ratio
+        chunk_kv = chunk_kv.view(batch, n_windows, ratio, -1)
+        chunk_gate = chunk_gate.view(batch, n_windows, ratio, -1) + module.position_bias
+        new_kv = chunk_kv.new_zeros((batch, n_windows, 2 * ratio, head_dim))
+        new_gate = chunk_gate.new_full((batch, n_windows, 2 * ratio, head_dim), float("-inf"))
+        new_kv[:, :, ratio:] = chunk_kv[..., head_dim:]
+        new_gate[:, :, ratio:] = chunk_gate[..., head_dim:]
+        if n_windows > 1:
+            new_kv[:, 1:, :ratio] = chunk_kv[:, :-1, :, :head_dim]
+            new_gate[:, 1:, :ratio] = chunk_gate[:, :-1, :, :head_dim]
+        if cache_layer is not None:
+            prior_kv, prior_gate = cache_layer.update_overlap_state("indexer", chunk_kv, chunk_gate, head_dim)
+            if prior_kv is not None:
+                new_kv[:, 0, :ratio] = prior_kv.to(new_kv.dtype)
+                new_gate[:, 0, :ratio] = prior_gate.to(new_gate.dtype)
+        compressed = module.kv_norm((new_kv * new_gate.softmax(dim=2, dtype=torch.float32).to(new_kv.dtype)).sum(dim=2))
+        positions = torch.arange(n_windows, device=compressed.device) * ratio + first_window_position
+        positions = positions.unsqueeze(0).expand(batch, -1)
+        cos, sin = module.rotary_emb(compressed, position_ids=positions, layer_type=module.rope_layer_type)
+        compressed = v4_rotary(compressed.unsqueeze(1), cos, sin).squeeze(1)
+    else:
+        compressed = chunk_kv.new_zeros((batch, 0, head_dim))
+    return compressed if cache_layer is None else cache_layer.update_compressor_states("indexer", compressed)
+
+
+def v4_indexer_queries(module: Any, hidden_states: torch.Tensor, q_residual: torch.Tensor, position_ids):
+    """The indexer's queries `[B, S, index_n_heads, index_head_dim]`: `q_b_proj(q_residual)` per head,
+    rotated at the tokens' positions (the "compress" RoPE)."""
+    batch, seq_len, _ = hidden_states.shape
+    cos_q, sin_q = module.rotary_emb(hidden_states, position_ids=position_ids, layer_type=module.rope_layer_type)
+    q = module.q_b_proj(q_residual).view(batch, seq_len, -1, module.head_dim).transpose(1, 2)
+    return v4_rotary(q, cos_q, sin_q).transpose(1, 2)
+
+
+def v4_index_weights(module: Any, hidden_states: torch.Tensor) -> torch.Tensor:
+    """The per-head weights of the scores, fp32 `[B, S, index_n_heads]`: `weights_proj(h) * H^-0.5`."""
+    return module.scorer.weights_proj(hidden_states).float() * module.scorer.weights_scaling
+
+
+def v4_index_scores(module: Any, q: torch.Tensor, keys: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
+    """`DeepseekV4IndexerScorer`: fp32 `[B, S, T]`, `sum_h w[b,s,h] * relu(q[b,s,h] . k[b,t]) * D^-0.5`."""
+    scores = torch.matmul(q.float(), keys.transpose(-1, -2).float().unsqueeze(1))  # [B, S, H, T]
+    scores = F.relu(scores) * module.scorer.softmax_scale
+    return (scores * v4_index_weights(module, hidden_states).unsqueeze(-1)).sum(dim=2)
+
+
+def v4_index_topk(module: Any, index_scores: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+    """The top-`index_topk` keys per query (int64 `[B, S, min(index_topk, T)]`) of fp32 scores `[B, S, T]`:
+    a key whose window a query's position has not completed (`t >= (pos + 1) // compress_rate`) is never
+    chosen before a valid one, and every such pick is -1."""
+    compressed_len = index_scores.shape[-1]
+    top_k = min(module.index_topk, compressed_len)
+    if compressed_len == 0:
+        return index_scores.topk(top_k, dim=-1).indices
+    causal_threshold = (position_ids + 1) // module.compress_rate  # [B, S]
+    entry_indices = torch.arange(compressed_len, device=index_scores.device)
+    future_mask = entry_indices.view(1, 1, -1) >= causal_threshold.unsqueeze(-1)
+    index_scores = index_scores.masked_fill(future_mask, float("-inf"))
+    top_k_indices = index_scores.topk(top_k, dim=-1).indices
+    invalid = top_k_indices >= causal_threshold.unsqueeze(-1)
+    return torch.where(invalid, torch.full_like(top_k_indices, -1), top_k_indices)
+
+
+def dsa_indexer_deepseek_v4(module: Any, hidden_states, q_residual, position_ids, past_key_values, layer_idx: int):
+    """`DeepseekV4Indexer.forward`: the keys (`v4_indexer_keys`, which updates the cache as upstream
+    does), the queries, the scores and the causal top-k: int64 `[B, S, min(index_topk, T)]`, -1 =
+    no valid key. No gradient flows through it (its output is indices)."""
+    keys = v4_indexer_keys(module, hidden_states, past_key_values, layer_idx)
+    q = v4_indexer_queries(module, hidden_states, q_residual, position_ids)
+    return v4_index_topk(module, v4_index_scores(module, q, keys, hidden_states), position_ids)
+
+
+def dsa_attention_deepseek_v4(
+    module: Any,
+    query: torch.Tensor,
+    kv: torch.Tensor,
+    attention_mask: Optional[torch.Tensor],
+    dropout: float = 0.0,
+    scaling: Optional[float] = None,
+    sliding_window: Optional[int] = None,
+    s_aux: Optional[torch.Tensor] = None,
+    **kwargs,
+):
+    """DeepSeek-V4's `eager_attention_forward` with K = V = `kv`: `query [B, H, S, D]` against the one
+    shared head `kv [B, 1, T, D]`, the additive `attention_mask [B, 1, S, T]` (or None), a per-head sink
+    logit `s_aux [H]` in the softmax whose probability is dropped; returns (`[B, S, H, D]`, the
+    probabilities `[B, H, S, T]`). `sliding_window` is informational (the mask holds the window)."""
+    batch, _, keys, dim = kv.shape
+    key = kv[:, :, None].expand(batch, 1, query.shape[1], keys, dim).reshape(batch, query.shape[1], keys, dim)
+    attn_weights = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if attention_mask is not None:
+        attn_weights = attn_weights + attention_mask
+    sinks = s_aux.reshape(1, -1, 1, 1).expand(query.shape[0], -1, query.shape[-2], -1)
+    combined_logits = torch.cat([attn_weights, sinks], dim=-1)
+    combined_logits = combined_logits - combined_logits.max(dim=-1, keepdim=True).values
+    probs = F.softmax(combined_logits, dim=-1, dtype=combined_logits.dtype)
+    scores = probs[..., :-1]
+    attn_weights = F.dropout(scores, p=dropout, training=module.training).to(kv.dtype)
+    attn_output = torch.matmul(attn_weights, key)
+    return attn_output.transpose(1, 2).contiguous(), attn_weights
+
+
+# -- GLM-MoE-DSA (Transformers 5.17.0 to 5.24.0, modeling_glm_moe_dsa) ---------------------------
+# DeepSeek sparse attention: the indexer scores every visible key with relu(q.k) weighted per head and
+# keeps the top k; attention runs over those keys only. Written in the form a kernel computes them
+# (per-key score sums; attention on the latents, kv_b_proj absorbed), not upstream's dense masks.
+def dsa_index_scores(
+    q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, scale: float, limit: Optional[torch.Tensor] = None
+) -> torch.Tensor:
+    """fp32 `[B, S, T]`: `sum_h weights[b, s, h] * relu(q[b, s, h] . k[b, t]) * scale` for `q [B, S, H, D]`,
+    `k [B, T, D]`, `weights [B, S, H]`; -inf where `t >= limit[b, s]` (`limit` int `[B, S]`, or None)."""
+    dots = torch.einsum("bshd,btd->bsht", q.float(), k.float())
+    scores = (F.relu(dots) * scale * weights.float().unsqueeze(-1)).sum(dim=2)
+    if limit is not None:
+        t = torch.arange(k.shape[1], device=k.device)
+        scores = scores.masked_fill(t.view(1, 1, -1) >= limit.unsqueeze(-1), float("-inf"))
+    return scores
+
+
+def glm_indexer_inputs(module: Any, hidden_states, q_resid, position_embeddings, past_key_values=None):
+    """`GlmMoeDsaIndexer`'s queries `[B, S, H, D]`, keys `[B, T, D]` and fp32 head weights `[B, S, H]`
+    (`weights_proj(h) * H^-0.5`): the first `qk_rope_head_dim` features of q and k rotated by the
+    interleaved RoPE, k layer-normed; with a cache the keys are appended to its indexer keys
+    (`update_indexer`, as upstream) and all of them returned."""
+    batch, seq_len, _ = hidden_states.shape
+    cos, sin = position_embeddings
+    rope = module.qk_rope_head_dim
+    q = module.wq_b(q_resid).view(batch, seq_len, module.n_heads, module.head_dim)
+    k = module.k_norm(module.wk(hidden_states)).unsqueeze(2)
+    q_rot, k_rot = rotary_pos_emb_interleaved(q[..., :rope], k[..., :rope], cos, sin, unsqueeze_dim=2)
+    q = torch.cat([q_rot, q[..., rope:]], dim=-1)
+    k = torch.cat([k_rot, k[..., rope:]], dim=-1).squeeze(2)
+    if past_key_values is not None:
+        k = past_key_values.update_indexer(k, module.layer_idx)
+    weights = module.weights_proj(hidden_states.to(module.weights_proj.weight.dtype)).float() * module.n_heads**-0.5
+    return q, k, weights
+
+
+def dsa_indexer_glm(
+    module: Any, hidden_states, q_resid, position_embeddings, attention_mask, position_ids=None, past_key_values=None
+) -> torch.Tensor:
+    """`GlmMoeDsaIndexer.forward`: int32 `[B, S, min(index_topk, T)]`, the keys of the largest
+    `dsa_index_scores` (scale `head_dim^-0.5`) with the mask `[B, S, T]` applied first (bool: False ->
+    -inf; float: added). Keys the mask hides are picked only when fewer than k are visible (in no
+    particular order: attention masks them again). No gradient (upstream runs under no_grad)."""
+    with torch.no_grad():
+        q, k, weights = glm_indexer_inputs(module, hidden_states, q_resid, position_embeddings, past_key_values)
+        scores = dsa_index_scores(q, k, weights, module.softmax_scale)
+        if attention_mask.dtype == torch.bool:
+            scores = scores.masked_fill(~attention_mask, float("-inf"))
+        else:
+            scores = scores + attention_mask.float()
+        return scores.topk(min(module.index_topk, scores.shape[-1]), dim=-1).indices.to(torch.int32)
+
+
+def glm_absorbed_weights(module: Any) -> Tuple[torch.Tensor, torch.Tensor]:
+    """`kv_b_proj.weight [H * (nope + v), r]` split per head: `(W_uk [H, nope, r], W_uv [H, v, r])`,
+    so that head h's key is `W_uk[h] @ k_pass` and its value `W_uv[h] @ k_pass`."""
+    if module.kv_b_proj.bias is not None:
+        raise ValueError("dsa_attention/glm: kv_b_proj has a bias, which the latent form does not fold in; use 'eager'")
+    weight = module.kv_b_proj.weight.view(module.num_heads, module.qk_nope_head_dim + module.v_head_dim, -1)
+    return weight[:, : module.qk_nope_head_dim], weight[:, module.qk_nope_head_dim :]
+
+
+def dsa_attention_glm(
+    module: Any, q_pass, q_rot, k_pass, k_rot, topk_indices, attention_mask, past_key_values=None, **kwargs
+):
+    """`GlmMoeDsaAttention`'s attention from the latents, in the absorbed (MQA) form: per head
+    `q_lat = W_uk^T q_pass`, scores `(q_lat . k_pass[t] + q_rot . k_rot[t]) * scaling` over the
+    selected keys `t` of `topk_indices [B, S, K]` (distinct per row) that the mask `[B, 1, S, T]` lets
+    through (bool: True; float: added, its dtype's minimum hiding the key), softmax in fp32, `out = W_uv (sum_t p_t k_pass[t])`. Returns
+    (`[B, S, H, v_head_dim]`, the probabilities `[B, H, S, T]` (zero off the selection) with eager
+    attention, else None). A row that sees no key gives zeros. Refuses a cache (`past_key_values`:
+    the expanded K/V of Transformers < 5.23) and attention dropout in training."""
+    if past_key_values is not None:
+        raise ValueError("reference.dsa_attention_glm: no cache of expanded K/V (Transformers < 5.23 generation)")
+    if module.training and module.attention_dropout > 0:
+        raise ValueError("reference.dsa_attention_glm: attention dropout in training is not computed")
+    batch, heads, seq_len, _ = q_pass.shape
+    w_uk, w_uv = glm_absorbed_weights(module)
+    q_lat = torch.einsum("bhsn,hnr->bhsr", q_pass, w_uk)
+    idx = topk_indices.long()  # [B, S, K]
+    rows = torch.arange(batch, device=idx.device).view(-1, 1, 1)
+    kv_sel, rot_sel = k_pass[:, 0][rows, idx], k_rot[:, 0][rows, idx]  # [B, S, K, r], [B, S, K, rope]
+    scores = torch.einsum("bhsr,bskr->bhsk", q_lat, kv_sel) + torch.einsum("bhsd,bskd->bhsk", q_rot, rot_sel)
+    scores = scores.float() * module.scaling
+    mask = attention_mask[:, 0].gather(-1, idx).unsqueeze(1)  # [B, 1, S, K]
+    if mask.dtype == torch.bool:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    else:  # Transformers hides a key with the dtype's minimum; other values are added
+        hidden = mask == torch.finfo(mask.dtype).min
+        scores = (scores + mask.float()).masked_fill(hidden, float("-inf"))
+    seen = torch.isfinite(scores).any(dim=-1, keepdim=True)
+    probs = torch.where(seen, scores, 0.0).softmax(dim=-1) * seen
+    probs = probs.masked_fill(~torch.isfinite(scores), 0.0)
+    o_lat = torch.einsum("bhsk,bskr->bhsr", probs.to(k_pass.dtype), kv_sel)
+    out = torch.einsum("bhsr,hvr->bshv", o_lat, w_uv)
+    weights = None
+    if module.config._attn_implementation == "eager":
+        weights = probs.new_zeros(batch, heads, seq_len, k_pass.shape[2])
+        weights = weights.scatter(-1, idx.unsqueeze(1).expand(-1, heads, -1, -1), probs).to(q_pass.dtype)
+    return out, weights

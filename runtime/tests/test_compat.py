@@ -241,7 +241,7 @@ REFUSALS = [
         {"dsa_indexer_implementation": "tilelang"},
         "ops_implementation.dsa_indexer_implementation: 'tilelang' is the reference trainer's TileLang sparse-attention "
         "indexer (GPU, sm_90+); opslot's kernel of it is its cuda kernel, on a CUDA GPU only, as the reference runs it "
-        "only there, and this machine has cpu. opslot's values for dsa_indexer_implementation here: eager",
+        "only there, and this machine has cpu. opslot's values for dsa_indexer_implementation here: eager, torch",
     ),
     (
         NPU,
@@ -249,7 +249,7 @@ REFUSALS = [
         "ops_implementation.dsa_attention_implementation: 'flashmla_cudnn' is the reference trainer's FlashMLA/cuDNN "
         "sparse attention (GPU, sm_90+); opslot's kernel of it is its cuda kernel, on a CUDA GPU only, as the "
         "reference runs it only there, and this machine has npu. opslot's values for dsa_attention_implementation "
-        "here: eager",
+        "here: eager, torch",
     ),
     # every problem of a section at once
     (
@@ -266,7 +266,7 @@ REFUSALS = [
         "computes it). Use opslot's values for rotary_pos_emb_implementation: eager, cuda, npu, torch\n"
         "  ops_implementation.dsa_indexer_implementation: 'cudnn' is the reference trainer's cuDNN sparse-attention "
         "indexer (GPU, sm_90+); opslot's kernel of it is its cuda kernel, on a CUDA GPU only, as the reference runs it "
-        "only there, and this machine has cpu. opslot's values for dsa_indexer_implementation here: eager",
+        "only there, and this machine has cpu. opslot's values for dsa_indexer_implementation here: eager, torch",
     ),
 ]
 

@@ -192,14 +192,14 @@ def test_resolve_checks_the_hardware_and_list_available_filters():
 #: Whoever registers one of them removes it here.
 PENDING_KERNELS = {
     ("dsa_indexer", "glm"): {"torch", "cuda"},
-    ("dsa_indexer", "deepseek_v4"): {"torch", "cuda"},
+    ("dsa_indexer", "deepseek_v4"): {"cuda"},
     ("dsa_attention", "glm"): {"torch", "cuda"},
-    ("dsa_attention", "deepseek_v4"): {"torch", "cuda"},
-    ("mhc", "pre"): {"torch", "cuda"},
-    ("mhc", "post"): {"torch", "cuda"},
-    ("mhc", "head"): {"torch", "cuda"},
-    ("swiglu_mlp", "clamped"): {"torch", "cuda"},
-    ("moe", "clamped"): {"torch", "cuda"},
+    ("dsa_attention", "deepseek_v4"): {"cuda"},
+    ("mhc", "pre"): {"cuda"},
+    ("mhc", "post"): {"cuda"},
+    ("mhc", "head"): {"cuda"},
+    ("swiglu_mlp", "clamped"): {"cuda"},
+    ("moe", "clamped"): {"cuda"},
 }
 
 

@@ -120,6 +120,13 @@ def swiglu_mlp(module: Any, x: torch.Tensor) -> torch.Tensor:
     return module.down_proj(F.silu(module.gate_proj(x)) * module.up_proj(x))
 
 
+def swiglu_mlp_clamped(module: Any, x: torch.Tensor) -> torch.Tensor:
+    """`down(silu(gate(x).clamp(max=L)) * up(x).clamp(-L, L))`, L = `module.limit` (DeepSeek-V4's
+    shared experts); refuses models whose `config.hidden_act` is not SiLU."""
+    _check_silu(module, "swiglu_mlp")
+    return module.down_proj(reference.clamped_swiglu(module.gate_proj(x), module.up_proj(x), module.limit))
+
+
 def cross_entropy_causal(module: Any, hidden_states: torch.Tensor, labels: Optional[torch.Tensor], **kwargs):
     """lm_head, then HF's causal-LM loss (fp32 upcast, shift, ignore_index): `(logits, loss)`."""
     check_no_softcapping(module)
@@ -180,9 +187,9 @@ def _grouped(x_sorted: torch.Tensor, counts, expert_fn) -> torch.Tensor:
     return torch.cat(outs, dim=0)
 
 
-def moe_standard(module: Any, hidden_states, top_k_index, top_k_weights):
-    """Qwen3-MoE-style experts (`gate_up_proj [E, 2I, H]`, `down_proj [E, H, I]`) as sorted
-    per-expert matmuls over contiguous token segments."""
+def _moe_gated(module: Any, hidden_states, top_k_index, top_k_weights, glu) -> torch.Tensor:
+    """Experts with `gate_up_proj [E, 2I, H]` (gate rows first) and `down_proj [E, H, I]` as sorted
+    per-expert matmuls over contiguous token segments; `glu(gate, up)` is the gated activation."""
     order, token_idx, counts = _sort_by_expert(top_k_index, module.num_experts)
     final = torch.zeros_like(hidden_states)
     if not token_idx.numel():
@@ -190,11 +197,28 @@ def moe_standard(module: Any, hidden_states, top_k_index, top_k_weights):
 
     def expert(e: int, x: torch.Tensor) -> torch.Tensor:
         gate, up = F.linear(x, module.gate_up_proj[e]).chunk(2, dim=-1)
-        return F.linear(module.act_fn(gate) * up, module.down_proj[e])
+        return F.linear(glu(gate, up), module.down_proj[e])
 
     out = _grouped(hidden_states[token_idx], counts, expert)
     out = out * top_k_weights.reshape(-1)[order, None]
     return final.index_add(0, token_idx, out.to(final.dtype))
+
+
+def moe_standard(module: Any, hidden_states, top_k_index, top_k_weights):
+    """Qwen3-MoE-style experts (`gate_up_proj [E, 2I, H]`, `down_proj [E, H, I]`): `act(gate) * up`."""
+    return _moe_gated(module, hidden_states, top_k_index, top_k_weights, lambda gate, up: module.act_fn(gate) * up)
+
+
+def moe_clamped(module: Any, hidden_states, top_k_index, top_k_weights):
+    """DeepSeek-V4's experts: as `moe_standard`, the gate clamped to at most `module.limit` and up to
+    +-`module.limit` before `act(gate) * up`."""
+    return _moe_gated(
+        module,
+        hidden_states,
+        top_k_index,
+        top_k_weights,
+        lambda gate, up: reference.clamped_swiglu(gate, up, module.limit, module.act_fn),
+    )
 
 
 def moe_gpt_oss(module: Any, hidden_states, router_indices, routing_weights):
@@ -375,3 +399,101 @@ def _chunk_gated_delta_rule(
         state = state * chunk_decay[:, :, i] + k_decayed[:, :, i].transpose(-1, -2) @ v_new
     out = torch.stack(outs, dim=2).reshape(B, H, n * C, Dv)[:, :, :T]
     return out.transpose(1, 2).contiguous().to(dtype), (state if output_final_state else None)
+
+
+# -- DeepSeek-V4 --------------------------------------------------------------------------------
+def mhc_pre(module: Any, hidden_streams: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """DeepSeek-V4's hyper-connection weights and collapsed block input (`DeepseekV4HyperConnection`):
+    `(post [B, S, N], comb [B, S, N, N], collapsed [B, S, D])`, every operation upstream's, in its
+    order and on tensors of its layouts (vectorised elementwise kernels round as upstream's: bit for
+    bit on the CPU)."""
+    hc, eps = module.hc_mult, module.hc_eps
+    normed = reference.v4_unweighted_rms_norm(hidden_streams.flatten(start_dim=2).float(), module.input_norm.eps)
+    pre_w, post_w, comb_w = F.linear(normed, module.fn.float()).split([hc, hc, hc * hc], dim=-1)
+    pre_b, post_b, comb_b = module.base.split([hc, hc, hc * hc])
+    pre_s, post_s, comb_s = module.scale.unbind(0)
+    pre = torch.sigmoid(pre_w * pre_s + pre_b) + eps
+    post = 2 * torch.sigmoid(post_w * post_s + post_b)
+    comb = torch.softmax(comb_w.unflatten(-1, (hc, hc)) * comb_s + comb_b.view(hc, hc), dim=-1) + eps
+    comb = comb / (comb.sum(dim=-2, keepdim=True) + eps)
+    for _ in range(module.hc_sinkhorn_iters - 1):  # Sinkhorn: rows, then columns
+        comb = comb / (comb.sum(dim=-1, keepdim=True) + eps)
+        comb = comb / (comb.sum(dim=-2, keepdim=True) + eps)
+    collapsed = (pre.unsqueeze(-1) * hidden_streams).sum(dim=2).to(hidden_streams.dtype)
+    return post, comb, collapsed
+
+
+def mhc_post(post: torch.Tensor, comb: torch.Tensor, block_output: torch.Tensor, hidden_states: torch.Tensor):
+    """`post * block_output + comb^T @ streams` in the streams' dtype (DeepSeek-V4's decoder layer):
+    each product rounded as upstream rounds it (a fused multiply-add would not be bit for bit)."""
+    dtype = hidden_states.dtype
+    expanded = post.to(dtype).unsqueeze(-1) * block_output.unsqueeze(-2)
+    return expanded + torch.matmul(comb.to(dtype).transpose(-1, -2), hidden_states)
+
+
+def mhc_head(module: Any, x: torch.Tensor) -> torch.Tensor:
+    """DeepSeek-V4's final collapse of the streams (`DeepseekV4HyperHead`): sigmoid weights of the
+    normalised streams, `[B, S, D]` in x's dtype."""
+    mixes = F.linear(
+        reference.v4_unweighted_rms_norm(x.flatten(2).float(), module.input_norm.eps), module.hc_fn.float()
+    )
+    pre = torch.sigmoid(mixes * module.hc_scale.float() + module.hc_base.float()) + module.eps
+    return (pre.unsqueeze(-1) * x).sum(dim=2).to(x.dtype)
+
+
+#: Elements of one chunk of the indexer's per-head scores ([B, queries, H, T] fp32: 256 MiB).
+INDEX_SCORE_CHUNK = 1 << 26
+
+
+def dsa_indexer_deepseek_v4(module: Any, hidden_states, q_residual, position_ids, past_key_values, layer_idx: int):
+    """DeepSeek-V4's Lightning indexer: keys and queries as upstream (the cache updated as upstream
+    does), the per-head scores `[B, S, H, T]` in query chunks of at most INDEX_SCORE_CHUNK elements
+    (upstream holds them all at once), summed over the heads, then the causal top-k: int64
+    `[B, S, min(index_topk, T)]`, -1 = no valid key. Indices carry no gradient: computed without
+    autograd."""
+    with torch.no_grad():
+        keys = reference.v4_indexer_keys(module, hidden_states, past_key_values, layer_idx)
+        q = reference.v4_indexer_queries(module, hidden_states, q_residual, position_ids)
+        weights = reference.v4_index_weights(module, hidden_states)  # [B, S, H]
+        batch, seq_len, heads, _ = q.shape
+        keys_t = keys.transpose(-1, -2).float().unsqueeze(1)  # [B, 1, D, T]
+        step = max(1, INDEX_SCORE_CHUNK // max(1, batch * heads * keys.shape[1]))
+        scores = q.new_empty((batch, seq_len, keys.shape[1]), dtype=torch.float32)
+        for start in range(0, seq_len, step):
+            end = min(seq_len, start + step)
+            part = F.relu(torch.matmul(q[:, start:end].float(), keys_t)) * module.scorer.softmax_scale
+            scores[:, start:end] = (part * weights[:, start:end].unsqueeze(-1)).sum(dim=2)
+        return reference.v4_index_topk(module, scores, position_ids)
+
+
+def dsa_attention_deepseek_v4(
+    module: Any,
+    query: torch.Tensor,
+    kv: torch.Tensor,
+    attention_mask: Optional[torch.Tensor],
+    dropout: float = 0.0,
+    scaling: Optional[float] = None,
+    sliding_window: Optional[int] = None,
+    s_aux: Optional[torch.Tensor] = None,
+    **kwargs,
+):
+    """DeepSeek-V4's attention core (shared K = V, one head; per-head sinks), as upstream's eager
+    attention but without repeating the shared head per query head: the heads of a row are one
+    `[H * S, D] x [D, T]` product against it. Returns (`[B, S, H, D]`, probabilities `[B, H, S, T]`)."""
+    if s_aux is None:
+        raise ValueError("dsa_attention/deepseek_v4 needs the attention sinks (s_aux=self.sinks, as the guard passes)")
+    if kv.dim() != 4 or kv.shape[1] != 1:
+        raise ValueError(f"dsa_attention/deepseek_v4 takes one shared K=V head [B, 1, T, D], got kv {tuple(kv.shape)}")
+    batch, heads, seq_len, dim = query.shape
+    shared = kv[:, 0]  # [B, T, D]
+    attn_weights = torch.matmul(query.reshape(batch, heads * seq_len, dim), shared.transpose(1, 2))
+    attn_weights = attn_weights.view(batch, heads, seq_len, -1) * scaling
+    if attention_mask is not None:
+        attn_weights = attn_weights + attention_mask
+    sinks = s_aux.reshape(1, -1, 1, 1).expand(batch, -1, seq_len, -1)
+    combined_logits = torch.cat([attn_weights, sinks], dim=-1)
+    combined_logits = combined_logits - combined_logits.max(dim=-1, keepdim=True).values
+    probs = F.softmax(combined_logits, dim=-1, dtype=combined_logits.dtype)
+    attn_weights = F.dropout(probs[..., :-1], p=dropout, training=module.training).to(kv.dtype)
+    out = torch.matmul(attn_weights.reshape(batch, heads * seq_len, -1), shared)
+    return out.view(batch, heads, seq_len, dim).transpose(1, 2).contiguous(), attn_weights
