@@ -112,6 +112,7 @@ GPU, GPU_NPU = ("gpu",), ("gpu", "npu")
 #: model_type -> GeneratedModel, for every real-model spec folder under specs/.
 MODELS: Dict[str, GeneratedModel] = _models(
     ("deepseek_v3", GPU_NPU, {"deepseek_v3": _text("DeepseekV3")}),
+    ("deepseek_v4", GPU, {"deepseek_v4": _text("DeepseekV4")}),
     (
         "gemma3",
         GPU,

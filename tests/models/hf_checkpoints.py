@@ -8,7 +8,13 @@ independently of Transformers' conversion code (so it can check that code, not r
   first) and `down_proj [E, H, I]`;
 - Qwen3.5 / Qwen3.5-MoE: the multimodal checkpoint's `model.language_model.` prefix, plus vision
   tower and MTP tensors the causal LM must ignore (`_keys_to_ignore_on_load_unexpected`);
-- DeepSeek-V3: an MTP layer (`model.layers.61.*`), ignored the same way.
+- DeepSeek-V3: an MTP layer (`model.layers.61.*`), ignored the same way;
+- DeepSeek-V4: the original checkpoint's own names (DeepSeek's reference code: no `model.` prefix,
+  `embed`, `head`, `layers.<i>.attn.{wq_a,q_norm,wq_b,wkv,norm,wo_a,wo_b,attn_sink}`, the compressor's
+  `{wkv,wgate,ape,norm}`, the indexer's `{wq_b,weights_proj}` with its own `compressor`,
+  `layers.<i>.ffn.{gate,shared_experts.w1/w2/w3,experts.<e>.w1/w2/w3}`, `attn_norm`/`ffn_norm`,
+  `hc_attn_*`/`hc_ffn_*`, `hc_head_*`) and an MTP block (`mtp.*`, ignored), which Transformers'
+  conversion mapping renames on load.
 
 Vision-language models (`vl_hub_layout`, tests/models/test_vision_language.py), the layouts their
 checkpoints come in besides what `save_pretrained` writes:
@@ -66,6 +72,64 @@ def hub_layout(model_key: str, state_dict: Dict[str, torch.Tensor]) -> Dict[str,
         out["mtp.fc.weight"] = torch.randn(8, 8, generator=gen)
     if model_key == "deepseek_v3":
         out["model.layers.61.eh_proj.weight"] = torch.randn(8, 8, generator=torch.Generator().manual_seed(7))
+    if model_key == "deepseek_v4":
+        out = deepseek_v4_original(out)
+    return out
+
+
+#: DeepSeek-V4: (pattern, replacement) from the Transformers module's names to the original
+#: checkpoint's, applied in order to each name (the per-layer ones after `model.layers.` -> `layers.`).
+_DEEPSEEK_V4_NAMES = [
+    (r"^model\.embed_tokens\.weight$", "embed.weight"),
+    (r"^lm_head\.weight$", "head.weight"),
+    (r"^model\.hc_head\.hc_(fn|base|scale)$", r"hc_head_\1"),
+    (r"^model\.", ""),
+    (r"\.(attn|ffn)_hc\.(fn|base|scale)$", r".hc_\1_\2"),
+    (r"\.input_layernorm\.", ".attn_norm."),
+    (r"\.post_attention_layernorm\.", ".ffn_norm."),
+    (r"\.self_attn\.compressor\.indexer\.scorer\.weights_proj\.", ".attn.indexer.weights_proj."),
+    (r"\.self_attn\.compressor\.indexer\.q_b_proj\.", ".attn.indexer.wq_b."),
+    (r"\.self_attn\.compressor\.indexer\.", ".attn.indexer.compressor."),
+    (r"\.self_attn\.", ".attn."),
+    (r"\.mlp\.", ".ffn."),
+    (r"\.sinks$", ".attn_sink"),
+    (r"\.q_a_proj\.", ".wq_a."),
+    (r"\.q_a_norm\.", ".q_norm."),
+    (r"\.attn\.q_b_proj\.", ".attn.wq_b."),
+    (r"\.kv_proj\.", ".wkv."),
+    (r"\.kv_norm\.", ".norm."),
+    (r"\.o_a_proj\.", ".wo_a."),
+    (r"\.o_b_proj\.", ".wo_b."),
+    (r"\.compressor\.gate_proj\.", ".compressor.wgate."),
+    (r"\.position_bias$", ".ape"),
+    (r"\.gate\.e_score_correction_bias$", ".gate.bias"),
+    (r"\.shared_experts\.gate_proj\.", ".shared_experts.w1."),
+    (r"\.shared_experts\.down_proj\.", ".shared_experts.w2."),
+    (r"\.shared_experts\.up_proj\.", ".shared_experts.w3."),
+]
+
+
+def deepseek_v4_original(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """A DeepSeek-V4 `*ForCausalLM` state dict under the original checkpoint's names (the module
+    docstring lists them): the fused experts one module per expert (`w1` gate, `w3` up, `w2` down),
+    plus an MTP tensor that loading must ignore."""
+    out: Dict[str, torch.Tensor] = {}
+    for key, value in state_dict.items():
+        m = _FUSED.match(key)
+        name = key
+        for pattern, replacement in _DEEPSEEK_V4_NAMES:
+            name = re.sub(pattern, replacement, name)
+        if m:
+            prefix = name[: -len(m.group("name")) - 1]  # layers.<i>.ffn.experts
+            for e in range(value.shape[0]):
+                if m.group("name") == "gate_up_proj":
+                    gate, up = value[e].chunk(2, dim=0)
+                    out[f"{prefix}.{e}.w1.weight"], out[f"{prefix}.{e}.w3.weight"] = gate, up
+                else:
+                    out[f"{prefix}.{e}.w2.weight"] = value[e]
+        else:
+            out[name] = value
+    out["mtp.0.hc_head_fn"] = torch.randn(8, 8, generator=torch.Generator().manual_seed(7))
     return out
 
 

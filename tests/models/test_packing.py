@@ -15,7 +15,10 @@ restarting per document, and labels that are the ids themselves (not masked at t
   gives the same loss as position ids alone;
 - MoE models: the load-balancing loss of the packed row equals that of the same documents padded in a
   batch (it is a mean over the real tokens either way);
-- a packed row with an attention mask is refused (Transformers would ignore the boundaries).
+- a packed row with an attention mask is refused (Transformers would ignore the boundaries);
+- DeepSeek-V4 refuses packed rows (its compressors pool tokens across the row): position ids alone
+  and the collator's batch are refused with opslot.packing.PackedSequenceError, whatever the kernels;
+  a padded batch and a row of one document run.
 
 Run: `python -m pytest tests/models/test_packing.py [--device cuda] [-k qwen3_5]` (ctest: `real_models_packing`).
 """
@@ -35,6 +38,8 @@ import e2e  # tests/models/e2e.py (conftest puts it on sys.path)
 CASES = {c.key: c for c in e2e.CASES}
 LENGTHS = [11, 1, 6, 4]  # gemma3/gpt_oss tiny configs slide a window of 8
 SINKS = {"gpt_oss"}  # attention sinks: opslot_varlen refuses them
+#: Models that refuse packed rows (their own code cannot keep documents apart): the refusal is tested below.
+REFUSED = {"deepseek_v4"}
 
 
 @dataclasses.dataclass
@@ -109,7 +114,7 @@ def grads_of(model) -> Dict[str, torch.Tensor]:
     return {n: p.grad.detach().float().clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-KEYS = list(CASES)
+KEYS = [k for k in CASES if k not in REFUSED]
 
 
 @pytest.mark.parametrize("key", KEYS)
@@ -185,7 +190,7 @@ def test_packed_sdpa_and_the_collator_agree(key, worlds, device):
         torch.testing.assert_close(varlen(**batch, use_cache=False).logits.float(), ref, rtol=rtol, atol=atol)
 
 
-@pytest.mark.parametrize("key", [k for k, c in CASES.items() if c.moe])
+@pytest.mark.parametrize("key", [k for k in KEYS if CASES[k].moe])
 def test_moe_aux_loss_of_a_packed_row_equals_the_padded_batch(key, worlds, device):
     w = worlds(key)
     model = build(w, attn_for(key), device)
@@ -235,6 +240,55 @@ def test_qwen3_5_packed_row_on_eager_gated_deltanet_is_refused(worlds, device):
         PackedSequenceError, match="reaches causal_conv1d_implementation, chunk_gated_delta_rule_implementation = eager"
     ):
         model(**packed_row(w.config.vocab_size, device), use_cache=False)
+
+
+DEEPSEEK_V4_REFUSAL = (
+    "DeepSeek-V4 does not take packed rows (documents restarting their position ids inside a row): its "
+    "CSA/HCA compressors pool every `compress_rate` tokens of a row into one entry and decide which entries a "
+    "query sees from its position id, so the documents of a packed row would read each other's entries; pad "
+    "the documents into a batch instead"
+)
+
+
+@pytest.mark.parametrize("impl", ["eager", "torch"])
+def test_deepseek_v4_refuses_packed_rows(worlds, device, impl):
+    import re
+
+    from transformers import DataCollatorWithFlattening
+
+    from opslot import build_model
+    from opslot.packing import PackedSequenceError
+
+    w = worlds("deepseek_v4")
+    ops = e2e.ops_for(w.slots, "cuda" if impl == "torch" and device.type == "cuda" else impl)
+    model = build_model(w.config, ops=ops, module=w.module, model_class=w.case.causal_lm, allow_unreached=True)
+    model.load_state_dict(w.state, strict=True)
+    model.to(device).eval()
+    row = packed_row(w.config.vocab_size, device)
+    refusal = "^" + re.escape(DEEPSEEK_V4_REFUSAL) + "$"
+    with torch.no_grad():
+        with pytest.raises(PackedSequenceError, match=refusal):
+            model(**row, use_cache=False)
+        docs, start = [], 0
+        for n in LENGTHS:
+            docs.append({"input_ids": row["input_ids"][0, start : start + n].tolist()})
+            start += n
+        batch = DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_tensors="pt")(docs)
+        batch = {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in batch.items()}
+        with pytest.raises(PackedSequenceError, match=refusal):
+            model(**batch, use_cache=False)
+        # not packed: one document per row (explicit positions), a padded batch
+        ids = row["input_ids"][:, :11]
+        alone = model(input_ids=ids, use_cache=False).logits
+        explicit = model(input_ids=ids, position_ids=torch.arange(11, device=device)[None], use_cache=False).logits
+        assert torch.equal(alone, explicit)
+        padded = torch.zeros(2, 11, dtype=torch.long, device=device)
+        mask = torch.zeros_like(padded)
+        padded[0], mask[0] = ids[0], 1
+        padded[1, :6], mask[1, :6] = ids[0, :6], 1
+        logits = model(input_ids=padded, attention_mask=mask, use_cache=False).logits
+        rtol, atol = tolerances(device)
+        torch.testing.assert_close(logits[0], alone[0].to(logits.dtype), rtol=rtol, atol=atol)
 
 
 @pytest.mark.parametrize("key", ["qwen3"])
