@@ -125,6 +125,7 @@ MODELS: Dict[str, GeneratedModel] = _models(
             "gemma3_text": {"causal_lm": "Gemma3ForCausalLM", "base": "Gemma3TextModel"},
         },
     ),
+    ("glm_moe_dsa", GPU_NPU, {"glm_moe_dsa": _text("GlmMoeDsa")}),
     ("gpt_oss", GPU, {"gpt_oss": _text("GptOss")}),
     ("llama", GPU, {"llama": _text("Llama")}),
     ("qwen2", GPU, {"qwen2": _text("Qwen2")}),

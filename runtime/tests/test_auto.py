@@ -189,9 +189,9 @@ def test_registry_modules_and_classes_exist_in_the_generated_files(monkeypatch, 
 # --- errors for what is not generated ---------------------------------------------------------------------------
 
 SUPPORTED = (
-    "deepseek_v3, deepseek_v4, gemma3, gemma3_text, gpt_oss, llama, qwen2, qwen2_5_omni_thinker, qwen2_5_vl, "
-    "qwen2_5_vl_text, qwen2_vl, qwen2_vl_text, qwen3, qwen3_5, qwen3_5_moe, qwen3_5_moe_text, qwen3_5_text, qwen3_moe, "
-    "qwen3_omni_moe_thinker, qwen3_vl, qwen3_vl_moe, qwen3_vl_moe_text, qwen3_vl_text, seed_oss"
+    "deepseek_v3, deepseek_v4, gemma3, gemma3_text, glm_moe_dsa, gpt_oss, llama, qwen2, qwen2_5_omni_thinker, "
+    "qwen2_5_vl, qwen2_5_vl_text, qwen2_vl, qwen2_vl_text, qwen3, qwen3_5, qwen3_5_moe, qwen3_5_moe_text, qwen3_5_text, "
+    "qwen3_moe, qwen3_omni_moe_thinker, qwen3_vl, qwen3_vl_moe, qwen3_vl_moe_text, qwen3_vl_text, seed_oss"
 )
 
 

@@ -285,6 +285,33 @@ CASES = [
         moe=True,
     ),
     Case(
+        "glm_moe_dsa",
+        "GlmMoeDsaConfig",
+        dict(
+            num_hidden_layers=3,
+            num_key_value_heads=4,
+            moe_intermediate_size=32,
+            first_k_dense_replace=1,
+            n_shared_experts=1,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            n_group=2,
+            topk_group=1,
+            kv_lora_rank=16,
+            q_lora_rank=32,
+            qk_rope_head_dim=8,
+            v_head_dim=16,
+            qk_nope_head_dim=16,
+            norm_topk_prob=True,
+            index_n_heads=8,  # with few heads relu(q.k) is often 0 for every head: ties, which top-k breaks arbitrarily
+            index_head_dim=16,
+            index_topk=4,  # fewer than SEQ: the indexer really selects
+            indexer_types=["full", "shared", "full"],  # a layer reusing the previous layer's top-k
+        ),
+        "GlmMoeDsaForCausalLM",
+        npu_removes=[],
+    ),
+    Case(
         "gpt_oss",
         "GptOssConfig",
         dict(

@@ -4,11 +4,11 @@
 independently of Transformers' conversion code (so it can check that code, not repeat it):
 
 - MoE experts one module per expert, `mlp.experts.<e>.{gate,up,down}_proj.weight` (Qwen3-MoE,
-  Qwen3.5-MoE, DeepSeek-V3), where the models hold fused `gate_up_proj [E, 2I, H]` (gate rows
+  Qwen3.5-MoE, DeepSeek-V3, GLM-MoE-DSA), where the models hold fused `gate_up_proj [E, 2I, H]` (gate rows
   first) and `down_proj [E, H, I]`;
 - Qwen3.5 / Qwen3.5-MoE: the multimodal checkpoint's `model.language_model.` prefix, plus vision
   tower and MTP tensors the causal LM must ignore (`_keys_to_ignore_on_load_unexpected`);
-- DeepSeek-V3: an MTP layer (`model.layers.61.*`), ignored the same way;
+- DeepSeek-V3: an MTP layer (`model.layers.61.*`), ignored the same way; GLM-MoE-DSA's (`model.layers.78.*`);
 - DeepSeek-V4: the original checkpoint's own names (DeepSeek's reference code: no `model.` prefix,
   `embed`, `head`, `layers.<i>.attn.{wq_a,q_norm,wq_b,wkv,norm,wo_a,wo_b,attn_sink}`, the compressor's
   `{wkv,wgate,ape,norm}`, the indexer's `{wq_b,weights_proj}` with its own `compressor`,
@@ -41,7 +41,7 @@ from typing import Dict
 
 import torch
 
-EXPERTS_SPLIT = {"qwen3_moe", "qwen3_5_moe", "deepseek_v3"}
+EXPERTS_SPLIT = {"qwen3_moe", "qwen3_5_moe", "deepseek_v3", "glm_moe_dsa"}
 LANGUAGE_MODEL_PREFIX = {"qwen3_5", "qwen3_5_moe"}
 _FUSED = re.compile(r"^(?P<prefix>.*\.mlp\.experts)\.(?P<name>gate_up_proj|down_proj)$")
 
@@ -72,6 +72,8 @@ def hub_layout(model_key: str, state_dict: Dict[str, torch.Tensor]) -> Dict[str,
         out["mtp.fc.weight"] = torch.randn(8, 8, generator=gen)
     if model_key == "deepseek_v3":
         out["model.layers.61.eh_proj.weight"] = torch.randn(8, 8, generator=torch.Generator().manual_seed(7))
+    if model_key == "glm_moe_dsa":  # GLM-5's MTP layer (its 79th), which the causal LM ignores
+        out["model.layers.78.eh_proj.weight"] = torch.randn(8, 8, generator=torch.Generator().manual_seed(7))
     if model_key == "deepseek_v4":
         out = deepseek_v4_original(out)
     return out

@@ -7,10 +7,11 @@ For each model of tests/models/e2e.py (its tiny config, random weights, every sl
 restarting per document, and labels that are the ids themselves (not masked at the boundaries):
 
 - attention `opslot_varlen` (GPT-OSS: `eager`, its attention sinks are refused by `opslot_varlen`,
-  checked): the logits of every document equal the document run alone; the loss summed over the
+  checked; GLM-MoE-DSA: `sdpa`, its indexer reads the 4-D mask, `opslot_varlen` is refused, checked): the logits of every document equal the document run alone; the loss summed over the
   targets equals the sum of the documents' losses (a label at a document's first token is never
   a target); every parameter gradient equals the sum of the documents' gradients;
-- packed with `sdpa` (Transformers' block-diagonal mask) gives the same logits (GPT-OSS has no sdpa);
+- packed with `sdpa` (Transformers' block-diagonal mask) gives the same logits (GPT-OSS has no sdpa;
+  GLM-MoE-DSA: `eager`'s float block mask against `sdpa`'s boolean one);
 - the collator recipe of docs/packing.md (`DataCollatorWithFlattening(return_flash_attn_kwargs=True)`)
   gives the same loss as position ids alone;
 - MoE models: the load-balancing loss of the packed row equals that of the same documents padded in a
@@ -38,6 +39,7 @@ import e2e  # tests/models/e2e.py (conftest puts it on sys.path)
 CASES = {c.key: c for c in e2e.CASES}
 LENGTHS = [11, 1, 6, 4]  # gemma3/gpt_oss tiny configs slide a window of 8
 SINKS = {"gpt_oss"}  # attention sinks: opslot_varlen refuses them
+DENSE_MASK = {"glm_moe_dsa"}  # the DSA indexer reads the 4-D mask: eager or sdpa only, opslot_varlen refused
 #: Models that refuse packed rows (their own code cannot keep documents apart): the refusal is tested below.
 REFUSED = {"deepseek_v4"}
 
@@ -67,6 +69,13 @@ def worlds(patchgen, source_root, tmp_path_factory):
             config = e2e.make_config(case)
             if getattr(config, "output_router_logits", False):
                 config.output_router_logits = False  # per-document comparisons; the aux loss has its own test
+            if key in DENSE_MASK:
+                # top-k is discontinuous: two keys whose scores rounding orders differently in the packed
+                # row and in the document alone (fp32 sums over another length; bf16 on a GPU) would be
+                # picked differently. With k = the longest document every visible key is picked in both,
+                # so what is compared is that each document's mask reaches the indexer and the attention
+                # (keys of other documents, scored too, must never be picked in place of its own).
+                config.index_topk = max(LENGTHS)
             model = build_model(config, ops={}, module=module, model_class=case.causal_lm)
             e2e.randomize_(model, case.offset_norm)
             state = {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -95,7 +104,7 @@ def build(world: World, attn: str, device: torch.device):
 
 
 def attn_for(key: str) -> str:
-    return "eager" if key in SINKS else "opslot_varlen"
+    return "eager" if key in SINKS else "sdpa" if key in DENSE_MASK else "opslot_varlen"
 
 
 def packed_row(vocab: int, device: torch.device) -> Dict[str, torch.Tensor]:
@@ -173,8 +182,9 @@ def test_packed_sdpa_and_the_collator_agree(key, worlds, device):
         ref = varlen(**row, use_cache=False).logits.float()
         rtol, atol = tolerances(device)
         if key not in SINKS:  # GPT-OSS: no sdpa in Transformers; its packed eager is the reference above
-            sdpa = build(w, "sdpa", device)(**row, use_cache=False).logits.float()
-            torch.testing.assert_close(sdpa, ref, rtol=rtol, atol=atol)
+            other = "eager" if key in DENSE_MASK else "sdpa"  # GLM-MoE-DSA: sdpa is the reference above
+            logits = build(w, other, device)(**row, use_cache=False).logits.float()
+            torch.testing.assert_close(logits, ref, rtol=rtol, atol=atol)
 
         docs, start = [], 0
         for n in LENGTHS:
@@ -227,6 +237,28 @@ def test_gpt_oss_sinks_are_refused_by_opslot_varlen(worlds, device):
     model = build(w, "opslot_varlen", device)
     with pytest.raises(NotImplementedError, match="has attention sinks"):
         model(**packed_row(w.config.vocab_size, device), use_cache=False)
+
+
+GLM_ATTENTION_REFUSAL = (
+    "GLM-MoE-DSA runs with attn_implementation 'eager' or 'sdpa', not 'opslot_varlen': its indexer reads their 4-D "
+    "causal mask (packed rows included: Transformers' block-diagonal mask), and other attentions would ignore the "
+    "indexer's top-k selection. The sparse attention's kernel is chosen by dsa_attention_implementation"
+)
+
+
+@pytest.mark.parametrize("impl", ["eager", "torch"])
+def test_glm_moe_dsa_refuses_opslot_varlen(worlds, device, impl):
+    import re
+
+    from opslot import build_model
+
+    w = worlds("glm_moe_dsa")
+    ops = dict(e2e.ops_for(w.slots, impl), attn_implementation="opslot_varlen")
+    model = build_model(w.config, ops=ops, module=w.module, model_class=w.case.causal_lm, allow_unreached=True)
+    model.to(device).eval()
+    for batch in (packed_row(w.config.vocab_size, device), {"input_ids": torch.ones(2, 5, dtype=torch.long)}):
+        with torch.no_grad(), pytest.raises(ValueError, match="^" + re.escape(GLM_ATTENTION_REFUSAL) + "$"):
+            model(**{k: v.to(device) for k, v in batch.items()}, use_cache=False)
 
 
 def test_qwen3_5_packed_row_on_eager_gated_deltanet_is_refused(worlds, device):

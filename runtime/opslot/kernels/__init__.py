@@ -74,6 +74,8 @@ BUILTIN_KERNELS = [
         ANY,
         "portable PyTorch, the shared K=V head not repeated",
     ),
+    ("torch", "dsa_indexer", "glm", "torch_ops:dsa_indexer_glm", ANY, "upstream's scores in query blocks"),
+    ("torch", "dsa_attention", "glm", "torch_ops:dsa_attention_glm", ANY, "upstream's K/V expansion and masks"),
     ("torch", "chunk_gated_delta_rule", "standard", "torch_ops:chunk_gated_delta_rule", ANY, "chunk-parallel PyTorch"),
     ("cuda", "rms_norm", "standard", "cuda.norms:rms_norm_standard", CUDA, "CUDA kernel, one pass each way"),
     ("cuda", "rms_norm", "offset", "cuda.norms:rms_norm_offset", CUDA, "CUDA kernel, one pass each way"),

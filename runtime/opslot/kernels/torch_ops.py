@@ -8,6 +8,7 @@ causal conv without computing the right-hand padding.
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Optional, Tuple
 
 import torch
@@ -497,3 +498,93 @@ def dsa_attention_deepseek_v4(
     attn_weights = F.dropout(probs[..., :-1], p=dropout, training=module.training).to(kv.dtype)
     out = torch.matmul(attn_weights.reshape(batch, heads * seq_len, -1), shared)
     return out.view(batch, heads, seq_len, dim).transpose(1, 2).contiguous(), attn_weights
+
+
+# -- GLM-MoE-DSA --------------------------------------------------------------------------------
+#: The indexer's fp32 scores are computed for as many query rows as keep them under this many elements
+#: (256 MiB), instead of upstream's whole [B, S, H, T] at once (512 GiB at 64k tokens and 32 heads).
+_INDEX_SCORE_ELEMENTS = 1 << 26
+
+
+def dsa_indexer_glm(
+    module: Any, hidden_states, q_resid, position_embeddings, attention_mask, position_ids=None, past_key_values=None
+) -> torch.Tensor:
+    """`GlmMoeDsaIndexer.forward`'s operations in its order (bit for bit on the CPU): q, k with the
+    interleaved RoPE on their first `qk_rope_head_dim` features, the cache's indexer keys appended,
+    fp32 scores `relu(q . k) * scale` weighted per head and summed, the mask, and the top k as int32
+    `[B, S, min(index_topk, T)]`; the scores a block of query rows at a time (`_INDEX_SCORE_ELEMENTS`)."""
+    with torch.no_grad():
+        batch_size, seq_len, _ = hidden_states.shape
+        cos, sin = position_embeddings
+        rope = module.qk_rope_head_dim
+        q = module.wq_b(q_resid).view(batch_size, seq_len, module.n_heads, module.head_dim)
+        q_rot, q_pass = torch.split(q, [rope, module.head_dim - rope], dim=-1)
+        k = module.k_norm(module.wk(hidden_states)).unsqueeze(2)
+        k_rot, k_pass = torch.split(k, [rope, module.head_dim - rope], dim=-1)
+        q_rot, k_rot = rotary_pos_emb_interleaved(q_rot, k_rot, cos, sin, unsqueeze_dim=2)
+        q = torch.cat([q_rot, q_pass], dim=-1)
+        k = torch.cat([k_rot, k_pass], dim=-1).squeeze(2)
+        if past_key_values is not None:
+            k = past_key_values.update_indexer(k, module.layer_idx)
+        keys = k.transpose(-1, -2).float().unsqueeze(1)  # [B, 1, D, T]
+        weights = module.weights_proj(hidden_states.to(module.weights_proj.weight.dtype)).float() * (
+            module.n_heads**-0.5
+        )
+        top_k = min(module.index_topk, keys.shape[-1])
+        # upstream's [B, S, H, T] fp32 scores, a block of query rows at a time (each row's products
+        # and sums are the same: matmul treats every (b, s) as its own matrix)
+        rows = max(1, _INDEX_SCORE_ELEMENTS // max(1, batch_size * module.n_heads * keys.shape[-1]))
+        out = []
+        for start in range(0, seq_len, rows):
+            part = slice(start, start + rows)
+            scores = F.relu(torch.matmul(q[:, part].float(), keys) * module.softmax_scale)
+            index_scores = torch.matmul(weights[:, part].unsqueeze(-2), scores).squeeze(-2)
+            mask = attention_mask[:, part]
+            if mask.dtype == torch.bool:
+                index_scores = index_scores.masked_fill(~mask, float("-inf"))
+            else:
+                index_scores = index_scores + mask
+            out.append(index_scores.topk(top_k, dim=-1).indices.to(torch.int32))
+        return torch.cat(out, dim=1)
+
+
+def dsa_attention_glm(
+    module: Any, q_pass, q_rot, k_pass, k_rot, topk_indices, attention_mask, past_key_values=None, **kwargs
+):
+    """`GlmMoeDsaAttention.forward` from the latents on, as upstream (bit for bit on the CPU): per-head
+    K/V from `expand_kv`, the cache written with them when `past_key_values` is given (Transformers
+    < 5.23 caches the expanded K/V), every key outside `topk_indices` masked for eager/sdpa (other
+    attentions get `indices=topk_indices`), then the model's attention function."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    batch_size, _, seq_length, _ = q_pass.shape
+    query_states = torch.cat((q_pass, q_rot), dim=-1)
+    key_states, value_states = module.expand_kv(k_pass, k_rot)
+    if past_key_values is not None:
+        key_states, value_states = past_key_values.update(key_states, value_states, module.layer_idx)
+    sparse_indices = None
+    if module.config._attn_implementation in ("eager", "sdpa"):
+        index_mask = (
+            topk_indices.new_ones((batch_size, seq_length, key_states.shape[2]), dtype=torch.bool)
+            .scatter(-1, topk_indices.long(), False)
+            .unsqueeze(1)
+        )
+        if attention_mask.dtype == torch.bool:
+            attention_mask = attention_mask & ~index_mask
+        else:  # upstream fills with the minimum of the hidden states' dtype, which q_pass has
+            attention_mask = attention_mask.masked_fill(index_mask, torch.finfo(q_pass.dtype).min)
+    else:
+        sparse_indices = topk_indices
+    eager = sys.modules[type(module).__module__].eager_attention_forward  # the model module's own
+    attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(module.config._attn_implementation, eager)
+    return attention_interface(
+        module,
+        query_states,
+        key_states,
+        value_states,
+        attention_mask,
+        dropout=0.0 if not module.training else module.attention_dropout,
+        scaling=module.scaling,
+        indices=sparse_indices,
+        **kwargs,
+    )
