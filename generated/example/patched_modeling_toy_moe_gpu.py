@@ -56,7 +56,7 @@ class ToyMoeExperts(nn.Module):
         self.down_proj = nn.Parameter(torch.empty(self.num_experts, self.hidden_dim, self.intermediate_dim))
         self.act_fn = ACT2FN[config.hidden_act]
         # patchgen: instance slots moe_experts_slot (specs/example/toy_moe_gpu.yaml:10)
-        self.moe_experts_slot = OpSlot("moe", "standard").bind_from(config)
+        self.moe_experts_slot = OpSlot("moe", "standard").bind_from(config, owner=self)
 
     def forward(
         self,

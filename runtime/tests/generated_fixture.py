@@ -53,7 +53,7 @@ class TinyModel(nn.Module):
         self.config = config
         self.norm = TinyRMSNorm(config.hidden_size)
         self.mlp = TinyMLP(config)
-        self.rope_slot = OpSlot("rotary_pos_emb", "full").bind_from(config)
+        self.rope_slot = OpSlot("rotary_pos_emb", "full").bind_from(config, owner=self)
 
     def rope(self, q, k, cos, sin):
         if self.rope_slot.use_non_eager_impl:

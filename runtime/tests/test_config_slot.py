@@ -165,7 +165,7 @@ def test_generated_init_sets_the_slot(generated):
         "        # patchgen: config_slot ToyAttention.attention_kernel - the attention math, chosen per model "
         "from its config (runtime/tests/fixtures/config_slot/toy_config_slot.yaml:22)\n"
         '        self.attention_kernel = ConfigSlot("ToyAttention.attention_kernel", "toy_attention_kernel", '
-        '("eager", "sdpa"), default="eager").bind_from(config)\n'
+        '("eager", "sdpa"), default="eager").bind_from(config, owner=self)\n'
     ) in generated.source
     assert "from opslot import ConfigSlot\n" in generated.source
     assert [(s.name, s.attribute, s.values, s.default) for s in declared_config_slots(generated.module)] == [

@@ -121,3 +121,76 @@ def test_chunked_cross_entropy_matches_upstream(generated):
     diff = compare_models(ref, patched, inputs(config.vocab_size))
     assert diff.logits is None  # the fused kernel never built the logits
     assert diff.loss < 1e-5 and diff.grads < 1e-5, diff
+
+
+# ---- bind_from(config, owner=self): no frame lookup (issue #34) ------------------------------------
+
+LEGACY = "patched_modeling_toy_moe_gpu_legacy"
+
+
+@pytest.fixture
+def frame_lookups(monkeypatch):
+    """The calls of opslot.legacy_caller.caller_namespace, answered as it answers (bind_from's caller)."""
+    import opslot.legacy_caller
+
+    looked = []
+
+    def spy():
+        looked.append(sys._getframe(1).f_code.co_name)
+        return sys._getframe(2).f_globals
+
+    monkeypatch.setattr(opslot.legacy_caller, "caller_namespace", spy)
+    return looked
+
+
+@pytest.fixture
+def legacy_module(generated, tmp_path):
+    """The MoE example as an earlier patchgen wrote it: `bind_from(config)`, no owner."""
+    import importlib
+
+    with open(generated["patched_modeling_toy_moe_gpu"], encoding="utf-8") as f:
+        source = f.read()
+    assert source.count(".bind_from(config, owner=self)") == 1
+    (tmp_path / f"{LEGACY}.py").write_text(source.replace(".bind_from(config, owner=self)", ".bind_from(config)"))
+    sys.path.insert(0, str(tmp_path))
+    sys.modules.pop(LEGACY, None)
+    yield importlib.import_module(LEGACY)
+    sys.path.remove(str(tmp_path))
+    sys.modules.pop(LEGACY, None)
+
+
+def refusal(module_name):
+    return (
+        f"a model of {module_name} is being built from a config whose ops_implementation its module-level slots "
+        "do not follow: causal_lm_loss_slot (cross_entropy_loss/causal) runs 'eager', the config chooses 'torch'; "
+        "load_balancing_loss_slot (load_balancing_loss/standard) runs 'eager', the config chooses 'torch'. Build it "
+        "with opslot.build_model(config, module=..., model_class=...) or opslot.hf.from_pretrained(path, module), "
+        "which bind every slot"
+    )
+
+
+def test_the_generated_init_names_its_owner_and_never_looks_at_the_call_stack(generated, frame_lookups):
+    with open(generated["patched_modeling_toy_moe_gpu"], encoding="utf-8") as f:
+        source = f.read()
+    assert 'self.moe_experts_slot = OpSlot("moe", "standard").bind_from(config, owner=self)\n' in source
+    assert ".bind_from(config)" not in source
+    config, _, module, cls = models("toy_moe")
+    model = build_model(config, ops=ALL_TORCH, module=module, model_class=cls)
+    assert bound_impls(model)["self.moe_experts_slot"] == "torch"
+    plain = getattr(sys.modules[module], cls)  # its module-level slots unbound: build_model bound a private copy
+    with pytest.raises(ValueError) as err:
+        plain(model.config)  # a saved choice its module-level slots do not follow
+    assert str(err.value) == refusal(module)
+    assert frame_lookups == []
+
+
+def test_a_file_of_an_earlier_patchgen_is_refused_alike_through_the_call_stack(legacy_module, frame_lookups):
+    config, _, _, cls = models("toy_moe")
+    model = build_model(config, ops=ALL_TORCH, module=legacy_module, model_class=cls)
+    assert bound_impls(model)["self.moe_experts_slot"] == "torch"
+    layers = config.num_hidden_layers
+    assert frame_lookups == ["bind_from"] * layers  # one per instance slot: the layers' experts
+    with pytest.raises(ValueError) as err:
+        getattr(legacy_module, cls)(model.config)
+    assert str(err.value) == refusal(LEGACY)
+    assert frame_lookups == ["bind_from"] * (layers + 1)  # refused at the first layer's experts

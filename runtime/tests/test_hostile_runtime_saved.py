@@ -3,6 +3,9 @@ patchgen from the installed Transformers) built again from a config that was sav
 runs the kernels its saved `ops_implementation` says, every way Transformers builds one; or, for the
 plain generated class whose slots nobody bound, is refused. On the code before the change the moe
 kernel never ran (Transformers' default experts dispatch) and the plain class ran eager silently.
+Issue #34: the generated `__init__` names its owner (`bind_from(config, owner=self)`), so none of this
+looks at the call stack; a file of an earlier patchgen (`bind_from(config)`) is refused alike through
+opslot.legacy_caller.
 
 Needs the built binary: PATCHGEN_BIN=/path/to/patchgen (skipped when unset)."""
 
@@ -34,6 +37,21 @@ pytestmark = pytest.mark.skipif(not PATCHGEN, reason="set PATCHGEN_BIN to the bu
 def _cpu_defaults():
     opslot.set_device_detector(lambda: opslot.DeviceInfo("cpu"))
     yield
+
+
+@pytest.fixture
+def frame_lookups(monkeypatch):
+    """The calls of opslot.legacy_caller.caller_namespace, answered as it answers (bind_from's caller)."""
+    import opslot.legacy_caller
+
+    looked = []
+
+    def spy():
+        looked.append(sys._getframe(1).f_code.co_name)
+        return sys._getframe(2).f_globals
+
+    monkeypatch.setattr(opslot.legacy_caller, "caller_namespace", spy)
+    return looked
 
 
 @pytest.fixture(scope="module")
@@ -128,12 +146,13 @@ REBUILDS = {
 
 
 @pytest.mark.parametrize("how", sorted(REBUILDS))
-def test_a_model_rebuilt_from_its_saved_config_runs_its_kernels(generated, saved, how):
+def test_a_model_rebuilt_from_its_saved_config_runs_its_kernels(generated, saved, how, frame_lookups):
     model, path = saved
     again = REBUILDS[how](type(model), generated, path)
     assert binding_plan(again) == binding_plan(model)
     assert kernel_calls(again) == {"moe": 2, "rms_norm": 9}  # was {"rms_norm": 9}: experts dispatched elsewhere
     assert again.config._experts_implementation == "eager"
+    assert frame_lookups == []
 
 
 def test_a_loaded_model_saved_again_still_carries_its_dispatch(saved, tmp_path):
@@ -151,15 +170,29 @@ def test_an_explicit_experts_implementation_still_wins(saved):
     )
 
 
-def test_the_plain_class_built_from_a_saved_config_is_refused(generated, saved):
-    _, path = saved
-    message = (
-        f"a model of {MODULE} is being built from a config whose ops_implementation its module-level slots "
+def refusal(module_name):
+    return (
+        f"a model of {module_name} is being built from a config whose ops_implementation its module-level slots "
         f"do not follow: moe_slot (moe/standard) runs 'eager', the config chooses '{COUNTED}'; rms_norm_slot "
         f"(rms_norm/standard) runs 'eager', the config chooses '{COUNTED}'. Build it with "
         f"opslot.build_model(config, module=..., model_class=...) or opslot.hf.from_pretrained(path, module), "
         f"which bind every slot"
     )
+
+
+def test_the_generated_config_slot_names_its_owner(generated):
+    with open(generated.__file__, encoding="utf-8") as f:
+        source = f.read()
+    assert (
+        'self.router_implementation = ConfigSlot("Qwen3MoeTopKRouter.router_implementation", "router_implementation", '
+        '("eager", "fp32"), default="eager").bind_from(config, owner=self)\n'
+    ) in source
+    assert ".bind_from(config)" not in source
+
+
+def test_the_plain_class_built_from_a_saved_config_is_refused(generated, saved, frame_lookups):
+    _, path = saved
+    message = refusal(MODULE)
     cls = getattr(generated, CLASS)
     with pytest.raises(ValueError) as err:
         cls(loaded_config(path))  # was: an all-eager model, silently
@@ -172,3 +205,32 @@ def test_the_plain_class_built_from_a_saved_config_is_refused(generated, saved):
             transformers.AutoModelForCausalLM.from_config(loaded_config(path))
     assert str(err.value) == message
     assert type(cls(tiny_config())) is cls  # a config without a saved choice: the plain class as upstream's
+    assert frame_lookups == []
+
+
+LEGACY = MODULE + "_legacy"
+
+
+@pytest.fixture
+def legacy_module(generated, tmp_path):
+    """The generated Qwen3-MoE module as an earlier patchgen wrote it: `bind_from(config)`, no owner."""
+    with open(generated.__file__, encoding="utf-8") as f:
+        source = f.read()
+    assert source.count(".bind_from(config, owner=self)") == 1  # the router's config slot
+    (tmp_path / f"{LEGACY}.py").write_text(source.replace(".bind_from(config, owner=self)", ".bind_from(config)"))
+    sys.path.insert(0, str(tmp_path))
+    sys.modules.pop(LEGACY, None)
+    yield importlib.import_module(LEGACY)
+    sys.path.remove(str(tmp_path))
+    sys.modules.pop(LEGACY, None)
+
+
+def test_a_file_of_an_earlier_patchgen_is_refused_alike_through_the_call_stack(legacy_module, saved, frame_lookups):
+    _, path = saved
+    with pytest.raises(ValueError) as err:
+        getattr(legacy_module, CLASS)(loaded_config(path))
+    assert str(err.value) == refusal(LEGACY)
+    assert frame_lookups == ["bind_from"]  # the first layer's router: refused there
+    again = build_model(loaded_config(path), module=legacy_module, model_class=CLASS)
+    assert kernel_calls(again) == {"moe": 2, "rms_norm": 9}
+    assert frame_lookups == ["bind_from"] * 3  # and one per layer's router (2 layers) when it is built

@@ -235,14 +235,17 @@ bool GuardPlanner::PlanInstanceBinding(const Slot& slot, const Guard& g, const D
         "slot '" + slot.name + "' has `scope: instance`, but " + owner.qualname +
             ".__init__ has no `config` parameter to bind from",
         "the binding is `self." + slot.name + " = " + SlotExpr(slot) +
-            ".bind_from(config)`; drop `scope: instance` or guard a class whose __init__ takes "
-            "the config"));
+            ".bind_from(config, owner=self)`; drop `scope: instance` or guard a class whose "
+            "__init__ takes the config"));
     return false;
   }
   InitEdit& e = init_[IndexOf(init)];
   if (e.slots.insert(slot.name).second) {
     if (e.lines.empty()) e.origin = slot.loc;
-    e.lines.push_back("self." + slot.name + " = " + SlotExpr(slot) + ".bind_from(config)");
+    // `owner=self`: the runtime checks a saved ops choice against the module-level slots of the
+    // module of self's class, instead of reading the calling module from the stack.
+    e.lines.push_back("self." + slot.name + " = " + SlotExpr(slot) +
+                      ".bind_from(config, owner=self)");
   }
   return true;
 }

@@ -20,8 +20,8 @@ struct GuardPlan {
   /// caller separates it from the imports. Empty when the spec has no slots; only the import
   /// when every slot is instance-scoped.
   std::string declarations;
-  /// Entry and call-site guards, and `self.<name> = OpSlot(...).bind_from(config)` lines
-  /// appended to `__init__` of owners of instance-scoped slots. Entry guards come first, so a
+  /// Entry and call-site guards, and `self.<name> = OpSlot(...).bind_from(config, owner=self)`
+  /// lines appended to `__init__` of owners of instance-scoped slots. Entry guards come first, so a
   /// call-site guard on a body's first statement follows the entry guard at the same offset.
   /// `TextEdit::code` maps a guard's `call` text back to the spec (one-line entry calls and
   /// every call-site call).

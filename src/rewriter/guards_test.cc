@@ -564,7 +564,8 @@ TEST_CASE("instance scope binds in __init__ and guards use self", "[guards]") {
   std::string init_end = "        self.act_fn = ACT2FN[config.hidden_act]\n";
   expected.insert(expected.find(init_end) + init_end.size(),
                   "        # patchgen: instance slots moe_slot (specs/qwen3/spec.yaml:5)\n"
-                  "        self.moe_slot = OpSlot(\"moe\", \"standard\").bind_from(config)\n");
+                  "        self.moe_slot = OpSlot(\"moe\", \"standard\").bind_from(config, "
+                  "owner=self)\n");
   std::string anchor = "        final_hidden_states = torch.zeros_like(hidden_states)\n";
   expected.insert(
       expected.find(anchor),
@@ -594,7 +595,7 @@ TEST_CASE("instance scope expands an inline __init__ and keeps explicit self.<sl
         "class Outer:\n    class Inner(Base):\n        def __init__(self, config):\n"
         "            super().__init__()\n"
         "            # patchgen: instance slots s (specs/qwen3/spec.yaml:5)\n"
-        "            self.s = OpSlot(\"o\", \"v\").bind_from(config)\n\n"
+        "            self.s = OpSlot(\"o\", \"v\").bind_from(config, owner=self)\n\n"
         "        def forward(self, x):\n"
         "            # patchgen: guard s -> o/v (specs/qwen3/spec.yaml:10)\n"
         "            if self.s.use_non_eager_impl:\n"
@@ -804,7 +805,8 @@ TEST_CASE("instance scope needs a method of a class with __init__(config)", "[gu
         "no `config` parameter to bind from\n"
         "   14 |       - in: NoConfig.forward\n"
         "      |             ^~~~~~~~~~~~~~~~\n"
-        "help: the binding is `self.s = OpSlot(\"o\", \"v\").bind_from(config)`; drop `scope: "
+        "help: the binding is `self.s = OpSlot(\"o\", \"v\").bind_from(config, owner=self)`; drop "
+        "`scope: "
         "instance` "
         "or guard a class whose __init__ takes the config\n");
 }

@@ -54,7 +54,9 @@ uint32_t AssignsSelfAttribute(const PyModule& up, const Definition& init, const 
 }
 
 /// The generated statement: `self.<name> = ConfigSlot("<Class>.<name>", "<attribute>", (...),
-/// default="...").bind_from(config)`.
+/// default="...").bind_from(config, owner=self)`: `owner=self` names the module whose slots a
+/// saved ops choice must be followed by (opslot.ConfigSlot.bind_from), so the runtime does not
+/// read it from the caller's frame.
 std::string ConfigSlotStatement(const Patch& p) {
   const spec::ConfigChoice& c = p.choice;
   std::string values;
@@ -65,7 +67,7 @@ std::string ConfigSlotStatement(const Patch& p) {
   std::string out = "self." + LastComponent(p.target) + " = ConfigSlot(\"" + p.target + "\", \"" +
                     c.attribute + "\", (" + values + ")";
   if (c.default_value) out += ", default=\"" + c.default_value->name + "\"";
-  return out + ").bind_from(config)";
+  return out + ").bind_from(config, owner=self)";
 }
 
 /// The `__init__` the slot is set in, or nullptr with an error (no class, no __init__, no

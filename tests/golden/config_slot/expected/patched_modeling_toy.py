@@ -70,7 +70,7 @@ class ToyMoeExperts(nn.Module):
     def __init__(self, config):
         super().__init__()
         # patchgen: config_slot ToyMoeExperts.experts_kernel - expert loop chosen from the model config (spec.yaml:16)
-        self.experts_kernel = ConfigSlot("ToyMoeExperts.experts_kernel", "moe_experts_kernel", ("eager", "grouped_mm"), default="eager").bind_from(config)
+        self.experts_kernel = ConfigSlot("ToyMoeExperts.experts_kernel", "moe_experts_kernel", ("eager", "grouped_mm"), default="eager").bind_from(config, owner=self)
         self.num_experts = config.num_experts
         self.gate_up_proj = nn.Parameter(torch.empty(self.num_experts, 2 * config.moe_intermediate_size, config.hidden_size))
         self.down_proj = nn.Parameter(torch.empty(self.num_experts, config.hidden_size, config.moe_intermediate_size))
@@ -128,7 +128,7 @@ class ToyForCausalLM(nn.Module):
     def __init__(self, config):
         super().__init__()
         # patchgen: config_slot ToyForCausalLM.head_kernel (spec.yaml:22)
-        self.head_kernel = ConfigSlot("ToyForCausalLM.head_kernel", "head_kernel", ("eager",)).bind_from(config)
+        self.head_kernel = ConfigSlot("ToyForCausalLM.head_kernel", "head_kernel", ("eager",)).bind_from(config, owner=self)
         self.config = config
         self.model = nn.Identity()
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)

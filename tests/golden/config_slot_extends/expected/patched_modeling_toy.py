@@ -64,7 +64,7 @@ class ToyMoeExperts(nn.Module):
     def __init__(self, config):
         super().__init__()
         # patchgen: config_slot ToyMoeExperts.experts_kernel (spec.yaml:7)
-        self.experts_kernel = ConfigSlot("ToyMoeExperts.experts_kernel", "experts_kernel", ("eager", "grouped_mm"), default="grouped_mm").bind_from(config)
+        self.experts_kernel = ConfigSlot("ToyMoeExperts.experts_kernel", "experts_kernel", ("eager", "grouped_mm"), default="grouped_mm").bind_from(config, owner=self)
         self.num_experts = config.num_experts
         self.gate_up_proj = nn.Parameter(torch.empty(self.num_experts, 2 * config.moe_intermediate_size, config.hidden_size))
         self.down_proj = nn.Parameter(torch.empty(self.num_experts, config.hidden_size, config.moe_intermediate_size))
@@ -109,7 +109,7 @@ class ToyAttention(nn.Module):
     def __init__(self, config):
         super().__init__()
         # patchgen: config_slot ToyAttention.attention_kernel - the child's reason (parent.yaml:5)
-        self.attention_kernel = ConfigSlot("ToyAttention.attention_kernel", "attention_kernel", ("eager", "sdpa"), default="eager").bind_from(config)
+        self.attention_kernel = ConfigSlot("ToyAttention.attention_kernel", "attention_kernel", ("eager", "sdpa"), default="eager").bind_from(config, owner=self)
         self.config = config
 
 

@@ -108,7 +108,7 @@ class ToyAttention(nn.Module):
     def __init__(self, config):
         super().__init__()
         # patchgen: config_slot ToyAttention.attention_kernel (spec.yaml:7)
-        self.attention_kernel = ConfigSlot("ToyAttention.attention_kernel", "attention_kernel", ("eager", "sdpa", "flash_attention_2"), default="sdpa").bind_from(config)
+        self.attention_kernel = ConfigSlot("ToyAttention.attention_kernel", "attention_kernel", ("eager", "sdpa", "flash_attention_2"), default="sdpa").bind_from(config, owner=self)
         self.config = config
 
 

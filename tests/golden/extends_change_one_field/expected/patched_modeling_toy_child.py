@@ -75,7 +75,7 @@ class ToyMoeExperts(nn.Module):
         self.down_proj = nn.Parameter(torch.empty(self.num_experts, config.hidden_size, config.moe_intermediate_size))
         self.act_fn = ACT2FN[config.hidden_act]
         # patchgen: instance slots moe_slot (parent.yaml:11)
-        self.moe_slot = OpSlot("moe", "standard").bind_from(config)
+        self.moe_slot = OpSlot("moe", "standard").bind_from(config, owner=self)
 
     def forward(self, hidden_states, top_k_index, top_k_weights):
         # patchgen: guard moe_slot -> moe/standard (parent.yaml:15)

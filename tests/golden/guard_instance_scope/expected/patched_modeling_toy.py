@@ -67,7 +67,7 @@ class ToyMoeExperts(nn.Module):
         self.down_proj = nn.Parameter(torch.empty(self.num_experts, config.hidden_size, config.moe_intermediate_size))
         self.act_fn = ACT2FN[config.hidden_act]
         # patchgen: instance slots moe_experts_slot (spec.yaml:5)
-        self.moe_experts_slot = OpSlot("moe", "standard").bind_from(config)
+        self.moe_experts_slot = OpSlot("moe", "standard").bind_from(config, owner=self)
 
     def forward(self, hidden_states, top_k_index, top_k_weights):
         # patchgen: guard moe_experts_slot -> moe/standard (spec.yaml:10)

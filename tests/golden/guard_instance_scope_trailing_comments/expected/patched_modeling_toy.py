@@ -24,7 +24,7 @@ class ToyExperts(nn.Module):
         super().__init__()
         self.num_experts = config.num_experts  # experts per layer
         # patchgen: instance slots experts_slot (spec.yaml:5)
-        self.experts_slot = OpSlot("moe", "standard").bind_from(config)
+        self.experts_slot = OpSlot("moe", "standard").bind_from(config, owner=self)
 
     def forward(self, hidden_states, top_k_index, top_k_weights):
         """Mixes the experts' outputs."""

@@ -36,7 +36,7 @@ class ToyAttention(nn.Module):
     def __init__(self, config):
         super().__init__()
         # patchgen: config_slot ToyAttention.attention_kernel (parent.yaml:4)
-        self.attention_kernel = ConfigSlot("ToyAttention.attention_kernel", "toy_attention_kernel", ("eager", "fast"), default="fast").bind_from(config)
+        self.attention_kernel = ConfigSlot("ToyAttention.attention_kernel", "toy_attention_kernel", ("eager", "fast"), default="fast").bind_from(config, owner=self)
         self.scale = config.scale
 
     def forward(self, hidden_states):

@@ -39,7 +39,7 @@ class ToyAttention(nn.Module):
     def __init__(self, config):
         super().__init__()
         # patchgen: config_slot ToyAttention.attention_kernel (spec.yaml:10)
-        self.attention_kernel = ConfigSlot("ToyAttention.attention_kernel", "toy_attention_kernel", ("eager", "fast"), default="eager").bind_from(config)
+        self.attention_kernel = ConfigSlot("ToyAttention.attention_kernel", "toy_attention_kernel", ("eager", "fast"), default="eager").bind_from(config, owner=self)
         # patchgen: modify_init ToyAttention (spec.yaml:6)
         self.use_fast = self.attention_kernel.uses("fast")
         self.scale = config.scale
@@ -56,7 +56,7 @@ class ToyMLP(nn.Module):
     def __init__(self, config):
         self.size = config.size
         # patchgen: config_slot ToyMLP.mlp_kernel (spec.yaml:15)
-        self.mlp_kernel = ConfigSlot("ToyMLP.mlp_kernel", "toy_mlp_kernel", ("eager",)).bind_from(config)
+        self.mlp_kernel = ConfigSlot("ToyMLP.mlp_kernel", "toy_mlp_kernel", ("eager",)).bind_from(config, owner=self)
         return
 
 

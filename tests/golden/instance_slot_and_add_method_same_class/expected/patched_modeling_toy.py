@@ -31,7 +31,7 @@ class ToyGate(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(config.hidden_size))
         # patchgen: instance slots gate_slot (spec.yaml:5)
-        self.gate_slot = OpSlot("gate", "standard").bind_from(config)
+        self.gate_slot = OpSlot("gate", "standard").bind_from(config, owner=self)
 
     # patchgen: add_method ToyGate.extra_repr (spec.yaml:13)
     def extra_repr(self):

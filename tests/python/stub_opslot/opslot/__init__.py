@@ -1,9 +1,9 @@
 """A stand-in for the `opslot` runtime, for tests of generated modules.
 
 It has the interface generated code uses (`OpSlot(op, variant)`, `.use_non_eager_impl`, calling the
-slot, `.bind_from(config)`) and records every slot created and every call, so tests can check that
-guards dispatch with exactly the arguments a spec passes. A slot is bound by `bind(fn)`; `bind_from`
-binds from `config.stub_ops[op]` when the config has it.
+slot, `.bind_from(config, owner=self)`) and records every slot created and every call, so tests can
+check that guards dispatch with exactly the arguments a spec passes. A slot is bound by `bind(fn)`;
+`bind_from` binds from `config.stub_ops[op]` when the config has it (`owner` is accepted, unused).
 """
 
 CREATED = []
@@ -25,7 +25,7 @@ class OpSlot:
         self.impl = impl
         return self
 
-    def bind_from(self, config):
+    def bind_from(self, config, owner=None):
         impl = getattr(config, "stub_ops", {}).get(self.op)
         return self.bind(impl) if impl is not None else self
 
