@@ -16,6 +16,7 @@
 #include "opslot_kernels/causal_conv1d.h"
 #include "opslot_kernels/common.h"
 #include "opslot_kernels/cross_entropy.h"
+#include "opslot_kernels/dsa_indexer.h"
 #include "opslot_kernels/gated_delta_rule.h"
 #include "opslot_kernels/load_balancing.h"
 #include "opslot_kernels/moe.h"
@@ -35,6 +36,7 @@
   X(opslot_causal_conv1d_update)             \
   X(opslot_ce_rows)                          \
   X(opslot_ce_scale_inplace)                 \
+  X(opslot_dsa_index_scores)                 \
   X(opslot_gdr_max_chunks)                   \
   X(opslot_gdr_workspace_bytes)              \
   X(opslot_gdr_fwd)                          \

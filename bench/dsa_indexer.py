@@ -1,0 +1,259 @@
+"""Benchmark of DeepSeek sparse attention's lightning indexer (GLM-MoE-DSA and DeepSeek-V4 shapes), in one
+run on one GPU: opslot's `opslot::dsa_index_scores` (tensor cores, causal tiles skipped) against
+upstream's scoring (the dense fp32 [B, S, H, T] path of `GlmMoeDsaIndexer.forward` /
+`DeepseekV4IndexerScorer`, which runs out of memory at long context) and torch.compile of it, with
+`torch.topk` (upstream's top-k, which opslot keeps) timed beside it.
+
+Each row: the device time (one call captured in a CUDA graph, replayed; median) and the user path (CUDA
+events around the eager call; median), the FLOPs the scores need (`2 H D` per visible (query, key)
+pair; causal: the keys at or before each query), the fraction of the tensor-core bound of those FLOPs
+at the bf16 GEMM rate measured in the same run, and the peak memory the call adds.
+
+Rows per context length (B = 1, bf16 q/k, fp32 weights):
+- GLM-5: H = 32, D = 128, T = S, causal, top-2048: `scores` (ours), `topk`, `indexer tail` (ours: the
+  limits read from a bool causal mask, the scores, the mask applied, top-k: what the `cuda` slot kernel
+  runs after the projections), `upstream tail` (the same from upstream's code), `compiled tail`
+  (torch.compile of upstream's).
+- DeepSeek-V4: H = 64, D = 128, T = S / 4 compressed keys, causal threshold (pos + 1) // 4, top-512.
+
+    python3 bench/dsa_indexer.py --out $OUT/dsa_indexer_h200.md [--lengths 4096,16384,65536] [--budget 150]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "runtime"))
+
+from opslot.kernels.cuda import dsa_indexer as DI  # noqa: E402
+
+BF = torch.bfloat16
+DEV = "cuda"
+
+
+def gemm_rate():
+    n = 8192
+    a = torch.randn(n, n, dtype=BF, device=DEV)
+    b = torch.randn(n, n, dtype=BF, device=DEV)
+    for _ in range(3):
+        a @ b
+    return 2 * n**3 / (median_ms(lambda: a @ b, 20) * 1e-3)
+
+
+def median_ms(fn, reps):
+    """Median of `reps` event-timed calls (after one warm-up call)."""
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+def graph_ms(fn, reps):
+    """Median device time of one call captured in a CUDA graph and replayed `reps` times."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    ms = median_ms(graph.replay, reps)
+    del graph
+    return ms
+
+
+def peak_gib(fn):
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2**30
+
+
+def upstream_glm_tail(q, k, weights, scale, mask, top_k):
+    """GlmMoeDsaIndexer.forward from the scores on (Transformers 5.17.0, the dense fp32 path)."""
+    scores = torch.matmul(q.float(), k.transpose(-1, -2).float().unsqueeze(1)) * scale
+    scores = F.relu(scores)
+    index_scores = torch.matmul(weights.unsqueeze(-2), scores).squeeze(-2)
+    index_scores = index_scores.masked_fill(~mask, float("-inf"))
+    return index_scores.topk(top_k, dim=-1).indices.to(torch.int32)
+
+
+def upstream_v4_tail(q, k, weights, scale, threshold, top_k):
+    """DeepseekV4Indexer.forward from the scores on (DeepseekV4IndexerScorer, then the causal top-k)."""
+    scores = torch.matmul(q.float(), k.transpose(-1, -2).float().unsqueeze(1))
+    scores = F.relu(scores) * scale
+    index_scores = (scores * weights.unsqueeze(-1)).sum(dim=2)
+    future = torch.arange(k.shape[1], device=q.device).view(1, 1, -1) >= threshold.unsqueeze(-1)
+    picks = index_scores.masked_fill(future, float("-inf")).topk(top_k, dim=-1).indices
+    return torch.where(picks >= threshold.unsqueeze(-1), torch.full_like(picks, -1), picks)
+
+
+def ours_glm_tail(q, k, weights, scale, mask, top_k):
+    """The `cuda` slot kernel after the projections: limits from the mask, scores, mask, top-k."""
+    scores = DI.dsa_index_scores(q, k, weights, scale, DI.visible_limit(mask))
+    scores.masked_fill_(~mask, float("-inf"))
+    return scores.topk(top_k, dim=-1).indices.to(torch.int32)
+
+
+def ours_v4_tail(q, k, weights, scale, threshold, top_k):
+    scores = DI.dsa_index_scores(q, k, weights, scale, threshold.clamp(-1, k.shape[1]).to(torch.int32))
+    picks = scores.topk(top_k, dim=-1).indices
+    return torch.where(picks >= threshold.unsqueeze(-1), torch.full_like(picks, -1), picks)
+
+
+class Runner:
+    def __init__(self, budget_s, rate):
+        self.deadline = time.monotonic() + budget_s
+        self.rate = rate
+        self.rows = []
+
+    def left(self):
+        return self.deadline - time.monotonic()
+
+    def row(self, model, length, what, fn, flops=None, graph=True, reps=5, min_left=5.0, note=""):
+        name = f"{model} {length // 1024}k {what}" if length >= 1024 else f"{model} {length} {what}"
+        if self.left() < min_left:
+            self.rows.append((name, "skipped: out of the run's time budget", "", "", "", ""))
+            print(f"{name}: skipped (time budget)", flush=True)
+            return
+        try:
+            user = median_ms(fn, reps)
+            dev = float("nan")
+            if graph:
+                try:
+                    dev = graph_ms(fn, reps)
+                except Exception as exc:  # noqa: BLE001
+                    torch.cuda.synchronize()
+                    note += f" (no CUDA graph: {type(exc).__name__})"
+            peak = peak_gib(fn)
+        except torch.OutOfMemoryError as exc:
+            torch.cuda.empty_cache()
+            msg = str(exc).split("\n")[0][:90]
+            self.rows.append((name, f"out of memory ({msg})", "", "", "", note))
+            print(f"{name}: OOM {msg}", flush=True)
+            return
+        except Exception as exc:  # noqa: BLE001
+            torch.cuda.empty_cache()
+            msg = " ".join(str(exc).split())[:90].replace("|", "/")
+            self.rows.append((name, f"failed: {type(exc).__name__}: {msg}", "", "", "", note))
+            print(f"{name}: failed {type(exc).__name__}: {exc}", flush=True)
+            return
+        best = dev if dev == dev else user
+        frac = f"{100 * flops / (best * 1e-3) / self.rate:.1f} %" if flops else ""
+        tf = f"{flops / (best * 1e-3) / 1e12:.0f}" if flops else ""
+        self.rows.append((name + note, f"{dev:.3f}" if dev == dev else "n/a", f"{user:.3f}", tf, frac, f"{peak:.2f}"))
+        print(
+            f"{name}: device {dev:.3f} ms, user {user:.3f} ms, {tf} TFLOP/s {frac}, peak +{peak:.2f} GiB {note}",
+            flush=True,
+        )
+        torch.cuda.empty_cache()
+
+
+def causal_flops(S, T, H, D, limit):
+    return 2 * H * D * int(limit.clamp(0, T).sum())
+
+
+def glm_rows(run, L, compiled=None):
+    """GLM-5: 32 heads of 128, causal, top-2048 (`compiled`: only the compiled upstream tail)."""
+    H, D, top_k = 32, 128, min(2048, L)
+    g = torch.Generator(device=DEV).manual_seed(L)
+    q = torch.randn(1, L, H, D, device=DEV, generator=g).to(BF)
+    k = torch.randn(1, L, D, device=DEV, generator=g).to(BF)
+    w = torch.randn(1, L, H, device=DEV, generator=g) * H**-0.5
+    scale = D**-0.5
+    limit = (torch.arange(L, device=DEV, dtype=torch.int32) + 1).view(1, L)
+    mask = torch.ones(L, L, dtype=torch.bool, device=DEV).tril_().unsqueeze(0)
+    fl = causal_flops(L, L, H, D, limit)
+    if compiled is not None:
+        tail = lambda: compiled(q, k, w, scale, mask, top_k)  # noqa: E731
+        run.row("GLM", L, "compiled upstream tail", tail, fl, graph=False, reps=3, min_left=45.0)
+        return
+    run.row("GLM", L, "scores (ours)", lambda: DI.dsa_index_scores(q, k, w, scale, limit), fl)
+    scores = DI.dsa_index_scores(q, k, w, scale, limit)
+    run.row("GLM", L, f"torch.topk k={top_k} of the scores", functools.partial(torch.topk, scores, top_k, dim=-1))
+    del scores
+    tail = lambda: ours_glm_tail(q, k, w, scale, mask, top_k)  # noqa: E731
+    run.row("GLM", L, "indexer tail (ours: limits, scores, mask, topk)", tail, fl, graph=False)
+    tail = lambda: upstream_glm_tail(q, k, w, scale, mask, top_k)  # noqa: E731
+    run.row("GLM", L, "upstream tail (dense fp32 scores)", tail, fl, graph=False, reps=3)
+
+
+def v4_rows(run, L):
+    """DeepSeek-V4: 64 heads of 128 over the S / 4 compressed keys, causal threshold, top-512."""
+    H, D, T = 64, 128, L // 4
+    top_k = min(512, T)
+    g = torch.Generator(device=DEV).manual_seed(L + 1)
+    q = torch.randn(1, L, H, D, device=DEV, generator=g).to(BF)
+    k = torch.randn(1, T, D, device=DEV, generator=g).to(BF)
+    w = torch.randn(1, L, H, device=DEV, generator=g) * H**-0.5
+    scale = D**-0.5
+    threshold = ((torch.arange(L, device=DEV) + 1) // 4).view(1, L)
+    lim = threshold.to(torch.int32)
+    fl = causal_flops(L, T, H, D, lim)
+    run.row("V4", L, "scores (ours)", lambda: DI.dsa_index_scores(q, k, w, scale, lim), fl)
+    scores = DI.dsa_index_scores(q, k, w, scale, lim)
+    run.row("V4", L, f"torch.topk k={top_k} of the scores", functools.partial(torch.topk, scores, top_k, dim=-1))
+    del scores
+    run.row("V4", L, "indexer tail (ours)", lambda: ours_v4_tail(q, k, w, scale, threshold, top_k), fl, graph=False)
+    tail = lambda: upstream_v4_tail(q, k, w, scale, threshold, top_k)  # noqa: E731
+    run.row("V4", L, "upstream tail (dense fp32 scores)", tail, fl, graph=False, reps=3)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--lengths", default="4096,16384,65536")
+    ap.add_argument("--budget", type=float, default=150.0, help="seconds; later rows are skipped past it")
+    ap.add_argument("--no-compile", action="store_true")
+    args = ap.parse_args()
+    lengths = [int(x) for x in args.lengths.split(",")]
+    torch.backends.cuda.matmul.allow_tf32 = False
+    props = torch.cuda.get_device_properties(0)
+    rate = gemm_rate()
+    print(f"{props.name}: bf16 GEMM 8192^3 {rate / 1e12:.0f} TFLOP/s", flush=True)
+    run = Runner(args.budget, rate)
+    compiled_glm = None if args.no_compile else torch.compile(upstream_glm_tail, dynamic=False)
+
+    for L in lengths:
+        glm_rows(run, L)
+        if L >= 16384:
+            v4_rows(run, L)
+    # torch.compile of upstream's tail last (its compile times would otherwise eat the budget)
+    if compiled_glm is not None:
+        for L in [x for x in lengths if x <= 16384]:
+            glm_rows(run, L, compiled_glm)
+
+    head = [
+        f"GPU: {props.name}; bf16 GEMM (8192^3, same run): {rate / 1e12:.0f} TFLOP/s; torch {torch.__version__}",
+        "",
+        "| row | device ms (CUDA graph) | user path ms (events) | TFLOP/s | of the tensor-core bound | peak +GiB |",
+        "|---|---|---|---|---|---|",
+    ]
+    lines = head + [f"| {' | '.join(r)} |" for r in run.rows]
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
