@@ -158,6 +158,19 @@ def test_indexer_keeps_every_key_when_there_are_fewer_than_topk():
     assert torch.equal(got.sort(-1).values, torch.arange(7, dtype=torch.int32).expand(1, 7, 7))
 
 
+@pytest.mark.parametrize("seq", [0, 1])
+def test_indexer_of_no_query_and_of_one_is_upstreams(seq):
+    config = make_config()
+    indexer = randomize(glm.GlmMoeDsaIndexer(config, 0))
+    hidden, q_resid, pe = indexer_inputs(config, 2, seq)
+    mask = visible(2, [seq, seq], None, seq)
+    expected = indexer(hidden, q_resid, pe, mask, None)
+    for fn in (torch_ops.dsa_indexer_glm, reference.dsa_indexer_glm):
+        got = fn(indexer, hidden, q_resid, pe, mask, None)
+        assert got.dtype == torch.int32 and got.shape == expected.shape == (2, seq, seq)
+        assert torch.equal(got, expected)
+
+
 def test_indexer_with_a_cache_is_upstream_bit_for_bit():
     """Prefill, then one token: the cache's indexer keys grow as upstream's do, the picks are equal."""
     from transformers import DynamicCache
@@ -268,6 +281,33 @@ def test_attention_reference_and_torch_kernel_agree_with_gradients(name, batch, 
         assert_close(a, b, dtype, f"grad of {what}")
     # the projections before the latents get no gradient from this op
     assert k_mod.q_a_proj.weight.grad is None and r_mod.q_a_proj.weight.grad is None
+
+
+def test_attention_on_strided_views_and_a_single_token():
+    """As the model calls it: q_pass/q_rot split from the transposed q_b_proj output, k_pass/k_rot views of
+    the compressed KV (not contiguous), and one token (S = T = 1); the torch kernel is upstream's bit for
+    bit, the reference agrees."""
+    config = make_config("eager")
+    module = randomize(glm.GlmMoeDsaAttention(config, 0))
+    gen = torch.Generator().manual_seed(9)
+    for seq in (7, 1):
+        heads, nope, rope, rank = 3, config.qk_nope_head_dim, config.qk_rope_head_dim, config.kv_lora_rank
+        q = torch.randn(2, seq, heads * (nope + rope), generator=gen).view(2, seq, heads, nope + rope).transpose(1, 2)
+        q_pass, q_rot = torch.split(q, [nope, rope], dim=-1)
+        kv = torch.randn(2, seq, rank + rope + 3, generator=gen)[..., : rank + rope]
+        k_pass, k_rot = (x.unsqueeze(1) for x in torch.split(kv, [rank, rope], dim=-1))
+        assert not (q_pass.is_contiguous() or q_rot.is_contiguous() or k_pass.is_contiguous() or k_rot.is_contiguous())
+        allowed = visible(2, [seq, seq], None, seq)
+        k = min(config.index_topk, seq)  # row s picks s, s-1, ... (wrapping round to hidden keys)
+        topk = (torch.arange(seq).view(-1, 1) - torch.arange(k)).remainder(seq).to(torch.int32).expand(2, -1, -1)
+        mask = as_mask(allowed, "float", FP32).unsqueeze(1)
+        args = (q_pass, q_rot, k_pass, k_rot, topk, mask)
+        expected = upstream_attention(module, *args)
+        got = torch_ops.dsa_attention_glm(module, *args)
+        assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+        ref = reference.dsa_attention_glm(module, *args)
+        assert_close(got[0], ref[0], FP32, f"output, S={seq}")
+        assert_close(got[1], ref[1], FP32, f"weights, S={seq}")
 
 
 def test_attention_torch_kernel_reruns_are_bitwise_equal():

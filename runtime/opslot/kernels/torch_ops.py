@@ -535,7 +535,7 @@ def dsa_indexer_glm(
         # and sums are the same: matmul treats every (b, s) as its own matrix)
         rows = max(1, _INDEX_SCORE_ELEMENTS // max(1, batch_size * module.n_heads * keys.shape[-1]))
         out = []
-        for start in range(0, seq_len, rows):
+        for start in range(0, max(seq_len, 1), rows):  # one (empty) block for no query
             part = slice(start, start + rows)
             scores = F.relu(torch.matmul(q[:, part].float(), keys) * module.softmax_scale)
             index_scores = torch.matmul(weights[:, part].unsqueeze(-2), scores).squeeze(-2)
