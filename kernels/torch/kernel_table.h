@@ -22,6 +22,7 @@
 #include "opslot_kernels/moe.h"
 #include "opslot_kernels/rms_norm.h"
 #include "opslot_kernels/rope.h"
+#include "opslot_kernels/sparse_attention.h"
 #include "opslot_kernels/swiglu.h"
 
 #define OPSLOT_KERNEL_ENTRY_POINTS(X)        \
@@ -61,6 +62,13 @@
   X(opslot_rope)                             \
   X(opslot_rope_interleaved)                 \
   X(opslot_rope_vision)                      \
+  X(opslot_sparse_mqa_fwd)                   \
+  X(opslot_sparse_mqa_bwd_head_blocks)       \
+  X(opslot_sparse_mqa_bwd_w_dtype)           \
+  X(opslot_sparse_mqa_bwd_queries)           \
+  X(opslot_sparse_mqa_bwd_reduce)            \
+  X(opslot_sparse_mqa_dsink_reduce)          \
+  X(opslot_sparse_mqa_mask_indices)          \
   X(opslot_silu_mul_fwd)                     \
   X(opslot_silu_mul_bwd)
 
