@@ -191,8 +191,6 @@ def test_resolve_checks_the_hardware_and_list_available_filters():
 #: Issue #35's ops while their kernels are being written: (op, variant) -> the kernels it still lacks.
 #: Whoever registers one of them removes it here.
 PENDING_KERNELS = {
-    ("dsa_attention", "glm"): {"cuda"},
-    ("dsa_attention", "deepseek_v4"): {"cuda"},
     ("mhc", "pre"): {"cuda"},
     ("mhc", "post"): {"cuda"},
     ("mhc", "head"): {"cuda"},

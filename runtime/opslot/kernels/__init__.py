@@ -144,6 +144,22 @@ BUILTIN_KERNELS = [
     ),
     (
         "cuda",
+        "dsa_attention",
+        "glm",
+        "cuda.sparse_attention:dsa_attention_glm",
+        CUDA,
+        "absorbed MLA (one latent head) over the selected keys, tensor cores, fwd+bwd",
+    ),
+    (
+        "cuda",
+        "dsa_attention",
+        "deepseek_v4",
+        "cuda.sparse_attention:dsa_attention_deepseek_v4",
+        CUDA,
+        "window + compressed keys from the mask, with sinks, tensor cores, fwd+bwd",
+    ),
+    (
+        "cuda",
         "dsa_indexer",
         "glm",
         "cuda.dsa_indexer:dsa_indexer_glm",

@@ -1,0 +1,205 @@
+"""Sparse multi-query attention (DeepSeek sparse attention) on libopslot_kernels, and the `cuda` kernels of
+the `dsa_attention` slots of GLM-MoE-DSA (`glm`) and DeepSeek-V4 (`deepseek_v4`).
+
+Torch ops registered from C++ (kernels/torch/sparse_attention.cc), with Meta, CPU (the fp32 reference
+math) and Autograd kernels:
+- `opslot::sparse_mqa_attention(q [B, S, H, Dqk], kv [B, T, Dqk], indices int32 [B, S, K], sinks fp32 [H]?,
+  scale, dv) -> (out [B, S, H, dv], lse fp32 [B, S, H])`: one shared key/value head, V = kv[..., :dv], each
+  query attends to its listed keys (an index outside [0, T), e.g. -1, is skipped); `sinks` joins the
+  softmax's denominator only (gpt-oss / DeepSeek-V4). Differentiable in q, kv and sinks through
+  `opslot::sparse_mqa_attention_bwd` (deterministic: no float atomics).
+- `opslot::sparse_mqa_mask_indices(mask [B, S, T], topk) -> (indices, status)`: the valid columns of each
+  mask row (0 / True; masked: <= -65504 / False) in order, padded with -1.
+kernels/include/opslot_kernels/sparse_attention.h and docs/kernels.md describe the kernels.
+
+The slot kernels run the same mathematics as upstream with other rounding (bf16 tolerance); what they
+cannot serve they refuse with a message (never another implementation silently):
+- `dsa_attention_glm`: the absorbed (latent, MQA) form. q_lat[h] = W_uk[h]^T q_pass[h], q = [q_lat, q_rot],
+  kv = [k_pass, k_rot] (one head), o_lat = sparse_mqa_attention(q, kv, indices), out[h] = W_uv[h] o_lat[h],
+  with W_uk, W_uv kv_b_proj's weight split per head. A selected index is kept when the attention mask lets the
+  query see it (causal and padding: 0 / True in upstream's mask; without a mask, causal). With a cache,
+  upstream's cache update runs (the expanded keys and values, computed without autograd) when the layer's
+  cache is empty; a cache that already holds tokens is refused (the kernel needs the past tokens' latents).
+- `dsa_attention_deepseek_v4`: each query's keys are the valid entries of upstream's mask (the sliding
+  window's causal mask with the compressor's block bias concatenated), at most `sliding_window` + the
+  compressor's entries (CSA: its indexer's top-k); `s_aux` are the sinks. Without a mask (sdpa/flash skipped
+  it: plain causal attention within the window) only kv of the query length is accepted.
+Both refuse attention dropout in training and `output_attentions` (the kernel returns no weights).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+from . import _ops_common as C
+
+C.require_library_on_cuda_machines()
+_FWD = C.torch_op("sparse_mqa_attention")  # its Autograd kernel's backward calls sparse_mqa_attention_bwd
+_MASK = C.torch_op("sparse_mqa_mask_indices")
+
+#: Additive-mask entries at or below this (every float dtype's finfo.min, and -inf) are masked.
+MASKED_BELOW = -65504.0
+
+
+def sparse_mqa_attention(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    indices: torch.Tensor,
+    sinks: Optional[torch.Tensor] = None,
+    scale: Optional[float] = None,
+    dv: Optional[int] = None,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(out [B, S, H, dv], lse fp32 [B, S, H]); scale defaults to Dqk^-0.5, dv to Dqk."""
+    d = q.shape[-1]
+    return _FWD(q, kv, indices, sinks, float(d**-0.5 if scale is None else scale), int(d if dv is None else dv))
+
+
+def _refuse_unservable(module, slot: str, dropout: float, kwargs) -> None:
+    if dropout and float(dropout) > 0.0:
+        raise ValueError(
+            f"{slot}: the cuda kernel has no attention dropout (got dropout={float(dropout)} in training); set "
+            "the config's attention_dropout to 0 or use dsa_attention_implementation 'torch' or 'eager'"
+        )
+    config = getattr(module, "config", None)
+    if kwargs.get("output_attentions") or getattr(config, "output_attentions", False):
+        raise ValueError(
+            f"{slot}: the cuda kernel does not compute attention weights (output_attentions was requested); "
+            "use dsa_attention_implementation 'torch' or 'eager' to get them"
+        )
+
+
+def _mask_rows(mask: torch.Tensor, B: int, S: int, T: int, slot: str) -> torch.Tensor:
+    """Upstream's [B or 1, 1, S, T] (or [B, S, T]) mask as [B, S, T] (a view)."""
+    m = mask
+    if m.dim() == 4:
+        if m.shape[1] != 1:
+            raise ValueError(
+                f"{slot}: the cuda kernel shares one key list by all heads; a per-head attention mask of shape "
+                f"{tuple(mask.shape)} cannot be served (use dsa_attention_implementation 'torch')"
+            )
+        m = m[:, 0]
+    if m.dim() != 3 or m.shape[-2:] != (S, T) or m.shape[0] not in (1, B):
+        raise ValueError(
+            f"{slot}: attention_mask of shape {tuple(mask.shape)} does not match [batch, 1, {S}, {T}] "
+            f"(batch {B}, {S} queries, {T} keys)"
+        )
+    return m.expand(B, S, T)
+
+
+def _glm_indices(topk_indices: torch.Tensor, attention_mask, S: int, T: int) -> torch.Tensor:
+    """The indexer's selection with every index the query may not see (causal, padding) set to -1."""
+    slot = "dsa_attention/glm"
+    idx = topk_indices
+    B = idx.shape[0]
+    in_range = (idx >= 0) & (idx < T)
+    safe = torch.where(in_range, idx, torch.zeros_like(idx)).long()
+    if attention_mask is None:
+        query_pos = torch.arange(S, device=idx.device) + (T - S)
+        ok = in_range & (safe <= query_pos.view(1, S, 1))
+    else:
+        m = _mask_rows(attention_mask, B, S, T, slot)
+        if T == 0:
+            return torch.full_like(idx, -1, dtype=torch.int32)
+        g = m.gather(-1, safe)
+        if g.dtype == torch.bool:
+            ok = in_range & g
+        else:
+            ok = in_range & (g == 0)
+            torch._assert_async(
+                ((g == 0) | (g <= MASKED_BELOW)).all(),
+                f"{slot}: the attention mask holds values other than 0 and the dtype's minimum at selected keys "
+                "(an additive bias): the cuda kernel cannot apply it; use dsa_attention_implementation 'torch'",
+            )
+    return torch.where(ok, idx, torch.full_like(idx, -1)).to(torch.int32)
+
+
+def _glm_update_cache(module, k_pass, k_rot, past_key_values) -> None:
+    """Upstream's cache update (the expanded per-head keys and values), for an empty layer cache only."""
+    if past_key_values.get_seq_length(module.layer_idx) > 0:
+        raise ValueError(
+            "dsa_attention/glm: the cuda kernel attends over the latents of the tokens it is given and the cache "
+            "already holds tokens of this layer (it keeps the expanded per-head keys and values, not the latents): "
+            "generate with dsa_attention_implementation 'torch' or 'eager'"
+        )
+    with torch.no_grad():
+        key_states, value_states = module.expand_kv(k_pass, k_rot)
+    past_key_values.update(key_states, value_states, module.layer_idx)
+
+
+def dsa_attention_glm(self, q_pass, q_rot, k_pass, k_rot, topk_indices, attention_mask, past_key_values=None, **kwargs):
+    """`dsa_attention/glm` (GlmMoeDsaAttention's core from the latents on) in the absorbed form: returns
+    (attn_output [B, S, H, v_head_dim], None)."""
+    _refuse_unservable(self, "dsa_attention/glm", self.attention_dropout if self.training else 0.0, kwargs)
+    if past_key_values is not None:
+        _glm_update_cache(self, k_pass, k_rot, past_key_values)
+    B, H, S, nope = q_pass.shape
+    T = k_pass.shape[2]
+    lora, vdim = k_pass.shape[-1], self.v_head_dim
+    w = self.kv_b_proj.weight.view(H, nope + vdim, lora)  # expand_kv's per-head split of its output
+    w_uk, w_uv = w[:, :nope], w[:, nope:]
+    q_lat = torch.einsum("bhsn,hnl->bshl", q_pass, w_uk)
+    q = torch.cat([q_lat, q_rot.transpose(1, 2).to(q_lat.dtype)], dim=-1)
+    kv = torch.cat([k_pass[:, 0], k_rot[:, 0].to(k_pass.dtype)], dim=-1)
+    indices = _glm_indices(topk_indices, attention_mask, S, T)
+    o_lat, _ = _FWD(q, kv, indices, None, float(self.scaling), int(lora))
+    return torch.einsum("bshl,hvl->bshv", o_lat, w_uv), None
+
+
+def _v4_max_keys(module, S: int, T: int, sliding_window) -> int:
+    """An upper bound of the valid keys per query in upstream's mask: the window plus the compressed entries
+    (CSA: at most the indexer's top-k)."""
+    compressed = max(T - S, 0)  # the sliding part holds at least the S new tokens
+    compressor = getattr(module, "compressor", None)
+    if compressor is None:
+        compressed = 0
+    elif getattr(compressor, "indexer", None) is not None:
+        compressed = min(compressed, int(compressor.indexer.index_topk))
+    window = T if sliding_window is None else int(sliding_window)
+    return min(T, window + compressed)
+
+
+def _v4_causal_indices(B: int, S: int, window, device) -> torch.Tensor:
+    K = S if window is None else min(int(window), S)
+    s = torch.arange(S, device=device).view(S, 1)
+    j = s - (K - 1) + torch.arange(K, device=device).view(1, K)
+    return torch.where(j >= 0, j, torch.full_like(j, -1)).to(torch.int32).expand(B, S, K)
+
+
+def dsa_attention_deepseek_v4(
+    self, q, kv, attention_mask, dropout=0.0, scaling=None, sliding_window=None, s_aux=None, **kwargs
+):
+    """`dsa_attention/deepseek_v4` (the attention_interface call of DeepseekV4Attention): returns
+    (attn_output [B, S, H, D], None)."""
+    slot = "dsa_attention/deepseek_v4"
+    _refuse_unservable(self, slot, dropout, kwargs)
+    B, H, S, D = q.shape
+    T = kv.shape[2]
+    if kv.dim() != 4 or kv.shape[1] != 1:
+        raise ValueError(f"{slot}: kv must be [batch, 1, kv_len, head_dim] (one shared head), got {tuple(kv.shape)}")
+    if attention_mask is None:
+        if T != S:
+            raise ValueError(
+                f"{slot}: without an attention mask the keys each query sees are not known ({T} keys for {S} "
+                "queries: a cache or compressed entries); use attn_implementation 'eager' (which always builds "
+                "the mask) or dsa_attention_implementation 'torch'"
+            )
+        indices = _v4_causal_indices(B, S, sliding_window, q.device)
+    else:
+        m = _mask_rows(attention_mask, B, S, T, slot)
+        indices, status = _MASK(m, _v4_max_keys(self, S, T, sliding_window))
+        torch._assert_async(
+            (status & 1) == 0,
+            f"{slot}: a query has more valid keys in the attention mask than the sliding window plus the "
+            "compressor's entries allow: the mask is not the one DeepseekV4Attention builds",
+        )
+        torch._assert_async(
+            (status & 2) == 0,
+            f"{slot}: the attention mask holds values other than 0 and the dtype's minimum (an additive bias): "
+            "the cuda kernel cannot apply it; use dsa_attention_implementation 'torch'",
+        )
+    sinks = None if s_aux is None else s_aux.float()
+    scale = float(D**-0.5 if scaling is None else scaling)
+    out, _ = _FWD(q.transpose(1, 2), kv[:, 0], indices, sinks, scale, int(D))
+    return out, None
