@@ -272,6 +272,13 @@ __global__ void gather_sum_kernel(const T* __restrict__ rows, T* __restrict__ ou
 // ---- gated activations ----------------------------------------------------------------------
 __device__ __forceinline__ float sigmoidf_(float x) { return 1.f / (1.f + __expf(-x)); }
 
+// Kind 2 (DeepSeek-V4): torch.clamp on the halves, its bound rounded to T as torch rounds a scalar
+// bound (`max.to<T>()`); NaN passes through, as in torch.
+__device__ __forceinline__ float clamp_hi(float x, float hi) { return x > hi ? hi : x; }
+__device__ __forceinline__ float clamp_lohi(float x, float lo, float hi) {
+  return x > hi ? hi : (x < lo ? lo : x);
+}
+
 template <typename T, int V, int KIND>
 __global__ void act_forward_kernel(const T* __restrict__ h, T* __restrict__ a,
                                    const T* __restrict__ bias,
@@ -281,6 +288,7 @@ __global__ void act_forward_kernel(const T* __restrict__ h, T* __restrict__ a,
   const int kept = kept_rows(offs, num_experts);
   const int64_t per_row = inter / V;
   const int64_t total = rows * per_row;
+  const float lim = KIND == 2 ? to_float(from_float<T>(limit)) : limit;
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t r = idx / per_row, i = (idx % per_row) * V;
@@ -288,10 +296,17 @@ __global__ void act_forward_kernel(const T* __restrict__ h, T* __restrict__ a,
     if (r >= kept) {
 #pragma unroll
       for (int j = 0; j < V; ++j) o[j] = 0.f;
-    } else if (KIND == 0) {
+    } else if (KIND == 0 || KIND == 2) {
       float g[V], u[V];
       load_vec<T, V>(h + r * 2 * inter + i, g);
       load_vec<T, V>(h + r * 2 * inter + inter + i, u);
+      if (KIND == 2) {
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+          g[j] = clamp_hi(g[j], lim);
+          u[j] = clamp_lohi(u[j], -lim, lim);
+        }
+      }
 #pragma unroll
       for (int j = 0; j < V; ++j) o[j] = g[j] * sigmoidf_(g[j]) * u[j];
     } else {
@@ -323,10 +338,11 @@ __global__ void act_backward_kernel(const T* __restrict__ da, const T* __restric
   const int kept = kept_rows(offs, num_experts);
   const int64_t per_row = inter / V;
   const int64_t total = rows * per_row;
+  const float lim = KIND == 2 ? to_float(from_float<T>(limit)) : limit;
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t r = idx / per_row, i = (idx % per_row) * V;
-    if (KIND == 0) {
+    if (KIND == 0 || KIND == 2) {
       float dg[V], du[V];
       if (r >= kept) {
 #pragma unroll
@@ -338,9 +354,14 @@ __global__ void act_backward_kernel(const T* __restrict__ da, const T* __restric
         load_vec<T, V>(da + r * inter + i, d);
 #pragma unroll
         for (int j = 0; j < V; ++j) {
-          const float s = sigmoidf_(g[j]);
-          du[j] = d[j] * g[j] * s;
-          dg[j] = d[j] * u[j] * s * (1.f + g[j] * (1.f - s));
+          // kind 2: the clamps' gradient passes where min <= x <= max (torch's clamp backward)
+          const bool pass_g = KIND == 0 || g[j] <= lim;
+          const bool pass_u = KIND == 0 || (u[j] >= -lim && u[j] <= lim);
+          const float gc = KIND == 2 ? clamp_hi(g[j], lim) : g[j];
+          const float uc = KIND == 2 ? clamp_lohi(u[j], -lim, lim) : u[j];
+          const float s = sigmoidf_(gc);
+          du[j] = pass_u ? d[j] * gc * s : 0.f;
+          dg[j] = pass_g ? d[j] * uc * s * (1.f + gc * (1.f - s)) : 0.f;
         }
       }
       store_vec<T, V>(dh + r * 2 * inter + i, dg);
@@ -589,12 +610,16 @@ int check_common(const char* what, const int32_t* offs, int64_t num_experts) {
 
 // Arguments shared by the activation's forward and backward entry points.
 int check_act_args(const char* what, const int32_t* offs, int64_t num_experts, int kind,
-                   const void* bias, const int32_t* row_expert, int64_t rows, int64_t inter) {
+                   const void* bias, const int32_t* row_expert, int64_t rows, int64_t inter,
+                   float limit) {
   if (int rc = check_common(what, offs, num_experts)) return rc;
-  if (kind != 0 && kind != 1)
+  if (kind != 0 && kind != 1 && kind != 2)
     return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: unknown kind %d", what, kind);
-  if (kind == 0 && bias)
-    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: kind 0 takes no bias", what);
+  if (kind != 1 && bias)
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: kind %d takes no bias", what, kind);
+  if (kind == 2 && !(limit >= 0.f))
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: kind 2 needs a limit >= 0, got %g", what,
+                     static_cast<double>(limit));
   if (bias && row_expert == nullptr)
     return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: bias needs row_expert", what);
   if (rows < 0 || inter < 1) return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: bad shape", what);
@@ -721,7 +746,7 @@ OPSLOT_API int opslot_moe_act_forward(const void* h, void* a, const void* bias,
                                       int64_t num_experts, int64_t rows, int64_t inter, int kind,
                                       float alpha, float limit, int dtype, void* stream) {
   const char* what = "opslot_moe_act_forward";
-  if (int rc = check_act_args(what, offs, num_experts, kind, bias, row_expert, rows, inter))
+  if (int rc = check_act_args(what, offs, num_experts, kind, bias, row_expert, rows, inter, limit))
     return rc;
   if (rows == 0) return OPSLOT_OK;
   auto s = static_cast<cudaStream_t>(stream);
@@ -734,6 +759,10 @@ OPSLOT_API int opslot_moe_act_forward(const void* h, void* a, const void* bias,
       const int blocks = elementwise_blocks(rows * (inter / VV), threads);
       if (kind == 0)
         act_forward_kernel<T, VV, 0><<<blocks, threads, 0, s>>>(
+            static_cast<const T*>(h), static_cast<T*>(a), static_cast<const T*>(bias), row_expert,
+            offs, static_cast<int>(num_experts), rows, inter, alpha, limit);
+      else if (kind == 2)
+        act_forward_kernel<T, VV, 2><<<blocks, threads, 0, s>>>(
             static_cast<const T*>(h), static_cast<T*>(a), static_cast<const T*>(bias), row_expert,
             offs, static_cast<int>(num_experts), rows, inter, alpha, limit);
       else
@@ -754,7 +783,7 @@ OPSLOT_API int opslot_moe_act_backward(const void* da, const void* h, void* dh, 
                                        int64_t num_experts, int64_t rows, int64_t inter, int kind,
                                        float alpha, float limit, int dtype, void* stream) {
   const char* what = "opslot_moe_act_backward";
-  if (int rc = check_act_args(what, offs, num_experts, kind, bias, row_expert, rows, inter))
+  if (int rc = check_act_args(what, offs, num_experts, kind, bias, row_expert, rows, inter, limit))
     return rc;
   if (rows == 0) return OPSLOT_OK;
   auto s = static_cast<cudaStream_t>(stream);
@@ -767,6 +796,11 @@ OPSLOT_API int opslot_moe_act_backward(const void* da, const void* h, void* dh, 
       const int blocks = elementwise_blocks(rows * (inter / VV), threads);
       if (kind == 0)
         act_backward_kernel<T, VV, 0><<<blocks, threads, 0, s>>>(
+            static_cast<const T*>(da), static_cast<const T*>(h), static_cast<T*>(dh),
+            static_cast<const T*>(bias), row_expert, offs, static_cast<int>(num_experts), rows,
+            inter, alpha, limit);
+      else if (kind == 2)
+        act_backward_kernel<T, VV, 2><<<blocks, threads, 0, s>>>(
             static_cast<const T*>(da), static_cast<const T*>(h), static_cast<T*>(dh),
             static_cast<const T*>(bias), row_expert, offs, static_cast<int>(num_experts), rows,
             inter, alpha, limit);

@@ -1,6 +1,8 @@
 // silu(gate) * up and its backward: elementwise, 16-byte vectors, UNROLL vectors per thread with
-// all loads issued before any arithmetic; a scalar tail for n not a multiple of the vector. See
-// kernels/include/opslot_kernels/swiglu.h and docs/kernels.md ("swiglu_mlp").
+// all loads issued before any arithmetic; a scalar tail for n not a multiple of the vector. The
+// clamped variant (DeepSeek-V4: silu(min(gate, L)) * clamp(up, -L, L)) is the same kernels with
+// kClamp: the unclamped instantiations are unchanged. See kernels/include/opslot_kernels/swiglu.h
+// and docs/kernels.md ("swiglu_mlp").
 #include <type_traits>
 
 #include "common.cuh"
@@ -29,11 +31,53 @@ __device__ __forceinline__ float sigmoid_t(float z) {
   return __fdividef(1.f, 1.f + __expf(-z));
 }
 
-template <typename T, int VEC, int kUnroll>
+// torch.clamp's rounding of its scalar bound: the limit in the tensor's dtype (as `max.to<T>()`).
+template <typename T>
+__device__ __forceinline__ float limit_in(float limit) {
+  return to_float(from_float<T>(limit));
+}
+
+// torch.clamp: NaN passes through (a comparison with NaN is false), else min/max with the bounds.
+__device__ __forceinline__ float clamp_max(float x, float hi) { return x > hi ? hi : x; }
+__device__ __forceinline__ float clamp_both(float x, float lo, float hi) {
+  return x > hi ? hi : (x < lo ? lo : x);
+}
+
+// out = silu(g) * u; clamped: silu(clamp(g, max=L)) * clamp(u, -L, L).
+template <typename T, bool kClamp>
+__device__ __forceinline__ float silu_mul_value(float z, float u, float lim) {
+  if constexpr (kClamp) {
+    z = clamp_max(z, lim);
+    u = clamp_both(u, -lim, lim);
+  }
+  return z * sigmoid_t<T>(z) * u;
+}
+
+// (d gate, d up) of silu_mul_value; clamped: zero where the clamp's input was outside its bounds
+// (torch's clamp backward passes the gradient where min <= x <= max, bounds included; NaN: zero).
+template <typename T, bool kClamp>
+__device__ __forceinline__ void silu_mul_grads(float z, float uu, float gg, float lim, float& dg,
+                                               float& du) {
+  if constexpr (kClamp) {
+    const bool pass_g = z <= lim, pass_u = uu >= -lim && uu <= lim;
+    z = clamp_max(z, lim);
+    uu = clamp_both(uu, -lim, lim);
+    const float s = sigmoid_t<T>(z);
+    du = pass_u ? gg * z * s : 0.f;
+    dg = pass_g ? gg * uu * s * (1.f + z * (1.f - s)) : 0.f;
+  } else {
+    const float s = sigmoid_t<T>(z);
+    du = gg * z * s;
+    dg = gg * uu * s * (1.f + z * (1.f - s));
+  }
+}
+
+template <typename T, int VEC, int kUnroll, bool kClamp>
 __global__ void __launch_bounds__(kThreads)
     silu_mul_fwd_kernel(int64_t nvec, int64_t n, const T* __restrict__ gate,
-                        const T* __restrict__ up, T* __restrict__ out) {
+                        const T* __restrict__ up, T* __restrict__ out, float limit) {
   using V = Vec<T, VEC>;
+  const float lim = kClamp ? limit_in<T>(limit) : 0.f;
   const int64_t base = static_cast<int64_t>(blockIdx.x) * kThreads * kUnroll + threadIdx.x;
   V g[kUnroll], u[kUnroll];
 #pragma unroll
@@ -50,27 +94,25 @@ __global__ void __launch_bounds__(kThreads)
     if (i < nvec) {
       V o;
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        const float z = to_float(g[k].v[j]);
-        o.v[j] = from_float<T>(z * sigmoid_t<T>(z) * to_float(u[k].v[j]));
-      }
+      for (int j = 0; j < VEC; ++j)
+        o.v[j] =
+            from_float<T>(silu_mul_value<T, kClamp>(to_float(g[k].v[j]), to_float(u[k].v[j]), lim));
       reinterpret_cast<V*>(out)[i] = o;
     }
   }
   if (blockIdx.x == 0) {  // the elements after the last whole vector
-    for (int64_t i = nvec * VEC + threadIdx.x; i < n; i += kThreads) {
-      const float z = to_float(gate[i]);
-      out[i] = from_float<T>(z * sigmoid_t<T>(z) * to_float(up[i]));
-    }
+    for (int64_t i = nvec * VEC + threadIdx.x; i < n; i += kThreads)
+      out[i] = from_float<T>(silu_mul_value<T, kClamp>(to_float(gate[i]), to_float(up[i]), lim));
   }
 }
 
-template <typename T, int VEC, int kUnroll>
+template <typename T, int VEC, int kUnroll, bool kClamp>
 __global__ void __launch_bounds__(kThreads)
     silu_mul_bwd_kernel(int64_t nvec, int64_t n, const T* __restrict__ gate,
                         const T* __restrict__ up, const T* __restrict__ grad, T* __restrict__ dgate,
-                        T* __restrict__ dup, bool from_start) {
+                        T* __restrict__ dup, bool from_start, float limit) {
   using V = Vec<T, VEC>;
+  const float lim = kClamp ? limit_in<T>(limit) : 0.f;
   // From the end unless told otherwise (blocks start in index order): what the producer of grad
   // wrote last, and what the forward read last, is the most likely to be still in L2.
   const int64_t blk = from_start ? blockIdx.x : gridDim.x - 1 - blockIdx.x;
@@ -92,10 +134,11 @@ __global__ void __launch_bounds__(kThreads)
       V dg, du;
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        const float z = to_float(g[k].v[j]), uu = to_float(u[k].v[j]), gg = to_float(d[k].v[j]);
-        const float s = sigmoid_t<T>(z);
-        du.v[j] = from_float<T>(gg * z * s);
-        dg.v[j] = from_float<T>(gg * uu * s * (1.f + z * (1.f - s)));
+        float a, b;
+        silu_mul_grads<T, kClamp>(to_float(g[k].v[j]), to_float(u[k].v[j]), to_float(d[k].v[j]),
+                                  lim, a, b);
+        dg.v[j] = from_float<T>(a);
+        du.v[j] = from_float<T>(b);
       }
       reinterpret_cast<V*>(dgate)[i] = dg;
       reinterpret_cast<V*>(dup)[i] = du;
@@ -103,19 +146,19 @@ __global__ void __launch_bounds__(kThreads)
   }
   if (blockIdx.x == 0) {
     for (int64_t i = nvec * VEC + threadIdx.x; i < n; i += kThreads) {
-      const float z = to_float(gate[i]), uu = to_float(up[i]), gg = to_float(grad[i]);
-      const float s = sigmoid_t<T>(z);
-      dup[i] = from_float<T>(gg * z * s);
-      dgate[i] = from_float<T>(gg * uu * s * (1.f + z * (1.f - s)));
+      float a, b;
+      silu_mul_grads<T, kClamp>(to_float(gate[i]), to_float(up[i]), to_float(grad[i]), lim, a, b);
+      dgate[i] = from_float<T>(a);
+      dup[i] = from_float<T>(b);
     }
   }
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-template <typename T>
+template <typename T, bool kClamp>
 int run(bool bwd, int64_t n, const void* gate, const void* up, const void* grad, void* a, void* b,
-        cudaStream_t s) {
+        float limit, cudaStream_t s) {
   if (n < 0) return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "silu_mul: negative size");
   if (n == 0) return OPSLOT_OK;
   if (!gate || !up || !a || (bwd && (!grad || !b)))
@@ -138,17 +181,17 @@ int run(bool bwd, int64_t n, const void* gate, const void* up, const void* grad,
     const unsigned grid = static_cast<unsigned>(blocks);
     if (bwd) {
       if (vec)
-        silu_mul_bwd_kernel<T, kVec, U>
-            <<<grid, kThreads, 0, s>>>(nvec, n, g, u, d, o1, o2, g_bwd_from_start != 0);
+        silu_mul_bwd_kernel<T, kVec, U, kClamp>
+            <<<grid, kThreads, 0, s>>>(nvec, n, g, u, d, o1, o2, g_bwd_from_start != 0, limit);
       else
-        silu_mul_bwd_kernel<T, 1, U>
-            <<<grid, kThreads, 0, s>>>(nvec, n, g, u, d, o1, o2, g_bwd_from_start != 0);
+        silu_mul_bwd_kernel<T, 1, U, kClamp>
+            <<<grid, kThreads, 0, s>>>(nvec, n, g, u, d, o1, o2, g_bwd_from_start != 0, limit);
       return check_launch("silu_mul backward");
     }
     if (vec)
-      silu_mul_fwd_kernel<T, kVec, U><<<grid, kThreads, 0, s>>>(nvec, n, g, u, o1);
+      silu_mul_fwd_kernel<T, kVec, U, kClamp><<<grid, kThreads, 0, s>>>(nvec, n, g, u, o1, limit);
     else
-      silu_mul_fwd_kernel<T, 1, U><<<grid, kThreads, 0, s>>>(nvec, n, g, u, o1);
+      silu_mul_fwd_kernel<T, 1, U, kClamp><<<grid, kThreads, 0, s>>>(nvec, n, g, u, o1, limit);
     return check_launch("silu_mul forward");
   };
   if constexpr (kBench) {  // two and four vectors per thread: bench library only
@@ -156,6 +199,16 @@ int run(bool bwd, int64_t n, const void* gate, const void* up, const void* grad,
     if (g_unroll == 4) return go(std::integral_constant<int, 4>{});
   }
   return go(std::integral_constant<int, 1>{});
+}
+
+// The clamped entry points' limit: a negative or NaN bound is refused (torch's clamp(-L, L) with
+// L < 0 would give -L everywhere, with zero gradients: not a SwiGLU limit).
+int check_limit(float limit) {
+  if (!(limit >= 0.f))
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT,
+                     "silu_mul_clamped: limit must be a number >= 0, got %g",
+                     static_cast<double>(limit));
+  return OPSLOT_OK;
 }
 
 }  // namespace
@@ -168,15 +221,35 @@ extern "C" {
 OPSLOT_API int opslot_silu_mul_fwd(int dtype, int64_t n, const void* gate, const void* up,
                                    void* out, void* stream) {
   return dispatch_dtype(dtype, "silu_mul", [&](auto t) -> int {
-    return run<decltype(t)>(false, n, gate, up, nullptr, out, nullptr,
-                            static_cast<cudaStream_t>(stream));
+    return run<decltype(t), false>(false, n, gate, up, nullptr, out, nullptr, 0.f,
+                                   static_cast<cudaStream_t>(stream));
   });
 }
 
 OPSLOT_API int opslot_silu_mul_bwd(int dtype, int64_t n, const void* gate, const void* up,
                                    const void* grad, void* dgate, void* dup, void* stream) {
   return dispatch_dtype(dtype, "silu_mul", [&](auto t) -> int {
-    return run<decltype(t)>(true, n, gate, up, grad, dgate, dup, static_cast<cudaStream_t>(stream));
+    return run<decltype(t), false>(true, n, gate, up, grad, dgate, dup, 0.f,
+                                   static_cast<cudaStream_t>(stream));
+  });
+}
+
+OPSLOT_API int opslot_silu_mul_clamped_fwd(int dtype, int64_t n, const void* gate, const void* up,
+                                           float limit, void* out, void* stream) {
+  if (int rc = check_limit(limit)) return rc;
+  return dispatch_dtype(dtype, "silu_mul_clamped", [&](auto t) -> int {
+    return run<decltype(t), true>(false, n, gate, up, nullptr, out, nullptr, limit,
+                                  static_cast<cudaStream_t>(stream));
+  });
+}
+
+OPSLOT_API int opslot_silu_mul_clamped_bwd(int dtype, int64_t n, const void* gate, const void* up,
+                                           const void* grad, float limit, void* dgate, void* dup,
+                                           void* stream) {
+  if (int rc = check_limit(limit)) return rc;
+  return dispatch_dtype(dtype, "silu_mul_clamped", [&](auto t) -> int {
+    return run<decltype(t), true>(true, n, gate, up, grad, dgate, dup, limit,
+                                  static_cast<cudaStream_t>(stream));
   });
 }
 

@@ -19,6 +19,7 @@
 #include "opslot_kernels/dsa_indexer.h"
 #include "opslot_kernels/gated_delta_rule.h"
 #include "opslot_kernels/load_balancing.h"
+#include "opslot_kernels/mhc.h"
 #include "opslot_kernels/moe.h"
 #include "opslot_kernels/rms_norm.h"
 #include "opslot_kernels/rope.h"
@@ -45,6 +46,14 @@
   X(opslot_load_balancing_scratch_floats)    \
   X(opslot_load_balancing_fwd)               \
   X(opslot_load_balancing_bwd)               \
+  X(opslot_mhc_split3)                       \
+  X(opslot_mhc_collapse_fwd)                 \
+  X(opslot_mhc_comb_fwd)                     \
+  X(opslot_mhc_comb_bwd)                     \
+  X(opslot_mhc_collapse_bwd)                 \
+  X(opslot_mhc_dx)                           \
+  X(opslot_mhc_post_fwd)                     \
+  X(opslot_mhc_post_bwd)                     \
   X(opslot_moe_route_scratch)                \
   X(opslot_moe_route)                        \
   X(opslot_moe_scatter_rows)                 \
@@ -70,7 +79,9 @@
   X(opslot_sparse_mqa_dsink_reduce)          \
   X(opslot_sparse_mqa_mask_indices)          \
   X(opslot_silu_mul_fwd)                     \
-  X(opslot_silu_mul_bwd)
+  X(opslot_silu_mul_bwd)                     \
+  X(opslot_silu_mul_clamped_fwd)             \
+  X(opslot_silu_mul_clamped_bwd)
 
 namespace opslot_torch {
 

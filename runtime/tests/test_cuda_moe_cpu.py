@@ -95,7 +95,7 @@ def emu_gather_sum(rows, out, inv, weights, bias, row_expert, offs, top_k):
 
 def _split(h, kind):
     inter = h.shape[1] // 2
-    return (h[:, :inter], h[:, inter:]) if kind == moe.KIND_SILU else (h[:, 0::2], h[:, 1::2])
+    return (h[:, 0::2], h[:, 1::2]) if kind == moe.KIND_GPT_OSS else (h[:, :inter], h[:, inter:])
 
 
 def _with_bias(h, bias, row_expert, kept):
@@ -111,6 +111,8 @@ def emu_act_forward(h, a, bias, row_expert, offs, kind, alpha, limit):
     g, u = _split(hf, kind)
     if kind == moe.KIND_SILU:
         out = torch.nn.functional.silu(g) * u
+    elif kind == moe.KIND_CLAMPED:
+        out = torch.nn.functional.silu(g.clamp(max=limit)) * u.clamp(-limit, limit)
     else:
         gc, uc = g.clamp(max=limit), u.clamp(-limit, limit)
         out = (uc + 1) * gc * torch.sigmoid(alpha * gc)
@@ -128,6 +130,11 @@ def emu_act_backward(da, h, dh, bias, row_expert, offs, kind, alpha, limit):
     if kind == moe.KIND_SILU:
         s = torch.sigmoid(g)
         dg, du = d * u * s * (1 + g * (1 - s)), d * g * s
+    elif kind == moe.KIND_CLAMPED:  # the clamp's gradient passes where min <= x <= max
+        gc, uc = g.clamp(max=limit), u.clamp(-limit, limit)
+        s = torch.sigmoid(gc)
+        dg = torch.where(g <= limit, d * uc * s * (1 + gc * (1 - s)), torch.zeros_like(g))
+        du = torch.where((u >= -limit) & (u <= limit), d * gc * s, torch.zeros_like(u))
     else:
         gc, uc = g.clamp(max=limit), u.clamp(-limit, limit)
         s = torch.sigmoid(alpha * gc)
@@ -214,6 +221,13 @@ def _gpt_oss_module(E, H, I, seed=0):  # noqa: E741  (I: the intermediate size)
     return m
 
 
+def _clamped_module(E, H, I, seed=0):  # noqa: E741  (I: the intermediate size)
+    m = _qwen_module(E, H, I, seed)
+    m.gate_up_proj = nn.Parameter(m.gate_up_proj.detach() * 4)  # pre-activations beyond the limit
+    m.limit = 0.75
+    return m
+
+
 def _inputs(T, H, E, K, seed=1, drop=True, skew=False):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(T, H, generator=g)
@@ -272,6 +286,30 @@ def test_gpt_oss_matches_reference(emulated, skew):
     _close(out, ref_out)
     for a, b in zip(grads, ref_grads):
         _close(a, b)
+
+
+@pytest.mark.parametrize("skew", [False, True])
+def test_clamped_matches_reference(emulated, skew):
+    m = _clamped_module(E=6, H=16, I=8)
+    x, idx, w = _inputs(T=11, H=16, E=6, K=3, skew=skew)
+    names = ["gate_up_proj", "down_proj"]
+    gate, up = torch.einsum("th,eih->tei", x, m.gate_up_proj.detach()).chunk(2, dim=-1)
+    assert (gate > m.limit).any() and (up.abs() > m.limit).any() and (up.abs() < m.limit).any()
+    out, grads = _grads(moe.moe_clamped, m, names, x, idx, w)
+    ref_out, ref_grads = _grads(reference.moe_clamped, m, names, x, idx, w)
+    _close(out, ref_out)
+    for a, b in zip(grads, ref_grads):
+        _close(a, b)
+
+
+def test_clamped_refuses_other_activations_and_no_limit():
+    m = _clamped_module(E=2, H=8, I=8)
+    m.act_fn = nn.GELU()
+    with pytest.raises(ValueError, match="moe/clamped implements act_fn SiLU only"):
+        moe.moe_clamped(m, torch.zeros(1, 8), torch.zeros(1, 1, dtype=torch.long), torch.ones(1, 1))
+    m.act_fn, m.limit = nn.SiLU(), None
+    with pytest.raises(ValueError, match="needs the module's clamp limit"):
+        moe.moe_clamped(m, torch.zeros(1, 8), torch.zeros(1, 1, dtype=torch.long), torch.ones(1, 1))
 
 
 def test_all_dropped_and_empty(emulated):

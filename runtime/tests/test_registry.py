@@ -190,13 +190,7 @@ def test_resolve_checks_the_hardware_and_list_available_filters():
 
 #: Issue #35's ops while their kernels are being written: (op, variant) -> the kernels it still lacks.
 #: Whoever registers one of them removes it here.
-PENDING_KERNELS = {
-    ("mhc", "pre"): {"cuda"},
-    ("mhc", "post"): {"cuda"},
-    ("mhc", "head"): {"cuda"},
-    ("swiglu_mlp", "clamped"): {"cuda"},
-    ("moe", "clamped"): {"cuda"},
-}
+PENDING_KERNELS: dict = {}
 
 
 def test_builtin_kernels_cover_every_documented_variant():

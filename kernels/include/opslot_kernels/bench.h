@@ -56,6 +56,14 @@ OPSLOT_API int opslot_silu_mul_set_tuning(int vectors_per_thread, int backward_f
  * for some inputs: the production library has the same kernels, only not this switch. */
 OPSLOT_API int opslot_load_balancing_set_tuning(int forward_path, int backward_path);
 
+/* mhc/pre and mhc/head. hold_max_threads: the forward holds a token's streams in registers
+ * between the sum of squares and the collapse when its block has at most this many threads (64,
+ * 128 or 256) and 4 16-byte vectors per stream and thread cover the row; 0 (the default): never,
+ * the row is read again (from L2). Results are bitwise the same either way. dx_version: 1 (the
+ * default) the backward's dx kernel with fn's columns in registers; 2 a register-tiled one (4
+ * tokens x 8 columns per thread; 16-byte vector inputs only, others take version 1). */
+OPSLOT_API int opslot_mhc_set_tuning(int hold_max_threads, int dx_version);
+
 #ifdef __cplusplus
 }
 #endif

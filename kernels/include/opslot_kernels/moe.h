@@ -58,7 +58,11 @@ OPSLOT_API int opslot_moe_gather_sum(const void* rows, void* out, const int32_t*
  * kind 0: Qwen/Mixtral `act(gate) * up`, SiLU, gate = h[:, :I], up = h[:, I:].
  * kind 1: GPT-OSS, gate = h[:, 0::2], up = h[:, 1::2] (+ bias[row_expert[r]] [E, 2I] if not NULL),
  *         gate = min(gate, limit), up = clamp(up, -limit, limit),
- *         a = (up + 1) * gate * sigmoid(alpha*gate). */
+ *         a = (up + 1) * gate * sigmoid(alpha*gate).
+ * kind 2: DeepSeek-V4, the halves as kind 0, no bias, torch.clamp with `limit` (>= 0) rounded to
+ *         `dtype`: a = silu(clamp(gate, max=limit)) * clamp(up, -limit, limit); the backward passes
+ *         the gradient where the clamp's input is within its bounds, bounds included (NaN: zero).
+ */
 OPSLOT_API int opslot_moe_act_forward(const void* h, void* a, const void* bias,
                                       const int32_t* row_expert, const int32_t* offs,
                                       int64_t num_experts, int64_t rows, int64_t inter, int kind,

@@ -126,6 +126,18 @@ BUILTIN_KERNELS = [
     ),
     ("cuda", "moe", "standard", "cuda.moe:moe_standard", CUDA, "device routing + grouped GEMMs, no host sync"),
     ("cuda", "moe", "gpt_oss", "cuda.moe:moe_gpt_oss", CUDA, "device routing + grouped GEMMs, no host sync"),
+    ("cuda", "moe", "clamped", "cuda.moe:moe_clamped", CUDA, "device routing + grouped GEMMs, clamped SwiGLU"),
+    (
+        "cuda",
+        "swiglu_mlp",
+        "clamped",
+        "cuda.swiglu:swiglu_mlp_clamped",
+        CUDA,
+        "cuBLAS GEMMs + fused clamped SiLU-mul kernels",
+    ),
+    ("cuda", "mhc", "pre", "cuda.mhc:mhc_pre", CUDA, "cuBLAS mix GEMM + per-token collapse/Sinkhorn kernels"),
+    ("cuda", "mhc", "post", "cuda.mhc:mhc_post", CUDA, "one pass each way"),
+    ("cuda", "mhc", "head", "cuda.mhc:mhc_head", CUDA, "cuBLAS mix GEMM + per-token collapse kernels"),
     (
         "cuda",
         "causal_conv1d",

@@ -52,10 +52,35 @@ def gpt_oss_module(E, H, I, dtype, seed=0):  # noqa: E741  (I: the intermediate 
     return m
 
 
+def clamped_module(E, H, I, dtype, seed=0):  # noqa: E741  (I: the intermediate size)
+    """DeepSeek-V4's experts (Qwen layout, clamped SwiGLU). fp32: pre-activations of about +-4
+    against a limit of 1.5, so that many clamps are hit. bf16/fp16: DeepSeek-V4's 10.0 (rarely hit),
+    because a GEMM output within rounding of the limit can flip the clamp's zero/nonzero derivative
+    (test_clamped_activation_masks_exactly covers the clamps on exact values in every dtype)."""
+    m = qwen_module(E, H, I, dtype, seed)
+    if dtype == torch.float32:
+        m.gate_up_proj = nn.Parameter(m.gate_up_proj.detach() * 4)
+        m.limit = 1.5
+    else:
+        m.limit = 10.0
+    return m
+
+
 PARAMS = {
     "standard": ["gate_up_proj", "down_proj"],
     "gpt_oss": ["gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias"],
+    "clamped": ["gate_up_proj", "down_proj"],
 }
+VARIANTS = ["standard", "gpt_oss", "clamped"]
+
+
+def variant_fns(variant):
+    """(module factory, cuda function, reference) of a variant."""
+    return {
+        "standard": (qwen_module, moe.moe_standard, reference.moe_standard),
+        "gpt_oss": (gpt_oss_module, moe.moe_gpt_oss, reference.moe_gpt_oss),
+        "clamped": (clamped_module, moe.moe_clamped, reference.moe_clamped),
+    }[variant]
 
 
 def make_inputs(T, H, E, K, dtype, routing="uniform", seed=1):
@@ -103,9 +128,7 @@ def rel(a, b, floor=0.0):
 
 
 def check(variant, dtype, T, E, K, H, I, routing, x_view=None):  # noqa: E741  (I: the intermediate size)
-    make = qwen_module if variant == "standard" else gpt_oss_module
-    fn = moe.moe_standard if variant == "standard" else moe.moe_gpt_oss
-    ref = reference.moe_standard if variant == "standard" else reference.moe_gpt_oss
+    make, fn, ref = variant_fns(variant)
     names = PARAMS[variant]
     m = make(E, H, I, dtype)
     x, idx, w = make_inputs(T, H, E, K, dtype, routing)
@@ -131,7 +154,7 @@ def check(variant, dtype, T, E, K, H, I, routing, x_view=None):  # noqa: E741  (
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("variant", ["standard", "gpt_oss"])
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize(
     "case",
     [
@@ -144,7 +167,7 @@ def test_matches_reference(variant, dtype, case):
     check(variant, dtype, *case)
 
 
-@pytest.mark.parametrize("variant", ["standard", "gpt_oss"])
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize(
     "case",
     [
@@ -169,7 +192,7 @@ def test_zero_tokens():
     assert gx.shape == x.shape and float(g1.abs().max()) == 0
 
 
-@pytest.mark.parametrize("variant", ["standard", "gpt_oss"])
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_portable_gemm_in_bf16(variant, monkeypatch):
     monkeypatch.setattr(moe, "GEMM_BACKEND", "portable")
     check(variant, torch.bfloat16, 200, 16, 4, 64, 48, "skewed")
@@ -180,10 +203,9 @@ def test_non_contiguous_and_3d_hidden_states():
     check("gpt_oss", torch.float32, 96, 8, 2, 64, 32, "uniform", x_view=lambda x: x.view(4, 24, 64))
 
 
-@pytest.mark.parametrize("variant", ["standard", "gpt_oss"])
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_deterministic(variant):
-    make = qwen_module if variant == "standard" else gpt_oss_module
-    fn = moe.moe_standard if variant == "standard" else moe.moe_gpt_oss
+    make, fn, _ = variant_fns(variant)
     m = make(64, 256, 128, torch.bfloat16)
     x, idx, w = make_inputs(4096, 256, 64, 8 if variant == "standard" else 4, torch.bfloat16, "dropped")
     go = torch.randn_like(x)
@@ -194,12 +216,11 @@ def test_deterministic(variant):
         assert torch.equal(ga, gb)
 
 
-@pytest.mark.parametrize("variant", ["standard", "gpt_oss"])
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_cuda_graph_capture_and_replay(variant):
     """Forward + backward captured in one CUDA graph (impossible with any host sync), replayed on new
     routing and inputs copied into the static tensors; equals an eager run on those inputs."""
-    make = qwen_module if variant == "standard" else gpt_oss_module
-    fn = moe.moe_standard if variant == "standard" else moe.moe_gpt_oss
+    make, fn, _ = variant_fns(variant)
     names = PARAMS[variant]
     m = make(16, 128, 64, torch.bfloat16)
     params = [getattr(m, n) for n in names]
@@ -286,6 +307,7 @@ def test_opcheck(dtype):
     b1 = torch.randn(E, 2 * I, device=dev, dtype=dtype, requires_grad=True)
     torch.library.opcheck(torch.ops.opslot.moe_act.default, (h, r.offs, r.row_expert, None, 0, 0.0, 0.0))
     torch.library.opcheck(torch.ops.opslot.moe_act.default, (h, r.offs, r.row_expert, b1, 1, 1.702, 1.5))
+    torch.library.opcheck(torch.ops.opslot.moe_act.default, (h, r.offs, r.row_expert, None, 2, 0.0, 1.5))
     a = torch.randn(T * K, H, device=dev, dtype=dtype, requires_grad=True)
     wq = torch.randn(E, 2 * I, H, device=dev, dtype=dtype, requires_grad=True)
     wg = torch.randn(E, H, 2 * I, device=dev, dtype=dtype, requires_grad=True)
@@ -331,3 +353,37 @@ def test_torch_compile_fullgraph():
     eager = moe.moe_standard(m, x, idx, w)
     compiled = torch.compile(lambda x, idx, w: moe.moe_standard(m, x, idx, w), fullgraph=True)
     assert torch.allclose(compiled(x, idx, w), eager, atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_clamped_activation_masks_exactly(dtype):
+    """Kind 2 (DeepSeek-V4) on crafted pre-activations: values at, inside and beyond +-limit, and NaN.
+    The gradient passes where -L <= up <= L and gate <= L (bounds included, NaN: zero), as torch's
+    clamp backward; the forward propagates NaN as torch.clamp does; dropped rows are zero."""
+    r, K = _routing(T=40, E=8, K=2, drop=True)
+    N, I = 80, 16  # noqa: E741  (I: the intermediate size)
+    L = 1.5
+    vals = torch.tensor([-2.0, -1.5, -1.0, 0.0, 1.0, 1.5, 2.0, 3.0], device="cuda")
+    h = vals[torch.randint(0, 8, (N, 2 * I), device="cuda")].to(dtype)
+    h[0, 0] = float("nan")  # gate NaN
+    h[0, I + 1] = float("nan")  # up NaN
+    h = h.requires_grad_(True)
+    a = moe.moe_act(h, r.offs, r.row_expert, None, moe.KIND_CLAMPED, 0.0, L)
+    da = torch.randn(N, I, device="cuda").to(dtype)
+    (dh,) = torch.autograd.grad(a, h, da)
+    kept = int(r.offs[-1])
+    hr = h.detach()[:kept].float().requires_grad_(True)
+    gate, up = hr.chunk(2, dim=-1)
+    ar = torch.nn.functional.silu(gate.clamp(max=L)) * up.clamp(-L, L)
+    (dhr,) = torch.autograd.grad(ar, hr, da[:kept].float())
+    torch.testing.assert_close(a[:kept].float(), ar.to(dtype).float(), equal_nan=True, atol=0, rtol=TOL[dtype])
+    torch.testing.assert_close(dh[:kept].float(), dhr.to(dtype).float(), equal_nan=True, atol=0, rtol=TOL[dtype])
+    assert torch.equal(dh[:kept] == 0, dhr == 0)  # the masks, exactly
+    assert float(a[kept:].abs().sum()) == 0 and float(dh[kept:].abs().sum()) == 0
+
+
+def test_clamped_refuses_a_negative_limit():
+    r, _ = _routing()
+    h = torch.randn(80, 32, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="kind 2 needs a limit >= 0, got -1"):
+        moe.moe_act(h, r.offs, r.row_expert, None, moe.KIND_CLAMPED, 0.0, -1.0)

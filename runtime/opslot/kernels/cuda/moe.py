@@ -10,8 +10,9 @@ One layer is, for T tokens routed to top_k of E experts (N = T * top_k assignmen
    torch ops (stable sort + searchsorted), used for CPU tensors and as the tests' reference.
 2. `opslot::moe_gather`: token-major copy of each token into its k rows (zero dropped rows).
 3. `opslot::moe_grouped_mm`: x_sorted @ gate_up per expert segment.
-4. `opslot::moe_act`: SiLU(gate) * up (Qwen/Mixtral layout), or GPT-OSS's clamped alpha-SwiGLU over
-   interleaved gate/up with the gate-up bias added on the fly.
+4. `opslot::moe_act`: SiLU(gate) * up (Qwen/Mixtral layout), DeepSeek-V4's clamped SwiGLU on the same
+   layout, or GPT-OSS's clamped alpha-SwiGLU over interleaved gate/up with the gate-up bias added on
+   the fly.
 5. `opslot::moe_grouped_mm`: @ down per expert segment.
 6. `opslot::moe_combine`: out[t] = sum_k w[t,k] * (y[row] + down_bias[e]) as a gather-sum per token
    in fp32 (deterministic, no atomics).
@@ -54,6 +55,7 @@ GEMM_BACKEND = os.environ.get("OPSLOT_MOE_GEMM", "auto")
 
 KIND_SILU = 0  # act(gate) * up, gate = h[:, :I], up = h[:, I:]
 KIND_GPT_OSS = 1  # clamped alpha-SwiGLU, gate = h[:, 0::2], up = h[:, 1::2], optional bias
+KIND_CLAMPED = 2  # DeepSeek-V4: silu(gate.clamp(max=limit)) * up.clamp(-limit, limit), halves as KIND_SILU
 
 C.require_library_on_cuda_machines()
 moe_route = C.torch_op("moe_route")  # (offs, row_expert, src_token, inv)
@@ -293,6 +295,30 @@ def moe_standard(module: Any, hidden_states: Tensor, top_k_index: Tensor, top_k_
     )
 
 
+def moe_clamped(module: Any, hidden_states: Tensor, top_k_index: Tensor, top_k_weights: Tensor) -> Tensor:
+    """DeepSeek-V4 experts (`gate_up_proj [E, 2I, H]`, `down_proj [E, H, I]`): `silu(gate.clamp(max=L)) *
+    up.clamp(-L, L)`, L = `module.limit` (docs/ops.md)."""
+    if not _is_silu(module.act_fn):
+        raise ValueError(
+            f"opslot cuda moe/clamped implements act_fn SiLU only, this module has "
+            f"{type(module.act_fn).__name__}; use moe_implementation 'fused_torch' or 'eager'"
+        )
+    limit = getattr(module, "limit", None)
+    if limit is None:
+        raise ValueError("opslot cuda moe/clamped needs the module's clamp limit (`limit`, config.swiglu_limit)")
+    return _experts(
+        hidden_states,
+        top_k_index,
+        top_k_weights,
+        module.num_experts,
+        module.gate_up_proj,
+        module.down_proj,
+        kind=KIND_CLAMPED,
+        transposed=True,
+        limit=float(limit),
+    )
+
+
 def moe_gpt_oss(module: Any, hidden_states: Tensor, router_indices: Tensor, routing_weights: Tensor) -> Tensor:
     """GPT-OSS experts (`gate_up_proj [E, H, 2I]` interleaved, biases, clamped alpha-SwiGLU), docs/ops.md."""
     return _experts(
@@ -318,6 +344,7 @@ __all__ = [
     "moe_route",
     "grouped_experts",
     "moe_standard",
+    "moe_clamped",
     "moe_gpt_oss",
     "moe_gather",
     "moe_combine",

@@ -1,0 +1,263 @@
+"""Benchmark of DeepSeek-V4's memory-bound ops on opslot's CUDA kernels (issue #35): the hyper-
+connections `mhc/pre`, `mhc/post`, `mhc/head` and the clamped SiLU-mul of `swiglu_mlp/clamped`,
+against Transformers' eager modules and torch.compile of them, forward + backward, bf16, in one run
+on one GPU. Per row: the device time of one call replayed from a CUDA graph (triton's
+do_bench_cudagraph: what the GPU spends), the user path (CUDA events around calls issued from
+Python, triton's do_bench: what a training step sees, host included), and the fraction of the
+device-to-device copy bandwidth measured in the same run, for the fewest bytes the op must move
+(each input read once, each output written once; the per-token fp32 vectors and the parameters are
+left out, under 1 %).
+
+    python3 bench/mhc.py --out $OUT/mhc_h200.md [--compile pre,post] [--quick] [--only pre,post,head,silu] [--tune]
+
+--tune also times, on the bench library (opslot_mhc_set_tuning), the forward with the rows held in
+registers (blocks up to 128 / 256 threads; the default reads them twice) and the register-tiled dx
+kernel of the backward.
+
+Bytes per token (bf16, hc = 4 streams of hidden D; T tokens):
+  pre / head, fwd + bwd: x read forward and backward (2 x 8D), collapsed written (2D), its gradient
+      read (2D), dx written (8D): 28 D bytes
+  post, fwd + bwd: block output 2D + streams 8D read, out 8D written; gradient 8D, block output 2D,
+      streams 8D read, their gradients 2D + 8D written: 46 D bytes
+  SiLU-mul: 16 bytes per element (gate, up read twice, h written, grad read, two gradients written)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+BENCH = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(BENCH)
+sys.path.insert(0, os.path.join(ROOT, "runtime"))
+sys.path.insert(0, BENCH)
+
+from triton.testing import do_bench  # noqa: E402
+
+import kernels as K  # noqa: E402  (bench/kernels.py: copy bandwidth, timing, tables)
+from opslot.kernels.cuda import mhc as CM, swiglu as CS  # noqa: E402
+
+BF = torch.bfloat16
+DEV = "cuda"
+
+
+def user_ms(fn):
+    """Median time of one call issued from Python, CUDA events (the user path)."""
+    return do_bench(fn, warmup=10, rep=50, return_mode="median")
+
+
+def measure(name, make, nbytes):
+    """(name, device ms, user ms, nbytes) of fwd+bwd callable `make()`; failures are reported."""
+    try:
+        run = make()
+        run()
+        dev, mark = K.bench_ms(run)
+        usr = user_ms(run)
+        return (name, dev, mark, usr, nbytes)
+    except Exception as exc:  # noqa: BLE001
+        print(f"  {name}: FAILED {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+        return (name + " (failed)", float("nan"), "", float("nan"), nbytes)
+
+
+def table(title, copy_bw, rows, note=""):
+    lines = [f"### {title}", ""]
+    lines.append("| implementation | device ms (CUDA graph) | % of copy BW | user path ms (CUDA events) |")
+    lines.append("|---|---:|---:|---:|")
+    for name, dev, mark, usr, nbytes in rows:
+        frac = f"{100 * nbytes / (dev * 1e-3) / copy_bw:.1f}" if dev == dev else "-"
+        lines.append(f"| {name} | {dev:.4f}{mark} | {frac} | {usr:.4f} |")
+    if note:
+        lines += ["", note]
+    text = "\n".join(lines) + "\n"
+    print(text, flush=True)
+    return text
+
+
+def _config(hidden, hc=4):
+    from transformers.models.deepseek_v4.configuration_deepseek_v4 import DeepseekV4Config
+
+    return DeepseekV4Config(hidden_size=hidden, hc_mult=hc, hc_sinkhorn_iters=20, rms_norm_eps=1e-6)
+
+
+def _init(module):
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if name in ("fn", "hc_fn"):
+                p.copy_(torch.randn(p.shape) / p.shape[1] ** 0.5)
+            elif name in ("base", "hc_base"):
+                p.copy_(torch.randn(p.shape) * 0.5)
+            else:
+                p.copy_(1 + torch.rand(p.shape))
+    return module.to(DEV)  # parameters stay fp32 (the model keeps the hc modules in fp32)
+
+
+def streams(T, D, hc=4):
+    return (torch.randn(1, T, hc, D, device=DEV) * 2).to(BF).requires_grad_(True)
+
+
+def _collapse_rows(copy_bw, args, out, head):
+    from transformers.models.deepseek_v4.modeling_deepseek_v4 import DeepseekV4HyperConnection, DeepseekV4HyperHead
+
+    what = "head" if head else "pre"
+    for D in args.hidden:
+        T = args.tokens
+        m = _init((DeepseekV4HyperHead if head else DeepseekV4HyperConnection)(_config(D)))
+        x = streams(T, D)
+        nbytes = 28 * D * T
+        ours = (lambda t: CM.mhc_head(m, t)) if head else (lambda t: CM.mhc_pre(m, t))
+        impls = [("Transformers eager", lambda t: m(t))]
+        if what in args.compile and D == args.hidden[0]:
+            impls.append(("torch.compile(eager)", torch.compile(lambda t: m(t))))
+        impls.append(("opslot cuda", ours))
+        params = tuple(m.parameters())  # fp32 fn/base/scale: their gradients are part of the backward
+        ins = (x,) + params
+
+        def fb(f):
+            return K.fwd_bwd(lambda t, *p: f(t), ins)
+
+        rows = [measure(n, lambda f=f: fb(f), nbytes) for n, f in impls]
+        xd = x.detach()
+        with torch.no_grad():
+            rows.append(measure("opslot cuda, forward only (10 D B/token)", lambda: lambda: ours(xd), 10 * D * T))
+        if args.tune:  # bench library knobs: the forward's row held in registers; the tiled dx kernel
+            with K.bench_library("mhc --tune") as lib:
+                if lib is not None:
+                    set_tuning = K.knob(lib, "opslot_mhc_set_tuning", 2)
+                    try:
+                        for hold, dxv, name in (
+                            (128, 1, "rows held up to 128 threads"),
+                            (256, 1, "rows held up to 256 threads"),
+                            (0, 2, "register-tiled dx"),
+                        ):
+                            set_tuning(hold, dxv)
+                            rows.append(measure(f"opslot cuda [{name}]", lambda: fb(ours), nbytes))
+                            if dxv == 1:
+                                with torch.no_grad():
+                                    rows.append(
+                                        measure(
+                                            f"opslot cuda, forward only [{name}]", lambda: lambda: ours(xd), 10 * D * T
+                                        )
+                                    )
+                            elif args.profile:
+                                K.kernel_breakdown(f"mhc/{what} {T}x4x{D} [{name}]", fb(ours), out)
+                    finally:
+                        set_tuning(0, 1)
+        if args.profile:
+            K.kernel_breakdown(f"mhc/{what} {T}x4x{D}", fb(ours), out)
+        out.append(
+            table(
+                f"mhc/{what}: {T} tokens x 4 streams x {D}, bf16, fwd+bwd — 28 D bytes/token",
+                copy_bw,
+                rows,
+                "The fp32 GEMM against fn (and its backward) is cuBLAS: one bf16 GEMM against fn split into "
+                "three bf16 terms (fp32 output); the kernels read the streams twice forward and three times "
+                "backward (docs/kernels.md '## mhc').",
+            )
+        )
+
+
+def bench_pre(copy_bw, args, out):
+    _collapse_rows(copy_bw, args, out, head=False)
+
+
+def bench_head(copy_bw, args, out):
+    _collapse_rows(copy_bw, args, out, head=True)
+
+
+def upstream_post(post, comb, block_output, hidden_states):
+    dtype = hidden_states.dtype
+    return post.to(dtype).unsqueeze(-1) * block_output.unsqueeze(-2) + torch.matmul(
+        comb.to(dtype).transpose(-1, -2), hidden_states
+    )
+
+
+def bench_post(copy_bw, args, out):
+    for D in args.hidden:
+        T = args.tokens
+        post = (torch.rand(1, T, 4, device=DEV) * 2).requires_grad_(True)
+        comb = torch.rand(1, T, 4, 4, device=DEV).requires_grad_(True)
+        bo = torch.randn(1, T, D, device=DEV).to(BF).requires_grad_(True)
+        h = torch.randn(1, T, 4, D, device=DEV).to(BF).requires_grad_(True)
+        ins = (post, comb, bo, h)
+        impls = [("upstream eager", upstream_post)]
+        if "post" in args.compile and D == args.hidden[0]:
+            impls.append(("torch.compile(eager)", torch.compile(upstream_post)))
+        impls.append(("opslot cuda", CM.mhc_post))
+        rows = [measure(n, lambda f=f: K.fwd_bwd(f, ins), 46 * D * T) for n, f in impls]
+        det = tuple(t.detach() for t in ins)
+        with torch.no_grad():
+            rows.append(
+                measure("opslot cuda, forward only (18 D B/token)", lambda: lambda: CM.mhc_post(*det), 18 * D * T)
+            )
+        if args.profile:
+            K.kernel_breakdown(f"mhc/post {T}x4x{D}", K.fwd_bwd(CM.mhc_post, ins), out)
+        out.append(table(f"mhc/post: {T} tokens x 4 streams x {D}, bf16, fwd+bwd — 46 D bytes/token", copy_bw, rows))
+
+
+def bench_silu(copy_bw, args, out):
+    N, D = (args.tokens, 12288) if not args.quick else (4096, 12288)
+    a, b = K.leaf(N, D, scale=3.0), K.leaf(N, D)
+    L = 10.0  # DeepSeek-V4's swiglu_limit
+
+    def eager(a, b):
+        return F.silu(a.clamp(max=L)) * b.clamp(min=-L, max=L)
+
+    impls = [("upstream eager (silu(a.clamp) * b.clamp)", eager)]
+    if "silu" in args.compile:
+        impls.append(("torch.compile(eager)", torch.compile(eager)))
+    impls += [
+        ("opslot cuda clamped", lambda a, b: torch.ops.opslot.silu_mul_clamped(a, b, L)),
+        ("opslot cuda unclamped (silu_mul, same run)", lambda a, b: torch.ops.opslot.silu_mul(a, b)),
+    ]
+    rows = [measure(n, lambda f=f: K.fwd_bwd(f, (a, b)), 16 * N * D) for n, f in impls]
+    ad, bd = a.detach(), b.detach()
+    rows.append(
+        measure(
+            "opslot cuda clamped, forward only (6 B/element)", lambda: lambda: CS.silu_mul_clamped(ad, bd, L), 6 * N * D
+        )
+    )
+    rows.append(
+        measure("opslot cuda unclamped, forward only", lambda: lambda: torch.ops.opslot.silu_mul(ad, bd), 6 * N * D)
+    )
+    out.append(table(f"clamped SiLU·mul {N}x{D} bf16, limit {L} — 16 B/element", copy_bw, rows))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--compile", default="pre,post,head,silu", help="ops with a torch.compile row (first hidden size)")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--profile", action="store_true", help="list the kernels of one opslot call (torch.profiler)")
+    ap.add_argument("--only", default="pre,post,head,silu")
+    ap.add_argument("--tune", action="store_true", help="also time the knob variants (bench library)")
+    ap.add_argument("--tokens", type=int, default=16384)
+    ap.add_argument("--hidden", default="4096,7168")
+    args = ap.parse_args()
+    args.hidden = [int(h) for h in args.hidden.split(",")]
+    args.compile = args.compile.split(",") if args.compile else []
+    if args.quick:
+        args.tokens, args.hidden = 4096, args.hidden[:1]
+    torch.manual_seed(0)
+    torch.backends.cuda.matmul.allow_tf32 = False  # upstream's fp32 GEMM as it runs by default
+    bw = K.copy_bandwidth()
+    head = (
+        f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}; device-to-device copy "
+        f"{bw / 1e12:.2f} TB/s (bytes read + written, 2 GiB bf16 copy, median)\n\n{K.libraries_line()}\n"
+    )
+    print(head, flush=True)
+    out = [head]
+    steps = {"pre": bench_pre, "post": bench_post, "head": bench_head, "silu": bench_silu}
+    for key in args.only.split(","):
+        steps[key](bw, args, out)
+        torch.cuda.empty_cache()
+        if args.out:
+            with open(args.out, "w") as fh:
+                fh.write("\n".join(out))
+
+
+if __name__ == "__main__":
+    main()

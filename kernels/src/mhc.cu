@@ -1,0 +1,980 @@
+// DeepSeek-V4's hyper-connections (mhc/pre, mhc/post, mhc/head): the memory-bound passes around the
+// fp32 GEMM against `fn` (which the caller runs on cuBLAS). See opslot_kernels/mhc.h for the
+// contracts, mhc_math.h for the per-token math (shared with the CPU kernels of
+// kernels/torch/mhc.cc) and docs/kernels.md "## mhc" for the design and its byte counts.
+#include <initializer_list>
+#include <type_traits>
+
+#include "common.cuh"
+#include "mhc_math.h"
+#include "opslot_kernels/mhc.h"
+
+namespace opslot {
+namespace {
+
+using bf16 = __nv_bfloat16;
+constexpr int kRowVectors = 4;       // 16-byte vectors per stream and thread held by collapse_fwd
+constexpr int kStreamThreads = 256;  // at most, in the blocks that stream a token's row
+// Bench-library knobs (opslot_mhc_set_tuning), compile-time defaults in the production library:
+// - g_hold_threads: collapse_fwd holds the token's row in registers between the sum of squares and
+//   the collapse when its block (stream_threads: the same for either path, so the results are
+//   bitwise equal) has at most this many threads and kRowVectors vectors per stream and thread
+//   cover the row. Default 0: never; reading the row again (from L2) measured faster on an H200
+//   (docs/kernels.md "## mhc").
+// - g_dx_version: 1 (default) dx_kernel, 2 dx_tiled_kernel (register-tiled, bench library only).
+#ifdef OPSLOT_KERNELS_BENCH
+int g_hold_threads = 0;
+int g_dx_version = 1;
+#else
+constexpr int g_hold_threads = 0;
+#endif
+
+// Sums each of v[0..N) over the block in a fixed order; every thread gets the sums. `red` holds
+// N x 32 floats; blockDim.x is a multiple of 32.
+template <int N>
+__device__ __forceinline__ void block_sum(float (&v)[N], float (*red)[32]) {
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v[n] += __shfl_xor_sync(0xffffffffu, v[n], o);
+  }
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  __syncthreads();
+  if (lane == 0) {
+#pragma unroll
+    for (int n = 0; n < N; ++n) red[n][warp] = v[n];
+  }
+  __syncthreads();
+  const int warps = blockDim.x >> 5;
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+    float s = 0.f;
+    for (int w = 0; w < warps; ++w) s += red[n][w];
+    v[n] = s;
+  }
+}
+
+// w = hi + mid + lo, each the bf16 rounding of what the previous terms leave.
+__device__ __forceinline__ void split3(float w, bf16& hi, bf16& mid, bf16& lo) {
+  hi = __float2bfloat16_rn(w);
+  const float r1 = w - __bfloat162float(hi);
+  mid = __float2bfloat16_rn(r1);
+  lo = __float2bfloat16_rn(r1 - __bfloat162float(mid));
+}
+
+// Makes the compiler forget what it knows of v's bits: the float conversions made before this point
+// cannot be reused after it, so a row held in registers stays as its raw 16-bit values (half the
+// registers) instead of as the floats of the sum of squares.
+template <typename V>
+__device__ __forceinline__ void opaque(V& v) {
+  if constexpr (sizeof(V) == 16) {
+    uint4 u;
+    memcpy(&u, &v, 16);
+    asm volatile("" : "+r"(u.x), "+r"(u.y), "+r"(u.z), "+r"(u.w));
+    memcpy(&v, &u, 16);
+  }
+}
+
+// The value `.to(dtype)` gives (upstream rounds post and comb to the streams' dtype).
+template <typename T>
+__device__ __forceinline__ float round_to(float v) {
+  return to_float(from_float<T>(v));
+}
+
+__global__ void split3_kernel(const float* __restrict__ w, int64_t n, bf16* __restrict__ out) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    bf16 a, b, c;
+    split3(w[i], a, b, c);
+    out[i] = a;
+    out[n + i] = b;
+    out[2 * n + i] = c;
+  }
+}
+
+// ---- collapse forward: one block per token ------------------------------------------------------
+// kHold: the token's streams stay in registers between the sum of squares and the collapse (rows of
+// up to kStreamThreads * kRowVectors vectors per stream); else the collapse reads them again (from
+// L2: the block read them a moment ago).
+template <typename T, int HC, int VEC, bool kHold>
+__global__ void __launch_bounds__(kStreamThreads)
+    collapse_fwd_kernel(const T* __restrict__ x, const float* __restrict__ p, int nsplit,
+                        int64_t ldp, const float* __restrict__ scale,
+                        const float* __restrict__ base, float norm_eps, float hc_eps,
+                        T* __restrict__ out, float* __restrict__ mix, float* __restrict__ rstd,
+                        int64_t hidden, int mixes) {
+  using V = Vec<T, VEC>;
+  constexpr int NV = kHold ? kRowVectors : 1;
+  __shared__ float red[1][32];
+  __shared__ float pre_s[HC];
+  const int64_t t = blockIdx.x;
+  const int64_t nvec = hidden / VEC;
+  const T* xt = x + t * HC * hidden;
+  // the GEMM's partial products of this token, loaded before the row (they do not depend on it)
+  float pacc = 0.f;
+  if (static_cast<int>(threadIdx.x) < mixes) {
+    for (int s = 0; s < nsplit; ++s) pacc += p[t * ldp + s * mixes + threadIdx.x];
+  }
+  V xv[HC][NV];
+  float ss[1] = {0.f};
+  if constexpr (kHold) {
+#pragma unroll
+    for (int v = 0; v < NV; ++v) {
+      const int64_t i = threadIdx.x + static_cast<int64_t>(v) * blockDim.x;
+      if (i < nvec) {
+#pragma unroll
+        for (int j = 0; j < HC; ++j) xv[j][v] = reinterpret_cast<const V*>(xt + j * hidden)[i];
+      }
+    }
+#pragma unroll
+    for (int v = 0; v < NV; ++v) {
+      if (threadIdx.x + static_cast<int64_t>(v) * blockDim.x < nvec) {
+#pragma unroll
+        for (int j = 0; j < HC; ++j) {
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) {
+            const float f = to_float(xv[j][v].v[e]);
+            ss[0] += f * f;
+          }
+        }
+      }
+    }
+  } else {
+    for (int64_t i = threadIdx.x; i < nvec; i += blockDim.x) {
+#pragma unroll
+      for (int j = 0; j < HC; ++j) xv[j][0] = reinterpret_cast<const V*>(xt + j * hidden)[i];
+#pragma unroll
+      for (int j = 0; j < HC; ++j) {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+          const float f = to_float(xv[j][0].v[e]);
+          ss[0] += f * f;
+        }
+      }
+    }
+  }
+  block_sum<1>(ss, red);
+  const float r = rsqrtf(ss[0] / static_cast<float>(HC * hidden) + norm_eps);
+  if (static_cast<int>(threadIdx.x) < mixes) {
+    const int m = threadIdx.x;
+    const float mv = r * pacc;
+    mix[t * mixes + m] = mv;
+    if (m < HC) pre_s[m] = mhc::sigmoid(mv * scale[0] + base[m]) + hc_eps;
+  }
+  if (threadIdx.x == 0) rstd[t] = r;
+  __syncthreads();
+  float pw[HC];
+#pragma unroll
+  for (int j = 0; j < HC; ++j) pw[j] = pre_s[j];
+  T* ot = out + t * hidden;
+  auto collapse = [&](const V(&xs)[HC], int64_t i) {
+    V o;
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+      float acc = 0.f;
+#pragma unroll
+      for (int j = 0; j < HC; ++j) acc += pw[j] * to_float(xs[j].v[e]);
+      o.v[e] = from_float<T>(acc);
+    }
+    reinterpret_cast<V*>(ot)[i] = o;
+  };
+  if constexpr (kHold) {
+#pragma unroll
+    for (int v = 0; v < NV; ++v) {
+      const int64_t i = threadIdx.x + static_cast<int64_t>(v) * blockDim.x;
+      if (i < nvec) {
+        V xs[HC];
+#pragma unroll
+        for (int j = 0; j < HC; ++j) {
+          xs[j] = xv[j][v];
+          opaque(xs[j]);
+        }
+        collapse(xs, i);
+      }
+    }
+  } else {
+    for (int64_t i = threadIdx.x; i < nvec; i += blockDim.x) {
+      V xs[HC];
+#pragma unroll
+      for (int j = 0; j < HC; ++j) xs[j] = reinterpret_cast<const V*>(xt + j * hidden)[i];
+      collapse(xs, i);
+    }
+  }
+}
+
+// ---- post / comb from the mixes: one thread per token ----------------------------------------
+template <int HC>
+__global__ void comb_fwd_kernel(int64_t tokens, int iters, const float* __restrict__ mix,
+                                const float* __restrict__ scale, const float* __restrict__ base,
+                                float eps, float* __restrict__ post, float* __restrict__ comb) {
+  constexpr int M = (2 + HC) * HC;
+  const int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (t >= tokens) return;
+  float m[M], b[M];
+  const float sc[3] = {scale[0], scale[1], scale[2]};
+#pragma unroll
+  for (int i = 0; i < M; ++i) {
+    m[i] = mix[t * M + i];
+    b[i] = base[i];
+  }
+  mhc::comb_forward<HC>(m, b, sc, iters, eps, post + t * HC, comb + t * HC * HC, nullptr, 0);
+}
+
+// Its backward: da[t, HC .. M); the matrices of the recomputed Sinkhorn steps live in shared
+// memory, [step][entry][thread] (consecutive threads, consecutive banks).
+template <int HC>
+__global__ void comb_bwd_kernel(int64_t tokens, int iters, const float* __restrict__ mix,
+                                const float* __restrict__ scale, const float* __restrict__ base,
+                                float eps, const float* __restrict__ g_post,
+                                const float* __restrict__ g_comb, float* __restrict__ da) {
+  constexpr int M = (2 + HC) * HC;
+  extern __shared__ float hist[];
+  const int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (t >= tokens) return;
+  float m[M], b[M], d[M];
+  const float sc[3] = {scale[0], scale[1], scale[2]};
+#pragma unroll
+  for (int i = 0; i < M; ++i) {
+    m[i] = mix[t * M + i];
+    b[i] = base[i];
+  }
+  mhc::comb_backward<HC>(m, b, sc, iters, eps, g_post ? g_post + t * HC : nullptr,
+                         g_comb ? g_comb + t * HC * HC : nullptr, d, hist + threadIdx.x,
+                         static_cast<int>(blockDim.x));
+#pragma unroll
+  for (int i = HC; i < M; ++i) da[t * M + i] = d[i];
+}
+
+// ---- collapse backward up to dx: one block per token -----------------------------------------
+template <typename T, int HC, int VEC, bool kComb>
+__global__ void __launch_bounds__(kStreamThreads)
+    collapse_bwd_kernel(const T* __restrict__ x, const T* __restrict__ g,
+                        const float* __restrict__ mix, const float* __restrict__ rstd,
+                        const float* __restrict__ scale, const float* __restrict__ base,
+                        float hc_eps, float* __restrict__ da, float* __restrict__ pre,
+                        float* __restrict__ dsc, float* __restrict__ coef_a,
+                        bf16* __restrict__ coef_a3, float* __restrict__ coef_c, int64_t hidden) {
+  constexpr int M = kComb ? (2 + HC) * HC : HC;
+  constexpr int G = kComb ? 3 : 1;
+  using V = Vec<T, VEC>;
+  __shared__ float red[HC][32];
+  const int64_t t = blockIdx.x;
+  const int64_t nvec = hidden / VEC;
+  float acc[HC];
+#pragma unroll
+  for (int j = 0; j < HC; ++j) acc[j] = 0.f;
+  if (g != nullptr) {
+    const T* xt = x + t * HC * hidden;
+    const T* gt = g + t * hidden;
+#pragma unroll 2
+    for (int64_t i = threadIdx.x; i < nvec; i += blockDim.x) {
+      const V gv = reinterpret_cast<const V*>(gt)[i];
+      V xv[HC];
+#pragma unroll
+      for (int j = 0; j < HC; ++j) xv[j] = reinterpret_cast<const V*>(xt + j * hidden)[i];
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        const float gf = to_float(gv.v[e]);
+#pragma unroll
+        for (int j = 0; j < HC; ++j) acc[j] += gf * to_float(xv[j].v[e]);
+      }
+    }
+  }
+  block_sum<HC>(acc, red);
+  if (threadIdx.x != 0) return;
+  float m[M], b[M], d[M], a[M], pr[HC], ds[G], c;
+  const float sc[3] = {scale[0], kComb ? scale[1] : 0.f, kComb ? scale[2] : 0.f};
+#pragma unroll
+  for (int i = 0; i < M; ++i) {
+    m[i] = mix[t * M + i];
+    b[i] = base[i];
+    d[i] = i >= HC ? da[t * M + i] : 0.f;
+  }
+  mhc::token_backward<HC>(acc, m, b, sc, M, rstd[t], 1.f / static_cast<float>(HC * hidden), hc_eps,
+                          d, pr, ds, a, &c);
+#pragma unroll
+  for (int j = 0; j < HC; ++j) {
+    da[t * M + j] = d[j];
+    pre[t * HC + j] = pr[j];
+  }
+#pragma unroll
+  for (int i = 0; i < G; ++i) dsc[t * G + i] = ds[i];
+#pragma unroll
+  for (int i = 0; i < M; ++i) coef_a[t * M + i] = a[i];
+  coef_c[t] = c;
+  if (coef_a3 != nullptr) {
+#pragma unroll
+    for (int i = 0; i < M; ++i) {
+      bf16 hi, mid, lo;
+      split3(a[i], hi, mid, lo);
+      coef_a3[t * 3 * M + i] = hi;
+      coef_a3[t * 3 * M + M + i] = mid;
+      coef_a3[t * 3 * M + 2 * M + i] = lo;
+    }
+  }
+}
+
+// ---- dx: tiles of (one stream, 2 * 256 columns) x 256 tokens; fn's columns in registers ---------
+constexpr int kDxThreads = 256;
+constexpr int kDxTokens = 256;
+constexpr int kDxUnroll = 8;
+
+template <typename T, int P, int MAXM>
+__global__ void __launch_bounds__(kDxThreads)
+    dx_kernel(const T* __restrict__ x, const T* __restrict__ g, const float* __restrict__ fn,
+              const float* __restrict__ coef_a, const float* __restrict__ coef_c,
+              const float* __restrict__ pre, T* __restrict__ dx, int64_t tokens, int hc,
+              int64_t hidden, int mixes) {
+  using V = Vec<T, P>;
+  __shared__ __align__(16) float sa[kDxTokens][MAXM];
+  __shared__ float sc[kDxTokens];
+  __shared__ float sp[kDxTokens];
+  const int j = static_cast<int>(blockIdx.x % hc);
+  const int64_t d0 = (blockIdx.x / hc) * static_cast<int64_t>(kDxThreads * P) + threadIdx.x * P;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kDxTokens;
+  const int nt = static_cast<int>(tokens - t0 < kDxTokens ? tokens - t0 : kDxTokens);
+  const int64_t K = hc * hidden;
+  for (int i = threadIdx.x; i < nt * MAXM; i += kDxThreads) {
+    const int tt = i / MAXM, m = i % MAXM;
+    sa[tt][m] = m < mixes ? coef_a[(t0 + tt) * mixes + m] : 0.f;
+  }
+  for (int i = threadIdx.x; i < nt; i += kDxThreads) {
+    sc[i] = coef_c[t0 + i];
+    sp[i] = pre[(t0 + i) * hc + j];
+  }
+  const bool active = d0 < hidden;
+  float w[MAXM][P];
+#pragma unroll
+  for (int m = 0; m < MAXM; ++m) {
+#pragma unroll
+    for (int e = 0; e < P; ++e)
+      w[m][e] = (active && m < mixes) ? fn[m * K + j * hidden + d0 + e] : 0.f;
+  }
+  __syncthreads();
+  if (!active) return;
+  const T* xp = x + j * hidden + d0;
+  const T* gp = g != nullptr ? g + d0 : nullptr;
+  T* op = dx + j * hidden + d0;
+  for (int tt = 0; tt < nt; tt += kDxUnroll) {
+    V xv[kDxUnroll], gv[kDxUnroll];
+#pragma unroll
+    for (int u = 0; u < kDxUnroll; ++u) {
+      if (tt + u < nt) {
+        const int64_t t = t0 + tt + u;
+        xv[u] = *reinterpret_cast<const V*>(xp + t * K);
+        if (gp != nullptr) gv[u] = *reinterpret_cast<const V*>(gp + t * hidden);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kDxUnroll; ++u) {
+      if (tt + u < nt) {
+        const float* a = sa[tt + u];
+        float acc[P];
+#pragma unroll
+        for (int e = 0; e < P; ++e) acc[e] = 0.f;
+#pragma unroll
+        for (int m = 0; m < MAXM; m += 4) {
+          const float4 a4 = *reinterpret_cast<const float4*>(a + m);
+#pragma unroll
+          for (int e = 0; e < P; ++e) {
+            acc[e] += a4.x * w[m][e];
+            acc[e] += a4.y * w[m + 1][e];
+            acc[e] += a4.z * w[m + 2][e];
+            acc[e] += a4.w * w[m + 3][e];
+          }
+        }
+        const float pj = sp[tt + u], cc = sc[tt + u];
+        V o;
+#pragma unroll
+        for (int e = 0; e < P; ++e) {
+          const float gf = gp != nullptr ? pj * to_float(gv[u].v[e]) : 0.f;
+          o.v[e] = from_float<T>(gf + acc[e] - cc * to_float(xv[u].v[e]));
+        }
+        *reinterpret_cast<V*>(op + (t0 + tt + u) * K) = o;
+      }
+    }
+  }
+}
+
+#ifdef OPSLOT_KERNELS_BENCH
+// ---- dx, register-tiled (bench library, opslot_mhc_set_tuning dx_version 2) --------------------
+// The same sums as dx_kernel (sum over m in order, one rounding), as a SIMT GEMM micro-kernel: a
+// block of 16 x 16 threads takes 128 columns of one stream (fn's M x 128 slice in shared memory)
+// and walks 512 tokens, 64 at a time; a thread owns 4 tokens x 8 columns (32 accumulators; per m
+// one 16-byte load of the coefficients and two of fn for 32 FMAs), its streams and gradient loaded
+// as 16-byte vectors before the products. hidden % 8 == 0 and 16-byte aligned rows only: other
+// inputs take dx_kernel.
+constexpr int kTiledCols = 128;
+constexpr int kTiledTokens = 64;
+constexpr int kTiledRange = 512;
+
+template <typename T, int MAXM>
+__global__ void __launch_bounds__(256, 2)  // two blocks per SM: at most 128 registers
+    dx_tiled_kernel(const T* __restrict__ x, const T* __restrict__ g, const float* __restrict__ fn,
+                    const float* __restrict__ coef_a, const float* __restrict__ coef_c,
+                    const float* __restrict__ pre, T* __restrict__ dx, int64_t tokens, int hc,
+                    int64_t hidden, int mixes) {
+  constexpr int VEC = 16 / sizeof(T);  // columns per 16-byte vector
+  constexpr int NV = 8 / VEC;          // vectors per thread and token (8 columns)
+  using V = Vec<T, VEC>;
+  __shared__ __align__(16) float s_fn[MAXM][kTiledCols];
+  __shared__ __align__(16) float s_a[MAXM][kTiledTokens];  // transposed: [m][token]
+  __shared__ float s_c[kTiledTokens], s_p[kTiledTokens];
+  const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
+  const int j = static_cast<int>(blockIdx.x % hc);
+  const int64_t dcol = (blockIdx.x / hc) * static_cast<int64_t>(kTiledCols);
+  const int64_t K = hc * hidden;
+  for (int i = threadIdx.x; i < MAXM * kTiledCols; i += 256) {
+    const int m = i / kTiledCols, c = i % kTiledCols;
+    s_fn[m][c] = (m < mixes && dcol + c < hidden) ? fn[m * K + j * hidden + dcol + c] : 0.f;
+  }
+  const int64_t d0 = dcol + tx * 8;
+  const bool col_ok = d0 < hidden;
+  const int64_t tbeg = static_cast<int64_t>(blockIdx.y) * kTiledRange;
+  const int64_t tend = tokens < tbeg + kTiledRange ? tokens : tbeg + kTiledRange;
+  for (int64_t t0 = tbeg; t0 < tend; t0 += kTiledTokens) {
+    __syncthreads();  // s_fn written (first tile); s_a, s_c, s_p free again (later tiles)
+    for (int i = threadIdx.x; i < MAXM * kTiledTokens; i += 256) {
+      const int tt = i / MAXM, m = i % MAXM;
+      s_a[m][tt] = (t0 + tt < tend && m < mixes) ? coef_a[(t0 + tt) * mixes + m] : 0.f;
+    }
+    if (threadIdx.x < kTiledTokens) {
+      const int64_t t = t0 + threadIdx.x;
+      s_c[threadIdx.x] = t < tend ? coef_c[t] : 0.f;
+      s_p[threadIdx.x] = t < tend ? pre[t * hc + j] : 0.f;
+    }
+    // this thread's streams and gradient, loaded before the products
+    V xv[4][NV], gv[4][NV];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t t = t0 + ty * 4 + i;
+      if (col_ok && t < tend) {
+#pragma unroll
+        for (int v = 0; v < NV; ++v) {
+          xv[i][v] = *reinterpret_cast<const V*>(x + t * K + j * hidden + d0 + v * VEC);
+          if (g != nullptr) gv[i][v] = *reinterpret_cast<const V*>(g + t * hidden + d0 + v * VEC);
+        }
+      }
+    }
+    __syncthreads();
+    float acc[4][8];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[i][e] = 0.f;
+    }
+#pragma unroll
+    for (int m = 0; m < MAXM; ++m) {
+      const float4 a = *reinterpret_cast<const float4*>(&s_a[m][ty * 4]);
+      const float4 f0 = *reinterpret_cast<const float4*>(&s_fn[m][tx * 8]);
+      const float4 f1 = *reinterpret_cast<const float4*>(&s_fn[m][tx * 8 + 4]);
+      const float av[4] = {a.x, a.y, a.z, a.w};
+      const float fv[8] = {f0.x, f0.y, f0.z, f0.w, f1.x, f1.y, f1.z, f1.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[i][e] += av[i] * fv[e];
+      }
+    }
+    if (!col_ok) continue;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int tt = ty * 4 + i;
+      const int64_t t = t0 + tt;
+      if (t >= tend) continue;
+      const float pj = s_p[tt], cc = s_c[tt];
+#pragma unroll
+      for (int v = 0; v < NV; ++v) {
+        V o;
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+          const float gf = g != nullptr ? pj * to_float(gv[i][v].v[e]) : 0.f;
+          o.v[e] = from_float<T>(gf + acc[i][v * VEC + e] - cc * to_float(xv[i][v].v[e]));
+        }
+        *reinterpret_cast<V*>(dx + t * K + j * hidden + d0 + v * VEC) = o;
+      }
+    }
+  }
+}
+
+#endif  // OPSLOT_KERNELS_BENCH
+
+// ---- mhc/post -------------------------------------------------------------------------------
+// post and comb of token t, rounded to T, into shared memory: cf[i] = p_i,
+// cf[HC + j*HC + i] = c_ji.
+template <typename T, int HC>
+__device__ __forceinline__ void load_post_coefs(const float* post, const float* comb, int64_t t,
+                                                float* cf) {
+  const int i = threadIdx.x;
+  if (i < HC)
+    cf[i] = round_to<T>(post[t * HC + i]);
+  else if (i < HC + HC * HC)
+    cf[i] = round_to<T>(comb[t * HC * HC + i - HC]);
+  __syncthreads();
+}
+
+template <typename T, int HC, int VEC>
+__global__ void __launch_bounds__(kStreamThreads)
+    post_fwd_kernel(const float* __restrict__ post, const float* __restrict__ comb,
+                    const T* __restrict__ bo, const T* __restrict__ h, T* __restrict__ out,
+                    int64_t hidden) {
+  __shared__ float cf[HC + HC * HC];
+  const int64_t t = blockIdx.x;
+  load_post_coefs<T, HC>(post, comb, t, cf);
+  float p[HC], c[HC][HC];
+#pragma unroll
+  for (int i = 0; i < HC; ++i) {
+    p[i] = cf[i];
+#pragma unroll
+    for (int j = 0; j < HC; ++j) c[j][i] = cf[HC + j * HC + i];
+  }
+  const int64_t nvec = hidden / VEC;
+  const T* bt = bo + t * hidden;
+  const T* ht = h + t * HC * hidden;
+  T* ot = out + t * HC * hidden;
+#pragma unroll 2
+  for (int64_t v = threadIdx.x; v < nvec; v += blockDim.x) {
+    const int64_t i = v * VEC;
+    float b[VEC], hv[HC][VEC];
+    load_vec<VEC>(bt + i, b);
+#pragma unroll
+    for (int j = 0; j < HC; ++j) load_vec<VEC>(ht + j * hidden + i, hv[j]);
+#pragma unroll
+    for (int io = 0; io < HC; ++io) {
+      float o[VEC];
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        float acc = p[io] * b[e];
+#pragma unroll
+        for (int j = 0; j < HC; ++j) acc += c[j][io] * hv[j][e];
+        o[e] = acc;
+      }
+      store_vec<VEC>(ot + io * hidden + i, o);
+    }
+  }
+}
+
+template <typename T, int HC, int VEC>
+__global__ void __launch_bounds__(kStreamThreads)
+    post_bwd_kernel(const T* __restrict__ grad, const float* __restrict__ post,
+                    const float* __restrict__ comb, const T* __restrict__ bo,
+                    const T* __restrict__ h, T* __restrict__ d_bo, T* __restrict__ d_h,
+                    float* __restrict__ d_post, float* __restrict__ d_comb, int64_t hidden) {
+  constexpr int N = HC + HC * HC;
+  __shared__ float cf[N];
+  __shared__ float red[N][32];
+  const int64_t t = blockIdx.x;
+  load_post_coefs<T, HC>(post, comb, t, cf);
+  float p[HC], c[HC][HC];
+#pragma unroll
+  for (int i = 0; i < HC; ++i) {
+    p[i] = cf[i];
+#pragma unroll
+    for (int j = 0; j < HC; ++j) c[j][i] = cf[HC + j * HC + i];
+  }
+  float acc[N];  // acc[i]: d_post_i; acc[HC + j*HC + i]: d_comb_ji
+#pragma unroll
+  for (int n = 0; n < N; ++n) acc[n] = 0.f;
+  const int64_t nvec = hidden / VEC;
+  const T* gt = grad + t * HC * hidden;
+  const T* bt = bo + t * hidden;
+  const T* ht = h + t * HC * hidden;
+  for (int64_t v = threadIdx.x; v < nvec; v += blockDim.x) {
+    const int64_t i = v * VEC;
+    float gv[HC][VEC], b[VEC], hv[HC][VEC];
+#pragma unroll
+    for (int io = 0; io < HC; ++io) load_vec<VEC>(gt + io * hidden + i, gv[io]);
+    load_vec<VEC>(bt + i, b);
+#pragma unroll
+    for (int j = 0; j < HC; ++j) load_vec<VEC>(ht + j * hidden + i, hv[j]);
+    float o[VEC];
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+      float s = 0.f;
+#pragma unroll
+      for (int io = 0; io < HC; ++io) s += p[io] * gv[io][e];
+      o[e] = s;
+    }
+    store_vec<VEC>(d_bo + t * hidden + i, o);
+#pragma unroll
+    for (int j = 0; j < HC; ++j) {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        float s = 0.f;
+#pragma unroll
+        for (int io = 0; io < HC; ++io) s += c[j][io] * gv[io][e];
+        o[e] = s;
+      }
+      store_vec<VEC>(d_h + (t * HC + j) * hidden + i, o);
+    }
+#pragma unroll
+    for (int io = 0; io < HC; ++io) {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        acc[io] += gv[io][e] * b[e];
+#pragma unroll
+        for (int j = 0; j < HC; ++j) acc[HC + j * HC + io] += gv[io][e] * hv[j][e];
+      }
+    }
+  }
+  block_sum<N>(acc, red);
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int io = 0; io < HC; ++io) d_post[t * HC + io] = acc[io];
+#pragma unroll
+    for (int e = 0; e < HC * HC; ++e) d_comb[t * HC * HC + e] = acc[HC + e];
+  }
+}
+
+// ---- launch helpers -----------------------------------------------------------------------------
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Threads of a per-token block that streams its row: about two vectors per thread, 64 .. 256.
+int stream_threads(int64_t nvec) {
+  int t = 64;
+  while (t < kStreamThreads && 2 * static_cast<int64_t>(t) < nvec) t *= 2;
+  return t;
+}
+
+// Calls f(std::integral_constant<int, HC>) for hc in 1..4.
+template <typename F>
+int dispatch_hc(int64_t hc, const char* what, F&& f) {
+  switch (hc) {
+    case 1:
+      return f(std::integral_constant<int, 1>{});
+    case 2:
+      return f(std::integral_constant<int, 2>{});
+    case 3:
+      return f(std::integral_constant<int, 3>{});
+    case 4:
+      return f(std::integral_constant<int, 4>{});
+    default:
+      return set_error(OPSLOT_ERR_UNSUPPORTED, "%s: hc_mult %lld is not supported (1 to %d)", what,
+                       static_cast<long long>(hc), mhc::kMaxHc);
+  }
+}
+
+int check_shape(const char* what, int64_t tokens, int64_t hc, int64_t hidden) {
+  if (tokens < 0 || hidden < 1 || hc < 1)
+    return set_error(
+        OPSLOT_ERR_INVALID_ARGUMENT, "%s: bad shape (tokens %lld, hc %lld, hidden %lld)", what,
+        static_cast<long long>(tokens), static_cast<long long>(hc), static_cast<long long>(hidden));
+  if (tokens > INT32_MAX)
+    return set_error(OPSLOT_ERR_UNSUPPORTED, "%s: %lld tokens (at most %d)", what,
+                     static_cast<long long>(tokens), INT32_MAX);
+  return OPSLOT_OK;
+}
+
+int check_mixes(const char* what, int64_t hc, int64_t mixes) {
+  if (mixes != hc && mixes != (2 + hc) * hc)
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT,
+                     "%s: %lld mixes for hc_mult %lld (expected %lld for pre or %lld for head)",
+                     what, static_cast<long long>(mixes), static_cast<long long>(hc),
+                     static_cast<long long>((2 + hc) * hc), static_cast<long long>(hc));
+  return OPSLOT_OK;
+}
+
+// 16-byte vectors when every row starts 16-byte aligned, else scalar accesses.
+template <typename T>
+bool use_vectors(int64_t hidden, std::initializer_list<const void*> ptrs) {
+  if (hidden % (16 / static_cast<int64_t>(sizeof(T))) != 0) return false;
+  for (const void* p : ptrs)
+    if (p != nullptr && !aligned16(p)) return false;
+  return true;
+}
+
+}  // namespace
+}  // namespace opslot
+
+using namespace opslot;
+
+extern "C" {
+
+OPSLOT_API int opslot_mhc_split3(const float* w, int64_t n, void* out, void* stream) {
+  if (n < 0 || (n > 0 && (w == nullptr || out == nullptr)))
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "opslot_mhc_split3: bad arguments");
+  if (n == 0) return OPSLOT_OK;
+  int64_t blocks = (n + 255) / 256;
+  if (blocks > 4096) blocks = 4096;
+  split3_kernel<<<static_cast<unsigned>(blocks), 256, 0, static_cast<cudaStream_t>(stream)>>>(
+      w, n, static_cast<bf16*>(out));
+  return check_launch("opslot_mhc_split3");
+}
+
+OPSLOT_API int opslot_mhc_collapse_fwd(int dtype, int64_t tokens, int64_t hc, int64_t hidden,
+                                       int64_t mixes, const void* x, const float* p, int64_t nsplit,
+                                       int64_t ldp, const float* scale, const float* base,
+                                       float norm_eps, float hc_eps, void* out, float* mix,
+                                       float* rstd, void* stream) {
+  const char* what = "opslot_mhc_collapse_fwd";
+  if (int rc = check_shape(what, tokens, hc, hidden)) return rc;
+  if (int rc = check_mixes(what, hc, mixes)) return rc;
+  if (nsplit < 1 || nsplit > 3 || ldp < nsplit * mixes)
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: bad nsplit %lld / ldp %lld", what,
+                     static_cast<long long>(nsplit), static_cast<long long>(ldp));
+  if (tokens == 0) return OPSLOT_OK;
+  auto s = static_cast<cudaStream_t>(stream);
+  return dispatch_dtype(dtype, what, [&](auto tag) -> int {
+    using T = decltype(tag);
+    constexpr int kVec = 16 / sizeof(T);
+    const bool vec = use_vectors<T>(hidden, {x, out});
+    const int64_t nvec = vec ? hidden / kVec : hidden;
+    const int threads = stream_threads(nvec);
+    const bool held =
+        threads <= g_hold_threads && nvec <= static_cast<int64_t>(threads) * kRowVectors;
+    return dispatch_hc(hc, what, [&](auto hc_tag) -> int {
+      constexpr int HC = decltype(hc_tag)::value;
+      auto launch = [&](auto kernel) {
+        kernel<<<static_cast<unsigned>(tokens), threads, 0, s>>>(
+            static_cast<const T*>(x), p, static_cast<int>(nsplit), ldp, scale, base, norm_eps,
+            hc_eps, static_cast<T*>(out), mix, rstd, hidden, static_cast<int>(mixes));
+      };
+      if constexpr (kBench) {  // the held rows: bench library only
+        if (held) {
+          if (vec)
+            launch(collapse_fwd_kernel<T, HC, kVec, true>);
+          else
+            launch(collapse_fwd_kernel<T, HC, 1, true>);
+          return check_launch(what);
+        }
+      }
+      if (vec)
+        launch(collapse_fwd_kernel<T, HC, kVec, false>);
+      else
+        launch(collapse_fwd_kernel<T, HC, 1, false>);
+      return check_launch(what);
+    });
+  });
+}
+
+OPSLOT_API int opslot_mhc_comb_fwd(int64_t tokens, int64_t hc, int64_t iters, const float* mix,
+                                   const float* scale, const float* base, float hc_eps, float* post,
+                                   float* comb, void* stream) {
+  const char* what = "opslot_mhc_comb_fwd";
+  if (int rc = check_shape(what, tokens, hc, 1)) return rc;
+  if (iters < 0 || iters > (1 << 20))
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: hc_sinkhorn_iters %lld", what,
+                     static_cast<long long>(iters));
+  if (tokens == 0) return OPSLOT_OK;
+  auto s = static_cast<cudaStream_t>(stream);
+  return dispatch_hc(hc, what, [&](auto hc_tag) -> int {
+    constexpr int HC = decltype(hc_tag)::value;
+    const unsigned blocks = static_cast<unsigned>((tokens + 127) / 128);
+    comb_fwd_kernel<HC><<<blocks, 128, 0, s>>>(tokens, static_cast<int>(iters), mix, scale, base,
+                                               hc_eps, post, comb);
+    return check_launch(what);
+  });
+}
+
+OPSLOT_API int opslot_mhc_comb_bwd(int64_t tokens, int64_t hc, int64_t iters, const float* mix,
+                                   const float* scale, const float* base, float hc_eps,
+                                   const float* g_post, const float* g_comb, float* da,
+                                   void* stream) {
+  const char* what = "opslot_mhc_comb_bwd";
+  if (int rc = check_shape(what, tokens, hc, 1)) return rc;
+  if (iters < 0 || iters > 1600)
+    return set_error(OPSLOT_ERR_UNSUPPORTED,
+                     "%s: hc_sinkhorn_iters %lld (the backward keeps every step: at most 1600)",
+                     what, static_cast<long long>(iters));
+  if (tokens == 0) return OPSLOT_OK;
+  auto s = static_cast<cudaStream_t>(stream);
+  return dispatch_hc(hc, what, [&](auto hc_tag) -> int {
+    constexpr int HC = decltype(hc_tag)::value;
+    // the steps' matrices of 32 tokens (fewer when they do not fit in 200 KB)
+    const int64_t per_token = static_cast<int64_t>(mhc::sinkhorn_steps(static_cast<int>(iters))) *
+                              HC * HC * static_cast<int64_t>(sizeof(float));
+    int64_t tpb = (200 << 10) / per_token;
+    if (tpb > 32) tpb = 32;
+    if (tpb < 1) tpb = 1;
+    const size_t smem = static_cast<size_t>(per_token * tpb);
+    auto kernel = comb_bwd_kernel<HC>;
+    if (smem > (48 << 10)) {
+      const cudaError_t err = cudaFuncSetAttribute(
+          kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+      if (err != cudaSuccess)
+        return set_error(static_cast<int>(err), "%s: %zu bytes of shared memory refused: %s", what,
+                         smem, cudaGetErrorString(err));
+    }
+    const unsigned blocks = static_cast<unsigned>((tokens + tpb - 1) / tpb);
+    kernel<<<blocks, static_cast<unsigned>(tpb), smem, s>>>(
+        tokens, static_cast<int>(iters), mix, scale, base, hc_eps, g_post, g_comb, da);
+    return check_launch(what);
+  });
+}
+
+OPSLOT_API int opslot_mhc_collapse_bwd(int dtype, int64_t tokens, int64_t hc, int64_t hidden,
+                                       int64_t mixes, const void* x, const void* g_out,
+                                       const float* mix, const float* rstd, const float* scale,
+                                       const float* base, float hc_eps, float* da, float* pre,
+                                       float* dsc, float* coef_a, void* coef_a3, float* coef_c,
+                                       void* stream) {
+  const char* what = "opslot_mhc_collapse_bwd";
+  if (int rc = check_shape(what, tokens, hc, hidden)) return rc;
+  if (int rc = check_mixes(what, hc, mixes)) return rc;
+  if (tokens == 0) return OPSLOT_OK;
+  auto s = static_cast<cudaStream_t>(stream);
+  return dispatch_dtype(dtype, what, [&](auto tag) -> int {
+    using T = decltype(tag);
+    constexpr int kVec = 16 / sizeof(T);
+    const bool vec = use_vectors<T>(hidden, {x, g_out});
+    const int threads = stream_threads(vec ? hidden / kVec : hidden);
+    return dispatch_hc(hc, what, [&](auto hc_tag) -> int {
+      constexpr int HC = decltype(hc_tag)::value;
+      auto launch = [&](auto kernel) {
+        kernel<<<static_cast<unsigned>(tokens), threads, 0, s>>>(
+            static_cast<const T*>(x), static_cast<const T*>(g_out), mix, rstd, scale, base, hc_eps,
+            da, pre, dsc, coef_a, static_cast<bf16*>(coef_a3), coef_c, hidden);
+      };
+      const bool comb = mixes > hc;
+      if (vec && comb)
+        launch(collapse_bwd_kernel<T, HC, kVec, true>);
+      else if (vec)
+        launch(collapse_bwd_kernel<T, HC, kVec, false>);
+      else if (comb)
+        launch(collapse_bwd_kernel<T, HC, 1, true>);
+      else
+        launch(collapse_bwd_kernel<T, HC, 1, false>);
+      return check_launch(what);
+    });
+  });
+}
+
+OPSLOT_API int opslot_mhc_dx(int dtype, int64_t tokens, int64_t hc, int64_t hidden, int64_t mixes,
+                             const void* x, const void* g_out, const float* fn, const float* coef_a,
+                             const float* coef_c, const float* pre, void* dx, void* stream) {
+  const char* what = "opslot_mhc_dx";
+  if (int rc = check_shape(what, tokens, hc, hidden)) return rc;
+  if (int rc = check_mixes(what, hc, mixes)) return rc;
+  if (hc > mhc::kMaxHc)
+    return set_error(OPSLOT_ERR_UNSUPPORTED, "%s: hc_mult %lld is not supported (1 to %d)", what,
+                     static_cast<long long>(hc), mhc::kMaxHc);
+  if (tokens == 0) return OPSLOT_OK;
+  const int64_t token_tiles = (tokens + kDxTokens - 1) / kDxTokens;
+  if (token_tiles > 65535)
+    return set_error(OPSLOT_ERR_UNSUPPORTED, "%s: %lld tokens (at most %d)", what,
+                     static_cast<long long>(tokens), 65535 * kDxTokens);
+  auto s = static_cast<cudaStream_t>(stream);
+  return dispatch_dtype(dtype, what, [&](auto tag) -> int {
+    using T = decltype(tag);
+    // pairs of columns when every access of a pair is aligned
+    const bool pairs =
+        hidden % 2 == 0 && reinterpret_cast<uintptr_t>(x) % (2 * sizeof(T)) == 0 &&
+        reinterpret_cast<uintptr_t>(dx) % (2 * sizeof(T)) == 0 &&
+        (g_out == nullptr || reinterpret_cast<uintptr_t>(g_out) % (2 * sizeof(T)) == 0);
+    const int per = pairs ? 2 : 1;
+    const int64_t col_tiles = (hidden + kDxThreads * per - 1) / (kDxThreads * per);
+    if (col_tiles * hc > INT32_MAX)
+      return set_error(OPSLOT_ERR_UNSUPPORTED, "%s: hidden size too large", what);
+    const dim3 grid(static_cast<unsigned>(col_tiles * hc), static_cast<unsigned>(token_tiles));
+    auto launch = [&](auto kernel) {
+      kernel<<<grid, kDxThreads, 0, s>>>(static_cast<const T*>(x), static_cast<const T*>(g_out), fn,
+                                         coef_a, coef_c, pre, static_cast<T*>(dx), tokens,
+                                         static_cast<int>(hc), hidden, static_cast<int>(mixes));
+    };
+    const bool comb = mixes > hc;
+#ifdef OPSLOT_KERNELS_BENCH
+    {  // the register-tiled kernel: bench library only
+      const bool vec = hidden % 8 == 0 && use_vectors<T>(hidden, {x, dx, g_out});  // 8 columns
+      const int64_t ranges = (tokens + kTiledRange - 1) / kTiledRange;
+      if (g_dx_version == 2 && vec && ranges <= 65535) {
+        const dim3 tgrid(static_cast<unsigned>(hc * ((hidden + kTiledCols - 1) / kTiledCols)),
+                         static_cast<unsigned>(ranges));
+        auto tiled = [&](auto kernel) {
+          kernel<<<tgrid, 256, 0, s>>>(static_cast<const T*>(x), static_cast<const T*>(g_out), fn,
+                                       coef_a, coef_c, pre, static_cast<T*>(dx), tokens,
+                                       static_cast<int>(hc), hidden, static_cast<int>(mixes));
+        };
+        if (comb)
+          tiled(dx_tiled_kernel<T, mhc::kMaxMixes>);
+        else
+          tiled(dx_tiled_kernel<T, mhc::kMaxHc>);
+        return check_launch(what);
+      }
+    }
+#endif  // OPSLOT_KERNELS_BENCH
+    if (pairs && comb)
+      launch(dx_kernel<T, 2, mhc::kMaxMixes>);
+    else if (pairs)
+      launch(dx_kernel<T, 2, mhc::kMaxHc>);
+    else if (comb)
+      launch(dx_kernel<T, 1, mhc::kMaxMixes>);
+    else
+      launch(dx_kernel<T, 1, mhc::kMaxHc>);
+    return check_launch(what);
+  });
+}
+
+OPSLOT_API int opslot_mhc_post_fwd(int dtype, int64_t tokens, int64_t hc, int64_t hidden,
+                                   const float* post, const float* comb, const void* block_out,
+                                   const void* streams, void* out, void* stream) {
+  const char* what = "opslot_mhc_post_fwd";
+  if (int rc = check_shape(what, tokens, hc, hidden)) return rc;
+  if (tokens == 0) return OPSLOT_OK;
+  auto s = static_cast<cudaStream_t>(stream);
+  return dispatch_dtype(dtype, what, [&](auto tag) -> int {
+    using T = decltype(tag);
+    constexpr int kVec = 16 / sizeof(T);
+    const bool vec = use_vectors<T>(hidden, {block_out, streams, out});
+    const int threads = stream_threads(vec ? hidden / kVec : hidden);
+    return dispatch_hc(hc, what, [&](auto hc_tag) -> int {
+      constexpr int HC = decltype(hc_tag)::value;
+      auto launch = [&](auto kernel) {
+        kernel<<<static_cast<unsigned>(tokens), threads, 0, s>>>(
+            post, comb, static_cast<const T*>(block_out), static_cast<const T*>(streams),
+            static_cast<T*>(out), hidden);
+      };
+      if (vec)
+        launch(post_fwd_kernel<T, HC, kVec>);
+      else
+        launch(post_fwd_kernel<T, HC, 1>);
+      return check_launch(what);
+    });
+  });
+}
+
+OPSLOT_API int opslot_mhc_post_bwd(int dtype, int64_t tokens, int64_t hc, int64_t hidden,
+                                   const void* grad, const float* post, const float* comb,
+                                   const void* block_out, const void* streams, void* d_block_out,
+                                   void* d_streams, float* d_post, float* d_comb, void* stream) {
+  const char* what = "opslot_mhc_post_bwd";
+  if (int rc = check_shape(what, tokens, hc, hidden)) return rc;
+  if (tokens == 0) return OPSLOT_OK;
+  auto s = static_cast<cudaStream_t>(stream);
+  return dispatch_dtype(dtype, what, [&](auto tag) -> int {
+    using T = decltype(tag);
+    constexpr int kVec = 16 / sizeof(T);
+    const bool vec = use_vectors<T>(hidden, {grad, block_out, streams, d_block_out, d_streams});
+    const int threads = stream_threads(vec ? hidden / kVec : hidden);
+    return dispatch_hc(hc, what, [&](auto hc_tag) -> int {
+      constexpr int HC = decltype(hc_tag)::value;
+      auto launch = [&](auto kernel) {
+        kernel<<<static_cast<unsigned>(tokens), threads, 0, s>>>(
+            static_cast<const T*>(grad), post, comb, static_cast<const T*>(block_out),
+            static_cast<const T*>(streams), static_cast<T*>(d_block_out),
+            static_cast<T*>(d_streams), d_post, d_comb, hidden);
+      };
+      if (vec)
+        launch(post_bwd_kernel<T, HC, kVec>);
+      else
+        launch(post_bwd_kernel<T, HC, 1>);
+      return check_launch(what);
+    });
+  });
+}
+
+#ifdef OPSLOT_KERNELS_BENCH
+OPSLOT_API int opslot_mhc_set_tuning(int hold_max_threads, int dx_version) {
+  if ((hold_max_threads != 0 && hold_max_threads != 64 && hold_max_threads != 128 &&
+       hold_max_threads != 256) ||
+      (dx_version != 1 && dx_version != 2))
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT,
+                     "mhc tuning: hold_max_threads 0, 64, 128 or 256 (got %d), dx_version 1 or 2 "
+                     "(got %d)",
+                     hold_max_threads, dx_version);
+  g_hold_threads = hold_max_threads;
+  g_dx_version = dx_version;
+  return OPSLOT_OK;
+}
+#endif  // OPSLOT_KERNELS_BENCH
+
+}  // extern "C"

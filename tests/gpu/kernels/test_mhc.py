@@ -1,0 +1,361 @@
+"""DeepSeek-V4's hyper-connections on the GPU (`mhc/pre`, `mhc/head`, `mhc/post`, impl `cuda`:
+runtime/opslot/kernels/cuda/mhc.py, kernels/src/mhc.cu, kernels/torch/mhc.cc) against Transformers'
+own modules run in fp32 on fp32 copies of the inputs: outputs and the gradients of the streams,
+fn/base/scale (hc_fn/hc_base/hc_scale) and of post/comb/block output; bf16/fp16/fp32; hidden sizes
+on every kernel path (16-byte vectors held in registers or streamed twice, scalar accesses), hc_mult
+1 to 4, empty and single-token inputs, non-contiguous views, bitwise determinism, CUDA-graph
+capture, torch.library.opcheck and torch.compile.
+
+Run: OPSLOT_KERNELS_LIB=<libopslot_kernels.so> python3 -m pytest -q tests/gpu/kernels/test_mhc.py
+"""
+
+import pytest
+import torch
+
+from conftest import TOLERANCE, assert_close, bench_library, knob, requires_cuda
+
+pytestmark = requires_cuda
+
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+#: post, comb and the fp32 parameter gradients: fp32 math on the same (exactly representable)
+#: inputs; the bf16 path's split GEMM is within 2^-24 of fn.
+FP32_TOL = 1e-4
+
+
+@pytest.fixture(autouse=True)
+def _ops():
+    from opslot.kernels.cuda import mhc  # noqa: F401  (registers the ops)
+
+
+def _config(hidden, hc=4, iters=20):
+    from transformers.models.deepseek_v4.configuration_deepseek_v4 import DeepseekV4Config
+
+    return DeepseekV4Config(hidden_size=hidden, hc_mult=hc, hc_sinkhorn_iters=iters, rms_norm_eps=1e-6)
+
+
+def _init(module, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if name in ("fn", "hc_fn"):
+                p.copy_(torch.randn(p.shape, generator=g) / p.shape[1] ** 0.5)
+            elif name in ("base", "hc_base"):
+                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+            else:
+                p.copy_(1 + torch.rand(p.shape, generator=g))
+    return module.cuda()
+
+
+def hyper_connection(hidden, hc=4, iters=20, seed=0):
+    from transformers.models.deepseek_v4.modeling_deepseek_v4 import DeepseekV4HyperConnection
+
+    return _init(DeepseekV4HyperConnection(_config(hidden, hc, iters)), seed)
+
+
+def hyper_head(hidden, hc=4, seed=0):
+    from transformers.models.deepseek_v4.modeling_deepseek_v4 import DeepseekV4HyperHead
+
+    return _init(DeepseekV4HyperHead(_config(hidden, hc)), seed)
+
+
+def streams(b, s, hc, d, dtype, seed=1):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return (torch.randn(b, s, hc, d, device="cuda", generator=g) * 2).to(dtype)
+
+
+def grads_of(fn, x, params, gos=None, seed=3):
+    """(outputs, gradients of x and params) for output gradients `gos` (random when None)."""
+    x = x.detach().clone().requires_grad_(True)
+    outs = fn(x)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    if gos is None:
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        gos = [torch.randn(o.shape, device="cuda", generator=g).to(o.dtype) for o in outs]
+    grads = torch.autograd.grad(outs, [x] + params, gos)
+    return [o.detach() for o in outs], list(grads), gos
+
+
+def check_pre(m, x, dtype):
+    from opslot.kernels.cuda import mhc
+
+    params = [m.fn, m.base, m.scale]
+    out, grads, gos = grads_of(lambda t: mhc.mhc_pre(m, t), x, params)
+    ref, ref_grads, _ = grads_of(lambda t: m(t), x.float(), params, [g.float() for g in gos])
+    for name, a, r in zip(["post", "comb"], out[:2], ref[:2]):
+        assert a.dtype == torch.float32
+        assert_close(a, r, torch.float32, name, scale=FP32_TOL / TOLERANCE[torch.float32])
+    assert out[2].dtype == dtype
+    assert_close(out[2], ref[2], dtype, "collapsed")
+    assert grads[0].dtype == dtype
+    assert_close(grads[0], ref_grads[0], dtype, "d streams")
+    for name, a, r in zip(["d fn", "d base", "d scale"], grads[1:], ref_grads[1:]):
+        assert a.dtype == torch.float32
+        assert_close(a, r, torch.float32, name, scale=FP32_TOL / TOLERANCE[torch.float32])
+    return out, grads
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize(
+    "shape",
+    [
+        (2, 37, 4, 64),  # 16-byte vectors, row in registers
+        (1, 5, 4, 33),  # odd hidden: scalar accesses
+        (1, 3, 4, 4096),  # DeepSeek-V4-Flash's hidden size
+        (1, 2, 4, 7168),  # DeepSeek-V4-Pro's
+        (1, 2, 4, 8200),  # rows too wide for registers: the collapse reads them twice
+        (1, 2, 4, 2051),  # odd and wide: scalar, read twice
+        (1, 300, 4, 40),  # more than one 256-token tile of the dx kernel
+    ],
+)
+def test_pre_matches_transformers(dtype, shape):
+    b, s, hc, d = shape
+    check_pre(hyper_connection(d, hc), streams(b, s, hc, d, dtype), dtype)
+
+
+@pytest.mark.parametrize("hc", [1, 2, 3])
+def test_pre_other_hc_mult(hc):
+    check_pre(hyper_connection(48, hc), streams(2, 5, hc, 48, torch.bfloat16), torch.bfloat16)
+
+
+@pytest.mark.parametrize("iters", [1, 2, 5, 60])
+def test_pre_sinkhorn_iterations(iters):
+    check_pre(hyper_connection(64, 4, iters), streams(1, 9, 4, 64, torch.float32), torch.float32)
+
+
+def test_pre_gradient_of_each_output_alone():
+    """Only one of post / comb / collapsed used (the others' gradients absent)."""
+    from opslot.kernels.cuda import mhc
+
+    m = hyper_connection(64, 4)
+    x = streams(1, 7, 4, 64, torch.float32)
+    for i in range(3):
+        xa, xr = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+        a, r = mhc.mhc_pre(m, xa)[i], m(xr)[i]
+        go = torch.randn_like(a)
+        ga = torch.autograd.grad(a, [xa, m.fn, m.base, m.scale], go)
+        gr = torch.autograd.grad(r, [xr, m.fn, m.base, m.scale], go, allow_unused=True)
+        for u, v in zip(ga, gr):
+            v = torch.zeros_like(u) if v is None else v
+            assert_close(u, v, torch.float32, f"output {i}", scale=5, floor=1e-3)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(2, 37, 4, 64), (1, 5, 4, 33), (1, 3, 4, 7168), (1, 2, 4, 8200), (2, 3, 2, 40)])
+def test_head_matches_transformers(dtype, shape):
+    from opslot.kernels.cuda import mhc
+
+    b, s, hc, d = shape
+    m = hyper_head(d, hc)
+    x = streams(b, s, hc, d, dtype)
+    params = [m.hc_fn, m.hc_base, m.hc_scale]
+    out, grads, gos = grads_of(lambda t: mhc.mhc_head(m, t), x, params)
+    ref, ref_grads, _ = grads_of(lambda t: m(t), x.float(), params, [g.float() for g in gos])
+    assert out[0].dtype == dtype
+    assert_close(out[0], ref[0], dtype, "out")
+    assert_close(grads[0], ref_grads[0], dtype, "d streams")
+    for name, a, r in zip(["d hc_fn", "d hc_base", "d hc_scale"], grads[1:], ref_grads[1:]):
+        assert_close(a, r, torch.float32, name, scale=FP32_TOL / TOLERANCE[torch.float32])
+
+
+def upstream_post(post, comb, block_output, hidden_states):
+    """DeepseekV4DecoderLayer.forward's expansion, verbatim."""
+    dtype = hidden_states.dtype
+    return post.to(dtype).unsqueeze(-1) * block_output.unsqueeze(-2) + torch.matmul(
+        comb.to(dtype).transpose(-1, -2), hidden_states
+    )
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(2, 37, 4, 64), (1, 5, 4, 33), (1, 3, 4, 7168), (2, 3, 3, 40), (1, 4, 1, 16)])
+def test_post_matches_upstream(dtype, shape):
+    from opslot.kernels.cuda import mhc
+
+    b, s, hc, d = shape
+    g = torch.Generator(device="cuda").manual_seed(4)
+    post = torch.rand(b, s, hc, device="cuda", generator=g) * 2
+    comb = torch.rand(b, s, hc, hc, device="cuda", generator=g)
+    bo = torch.randn(b, s, d, device="cuda", generator=g).to(dtype)
+    h = torch.randn(b, s, hc, d, device="cuda", generator=g).to(dtype)
+    ins = [t.clone().requires_grad_(True) for t in (post, comb, bo, h)]
+    out = mhc.mhc_post(*ins)
+    go = torch.randn(out.shape, device="cuda", generator=g).to(dtype)
+    ga = torch.autograd.grad(out, ins, go)
+    # fp32 reference on the values upstream uses: post/comb rounded to the streams' dtype
+    refs = [post.to(dtype).float(), comb.to(dtype).float(), bo.float(), h.float()]
+    refs = [t.clone().requires_grad_(True) for t in refs]
+    ref = upstream_post(*refs)
+    gr = torch.autograd.grad(ref, refs, go.float())
+    assert out.dtype == dtype and out.shape == ref.shape
+    assert_close(out, ref, dtype, "out")
+    for name, a, r in zip(["d post", "d comb", "d block_output", "d hidden_states"], ga, gr):
+        assert a.dtype == (torch.float32 if name in ("d post", "d comb") else dtype), name
+        assert_close(a, r, dtype if a.dtype == dtype else torch.float32, name, scale=1 if a.dtype == dtype else 10)
+
+
+def test_empty_and_single_token():
+    from opslot.kernels.cuda import mhc
+
+    m = hyper_connection(64, 4)
+    for b, s in [(0, 3), (2, 0), (1, 1)]:
+        x = streams(b, s, 4, 64, torch.bfloat16).requires_grad_(True)
+        post, comb, col = mhc.mhc_pre(m, x)
+        assert post.shape == (b, s, 4) and comb.shape == (b, s, 4, 4) and col.shape == (b, s, 64)
+        (post.sum() + comb.sum() + col.float().sum()).backward()
+        assert x.grad.shape == x.shape
+        m.zero_grad()
+    check_pre(m, streams(1, 1, 4, 64, torch.bfloat16), torch.bfloat16)
+    h = hyper_head(64, 4)
+    assert mhc.mhc_head(h, streams(0, 2, 4, 64, torch.bfloat16)).shape == (0, 2, 64)
+    out = mhc.mhc_post(
+        torch.zeros(0, 2, 4, device="cuda"),
+        torch.zeros(0, 2, 4, 4, device="cuda"),
+        torch.zeros(0, 2, 64, device="cuda"),
+        torch.zeros(0, 2, 4, 64, device="cuda"),
+    )
+    assert out.shape == (0, 2, 4, 64)
+
+
+def test_non_contiguous_and_unaligned_views():
+    m = hyper_connection(64, 4)
+    wide = streams(2, 9, 4, 80, torch.bfloat16)
+    check_pre(m, wide[..., 3:67], torch.bfloat16)  # misaligned view of a wider tensor
+    check_pre(m, streams(9, 2, 4, 64, torch.bfloat16).transpose(0, 1), torch.bfloat16)
+
+
+def test_bitwise_deterministic():
+    from opslot.kernels.cuda import mhc
+
+    m = hyper_connection(4096, 4)
+    x = streams(1, 700, 4, 4096, torch.bfloat16)
+    h = hyper_head(4096, 4)
+
+    def run():
+        a = grads_of(lambda t: mhc.mhc_pre(m, t), x, [m.fn, m.base, m.scale])
+        b = grads_of(lambda t: mhc.mhc_head(h, t), x, [h.hc_fn, h.hc_base, h.hc_scale])
+        return a[0] + a[1] + b[0] + b[1]
+
+    assert all(torch.equal(u, v) for u, v in zip(run(), run()))
+
+
+def test_cuda_graph_capture_and_replay():
+    """Forward + backward of pre, post and head captured in one CUDA graph (no host sync), replayed
+    on new streams: equal to an eager run."""
+    from opslot.kernels.cuda import mhc
+
+    m, h = hyper_connection(256, 4), hyper_head(256, 4)
+    params = [m.fn, m.base, m.scale, h.hc_fn, h.hc_base, h.hc_scale]
+    x0, x1 = streams(2, 64, 4, 256, torch.bfloat16, 1), streams(2, 64, 4, 256, torch.bfloat16, 2)
+    sx = x0.clone().requires_grad_(True)
+
+    def step():
+        post, comb, col = mhc.mhc_pre(m, sx)
+        y = mhc.mhc_post(post, comb, col * 2, sx)
+        out = mhc.mhc_head(h, y)
+        return (out,) + torch.autograd.grad(out.float().square().sum(), [sx] + params)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = step()
+    with torch.no_grad():
+        sx.copy_(x1)
+    graph.replay()
+    torch.cuda.synchronize()
+    eager = step()
+    assert all(torch.equal(a, b) for a, b in zip(static, eager))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_opcheck(dtype):
+    ops = torch.ops.opslot
+    m, h = hyper_connection(64, 4), hyper_head(64, 4)
+    x = streams(1, 5, 4, 64, dtype).requires_grad_(True)
+    fn, base, scale = (p.detach().clone().requires_grad_(True) for p in (m.fn, m.base, m.scale))
+    torch.library.opcheck(ops.mhc_pre_fwd.default, (x, fn, base, scale, 20, 1e-6, 1e-6))
+    hp = [p.detach().clone().requires_grad_(True) for p in (h.hc_fn, h.hc_base, h.hc_scale)]
+    torch.library.opcheck(ops.mhc_head_fwd.default, (x, *hp, 1e-6, 1e-6))
+    post, comb, col, mix, rstd = (t.detach() for t in ops.mhc_pre_fwd(x, fn, base, scale, 20, 1e-6, 1e-6))
+    torch.library.opcheck(
+        ops.mhc_pre_bwd.default,
+        (post, comb, col, x.detach(), fn.detach(), base.detach(), scale.detach(), mix, rstd, 20, 1e-6, 1e-6),
+    )
+    torch.library.opcheck(
+        ops.mhc_head_bwd.default,
+        (col, x.detach(), *(p.detach() for p in hp), mix[:, :4].contiguous(), rstd, 1e-6, 1e-6),
+    )
+    ins = (post.clone().requires_grad_(True), comb.clone().requires_grad_(True), col.clone().requires_grad_(True), x)
+    torch.library.opcheck(ops.mhc_post.default, ins)
+    torch.library.opcheck(ops.mhc_post_bwd.default, (x.detach(), post, comb, col, x.detach()))
+
+
+def test_torch_compile_fullgraph():
+    from opslot.kernels.cuda import mhc
+
+    m, h = hyper_connection(64, 4), hyper_head(64, 4)
+
+    def layer(x):
+        post, comb, col = mhc.mhc_pre(m, x)
+        return mhc.mhc_head(h, mhc.mhc_post(post, comb, col, x))
+
+    x = streams(2, 6, 4, 64, torch.bfloat16)
+    xa, xb = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    compiled = torch.compile(layer, fullgraph=True)
+    ya, yb = compiled(xa), layer(xb)
+    assert torch.equal(ya, yb)
+    ya.float().sum().backward()
+    yb.float().sum().backward()
+    assert torch.equal(xa.grad, xb.grad)
+
+
+@pytest.mark.parametrize("hidden", [64, 4096, 7168])
+def test_row_paths_agree_bitwise(hidden):
+    """The forward with the row held in registers (blocks up to 64 / 128 / 256 threads) or read twice
+    (the default) computes the same bits (bench library knob)."""
+    from opslot.kernels.cuda import mhc
+
+    m, h = hyper_connection(hidden, 4), hyper_head(hidden, 4)
+    x = streams(1, 37, 4, hidden, torch.bfloat16)
+
+    def run():
+        with torch.no_grad():
+            return list(mhc.mhc_pre(m, x)) + [mhc.mhc_head(h, x)]
+
+    ref = run()
+    with bench_library() as lib:
+        f = knob(lib, "opslot_mhc_set_tuning", 2)
+        try:
+            for hold in (0, 64, 128, 256):
+                assert f(hold, 1) == 0
+                got = run()
+                assert all(torch.equal(a, b) for a, b in zip(ref, got)), hold
+        finally:
+            assert f(0, 1) == 0
+        assert f(100, 1) != 0 and f(0, 3) != 0
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(1, 600, 4, 4096), (2, 37, 4, 72), (1, 5, 2, 136), (1, 70, 4, 33)])
+def test_tiled_dx_matches_transformers(dtype, shape):
+    """The register-tiled dx kernel (bench library knob dx_version 2; 16-byte vector inputs, others
+    keep version 1): the same gradients as the reference, for pre and head."""
+    b, s, hc, d = shape
+    with bench_library() as lib:
+        f = knob(lib, "opslot_mhc_set_tuning", 2)
+        assert f(0, 2) == 0
+        try:
+            check_pre(hyper_connection(d, hc), streams(b, s, hc, d, dtype), dtype)
+            from opslot.kernels.cuda import mhc
+
+            m = hyper_head(d, hc)
+            x = streams(b, s, hc, d, dtype)
+            params = [m.hc_fn, m.hc_base, m.hc_scale]
+            out, grads, gos = grads_of(lambda t: mhc.mhc_head(m, t), x, params)
+            ref, ref_grads, _ = grads_of(lambda t: m(t), x.float(), params, [g.float() for g in gos])
+            assert_close(grads[0], ref_grads[0], dtype, "head d streams")
+        finally:
+            assert f(0, 1) == 0
