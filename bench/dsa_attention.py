@@ -278,6 +278,9 @@ def main():
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--no-slot", action="store_true", help="only the kernel rows")
     args = ap.parse_args()
+    unknown = sorted(set(args.models.split(",")) - set(MODELS))
+    if unknown:
+        ap.error(f"unknown --models {', '.join(unknown)} (known: {', '.join(MODELS)})")
     rate = gemm_rate()
     lines = [
         f"GPU: {torch.cuda.get_device_name()}; bf16 GEMM 8192^3 measured {rate / 1e12:.0f} TFLOP/s (the bound); "

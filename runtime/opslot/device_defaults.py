@@ -33,7 +33,11 @@ CUDA_DEFAULTS: Dict[str, Optional[str]] = dict(
     moe_implementation="fused_cuda",
     causal_conv1d_implementation="cuda",
     chunk_gated_delta_rule_implementation="cuda",
-    # dsa_indexer, dsa_attention and mhc stay eager until their cuda kernels are registered (issue #35)
+    dsa_indexer_implementation="cuda",
+    mhc_implementation="cuda",
+    # dsa_attention stays eager by default: its cuda kernels are for training (they refuse a GLM-MoE-DSA
+    # cache that already holds tokens under Transformers 5.17, attention dropout and output_attentions);
+    # `dsa_attention_implementation: cuda` chooses them (docs/ops.md).
 )
 
 #: Defaults on NPU machines, applied to fields the user did not set.

@@ -311,13 +311,19 @@ def _kernel_grads(fn, module, x, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
 def test_mhc_pre_kernel_non_contiguous(device, dtype):
-    """Streams given as a non-contiguous view (the streams axis last in memory) compute the same."""
+    """Streams given as a non-contiguous view (the streams axis last in memory) compute the same: bit for
+    bit on the CPU; on CUDA the collapse's sum over the streams reduces in another order for another
+    layout (as upstream's does), so within fp32 rounding there."""
     hc = copy.deepcopy(hyper_connection()).to(device=device, dtype=dtype)
     x = randn(2, 4, 3, 24, seed=22).to(device=device, dtype=dtype)
     view = x.transpose(2, 3).contiguous().transpose(2, 3)
     assert not view.is_contiguous()
     got, expected = kernel("mhc", "pre")(hc, view), kernel("mhc", "pre")(hc, x)
-    assert all(torch.equal(a, b) for a, b in zip(got, expected))
+    if torch.device(device).type == "cpu":
+        assert all(torch.equal(a, b) for a, b in zip(got, expected))
+    else:
+        for a, b in zip(got, expected):
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
