@@ -79,8 +79,8 @@ OPSLOT_MHC_FN float& entry(float (&c)[HC][HC], int a, int b) {
   return kColumns ? c[b][a] : c[a][b];
 }
 
-// One normalisation step: c = c / (sum along the line + eps), as c * (1 / (sum + eps)): one division
-// per line (within an ulp of upstream's division of each entry).
+// One normalisation step: c = c / (sum along the line + eps), as c * (1 / (sum + eps)): one
+// division per line (within an ulp of upstream's division of each entry).
 template <int HC, bool kColumns>
 OPSLOT_MHC_FN void normalise(float (&c)[HC][HC], float eps) {
   OPSLOT_MHC_UNROLL
