@@ -210,8 +210,9 @@ def load_balancing_loss(gate_logits, num_experts=None, top_k=2, attention_mask=N
 
 
 # -- MoE experts --------------------------------------------------------------------------------
-def moe_standard(module: Any, hidden_states, top_k_index, top_k_weights):
-    """Qwen3-MoE experts: per hit expert, `down(act(gate) * up) * weight`, index-added."""
+def _moe_experts(module: Any, hidden_states, top_k_index, top_k_weights, gated) -> torch.Tensor:
+    """Upstream's expert loop (`gate_up_proj [E, 2I, H]`, gate rows first): per hit expert,
+    `down(gated(gate, up)) * weight`, index-added; the masking index `num_experts` is skipped."""
     final = torch.zeros_like(hidden_states)
     with torch.no_grad():
         expert_mask = F.one_hot(top_k_index, num_classes=module.num_experts + 1)[..., : module.num_experts]
@@ -221,10 +222,15 @@ def moe_standard(module: Any, hidden_states, top_k_index, top_k_weights):
         e = expert_idx[0]
         top_k_pos, token_idx = torch.where(expert_mask[e])
         gate, up = F.linear(hidden_states[token_idx], module.gate_up_proj[e]).chunk(2, dim=-1)
-        current = F.linear(module.act_fn(gate) * up, module.down_proj[e])
+        current = F.linear(gated(gate, up), module.down_proj[e])
         current = current * top_k_weights[token_idx, top_k_pos, None]
         final.index_add_(0, token_idx, current.to(final.dtype))
     return final
+
+
+def moe_standard(module: Any, hidden_states, top_k_index, top_k_weights):
+    """Qwen3-MoE experts: per hit expert, `down(act(gate) * up) * weight`, index-added."""
+    return _moe_experts(module, hidden_states, top_k_index, top_k_weights, lambda gate, up: module.act_fn(gate) * up)
 
 
 def gpt_oss_gate(module: Any, gate_up: torch.Tensor) -> torch.Tensor:
@@ -426,19 +432,13 @@ def swiglu_mlp_clamped(module: Any, x: torch.Tensor) -> torch.Tensor:
 def moe_clamped(module: Any, hidden_states, top_k_index, top_k_weights):
     """DeepSeek-V4's experts: as `moe_standard` (`gate_up_proj [E, 2I, H]`, gate rows first), with the
     clamped SwiGLU (limit `module.limit`, activation `module.act_fn`, SiLU in the model)."""
-    final = torch.zeros_like(hidden_states)
-    with torch.no_grad():
-        expert_mask = F.one_hot(top_k_index, num_classes=module.num_experts + 1)[..., : module.num_experts]
-        expert_mask = expert_mask.permute(2, 1, 0)
-        expert_hit = torch.greater(expert_mask.sum(dim=(-1, -2)), 0).nonzero()
-    for expert_idx in expert_hit:
-        e = expert_idx[0]
-        top_k_pos, token_idx = torch.where(expert_mask[e])
-        gate, up = F.linear(hidden_states[token_idx], module.gate_up_proj[e]).chunk(2, dim=-1)
-        current = F.linear(clamped_swiglu(gate, up, module.limit, module.act_fn), module.down_proj[e])
-        current = current * top_k_weights[token_idx, top_k_pos, None]
-        final.index_add_(0, token_idx, current.to(final.dtype))
-    return final
+    return _moe_experts(
+        module,
+        hidden_states,
+        top_k_index,
+        top_k_weights,
+        lambda g, u: clamped_swiglu(g, u, module.limit, module.act_fn),
+    )
 
 
 def v4_unweighted_rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
