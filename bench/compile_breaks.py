@@ -8,7 +8,8 @@ graph breaks (torch._dynamo.explain) and the CUDA kernels of one eager and one c
 Model shapes, weights and batch are bench/train_step.py's (`--tiny` for a CPU check); the model is the
 generated one built by `opslot.build_model` with opslot's defaults (attention sdpa). Writes
 compile_breaks.md: the graph and break counts with each distinct break reason, then per step the
-CUDA time per kernel (top --top by total time) and the totals, eager beside compiled.
+CUDA time and launches per kernel (top --top by total time) and the totals, eager beside compiled,
+and the arguments of the attention ops (dims, strides, scalars) each way.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import argparse
 import collections
 import copy
 import importlib.util
+import json
 import sys
 import tempfile
 import time
@@ -40,22 +42,106 @@ def step(model, batch):
     return loss.detach()
 
 
-def kernel_times(model, batch, device: torch.device) -> Tuple[Dict[str, float], float]:
-    """(CUDA µs per kernel name, wall ms) of one step under the profiler."""
+def kernel_times(model, batch, device: torch.device) -> Tuple[Dict[str, float], Dict[str, int], List[str], float]:
+    """(CUDA µs per kernel name, launches per kernel name, the attention ops' arguments, wall ms) of one
+    step under the profiler. The arguments (dims, strides, scalars) of every aten op whose name holds
+    "attention" come from the profiler's trace (record_shapes), one line per distinct argument set."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     ts.sync(device)
     t = time.perf_counter()
-    with profile(activities=activities) as prof:
+    with profile(activities=activities, record_shapes=True) as prof:
         step(model, batch)
         ts.sync(device)
     wall = (time.perf_counter() - t) * 1e3
     per: Dict[str, float] = collections.defaultdict(float)
+    count: Dict[str, int] = collections.defaultdict(int)
     for e in prof.events():
         if e.device_type.name == "CUDA":
             per[e.name] += e.device_time
-    return dict(per), wall
+            count[e.name] += 1
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(trace))
+        events = json.loads(trace.read_text(encoding="utf-8")).get("traceEvents", [])
+    calls: Dict[str, int] = collections.Counter()
+    for ev in events:
+        name = str(ev.get("name", ""))
+        if ev.get("cat") == "cpu_op" and "attention" in name and name.startswith("aten::"):
+            a = ev.get("args", {})
+            key = (
+                f"{name} dims={a.get('Input Dims')} strides={a.get('Input Strides')} "
+                f"types={a.get('Input type')} concrete={a.get('Concrete Inputs')}"
+            )
+            calls[key] += 1
+    return dict(per), dict(count), [f"- {n}x {k}" for k, n in calls.items()], wall
+
+
+def attention_matrix(device: torch.device, b: int, s: int, hq: int, hkv: int, d: int) -> List[str]:
+    """fwd+bwd ms (CUDA events, median of 10) of SDPA alone at the model's shape, in the two forms
+    Transformers calls it (eager: no mask, is_causal, enable_gqa; under torch.compile: a full causal
+    mask, repeated K/V), each eager and compiled: which of mask, K/V repeat and compilation costs."""
+    import torch.nn.functional as F
+
+    g = torch.Generator(device=device).manual_seed(0)
+
+    def leaf(*shape):
+        return torch.randn(*shape, device=device, dtype=torch.bfloat16, generator=g).requires_grad_()
+
+    # q/k/v as the projections give them: [B, S, H, D] memory, transposed views.
+    q = leaf(b, s, hq, d).transpose(1, 2)
+    k = leaf(b, s, hkv, d).transpose(1, 2)
+    v = leaf(b, s, hkv, d).transpose(1, 2)
+    mask = torch.ones(s, s, device=device, dtype=torch.bool).tril()[None, None]
+
+    def causal_gqa(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+    def masked_repeat(q, k, v):
+        rep = hq // hkv
+        k = k[:, :, None].expand(b, hkv, rep, s, d).reshape(b, hq, s, d)
+        v = v[:, :, None].expand(b, hkv, rep, s, d).reshape(b, hq, s, d)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    def causal_repeat(q, k, v):
+        rep = hq // hkv
+        k = k[:, :, None].expand(b, hkv, rep, s, d).reshape(b, hq, s, d)
+        v = v[:, :, None].expand(b, hkv, rep, s, d).reshape(b, hq, s, d)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    def masked_gqa(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+
+    lines = [
+        "",
+        f"### SDPA alone, [{b}, {hq}/{hkv} heads, {s}, {d}] bf16, fwd+bwd ms (CUDA events, median of 10)",
+        "",
+        "| form | eager | torch.compile |",
+        "|---|---|---|",
+    ]
+    dout = torch.randn(b, hq, s, d, device=device, dtype=torch.bfloat16, generator=g)
+    for name, fn in [
+        ("is_causal, enable_gqa (eager Transformers)", causal_gqa),
+        ("bool mask, repeated K/V (compiled Transformers)", masked_repeat),
+        ("is_causal, repeated K/V", causal_repeat),
+        ("bool mask, enable_gqa", masked_gqa),
+    ]:
+        row = []
+        for f in (fn, torch.compile(fn)):
+            times = []
+            for i in range(13):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                out = f(q, k, v)
+                torch.autograd.grad(out, (q, k, v), dout)
+                end.record()
+                torch.cuda.synchronize()
+                if i >= 3:
+                    times.append(start.elapsed_time(end))
+            row.append(f"{sorted(times)[len(times) // 2]:.3f}")
+        lines.append(f"| {name} | {row[0]} | {row[1]} |")
+    return lines
 
 
 def explain(model, batch) -> List[str]:
@@ -81,6 +167,8 @@ def main() -> int:
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--patchgen", default=ts.default_patchgen())
     ap.add_argument("--out", default=".")
+    ap.add_argument("--attn", default="sdpa", help="attn_implementation of the model (sdpa, opslot_sdpa, ...)")
+    ap.add_argument("--no-attention-matrix", action="store_true", help="skip the SDPA-alone table (CUDA)")
     args = ap.parse_args()
     device = torch.device(args.device)
     from opslot import build_model
@@ -94,7 +182,7 @@ def main() -> int:
         torch.manual_seed(0)
         model = ts.construct(
             lambda: build_model(
-                copy.deepcopy(config), ops={"attn_implementation": "sdpa"}, module=module, model_class=mdef.causal_lm
+                copy.deepcopy(config), ops={"attn_implementation": args.attn}, module=module, model_class=mdef.causal_lm
             ),
             device,
             torch.bfloat16,
@@ -105,23 +193,29 @@ def main() -> int:
         lines += explain(model, batch)
         for _ in range(2):
             step(model, batch)
-        eager, eager_wall = kernel_times(model, batch, device)
+        eager, eager_n, eager_attn, eager_wall = kernel_times(model, batch, device)
         compiled_model = torch.compile(model)
         for _ in range(3):
             step(compiled_model, batch)
-        comp, comp_wall = kernel_times(compiled_model, batch, device)
+        comp, comp_n, comp_attn, comp_wall = kernel_times(compiled_model, batch, device)
         lines += [
             "",
             f"- profiled step wall ms: eager {eager_wall:.1f}, compiled {comp_wall:.1f}; CUDA ms: eager "
             f"{sum(eager.values()) / 1e3:.2f} ({len(eager)} kernels), compiled {sum(comp.values()) / 1e3:.2f} "
             f"({len(comp)} kernels)",
             "",
-            "| kernel | eager µs | compiled µs |",
+            "| kernel | eager µs (launches) | compiled µs (launches) |",
             "|---|---|---|",
         ]
         names = sorted(set(eager) | set(comp), key=lambda n: -max(eager.get(n, 0), comp.get(n, 0)))
         for n in names[: args.top]:
-            lines.append(f"| {n[:110]} | {eager.get(n, 0):.0f} | {comp.get(n, 0):.0f} |")
+            lines.append(
+                f"| {n[:110]} | {eager.get(n, 0):.0f} ({eager_n.get(n, 0)}) | {comp.get(n, 0):.0f} ({comp_n.get(n, 0)}) |"
+            )
+        lines += ["", "Attention ops, eager:", ""] + eager_attn + ["", "Attention ops, compiled:", ""] + comp_attn
+        if device.type == "cuda" and not args.no_attention_matrix:
+            c = config
+            lines += attention_matrix(device, b, s, c.num_attention_heads, c.num_key_value_heads, c.head_dim)
         print("\n".join(lines), flush=True)
         del model, compiled_model
         ts.free(device)

@@ -35,8 +35,9 @@ Configurations (rows) per model:
   chunk_gated_delta_rule; the conv stays on opslot's default. --fla-unsafe switches off fla's refusal
   of its gated backward on Hopper with Triton < 3.7.1 (timing only, as bench/gated_delta_rule.py).
 
-With --compile, two more rows per model under `torch.compile(model)` (inductor, default mode; at
-least 3 warm-up steps, which compile): upstream and opslot defaults.
+With --compile, three more rows per model under `torch.compile(model)` (inductor, default mode; at
+least 3 warm-up steps, which compile): upstream, opslot defaults, and opslot defaults with
+attn_implementation `opslot_sdpa` (the causal mask skipped under compile: runtime/opslot/compiled_sdpa.py).
 
 Measures: time = median of --iters (default 8) steps after --warmup (default 2) steps; one step is
 `model.zero_grad(set_to_none=True)` (outside the timing) then `loss = model(**batch).loss;
@@ -421,6 +422,11 @@ def configurations(mdef: ModelDef, fla_rows: bool, compiled: bool = False) -> Li
         rows += [
             Config("upstream + torch.compile", None, compile=True),
             Config("opslot defaults + torch.compile", dict(attn), compile=True),
+            Config(
+                "opslot defaults, opslot_sdpa + torch.compile",
+                {"attn_implementation": "opslot_sdpa"},
+                compile=True,
+            ),
         ]
     if mdef.linear_attention:
         rows.append(

@@ -1,9 +1,10 @@
 """The attention implementations an ops config may name (`attn_implementation`, handed to
-Transformers as `config._attn_implementation`): Transformers' own, opslot's `opslot_varlen`,
-whatever is registered with Transformers' AttentionInterface, and Hub kernels ("org/repo").
+Transformers as `config._attn_implementation`): Transformers' own, opslot's `opslot_varlen` and
+`opslot_sdpa`, whatever is registered with Transformers' AttentionInterface, and Hub kernels
+("org/repo").
 
-Only names are checked here; registering `opslot_varlen` with Transformers is `opslot.packing`'s
-(`build_model` does it when the ops config chooses it)."""
+Only names are checked here; registering opslot's with Transformers is `opslot.packing`'s and
+`opslot.compiled_sdpa`'s (`build_model` does it when the ops config chooses one)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,9 @@ KNOWN_ATTN_IMPLEMENTATIONS = (
 
 #: opslot's own: variable-length attention for packed rows (opslot.packing, docs/packing.md).
 VARLEN_ATTN_IMPLEMENTATION = "opslot_varlen"
+#: opslot's own: Transformers' sdpa whose causal mask torch.compile can skip (opslot.compiled_sdpa).
+SDPA_ATTN_IMPLEMENTATION = "opslot_sdpa"
+OPSLOT_ATTN_IMPLEMENTATIONS = (VARLEN_ATTN_IMPLEMENTATION, SDPA_ATTN_IMPLEMENTATION)
 
 
 def registered_attn_implementations() -> List[str]:
@@ -46,11 +50,11 @@ def registered_attn_implementations() -> List[str]:
 
 def check_attn_implementation(value: str) -> None:
     """Refuse (ValueError with a did-you-mean) a value that names no attention implementation."""
-    if value == VARLEN_ATTN_IMPLEMENTATION:
+    if value in OPSLOT_ATTN_IMPLEMENTATIONS:
         return
     if "/" in value or value in KNOWN_ATTN_IMPLEMENTATIONS:  # a Hub kernel repository: Transformers resolves it
         return
-    known = list(KNOWN_ATTN_IMPLEMENTATIONS) + [VARLEN_ATTN_IMPLEMENTATION] + registered_attn_implementations()
+    known = list(KNOWN_ATTN_IMPLEMENTATIONS) + list(OPSLOT_ATTN_IMPLEMENTATIONS) + registered_attn_implementations()
     if value in known:
         return
     close = difflib.get_close_matches(value, known, n=1)

@@ -23,7 +23,7 @@ import warnings
 from collections.abc import Mapping
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
-from .attention_names import VARLEN_ATTN_IMPLEMENTATION
+from .attention_names import SDPA_ATTN_IMPLEMENTATION, VARLEN_ATTN_IMPLEMENTATION
 from .checks import allowing_version_mismatch, check_kernels_for_model, check_module_upstream, import_generated
 from .copies import LOCK, Pin, adopt, release_unused_copies, shared_copy
 from .copy_names import is_copy, named_binding, original_name
@@ -413,8 +413,8 @@ def _config_copy(
     elif hasattr(hf_config, "ops_implementation_aliases"):
         del hf_config.ops_implementation_aliases
     attn = config.value("attn_implementation", device)
-    if attn == VARLEN_ATTN_IMPLEMENTATION:
-        _register_varlen_attention()
+    if attn in (VARLEN_ATTN_IMPLEMENTATION, SDPA_ATTN_IMPLEMENTATION):
+        _register_opslot_attention(attn)
     if attn is not None:
         carry_dispatch(hf_config, "attn_implementation", attn)
     if moe_runs_kernel(slots, config, device, registry):
@@ -422,10 +422,13 @@ def _config_copy(
     return hf_config
 
 
-def _register_varlen_attention() -> None:
-    """Register `opslot_varlen` with Transformers, which checks the name when the model is built."""
-    from .packing import register_attention  # imported here: it imports Transformers
-
+def _register_opslot_attention(name: str) -> None:
+    """Register `opslot_varlen` or `opslot_sdpa` with Transformers, which checks the name when the
+    model is built (the modules are imported here: they import Transformers)."""
+    if name == VARLEN_ATTN_IMPLEMENTATION:
+        from .packing import register_attention
+    else:
+        from .compiled_sdpa import register_attention
     register_attention()
 
 

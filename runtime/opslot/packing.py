@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from .attention_names import VARLEN_ATTN_IMPLEMENTATION as ATTN_IMPLEMENTATION
+from .compiled_sdpa import UNPACKED_CAUSAL_ROWS
 
 #: Head dimensions PyTorch's FlashAttention kernels take (a multiple of 8, at most 256).
 MAX_FLASH_HEAD_DIM = 256
@@ -91,8 +92,15 @@ def packed_sequence_kwargs(
     an `attention_mask` or a cache, or a token mixer in `token_mixers` (OpSlots of ops that take
     `cu_seqlens`, e.g. the Gated DeltaNet conv and delta rule) left on upstream's eager code, which
     ignores them. Anything else (no position ids, one document per row, generation with a cache)
-    returns `kwargs` and `use_cache` unchanged."""
+    returns `kwargs` and `use_cache` unchanged, except that under torch.compile a call with no position
+    ids, cu_seq_lens, attention mask or cache gets `opslot_unpacked_causal_rows=True`: its rows are plain
+    causal sequences, which `opslot_sdpa` reads to leave out the mask Transformers builds while tracing
+    (opslot.compiled_sdpa)."""
     given = kwargs.get("cu_seq_lens_q")
+    if given is None and position_ids is None and attention_mask is None and past_key_values is None:
+        if torch.compiler.is_compiling():
+            return dict(kwargs, **{UNPACKED_CAUSAL_ROWS: True}), use_cache
+        return kwargs, use_cache
     if position_ids is not None and text_positions(position_ids) is None:
         position_ids = None  # multimodal-RoPE positions without a text row: no documents in them
     if given is None and (position_ids is None or past_key_values is not None):

@@ -17,6 +17,9 @@ restarting per document, and labels that are the ids themselves (not masked at t
 - MoE models: the load-balancing loss of the packed row equals that of the same documents padded in a
   batch (it is a mean over the real tokens either way);
 - a packed row with an attention mask is refused (Transformers would ignore the boundaries);
+- `opslot_sdpa` under torch.compile (qwen3, gemma3; CPU): rows without position ids, mask or cache get
+  SDPA's is_causal instead of Transformers' traced mask in full-attention layers only; packed and
+  padded rows keep the mask; loss and gradients equal the eager sdpa step;
 - DeepSeek-V4 refuses packed rows (its compressors pool tokens across the row): position ids alone
   and the collator's batch are refused with opslot.packing.PackedSequenceError, whatever the kernels;
   a padded batch and a row of one document run.
@@ -345,3 +348,77 @@ def test_the_recipe_in_the_docs_runs_as_written():
     proc = subprocess.run([sys.executable, "-c", code], cwd=e2e.ROOT, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == output
+
+
+# -- opslot_sdpa under torch.compile: rows without documents get SDPA's is_causal, not a mask --------
+def sdpa_calls(run) -> list:
+    """(mask dims, is_causal) of every aten::scaled_dot_product_attention that `run()` makes, from the
+    profiler (torch.compile with backend="eager" runs the traced graph's torch calls)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        run()
+    return [
+        (list(e.input_shapes[3]), e.concrete_inputs[5])
+        for e in prof.events()
+        if e.name == "aten::scaled_dot_product_attention"
+    ]
+
+
+def compiled_loss_and_grads(model, batch):
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="eager")
+    model.zero_grad(set_to_none=True)
+    out = {}
+    calls = sdpa_calls(lambda: out.update(loss=compiled(**batch).loss))
+    out["loss"].backward()
+    torch._dynamo.reset()
+    return out["loss"].detach(), grads_of(model), calls
+
+
+@pytest.mark.parametrize("key", ["qwen3", "gemma3"])
+def test_opslot_sdpa_under_compile_drops_the_mask_only_of_plain_causal_rows(key, worlds, device):
+    """Transformers builds a full mask under torch.compile (the problem, asserted on `sdpa`);
+    `opslot_sdpa` hands SDPA is_causal instead, for rows the caller gave no position ids, mask or
+    cache, in full-attention layers only (gemma3's sliding layers keep theirs); loss and gradients
+    equal the eager sdpa step. Packed position ids or a padding mask keep the mask."""
+    if device.type != "cpu":
+        pytest.skip("CPU test (fp32); the GPU timing is bench/compile_breaks.py's")
+    world = worlds(key)
+    ids = torch.randint(1, world.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(3))
+    batch = dict(input_ids=ids, labels=ids)
+
+    ref = build(world, "sdpa", device).train()
+    ref.zero_grad(set_to_none=True)
+    ref_loss = ref(**batch).loss
+    ref_loss.backward()
+    _, _, upstream_calls = compiled_loss_and_grads(ref, batch)
+    assert upstream_calls and all(mask == [2, 1, 12, 12] and causal is False for mask, causal in upstream_calls)
+
+    model = build(world, "opslot_sdpa", device).train()
+    loss, grads, calls = compiled_loss_and_grads(model, batch)
+    # the profiler records each layer's call per pass of the traced graph the same number of times
+    per_layer = len(upstream_calls) // world.config.num_hidden_layers
+    sliding = sum(1 for t in getattr(world.config, "layer_types", None) or [] if t == "sliding_attention")
+    assert len(upstream_calls) == per_layer * world.config.num_hidden_layers
+    assert sorted(calls) == sorted(
+        [([], True)] * (world.config.num_hidden_layers - sliding) * per_layer
+        + [([2, 1, 12, 12], False)] * sliding * per_layer
+    )
+    rtol, atol = tolerances(device)
+    torch.testing.assert_close(loss, ref_loss.detach(), rtol=rtol, atol=atol)
+    want = grads_of(ref)
+    assert grads.keys() == want.keys()
+    for name in want:
+        torch.testing.assert_close(grads[name], want[name], rtol=rtol, atol=atol, msg=name)
+
+    # a packed row and a padded batch keep Transformers' mask under compile (and give eager's loss)
+    row = packed_row(world.config.vocab_size, device)
+    pad = torch.ones_like(ids)
+    pad[0, :4] = 0
+    for extra in (dict(row, labels=row["input_ids"]), dict(batch, attention_mask=pad)):
+        ref.zero_grad(set_to_none=True)
+        want_loss = ref(**extra).loss.detach()
+        got_loss, _, calls = compiled_loss_and_grads(model, extra)
+        assert calls and all(mask != [] and causal is False for mask, causal in calls), calls
+        torch.testing.assert_close(got_loss, want_loss, rtol=rtol, atol=atol)
