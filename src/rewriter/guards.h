@@ -1,5 +1,5 @@
-// Slots and guards (docs/spec-format.md, "Guards"): OpSlot declarations after the imports and
-// guards injected into upstream bodies as TextEdits, so bodies keep tracking upstream.
+// Slots and guards (docs/spec-format.md, "Slots and guards"): OpSlot declarations after the
+// imports and guards injected into upstream bodies as TextEdits, so bodies keep tracking upstream.
 #pragma once
 
 #include <optional>

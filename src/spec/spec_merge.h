@@ -1,5 +1,5 @@
 // `extends`: one spec file as loaded, and the merge of a child into its parent
-// (docs/spec-format.md, "extends"). Internal to the loader (spec_loader.cc); spec_merge.cc.
+// (docs/spec-format.md, "Composition"). Internal to the loader (spec_loader.cc); spec_merge.cc.
 #pragma once
 
 #include <optional>
