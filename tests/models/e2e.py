@@ -1012,7 +1012,8 @@ def check_router_fp32(case, config, state, inputs, build, module, slots, up_logi
     from opslot import build_model
 
     fp32_config = copy.deepcopy(config)
-    fp32_config.router_implementation = "fp32"
+    # the router is built from the text config (a composite VL/omni config's text_config)
+    fp32_config.get_text_config().router_implementation = "fp32"
     model = build_model(fp32_config, ops=ops_for(slots, "eager"), module=module, model_class=case.causal_lm)
     model.load_state_dict(state, strict=True)
     model.to(device).train()
