@@ -3,7 +3,8 @@
 // q's and k's rows in one grid. Three layouts of the same rotation (Mode): HF's rotate_half
 // (opslot_rope), DeepSeek-V3's interleaved pairs (opslot_rope_interleaved: the slot's input is the
 // 2*VEC consecutive elements x[2i..2i+2VEC)) and the vision towers' rotate_half with upstream's
-// fp32 rounding, operation by operation (opslot_rope_vision).
+// fp32 rounding, operation by operation (opslot_rope_vision), which in the vision towers' own
+// layout (q and k [tokens, heads, dim], cos/sin one row per token) runs rope_vision_heads instead.
 // Each row's outer dimensions are ordered by the caller (largest stride first), so consecutive
 // threads walk memory in order. See kernels/include/opslot_kernels/rope.h and docs/kernels.md.
 #include <type_traits>
@@ -75,19 +76,15 @@ __device__ __forceinline__ void store_pairs(T* p, const float (&even)[VEC],
   *reinterpret_cast<Vec<T, VEC>*>(p + VEC) = *reinterpret_cast<const Vec<T, VEC>*>(buf + VEC);
 }
 
-// One rotation of a VEC-element pair slot; cos/sin stay in their own type and are converted at
-// each use. kInterleaved reads cv1/sv1 only (the first half of cos/sin).
+// The rotation of a VEC-element pair slot whose inputs x1 (at e) and x2 (at e + half) are loaded,
+// stored to y; cos/sin stay in their own type and are converted at each use. kInterleaved reads
+// cv1/sv1 only (the first half of cos/sin).
 template <typename T, typename Tc, int VEC, bool BWD, int MODE>
-__device__ __forceinline__ void rotate(const T* x, T* y, int e, int half, const Vec<Tc, VEC>& cv1,
-                                       const Vec<Tc, VEC>& cv2, const Vec<Tc, VEC>& sv1,
-                                       const Vec<Tc, VEC>& sv2) {
-  float x1[VEC], x2[VEC], o1[VEC], o2[VEC];
-  if (MODE == kInterleaved && !BWD) {
-    load_pairs<VEC>(x + 2 * e, x1, x2);  // x1 = x[2i], x2 = x[2i+1]
-  } else {
-    load_vec<VEC>(x + e, x1);
-    load_vec<VEC>(x + e + half, x2);
-  }
+__device__ __forceinline__ void rotate_store(const float (&x1)[VEC], const float (&x2)[VEC], T* y,
+                                             int e, int half, const Vec<Tc, VEC>& cv1,
+                                             const Vec<Tc, VEC>& cv2, const Vec<Tc, VEC>& sv1,
+                                             const Vec<Tc, VEC>& sv2) {
+  float o1[VEC], o2[VEC];
 #pragma unroll
   for (int j = 0; j < VEC; ++j) {
     const float c1 = to_float(cv1.v[j]), s1 = to_float(sv1.v[j]);
@@ -115,6 +112,21 @@ __device__ __forceinline__ void rotate(const T* x, T* y, int e, int half, const 
     store_vec<VEC>(y + e, o1);
     store_vec<VEC>(y + e + half, o2);
   }
+}
+
+// One rotation of a VEC-element pair slot, x to y.
+template <typename T, typename Tc, int VEC, bool BWD, int MODE>
+__device__ __forceinline__ void rotate(const T* x, T* y, int e, int half, const Vec<Tc, VEC>& cv1,
+                                       const Vec<Tc, VEC>& cv2, const Vec<Tc, VEC>& sv1,
+                                       const Vec<Tc, VEC>& sv2) {
+  float x1[VEC], x2[VEC];
+  if (MODE == kInterleaved && !BWD) {
+    load_pairs<VEC>(x + 2 * e, x1, x2);  // x1 = x[2i], x2 = x[2i+1]
+  } else {
+    load_vec<VEC>(x + e, x1);
+    load_vec<VEC>(x + e + half, x2);
+  }
+  rotate_store<T, Tc, VEC, BWD, MODE>(x1, x2, y, e, half, cv1, cv2, sv1, sv2);
 }
 
 template <typename T, typename Tc, int VEC, bool BWD, bool SPREAD, bool LOOP, int MODE>
@@ -170,6 +182,76 @@ __global__ void __launch_bounds__(256) rope_kernel(RopeArgs a) {
       }
     }
   }
+}
+
+// The vision towers' layout (opslot_rope_vision): q and k of one shape [tokens, heads, dim] (outer
+// dimensions 0 and 1; cos/sin do not depend on dimension 1), cos/sin one row per token. A thread
+// loads the cos/sin of one token and pair slot once (128 B in fp32) and rotates with them every
+// `lanes`-th head of q and then of k, two heads per step; consecutive threads take a token's pair
+// slots, then its lanes, so that a warp reads and writes whole rows, and q and k of a token are
+// done together (cos/sin come from memory once per token).
+template <typename T, typename Tc, int VEC, bool BWD>
+__global__ void __launch_bounds__(256) rope_vision_heads(RopeArgs a, int lanes) {
+  const uint32_t gid = blockIdx.x * blockDim.x + threadIdx.x;  // < 2^32: checked on the host
+  if (gid >= a.t[0].slots) return;
+  const uint32_t pairs = static_cast<uint32_t>(a.pairs), nl = static_cast<uint32_t>(lanes);
+  const uint32_t r = gid / pairs, lane = r % nl, heads = a.t[0].n1;
+  const int e = static_cast<int>(gid - r * pairs) * VEC;
+  const int64_t token = r / nl;
+  const Tc* c = static_cast<const Tc*>(a.cos) + token * a.t[0].cs[0] + e;
+  const Tc* s = static_cast<const Tc*>(a.sin) + token * a.t[0].ss[0] + e;
+  using C = Vec<Tc, VEC>;
+  const C c1 = *reinterpret_cast<const C*>(c), c2 = *reinterpret_cast<const C*>(c + a.half);
+  const C s1 = *reinterpret_cast<const C*>(s), s2 = *reinterpret_cast<const C*>(s + a.half);
+  // x is read once: streaming loads, whose asm the compiler does not move, so that a step's four
+  // are issued together (plain loads were sunk to their first use, one head's latency after the
+  // other's).
+  using X = Vec<T, VEC>;
+  auto load = [](const T* p) { return ld_stream(reinterpret_cast<const X*>(p)); };
+  for (int w = 0; w < 2 && a.t[w].in; ++w) {
+    const RopeTensor& t = a.t[w];
+    const T* x = static_cast<const T*>(t.in) + (token * t.is[0] + lane * t.is[1]);
+    T* y = static_cast<T*>(t.out) + (token * t.os[0] + lane * t.os[1]);
+    const int64_t xs = lanes * t.is[1], ys = lanes * t.os[1];
+#pragma unroll 1
+    for (uint32_t h = lane; h < heads; h += 2 * nl, x += 2 * xs, y += 2 * ys) {
+      // Past the last head the second row is the first again (loaded, not stored).
+      const bool two = h + nl < heads;
+      const T* xb = x + (two ? xs : 0);
+      const X va1 = load(x + e), va2 = load(x + e + a.half);
+      const X vb1 = load(xb + e), vb2 = load(xb + e + a.half);
+      float a1[VEC], a2[VEC], b1[VEC], b2[VEC];
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        a1[j] = to_float(va1.v[j]);
+        a2[j] = to_float(va2.v[j]);
+        b1[j] = to_float(vb1.v[j]);
+        b2[j] = to_float(vb2.v[j]);
+      }
+      rotate_store<T, Tc, VEC, BWD, kVision>(a1, a2, y, e, a.half, c1, c2, s1, s2);
+      if (two) rotate_store<T, Tc, VEC, BWD, kVision>(b1, b2, y + ys, e, a.half, c1, c2, s1, s2);
+    }
+  }
+}
+
+// Lanes (threads per token and pair slot) of rope_vision_heads for this launch, or 0 where its
+// layout does not apply (then rope_kernel runs): q alone or q and k of the same sizes and cos/sin
+// strides, outer dimension 2 of size 1, cos/sin independent of dimension 1, 16-byte vectors.
+// Four lanes: 8 of the 32 rows of a token (16 heads) per thread; measured against 1 to 16 lanes,
+// 1 to 8 heads per step, 4-byte to 16-byte vectors and a block per 2 to 12 tokens staged in shared
+// memory with cp.async (docs/results/kernels_h200.md).
+constexpr int kVisionLanes = 4;
+
+int vision_lanes(const RopeArgs& a, bool vec_ok) {
+  const RopeTensor& q = a.t[0];
+  if (!vec_ok || !q.in) return 0;
+  for (const RopeTensor& t : a.t) {
+    if (!t.in) continue;
+    if (t.n[2] != 1 || (t.n[1] > 1 && (t.cs[1] != 0 || t.ss[1] != 0))) return 0;
+    if (t.n[0] != q.n[0] || t.n[1] != q.n[1] || t.cs[0] != q.cs[0] || t.ss[0] != q.ss[0]) return 0;
+  }
+  const int lanes = static_cast<int>(q.n[1] < kVisionLanes ? q.n[1] : kVisionLanes);
+  return q.n[0] * lanes * a.pairs < (int64_t(1) << 32) ? lanes : 0;
 }
 
 // Tuning knobs (opslot_rope_set_tuning, opslot_kernels/bench.h): mutable in the bench library
@@ -284,6 +366,17 @@ int launch(const char* what, bool bwd, int64_t head_dim, int64_t rotary_dim, con
   };
   using Yes = std::true_type;
   using No = std::false_type;
+  if constexpr (MODE == kVision) {
+    if (const int lanes = vision_lanes(a, vec_ok)) {
+      a.t[0].slots = a.t[0].n[0] * lanes * a.pairs;  // threads
+      const unsigned blocks = static_cast<unsigned>((a.t[0].slots + threads - 1) / threads);
+      if (bwd)
+        rope_vision_heads<T, Tc, kVec, true><<<blocks, threads, 0, stream>>>(a, lanes);
+      else
+        rope_vision_heads<T, Tc, kVec, false><<<blocks, threads, 0, stream>>>(a, lanes);
+      return check_launch(bwd ? "rope_vision backward" : "rope_vision forward");
+    }
+  }
   if constexpr (MODE != kHalf) {  // no pass-through part: never a spread copy
     if (vec_ok)
       go(std::integral_constant<int, kVec>{}, No{});

@@ -323,6 +323,21 @@ def test_vision_mixed_dtypes_are_bit_equal_to_upstream(q_dtype, k_dtype, cs_dtyp
     assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
 
 
+@pytest.mark.parametrize("q_heads,k_heads", [(1, 1), (5, 5), (7, 7), (9, 9), (16, 4)])
+def test_vision_head_counts_are_bit_equal_to_upstream(q_heads, k_heads):
+    """The kernel of the vision layout gives a thread every 4th head, two per step: head counts that
+    leave a step's second head missing, one head, and q and k of different head counts (the general
+    kernel)."""
+    from opslot import reference as R
+    from opslot.kernels.cuda import rope
+
+    q, _, cos, sin = _vision(37, q_heads, 80, torch.bfloat16)
+    k = _vision(37, k_heads, 80, torch.bfloat16)[1]
+    ours = run_vision(rope.rotary_pos_emb_vision, q, k, cos, sin)
+    theirs = run_vision(R.rotary_pos_emb_vision, q, k, cos, sin)
+    assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
+
+
 def test_vision_strided_inputs_and_realistic_shape():
     from opslot import reference as R
     from opslot.kernels.cuda import rope
