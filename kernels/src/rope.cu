@@ -184,6 +184,20 @@ __global__ void __launch_bounds__(256) rope_kernel(RopeArgs a) {
   }
 }
 
+// A 16-byte global load issued where it is written (asm volatile: the compiler neither sinks it to
+// its first use nor merges it away), with the default caching.
+template <typename V>
+__device__ __forceinline__ V ld_issued(const V* p) {
+  static_assert(sizeof(V) == 16, "16-byte vectors");
+  uint4 x;
+  asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(x.x), "=r"(x.y), "=r"(x.z), "=r"(x.w)
+               : "l"(p));
+  V v;
+  memcpy(&v, &x, 16);
+  return v;
+}
+
 // The vision towers' layout (opslot_rope_vision): q and k of one shape [tokens, heads, dim] (outer
 // dimensions 0 and 1; cos/sin do not depend on dimension 1), cos/sin one row per token. A thread
 // loads the cos/sin of one token and pair slot once (128 B in fp32) and rotates with them every
@@ -203,11 +217,10 @@ __global__ void __launch_bounds__(256) rope_vision_heads(RopeArgs a, int lanes) 
   using C = Vec<Tc, VEC>;
   const C c1 = *reinterpret_cast<const C*>(c), c2 = *reinterpret_cast<const C*>(c + a.half);
   const C s1 = *reinterpret_cast<const C*>(s), s2 = *reinterpret_cast<const C*>(s + a.half);
-  // x is read once: streaming loads, whose asm the compiler does not move, so that a step's four
-  // are issued together (plain loads were sunk to their first use, one head's latency after the
-  // other's).
+  // A step's four loads are issued together (plain C++ loads were sunk to their first use, one
+  // head's latency after the other's).
   using X = Vec<T, VEC>;
-  auto load = [](const T* p) { return ld_stream(reinterpret_cast<const X*>(p)); };
+  auto load = [](const T* p) { return ld_issued(reinterpret_cast<const X*>(p)); };
   for (int w = 0; w < 2 && a.t[w].in; ++w) {
     const RopeTensor& t = a.t[w];
     const T* x = static_cast<const T*>(t.in) + (token * t.is[0] + lane * t.is[1]);
