@@ -20,6 +20,7 @@ The target of issue 30 (host cost <= 1.5x F.rms_norm's) is printed against the m
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -219,6 +220,29 @@ def main() -> int:
                 }
             )
             print(json.dumps(full[-1]), flush=True)
+            if impl == "opslot cuda":  # where the host time goes: the forward alone (graph built)
+                fwd = functools.partial(fn, *big)
+                full.append(
+                    {
+                        "case": f"load-balancing loss, 48 layers [16384, 128] {lname}, top 8, forward only",
+                        "impl": impl,
+                        "user_ms": user_path(fwd, args.reps),
+                        "graph_ms": graph_time(fwd, args.reps),
+                    }
+                )
+                print(json.dumps(full[-1]), flush=True)
+        # The floor the host sets on 48 gradient edges: the same leaves through torch.cat + sum (no
+        # loss math), fwd+bwd with autograd.grad, timed the same way.
+        floor = fwd_bwd(lambda *ls: torch.cat(ls).float().sum(), big)
+        full.append(
+            {
+                "case": f"48 leaves [16384, 128] {lname} through torch.cat + sum (autograd floor)",
+                "impl": "torch native",
+                "user_ms": user_path(floor, args.reps),
+                "graph_ms": graph_time(floor, args.reps),
+            }
+        )
+        print(json.dumps(full[-1]), flush=True)
         del big
 
     commit = subprocess.run(

@@ -111,9 +111,11 @@ at::Tensor bwd_cuda(const at::Tensor& grad, at::TensorList logits, const OptTens
   const KernelTable& k = prepare(first);
   Layers l = layers(logits);
   at::Tensor out = bwd_meta(grad, logits, mask, coef);
+  // Each layer's gradient is one [tokens, experts] slab of `out`: addresses, not a view per layer.
   std::vector<void*> outs;
+  char* base = out.numel() ? static_cast<char*>(out.data_ptr()) : nullptr;
   for (int64_t i = 0; i < static_cast<int64_t>(logits.size()); ++i) {
-    outs.push_back(out.numel() ? mutable_ptr(out[i]) : nullptr);
+    outs.push_back(base ? base + i * out.stride(0) * out.element_size() : nullptr);
   }
   at::Tensor g = grad.to(first.device(), at::kFloat).reshape({1}).contiguous();
   at::Tensor c = coef.contiguous();
@@ -157,7 +159,12 @@ class LoadBalancingFunction : public torch::autograd::Function<LoadBalancingFunc
     OptTensor mask = saved[0].defined() ? OptTensor(saved[0]) : std::nullopt;
     std::vector<at::Tensor> logits(saved.begin() + 2, saved.end());
     at::Tensor stacked = op.call(grads[0], logits, mask, saved[1]);
-    for (size_t i = 0; i < n_layers; ++i) out[i] = stacked[static_cast<int64_t>(i)];
+    // The layers' gradients are slabs of `stacked`. Below the autograd keys a select is one plain
+    // view (no view tracking, no autograd kernel): the host cost of 48 layers is per layer
+    // (docs/results/host_cost_h200.md). Nothing differentiates these gradients again (the backward
+    // op has no autograd kernel).
+    at::AutoDispatchBelowADInplaceOrView below;
+    for (size_t i = 0; i < n_layers; ++i) out[i] = stacked.select(0, static_cast<int64_t>(i));
     return out;
   }
 };
