@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "common.cuh"
+#include "mma_sm80.cuh"
 #include "opslot_kernels/dsa_indexer.h"
 
 namespace opslot::dsa {
@@ -63,33 +64,6 @@ __device__ __forceinline__ void cp16_or_zero(void* smem, const void* gmem, bool 
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem),
                "r"(live ? 16 : 0)
                : "memory");
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
-  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a)
-               : "memory");
-}
-
-// d (16 x 8, fp32) += a (16 x 16, row-major) * b (16 x 8, column-major), 16-bit operands.
-template <typename T>
-__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                         uint32_t b1) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-        "{%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-        "{%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
 }
 
 // relu that keeps NaN (as torch.relu): x < 0 is false for NaN.
@@ -197,8 +171,8 @@ __global__ void __launch_bounds__(kThreads, 3) scores_mma_kernel(const MmaParams
 #pragma unroll
     for (int ks = 0; ks < kKSteps; ++ks) {
       if (ks < p.ksteps) {
-        ldmatrix_x4(qa[mt][ks],
-                    sQ + ((tile0 + mt) * 16 + (lane & 15)) * kPitch + ks * 16 + (lane >> 4) * 8);
+        ldsm_x4(qa[mt][ks],
+                sQ + ((tile0 + mt) * 16 + (lane & 15)) * kPitch + ks * 16 + (lane >> 4) * 8);
       } else {
         qa[mt][ks][0] = qa[mt][ks][1] = qa[mt][ks][2] = qa[mt][ks][3] = 0u;
       }
@@ -232,8 +206,8 @@ __global__ void __launch_bounds__(kThreads, 3) scores_mma_kernel(const MmaParams
 #pragma unroll
           for (int np = 0; np < 4; ++np) {
             uint32_t bf[4];
-            ldmatrix_x4(bf, kt + (np * 16 + (lane & 7) + ((lane >> 4) << 3)) * kPitch + ks * 16 +
-                                ((lane >> 3) & 1) * 8);
+            ldsm_x4(bf, kt + (np * 16 + (lane & 7) + ((lane >> 4) << 3)) * kPitch + ks * 16 +
+                            ((lane >> 3) & 1) * 8);
 #pragma unroll
             for (int mt = 0; mt < 2; ++mt) {
               mma16816<T>(acc[mt][2 * np], qa[mt][ks], bf[0], bf[1]);

@@ -13,6 +13,7 @@
 #include <cfloat>
 
 #include "common.cuh"
+#include "mma_sm80.cuh"
 #include "opslot_kernels/sparse_attention.h"
 
 namespace opslot::sparse {
@@ -46,54 +47,7 @@ struct Dev {
   bool q_vec, kv_vec, do_vec;  // 16-byte cp.async is possible for q rows, kv rows, dout rows
 };
 
-// ---------------------------------------------------------------------------------------------
-// Tensor-core helpers (mma.sync m16n8k16, ldmatrix). Fragment layouts (PTX ISA): with g = lane / 4
-// and c = lane % 4, C/D holds (row g, cols 2c, 2c+1) and (row g + 8, same cols); A (16 x 16) holds
-// (g, 2c..), (g + 8, 2c..), (g, 8 + 2c..), (g + 8, 8 + 2c..); B (16 x 8) holds (k 2c.., n g) and
-// (k 8 + 2c.., n g).
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_u32(p)));
-}
-__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_u32(p)));
-}
-__device__ __forceinline__ void ldsm_x2(uint32_t (&r)[2], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
-               : "=r"(r[0]), "=r"(r[1])
-               : "r"(smem_u32(p)));
-}
-__device__ __forceinline__ void ldsm_x2_t(uint32_t (&r)[2], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
-               : "=r"(r[0]), "=r"(r[1])
-               : "r"(smem_u32(p)));
-}
-
-template <typename T>
-__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4],
-                                         const uint32_t (&b)[2]) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-        "{%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-  } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-        "{%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-  }
-}
+// Tensor-core helpers: mma_sm80.cuh (ldsm_x4/x2 and their .trans forms, mma16816).
 
 // acc[mt][nt] (16 x 8 tiles) += A[m0 + 16 mt .., k] * B[k, n0 + 8 nt ..] over k in [0, 16 ksteps),
 // operands in shared memory. A is stored [m][k] (A + m * lda + k) or, when AT, [k][m]; B is
