@@ -24,8 +24,9 @@ specs/<model>/ folder must have a case below. Then, for every model:
      `*ForSequenceClassification` class of the module (multimodal ones too) has the property;
   5. one AdamW step on the torch-kernel model: losses finite before and after, weights moved;
   5d. a spec's config slot `router_implementation` (the MoE specs' opt-in fp32 router): built with
-     `router_implementation: fp32`, the fp32 model equals upstream exactly, and in bf16 the router
-     logits are the fp32 linear of the router's input, the routing weights bf16, the loss finite;
+     `router_implementation: fp32` (on the text config), the fp32 model equals upstream exactly, and in
+     bf16 every router's logits are the fp32 linear of its input, its routing weights bf16, its weight
+     gets a gradient, the loss finite;
   6. NPU sibling: generates, imports, declares the GPU slots minus the ones it removes, binds with
      the NPU defaults (pretending to be an NPU machine; a fake `torch_npu` is installed when the
      real one is missing) and, run eagerly here, equals upstream; then it runs with the NPU defaults
@@ -283,6 +284,7 @@ CASES = [
         ),
         "DeepseekV4ForCausalLM",
         moe=True,
+        fp32_router=True,  # both routers (the first MoE layer is hash-routed: the checked one)
     ),
     Case(
         "glm_moe_dsa",
@@ -1030,37 +1032,45 @@ def check_router_fp32(case, config, state, inputs, build, module, slots, up_logi
             f"fp32 router, fp32 model: logits differ from upstream (max abs {max_abs_diff(logits, up_logits):.3g})"
         )
 
+    # every router of the model (DeepSeek-V4: hash-routed and top-k layers), its first call each
+    routers = [m for m in model.modules() if hasattr(m, "router_implementation")]
     seen = {}
 
     def hook(mod, args, out):
-        seen.setdefault("io", (args[0].detach(), out))
+        seen.setdefault(mod, (args[0].detach(), out))
 
     model.to(torch.bfloat16)
-    handle = router.register_forward_hook(hook)
+    handles = [r.register_forward_hook(hook) for r in routers]
     try:
         out = model(**forward_kwargs(inputs, case.moe))
         out.loss.backward()
     finally:
-        handle.remove()
-    hidden, (router_logits, router_scores, _) = seen["io"]
-    bias = getattr(router, "bias", None)
-    expected = torch.nn.functional.linear(
-        hidden.reshape(-1, hidden.shape[-1]).float(), router.weight.float(), None if bias is None else bias.float()
-    )
-    if router_logits.dtype != torch.float32 or not torch.equal(router_logits.detach(), expected):
-        res.errors.append(
-            f"fp32 router, bf16 model: router logits ({router_logits.dtype}) are not the fp32 "
-            f"linear of the router input"
+        for handle in handles:
+            handle.remove()
+    for r in routers:
+        if r not in seen:
+            res.errors.append(f"fp32 router, bf16 model: a {type(r).__name__} was never called")
+            continue
+        hidden, (router_logits, router_scores, _) = seen[r]
+        bias = getattr(r, "bias", None)
+        expected = torch.nn.functional.linear(
+            hidden.reshape(-1, hidden.shape[-1]).float(), r.weight.float(), None if bias is None else bias.float()
         )
-    if router_scores.dtype != torch.bfloat16:
-        res.errors.append(f"fp32 router, bf16 model: routing weights are {router_scores.dtype}, not bf16")
-    if not torch.isfinite(out.loss) or router.weight.grad is None:
-        res.errors.append(
-            f"fp32 router, bf16 model: loss {float(out.loss)}, router weight grad "
-            f"{'missing' if router.weight.grad is None else 'present'}"
-        )
+        if router_logits.dtype != torch.float32 or not torch.equal(router_logits.detach(), expected):
+            res.errors.append(
+                f"fp32 router, bf16 model: {type(r).__name__} logits ({router_logits.dtype}) are not the fp32 "
+                f"linear of the router input"
+            )
+        if router_scores.dtype != torch.bfloat16:
+            res.errors.append(
+                f"fp32 router, bf16 model: {type(r).__name__} routing weights are {router_scores.dtype}, not bf16"
+            )
+    no_grad = [type(r).__name__ for r in routers if r.weight.grad is None]
+    if not torch.isfinite(out.loss) or no_grad:
+        res.errors.append(f"fp32 router, bf16 model: loss {float(out.loss)}, no weight gradient in {no_grad}")
     return (
-        f"fp32 router: fp32 equal={torch.equal(logits, up_logits)}, bf16 logits fp32, bf16 loss {float(out.loss):.4f}"
+        f"fp32 router: fp32 equal={torch.equal(logits, up_logits)}, bf16 logits fp32 in {len(routers)} routers, "
+        f"bf16 loss {float(out.loss):.4f}"
     )
 
 
