@@ -98,17 +98,14 @@ def attention_matrix(device: torch.device, b: int, s: int, hq: int, hkv: int, d:
     def causal_gqa(q, k, v):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
 
+    def repeat(t):  # Transformers' repeat_kv: every K/V head once per query head of its group
+        return t[:, :, None].expand(b, hkv, hq // hkv, s, d).reshape(b, hq, s, d)
+
     def masked_repeat(q, k, v):
-        rep = hq // hkv
-        k = k[:, :, None].expand(b, hkv, rep, s, d).reshape(b, hq, s, d)
-        v = v[:, :, None].expand(b, hkv, rep, s, d).reshape(b, hq, s, d)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return F.scaled_dot_product_attention(q, repeat(k), repeat(v), attn_mask=mask)
 
     def causal_repeat(q, k, v):
-        rep = hq // hkv
-        k = k[:, :, None].expand(b, hkv, rep, s, d).reshape(b, hq, s, d)
-        v = v[:, :, None].expand(b, hkv, rep, s, d).reshape(b, hq, s, d)
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return F.scaled_dot_product_attention(q, repeat(k), repeat(v), is_causal=True)
 
     def masked_gqa(q, k, v):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)

@@ -97,10 +97,9 @@ def packed_sequence_kwargs(
     causal sequences, which `opslot_sdpa` reads to leave out the mask Transformers builds while tracing
     (opslot.compiled_sdpa)."""
     given = kwargs.get("cu_seq_lens_q")
-    if given is None and position_ids is None and attention_mask is None and past_key_values is None:
-        if torch.compiler.is_compiling():
-            return dict(kwargs, **{UNPACKED_CAUSAL_ROWS: True}), use_cache
-        return kwargs, use_cache
+    described = given is not None or position_ids is not None or attention_mask is not None
+    if not described and past_key_values is None and torch.compiler.is_compiling():
+        return dict(kwargs, **{UNPACKED_CAUSAL_ROWS: True}), use_cache
     if position_ids is not None and text_positions(position_ids) is None:
         position_ids = None  # multimodal-RoPE positions without a text row: no documents in them
     if given is None and (position_ids is None or past_key_values is not None):
