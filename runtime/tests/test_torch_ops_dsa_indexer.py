@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from test_kernel_library_symbols import _library
+from test_torch_ops_deepseek_v4 import config as v4_config
 
 O = torch.ops.opslot  # noqa: E741
 
@@ -295,31 +296,7 @@ def test_glm_kernel_refusals(di):
 
 def v4():
     mod = pytest.importorskip("transformers.models.deepseek_v4.modeling_deepseek_v4")
-    from transformers import DeepseekV4Config
-
-    config = DeepseekV4Config(
-        vocab_size=64,
-        hidden_size=24,
-        moe_intermediate_size=10,
-        num_hidden_layers=2,
-        num_attention_heads=3,
-        head_dim=8,
-        q_lora_rank=12,
-        n_routed_experts=5,
-        num_experts_per_tok=2,
-        layer_types=["sliding_attention", "compressed_sparse_attention"],
-        mlp_layer_types=["moe", "moe"],
-        compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
-        hc_mult=3,
-        sliding_window=6,
-        o_groups=3,
-        o_lora_rank=4,
-        index_n_heads=3,
-        index_head_dim=8,
-        index_topk=3,
-        partial_rotary_factor=0.5,
-        max_position_embeddings=256,
-    )
+    config = v4_config()  # test_torch_ops_deepseek_v4's tiny config (its MoE/mHC fields unused here)
     return mod, config, _randomize(mod.DeepseekV4Indexer(config), 12)
 
 
