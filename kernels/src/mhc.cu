@@ -500,17 +500,24 @@ __global__ void __launch_bounds__(256, 2)  // two blocks per SM: at most 128 reg
 #endif  // OPSLOT_KERNELS_BENCH
 
 // ---- mhc/post -------------------------------------------------------------------------------
-// post and comb of token t, rounded to T, into shared memory: cf[i] = p_i,
-// cf[HC + j*HC + i] = c_ji.
+// post and comb of token t, rounded to T (upstream's `.to(dtype)`), into every thread's registers:
+// p[i] = p_i, c[j][i] = c_ji (read once per block through shared memory).
 template <typename T, int HC>
 __device__ __forceinline__ void load_post_coefs(const float* post, const float* comb, int64_t t,
-                                                float* cf) {
+                                                float (&p)[HC], float (&c)[HC][HC]) {
+  __shared__ float cf[HC + HC * HC];
   const int i = threadIdx.x;
   if (i < HC)
     cf[i] = round_to<T>(post[t * HC + i]);
   else if (i < HC + HC * HC)
     cf[i] = round_to<T>(comb[t * HC * HC + i - HC]);
   __syncthreads();
+#pragma unroll
+  for (int a = 0; a < HC; ++a) {
+    p[a] = cf[a];
+#pragma unroll
+    for (int j = 0; j < HC; ++j) c[j][a] = cf[HC + j * HC + a];
+  }
 }
 
 template <typename T, int HC, int VEC>
@@ -518,16 +525,9 @@ __global__ void __launch_bounds__(kStreamThreads)
     post_fwd_kernel(const float* __restrict__ post, const float* __restrict__ comb,
                     const T* __restrict__ bo, const T* __restrict__ h, T* __restrict__ out,
                     int64_t hidden) {
-  __shared__ float cf[HC + HC * HC];
   const int64_t t = blockIdx.x;
-  load_post_coefs<T, HC>(post, comb, t, cf);
   float p[HC], c[HC][HC];
-#pragma unroll
-  for (int i = 0; i < HC; ++i) {
-    p[i] = cf[i];
-#pragma unroll
-    for (int j = 0; j < HC; ++j) c[j][i] = cf[HC + j * HC + i];
-  }
+  load_post_coefs<T, HC>(post, comb, t, p, c);
   const int64_t nvec = hidden / VEC;
   const T* bt = bo + t * hidden;
   const T* ht = h + t * HC * hidden;
@@ -561,17 +561,10 @@ __global__ void __launch_bounds__(kStreamThreads)
                     const T* __restrict__ h, T* __restrict__ d_bo, T* __restrict__ d_h,
                     float* __restrict__ d_post, float* __restrict__ d_comb, int64_t hidden) {
   constexpr int N = HC + HC * HC;
-  __shared__ float cf[N];
   __shared__ float red[N][32];
   const int64_t t = blockIdx.x;
-  load_post_coefs<T, HC>(post, comb, t, cf);
   float p[HC], c[HC][HC];
-#pragma unroll
-  for (int i = 0; i < HC; ++i) {
-    p[i] = cf[i];
-#pragma unroll
-    for (int j = 0; j < HC; ++j) c[j][i] = cf[HC + j * HC + i];
-  }
+  load_post_coefs<T, HC>(post, comb, t, p, c);
   float acc[N];  // acc[i]: d_post_i; acc[HC + j*HC + i]: d_comb_ji
 #pragma unroll
   for (int n = 0; n < N; ++n) acc[n] = 0.f;
