@@ -98,6 +98,21 @@ def knob(lib, name: str, nargs: int):
     return f
 
 
+def capture_graph(step):
+    """Runs `step` twice on a side stream (lazy loading, allocator warm-up), then captures one call in
+    a CUDA graph: (the graph, the outputs of the captured call)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = step()
+    return graph, outputs
+
+
 def fp32_leaf(t: torch.Tensor) -> torch.Tensor:
     """An fp32 copy of `t` that requires grad (for the reference)."""
     return t.detach().float().requires_grad_(True)

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import DTYPES, assert_close, requires_cuda
+from conftest import DTYPES, assert_close, capture_graph, requires_cuda
 
 DEV = "cuda"
 
@@ -539,15 +539,7 @@ def test_cuda_graph_capture(packed):
             dec = m.causal_conv1d(x[:, :, :1].detach(), weight.detach(), bias.detach(), "silu", conv_state=state)
         return [out, *grads, dec]
 
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            step()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = step()
+    graph, captured = capture_graph(step)
     state.copy_(state_start)
     graph.replay()
     torch.cuda.synchronize()

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import rel_err, requires_cuda
+from conftest import capture_graph, rel_err, requires_cuda
 
 pytestmark = requires_cuda
 
@@ -229,15 +229,7 @@ def test_cuda_graph_capture():
         out.backward(dout)
         return out
 
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            step()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = step()
+    graph, out = capture_graph(step)
     graph.replay()
     torch.cuda.synchronize()
     eager = op(*[x.detach() for x in leaves], initial_state=s0, use_qk_l2norm_in_kernel=True)[0]

@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.nn as nn
 
+from conftest import capture_graph
 from opslot import reference  # noqa: E402
 from opslot.kernels.cuda import unavailable_reason  # noqa: E402
 
@@ -235,15 +236,7 @@ def test_cuda_graph_capture_and_replay(variant):
         out = fn(m, sx, sidx, sw)
         return (out,) + torch.autograd.grad(out, [sx, sw] + params, sgo)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static = step()
+    graph, static = capture_graph(step)
     with torch.no_grad():
         sx.copy_(x1)
         sw.copy_(w1)
