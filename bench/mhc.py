@@ -11,8 +11,8 @@ left out, under 1 %).
     python3 bench/mhc.py --out $OUT/mhc_h200.md [--compile pre,post] [--quick] [--only pre,post,head,silu] [--tune]
 
 --tune also times, on the bench library (opslot_mhc_set_tuning), the forward with the rows held in
-registers (blocks up to 128 / 256 threads; the default reads them twice) and the register-tiled dx
-kernel of the backward.
+registers (blocks up to 128 / 256 threads; the default reads them twice) and the dx configurations of
+the backward (DX_VARIANTS; with --profile, each one's kernel list).
 
 Bytes per token (bf16, hc = 4 streams of hidden D; T tokens):
   pre / head, fwd + bwd: x read forward and backward (2 x 8D), collapsed written (2D), its gradient
@@ -99,6 +99,24 @@ def streams(T, D, hc=4):
     return (torch.randn(1, T, hc, D, device=DEV) * 2).to(BF).requires_grad_(True)
 
 
+#: The bench library's dx configurations (opslot_mhc_set_tuning's dx_version; kernels/src/mhc.cu
+#: launch_dx_variant): columns per thread x threads, tokens per tile, loads of the next 8 tokens
+#: issued before the current ones are computed (prefetch) or not.
+DX_VARIANTS = {
+    2: "2 cols x 256 thr, 256 tok, no prefetch",
+    3: "2 cols x 256 thr, 256 tok",
+    4: "2 cols x 512 thr, 256 tok",
+    5: "2 cols x 256 thr, 64 tok",
+    6: "4 cols x 256 thr, 256 tok",
+    7: "16 B x 256 thr, 256 tok",
+    8: "2 cols x 256 thr, 256 tok, 3 blocks/SM",
+    9: "16 B x 256 thr, 256 tok, 3 blocks/SM",
+    10: "2 cols x 256 thr, 128 tok, cp.async ring",
+    11: "4 cols x 256 thr, 128 tok, cp.async ring",
+    12: "2 cols x 256 thr, 128 tok, cp.async ring, 3 blocks/SM",
+}
+
+
 def _collapse_rows(copy_bw, args, out, head):
     from transformers.models.deepseek_v4.modeling_deepseek_v4 import DeepseekV4HyperConnection, DeepseekV4HyperHead
 
@@ -131,8 +149,7 @@ def _collapse_rows(copy_bw, args, out, head):
                         for hold, dxv, name in (
                             (128, 1, "rows held up to 128 threads"),
                             (256, 1, "rows held up to 256 threads"),
-                            (0, 2, "register-tiled dx"),
-                        ):
+                        ) + tuple((0, v, f"dx {n}") for v, n in DX_VARIANTS.items()):
                             set_tuning(hold, dxv)
                             rows.append(measure(f"opslot cuda [{name}]", lambda: fb(ours), nbytes))
                             if dxv == 1:

@@ -21,7 +21,8 @@ constexpr int kStreamThreads = 256;  // at most, in the blocks that stream a tok
 //   bitwise equal) has at most this many threads and kRowVectors vectors per stream and thread
 //   cover the row. Default 0: never; reading the row again (from L2) measured faster on an H200
 //   (docs/kernels.md "## mhc").
-// - g_dx_version: 1 (default) dx_kernel, 2 dx_tiled_kernel (register-tiled, bench library only).
+// - g_dx_version: 1 (default) the production dx configuration, 2 .. 12 the variants of
+//   launch_dx_variant (bench library only).
 #ifdef OPSLOT_KERNELS_BENCH
 int g_hold_threads = 0;
 int g_dx_version = 1;
@@ -314,31 +315,41 @@ __global__ void __launch_bounds__(kStreamThreads)
   }
 }
 
-// ---- dx: tiles of (one stream, 2 * 256 columns) x 256 tokens; fn's columns in registers ---------
-constexpr int kDxThreads = 256;
-constexpr int kDxTokens = 256;
-constexpr int kDxUnroll = 8;
+// ---- dx: tiles of (one stream, THREADS * P columns) x TOKENS tokens; fn's columns in registers --
+// A thread owns P adjacent columns of one stream (fn's MAXM x P values in registers) and walks the
+// tile's tokens (kMinBlocks: blocks per SM the registers must allow). kRing: the next tokens' loads
+// in flight as cp.async copies into shared memory. kPrefetch: the loads of the
+// next dx_group tokens stay in flight, each slot refilled as soon as its token is taken (else: a
+// group is loaded, then computed). Every configuration computes the same sums in the same order
+// (the same bits); the production one is launch_dx_production below, the others are bench-library
+// variants (opslot_mhc_set_tuning).
+template <typename V>
+constexpr int dx_group() {
+  return sizeof(V) >= 16 ? 4 : 8;  // 64 .. 128 bytes in flight per thread
+}
 
-template <typename T, int P, int MAXM>
-__global__ void __launch_bounds__(kDxThreads)
+template <typename T, int P, int MAXM, int THREADS, int TOKENS, bool kPrefetch, int kMinBlocks,
+          bool kRing>
+__global__ void __launch_bounds__(THREADS, kMinBlocks)
     dx_kernel(const T* __restrict__ x, const T* __restrict__ g, const float* __restrict__ fn,
               const float* __restrict__ coef_a, const float* __restrict__ coef_c,
               const float* __restrict__ pre, T* __restrict__ dx, int64_t tokens, int hc,
               int64_t hidden, int mixes) {
   using V = Vec<T, P>;
-  __shared__ __align__(16) float sa[kDxTokens][MAXM];
-  __shared__ float sc[kDxTokens];
-  __shared__ float sp[kDxTokens];
+  constexpr int G = dx_group<V>();
+  __shared__ __align__(16) float sa[TOKENS][MAXM];
+  __shared__ float sc[TOKENS];
+  __shared__ float sp[TOKENS];
   const int j = static_cast<int>(blockIdx.x % hc);
-  const int64_t d0 = (blockIdx.x / hc) * static_cast<int64_t>(kDxThreads * P) + threadIdx.x * P;
-  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kDxTokens;
-  const int nt = static_cast<int>(tokens - t0 < kDxTokens ? tokens - t0 : kDxTokens);
+  const int64_t d0 = (blockIdx.x / hc) * static_cast<int64_t>(THREADS * P) + threadIdx.x * P;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * TOKENS;
+  const int nt = static_cast<int>(tokens - t0 < TOKENS ? tokens - t0 : TOKENS);
   const int64_t K = hc * hidden;
-  for (int i = threadIdx.x; i < nt * MAXM; i += kDxThreads) {
+  for (int i = threadIdx.x; i < nt * MAXM; i += THREADS) {
     const int tt = i / MAXM, m = i % MAXM;
     sa[tt][m] = m < mixes ? coef_a[(t0 + tt) * mixes + m] : 0.f;
   }
-  for (int i = threadIdx.x; i < nt; i += kDxThreads) {
+  for (int i = threadIdx.x; i < nt; i += THREADS) {
     sc[i] = coef_c[t0 + i];
     sp[i] = pre[(t0 + i) * hc + j];
   }
@@ -355,149 +366,84 @@ __global__ void __launch_bounds__(kDxThreads)
   const T* xp = x + j * hidden + d0;
   const T* gp = g != nullptr ? g + d0 : nullptr;
   T* op = dx + j * hidden + d0;
-  for (int tt = 0; tt < nt; tt += kDxUnroll) {
-    V xv[kDxUnroll], gv[kDxUnroll];
+  auto load = [&](int tt, V& xv, V& gv) {
+    const int64_t t = t0 + tt;
+    xv = *reinterpret_cast<const V*>(xp + t * K);
+    if (gp != nullptr) gv = *reinterpret_cast<const V*>(gp + t * hidden);
+  };
+  auto compute = [&](int tt, const V& xv, const V& gv) {
+    const float* a = sa[tt];
+    float acc[P];
 #pragma unroll
-    for (int u = 0; u < kDxUnroll; ++u) {
-      if (tt + u < nt) {
-        const int64_t t = t0 + tt + u;
-        xv[u] = *reinterpret_cast<const V*>(xp + t * K);
-        if (gp != nullptr) gv[u] = *reinterpret_cast<const V*>(gp + t * hidden);
+    for (int e = 0; e < P; ++e) acc[e] = 0.f;
+#pragma unroll
+    for (int m = 0; m < MAXM; m += 4) {
+      const float4 a4 = *reinterpret_cast<const float4*>(a + m);
+#pragma unroll
+      for (int e = 0; e < P; ++e) {
+        acc[e] += a4.x * w[m][e];
+        acc[e] += a4.y * w[m + 1][e];
+        acc[e] += a4.z * w[m + 2][e];
+        acc[e] += a4.w * w[m + 3][e];
       }
     }
+    const float pj = sp[tt], cc = sc[tt];
+    V o;
 #pragma unroll
-    for (int u = 0; u < kDxUnroll; ++u) {
-      if (tt + u < nt) {
-        const float* a = sa[tt + u];
-        float acc[P];
+    for (int e = 0; e < P; ++e) {
+      const float gf = gp != nullptr ? pj * to_float(gv.v[e]) : 0.f;
+      o.v[e] = from_float<T>(gf + acc[e] - cc * to_float(xv.v[e]));
+    }
+    *reinterpret_cast<V*>(op + (t0 + tt) * K) = o;
+  };
+  if constexpr (kRing) {
+    // each thread's next R tokens in flight as cp.async copies into its own slots of a ring in
+    // shared memory (64 bytes per thread and tensor): no registers held for them
+    constexpr int R = sizeof(V) >= 16 ? 4 : 64 / static_cast<int>(sizeof(V));
+    __shared__ V rx[R][THREADS];
+    __shared__ V rg[R][THREADS];
+    auto issue = [&](int tt) {
+      if (tt < nt) {
+        const int64_t t = t0 + tt;
+        cp_async_ca<sizeof(V)>(&rx[tt % R][threadIdx.x], xp + t * K);
+        if (gp != nullptr) cp_async_ca<sizeof(V)>(&rg[tt % R][threadIdx.x], gp + t * hidden);
+      }
+      cp_async_commit();  // one group per token, empty past the end: the count stays uniform
+    };
 #pragma unroll
-        for (int e = 0; e < P; ++e) acc[e] = 0.f;
+    for (int i = 0; i < R; ++i) issue(i);
+    for (int tt = 0; tt < nt; ++tt) {
+      cp_async_wait<R - 1>();  // token tt's group has landed
+      const V xc = rx[tt % R][threadIdx.x];
+      V gc;
+      if (gp != nullptr) gc = rg[tt % R][threadIdx.x];
+      issue(tt + R);  // refills the slot just read (this thread's own)
+      compute(tt, xc, gc);
+    }
+  } else {
+    V xs[G], gs[G];
+    if constexpr (kPrefetch) {
 #pragma unroll
-        for (int m = 0; m < MAXM; m += 4) {
-          const float4 a4 = *reinterpret_cast<const float4*>(a + m);
+      for (int u = 0; u < G; ++u)
+        if (u < nt) load(u, xs[u], gs[u]);
+    }
+    for (int tt = 0; tt < nt; tt += G) {
+      if constexpr (!kPrefetch) {
 #pragma unroll
-          for (int e = 0; e < P; ++e) {
-            acc[e] += a4.x * w[m][e];
-            acc[e] += a4.y * w[m + 1][e];
-            acc[e] += a4.z * w[m + 2][e];
-            acc[e] += a4.w * w[m + 3][e];
-          }
+        for (int u = 0; u < G; ++u)
+          if (tt + u < nt) load(tt + u, xs[u], gs[u]);
+      }
+#pragma unroll
+      for (int u = 0; u < G; ++u) {
+        if (tt + u < nt) {
+          const V xc = xs[u], gc = gs[u];
+          if (kPrefetch && tt + G + u < nt) load(tt + G + u, xs[u], gs[u]);
+          compute(tt + u, xc, gc);
         }
-        const float pj = sp[tt + u], cc = sc[tt + u];
-        V o;
-#pragma unroll
-        for (int e = 0; e < P; ++e) {
-          const float gf = gp != nullptr ? pj * to_float(gv[u].v[e]) : 0.f;
-          o.v[e] = from_float<T>(gf + acc[e] - cc * to_float(xv[u].v[e]));
-        }
-        *reinterpret_cast<V*>(op + (t0 + tt + u) * K) = o;
       }
     }
   }
 }
-
-#ifdef OPSLOT_KERNELS_BENCH
-// ---- dx, register-tiled (bench library, opslot_mhc_set_tuning dx_version 2) --------------------
-// The same sums as dx_kernel (sum over m in order, one rounding), as a SIMT GEMM micro-kernel: a
-// block of 16 x 16 threads takes 128 columns of one stream (fn's M x 128 slice in shared memory)
-// and walks 512 tokens, 64 at a time; a thread owns 4 tokens x 8 columns (32 accumulators; per m
-// one 16-byte load of the coefficients and two of fn for 32 FMAs), its streams and gradient loaded
-// as 16-byte vectors before the products. hidden % 8 == 0 and 16-byte aligned rows only: other
-// inputs take dx_kernel.
-constexpr int kTiledCols = 128;
-constexpr int kTiledTokens = 64;
-constexpr int kTiledRange = 512;
-
-template <typename T, int MAXM>
-__global__ void __launch_bounds__(256, 2)  // two blocks per SM: at most 128 registers
-    dx_tiled_kernel(const T* __restrict__ x, const T* __restrict__ g, const float* __restrict__ fn,
-                    const float* __restrict__ coef_a, const float* __restrict__ coef_c,
-                    const float* __restrict__ pre, T* __restrict__ dx, int64_t tokens, int hc,
-                    int64_t hidden, int mixes) {
-  constexpr int VEC = 16 / sizeof(T);  // columns per 16-byte vector
-  constexpr int NV = 8 / VEC;          // vectors per thread and token (8 columns)
-  using V = Vec<T, VEC>;
-  __shared__ __align__(16) float s_fn[MAXM][kTiledCols];
-  __shared__ __align__(16) float s_a[MAXM][kTiledTokens];  // transposed: [m][token]
-  __shared__ float s_c[kTiledTokens], s_p[kTiledTokens];
-  const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
-  const int j = static_cast<int>(blockIdx.x % hc);
-  const int64_t dcol = (blockIdx.x / hc) * static_cast<int64_t>(kTiledCols);
-  const int64_t K = hc * hidden;
-  for (int i = threadIdx.x; i < MAXM * kTiledCols; i += 256) {
-    const int m = i / kTiledCols, c = i % kTiledCols;
-    s_fn[m][c] = (m < mixes && dcol + c < hidden) ? fn[m * K + j * hidden + dcol + c] : 0.f;
-  }
-  const int64_t d0 = dcol + tx * 8;
-  const bool col_ok = d0 < hidden;
-  const int64_t tbeg = static_cast<int64_t>(blockIdx.y) * kTiledRange;
-  const int64_t tend = tokens < tbeg + kTiledRange ? tokens : tbeg + kTiledRange;
-  for (int64_t t0 = tbeg; t0 < tend; t0 += kTiledTokens) {
-    __syncthreads();  // s_fn written (first tile); s_a, s_c, s_p free again (later tiles)
-    for (int i = threadIdx.x; i < MAXM * kTiledTokens; i += 256) {
-      const int tt = i / MAXM, m = i % MAXM;
-      s_a[m][tt] = (t0 + tt < tend && m < mixes) ? coef_a[(t0 + tt) * mixes + m] : 0.f;
-    }
-    if (threadIdx.x < kTiledTokens) {
-      const int64_t t = t0 + threadIdx.x;
-      s_c[threadIdx.x] = t < tend ? coef_c[t] : 0.f;
-      s_p[threadIdx.x] = t < tend ? pre[t * hc + j] : 0.f;
-    }
-    // this thread's streams and gradient, loaded before the products
-    V xv[4][NV], gv[4][NV];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int64_t t = t0 + ty * 4 + i;
-      if (col_ok && t < tend) {
-#pragma unroll
-        for (int v = 0; v < NV; ++v) {
-          xv[i][v] = *reinterpret_cast<const V*>(x + t * K + j * hidden + d0 + v * VEC);
-          if (g != nullptr) gv[i][v] = *reinterpret_cast<const V*>(g + t * hidden + d0 + v * VEC);
-        }
-      }
-    }
-    __syncthreads();
-    float acc[4][8];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-#pragma unroll
-      for (int e = 0; e < 8; ++e) acc[i][e] = 0.f;
-    }
-#pragma unroll
-    for (int m = 0; m < MAXM; ++m) {
-      const float4 a = *reinterpret_cast<const float4*>(&s_a[m][ty * 4]);
-      const float4 f0 = *reinterpret_cast<const float4*>(&s_fn[m][tx * 8]);
-      const float4 f1 = *reinterpret_cast<const float4*>(&s_fn[m][tx * 8 + 4]);
-      const float av[4] = {a.x, a.y, a.z, a.w};
-      const float fv[8] = {f0.x, f0.y, f0.z, f0.w, f1.x, f1.y, f1.z, f1.w};
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-#pragma unroll
-        for (int e = 0; e < 8; ++e) acc[i][e] += av[i] * fv[e];
-      }
-    }
-    if (!col_ok) continue;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int tt = ty * 4 + i;
-      const int64_t t = t0 + tt;
-      if (t >= tend) continue;
-      const float pj = s_p[tt], cc = s_c[tt];
-#pragma unroll
-      for (int v = 0; v < NV; ++v) {
-        V o;
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) {
-          const float gf = g != nullptr ? pj * to_float(gv[i][v].v[e]) : 0.f;
-          o.v[e] = from_float<T>(gf + acc[i][v * VEC + e] - cc * to_float(xv[i][v].v[e]));
-        }
-        *reinterpret_cast<V*>(dx + t * K + j * hidden + d0 + v * VEC) = o;
-      }
-    }
-  }
-}
-
-#endif  // OPSLOT_KERNELS_BENCH
 
 // ---- mhc/post -------------------------------------------------------------------------------
 // post and comb of token t, rounded to T (upstream's `.to(dtype)`), into every thread's registers:
@@ -676,6 +622,104 @@ bool use_vectors(int64_t hidden, std::initializer_list<const void*> ptrs) {
   return true;
 }
 
+// ---- dx launches
+// ----------------------------------------------------------------------------------
+template <typename T>
+struct DxArgs {
+  const T* x;
+  const T* g;
+  const float* fn;
+  const float* coef_a;
+  const float* coef_c;
+  const float* pre;
+  T* dx;
+  int64_t tokens;
+  int hc;
+  int64_t hidden;
+  int mixes;
+};
+
+// P-column accesses are aligned: rows of a multiple of P, every pointer aligned to P elements.
+template <typename T>
+bool dx_fits(const DxArgs<T>& a, int p) {
+  const uintptr_t align = static_cast<uintptr_t>(p) * sizeof(T);
+  return a.hidden % p == 0 && reinterpret_cast<uintptr_t>(a.x) % align == 0 &&
+         reinterpret_cast<uintptr_t>(a.dx) % align == 0 &&
+         (a.g == nullptr || reinterpret_cast<uintptr_t>(a.g) % align == 0);
+}
+
+// One dx launch; P columns per thread when dx_fits, else P / 2, ... 1.
+template <typename T, int MAXM, int P, int THREADS, int TOKENS, bool kPrefetch, int kMinBlocks = 1,
+          bool kRing = false>
+int launch_dx(const char* what, const DxArgs<T>& a, cudaStream_t s) {
+  if constexpr (P > 1) {
+    // half the columns where P do not fit; the ring needs copies of 4 bytes at least (cp.async)
+    constexpr int H = P / 2;
+    constexpr bool kRingH = kRing && H * sizeof(T) >= 4;
+    if (!dx_fits(a, P))
+      return launch_dx<T, MAXM, H, THREADS, TOKENS, kPrefetch, kMinBlocks, kRingH>(what, a, s);
+  }
+  const int64_t col_tiles = (a.hidden + THREADS * P - 1) / (THREADS * P);
+  const int64_t token_tiles = (a.tokens + TOKENS - 1) / TOKENS;
+  if (col_tiles * a.hc > INT32_MAX)
+    return set_error(OPSLOT_ERR_UNSUPPORTED, "%s: hidden size too large", what);
+  if (token_tiles > 65535)
+    return set_error(OPSLOT_ERR_UNSUPPORTED, "%s: %lld tokens (at most %d)", what,
+                     static_cast<long long>(a.tokens), 65535 * TOKENS);
+  const dim3 grid(static_cast<unsigned>(col_tiles * a.hc), static_cast<unsigned>(token_tiles));
+  dx_kernel<T, P, MAXM, THREADS, TOKENS, kPrefetch, kMinBlocks, kRing><<<grid, THREADS, 0, s>>>(
+      a.x, a.g, a.fn, a.coef_a, a.coef_c, a.pre, a.dx, a.tokens, a.hc, a.hidden, a.mixes);
+  return check_launch(what);
+}
+
+// The production configuration (the fastest of the variants below, measured side by side on an
+// H200: docs/results/mhc_h200.md): four columns per thread (fn's MAXM x 4 values in registers), 256
+// threads x 128 tokens, the next tokens' loads in flight in the cp.async ring.
+template <typename T, int MAXM>
+int launch_dx_production(const char* what, const DxArgs<T>& a, cudaStream_t s) {
+  return launch_dx<T, MAXM, 4, 256, 128, false, 1, true>(what, a, s);
+}
+
+#ifdef OPSLOT_KERNELS_BENCH
+// Bench-library variants (opslot_mhc_set_tuning dx_version; columns per thread x threads x tokens
+// per tile, how the next tokens' loads are kept in flight): 2 the previous production kernel (2 x
+// 256 x 256, loaded a group at a time), 3 the same with the next group prefetched in registers, 4
+// 2 x 512 x 256, 5 2 x 256 x 64, 6 4 x 256 x 256, 7 16-byte vectors x 256 x 256, 8 and 9 as 3 and 7
+// with registers capped for three blocks per SM (3 .. 9 prefetch), 10 2 x 256 x 128 and 11 4 x 256
+// x 128 with the cp.async ring (11 is the production configuration), 12 as 10 for three blocks per
+// SM.
+template <typename T, int MAXM>
+int launch_dx_variant(int version, const char* what, const DxArgs<T>& a, cudaStream_t s) {
+  constexpr int W = static_cast<int>(16 / sizeof(T));
+  switch (version) {
+    case 2:
+      return launch_dx<T, MAXM, 2, 256, 256, false>(what, a, s);
+    case 3:
+      return launch_dx<T, MAXM, 2, 256, 256, true>(what, a, s);
+    case 4:
+      return launch_dx<T, MAXM, 2, 512, 256, true>(what, a, s);
+    case 5:
+      return launch_dx<T, MAXM, 2, 256, 64, true>(what, a, s);
+    case 6:
+      return launch_dx<T, MAXM, 4, 256, 256, true>(what, a, s);
+    case 7:
+      return launch_dx<T, MAXM, W, 256, 256, true>(what, a, s);
+    case 8:
+      return launch_dx<T, MAXM, 2, 256, 256, true, 3>(what, a, s);
+    case 9:
+      return launch_dx<T, MAXM, W, 256, 256, true, 3>(what, a, s);
+    case 10:
+      return launch_dx<T, MAXM, 2, 256, 128, false, 1, true>(what, a, s);
+    case 11:
+      return launch_dx<T, MAXM, 4, 256, 128, false, 1, true>(what, a, s);
+    case 12:
+      return launch_dx<T, MAXM, 2, 256, 128, false, 3, true>(what, a, s);
+    default:
+      return launch_dx_production<T, MAXM>(what, a, s);
+  }
+}
+#endif  // OPSLOT_KERNELS_BENCH
+
 }  // namespace
 }  // namespace opslot
 
@@ -842,58 +886,28 @@ OPSLOT_API int opslot_mhc_dx(int dtype, int64_t tokens, int64_t hc, int64_t hidd
     return set_error(OPSLOT_ERR_UNSUPPORTED, "%s: hc_mult %lld is not supported (1 to %d)", what,
                      static_cast<long long>(hc), mhc::kMaxHc);
   if (tokens == 0) return OPSLOT_OK;
-  const int64_t token_tiles = (tokens + kDxTokens - 1) / kDxTokens;
-  if (token_tiles > 65535)
-    return set_error(OPSLOT_ERR_UNSUPPORTED, "%s: %lld tokens (at most %d)", what,
-                     static_cast<long long>(tokens), 65535 * kDxTokens);
   auto s = static_cast<cudaStream_t>(stream);
   return dispatch_dtype(dtype, what, [&](auto tag) -> int {
     using T = decltype(tag);
-    // pairs of columns when every access of a pair is aligned
-    const bool pairs =
-        hidden % 2 == 0 && reinterpret_cast<uintptr_t>(x) % (2 * sizeof(T)) == 0 &&
-        reinterpret_cast<uintptr_t>(dx) % (2 * sizeof(T)) == 0 &&
-        (g_out == nullptr || reinterpret_cast<uintptr_t>(g_out) % (2 * sizeof(T)) == 0);
-    const int per = pairs ? 2 : 1;
-    const int64_t col_tiles = (hidden + kDxThreads * per - 1) / (kDxThreads * per);
-    if (col_tiles * hc > INT32_MAX)
-      return set_error(OPSLOT_ERR_UNSUPPORTED, "%s: hidden size too large", what);
-    const dim3 grid(static_cast<unsigned>(col_tiles * hc), static_cast<unsigned>(token_tiles));
-    auto launch = [&](auto kernel) {
-      kernel<<<grid, kDxThreads, 0, s>>>(static_cast<const T*>(x), static_cast<const T*>(g_out), fn,
-                                         coef_a, coef_c, pre, static_cast<T*>(dx), tokens,
-                                         static_cast<int>(hc), hidden, static_cast<int>(mixes));
-    };
+    const DxArgs<T> a{static_cast<const T*>(x),
+                      static_cast<const T*>(g_out),
+                      fn,
+                      coef_a,
+                      coef_c,
+                      pre,
+                      static_cast<T*>(dx),
+                      tokens,
+                      static_cast<int>(hc),
+                      hidden,
+                      static_cast<int>(mixes)};
     const bool comb = mixes > hc;
 #ifdef OPSLOT_KERNELS_BENCH
-    {  // the register-tiled kernel: bench library only
-      const bool vec = hidden % 8 == 0 && use_vectors<T>(hidden, {x, dx, g_out});  // 8 columns
-      const int64_t ranges = (tokens + kTiledRange - 1) / kTiledRange;
-      if (g_dx_version == 2 && vec && ranges <= 65535) {
-        const dim3 tgrid(static_cast<unsigned>(hc * ((hidden + kTiledCols - 1) / kTiledCols)),
-                         static_cast<unsigned>(ranges));
-        auto tiled = [&](auto kernel) {
-          kernel<<<tgrid, 256, 0, s>>>(static_cast<const T*>(x), static_cast<const T*>(g_out), fn,
-                                       coef_a, coef_c, pre, static_cast<T*>(dx), tokens,
-                                       static_cast<int>(hc), hidden, static_cast<int>(mixes));
-        };
-        if (comb)
-          tiled(dx_tiled_kernel<T, mhc::kMaxMixes>);
-        else
-          tiled(dx_tiled_kernel<T, mhc::kMaxHc>);
-        return check_launch(what);
-      }
-    }
+    if (g_dx_version != 1)
+      return comb ? launch_dx_variant<T, mhc::kMaxMixes>(g_dx_version, what, a, s)
+                  : launch_dx_variant<T, mhc::kMaxHc>(g_dx_version, what, a, s);
 #endif  // OPSLOT_KERNELS_BENCH
-    if (pairs && comb)
-      launch(dx_kernel<T, 2, mhc::kMaxMixes>);
-    else if (pairs)
-      launch(dx_kernel<T, 2, mhc::kMaxHc>);
-    else if (comb)
-      launch(dx_kernel<T, 1, mhc::kMaxMixes>);
-    else
-      launch(dx_kernel<T, 1, mhc::kMaxHc>);
-    return check_launch(what);
+    return comb ? launch_dx_production<T, mhc::kMaxMixes>(what, a, s)
+                : launch_dx_production<T, mhc::kMaxHc>(what, a, s);
   });
 }
 
@@ -959,9 +973,9 @@ OPSLOT_API int opslot_mhc_post_bwd(int dtype, int64_t tokens, int64_t hc, int64_
 OPSLOT_API int opslot_mhc_set_tuning(int hold_max_threads, int dx_version) {
   if ((hold_max_threads != 0 && hold_max_threads != 64 && hold_max_threads != 128 &&
        hold_max_threads != 256) ||
-      (dx_version != 1 && dx_version != 2))
+      dx_version < 1 || dx_version > 12)
     return set_error(OPSLOT_ERR_INVALID_ARGUMENT,
-                     "mhc tuning: hold_max_threads 0, 64, 128 or 256 (got %d), dx_version 1 or 2 "
+                     "mhc tuning: hold_max_threads 0, 64, 128 or 256 (got %d), dx_version 1 to 12 "
                      "(got %d)",
                      hold_max_threads, dx_version);
   g_hold_threads = hold_max_threads;
