@@ -114,6 +114,7 @@ DX_VARIANTS = {
     10: "2 cols x 256 thr, 128 tok, cp.async ring",
     11: "4 cols x 256 thr, 128 tok, cp.async ring",
     12: "2 cols x 256 thr, 128 tok, cp.async ring, 3 blocks/SM",
+    13: "tensor cores, 64 cols x 512 tok",
 }
 
 

@@ -7,6 +7,7 @@
 
 #include "common.cuh"
 #include "mhc_math.h"
+#include "mma_sm80.cuh"
 #include "opslot_kernels/mhc.h"
 
 namespace opslot {
@@ -21,7 +22,7 @@ constexpr int kStreamThreads = 256;  // at most, in the blocks that stream a tok
 //   bitwise equal) has at most this many threads and kRowVectors vectors per stream and thread
 //   cover the row. Default 0: never; reading the row again (from L2) measured faster on an H200
 //   (docs/kernels.md "## mhc").
-// - g_dx_version: 1 (default) the production dx configuration, 2 .. 12 the variants of
+// - g_dx_version: 1 (default) the production dx configuration, 2 .. 13 the variants of
 //   launch_dx_variant (bench library only).
 #ifdef OPSLOT_KERNELS_BENCH
 int g_hold_threads = 0;
@@ -445,6 +446,114 @@ __global__ void __launch_bounds__(THREADS, kMinBlocks)
   }
 }
 
+#ifdef OPSLOT_KERNELS_BENCH
+// ---- dx on tensor cores (bench library, dx_version 13; 16-bit streams) -------------------------
+// S = coef fn as one bf16 GEMM of depth 6 M: coef and fn split into three bf16 terms each (split3)
+// and the six products above 2^-24 of the largest, hi hi, hi mid, mid hi, hi lo, lo hi, mid mid (an
+// A row holds [hi hi mid hi lo mid] of the coefficients, a B column [hi mid hi lo hi mid] of fn, M
+// entries each, zero-padded to a multiple of 16), fp32 accumulators; then the same epilogue as
+// dx_kernel. A block: 64 columns of one stream (B in shared memory) x kMmaRange tokens, 64 at a
+// time; 8 warps of 16 tokens x 32 columns.
+constexpr int kMmaTok = 64;
+constexpr int kMmaCols = 64;
+constexpr int kMmaRange = 512;
+
+template <typename T, int MAXM>
+__global__ void __launch_bounds__(256)
+    dx_mma_kernel(const T* __restrict__ x, const T* __restrict__ g, const float* __restrict__ fn,
+                  const float* __restrict__ coef_a, const float* __restrict__ coef_c,
+                  const float* __restrict__ pre, T* __restrict__ dx, int64_t tokens, int hc,
+                  int64_t hidden, int mixes) {
+  constexpr int KD = (6 * MAXM + 15) / 16 * 16;
+  constexpr int LD = KD + 8;  // row pitch: 16-byte aligned, ldmatrix rows on distinct banks
+  __shared__ __align__(16) bf16 sB[kMmaCols][LD];
+  __shared__ __align__(16) bf16 sA[kMmaTok][LD];
+  __shared__ float s_c[kMmaTok], s_p[kMmaTok];
+  const int j = static_cast<int>(blockIdx.x % hc);
+  const int64_t c0 = (blockIdx.x / hc) * static_cast<int64_t>(kMmaCols);
+  const int64_t K = hc * hidden;
+  const int64_t tbeg = static_cast<int64_t>(blockIdx.y) * kMmaRange;
+  const int64_t tend = tokens < tbeg + kMmaRange ? tokens : tbeg + kMmaRange;
+  const bf16 zero = __float2bfloat16_rn(0.f);
+  for (int i = threadIdx.x; i < kMmaCols * LD; i += 256) {
+    (&sB[0][0])[i] = zero;
+    if (i < kMmaTok * LD) (&sA[0][0])[i] = zero;
+  }
+  __syncthreads();
+  // entry m of a row as its six terms, at k = q * MAXM + m
+  auto put = [](bf16* row, int m, float v, bool coefficient) {
+    bf16 hi, mid, lo;
+    split3(v, hi, mid, lo);
+    const bf16 ta[6] = {hi, hi, mid, hi, lo, mid};
+    const bf16 tb[6] = {hi, mid, hi, lo, hi, mid};
+#pragma unroll
+    for (int q = 0; q < 6; ++q) row[q * MAXM + m] = coefficient ? ta[q] : tb[q];
+  };
+  for (int i = threadIdx.x; i < kMmaCols * MAXM; i += 256) {
+    const int n = i / MAXM, m = i % MAXM;
+    const int64_t d = c0 + n;
+    put(sB[n], m, (m < mixes && d < hidden) ? fn[m * K + j * hidden + d] : 0.f, false);
+  }
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int rg = warp & 3, cg = warp >> 2;
+  const int gq = lane >> 2, cq = lane & 3;
+  using V2 = Vec<T, 2>;
+  for (int64_t t0 = tbeg; t0 < tend; t0 += kMmaTok) {
+    __syncthreads();  // the previous tile's coefficients are no longer read
+    for (int i = threadIdx.x; i < kMmaTok * MAXM; i += 256) {
+      const int tt = i / MAXM, m = i % MAXM;
+      const int64_t t = t0 + tt;
+      put(sA[tt], m, (t < tend && m < mixes) ? coef_a[t * mixes + m] : 0.f, true);
+    }
+    if (threadIdx.x < kMmaTok) {
+      const int64_t t = t0 + threadIdx.x;
+      s_c[threadIdx.x] = t < tend ? coef_c[t] : 0.f;
+      s_p[threadIdx.x] = t < tend ? pre[t * hc + j] : 0.f;
+    }
+    __syncthreads();
+    float acc[4][4];
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[nt][e] = 0.f;
+    }
+#pragma unroll
+    for (int ks = 0; ks < KD / 16; ++ks) {
+      uint32_t a[4];
+      ldsm_x4(a, &sA[16 * rg + (lane & 15)][ks * 16 + (lane >> 4) * 8]);
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+        uint32_t b[2];
+        ldsm_x2(b, &sB[32 * cg + 8 * nt + (lane & 7)][ks * 16 + ((lane >> 3) & 1) * 8]);
+        mma16816<bf16>(acc[nt], a, b);
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) {
+      const int64_t d = c0 + 32 * cg + 8 * nt + 2 * cq;
+      if (d >= hidden) continue;  // hidden is even: d + 1 too
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int tt = 16 * rg + gq + 8 * h;
+        const int64_t t = t0 + tt;
+        if (t >= tend) continue;
+        const V2 xv = *reinterpret_cast<const V2*>(x + t * K + j * hidden + d);
+        const float pj = s_p[tt], cc = s_c[tt];
+        V2 gv;
+        if (g != nullptr) gv = *reinterpret_cast<const V2*>(g + t * hidden + d);
+        V2 o;
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float gf = g != nullptr ? pj * to_float(gv.v[e]) : 0.f;
+          o.v[e] = from_float<T>(gf + acc[nt][2 * h + e] - cc * to_float(xv.v[e]));
+        }
+        *reinterpret_cast<V2*>(dx + t * K + j * hidden + d) = o;
+      }
+    }
+  }
+}
+#endif  // OPSLOT_KERNELS_BENCH
+
 // ---- mhc/post -------------------------------------------------------------------------------
 // post and comb of token t, rounded to T (upstream's `.to(dtype)`), into every thread's registers:
 // p[i] = p_i, c[j][i] = c_ji (read once per block through shared memory).
@@ -687,7 +796,25 @@ int launch_dx_production(const char* what, const DxArgs<T>& a, cudaStream_t s) {
 // 2 x 512 x 256, 5 2 x 256 x 64, 6 4 x 256 x 256, 7 16-byte vectors x 256 x 256, 8 and 9 as 3 and 7
 // with registers capped for three blocks per SM (3 .. 9 prefetch), 10 2 x 256 x 128 and 11 4 x 256
 // x 128 with the cp.async ring (11 is the production configuration), 12 as 10 for three blocks per
-// SM.
+// SM; 13 on tensor cores (dx_mma_kernel: not the same bits as the others).
+// The tensor-core dx (16-bit streams, even rows aligned to pairs; else production).
+template <typename T, int MAXM>
+int launch_dx_mma(const char* what, const DxArgs<T>& a, cudaStream_t s) {
+  if constexpr (std::is_same_v<T, float>) {
+    return launch_dx_production<T, MAXM>(what, a, s);
+  } else {
+    if (a.hidden % 2 != 0 || !dx_fits(a, 2)) return launch_dx_production<T, MAXM>(what, a, s);
+    const int64_t col_tiles = (a.hidden + kMmaCols - 1) / kMmaCols;
+    const int64_t ranges = (a.tokens + kMmaRange - 1) / kMmaRange;
+    if (col_tiles * a.hc > INT32_MAX || ranges > 65535)
+      return set_error(OPSLOT_ERR_UNSUPPORTED, "%s: shape too large for dx_version 13", what);
+    const dim3 grid(static_cast<unsigned>(col_tiles * a.hc), static_cast<unsigned>(ranges));
+    dx_mma_kernel<T, MAXM><<<grid, 256, 0, s>>>(a.x, a.g, a.fn, a.coef_a, a.coef_c, a.pre, a.dx,
+                                                a.tokens, a.hc, a.hidden, a.mixes);
+    return check_launch(what);
+  }
+}
+
 template <typename T, int MAXM>
 int launch_dx_variant(int version, const char* what, const DxArgs<T>& a, cudaStream_t s) {
   constexpr int W = static_cast<int>(16 / sizeof(T));
@@ -714,6 +841,8 @@ int launch_dx_variant(int version, const char* what, const DxArgs<T>& a, cudaStr
       return launch_dx<T, MAXM, 4, 256, 128, false, 1, true>(what, a, s);
     case 12:
       return launch_dx<T, MAXM, 2, 256, 128, false, 3, true>(what, a, s);
+    case 13:
+      return launch_dx_mma<T, MAXM>(what, a, s);
     default:
       return launch_dx_production<T, MAXM>(what, a, s);
   }
@@ -973,9 +1102,9 @@ OPSLOT_API int opslot_mhc_post_bwd(int dtype, int64_t tokens, int64_t hc, int64_
 OPSLOT_API int opslot_mhc_set_tuning(int hold_max_threads, int dx_version) {
   if ((hold_max_threads != 0 && hold_max_threads != 64 && hold_max_threads != 128 &&
        hold_max_threads != 256) ||
-      dx_version < 1 || dx_version > 12)
+      dx_version < 1 || dx_version > 13)
     return set_error(OPSLOT_ERR_INVALID_ARGUMENT,
-                     "mhc tuning: hold_max_threads 0, 64, 128 or 256 (got %d), dx_version 1 to 12 "
+                     "mhc tuning: hold_max_threads 0, 64, 128 or 256 (got %d), dx_version 1 to 13 "
                      "(got %d)",
                      hold_max_threads, dx_version);
   g_hold_threads = hold_max_threads;

@@ -61,7 +61,8 @@ OPSLOT_API int opslot_load_balancing_set_tuning(int forward_path, int backward_p
  * 128 or 256) and 4 16-byte vectors per stream and thread cover the row; 0 (the default): never,
  * the row is read again (from L2). Results are bitwise the same either way. dx_version: 1 (the
  * default) the production configuration of the backward's dx kernel, 2 to 12 the variants it was
- * chosen from (kernels/src/mhc.cu, launch_dx_variant); every one computes the same bits. */
+ * chosen from (kernels/src/mhc.cu, launch_dx_variant; every one computes the same bits), 13 one on
+ * tensor cores (16-bit streams; other bits: split products). */
 OPSLOT_API int opslot_mhc_set_tuning(int hold_max_threads, int dx_version);
 
 #ifdef __cplusplus

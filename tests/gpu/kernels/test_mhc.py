@@ -328,16 +328,17 @@ def test_row_paths_agree_bitwise(hidden):
                 assert all(torch.equal(a, b) for a, b in zip(ref, got)), hold
         finally:
             assert f(0, 1) == 0
-        assert f(100, 1) != 0 and f(0, 13) != 0 and f(0, 0) != 0
+        assert f(100, 1) != 0 and f(0, 14) != 0 and f(0, 0) != 0
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", [(1, 603, 4, 4096), (2, 37, 4, 72), (1, 5, 2, 136), (1, 70, 4, 33), (1, 300, 3, 34)])
 def test_dx_variants_agree_bitwise(dtype, shape):
-    """Every dx configuration of the bench library (knob dx_version 2 to 12: the previous kernel,
-    prefetching pairs of columns, 512 threads, 64-token tiles, 4 columns and 16-byte vectors per
-    thread, registers capped for 3 blocks per SM, a cp.async ring; one column where a shape does not fit) gives the production kernel's bits for the
-    gradients of pre and head (which the tests above check against Transformers)."""
+    """Every CUDA-core dx configuration of the bench library (knob dx_version 2 to 12: the previous
+    kernel, prefetching pairs of columns, 512 threads, 64-token tiles, 4 columns and 16-byte vectors
+    per thread, registers capped for 3 blocks per SM, a cp.async ring; one column where a shape does
+    not fit) gives the production kernel's bits for the gradients of pre and head (which the tests
+    above check against Transformers)."""
     from opslot.kernels.cuda import mhc
 
     b, s, hc, d = shape
@@ -357,5 +358,32 @@ def test_dx_variants_agree_bitwise(dtype, shape):
                 assert f(0, version) == 0
                 got = run()
                 assert all(torch.equal(u, v) for u, v in zip(ref, got)), version
+        finally:
+            assert f(0, 1) == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("shape", [(1, 603, 4, 4096), (2, 37, 4, 72), (1, 70, 4, 34), (1, 5, 2, 136), (1, 9, 4, 33)])
+def test_tensor_core_dx_matches_transformers(dtype, shape):
+    """The tensor-core dx (bench library knob dx_version 13: coefficients and fn split into three bf16
+    terms, six products; odd rows keep the production kernel): the gradients of pre and head against
+    Transformers in fp32, and the same bits on a second run."""
+    from opslot.kernels.cuda import mhc
+
+    b, s, hc, d = shape
+    with bench_library() as lib:
+        f = knob(lib, "opslot_mhc_set_tuning", 2)
+        assert f(0, 13) == 0
+        try:
+            m = hyper_connection(d, hc)
+            x = streams(b, s, hc, d, dtype)
+            _, grads = check_pre(m, x, dtype)
+            again = grads_of(lambda t: mhc.mhc_pre(m, t), x, [m.fn, m.base, m.scale])[1]
+            assert all(torch.equal(u, v) for u, v in zip(grads, again))
+            h = hyper_head(d, hc)
+            params = [h.hc_fn, h.hc_base, h.hc_scale]
+            out, grads, gos = grads_of(lambda t: mhc.mhc_head(h, t), x, params)
+            ref, ref_grads, _ = grads_of(lambda t: h(t), x.float(), params, [g.float() for g in gos])
+            assert_close(grads[0], ref_grads[0], dtype, "head d streams")
         finally:
             assert f(0, 1) == 0
