@@ -179,6 +179,15 @@ void ComposeAll(std::u32string& s, const std::vector<uint8_t>& ccc) {
 
 const char* UnicodeVersion() { return PATCHGEN_UNICODE_VERSION; }
 
+size_t FirstInvalidUtf8(std::string_view s) {
+  for (size_t i = 0; i < s.size();) {
+    size_t n = DecodeOne(s, i).second;
+    if (n == 0) return i;
+    i += n;
+  }
+  return std::string_view::npos;
+}
+
 bool SameIdentifierSlow(std::string_view a, std::string_view b) {
   return IdentifierKey(a) == IdentifierKey(b);
 }

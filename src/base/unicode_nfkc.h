@@ -24,6 +24,16 @@ inline bool IsAscii(std::string_view s) {
   return true;
 }
 
+/// The offset of the first byte of `s` that does not start a well-formed UTF-8 sequence (a stray
+/// continuation byte, a sequence cut short, an overlong form, a surrogate, a code point above
+/// U+10FFFF), or std::string_view::npos when `s` is well-formed.
+size_t FirstInvalidUtf8(std::string_view s);
+
+/// True when `s` is well-formed UTF-8.
+inline bool IsWellFormedUtf8(std::string_view s) {
+  return FirstInvalidUtf8(s) == std::string_view::npos;
+}
+
 /// NFKC of UTF-8 text (full compatibility decomposition, canonical ordering by combining class,
 /// canonical composition). Text that is not well-formed UTF-8 is returned unchanged.
 std::string Nfkc(std::string_view utf8);

@@ -110,6 +110,21 @@ TEST_CASE("NFKC agrees with Python's unicodedata on every code point") {
   CHECK(sequences > 30000);
 }
 
+TEST_CASE("IsWellFormedUtf8 and FirstInvalidUtf8") {
+  CHECK(IsWellFormedUtf8(""));
+  CHECK(IsWellFormedUtf8("ascii"));
+  CHECK(IsWellFormedUtf8(Utf8({0xE9, 0x20AC, 0x1F600, 0x10FFFF})));
+  CHECK_FALSE(
+      IsWellFormedUtf8("a\x90"
+                       "b"));                         // a stray continuation byte
+  CHECK_FALSE(IsWellFormedUtf8("\xC3"));              // a sequence cut short
+  CHECK_FALSE(IsWellFormedUtf8("\xC0\xAF"));          // an overlong form of '/'
+  CHECK_FALSE(IsWellFormedUtf8("\xED\xA0\x80"));      // the surrogate U+D800
+  CHECK_FALSE(IsWellFormedUtf8("\xF4\x90\x80\x80"));  // above U+10FFFF
+  CHECK(FirstInvalidUtf8(Utf8({0xE9}) + "x\x90") == 3);
+  CHECK(FirstInvalidUtf8("ok") == std::string_view::npos);
+}
+
 TEST_CASE("NFKC: an ASCII name takes the fast path") {
   // No decoding, no lookup: a million ASCII keys in well under a second even unoptimised.
   std::string name = "hidden_states_and_more";

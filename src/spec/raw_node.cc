@@ -4,6 +4,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "base/line_index.h"
+#include "base/unicode_nfkc.h"
 
 namespace patchgen::spec {
 namespace {
@@ -169,6 +170,16 @@ RawNode Convert(const YAML::Node& node, Walk& w, bool flow) {
       out.scalar = node.Scalar();
       out.style = StyleAt(text, pos);
       out.range.end = std::max(pos + 1, TokenEnd(text, pos, out.style, flow));
+      if (!IsWellFormedUtf8(out.scalar)) {
+        // at the offending byte when the token shows it (yaml-cpp itself refuses escapes of
+        // surrogates and of code points above U+10FFFF)
+        std::string_view token(text.data() + pos, out.range.end - pos);
+        size_t bad = FirstInvalidUtf8(token);
+        w.failed = true;
+        w.error_pos = pos + static_cast<uint32_t>(bad == std::string_view::npos ? 0 : bad);
+        w.error = "this string is not valid UTF-8";
+        w.help = "a spec is UTF-8 text; the names and code it holds are written into Python source";
+      }
       break;
     }
     case YAML::NodeType::Sequence:

@@ -380,6 +380,18 @@ specs/a.yaml:10:5: error: 'symbol' needs 'file'
       |     ^~~~~~
 help: add `file:` naming the patch file that defines it
 )");
+  dir.Write("specs/b.yaml", std::string(kMinimal) + R"(patches:
+  - replace_function: f
+    file: patches/f.py
+    symbol: f
+)");
+  dir.Write("specs/patches/f.py", "def f():\n    return '\x90'\n");
+  CHECK(Errors(LoadSpec("specs/b.yaml")) ==
+        R"(specs/b.yaml:5:11: error: patch file 'specs/patches/f.py' is not valid UTF-8 (line 2)
+    5 |     file: patches/f.py
+      |           ^~~~~~~~~~~~
+help: its code is written into the generated module: save the file as UTF-8
+)");
   CHECK(Errors(LoadSpec("specs/nope.yaml")) ==
         "specs/nope.yaml: error: cannot read spec: No such file or directory\n");
   CHECK(LoadSpec("specs/nope.yaml").errors()[0].kind == ErrorKind::kIo);
@@ -396,6 +408,21 @@ TEST_CASE("YAML syntax errors", "[spec]") {
     2 |   output: b
       |         ^
 )");
+}
+
+TEST_CASE("a string that is not valid UTF-8 is refused", "[spec]") {
+  // A stray byte (a fuzzed `upstream:` once reached the generated module's header this way).
+  CHECK(ErrorsOf("upstream: toy\x90m.x\noutput: x.py\n") ==
+        "s.yaml:1:14: error: this string is not valid UTF-8\n"
+        "    1 | upstream: toy\xEF\xBF\xBDm.x\n"
+        "      |              ^\n"
+        "help: a spec is UTF-8 text; the names and code it holds are written into Python source\n");
+  // An escape of a surrogate: yaml-cpp refuses it.
+  CHECK(ErrorsOf("upstream: a.b\noutput: x.py\ndescription: \"\\ud800\"\n") ==
+        "s.yaml:3:21: error: invalid YAML: invalid unicode: 55296\n"
+        "    3 | description: \"\\ud800\"\n"
+        "      |                     ^\n");
+  CHECK(ErrorsOf("upstream: caf\xC3\xA9.m\noutput: x.py\n") == "OK");
 }
 
 TEST_CASE("top level must be a non-empty mapping", "[spec]") {

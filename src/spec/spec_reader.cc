@@ -363,6 +363,14 @@ Body SpecReader::FileBody(const RawNode& file, const RawNode& file_key, const Ra
           "'file' is relative to the spec's folder");
     return body;
   }
+  if (size_t bad = FirstInvalidUtf8(*content); bad != std::string_view::npos) {
+    size_t line =
+        1 + static_cast<size_t>(std::count(content->begin(), content->begin() + bad, '\n'));
+    Error(file,
+          "patch file '" + printed + "' is not valid UTF-8 (line " + std::to_string(line) + ")",
+          "its code is written into the generated module: save the file as UTF-8");
+    return body;
+  }
   if (!sym) return body;
   body.source = Body::Source::kFile;
   body.text = *content;
