@@ -29,6 +29,23 @@ def temp_files(project):
 
 
 def test_json_report_is_valid_utf8_json_when_a_message_holds_other_bytes(project):
+    # A spec file name that is not UTF-8 and a spec that fails to load: the error's path holds the
+    # bytes. (A string inside a spec that is not UTF-8 is refused without quoting it.)
+    text = project.read(SPEC).replace("upstream: tinypkg.models.tiny.modeling_tiny", "upstream: tinypkg.nowhere")
+    os.remove(project.path(SPEC))
+    bad = os.path.join(os.path.dirname(project.path(SPEC)).encode(), b"tiny\xff\xfe.yaml")
+    with open(bad, "wb") as f:
+        f.write(text.encode())
+    r = run(project, "--all", "--json")
+    assert r.returncode in (3, 4), r.stderr
+    report = json.loads(r.stdout.decode("utf-8"))  # strict UTF-8: raises on a stray byte
+    (entry,) = report["specs"]
+    (error,) = entry["errors"]
+    assert error["message"] == "upstream module 'tinypkg.nowhere' not found"
+    assert error["path"] == entry["spec"] == "specs/tiny/tiny\ufffd\ufffd.yaml"
+
+
+def test_spec_string_that_is_not_utf8_is_a_located_error(project):
     spec = (
         project.read(SPEC)
         .encode()
@@ -38,10 +55,11 @@ def test_json_report_is_valid_utf8_json_when_a_message_holds_other_bytes(project
         f.write(spec)
     r = run(project, "--all", "--json")
     assert r.returncode in (3, 4), r.stderr
-    report = json.loads(r.stdout.decode("utf-8"))  # strict UTF-8: raises on a stray byte
+    report = json.loads(r.stdout.decode("utf-8"))
     (entry,) = report["specs"]
-    assert entry["errors"], report
-    assert "\ufffd" in json.dumps(entry["errors"], ensure_ascii=False)
+    (error,) = entry["errors"]
+    assert error["message"] == "this string is not valid UTF-8"
+    assert (error["line"], error["col"]) == (2, 40)
 
 
 def test_index_json_is_valid_for_a_file_name_that_is_not_utf8(project):
