@@ -173,7 +173,7 @@ RawNode Convert(const YAML::Node& node, Walk& w, bool flow) {
       if (!IsWellFormedUtf8(out.scalar)) {
         // at the offending byte when the token shows it (yaml-cpp itself refuses escapes of
         // surrogates and of code points above U+10FFFF)
-        std::string_view token(text.data() + pos, out.range.end - pos);
+        std::string_view token = std::string_view(text).substr(pos, out.range.end - pos);
         size_t bad = FirstInvalidUtf8(token);
         w.failed = true;
         w.error_pos = pos + static_cast<uint32_t>(bad == std::string_view::npos ? 0 : bad);
