@@ -101,7 +101,9 @@ def streams(T, D, hc=4):
 
 #: The bench library's dx configurations (opslot_mhc_set_tuning's dx_version; kernels/src/mhc.cu
 #: launch_dx_variant): columns per thread x threads, tokens per tile, loads of the next 8 tokens
-#: issued before the current ones are computed (prefetch) or not.
+#: issued before the current ones are computed (prefetch) or not. Each runs the CUDA-core dx and the
+#: d fn GEMM (version 11: the production backward where the fused dx + d fn kernel does not fit); the
+#: default row runs the fused kernel (opslot_mhc_dx_dfn).
 DX_VARIANTS = {
     2: "2 cols x 256 thr, 256 tok, no prefetch",
     3: "2 cols x 256 thr, 256 tok",
@@ -114,7 +116,6 @@ DX_VARIANTS = {
     10: "2 cols x 256 thr, 128 tok, cp.async ring",
     11: "4 cols x 256 thr, 128 tok, cp.async ring",
     12: "2 cols x 256 thr, 128 tok, cp.async ring, 3 blocks/SM",
-    13: "tensor cores, 64 cols x 512 tok",
 }
 
 
@@ -150,7 +151,7 @@ def _collapse_rows(copy_bw, args, out, head):
                         for hold, dxv, name in (
                             (128, 1, "rows held up to 128 threads"),
                             (256, 1, "rows held up to 256 threads"),
-                        ) + tuple((0, v, f"dx {n}") for v, n in DX_VARIANTS.items()):
+                        ) + tuple((0, v, f"dx {v}: {DX_VARIANTS[v]}") for v in args.dx_versions):
                             set_tuning(hold, dxv)
                             rows.append(measure(f"opslot cuda [{name}]", lambda: fb(ours), nbytes))
                             if dxv == 1:
@@ -171,9 +172,10 @@ def _collapse_rows(copy_bw, args, out, head):
                 f"mhc/{what}: {T} tokens x 4 streams x {D}, bf16, fwd+bwd — 28 D bytes/token",
                 copy_bw,
                 rows,
-                "The fp32 GEMM against fn (and its backward) is cuBLAS: one bf16 GEMM against fn split into "
-                "three bf16 terms (fp32 output); the kernels read the streams twice forward and three times "
-                "backward (docs/kernels.md '## mhc').",
+                "The forward's fp32 GEMM against fn is cuBLAS (one bf16 GEMM against fn split into three bf16 "
+                "terms, fp32 output); the backward's dx and d fn are one tensor-core pass (opslot_mhc_dx_dfn; "
+                "the [dx n] rows: the CUDA-core dx and a d fn GEMM). The kernels read the streams twice "
+                "forward and twice backward (docs/kernels.md '## mhc').",
             )
         )
 
@@ -252,10 +254,18 @@ def main():
     ap.add_argument("--profile", action="store_true", help="list the kernels of one opslot call (torch.profiler)")
     ap.add_argument("--only", default="pre,post,head,silu")
     ap.add_argument("--tune", action="store_true", help="also time the knob variants (bench library)")
+    ap.add_argument(
+        "--dx-versions",
+        type=lambda v: [int(i) for i in v.split(",")],
+        default=sorted(DX_VARIANTS),
+        help="with --tune: the dx versions to time (default: all of DX_VARIANTS)",
+    )
     ap.add_argument("--tokens", type=int, default=16384)
     ap.add_argument("--hidden", default="4096,7168")
     args = ap.parse_args()
     args.hidden = [int(h) for h in args.hidden.split(",")]
+    if any(v not in DX_VARIANTS for v in args.dx_versions):
+        ap.error(f"--dx-versions: each of {sorted(DX_VARIANTS)}")
     args.compile = args.compile.split(",") if args.compile else []
     if args.quick:
         args.tokens, args.hidden = 4096, args.hidden[:1]

@@ -255,7 +255,8 @@ __global__ void __launch_bounds__(kStreamThreads)
                         const float* __restrict__ scale, const float* __restrict__ base,
                         float hc_eps, float* __restrict__ da, float* __restrict__ pre,
                         float* __restrict__ dsc, float* __restrict__ coef_a,
-                        bf16* __restrict__ coef_a3, float* __restrict__ coef_c, int64_t hidden) {
+                        bf16* __restrict__ coef_a3, int64_t ld_a3, float* __restrict__ coef_c,
+                        int64_t hidden) {
   constexpr int M = kComb ? (2 + HC) * HC : HC;
   constexpr int G = kComb ? 3 : 1;
   using V = Vec<T, VEC>;
@@ -309,11 +310,18 @@ __global__ void __launch_bounds__(kStreamThreads)
     for (int i = 0; i < M; ++i) {
       bf16 hi, mid, lo;
       split3(a[i], hi, mid, lo);
-      coef_a3[t * 3 * M + i] = hi;
-      coef_a3[t * 3 * M + M + i] = mid;
-      coef_a3[t * 3 * M + 2 * M + i] = lo;
+      coef_a3[t * ld_a3 + i] = hi;
+      coef_a3[t * ld_a3 + M + i] = mid;
+      coef_a3[t * ld_a3 + 2 * M + i] = lo;
     }
+    for (int64_t i = 3 * M; i < ld_a3; ++i) coef_a3[t * ld_a3 + i] = __float2bfloat16_rn(0.f);
   }
+}
+
+// dx's value before its one rounding: gf = pre_j g (0 without g), s = sum_m coef_a[m] fn[m, k],
+// c = coef_c, xv = x (dx_kernel and dx_dfn_kernel).
+__device__ __forceinline__ float dx_value(float gf, float s, float c, float xv) {
+  return gf + s - c * xv;
 }
 
 // ---- dx: tiles of (one stream, THREADS * P columns) x TOKENS tokens; fn's columns in registers --
@@ -393,7 +401,7 @@ __global__ void __launch_bounds__(THREADS, kMinBlocks)
 #pragma unroll
     for (int e = 0; e < P; ++e) {
       const float gf = gp != nullptr ? pj * to_float(gv.v[e]) : 0.f;
-      o.v[e] = from_float<T>(gf + acc[e] - cc * to_float(xv.v[e]));
+      o.v[e] = from_float<T>(dx_value(gf, acc[e], cc, to_float(xv.v[e])));
     }
     *reinterpret_cast<V*>(op + (t0 + tt) * K) = o;
   };
@@ -446,113 +454,222 @@ __global__ void __launch_bounds__(THREADS, kMinBlocks)
   }
 }
 
-#ifdef OPSLOT_KERNELS_BENCH
-// ---- dx on tensor cores (bench library, dx_version 13; 16-bit streams) -------------------------
-// S = coef fn as one bf16 GEMM of depth 6 M: coef and fn split into three bf16 terms each (split3)
-// and the six products above 2^-24 of the largest, hi hi, hi mid, mid hi, hi lo, lo hi, mid mid (an
-// A row holds [hi hi mid hi lo mid] of the coefficients, a B column [hi mid hi lo hi mid] of fn, M
-// entries each, zero-padded to a multiple of 16), fp32 accumulators; then the same epilogue as
-// dx_kernel. A block: 64 columns of one stream (B in shared memory) x kMmaRange tokens, 64 at a
-// time; 8 warps of 16 tokens x 32 columns.
-constexpr int kMmaTok = 64;
-constexpr int kMmaCols = 64;
-constexpr int kMmaRange = 512;
+// ---- dx and d fn in one pass over x, on tensor cores (bf16 streams) ---------------------------
+// A block owns 64 columns of one stream and a range of up to kDxfSpan tokens, taken 64 at a time
+// through a kDxfStages-deep cp.async ring (x, g, the split coefficients, pre_j, coef_c of a tile).
+// fn's columns sit in shared memory as bf16 terms (split3): sB row n = [hi hi | mid], two regions
+// of fn's M values each, zero-padded to 16. The coefficients come split by collapse_bwd (rows
+// [hi mid lo] of M each); the kernel takes their first two terms (sA: [hi mid], zero-padded to KA).
+// Per tile:
+//   S = coef fn: sA against the regions, hi fhi + mid fhi | hi fmid: the products above 2^-18 of
+//       the largest (fp32 accumulators); the three left out (mid fmid, lo fhi, hi flo) are each
+//       below 2^-18 relative: about the fp32 rounding of a sum over thousands of tokens, and 1/256
+//       of dx's bf16 rounding;
+//   dx = pre_j g + S - c x (dx_value: fp32, one rounding), stored from the accumulators;
+//   D += sA^T x: the two terms' sums of coef_a[t, m] x[t, n] (fp32 accumulators across the range).
+// One barrier per tile. At the end D's terms are added (hi + mid) into the range's slab of
+// `dfn` ([M, K]: dfn itself for one range, else the scratch that dfn_reduce adds in range order):
+// no atomics, a fixed order, the same bits on every run.
+constexpr int kDxfTok = 64, kDxfCols = 64, kDxfStages = 3, kDxfSpan = 4096;
+constexpr int kDxfPitch = kDxfCols + 8;  // x / g rows of 144 bytes: ldmatrix rows on distinct banks
 
-template <typename T, int MAXM>
-__global__ void __launch_bounds__(256)
-    dx_mma_kernel(const T* __restrict__ x, const T* __restrict__ g, const float* __restrict__ fn,
-                  const float* __restrict__ coef_a, const float* __restrict__ coef_c,
-                  const float* __restrict__ pre, T* __restrict__ dx, int64_t tokens, int hc,
+// The split coefficients' row pitch: 16 * ceil(3 M / 16) bf16 (opslot_mhc_dx_dfn's contract).
+constexpr int dxf_coef_pitch(int mixes) { return (3 * mixes + 15) / 16 * 16; }
+
+template <int MAXM>
+struct DxfShape {
+  static constexpr int n1 = (2 * MAXM + 15) / 16, n2 = (MAXM + 15) / 16;  // 16-wide chunks
+  static constexpr int KA = 16 * n1, LDA = KA + 8;  // sA: [hi mid] + the rest; D has KA rows
+  static constexpr int KB = 16 * (n1 + n2), LDB = KB + 8;
+  static constexpr int kXBytes = kDxfTok * kDxfPitch * 2, kABytes = kDxfTok * LDA * 2;
+  static constexpr int kStage = 2 * kXBytes + kABytes + 2 * kDxfTok * 4;
+  static constexpr int kSmem = kDxfStages * kStage + kDxfCols * LDB * 2;
+  static_assert(KA * kDxfCols * 4 <= kDxfStages * kStage, "D is staged in the ring");
+};
+
+template <int MAXM>
+struct DxfStage {
+  bf16 (*x)[kDxfPitch];
+  bf16 (*g)[kDxfPitch];
+  bf16 (*a)[DxfShape<MAXM>::LDA];  // the split coefficients
+  float* p;                        // pre_j [64]
+  float* cc;                       // coef_c [64]
+  __device__ DxfStage(unsigned char* base, int s) {
+    using S = DxfShape<MAXM>;
+    unsigned char* b = base + s * S::kStage;
+    x = reinterpret_cast<bf16(*)[kDxfPitch]>(b);
+    g = reinterpret_cast<bf16(*)[kDxfPitch]>(b + S::kXBytes);
+    a = reinterpret_cast<bf16(*)[S::LDA]>(b + 2 * S::kXBytes);
+    p = reinterpret_cast<float*>(b + 2 * S::kXBytes + S::kABytes);
+    cc = p + kDxfTok;
+  }
+};
+
+template <int MAXM>
+__global__ void __launch_bounds__(256, 2)
+    dx_dfn_kernel(const bf16* __restrict__ x, const bf16* __restrict__ g,
+                  const float* __restrict__ fn, const bf16* __restrict__ coef3,
+                  const float* __restrict__ coef_c, const float* __restrict__ pre,
+                  bf16* __restrict__ dx, float* __restrict__ dfn, int64_t tokens, int hc,
                   int64_t hidden, int mixes) {
-  constexpr int KD = (6 * MAXM + 15) / 16 * 16;
-  constexpr int LD = KD + 8;  // row pitch: 16-byte aligned, ldmatrix rows on distinct banks
-  __shared__ __align__(16) bf16 sB[kMmaCols][LD];
-  __shared__ __align__(16) bf16 sA[kMmaTok][LD];
-  __shared__ float s_c[kMmaTok], s_p[kMmaTok];
+  using S = DxfShape<MAXM>;
+  constexpr int kAChunks = S::KA / 8;  // 16-byte pieces of a coefficient row
+  extern __shared__ __align__(16) unsigned char smem[];
+  auto sB = reinterpret_cast<bf16(*)[S::LDB]>(smem + kDxfStages * S::kStage);
+  const int M = mixes, tid = threadIdx.x;
   const int j = static_cast<int>(blockIdx.x % hc);
-  const int64_t c0 = (blockIdx.x / hc) * static_cast<int64_t>(kMmaCols);
-  const int64_t K = hc * hidden;
-  const int64_t tbeg = static_cast<int64_t>(blockIdx.y) * kMmaRange;
-  const int64_t tend = tokens < tbeg + kMmaRange ? tokens : tbeg + kMmaRange;
+  const int64_t c0 = (blockIdx.x / hc) * static_cast<int64_t>(kDxfCols);
+  const int64_t K = hc * hidden, col = j * hidden + c0;  // the block's first column in x's rows
+  const int64_t tbeg = static_cast<int64_t>(blockIdx.y) * kDxfSpan;
+  const int64_t tend = tokens < tbeg + kDxfSpan ? tokens : tbeg + kDxfSpan;
+  const int ntiles = static_cast<int>((tend - tbeg + kDxfTok - 1) / kDxfTok);
+  const int lda3 = dxf_coef_pitch(M);
   const bf16 zero = __float2bfloat16_rn(0.f);
-  for (int i = threadIdx.x; i < kMmaCols * LD; i += 256) {
-    (&sB[0][0])[i] = zero;
-    if (i < kMmaTok * LD) (&sA[0][0])[i] = zero;
+  for (int i = tid; i < kDxfCols * S::KB; i += 256) {
+    const int n = i % kDxfCols, kb = i / kDxfCols;  // n fastest: fn's reads coalesce
+    const int r = kb < 16 * S::n1 ? 0 : 1;  // region: fn's hi against [hi mid], mid against hi
+    const int kk = kb - r * 16 * S::n1;
+    bf16 t[3] = {zero, zero, zero};
+    if (kk < (2 - r) * M) split3(fn[(kk % M) * K + col + n], t[0], t[1], t[2]);
+    sB[n][kb] = r == 0 ? t[0] : t[1];
   }
-  __syncthreads();
-  // entry m of a row as its six terms, at k = q * MAXM + m
-  auto put = [](bf16* row, int m, float v, bool coefficient) {
-    bf16 hi, mid, lo;
-    split3(v, hi, mid, lo);
-    const bf16 ta[6] = {hi, hi, mid, hi, lo, mid};
-    const bf16 tb[6] = {hi, mid, hi, lo, hi, mid};
-#pragma unroll
-    for (int q = 0; q < 6; ++q) row[q * MAXM + m] = coefficient ? ta[q] : tb[q];
+  auto issue = [&](int tile) {
+    if (tile < ntiles) {
+      const DxfStage<MAXM> st(smem, tile % kDxfStages);
+      const int64_t t0 = tbeg + static_cast<int64_t>(tile) * kDxfTok;
+      const int nt = static_cast<int>(tend - t0 < kDxfTok ? tend - t0 : kDxfTok);
+      for (int i = tid; i < kDxfTok * 8; i += 256) {
+        const int r = i >> 3, ch = (i & 7) * 8;
+        if (r < nt) {
+          cp_async16(&st.x[r][ch], x + (t0 + r) * K + col + ch);
+          if (g != nullptr) cp_async16(&st.g[r][ch], g + (t0 + r) * hidden + c0 + ch);
+        } else {  // rows past the end: zero (0 * x in D)
+          *reinterpret_cast<uint4*>(&st.x[r][ch]) = make_uint4(0u, 0u, 0u, 0u);
+        }
+      }
+      for (int i = tid; i < kDxfTok * kAChunks; i += 256) {
+        const int r = i / kAChunks, ch = (i % kAChunks) * 8;
+        if (r < nt)  // KA <= lda3: the columns past 2M hold lo terms or zeros, met by zeros in sB
+          cp_async16(&st.a[r][ch], coef3 + (t0 + r) * lda3 + ch);
+        else
+          *reinterpret_cast<uint4*>(&st.a[r][ch]) = make_uint4(0u, 0u, 0u, 0u);
+      }
+      if (tid < nt) {
+        cp_async_ca<4>(st.p + tid, pre + (t0 + tid) * hc + j);
+        cp_async_ca<4>(st.cc + tid, coef_c + t0 + tid);
+      }
+    }
+    cp_async_commit();  // one group per tile, empty past the end: the count stays uniform
   };
-  for (int i = threadIdx.x; i < kMmaCols * MAXM; i += 256) {
-    const int n = i / MAXM, m = i % MAXM;
-    const int64_t d = c0 + n;
-    put(sB[n], m, (m < mixes && d < hidden) ? fn[m * K + j * hidden + d] : 0.f, false);
+#pragma unroll
+  for (int i = 0; i < kDxfStages - 1; ++i) issue(i);
+  const int warp = tid >> 5, lane = tid & 31, gq = lane >> 2, cq = lane & 3;
+  const int rg = warp & 3, cg = warp >> 2;  // dx: tokens 16 rg .., columns 32 cg ..
+  const int c1 = (2 * M + 15) / 16, c2 = (M + 15) / 16;
+  float dacc[S::n1][4];  // D: rows 16 mt .., columns 8 warp ..
+#pragma unroll
+  for (int mt = 0; mt < S::n1; ++mt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dacc[mt][e] = 0.f;
   }
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int rg = warp & 3, cg = warp >> 2;
-  const int gq = lane >> 2, cq = lane & 3;
-  using V2 = Vec<T, 2>;
-  for (int64_t t0 = tbeg; t0 < tend; t0 += kMmaTok) {
-    __syncthreads();  // the previous tile's coefficients are no longer read
-    for (int i = threadIdx.x; i < kMmaTok * MAXM; i += 256) {
-      const int tt = i / MAXM, m = i % MAXM;
-      const int64_t t = t0 + tt;
-      put(sA[tt], m, (t < tend && m < mixes) ? coef_a[t * mixes + m] : 0.f, true);
+  for (int tile = 0; tile < ntiles; ++tile) {
+    cp_async_wait<kDxfStages - 2>();
+    __syncthreads();  // the tile has landed; every thread is past the previous tile (its stage)
+    issue(tile + kDxfStages - 1);
+    const DxfStage<MAXM> st(smem, tile % kDxfStages);
+#pragma unroll
+    for (int ks = 0; ks < kDxfTok / 16; ++ks) {  // D += sA^T x over the tile's tokens
+      uint32_t b[2];
+      ldsm_x2_t(b, &st.x[16 * ks + (lane & 7) + ((lane >> 3) & 1) * 8][8 * warp]);
+#pragma unroll
+      for (int mt = 0; mt < S::n1; ++mt) {
+        if (mt < c1) {
+          uint32_t a[4];
+          ldsm_x4_t(
+              a,
+              &st.a[16 * ks + (lane & 7) + ((lane >> 4) & 1) * 8][16 * mt + ((lane >> 3) & 1) * 8]);
+          mma16816<bf16>(dacc[mt], a, b);
+        }
+      }
     }
-    if (threadIdx.x < kMmaTok) {
-      const int64_t t = t0 + threadIdx.x;
-      s_c[threadIdx.x] = t < tend ? coef_c[t] : 0.f;
-      s_p[threadIdx.x] = t < tend ? pre[t * hc + j] : 0.f;
-    }
-    __syncthreads();
+    uint32_t af[S::n1][4];  // this warp's 16 tokens of sA, each chunk loaded once for both regions
+#pragma unroll
+    for (int c = 0; c < S::n1; ++c)
+      if (c < c1) ldsm_x4(af[c], &st.a[16 * rg + (lane & 15)][16 * c + (lane >> 4) * 8]);
     float acc[4][4];
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[nt][e] = 0.f;
     }
+    auto region = [&](auto n_max, int chunks, int boff) {
 #pragma unroll
-    for (int ks = 0; ks < KD / 16; ++ks) {
-      uint32_t a[4];
-      ldsm_x4(a, &sA[16 * rg + (lane & 15)][ks * 16 + (lane >> 4) * 8]);
+      for (int c = 0; c < decltype(n_max)::value; ++c) {
+        if (c < chunks) {
 #pragma unroll
-      for (int nt = 0; nt < 4; ++nt) {
-        uint32_t b[2];
-        ldsm_x2(b, &sB[32 * cg + 8 * nt + (lane & 7)][ks * 16 + ((lane >> 3) & 1) * 8]);
-        mma16816<bf16>(acc[nt], a, b);
-      }
-    }
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt) {
-      const int64_t d = c0 + 32 * cg + 8 * nt + 2 * cq;
-      if (d >= hidden) continue;  // hidden is even: d + 1 too
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int tt = 16 * rg + gq + 8 * h;
-        const int64_t t = t0 + tt;
-        if (t >= tend) continue;
-        const V2 xv = *reinterpret_cast<const V2*>(x + t * K + j * hidden + d);
-        const float pj = s_p[tt], cc = s_c[tt];
-        V2 gv;
-        if (g != nullptr) gv = *reinterpret_cast<const V2*>(g + t * hidden + d);
-        V2 o;
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float gf = g != nullptr ? pj * to_float(gv.v[e]) : 0.f;
-          o.v[e] = from_float<T>(gf + acc[nt][2 * h + e] - cc * to_float(xv.v[e]));
+          for (int np = 0; np < 2; ++np) {  // two n-tiles per ldmatrix
+            uint32_t b[4];
+            ldsm_x4(b, &sB[32 * cg + 16 * np + (lane & 7) + (lane >> 4) * 8]
+                          [boff + 16 * c + ((lane >> 3) & 1) * 8]);
+            mma16816<bf16>(acc[2 * np], af[c], b[0], b[1]);
+            mma16816<bf16>(acc[2 * np + 1], af[c], b[2], b[3]);
+          }
         }
-        *reinterpret_cast<V2*>(dx + t * K + j * hidden + d) = o;
+      }
+    };
+    region(std::integral_constant<int, S::n1>{}, c1, 0);
+    region(std::integral_constant<int, S::n2>{}, c2, 16 * S::n1);
+    const int64_t t0 = tbeg + static_cast<int64_t>(tile) * kDxfTok;
+    const int nt = static_cast<int>(tend - t0 < kDxfTok ? tend - t0 : kDxfTok);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int t = 16 * rg + gq + 8 * h;
+      if (t >= nt) continue;
+      const float pj = st.p[t], cc = st.cc[t];
+      bf16* row = dx + (t0 + t) * K + col;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int n = 32 * cg + 8 * q + 2 * cq;
+        const __nv_bfloat162 xv = *reinterpret_cast<const __nv_bfloat162*>(&st.x[t][n]);
+        float gf0 = 0.f, gf1 = 0.f;
+        if (g != nullptr) {
+          const __nv_bfloat162 gv = *reinterpret_cast<const __nv_bfloat162*>(&st.g[t][n]);
+          gf0 = pj * __low2float(gv);
+          gf1 = pj * __high2float(gv);
+        }
+        *reinterpret_cast<__nv_bfloat162*>(row + n) = __halves2bfloat162(
+            __float2bfloat16_rn(dx_value(gf0, acc[q][2 * h], cc, __low2float(xv))),
+            __float2bfloat16_rn(dx_value(gf1, acc[q][2 * h + 1], cc, __high2float(xv))));
       }
     }
   }
+  cp_async_wait<0>();
+  __syncthreads();                             // the ring is free: D goes through it
+  float* sD = reinterpret_cast<float*>(smem);  // [KA][64]
+#pragma unroll
+  for (int mt = 0; mt < S::n1; ++mt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      sD[(16 * mt + gq + 8 * (e >> 1)) * kDxfCols + 8 * warp + 2 * cq + (e & 1)] = dacc[mt][e];
+  }
+  __syncthreads();
+  float* out = dfn + static_cast<int64_t>(blockIdx.y) * M * K;
+  for (int i = tid; i < M * kDxfCols; i += 256) {
+    const int m = i / kDxfCols, n = i % kDxfCols;
+    out[m * K + col + n] = sD[m * kDxfCols + n] + sD[(M + m) * kDxfCols + n];
+  }
 }
-#endif  // OPSLOT_KERNELS_BENCH
+
+// dfn[i] = sum over the ranges r = 0, 1, .. of part[r * n + i], in that order.
+__global__ void dfn_reduce_kernel(const float* __restrict__ part, int ranges, int64_t n,
+                                  float* __restrict__ dfn) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float s = part[i];
+    for (int r = 1; r < ranges; ++r) s += part[r * n + i];
+    dfn[i] = s;
+  }
+}
 
 // ---- mhc/post -------------------------------------------------------------------------------
 // post and comb of token t, rounded to T (upstream's `.to(dtype)`), into every thread's registers:
@@ -795,26 +912,9 @@ int launch_dx_production(const char* what, const DxArgs<T>& a, cudaStream_t s) {
 // 256 x 256, loaded a group at a time), 3 the same with the next group prefetched in registers, 4
 // 2 x 512 x 256, 5 2 x 256 x 64, 6 4 x 256 x 256, 7 16-byte vectors x 256 x 256, 8 and 9 as 3 and 7
 // with registers capped for three blocks per SM (3 .. 9 prefetch), 10 2 x 256 x 128 and 11 4 x 256
-// x 128 with the cp.async ring (11 is the production configuration), 12 as 10 for three blocks per
-// SM; 13 on tensor cores (dx_mma_kernel: not the same bits as the others).
-// The tensor-core dx (16-bit streams, even rows aligned to pairs; else production).
-template <typename T, int MAXM>
-int launch_dx_mma(const char* what, const DxArgs<T>& a, cudaStream_t s) {
-  if constexpr (std::is_same_v<T, float>) {
-    return launch_dx_production<T, MAXM>(what, a, s);
-  } else {
-    if (a.hidden % 2 != 0 || !dx_fits(a, 2)) return launch_dx_production<T, MAXM>(what, a, s);
-    const int64_t col_tiles = (a.hidden + kMmaCols - 1) / kMmaCols;
-    const int64_t ranges = (a.tokens + kMmaRange - 1) / kMmaRange;
-    if (col_tiles * a.hc > INT32_MAX || ranges > 65535)
-      return set_error(OPSLOT_ERR_UNSUPPORTED, "%s: shape too large for dx_version 13", what);
-    const dim3 grid(static_cast<unsigned>(col_tiles * a.hc), static_cast<unsigned>(ranges));
-    dx_mma_kernel<T, MAXM><<<grid, 256, 0, s>>>(a.x, a.g, a.fn, a.coef_a, a.coef_c, a.pre, a.dx,
-                                                a.tokens, a.hc, a.hidden, a.mixes);
-    return check_launch(what);
-  }
-}
-
+// x 128 with the cp.async ring (11 is launch_dx_production), 12 as 10 for three blocks per
+// SM. Where the fused dx_dfn_kernel fits, a version other than 1 turns it off
+// (opslot_mhc_dx_dfn_fits).
 template <typename T, int MAXM>
 int launch_dx_variant(int version, const char* what, const DxArgs<T>& a, cudaStream_t s) {
   constexpr int W = static_cast<int>(16 / sizeof(T));
@@ -841,13 +941,52 @@ int launch_dx_variant(int version, const char* what, const DxArgs<T>& a, cudaStr
       return launch_dx<T, MAXM, 4, 256, 128, false, 1, true>(what, a, s);
     case 12:
       return launch_dx<T, MAXM, 2, 256, 128, false, 3, true>(what, a, s);
-    case 13:
-      return launch_dx_mma<T, MAXM>(what, a, s);
     default:
       return launch_dx_production<T, MAXM>(what, a, s);
   }
 }
 #endif  // OPSLOT_KERNELS_BENCH
+
+// ---- the fused dx + d fn launch --------------------------------------------------------------
+// dx_dfn_kernel takes bf16 streams in whole 64-column tiles, x / g / dx 16-byte aligned; the bench
+// library's dx_version other than 1 turns it off (the CUDA-core dx and the d fn GEMM run instead).
+bool dx_dfn_fits(int dtype, int64_t hc, int64_t hidden, int64_t mixes, const void* x, const void* g,
+                 const void* dx) {
+#ifdef OPSLOT_KERNELS_BENCH
+  if (g_dx_version != 1) return false;
+#endif  // OPSLOT_KERNELS_BENCH
+  return dtype == OPSLOT_BFLOAT16 && hc >= 1 && hc <= mhc::kMaxHc &&
+         (mixes == hc || mixes == (2 + hc) * hc) && hidden >= 1 && hidden % kDxfCols == 0 &&
+         aligned16(x) && aligned16(dx) && (g == nullptr || aligned16(g));
+}
+
+int64_t dx_dfn_ranges(int64_t tokens) { return (tokens + kDxfSpan - 1) / kDxfSpan; }
+
+template <int MAXM>
+int launch_dx_dfn(const char* what, const DxArgs<bf16>& a, const bf16* coef3, float* dfn,
+                  float* scratch, cudaStream_t s) {
+  constexpr int kSmem = DxfShape<MAXM>::kSmem;
+  auto kernel = dx_dfn_kernel<MAXM>;
+  cudaError_t err =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  if (err == cudaSuccess)  // two blocks per SM: all of the SM's shared memory
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                               cudaSharedmemCarveoutMaxShared);
+  if (err != cudaSuccess)
+    return set_error(static_cast<int>(err), "%s: %d bytes of shared memory refused: %s", what,
+                     kSmem, cudaGetErrorString(err));
+  const int64_t ranges = dx_dfn_ranges(a.tokens);
+  const dim3 grid(static_cast<unsigned>(a.hidden / kDxfCols * a.hc), static_cast<unsigned>(ranges));
+  kernel<<<grid, 256, kSmem, s>>>(a.x, a.g, a.fn, coef3, a.coef_c, a.pre, a.dx,
+                                  ranges > 1 ? scratch : dfn, a.tokens, a.hc, a.hidden, a.mixes);
+  if (ranges == 1) return check_launch(what);
+  if (int rc = check_launch(what)) return rc;
+  const int64_t n = static_cast<int64_t>(a.mixes) * a.hc * a.hidden;
+  const int64_t blocks = (n + 255) / 256 < 4096 ? (n + 255) / 256 : 4096;
+  dfn_reduce_kernel<<<static_cast<unsigned>(blocks), 256, 0, s>>>(scratch, static_cast<int>(ranges),
+                                                                  n, dfn);
+  return check_launch(what);
+}
 
 }  // namespace
 }  // namespace opslot
@@ -972,11 +1111,14 @@ OPSLOT_API int opslot_mhc_collapse_bwd(int dtype, int64_t tokens, int64_t hc, in
                                        int64_t mixes, const void* x, const void* g_out,
                                        const float* mix, const float* rstd, const float* scale,
                                        const float* base, float hc_eps, float* da, float* pre,
-                                       float* dsc, float* coef_a, void* coef_a3, float* coef_c,
-                                       void* stream) {
+                                       float* dsc, float* coef_a, void* coef_a3, int64_t ld_a3,
+                                       float* coef_c, void* stream) {
   const char* what = "opslot_mhc_collapse_bwd";
   if (int rc = check_shape(what, tokens, hc, hidden)) return rc;
   if (int rc = check_mixes(what, hc, mixes)) return rc;
+  if (coef_a3 != nullptr && ld_a3 < 3 * mixes)
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: ld_a3 %lld < 3 x %lld mixes", what,
+                     static_cast<long long>(ld_a3), static_cast<long long>(mixes));
   if (tokens == 0) return OPSLOT_OK;
   auto s = static_cast<cudaStream_t>(stream);
   return dispatch_dtype(dtype, what, [&](auto tag) -> int {
@@ -989,7 +1131,7 @@ OPSLOT_API int opslot_mhc_collapse_bwd(int dtype, int64_t tokens, int64_t hc, in
       auto launch = [&](auto kernel) {
         kernel<<<static_cast<unsigned>(tokens), threads, 0, s>>>(
             static_cast<const T*>(x), static_cast<const T*>(g_out), mix, rstd, scale, base, hc_eps,
-            da, pre, dsc, coef_a, static_cast<bf16*>(coef_a3), coef_c, hidden);
+            da, pre, dsc, coef_a, static_cast<bf16*>(coef_a3), ld_a3, coef_c, hidden);
       };
       const bool comb = mixes > hc;
       if (vec && comb)
@@ -1038,6 +1180,63 @@ OPSLOT_API int opslot_mhc_dx(int dtype, int64_t tokens, int64_t hc, int64_t hidd
     return comb ? launch_dx_production<T, mhc::kMaxMixes>(what, a, s)
                 : launch_dx_production<T, mhc::kMaxHc>(what, a, s);
   });
+}
+
+OPSLOT_API int opslot_mhc_dx_dfn_fits(int dtype, int64_t hc, int64_t hidden, int64_t mixes,
+                                      const void* x, const void* g_out, const void* dx) {
+  return dx_dfn_fits(dtype, hc, hidden, mixes, x, g_out, dx) ? 1 : 0;
+}
+
+OPSLOT_API int64_t opslot_mhc_dx_dfn_scratch_floats(int64_t tokens, int64_t hc, int64_t hidden,
+                                                    int64_t mixes) {
+  const char* what = "opslot_mhc_dx_dfn_scratch_floats";
+  if (check_shape(what, tokens, hc, hidden) != OPSLOT_OK ||
+      check_mixes(what, hc, mixes) != OPSLOT_OK)
+    return -1;
+  const int64_t ranges = dx_dfn_ranges(tokens);
+  return ranges > 1 ? ranges * mixes * hc * hidden : 0;
+}
+
+OPSLOT_API int opslot_mhc_dx_dfn(int64_t tokens, int64_t hc, int64_t hidden, int64_t mixes,
+                                 const void* x, const void* g_out, const float* fn,
+                                 const void* coef_a3, const float* coef_c, const float* pre,
+                                 void* dx, float* dfn, float* scratch, void* stream) {
+  const char* what = "opslot_mhc_dx_dfn";
+  if (int rc = check_shape(what, tokens, hc, hidden)) return rc;
+  if (int rc = check_mixes(what, hc, mixes)) return rc;
+  if (!dx_dfn_fits(OPSLOT_BFLOAT16, hc, hidden, mixes, x, g_out, dx))
+    return set_error(OPSLOT_ERR_UNSUPPORTED,
+                     "%s: bfloat16 streams with hidden a multiple of %d and 16-byte aligned rows "
+                     "only (hidden %lld; opslot_mhc_dx_dfn_fits)",
+                     what, kDxfCols, static_cast<long long>(hidden));
+  auto s = static_cast<cudaStream_t>(stream);
+  if (tokens == 0) {
+    const cudaError_t err = cudaMemsetAsync(dfn, 0, mixes * hc * hidden * sizeof(float), s);
+    return err == cudaSuccess
+               ? OPSLOT_OK
+               : set_error(static_cast<int>(err), "%s: %s", what, cudaGetErrorString(err));
+  }
+  const int64_t ranges = dx_dfn_ranges(tokens);
+  if (ranges > 65535 || (ranges > 1 && scratch == nullptr))
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: %lld tokens need %lld scratch floats", what,
+                     static_cast<long long>(tokens),
+                     static_cast<long long>(ranges * mixes * hc * hidden));
+  if (!aligned16(coef_a3))
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: coef_a3 is not 16-byte aligned", what);
+  const DxArgs<bf16> a{static_cast<const bf16*>(x),
+                       static_cast<const bf16*>(g_out),
+                       fn,
+                       nullptr,
+                       coef_c,
+                       pre,
+                       static_cast<bf16*>(dx),
+                       tokens,
+                       static_cast<int>(hc),
+                       hidden,
+                       static_cast<int>(mixes)};
+  const auto* coef3 = static_cast<const bf16*>(coef_a3);
+  return mixes > hc ? launch_dx_dfn<mhc::kMaxMixes>(what, a, coef3, dfn, scratch, s)
+                    : launch_dx_dfn<mhc::kMaxHc>(what, a, coef3, dfn, scratch, s);
 }
 
 OPSLOT_API int opslot_mhc_post_fwd(int dtype, int64_t tokens, int64_t hc, int64_t hidden,
@@ -1102,9 +1301,9 @@ OPSLOT_API int opslot_mhc_post_bwd(int dtype, int64_t tokens, int64_t hc, int64_
 OPSLOT_API int opslot_mhc_set_tuning(int hold_max_threads, int dx_version) {
   if ((hold_max_threads != 0 && hold_max_threads != 64 && hold_max_threads != 128 &&
        hold_max_threads != 256) ||
-      dx_version < 1 || dx_version > 13)
+      dx_version < 1 || dx_version > 12)
     return set_error(OPSLOT_ERR_INVALID_ARGUMENT,
-                     "mhc tuning: hold_max_threads 0, 64, 128 or 256 (got %d), dx_version 1 to 13 "
+                     "mhc tuning: hold_max_threads 0, 64, 128 or 256 (got %d), dx_version 1 to 12 "
                      "(got %d)",
                      hold_max_threads, dx_version);
   g_hold_threads = hold_max_threads;

@@ -52,6 +52,9 @@
   X(opslot_mhc_comb_bwd)                     \
   X(opslot_mhc_collapse_bwd)                 \
   X(opslot_mhc_dx)                           \
+  X(opslot_mhc_dx_dfn_fits)                  \
+  X(opslot_mhc_dx_dfn_scratch_floats)        \
+  X(opslot_mhc_dx_dfn)                       \
   X(opslot_mhc_post_fwd)                     \
   X(opslot_mhc_post_bwd)                     \
   X(opslot_moe_route_scratch)                \

@@ -224,7 +224,7 @@ void comb_bwd(const Dims& d, int64_t iters, const Tensor& mix, const Tensor& sca
 }
 
 // da [T, M] (in: the post/comb part; out: the pre part), pre [T, hc], dsc [T, G], coef_a [T, M],
-// coef_a3 [T, 3M] bf16 (may be undefined), coef_c [T].
+// coef_a3 [T, ld] bf16 (ld >= 3M; may be undefined), coef_c [T].
 void collapse_bwd(const Dims& d, const Tensor& x, const OptTensor& g, const Tensor& mix,
                   const Tensor& rstd, const Tensor& scale, const Tensor& base, double hc_eps,
                   const Tensor& da, const Tensor& pre, const Tensor& dsc, const Tensor& coef_a,
@@ -234,8 +234,8 @@ void collapse_bwd(const Dims& d, const Tensor& x, const OptTensor& g, const Tens
     OPSLOT_LAUNCH(k, opslot_mhc_collapse_bwd, dtype_code(x, "mhc"), d.tokens, d.hc, d.hidden,
                   d.mixes, ptr(x), g ? ptr(*g) : nullptr, fptr(mix), fptr(rstd), fptr(scale),
                   fptr(base), static_cast<float>(hc_eps), fmut(da), fmut(pre), fmut(dsc),
-                  fmut(coef_a), coef_a3.defined() ? mutable_ptr(coef_a3) : nullptr, fmut(coef_c),
-                  stream_of(x));
+                  fmut(coef_a), coef_a3.defined() ? mutable_ptr(coef_a3) : nullptr,
+                  coef_a3.defined() ? coef_a3.size(1) : 0, fmut(coef_c), stream_of(x));
     return;
   }
   Tensor xf = x.reshape({d.tokens, d.hc, d.hidden}).to(at::kFloat);
@@ -255,11 +255,14 @@ void collapse_bwd(const Dims& d, const Tensor& x, const OptTensor& g, const Tens
       for (int64_t i = 0; i < groups; ++i) fmut(dsc)[t * groups + i] = sums[i];
     }
   });
-  if (coef_a3.defined())
-    coef_a3.copy_(split3(coef_a)
-                      .view({3, d.tokens, d.mixes})
-                      .permute({1, 0, 2})
-                      .reshape({d.tokens, 3 * d.mixes}));
+  if (coef_a3.defined()) {
+    coef_a3.zero_();
+    coef_a3.narrow(1, 0, 3 * d.mixes)
+        .copy_(split3(coef_a)
+                   .view({3, d.tokens, d.mixes})
+                   .permute({1, 0, 2})
+                   .reshape({d.tokens, 3 * d.mixes}));
+  }
 }
 
 void dx_launch(const Dims& d, const Tensor& x, const OptTensor& g, const Tensor& fn,
@@ -275,6 +278,33 @@ void dx_launch(const Dims& d, const Tensor& x, const OptTensor& g, const Tensor&
   Tensor r = at::mm(coef_a, fn).view({d.tokens, d.hc, d.hidden}) - coef_c.view({-1, 1, 1}) * xf;
   if (g) r = pre.unsqueeze(-1) * g->reshape({d.tokens, 1, d.hidden}).to(at::kFloat) + r;
   dx.copy_(r.view(dx.sizes()));
+}
+
+// dx and d fn in one pass (opslot_mhc_dx_dfn) where the kernel library says it fits: CUDA, bf16
+// streams in whole 64-column tiles, aligned rows.
+bool dx_dfn_fits(const Dims& d, const Tensor& x, const OptTensor& g, const Tensor& dx) {
+  if (!x.is_cuda()) return false;
+  const KernelTable& k = prepare(x);
+  return OPSLOT_ENTRY(k, opslot_mhc_dx_dfn_fits)(dtype_code(x, "mhc"), d.hc, d.hidden, d.mixes,
+                                                 ptr(x), g ? ptr(*g) : nullptr, ptr(dx)) == 1;
+}
+
+// dfn [M, K] fp32; coef_a3 [T, 16 ceil(3M / 16)] bf16.
+Tensor dx_dfn_launch(const Dims& d, const Tensor& x, const OptTensor& g, const Tensor& fn,
+                     const Tensor& coef_a3, const Tensor& coef_c, const Tensor& pre,
+                     const Tensor& dx) {
+  const KernelTable& k = prepare(x);
+  const int64_t floats =
+      OPSLOT_ENTRY(k, opslot_mhc_dx_dfn_scratch_floats)(d.tokens, d.hc, d.hidden, d.mixes);
+  TORCH_CHECK(floats >= 0, "opslot cuda kernel mhc: ", k.opslot_last_error());
+  auto f = x.options().dtype(at::kFloat);
+  Tensor dfn = at::empty({d.mixes, d.hc * d.hidden}, f);
+  Tensor scratch = floats > 0 ? at::empty({floats}, f) : Tensor();
+  OPSLOT_LAUNCH(k, opslot_mhc_dx_dfn, d.tokens, d.hc, d.hidden, d.mixes, ptr(x),
+                g ? ptr(*g) : nullptr, fptr(fn), ptr(coef_a3), fptr(coef_c), fptr(pre),
+                mutable_ptr(dx), fmut(dfn), scratch.defined() ? fmut(scratch) : nullptr,
+                stream_of(x));
+  return dfn;
 }
 
 // -- mhc/pre and mhc/head forward -----------------------------------------------------------------
@@ -385,16 +415,23 @@ Four bwd_impl(const OptTensor& g_post_in, const OptTensor& g_comb_in, const OptT
   Tensor pre = at::empty({d.tokens, d.hc}, f), dsc = at::empty({d.tokens, groups}, f);
   Tensor coef_a = at::empty({d.tokens, d.mixes}, f), coef_c = at::empty({d.tokens}, f);
   const bool bf16 = x.scalar_type() == at::kBFloat16;
-  Tensor coef_a3 = bf16 ? at::empty({d.tokens, 3 * d.mixes}, x.options()) : Tensor();
-  collapse_bwd(d, x, g_out, mix, rstd, scale, base, hc_eps, da, pre, dsc, coef_a, coef_a3, coef_c);
   Tensor dx = at::empty(x.sizes(), x.options());
-  dx_launch(d, x, g_out, fn, coef_a, coef_c, pre, dx);
-  Tensor x2d = x.view({d.tokens, K});
+  const bool fused = dx_dfn_fits(d, x, g_out, dx);
+  // the split coefficients: the d fn GEMM's [T, 3M], or the fused kernel's rows of 16 ceil(3M / 16)
+  const int64_t ld_a3 = fused ? (3 * d.mixes + 15) / 16 * 16 : 3 * d.mixes;
+  Tensor coef_a3 = bf16 ? at::empty({d.tokens, ld_a3}, x.options()) : Tensor();
+  collapse_bwd(d, x, g_out, mix, rstd, scale, base, hc_eps, da, pre, dsc, coef_a, coef_a3, coef_c);
   Tensor dfn;
-  if (bf16)  // sum_t coef_a[t, m] x[t, k] with coef_a = hi + mid + lo: one [K, 3M] GEMM
-    dfn = mm_f32(x2d.t(), coef_a3).view({K, 3, d.mixes}).sum(1).t();
-  else
-    dfn = at::mm(coef_a.t(), x2d.to(at::kFloat));
+  if (fused) {
+    dfn = dx_dfn_launch(d, x, g_out, fn, coef_a3, coef_c, pre, dx);
+  } else {
+    dx_launch(d, x, g_out, fn, coef_a, coef_c, pre, dx);
+    Tensor x2d = x.view({d.tokens, K});
+    if (bf16)  // sum_t coef_a[t, m] x[t, k] with coef_a = hi + mid + lo: one [K, 3M] GEMM
+      dfn = mm_f32(x2d.t(), coef_a3).view({K, 3, d.mixes}).sum(1).t();
+    else
+      dfn = at::mm(coef_a.t(), x2d.to(at::kFloat));
+  }
   return {dx, dfn.to(fn_in.scalar_type()).contiguous(), da.sum(0).to(base_in.scalar_type()),
           dsc.sum(0).to(scale_in.scalar_type())};
 }

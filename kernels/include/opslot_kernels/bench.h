@@ -60,9 +60,10 @@ OPSLOT_API int opslot_load_balancing_set_tuning(int forward_path, int backward_p
  * between the sum of squares and the collapse when its block has at most this many threads (64,
  * 128 or 256) and 4 16-byte vectors per stream and thread cover the row; 0 (the default): never,
  * the row is read again (from L2). Results are bitwise the same either way. dx_version: 1 (the
- * default) the production configuration of the backward's dx kernel, 2 to 12 the variants it was
- * chosen from (kernels/src/mhc.cu, launch_dx_variant; every one computes the same bits), 13 one on
- * tensor cores (16-bit streams; other bits: split products). */
+ * default) the production backward (opslot_mhc_dx_dfn where it fits, else opslot_mhc_dx's
+ * production configuration and the d fn GEMM); 2 to 12 turn opslot_mhc_dx_dfn off and run the
+ * CUDA-core dx variants (kernels/src/mhc.cu, launch_dx_variant; all the same bits, 11 the
+ * production one) with the d fn GEMM. */
 OPSLOT_API int opslot_mhc_set_tuning(int hold_max_threads, int dx_version);
 
 #ifdef __cplusplus

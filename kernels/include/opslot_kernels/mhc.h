@@ -1,6 +1,7 @@
 /* DeepSeek-V4's manifold-constrained hyper-connections (opslot mhc/pre, mhc/post, mhc/head, `cuda`
  * implementation): the memory-bound passes around the small fp32 GEMM against `fn`, which the
- * caller runs (cuBLAS through torch). docs/kernels.md "## mhc" has the design; the per-token math
+ * caller runs (cuBLAS through torch) in the forward; the backward's dx and d fn are one pass
+ * (opslot_mhc_dx_dfn) where it fits. docs/kernels.md "## mhc" has the design; the per-token math
  * is kernels/src/mhc_math.h.
  *
  * Shapes: T tokens, hc streams (1 <= hc <= 4), D = hidden, K = hc * D, M mixes per token
@@ -51,14 +52,14 @@ OPSLOT_API int opslot_mhc_comb_bwd(int64_t tokens, int64_t hc, int64_t iters, co
 /* The collapse's backward up to dx, one block per token: g_pre_j = sum_d g_out[t, d] * x[t, j, d]
  * (g_out may be NULL: zero), then mhc_math.h token_backward: writes da[t, 0 .. hc) (reads
  * da[t, hc .. M) when M > hc), pre [T, hc], dsc [T, 3] ([T, 1] for M == hc), coef_a [T, M],
- * coef_c [T]; when coef_a3 is not NULL also coef_a3 [T, 3M] bfloat16, each row the three-term
- * split (opslot_mhc_split3) of coef_a's row. */
+ * coef_c [T]; when coef_a3 is not NULL also coef_a3 [T, ld_a3] bfloat16 (ld_a3 >= 3M), each row
+ * the three-term split (opslot_mhc_split3) of coef_a's row, [hi mid lo], then zeros. */
 OPSLOT_API int opslot_mhc_collapse_bwd(int dtype, int64_t tokens, int64_t hc, int64_t hidden,
                                        int64_t mixes, const void* x, const void* g_out,
                                        const float* mix, const float* rstd, const float* scale,
                                        const float* base, float hc_eps, float* da, float* pre,
-                                       float* dsc, float* coef_a, void* coef_a3, float* coef_c,
-                                       void* stream);
+                                       float* dsc, float* coef_a, void* coef_a3, int64_t ld_a3,
+                                       float* coef_c, void* stream);
 
 /* dx[t, j, d] = pre[t, j] * g_out[t, d] + sum_m coef_a[t, m] * fn[m, j * D + d]
  *               - coef_c[t] * x[t, j, d]            (fp32, one rounding; g_out may be NULL)
@@ -66,6 +67,23 @@ OPSLOT_API int opslot_mhc_collapse_bwd(int dtype, int64_t tokens, int64_t hc, in
 OPSLOT_API int opslot_mhc_dx(int dtype, int64_t tokens, int64_t hc, int64_t hidden, int64_t mixes,
                              const void* x, const void* g_out, const float* fn, const float* coef_a,
                              const float* coef_c, const float* pre, void* dx, void* stream);
+
+/* dx as opslot_mhc_dx and dfn [M, K] fp32, dfn[m, k] = sum_t coef_a[t, m] * x[t, k], in one pass
+ * over x on tensor cores, from coef_a split into bf16 terms (opslot_mhc_collapse_bwd's coef_a3, row
+ * pitch 16 * ceil(3M / 16), 16-byte aligned; its first two terms) and fn split the same way in the
+ * kernel: the three products above 2^-18 of the largest, fp32 accumulators. Only where
+ * opslot_mhc_dx_dfn_fits returns 1 (bfloat16 streams, hidden a multiple of 64, x / g_out / dx
+ * 16-byte aligned); else use opslot_mhc_dx and a GEMM. scratch:
+ * opslot_mhc_dx_dfn_scratch_floats(...) floats (NULL when that is 0; -1: bad shape). Ranges of 4096
+ * tokens, their d fn added in order: bitwise deterministic. */
+OPSLOT_API int opslot_mhc_dx_dfn_fits(int dtype, int64_t hc, int64_t hidden, int64_t mixes,
+                                      const void* x, const void* g_out, const void* dx);
+OPSLOT_API int64_t opslot_mhc_dx_dfn_scratch_floats(int64_t tokens, int64_t hc, int64_t hidden,
+                                                    int64_t mixes);
+OPSLOT_API int opslot_mhc_dx_dfn(int64_t tokens, int64_t hc, int64_t hidden, int64_t mixes,
+                                 const void* x, const void* g_out, const float* fn,
+                                 const void* coef_a3, const float* coef_c, const float* pre,
+                                 void* dx, float* dfn, float* scratch, void* stream);
 
 /* mhc/post: out[t, i, d] = p_i * block_out[t, d] + sum_j c_ji * streams[t, j, d] with p, c the
  * post [T, hc] and comb [T, hc, hc] entries rounded to `dtype` first (upstream's .to(dtype)); fp32

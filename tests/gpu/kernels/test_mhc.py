@@ -337,8 +337,9 @@ def test_dx_variants_agree_bitwise(dtype, shape):
     """Every CUDA-core dx configuration of the bench library (knob dx_version 2 to 12: the previous
     kernel, prefetching pairs of columns, 512 threads, 64-token tiles, 4 columns and 16-byte vectors
     per thread, registers capped for 3 blocks per SM, a cp.async ring; one column where a shape does
-    not fit) gives the production kernel's bits for the gradients of pre and head (which the tests
-    above check against Transformers)."""
+    not fit) gives the bits of version 11, the production CUDA-core dx (which runs where the fused dx
+    + d fn kernel does not fit), for the gradients of pre and head. Versions 2 to 12 run the CUDA-core
+    dx and the d fn GEMM wherever the fused kernel would fit too (the next test checks which runs)."""
     from opslot.kernels.cuda import mhc
 
     b, s, hc, d = shape
@@ -350,11 +351,12 @@ def test_dx_variants_agree_bitwise(dtype, shape):
         c = grads_of(lambda t: mhc.mhc_head(h, t), x, [h.hc_fn, h.hc_base, h.hc_scale])
         return a[1] + c[1]
 
-    ref = run()
     with bench_library() as lib:
         f = knob(lib, "opslot_mhc_set_tuning", 2)
         try:
-            for version in range(1, 13):
+            assert f(0, 11) == 0
+            ref = run()
+            for version in range(2, 13):
                 assert f(0, version) == 0
                 got = run()
                 assert all(torch.equal(u, v) for u, v in zip(ref, got)), version
@@ -362,28 +364,209 @@ def test_dx_variants_agree_bitwise(dtype, shape):
             assert f(0, 1) == 0
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-@pytest.mark.parametrize("shape", [(1, 603, 4, 4096), (2, 37, 4, 72), (1, 70, 4, 34), (1, 5, 2, 136), (1, 9, 4, 33)])
-def test_tensor_core_dx_matches_transformers(dtype, shape):
-    """The tensor-core dx (bench library knob dx_version 13: coefficients and fn split into three bf16
-    terms, six products; odd rows keep the production kernel): the gradients of pre and head against
-    Transformers in fp32, and the same bits on a second run."""
+def _backward_kernels(fn, x, params):
+    """The names of the CUDA kernels one forward + backward of `fn` launches."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        grads_of(fn, x, params)
+        torch.cuda.synchronize()
+    return {e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA}
+
+
+@pytest.mark.parametrize(
+    "dtype, hidden, version, fused",
+    [
+        (torch.bfloat16, 128, 1, True),
+        (torch.bfloat16, 72, 1, False),  # not whole 64-column tiles
+        (torch.float16, 128, 1, False),
+        (torch.float32, 128, 1, False),
+        (torch.bfloat16, 128, 11, False),  # the bench library's CUDA-core dx
+    ],
+)
+def test_backward_takes_the_fused_kernel_where_it_fits(dtype, hidden, version, fused):
+    """pre's and head's backward launch dx_dfn_kernel (no d fn GEMM) exactly where
+    opslot_mhc_dx_dfn_fits says so, else dx_kernel and the GEMM."""
+    from opslot.kernels.cuda import mhc
+
+    m, h = hyper_connection(hidden, 4), hyper_head(hidden, 4)
+    x = streams(1, 70, 4, hidden, dtype)
+
+    def names():
+        pre = _backward_kernels(lambda t: mhc.mhc_pre(m, t), x, [m.fn, m.base, m.scale])
+        head = _backward_kernels(lambda t: mhc.mhc_head(h, t), x, [h.hc_fn, h.hc_base, h.hc_scale])
+        return pre, head
+
+    if version == 1:
+        got = names()
+    else:
+        with bench_library() as lib:
+            f = knob(lib, "opslot_mhc_set_tuning", 2)
+            try:
+                assert f(0, version) == 0
+                got = names()
+            finally:
+                assert f(0, 1) == 0
+    for kernels in got:
+        assert any("dx_dfn_kernel" in k for k in kernels) == fused, sorted(kernels)
+        assert any("dx_kernel" in k for k in kernels) != fused, sorted(kernels)
+
+
+# Shapes of the fused dx + d fn kernel (bf16, hidden a multiple of 64): several 64-token tiles and a
+# partial one, two 4096-token ranges (the d fn scratch), hc_mult 1 to 4 (3, 8, 15, 24 mixes for pre).
+FUSED_SHAPES = [(1, 603, 4, 4096), (2, 37, 4, 128), (1, 4100, 4, 128), (1, 70, 3, 192), (1, 9, 1, 64), (1, 5, 2, 128)]
+
+
+@pytest.mark.parametrize("shape", FUSED_SHAPES)
+def test_fused_backward_matches_transformers(shape):
+    """The production backward of pre and head on bf16 streams whose rows fit the fused dx + d fn
+    kernel: the gradients against Transformers in fp32, the same bits on a second run, and pre with
+    only post/comb used (no collapsed gradient)."""
     from opslot.kernels.cuda import mhc
 
     b, s, hc, d = shape
-    with bench_library() as lib:
-        f = knob(lib, "opslot_mhc_set_tuning", 2)
-        assert f(0, 13) == 0
-        try:
-            m = hyper_connection(d, hc)
-            x = streams(b, s, hc, d, dtype)
-            _, grads = check_pre(m, x, dtype)
-            again = grads_of(lambda t: mhc.mhc_pre(m, t), x, [m.fn, m.base, m.scale])[1]
-            assert all(torch.equal(u, v) for u, v in zip(grads, again))
-            h = hyper_head(d, hc)
-            params = [h.hc_fn, h.hc_base, h.hc_scale]
-            out, grads, gos = grads_of(lambda t: mhc.mhc_head(h, t), x, params)
-            ref, ref_grads, _ = grads_of(lambda t: h(t), x.float(), params, [g.float() for g in gos])
-            assert_close(grads[0], ref_grads[0], dtype, "head d streams")
-        finally:
-            assert f(0, 1) == 0
+    m = hyper_connection(d, hc)
+    x = streams(b, s, hc, d, torch.bfloat16)
+    _, grads = check_pre(m, x, torch.bfloat16)
+    again = grads_of(lambda t: mhc.mhc_pre(m, t), x, [m.fn, m.base, m.scale])[1]
+    assert all(torch.equal(u, v) for u, v in zip(grads, again))
+    h = hyper_head(d, hc)
+    params = [h.hc_fn, h.hc_base, h.hc_scale]
+    out, grads, gos = grads_of(lambda t: mhc.mhc_head(h, t), x, params)
+    ref, ref_grads, _ = grads_of(lambda t: h(t), x.float(), params, [g.float() for g in gos])
+    assert_close(grads[0], ref_grads[0], torch.bfloat16, "head d streams")
+    for name, a, r in zip(["d hc_fn", "d hc_base", "d hc_scale"], grads[1:], ref_grads[1:]):
+        assert_close(a, r, torch.float32, name, scale=FP32_TOL / TOLERANCE[torch.float32])
+    xa, xr = x.clone().requires_grad_(True), x.float().requires_grad_(True)
+    post, comb = mhc.mhc_pre(m, xa)[:2]
+    rp, rc = m(xr)[:2]
+    gp, gc = torch.randn_like(post), torch.randn_like(comb)
+    ga = torch.autograd.grad((post, comb), [xa, m.fn], (gp, gc))
+    gr = torch.autograd.grad((rp, rc), [xr, m.fn], (gp, gc))
+    assert_close(ga[0], gr[0], torch.bfloat16, "d streams, post and comb only")
+    assert_close(ga[1], gr[1], torch.float32, "d fn, post and comb only", scale=FP32_TOL / TOLERANCE[torch.float32])
+
+
+def _dx_dfn_abi():
+    import ctypes
+
+    from opslot.kernels.cuda import _lib
+
+    lib = _lib.library()
+    i64, p = ctypes.c_int64, ctypes.c_void_p
+    fits = lib.opslot_mhc_dx_dfn_fits
+    fits.argtypes, fits.restype = [ctypes.c_int, i64, i64, i64, p, p, p], ctypes.c_int
+    scratch = lib.opslot_mhc_dx_dfn_scratch_floats
+    scratch.argtypes, scratch.restype = [i64] * 4, i64
+    run = lib.opslot_mhc_dx_dfn
+    run.argtypes, run.restype = [i64] * 4 + [p] * 10, ctypes.c_int
+    return _lib, fits, scratch, run
+
+
+def _ptr(t):
+    return None if t is None else t.data_ptr()
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        (37, 4, 64, 24),
+        (603, 4, 4096, 24),
+        (4100, 4, 128, 24),
+        (8193, 4, 64, 4),
+        (70, 3, 192, 15),
+        (9, 1, 64, 3),
+        (1, 2, 128, 2),
+    ],
+)
+@pytest.mark.parametrize("with_g", [True, False], ids=["g", "no_g"])
+def test_dx_dfn_kernel_against_fp64(shape, with_g):
+    """opslot_mhc_dx_dfn through the C ABI on random coefficients (split as collapse_bwd splits them):
+    dx within one bf16 rounding of the fp64 value of the unsplit math (plus 4e-5 of the terms'
+    magnitudes: the split's three left-out products are each below 2^-18), d fn within 1e-4 of the magnitudes of its sums, the scratch of the ranges past 4096
+    tokens, bitwise equal runs."""
+    _lib, fits, scratch, run = _dx_dfn_abi()
+    T, hc, D, M = shape
+    K = hc * D
+    gen = torch.Generator(device="cuda").manual_seed(7)
+
+    def rn(*s):
+        return torch.randn(*s, device="cuda", generator=gen)
+
+    x = (rn(T, hc, D) * 2).to(torch.bfloat16)
+    g = rn(T, D).to(torch.bfloat16) if with_g else None
+    fn, coef_a, coef_c, pre = rn(M, K) / K**0.5, rn(T, M), rn(T), torch.rand(T, hc, device="cuda", generator=gen)
+    # coef_a as collapse_bwd splits it: rows [hi mid lo], zero-padded to 16 ceil(3M / 16)
+    hi = coef_a.to(torch.bfloat16)
+    mid = (coef_a - hi.float()).to(torch.bfloat16)
+    lo = (coef_a - hi.float() - mid.float()).to(torch.bfloat16)
+    coef3 = torch.zeros(T, (3 * M + 15) // 16 * 16, device="cuda", dtype=torch.bfloat16)
+    coef3[:, : 3 * M] = torch.cat([hi, mid, lo], 1)
+    dx = torch.full_like(x, float("nan"))
+    bf16 = _lib.DTYPE_CODES[torch.bfloat16]
+    assert fits(bf16, hc, D, M, _ptr(x), _ptr(g), _ptr(dx)) == 1
+    n = scratch(T, hc, D, M)
+    assert n == (0 if T <= 4096 else (T + 4095) // 4096 * M * K)
+    buf = torch.full((max(n, 1),), float("nan"), device="cuda")
+
+    def call():
+        dfn = torch.full((M, K), float("nan"), device="cuda")
+        rc = run(
+            T,
+            hc,
+            D,
+            M,
+            _ptr(x),
+            _ptr(g),
+            _ptr(fn),
+            _ptr(coef3),
+            _ptr(coef_c),
+            _ptr(pre),
+            _ptr(dx),
+            _ptr(dfn),
+            _ptr(buf) if n else None,
+            _lib.stream_of(x),
+        )
+        assert rc == 0, _lib.library().opslot_last_error()
+        torch.cuda.synchronize()
+        return dx.clone(), dfn
+
+    got_dx, got_dfn = call()
+    xd, cd, fd = x.double(), coef_a.double(), fn.double()
+    s = (cd @ fd).view(T, hc, D)
+    ref = s - coef_c.double().view(T, 1, 1) * xd
+    mag = (cd.abs() @ fd.abs()).view(T, hc, D) + (coef_c.double().view(T, 1, 1) * xd).abs()
+    if with_g:
+        pg = pre.double().view(T, hc, 1) * g.double().view(T, 1, D)
+        ref, mag = ref + pg, mag + pg.abs()
+    err = (got_dx.double() - ref).abs()
+    assert bool((err <= ref.abs() * 2**-8 + 4e-5 * mag).all()), float((err - ref.abs() * 2**-8).max())
+    ref_dfn = cd.t() @ xd.view(T, K)
+    bound = 1e-4 * (cd.abs().t() @ xd.view(T, K).abs()) + 1e-30
+    assert bool(((got_dfn.double() - ref_dfn).abs() <= bound).all())
+    again = call()
+    assert torch.equal(got_dx, again[0]) and torch.equal(got_dfn, again[1])
+
+
+def test_dx_dfn_fits_and_refusals():
+    """The fused kernel takes bf16 rows of whole 64-column tiles, 16-byte aligned; elsewhere
+    opslot_mhc_dx_dfn_fits says 0 and opslot_mhc_dx_dfn refuses with a message (the op then runs the
+    CUDA-core dx and the d fn GEMM: the tests above cover both)."""
+    _lib, fits, scratch, run = _dx_dfn_abi()
+    bf16, f16 = _lib.DTYPE_CODES[torch.bfloat16], _lib.DTYPE_CODES[torch.float16]
+    x = torch.zeros(4, 4, 192, device="cuda", dtype=torch.bfloat16)
+    p = x.data_ptr()
+    assert fits(bf16, 4, 192, 24, p, p, p) == 1 and fits(bf16, 4, 192, 4, p, None, p) == 1
+    assert fits(f16, 4, 192, 24, p, p, p) == 0  # fp16: the CUDA-core dx
+    assert fits(bf16, 4, 96, 24, p, p, p) == 0  # 96 columns: not whole 64-column tiles
+    assert fits(bf16, 4, 192, 24, p + 2, p, p) == 0  # x not 16-byte aligned
+    assert fits(bf16, 4, 192, 20, p, p, p) == 0 and fits(bf16, 5, 192, 35, p, p, p) == 0
+    assert scratch(4, 4, 192, 20) == -1
+    f = torch.zeros(24, 4 * 96, device="cuda")
+    rc = run(4, 4, 96, 24, p, p, f.data_ptr(), f.data_ptr(), f.data_ptr(), f.data_ptr(), p, f.data_ptr(), None, None)
+    assert rc != 0
+    message = _lib.library().opslot_last_error().decode()
+    assert message == (
+        "opslot_mhc_dx_dfn: bfloat16 streams with hidden a multiple of 64 and 16-byte aligned rows only "
+        "(hidden 96; opslot_mhc_dx_dfn_fits)"
+    )
