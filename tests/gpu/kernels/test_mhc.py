@@ -140,22 +140,27 @@ def test_pre_gradient_of_each_output_alone():
             assert_close(u, v, torch.float32, f"output {i}", scale=5, floor=1e-3)
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("shape", [(2, 37, 4, 64), (1, 5, 4, 33), (1, 3, 4, 7168), (1, 2, 4, 8200), (2, 3, 2, 40)])
-def test_head_matches_transformers(dtype, shape):
+def check_head(h, x, dtype):
+    """mhc/head against Transformers' module in fp32: the output and the gradients of the streams and
+    of hc_fn/hc_base/hc_scale (the last three fp32); returns our gradients."""
     from opslot.kernels.cuda import mhc
 
-    b, s, hc, d = shape
-    m = hyper_head(d, hc)
-    x = streams(b, s, hc, d, dtype)
-    params = [m.hc_fn, m.hc_base, m.hc_scale]
-    out, grads, gos = grads_of(lambda t: mhc.mhc_head(m, t), x, params)
-    ref, ref_grads, _ = grads_of(lambda t: m(t), x.float(), params, [g.float() for g in gos])
+    params = [h.hc_fn, h.hc_base, h.hc_scale]
+    out, grads, gos = grads_of(lambda t: mhc.mhc_head(h, t), x, params)
+    ref, ref_grads, _ = grads_of(lambda t: h(t), x.float(), params, [g.float() for g in gos])
     assert out[0].dtype == dtype
     assert_close(out[0], ref[0], dtype, "out")
     assert_close(grads[0], ref_grads[0], dtype, "d streams")
     for name, a, r in zip(["d hc_fn", "d hc_base", "d hc_scale"], grads[1:], ref_grads[1:]):
         assert_close(a, r, torch.float32, name, scale=FP32_TOL / TOLERANCE[torch.float32])
+    return grads
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(2, 37, 4, 64), (1, 5, 4, 33), (1, 3, 4, 7168), (1, 2, 4, 8200), (2, 3, 2, 40)])
+def test_head_matches_transformers(dtype, shape):
+    b, s, hc, d = shape
+    check_head(hyper_head(d, hc), streams(b, s, hc, d, dtype), dtype)
 
 
 def upstream_post(post, comb, block_output, hidden_states):
@@ -431,12 +436,9 @@ def test_fused_backward_matches_transformers(shape):
     again = grads_of(lambda t: mhc.mhc_pre(m, t), x, [m.fn, m.base, m.scale])[1]
     assert all(torch.equal(u, v) for u, v in zip(grads, again))
     h = hyper_head(d, hc)
-    params = [h.hc_fn, h.hc_base, h.hc_scale]
-    out, grads, gos = grads_of(lambda t: mhc.mhc_head(h, t), x, params)
-    ref, ref_grads, _ = grads_of(lambda t: h(t), x.float(), params, [g.float() for g in gos])
-    assert_close(grads[0], ref_grads[0], torch.bfloat16, "head d streams")
-    for name, a, r in zip(["d hc_fn", "d hc_base", "d hc_scale"], grads[1:], ref_grads[1:]):
-        assert_close(a, r, torch.float32, name, scale=FP32_TOL / TOLERANCE[torch.float32])
+    grads = check_head(h, x, torch.bfloat16)
+    again = grads_of(lambda t: mhc.mhc_head(h, t), x, [h.hc_fn, h.hc_base, h.hc_scale])[1]
+    assert all(torch.equal(u, v) for u, v in zip(grads, again))
     xa, xr = x.clone().requires_grad_(True), x.float().requires_grad_(True)
     post, comb = mhc.mhc_pre(m, xa)[:2]
     rp, rc = m(xr)[:2]
