@@ -101,9 +101,10 @@ def streams(T, D, hc=4):
 
 #: The bench library's dx configurations (opslot_mhc_set_tuning's dx_version; kernels/src/mhc.cu
 #: launch_dx_variant): columns per thread x threads, tokens per tile, loads of the next 8 tokens
-#: issued before the current ones are computed (prefetch) or not. Each runs the CUDA-core dx and the
+#: issued before the current ones are computed (prefetch) or not. 2 to 12 run the CUDA-core dx and the
 #: d fn GEMM (version 11: the production backward where the fused dx + d fn kernel does not fit); the
-#: default row runs the fused kernel (opslot_mhc_dx_dfn).
+#: default row runs the fused kernel (opslot_mhc_dx_dfn: a 3-deep ring, 2 blocks per SM), 13 and 14
+#: other rings of it.
 DX_VARIANTS = {
     2: "2 cols x 256 thr, 256 tok, no prefetch",
     3: "2 cols x 256 thr, 256 tok",
@@ -116,6 +117,8 @@ DX_VARIANTS = {
     10: "2 cols x 256 thr, 128 tok, cp.async ring",
     11: "4 cols x 256 thr, 128 tok, cp.async ring",
     12: "2 cols x 256 thr, 128 tok, cp.async ring, 3 blocks/SM",
+    13: "fused dx + d fn, 2-deep ring, 3 blocks/SM",
+    14: "fused dx + d fn, 4-deep ring",
 }
 
 

@@ -456,7 +456,7 @@ __global__ void __launch_bounds__(THREADS, kMinBlocks)
 
 // ---- dx and d fn in one pass over x, on tensor cores (bf16 streams) ---------------------------
 // A block owns 64 columns of one stream and a range of up to kDxfSpan tokens, taken 64 at a time
-// through a kDxfStages-deep cp.async ring (x, g, the split coefficients, pre_j, coef_c of a tile).
+// through a STAGES-deep cp.async ring (x, g, the split coefficients, pre_j, coef_c of a tile).
 // fn's columns sit in shared memory as bf16 terms (split3): sB row n = [hi hi | mid], two regions
 // of fn's M values each, zero-padded to 16. The coefficients come split by collapse_bwd (rows
 // [hi mid lo] of M each); the kernel takes their first two terms (sA: [hi mid], zero-padded to KA).
@@ -470,7 +470,7 @@ __global__ void __launch_bounds__(THREADS, kMinBlocks)
 // One barrier per tile. At the end D's terms are added (hi + mid) into the range's slab of
 // `dfn` ([M, K]: dfn itself for one range, else the scratch that dfn_reduce adds in range order):
 // no atomics, a fixed order, the same bits on every run.
-constexpr int kDxfTok = 64, kDxfCols = 64, kDxfStages = 3, kDxfSpan = 4096;
+constexpr int kDxfTok = 64, kDxfCols = 64, kDxfSpan = 4096;
 constexpr int kDxfPitch = kDxfCols + 8;  // x / g rows of 144 bytes: ldmatrix rows on distinct banks
 
 // The split coefficients' row pitch: 16 * ceil(3 M / 16) bf16 (opslot_mhc_dx_dfn's contract).
@@ -483,8 +483,8 @@ struct DxfShape {
   static constexpr int KB = 16 * (n1 + n2), LDB = KB + 8;
   static constexpr int kXBytes = kDxfTok * kDxfPitch * 2, kABytes = kDxfTok * LDA * 2;
   static constexpr int kStage = 2 * kXBytes + kABytes + 2 * kDxfTok * 4;
-  static constexpr int kSmem = kDxfStages * kStage + kDxfCols * LDB * 2;
-  static_assert(KA * kDxfCols * 4 <= kDxfStages * kStage, "D is staged in the ring");
+  static constexpr int kSmem(int stages) { return stages * kStage + kDxfCols * LDB * 2; }
+  static_assert(KA * kDxfCols * 4 <= 2 * kStage, "D is staged in the ring");
 };
 
 template <int MAXM>
@@ -505,8 +505,8 @@ struct DxfStage {
   }
 };
 
-template <int MAXM>
-__global__ void __launch_bounds__(256, 2)
+template <int MAXM, int STAGES, int MINB>
+__global__ void __launch_bounds__(256, MINB)
     dx_dfn_kernel(const bf16* __restrict__ x, const bf16* __restrict__ g,
                   const float* __restrict__ fn, const bf16* __restrict__ coef3,
                   const float* __restrict__ coef_c, const float* __restrict__ pre,
@@ -515,7 +515,7 @@ __global__ void __launch_bounds__(256, 2)
   using S = DxfShape<MAXM>;
   constexpr int kAChunks = S::KA / 8;  // 16-byte pieces of a coefficient row
   extern __shared__ __align__(16) unsigned char smem[];
-  auto sB = reinterpret_cast<bf16(*)[S::LDB]>(smem + kDxfStages * S::kStage);
+  auto sB = reinterpret_cast<bf16(*)[S::LDB]>(smem + STAGES * S::kStage);
   const int M = mixes, tid = threadIdx.x;
   const int j = static_cast<int>(blockIdx.x % hc);
   const int64_t c0 = (blockIdx.x / hc) * static_cast<int64_t>(kDxfCols);
@@ -535,7 +535,7 @@ __global__ void __launch_bounds__(256, 2)
   }
   auto issue = [&](int tile) {
     if (tile < ntiles) {
-      const DxfStage<MAXM> st(smem, tile % kDxfStages);
+      const DxfStage<MAXM> st(smem, tile % STAGES);
       const int64_t t0 = tbeg + static_cast<int64_t>(tile) * kDxfTok;
       const int nt = static_cast<int>(tend - t0 < kDxfTok ? tend - t0 : kDxfTok);
       for (int i = tid; i < kDxfTok * 8; i += 256) {
@@ -562,7 +562,7 @@ __global__ void __launch_bounds__(256, 2)
     cp_async_commit();  // one group per tile, empty past the end: the count stays uniform
   };
 #pragma unroll
-  for (int i = 0; i < kDxfStages - 1; ++i) issue(i);
+  for (int i = 0; i < STAGES - 1; ++i) issue(i);
   const int warp = tid >> 5, lane = tid & 31, gq = lane >> 2, cq = lane & 3;
   const int rg = warp & 3, cg = warp >> 2;  // dx: tokens 16 rg .., columns 32 cg ..
   const int c1 = (2 * M + 15) / 16, c2 = (M + 15) / 16;
@@ -573,10 +573,10 @@ __global__ void __launch_bounds__(256, 2)
     for (int e = 0; e < 4; ++e) dacc[mt][e] = 0.f;
   }
   for (int tile = 0; tile < ntiles; ++tile) {
-    cp_async_wait<kDxfStages - 2>();
+    cp_async_wait<STAGES - 2>();
     __syncthreads();  // the tile has landed; every thread is past the previous tile (its stage)
-    issue(tile + kDxfStages - 1);
-    const DxfStage<MAXM> st(smem, tile % kDxfStages);
+    issue(tile + STAGES - 1);
+    const DxfStage<MAXM> st(smem, tile % STAGES);
 #pragma unroll
     for (int ks = 0; ks < kDxfTok / 16; ++ks) {  // D += sA^T x over the tile's tokens
       uint32_t b[2];
@@ -949,11 +949,13 @@ int launch_dx_variant(int version, const char* what, const DxArgs<T>& a, cudaStr
 
 // ---- the fused dx + d fn launch --------------------------------------------------------------
 // dx_dfn_kernel takes bf16 streams in whole 64-column tiles, x / g / dx 16-byte aligned; the bench
-// library's dx_version other than 1 turns it off (the CUDA-core dx and the d fn GEMM run instead).
+// library's dx_version 2 to 12 turn it off (the CUDA-core dx and the d fn GEMM run instead), 13 and
+// 14 run it with a 2-deep ring for 3 blocks per SM / a 4-deep ring (the production one: 3-deep, 2
+// blocks per SM; the same bits).
 bool dx_dfn_fits(int dtype, int64_t hc, int64_t hidden, int64_t mixes, const void* x, const void* g,
                  const void* dx) {
 #ifdef OPSLOT_KERNELS_BENCH
-  if (g_dx_version != 1) return false;
+  if (g_dx_version >= 2 && g_dx_version <= 12) return false;
 #endif  // OPSLOT_KERNELS_BENCH
   return dtype == OPSLOT_BFLOAT16 && hc >= 1 && hc <= mhc::kMaxHc &&
          (mixes == hc || mixes == (2 + hc) * hc) && hidden >= 1 && hidden % kDxfCols == 0 &&
@@ -962,11 +964,11 @@ bool dx_dfn_fits(int dtype, int64_t hc, int64_t hidden, int64_t mixes, const voi
 
 int64_t dx_dfn_ranges(int64_t tokens) { return (tokens + kDxfSpan - 1) / kDxfSpan; }
 
-template <int MAXM>
+template <int MAXM, int STAGES, int MINB>
 int launch_dx_dfn(const char* what, const DxArgs<bf16>& a, const bf16* coef3, float* dfn,
                   float* scratch, cudaStream_t s) {
-  constexpr int kSmem = DxfShape<MAXM>::kSmem;
-  auto kernel = dx_dfn_kernel<MAXM>;
+  constexpr int kSmem = DxfShape<MAXM>::kSmem(STAGES);
+  auto kernel = dx_dfn_kernel<MAXM, STAGES, MINB>;
   cudaError_t err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (err == cudaSuccess)  // two blocks per SM: all of the SM's shared memory
@@ -1235,8 +1237,17 @@ OPSLOT_API int opslot_mhc_dx_dfn(int64_t tokens, int64_t hc, int64_t hidden, int
                        hidden,
                        static_cast<int>(mixes)};
   const auto* coef3 = static_cast<const bf16*>(coef_a3);
-  return mixes > hc ? launch_dx_dfn<mhc::kMaxMixes>(what, a, coef3, dfn, scratch, s)
-                    : launch_dx_dfn<mhc::kMaxHc>(what, a, coef3, dfn, scratch, s);
+  const bool comb = mixes > hc;
+#ifdef OPSLOT_KERNELS_BENCH
+  if (g_dx_version == 13)
+    return comb ? launch_dx_dfn<mhc::kMaxMixes, 2, 3>(what, a, coef3, dfn, scratch, s)
+                : launch_dx_dfn<mhc::kMaxHc, 2, 3>(what, a, coef3, dfn, scratch, s);
+  if (g_dx_version == 14)
+    return comb ? launch_dx_dfn<mhc::kMaxMixes, 4, 2>(what, a, coef3, dfn, scratch, s)
+                : launch_dx_dfn<mhc::kMaxHc, 4, 2>(what, a, coef3, dfn, scratch, s);
+#endif  // OPSLOT_KERNELS_BENCH
+  return comb ? launch_dx_dfn<mhc::kMaxMixes, 3, 2>(what, a, coef3, dfn, scratch, s)
+              : launch_dx_dfn<mhc::kMaxHc, 3, 2>(what, a, coef3, dfn, scratch, s);
 }
 
 OPSLOT_API int opslot_mhc_post_fwd(int dtype, int64_t tokens, int64_t hc, int64_t hidden,
@@ -1301,9 +1312,9 @@ OPSLOT_API int opslot_mhc_post_bwd(int dtype, int64_t tokens, int64_t hc, int64_
 OPSLOT_API int opslot_mhc_set_tuning(int hold_max_threads, int dx_version) {
   if ((hold_max_threads != 0 && hold_max_threads != 64 && hold_max_threads != 128 &&
        hold_max_threads != 256) ||
-      dx_version < 1 || dx_version > 12)
+      dx_version < 1 || dx_version > 14)
     return set_error(OPSLOT_ERR_INVALID_ARGUMENT,
-                     "mhc tuning: hold_max_threads 0, 64, 128 or 256 (got %d), dx_version 1 to 12 "
+                     "mhc tuning: hold_max_threads 0, 64, 128 or 256 (got %d), dx_version 1 to 14 "
                      "(got %d)",
                      hold_max_threads, dx_version);
   g_hold_threads = hold_max_threads;

@@ -333,7 +333,7 @@ def test_row_paths_agree_bitwise(hidden):
                 assert all(torch.equal(a, b) for a, b in zip(ref, got)), hold
         finally:
             assert f(0, 1) == 0
-        assert f(100, 1) != 0 and f(0, 14) != 0 and f(0, 0) != 0
+        assert f(100, 1) != 0 and f(0, 15) != 0 and f(0, 0) != 0
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -387,6 +387,8 @@ def _backward_kernels(fn, x, params):
         (torch.float16, 128, 1, False),
         (torch.float32, 128, 1, False),
         (torch.bfloat16, 128, 11, False),  # the bench library's CUDA-core dx
+        (torch.bfloat16, 128, 13, True),  # the bench library's other rings of the fused kernel
+        (torch.bfloat16, 128, 14, True),
     ],
 )
 def test_backward_takes_the_fused_kernel_where_it_fits(dtype, hidden, version, fused):
@@ -447,6 +449,33 @@ def test_fused_backward_matches_transformers(shape):
     gr = torch.autograd.grad((rp, rc), [xr, m.fn], (gp, gc))
     assert_close(ga[0], gr[0], torch.bfloat16, "d streams, post and comb only")
     assert_close(ga[1], gr[1], torch.float32, "d fn, post and comb only", scale=FP32_TOL / TOLERANCE[torch.float32])
+
+
+@pytest.mark.parametrize("shape", [(1, 603, 4, 4096), (1, 4100, 4, 128), (1, 70, 3, 192)])
+def test_fused_rings_agree_bitwise(shape):
+    """The bench library's other rings of the fused kernel (knob dx_version 13: 2-deep, 3 blocks per
+    SM; 14: 4-deep) give the production kernel's bits for the gradients of pre and head."""
+    from opslot.kernels.cuda import mhc
+
+    b, s, hc, d = shape
+    m, h = hyper_connection(d, hc), hyper_head(d, hc)
+    x = streams(b, s, hc, d, torch.bfloat16)
+
+    def run():
+        a = grads_of(lambda t: mhc.mhc_pre(m, t), x, [m.fn, m.base, m.scale])
+        c = grads_of(lambda t: mhc.mhc_head(h, t), x, [h.hc_fn, h.hc_base, h.hc_scale])
+        return a[1] + c[1]
+
+    ref = run()
+    with bench_library() as lib:
+        f = knob(lib, "opslot_mhc_set_tuning", 2)
+        try:
+            for version in (13, 14):
+                assert f(0, version) == 0
+                got = run()
+                assert all(torch.equal(u, v) for u, v in zip(ref, got)), version
+        finally:
+            assert f(0, 1) == 0
 
 
 def _dx_dfn_abi():
