@@ -1,5 +1,6 @@
 // DeepSeek-V4's hyper-connections (mhc/pre, mhc/post, mhc/head): the memory-bound passes around the
-// fp32 GEMM against `fn` (which the caller runs on cuBLAS). See opslot_kernels/mhc.h for the
+// forward's fp32 GEMM against `fn` (which the caller runs on cuBLAS), and the backward's dx and d
+// fn (one tensor-core pass where it fits: dx_dfn_kernel). See opslot_kernels/mhc.h for the
 // contracts, mhc_math.h for the per-token math (shared with the CPU kernels of
 // kernels/torch/mhc.cc) and docs/kernels.md "## mhc" for the design and its byte counts.
 #include <initializer_list>
@@ -22,8 +23,9 @@ constexpr int kStreamThreads = 256;  // at most, in the blocks that stream a tok
 //   bitwise equal) has at most this many threads and kRowVectors vectors per stream and thread
 //   cover the row. Default 0: never; reading the row again (from L2) measured faster on an H200
 //   (docs/kernels.md "## mhc").
-// - g_dx_version: 1 (default) the production dx configuration, 2 .. 13 the variants of
-//   launch_dx_variant (bench library only).
+// - g_dx_version: 1 (default) the production backward, 2 .. 12 the CUDA-core dx variants of
+//   launch_dx_variant with the d fn GEMM, 13 and 14 other rings of dx_dfn_kernel (bench library
+//   only; see dx_dfn_fits).
 #ifdef OPSLOT_KERNELS_BENCH
 int g_hold_threads = 0;
 int g_dx_version = 1;
@@ -913,8 +915,7 @@ int launch_dx_production(const char* what, const DxArgs<T>& a, cudaStream_t s) {
 // 2 x 512 x 256, 5 2 x 256 x 64, 6 4 x 256 x 256, 7 16-byte vectors x 256 x 256, 8 and 9 as 3 and 7
 // with registers capped for three blocks per SM (3 .. 9 prefetch), 10 2 x 256 x 128 and 11 4 x 256
 // x 128 with the cp.async ring (11 is launch_dx_production), 12 as 10 for three blocks per
-// SM. Where the fused dx_dfn_kernel fits, a version other than 1 turns it off
-// (opslot_mhc_dx_dfn_fits).
+// SM. Where the fused dx_dfn_kernel fits, these versions turn it off (dx_dfn_fits).
 template <typename T, int MAXM>
 int launch_dx_variant(int version, const char* what, const DxArgs<T>& a, cudaStream_t s) {
   constexpr int W = static_cast<int>(16 / sizeof(T));
