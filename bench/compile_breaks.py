@@ -141,6 +141,18 @@ def attention_matrix(device: torch.device, b: int, s: int, hq: int, hkv: int, d:
     return lines
 
 
+def embedding_backward_fallback() -> None:
+    """Measurement switch (--embedding-fallback): inductor runs aten's embedding_dense_backward kernel
+    instead of its decomposition (an fp32 zero-fill, an index_put with atomics, a cast back), as it
+    does on XPU. Process-global and torch-internal: for this script only."""
+    from torch._inductor import decomposition, lowering
+
+    aten = torch.ops.aten
+    for op in (aten.embedding_dense_backward, aten.embedding_dense_backward.default):
+        decomposition.decompositions.pop(op, None)
+    lowering.make_fallback(aten.embedding_dense_backward, warn=False)
+
+
 def explain(model, batch) -> List[str]:
     import torch._dynamo
 
@@ -166,8 +178,15 @@ def main() -> int:
     ap.add_argument("--out", default=".")
     ap.add_argument("--attn", default="sdpa", help="attn_implementation of the model (sdpa, opslot_sdpa, ...)")
     ap.add_argument("--no-attention-matrix", action="store_true", help="skip the SDPA-alone table (CUDA)")
+    ap.add_argument(
+        "--embedding-fallback",
+        action="store_true",
+        help="inductor calls aten's embedding_dense_backward instead of decomposing it (a measurement)",
+    )
     args = ap.parse_args()
     device = torch.device(args.device)
+    if args.embedding_fallback:
+        embedding_backward_fallback()
     from opslot import build_model
 
     lines = ["# torch.compile of generated models: graph breaks and kernels (bench/compile_breaks.py)", ""]
@@ -209,6 +228,10 @@ def main() -> int:
             lines.append(
                 f"| {n[:110]} | {eager.get(n, 0):.0f} ({eager_n.get(n, 0)}) | {comp.get(n, 0):.0f} ({comp_n.get(n, 0)}) |"
             )
+        lines += ["", "Largest differences, compiled minus eager (µs):", ""]
+        diffs = sorted(set(eager) | set(comp), key=lambda n: -abs(comp.get(n, 0) - eager.get(n, 0)))
+        for n in diffs[: args.top]:
+            lines.append(f"- {comp.get(n, 0) - eager.get(n, 0):+.0f} {n[:140]}")
         lines += ["", "Attention ops, eager:", ""] + eager_attn + ["", "Attention ops, compiled:", ""] + comp_attn
         if device.type == "cuda" and not args.no_attention_matrix:
             c = config

@@ -87,6 +87,38 @@ GiB = float(1 << 30)
 T0 = time.time()
 
 
+class Energy:
+    """The GPU's energy counter (NVML's nvmlDeviceGetTotalEnergyConsumption, millijoules since the
+    driver loaded), read through ctypes from the driver's libnvidia-ml; `read()` is None where there
+    is none (CPU runs, no driver library). Under a power cap the step's energy, not its idle gaps,
+    sets its time: the rows give joules per step and the mean power of the timed steps."""
+
+    def __init__(self) -> None:
+        self.handle = None
+        try:
+            import ctypes
+
+            nvml = ctypes.CDLL("libnvidia-ml.so.1")
+            handle = ctypes.c_void_p()
+            index = torch.cuda.current_device() if torch.cuda.is_available() else 0
+            if nvml.nvmlInit_v2() == 0 and nvml.nvmlDeviceGetHandleByIndex_v2(index, ctypes.byref(handle)) == 0:
+                self.nvml, self.handle, self.ctypes = nvml, handle, ctypes
+        except OSError:
+            pass
+
+    def read(self) -> Optional[float]:
+        """Joules since the driver loaded, or None."""
+        if self.handle is None:
+            return None
+        mj = self.ctypes.c_ulonglong()
+        if self.nvml.nvmlDeviceGetTotalEnergyConsumption(self.handle, self.ctypes.byref(mj)) != 0:
+            return None
+        return mj.value / 1e3
+
+
+ENERGY = Energy()
+
+
 # -- models ------------------------------------------------------------------------------------------
 @dataclasses.dataclass
 class ModelDef:
@@ -365,6 +397,7 @@ def measure(model, batch, device: torch.device, warmup: int, iters: int, budget_
         torch.cuda.reset_peak_memory_stats(device)
         weights = torch.cuda.memory_allocated(device) / GiB
     times = []
+    window, joules = time.time(), ENERGY.read()
     for _ in range(iters):
         model.zero_grad(set_to_none=True)
         if device.type == "cuda":
@@ -379,6 +412,9 @@ def measure(model, batch, device: torch.device, warmup: int, iters: int, budget_
             loss = step()
             times.append((time.perf_counter() - t) * 1e3)
     last = float(loss)
+    wall, after = time.time() - window, ENERGY.read()
+    joules = None if joules is None or after is None else after - joules
+    print(f"   timed steps: epoch {window:.3f} .. {window + wall:.3f}", flush=True)  # to match GPU clock samples
     peak = torch.cuda.max_memory_allocated(device) / GiB if device.type == "cuda" else None
     model.zero_grad(set_to_none=True)
     return dict(
@@ -390,6 +426,8 @@ def measure(model, batch, device: torch.device, warmup: int, iters: int, budget_
         weights_gib=weights,
         loss=losses[0],
         loss_last=last,
+        j_step=None if joules is None else joules / len(times),
+        watts=None if joules is None else joules / wall,
     )
 
 
@@ -468,6 +506,7 @@ class Report:
         "min-max ms (steps)",
         "tokens/s",
         "peak GiB",
+        "J/step (mean W)",
         "weights GiB",
         "loss",
         "kernels (slot impls; upstream: resolved functions)",
@@ -476,7 +515,7 @@ class Report:
     @staticmethod
     def row_line(r: Dict[str, Any]) -> str:
         if r.get("error"):
-            cells = [r["model"], r["name"], "FAILED", "", "", "", "", "", r["error"]]
+            cells = [r["model"], r["name"], "FAILED", "", "", "", "", "", "", r["error"]]
         else:
             tps = r["tokens"] / (r["ms"] * 1e-3)
             cells = [
@@ -486,6 +525,7 @@ class Report:
                 f"{r['ms_min']:.1f}-{r['ms_max']:.1f} ({r['steps']})",
                 f"{tps:,.0f}",
                 fmt(r["peak_gib"], ".2f"),
+                "-" if r.get("j_step") is None else f"{r['j_step']:.1f} ({r['watts']:.0f} W)",
                 fmt(r["weights_gib"], ".2f"),
                 f"{r['loss']:.4f}" + ("" if math.isfinite(r["loss"]) else " (NOT FINITE)"),
                 r["kernels"],
@@ -722,6 +762,8 @@ def main() -> int:
         f"count is in the table) after {args.warmup} warm-up steps, "
         + ("CUDA events around the Python step" if device.type == "cuda" else "time.perf_counter")
         + "; peak GiB = torch.cuda.max_memory_allocated() over the timed steps (weights + grads + activations); "
+        "J/step = the GPU's energy counter (NVML) over the timed steps / steps, mean W = the same / their wall "
+        "time (host gaps between steps included); "
         "weights GiB = memory_allocated() before a step; loss = first step's (same weights and tokens in every "
         "row of a model). Command: `" + " ".join(sys.argv) + "`",
     ]
