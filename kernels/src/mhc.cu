@@ -475,9 +475,6 @@ __global__ void __launch_bounds__(THREADS, kMinBlocks)
 constexpr int kDxfTok = 64, kDxfCols = 64, kDxfSpan = 4096;
 constexpr int kDxfPitch = kDxfCols + 8;  // x / g rows of 144 bytes: ldmatrix rows on distinct banks
 
-// The split coefficients' row pitch: 16 * ceil(3 M / 16) bf16 (opslot_mhc_dx_dfn's contract).
-constexpr int dxf_coef_pitch(int mixes) { return (3 * mixes + 15) / 16 * 16; }
-
 template <int MAXM>
 struct DxfShape {
   static constexpr int n1 = (2 * MAXM + 15) / 16, n2 = (MAXM + 15) / 16;  // 16-wide chunks
@@ -513,7 +510,7 @@ __global__ void __launch_bounds__(256, MINB)
                   const float* __restrict__ fn, const bf16* __restrict__ coef3,
                   const float* __restrict__ coef_c, const float* __restrict__ pre,
                   bf16* __restrict__ dx, float* __restrict__ dfn, int64_t tokens, int hc,
-                  int64_t hidden, int mixes) {
+                  int64_t hidden, int mixes, int lda3) {
   using S = DxfShape<MAXM>;
   constexpr int kAChunks = S::KA / 8;  // 16-byte pieces of a coefficient row
   extern __shared__ __align__(16) unsigned char smem[];
@@ -525,7 +522,6 @@ __global__ void __launch_bounds__(256, MINB)
   const int64_t tbeg = static_cast<int64_t>(blockIdx.y) * kDxfSpan;
   const int64_t tend = tokens < tbeg + kDxfSpan ? tokens : tbeg + kDxfSpan;
   const int ntiles = static_cast<int>((tend - tbeg + kDxfTok - 1) / kDxfTok);
-  const int lda3 = dxf_coef_pitch(M);
   const bf16 zero = __float2bfloat16_rn(0.f);
   for (int i = tid; i < kDxfCols * S::KB; i += 256) {
     const int n = i % kDxfCols, kb = i / kDxfCols;  // n fastest: fn's reads coalesce
@@ -981,7 +977,8 @@ int launch_dx_dfn(const char* what, const DxArgs<bf16>& a, const bf16* coef3, fl
   const int64_t ranges = dx_dfn_ranges(a.tokens);
   const dim3 grid(static_cast<unsigned>(a.hidden / kDxfCols * a.hc), static_cast<unsigned>(ranges));
   kernel<<<grid, 256, kSmem, s>>>(a.x, a.g, a.fn, coef3, a.coef_c, a.pre, a.dx,
-                                  ranges > 1 ? scratch : dfn, a.tokens, a.hc, a.hidden, a.mixes);
+                                  ranges > 1 ? scratch : dfn, a.tokens, a.hc, a.hidden, a.mixes,
+                                  static_cast<int>(opslot_mhc_dx_dfn_coef_pitch(a.mixes)));
   if (ranges == 1) return check_launch(what);
   if (int rc = check_launch(what)) return rc;
   const int64_t n = static_cast<int64_t>(a.mixes) * a.hc * a.hidden;

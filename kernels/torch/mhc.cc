@@ -417,8 +417,8 @@ Four bwd_impl(const OptTensor& g_post_in, const OptTensor& g_comb_in, const OptT
   const bool bf16 = x.scalar_type() == at::kBFloat16;
   Tensor dx = at::empty(x.sizes(), x.options());
   const bool fused = dx_dfn_fits(d, x, g_out, dx);
-  // the split coefficients: the d fn GEMM's [T, 3M], or the fused kernel's rows of 16 ceil(3M / 16)
-  const int64_t ld_a3 = fused ? (3 * d.mixes + 15) / 16 * 16 : 3 * d.mixes;
+  // the split coefficients: the d fn GEMM's [T, 3M], or the fused kernel's padded rows
+  const int64_t ld_a3 = fused ? opslot_mhc_dx_dfn_coef_pitch(d.mixes) : 3 * d.mixes;
   Tensor coef_a3 = bf16 ? at::empty({d.tokens, ld_a3}, x.options()) : Tensor();
   collapse_bwd(d, x, g_out, mix, rstd, scale, base, hc_eps, da, pre, dsc, coef_a, coef_a3, coef_c);
   Tensor dfn;

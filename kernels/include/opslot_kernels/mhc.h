@@ -70,12 +70,16 @@ OPSLOT_API int opslot_mhc_dx(int dtype, int64_t tokens, int64_t hc, int64_t hidd
 
 /* dx as opslot_mhc_dx and dfn [M, K] fp32, dfn[m, k] = sum_t coef_a[t, m] * x[t, k], in one pass
  * over x on tensor cores, from coef_a split into bf16 terms (opslot_mhc_collapse_bwd's coef_a3, row
- * pitch 16 * ceil(3M / 16), 16-byte aligned; its first two terms) and fn split the same way in the
- * kernel: the three products above 2^-18 of the largest, fp32 accumulators. Only where
- * opslot_mhc_dx_dfn_fits returns 1 (bfloat16 streams, hidden a multiple of 64, x / g_out / dx
+ * pitch opslot_mhc_dx_dfn_coef_pitch(M), 16-byte aligned; its first two terms) and fn split the
+ * same way in the kernel: the three products above 2^-18 of the largest, fp32 accumulators. Only
+ * where opslot_mhc_dx_dfn_fits returns 1 (bfloat16 streams, hidden a multiple of 64, x / g_out / dx
  * 16-byte aligned); else use opslot_mhc_dx and a GEMM. scratch:
  * opslot_mhc_dx_dfn_scratch_floats(...) floats (NULL when that is 0; -1: bad shape). Ranges of 4096
  * tokens, their d fn added in order: bitwise deterministic. */
+/* coef_a3's row pitch (bfloat16 elements) that opslot_mhc_dx_dfn reads: 16 * ceil(3M / 16). */
+static inline int64_t opslot_mhc_dx_dfn_coef_pitch(int64_t mixes) {
+  return (3 * mixes + 15) / 16 * 16;
+}
 OPSLOT_API int opslot_mhc_dx_dfn_fits(int dtype, int64_t hc, int64_t hidden, int64_t mixes,
                                       const void* x, const void* g_out, const void* dx);
 OPSLOT_API int64_t opslot_mhc_dx_dfn_scratch_floats(int64_t tokens, int64_t hc, int64_t hidden,
