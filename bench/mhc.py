@@ -117,7 +117,7 @@ DX_VARIANTS = {
     10: "2 cols x 256 thr, 128 tok, cp.async ring",
     11: "4 cols x 256 thr, 128 tok, cp.async ring",
     12: "2 cols x 256 thr, 128 tok, cp.async ring, 3 blocks/SM",
-    13: "fused dx + d fn, 2-deep ring, 3 blocks/SM",
+    13: "fused dx + d fn, 2-deep ring",
     14: "fused dx + d fn, 4-deep ring",
 }
 

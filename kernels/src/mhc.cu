@@ -562,31 +562,40 @@ __global__ void __launch_bounds__(256, MINB)
 #pragma unroll
   for (int i = 0; i < STAGES - 1; ++i) issue(i);
   const int warp = tid >> 5, lane = tid & 31, gq = lane >> 2, cq = lane & 3;
-  const int rg = warp & 3, cg = warp >> 2;  // dx: tokens 16 rg .., columns 32 cg ..
+  const int rg = warp & 3, cg = warp >> 2;  // tokens 16 rg .., columns 32 cg ..
   const int c1 = (2 * M + 15) / 16, c2 = (M + 15) / 16;
-  float dacc[S::n1][4];  // D: rows 16 mt .., columns 8 warp ..
+  float dacc[S::n1][4][4];  // D over the warp's tokens: rows 16 mt .., columns 32 cg + 8 q ..
 #pragma unroll
   for (int mt = 0; mt < S::n1; ++mt) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) dacc[mt][e] = 0.f;
+    for (int q = 0; q < 4; ++q) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dacc[mt][q][e] = 0.f;
+    }
   }
   for (int tile = 0; tile < ntiles; ++tile) {
     cp_async_wait<STAGES - 2>();
     __syncthreads();  // the tile has landed; every thread is past the previous tile (its stage)
     issue(tile + STAGES - 1);
     const DxfStage<MAXM> st(smem, tile % STAGES);
+    {                     // D += sA^T x over the warp's 16 tokens and 32 columns
+      uint32_t xb[2][4];  // x as B (k = tokens, n = columns): two 8-column tiles per ldmatrix
 #pragma unroll
-    for (int ks = 0; ks < kDxfTok / 16; ++ks) {  // D += sA^T x over the tile's tokens
-      uint32_t b[2];
-      ldsm_x2_t(b, &st.x[16 * ks + (lane & 7) + ((lane >> 3) & 1) * 8][8 * warp]);
+      for (int qp = 0; qp < 2; ++qp)
+        ldsm_x4_t(xb[qp], &st.x[16 * rg + (lane & 7) + ((lane >> 3) & 1) * 8]
+                               [32 * cg + 16 * qp + (lane >> 4) * 8]);
 #pragma unroll
       for (int mt = 0; mt < S::n1; ++mt) {
         if (mt < c1) {
-          uint32_t a[4];
+          uint32_t at[4];  // sA^T: rows 16 mt .. of the coefficients, k = the warp's tokens
           ldsm_x4_t(
-              a,
-              &st.a[16 * ks + (lane & 7) + ((lane >> 4) & 1) * 8][16 * mt + ((lane >> 3) & 1) * 8]);
-          mma16816<bf16>(dacc[mt], a, b);
+              at,
+              &st.a[16 * rg + (lane & 7) + ((lane >> 4) & 1) * 8][16 * mt + ((lane >> 3) & 1) * 8]);
+#pragma unroll
+          for (int qp = 0; qp < 2; ++qp) {
+            mma16816<bf16>(dacc[mt][2 * qp], at, xb[qp][0], xb[qp][1]);
+            mma16816<bf16>(dacc[mt][2 * qp + 1], at, xb[qp][2], xb[qp][3]);
+          }
         }
       }
     }
@@ -642,15 +651,25 @@ __global__ void __launch_bounds__(256, MINB)
     }
   }
   cp_async_wait<0>();
-  __syncthreads();                             // the ring is free: D goes through it
+  __syncthreads();                             // the ring is free: D is summed in it
   float* sD = reinterpret_cast<float*>(smem);  // [KA][64]
+  for (int r = 0; r < 4; ++r) {                // the token groups' partials, in group order
+    if (rg == r) {
 #pragma unroll
-  for (int mt = 0; mt < S::n1; ++mt) {
+      for (int mt = 0; mt < S::n1; ++mt) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e)
-      sD[(16 * mt + gq + 8 * (e >> 1)) * kDxfCols + 8 * warp + 2 * cq + (e & 1)] = dacc[mt][e];
+        for (int q = 0; q < 4; ++q) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            float& d =
+                sD[(16 * mt + gq + 8 * (e >> 1)) * kDxfCols + 32 * cg + 8 * q + 2 * cq + (e & 1)];
+            d = r == 0 ? dacc[mt][q][e] : d + dacc[mt][q][e];
+          }
+        }
+      }
+    }
+    __syncthreads();
   }
-  __syncthreads();
   float* out = dfn + static_cast<int64_t>(blockIdx.y) * M * K;
   for (int i = tid; i < M * kDxfCols; i += 256) {
     const int m = i / kDxfCols, n = i % kDxfCols;
@@ -947,8 +966,8 @@ int launch_dx_variant(int version, const char* what, const DxArgs<T>& a, cudaStr
 // ---- the fused dx + d fn launch --------------------------------------------------------------
 // dx_dfn_kernel takes bf16 streams in whole 64-column tiles, x / g / dx 16-byte aligned; the bench
 // library's dx_version 2 to 12 turn it off (the CUDA-core dx and the d fn GEMM run instead), 13 and
-// 14 run it with a 2-deep ring for 3 blocks per SM / a 4-deep ring (the production one: 3-deep, 2
-// blocks per SM; the same bits).
+// 14 run it with a 2-deep / a 4-deep ring (the production one: 3-deep; 2 blocks per SM each; the
+// same bits).
 bool dx_dfn_fits(int dtype, int64_t hc, int64_t hidden, int64_t mixes, const void* x, const void* g,
                  const void* dx) {
 #ifdef OPSLOT_KERNELS_BENCH
@@ -1238,8 +1257,8 @@ OPSLOT_API int opslot_mhc_dx_dfn(int64_t tokens, int64_t hc, int64_t hidden, int
   const bool comb = mixes > hc;
 #ifdef OPSLOT_KERNELS_BENCH
   if (g_dx_version == 13)
-    return comb ? launch_dx_dfn<mhc::kMaxMixes, 2, 3>(what, a, coef3, dfn, scratch, s)
-                : launch_dx_dfn<mhc::kMaxHc, 2, 3>(what, a, coef3, dfn, scratch, s);
+    return comb ? launch_dx_dfn<mhc::kMaxMixes, 2, 2>(what, a, coef3, dfn, scratch, s)
+                : launch_dx_dfn<mhc::kMaxHc, 2, 2>(what, a, coef3, dfn, scratch, s);
   if (g_dx_version == 14)
     return comb ? launch_dx_dfn<mhc::kMaxMixes, 4, 2>(what, a, coef3, dfn, scratch, s)
                 : launch_dx_dfn<mhc::kMaxHc, 4, 2>(what, a, coef3, dfn, scratch, s);

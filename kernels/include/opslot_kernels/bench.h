@@ -63,8 +63,8 @@ OPSLOT_API int opslot_load_balancing_set_tuning(int forward_path, int backward_p
  * default) the production backward (opslot_mhc_dx_dfn where it fits, else opslot_mhc_dx's
  * production configuration and the d fn GEMM); 2 to 12 turn opslot_mhc_dx_dfn off and run the
  * CUDA-core dx variants (kernels/src/mhc.cu, launch_dx_variant; all the same bits, 11 the
- * production one) with the d fn GEMM; 13 and 14 run opslot_mhc_dx_dfn with a 2-deep ring for 3
- * blocks per SM / a 4-deep ring (production: 3-deep, 2 blocks; all the same bits). */
+ * production one) with the d fn GEMM; 13 and 14 run opslot_mhc_dx_dfn with a 2-deep / a 4-deep
+ * ring (production: 3-deep; 2 blocks per SM each; all the same bits). */
 OPSLOT_API int opslot_mhc_set_tuning(int hold_max_threads, int dx_version);
 
 #ifdef __cplusplus

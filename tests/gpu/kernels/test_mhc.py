@@ -453,8 +453,8 @@ def test_fused_backward_matches_transformers(shape):
 
 @pytest.mark.parametrize("shape", [(1, 603, 4, 4096), (1, 4100, 4, 128), (1, 70, 3, 192)])
 def test_fused_rings_agree_bitwise(shape):
-    """The bench library's other rings of the fused kernel (knob dx_version 13: 2-deep, 3 blocks per
-    SM; 14: 4-deep) give the production kernel's bits for the gradients of pre and head."""
+    """The bench library's other rings of the fused kernel (knob dx_version 13: 2-deep; 14: 4-deep)
+    give the production kernel's bits for the gradients of pre and head."""
     from opslot.kernels.cuda import mhc
 
     b, s, hc, d = shape
