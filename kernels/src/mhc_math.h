@@ -1,7 +1,8 @@
 // The per-token math of DeepSeek-V4's hyper-connections (mhc/pre, mhc/head), shared by the CUDA
-// kernels of mhc.cu (one thread per token) and by the CPU kernels of kernels/torch/mhc.cc, so that
-// the CPU tests run the very code the GPU runs. Plain C++ (no CUDA types), fp32 throughout, in
-// upstream's order of operations (transformers' DeepseekV4HyperConnection / DeepseekV4HyperHead):
+// kernels of mhc_kernels.cuh (one thread per token) and by the CPU kernels of kernels/torch/mhc.cc,
+// so that the CPU tests run the very code the GPU runs. Plain C++ (no CUDA types), fp32 throughout,
+// in upstream's order of operations (transformers' DeepseekV4HyperConnection /
+// DeepseekV4HyperHead):
 //
 //   mix[m]  = rstd * (x_flat . fn[m])                        m < M = (2 + hc) * hc (head: M = hc)
 //   pre[j]  = sigmoid(mix[j] * scale[0] + base[j]) + eps     j < hc

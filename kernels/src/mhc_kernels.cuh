@@ -1,0 +1,427 @@
+// The token-row kernels of DeepSeek-V4's hyper-connections (mhc.cu launches them): the split of
+// fn into bf16 terms, the collapse forward and backward (one block per token), the Sinkhorn comb
+// forward and backward (one thread per token) and mhc/post each way. The per-token math is
+// mhc_math.h; the contracts opslot_kernels/mhc.h; the design docs/kernels.md "## mhc". The dx
+// kernels are in mhc_dx.cuh.
+#pragma once
+
+#include "common.cuh"
+#include "mhc_math.h"
+#include "opslot_kernels/mhc.h"
+
+namespace opslot {
+namespace {
+
+using bf16 = __nv_bfloat16;
+constexpr int kRowVectors = 4;       // 16-byte vectors per stream and thread held by collapse_fwd
+constexpr int kStreamThreads = 256;  // at most, in the blocks that stream a token's row
+
+// Sums each of v[0..N) over the block in a fixed order; every thread gets the sums. `red` holds
+// N x 32 floats; blockDim.x is a multiple of 32.
+template <int N>
+__device__ __forceinline__ void block_sum(float (&v)[N], float (*red)[32]) {
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v[n] += __shfl_xor_sync(0xffffffffu, v[n], o);
+  }
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  __syncthreads();
+  if (lane == 0) {
+#pragma unroll
+    for (int n = 0; n < N; ++n) red[n][warp] = v[n];
+  }
+  __syncthreads();
+  const int warps = blockDim.x >> 5;
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+    float s = 0.f;
+    for (int w = 0; w < warps; ++w) s += red[n][w];
+    v[n] = s;
+  }
+}
+
+// w = hi + mid + lo, each the bf16 rounding of what the previous terms leave.
+__device__ __forceinline__ void split3(float w, bf16& hi, bf16& mid, bf16& lo) {
+  hi = __float2bfloat16_rn(w);
+  const float r1 = w - __bfloat162float(hi);
+  mid = __float2bfloat16_rn(r1);
+  lo = __float2bfloat16_rn(r1 - __bfloat162float(mid));
+}
+
+// Makes the compiler forget what it knows of v's bits: the float conversions made before this point
+// cannot be reused after it, so a row held in registers stays as its raw 16-bit values (half the
+// registers) instead of as the floats of the sum of squares.
+template <typename V>
+__device__ __forceinline__ void opaque(V& v) {
+  if constexpr (sizeof(V) == 16) {
+    uint4 u;
+    memcpy(&u, &v, 16);
+    asm volatile("" : "+r"(u.x), "+r"(u.y), "+r"(u.z), "+r"(u.w));
+    memcpy(&v, &u, 16);
+  }
+}
+
+// The value `.to(dtype)` gives (upstream rounds post and comb to the streams' dtype).
+template <typename T>
+__device__ __forceinline__ float round_to(float v) {
+  return to_float(from_float<T>(v));
+}
+
+__global__ void split3_kernel(const float* __restrict__ w, int64_t n, bf16* __restrict__ out) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    bf16 a, b, c;
+    split3(w[i], a, b, c);
+    out[i] = a;
+    out[n + i] = b;
+    out[2 * n + i] = c;
+  }
+}
+
+// ---- collapse forward: one block per token ------------------------------------------------------
+// kHold: the token's streams stay in registers between the sum of squares and the collapse (rows of
+// up to kStreamThreads * kRowVectors vectors per stream); else the collapse reads them again (from
+// L2: the block read them a moment ago).
+template <typename T, int HC, int VEC, bool kHold>
+__global__ void __launch_bounds__(kStreamThreads)
+    collapse_fwd_kernel(const T* __restrict__ x, const float* __restrict__ p, int nsplit,
+                        int64_t ldp, const float* __restrict__ scale,
+                        const float* __restrict__ base, float norm_eps, float hc_eps,
+                        T* __restrict__ out, float* __restrict__ mix, float* __restrict__ rstd,
+                        int64_t hidden, int mixes) {
+  using V = Vec<T, VEC>;
+  constexpr int NV = kHold ? kRowVectors : 1;
+  __shared__ float red[1][32];
+  __shared__ float pre_s[HC];
+  const int64_t t = blockIdx.x;
+  const int64_t nvec = hidden / VEC;
+  const T* xt = x + t * HC * hidden;
+  // the GEMM's partial products of this token, loaded before the row (they do not depend on it)
+  float pacc = 0.f;
+  if (static_cast<int>(threadIdx.x) < mixes) {
+    for (int s = 0; s < nsplit; ++s) pacc += p[t * ldp + s * mixes + threadIdx.x];
+  }
+  V xv[HC][NV];
+  float ss[1] = {0.f};
+  if constexpr (kHold) {
+#pragma unroll
+    for (int v = 0; v < NV; ++v) {
+      const int64_t i = threadIdx.x + static_cast<int64_t>(v) * blockDim.x;
+      if (i < nvec) {
+#pragma unroll
+        for (int j = 0; j < HC; ++j) xv[j][v] = reinterpret_cast<const V*>(xt + j * hidden)[i];
+      }
+    }
+#pragma unroll
+    for (int v = 0; v < NV; ++v) {
+      if (threadIdx.x + static_cast<int64_t>(v) * blockDim.x < nvec) {
+#pragma unroll
+        for (int j = 0; j < HC; ++j) {
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) {
+            const float f = to_float(xv[j][v].v[e]);
+            ss[0] += f * f;
+          }
+        }
+      }
+    }
+  } else {
+    for (int64_t i = threadIdx.x; i < nvec; i += blockDim.x) {
+#pragma unroll
+      for (int j = 0; j < HC; ++j) xv[j][0] = reinterpret_cast<const V*>(xt + j * hidden)[i];
+#pragma unroll
+      for (int j = 0; j < HC; ++j) {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+          const float f = to_float(xv[j][0].v[e]);
+          ss[0] += f * f;
+        }
+      }
+    }
+  }
+  block_sum<1>(ss, red);
+  const float r = rsqrtf(ss[0] / static_cast<float>(HC * hidden) + norm_eps);
+  if (static_cast<int>(threadIdx.x) < mixes) {
+    const int m = threadIdx.x;
+    const float mv = r * pacc;
+    mix[t * mixes + m] = mv;
+    if (m < HC) pre_s[m] = mhc::sigmoid(mv * scale[0] + base[m]) + hc_eps;
+  }
+  if (threadIdx.x == 0) rstd[t] = r;
+  __syncthreads();
+  float pw[HC];
+#pragma unroll
+  for (int j = 0; j < HC; ++j) pw[j] = pre_s[j];
+  T* ot = out + t * hidden;
+  auto collapse = [&](const V(&xs)[HC], int64_t i) {
+    V o;
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+      float acc = 0.f;
+#pragma unroll
+      for (int j = 0; j < HC; ++j) acc += pw[j] * to_float(xs[j].v[e]);
+      o.v[e] = from_float<T>(acc);
+    }
+    reinterpret_cast<V*>(ot)[i] = o;
+  };
+  if constexpr (kHold) {
+#pragma unroll
+    for (int v = 0; v < NV; ++v) {
+      const int64_t i = threadIdx.x + static_cast<int64_t>(v) * blockDim.x;
+      if (i < nvec) {
+        V xs[HC];
+#pragma unroll
+        for (int j = 0; j < HC; ++j) {
+          xs[j] = xv[j][v];
+          opaque(xs[j]);
+        }
+        collapse(xs, i);
+      }
+    }
+  } else {
+    for (int64_t i = threadIdx.x; i < nvec; i += blockDim.x) {
+      V xs[HC];
+#pragma unroll
+      for (int j = 0; j < HC; ++j) xs[j] = reinterpret_cast<const V*>(xt + j * hidden)[i];
+      collapse(xs, i);
+    }
+  }
+}
+
+// ---- post / comb from the mixes: one thread per token ----------------------------------------
+template <int HC>
+__global__ void comb_fwd_kernel(int64_t tokens, int iters, const float* __restrict__ mix,
+                                const float* __restrict__ scale, const float* __restrict__ base,
+                                float eps, float* __restrict__ post, float* __restrict__ comb) {
+  constexpr int M = (2 + HC) * HC;
+  const int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (t >= tokens) return;
+  float m[M], b[M];
+  const float sc[3] = {scale[0], scale[1], scale[2]};
+#pragma unroll
+  for (int i = 0; i < M; ++i) {
+    m[i] = mix[t * M + i];
+    b[i] = base[i];
+  }
+  mhc::comb_forward<HC>(m, b, sc, iters, eps, post + t * HC, comb + t * HC * HC, nullptr, 0);
+}
+
+// Its backward: da[t, HC .. M); the matrices of the recomputed Sinkhorn steps live in shared
+// memory, [step][entry][thread] (consecutive threads, consecutive banks).
+template <int HC>
+__global__ void comb_bwd_kernel(int64_t tokens, int iters, const float* __restrict__ mix,
+                                const float* __restrict__ scale, const float* __restrict__ base,
+                                float eps, const float* __restrict__ g_post,
+                                const float* __restrict__ g_comb, float* __restrict__ da) {
+  constexpr int M = (2 + HC) * HC;
+  extern __shared__ float hist[];
+  const int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (t >= tokens) return;
+  float m[M], b[M], d[M];
+  const float sc[3] = {scale[0], scale[1], scale[2]};
+#pragma unroll
+  for (int i = 0; i < M; ++i) {
+    m[i] = mix[t * M + i];
+    b[i] = base[i];
+  }
+  mhc::comb_backward<HC>(m, b, sc, iters, eps, g_post ? g_post + t * HC : nullptr,
+                         g_comb ? g_comb + t * HC * HC : nullptr, d, hist + threadIdx.x,
+                         static_cast<int>(blockDim.x));
+#pragma unroll
+  for (int i = HC; i < M; ++i) da[t * M + i] = d[i];
+}
+
+// ---- collapse backward up to dx: one block per token -----------------------------------------
+template <typename T, int HC, int VEC, bool kComb>
+__global__ void __launch_bounds__(kStreamThreads)
+    collapse_bwd_kernel(const T* __restrict__ x, const T* __restrict__ g,
+                        const float* __restrict__ mix, const float* __restrict__ rstd,
+                        const float* __restrict__ scale, const float* __restrict__ base,
+                        float hc_eps, float* __restrict__ da, float* __restrict__ pre,
+                        float* __restrict__ dsc, float* __restrict__ coef_a,
+                        bf16* __restrict__ coef_a3, int64_t ld_a3, float* __restrict__ coef_c,
+                        int64_t hidden) {
+  constexpr int M = kComb ? (2 + HC) * HC : HC;
+  constexpr int G = kComb ? 3 : 1;
+  using V = Vec<T, VEC>;
+  __shared__ float red[HC][32];
+  const int64_t t = blockIdx.x;
+  const int64_t nvec = hidden / VEC;
+  float acc[HC];
+#pragma unroll
+  for (int j = 0; j < HC; ++j) acc[j] = 0.f;
+  if (g != nullptr) {
+    const T* xt = x + t * HC * hidden;
+    const T* gt = g + t * hidden;
+#pragma unroll 2
+    for (int64_t i = threadIdx.x; i < nvec; i += blockDim.x) {
+      const V gv = reinterpret_cast<const V*>(gt)[i];
+      V xv[HC];
+#pragma unroll
+      for (int j = 0; j < HC; ++j) xv[j] = reinterpret_cast<const V*>(xt + j * hidden)[i];
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        const float gf = to_float(gv.v[e]);
+#pragma unroll
+        for (int j = 0; j < HC; ++j) acc[j] += gf * to_float(xv[j].v[e]);
+      }
+    }
+  }
+  block_sum<HC>(acc, red);
+  if (threadIdx.x != 0) return;
+  float m[M], b[M], d[M], a[M], pr[HC], ds[G], c;
+  const float sc[3] = {scale[0], kComb ? scale[1] : 0.f, kComb ? scale[2] : 0.f};
+#pragma unroll
+  for (int i = 0; i < M; ++i) {
+    m[i] = mix[t * M + i];
+    b[i] = base[i];
+    d[i] = i >= HC ? da[t * M + i] : 0.f;
+  }
+  mhc::token_backward<HC>(acc, m, b, sc, M, rstd[t], 1.f / static_cast<float>(HC * hidden), hc_eps,
+                          d, pr, ds, a, &c);
+#pragma unroll
+  for (int j = 0; j < HC; ++j) {
+    da[t * M + j] = d[j];
+    pre[t * HC + j] = pr[j];
+  }
+#pragma unroll
+  for (int i = 0; i < G; ++i) dsc[t * G + i] = ds[i];
+#pragma unroll
+  for (int i = 0; i < M; ++i) coef_a[t * M + i] = a[i];
+  coef_c[t] = c;
+  if (coef_a3 != nullptr) {
+#pragma unroll
+    for (int i = 0; i < M; ++i) {
+      bf16 hi, mid, lo;
+      split3(a[i], hi, mid, lo);
+      coef_a3[t * ld_a3 + i] = hi;
+      coef_a3[t * ld_a3 + M + i] = mid;
+      coef_a3[t * ld_a3 + 2 * M + i] = lo;
+    }
+    for (int64_t i = 3 * M; i < ld_a3; ++i) coef_a3[t * ld_a3 + i] = __float2bfloat16_rn(0.f);
+  }
+}
+
+// ---- mhc/post -------------------------------------------------------------------------------
+// post and comb of token t, rounded to T (upstream's `.to(dtype)`), into every thread's registers:
+// p[i] = p_i, c[j][i] = c_ji (read once per block through shared memory).
+template <typename T, int HC>
+__device__ __forceinline__ void load_post_coefs(const float* post, const float* comb, int64_t t,
+                                                float (&p)[HC], float (&c)[HC][HC]) {
+  __shared__ float cf[HC + HC * HC];
+  const int i = threadIdx.x;
+  if (i < HC)
+    cf[i] = round_to<T>(post[t * HC + i]);
+  else if (i < HC + HC * HC)
+    cf[i] = round_to<T>(comb[t * HC * HC + i - HC]);
+  __syncthreads();
+#pragma unroll
+  for (int a = 0; a < HC; ++a) {
+    p[a] = cf[a];
+#pragma unroll
+    for (int j = 0; j < HC; ++j) c[j][a] = cf[HC + j * HC + a];
+  }
+}
+
+template <typename T, int HC, int VEC>
+__global__ void __launch_bounds__(kStreamThreads)
+    post_fwd_kernel(const float* __restrict__ post, const float* __restrict__ comb,
+                    const T* __restrict__ bo, const T* __restrict__ h, T* __restrict__ out,
+                    int64_t hidden) {
+  const int64_t t = blockIdx.x;
+  float p[HC], c[HC][HC];
+  load_post_coefs<T, HC>(post, comb, t, p, c);
+  const int64_t nvec = hidden / VEC;
+  const T* bt = bo + t * hidden;
+  const T* ht = h + t * HC * hidden;
+  T* ot = out + t * HC * hidden;
+#pragma unroll 2
+  for (int64_t v = threadIdx.x; v < nvec; v += blockDim.x) {
+    const int64_t i = v * VEC;
+    float b[VEC], hv[HC][VEC];
+    load_vec<VEC>(bt + i, b);
+#pragma unroll
+    for (int j = 0; j < HC; ++j) load_vec<VEC>(ht + j * hidden + i, hv[j]);
+#pragma unroll
+    for (int io = 0; io < HC; ++io) {
+      float o[VEC];
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        float acc = p[io] * b[e];
+#pragma unroll
+        for (int j = 0; j < HC; ++j) acc += c[j][io] * hv[j][e];
+        o[e] = acc;
+      }
+      store_vec<VEC>(ot + io * hidden + i, o);
+    }
+  }
+}
+
+template <typename T, int HC, int VEC>
+__global__ void __launch_bounds__(kStreamThreads)
+    post_bwd_kernel(const T* __restrict__ grad, const float* __restrict__ post,
+                    const float* __restrict__ comb, const T* __restrict__ bo,
+                    const T* __restrict__ h, T* __restrict__ d_bo, T* __restrict__ d_h,
+                    float* __restrict__ d_post, float* __restrict__ d_comb, int64_t hidden) {
+  constexpr int N = HC + HC * HC;
+  __shared__ float red[N][32];
+  const int64_t t = blockIdx.x;
+  float p[HC], c[HC][HC];
+  load_post_coefs<T, HC>(post, comb, t, p, c);
+  float acc[N];  // acc[i]: d_post_i; acc[HC + j*HC + i]: d_comb_ji
+#pragma unroll
+  for (int n = 0; n < N; ++n) acc[n] = 0.f;
+  const int64_t nvec = hidden / VEC;
+  const T* gt = grad + t * HC * hidden;
+  const T* bt = bo + t * hidden;
+  const T* ht = h + t * HC * hidden;
+  for (int64_t v = threadIdx.x; v < nvec; v += blockDim.x) {
+    const int64_t i = v * VEC;
+    float gv[HC][VEC], b[VEC], hv[HC][VEC];
+#pragma unroll
+    for (int io = 0; io < HC; ++io) load_vec<VEC>(gt + io * hidden + i, gv[io]);
+    load_vec<VEC>(bt + i, b);
+#pragma unroll
+    for (int j = 0; j < HC; ++j) load_vec<VEC>(ht + j * hidden + i, hv[j]);
+    float o[VEC];
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+      float s = 0.f;
+#pragma unroll
+      for (int io = 0; io < HC; ++io) s += p[io] * gv[io][e];
+      o[e] = s;
+    }
+    store_vec<VEC>(d_bo + t * hidden + i, o);
+#pragma unroll
+    for (int j = 0; j < HC; ++j) {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        float s = 0.f;
+#pragma unroll
+        for (int io = 0; io < HC; ++io) s += c[j][io] * gv[io][e];
+        o[e] = s;
+      }
+      store_vec<VEC>(d_h + (t * HC + j) * hidden + i, o);
+    }
+#pragma unroll
+    for (int io = 0; io < HC; ++io) {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        acc[io] += gv[io][e] * b[e];
+#pragma unroll
+        for (int j = 0; j < HC; ++j) acc[HC + j * HC + io] += gv[io][e] * hv[j][e];
+      }
+    }
+  }
+  block_sum<N>(acc, red);
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int io = 0; io < HC; ++io) d_post[t * HC + io] = acc[io];
+#pragma unroll
+    for (int e = 0; e < HC * HC; ++e) d_comb[t * HC * HC + e] = acc[HC + e];
+  }
+}
+
+}  // namespace
+}  // namespace opslot
