@@ -1,0 +1,129 @@
+// Sparse MQA attention's fixed-order dkv reduction, the sinks' gradient and the mask rows turned
+// into index lists (sparse_attention.cu launches them).
+#pragma once
+
+#include "sparse_attention_simt.cuh"
+
+namespace opslot::sparse {
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// dkv_acc[r, :] += the w rows of key r's pairs, in the inverse index's order. One CTA per key.
+
+constexpr int kReduceThreads = 128;
+
+// The contribution of pair id `pr` (relative to the chunk) to column d: its head blocks' rows.
+template <typename W>
+__device__ __forceinline__ float pair_value(const W* w, int64_t pr, int64_t nhb, int64_t K,
+                                            int64_t dqk, int64_t d) {
+  if (nhb == 1) return to_float(w[pr * dqk + d]);
+  const int64_t ql = pr / K, j = pr - ql * K;
+  float v = 0.f;
+  for (int64_t hb = 0; hb < nhb; ++hb) v += to_float(w[((ql * nhb + hb) * K + j) * dqk + d]);
+  return v;
+}
+
+template <typename W>
+__global__ void __launch_bounds__(kReduceThreads)
+    reduce_kernel(const W* __restrict__ w, int64_t nhb, int64_t K, int64_t dqk,
+                  const int64_t* __restrict__ rowptr, const int64_t* __restrict__ pairs,
+                  int64_t pair_base, float* __restrict__ acc) {
+  const int64_t r = blockIdx.x;
+  const int64_t e0 = rowptr[r], e1 = rowptr[r + 1];
+  if (e0 == e1) return;
+  float* arow = acc + r * dqk;
+  for (int64_t d = threadIdx.x; d < dqk; d += kReduceThreads) {
+    float v = arow[d];
+    int64_t e = e0;
+    for (; e + 4 <= e1; e += 4) {  // four loads in flight, added in order
+      float x[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) x[u] = pair_value(w, pairs[e + u] - pair_base, nhb, K, dqk, d);
+#pragma unroll
+      for (int u = 0; u < 4; ++u) v += x[u];
+    }
+    for (; e < e1; ++e) v += pair_value(w, pairs[e] - pair_base, nhb, K, dqk, d);
+    arow[d] = v;
+  }
+}
+
+// dsinks[h] = sum_r part[r, h] in a fixed order. One CTA per head.
+constexpr int kSinkThreads = 256;
+
+__global__ void __launch_bounds__(kSinkThreads)
+    dsink_kernel(const float* __restrict__ part, int64_t rows, int64_t heads,
+                 float* __restrict__ dsinks) {
+  __shared__ float red[kSinkThreads];
+  const int h = blockIdx.x, tid = threadIdx.x;
+  float v = 0.f;
+  for (int64_t r = tid; r < rows; r += kSinkThreads) v += part[r * heads + h];
+  red[tid] = v;
+  __syncthreads();
+  for (int st = kSinkThreads / 2; st > 0; st >>= 1) {
+    if (tid < st) red[tid] += red[tid + st];
+    __syncthreads();
+  }
+  if (tid == 0) dsinks[h] = red[0];
+}
+
+// ---------------------------------------------------------------------------------------------
+// Mask rows -> index lists. One warp per row, 32 consecutive entries per step (coalesced); a
+// ballot of the valid ones places them in order.
+
+constexpr int kMaskThreads = 256;
+
+template <int Kind>
+__device__ __forceinline__ int classify(const void* base, int64_t i) {
+  // 1: valid, 0: masked, 2: neither (an additive bias or NaN)
+  if constexpr (Kind == OPSLOT_SPARSE_MASK_BOOL) {
+    return static_cast<const uint8_t*>(base)[i] != 0 ? 1 : 0;
+  } else {
+    float x;
+    if constexpr (Kind == OPSLOT_SPARSE_MASK_FLOAT32)
+      x = static_cast<const float*>(base)[i];
+    else if constexpr (Kind == OPSLOT_SPARSE_MASK_FLOAT16)
+      x = __half2float(static_cast<const __half*>(base)[i]);
+    else
+      x = __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
+    if (x == 0.f) return 1;
+    if (x <= kMaskedBelow) return 0;
+    return 2;
+  }
+}
+
+template <int Kind>
+__global__ void __launch_bounds__(kMaskThreads)
+    mask_kernel(const void* __restrict__ mask, int64_t batch, int64_t rows, int64_t cols,
+                int64_t ms0, int64_t ms1, int64_t ms2, int64_t topk, int32_t* __restrict__ indices,
+                int32_t* __restrict__ status) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (kMaskThreads / 32) + (threadIdx.x >> 5);
+  if (row >= batch * rows) return;  // whole warps leave together
+  const int64_t b = row / rows, r = row % rows;
+  const int64_t base = b * ms0 + r * ms1;
+  int32_t* out = indices + row * topk;
+  const unsigned below = (1u << lane) - 1u;
+  int64_t count = 0;
+  int flags = 0;
+  for (int64_t c0 = 0; c0 < cols; c0 += 32) {
+    const int64_t c = c0 + lane;
+    const int k = c < cols ? classify<Kind>(mask, base + c * ms2) : 0;
+    if (k == 2) flags |= OPSLOT_SPARSE_MASK_BIAS;
+    const unsigned valid = __ballot_sync(0xffffffffu, k == 1);
+    if (k == 1) {
+      const int64_t pos = count + __popc(valid & below);
+      if (pos < topk)
+        out[pos] = static_cast<int32_t>(c);
+      else
+        flags |= OPSLOT_SPARSE_MASK_OVERFLOW;
+    }
+    count += __popc(valid);
+  }
+  for (int64_t k = count + lane; k < topk; k += 32) out[k] = -1;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) flags |= __shfl_xor_sync(0xffffffffu, flags, o);
+  if (lane == 0 && flags != 0) atomicOr(status, flags);
+}
+
+}  // namespace
+}  // namespace opslot::sparse
