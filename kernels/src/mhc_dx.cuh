@@ -154,16 +154,19 @@ __global__ void __launch_bounds__(THREADS, kMinBlocks)
 // fn's columns sit in shared memory as bf16 terms (split3): sB row n = [hi hi | mid], two regions
 // of fn's M values each, zero-padded to 16. The coefficients come split by collapse_bwd (rows
 // [hi mid lo] of M each); the kernel takes their first two terms (sA: [hi mid], zero-padded to KA).
-// Per tile:
+// Warp (rg, cg) owns the tile's tokens 16 rg .. 16 rg + 15 and columns 32 cg .. 32 cg + 31 for
+// both products, so it reads its part of sA and x once per tile. Per tile:
 //   S = coef fn: sA against the regions, hi fhi + mid fhi | hi fmid: the products above 2^-18 of
 //       the largest (fp32 accumulators); the three left out (mid fmid, lo fhi, hi flo) are each
 //       below 2^-18 relative: about the fp32 rounding of a sum over thousands of tokens, and 1/256
 //       of dx's bf16 rounding;
 //   dx = pre_j g + S - c x (dx_value: fp32, one rounding), stored from the accumulators;
-//   D += sA^T x: the two terms' sums of coef_a[t, m] x[t, n] (fp32 accumulators across the range).
-// One barrier per tile. At the end D's terms are added (hi + mid) into the range's slab of
-// `dfn` ([M, K]: dfn itself for one range, else the scratch that dfn_reduce adds in range order):
-// no atomics, a fixed order, the same bits on every run.
+//   D += sA^T x over the warp's tokens: the two terms' sums of coef_a[t, m] x[t, n] (fp32
+//       accumulators across the range, one partial per token group).
+// One barrier per tile. At the end the four token groups' partials are added in group order, and
+// D's terms (hi + mid) into the range's slab of `dfn` ([M, K]: dfn itself for one range, else the
+// scratch that dfn_reduce adds in range order): no atomics, a fixed order, the same bits on every
+// run.
 constexpr int kDxfTok = 64, kDxfCols = 64, kDxfSpan = 4096;
 constexpr int kDxfPitch = kDxfCols + 8;  // x / g rows of 144 bytes: ldmatrix rows on distinct banks
 
