@@ -59,6 +59,7 @@ os.environ.setdefault("USE_HUB_KERNELS", "0")  # read by transformers at import:
 
 import argparse  # noqa: E402
 import copy  # noqa: E402
+import ctypes  # noqa: E402
 import dataclasses  # noqa: E402
 import gc  # noqa: E402
 import importlib  # noqa: E402
@@ -94,24 +95,20 @@ class Energy:
     sets its time: the rows give joules per step and the mean power of the timed steps."""
 
     def __init__(self) -> None:
-        self.handle = None
+        self.nvml, self.handle = None, None
         try:
-            import ctypes
-
             nvml = ctypes.CDLL("libnvidia-ml.so.1")
-            handle = ctypes.c_void_p()
-            index = torch.cuda.current_device() if torch.cuda.is_available() else 0
-            if nvml.nvmlInit_v2() == 0 and nvml.nvmlDeviceGetHandleByIndex_v2(index, ctypes.byref(handle)) == 0:
-                self.nvml, self.handle, self.ctypes = nvml, handle, ctypes
         except OSError:
-            pass
+            return
+        handle = ctypes.c_void_p()
+        index = torch.cuda.current_device() if torch.cuda.is_available() else 0
+        if nvml.nvmlInit_v2() == 0 and nvml.nvmlDeviceGetHandleByIndex_v2(index, ctypes.byref(handle)) == 0:
+            self.nvml, self.handle = nvml, handle
 
     def read(self) -> Optional[float]:
         """Joules since the driver loaded, or None."""
-        if self.handle is None:
-            return None
-        mj = self.ctypes.c_ulonglong()
-        if self.nvml.nvmlDeviceGetTotalEnergyConsumption(self.handle, self.ctypes.byref(mj)) != 0:
+        mj = ctypes.c_ulonglong()
+        if self.handle is None or self.nvml.nvmlDeviceGetTotalEnergyConsumption(self.handle, ctypes.byref(mj)) != 0:
             return None
         return mj.value / 1e3
 

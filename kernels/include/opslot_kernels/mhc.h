@@ -68,6 +68,11 @@ OPSLOT_API int opslot_mhc_dx(int dtype, int64_t tokens, int64_t hc, int64_t hidd
                              const void* x, const void* g_out, const float* fn, const float* coef_a,
                              const float* coef_c, const float* pre, void* dx, void* stream);
 
+/* coef_a3's row pitch (bfloat16 elements) that opslot_mhc_dx_dfn reads: 16 * ceil(3M / 16). */
+static inline int64_t opslot_mhc_dx_dfn_coef_pitch(int64_t mixes) {
+  return (3 * mixes + 15) / 16 * 16;
+}
+
 /* dx as opslot_mhc_dx and dfn [M, K] fp32, dfn[m, k] = sum_t coef_a[t, m] * x[t, k], in one pass
  * over x on tensor cores, from coef_a split into bf16 terms (opslot_mhc_collapse_bwd's coef_a3, row
  * pitch opslot_mhc_dx_dfn_coef_pitch(M), 16-byte aligned; its first two terms) and fn split the
@@ -76,10 +81,6 @@ OPSLOT_API int opslot_mhc_dx(int dtype, int64_t tokens, int64_t hc, int64_t hidd
  * 16-byte aligned); else use opslot_mhc_dx and a GEMM. scratch:
  * opslot_mhc_dx_dfn_scratch_floats(...) floats (NULL when that is 0; -1: bad shape). Ranges of 4096
  * tokens, their d fn added in order: bitwise deterministic. */
-/* coef_a3's row pitch (bfloat16 elements) that opslot_mhc_dx_dfn reads: 16 * ceil(3M / 16). */
-static inline int64_t opslot_mhc_dx_dfn_coef_pitch(int64_t mixes) {
-  return (3 * mixes + 15) / 16 * 16;
-}
 OPSLOT_API int opslot_mhc_dx_dfn_fits(int dtype, int64_t hc, int64_t hidden, int64_t mixes,
                                       const void* x, const void* g_out, const void* dx);
 OPSLOT_API int64_t opslot_mhc_dx_dfn_scratch_floats(int64_t tokens, int64_t hc, int64_t hidden,
