@@ -95,6 +95,21 @@ __device__ __forceinline__ void load_raw(Vec<T, VEC> (&dst)[NV], const T* rowp, 
   }
 }
 
+// The forward's output for one element: n = x * rstd, w the weight, z the gate (gated norm only).
+// FAST: the gate's sigmoid by fast_sigmoid (version 3), else exact division and expf (versions 1
+// and 2).
+template <typename Tx, typename Tw, bool FAST>
+__device__ __forceinline__ float rms_out(int mode, bool gated, float n, float w, float z) {
+  if (gated) {
+    float m = w * round_to<Tx>(n);
+    if (!std::is_same<Tw, float>::value) m = round_to<Tx>(m);
+    return FAST ? m * (z * fast_sigmoid<Tx>(z)) : m * (z / (1.f + expf(-z)));
+  }
+  if (mode == OPSLOT_RMS_STANDARD) return w * round_to<Tx>(n);
+  if (mode == OPSLOT_RMS_OFFSET) return n * (1.f + w);
+  return n;  // unweighted
+}
+
 // The gradient w.r.t. the normalised value n (dt), for one element; also the weight-gradient term
 // (dwt) and, for the gated norm, the gate's gradient (dg).
 template <typename Tx, typename Tw, bool GATED>
@@ -184,21 +199,8 @@ __global__ void __launch_bounds__(kMaxThreads) rms_fwd_kernel_v1(RmsArgs a) {
       if (a.mode == OPSLOT_RMS_GATED) load_vec<VEC>(gr + off, gv);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        const float n = xv[i][j] * r;
-        float o;
-        if (a.mode == OPSLOT_RMS_STANDARD) {
-          o = wv[j] * round_to<Tx>(n);
-        } else if (a.mode == OPSLOT_RMS_OFFSET) {
-          o = n * (1.f + wv[j]);
-        } else if (a.mode == OPSLOT_RMS_UNWEIGHTED) {
-          o = n;
-        } else {
-          float m = wv[j] * round_to<Tx>(n);
-          if (!std::is_same<Tw, float>::value) m = round_to<Tx>(m);
-          const float z = gv[j];
-          o = m * (z / (1.f + expf(-z)));
-        }
-        out[j] = o;
+        out[j] = rms_out<Tx, Tw, false>(a.mode, a.mode == OPSLOT_RMS_GATED, xv[i][j] * r, wv[j],
+                                        a.mode == OPSLOT_RMS_GATED ? gv[j] : 0.f);
       }
       store_vec<VEC>(yr + off, out);
     }
@@ -360,22 +362,8 @@ __global__ void __launch_bounds__(kMaxThreads) rms_fwd_kernel(RmsArgs a) {
         if (GATED) load_vec<VEC>(gr + off, gv);
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
-          const float n = to_float(cur[i].v[j]) * r;
-          const float w = to_float(wreg[i].v[j]);
-          float o;
-          if (GATED) {
-            float m = w * round_to<Tx>(n);
-            if (!std::is_same<Tw, float>::value) m = round_to<Tx>(m);
-            const float z = gv[j];
-            o = m * (z / (1.f + expf(-z)));
-          } else if (a.mode == OPSLOT_RMS_STANDARD) {
-            o = w * round_to<Tx>(n);
-          } else if (a.mode == OPSLOT_RMS_OFFSET) {
-            o = n * (1.f + w);
-          } else {
-            o = n;
-          }
-          out[j] = o;
+          out[j] = rms_out<Tx, Tw, false>(a.mode, GATED, to_float(cur[i].v[j]) * r,
+                                          to_float(wreg[i].v[j]), GATED ? gv[j] : 0.f);
         }
         store_vec<VEC>(yr + off, out);
       }

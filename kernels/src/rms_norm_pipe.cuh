@@ -163,22 +163,8 @@ __global__ void __launch_bounds__(kPipeMaxThreads) rms_pipe_kernel(RmsArgs a) {
         float out[VEC];
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
-          const float n = to_float(xv[i].v[j]) * r;
-          const float w = wreg[i][j];
-          float o;
-          if (GATED) {
-            float m = w * round_to<Tx>(n);
-            if (!std::is_same<Tw, float>::value) m = round_to<Tx>(m);
-            const float z = to_float(gv[i].v[j]);
-            o = m * (z * fast_sigmoid<Tx>(z));
-          } else if (mode == OPSLOT_RMS_STANDARD) {
-            o = w * round_to<Tx>(n);
-          } else if (mode == OPSLOT_RMS_OFFSET) {
-            o = n * (1.f + w);
-          } else {
-            o = n;
-          }
-          out[j] = o;
+          out[j] = rms_out<Tx, Tw, true>(mode, GATED, to_float(xv[i].v[j]) * r, wreg[i][j],
+                                         GATED ? to_float(gv[i].v[j]) : 0.f);
         }
         store_vec<VEC>(yr + static_cast<int64_t>(c) * VEC, out);
       }
