@@ -15,7 +15,10 @@ Rows, each measured side by side in one process:
   accumulated into .grad), CUDA events around the Python call (median), and the same call
   captured in a CUDA graph (device only); beside the loss, the same 48 leaves through an
   autograd.Function that launches no kernel (what the autograd engine alone costs for 48 gradient
-  edges) and through torch.cat + sum.
+  edges) and through torch.cat + sum;
+- the engine's cost per gradient edge: host time of `torch.autograd.grad` alone (forward outside the
+  timing) over 1 and 48 tiny leaves, through that no-kernel Function (CUDA and CPU leaves) and
+  through the load-balancing loss.
 The target of issue 30 (host cost <= 1.5x F.rms_norm's) is printed against the measured ratio.
 """
 
@@ -52,6 +55,23 @@ def host_cost(step: Callable[[], None], calls: int, rounds: int) -> float:
             step()
         torch.cuda.synchronize()
         per.append((time.perf_counter() - t) / calls * 1e6)
+    return statistics.median(per)
+
+
+def backward_host(fwd: Callable[[], torch.Tensor], inputs: List[torch.Tensor], calls: int) -> float:
+    """Microseconds of host time in `torch.autograd.grad` alone (the forward outside the timing),
+    median over `calls` calls; the GPU is synchronised every 20 calls so it never backs up."""
+    for _ in range(20):
+        torch.autograd.grad(fwd(), inputs)
+    torch.cuda.synchronize()
+    per = []
+    for i in range(calls):
+        out = fwd()
+        t = time.perf_counter()
+        torch.autograd.grad(out, inputs)
+        per.append((time.perf_counter() - t) * 1e6)
+        if i % 20 == 19:
+            torch.cuda.synchronize()
     return statistics.median(per)
 
 
@@ -199,6 +219,24 @@ def main() -> int:
         rows.append(row)
         print(json.dumps(row), flush=True)
 
+    # The engine's cost per gradient edge: `torch.autograd.grad` alone over 1 and 48 tiny leaves,
+    # through the no-kernel Function (CUDA and CPU leaves) and through the loss.
+    edges: List[Dict[str, Any]] = []
+    for n in (1, 48):
+        for d in ("cuda", "cpu"):
+            leaves = [torch.randn(16, 128, device=d, dtype=dt).requires_grad_() for _ in range(n)]
+            grads0 = tuple(torch.zeros_like(t) for t in leaves)
+            cases_e = [("autograd.Function, no kernel", lambda: _NoKernels.apply(grads0, *leaves))]
+            if d == "cuda":
+                cases_e.append(
+                    ("opslot load-balancing loss", lambda: lb_cuda.load_balancing_loss(tuple(leaves), 128, 8))
+                )
+            for what, fwd_e in cases_e:
+                edges.append(
+                    {"edges": n, "device": d, "what": what, "us": backward_host(fwd_e, leaves, 5 * args.calls // 2)}
+                )
+                print(json.dumps(edges[-1]), flush=True)
+
     full: List[Dict[str, Any]] = []
     xb, wb = rn(16384, 4096), rn(4096)
     gy = torch.randn(16384, 4096, device=dev, dtype=dt, generator=g)
@@ -293,6 +331,18 @@ def main() -> int:
         )
     lines += [
         "",
+        "| host µs in `torch.autograd.grad` alone, tiny [16, 128] leaves | 1 edge | 48 edges |",
+        "|---|---|---|",
+    ]
+    for d, what in (
+        ("cuda", "autograd.Function, no kernel"),
+        ("cpu", "autograd.Function, no kernel"),
+        ("cuda", "opslot load-balancing loss"),
+    ):
+        us = {e["edges"]: e["us"] for e in edges if e["device"] == d and e["what"] == what}
+        lines.append(f"| {what}, {d} leaves | {us[1]:.0f} | {us[48]:.0f} |")
+    lines += [
+        "",
         "| full size | impl | user path ms (CUDA events) | device only ms (CUDA graph) |",
         "|---|---|---|---|",
     ]
@@ -305,7 +355,9 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "host_cost.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    (out / "host_cost.json").write_text(json.dumps({"host": rows, "full": full}, indent=1), encoding="utf-8")
+    (out / "host_cost.json").write_text(
+        json.dumps({"host": rows, "edges": edges, "full": full}, indent=1), encoding="utf-8"
+    )
     print("\n".join(lines))
     return 0
 
