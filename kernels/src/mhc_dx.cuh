@@ -160,7 +160,8 @@ __global__ void __launch_bounds__(THREADS, kMinBlocks)
 //       the largest (fp32 accumulators); the three left out (mid fmid, lo fhi, hi flo) are each
 //       below 2^-18 relative: about the fp32 rounding of a sum over thousands of tokens, and 1/256
 //       of dx's bf16 rounding;
-//   dx = pre_j g + S - c x (dx_value: fp32, one rounding), stored from the accumulators;
+//   dx = pre_j g + S - c x (dx_value: fp32, one rounding), written over the warp's part of the
+//       x tile, then stored as whole 16-byte pieces of its rows;
 //   D += sA^T x over the warp's tokens: the two terms' sums of coef_a[t, m] x[t, n] (fp32
 //       accumulators across the range, one partial per token group).
 // One barrier per tile. At the end the four token groups' partials are added in group order, and
@@ -323,26 +324,38 @@ __global__ void __launch_bounds__(256, MINB)
     region(std::integral_constant<int, S::n2>{}, c2, 16 * S::n1);
     const int64_t t0 = tbeg + static_cast<int64_t>(tile) * kDxfTok;
     const int nt = static_cast<int>(tend - t0 < kDxfTok ? tend - t0 : kDxfTok);
+    // dx over x in the stage: each element is read and then written by the same thread, and the
+    // warp's 16 x 32 part of x is its own this tile (D read it above), so only the warp syncs.
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int t = 16 * rg + gq + 8 * h;
       if (t >= nt) continue;
       const float pj = st.p[t], cc = st.cc[t];
-      bf16* row = dx + (t0 + t) * K + col;
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
         const int n = 32 * cg + 8 * q + 2 * cq;
-        const __nv_bfloat162 xv = *reinterpret_cast<const __nv_bfloat162*>(&st.x[t][n]);
+        auto* xd = reinterpret_cast<__nv_bfloat162*>(&st.x[t][n]);
+        const __nv_bfloat162 xv = *xd;
         float gf0 = 0.f, gf1 = 0.f;
         if (g != nullptr) {
           const __nv_bfloat162 gv = *reinterpret_cast<const __nv_bfloat162*>(&st.g[t][n]);
           gf0 = pj * __low2float(gv);
           gf1 = pj * __high2float(gv);
         }
-        *reinterpret_cast<__nv_bfloat162*>(row + n) = __halves2bfloat162(
+        *xd = __halves2bfloat162(
             __float2bfloat16_rn(dx_value(gf0, acc[q][2 * h], cc, __low2float(xv))),
             __float2bfloat16_rn(dx_value(gf1, acc[q][2 * h + 1], cc, __high2float(xv))));
       }
+    }
+    __syncwarp();
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {  // 16 rows of 64 bytes: four 16-byte pieces a row, coalesced;
+      // the 8 lanes of a phase take rows r and r + 4 (576 bytes apart: distinct banks)
+      const int t = 16 * rg + 8 * i + (lane >> 3) + 4 * ((lane >> 2) & 1),
+                n = 32 * cg + 8 * (lane & 3);
+      if (t < nt)
+        *reinterpret_cast<uint4*>(dx + (t0 + t) * K + col + n) =
+            *reinterpret_cast<const uint4*>(&st.x[t][n]);
     }
   }
   cp_async_wait<0>();
