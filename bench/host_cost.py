@@ -125,7 +125,7 @@ def fwd_bwd(fn: Callable[..., Any], inputs: List[torch.Tensor], grads: Optional[
 
 
 class _NoKernels(torch.autograd.Function):
-    """n inputs, a scalar output, no kernel in the backward: what the engine costs per edge."""
+    """n inputs, a scalar output, no kernel either way: what the engine alone costs per gradient edge."""
 
     @staticmethod
     def forward(ctx, grads, *xs):
