@@ -311,7 +311,7 @@ def main() -> int:
         del big
 
     commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        ["git", "describe", "--always", "--dirty", "--abbrev=7"], cwd=ROOT, capture_output=True, text=True
     ).stdout.strip()
     impls = ["opslot cuda", "torch native", "eager math", "Liger"]
     lines = [

@@ -347,7 +347,7 @@ def main() -> int:
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     steps = draw_steps(args.seed, args.steps, args.tokens, args.min_len, args.max_len)
     commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        ["git", "describe", "--always", "--dirty", "--abbrev=7"], cwd=ROOT, capture_output=True, text=True
     ).stdout.strip()
     out: Dict[str, Any] = dict(
         title="Packed vs padded training steps (bench/packing.py)",
