@@ -1,19 +1,24 @@
 """Benchmark of DeepSeek sparse attention's lightning indexer (GLM-MoE-DSA and DeepSeek-V4 shapes), in one
 run on one GPU: opslot's `opslot::dsa_index_scores` (tensor cores, causal tiles skipped) against
 upstream's scoring (the dense fp32 [B, S, H, T] path of `GlmMoeDsaIndexer.forward` /
-`DeepseekV4IndexerScorer`, which runs out of memory at long context) and torch.compile of it, with
-`torch.topk` (upstream's top-k, which opslot keeps) timed beside it.
+`DeepseekV4IndexerScorer`, which runs out of memory at long context) and torch.compile of it; and
+opslot's top-k, `opslot::topk_indices` (a radix select), against `torch.topk` (upstream's) on the
+same scores.
 
 Each row: the device time (one call captured in a CUDA graph, replayed; median) and the user path (CUDA
 events around the eager call; median), the FLOPs the scores need (`2 H D` per visible (query, key)
 pair; causal: the keys at or before each query), the fraction of the tensor-core bound of those FLOPs
-at the bf16 GEMM rate measured in the same run, and the peak memory the call adds.
+at the bf16 GEMM rate measured in the same run, and the peak memory the call adds. The top-k rows: the
+fraction of the copy bandwidth (device-to-device, same run) for the bytes a top-k must move, each visible
+score read once (and its mask byte, with the mask) and the k indices written; mask_limit: half the mask
+read (a causal row s reads its S - s hidden entries from the end) and the limits written.
 
 Rows per context length (B = 1, bf16 q/k, fp32 weights):
-- GLM-5: H = 32, D = 128, T = S, causal, top-2048: `scores` (ours), `topk`, `indexer tail` (ours: the
-  limits read from a bool causal mask, the scores, the mask applied, top-k: what the `cuda` slot kernel
-  runs after the projections), `upstream tail` (the same from upstream's code), `compiled tail`
-  (torch.compile of upstream's).
+- GLM-5: H = 32, D = 128, T = S, causal, top-2048: `scores` (ours), `topk_indices` (ours; also with
+  the bool mask folded in) and `torch.topk` of those scores, `mask_limit` (ours: each query's last
+  visible key from the [S, S] bool mask), `indexer tail` (ours: the limits, the scores, the top-k with
+  the mask: what the `cuda` slot kernel runs after the projections), `upstream tail` (the same from
+  upstream's code), `compiled tail` (torch.compile of upstream's).
 - DeepSeek-V4: H = 64, D = 128, T = S / 4 compressed keys, causal threshold (pos + 1) // 4, top-512.
 
     python3 bench/dsa_indexer.py --out $OUT/dsa_indexer_h200.md [--lengths 4096,16384,65536] [--budget 150]
@@ -24,6 +29,7 @@ from __future__ import annotations
 import argparse
 import functools
 import os
+import subprocess
 import sys
 import time
 
@@ -46,6 +52,23 @@ def gemm_rate():
     for _ in range(3):
         a @ b
     return 2 * n**3 / (median_ms(lambda: a @ b, 20) * 1e-3)
+
+
+def describe():
+    """`git describe --always --dirty` of the checkout ('?' without git): a tree that differs from its
+    HEAD says so."""
+    try:
+        cmd = ["git", "describe", "--always", "--dirty", "--abbrev=7"]
+        return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True).stdout.strip() or "?"
+    except OSError:
+        return "?"
+
+
+def copy_rate():
+    """Device-to-device copy bandwidth, bytes read + written per second (a 2 GiB copy, median)."""
+    src = torch.empty(2**29, dtype=torch.float32, device=DEV)
+    dst = torch.empty_like(src)
+    return 2 * src.numel() * 4 / (median_ms(lambda: dst.copy_(src), 20) * 1e-3)
 
 
 def median_ms(fn, reps):
@@ -107,31 +130,33 @@ def upstream_v4_tail(q, k, weights, scale, threshold, top_k):
 
 
 def ours_glm_tail(q, k, weights, scale, mask, top_k):
-    """The `cuda` slot kernel after the projections: limits from the mask, scores, mask, top-k."""
-    scores = DI.dsa_index_scores(q, k, weights, scale, DI.visible_limit(mask))
-    scores.masked_fill_(~mask, float("-inf"))
-    return scores.topk(top_k, dim=-1).indices.to(torch.int32)
+    """The `cuda` slot kernel after the projections: limits from the mask, scores, top-k with the mask."""
+    limit = DI.visible_limit(mask)
+    scores = DI.dsa_index_scores(q, k, weights, scale, limit)
+    return DI.topk_indices(scores, top_k, limit, mask)
 
 
 def ours_v4_tail(q, k, weights, scale, threshold, top_k):
-    scores = DI.dsa_index_scores(q, k, weights, scale, threshold.clamp(-1, k.shape[1]).to(torch.int32))
-    picks = scores.topk(top_k, dim=-1).indices
+    limit = threshold.clamp(-1, k.shape[1]).to(torch.int32)
+    scores = DI.dsa_index_scores(q, k, weights, scale, limit)
+    picks = DI.topk_indices(scores, top_k, limit).long()
     return torch.where(picks >= threshold.unsqueeze(-1), torch.full_like(picks, -1), picks)
 
 
 class Runner:
-    def __init__(self, budget_s, rate):
+    def __init__(self, budget_s, rate, bandwidth):
         self.deadline = time.monotonic() + budget_s
         self.rate = rate
+        self.bandwidth = bandwidth
         self.rows = []
 
     def left(self):
         return self.deadline - time.monotonic()
 
-    def row(self, model, length, what, fn, flops=None, graph=True, reps=5, min_left=5.0, note=""):
+    def row(self, model, length, what, fn, flops=None, graph=True, reps=5, min_left=5.0, note="", nbytes=None):
         name = f"{model} {length // 1024}k {what}" if length >= 1024 else f"{model} {length} {what}"
         if self.left() < min_left:
-            self.rows.append((name, "skipped: out of the run's time budget", "", "", "", ""))
+            self.rows.append((name, "skipped: out of the run's time budget", "", "", "", "", ""))
             print(f"{name}: skipped (time budget)", flush=True)
             return
         try:
@@ -147,21 +172,24 @@ class Runner:
         except torch.OutOfMemoryError as exc:
             torch.cuda.empty_cache()
             msg = str(exc).split("\n")[0][:90]
-            self.rows.append((name, f"out of memory ({msg})", "", "", "", note))
+            self.rows.append((name, f"out of memory ({msg})", "", "", "", "", note))
             print(f"{name}: OOM {msg}", flush=True)
             return
         except Exception as exc:  # noqa: BLE001
             torch.cuda.empty_cache()
             msg = " ".join(str(exc).split())[:90].replace("|", "/")
-            self.rows.append((name, f"failed: {type(exc).__name__}: {msg}", "", "", "", note))
+            self.rows.append((name, f"failed: {type(exc).__name__}: {msg}", "", "", "", "", note))
             print(f"{name}: failed {type(exc).__name__}: {exc}", flush=True)
             return
         best = dev if dev == dev else user
         frac = f"{100 * flops / (best * 1e-3) / self.rate:.1f} %" if flops else ""
         tf = f"{flops / (best * 1e-3) / 1e12:.0f}" if flops else ""
-        self.rows.append((name + note, f"{dev:.3f}" if dev == dev else "n/a", f"{user:.3f}", tf, frac, f"{peak:.2f}"))
+        bw = f"{100 * nbytes / (best * 1e-3) / self.bandwidth:.1f} %" if nbytes else ""
+        dev_s = f"{dev:.3f}" if dev == dev else "n/a"
+        self.rows.append((name + note, dev_s, f"{user:.3f}", tf, frac, bw, f"{peak:.2f}"))
         print(
-            f"{name}: device {dev:.3f} ms, user {user:.3f} ms, {tf} TFLOP/s {frac}, peak +{peak:.2f} GiB {note}",
+            f"{name}: device {dev:.3f} ms, user {user:.3f} ms, {tf} TFLOP/s {frac}, {bw} of copy BW, "
+            f"peak +{peak:.2f} GiB {note}",
             flush=True,
         )
         torch.cuda.empty_cache()
@@ -169,6 +197,21 @@ class Runner:
 
 def causal_flops(S, T, H, D, limit):
     return 2 * H * D * int(limit.clamp(0, T).sum())
+
+
+def spread_like(scores, limit):
+    """Scores of the same shape whose values spread over ~1000 buckets of the top-k's first digit
+    (random signs and exponents 2^-60..2^60): next to the real scores, what the top digit's
+    shared-memory counting costs when few lanes of a warp hit one bucket."""
+    g = torch.Generator(device=DEV).manual_seed(7)
+    out = torch.rand(scores.shape, device=DEV, generator=g).mul_(120).sub_(60).exp2_()
+    sign = torch.rand(scores.shape, device=DEV, generator=g).lt_(0.5).mul_(-2).add_(1)  # -1 or 1, fp32
+    return out.mul_(sign)
+
+
+def topk_bytes(limit, T, top_k):
+    """What a top-k must move: each visible score read once (fp32), k int32 indices written per row."""
+    return 4 * int(limit.clamp(0, T).sum()) + 4 * top_k * limit.numel()
 
 
 def glm_rows(run, L, compiled=None):
@@ -188,10 +231,35 @@ def glm_rows(run, L, compiled=None):
         return
     run.row("GLM", L, "scores (ours)", lambda: DI.dsa_index_scores(q, k, w, scale, limit), fl)
     scores = DI.dsa_index_scores(q, k, w, scale, limit)
-    run.row("GLM", L, f"torch.topk k={top_k} of the scores", functools.partial(torch.topk, scores, top_k, dim=-1))
+    nb = topk_bytes(limit, L, top_k)
+    run.row(
+        "GLM", L, f"topk_indices k={top_k} (ours)", functools.partial(DI.topk_indices, scores, top_k, limit), nbytes=nb
+    )
+    run.row(
+        "GLM", L, f"torch.topk k={top_k} of the scores", functools.partial(torch.topk, scores, top_k, dim=-1), nbytes=nb
+    )
+    if L >= 16384:  # the same shape with the values spread over ~1000 buckets of the top digit
+        spread = spread_like(scores, limit)
+        what = f"topk_indices k={top_k}, values spread over the top digit's buckets (diagnostic)"
+        run.row("GLM", L, what, functools.partial(DI.topk_indices, spread, top_k, limit), nbytes=nb)
+        del spread
+    run.row(
+        "GLM",
+        L,
+        f"topk_indices k={top_k} with the bool mask (ours)",
+        functools.partial(DI.topk_indices, scores, top_k, limit, mask),
+        nbytes=nb + int(limit.sum()),
+    )
     del scores
+    run.row(
+        "GLM",
+        L,
+        "mask_limit of the causal mask (ours)",
+        functools.partial(DI.visible_limit, mask),
+        nbytes=L * L // 2 + 4 * L,
+    )
     tail = lambda: ours_glm_tail(q, k, w, scale, mask, top_k)  # noqa: E731
-    run.row("GLM", L, "indexer tail (ours: limits, scores, mask, topk)", tail, fl, graph=False)
+    run.row("GLM", L, "indexer tail (ours: limits, scores, topk with the mask)", tail, fl, graph=False)
     tail = lambda: upstream_glm_tail(q, k, w, scale, mask, top_k)  # noqa: E731
     run.row("GLM", L, "upstream tail (dense fp32 scores)", tail, fl, graph=False, reps=3)
 
@@ -210,7 +278,13 @@ def v4_rows(run, L):
     fl = causal_flops(L, T, H, D, lim)
     run.row("V4", L, "scores (ours)", lambda: DI.dsa_index_scores(q, k, w, scale, lim), fl)
     scores = DI.dsa_index_scores(q, k, w, scale, lim)
-    run.row("V4", L, f"torch.topk k={top_k} of the scores", functools.partial(torch.topk, scores, top_k, dim=-1))
+    nb = topk_bytes(lim, T, top_k)
+    run.row(
+        "V4", L, f"topk_indices k={top_k} (ours)", functools.partial(DI.topk_indices, scores, top_k, lim), nbytes=nb
+    )
+    run.row(
+        "V4", L, f"torch.topk k={top_k} of the scores", functools.partial(torch.topk, scores, top_k, dim=-1), nbytes=nb
+    )
     del scores
     run.row("V4", L, "indexer tail (ours)", lambda: ours_v4_tail(q, k, w, scale, threshold, top_k), fl, graph=False)
     tail = lambda: upstream_v4_tail(q, k, w, scale, threshold, top_k)  # noqa: E731
@@ -227,9 +301,9 @@ def main():
     lengths = [int(x) for x in args.lengths.split(",")]
     torch.backends.cuda.matmul.allow_tf32 = False
     props = torch.cuda.get_device_properties(0)
-    rate = gemm_rate()
-    print(f"{props.name}: bf16 GEMM 8192^3 {rate / 1e12:.0f} TFLOP/s", flush=True)
-    run = Runner(args.budget, rate)
+    rate, bandwidth = gemm_rate(), copy_rate()
+    print(f"{props.name}: bf16 GEMM 8192^3 {rate / 1e12:.0f} TFLOP/s, copy {bandwidth / 1e12:.2f} TB/s", flush=True)
+    run = Runner(args.budget, rate, bandwidth)
     compiled_glm = None if args.no_compile else torch.compile(upstream_glm_tail, dynamic=False)
 
     for L in lengths:
@@ -242,10 +316,12 @@ def main():
             glm_rows(run, L, compiled_glm)
 
     head = [
-        f"GPU: {props.name}; bf16 GEMM (8192^3, same run): {rate / 1e12:.0f} TFLOP/s; torch {torch.__version__}",
+        f"GPU: {props.name}; bf16 GEMM (8192^3, same run): {rate / 1e12:.0f} TFLOP/s; device-to-device copy "
+        f"{bandwidth / 1e12:.2f} TB/s (read + written); torch {torch.__version__}; code: {describe()}",
         "",
-        "| row | device ms (CUDA graph) | user path ms (events) | TFLOP/s | of the tensor-core bound | peak +GiB |",
-        "|---|---|---|---|---|---|",
+        "| row | device ms (CUDA graph) | user path ms (events) | TFLOP/s | of the tensor-core bound "
+        "| of copy BW | peak +GiB |",
+        "|---|---|---|---|---|---|---|",
     ]
     lines = head + [f"| {' | '.join(r)} |" for r in run.rows]
     text = "\n".join(lines)

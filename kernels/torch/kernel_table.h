@@ -19,12 +19,14 @@
 #include "opslot_kernels/dsa_indexer.h"
 #include "opslot_kernels/gated_delta_rule.h"
 #include "opslot_kernels/load_balancing.h"
+#include "opslot_kernels/mask_limit.h"
 #include "opslot_kernels/mhc.h"
 #include "opslot_kernels/moe.h"
 #include "opslot_kernels/rms_norm.h"
 #include "opslot_kernels/rope.h"
 #include "opslot_kernels/sparse_attention.h"
 #include "opslot_kernels/swiglu.h"
+#include "opslot_kernels/topk.h"
 
 #define OPSLOT_KERNEL_ENTRY_POINTS(X)        \
   X(opslot_abi_version)                      \
@@ -46,6 +48,7 @@
   X(opslot_load_balancing_scratch_floats)    \
   X(opslot_load_balancing_fwd)               \
   X(opslot_load_balancing_bwd)               \
+  X(opslot_mask_limit)                       \
   X(opslot_mhc_split3)                       \
   X(opslot_mhc_collapse_fwd)                 \
   X(opslot_mhc_comb_fwd)                     \
@@ -84,7 +87,8 @@
   X(opslot_silu_mul_fwd)                     \
   X(opslot_silu_mul_bwd)                     \
   X(opslot_silu_mul_clamped_fwd)             \
-  X(opslot_silu_mul_clamped_bwd)
+  X(opslot_silu_mul_clamped_bwd)             \
+  X(opslot_topk_indices)
 
 namespace opslot_torch {
 

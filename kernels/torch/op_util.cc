@@ -119,6 +119,32 @@ at::Tensor last_contiguous(const at::Tensor& t) {
   return (t.size(-1) <= 1 || t.stride(-1) == 1) ? t : t.contiguous();
 }
 
+int mask_kind(const at::Tensor& mask, const char* op) {
+  switch (mask.scalar_type()) {
+    case at::kBool:
+      return OPSLOT_TOPK_MASK_BOOL;
+    case at::kFloat:
+      return OPSLOT_TOPK_MASK_FLOAT32;
+    case at::kHalf:
+      return OPSLOT_TOPK_MASK_FLOAT16;
+    case at::kBFloat16:
+      return OPSLOT_TOPK_MASK_BFLOAT16;
+    default:
+      TORCH_CHECK_TYPE(false, op, ": mask must be bool, float32, float16 or bfloat16, got ",
+                       py_dtype(mask.scalar_type()));
+  }
+  return -1;
+}
+
+at::Tensor as_rows3(const at::Tensor& t) {
+  TORCH_CHECK_VALUE(t.dim() > 0, "expected a tensor with at least one dimension");
+  at::Tensor v = last_contiguous(t);
+  if (v.dim() == 1) return v.unsqueeze(0).unsqueeze(0);
+  if (v.dim() == 2) return v.unsqueeze(0);
+  if (v.dim() == 3) return v;
+  return last_contiguous(v.reshape({-1, v.size(-2), v.size(-1)}));
+}
+
 void register_cpu_refusal(torch::Library& m, const char* op) {
   m.impl(op, torch::CppFunction::makeFromBoxedFunction<&refuse_cpu>());
 }

@@ -42,6 +42,15 @@ int64_t row_stride(const at::Tensor& rows);
 // `t` with its last dimension contiguous (itself when it already is).
 at::Tensor last_contiguous(const at::Tensor& t);
 
+// The OPSLOT_TOPK_MASK_* code of an attention mask (topk.h, mask_limit.h); TypeError naming `op`
+// unless it is bool, float32, float16 or bfloat16.
+int mask_kind(const at::Tensor& mask, const char* op);
+
+// `t` ([..., S, T], at least one dimension) as [B, S, T] with a contiguous last dimension: S its
+// second-to-last size (1 for one dimension), B the product of the others; a view when the leading
+// dimensions allow it (always for up to three), else a copy.
+at::Tensor as_rows3(const at::Tensor& t);
+
 // Registers the wrong-device kernel (a CPU tensor given to a cuda op) for `op` at the CPU key.
 void register_cpu_refusal(torch::Library& m, const char* op);
 

@@ -176,7 +176,7 @@ BUILTIN_KERNELS = [
         "glm",
         "cuda.dsa_indexer:dsa_indexer_glm",
         CUDA,
-        "indexer scores on tensor cores (causal tiles skipped) + torch.topk",
+        "indexer scores on tensor cores (causal tiles skipped) + a radix-select top-k kernel",
     ),
     (
         "cuda",
@@ -184,7 +184,7 @@ BUILTIN_KERNELS = [
         "deepseek_v4",
         "cuda.dsa_indexer:dsa_indexer_deepseek_v4",
         CUDA,
-        "indexer scores on tensor cores (causal tiles skipped) + torch.topk",
+        "indexer scores on tensor cores (causal tiles skipped) + a radix-select top-k kernel",
     ),
     ("npu", "rms_norm", "standard", "npu_ops:rms_norm_standard", NPU, "torch_npu.npu_rms_norm (unverified)"),
     ("npu", "rms_norm", "offset", "npu_ops:rms_norm_offset", NPU, "torch_npu.npu_rms_norm (unverified)"),

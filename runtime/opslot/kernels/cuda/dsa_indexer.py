@@ -9,14 +9,17 @@ kernels/torch/dsa_indexer.cc):
 
 fp32 `[B, S, T]`, on tensor cores for 16-bit q/k (fp32 accumulation; upstream multiplies the same
 values upcast to fp32, so only the order of the fp32 sums differs), skipping the key tiles past every
-limit of a block of queries. The top k is `torch.topk` on those scores, as upstream. Forward only:
+limit of a block of queries. The top k is a second kernel, `opslot::topk_indices` (kernels/torch/topk.cc):
+the columns of the k largest scores of each row in ascending order, the columns past the limit never
+read, equal scores taken lowest column first (a radix select; upstream's `torch.topk` leaves the order
+of ties unspecified and returns its picks by value; the slots' consumers use the set). Forward only:
 upstream runs the indexer under `torch.no_grad()`, and so does this.
 
-- `dsa_indexer/glm`: the limit is the last key the mask `[B, S, T]` shows each query, plus one (read
-  from the mask on the device, any mask: causal, padding, or other); the mask itself is then applied
-  to the scores exactly as upstream applies it (bool: hidden -> -inf; float: added), so the scores
-  the top k sees are upstream's up to fp32 rounding. A missing mask is refused (upstream cannot run
-  without one either).
+- `dsa_indexer/glm`: the limit is the last key the mask `[B, S, T]` shows each query, plus one
+  (`opslot::mask_limit`, any mask: causal, padding, or other); the top k applies the mask itself as
+  upstream applies it to the scores (bool: hidden -> -inf; float: added, in fp32), so the values it
+  ranks are upstream's up to fp32 rounding. A missing mask is refused (upstream cannot run without
+  one either).
 - `dsa_indexer/deepseek_v4`: the limit is upstream's causal threshold `(position_ids + 1) //
   compress_rate`; picks at or past it are -1, as upstream.
 
@@ -35,10 +38,8 @@ from . import _ops_common as C
 
 C.require_library_on_cuda_machines()
 _SCORES = C.torch_op("dsa_index_scores")
-
-#: Elements of one chunk of the mask read to find each query's last visible key (int32 positions:
-#: 256 MiB per chunk).
-_LIMIT_CHUNK = 1 << 26
+_TOPK = C.torch_op("topk_indices")
+_MASK_LIMIT = C.torch_op("mask_limit")
 
 
 def dsa_index_scores(
@@ -47,6 +48,15 @@ def dsa_index_scores(
     """`opslot::dsa_index_scores`: fp32 `[B, S, T]` from q `[B, S, H, D]`, k `[B, T, D]` (q's dtype),
     fp32 weights `[B, S, H]` and an optional int32 limit `[B, S]`."""
     return _SCORES(q, k, weights, float(scale), limit)
+
+
+def topk_indices(
+    scores: torch.Tensor, k: int, limit: Optional[torch.Tensor] = None, mask: Optional[torch.Tensor] = None
+) -> torch.Tensor:
+    """`opslot::topk_indices`: int32 `[..., k]`, the columns of the k largest of each row of fp32
+    `scores [..., T]` in ascending order; columns at or past the int32 `limit [...]` count as -inf;
+    `mask` (broadcast to the scores) hides (bool False) or is added (float) first."""
+    return _TOPK(scores, int(k), limit, mask)
 
 
 def _same_dtype(q: torch.Tensor, k: torch.Tensor):
@@ -59,20 +69,10 @@ def _same_dtype(q: torch.Tensor, k: torch.Tensor):
 
 def visible_limit(mask: torch.Tensor) -> torch.Tensor:
     """int32 `[B, S]`: one past the last key each row of the mask `[B, S, T]` shows (0 for a row that
-    shows none), computed on the device in row chunks (no host synchronisation). A bool mask shows
-    True; an additive mask hides a key with its dtype's minimum or -inf (what the model's masks hide
+    shows none), `opslot::mask_limit` (one kernel, no host synchronisation). A bool mask shows True;
+    an additive mask hides a key with its dtype's minimum, -inf or NaN (what the model's masks hide
     with) and shows it with any other value (which is then added to the computed score)."""
-    batch, seq, keys = mask.shape
-    if keys == 0 or seq == 0 or batch == 0:
-        return torch.zeros((batch, seq), dtype=torch.int32, device=mask.device)
-    pos = torch.arange(1, keys + 1, dtype=torch.int32, device=mask.device)
-    rows = max(1, _LIMIT_CHUNK // max(1, batch * keys))
-    parts = []
-    for start in range(0, seq, rows):
-        part = mask[:, start : start + rows]
-        shown = part if part.dtype == torch.bool else part > torch.finfo(part.dtype).min
-        parts.append(torch.where(shown, pos, 0).amax(-1))
-    return torch.cat(parts, dim=1).to(torch.int32)
+    return _MASK_LIMIT(mask)
 
 
 def _glm_mask(attention_mask: Optional[torch.Tensor], batch: int, seq: int, keys: int) -> torch.Tensor:
@@ -102,12 +102,11 @@ def dsa_indexer_glm(
         q, k = _same_dtype(q, k)
         batch, seq, keys = q.shape[0], q.shape[1], k.shape[1]
         mask = _glm_mask(attention_mask, batch, seq, keys)
-        scores = _SCORES(q, k, weights, float(module.softmax_scale), visible_limit(mask))
-        if mask.dtype == torch.bool:
-            scores.masked_fill_(~mask, float("-inf"))
-        else:
-            scores.add_(mask)
-        return scores.topk(min(module.index_topk, keys), dim=-1).indices.to(torch.int32)
+        limit = visible_limit(mask)
+        scores = _SCORES(q, k, weights, float(module.softmax_scale), limit)
+        # The mask applied inside the top-k (bool: hidden -> -inf; float: added); past the limit every
+        # key is hidden, so neither the scores nor the mask are read there.
+        return _TOPK(scores, min(module.index_topk, keys), limit, mask)
 
 
 def dsa_indexer_deepseek_v4(module: Any, hidden_states, q_residual, position_ids, past_key_values, layer_idx: int):
@@ -125,5 +124,5 @@ def dsa_indexer_deepseek_v4(module: Any, hidden_states, q_residual, position_ids
         threshold = ((position_ids + 1) // module.compress_rate).expand(batch, seq)
         limit = threshold.clamp(-1, count).to(torch.int32)
         scores = _SCORES(q, keys, weights, float(module.scorer.softmax_scale), limit)
-        picks = scores.topk(top_k, dim=-1).indices
+        picks = _TOPK(scores, top_k, limit).long()
         return torch.where(picks >= threshold.unsqueeze(-1), torch.full_like(picks, -1), picks)

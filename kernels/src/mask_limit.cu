@@ -1,0 +1,113 @@
+// One past the last column each row of an attention mask shows (opslot_kernels/mask_limit.h): one
+// warp per row, reading it backwards from its end until a shown entry.
+#include <type_traits>
+
+#include "common.cuh"
+#include "opslot_kernels/mask_limit.h"
+#include "opslot_kernels/topk.h"
+
+namespace opslot::mask_limit {
+namespace {
+
+constexpr const char* kName = "opslot_mask_limit";
+constexpr int kWarpsPerBlock = 8;
+constexpr int kUnroll = 8;  // loads of 32 entries in flight per warp
+
+template <int kMask>
+constexpr int kBytes = kMask == OPSLOT_TOPK_MASK_BOOL ? 1
+                                                      : (kMask == OPSLOT_TOPK_MASK_FLOAT32 ? 4 : 2);
+
+// Whether entry t of a mask row shows its key: bool nonzero; a float above its dtype's lowest
+// finite value (that value, -inf and NaN hide).
+template <int kMask>
+__device__ __forceinline__ bool shown(const void* row, int64_t t) {
+  if constexpr (kMask == OPSLOT_TOPK_MASK_BOOL) {
+    return static_cast<const uint8_t*>(row)[t] != 0;
+  } else if constexpr (kMask == OPSLOT_TOPK_MASK_FLOAT32) {
+    return static_cast<const float*>(row)[t] > __uint_as_float(0xff7fffffu);  // -FLT_MAX
+  } else if constexpr (kMask == OPSLOT_TOPK_MASK_FLOAT16) {
+    return __half2float(static_cast<const __half*>(row)[t]) > -65504.f;
+  } else {
+    return __bfloat162float(static_cast<const __nv_bfloat16*>(row)[t]) >
+           __uint_as_float(0xff7f0000u);  // bfloat16's lowest finite value
+  }
+}
+
+template <int kMask>
+__global__ void __launch_bounds__(32 * kWarpsPerBlock)
+    limit_kernel(const void* mask, int64_t seq, int64_t cols, int64_t ms0, int64_t ms1,
+                 int64_t rows, int32_t* out) {
+  const int lane = threadIdx.x & 31;
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+  if (r >= rows) return;
+  const int64_t b = r / seq, s = r % seq;
+  const void* row = static_cast<const char*>(mask) + (b * ms0 + s * ms1) * kBytes<kMask>;
+  int limit = 0;
+  for (int64_t end = cols; end > 0; end -= 32 * kUnroll) {  // the same steps in every lane
+    int best = -1;
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t t = end - 1 - lane - 32 * u;
+      if (t >= 0 && shown<kMask>(row, t) && t > best) best = static_cast<int>(t);
+    }
+    if (__ballot_sync(0xffffffffu, best >= 0) != 0) {
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) best = max(best, __shfl_xor_sync(0xffffffffu, best, o));
+      limit = best + 1;
+      break;
+    }
+  }
+  if (lane == 0) out[r] = limit;
+}
+
+template <int kMask>
+int launch(const void* mask, int64_t seq, int64_t cols, const int64_t* st, int64_t rows,
+           int32_t* out, cudaStream_t stream) {
+  const int64_t blocks = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  limit_kernel<kMask><<<static_cast<unsigned>(blocks), 32 * kWarpsPerBlock, 0, stream>>>(
+      mask, seq, cols, st[0], st[1], rows, out);
+  return check_launch(kName);
+}
+
+}  // namespace
+}  // namespace opslot::mask_limit
+
+extern "C" {
+
+OPSLOT_API int opslot_mask_limit(const void* mask, int mask_kind, int64_t batch, int64_t seq,
+                                 int64_t cols, const int64_t* mask_stride, int32_t* out,
+                                 void* stream) {
+  using namespace opslot;
+  using namespace opslot::mask_limit;
+  if (batch < 0 || seq < 0 || cols < 0) {
+    return set_error(
+        OPSLOT_ERR_INVALID_ARGUMENT, "%s: negative size (batch %lld, seq %lld, cols %lld)", kName,
+        static_cast<long long>(batch), static_cast<long long>(seq), static_cast<long long>(cols));
+  }
+  if (mask_kind < OPSLOT_TOPK_MASK_FLOAT32 || mask_kind > OPSLOT_TOPK_MASK_BOOL) {
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: unknown mask kind %d", kName, mask_kind);
+  }
+  if (batch == 0 || seq == 0) return OPSLOT_OK;  // nothing to write
+  if (batch * seq > INT32_MAX || cols > INT32_MAX) {
+    return set_error(OPSLOT_ERR_UNSUPPORTED,
+                     "%s: %lld rows of %lld columns; the kernel takes fewer than 2^31 of each",
+                     kName, static_cast<long long>(batch * seq), static_cast<long long>(cols));
+  }
+  if (out == nullptr || mask_stride == nullptr || (cols > 0 && mask == nullptr)) {
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: null pointer", kName);
+  }
+  const auto st = static_cast<cudaStream_t>(stream);
+  const int64_t rows = batch * seq;
+  switch (mask_kind) {
+    case OPSLOT_TOPK_MASK_BOOL:
+      return launch<OPSLOT_TOPK_MASK_BOOL>(mask, seq, cols, mask_stride, rows, out, st);
+    case OPSLOT_TOPK_MASK_FLOAT32:
+      return launch<OPSLOT_TOPK_MASK_FLOAT32>(mask, seq, cols, mask_stride, rows, out, st);
+    case OPSLOT_TOPK_MASK_FLOAT16:
+      return launch<OPSLOT_TOPK_MASK_FLOAT16>(mask, seq, cols, mask_stride, rows, out, st);
+    default:
+      return launch<OPSLOT_TOPK_MASK_BFLOAT16>(mask, seq, cols, mask_stride, rows, out, st);
+  }
+}
+
+}  // extern "C"

@@ -1,0 +1,435 @@
+// The k largest values' columns of each row of an fp32 matrix (opslot_kernels/topk.h): one block
+// per row, a radix select over the values' order bits (a shared-memory histogram per digit), then
+// one pass that writes the chosen columns in ascending order through block-wide prefix sums.
+#include <type_traits>
+
+#include "common.cuh"
+#include "opslot_kernels/topk.h"
+
+namespace opslot::topk {
+namespace {
+
+constexpr const char* kName = "opslot_topk_indices";
+constexpr int kThreads = 512;
+constexpr int kWarps = kThreads / 32;
+constexpr int kMaxBins = 2048;  // an 11-bit digit; kThreads * 4 buckets for pick_bucket
+constexpr int kHeld = 8192;     // keys at or above the top digit's bucket held in shared memory
+constexpr size_t kHeldSmem = 2 * sizeof(uint32_t) * kHeld;  // keys and columns: 64 KB
+
+// The order of fp32 values as unsigned integers, that of torch.topk's radix select: NaN above +inf,
+// -0.0 below +0.0.
+__device__ __forceinline__ uint32_t order_key(float v) {
+  const uint32_t x = __float_as_uint(v);
+  if (v != v) return 0xffffffffu;
+  return x ^ ((x & 0x80000000u) ? 0xffffffffu : 0x80000000u);
+}
+
+// The key of an fp32 -inf: what a column a bool mask hides counts as.
+constexpr uint32_t kHiddenKey = 0x007fffffu;
+
+// Four mask entries as fp32 (additive kinds) or 0/1 (bool) from `m` at entry i; `all4` when the
+// four are in the row and `vec` when one aligned load reads them.
+template <int kMask>
+__device__ __forceinline__ void load_mask(const void* m, int64_t i, int count, bool vec,
+                                          float (&a)[4]) {
+  if constexpr (kMask == OPSLOT_TOPK_MASK_BOOL) {
+    const uint8_t* b = static_cast<const uint8_t*>(m) + i;
+    if (vec && count == 4) {
+      const uint32_t w = *reinterpret_cast<const uint32_t*>(b);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) a[j] = (w >> (8 * j)) & 0xffu ? 1.f : 0.f;
+    } else {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) a[j] = j < count && b[j] != 0 ? 1.f : 0.f;
+    }
+  } else if constexpr (kMask == OPSLOT_TOPK_MASK_FLOAT32) {
+    const float* f = static_cast<const float*>(m) + i;
+    if (vec && count == 4) {
+      const float4 q = *reinterpret_cast<const float4*>(f);
+      a[0] = q.x, a[1] = q.y, a[2] = q.z, a[3] = q.w;
+    } else {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) a[j] = j < count ? f[j] : 0.f;
+    }
+  } else {  // float16 / bfloat16
+    using E = std::conditional_t<kMask == OPSLOT_TOPK_MASK_FLOAT16, __half, __nv_bfloat16>;
+    const E* h = static_cast<const E*>(m) + i;
+    E e[4];
+    if (vec && count == 4) {
+      *reinterpret_cast<uint2*>(e) = *reinterpret_cast<const uint2*>(h);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) e[j] = j < count ? h[j] : E(0.f);
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) a[j] = static_cast<float>(e[j]);
+  }
+}
+
+// The keys of a row read from global memory (its scores, and its mask entries when kMask >= 0):
+// chunk c is columns 4c .. 4c + 3.
+template <int kMask>
+struct RowSource {
+  const float* row;
+  int64_t n;         // columns before the limit
+  bool vec;          // the scores' row 16-byte aligned: float4 loads
+  const void* mask;  // this row's mask entries (kMask >= 0)
+  bool mvec;         // the mask's row aligned for one load of four entries
+
+  __device__ int64_t chunks() const { return (n + 3) / 4; }
+  // The keys and columns of chunk c; returns how many of its four are in the row (0 past its end).
+  __device__ __forceinline__ int load(int64_t c, uint32_t (&key)[4], int (&col)[4]) const {
+    const int64_t left = n - 4 * c;
+    const int count = left >= 4 ? 4 : (left > 0 ? static_cast<int>(left) : 0);
+    float v[4];
+    if (vec && count == 4) {
+      const float4 q = *reinterpret_cast<const float4*>(row + 4 * c);
+      v[0] = q.x;
+      v[1] = q.y;
+      v[2] = q.z;
+      v[3] = q.w;
+    } else {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) v[j] = j < count ? row[4 * c + j] : 0.f;
+    }
+    if constexpr (kMask >= 0) {
+      float a[4];
+      load_mask<kMask>(mask, 4 * c, count, mvec, a);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        if constexpr (kMask == OPSLOT_TOPK_MASK_BOOL) {
+          key[j] = a[j] != 0.f ? order_key(v[j]) : kHiddenKey;
+        } else {
+          key[j] = order_key(v[j] + a[j]);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) key[j] = order_key(v[j]);
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) col[j] = static_cast<int>(4 * c + j);
+    return count;
+  }
+};
+
+// Candidates held in shared memory (keys and their columns, ascending columns): chunk c is
+// candidates 4c .. 4c + 3.
+struct HeldSource {
+  const uint32_t* keys;  // 16-byte aligned
+  const int* cols;
+  int m;
+
+  __device__ int64_t chunks() const { return (m + 3) / 4; }
+  __device__ __forceinline__ int load(int64_t c, uint32_t (&key)[4], int (&col)[4]) const {
+    const int left = m - 4 * static_cast<int>(c);
+    const int count = left >= 4 ? 4 : (left > 0 ? left : 0);
+    if (count == 4) {
+      const uint4 k4 = reinterpret_cast<const uint4*>(keys)[c];
+      const int4 c4 = reinterpret_cast<const int4*>(cols)[c];
+      key[0] = k4.x, key[1] = k4.y, key[2] = k4.z, key[3] = k4.w;
+      col[0] = c4.x, col[1] = c4.y, col[2] = c4.z, col[3] = c4.w;
+    } else {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        key[j] = j < count ? keys[4 * c + j] : 0u;
+        col[j] = j < count ? cols[4 * c + j] : 0;
+      }
+    }
+    return count;
+  }
+};
+
+// Counts the keys of `src` whose bits from `high` up equal `prefix` (all of them when high is 32)
+// by their digit, bits [shift, high).
+template <typename Src>
+__device__ void histogram(const Src& src, int shift, int high, uint32_t prefix, int* hist) {
+  for (int b = threadIdx.x; b < kMaxBins; b += kThreads) hist[b] = 0;
+  __syncthreads();
+  const uint32_t digit = (1u << (high - shift)) - 1u;
+  auto count = [&](const uint32_t(&key)[4], int n) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if (j < n && static_cast<uint32_t>(static_cast<uint64_t>(key[j]) >> high) == prefix) {
+        atomicAdd(&hist[(key[j] >> shift) & digit], 1);
+      }
+    }
+  };
+  const int64_t chunks = src.chunks();
+  uint32_t ka[4], kb[4];
+  int col[4];
+  int64_t c = threadIdx.x;
+  for (; c + kThreads < chunks; c += 2 * kThreads) {  // two loads in flight per thread
+    const int na = src.load(c, ka, col);
+    const int nb = src.load(c + kThreads, kb, col);
+    count(ka, na);
+    count(kb, nb);
+  }
+  if (c < chunks) count(ka, src.load(c, ka, col));
+  __syncthreads();
+}
+
+// Inclusive prefix sum of `v` over the block's threads in thread order; `total` gets the sum of
+// all. Every thread calls it; `warp_sums` is kWarps ints of shared memory, free again on return.
+__device__ __forceinline__ int block_scan(int v, int* warp_sums, int& total) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int x = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int y = __shfl_up_sync(0xffffffffu, x, o);
+    if (lane >= o) x += y;
+  }
+  if (lane == 31) warp_sums[warp] = x;
+  __syncthreads();
+  int w = lane < kWarps ? warp_sums[lane] : 0;
+#pragma unroll
+  for (int o = 1; o < kWarps; o <<= 1) {
+    const int y = __shfl_up_sync(0xffffffffu, w, o);
+    if (lane >= o) w += y;
+  }
+  const int before = __shfl_sync(0xffffffffu, w, warp > 0 ? warp - 1 : 0);
+  total = __shfl_sync(0xffffffffu, w, kWarps - 1);
+  __syncthreads();
+  return x + (warp > 0 ? before : 0);
+}
+
+// The bucket of `hist` (`bins` of them) holding the `need`-th largest key: pick[0] = its digit,
+// pick[1] = the rank still needed within it, pick[2] = its count. Thread t looks at buckets
+// bins - 1 - 4t down to bins - 4 - 4t.
+__device__ void pick_bucket(const int* hist, int bins, int need, int* warp_sums, int* pick) {
+  int c[4], s = 0;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int b = bins - 1 - (4 * static_cast<int>(threadIdx.x) + j);
+    c[j] = b >= 0 ? hist[b] : 0;
+    s += c[j];
+  }
+  int total;
+  const int incl = block_scan(s, warp_sums, total);
+  int above = incl - s;
+  if (above < need && incl >= need) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if (above + c[j] >= need) {
+        pick[0] = bins - 1 - (4 * static_cast<int>(threadIdx.x) + j);
+        pick[1] = need - above;
+        pick[2] = c[j];
+        break;
+      }
+      above += c[j];
+    }
+  }
+  __syncthreads();
+}
+
+// Copies the keys of `src` whose top digit (bits 21 to 31) is at least `top` and their columns to
+// keys/cols, in ascending column order.
+template <typename Src>
+__device__ void hold(const Src& src, uint32_t top, uint32_t* keys, int* cols, int* warp_sums) {
+  const int64_t chunks = src.chunks();
+  int run = 0;
+  for (int64_t base = 0; base < chunks; base += kThreads) {
+    uint32_t key[4];
+    int col[4];
+    const int n = src.load(base + threadIdx.x, key, col);
+    int take = 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) take += j < n && (key[j] >> 21) >= top;
+    int total;
+    int at = run + block_scan(take, warp_sums, total) - take;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if (j < n && (key[j] >> 21) >= top) {
+        keys[at] = key[j];
+        cols[at] = col[j];
+        ++at;
+      }
+    }
+    run += total;
+  }
+  __syncthreads();
+}
+
+// Writes the chosen columns of `src` to `o` in ascending order: every key whose bits from `shift`
+// up exceed `prefix`, and the first `need` of those where they equal it. A column's place is the
+// number of chosen columns before it: the greater ones, plus min(equal ones, need).
+template <typename Src>
+__device__ void write_chosen(const Src& src, int shift, uint32_t prefix, int need, int k,
+                             int* warp_sums, int32_t* o) {
+  const int64_t chunks = src.chunks();
+  int gt_run = 0, eq_run = 0;
+  for (int64_t base = 0; base < chunks; base += kThreads) {
+    uint32_t key[4];
+    int col[4];
+    const int n = src.load(base + threadIdx.x, key, col);
+    int cls[4], gt = 0, eq = 0;  // cls: 1 greater, 2 equal, 0 neither
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t hi = key[j] >> shift;
+      cls[j] = j >= n ? 0 : (hi > prefix ? 1 : (hi == prefix ? 2 : 0));
+      gt += cls[j] == 1;
+      eq += cls[j] == 2;
+    }
+    const int packed = gt | (eq << 16);  // at most 4 * kThreads each per pass
+    int total;
+    const int before = block_scan(packed, warp_sums, total) - packed;
+    int g = gt_run + (before & 0xffff), e = eq_run + (before >> 16);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if (cls[j] == 1) {
+        o[g + min(e, need)] = col[j];
+        ++g;
+      } else if (cls[j] == 2) {
+        if (e < need) o[g + e] = col[j];
+        ++e;
+      }
+    }
+    gt_run += total & 0xffff;
+    eq_run += total >> 16;
+    if (gt_run == k - need && eq_run >= need) break;  // all chosen (the same for every thread)
+  }
+}
+
+// The select's last two digits (bits 10 to 20, then 0 to 9) over `src`, given the top digit's
+// bucket `prefix` and the rank `need` within it, then the chosen columns written.
+template <typename Src>
+__device__ void finish(const Src& src, uint32_t prefix, int need, int k, int* hist, int* warp_sums,
+                       int* pick, int32_t* o) {
+  int high = 21, shift = 21;
+  for (int p = 1; p < 3; ++p) {
+    shift = p == 1 ? 10 : 0;
+    histogram(src, shift, high, prefix, hist);
+    pick_bucket(hist, 1 << (high - shift), need, warp_sums, pick);
+    prefix = (prefix << (high - shift)) | static_cast<uint32_t>(pick[0]);
+    need = pick[1];
+    high = shift;
+    if (pick[2] == need) break;  // the bucket holds exactly the keys still needed
+  }
+  write_chosen(src, shift, prefix, need, k, warp_sums, o);
+}
+
+struct Params {
+  const float* scores;
+  int64_t seq, cols;
+  int64_t ss0, ss1;  // scores strides: batch, seq
+  const int32_t* limit;
+  const void* mask;
+  int64_t ms0, ms1;  // mask strides: batch, seq
+  int k;
+  int32_t* out;
+};
+
+template <int kMask>
+__global__ void __launch_bounds__(kThreads, 2) topk_kernel(const Params p) {
+  extern __shared__ uint4 held[];  // kHeld keys, then their kHeld columns
+  __shared__ int hist[kMaxBins];
+  __shared__ int warp_sums[kWarps];
+  __shared__ int pick[3];
+  const int64_t r = blockIdx.x, b = r / p.seq, s = r % p.seq;
+  const int k = p.k;
+  int64_t n = p.cols;
+  if (p.limit != nullptr) n = p.limit[r] < 0 ? 0 : (p.limit[r] < n ? p.limit[r] : n);
+  int32_t* o = p.out + r * k;
+  if (n <= k) {  // every column before the limit, then the first ones past it
+    for (int i = threadIdx.x; i < k; i += kThreads) o[i] = i;
+    return;
+  }
+  const float* row = p.scores + b * p.ss0 + s * p.ss1;
+  const void* mask = nullptr;
+  bool mvec = false;
+  if constexpr (kMask >= 0) {
+    constexpr int bytes =
+        kMask == OPSLOT_TOPK_MASK_BOOL ? 1 : (kMask == OPSLOT_TOPK_MASK_FLOAT32 ? 4 : 2);
+    mask = static_cast<const char*>(p.mask) + (b * p.ms0 + s * p.ms1) * bytes;
+    mvec = (reinterpret_cast<uintptr_t>(mask) & (4 * bytes - 1)) == 0;
+  }
+  const RowSource<kMask> src{row, n, (reinterpret_cast<uintptr_t>(row) & 15) == 0, mask, mvec};
+  histogram(src, 21, 32, 0u, hist);  // the top digit, bits 21 to 31
+  pick_bucket(hist, kMaxBins, k, warp_sums, pick);
+  const uint32_t top = static_cast<uint32_t>(pick[0]);
+  const int need = pick[1], count = pick[2];
+  if (count == need) {  // the bucket holds exactly the keys still needed
+    write_chosen(src, 21, top, need, k, warp_sums, o);
+    return;
+  }
+  const int m = k - need + count;  // keys in the bucket or above it
+  if (m <= kHeld) {                // held in shared memory: the row is read twice in all
+    uint32_t* keys = reinterpret_cast<uint32_t*>(held);
+    int* held_cols = reinterpret_cast<int*>(keys + kHeld);
+    hold(src, top, keys, held_cols, warp_sums);
+    finish(HeldSource{keys, held_cols, m}, top, need, k, hist, warp_sums, pick, o);
+  } else {  // read from global memory by every digit
+    finish(src, top, need, k, hist, warp_sums, pick, o);
+  }
+}
+
+template <int kMask>
+int launch(const Params& p, int64_t rows, cudaStream_t stream) {
+  const cudaError_t err = cudaFuncSetAttribute(
+      topk_kernel<kMask>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kHeldSmem));
+  if (err != cudaSuccess) {
+    return set_error(static_cast<int>(err), "%s: %zu bytes of shared memory refused: %s", kName,
+                     kHeldSmem, cudaGetErrorString(err));
+  }
+  topk_kernel<kMask><<<static_cast<unsigned>(rows), kThreads, kHeldSmem, stream>>>(p);
+  return check_launch(kName);
+}
+
+}  // namespace
+}  // namespace opslot::topk
+
+extern "C" {
+
+OPSLOT_API int opslot_topk_indices(const float* scores, int64_t batch, int64_t seq, int64_t cols,
+                                   const int64_t* score_stride, int64_t k, const int32_t* limit,
+                                   const void* mask, int mask_kind, const int64_t* mask_stride,
+                                   int32_t* out, void* stream) {
+  using namespace opslot;
+  using namespace opslot::topk;
+  if (batch < 0 || seq < 0 || cols < 0 || k < 0 || k > cols) {
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT,
+                     "%s: batch %lld, seq %lld, cols %lld, k %lld (need 0 <= k <= cols)", kName,
+                     static_cast<long long>(batch), static_cast<long long>(seq),
+                     static_cast<long long>(cols), static_cast<long long>(k));
+  }
+  if (batch == 0 || seq == 0 || k == 0) return OPSLOT_OK;  // nothing to write
+  if (cols > INT32_MAX || batch * seq > INT32_MAX) {
+    return set_error(OPSLOT_ERR_UNSUPPORTED,
+                     "%s: %lld rows of %lld columns; the kernel takes fewer than 2^31 of each",
+                     kName, static_cast<long long>(batch * seq), static_cast<long long>(cols));
+  }
+  if (scores == nullptr || out == nullptr || score_stride == nullptr ||
+      (mask != nullptr && mask_stride == nullptr)) {
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: null pointer", kName);
+  }
+  if (mask != nullptr &&
+      (mask_kind < OPSLOT_TOPK_MASK_FLOAT32 || mask_kind > OPSLOT_TOPK_MASK_BOOL)) {
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: unknown mask kind %d", kName, mask_kind);
+  }
+  const Params p{scores,
+                 seq,
+                 cols,
+                 score_stride[0],
+                 score_stride[1],
+                 limit,
+                 mask,
+                 mask != nullptr ? mask_stride[0] : 0,
+                 mask != nullptr ? mask_stride[1] : 0,
+                 static_cast<int>(k),
+                 out};
+  const auto st = static_cast<cudaStream_t>(stream);
+  const int64_t rows = batch * seq;
+  if (mask == nullptr) return launch<-1>(p, rows, st);
+  switch (mask_kind) {
+    case OPSLOT_TOPK_MASK_BOOL:
+      return launch<OPSLOT_TOPK_MASK_BOOL>(p, rows, st);
+    case OPSLOT_TOPK_MASK_FLOAT32:
+      return launch<OPSLOT_TOPK_MASK_FLOAT32>(p, rows, st);
+    case OPSLOT_TOPK_MASK_FLOAT16:
+      return launch<OPSLOT_TOPK_MASK_FLOAT16>(p, rows, st);
+    default:
+      return launch<OPSLOT_TOPK_MASK_BFLOAT16>(p, rows, st);
+  }
+}
+
+}  // extern "C"

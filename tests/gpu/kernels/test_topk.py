@@ -1,0 +1,199 @@
+"""topk_indices (the columns of the k largest scores of each row; DeepSeek sparse attention's top-k over
+the lightning indexer's scores) and mask_limit (one past the last key each mask row shows), impl
+`cuda`, against the ops' CPU kernels, which compute the contracts with ATen
+(runtime/tests/test_torch_ops_topk.py checks them against plain Python and torch.topk): every result
+bitwise equal to them.
+
+Rows of 1 to 131072 columns and k from 1 to all of them; limits (none, random, negative, past the row,
+exactly k, causal); ties (a few distinct values, all equal, values one ulp apart so the select runs
+all three digits), NaN, infinities and signed zeros; rows that are not 16-byte aligned, strided and
+transposed views, leading dimensions, empty inputs; bool and additive (float32/16, bfloat16) masks,
+broadcast over the batch, rows not aligned for the vector loads; mask_limit on causal, random and
+padding masks of every kind, broadcast and strided; both paths of the kernel (the keys at or above
+the top digit's bucket held in shared memory, or more of them than it holds); every element written (the caching allocator
+poisoned first); bitwise-equal reruns; opcheck; CUDA-graph capture; torch.compile.
+"""
+
+import pytest
+import torch
+
+from conftest import requires_cuda
+
+DEV = "cuda"
+pytestmark = requires_cuda
+INF, NAN = float("inf"), float("nan")
+
+
+@pytest.fixture(autouse=True)
+def _register_ops():
+    from opslot.kernels.cuda import dsa_indexer  # noqa: F401  (loads libopslot_torch.so)
+
+
+def op(scores, k, limit=None, mask=None):
+    return torch.ops.opslot.topk_indices(scores, k, limit, mask)
+
+
+def cpu(t):
+    return None if t is None else t.cpu()
+
+
+def check(scores, k, limit=None, what="", mask=None):
+    torch.full((scores[..., :1].numel() * k + 4096,), -7, dtype=torch.int32, device=DEV)  # poison
+    got = op(scores, k, limit, mask)
+    want = op(scores.cpu(), k, cpu(limit), cpu(mask))
+    assert got.device.type == "cuda" and got.dtype == torch.int32, what
+    assert torch.equal(got.cpu(), want), f"{what}: {(got.cpu() != want).sum().item()} indices differ"
+    return got
+
+
+@pytest.mark.parametrize("rows,cols", [(1, 1), (3, 7), (2, 33), (5, 4099), (17, 10000), (4, 65536), (2, 131072)])
+def test_random_rows(rows, cols):
+    s = torch.randn(rows, cols, device=DEV)
+    limit = torch.randint(-3, cols + 5, (rows,), device=DEV, dtype=torch.int32)
+    for k in sorted({1, 7 % cols + 1, cols // 3, max(1, cols - 1), cols}):
+        check(s, k, what=f"{rows}x{cols} k={k}")
+        check(s, k, limit, what=f"{rows}x{cols} k={k} limited")
+
+
+def test_causal_rows_as_the_indexer_gives_them():
+    S, k = 4096, 2048
+    s = torch.randn(1, S, S, device=DEV)
+    limit = (torch.arange(S, device=DEV, dtype=torch.int32) + 1).view(1, S)
+    s.masked_fill_(torch.arange(S, device=DEV).view(1, 1, S) >= limit.unsqueeze(-1), -INF)
+    got = check(s, k, limit, "causal")
+    assert torch.equal(got, check(s, k, None, "causal, no limit"))  # the -inf tail never wins
+
+
+@pytest.mark.parametrize("cols", [29, 3000, 70001])
+def test_ties_and_special_values(cols):
+    pool = torch.tensor([-INF, -1.0, -0.0, 0.0, 1.0, 2.5, INF, NAN], device=DEV)
+    s = pool[torch.randint(0, len(pool), (6, cols), device=DEV)]
+    limit = torch.randint(0, cols + 3, (6,), device=DEV, dtype=torch.int32)
+    for k in (1, 3, cols // 2, cols - 1):
+        check(s, k, what=f"pool k={k}")
+        check(s, k, limit, what=f"pool k={k} limited")
+
+
+@pytest.mark.parametrize("cols", [6000, 50000])  # the bucket held in shared memory (<= 8192) or not
+def test_all_equal_and_one_ulp_apart(cols):
+    same = torch.full((3, cols), 1.5, device=DEV)
+    for k in (1, 2048, cols - 1):
+        got = check(same, k, what=f"all equal k={k}")
+        assert torch.equal(got[0].cpu(), torch.arange(k, dtype=torch.int32))  # lowest columns first
+    # consecutive fp32 values around 1: the top 22 bits agree, so all three digits run
+    ulps = (torch.arange(cols, device=DEV, dtype=torch.int32) + 0x3F800000).view(torch.float32)
+    perm = torch.randperm(cols, device=DEV)
+    rows = torch.stack([ulps, ulps[perm], ulps.flip(0)])
+    for k in (1, 511, 4096):
+        check(rows, k, what=f"ulps k={k}")
+    got = op(rows[:1], 5)
+    assert got.tolist() == [list(range(cols - 5, cols))]
+
+
+def test_views_and_shapes():
+    base = torch.randn(9, 1027, device=DEV)
+    check(base[:, 1:], 100, what="rows not 16-byte aligned")
+    check(base[::2, 3:1000], 64, what="strided rows")
+    check(base.t()[:50], 4, what="transposed")
+    lim = torch.randint(0, 40, (2, 3), device=DEV, dtype=torch.int32)
+    check(torch.randn(2, 3, 37, device=DEV), 5, lim, "leading dimensions")
+    assert op(torch.randn(0, 5, device=DEV), 3).shape == (0, 3)
+    assert op(torch.randn(4, 5, device=DEV), 0).shape == (4, 0)
+    assert op(torch.randn(4, 0, device=DEV), 0).shape == (4, 0)
+    assert op(torch.tensor([3.0], device=DEV), 1).tolist() == [0]
+
+
+@pytest.mark.parametrize("kind", [torch.bool, torch.float32, torch.float16, torch.bfloat16])
+def test_masks(kind):
+    B, S, T = 2, 33, 3001
+    s = torch.randn(B, S, T + 5, device=DEV)[..., 3:-2]  # rows not 16-byte aligned
+    limit = torch.randint(0, T + 9, (B, S), device=DEV, dtype=torch.int32)
+    shown = torch.rand(1, S, T + 3, device=DEV)[..., 1:-2] > 0.3  # broadcast over the batch, odd offset
+    if kind == torch.bool:
+        mask = shown
+    else:
+        lo = torch.finfo(kind).min
+        mask = torch.where(shown, torch.randn(1, S, T, device=DEV), lo).to(kind)
+    for k in (1, 100, 2048, T):
+        check(s, k, limit, f"{kind} k={k}", mask)
+        check(s, k, None, f"{kind} k={k} no limit", mask)
+        check(s.contiguous(), k, limit, f"{kind} k={k} aligned", mask.contiguous())
+    hidden = torch.zeros(B, S, T, dtype=torch.bool, device=DEV)
+    assert torch.equal(op(s, 7, limit, hidden).cpu(), torch.arange(7, dtype=torch.int32).expand(B, S, 7))
+
+
+@pytest.mark.parametrize("kind", [torch.bool, torch.float32, torch.float16, torch.bfloat16])
+def test_mask_limit(kind):
+    def as_kind(shown):
+        if kind == torch.bool:
+            return shown
+        lo = torch.finfo(kind).min
+        return torch.where(shown, torch.zeros((), device=DEV), torch.tensor(lo, device=DEV)).to(kind)
+
+    S = 4096
+    causal = as_kind(torch.ones(S, S, dtype=torch.bool, device=DEV).tril_()).unsqueeze(0)
+    got = torch.ops.opslot.mask_limit(causal)
+    assert torch.equal(got.cpu(), (torch.arange(S, dtype=torch.int32) + 1).view(1, S))
+    for shown in [
+        torch.rand(3, 70, 1003, device=DEV) > 0.9,
+        torch.rand(2, 9, 5000, device=DEV) > 0.9999,  # mostly empty rows
+        torch.zeros(2, 4, 300, dtype=torch.bool, device=DEV),
+    ]:
+        m = as_kind(shown)
+        want = torch.ops.opslot.mask_limit(m.cpu())
+        assert torch.equal(torch.ops.opslot.mask_limit(m).cpu(), want)
+        assert torch.equal(torch.ops.opslot.mask_limit(m[:1].expand_as(m)).cpu(), want[:1].expand_as(want))
+        assert torch.equal(
+            torch.ops.opslot.mask_limit(m[:, :, 1:]).cpu(), torch.ops.opslot.mask_limit(m.cpu()[:, :, 1:])
+        )
+        assert torch.equal(torch.ops.opslot.mask_limit(m.transpose(0, 1)).cpu(), want.transpose(0, 1))
+    assert (
+        torch.ops.opslot.mask_limit(as_kind(torch.ones(2, 3, 0, dtype=torch.bool, device=DEV))).tolist()
+        == [[0] * 3] * 2
+    )
+
+
+def test_the_indexer_glue_as_before():
+    """The GLM slot's tail: limits from the mask, top-k with the mask folded in, against the mask
+    applied to the scores first (what the slot did before the fold)."""
+    from opslot.kernels.cuda import dsa_indexer as DI
+
+    S = 3000
+    scores = torch.randn(2, S, S, device=DEV)
+    mask = torch.ones(S, S, dtype=torch.bool, device=DEV).tril_().expand(2, S, S).clone()
+    mask[1, :, :100] = False  # left padding in the second row of the batch
+    limit = DI.visible_limit(mask)
+    folded = DI.topk_indices(scores, 2048, limit, mask)
+    assert torch.equal(folded, DI.topk_indices(scores.masked_fill(~mask, float("-inf")), 2048, limit))
+    assert torch.equal(folded, DI.topk_indices(scores.masked_fill(~mask, float("-inf")), 2048))
+    add = torch.zeros(2, S, S, device=DEV).masked_fill_(~mask, torch.finfo(torch.float32).min)
+    assert torch.equal(DI.topk_indices(scores, 2048, DI.visible_limit(add), add), DI.topk_indices(scores + add, 2048))
+
+
+def test_deterministic_graph_compile_opcheck():
+    s = torch.randn(64, 20000, device=DEV)
+    s[:, ::7] = 0.25  # many ties
+    limit = torch.randint(100, 20000, (64,), device=DEV, dtype=torch.int32)
+    first = op(s, 700, limit)
+    for _ in range(3):
+        assert torch.equal(op(s, 700, limit), first)
+    out = torch.empty_like(first)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        out.copy_(op(s, 700, limit))
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out.copy_(op(s, 700, limit))
+    out.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, first)
+    compiled = torch.compile(lambda a, b: op(a, 700, b), fullgraph=True)
+    assert torch.equal(compiled(s, limit), first)
+    torch.library.opcheck(torch.ops.opslot.topk_indices.default, (s[:8, :3000], 100, limit[:8]))
+    torch.library.opcheck(torch.ops.opslot.topk_indices.default, (s[:8], 5, None))
+    mask = torch.rand(8, 20000, device=DEV) > 0.5
+    torch.library.opcheck(torch.ops.opslot.topk_indices.default, (s[:8], 50, limit[:8], mask))
+    torch.library.opcheck(torch.ops.opslot.mask_limit.default, (mask,))
