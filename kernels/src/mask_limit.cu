@@ -11,7 +11,7 @@ namespace {
 
 constexpr const char* kName = "opslot_mask_limit";
 constexpr int kWarpsPerBlock = 8;
-constexpr int kUnroll = 8;  // loads of 32 entries in flight per warp
+constexpr int kUnroll = 4;  // loads in flight per lane
 
 template <int kMask>
 constexpr int kBytes = kMask == OPSLOT_TOPK_MASK_BOOL ? 1
@@ -33,17 +33,74 @@ __device__ __forceinline__ bool shown(const void* row, int64_t t) {
   }
 }
 
+// The largest shown entry among the kEntries of a 16-byte vector starting at entry `first`, or -1.
+template <int kMask>
+__device__ __forceinline__ int last_shown(const uint4& v, int first) {
+  constexpr int kEntries = 16 / kBytes<kMask>;
+  int best = -1;
+#pragma unroll
+  for (int j = 0; j < kEntries; ++j) {
+    const uint32_t w = (&v.x)[j * kBytes<kMask> / 4];
+    bool on;
+    if constexpr (kMask == OPSLOT_TOPK_MASK_BOOL) {
+      on = ((w >> (8 * (j % 4))) & 0xffu) != 0;
+    } else if constexpr (kMask == OPSLOT_TOPK_MASK_FLOAT32) {
+      on = __uint_as_float(w) > __uint_as_float(0xff7fffffu);
+    } else {
+      const uint16_t h = static_cast<uint16_t>(w >> (16 * (j % 2)));
+      if constexpr (kMask == OPSLOT_TOPK_MASK_FLOAT16) {
+        on = __half2float(__ushort_as_half(h)) > -65504.f;
+      } else {
+        on = __bfloat162float(__ushort_as_bfloat16(h)) > __uint_as_float(0xff7f0000u);
+      }
+    }
+    if (on) best = first + j;
+  }
+  return best;
+}
+
 template <int kMask>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock)
     limit_kernel(const void* mask, int64_t seq, int64_t cols, int64_t ms0, int64_t ms1,
                  int64_t rows, int32_t* out) {
+  constexpr int kEntries = 16 / kBytes<kMask>;  // entries per 16-byte vector
   const int lane = threadIdx.x & 31;
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   if (r >= rows) return;
   const int64_t b = r / seq, s = r % seq;
   const void* row = static_cast<const char*>(mask) + (b * ms0 + s * ms1) * kBytes<kMask>;
   int limit = 0;
-  for (int64_t end = cols; end > 0; end -= 32 * kUnroll) {  // the same steps in every lane
+  int64_t end = cols;  // entries [end, cols) hold nothing shown
+  if ((reinterpret_cast<uintptr_t>(row) & 15) == 0) {
+    // The entries past the last whole vector one per lane, then 16-byte vectors, 32 * kUnroll per
+    // step (the same steps in every lane).
+    const int64_t whole = cols / kEntries;
+    int best = -1;
+    const int64_t t = whole * kEntries + lane;
+    if (t < cols && shown<kMask>(row, t)) best = static_cast<int>(t);
+    for (int64_t vend = whole;; vend -= 32 * kUnroll) {
+      if (__ballot_sync(0xffffffffu, best >= 0) != 0) {
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) best = max(best, __shfl_xor_sync(0xffffffffu, best, o));
+        limit = best + 1;
+        break;
+      }
+      if (vend <= 0) break;
+      uint4 v[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t i = vend - 1 - lane - 32 * u;
+        v[u] = i >= 0 ? static_cast<const uint4*>(row)[i] : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t i = vend - 1 - lane - 32 * u;
+        if (i >= 0) best = max(best, last_shown<kMask>(v[u], static_cast<int>(i * kEntries)));
+      }
+    }
+    end = 0;
+  }
+  for (; end > 0; end -= 32 * kUnroll) {  // rows not 16-byte aligned: one entry per lane and load
     int best = -1;
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {

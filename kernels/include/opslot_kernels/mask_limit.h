@@ -10,8 +10,9 @@
  * Layout: mask [batch, seq, cols], element strides (batch, seq) (0 broadcasts), contiguous rows;
  * out int32 [batch, seq] contiguous. batch * seq < 2^31, cols < 2^31.
  *
- * Kernel: one warp per row, reading it backwards from its end (32 entries per load, eight loads in
- * flight) until a shown entry: a causal mask's row s reads cols - s entries.
+ * Kernel: one warp per row, reading it backwards from its end (16-byte loads, four per lane in
+ * flight, where the row is 16-byte aligned; else one entry per lane and load) until a shown entry:
+ * a causal mask's row s reads its cols - s - 1 hidden entries and one vector more.
  */
 #ifndef OPSLOT_KERNELS_MASK_LIMIT_H_
 #define OPSLOT_KERNELS_MASK_LIMIT_H_
