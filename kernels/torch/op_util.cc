@@ -130,7 +130,7 @@ int mask_kind(const at::Tensor& mask, const char* op) {
     case at::kBFloat16:
       return OPSLOT_TOPK_MASK_BFLOAT16;
     default:
-      TORCH_CHECK_TYPE(false, op, ": mask must be bool, float32, float16 or bfloat16, got ",
+      TORCH_CHECK_TYPE(false, op, ": the mask must be bool, float32, float16 or bfloat16, got ",
                        py_dtype(mask.scalar_type()));
   }
   return -1;

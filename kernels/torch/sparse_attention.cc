@@ -343,27 +343,15 @@ Two fwd_autograd(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& in
 
 // --- mask -> index lists (the DeepSeek-V4 glue) ---
 
-int mask_kind(const at::Tensor& mask) {
-  switch (mask.scalar_type()) {
-    case at::kFloat:
-      return OPSLOT_SPARSE_MASK_FLOAT32;
-    case at::kHalf:
-      return OPSLOT_SPARSE_MASK_FLOAT16;
-    case at::kBFloat16:
-      return OPSLOT_SPARSE_MASK_BFLOAT16;
-    case at::kBool:
-      return OPSLOT_SPARSE_MASK_BOOL;
-    default:
-      TORCH_CHECK_TYPE(false,
-                       "sparse_mqa_mask_indices: the mask must be bool, float32, float16 or "
-                       "bfloat16, got ",
-                       py_dtype(mask.scalar_type()));
-  }
-  return -1;
-}
+// The mask kinds of sparse_attention.h are those of topk.h (op_util's mask_kind).
+static_assert(int{OPSLOT_SPARSE_MASK_FLOAT32} == int{OPSLOT_TOPK_MASK_FLOAT32} &&
+              int{OPSLOT_SPARSE_MASK_FLOAT16} == int{OPSLOT_TOPK_MASK_FLOAT16} &&
+              int{OPSLOT_SPARSE_MASK_BFLOAT16} == int{OPSLOT_TOPK_MASK_BFLOAT16} &&
+              int{OPSLOT_SPARSE_MASK_BOOL} == int{OPSLOT_TOPK_MASK_BOOL});
+constexpr const char* kMaskOp = "sparse_mqa_mask_indices";
 
 void check_mask(const at::Tensor& mask, const c10::SymInt& topk) {
-  (void)mask_kind(mask);
+  (void)mask_kind(mask, kMaskOp);
   TORCH_CHECK_VALUE(mask.dim() == 3,
                     "sparse_mqa_mask_indices: the mask must be [batch, seq, kv_len], got ",
                     py_shape(mask.sym_sizes()));
@@ -387,8 +375,9 @@ Two mask_cuda(const at::Tensor& mask, c10::SymInt topk) {
   at::Tensor status = at::zeros({1}, i32);
   int64_t strides[3] = {mask.size(0) > 1 ? mask.stride(0) : 0, mask.stride(1), mask.stride(2)};
   OPSLOT_LAUNCH(kt, opslot_sparse_mqa_mask_indices,
-                mask.numel() > 0 ? mask.const_data_ptr() : nullptr, mask_kind(mask), mask.size(0),
-                mask.size(1), mask.size(2), strides, k, static_cast<int32_t*>(mutable_ptr(indices)),
+                mask.numel() > 0 ? mask.const_data_ptr() : nullptr, mask_kind(mask, kMaskOp),
+                mask.size(0), mask.size(1), mask.size(2), strides, k,
+                static_cast<int32_t*>(mutable_ptr(indices)),
                 static_cast<int32_t*>(mutable_ptr(status)), stream_of(mask));
   return {indices, status};
 }

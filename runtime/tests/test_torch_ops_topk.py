@@ -202,7 +202,7 @@ def test_mask_limit():
         (
             torch.zeros(3, dtype=torch.int32),
             TypeError,
-            "mask_limit: mask must be bool, float32, float16 or bfloat16, got torch.int32",
+            "mask_limit: the mask must be bool, float32, float16 or bfloat16, got torch.int32",
         ),
         (
             torch.tensor(True),
@@ -238,7 +238,7 @@ def test_argument_checks():
         (
             (s, 2, None, lim),
             TypeError,
-            "topk_indices: mask must be bool, float32, float16 or bfloat16, got torch.int32",
+            "topk_indices: the mask must be bool, float32, float16 or bfloat16, got torch.int32",
         ),
         (
             (s, 2, None, torch.ones(4, 5, dtype=torch.bool)),
