@@ -199,16 +199,6 @@ def causal_flops(S, T, H, D, limit):
     return 2 * H * D * int(limit.clamp(0, T).sum())
 
 
-def spread_like(scores, limit):
-    """Scores of the same shape whose values spread over ~1000 buckets of the top-k's first digit
-    (random signs and exponents 2^-60..2^60): next to the real scores, what the top digit's
-    shared-memory counting costs when few lanes of a warp hit one bucket."""
-    g = torch.Generator(device=DEV).manual_seed(7)
-    out = torch.rand(scores.shape, device=DEV, generator=g).mul_(120).sub_(60).exp2_()
-    sign = torch.rand(scores.shape, device=DEV, generator=g).lt_(0.5).mul_(-2).add_(1)  # -1 or 1, fp32
-    return out.mul_(sign)
-
-
 def topk_bytes(limit, T, top_k):
     """What a top-k must move: each visible score read once (fp32), k int32 indices written per row."""
     return 4 * int(limit.clamp(0, T).sum()) + 4 * top_k * limit.numel()
@@ -238,11 +228,6 @@ def glm_rows(run, L, compiled=None):
     run.row(
         "GLM", L, f"torch.topk k={top_k} of the scores", functools.partial(torch.topk, scores, top_k, dim=-1), nbytes=nb
     )
-    if L >= 16384:  # the same shape with the values spread over ~1000 buckets of the top digit
-        spread = spread_like(scores, limit)
-        what = f"topk_indices k={top_k}, values spread over the top digit's buckets (diagnostic)"
-        run.row("GLM", L, what, functools.partial(DI.topk_indices, spread, top_k, limit), nbytes=nb)
-        del spread
     run.row(
         "GLM",
         L,
