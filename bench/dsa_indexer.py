@@ -36,9 +36,12 @@ import time
 import torch
 import torch.nn.functional as F
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(BENCH)
 sys.path.insert(0, os.path.join(ROOT, "runtime"))
+sys.path.insert(0, BENCH)
 
+import kernels as K  # noqa: E402  (bench/kernels.py: the copy bandwidth)
 from opslot.kernels.cuda import dsa_indexer as DI  # noqa: E402
 
 BF = torch.bfloat16
@@ -62,13 +65,6 @@ def describe():
         return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True).stdout.strip() or "?"
     except OSError:
         return "?"
-
-
-def copy_rate():
-    """Device-to-device copy bandwidth, bytes read + written per second (a 2 GiB copy, median)."""
-    src = torch.empty(2**29, dtype=torch.float32, device=DEV)
-    dst = torch.empty_like(src)
-    return 2 * src.numel() * 4 / (median_ms(lambda: dst.copy_(src), 20) * 1e-3)
 
 
 def median_ms(fn, reps):
@@ -286,7 +282,7 @@ def main():
     lengths = [int(x) for x in args.lengths.split(",")]
     torch.backends.cuda.matmul.allow_tf32 = False
     props = torch.cuda.get_device_properties(0)
-    rate, bandwidth = gemm_rate(), copy_rate()
+    rate, bandwidth = gemm_rate(), K.copy_bandwidth()
     print(f"{props.name}: bf16 GEMM 8192^3 {rate / 1e12:.0f} TFLOP/s, copy {bandwidth / 1e12:.2f} TB/s", flush=True)
     run = Runner(args.budget, rate, bandwidth)
     compiled_glm = None if args.no_compile else torch.compile(upstream_glm_tail, dynamic=False)

@@ -27,8 +27,8 @@ __device__ __forceinline__ uint32_t order_key(float v) {
 // The key of an fp32 -inf: what a column a bool mask hides counts as.
 constexpr uint32_t kHiddenKey = 0x007fffffu;
 
-// Four mask entries as fp32 (additive kinds) or 0/1 (bool) from `m` at entry i; `all4` when the
-// four are in the row and `vec` when one aligned load reads them.
+// Four mask entries as fp32 (additive kinds) or 0/1 (bool) from `m` at entry i, `count` of them in
+// the row (the rest 0); one aligned load reads them when `vec` and all four are in the row.
 template <int kMask>
 __device__ __forceinline__ void load_mask(const void* m, int64_t i, int count, bool vec,
                                           float (&a)[4]) {
