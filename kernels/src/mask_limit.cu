@@ -17,46 +17,52 @@ template <int kMask>
 constexpr int kBytes = kMask == OPSLOT_TOPK_MASK_BOOL ? 1
                                                       : (kMask == OPSLOT_TOPK_MASK_FLOAT32 ? 4 : 2);
 
-// Whether entry t of a mask row shows its key: bool nonzero; a float above its dtype's lowest
-// finite value (that value, -inf and NaN hide).
+// Whether a mask entry shows its key, from its bits (the low kBytes bytes of `w`): bool nonzero;
+// a float above its dtype's lowest finite value (that value, -inf and NaN hide).
 template <int kMask>
-__device__ __forceinline__ bool shown(const void* row, int64_t t) {
+__device__ __forceinline__ bool shown_bits(uint32_t w) {
   if constexpr (kMask == OPSLOT_TOPK_MASK_BOOL) {
-    return static_cast<const uint8_t*>(row)[t] != 0;
+    return (w & 0xffu) != 0;
   } else if constexpr (kMask == OPSLOT_TOPK_MASK_FLOAT32) {
-    return static_cast<const float*>(row)[t] > __uint_as_float(0xff7fffffu);  // -FLT_MAX
+    return __uint_as_float(w) > __uint_as_float(0xff7fffffu);  // -FLT_MAX
   } else if constexpr (kMask == OPSLOT_TOPK_MASK_FLOAT16) {
-    return __half2float(static_cast<const __half*>(row)[t]) > -65504.f;
+    return __half2float(__ushort_as_half(static_cast<uint16_t>(w))) > -65504.f;
   } else {
-    return __bfloat162float(static_cast<const __nv_bfloat16*>(row)[t]) >
+    return __bfloat162float(__ushort_as_bfloat16(static_cast<uint16_t>(w))) >
            __uint_as_float(0xff7f0000u);  // bfloat16's lowest finite value
   }
+}
+
+// Whether entry t of a mask row shows its key.
+template <int kMask>
+__device__ __forceinline__ bool shown(const void* row, int64_t t) {
+  const uint8_t* p = static_cast<const uint8_t*>(row) + t * kBytes<kMask>;
+  if constexpr (kBytes<kMask> == 1) return shown_bits<kMask>(*p);
+  if constexpr (kBytes<kMask> == 2) return shown_bits<kMask>(*reinterpret_cast<const uint16_t*>(p));
+  if constexpr (kBytes<kMask> == 4) return shown_bits<kMask>(*reinterpret_cast<const uint32_t*>(p));
 }
 
 // The largest shown entry among the kEntries of a 16-byte vector starting at entry `first`, or -1.
 template <int kMask>
 __device__ __forceinline__ int last_shown(const uint4& v, int first) {
-  constexpr int kEntries = 16 / kBytes<kMask>;
+  constexpr int kEntries = 16 / kBytes<kMask>, kPerWord = 4 / kBytes<kMask>;
   int best = -1;
 #pragma unroll
   for (int j = 0; j < kEntries; ++j) {
-    const uint32_t w = (&v.x)[j * kBytes<kMask> / 4];
-    bool on;
-    if constexpr (kMask == OPSLOT_TOPK_MASK_BOOL) {
-      on = ((w >> (8 * (j % 4))) & 0xffu) != 0;
-    } else if constexpr (kMask == OPSLOT_TOPK_MASK_FLOAT32) {
-      on = __uint_as_float(w) > __uint_as_float(0xff7fffffu);
-    } else {
-      const uint16_t h = static_cast<uint16_t>(w >> (16 * (j % 2)));
-      if constexpr (kMask == OPSLOT_TOPK_MASK_FLOAT16) {
-        on = __half2float(__ushort_as_half(h)) > -65504.f;
-      } else {
-        on = __bfloat162float(__ushort_as_bfloat16(h)) > __uint_as_float(0xff7f0000u);
-      }
-    }
-    if (on) best = first + j;
+    const uint32_t w = (&v.x)[j / kPerWord] >> (8 * kBytes<kMask> * (j % kPerWord));
+    if (shown_bits<kMask>(w)) best = first + j;
   }
   return best;
+}
+
+// Whether a lane of the warp holds a shown entry (`best` >= 0); if so `limit` gets one past the
+// largest.
+__device__ __forceinline__ bool warp_found(int best, int& limit) {
+  if (__ballot_sync(0xffffffffu, best >= 0) == 0) return false;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) best = max(best, __shfl_xor_sync(0xffffffffu, best, o));
+  limit = best + 1;
+  return true;
 }
 
 template <int kMask>
@@ -79,13 +85,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
     const int64_t t = whole * kEntries + lane;
     if (t < cols && shown<kMask>(row, t)) best = static_cast<int>(t);
     for (int64_t vend = whole;; vend -= 32 * kUnroll) {
-      if (__ballot_sync(0xffffffffu, best >= 0) != 0) {
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) best = max(best, __shfl_xor_sync(0xffffffffu, best, o));
-        limit = best + 1;
-        break;
-      }
-      if (vend <= 0) break;
+      if (warp_found(best, limit) || vend <= 0) break;
       uint4 v[kUnroll];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
@@ -107,12 +107,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
       const int64_t t = end - 1 - lane - 32 * u;
       if (t >= 0 && shown<kMask>(row, t) && t > best) best = static_cast<int>(t);
     }
-    if (__ballot_sync(0xffffffffu, best >= 0) != 0) {
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) best = max(best, __shfl_xor_sync(0xffffffffu, best, o));
-      limit = best + 1;
-      break;
-    }
+    if (warp_found(best, limit)) break;
   }
   if (lane == 0) out[r] = limit;
 }

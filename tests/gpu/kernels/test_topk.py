@@ -10,7 +10,8 @@ all three digits), NaN, infinities and signed zeros; rows that are not 16-byte a
 transposed views, leading dimensions, empty inputs; bool and additive (float32/16, bfloat16) masks,
 broadcast over the batch, rows not aligned for the vector loads; mask_limit on causal, random and
 padding masks of every kind, broadcast and strided; both paths of the kernel (the keys at or above
-the top digit's bucket held in shared memory, or more of them than it holds); every element written (the caching allocator
+the top digit's bucket held in shared memory, or more of them than it holds), and rows whose large
+values crowd into one part; every element written (the caching allocator
 poisoned first); bitwise-equal reruns; opcheck; CUDA-graph capture; torch.compile.
 """
 
@@ -88,6 +89,21 @@ def test_all_equal_and_one_ulp_apart(cols):
         check(rows, k, what=f"ulps k={k}")
     got = op(rows[:1], 5)
     assert got.tolist() == [list(range(cols - 5, cols))]
+
+
+@pytest.mark.parametrize("cols", [9000, 50000, 131072])
+def test_candidates_crowded_into_one_part_of_the_row(cols):
+    # Large values together (ascending, descending, 700 boosted in a row) rather than spread: a way of
+    # gathering the candidates by parts of the row (one tried: docs/kernels.md) would overflow a part.
+    ramp = torch.linspace(-3, 3, cols, device=DEV)
+    noise = torch.randn(cols, device=DEV)
+    boosted = noise.clone()
+    boosted[cols // 3 : cols // 3 + 700] += 10  # 700 large values in one warp's part
+    rows = torch.stack([ramp, ramp.flip(0), boosted, noise])
+    limit = torch.tensor([cols, cols - 17, cols, cols // 2 + 3], device=DEV, dtype=torch.int32)
+    for k in (100, 511, 513, 2048, 5000):
+        check(rows, k, what=f"crowded k={k}")
+        check(rows, k, limit, what=f"crowded k={k} limited")
 
 
 def test_views_and_shapes():
