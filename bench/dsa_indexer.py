@@ -21,7 +21,8 @@ Rows per context length (B = 1, bf16 q/k, fp32 weights):
   upstream's code), `compiled tail` (torch.compile of upstream's).
 - DeepSeek-V4: H = 64, D = 128, T = S / 4 compressed keys, causal threshold (pos + 1) // 4, top-512.
 
-    python3 bench/dsa_indexer.py --out $OUT/dsa_indexer_h200.md [--lengths 4096,16384,65536] [--budget 150]
+    python3 bench/dsa_indexer.py --out $OUT/dsa_indexer_h200.md [--lengths 4096,16384,65536] [--budget 150] \
+        [--only topk,mask_limit]   # only the rows whose name holds one of these
 """
 
 from __future__ import annotations
@@ -140,8 +141,9 @@ def ours_v4_tail(q, k, weights, scale, threshold, top_k):
 
 
 class Runner:
-    def __init__(self, budget_s, rate, bandwidth):
+    def __init__(self, budget_s, rate, bandwidth, only=()):
         self.deadline = time.monotonic() + budget_s
+        self.only = only  # run only the rows whose name holds one of these (all when empty)
         self.rate = rate
         self.bandwidth = bandwidth
         self.rows = []
@@ -151,6 +153,8 @@ class Runner:
 
     def row(self, model, length, what, fn, flops=None, graph=True, reps=5, min_left=5.0, note="", nbytes=None):
         name = f"{model} {length // 1024}k {what}" if length >= 1024 else f"{model} {length} {what}"
+        if self.only and not any(o in what for o in self.only):
+            return
         if self.left() < min_left:
             self.rows.append((name, "skipped: out of the run's time budget", "", "", "", "", ""))
             print(f"{name}: skipped (time budget)", flush=True)
@@ -278,13 +282,14 @@ def main():
     ap.add_argument("--lengths", default="4096,16384,65536")
     ap.add_argument("--budget", type=float, default=150.0, help="seconds; later rows are skipped past it")
     ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--only", default="", help="comma-separated: run only the rows whose name holds one (e.g. topk)")
     args = ap.parse_args()
     lengths = [int(x) for x in args.lengths.split(",")]
     torch.backends.cuda.matmul.allow_tf32 = False
     props = torch.cuda.get_device_properties(0)
     rate, bandwidth = gemm_rate(), K.copy_bandwidth()
     print(f"{props.name}: bf16 GEMM 8192^3 {rate / 1e12:.0f} TFLOP/s, copy {bandwidth / 1e12:.2f} TB/s", flush=True)
-    run = Runner(args.budget, rate, bandwidth)
+    run = Runner(args.budget, rate, bandwidth, tuple(x for x in args.only.split(",") if x))
     compiled_glm = None if args.no_compile else torch.compile(upstream_glm_tail, dynamic=False)
 
     for L in lengths:
