@@ -6,7 +6,8 @@ sees it: several configurations side by side in one process, per model.
         --models qwen3_5,qwen3 --out $OUT
     .venv/bin/python bench/train_step.py --device cpu --tiny --models qwen3_5,qwen3 --out /tmp/ts   # CPU check
 
-Models (`--models`, default qwen3_5; `--tiny`: 2 layers, hidden 64, vocab 256, batch 1 x 128):
+Models (`--models`, default qwen3_5; `--tiny`: 2 layers, hidden 64, vocab 256, batch 1 x 128; deepseek_v4 and
+glm_moe_dsa: tests/models/e2e.py's configs of their cases, 3 layers, at that hidden size and vocab):
 - qwen3_5: Qwen3_5ForCausalLM from `patched_modeling_qwen3_5_gpu` (specs/qwen3_5/qwen3_5_gpu.yaml):
   4 layers, 3 linear_attention (Gated DeltaNet) + 1 full_attention, hidden 2048, linear heads 16 key /
   32 value of dim 128, full attention 16 heads / 4 KV heads of dim 256, partial RoPE 0.25 with mrope
@@ -17,9 +18,34 @@ Models (`--models`, default qwen3_5; `--tiny`: 2 layers, hidden 64, vocab 256, b
   widths), vocab 151936: the same step shape, for scale.
 - qwen3_moe: Qwen3MoeForCausalLM from `patched_modeling_qwen3_moe_gpu`, 2 layers of Qwen3-30B-A3B's
   widths (128 experts, top 8, expert width 768), vocab 151936 (bench/moe.py's training step).
+- deepseek_v4: DeepseekV4ForCausalLM from `patched_modeling_deepseek_v4_gpu` (specs/deepseek_v4/deepseek_v4_gpu.yaml),
+  3 layers at the released per-layer widths (DeepseekV4Config's defaults), one of each attention type: sliding
+  window 128, compressed sparse attention (compress rate 4, Lightning indexer of 64 heads of dim 128 keeping the
+  top 512 compressed entries: at 4096 tokens, 1024 entries, so it really selects), heavily compressed attention
+  (rate 128); hidden 4096, 64 query heads of dim 512 on one shared K=V head, q_lora_rank 1024, grouped output
+  projection 8 x 1024, hyper-connections hc_mult 4 with 20 Sinkhorn iterations; MoE layers hash-routed, then
+  top-k routed ("hash_moe", "moe", "moe"): expert width 2048, top 6, 1 shared expert, SwiGLU clamped at 10;
+  vocab 129280, RoPE as the config's defaults. Reduced: 16 routed experts instead of 256, so that upstream
+  eager, with its weights and gradients, fits one GPU and a step stays short (each expert then gets ~16x the
+  tokens it would get among 256: larger expert GEMMs than the real model's). Attention `eager` in every row
+  (upstream supports no other: `_supports_sdpa = False`, sdpa would drop the attention sinks). Upstream's init
+  zeroes the hash routers' token -> experts tables (`tid2eid`, a buffer the checkpoint fills: every token would
+  go top_k times to expert 0); they are filled with top_k distinct random experts per token id (as
+  tests/models/e2e.py's randomize_) before the reference state_dict is taken, so every row routes alike.
+- glm_moe_dsa: GlmMoeDsaForCausalLM from `patched_modeling_glm_moe_dsa_gpu` (specs/glm_moe_dsa/glm_moe_dsa_gpu.yaml),
+  3 layers at GLM-5's per-layer widths (GlmMoeDsaConfig's defaults): hidden 6144, MLA with 64 heads
+  (q_lora_rank 2048, kv_lora_rank 512, qk nope/rope 192/64, v 256), the DSA indexer on every layer
+  (indexer_types "full": 32 heads of dim 128, top 2048 tokens: at 4096 tokens, the later queries really
+  select), 1 dense layer (intermediate 12288), then 2 MoE layers (expert width 2048, top 8, 1 shared expert,
+  routed scaling 2.5), rms_norm_eps 1e-5, vocab 154880. Reduced: 16 routed experts instead of 256 (as
+  deepseek_v4).
+  In both, the indexers' weights get no gradient (upstream trains them with no loss: a top-k selection, and
+  GLM's indexer runs under no_grad), in every row alike.
 bf16 weights (random, seeded: Transformers' own init of the upstream class, the same state_dict loaded
-into every configuration of a model), attention `sdpa`, batch 2 x 4096 tokens without padding (no
-attention_mask), labels = input_ids (the causal-LM loss), use_cache=False, train mode.
+into every configuration of a model; everything bf16, the modules Transformers would keep in fp32 on
+loading included: DeepSeek-V4's upstream 5.17 fails with fp32 norms between bf16 linears), attention `sdpa`
+(deepseek_v4: `eager`), batch 2 x 4096 tokens without padding (no attention_mask), labels = input_ids (the
+causal-LM loss), use_cache=False, train mode.
 
 Configurations (rows) per model:
 - upstream eager: Transformers' own class; its linear-attention functions are what its hub wrapper
@@ -35,9 +61,15 @@ Configurations (rows) per model:
   chunk_gated_delta_rule; the conv stays on opslot's default. --fla-unsafe switches off fla's refusal
   of its gated backward on Hopper with Triton < 3.7.1 (timing only, as bench/gated_delta_rule.py).
 
+deepseek_v4 and glm_moe_dsa: also "opslot defaults, dsa_attention cuda" (the DSA attention kernels, which a
+training config chooses: the defaults keep that slot on eager, runtime/opslot/device_defaults.py), and with
+--compile its compiled row; on CUDA devices only.
+
 With --compile, three more rows per model under `torch.compile(model)` (inductor, default mode; at
 least 3 warm-up steps, which compile): upstream, opslot defaults, and opslot defaults with
-attn_implementation `opslot_sdpa` (the causal mask skipped under compile: runtime/opslot/compiled_sdpa.py).
+attn_implementation `opslot_sdpa` (the causal mask skipped under compile: runtime/opslot/compiled_sdpa.py); not
+for deepseek_v4 (its attention is the dsa_attention slot, upstream eager only) nor glm_moe_dsa (refused by its
+check_dsa_attention_implementation: the indexer reads eager's or sdpa's 4-D mask).
 
 Measures: time = median of --iters (default 8) steps after --warmup (default 2) steps; one step is
 `model.zero_grad(set_to_none=True)` (outside the timing) then `loss = model(**batch).loss;
@@ -74,7 +106,7 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Any, Dict, List, Optional, Tuple  # noqa: E402
+from typing import Any, Callable, Dict, List, Optional, Tuple  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 # Not bench/ itself (sys.path[0] for a script): bench/kernels.py would shadow the `kernels` package, which
@@ -125,6 +157,18 @@ class ModelDef:
     full: Dict[str, Any]
     tiny: Dict[str, Any]
     linear_attention: bool = False
+    #: attn_implementation of every row: sdpa, or eager where upstream supports only eager (DeepSeek-V4)
+    attn: str = "sdpa"
+    #: the "opslot_sdpa + torch.compile" row (--compile); False where the model's attention does not go
+    #: through attn_implementation's function (DeepSeek-V4: its dsa_attention slot; GLM-MoE-DSA: refused
+    #: by its check_dsa_attention_implementation, the indexer needs eager's or sdpa's 4-D mask)
+    opslot_sdpa: bool = True
+    #: the "opslot defaults, dsa_attention cuda" rows: the DSA attention kernels, opt-in (they are for
+    #: training: runtime/opslot/device_defaults.py keeps dsa_attention on eager by default)
+    dsa_attention: bool = False
+    #: fills what upstream's init leaves degenerate, on the reference model before its state_dict is taken
+    #: (so every row gets it): fn(model, seed)
+    prepare: Optional[Callable[[Any, int], None]] = None
 
     @property
     def spec(self) -> Path:
@@ -157,6 +201,27 @@ TINY_COMMON = dict(
     num_key_value_heads=2,
     head_dim=16,
     max_position_embeddings=256,
+)
+
+
+def hash_routing_tables_(model, seed: int) -> None:
+    """DeepSeek-V4's hash routers (`mlp_layer_types` "hash_moe"): upstream's init zeroes the token ->
+    experts table `tid2eid` (a buffer the checkpoint fills), so every token would pick expert 0 top_k
+    times; fill it as tests/models/e2e.py's randomize_ does: top_k distinct random experts per token id."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, table in sorted(model.named_buffers()):
+            if name.endswith("tid2eid"):
+                experts = model.config.n_routed_experts
+                picks = torch.rand(table.shape[0], experts, generator=gen).argsort(dim=-1)[:, : table.shape[1]]
+                table.copy_(picks.to(table.device, table.dtype))
+
+
+#: DeepSeek-V4's three attention types, one layer each, and its two MoE types (hash-routed first).
+DSV4_LAYERS = dict(
+    num_hidden_layers=3,
+    layer_types=["sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"],
+    mlp_layer_types=["hash_moe", "moe", "moe"],
 )
 
 MODELS = {
@@ -244,6 +309,123 @@ MODELS = {
         ),
         tiny=dict(TINY_COMMON, moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2),
     ),
+    # DeepSeek-V4's per-layer widths (DeepseekV4Config's defaults), 3 layers, 16 of its 256 routed experts.
+    "deepseek_v4": ModelDef(
+        "deepseek_v4",
+        "DeepseekV4Config",
+        "DeepseekV4ForCausalLM",
+        attn="eager",  # _supports_sdpa = False: sdpa would drop the attention sinks
+        opslot_sdpa=False,
+        dsa_attention=True,
+        prepare=hash_routing_tables_,
+        full=dict(
+            COMMON,
+            **DSV4_LAYERS,
+            vocab_size=129280,
+            hidden_size=4096,
+            moe_intermediate_size=2048,
+            num_attention_heads=64,
+            num_key_value_heads=1,
+            head_dim=512,
+            q_lora_rank=1024,
+            o_groups=8,
+            o_lora_rank=1024,
+            compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 128},
+            index_n_heads=64,
+            index_head_dim=128,
+            index_topk=512,
+            sliding_window=128,
+            hc_mult=4,
+            hc_sinkhorn_iters=20,
+            swiglu_limit=10.0,
+            n_routed_experts=16,
+            num_experts_per_tok=6,
+            n_shared_experts=1,
+            # rope_parameters: the config's default (main theta 1e4, compress theta 1.6e5, partial 0.125)
+        ),
+        # tests/models/e2e.py's deepseek_v4 case (without its output_router_logits: the step is the full
+        # config's) at the bench's tiny widths; V4 has no intermediate_size (it maps it to the experts').
+        tiny=dict(
+            {k: v for k, v in TINY_COMMON.items() if k != "intermediate_size"},
+            **DSV4_LAYERS,
+            num_key_value_heads=1,
+            moe_intermediate_size=32,
+            q_lora_rank=32,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
+            index_n_heads=2,
+            index_head_dim=16,
+            index_topk=2,
+            hc_mult=2,
+            hc_sinkhorn_iters=3,
+            sliding_window=8,
+            o_groups=2,
+            o_lora_rank=16,
+            partial_rotary_factor=0.5,
+            swiglu_limit=0.5,
+        ),
+    ),
+    # GLM-5's per-layer widths (GlmMoeDsaConfig's defaults), 3 layers (1 dense + 2 MoE), 16 of its 256
+    # routed experts.
+    "glm_moe_dsa": ModelDef(
+        "glm_moe_dsa",
+        "GlmMoeDsaConfig",
+        "GlmMoeDsaForCausalLM",
+        opslot_sdpa=False,
+        dsa_attention=True,
+        full=dict(
+            COMMON,
+            rms_norm_eps=1e-5,
+            vocab_size=154880,
+            hidden_size=6144,
+            intermediate_size=12288,
+            moe_intermediate_size=2048,
+            num_hidden_layers=3,
+            first_k_dense_replace=1,
+            mlp_layer_types=["dense", "sparse", "sparse"],
+            num_attention_heads=64,
+            kv_lora_rank=512,
+            q_lora_rank=2048,
+            qk_nope_head_dim=192,
+            qk_rope_head_dim=64,
+            v_head_dim=256,
+            index_n_heads=32,
+            index_head_dim=128,
+            index_topk=2048,
+            indexer_types=["full"] * 3,
+            n_routed_experts=16,
+            num_experts_per_tok=8,
+            n_shared_experts=1,
+            n_group=1,
+            topk_group=1,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        ),
+        # tests/models/e2e.py's glm_moe_dsa case at the bench's tiny widths (a "shared" indexer layer).
+        tiny=dict(
+            TINY_COMMON,
+            rms_norm_eps=1e-5,
+            num_hidden_layers=3,
+            num_key_value_heads=4,
+            moe_intermediate_size=32,
+            first_k_dense_replace=1,
+            n_shared_experts=1,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            n_group=2,
+            topk_group=1,
+            kv_lora_rank=16,
+            q_lora_rank=32,
+            qk_rope_head_dim=8,
+            v_head_dim=16,
+            qk_nope_head_dim=16,
+            norm_topk_prob=True,
+            index_n_heads=8,
+            index_head_dim=16,
+            index_topk=4,
+            indexer_types=["full", "shared", "full"],
+        ),
+    ),
 }
 
 #: Config fields written into the output (those the config has).
@@ -270,6 +452,36 @@ RECORDED = [
     "moe_intermediate_size",
     "num_experts",
     "num_experts_per_tok",
+    # DeepSeek-V4, GLM-MoE-DSA
+    "mlp_layer_types",
+    "first_k_dense_replace",
+    "n_routed_experts",
+    "n_shared_experts",
+    "n_group",
+    "topk_group",
+    "routed_scaling_factor",
+    "norm_topk_prob",
+    "scoring_func",
+    "q_lora_rank",
+    "kv_lora_rank",
+    "qk_nope_head_dim",
+    "qk_rope_head_dim",
+    "v_head_dim",
+    "o_groups",
+    "o_lora_rank",
+    "sliding_window",
+    "compress_rates",
+    "index_n_heads",
+    "index_head_dim",
+    "index_topk",
+    "indexer_types",
+    "hc_mult",
+    "hc_sinkhorn_iters",
+    "hc_eps",
+    "swiglu_limit",
+    "partial_rotary_factor",
+    "max_position_embeddings",
+    "output_router_logits",
 ]
 
 
@@ -277,8 +489,8 @@ def make_config(mdef: ModelDef, tiny: bool):
     import transformers
 
     cls = getattr(transformers, mdef.config_class)
-    config = cls(**(mdef.tiny if tiny else mdef.full))
-    config._attn_implementation = "sdpa"
+    config = cls(**copy.deepcopy(mdef.tiny if tiny else mdef.full))
+    config._attn_implementation = mdef.attn
     return config
 
 
@@ -450,19 +662,28 @@ class Config:
     compile: bool = False  # torch.compile(model) (default inductor), timed after its warm-up steps
 
 
-def configurations(mdef: ModelDef, fla_rows: bool, compiled: bool = False) -> List[Config]:
-    attn = {"attn_implementation": "sdpa"}
+def configurations(mdef: ModelDef, fla_rows: bool, compiled: bool = False, cuda: bool = True) -> List[Config]:
+    attn = {"attn_implementation": mdef.attn}
     rows = [Config("upstream eager", None), Config("opslot defaults", dict(attn))]
+    dsa = dict(attn, dsa_attention_implementation="cuda")
+    dsa_rows = mdef.dsa_attention and cuda  # the kernels run on CUDA devices only
+    if dsa_rows:
+        rows.append(Config("opslot defaults, dsa_attention cuda", dsa))
     if compiled:
         rows += [
             Config("upstream + torch.compile", None, compile=True),
             Config("opslot defaults + torch.compile", dict(attn), compile=True),
-            Config(
-                "opslot defaults, opslot_sdpa + torch.compile",
-                {"attn_implementation": "opslot_sdpa"},
-                compile=True,
-            ),
         ]
+        if dsa_rows:
+            rows.append(Config("opslot defaults, dsa_attention cuda + torch.compile", dsa, compile=True))
+        if mdef.opslot_sdpa:
+            rows.append(
+                Config(
+                    "opslot defaults, opslot_sdpa + torch.compile",
+                    {"attn_implementation": "opslot_sdpa"},
+                    compile=True,
+                )
+            )
     if mdef.linear_attention:
         rows.append(
             Config(
@@ -605,6 +826,8 @@ def run_model(mdef: ModelDef, args, device: torch.device, dtype: torch.dtype, re
         if device.type == "cuda":
             torch.cuda.manual_seed_all(args.seed)
         ref_model = construct(lambda: up_cls(copy.deepcopy(config)), device, dtype)
+        if mdef.prepare is not None:
+            mdef.prepare(ref_model, args.seed)
         entry["params_m"] = sum(p.numel() for p in ref_model.parameters()) / 1e6
         state = {k: v.detach().to("cpu", copy=True) for k, v in ref_model.state_dict().items()}
     except Exception as exc:  # noqa: BLE001
@@ -615,7 +838,7 @@ def run_model(mdef: ModelDef, args, device: torch.device, dtype: torch.dtype, re
     inputs = make_batch(config.vocab_size, batch_n, seq, device, args.seed + 1)
     tokens = batch_n * seq
 
-    for cfg in configurations(mdef, fla_rows, args.compile):
+    for cfg in configurations(mdef, fla_rows, args.compile, device.type == "cuda"):
         started = time.time()
         row: Dict[str, Any] = dict(model=mdef.key, name=cfg.name, tokens=tokens, ops=cfg.ops)
         model = None
@@ -676,7 +899,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="qwen3_5", help=f"comma-separated, of: {', '.join(MODELS)}")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--tiny", action="store_true", help="tiny configs (2 layers, hidden 64, vocab 256), batch 1 x 128")
+    ap.add_argument(
+        "--tiny",
+        action="store_true",
+        help="tiny configs (hidden 64, vocab 256; 2 layers, 3 for deepseek_v4 and glm_moe_dsa), batch 1 x 128",
+    )
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--seq", type=int, default=4096)
     ap.add_argument("--iters", type=int, default=8)
@@ -744,11 +971,13 @@ def main() -> int:
         dev_name, kernels_line = f"{device.type} ({os.cpu_count()} cores visible)", "opslot cuda kernels: n/a (CPU)"
     pk = {name: importlib.util.find_spec(name) is not None for name in ("fla", "causal_conv1d", "kernels")}
     batch_n, seq = (1, 128) if args.tiny else (args.batch, args.seq)
+    others = [f"{k}: {MODELS[k].attn}" for k in keys if MODELS[k].attn != "sdpa"]
+    attention = "sdpa" + (f" ({', '.join(others)})" if others else "")
     header = [
         f"# Training step (forward + backward){' (tiny configs)' if args.tiny else ''}: {dev_name}",
         "",
         f"torch {torch.__version__}, transformers {transformers.__version__}, opslot {opslot.__version__}, "
-        f"{args.dtype}, attention sdpa, batch {batch_n} x {seq} tokens, labels = input_ids, no attention_mask; "
+        f"{args.dtype}, attention {attention}, batch {batch_n} x {seq} tokens, labels = input_ids, no attention_mask; "
         f"{kernels_line}; OPSLOT_KERNELS_LIB={os.environ.get('OPSLOT_KERNELS_LIB', '(unset)')}; "
         f"USE_HUB_KERNELS={os.environ.get('USE_HUB_KERNELS')}; importable: "
         + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in pk.items())
