@@ -1,5 +1,5 @@
 """One `opslot::topk_indices` call on the GLM-5 indexer's causal scores, for Nsight Compute to profile
-(docs/results/dsa_indexer_h200.md, "Top-k versions"): bench/dsa_indexer.py's GLM inputs at L tokens
+(docs/results/dsa_indexer_h200.md, "What bounds the top-k"): bench/dsa_indexer.py's GLM inputs at L tokens
 (32 heads of 128), the scores by `dsa_index_scores`, then the top-2048 twice (profile the second);
 prints how many top-digit buckets the last row's scores fill.
 
