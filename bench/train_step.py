@@ -204,6 +204,8 @@ TINY_COMMON = dict(
 )
 
 
+# The tiny configs below and this filler repeat tests/models/e2e.py's on purpose: importing e2e.py
+# would set CUBLAS_WORKSPACE_CONFIG (deterministic cuBLAS) for this whole timing process.
 def hash_routing_tables_(model, seed: int) -> None:
     """DeepSeek-V4's hash routers (`mlp_layer_types` "hash_moe"): upstream's init zeroes the token ->
     experts table `tid2eid` (a buffer the checkpoint fills), so every token would pick expert 0 top_k
