@@ -14,12 +14,16 @@
 
     python3 bench/dsa_attention.py --out $OUT/dsa_attention_h200.md [--contexts 16384,65536] [--budget-s 150]
 
-Rows past the time budget are reported as skipped.
+Rows past the time budget are reported as skipped. `--profile` adds, per kernel row, the GPU kernels one
+forward + backward launches with their mean device time (torch.profiler) and the copy bandwidth of the run;
+`--hashes` the SHA-256 of each kernel row's outputs and gradients (the same inputs every run: seed 0), to
+compare two builds bit for bit.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import sys
 import time
@@ -27,11 +31,14 @@ import types
 
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(BENCH)
 sys.path.insert(0, os.path.join(ROOT, "runtime"))
+sys.path.insert(0, BENCH)
 
 from triton.testing import do_bench, do_bench_cudagraph  # noqa: E402
 
+import kernels as BK  # noqa: E402  (bench/kernels.py: the copy bandwidth, the kernel lists)
 from opslot.kernels.cuda import sparse_attention as SA  # noqa: E402
 
 BF = torch.bfloat16
@@ -127,7 +134,12 @@ def once(call):
     return start.elapsed_time(end), (torch.cuda.max_memory_allocated() - base) / 2**30
 
 
-def kernel_rows(model, S, rate, lines):
+def sha256(t):
+    """The first 16 hex digits of the SHA-256 of a tensor's bytes (bitwise comparisons across builds)."""
+    return hashlib.sha256(t.detach().contiguous().view(torch.uint8).cpu().numpy().tobytes()).hexdigest()[:16]
+
+
+def kernel_rows(model, S, rate, lines, profiles=None, hashes=None):
     H, D, dv, K, with_sinks = MODELS[model]
     T = S + S // V4_RATE if model == "deepseek_v4" else S
     torch.manual_seed(0)
@@ -156,6 +168,18 @@ def kernel_rows(model, S, rate, lines):
             f"| {model} kernel | {S} | {mode} | opslot cuda | {dev:.2f} | {user:.2f} | {frac:.0f} % | {peak:.1f} |"
         )
         print(lines[-1], flush=True)
+        if profiles is not None and mode == "fwdbwd":
+            BK.kernel_breakdown(f"{model} kernel, {S} tokens, forward + backward", call, profiles, reps=3)
+        if hashes is not None and mode == "fwdbwd":
+            for x in leaves:
+                x.grad = None
+            out, lse = SA.sparse_mqa_attention(q, kv, idx, sinks, D**-0.5, dv)
+            out.backward(dout)
+            named = [("out", out), ("lse", lse), ("dq", q.grad), ("dkv", kv.grad)]
+            named += [("dsinks", sinks.grad)] if sinks is not None else []
+            digests = ", ".join(f"{n} {sha256(t)}" for n, t in named)
+            hashes.append(f"- {model} kernel, {S} tokens (seed 0): {digests}")
+            print(hashes[-1], flush=True)
 
 
 def glm_attention():
@@ -277,6 +301,10 @@ def main():
     ap.add_argument("--budget-s", type=float, default=150.0, help="skip the slot rows that start after this")
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--no-slot", action="store_true", help="only the kernel rows")
+    ap.add_argument("--profile", action="store_true", help="list the kernels of each kernel row's fwd+bwd")
+    ap.add_argument(
+        "--hashes", action="store_true", help="SHA-256 of each kernel row's outputs and gradients (compare builds)"
+    )
     args = ap.parse_args()
     unknown = sorted(set(args.models.split(",")) - set(MODELS))
     if unknown:
@@ -291,15 +319,19 @@ def main():
     ]
     contexts = [int(c) for c in args.contexts.split(",")]
     models = args.models.split(",")
+    profiles = [] if args.profile else None
+    hashes = [] if args.hashes else None
+    if args.profile:
+        lines[0] += f"; copy bandwidth measured {BK.copy_bandwidth() / 1e12:.2f} TB/s"
     for model in models:
         for S in contexts:
-            kernel_rows(model, S, rate, lines)
+            kernel_rows(model, S, rate, lines, profiles, hashes)
             torch.cuda.empty_cache()
     if not args.no_slot:
         for S in contexts:
             for model in models:
                 slot_rows(model, S, lines, args.budget_s, not args.no_compile)
-    text = "\n".join(lines)
+    text = "\n".join(lines + ([""] + hashes if hashes else []) + ([""] + profiles if profiles else []))
     print(text)
     if args.out:
         with open(args.out, "w") as f:
