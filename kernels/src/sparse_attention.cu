@@ -214,15 +214,25 @@ OPSLOT_API int opslot_sparse_mqa_bwd_reduce(const void* w, int w_dtype, int64_t 
   if (nkeys == 0 || topk == 0) return OPSLOT_OK;
   if (rowptr == nullptr || dkv_acc == nullptr)
     return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: null pointer", what);
-  const unsigned grid = static_cast<unsigned>(nkeys);
-  if (w_dtype == OPSLOT_BFLOAT16)
-    return launch(what, reduce_kernel<__nv_bfloat16>, dim3(grid), kReduceThreads, 0, stream,
-                  static_cast<const __nv_bfloat16*>(w), head_blocks, topk, dqk, rowptr, pairs,
-                  pair_base, dkv_acc);
-  if (w_dtype == OPSLOT_FLOAT32)
-    return launch(what, reduce_kernel<float>, dim3(grid), kReduceThreads, 0, stream,
-                  static_cast<const float*>(w), head_blocks, topk, dqk, rowptr, pairs, pair_base,
-                  dkv_acc);
+  auto run = [&](auto tag) -> int {
+    using W = decltype(tag);
+    const W* wp = static_cast<const W*>(w);
+    // 16-byte column groups where the rows allow them (the same sums in the same order), else a
+    // CTA per key and one column per thread.
+    if (dqk % Group<W>::kCols == 0 && aligned16(w) && aligned16(dkv_acc)) {
+      constexpr int per = kReduceThreads / 32;
+      const dim3 grid(static_cast<unsigned>((nkeys + per - 1) / per));
+      return head_blocks == 1
+                 ? launch(what, reduce_vec_kernel<W, true>, grid, kReduceThreads, 0, stream, wp,
+                          head_blocks, topk, dqk, nkeys, rowptr, pairs, pair_base, dkv_acc)
+                 : launch(what, reduce_vec_kernel<W, false>, grid, kReduceThreads, 0, stream, wp,
+                          head_blocks, topk, dqk, nkeys, rowptr, pairs, pair_base, dkv_acc);
+    }
+    return launch(what, reduce_kernel<W>, dim3(static_cast<unsigned>(nkeys)), kReduceThreads, 0,
+                  stream, wp, head_blocks, topk, dqk, rowptr, pairs, pair_base, dkv_acc);
+  };
+  if (w_dtype == OPSLOT_BFLOAT16) return run(__nv_bfloat16{});
+  if (w_dtype == OPSLOT_FLOAT32) return run(float{});
   return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: w dtype code %d (bfloat16 or float32)", what,
                    w_dtype);
 }

@@ -14,6 +14,16 @@ namespace {
 // The dkv tile dS^T Q + P^T dO: warp (w >> 3, w & 7) owns keys 16 (w >> 3) and the same columns,
 // three 8-column tiles at a time; it goes to w[query, head block, key slot, :].
 
+// Two adjacent columns of a w row in one store (bf16x2 or float2; p aligned to the pair).
+template <typename W>
+__device__ __forceinline__ void st_w_pair(W* p, float a, float b) {
+  if constexpr (std::is_same_v<W, float>) {
+    *reinterpret_cast<float2*>(p) = make_float2(a, b);
+  } else {
+    st_pair(p, a, b);
+  }
+}
+
 template <typename T, typename W>
 __global__ void __launch_bounds__(kBwdThreads, 1)
     bwd_mma_kernel(const Dev p, const T* __restrict__ dout, const T* __restrict__ outp,
@@ -91,6 +101,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc_dq[mt][nt][e] = 0.f;
   const int w8 = warp & 7, rg = w8 & 3, kh = w8 >> 2;
+  const bool pairs = p.dqk % 2 == 0;  // the w rows take two columns per store
   const int rh = warp >> 3, cg = warp & 7;
 
   for (int it = 0; it < ntiles; ++it) {
@@ -161,6 +172,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         for (int nt = 0; nt < 3; ++nt) {
           if (nt >= live) continue;
           const int c = n0 + nt * 8 + 2 * qd;
+          if (pairs && c + 1 < p.dqk) {  // even dqk: (row * dqk + c) is even, the pair aligned
+            st_w_pair(wrow + c, acc[0][nt][2 * i], acc[0][nt][2 * i + 1]);
+            continue;
+          }
           if (c < p.dqk) wrow[c] = from_float<W>(acc[0][nt][2 * i]);
           if (c + 1 < p.dqk) wrow[c + 1] = from_float<W>(acc[0][nt][2 * i + 1]);
         }

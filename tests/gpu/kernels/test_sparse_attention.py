@@ -1,8 +1,8 @@
 """The sparse multi-query attention kernels (opslot::sparse_mqa_attention, kernels/src/sparse_attention.cu)
 against a dense fp64 reference (every key not listed for a query masked): outputs, lse and the gradients of
 q, kv and the sinks, bf16 / fp16 (tensor cores) and fp32 (CUDA cores); odd sizes (heads not a multiple of 16,
-more than one 64-head block, partial key tiles, head dims that rule out 16-byte copies, K = 1, T = 1,
-batch > 1), rows without keys, indices out of range; bitwise determinism across runs and across the
+more than one 64-head block, partial key tiles, head dims that rule out 16-byte copies, odd head dims
+(the backward's one-column stores and per-column dkv reduction), K = 1, T = 1, batch > 1), rows without keys, indices out of range; bitwise determinism across runs and across the
 backward's chunking; strided inputs; opcheck, torch.compile and CUDA-graph capture; the mask-to-index
 kernel against its CPU kernel; the GLM and DeepSeek-V4 glue against upstream's eager attention and the
 slots' `torch` kernels on tiny modules."""
@@ -70,6 +70,7 @@ CASES = {
     "h70_two_blocks": (2, 4, 70, 96, 40, 37, 80, True, 0.2, False),
     "k1_t1": (3, 2, 4, 32, 1, 1, 32, True, 0.0, False),
     "unaligned_dims": (1, 5, 6, 36, 21, 10, 20, False, 0.0, False),
+    "odd_dims": (2, 5, 6, 37, 21, 10, 19, True, 0.2, False),  # one-column w stores, the per-column reduction
     "glm5": (1, 24, 64, 576, 700, 256, 512, False, 0.0, False),
     "deepseek_v4": (2, 16, 64, 512, 400, 160, 512, True, 0.25, False),
 }
