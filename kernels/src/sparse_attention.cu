@@ -221,7 +221,11 @@ OPSLOT_API int opslot_sparse_mqa_bwd_reduce(const void* w, int w_dtype, int64_t 
     // CTA per key and one column per thread.
     if (dqk % Group<W>::kCols == 0 && aligned16(w) && aligned16(dkv_acc)) {
       constexpr int per = kReduceThreads / 32;
-      const dim3 grid(static_cast<unsigned>((nkeys + per - 1) / per));
+      const int64_t warps = nkeys * reduce_slices(dqk / Group<W>::kCols);
+      if (warps / per >= (1LL << 31))
+        return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: %lld keys of %lld columns: too many",
+                         what, static_cast<long long>(nkeys), static_cast<long long>(dqk));
+      const dim3 grid(static_cast<unsigned>((warps + per - 1) / per));
       return head_blocks == 1
                  ? launch(what, reduce_vec_kernel<W, true>, grid, kReduceThreads, 0, stream, wp,
                           head_blocks, topk, dqk, nkeys, rowptr, pairs, pair_base, dkv_acc)

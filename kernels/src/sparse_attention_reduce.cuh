@@ -12,14 +12,23 @@ namespace {
 
 constexpr int kReduceThreads = 128;
 
-// The contribution of pair id `pr` (relative to the chunk) to column d: its head blocks' rows.
+// The scratch rows of pair id `pr` (relative to the chunk; query ql, slot j): one per head block,
+// rows (ql, hb, j), K * dqk apart. Its head block 0's row.
+template <typename W>
+__device__ __forceinline__ const W* pair_rows(const W* w, int64_t pr, int64_t nhb, int64_t K,
+                                              int64_t dqk) {
+  if (nhb == 1) return w + pr * dqk;
+  const int64_t ql = pr / K, j = pr - ql * K;
+  return w + (ql * nhb * K + j) * dqk;
+}
+
+// The contribution of pair id `pr` to column d: its head blocks' rows, in head block order.
 template <typename W>
 __device__ __forceinline__ float pair_value(const W* w, int64_t pr, int64_t nhb, int64_t K,
                                             int64_t dqk, int64_t d) {
-  if (nhb == 1) return to_float(w[pr * dqk + d]);
-  const int64_t ql = pr / K, j = pr - ql * K;
+  const W* row = pair_rows(w, pr, nhb, K, dqk) + d;
   float v = 0.f;
-  for (int64_t hb = 0; hb < nhb; ++hb) v += to_float(w[((ql * nhb + hb) * K + j) * dqk + d]);
+  for (int64_t hb = 0; hb < nhb; ++hb) v += to_float(row[hb * K * dqk]);
   return v;
 }
 
@@ -47,52 +56,59 @@ __global__ void __launch_bounds__(kReduceThreads)
   }
 }
 
-// The same sums, one warp per key: lane l owns the 16-byte column groups l, l + 32, .. (8 bf16 or
-// 4 float columns), the key's pair ids are read 32 at a time (one per lane) and broadcast, and
-// kReduceUnroll pairs' rows are in flight per lane. Every column adds its pairs in the inverse
-// index's order, the head blocks of a pair first (pair_value's order): the bits of reduce_kernel.
-// Needs dqk a multiple of the group and w, acc 16-byte aligned (the launcher checks).
+// The same sums with 16-byte column groups: a key's row is cut into slices of 32 groups (8 bf16 or
+// 4 float columns each), and one warp takes one (key, slice): lane l the group 32 slice + l. The
+// key's pair ids are read 32 at a time (one per lane) and broadcast, and kReduceUnroll pairs' rows
+// are in flight per lane. A key selected by every query of a chunk (thousands of pairs) is one
+// serial chain per slice; slices in separate warps run those chains side by side. Every column adds
+// its pairs in the inverse index's order, the head blocks of a pair first (pair_value's order): the
+// bits of reduce_kernel. Needs dqk a multiple of the group and w, acc 16-byte aligned (the launcher
+// checks).
 constexpr int kReduceUnroll = 8;
 
 template <typename W>
 struct Group {
   static constexpr int kCols = 16 / sizeof(W);
-  float v[kCols];
-  __device__ void load(const W* p) {
-    const uint4 u = *reinterpret_cast<const uint4*>(p);
-    if constexpr (sizeof(W) == 4) {
-      v[0] = __uint_as_float(u.x), v[1] = __uint_as_float(u.y);
-      v[2] = __uint_as_float(u.z), v[3] = __uint_as_float(u.w);
-    } else {
-      const uint32_t w4[4] = {u.x, u.y, u.z, u.w};
+  uint4 raw;
+  __device__ void load(const W* p) { raw = *reinterpret_cast<const uint4*>(p); }
+  __device__ void add_to(float (&v)[kCols]) const {  // v[c] += column c (bf16 -> fp32 is exact)
+    const uint32_t w4[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        v[2 * i] = __uint_as_float(w4[i] << 16);  // bf16 -> fp32: the high half, exact
-        v[2 * i + 1] = __uint_as_float(w4[i] & 0xffff0000u);
+    for (int i = 0; i < 4; ++i) {
+      if constexpr (sizeof(W) == 4) {
+        v[i] += __uint_as_float(w4[i]);
+      } else {
+        v[2 * i] += __uint_as_float(w4[i] << 16);
+        v[2 * i + 1] += __uint_as_float(w4[i] & 0xffff0000u);
       }
     }
   }
 };
 
+// Pair `pr`'s columns of group d, its head blocks added in order, into v.
 template <typename W, bool kOneBlock>
-__device__ __forceinline__ Group<W> pair_group(const W* w, int64_t pr, int64_t nhb, int64_t K,
-                                               int64_t dqk, int64_t d) {
+__device__ __forceinline__ void add_pair_group(float (&v)[Group<W>::kCols], const W* w, int64_t pr,
+                                               int64_t nhb, int64_t K, int64_t dqk, int64_t d) {
   Group<W> g;
   if constexpr (kOneBlock) {
     g.load(w + pr * dqk + d);
-    return g;
-  }
-  const int64_t ql = pr / K, j = pr - ql * K;
+    g.add_to(v);
+  } else {
+    constexpr int kC = Group<W>::kCols;
+    const W* row = pair_rows(w, pr, nhb, K, dqk) + d;
+    float s[kC];  // the head blocks summed from 0, as pair_value does
 #pragma unroll
-  for (int c = 0; c < Group<W>::kCols; ++c) g.v[c] = 0.f;
-  for (int64_t hb = 0; hb < nhb; ++hb) {
-    Group<W> h;
-    h.load(w + ((ql * nhb + hb) * K + j) * dqk + d);
+    for (int c = 0; c < kC; ++c) s[c] = 0.f;
+    for (int64_t hb = 0; hb < nhb; ++hb) {
+      g.load(row + hb * K * dqk);
+      g.add_to(s);
+    }
 #pragma unroll
-    for (int c = 0; c < Group<W>::kCols; ++c) g.v[c] += h.v[c];
+    for (int c = 0; c < kC; ++c) v[c] += s[c];
   }
-  return g;
 }
+
+constexpr int64_t reduce_slices(int64_t groups) { return (groups + 31) / 32; }
 
 template <typename W, bool kOneBlock>  // kOneBlock: nhb == 1 (at most 64 heads)
 __global__ void __launch_bounds__(kReduceThreads)
@@ -101,49 +117,49 @@ __global__ void __launch_bounds__(kReduceThreads)
                       int64_t pair_base, float* __restrict__ acc) {
   constexpr int kC = Group<W>::kCols;
   const int lane = threadIdx.x & 31;
-  const int64_t r = static_cast<int64_t>(blockIdx.x) * (kReduceThreads / 32) + (threadIdx.x >> 5);
+  const int groups = static_cast<int>(dqk / kC);
+  const int64_t slices = reduce_slices(groups);
+  const int64_t wid = static_cast<int64_t>(blockIdx.x) * (kReduceThreads / 32) + (threadIdx.x >> 5);
+  const int64_t r = wid / slices;
   if (r >= nkeys) return;  // whole warps leave together
   const int64_t e0 = rowptr[r], e1 = rowptr[r + 1];
   if (e0 == e1) return;
   float* arow = acc + r * dqk;
-  const int groups = static_cast<int>(dqk / kC);
-  for (int g0 = 0; g0 < groups; g0 += 32) {
-    // Lanes past the row read its first group (a valid address, no branch) and store nothing.
-    const bool on = g0 + lane < groups;
-    const int64_t d = on ? static_cast<int64_t>(g0 + lane) * kC : 0;
-    float v[kC];
+  const int gi = static_cast<int>(wid - r * slices) * 32 + lane;
+  // Lanes past the row read its first group (a valid address, no branch) and store nothing.
+  const bool on = gi < groups;
+  const int64_t d = on ? static_cast<int64_t>(gi) * kC : 0;
+  float v[kC];
 #pragma unroll
-    for (int c = 0; c < kC; c += 4) {
-      const float4 a = *reinterpret_cast<const float4*>(arow + d + c);
-      v[c] = a.x, v[c + 1] = a.y, v[c + 2] = a.z, v[c + 3] = a.w;
-    }
-    for (int64_t eb = e0; eb < e1; eb += 32) {
-      const int n = static_cast<int>(e1 - eb < 32 ? e1 - eb : 32);
-      const int64_t mine = lane < n ? pairs[eb + lane] - pair_base : 0;
-      int u = 0;
-      for (; u + kReduceUnroll <= n; u += kReduceUnroll) {  // kReduceUnroll rows in flight
+  for (int c = 0; c < kC; c += 4) {
+    const float4 a = *reinterpret_cast<const float4*>(arow + d + c);
+    v[c] = a.x, v[c + 1] = a.y, v[c + 2] = a.z, v[c + 3] = a.w;
+  }
+  for (int64_t eb = e0; eb < e1; eb += 32) {
+    const int n = static_cast<int>(e1 - eb < 32 ? e1 - eb : 32);
+    const int64_t mine = lane < n ? pairs[eb + lane] - pair_base : 0;
+    int u = 0;
+    for (; u + kReduceUnroll <= n; u += kReduceUnroll) {  // kReduceUnroll rows in flight
+      if constexpr (kOneBlock) {
         Group<W> x[kReduceUnroll];
 #pragma unroll
         for (int k = 0; k < kReduceUnroll; ++k)
-          x[k] = pair_group<W, kOneBlock>(w, __shfl_sync(0xffffffffu, mine, u + k), nhb, K, dqk, d);
+          x[k].load(w + __shfl_sync(0xffffffffu, mine, u + k) * dqk + d);
 #pragma unroll
-        for (int k = 0; k < kReduceUnroll; ++k) {
+        for (int k = 0; k < kReduceUnroll; ++k) x[k].add_to(v);
+      } else {
 #pragma unroll
-          for (int c = 0; c < kC; ++c) v[c] += x[k].v[c];
-        }
-      }
-      for (; u < n; ++u) {
-        const Group<W> x =
-            pair_group<W, kOneBlock>(w, __shfl_sync(0xffffffffu, mine, u), nhb, K, dqk, d);
-#pragma unroll
-        for (int c = 0; c < kC; ++c) v[c] += x.v[c];
+        for (int k = 0; k < kReduceUnroll; ++k)
+          add_pair_group<W, false>(v, w, __shfl_sync(0xffffffffu, mine, u + k), nhb, K, dqk, d);
       }
     }
-    if (on) {
+    for (; u < n; ++u)
+      add_pair_group<W, kOneBlock>(v, w, __shfl_sync(0xffffffffu, mine, u), nhb, K, dqk, d);
+  }
+  if (on) {
 #pragma unroll
-      for (int c = 0; c < kC; c += 4)
-        *reinterpret_cast<float4*>(arow + d + c) = make_float4(v[c], v[c + 1], v[c + 2], v[c + 3]);
-    }
+    for (int c = 0; c < kC; c += 4)
+      *reinterpret_cast<float4*>(arow + d + c) = make_float4(v[c], v[c + 1], v[c + 2], v[c + 3]);
   }
 }
 
