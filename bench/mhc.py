@@ -8,7 +8,14 @@ device-to-device copy bandwidth measured in the same run, for the fewest bytes t
 (each input read once, each output written once; the per-token fp32 vectors and the parameters are
 left out, under 1 %).
 
-    python3 bench/mhc.py --out $OUT/mhc_h200.md [--compile pre,post] [--quick] [--only pre,post,head,silu] [--tune]
+    python3 bench/mhc.py --out $OUT/mhc_h200.md [--compile pre,post] [--quick] [--only pre,post,head,silu,rope] [--tune]
+
+`--only rope` (not in the default list): DeepSeek-V4's `apply_rotary_pos_emb`, which no slot dispatches
+(specs/deepseek_v4/deepseek_v4_gpu.yaml says why), as the attention calls it on q and on the output
+(q [2, 4096, 64, 512] seen as [B, H, S, D], the rope slice the last 64 features; cos/sin of the model's
+rotary embedding):
+upstream eager and torch.compile of it, fwd+bwd, against 8 bytes per element (x read and out written
+forward, the gradient read and written backward): what a fused kernel would have to move.
 
 --tune also times, on the bench library (opslot_mhc_set_tuning), the forward with the rows held in
 registers (blocks up to 128 / 256 threads; the default reads them twice) and the dx configurations of
@@ -249,13 +256,51 @@ def bench_silu(copy_bw, args, out):
     out.append(table(f"clamped SiLU·mul {N}x{D} bf16, limit {L} — 16 B/element", copy_bw, rows))
 
 
+def bench_rope(copy_bw, args, out):
+    from transformers.models.deepseek_v4 import modeling_deepseek_v4 as up
+
+    B, S, H, D, RD = (2, 4096, 64, 512, 64) if not args.quick else (1, 1024, 64, 512, 64)
+    x = K.leaf(B, S, H, D)
+    config = up.DeepseekV4Config()
+    rotary = up.DeepseekV4RotaryEmbedding(config).to(DEV)
+    pos = torch.arange(S, device=DEV).expand(B, S)
+    cos, sin = rotary(x, position_ids=pos, layer_type="main")
+    if 2 * cos.shape[-1] != RD:
+        raise RuntimeError(f"rope dim {2 * cos.shape[-1]}, expected {RD}")
+
+    def eager(x):  # as the attention calls it: [B, S, H, D] memory seen as [B, H, S, D]
+        return up.apply_rotary_pos_emb(x.transpose(1, 2), cos, sin)
+
+    impls = [("upstream eager (apply_rotary_pos_emb)", eager)]
+    if "rope" in args.compile:
+        impls.append(("torch.compile(eager)", torch.compile(eager)))
+    rows = [measure(n, lambda f=f: K.fwd_bwd(f, (x,)), 8 * x.numel()) for n, f in impls]
+    xd = x.detach()
+    rows.append(
+        measure(
+            "copy of x forward + backward (x.clone() twice)", lambda: lambda: (xd.clone(), xd.clone()), 8 * x.numel()
+        )
+    )
+    if args.profile:
+        K.kernel_breakdown(f"upstream apply_rotary_pos_emb {B}x{S}x{H}x{D}", K.fwd_bwd(eager, (x,)), out)
+    out.append(
+        table(
+            f"DeepSeek-V4 RoPE (not dispatched): {B}x{S}x{H}x{D}, rope on the last {RD}, bf16, fwd+bwd — 8 B/element",
+            copy_bw,
+            rows,
+        )
+    )
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
-    ap.add_argument("--compile", default="pre,post,head,silu", help="ops with a torch.compile row (first hidden size)")
+    ap.add_argument(
+        "--compile", default="pre,post,head,silu,rope", help="ops with a torch.compile row (first hidden size)"
+    )
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--profile", action="store_true", help="list the kernels of one opslot call (torch.profiler)")
-    ap.add_argument("--only", default="pre,post,head,silu")
+    ap.add_argument("--only", default="pre,post,head,silu", help="of pre, post, head, silu, rope")
     ap.add_argument("--tune", action="store_true", help="also time the knob variants (bench library)")
     ap.add_argument(
         "--dx-versions",
@@ -281,7 +326,7 @@ def main():
     )
     print(head, flush=True)
     out = [head]
-    steps = {"pre": bench_pre, "post": bench_post, "head": bench_head, "silu": bench_silu}
+    steps = {"pre": bench_pre, "post": bench_post, "head": bench_head, "silu": bench_silu, "rope": bench_rope}
     for key in args.only.split(","):
         steps[key](bw, args, out)
         torch.cuda.empty_cache()

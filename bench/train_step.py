@@ -81,6 +81,12 @@ configuration that fails prints its error in its row and the next one runs. The 
 row by row and rewritten after every row to --out (a folder: train_step.md + train_step.json; or a
 path ending in .md). USE_HUB_KERNELS defaults to 0 (Hub `kernels` would replace whole layer forwards);
 the fla/causal_conv1d package fallbacks do not depend on it.
+
+--row NAME (repeatable) runs only the configurations of those names, as the table spells them. --profile N
+(CUDA only) runs one more step of each configuration under torch.profiler after its timed steps and
+writes, after the binding plans, the N kernels with the most device time in that step (their calls,
+total ms and share of the step's kernel time; the step's wall time on the device is longer by the
+gaps between kernels).
 """
 
 from __future__ import annotations
@@ -587,7 +593,24 @@ def free(device: torch.device) -> None:
 
 
 # -- one configuration -----------------------------------------------------------------------------
-def measure(model, batch, device: torch.device, warmup: int, iters: int, budget_s: float) -> Dict[str, Any]:
+def step_profile(step: Callable[[], Any], top: int) -> Dict[str, Any]:
+    """One step under torch.profiler: the `top` kernels by device time, and the step's kernel total."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    events = [e for e in prof.key_averages() if getattr(e, "self_device_time_total", 0) > 0]
+    total_us = sum(e.self_device_time_total for e in events)
+    events.sort(key=lambda e: -e.self_device_time_total)
+    kernels = [dict(name=e.key, calls=e.count, ms=e.self_device_time_total / 1e3) for e in events[:top]]
+    return dict(total_ms=total_us / 1e3, kernels=kernels, count=len(events))
+
+
+def measure(
+    model, batch, device: torch.device, warmup: int, iters: int, budget_s: float, top: int = 0
+) -> Dict[str, Any]:
     def step():
         loss = model(**batch).loss
         loss.backward()
@@ -628,7 +651,10 @@ def measure(model, batch, device: torch.device, warmup: int, iters: int, budget_
     print(f"   timed steps: epoch {window:.3f} .. {window + wall:.3f}", flush=True)  # to match GPU clock samples
     peak = torch.cuda.max_memory_allocated(device) / GiB if device.type == "cuda" else None
     model.zero_grad(set_to_none=True)
+    profile = step_profile(step, top) if top else None
+    model.zero_grad(set_to_none=True)
     return dict(
+        profile=profile,
         ms=statistics.median(times),
         ms_min=min(times),
         ms_max=max(times),
@@ -752,6 +778,25 @@ class Report:
             ]
         return "| " + " | ".join(str(c).replace("|", "\\|").replace("\n", " ") for c in cells) + " |"
 
+    @staticmethod
+    def profile_lines(model: str, r: Dict[str, Any]) -> List[str]:
+        prof = r["profile"]
+        total = prof["total_ms"]
+        lines = [
+            "",
+            f"### {model}, {r['name']}: kernels of one step (torch.profiler)",
+            "",
+            f"{prof['count']} kernel names, {total:.1f} ms of kernel time (the step: {r['ms']:.1f} ms, median); "
+            f"the {len(prof['kernels'])} with the most time:",
+            "",
+            "| kernel | calls | ms | % of kernel time |",
+            "|---|---:|---:|---:|",
+        ]
+        for k in prof["kernels"]:
+            name = k["name"][:110].replace("|", "\\|")
+            lines.append(f"| {name} | {k['calls']} | {k['ms']:.2f} | {100 * k['ms'] / total:.1f} |")
+        return lines
+
     def write(self) -> None:
         lines = list(self.header) + [""]
         lines += ["| " + " | ".join(self.COLS) + " |", "|" + "|".join("---" for _ in self.COLS) + "|"]
@@ -775,6 +820,9 @@ class Report:
             for r in m["rows"]:
                 if r.get("plan"):
                     lines += ["", f"{r['name']}:", "", "```text", r["plan"], "```"]
+            for r in m["rows"]:
+                if r.get("profile"):
+                    lines += self.profile_lines(m["model"], r)
         text = "\n".join(lines) + "\n"
         self.md.write_text(text, encoding="utf-8")
         self.js.write_text(
@@ -840,7 +888,12 @@ def run_model(mdef: ModelDef, args, device: torch.device, dtype: torch.dtype, re
     inputs = make_batch(config.vocab_size, batch_n, seq, device, args.seed + 1)
     tokens = batch_n * seq
 
+    if args.rows and "upstream eager" not in args.rows:
+        ref_model = None  # its weights are in `state`; the row that would reuse it does not run
+        free(device)
     for cfg in configurations(mdef, fla_rows, args.compile, device.type == "cuda"):
+        if args.rows and cfg.name not in args.rows:
+            continue
         started = time.time()
         row: Dict[str, Any] = dict(model=mdef.key, name=cfg.name, tokens=tokens, ops=cfg.ops)
         model = None
@@ -882,7 +935,8 @@ def run_model(mdef: ModelDef, args, device: torch.device, dtype: torch.dtype, re
             if cfg.compile:
                 model = torch.compile(model)
             warmup = max(args.warmup, 3) if cfg.compile else args.warmup  # the first steps compile
-            row.update(measure(model, inputs, device, warmup, args.iters, args.row_budget))
+            top = args.profile if device.type == "cuda" else 0
+            row.update(measure(model, inputs, device, warmup, args.iters, args.row_budget, top))
         except Exception as exc:  # noqa: BLE001  (one configuration's failure must not stop the others)
             oom = device.type == "cuda" and isinstance(exc, torch.cuda.OutOfMemoryError)
             row["error"] = "OOM" if oom else f"{type(exc).__name__}: {str(exc)[:300]}"
@@ -923,6 +977,21 @@ def main() -> int:
     )
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     ap.add_argument(
+        "--row",
+        action="append",
+        default=[],
+        dest="rows",
+        metavar="NAME",
+        help="run only this configuration (its name in the table); repeatable",
+    )
+    ap.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="CUDA: one more step per configuration under torch.profiler; its N costliest kernels",
+    )
+    ap.add_argument(
         "--fla",
         default="auto",
         choices=["auto", "yes", "no"],
@@ -948,6 +1017,11 @@ def main() -> int:
     if unknown:
         ap.error(f"unknown model(s) {unknown}; known: {', '.join(MODELS)}")
     device = torch.device(args.device)
+    if args.rows:
+        names = {c.name for k in keys for c in configurations(MODELS[k], True, args.compile, device.type == "cuda")}
+        unknown_rows = sorted(set(args.rows) - names)
+        if unknown_rows:
+            ap.error(f"--row {unknown_rows}: no such configuration for {keys}; known: {sorted(names)}")
     if device.type == "cuda":
         if not torch.cuda.is_available():
             ap.error("--device cuda, but torch sees no GPU")
