@@ -10,12 +10,11 @@ left out, under 1 %).
 
     python3 bench/mhc.py --out $OUT/mhc_h200.md [--compile pre,post] [--quick] [--only pre,post,head,silu,rope] [--tune]
 
-`--only rope` (not in the default list): DeepSeek-V4's `apply_rotary_pos_emb`, which no slot dispatches
-(specs/deepseek_v4/deepseek_v4_gpu.yaml says why), as the attention calls it on q and on the output
-(q [2, 4096, 64, 512] seen as [B, H, S, D], the rope slice the last 64 features; cos/sin of the model's
-rotary embedding):
-upstream eager and torch.compile of it, fwd+bwd, against 8 bytes per element (x read and out written
-forward, the gradient read and written backward): what a fused kernel would have to move.
+`--only rope` (not in the default list): DeepSeek-V4's `apply_rotary_pos_emb` (slot rotary_pos_emb,
+variant deepseek_v4) as the attention calls it on q and on the output (q [2, 4096, 64, 512] seen as
+[B, H, S, D], the rope slice the last 64 features; cos/sin of the model's rotary embedding): upstream
+eager, torch.compile of it and opslot's cuda kernel, fwd+bwd, against 8 bytes per element (x read and
+out written forward, the gradient read and written backward).
 
 --tune also times, on the bench library (opslot_mhc_set_tuning), the forward with the rows held in
 registers (blocks up to 128 / 256 threads; the default reads them twice) and the dx configurations of
@@ -46,7 +45,7 @@ sys.path.insert(0, BENCH)
 from triton.testing import do_bench  # noqa: E402
 
 import kernels as K  # noqa: E402  (bench/kernels.py: copy bandwidth, timing, tables)
-from opslot.kernels.cuda import mhc as CM, swiglu as CS  # noqa: E402
+from opslot.kernels.cuda import mhc as CM, rope as CR, swiglu as CS  # noqa: E402
 
 BF = torch.bfloat16
 DEV = "cuda"
@@ -274,6 +273,7 @@ def bench_rope(copy_bw, args, out):
     impls = [("upstream eager (apply_rotary_pos_emb)", eager)]
     if "rope" in args.compile:
         impls.append(("torch.compile(eager)", torch.compile(eager)))
+    impls.append(("opslot cuda", lambda x: CR.rotary_pos_emb_deepseek_v4(x.transpose(1, 2), cos, sin)))
     rows = [measure(n, lambda f=f: K.fwd_bwd(f, (x,)), 8 * x.numel()) for n, f in impls]
     xd = x.detach()
     rows.append(
@@ -283,9 +283,10 @@ def bench_rope(copy_bw, args, out):
     )
     if args.profile:
         K.kernel_breakdown(f"upstream apply_rotary_pos_emb {B}x{S}x{H}x{D}", K.fwd_bwd(eager, (x,)), out)
+        K.kernel_breakdown(f"opslot rotary_pos_emb/deepseek_v4 {B}x{S}x{H}x{D}", K.fwd_bwd(impls[-1][1], (x,)), out)
     out.append(
         table(
-            f"DeepSeek-V4 RoPE (not dispatched): {B}x{S}x{H}x{D}, rope on the last {RD}, bf16, fwd+bwd — 8 B/element",
+            f"DeepSeek-V4 RoPE: {B}x{S}x{H}x{D}, rope on the last {RD}, bf16, fwd+bwd — 8 B/element",
             copy_bw,
             rows,
         )

@@ -1,10 +1,12 @@
 // Rotary position embedding on strided q/k, forward and backward: one thread per VEC-element pair
 // slot (x[i..i+VEC) with x[i+h..i+h+VEC)), which also copies its share of the pass-through part;
-// q's and k's rows in one grid. Three layouts of the same rotation (Mode): HF's rotate_half
+// q's and k's rows in one grid. Four layouts of the same rotation (Mode): HF's rotate_half
 // (opslot_rope), DeepSeek-V3's interleaved pairs (opslot_rope_interleaved: the slot's input is the
-// 2*VEC consecutive elements x[2i..2i+2VEC)) and the vision towers' rotate_half with upstream's
+// 2*VEC consecutive elements x[2i..2i+2VEC)), the vision towers' rotate_half with upstream's
 // fp32 rounding, operation by operation (opslot_rope_vision), which in the vision towers' own
-// layout (q and k [tokens, heads, dim], cos/sin one row per token) runs rope_vision_heads instead.
+// layout (q and k [tokens, heads, dim], cos/sin one row per token) runs rope_vision_heads instead,
+// and DeepSeek-V4's interleaved pairs turned in place in the trailing rotary slice, the leading
+// features passed through (opslot_rope_deepseek_v4, one tensor), with upstream's rounding.
 // Each row's outer dimensions are ordered by the caller (largest stride first), so consecutive
 // threads walk memory in order. See kernels/include/opslot_kernels/rope.h and docs/kernels.md.
 #include <type_traits>
@@ -35,6 +37,8 @@ struct RopeArgs {
   int npass;          // (head_dim - rotary_dim) / VEC pass-through vectors
   int spread;  // 1: pair slots also copy the pass-through part; 0: one slot per pass-through vector
   int rd;
+  int rot0;   // first rotated feature (kV4: head_dim - rotary_dim; else 0)
+  int pass0;  // first pass-through feature (kV4: 0; else rotary_dim)
 };
 
 // The layout and arithmetic of a launch (one entry point each).
@@ -42,6 +46,7 @@ enum Mode : int {
   kHalf = 0,         // HF rotate_half, fp32 arithmetic (contracted), one rounding
   kInterleaved = 1,  // input pairs (x[2i], x[2i+1]) -> output halves (backward: the reverse)
   kVision = 2,       // rotate_half, every product and sum rounded to fp32 as upstream's eager
+  kV4 = 3,  // pairs (x[2i], x[2i+1]) of the trailing slice turned in place, upstream's rounding
 };
 
 // The head loop (opslot_rope_set_tuning, bench library only; off by default: measured slower): a
@@ -129,6 +134,36 @@ __device__ __forceinline__ void rotate(const T* x, T* y, int e, int half, const 
   rotate_store<T, Tc, VEC, BWD, MODE>(x1, x2, y, e, half, cv1, cv2, sv1, sv2);
 }
 
+// x rounded to T and back (the gradient casts of upstream's `rope.float()`).
+template <typename T>
+__device__ __forceinline__ float round_to(float x) {
+  return to_float(from_float<T>(x));
+}
+
+// kV4: the pairs p[2i], p[2i+1] of a VEC-pair slot (x at x + 2e) turned by cos[e + j], sin[e + j],
+// in place, to y. Forward as upstream's `(rope.float() * cos + rotate_half(rope).float() * sin)`:
+// each product and the sum rounded to fp32, then to T. Backward as its autograd computes it: each
+// product's gradient rounded to fp32 and then to T (the cast of `rope.float()`), the two added
+// in fp32 and rounded to T.
+template <typename T, typename Tc, int VEC, bool BWD>
+__device__ __forceinline__ void rotate_v4(const T* x, T* y, int e, const Vec<Tc, VEC>& cv,
+                                          const Vec<Tc, VEC>& sv) {
+  float x1[VEC], x2[VEC], o1[VEC], o2[VEC];
+  load_pairs<VEC>(x + 2 * e, x1, x2);
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    const float c = to_float(cv.v[j]), s = to_float(sv.v[j]);
+    if (BWD) {
+      o1[j] = __fadd_rn(round_to<T>(__fmul_rn(x1[j], c)), round_to<T>(__fmul_rn(x2[j], s)));
+      o2[j] = __fsub_rn(round_to<T>(__fmul_rn(x2[j], c)), round_to<T>(__fmul_rn(x1[j], s)));
+    } else {
+      o1[j] = __fsub_rn(__fmul_rn(x1[j], c), __fmul_rn(x2[j], s));
+      o2[j] = __fadd_rn(__fmul_rn(x2[j], c), __fmul_rn(x1[j], s));
+    }
+  }
+  store_pairs<VEC>(y + 2 * e, o1, o2);
+}
+
 template <typename T, typename Tc, int VEC, bool BWD, bool SPREAD, bool LOOP, int MODE>
 __global__ void __launch_bounds__(256) rope_kernel(RopeArgs a) {
   int64_t gid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -154,7 +189,7 @@ __global__ void __launch_bounds__(256) rope_kernel(RopeArgs a) {
   const T* x = static_cast<const T*>(t.in) + (h0 * t.is[0] + i1 * t.is[1] + i2 * t.is[2]);
   T* y = static_cast<T*>(t.out) + (h0 * t.os[0] + i1 * t.os[1] + i2 * t.os[2]);
   if (!SPREAD && slot >= a.pairs) {  // one thread per pass-through vector
-    const int f = a.rd + (slot - a.pairs) * VEC;
+    const int f = a.pass0 + (slot - a.pairs) * VEC;
     for (int64_t h = h0; h < h1; ++h, x += t.is[0], y += t.os[0])
       *reinterpret_cast<Vec<T, VEC>*>(y + f) = *reinterpret_cast<const Vec<T, VEC>*>(x + f);
     return;
@@ -165,19 +200,23 @@ __global__ void __launch_bounds__(256) rope_kernel(RopeArgs a) {
   const Tc* s = static_cast<const Tc*>(a.sin) + (c0 * t.ss[0] + i1 * t.ss[1] + i2 * t.ss[2]);
   using C = Vec<Tc, VEC>;
   const C c1 = *reinterpret_cast<const C*>(c + e), s1 = *reinterpret_cast<const C*>(s + e);
-  // kInterleaved: the angle of pair i is cos[i] / sin[i]; the second half is not read.
-  const C c2 = MODE == kInterleaved ? c1 : *reinterpret_cast<const C*>(c + e + a.half);
-  const C s2 = MODE == kInterleaved ? s1 : *reinterpret_cast<const C*>(s + e + a.half);
+  // kInterleaved, kV4: the angle of pair i is cos[i] / sin[i]; no second half is read.
+  constexpr bool kPairs = MODE == kInterleaved || MODE == kV4;
+  const C c2 = kPairs ? c1 : *reinterpret_cast<const C*>(c + e + a.half);
+  const C s2 = kPairs ? s1 : *reinterpret_cast<const C*>(s + e + a.half);
 #pragma unroll 1
   for (int64_t h = h0; h < h1; ++h, x += t.is[0], y += t.os[0]) {
-    rotate<T, Tc, VEC, BWD, MODE>(x, y, e, a.half, c1, c2, s1, s2);
+    if constexpr (MODE == kV4)
+      rotate_v4<T, Tc, VEC, BWD>(x + a.rot0, y + a.rot0, e, c1, s1);
+    else
+      rotate<T, Tc, VEC, BWD, MODE>(x, y, e, a.half, c1, c2, s1, s2);
     // SPREAD: the pass-through part of a partial rotation is copied by the pair slots, so that
     // every thread of a row moves about the same bytes (one thread per pass-through vector left
     // some threads with one 16-byte load and others with six). After the rotation's stores, so
     // that its registers are free (placed before them, it doubled the kernel's registers).
     if (SPREAD) {
       for (int p = slot; p < a.npass; p += a.pairs) {
-        const int f = a.rd + p * VEC;
+        const int f = a.pass0 + p * VEC;
         *reinterpret_cast<Vec<T, VEC>*>(y + f) = *reinterpret_cast<const Vec<T, VEC>*>(x + f);
       }
     }
@@ -291,6 +330,8 @@ int launch(const char* what, bool bwd, int64_t head_dim, int64_t rotary_dim, con
   a.sin = sin;
   a.half = static_cast<int>(rotary_dim / 2);
   a.rd = static_cast<int>(rotary_dim);
+  a.rot0 = MODE == kV4 ? static_cast<int>(head_dim - rotary_dim) : 0;
+  a.pass0 = MODE == kV4 ? 0 : static_cast<int>(rotary_dim);
   const void* ins[2] = {q_in, k_in};
   void* outs[2] = {q_out, k_out};
   bool vec_ok = a.half % kVec == 0 && head_dim % kVec == 0 && aligned(cos, kVec * sizeof(Tc)) &&
@@ -390,7 +431,7 @@ int launch(const char* what, bool bwd, int64_t head_dim, int64_t rotary_dim, con
       return check_launch(bwd ? "rope_vision backward" : "rope_vision forward");
     }
   }
-  if constexpr (MODE != kHalf) {  // no pass-through part: never a spread copy
+  if constexpr (MODE == kInterleaved || MODE == kVision) {  // no pass-through part: no spread
     if (vec_ok)
       go(std::integral_constant<int, kVec>{}, No{});
     else
@@ -410,7 +451,10 @@ int launch(const char* what, bool bwd, int64_t head_dim, int64_t rotary_dim, con
       else
         go(std::integral_constant<int, 1>{}, No{});
     }
-    return check_launch(bwd ? "rope backward" : "rope forward");
+    if constexpr (MODE == kV4)
+      return check_launch(bwd ? "rope_deepseek_v4 backward" : "rope_deepseek_v4 forward");
+    else
+      return check_launch(bwd ? "rope backward" : "rope forward");
   }
 }
 
@@ -490,6 +534,21 @@ extern "C" OPSLOT_API int opslot_rope_vision(int backward, int dtype, int cs_dty
   if (int rc = check_whole("rope_vision", head_dim)) return rc;
   return run<kVision>("rope_vision", backward, dtype, cs_dtype, head_dim, head_dim, cos, sin, q_in,
                       q_out, k_in, k_out, meta, stream);
+}
+
+extern "C" OPSLOT_API int opslot_rope_deepseek_v4(int backward, int dtype, int cs_dtype,
+                                                  int64_t head_dim, int64_t rotary_dim,
+                                                  const void* cos, const void* sin,
+                                                  const void* x_in, void* x_out,
+                                                  const int64_t* meta, void* stream) {
+  if (!meta) return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "rope_deepseek_v4: null meta");
+  if (rotary_dim <= 0 || rotary_dim % 2 || rotary_dim > head_dim || head_dim > (1 << 30))
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT,
+                     "rope_deepseek_v4: rotary_dim %lld must be even, positive and <= head_dim "
+                     "%lld",
+                     static_cast<long long>(rotary_dim), static_cast<long long>(head_dim));
+  return run<kV4>("rope_deepseek_v4", backward, dtype, cs_dtype, head_dim, rotary_dim, cos, sin,
+                  x_in, x_out, nullptr, nullptr, meta, stream);
 }
 
 #ifdef OPSLOT_KERNELS_BENCH

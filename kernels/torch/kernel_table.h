@@ -77,6 +77,7 @@
   X(opslot_rope)                             \
   X(opslot_rope_interleaved)                 \
   X(opslot_rope_vision)                      \
+  X(opslot_rope_deepseek_v4)                 \
   X(opslot_sparse_mqa_fwd)                   \
   X(opslot_sparse_mqa_bwd_head_blocks)       \
   X(opslot_sparse_mqa_bwd_w_dtype)           \

@@ -4,7 +4,9 @@
 // - opslot::rope_interleaved_fwd / _bwd (opslot_rope_interleaved): DeepSeek-V3's interleaved pairs,
 //   rotated into the de-interleaved order;
 // - opslot::rope_vision_fwd / _bwd (opslot_rope_vision): the vision towers' rotation in fp32,
-//   rounded as upstream's eager code (q and k may differ in dtype: then one launch each).
+//   rounded as upstream's eager code (q and k may differ in dtype: then one launch each);
+// - opslot::rope_deepseek_v4_fwd / _bwd (opslot_rope_deepseek_v4): DeepSeek-V4's rotation of one
+//   tensor's trailing slice, pairs turned in place, with upstream's rounding.
 // CUDA, Meta and CPU-refusal kernels, and an Autograd kernel on each forward; cos/sin get no
 // gradient (refused when they require one).
 #include <ATen/ATen.h>
@@ -393,6 +395,91 @@ Pair vision_fwd_autograd(const at::Tensor& q, const at::Tensor& k, const at::Ten
   return {out[0], out[1]};
 }
 
+// -- rotary_pos_emb/deepseek_v4 (DeepSeek-V4's apply_rotary_pos_emb: one tensor)
+// -------------------
+constexpr const char* kV4 = "rotary_pos_emb/deepseek_v4";
+
+void check_v4(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  check_float(x, kV4);
+  TORCH_CHECK_TYPE(cos.scalar_type() == sin.scalar_type() &&
+                       (cos.scalar_type() == x.scalar_type() || cos.scalar_type() == at::kFloat),
+                   kV4, ": cos/sin of dtype ", cos.scalar_type(), "/", sin.scalar_type(),
+                   " with x of dtype ", x.scalar_type(),
+                   " (the cuda kernel takes cos/sin in x's dtype or float32)");
+  TORCH_CHECK_VALUE(cos.sym_sizes() == sin.sym_sizes(), kV4, ": cos and sin differ in shape");
+  auto pairs = cos.sym_size(-1);
+  TORCH_CHECK_VALUE(pairs >= 1 && 2 * pairs <= x.sym_size(-1), kV4, ": cos/sin hold one feature ",
+                    "per rotated pair (", pairs, "): twice that must be at least 2 and at most ",
+                    "x's last dim ", x.sym_size(-1));
+}
+
+at::Tensor v4_meta(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                   int64_t unsqueeze_dim) {
+  check_v4(x, cos, sin);
+  return at::empty_like(last_contiguous(x));
+}
+
+at::Tensor v4_cuda(bool backward, const at::Tensor& x, const at::Tensor& cos_in,
+                   const at::Tensor& sin_in, int64_t unsqueeze_dim) {
+  check_v4(x, cos_in, sin_in);
+  at::Tensor xi = last_contiguous(x);
+  at::Tensor xo = at::empty_like(xi);  // x's layout: a transposed view stays one
+  c10::DeviceGuard guard(xi.device());
+  const KernelTable& t = prepare(xi);
+  at::Tensor cos = last_contiguous(cos_in), sin = last_contiguous(sin_in);
+  std::array<int64_t, 30> meta{};  // one tensor: the second entry is not read
+  layout_one(xi, xo, cos, sin, unsqueeze_dim, kV4, meta.data());
+  OPSLOT_LAUNCH(t, opslot_rope_deepseek_v4, backward ? 1 : 0, dtype_code(xi, kV4),
+                dtype_code(cos, kV4), xi.size(-1), 2 * cos.size(-1), ptr(cos), ptr(sin), ptr(xi),
+                mutable_ptr(xo), meta.data(), stream_of(xi));
+  return xo;
+}
+
+at::Tensor v4_fwd_cuda(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                       int64_t unsqueeze_dim) {
+  return v4_cuda(false, x, cos, sin, unsqueeze_dim);
+}
+
+at::Tensor v4_bwd_cuda(const at::Tensor& grad, const at::Tensor& cos, const at::Tensor& sin,
+                       int64_t unsqueeze_dim) {
+  return v4_cuda(true, grad, cos, sin, unsqueeze_dim);
+}
+
+class RopeV4Function : public torch::autograd::Function<RopeV4Function> {
+ public:
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
+                                                const at::Tensor& x, const at::Tensor& cos,
+                                                const at::Tensor& sin, int64_t unsqueeze_dim) {
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("opslot::rope_deepseek_v4_fwd", "")
+                               .typed<decltype(v4_fwd_cuda)>();
+    at::AutoDispatchBelowADInplaceOrView below;
+    at::Tensor out = op.call(x, cos, sin, unsqueeze_dim);
+    ctx->save_for_backward({cos, sin});
+    ctx->saved_data["unsqueeze_dim"] = unsqueeze_dim;
+    return {out};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("opslot::rope_deepseek_v4_bwd", "")
+                               .typed<decltype(v4_bwd_cuda)>();
+    auto saved = ctx->get_saved_variables();
+    at::Tensor dx = op.call(grads[0], saved[0], saved[1], ctx->saved_data["unsqueeze_dim"].toInt());
+    return {dx, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+at::Tensor v4_fwd_autograd(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                           int64_t unsqueeze_dim) {
+  TORCH_CHECK_VALUE(!(at::GradMode::is_enabled() && (cos.requires_grad() || sin.requires_grad())),
+                    "rotary_pos_emb/deepseek_v4 (cuda): cos/sin require grad, but this kernel "
+                    "computes no gradient for them; compute cos/sin under torch.no_grad() (as HF "
+                    "does) or use 'torch'/'eager'");
+  return RopeV4Function::apply(x, cos, sin, unsqueeze_dim)[0];
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(opslot, m) {
@@ -409,6 +496,8 @@ TORCH_LIBRARY_FRAGMENT(opslot, m) {
       "rope_interleaved_bwd(Tensor grad_q, Tensor grad_k, Tensor cos, Tensor sin, int "
       "unsqueeze_dim) -> (Tensor, Tensor)");
   m.def("rope_vision_fwd(Tensor q, Tensor k, Tensor cos, Tensor sin) -> (Tensor, Tensor)");
+  m.def("rope_deepseek_v4_fwd(Tensor x, Tensor cos, Tensor sin, int unsqueeze_dim) -> Tensor");
+  m.def("rope_deepseek_v4_bwd(Tensor grad, Tensor cos, Tensor sin, int unsqueeze_dim) -> Tensor");
   m.def(
       "rope_vision_bwd(Tensor grad_q, Tensor grad_k, Tensor cos, Tensor sin) -> (Tensor, "
       "Tensor)");
@@ -421,6 +510,8 @@ TORCH_LIBRARY_IMPL(opslot, CUDA, m) {
   m.impl("rope_interleaved_bwd", &interleaved_bwd_cuda);
   m.impl("rope_vision_fwd", &vision_fwd_cuda);
   m.impl("rope_vision_bwd", &vision_bwd_cuda);
+  m.impl("rope_deepseek_v4_fwd", &v4_fwd_cuda);
+  m.impl("rope_deepseek_v4_bwd", &v4_bwd_cuda);
 }
 
 TORCH_LIBRARY_IMPL(opslot, Meta, m) {
@@ -430,6 +521,8 @@ TORCH_LIBRARY_IMPL(opslot, Meta, m) {
   m.impl("rope_interleaved_bwd", &interleaved_meta);
   m.impl("rope_vision_fwd", &vision_meta);
   m.impl("rope_vision_bwd", &vision_meta);
+  m.impl("rope_deepseek_v4_fwd", &v4_meta);
+  m.impl("rope_deepseek_v4_bwd", &v4_meta);
 }
 
 TORCH_LIBRARY_IMPL(opslot, CPU, m) {
@@ -439,12 +532,15 @@ TORCH_LIBRARY_IMPL(opslot, CPU, m) {
   register_cpu_refusal(m, "rope_interleaved_bwd");
   register_cpu_refusal(m, "rope_vision_fwd");
   register_cpu_refusal(m, "rope_vision_bwd");
+  register_cpu_refusal(m, "rope_deepseek_v4_fwd");
+  register_cpu_refusal(m, "rope_deepseek_v4_bwd");
 }
 
 TORCH_LIBRARY_IMPL(opslot, Autograd, m) {
   m.impl("rope_fwd", &fwd_autograd);
   m.impl("rope_interleaved_fwd", &interleaved_fwd_autograd);
   m.impl("rope_vision_fwd", &vision_fwd_autograd);
+  m.impl("rope_deepseek_v4_fwd", &v4_fwd_autograd);
 }
 
 }  // namespace opslot_torch

@@ -13,7 +13,7 @@ from typing import Dict, List, Tuple
 KNOWN_OPS: Dict[str, Tuple[str, ...]] = {
     "rms_norm": ("standard", "offset", "unweighted"),
     "rms_norm_gated": ("standard",),
-    "rotary_pos_emb": ("full", "partial", "interleaved"),
+    "rotary_pos_emb": ("full", "partial", "interleaved", "deepseek_v4"),
     "rotary_pos_emb_vision": ("standard",),
     "swiglu_mlp": ("standard", "clamped"),
     "cross_entropy_loss": ("causal", "sequence_classification"),

@@ -4,8 +4,8 @@ These are the executable form of the op contracts. Tests run them on fp32 copies
 compare every kernel's outputs and gradients against them. They follow the upstream code line for
 line (Transformers 5.17.0: Llama/Qwen3/Gemma3/Qwen3.5 norms and RoPE, DeepSeek-V3's interleaved RoPE,
 the VL vision towers' RoPE, `loss_utils`, Qwen3-MoE and GPT-OSS experts, Qwen3.5 gated-delta-net
-helpers; DeepSeek-V4's clamped SwiGLU, hyper-connections, Lightning indexer and attention, the same
-in 5.17.0 to 5.24.0); none of them is meant to be fast.
+helpers; DeepSeek-V4's RoPE, clamped SwiGLU, hyper-connections, Lightning indexer and attention,
+the same in 5.17.0 to 5.24.0); none of them is meant to be fast.
 """
 
 from __future__ import annotations
@@ -89,6 +89,20 @@ def rotary_pos_emb_interleaved(
     q_embed = torch.cat([q1 * cos - q2 * sin, q2 * cos + q1 * sin], dim=-1)
     k_embed = torch.cat([k1 * cos - k2 * sin, k2 * cos + k1 * sin], dim=-1)
     return q_embed, k_embed
+
+
+def rotary_pos_emb_deepseek_v4(x, cos, sin, unsqueeze_dim: int = 1) -> torch.Tensor:
+    """DeepSeek-V4's `apply_rotary_pos_emb` (5.17.0 to 5.24.0): one tensor; cos/sin come half-width
+    (`[..., rope_dim / 2]`, one entry per pair). The trailing `rope_dim` features of `x` come in
+    interleaved pairs `(x0, x1), (x2, x3), ...`, pair i turned by the angle of `cos[..., i]` in fp32,
+    kept in place (not de-interleaved) and cast back to x's dtype; the leading features pass through."""
+    cos = cos.repeat_interleave(2, dim=-1).unsqueeze(unsqueeze_dim)
+    sin = sin.repeat_interleave(2, dim=-1).unsqueeze(unsqueeze_dim)
+    rope_dim = cos.shape[-1]
+    nope, rope = x[..., :-rope_dim], x[..., -rope_dim:]
+    turned = torch.stack((-rope[..., 1::2], rope[..., 0::2]), dim=-1).flatten(-2)
+    rotated = ((rope.float() * cos) + (turned.float() * sin)).to(x.dtype)
+    return torch.cat([nope, rotated], dim=-1)
 
 
 def rotary_pos_emb_vision(q, k, cos, sin) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -489,19 +503,6 @@ def mhc_head(module: Any, x: torch.Tensor) -> torch.Tensor:
     return (pre.unsqueeze(-1) * x).sum(dim=2).to(x.dtype)
 
 
-def v4_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int = 1) -> torch.Tensor:
-    """DeepSeek-V4's `apply_rotary_pos_emb`: the trailing `2 * cos.shape[-1]` features of `x` come in
-    interleaved pairs, each turned (in fp32, cast back) by its half-width cos/sin entry, in place;
-    the leading features pass through."""
-    cos = cos.repeat_interleave(2, dim=-1).unsqueeze(unsqueeze_dim)
-    sin = sin.repeat_interleave(2, dim=-1).unsqueeze(unsqueeze_dim)
-    rope_dim = cos.shape[-1]
-    nope, rope = x[..., :-rope_dim], x[..., -rope_dim:]
-    turned = torch.stack((-rope[..., 1::2], rope[..., 0::2]), dim=-1).flatten(-2)
-    rotated = ((rope.float() * cos) + (turned.float() * sin)).to(x.dtype)
-    return torch.cat([nope, rotated], dim=-1)
-
-
 def v4_indexer_keys(module: Any, hidden_states: torch.Tensor, past_key_values: Any, layer_idx: int) -> torch.Tensor:
     """The Lightning indexer's keys `[B, T, index_head_dim]` (`DeepseekV4Indexer.forward` up to the
     scores): every full window of `compress_rate` tokens pooled over the two overlapping series
@@ -540,7 +541,7 @@ def v4_indexer_keys(module: Any, hidden_states: torch.Tensor, past_key_values: A
         positions = torch.arange(n_windows, device=compressed.device) * ratio + first_window_position
         positions = positions.unsqueeze(0).expand(batch, -1)
         cos, sin = module.rotary_emb(compressed, position_ids=positions, layer_type=module.rope_layer_type)
-        compressed = v4_rotary(compressed.unsqueeze(1), cos, sin).squeeze(1)
+        compressed = rotary_pos_emb_deepseek_v4(compressed.unsqueeze(1), cos, sin).squeeze(1)
     else:
         compressed = chunk_kv.new_zeros((batch, 0, head_dim))
     return compressed if cache_layer is None else cache_layer.update_compressor_states("indexer", compressed)
@@ -552,7 +553,7 @@ def v4_indexer_queries(module: Any, hidden_states: torch.Tensor, q_residual: tor
     batch, seq_len, _ = hidden_states.shape
     cos_q, sin_q = module.rotary_emb(hidden_states, position_ids=position_ids, layer_type=module.rope_layer_type)
     q = module.q_b_proj(q_residual).view(batch, seq_len, -1, module.head_dim).transpose(1, 2)
-    return v4_rotary(q, cos_q, sin_q).transpose(1, 2)
+    return rotary_pos_emb_deepseek_v4(q, cos_q, sin_q).transpose(1, 2)
 
 
 def v4_index_weights(module: Any, hidden_states: torch.Tensor) -> torch.Tensor:

@@ -1,12 +1,18 @@
-"""The two RoPE ops of issue #31 item 3 on the CPU: `rotary_pos_emb/interleaved` (DeepSeek-V3's
-`apply_rotary_pos_emb_interleave`) and `rotary_pos_emb_vision/standard` (the VL vision towers'
-`apply_rotary_pos_emb_vision`).
+"""The RoPE variants beside the rotate_half ones, on the CPU: `rotary_pos_emb/interleaved` (DeepSeek-V3's
+`apply_rotary_pos_emb_interleave`), `rotary_pos_emb_vision/standard` (the VL vision towers'
+`apply_rotary_pos_emb_vision`), both of issue #31 item 3, and `rotary_pos_emb/deepseek_v4` (DeepSeek-V4's
+`apply_rotary_pos_emb`: one tensor, half-width cos/sin, the trailing slice's interleaved pairs turned in
+place).
 
 - the fp32 references are upstream's code: bit-equal to the function of every upstream release under
   .upstream/ (5.17.0, 5.23.0, 5.24.0; all four VL models for the vision one), outputs and gradients;
 - the `torch` kernels against the references: bit-equal (they compute the same products and sums),
   fp32/bf16/fp16, odd head dims, non-contiguous views (DeepSeek's q_rot slice, the vision tower's
   unbound qkv), q and k of different dtypes;
+- DeepSeek-V4's reference and `torch` kernel against upstream's function (every fetched release and the
+  installed module): bit-equal outputs and x's gradient in fp32/bf16/fp16, rope dim 2, no nope part,
+  odd outer sizes, transposed and sliced views, unsqueeze_dim 1 and 2, `-sin` (the attention output's
+  conjugate rotation), the compressors' `x.unsqueeze(1)`;
 - the NPU adapters against a fake torch_npu;
 - the ops config: `rotary_pos_emb_vision_implementation` is a field (parsing, suggestions, CPU/CUDA/NPU
   defaults, the reference trainer's `eager`/`npu` as opslot's own names), the registry's kernels;
@@ -209,6 +215,130 @@ def test_torch_kernels_are_close_to_the_fp32_reference():
     assert (full[0] - ref[0]).norm() / ref[0].norm() > 0.5
 
 
+# -- rotary_pos_emb/deepseek_v4 (DeepSeek-V4's apply_rotary_pos_emb) ---------------------------------
+def installed_v4_function():
+    """The installed Transformers' own `apply_rotary_pos_emb` of DeepSeek-V4 (skips without one)."""
+    try:
+        from transformers.models.deepseek_v4 import modeling_deepseek_v4
+    except ImportError as exc:  # a Transformers without DeepSeek-V4
+        pytest.skip(f"no DeepSeek-V4 in the installed Transformers: {exc}")
+    return modeling_deepseek_v4.apply_rotary_pos_emb
+
+
+def single(fn):
+    """fn's one tensor as the 1-tuple `run` expects."""
+    return lambda *args, **kwargs: (fn(*args, **kwargs),)
+
+
+def v4_inputs(b, h, s, d, rd, dtype, seed=0):
+    """x [B, H, S, D] as V4's attention makes q and kv: the transposed view of a [B, S, H, D]
+    projection; cos/sin half-width [B, S, rd/2] in x's dtype (`DeepseekV4RotaryEmbedding`'s)."""
+    x = randn(b, s, h, d, seed=seed, dtype=dtype).transpose(1, 2)
+    pos = torch.arange(s).float()[None, :, None] + randn(b, 1, 1, seed=seed + 2).abs()
+    inv = 1.0 / (10000 ** (torch.arange(0, rd, 2).float() / rd))
+    ang = pos * inv
+    return x, ang.cos().to(dtype), ang.sin().to(dtype)
+
+
+#: (b, h, s, d, rd): V4-like (a nope part, rope dim 64 of 512 scaled down), rope dim 2, no nope part
+#: (d == rd), odd outer sizes, one token, no token.
+V4_SHAPES = [(2, 4, 5, 48, 16), (1, 3, 7, 5, 2), (2, 1, 1, 6, 6), (3, 5, 7, 34, 10), (1, 2, 9, 2, 2), (2, 2, 0, 8, 4)]
+
+
+def v4_cases(b, h, s, d, rd, dtype):
+    """(name, x, cos, sin, kwargs): every way the model calls the function (q and kv [B, H, S, D];
+    the attention output's conjugate rotation with -sin; the compressors' x.unsqueeze(1); the
+    indexer's q), plus unsqueeze_dim=2 on [B, S, H, D] and a slice of a wider tensor."""
+    x, cos, sin = v4_inputs(b, h, s, d, rd, dtype)
+    wide = randn(b, h, s, d + 3, seed=4, dtype=dtype)[..., 3:]
+    compressed = randn(b, s, d, seed=5, dtype=dtype).unsqueeze(1)
+    return [
+        ("q", x, cos, sin, {}),
+        ("conjugate", x, cos, -sin, {}),
+        ("unsqueeze_dim 2", randn(b, h, s, d, seed=3, dtype=dtype).transpose(1, 2), cos, sin, {"unsqueeze_dim": 2}),
+        ("sliced", wide, cos, sin, {"unsqueeze_dim": 1}),
+        ("compressed keys", compressed, cos, sin, {}),
+    ]
+
+
+@pytest.mark.parametrize("version", UPSTREAMS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("b,h,s,d,rd", V4_SHAPES)
+def test_deepseek_v4_reference_is_upstream(version, dtype, b, h, s, d, rd):
+    upstream = upstream_function(version, "deepseek_v4", "apply_rotary_pos_emb")
+    for name, x, cos, sin, kwargs in v4_cases(b, h, s, d, rd, dtype):
+        want = run(single(upstream), (x,), cos, sin, **kwargs)
+        assert_bit_equal(run(single(reference.rotary_pos_emb_deepseek_v4), (x,), cos, sin, **kwargs), want)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("b,h,s,d,rd", V4_SHAPES)
+def test_deepseek_v4_torch_kernel_is_upstream(dtype, b, h, s, d, rd):
+    """The kernel against the installed Transformers' own function, and against every fetched
+    release's: outputs and x's gradient bit for bit (the CPU end-to-end test needs that)."""
+    ours = kernel("rotary_pos_emb", "deepseek_v4")
+    assert ours is torch_ops.rotary_pos_emb_deepseek_v4
+    upstreams = [installed_v4_function()]
+    for version in UPSTREAMS:
+        if (REPO / ".upstream" / f"transformers-{version}").is_dir():
+            upstreams.append(upstream_function(version, "deepseek_v4", "apply_rotary_pos_emb"))
+    for name, x, cos, sin, kwargs in v4_cases(b, h, s, d, rd, dtype):
+        assert min(h, s) < 2 or not x.is_contiguous() or name == "compressed keys", name
+        got = run(single(ours), (x,), cos, sin, **kwargs)
+        assert got[0].dtype == dtype and got[0].shape == x.shape and got[1].shape == x.shape, name
+        for upstream in upstreams:
+            assert_bit_equal(got, run(single(upstream), (x,), cos, sin, **kwargs))
+        assert_bit_equal(got, run(single(reference.rotary_pos_emb_deepseek_v4), (x,), cos, sin, **kwargs))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_deepseek_v4_torch_kernel_fp32_angles(dtype):
+    """cos/sin in fp32 with 16-bit x: upstream computes in fp32 either way and returns x's dtype."""
+    x, cos, sin = v4_inputs(2, 3, 5, 20, 8, dtype)
+    cos32, sin32 = cos.float(), sin.float()
+    got = run(single(torch_ops.rotary_pos_emb_deepseek_v4), (x,), cos32, sin32)
+    assert got[0].dtype == dtype
+    assert_bit_equal(got, run(single(installed_v4_function()), (x,), cos32, sin32))
+
+
+def test_deepseek_v4_turns_the_trailing_pairs_in_place():
+    """What docs/ops.md says: the leading features pass through untouched; the trailing rope_dim
+    features are the interleaved pairs, each turned by its own angle and left where it was (not
+    de-interleaved as rotary_pos_emb/interleaved returns them); the exact rotation in float64."""
+    x, cos, sin = v4_inputs(2, 3, 5, 20, 8, torch.float32)
+    out = reference.rotary_pos_emb_deepseek_v4(x, cos, sin)
+    assert torch.equal(out[..., :12], x[..., :12])
+    c, s_ = cos.double().unsqueeze(1), sin.double().unsqueeze(1)
+    even, odd = x[..., 12::2].double(), x[..., 13::2].double()
+    turned = torch.stack((even * c - odd * s_, odd * c + even * s_), dim=-1).flatten(-2)
+    assert torch.allclose(out[..., 12:].double(), turned, rtol=1e-6, atol=1e-6)
+    # -sin undoes the rotation (the attention output's conjugate rotation)
+    back = reference.rotary_pos_emb_deepseek_v4(out, cos, -sin)
+    assert torch.allclose(back, x, rtol=1e-5, atol=1e-5)
+    # and the pairs are not those of DeepSeek-V3's de-interleaving variant
+    full_cos, full_sin = torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
+    v3, _ = reference.rotary_pos_emb_interleaved(x[..., 12:], x[..., 12:], full_cos, full_sin)
+    assert not torch.allclose(v3, out[..., 12:])
+
+
+def test_deepseek_v4_torch_kernel_close_to_the_fp32_reference():
+    """The tolerance the GPU tests use: a bf16 run against the reference on fp32 copies."""
+    x, cos, sin = v4_inputs(2, 4, 5, 96, 32, torch.bfloat16)
+    got = run(single(torch_ops.rotary_pos_emb_deepseek_v4), (x,), cos, sin)
+    ref = run(single(reference.rotary_pos_emb_deepseek_v4), (x.float(),), cos.float(), sin.float())
+    for a, b in zip(got, ref):
+        assert (a.double() - b.double()).norm() / b.double().norm() < 1e-2
+
+
+def test_deepseek_v4_cos_sin_get_no_gradient_from_the_slot_contract():
+    """x's gradient only: cos/sin come from the rotary embedding (no parameters)."""
+    x, cos, sin = v4_inputs(1, 2, 3, 10, 4, torch.float32)
+    leaf = x.detach().clone().requires_grad_(True)
+    out = torch_ops.rotary_pos_emb_deepseek_v4(leaf, cos, sin)
+    (grad,) = torch.autograd.grad(out.sum(), (leaf,))
+    assert grad.shape == x.shape and cos.grad is None and sin.grad is None
+
+
 # -- NPU adapters --------------------------------------------------------------------------------------
 @pytest.fixture
 def npu(monkeypatch):
@@ -249,7 +379,7 @@ def test_npu_vision(npu, dtype):
 
 # -- the ops config and the registry ---------------------------------------------------------------
 def test_ops_and_field():
-    assert KNOWN_OPS["rotary_pos_emb"] == ("full", "partial", "interleaved")
+    assert KNOWN_OPS["rotary_pos_emb"] == ("full", "partial", "interleaved", "deepseek_v4")
     assert KNOWN_OPS["rotary_pos_emb_vision"] == ("standard",)
     assert FIELD_FOR_OP["rotary_pos_emb_vision"] == "rotary_pos_emb_vision_implementation"
     assert (
@@ -276,6 +406,14 @@ def test_registry_lists_the_new_kernels():
     assert KERNEL_REGISTRY.get("rotary_pos_emb", "interleaved", "cuda").factory == (
         "opslot.kernels.cuda.rope:rotary_pos_emb_interleaved"
     )
+    # DeepSeek-V4 has no NPU spec: no npu kernel for its variant
+    assert listed[("rotary_pos_emb", "deepseek_v4")] == ["cuda", "torch"]
+    assert KERNEL_REGISTRY.get("rotary_pos_emb", "deepseek_v4", "cuda").factory == (
+        "opslot.kernels.cuda.rope:rotary_pos_emb_deepseek_v4"
+    )
+    assert KERNEL_REGISTRY.get("rotary_pos_emb", "deepseek_v4", "torch").factory == (
+        "opslot.kernels.torch_ops:rotary_pos_emb_deepseek_v4"
+    )
 
 
 def test_field_parses_and_is_suggested():
@@ -300,14 +438,18 @@ def test_effective_defaults_per_device():
             cfg = OpsImplementationConfig()
             assert cfg.effective_impl("rotary_pos_emb_vision", "standard") == "cuda"
             assert cfg.effective_impl("rotary_pos_emb", "interleaved") == "cuda"
+            assert cfg.effective_impl("rotary_pos_emb", "deepseek_v4") == "cuda"
     finally:
         set_cuda_kernels_check(None)
     with use_device(DeviceInfo("npu")):
         cfg = OpsImplementationConfig()
         assert cfg.effective_impl("rotary_pos_emb_vision", "standard") == "npu"
         assert cfg.effective_impl("rotary_pos_emb", "interleaved") == "npu"
+        # the npu default has no kernel for DeepSeek-V4's variant: upstream's code
+        assert cfg.effective_impl("rotary_pos_emb", "deepseek_v4") == "eager"
     cfg = OpsImplementationConfig()
     assert cfg.effective_impl("rotary_pos_emb_vision", "standard") == "eager"
+    assert cfg.effective_impl("rotary_pos_emb", "deepseek_v4") == "eager"
 
 
 def test_reference_trainer_values_are_opslots_own():
@@ -328,7 +470,14 @@ def test_reference_trainer_values_are_opslots_own():
 
 
 # -- the C++ torch ops on meta tensors -----------------------------------------------------------------
-OPS = ("rope_interleaved_fwd", "rope_interleaved_bwd", "rope_vision_fwd", "rope_vision_bwd")
+OPS = (
+    "rope_interleaved_fwd",
+    "rope_interleaved_bwd",
+    "rope_vision_fwd",
+    "rope_vision_bwd",
+    "rope_deepseek_v4_fwd",
+    "rope_deepseek_v4_bwd",
+)
 TEST_UTILS = ("test_schema", "test_autograd_registration", "test_faketensor")
 
 
@@ -352,7 +501,7 @@ def test_ops_are_registered_from_cpp(cuda_rope):
         for key in ("CUDA", "Meta", "CPU"):
             assert torch._C._dispatch_has_kernel_for_dispatch_key(name, key), (name, key)
         assert torch._library.custom_ops.OPDEFS.get(name) is None
-    for op in ("rope_interleaved_fwd", "rope_vision_fwd"):
+    for op in ("rope_interleaved_fwd", "rope_vision_fwd", "rope_deepseek_v4_fwd"):
         assert torch._C._dispatch_has_kernel_for_dispatch_key(f"opslot::{op}", "Autograd")
     O = torch.ops.opslot  # noqa: E741
     assert str(O.rope_interleaved_fwd.default._schema) == (
@@ -361,6 +510,9 @@ def test_ops_are_registered_from_cpp(cuda_rope):
     )
     assert str(O.rope_vision_fwd.default._schema) == (
         "opslot::rope_vision_fwd(Tensor q, Tensor k, Tensor cos, Tensor sin) -> (Tensor, Tensor)"
+    )
+    assert str(O.rope_deepseek_v4_fwd.default._schema) == (
+        "opslot::rope_deepseek_v4_fwd(Tensor x, Tensor cos, Tensor sin, int unsqueeze_dim) -> Tensor"
     )
 
 
@@ -373,6 +525,8 @@ def _cases():
     vq, vk, _ = qkv.reshape(33, 3, 5, 80).permute(1, 0, 2, 3).unbind(0)
     vcos, vsin = meta(33, 80, dtype=torch.float32), meta(33, 80, dtype=torch.float32)
     mixed_k = meta(33, 5, 80, dtype=torch.bfloat16, requires_grad=True)
+    v4x = meta(2, 7, 4, 24).transpose(1, 2).requires_grad_(True)  # DeepSeek-V4's q: [b, s, h, d] memory
+    v4c = meta(2, 7, 4)  # half-width: 4 pairs, the last 8 of 24 features
     return [
         ("interleaved fwd", O.rope_interleaved_fwd.default, (q, k, cos, sin, 1)),
         ("interleaved fwd fp32 cos", O.rope_interleaved_fwd.default, (q, k, cos.float(), sin.float(), 1)),
@@ -385,10 +539,13 @@ def _cases():
         ("vision fwd", O.rope_vision_fwd.default, (vq.requires_grad_(True), vk.requires_grad_(True), vcos, vsin)),
         ("vision fwd mixed dtypes", O.rope_vision_fwd.default, (vq, mixed_k, vcos.half(), vsin.half())),
         ("vision bwd", O.rope_vision_bwd.default, (meta(33, 5, 80), meta(33, 5, 80), vcos, vsin)),
+        ("deepseek_v4 fwd", O.rope_deepseek_v4_fwd.default, (v4x, v4c, v4c, 1)),
+        ("deepseek_v4 fwd fp32 cos", O.rope_deepseek_v4_fwd.default, (v4x, v4c.float(), v4c.float(), 1)),
+        ("deepseek_v4 bwd", O.rope_deepseek_v4_bwd.default, (meta(2, 4, 7, 24), v4c, v4c, 1)),
     ]
 
 
-@pytest.mark.parametrize("index", range(7))
+@pytest.mark.parametrize("index", range(10))
 def test_opcheck_on_meta(cuda_rope, index):
     name, op, args = _cases()[index]
     torch.library.opcheck(op, args, test_utils=TEST_UTILS)
@@ -413,6 +570,13 @@ def test_public_functions_on_meta(cuda_rope):
     assert "RopeVisionFunction" in oq.grad_fn.name()
     dq, dk = torch.autograd.grad((oq.sum(), ok.sum()), (vq, vk))
     assert (dq.dtype, dk.dtype) == (torch.float16, torch.bfloat16)
+
+    x = meta(2, 7, 4, 24).transpose(1, 2).requires_grad_(True)
+    out = cuda_rope.rotary_pos_emb_deepseek_v4(x, meta(2, 7, 4), meta(2, 7, 4))
+    assert (out.shape, out.dtype, out.stride()) == (x.shape, torch.bfloat16, (7 * 4 * 24, 24, 4 * 24, 1))
+    assert "RopeV4Function" in out.grad_fn.name()
+    (dx,) = torch.autograd.grad(out.sum(), (x,))
+    assert dx.shape == x.shape
 
 
 def test_argument_checks(cuda_rope):
@@ -445,6 +609,19 @@ def test_argument_checks(cuda_rope):
         cuda_rope.rotary_pos_emb_vision(vq.double(), vq, meta(9, 16), meta(9, 16))
     with pytest.raises(ValueError, match=r"^rotary_pos_emb_vision \(cuda\): cos/sin require grad"):
         cuda_rope.rotary_pos_emb_vision(vq, vq, meta(9, 16).requires_grad_(), meta(9, 16))
+    x, c = meta(2, 4, 7, 24), meta(2, 7, 4)
+    with pytest.raises(ValueError) as err:
+        cuda_rope.rotary_pos_emb_deepseek_v4(x, meta(2, 7, 13), meta(2, 7, 13))
+    assert str(err.value).startswith(
+        "rotary_pos_emb/deepseek_v4: cos/sin hold one feature per rotated pair (13): twice that must be at least 2 "
+        "and at most x's last dim 24"
+    )
+    with pytest.raises(TypeError, match=r"^rotary_pos_emb/deepseek_v4: cos/sin of dtype Half/Half with x of dtype"):
+        cuda_rope.rotary_pos_emb_deepseek_v4(x, c.half(), c.half())
+    with pytest.raises(ValueError, match=r"^rotary_pos_emb/deepseek_v4: cos and sin differ in shape"):
+        cuda_rope.rotary_pos_emb_deepseek_v4(x, c, meta(2, 7, 3))
+    with pytest.raises(ValueError, match=r"^rotary_pos_emb/deepseek_v4 \(cuda\): cos/sin require grad"):
+        cuda_rope.rotary_pos_emb_deepseek_v4(x, c.requires_grad_(), meta(2, 7, 4))
 
 
 def test_cpu_tensors_are_refused(cuda_rope):
@@ -455,6 +632,8 @@ def test_cpu_tensors_are_refused(cuda_rope):
         lambda: torch.ops.opslot.rope_interleaved_bwd(q, k, cos, cos, 1),
         lambda: torch.ops.opslot.rope_vision_fwd(q[0], k[0], cos[0], cos[0]),
         lambda: torch.ops.opslot.rope_vision_bwd(q[0], k[0], cos[0], cos[0]),
+        lambda: torch.ops.opslot.rope_deepseek_v4_fwd(q, cos[..., :2], cos[..., :2], 1),
+        lambda: torch.ops.opslot.rope_deepseek_v4_bwd(q, cos[..., :2], cos[..., :2], 1),
     ):
         with pytest.raises(Exception, match=r"run on CUDA tensors|runs on CUDA tensors"):
             call()

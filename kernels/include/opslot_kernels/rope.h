@@ -39,6 +39,20 @@
  * sin[i+h]) backward out[i] = (g[i] cos[i]) + (g[i+h] sin[i+h]), out[i+h] = (g[i+h] cos[i+h]) -
  * (g[i] sin[i]) which is what upstream's `q.float()`, `(q * cos) + (rotate_half(q) * sin)`,
  * `.to(dtype)` and its autograd compute, bit for bit.
+ *
+ * opslot_rope_deepseek_v4: DeepSeek-V4's `apply_rotary_pos_emb`, on one tensor (q_in/q_out; no k):
+ * the last rotary_dim features of each row, in interleaved pairs (x[n+2i], x[n+2i+1]) with
+ * n = head_dim - rotary_dim, are turned in place by cos[i], sin[i] (cos/sin hold rotary_dim / 2
+ * features, one per pair: upstream's half-width cos before its `repeat_interleave(2)`); the first n
+ * features pass through. The meta array's first 15 entries describe the tensor (k's are not read).
+ * Upstream's rounding, with r(.) = rounded to fp32 and R(.) = rounded to `dtype`:
+ *   forward  out[n+2i] = R(r(r(x[n+2i] c) - r(x[n+2i+1] s))), out[n+2i+1] = R(r(r(x[n+2i+1] c) +
+ *            r(x[n+2i] s)))   (`(rope.float() * cos + rotate_half(rope).float() * sin).to(dtype)`)
+ *   backward out[n+2i] = R(r(R(r(g[n+2i] c)) + R(r(g[n+2i+1] s)))), out[n+2i+1] =
+ *            R(r(R(r(g[n+2i+1] c)) - R(r(g[n+2i] s))))   (its autograd: the cast of each
+ *            product's gradient back to `dtype`, then their sum)
+ * which is upstream's result bit for bit (the pass-through gradient aside: upstream adds 0 to it,
+ * turning -0 into +0; here it is copied).
  */
 #ifndef OPSLOT_KERNELS_ROPE_H_
 #define OPSLOT_KERNELS_ROPE_H_
@@ -62,6 +76,11 @@ OPSLOT_API int opslot_rope_interleaved(int backward, int dtype, int cs_dtype, in
 OPSLOT_API int opslot_rope_vision(int backward, int dtype, int cs_dtype, int64_t head_dim,
                                   const void* cos, const void* sin, const void* q_in, void* q_out,
                                   const void* k_in, void* k_out, const int64_t* meta, void* stream);
+
+OPSLOT_API int opslot_rope_deepseek_v4(int backward, int dtype, int cs_dtype, int64_t head_dim,
+                                       int64_t rotary_dim, const void* cos, const void* sin,
+                                       const void* x_in, void* x_out, const int64_t* meta,
+                                       void* stream);
 
 #ifdef __cplusplus
 }

@@ -19,6 +19,7 @@ BUILTIN_KERNELS = [
     ("torch", "rotary_pos_emb", "full", "torch_ops:rotary_pos_emb_full", ANY, "portable PyTorch"),
     ("torch", "rotary_pos_emb", "partial", "torch_ops:rotary_pos_emb_partial", ANY, "portable PyTorch"),
     ("torch", "rotary_pos_emb", "interleaved", "torch_ops:rotary_pos_emb_interleaved", ANY, "portable PyTorch"),
+    ("torch", "rotary_pos_emb", "deepseek_v4", "torch_ops:rotary_pos_emb_deepseek_v4", ANY, "portable PyTorch"),
     ("torch", "rotary_pos_emb_vision", "standard", "torch_ops:rotary_pos_emb_vision", ANY, "portable PyTorch, fp32"),
     ("torch", "swiglu_mlp", "standard", "torch_ops:swiglu_mlp", ANY, "portable PyTorch"),
     ("torch", "cross_entropy_loss", "causal", "torch_ops:cross_entropy_causal", ANY, "lm_head + HF causal-LM loss"),
@@ -90,6 +91,14 @@ BUILTIN_KERNELS = [
         "cuda.rope:rotary_pos_emb_interleaved",
         CUDA,
         "CUDA kernel on strided q/k, pairs de-interleaved in registers",
+    ),
+    (
+        "cuda",
+        "rotary_pos_emb",
+        "deepseek_v4",
+        "cuda.rope:rotary_pos_emb_deepseek_v4",
+        CUDA,
+        "CUDA kernel on strided x, the trailing rope slice's interleaved pairs turned in place",
     ),
     (
         "cuda",

@@ -86,6 +86,14 @@ def rotary_pos_emb_interleaved(
     return rotate(q), rotate(k)
 
 
+def rotary_pos_emb_deepseek_v4(x, cos, sin, unsqueeze_dim: int = 1) -> torch.Tensor:
+    """DeepSeek-V4: the trailing `2 * cos.shape[-1]` features' interleaved pairs turned in place by
+    half-width cos/sin, in fp32, cast back; the leading features pass through. The reference is
+    upstream's own ops in its order (no faster form in plain PyTorch ops keeps its bits), so outputs
+    and gradients are upstream eager's, bit for bit, in every dtype."""
+    return reference.rotary_pos_emb_deepseek_v4(x, cos, sin, unsqueeze_dim=unsqueeze_dim)
+
+
 def rotary_pos_emb_vision(q, k, cos, sin) -> Tuple[torch.Tensor, torch.Tensor]:
     """The vision towers' RoPE (q/k `[seq, heads, dim]`, cos/sin `[seq, dim]`) in fp32, cast back to
     q's and k's dtypes; every product and sum is upstream's, so the result is too."""

@@ -5,7 +5,13 @@ gradients of q and k vs the fp32 reference; determinism; layout kept.
 RoPE interleaved (DeepSeek-V3's `apply_rotary_pos_emb_interleave`: q_rot a slice of the projection,
 k_rot one head) and the vision RoPE (`apply_rotary_pos_emb_vision`: q/k unbound views of one qkv
 projection, fp32 cos/sin): the same checks, plus opcheck, torch.compile and CUDA-graph capture of
-their ops; the vision kernel is bit-equal to upstream's eager code on CUDA (outputs and gradients)."""
+their ops; the vision kernel is bit-equal to upstream's eager code on CUDA (outputs and gradients).
+
+RoPE deepseek_v4 (DeepSeek-V4's `apply_rotary_pos_emb`: one tensor, half-width cos/sin, the trailing
+slice's interleaved pairs turned in place): bit-equal to upstream's own function on CUDA, outputs and
+gradients, for the layouts the model passes (q and the attention output as [B, H, S, D] views, kv and
+the compressed keys with one head, unsqueeze_dim 1 and 2, fp32 cos/sin), odd sizes, empty and one-row
+inputs; the output keeps x's layout; determinism, refusals, opcheck, torch.compile, CUDA graphs."""
 
 import pytest
 import torch
@@ -494,3 +500,137 @@ def test_new_layouts_ignore_the_head_loop_knob():
             assert f(1, 0) == 0
     b = run()
     assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+# -- rotary_pos_emb/deepseek_v4 (DeepSeek-V4's apply_rotary_pos_emb) ----------------------------------------
+def _upstream_v4():
+    mod = pytest.importorskip("transformers.models.deepseek_v4.modeling_deepseek_v4")
+    return mod.apply_rotary_pos_emb
+
+
+def _v4(b, s, h, d, rd, dtype, cs_dtype=None, heads_first=True):
+    """x as the attention passes q: [B, S, H, D] memory seen as [B, H, S, D] (heads_first), else
+    [B, S, H, D] itself; cos/sin half-width [B, S, rd / 2] (one entry per pair), in x's dtype."""
+    x = torch.randn(b, s, h, d, device="cuda", dtype=dtype)
+    x = x.transpose(1, 2) if heads_first else x
+    inv = 1.0 / (10000 ** (torch.arange(0, rd, 2, device="cuda").float() / rd))
+    pos = torch.arange(s, device="cuda").float()[None].expand(b, s) + torch.arange(b, device="cuda")[:, None] * 5
+    freqs = pos[..., None] * inv
+    cs = cs_dtype or dtype
+    return x, freqs.cos().to(cs), freqs.sin().to(cs)
+
+
+def run_v4(fn, x, cos, sin, unsqueeze_dim=1, seed=7):
+    xa = x.detach().requires_grad_(True)  # a view: strides kept
+    out = fn(xa, cos, sin, unsqueeze_dim=unsqueeze_dim)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    g = torch.randn(out.shape, device="cuda", generator=gen).to(out.dtype)
+    out.backward(g)
+    return out, xa.grad
+
+
+def check_v4_bits(x, cos, sin, unsqueeze_dim=1):
+    from opslot.kernels.cuda import rope
+
+    ours = run_v4(rope.rotary_pos_emb_deepseek_v4, x, cos, sin, unsqueeze_dim)
+    theirs = run_v4(_upstream_v4(), x, cos, sin, unsqueeze_dim)
+    for name, a, b in zip(("out", "dx"), ours, theirs):
+        assert a.dtype == b.dtype == x.dtype and a.shape == b.shape, name
+        assert torch.equal(a, b), f"{name}: max abs difference {(a.double() - b.double()).abs().max()}"
+    assert _strides(ours[0]) == _strides(torch.empty_like(x))  # x's layout, not upstream's cat
+    return ours
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d,rd", [(512, 64), (128, 64), (64, 64), (6, 2), (10, 4), (34, 16), (80, 80), (24, 8)])
+@pytest.mark.parametrize("s", [0, 1, 37])
+def test_deepseek_v4_is_bit_equal_to_upstream(dtype, d, rd, s):
+    """Upstream's function itself on the same CUDA tensors: every product and sum rounded to fp32,
+    then to the dtype; the backward's per-product casts (its autograd) included."""
+    x, cos, sin = _v4(2, s, 3, d, rd, dtype)
+    check_v4_bits(x, cos, sin)
+    check_v4_bits(x, cos, -sin)  # the attention output's inverse rotation
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_deepseek_v4_layouts_of_the_model_and_fp32_cos_sin(dtype):
+    # kv / compressed keys: one head, [B, 1, T, D]; unsqueeze_dim 2 on [B, S, H, D]; fp32 cos/sin;
+    # a contiguous x; an x whose rows start at an odd offset (no 16-byte vectors)
+    x, cos, sin = _v4(2, 40, 1, 512, 64, dtype)
+    check_v4_bits(x, cos, sin)
+    x, cos, sin = _v4(2, 40, 4, 128, 64, dtype, heads_first=False)
+    check_v4_bits(x, cos, sin, unsqueeze_dim=2)
+    x, cos, sin = _v4(2, 40, 4, 128, 64, dtype, cs_dtype=torch.float32)
+    check_v4_bits(x, cos, sin)
+    check_v4_bits(x.contiguous(), cos, sin)
+    odd = torch.randn(2, 4, 40, 129, device="cuda", dtype=dtype)[..., 1:]
+    check_v4_bits(odd, *_v4(2, 40, 4, 128, 64, dtype)[1:])
+
+
+def test_deepseek_v4_released_shape():
+    """The attention's q and output at the released widths: 64 heads of 512, rope on the last 64."""
+    x, cos, sin = _v4(2, 1024, 64, 512, 64, torch.bfloat16)
+    check_v4_bits(x, cos, sin)
+
+
+def test_deepseek_v4_bitwise_deterministic_and_batch_invariant():
+    from opslot.kernels.cuda import rope
+
+    x, cos, sin = _v4(4, 64, 8, 128, 64, torch.bfloat16)
+
+    def run(x, cos, sin):  # a loss whose gradient does not depend on the batch's size
+        xa = x.detach().requires_grad_(True)
+        out = rope.rotary_pos_emb_deepseek_v4(xa, cos, sin)
+        out.float().square().sum().backward()
+        return out, xa.grad
+
+    a, b = run(x, cos, sin), run(x, cos, sin)
+    assert all(torch.equal(p, q) for p, q in zip(a, b))
+    part = run(x[1:2], cos[1:2], sin[1:2])
+    assert all(torch.equal(p[1:2], q) for p, q in zip(a, part))
+
+
+def test_deepseek_v4_refusals():
+    from opslot.kernels.cuda import rope
+
+    x, cos, sin = _v4(1, 4, 2, 16, 8, torch.bfloat16)
+    wide = torch.cat([cos, cos, cos], -1)  # 12 pairs: 24 features > 16
+    with pytest.raises(ValueError, match=r"twice that must be at least 2 and at most x's last dim 16"):
+        rope.rotary_pos_emb_deepseek_v4(x, wide, wide)
+    with pytest.raises(ValueError, match="cos/sin require grad"):
+        rope.rotary_pos_emb_deepseek_v4(x, cos.clone().requires_grad_(), sin)
+    with pytest.raises(ValueError, match=r"do not broadcast to q/k"):
+        rope.rotary_pos_emb_deepseek_v4(x, cos[:, :2], sin[:, :2])
+    with pytest.raises(TypeError, match=r"cos/sin of dtype"):
+        rope.rotary_pos_emb_deepseek_v4(x, cos.half(), sin.half())
+
+
+def test_deepseek_v4_ops_opcheck_compile_and_graph():
+    from opslot.kernels.cuda import rope
+
+    O = torch.ops.opslot  # noqa: E741
+    x, cos, sin = _v4(2, 5, 3, 24, 8, torch.bfloat16)
+    xg = x.detach().requires_grad_(True)
+    for op, args in (
+        (O.rope_deepseek_v4_fwd.default, (xg, cos, sin, 1)),
+        (O.rope_deepseek_v4_fwd.default, (xg, cos.float(), sin.float(), 1)),
+        (O.rope_deepseek_v4_bwd.default, (x.detach(), cos, sin, 1)),
+    ):
+        torch.library.opcheck(op, args)
+
+    def f(x, cos, sin):
+        return rope.rotary_pos_emb_deepseek_v4(x, cos, sin).float().square().sum()
+
+    xa, xb = x.detach().requires_grad_(True), x.detach().requires_grad_(True)
+    f(xa, cos, sin).backward()
+    torch.compile(f, fullgraph=True)(xb, cos, sin).backward()
+    assert torch.equal(xa.grad, xb.grad)
+
+    xs = x.detach().clone()
+    expected = rope.rotary_pos_emb_deepseek_v4(xs, cos, sin)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = rope.rotary_pos_emb_deepseek_v4(xs, cos, sin)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(expected, captured)

@@ -6,7 +6,9 @@ Torch ops (registered from C++: kernels/torch/rope.cc), q and k in one launch ea
 - `opslot::rope_interleaved_fwd` / `_bwd`: DeepSeek-V3's `apply_rotary_pos_emb_interleave`
   (interleaved pairs in, de-interleaved out);
 - `opslot::rope_vision_fwd` / `_bwd`: the VL vision towers' `apply_rotary_pos_emb_vision`, in fp32
-  with upstream's rounding.
+  with upstream's rounding;
+- `opslot::rope_deepseek_v4_fwd` / `_bwd`: DeepSeek-V4's `apply_rotary_pos_emb` (one tensor, the
+  trailing slice's interleaved pairs turned in place), with upstream's rounding.
 cos/sin get no gradient: when they require one the op raises (HF computes them under no_grad).
 docs/kernels.md describes the kernel.
 """
@@ -23,6 +25,7 @@ C.require_library_on_cuda_machines()
 _ROPE = C.torch_op("rope_fwd")  # refuses cos/sin that require grad; its backward calls rope_bwd
 _INTERLEAVED = C.torch_op("rope_interleaved_fwd")  # its backward calls rope_interleaved_bwd
 _VISION = C.torch_op("rope_vision_fwd")  # its backward calls rope_vision_bwd
+_V4 = C.torch_op("rope_deepseek_v4_fwd")  # its backward calls rope_deepseek_v4_bwd
 
 
 def _apply(q, k, cos, sin, unsqueeze_dim, full: bool):
@@ -56,3 +59,9 @@ def rotary_pos_emb_vision(q, k, cos, sin) -> Tuple[torch.Tensor, torch.Tensor]:
     """The vision towers' RoPE: q/k `[seq, heads, dim]`, cos/sin `[seq, dim]`, computed in fp32 with
     upstream's rounding and returned in q's and k's dtypes."""
     return _VISION(q, k, cos, sin)
+
+
+def rotary_pos_emb_deepseek_v4(x, cos, sin, unsqueeze_dim: int = 1) -> torch.Tensor:
+    """DeepSeek-V4: the last `2 * cos.shape[-1]` features of x, interleaved pairs turned in place by the
+    half-width cos/sin (one entry per pair), the others passed through; x's dtype and layout."""
+    return _V4(x, cos, sin, unsqueeze_dim)
