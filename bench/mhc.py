@@ -273,7 +273,11 @@ def bench_rope(copy_bw, args, out):
     impls = [("upstream eager (apply_rotary_pos_emb)", eager)]
     if "rope" in args.compile:
         impls.append(("torch.compile(eager)", torch.compile(eager)))
-    impls.append(("opslot cuda", lambda x: CR.rotary_pos_emb_deepseek_v4(x.transpose(1, 2), cos, sin)))
+
+    def ours(x):
+        return CR.rotary_pos_emb_deepseek_v4(x.transpose(1, 2), cos, sin)
+
+    impls.append(("opslot cuda", ours))
     rows = [measure(n, lambda f=f: K.fwd_bwd(f, (x,)), 8 * x.numel()) for n, f in impls]
     xd = x.detach()
     rows.append(
@@ -283,7 +287,7 @@ def bench_rope(copy_bw, args, out):
     )
     if args.profile:
         K.kernel_breakdown(f"upstream apply_rotary_pos_emb {B}x{S}x{H}x{D}", K.fwd_bwd(eager, (x,)), out)
-        K.kernel_breakdown(f"opslot rotary_pos_emb/deepseek_v4 {B}x{S}x{H}x{D}", K.fwd_bwd(impls[-1][1], (x,)), out)
+        K.kernel_breakdown(f"opslot rotary_pos_emb/deepseek_v4 {B}x{S}x{H}x{D}", K.fwd_bwd(ours, (x,)), out)
     out.append(
         table(
             f"DeepSeek-V4 RoPE: {B}x{S}x{H}x{D}, rope on the last {RD}, bf16, fwd+bwd — 8 B/element",

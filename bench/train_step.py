@@ -935,8 +935,7 @@ def run_model(mdef: ModelDef, args, device: torch.device, dtype: torch.dtype, re
             if cfg.compile:
                 model = torch.compile(model)
             warmup = max(args.warmup, 3) if cfg.compile else args.warmup  # the first steps compile
-            top = args.profile if device.type == "cuda" else 0
-            row.update(measure(model, inputs, device, warmup, args.iters, args.row_budget, top))
+            row.update(measure(model, inputs, device, warmup, args.iters, args.row_budget, args.profile))
         except Exception as exc:  # noqa: BLE001  (one configuration's failure must not stop the others)
             oom = device.type == "cuda" and isinstance(exc, torch.cuda.OutOfMemoryError)
             row["error"] = "OOM" if oom else f"{type(exc).__name__}: {str(exc)[:300]}"
@@ -1022,6 +1021,8 @@ def main() -> int:
         unknown_rows = sorted(set(args.rows) - names)
         if unknown_rows:
             ap.error(f"--row {unknown_rows}: no such configuration for {keys}; known: {sorted(names)}")
+    if args.profile and device.type != "cuda":
+        ap.error("--profile lists CUDA kernels: it needs --device cuda")
     if device.type == "cuda":
         if not torch.cuda.is_available():
             ap.error("--device cuda, but torch sees no GPU")

@@ -23,17 +23,23 @@
 namespace opslot_torch {
 namespace {
 
+// cos/sin of one shape, in x's dtype or float32 (what the kernels read); `x_name` names x in the
+// message.
+void check_cos_sin(const at::Tensor& x, const char* x_name, const at::Tensor& cos,
+                   const at::Tensor& sin, const char* op) {
+  TORCH_CHECK_TYPE(cos.scalar_type() == sin.scalar_type() &&
+                       (cos.scalar_type() == x.scalar_type() || cos.scalar_type() == at::kFloat),
+                   op, ": cos/sin of dtype ", cos.scalar_type(), "/", sin.scalar_type(), " with ",
+                   x_name, " of dtype ", x.scalar_type(), " (the cuda kernel takes cos/sin in ",
+                   x_name, "'s dtype or float32)");
+  TORCH_CHECK_VALUE(cos.sym_sizes() == sin.sym_sizes(), op, ": cos and sin differ in shape");
+}
+
 void check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin) {
   check_float(q, "rotary_pos_emb");
   TORCH_CHECK_TYPE(k.scalar_type() == q.scalar_type(), "rotary_pos_emb: q is ", q.scalar_type(),
                    " but k is ", k.scalar_type());
-  TORCH_CHECK_TYPE(cos.scalar_type() == sin.scalar_type() &&
-                       (cos.scalar_type() == q.scalar_type() || cos.scalar_type() == at::kFloat),
-                   "rotary_pos_emb: cos/sin of dtype ", cos.scalar_type(), "/", sin.scalar_type(),
-                   " with q of dtype ", q.scalar_type(),
-                   " (the cuda kernel takes cos/sin in q's dtype or float32)");
-  TORCH_CHECK_VALUE(cos.sym_sizes() == sin.sym_sizes(),
-                    "rotary_pos_emb: cos and sin differ in shape");
+  check_cos_sin(q, "q", cos, sin, "rotary_pos_emb");
   auto rd = cos.sym_size(-1);
   TORCH_CHECK_VALUE(rd % 2 == 0 && rd <= q.sym_size(-1) && q.sym_size(-1) == k.sym_size(-1),
                     "rotary_pos_emb: rotary dim ", rd, " must be even and at most the head dim (q ",
@@ -222,13 +228,7 @@ void check_interleaved(const at::Tensor& q, const at::Tensor& k, const at::Tenso
   check_float(q, kInterleaved);
   TORCH_CHECK_TYPE(k.scalar_type() == q.scalar_type(), kInterleaved, ": q is ", q.scalar_type(),
                    " but k is ", k.scalar_type());
-  TORCH_CHECK_TYPE(cos.scalar_type() == sin.scalar_type() &&
-                       (cos.scalar_type() == q.scalar_type() || cos.scalar_type() == at::kFloat),
-                   kInterleaved, ": cos/sin of dtype ", cos.scalar_type(), "/", sin.scalar_type(),
-                   " with q of dtype ", q.scalar_type(),
-                   " (the cuda kernel takes cos/sin in q's dtype or float32)");
-  TORCH_CHECK_VALUE(cos.sym_sizes() == sin.sym_sizes(), kInterleaved,
-                    ": cos and sin differ in shape");
+  check_cos_sin(q, "q", cos, sin, kInterleaved);
   auto d = q.sym_size(-1);
   TORCH_CHECK_VALUE(d % 2 == 0 && k.sym_size(-1) == d && cos.sym_size(-1) == d, kInterleaved,
                     ": q and k rotate all their features in pairs: their head dims (q ", d, ", k ",
@@ -401,12 +401,7 @@ constexpr const char* kV4 = "rotary_pos_emb/deepseek_v4";
 
 void check_v4(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   check_float(x, kV4);
-  TORCH_CHECK_TYPE(cos.scalar_type() == sin.scalar_type() &&
-                       (cos.scalar_type() == x.scalar_type() || cos.scalar_type() == at::kFloat),
-                   kV4, ": cos/sin of dtype ", cos.scalar_type(), "/", sin.scalar_type(),
-                   " with x of dtype ", x.scalar_type(),
-                   " (the cuda kernel takes cos/sin in x's dtype or float32)");
-  TORCH_CHECK_VALUE(cos.sym_sizes() == sin.sym_sizes(), kV4, ": cos and sin differ in shape");
+  check_cos_sin(x, "x", cos, sin, kV4);
   auto pairs = cos.sym_size(-1);
   TORCH_CHECK_VALUE(pairs >= 1 && 2 * pairs <= x.sym_size(-1), kV4, ": cos/sin hold one feature ",
                     "per rotated pair (", pairs, "): twice that must be at least 2 and at most ",
