@@ -36,9 +36,8 @@ struct RopeArgs {
   int pairs;          // half / VEC (at least 1)
   int npass;          // (head_dim - rotary_dim) / VEC pass-through vectors
   int spread;  // 1: pair slots also copy the pass-through part; 0: one slot per pass-through vector
-  int rd;
-  int rot0;   // first rotated feature (kV4: head_dim - rotary_dim; else 0)
-  int pass0;  // first pass-through feature (kV4: 0; else rotary_dim)
+  int rot0;    // first rotated feature (kV4: head_dim - rotary_dim; else 0)
+  int pass0;   // first pass-through feature (kV4: 0; else rotary_dim)
 };
 
 // The layout and arithmetic of a launch (one entry point each).
@@ -53,6 +52,9 @@ enum Mode : int {
 // thread takes up to kLoopHeads indices of dimension 0 (heads: cos and sin do not depend on them)
 // for one position and slot, loading cos/sin once for all of them.
 constexpr int kLoopHeads = 8;
+
+// Pass-through vectors a pair slot loads before storing them (SPREAD).
+constexpr int kCopyBatch = 4;
 
 // 2*VEC consecutive elements at p (two VEC vectors) split into the even and the odd positions.
 template <int VEC, typename T>
@@ -214,10 +216,23 @@ __global__ void __launch_bounds__(256) rope_kernel(RopeArgs a) {
     // every thread of a row moves about the same bytes (one thread per pass-through vector left
     // some threads with one 16-byte load and others with six). After the rotation's stores, so
     // that its registers are free (placed before them, it doubled the kernel's registers).
+    // kCopyBatch vectors are loaded before any of them is stored (x and y may alias as far as the
+    // compiler knows, so it would otherwise issue one load, then its store); past the end a batch
+    // reloads the last vector and stores nothing.
     if (SPREAD) {
-      for (int p = slot; p < a.npass; p += a.pairs) {
-        const int f = a.pass0 + p * VEC;
-        *reinterpret_cast<Vec<T, VEC>*>(y + f) = *reinterpret_cast<const Vec<T, VEC>*>(x + f);
+      using V = Vec<T, VEC>;
+      for (int p0 = slot; p0 < a.npass; p0 += kCopyBatch * a.pairs) {
+        V v[kCopyBatch];
+#pragma unroll
+        for (int b = 0; b < kCopyBatch; ++b) {
+          const int p = p0 + b * a.pairs;
+          v[b] = *reinterpret_cast<const V*>(x + a.pass0 + (p < a.npass ? p : a.npass - 1) * VEC);
+        }
+#pragma unroll
+        for (int b = 0; b < kCopyBatch; ++b) {
+          const int p = p0 + b * a.pairs;
+          if (p < a.npass) *reinterpret_cast<V*>(y + a.pass0 + p * VEC) = v[b];
+        }
       }
     }
   }
@@ -329,7 +344,6 @@ int launch(const char* what, bool bwd, int64_t head_dim, int64_t rotary_dim, con
   a.cos = cos;
   a.sin = sin;
   a.half = static_cast<int>(rotary_dim / 2);
-  a.rd = static_cast<int>(rotary_dim);
   a.rot0 = MODE == kV4 ? static_cast<int>(head_dim - rotary_dim) : 0;
   a.pass0 = MODE == kV4 ? 0 : static_cast<int>(rotary_dim);
   const void* ins[2] = {q_in, k_in};
