@@ -5,8 +5,11 @@ model's first training step, each slot bound to a kernel (not "eager") is one of
 
 - "ran": its kernel was called;
 - "not used by this model": no guard of the slot is in code the model can reach: the class that
-  holds the guard is not instantiated (e.g. the dense-MLP slot of an all-sparse MoE), or the guarded
-  function is referenced by no class the model instantiates. Not an error;
+  holds the guard is not instantiated (e.g. the dense-MLP slot of an all-sparse MoE), the guarded
+  function is referenced by no class the model instantiates, or the module declares the slot
+  without a guard and reads it nowhere (DeepSeek-V4's `rms_norm_slot`, guarded only before
+  Transformers 5.23, beside the guarded `rms_norm_unweighted_slot` that the same
+  `rms_norm_implementation` binds). Not an error;
 - "not reached": the model can reach the guard's code but the kernel did not run: the class that
   holds the guard is instantiated (as the generated class, or as its upstream original, e.g. a
   sub-model built by upstream's `AutoModel.from_config`), or a class it instantiates references the
@@ -453,6 +456,10 @@ class _Classifier:
             g for g in index.guards if g.slot == attr and g.scope == ref.scope and (owners is None or g.owner in owners)
         ]
         if not guards:
+            if ref.scope == "module" and not _reads(index, attr):
+                # declared without a guard (patchgen's header: "slots without a guard", e.g. a guard
+                # kept for other upstream releases): no code of the module can dispatch through it
+                return NOT_USED, f"declared without a guard: nothing in {gen} dispatches through it"
             return NOT_REACHED, f"no guard in {gen} tests it"
         for guard in guards:
             hint = self._reachable(guard, ref, index, gen)
@@ -614,6 +621,11 @@ class _Classifier:
             f"{_where(path)} is a {guard.owner}, but {where} did not run its guard{by}: the model's forward "
             f"does not reach it in this configuration (another branch, an early return, or a replaced forward)"
         )
+
+
+def _reads(index: SourceIndex, name: str) -> bool:
+    """Whether any class or function of the indexed module reads `name`."""
+    return any(name in refs for refs in (*index.class_refs.values(), *index.func_refs.values()))
 
 
 def _classify(model: Any, allow: Union[bool, Tuple[str, ...]]) -> DispatchReport:

@@ -282,6 +282,37 @@ def test_a_class_the_model_does_not_instantiate_is_not_used(gen_module):
     }
 
 
+def test_a_slot_declared_without_a_guard_is_not_used(gen_module):
+    """A module-level slot that no code of the module reads (patchgen declares it when every guard of it
+    is for other upstream releases: DeepSeek-V4's rms_norm_slot from Transformers 5.23) is bound by
+    its op's field with the guarded ones, and is "not used by this model": no error, no warning. One
+    that code reads without a guard stays "not reached"."""
+    declared = 'swiglu_slot = OpSlot("swiglu_mlp", "standard")\n'
+    unguarded = declared + 'offset_norm_slot = OpSlot("rms_norm", "offset")\n'
+    name = gen_module(SOURCE.replace(declared, unguarded))
+    model = build(Cfg(), {"rms_norm_implementation": "torch"}, name, "TinyModel")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model(torch.randn(2, 8)).sum().backward()
+    report = dispatch_report(model)
+    assert report.as_dict() == {
+        "offset_norm_slot": "not used by this model",
+        "rms_norm_slot": "ran",
+        "rope_slot": "-",
+        "swiglu_slot": "-",
+    }
+    (entry,) = [e for e in report.entries if e.slot == "offset_norm_slot"]
+    assert (entry.impl, entry.severity) == ("torch", "")
+    assert entry.hint == f"declared without a guard: nothing in {name} dispatches through it"
+
+    read = SOURCE.replace(declared, unguarded) + "\n\ndef offset_norm(x, w):\n    return offset_norm_slot(x, w, 1e-6)\n"
+    model = build(Cfg(), {"rms_norm_implementation": "torch"}, gen_module(read), "TinyModel")
+    with pytest.raises(
+        UnreachedSlotError, match=r"offset_norm_slot \(rms_norm/offset -> 'torch', explicit\): no guard in"
+    ):
+        model(torch.randn(2, 8)).sum().backward()
+
+
 def test_models_sharing_a_module_copy_are_checked_apart(gen_module):
     """Module-level slots are shared by every model of one binding (one private copy): the flag a
     first model set is cleared when the second model's first step starts."""

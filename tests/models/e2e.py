@@ -584,7 +584,9 @@ def dispatch_errors(model, stage: str, slots: Optional[Dict[str, Any]] = None, c
     a kernel must have run ("not reached" raises UnreachedSlotError; "not used by this model" is not
     expected in these configurations either), except those of `slots` (name -> OpSlot of the module)
     that the model cannot use: in a *ForCausalLM, the sequence-classification loss slot must be
-    "not used by this model", and so must the slots of `case.other_branch`."""
+    "not used by this model", and so must the slots of `case.other_branch` and the module-level
+    slots declared without a guard (not in `slots`, from `guarded_slots`: DeepSeek-V4's RMSNorm
+    from 5.23, which `rms_norm_implementation` binds with the guarded unweighted norm)."""
     from opslot.dispatch import UnreachedSlotError, check_dispatch
 
     try:
@@ -593,6 +595,8 @@ def dispatch_errors(model, stage: str, slots: Optional[Dict[str, Any]] = None, c
         return [f"{stage}: {exc}"]
     not_taken = {SEQ_CLS, *getattr(case, "other_branch", ())}
     unused = {name for name, s in (slots or {}).items() if (s.op, s.variant) in not_taken}
+    if slots is not None:
+        unused |= {e.slot for e in report.entries if e.scope == "module" and e.slot not in slots}
     return [
         f"{stage}: slot {e.slot} ({e.op}/{e.variant} -> {e.impl}) is {e.status!r}, not "
         f"{'not used by this model' if e.slot in unused else 'ran'}"
