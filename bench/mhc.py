@@ -8,13 +8,19 @@ device-to-device copy bandwidth measured in the same run, for the fewest bytes t
 (each input read once, each output written once; the per-token fp32 vectors and the parameters are
 left out, under 1 %).
 
-    python3 bench/mhc.py --out $OUT/mhc_h200.md [--compile pre,post] [--quick] [--only pre,post,head,silu,rope] [--tune]
+    python3 bench/mhc.py --out $OUT/mhc_h200.md [--compile pre,post] [--quick] [--only pre,post,head,silu,rope,qnorm] [--tune]
 
 `--only rope` (not in the default list): DeepSeek-V4's `apply_rotary_pos_emb` (slot rotary_pos_emb,
 variant deepseek_v4) as the attention calls it on q and on the output (q [2, 4096, 64, 512] seen as
 [B, H, S, D], the rope slice the last 64 features; cos/sin of the model's rotary embedding): upstream
 eager, torch.compile of it and opslot's cuda kernel, fwd+bwd, against 8 bytes per element (x read and
 out written forward, the gradient read and written backward).
+
+`--only qnorm` (not in the default list): DeepSeek-V4's q_b_norm, `DeepseekV4UnweightedRMSNorm` (slot
+rms_norm, variant unweighted_cast) on the same q view, its result transposed back as the attention
+reads it (the gradient then has the model's layout): upstream eager, torch.compile of it and opslot's
+cuda kernel, fwd+bwd, against 10 bytes per element (x read and y written forward; x, the gradient read
+and dx written backward).
 
 --tune also times, on the bench library (opslot_mhc_set_tuning), the forward with the rows held in
 registers (blocks up to 128 / 256 threads; the default reads them twice) and the dx configurations of
@@ -45,7 +51,7 @@ sys.path.insert(0, BENCH)
 from triton.testing import do_bench  # noqa: E402
 
 import kernels as K  # noqa: E402  (bench/kernels.py: copy bandwidth, timing, tables)
-from opslot.kernels.cuda import mhc as CM, rope as CR, swiglu as CS  # noqa: E402
+from opslot.kernels.cuda import mhc as CM, norms as CN, rope as CR, swiglu as CS  # noqa: E402
 
 BF = torch.bfloat16
 DEV = "cuda"
@@ -297,15 +303,49 @@ def bench_rope(copy_bw, args, out):
     )
 
 
+def bench_qnorm(copy_bw, args, out):
+    """DeepSeek-V4's q_b_norm (`DeepseekV4UnweightedRMSNorm`) on q as the attention passes it."""
+    from transformers.models.deepseek_v4 import modeling_deepseek_v4 as up
+
+    B, S, H, D = (2, 4096, 64, 512) if not args.quick else (1, 1024, 64, 512)
+    x = K.leaf(B, S, H, D)
+    norm = up.DeepseekV4UnweightedRMSNorm(eps=1e-6)
+
+    # q: [B, S, H, D] memory seen as [B, H, S, D]; the result as the attention reads it, transposed
+    # back (so its gradient has the layout the model's gives it, not a contiguous [B, H, S, D] one)
+    def eager(x):
+        return norm(x.transpose(1, 2)).transpose(1, 2)
+
+    impls = [("upstream eager (DeepseekV4UnweightedRMSNorm)", eager)]
+    if "qnorm" in args.compile:
+        impls.append(("torch.compile(eager)", torch.compile(eager)))
+
+    def ours(x):
+        return CN.rms_norm_unweighted_cast(x.transpose(1, 2), None, 1e-6).transpose(1, 2)
+
+    impls.append(("opslot cuda", ours))
+    rows = [measure(n, lambda f=f: K.fwd_bwd(f, (x,)), 10 * x.numel()) for n, f in impls]
+    if args.profile:
+        K.kernel_breakdown(f"upstream DeepseekV4UnweightedRMSNorm {B}x{S}x{H}x{D}", K.fwd_bwd(eager, (x,)), out)
+        K.kernel_breakdown(f"opslot rms_norm/unweighted_cast {B}x{S}x{H}x{D}", K.fwd_bwd(ours, (x,)), out)
+    out.append(
+        table(
+            f"DeepSeek-V4 q_b_norm: {B}x{S}x{H}x{D}, bf16, fwd+bwd — 10 B/element (x, y; x, dy, dx)",
+            copy_bw,
+            rows,
+        )
+    )
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
     ap.add_argument(
-        "--compile", default="pre,post,head,silu,rope", help="ops with a torch.compile row (first hidden size)"
+        "--compile", default="pre,post,head,silu,rope,qnorm", help="ops with a torch.compile row (first hidden size)"
     )
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--profile", action="store_true", help="list the kernels of one opslot call (torch.profiler)")
-    ap.add_argument("--only", default="pre,post,head,silu", help="of pre, post, head, silu, rope")
+    ap.add_argument("--only", default="pre,post,head,silu", help="of pre, post, head, silu, rope, qnorm")
     ap.add_argument("--tune", action="store_true", help="also time the knob variants (bench library)")
     ap.add_argument(
         "--dx-versions",
@@ -331,7 +371,14 @@ def main():
     )
     print(head, flush=True)
     out = [head]
-    steps = {"pre": bench_pre, "post": bench_post, "head": bench_head, "silu": bench_silu, "rope": bench_rope}
+    steps = {
+        "pre": bench_pre,
+        "post": bench_post,
+        "head": bench_head,
+        "silu": bench_silu,
+        "rope": bench_rope,
+        "qnorm": bench_qnorm,
+    }
     for key in args.only.split(","):
         steps[key](bw, args, out)
         torch.cuda.empty_cache()

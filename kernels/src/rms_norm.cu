@@ -1,5 +1,5 @@
-// RMSNorm (standard / offset / unweighted) and gated RMSNorm: forward, backward, and the
-// fixed-order weight-gradient reduction. See kernels/include/opslot_kernels/rms_norm.h and
+// RMSNorm (standard / offset / unweighted / unweighted_cast) and gated RMSNorm: forward, backward,
+// and the fixed-order weight-gradient reduction. See kernels/include/opslot_kernels/rms_norm.h and
 // docs/kernels.md ("rms_norm").
 //
 // Layout: a row is handled by `tpr` threads (a power of two, chosen from the width only), each
@@ -311,9 +311,9 @@ int launch(const RmsArgs& a, bool bwd, cudaStream_t stream, int64_t* partial_row
 // standard norm with an fp32 weight, else Tx.
 template <typename F>
 int dispatch_types(int mode, int x_dtype, int w_dtype, F&& f) {
-  if (mode < OPSLOT_RMS_STANDARD || mode > OPSLOT_RMS_GATED)
+  if (mode < OPSLOT_RMS_STANDARD || mode > OPSLOT_RMS_UNWEIGHTED_CAST)
     return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "rms_norm: unknown mode %d", mode);
-  if (mode == OPSLOT_RMS_UNWEIGHTED) w_dtype = x_dtype;
+  if (unweighted_mode(mode)) w_dtype = x_dtype;
   if (w_dtype != x_dtype && w_dtype != OPSLOT_FLOAT32)
     return set_error(OPSLOT_ERR_UNSUPPORTED,
                      "rms_norm: weight dtype code %d with input dtype code %d (the weight must "
@@ -344,7 +344,7 @@ int check_common(int mode, int64_t rows, int64_t cols, const void* x, const void
   if (rows > 0 && !x) return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "rms_norm: null input");
   if (mode == OPSLOT_RMS_GATED && rows > 0 && !gate)
     return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "rms_norm: null gate");
-  if (mode != OPSLOT_RMS_UNWEIGHTED && !w)
+  if (!unweighted_mode(mode) && !w)
     return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "rms_norm: null weight");
   return OPSLOT_OK;
 }
@@ -398,7 +398,7 @@ static int rms_bwd_impl(int mode, int x_dtype, int w_dtype, const RmsArgs& a, vo
       return OPSLOT_OK;
     }
     if (int rc = launch<Tx, Tw, To>(b, true, stream, nullptr)) return rc;
-    if (mode == OPSLOT_RMS_UNWEIGHTED) return OPSLOT_OK;
+    if (unweighted_mode(mode)) return OPSLOT_OK;
     const int64_t blocks = (a.cols + 31) / 32;
     // With no rows nothing wrote the partials: the reduction over zero partial rows writes zeros.
     rms_dw_reduce_kernel<Tw><<<static_cast<unsigned>(blocks), 1024, 0, stream>>>(
@@ -435,7 +435,7 @@ OPSLOT_API int opslot_rms_norm_bwd(int mode, int x_dtype, int w_dtype, int64_t r
                                    const void* dy, int64_t dy_row_stride, void* dx, void* dgate,
                                    float* dw_partial, void* dw, void* stream) {
   if (int rc = check_common(mode, rows, cols, x, gate, weight)) return rc;
-  if (mode != OPSLOT_RMS_UNWEIGHTED && (!dw || !dw_partial))
+  if (!unweighted_mode(mode) && (!dw || !dw_partial))
     return set_error(OPSLOT_ERR_INVALID_ARGUMENT,
                      "rms_norm backward: null weight-gradient buffers");
   RmsArgs a{};

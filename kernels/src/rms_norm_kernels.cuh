@@ -95,6 +95,25 @@ __device__ __forceinline__ void load_raw(Vec<T, VEC> (&dst)[NV], const T* rowp, 
   }
 }
 
+// The modes without a weight.
+__host__ __device__ constexpr bool unweighted_mode(int mode) {
+  return mode == OPSLOT_RMS_UNWEIGHTED || mode == OPSLOT_RMS_UNWEIGHTED_CAST;
+}
+
+// The scale the forward multiplies x by: r, or (unweighted_cast) r rounded to x's dtype first.
+template <typename Tx>
+__device__ __forceinline__ float out_scale(int mode, float r) {
+  return mode == OPSLOT_RMS_UNWEIGHTED_CAST ? round_to<Tx>(r) : r;
+}
+
+// dx of one element from dt (the gradient w.r.t. n = x r) and the row's mean(dt n): r (dt - n
+// mean); unweighted_cast's direct term takes the rounded scale its forward multiplied by.
+template <typename Tx>
+__device__ __forceinline__ float rms_dx(int mode, float r, float dt, float n, float mean) {
+  if (mode == OPSLOT_RMS_UNWEIGHTED_CAST) return round_to<Tx>(r) * dt - r * (n * mean);
+  return r * (dt - n * mean);
+}
+
 // The forward's output for one element: n = x * rstd, w the weight, z the gate (gated norm only).
 // FAST: the gate's sigmoid by fast_sigmoid (version 3), else exact division and expf (versions 1
 // and 2).
@@ -157,7 +176,7 @@ __global__ void __launch_bounds__(kMaxThreads) rms_fwd_kernel_v1(RmsArgs a) {
 #pragma unroll
   for (int i = 0; i < NV; ++i) {
     const int c = t + i * tpr;
-    if (a.mode != OPSLOT_RMS_UNWEIGHTED && c < nvec) {
+    if (!unweighted_mode(a.mode) && c < nvec) {
       load_vec<VEC>(w + static_cast<int64_t>(c) * VEC, wreg[i]);
     } else {
 #pragma unroll
@@ -187,6 +206,7 @@ __global__ void __launch_bounds__(kMaxThreads) rms_fwd_kernel_v1(RmsArgs a) {
     const float r = rsqrtf(ss / fcols + a.eps);
     if (!valid) continue;
     if (t == 0) a.rstd[row] = r;
+    const float rs = out_scale<Tx>(a.mode, r);
     To* yr = static_cast<To*>(a.y) + row * a.cols;
     const Tx* gr = static_cast<const Tx*>(a.gate) + row * a.gs;
 #pragma unroll
@@ -199,7 +219,7 @@ __global__ void __launch_bounds__(kMaxThreads) rms_fwd_kernel_v1(RmsArgs a) {
       if (a.mode == OPSLOT_RMS_GATED) load_vec<VEC>(gr + off, gv);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        out[j] = rms_out<Tx, Tw, false>(a.mode, a.mode == OPSLOT_RMS_GATED, xv[i][j] * r, wv[j],
+        out[j] = rms_out<Tx, Tw, false>(a.mode, a.mode == OPSLOT_RMS_GATED, xv[i][j] * rs, wv[j],
                                         a.mode == OPSLOT_RMS_GATED ? gv[j] : 0.f);
       }
       store_vec<VEC>(yr + off, out);
@@ -219,7 +239,7 @@ __global__ void __launch_bounds__(kMaxThreads) rms_bwd_kernel_v1(RmsArgs a) {
 #pragma unroll
   for (int i = 0; i < NV; ++i) {
     const int c = t + i * tpr;
-    if (a.mode != OPSLOT_RMS_UNWEIGHTED && c < nvec) {
+    if (!unweighted_mode(a.mode) && c < nvec) {
       load_vec<VEC>(w + static_cast<int64_t>(c) * VEC, wreg[i]);
     } else {
 #pragma unroll
@@ -262,7 +282,7 @@ __global__ void __launch_bounds__(kMaxThreads) rms_bwd_kernel_v1(RmsArgs a) {
           } else if (a.mode == OPSLOT_RMS_OFFSET) {
             g = d[j] * (1.f + wv[j]);
             dwacc[i][j] += d[j] * n;
-          } else if (a.mode == OPSLOT_RMS_UNWEIGHTED) {
+          } else if (unweighted_mode(a.mode)) {
             g = d[j];
           } else {
             const float tn = round_to<Tx>(n);
@@ -294,11 +314,11 @@ __global__ void __launch_bounds__(kMaxThreads) rms_bwd_kernel_v1(RmsArgs a) {
       if (c >= nvec) continue;
       float out[VEC];
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) out[j] = r * (dt[i][j] - nv[i][j] * mean);
+      for (int j = 0; j < VEC; ++j) out[j] = rms_dx<Tx>(a.mode, r, dt[i][j], nv[i][j], mean);
       store_vec<VEC>(dxr + static_cast<int64_t>(c) * VEC, out);
     }
   }
-  if (a.mode == OPSLOT_RMS_UNWEIGHTED) return;
+  if (unweighted_mode(a.mode)) return;
   float* pr = a.dw_partial + (static_cast<int64_t>(blockIdx.x) * rpb + sub) * a.cols;
 #pragma unroll
   for (int i = 0; i < NV; ++i) {
@@ -323,8 +343,7 @@ __global__ void __launch_bounds__(kMaxThreads) rms_fwd_kernel(RmsArgs a) {
   const Tx* X = static_cast<const Tx*>(a.x);
   // The weight is the same for every row: loaded once, kept in registers.
   Vec<Tw, VEC> wreg[NV];
-  load_raw<VEC, NV>(wreg, static_cast<const Tw*>(a.w), a.mode != OPSLOT_RMS_UNWEIGHTED, t, tpr,
-                    nvec);
+  load_raw<VEC, NV>(wreg, static_cast<const Tw*>(a.w), !unweighted_mode(a.mode), t, tpr, nvec);
   const int64_t step = static_cast<int64_t>(gridDim.x) * rpb;
   int64_t base = static_cast<int64_t>(blockIdx.x) * rpb;
   Vec<Tx, VEC> cur[NV];
@@ -351,6 +370,7 @@ __global__ void __launch_bounds__(kMaxThreads) rms_fwd_kernel(RmsArgs a) {
     const float r = rsqrtf(ss / fcols + a.eps);
     if (valid) {
       if (t == 0) a.rstd[row] = r;
+      const float rs = out_scale<Tx>(a.mode, r);
       To* yr = static_cast<To*>(a.y) + row * a.cols;
       const Tx* gr = static_cast<const Tx*>(a.gate) + row * a.gs;
 #pragma unroll
@@ -362,7 +382,7 @@ __global__ void __launch_bounds__(kMaxThreads) rms_fwd_kernel(RmsArgs a) {
         if (GATED) load_vec<VEC>(gr + off, gv);
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
-          out[j] = rms_out<Tx, Tw, false>(a.mode, GATED, to_float(cur[i].v[j]) * r,
+          out[j] = rms_out<Tx, Tw, false>(a.mode, GATED, to_float(cur[i].v[j]) * rs,
                                           to_float(wreg[i].v[j]), GATED ? gv[j] : 0.f);
         }
         store_vec<VEC>(yr + off, out);
@@ -385,8 +405,7 @@ __global__ void __launch_bounds__(kMaxThreads) rms_bwd_kernel(RmsArgs a) {
   const To* DY = static_cast<const To*>(a.dy);
   const Tx* G = static_cast<const Tx*>(a.gate);
   Vec<Tw, VEC> wreg[NV];
-  load_raw<VEC, NV>(wreg, static_cast<const Tw*>(a.w), a.mode != OPSLOT_RMS_UNWEIGHTED, t, tpr,
-                    nvec);
+  load_raw<VEC, NV>(wreg, static_cast<const Tw*>(a.w), !unweighted_mode(a.mode), t, tpr, nvec);
   float dwacc[NV][VEC];
 #pragma unroll
   for (int i = 0; i < NV; ++i)
@@ -455,7 +474,7 @@ __global__ void __launch_bounds__(kMaxThreads) rms_bwd_kernel(RmsArgs a) {
           const float g =
               rms_dt<Tx, Tw, GATED>(a.mode, n, to_float(cd[i].v[j]), to_float(wreg[i].v[j]),
                                     to_float(cg[i].v[j]), dwt, dg);
-          out[j] = r * (g - n * mean);
+          out[j] = rms_dx<Tx>(a.mode, r, g, n, mean);
         }
         store_vec<VEC>(dxr + static_cast<int64_t>(c) * VEC, out);
       }
@@ -467,7 +486,7 @@ __global__ void __launch_bounds__(kMaxThreads) rms_bwd_kernel(RmsArgs a) {
       cg[i] = ng[i];
     }
   }
-  if (a.mode == OPSLOT_RMS_UNWEIGHTED) return;
+  if (unweighted_mode(a.mode)) return;
   float* pr = a.dw_partial + (static_cast<int64_t>(blockIdx.x) * rpb + sub) * a.cols;
 #pragma unroll
   for (int i = 0; i < NV; ++i) {

@@ -92,7 +92,7 @@ __global__ void __launch_bounds__(kPipeMaxThreads) rms_pipe_kernel(RmsArgs a) {
 #pragma unroll
   for (int i = 0; i < NV; ++i) {
     const int c = t + i * T;
-    if (mode != OPSLOT_RMS_UNWEIGHTED && c < nvec) {
+    if (!unweighted_mode(mode) && c < nvec) {
       load_vec<VEC>(static_cast<const Tw*>(a.w) + static_cast<int64_t>(c) * VEC, wreg[i]);
     } else {
 #pragma unroll
@@ -155,6 +155,7 @@ __global__ void __launch_bounds__(kPipeMaxThreads) rms_pipe_kernel(RmsArgs a) {
       ss = (kDiagnostics && a.diag) ? fcols : block_sum(ss, rb);
       const float r = rsqrtf(ss / fcols + a.eps);
       if (t == 0) a.rstd[row] = r;
+      const float rs = out_scale<Tx>(mode, r);
       To* yr = static_cast<To*>(a.y) + row * a.cols;
 #pragma unroll
       for (int i = 0; i < NV; ++i) {
@@ -163,7 +164,7 @@ __global__ void __launch_bounds__(kPipeMaxThreads) rms_pipe_kernel(RmsArgs a) {
         float out[VEC];
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
-          out[j] = rms_out<Tx, Tw, true>(mode, GATED, to_float(xv[i].v[j]) * r, wreg[i][j],
+          out[j] = rms_out<Tx, Tw, true>(mode, GATED, to_float(xv[i].v[j]) * rs, wreg[i][j],
                                          GATED ? to_float(gv[i].v[j]) : 0.f);
         }
         store_vec<VEC>(yr + static_cast<int64_t>(c) * VEC, out);
@@ -216,13 +217,14 @@ __global__ void __launch_bounds__(kPipeMaxThreads) rms_pipe_kernel(RmsArgs a) {
         if (c >= nvec) continue;
         float out[VEC];
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) out[j] = r * (gk[i][j] - to_float(xv[i].v[j]) * r * mean);
+        for (int j = 0; j < VEC; ++j)
+          out[j] = rms_dx<Tx>(mode, r, gk[i][j], to_float(xv[i].v[j]) * r, mean);
         store_vec<VEC>(dxr + static_cast<int64_t>(c) * VEC, out);
       }
     }
   }
   cp_async_wait<0>();
-  if (!BWD || mode == OPSLOT_RMS_UNWEIGHTED) return;
+  if (!BWD || unweighted_mode(mode)) return;
   float* pr = a.dw_partial + static_cast<int64_t>(blockIdx.x) * a.cols;
 #pragma unroll
   for (int i = 0; i < NV; ++i) {

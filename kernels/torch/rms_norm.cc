@@ -1,6 +1,7 @@
 // torch ops opslot::rms_norm_fwd / opslot::rms_norm_bwd over the C ABI of rms_norm.h: RMSNorm
-// (standard, offset, unweighted) and Qwen3.5's gated RMSNorm. CUDA and Meta kernels, and an
-// Autograd kernel on rms_norm_fwd whose backward calls rms_norm_bwd (docs/kernels.md).
+// (standard, offset, unweighted, unweighted_cast) and Qwen3.5's gated RMSNorm. CUDA and Meta
+// kernels, and an Autograd kernel on rms_norm_fwd whose backward calls rms_norm_bwd
+// (docs/kernels.md).
 #include <ATen/ATen.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/autograd.h>
@@ -23,6 +24,8 @@ const char* mode_name(int64_t mode) {
       return "rms_norm/unweighted";
     case OPSLOT_RMS_GATED:
       return "rms_norm_gated/standard";
+    case OPSLOT_RMS_UNWEIGHTED_CAST:
+      return "rms_norm/unweighted_cast";
     default:
       TORCH_CHECK_VALUE(false, "rms_norm: unknown mode ", mode);
   }
@@ -36,7 +39,7 @@ at::ScalarType out_dtype(const at::Tensor& x, const OptTensor& weight, int64_t m
 }
 
 void check_weight(const at::Tensor& x, const OptTensor& weight, int64_t mode, const char* name) {
-  if (mode == OPSLOT_RMS_UNWEIGHTED) {
+  if (mode == OPSLOT_RMS_UNWEIGHTED || mode == OPSLOT_RMS_UNWEIGHTED_CAST) {
     TORCH_CHECK_VALUE(!weight.has_value(), name, " takes weight=None");
     return;
   }

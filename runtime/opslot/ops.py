@@ -11,7 +11,7 @@ from typing import Dict, List, Tuple
 
 #: op -> variants that docs/ops.md defines. Plug-ins may register further variants.
 KNOWN_OPS: Dict[str, Tuple[str, ...]] = {
-    "rms_norm": ("standard", "offset", "unweighted"),
+    "rms_norm": ("standard", "offset", "unweighted", "unweighted_cast"),
     "rms_norm_gated": ("standard",),
     "rotary_pos_emb": ("full", "partial", "interleaved", "deepseek_v4"),
     "rotary_pos_emb_vision": ("standard",),

@@ -4,8 +4,8 @@ These are the executable form of the op contracts. Tests run them on fp32 copies
 compare every kernel's outputs and gradients against them. They follow the upstream code line for
 line (Transformers 5.17.0: Llama/Qwen3/Gemma3/Qwen3.5 norms and RoPE, DeepSeek-V3's interleaved RoPE,
 the VL vision towers' RoPE, `loss_utils`, Qwen3-MoE and GPT-OSS experts, Qwen3.5 gated-delta-net
-helpers; DeepSeek-V4's RoPE, clamped SwiGLU, hyper-connections, Lightning indexer and attention,
-the same in 5.17.0 to 5.24.0); none of them is meant to be fast.
+helpers; DeepSeek-V4's unweighted RMSNorm, RoPE, clamped SwiGLU, hyper-connections, Lightning indexer
+and attention, the same in 5.17.0 to 5.24.0); none of them is meant to be fast.
 """
 
 from __future__ import annotations
@@ -37,6 +37,15 @@ def rms_norm_unweighted(hidden_states: torch.Tensor, weight: None, eps: float) -
     """No weight: `(x.float() * rsqrt(mean(x^2) + eps)).type_as(x)`."""
     x = hidden_states.float()
     return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)).type_as(hidden_states)
+
+
+def rms_norm_unweighted_cast(hidden_states: torch.Tensor, weight: None, eps: float) -> torch.Tensor:
+    """DeepSeek-V4's `DeepseekV4UnweightedRMSNorm` (5.17.0 to 5.24.0), no weight:
+    `x * rsqrt(x.float().square().mean(-1) + eps).to(x.dtype)`. The fp32 rsqrt is rounded to x's
+    dtype *before* the product, which is then taken in x's dtype; `rms_norm_unweighted` multiplies in
+    fp32 and rounds once, so in bf16/fp16 the two differ. Returns x's shape and dtype."""
+    x = hidden_states
+    return x * torch.rsqrt(x.float().square().mean(-1, keepdim=True) + eps).to(x.dtype)
 
 
 def rms_norm_gated(hidden_states: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -456,9 +465,9 @@ def moe_clamped(module: Any, hidden_states, top_k_index, top_k_weights):
 
 
 def v4_unweighted_rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """`DeepseekV4UnweightedRMSNorm`: `x * rsqrt(mean(x^2) + eps).to(x.dtype)` (the rsqrt is cast
-    before the product)."""
-    return x * torch.rsqrt(x.float().square().mean(-1, keepdim=True) + eps).to(x.dtype)
+    """`DeepseekV4UnweightedRMSNorm` as the mHC modules call it (`input_norm`): `rms_norm_unweighted_cast`
+    (`x * rsqrt(mean(x^2) + eps).to(x.dtype)`, the rsqrt cast before the product)."""
+    return rms_norm_unweighted_cast(x, None, eps)
 
 
 def mhc_pre(module: Any, hidden_streams: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

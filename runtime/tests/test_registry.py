@@ -114,7 +114,7 @@ def test_resolve_unknown_names_say_what_exists():
         KERNEL_REGISTRY.resolve("rms_norm", "ofset", "torch")
     assert err.value.args[0] == (
         "unknown variant 'ofset' of op 'rms_norm'; did you mean 'offset'? "
-        "(known variants: offset, standard, unweighted)"
+        "(known variants: offset, standard, unweighted, unweighted_cast)"
     )
     with pytest.raises(KeyError) as err:
         KERNEL_REGISTRY.resolve("rmsnorm", "standard", "torch")

@@ -1,4 +1,5 @@
-/* RMSNorm (standard, offset, unweighted) and Qwen3.5's gated RMSNorm, forward and backward.
+/* RMSNorm (standard, offset, unweighted, unweighted_cast) and Qwen3.5's gated RMSNorm, forward and
+ * backward.
  *
  * Rows of `cols` elements; each row tensor is addressed by a row stride (elements), its last
  * dimension contiguous. Outputs (y, dx, dgate) are contiguous [rows, cols]. The mathematics is
@@ -6,6 +7,8 @@
  *   standard   y = w * to_x(x * r)                     (y in the promoted dtype of w and x)
  *   offset     y = to_x(x * r * (1 + w))
  *   unweighted y = to_x(x * r)
+ *   unweighted_cast y = to_x(x * to_x(r))   (DeepSeek-V4: the scale rounded to x's dtype first;
+ *              backward dx = to_x(to_x(r) dy - r n mean(dy n)), n = x r)
  *   gated      y = to_x(m * silu(gate)),  m = w * to_x(x * r)
  *              (m rounded to x's dtype unless w is fp32)
  * with r = rsqrt(mean(x^2) + eps), everything else in fp32. `weight` has dtype x_dtype or fp32.
@@ -29,6 +32,7 @@ enum {
   OPSLOT_RMS_OFFSET = 1,
   OPSLOT_RMS_UNWEIGHTED = 2,
   OPSLOT_RMS_GATED = 3,
+  OPSLOT_RMS_UNWEIGHTED_CAST = 4,
 };
 
 /* y: [rows, cols] contiguous, dtype y_dtype (standard with an fp32 weight: fp32; else x_dtype). */

@@ -40,6 +40,16 @@ def rms_norm_unweighted(hidden_states: torch.Tensor, weight: Optional[torch.Tens
     return _rms(hidden_states.float(), eps).to(hidden_states.dtype)
 
 
+def rms_norm_unweighted_cast(hidden_states: torch.Tensor, weight: Optional[torch.Tensor], eps: float) -> torch.Tensor:
+    """DeepSeek-V4's unweighted norm, `x * rsqrt(mean(x^2) + eps).to(dtype)` (the rsqrt rounded to x's
+    dtype before the product); `weight` must be None. The reference is upstream's own ops in its order
+    (a fused fp32 form would round differently), so outputs and gradients are upstream eager's, bit for
+    bit, in every dtype."""
+    if weight is not None:
+        raise ValueError("rms_norm/unweighted_cast takes weight=None")
+    return reference.rms_norm_unweighted_cast(hidden_states, None, eps)
+
+
 def rms_norm_gated(hidden_states: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """`(w * norm(x).to(dtype)) * silu(gate.float())`, cast back (Qwen3.5 RMSNormGated)."""
     dtype = hidden_states.dtype

@@ -1,4 +1,4 @@
-"""RMSNorm (standard, offset, unweighted) and gated RMSNorm: outputs and all gradients vs the fp32
+"""RMSNorm (standard, offset, unweighted, unweighted_cast) and gated RMSNorm: outputs and all gradients vs the fp32
 references, dtypes, widths, empty/single/odd/huge row counts, strided inputs, determinism, batch
 invariance."""
 
@@ -35,7 +35,7 @@ def kernel_version():
 
 WIDTHS = [1, 7, 127, 2048, 4096, 5120, 16384]
 ROWS = [0, 1, 3]
-VARIANTS = ["standard", "offset", "unweighted", "gated"]
+VARIANTS = ["standard", "offset", "unweighted", "unweighted_cast", "gated"]
 
 
 def _ops():
@@ -49,6 +49,10 @@ def _ops():
             lambda x, g, w: N.rms_norm_unweighted(x, None, 1e-6),
             lambda x, g, w: R.rms_norm_unweighted(x, None, 1e-6),
         ),
+        "unweighted_cast": (
+            lambda x, g, w: N.rms_norm_unweighted_cast(x, None, 1e-6),
+            lambda x, g, w: R.rms_norm_unweighted_cast(x, None, 1e-6),
+        ),
         "gated": (lambda x, g, w: N.rms_norm_gated(x, g, w, 1e-6), lambda x, g, w: R.rms_norm_gated(x, g, w, 1e-6)),
     }
 
@@ -56,7 +60,7 @@ def _ops():
 def _inputs(variant, rows, width, dtype, w_dtype=None, x=None):
     x = torch.randn(rows, width, device="cuda", dtype=dtype) if x is None else x
     g = torch.randn(x.shape, device="cuda", dtype=dtype) * 2 if variant == "gated" else None
-    w = None if variant == "unweighted" else (1 + 0.3 * torch.randn(width, device="cuda")).to(w_dtype or dtype)
+    w = None if variant.startswith("unweighted") else (1 + 0.3 * torch.randn(width, device="cuda")).to(w_dtype or dtype)
     return x, g, w
 
 
@@ -228,3 +232,58 @@ def test_backward_launches_no_fill():
     others = [n for n in names if "opslot" not in n]
     assert len(opslot) == 3, names  # forward, backward, weight-gradient reduction
     assert not others, names
+
+
+UNWEIGHTED_CAST = 4  # OPSLOT_RMS_UNWEIGHTED_CAST
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("width", [7, 512, 4096])
+def test_unweighted_cast_rounds_the_scale_first(dtype, width):
+    """DeepSeek-V4's `x * rsqrt(mean(x^2) + eps).to(x.dtype)`: y is x times the scale rounded to x's
+    dtype, bit for bit given the kernel's fp32 scale (its rstd output); dx = to_x(r_x dy - r n
+    mean(dy n)) with that rounded scale r_x in the direct term. The plain unweighted formula (the
+    unrounded r) rounds a good part of the elements differently, so the test tells the two apart."""
+    from opslot.kernels.cuda import norms  # noqa: F401  (loads the opslot ops)
+
+    torch.manual_seed(width)
+    x = torch.randn(301, width, device="cuda", dtype=dtype) * 3
+    y, rstd = torch.ops.opslot.rms_norm_fwd(x, None, None, 1e-6, UNWEIGHTED_CAST)
+    r = rstd.unsqueeze(-1)
+    ref = torch.rsqrt(x.double().square().mean(-1, keepdim=True) + 1e-6)
+    assert torch.allclose(r.double(), ref, rtol=1e-5, atol=0)  # the fp32 scale itself
+    assert torch.equal(y, (x.float() * r.to(dtype).float()).to(dtype))
+    dy = torch.randn_like(x)
+    (dx,) = torch.autograd.grad(
+        torch.ops.opslot.rms_norm_fwd(x.requires_grad_(True), None, None, 1e-6, UNWEIGHTED_CAST)[0], x, dy
+    )
+    xd, dyd, rd = x.detach().double(), dy.double(), r.double()
+    n = xd * rd
+    mean = (dyd * n).mean(-1, keepdim=True)
+    want = r.to(dtype).double() * dyd - rd * n * mean
+    plain = rd * dyd - rd * n * mean
+    # One rounding of the fp32 computation: equal to the fp64 formula rounded, but for the rare
+    # element at a rounding boundary; the unrounded scale's formula rounds a good part differently.
+    same = (dx == want.to(dtype)).float().mean().item()
+    same_plain = (dx == plain.to(dtype)).float().mean().item()
+    assert same >= 0.99, same
+    assert same_plain < 0.95, same_plain
+
+
+def test_unweighted_cast_keeps_a_transposed_layout():
+    """q as DeepSeek-V4 normalises it: `[B, H, S, D]`, the transpose of a contiguous `[B, S, H, D]`:
+    the output has x's strides (as upstream's elementwise product does) and the same values as on a
+    contiguous copy."""
+    from opslot.kernels.cuda import norms as N
+
+    base = torch.randn(2, 33, 8, 512, device="cuda", dtype=torch.bfloat16)
+    q = base.transpose(1, 2).requires_grad_(True)
+    y = N.rms_norm_unweighted_cast(q, None, 1e-6)
+    assert y.shape == q.shape and y.stride() == q.stride()
+    qc = q.detach().contiguous().requires_grad_(True)
+    yc = N.rms_norm_unweighted_cast(qc, None, 1e-6)
+    assert torch.equal(y, yc)
+    dy = torch.randn_like(yc)
+    (g,) = torch.autograd.grad(y, q, dy)
+    (gc,) = torch.autograd.grad(yc, qc, dy)
+    assert torch.equal(g, gc)
