@@ -10,9 +10,10 @@ all three digits), NaN, infinities and signed zeros; rows that are not 16-byte a
 transposed views, leading dimensions, empty inputs; bool and additive (float32/16, bfloat16) masks,
 broadcast over the batch, rows not aligned for the vector loads; mask_limit on causal, random and
 padding masks of every kind, broadcast and strided; both paths of the kernel (the keys at or above
-the top digit's bucket held in shared memory, or more of them than it holds), and rows whose large
-values crowd into one part; every element written (the caching allocator
-poisoned first); bitwise-equal reruns; opcheck; CUDA-graph capture; torch.compile.
+the top digit's bucket held in shared memory, or more of them than it holds), a bucket that holds
+exactly the keys still needed, long aligned rows with every mask kind, and rows whose large values
+crowd into one part; every element written (the caching allocator poisoned first); bitwise-equal
+reruns; opcheck; CUDA-graph capture; torch.compile.
 """
 
 import pytest
@@ -75,7 +76,7 @@ def test_ties_and_special_values(cols):
         check(s, k, limit, what=f"pool k={k} limited")
 
 
-@pytest.mark.parametrize("cols", [6000, 50000])  # the bucket held in shared memory (<= 8192) or not
+@pytest.mark.parametrize("cols", [3000, 6000, 50000])  # the bucket held in shared memory (<= 8192) or not
 def test_all_equal_and_one_ulp_apart(cols):
     same = torch.full((3, cols), 1.5, device=DEV)
     for k in (1, 2048, cols - 1):
@@ -85,8 +86,9 @@ def test_all_equal_and_one_ulp_apart(cols):
     ulps = (torch.arange(cols, device=DEV, dtype=torch.int32) + 0x3F800000).view(torch.float32)
     perm = torch.randperm(cols, device=DEV)
     rows = torch.stack([ulps, ulps[perm], ulps.flip(0)])
-    for k in (1, 511, 4096):
+    for k in (1, 511, min(4096, cols - 1)):
         check(rows, k, what=f"ulps k={k}")
+        check(rows[:, 1:], k, what=f"ulps k={k}, rows not aligned")
     got = op(rows[:1], 5)
     assert got.tolist() == [list(range(cols - 5, cols))]
 
@@ -104,6 +106,38 @@ def test_candidates_crowded_into_one_part_of_the_row(cols):
     for k in (100, 511, 513, 2048, 5000):
         check(rows, k, what=f"crowded k={k}")
         check(rows, k, limit, what=f"crowded k={k} limited")
+
+
+@pytest.mark.parametrize("k", [2048, 5000])
+def test_bucket_holds_exactly_the_keys_needed(k):
+    s = torch.randn(3, 12000, device=DEV)
+    big = torch.randperm(12000, device=DEV)[:k]
+    s[:, big] = 100.0  # the top bucket holds the k largest and nothing else
+    got = check(s, k, what=f"exact bucket k={k}")
+    assert torch.equal(got[0].cpu(), big.sort().values.int().cpu())
+    check(s[:, 3:], k, what=f"exact bucket k={k}, rows not aligned")
+
+
+@pytest.mark.parametrize("kind", [None, torch.bool, torch.bfloat16, torch.float32])
+def test_long_aligned_rows_with_masks(kind):
+    """Rows of 65536 columns with causal limits, the mask's rows aligned for vector loads (broadcast over
+    the batch) or offset by one entry."""
+    B, S, T = 2, 5, 65536
+    s = torch.randn(B, S, T, device=DEV)
+    limit = torch.tensor([[T, T - 1, T - 4099, 40001, 3000]] * B, device=DEV, dtype=torch.int32)
+    masks = [None]
+    if kind is not None:
+        shown = torch.rand(1, S, T + 1, device=DEV) > 0.2
+        if kind == torch.bool:
+            wide = shown
+        else:
+            wide = torch.where(shown, torch.randn(shown.shape, device=DEV), torch.finfo(kind).min).to(kind)
+        masks = [wide[..., :T].contiguous(), wide[..., 1:]]
+    for scores in (s, s.round()):  # rounded: buckets of more keys than shared memory holds
+        for mask in masks:
+            for k in (1, 2048, 4097):
+                check(scores, k, limit, f"{kind} k={k}", mask)
+                check(scores, k, None, f"{kind} k={k} no limit", mask)
 
 
 def test_views_and_shapes():
