@@ -383,18 +383,21 @@ def glm_module(heads=4):
     return mod, attn
 
 
-def glm_inputs(attn, B=2, S=9, pad=2, gen=None):
+def glm_inputs(attn, B=2, S=9, pad=2, gen=None, past=0):
+    """The slot's inputs for S queries over T = past + S latents: the queries are the last S positions (from
+    Transformers 5.23 the cached latents of earlier steps come first)."""
     H, nope, rope, lora = attn.num_heads, attn.qk_nope_head_dim, attn.qk_rope_head_dim, attn.kv_lora_rank
+    T = past + S
     q_pass = torch.randn(B, H, S, nope, generator=gen)
     q_rot = torch.randn(B, H, S, rope, generator=gen)
-    k_pass = torch.randn(B, 1, S, lora, generator=gen)
-    k_rot = torch.randn(B, 1, S, rope, generator=gen)
-    visible = torch.ones(S, S).tril().bool().expand(B, S, S).clone()
+    k_pass = torch.randn(B, 1, T, lora, generator=gen)
+    k_rot = torch.randn(B, 1, T, rope, generator=gen)
+    visible = torch.ones(S, T).tril(past).bool().expand(B, S, T).clone()
     visible[1, :, :pad] = False  # batch row 1 is left-padded: its first `pad` keys are padding
     # as the indexer selects: the top 6 of random scores with the invisible keys at -inf (visible ones first)
-    scores = torch.rand(B, S, S, generator=gen).masked_fill(~visible, -INF)
-    topk = scores.topk(6, dim=-1).indices.to(torch.int32)
-    mask = torch.zeros(B, 1, S, S).masked_fill(~visible[:, None], torch.finfo(torch.float32).min)
+    scores = torch.rand(B, S, T, generator=gen).masked_fill(~visible, -INF)
+    topk = scores.topk(min(6, T), dim=-1).indices.to(torch.int32)
+    mask = torch.zeros(B, 1, S, T).masked_fill(~visible[:, None], torch.finfo(torch.float32).min)
     return q_pass, q_rot, k_pass, k_rot, topk, mask
 
 
@@ -431,6 +434,24 @@ def test_glm_glue_matches_upstream_eager(sa):
         out_none, _ = sa.dsa_attention_glm(attn, q_pass, q_rot, k_pass, k_rot, topk, None)
     torch.testing.assert_close(out_bool, out)
     torch.testing.assert_close(out_none[0], out[0])
+
+
+@pytest.mark.parametrize("S,past", [(1, 12), (4, 9)])  # a decoding step; a chunk after a cached prompt
+def test_glm_glue_after_cached_latents_matches_upstream_eager(sa, S, past):
+    """Transformers 5.23's generation: the slot gets no cache, the latents of earlier steps first (T > S)."""
+    mod, attn = glm_module()
+    gen = torch.Generator().manual_seed(7 + S)
+    ins = glm_inputs(attn, S=S, pad=2, gen=gen, past=past)
+    assert ins[2].shape[2] == S + past
+    with torch.no_grad():
+        ref = glm_upstream(mod, attn, *ins)
+        out, _ = sa.dsa_attention_glm(attn, *ins)
+        out_bool, _ = sa.dsa_attention_glm(attn, *ins[:5], ins[5] == 0)
+        out_none, _ = sa.dsa_attention_glm(attn, *ins[:5], None)  # no mask: causal, queries last
+    assert out.shape == (2, S, attn.num_heads, attn.v_head_dim)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)  # every query sees keys (past >= pad)
+    torch.testing.assert_close(out_bool, out)
+    torch.testing.assert_close(out_none[0], out[0])  # batch row 0 has no padding
 
 
 def test_glm_glue_gradients_match_upstream(sa):

@@ -296,6 +296,30 @@ def test_glm_glue_against_upstream_and_the_torch_kernel():
         assert_close(tout[real], ref[real], torch.bfloat16, "torch kernel", scale=2.0)
 
 
+@pytest.mark.parametrize("S,past", [(1, 700), (37, 300)])  # a decoding step; a chunk after a cached prompt
+def test_glm_glue_after_cached_latents(S, past):
+    """Transformers 5.23's generation (no cache given to the slot, the cached latents first: T > S), bf16 on
+    the GPU against upstream's eager attention in fp32; a bool mask and no mask (causal, the queries last)."""
+    import copy
+
+    cpu = _runtime_tests()
+    mod, attn = cpu.glm_module(heads=8)
+    attn = attn.to("cuda", torch.bfloat16)
+    attn32 = copy.deepcopy(attn).float()
+    gen = torch.Generator().manual_seed(S)
+    ins = [x.to("cuda") for x in cpu.glm_inputs(attn, B=2, S=S, pad=3, gen=gen, past=past)]
+    with torch.no_grad():
+        ref = cpu.glm_upstream(mod, attn32, *[x.float() for x in ins[:4]], ins[4], ins[5])
+        ins = [x.to(torch.bfloat16) for x in ins[:4]] + [ins[4], ins[5]]
+        out, _ = _sa().dsa_attention_glm(attn, *ins[:5], torch.where(ins[5] == 0, 0.0, -3e38).to(torch.bfloat16))
+        out_bool, _ = _sa().dsa_attention_glm(attn, *ins[:5], ins[5] == 0)
+        out_none, _ = _sa().dsa_attention_glm(attn, *ins[:5], None)
+    assert out.dtype == torch.bfloat16 and out.shape == (2, S, 8, attn.v_head_dim)
+    assert_close(out, ref, torch.bfloat16, "out")
+    assert torch.equal(out_bool, out)
+    assert torch.equal(out_none[0], out[0])  # batch row 0 has no padding
+
+
 def test_deepseek_v4_glue_against_upstream_and_the_torch_kernel():
     """bf16 on the GPU against upstream's eager attention (with sinks) in fp32 on the same values."""
     cpu = _runtime_tests()
