@@ -1,0 +1,122 @@
+"""GLM-MoE-DSA's `dsa_attention` slot under `generate()` (issue 35), on the CPU (`torch` kernel) or, with
+`--device cuda`, on the GPU (`cuda` kernel), each wrapped in a recording spy; every other op eager.
+
+- From Transformers 5.23 upstream caches the latents before the slot's guards: the slot gets no cache and
+  the latents of every token so far, the new queries last (T > S while decoding). Both kernels give
+  upstream's greedy tokens, and the decode steps reach the slot with one query over the cached latents.
+- Under 5.17 the slot gets the cache of the expanded per-head keys and values: the `torch` kernel (upstream's
+  code) gives upstream's tokens; the `cuda` kernel attends over latents and refuses a cache that already
+  holds tokens, with a message that names the implementations that generate.
+
+Run: `python -m pytest tests/models/test_dsa_generation.py --source-root .upstream/transformers-5.23.0`
+with that tree first on PYTHONPATH (ctest: `real_models_dsa_generation`, `real_models_dsa_generation_5_23`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any, Dict, List
+
+import pytest
+import torch
+
+import e2e  # tests/models/e2e.py (conftest puts it on sys.path)
+
+SPY = "dsa_spy"
+RECORDS: List[Dict[str, Any]] = []
+
+
+def register_spy(base: str) -> None:
+    """Impl `dsa_spy` of dsa_attention/glm: opslot's `base` kernel, recording the shapes it was given."""
+    from opslot.hardware import ANY
+    from opslot.registry import KERNEL_REGISTRY, KernelSpec
+
+    if KERNEL_REGISTRY.get("dsa_attention", "glm", SPY) is not None:
+        return
+
+    def factory():
+        inner = KERNEL_REGISTRY.get("dsa_attention", "glm", base).load()
+
+        def spy(module, q_pass, q_rot, k_pass, k_rot, *args, **kwargs):
+            RECORDS.append(
+                {"S": q_pass.shape[2], "T": k_pass.shape[2], "cache": kwargs.get("past_key_values") is not None}
+            )
+            return inner(module, q_pass, q_rot, k_pass, k_rot, *args, **kwargs)
+
+        return spy
+
+    KERNEL_REGISTRY.register(
+        KernelSpec(SPY, "dsa_attention", "glm", factory, ANY, description=f"test: recording {base}")
+    )
+
+
+def import_as(path: Path, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def world(patchgen, source_root, tmp_path_factory, device):
+    from opslot import module_slots
+
+    base = "cuda" if device.type == "cuda" else "torch"
+    register_spy(base)
+    case = next(c for c in e2e.CASES if c.key == "glm_moe_dsa")
+    tmp = tmp_path_factory.mktemp("glm_moe_dsa")
+    gen_py, _ = e2e.generate(patchgen, case.spec("gpu"), source_root, tmp, case.output_name("gpu"))
+    module = import_as(gen_py, f"{gen_py.stem}_dsa_generation")
+    slots = module_slots(module)
+    config = e2e.make_config(case)
+
+    def build(impl: str, state=None):
+        from opslot import build_model
+
+        ops = e2e.ops_for(slots, "eager")
+        ops["dsa_attention_implementation"] = impl
+        model = build_model(config, ops=ops, module=module, model_class=case.causal_lm)
+        if state is not None:
+            model.load_state_dict(state, strict=True)
+        return model.to(device).eval()
+
+    model = build("eager")
+    e2e.randomize_(model, case.offset_norm)
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return base, config, lambda impl: build(impl, state)
+
+
+def upstream_caches_latents() -> bool:
+    import transformers
+
+    major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
+    return (major, minor) >= (5, 23)
+
+
+def test_generate_gives_upstreams_tokens(world, device):
+    base, config, build = world
+    gen = torch.Generator().manual_seed(3)
+    ids = torch.randint(1, config.vocab_size, (2, 6), generator=gen).to(device)
+    kwargs = dict(max_new_tokens=4, do_sample=False, use_cache=True, pad_token_id=0, eos_token_id=None)
+    if getattr(config, "output_router_logits", False):
+        kwargs["output_router_logits"] = False
+    with torch.no_grad():
+        eager_tokens = build("eager").generate(ids, **kwargs)
+        RECORDS.clear()
+        if not upstream_caches_latents() and base == "cuda":
+            with pytest.raises(ValueError, match="^dsa_attention/glm: the cuda kernel attends over the latents"):
+                build(SPY).generate(ids, **kwargs)
+            assert [(r["S"], r["T"], r["cache"]) for r in RECORDS][-1] == (1, 1, True)
+            return
+        tokens = build(SPY).generate(ids, **kwargs)
+    assert torch.equal(tokens, eager_tokens)
+    layers = config.num_hidden_layers
+    seen = [(r["S"], r["T"], r["cache"]) for r in RECORDS]
+    if upstream_caches_latents():  # the slot gets every latent so far, the new query last
+        want = [(6, 6, False)] * layers + [(1, 6 + step, False) for step in range(1, 4) for _ in range(layers)]
+    else:  # the slot gets this step's latents and the cache of the expanded keys and values
+        want = [(6, 6, True)] * layers + [(1, 1, True)] * (3 * layers)
+    assert seen == want, seen
