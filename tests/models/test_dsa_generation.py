@@ -1,5 +1,6 @@
-"""GLM-MoE-DSA's `dsa_attention` slot under `generate()` (issue 35), on the CPU (`torch` kernel) or, with
-`--device cuda`, on the GPU (`cuda` kernel), each wrapped in a recording spy; every other op eager.
+"""The `dsa_attention` slots of GLM-MoE-DSA and DeepSeek-V4 under `generate()` (issue 35), on the CPU
+(`torch` kernels) or, with `--device cuda`, on the GPU (`cuda` kernels), each wrapped in a recording spy;
+every other op eager.
 
 - From Transformers 5.23 upstream caches the latents before the slot's guards: the slot gets no cache and
   the latents of every token so far, the new queries last (T > S while decoding). Both kernels give
@@ -7,6 +8,9 @@
 - Under 5.17 the slot gets the cache of the expanded per-head keys and values: the `torch` kernel (upstream's
   code) gives upstream's tokens; the `cuda` kernel attends over latents and refuses a cache that already
   holds tokens, with a message that names the implementations that generate.
+- DeepSeek-V4 (eager attention, which builds the mask of the window and the compressed entries): both
+  kernels give upstream's greedy tokens, every decode step reaching the slot with one query over the
+  cached keys.
 
 Run: `python -m pytest tests/models/test_dsa_generation.py --source-root .upstream/transformers-5.23.0`
 with that tree first on PYTHONPATH (ctest: `real_models_dsa_generation`, `real_models_dsa_generation_5_23`).
@@ -28,27 +32,28 @@ SPY = "dsa_spy"
 RECORDS: List[Dict[str, Any]] = []
 
 
-def register_spy(base: str) -> None:
-    """Impl `dsa_spy` of dsa_attention/glm: opslot's `base` kernel, recording the shapes it was given."""
+def register_spy(variant: str, base: str) -> None:
+    """Impl `dsa_spy` of dsa_attention/<variant>: opslot's `base` kernel, recording the shapes it was given
+    (the queries and keys: GLM's q_pass [B, H, S, .] and k_pass [B, 1, T, .], V4's q [B, H, S, D] and
+    kv [B, 1, T, D])."""
     from opslot.hardware import ANY
     from opslot.registry import KERNEL_REGISTRY, KernelSpec
 
-    if KERNEL_REGISTRY.get("dsa_attention", "glm", SPY) is not None:
+    if KERNEL_REGISTRY.get("dsa_attention", variant, SPY) is not None:
         return
 
     def factory():
-        inner = KERNEL_REGISTRY.get("dsa_attention", "glm", base).load()
+        inner = KERNEL_REGISTRY.get("dsa_attention", variant, base).load()
 
-        def spy(module, q_pass, q_rot, k_pass, k_rot, *args, **kwargs):
-            RECORDS.append(
-                {"S": q_pass.shape[2], "T": k_pass.shape[2], "cache": kwargs.get("past_key_values") is not None}
-            )
-            return inner(module, q_pass, q_rot, k_pass, k_rot, *args, **kwargs)
+        def spy(module, q, *args, **kwargs):
+            keys = args[1] if variant == "glm" else args[0]
+            RECORDS.append({"S": q.shape[2], "T": keys.shape[2], "cache": kwargs.get("past_key_values") is not None})
+            return inner(module, q, *args, **kwargs)
 
         return spy
 
     KERNEL_REGISTRY.register(
-        KernelSpec(SPY, "dsa_attention", "glm", factory, ANY, description=f"test: recording {base}")
+        KernelSpec(SPY, "dsa_attention", variant, factory, ANY, description=f"test: recording {base}")
     )
 
 
@@ -60,33 +65,54 @@ def import_as(path: Path, name: str):
     return module
 
 
+VARIANT = {"glm_moe_dsa": "glm", "deepseek_v4": "deepseek_v4"}
+
+
 @pytest.fixture(scope="module")
-def world(patchgen, source_root, tmp_path_factory, device):
+def worlds(patchgen, source_root, tmp_path_factory, device):
     from opslot import module_slots
 
     base = "cuda" if device.type == "cuda" else "torch"
-    register_spy(base)
-    case = next(c for c in e2e.CASES if c.key == "glm_moe_dsa")
-    tmp = tmp_path_factory.mktemp("glm_moe_dsa")
-    gen_py, _ = e2e.generate(patchgen, case.spec("gpu"), source_root, tmp, case.output_name("gpu"))
-    module = import_as(gen_py, f"{gen_py.stem}_dsa_generation")
-    slots = module_slots(module)
-    config = e2e.make_config(case)
+    cache = {}
 
-    def build(impl: str, state=None):
-        from opslot import build_model
+    def get(key):
+        if key in cache:
+            return cache[key]
+        register_spy(VARIANT[key], base)
+        case = next(c for c in e2e.CASES if c.key == key)
+        gen_py, _ = e2e.generate(
+            patchgen, case.spec("gpu"), source_root, tmp_path_factory.mktemp(key), case.output_name("gpu")
+        )
+        module = import_as(gen_py, f"{gen_py.stem}_dsa_generation")
+        slots = module_slots(module)
+        config = e2e.make_config(case)
 
-        ops = e2e.ops_for(slots, "eager")
-        ops["dsa_attention_implementation"] = impl
-        model = build_model(config, ops=ops, module=module, model_class=case.causal_lm)
-        if state is not None:
-            model.load_state_dict(state, strict=True)
-        return model.to(device).eval()
+        def build(impl: str, state=None):
+            from opslot import build_model
 
-    model = build("eager")
-    e2e.randomize_(model, case.offset_norm)
-    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    return base, config, lambda impl: build(impl, state)
+            ops = e2e.ops_for(slots, "eager")
+            ops["dsa_attention_implementation"] = impl
+            model = build_model(config, ops=ops, module=module, model_class=case.causal_lm)
+            if state is not None:
+                model.load_state_dict(state, strict=True)
+            return model.to(device).eval()
+
+        model = build("eager")
+        e2e.randomize_(model, case.offset_norm)
+        state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        cache[key] = (base, config, lambda impl: build(impl, state))
+        return cache[key]
+
+    return get
+
+
+def greedy(config, device):
+    gen = torch.Generator().manual_seed(3)
+    ids = torch.randint(1, config.vocab_size, (2, 6), generator=gen).to(device)
+    kwargs = dict(max_new_tokens=4, do_sample=False, use_cache=True, pad_token_id=0, eos_token_id=None)
+    if getattr(config, "output_router_logits", False):
+        kwargs["output_router_logits"] = False
+    return ids, kwargs
 
 
 def upstream_caches_latents() -> bool:
@@ -96,13 +122,9 @@ def upstream_caches_latents() -> bool:
     return (major, minor) >= (5, 23)
 
 
-def test_generate_gives_upstreams_tokens(world, device):
-    base, config, build = world
-    gen = torch.Generator().manual_seed(3)
-    ids = torch.randint(1, config.vocab_size, (2, 6), generator=gen).to(device)
-    kwargs = dict(max_new_tokens=4, do_sample=False, use_cache=True, pad_token_id=0, eos_token_id=None)
-    if getattr(config, "output_router_logits", False):
-        kwargs["output_router_logits"] = False
+def test_glm_generate_gives_upstreams_tokens(worlds, device):
+    base, config, build = worlds("glm_moe_dsa")
+    ids, kwargs = greedy(config, device)
     with torch.no_grad():
         eager_tokens = build("eager").generate(ids, **kwargs)
         RECORDS.clear()
@@ -120,3 +142,18 @@ def test_generate_gives_upstreams_tokens(world, device):
     else:  # the slot gets this step's latents and the cache of the expanded keys and values
         want = [(6, 6, True)] * layers + [(1, 1, True)] * (3 * layers)
     assert seen == want, seen
+
+
+def test_deepseek_v4_generate_gives_upstreams_tokens(worlds, device):
+    _, config, build = worlds("deepseek_v4")
+    ids, kwargs = greedy(config, device)
+    with torch.no_grad():
+        eager_tokens = build("eager").generate(ids, **kwargs)
+        RECORDS.clear()
+        tokens = build(SPY).generate(ids, **kwargs)
+    assert torch.equal(tokens, eager_tokens)
+    layers = config.num_hidden_layers
+    queries = [r["S"] for r in RECORDS]
+    assert queries == [6] * layers + [1] * (3 * layers), queries
+    keys = [r["T"] for r in RECORDS]
+    assert all(t >= 6 for t in keys[:layers]) and all(t > 6 for t in keys[layers:]), keys  # cached keys seen
