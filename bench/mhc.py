@@ -261,6 +261,22 @@ def bench_silu(copy_bw, args, out):
     out.append(table(f"clamped SiLU·mul {N}x{D} bf16, limit {L} — 16 B/element", copy_bw, rows))
 
 
+def eager_against_ours(key, x, eager, ours, names, nbytes, copy_bw, args, out, title, extra=()):
+    """One op on `x`, fwd+bwd: upstream's `eager`, its torch.compile (when `key` is in --compile) and
+    opslot's `ours` (names[0] / names[1] in the rows and the profile), then the `extra` rows; with
+    --profile the kernels of both calls first; the table titled `title` appended to `out`."""
+    impls = [(f"upstream eager ({names[0]})", eager)]
+    if key in args.compile:
+        impls.append(("torch.compile(eager)", torch.compile(eager)))
+    impls.append(("opslot cuda", ours))
+    rows = [measure(n, lambda f=f: K.fwd_bwd(f, (x,)), nbytes) for n, f in impls] + list(extra)
+    if args.profile:
+        shape = "x".join(str(n) for n in x.shape)
+        K.kernel_breakdown(f"upstream {names[0]} {shape}", K.fwd_bwd(eager, (x,)), out)
+        K.kernel_breakdown(f"opslot {names[1]} {shape}", K.fwd_bwd(ours, (x,)), out)
+    out.append(table(title, copy_bw, rows))
+
+
 def bench_rope(copy_bw, args, out):
     from transformers.models.deepseek_v4 import modeling_deepseek_v4 as up
 
@@ -276,31 +292,16 @@ def bench_rope(copy_bw, args, out):
     def eager(x):  # as the attention calls it: [B, S, H, D] memory seen as [B, H, S, D]
         return up.apply_rotary_pos_emb(x.transpose(1, 2), cos, sin)
 
-    impls = [("upstream eager (apply_rotary_pos_emb)", eager)]
-    if "rope" in args.compile:
-        impls.append(("torch.compile(eager)", torch.compile(eager)))
-
     def ours(x):
         return CR.rotary_pos_emb_deepseek_v4(x.transpose(1, 2), cos, sin)
 
-    impls.append(("opslot cuda", ours))
-    rows = [measure(n, lambda f=f: K.fwd_bwd(f, (x,)), 8 * x.numel()) for n, f in impls]
     xd = x.detach()
-    rows.append(
-        measure(
-            "copy of x forward + backward (x.clone() twice)", lambda: lambda: (xd.clone(), xd.clone()), 8 * x.numel()
-        )
+    copy = measure(
+        "copy of x forward + backward (x.clone() twice)", lambda: lambda: (xd.clone(), xd.clone()), 8 * x.numel()
     )
-    if args.profile:
-        K.kernel_breakdown(f"upstream apply_rotary_pos_emb {B}x{S}x{H}x{D}", K.fwd_bwd(eager, (x,)), out)
-        K.kernel_breakdown(f"opslot rotary_pos_emb/deepseek_v4 {B}x{S}x{H}x{D}", K.fwd_bwd(ours, (x,)), out)
-    out.append(
-        table(
-            f"DeepSeek-V4 RoPE: {B}x{S}x{H}x{D}, rope on the last {RD}, bf16, fwd+bwd — 8 B/element",
-            copy_bw,
-            rows,
-        )
-    )
+    title = f"DeepSeek-V4 RoPE: {B}x{S}x{H}x{D}, rope on the last {RD}, bf16, fwd+bwd — 8 B/element"
+    names = ("apply_rotary_pos_emb", "rotary_pos_emb/deepseek_v4")
+    eager_against_ours("rope", x, eager, ours, names, 8 * x.numel(), copy_bw, args, out, title, [copy])
 
 
 def bench_qnorm(copy_bw, args, out):
@@ -316,25 +317,12 @@ def bench_qnorm(copy_bw, args, out):
     def eager(x):
         return norm(x.transpose(1, 2)).transpose(1, 2)
 
-    impls = [("upstream eager (DeepseekV4UnweightedRMSNorm)", eager)]
-    if "qnorm" in args.compile:
-        impls.append(("torch.compile(eager)", torch.compile(eager)))
-
     def ours(x):
         return CN.rms_norm_unweighted_cast(x.transpose(1, 2), None, 1e-6).transpose(1, 2)
 
-    impls.append(("opslot cuda", ours))
-    rows = [measure(n, lambda f=f: K.fwd_bwd(f, (x,)), 10 * x.numel()) for n, f in impls]
-    if args.profile:
-        K.kernel_breakdown(f"upstream DeepseekV4UnweightedRMSNorm {B}x{S}x{H}x{D}", K.fwd_bwd(eager, (x,)), out)
-        K.kernel_breakdown(f"opslot rms_norm/unweighted_cast {B}x{S}x{H}x{D}", K.fwd_bwd(ours, (x,)), out)
-    out.append(
-        table(
-            f"DeepSeek-V4 q_b_norm: {B}x{S}x{H}x{D}, bf16, fwd+bwd — 10 B/element (x, y; x, dy, dx)",
-            copy_bw,
-            rows,
-        )
-    )
+    title = f"DeepSeek-V4 q_b_norm: {B}x{S}x{H}x{D}, bf16, fwd+bwd — 10 B/element (x, y; x, dy, dx)"
+    names = ("DeepseekV4UnweightedRMSNorm", "rms_norm/unweighted_cast")
+    eager_against_ours("qnorm", x, eager, ours, names, 10 * x.numel(), copy_bw, args, out, title)
 
 
 def main():
