@@ -38,7 +38,7 @@ from .auto import AutoModel, AutoModelForCausalLM, AutoModelForImageTextToText, 
 from .binding import bind_ops, build_model, load_private_copy
 from .config_slot import ConfigSlot
 from .copies import install_copy_finder as _install_copy_finder, is_instance, release_unused_copies
-from .device_defaults import CUDA_DEFAULTS, NPU_DEFAULTS
+from .device_defaults import CUDA_DEFAULTS, CUDA_VARIANT_DEFAULTS, NPU_DEFAULTS
 from .dispatch import (
     DispatchReport,
     UnreachedSlotError,
@@ -72,6 +72,7 @@ __all__ = [
     "installed_causal_lm_loss",
     "BindingPlan",
     "CUDA_DEFAULTS",
+    "CUDA_VARIANT_DEFAULTS",
     "ConfigSlot",
     "DeviceInfo",
     "DispatchReport",

@@ -2,8 +2,9 @@
 machine, and why.
 
 `choose(config, op, variant)` is `(impl, why)`: `$OPSLOT_FORCE_IMPL` first (opslot.force_override),
-then an explicit field ("explicit"), else the device default (opslot.device_defaults): "default", or
-"fallback (...)" to eager when the default has no usable kernel for the variant here. `validate`
+then an explicit field ("explicit"), else the device default (opslot.device_defaults: the variant's own
+where it has one, else the field's): "default", or "fallback (...)" to eager when the default has no
+usable kernel for the variant here. `validate`
 checks every (op, variant) of a module against the kernel registry and the machine and reports
 every problem in one ValueError. `OpsImplementationConfig`'s methods of the same names call these.
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Tuple
 
-from .device_defaults import device_defaults
+from .device_defaults import device_defaults, variant_default
 from .force_override import FORCE_ENV, forced_impl, forced_impl_spec, forced_name_problem
 from .hardware import DeviceInfo
 from .ops import EAGER, FIELD_FOR_OP, field_of
@@ -25,7 +26,8 @@ if TYPE_CHECKING:  # annotations only: ops_config imports this module
 
 
 def field_value(config: OpsImplementationConfig, field: str, device: Optional[DeviceInfo] = None) -> Optional[str]:
-    """The field's value: explicit, else the default for the device."""
+    """The field's value: explicit, else the field's default for the device (a variant with a default
+    of its own, `CUDA_VARIANT_DEFAULTS`, gets it from `choose`)."""
     explicit = getattr(config, field)
     if explicit is not None:
         return explicit
@@ -62,6 +64,7 @@ def choose(
     impl = impl_for(config, op, device)
     if is_explicit(config, op):
         return impl, "explicit"
+    impl = variant_default(op, variant, device) or impl
     if impl == EAGER:
         return impl, "default"
     spec = (registry or KERNEL_REGISTRY).get(op, variant, impl)
@@ -128,6 +131,9 @@ def _slot_problem(
     msg = exc.args[0] if exc.args else str(exc)
     field = FIELD_FOR_OP.get(op)
     where = f"{field}={field_value(config, field, device)!r}" if field else "no config field"
+    own = None if not field or is_explicit(config, op) else variant_default(op, variant, device)
+    if own is not None:
+        where = f"{field} unset: {op}/{variant}'s default {own!r}"
     if field and forced_impl_spec(op) is not None:
         where = f"{FORCE_ENV}={os.environ.get(FORCE_ENV)!r}"
     elif op == "moe" and isinstance(exc, KeyError) and msg.startswith("no kernel"):

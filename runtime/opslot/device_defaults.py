@@ -2,10 +2,11 @@
 
 On CPU every default is "eager" (`attn_implementation` unset: the model config's own choice). On a
 CUDA machine where opslot's CUDA kernel library (libopslot_kernels.so, docs/kernels.md) loads and
-runs on the current device, the `cuda` kernels of `CUDA_DEFAULTS`; where it does not, the CPU
-defaults. The library probe (`cuda_kernels_unavailable_reason`) runs lazily, once, and only on CUDA
-machines. On NPU, the NPU kernels of `NPU_DEFAULTS`. A default that has no kernel for a slot's
-variant falls back to eager (opslot.choice); an explicit value never does.
+runs on the current device, the `cuda` kernels of `CUDA_DEFAULTS`, and for the variants of
+`CUDA_VARIANT_DEFAULTS` theirs; where it does not, the CPU defaults. The library probe
+(`cuda_kernels_unavailable_reason`) runs lazily, once, and only on CUDA machines. On NPU, the NPU
+kernels of `NPU_DEFAULTS`. A default that has no kernel for a slot's variant falls back to eager
+(opslot.choice); an explicit value never does.
 """
 
 from __future__ import annotations
@@ -35,10 +36,21 @@ CUDA_DEFAULTS: Dict[str, Optional[str]] = dict(
     chunk_gated_delta_rule_implementation="cuda",
     dsa_indexer_implementation="cuda",
     mhc_implementation="cuda",
-    # dsa_attention stays eager by default: its cuda kernels are for training (they refuse a GLM-MoE-DSA
-    # cache that already holds tokens under Transformers 5.17, attention dropout and output_attentions);
-    # `dsa_attention_implementation: cuda` chooses them (docs/ops.md).
+    # dsa_attention: eager for the field, `cuda` for DeepSeek-V4's variant (CUDA_VARIANT_DEFAULTS)
 )
+
+#: Defaults of single variants that differ from their field's in `CUDA_DEFAULTS`: (op, variant) ->
+#: (implementation, the least compute capability it is the default on), on the same CUDA machines; a
+#: field set explicitly overrides them. DeepSeek-V4's sparse attention runs its `cuda` kernel from
+#: sm_90 (its backward at head size 512 needs more shared memory than an A100 gives a block): upstream
+#: runs that model with eager attention only, whose mask the kernel reads, in training and generation
+#: (2.8x the training step of eager: docs/results/train_step_dsa_h200.md); it refuses attention dropout
+#: in training and `output_attentions`, naming `torch` and `eager`. GLM-MoE-DSA's stays eager: `sdpa`
+#: is faster at 4096 tokens, and under Transformers 5.17 the kernel refuses a cache that holds tokens
+#: (docs/ops.md).
+CUDA_VARIANT_DEFAULTS: Dict[Tuple[str, str], Tuple[str, Tuple[int, int]]] = {
+    ("dsa_attention", "deepseek_v4"): ("cuda", (9, 0)),
+}
 
 #: Defaults on NPU machines, applied to fields the user did not set.
 NPU_DEFAULTS: Dict[str, Optional[str]] = dict(
@@ -90,3 +102,15 @@ def device_defaults(device: Optional[DeviceInfo] = None) -> Dict[str, Optional[s
     if device.type == "cuda" and cuda_kernels_unavailable_reason() is None:
         return CUDA_DEFAULTS
     return CPU_DEFAULTS
+
+
+def variant_default(op: str, variant: str, device: Optional[DeviceInfo] = None) -> Optional[str]:
+    """The default of `op`/`variant` on `device` where it differs from its field's, else None."""
+    entry = CUDA_VARIANT_DEFAULTS.get((op, variant))
+    if entry is None:
+        return None
+    device = device or current_device()
+    impl, least = entry
+    if device.type != "cuda" or device.capability is None or tuple(device.capability) < least:
+        return None
+    return impl if cuda_kernels_unavailable_reason() is None else None

@@ -163,7 +163,8 @@ class OpsImplementationConfig:
 
     # -- what it chooses (opslot.choice) ------------------------------------------------------
     def value(self, field: str, device: Optional[DeviceInfo] = None) -> Optional[str]:
-        """The field's value: explicit, else the default for the device."""
+        """The field's value: explicit, else the field's default for the device (a variant's own
+        default, `CUDA_VARIANT_DEFAULTS`, applies in `choose` / `effective_impl`)."""
         return choice.field_value(self, field, device)
 
     def is_explicit(self, op: str) -> bool:

@@ -117,6 +117,70 @@ def test_cpu_defaults_are_eager_and_cuda_defaults_need_the_library():
         set_cuda_kernels_check(None)
 
 
+def test_deepseek_v4_sparse_attention_defaults_to_its_cuda_kernel_glm_to_eager():
+    """`dsa_attention` keeps the field's default `eager`, but DeepSeek-V4's variant defaults to `cuda` where
+    the library runs on sm_90+ (CUDA_VARIANT_DEFAULTS); an explicit field overrides it, and off CUDA, below
+    sm_90 or without the library it is eager like the field."""
+    from opslot import CUDA_VARIANT_DEFAULTS
+
+    assert CUDA_VARIANT_DEFAULTS == {("dsa_attention", "deepseek_v4"): ("cuda", (9, 0))}
+    cfg = OpsImplementationConfig()
+    try:
+        set_cuda_kernels_check(lambda: None)
+        with use_device(H200):
+            assert CUDA_DEFAULTS["dsa_attention_implementation"] == "eager"
+            assert cfg.value("dsa_attention_implementation") == "eager"  # the field's default
+            assert cfg.choose("dsa_attention", "deepseek_v4") == ("cuda", "default")
+            assert cfg.choose("dsa_attention", "glm") == ("eager", "default")
+            assert cfg.validate([("dsa_attention", "deepseek_v4"), ("dsa_attention", "glm")]) == {
+                ("dsa_attention", "deepseek_v4"): "cuda",
+                ("dsa_attention", "glm"): "eager",
+            }
+            for value in ("eager", "torch"):
+                explicit = OpsImplementationConfig(dsa_attention_implementation=value)
+                assert explicit.choose("dsa_attention", "deepseek_v4") == (value, "explicit")
+            explicit = OpsImplementationConfig(dsa_attention_implementation="cuda")
+            assert explicit.choose("dsa_attention", "glm") == ("cuda", "explicit")
+        for older in ((8, 0), (8, 9), (7, 5)):  # below sm_90 the field's default (an A100's shared memory)
+            with use_device(DeviceInfo("cuda", older)):
+                assert cfg.choose("dsa_attention", "deepseek_v4") == ("eager", "default"), older
+        with use_device(DeviceInfo("cuda", (10, 0))):
+            assert cfg.choose("dsa_attention", "deepseek_v4") == ("cuda", "default")
+        set_cuda_kernels_check(lambda: "libopslot_kernels.so not found")
+        with use_device(H200):
+            assert cfg.choose("dsa_attention", "deepseek_v4") == ("eager", "default")
+        with use_device(CPU):
+            assert cfg.choose("dsa_attention", "deepseek_v4") == ("eager", "default")
+        with use_device(NPU):
+            assert cfg.choose("dsa_attention", "deepseek_v4") == ("eager", "default")
+    finally:
+        set_cuda_kernels_check(None)
+
+
+def test_a_variant_default_that_fails_is_reported_as_that_default():
+    """validate names the variant's own default, not the field's `eager`, when that default cannot load."""
+    from opslot import KernelRegistry, KernelSpec
+
+    registry = KernelRegistry()
+    register_builtin_kernels(registry)
+    real = registry.get("dsa_attention", "deepseek_v4", "cuda")
+
+    def broken():
+        raise RuntimeError("libopslot_torch.so: undefined symbol")
+
+    registry.register(KernelSpec("cuda", "dsa_attention", "deepseek_v4", broken, real.hardware, "broken"), force=True)
+    try:
+        set_cuda_kernels_check(lambda: None)
+        with use_device(H200), pytest.raises(ValueError) as err:
+            OpsImplementationConfig().validate([("dsa_attention", "deepseek_v4")], registry=registry)
+    finally:
+        set_cuda_kernels_check(None)
+    assert str(err.value) == (
+        "invalid ops_implementation:\n  dsa_attention/deepseek_v4 (dsa_attention_implementation unset: "
+        "dsa_attention/deepseek_v4's default 'cuda'): libopslot_torch.so: undefined symbol"
+    )
+
+
 def test_cuda_library_check_is_lazy_and_cached(monkeypatch):
     calls = []
 

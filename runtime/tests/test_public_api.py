@@ -7,6 +7,7 @@ import opslot
 
 PUBLIC = [
     "AutoModel", "AutoModelForCausalLM", "AutoModelForImageTextToText", "BindingPlan", "CUDA_DEFAULTS",
+    "CUDA_VARIANT_DEFAULTS",
     "CausalLMLoss", "CausalLMLossHandle", "ConfigSlot", "DeviceInfo", "DispatchReport", "EAGER", "FIELD_FOR_OP",
     "FORCE_ENV", "GeneratedModuleError", "HardwareRequirement", "KERNEL_REGISTRY", "KNOWN_OPS", "KernelRegistry",
     "KernelSpec", "MODELS", "NPU_DEFAULTS", "OpSlot", "OpsImplementationConfig", "PLUGIN_GROUP", "PlanEntry",

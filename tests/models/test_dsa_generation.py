@@ -11,6 +11,8 @@ every other op eager.
 - DeepSeek-V4 (eager attention, which builds the mask of the window and the compressed entries): both
   kernels give upstream's greedy tokens, every decode step reaching the slot with one query over the
   cached keys.
+- With no field set, a simulated H200 binds DeepSeek-V4's slot to `cuda` (its variant's default) and keeps
+  GLM-MoE-DSA's on `eager`.
 
 Run: `python -m pytest tests/models/test_dsa_generation.py --source-root .upstream/transformers-5.23.0`
 with that tree first on PYTHONPATH (ctest: `real_models_dsa_generation`, `real_models_dsa_generation_5_23`).
@@ -97,10 +99,15 @@ def worlds(patchgen, source_root, tmp_path_factory, device):
                 model.load_state_dict(state, strict=True)
             return model.to(device).eval()
 
+        def build_defaults():  # no field set: the device's defaults
+            from opslot import build_model
+
+            return build_model(config, ops={}, module=module, model_class=case.causal_lm)
+
         model = build("eager")
         e2e.randomize_(model, case.offset_norm)
         state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        cache[key] = (base, config, lambda impl: build(impl, state))
+        cache[key] = (base, config, lambda impl: build(impl, state), build_defaults)
         return cache[key]
 
     return get
@@ -123,7 +130,7 @@ def upstream_caches_latents() -> bool:
 
 
 def test_glm_generate_gives_upstreams_tokens(worlds, device):
-    base, config, build = worlds("glm_moe_dsa")
+    base, config, build, _ = worlds("glm_moe_dsa")
     ids, kwargs = greedy(config, device)
     with torch.no_grad():
         eager_tokens = build("eager").generate(ids, **kwargs)
@@ -145,7 +152,7 @@ def test_glm_generate_gives_upstreams_tokens(worlds, device):
 
 
 def test_deepseek_v4_generate_gives_upstreams_tokens(worlds, device):
-    _, config, build = worlds("deepseek_v4")
+    _, config, build, _ = worlds("deepseek_v4")
     ids, kwargs = greedy(config, device)
     with torch.no_grad():
         eager_tokens = build("eager").generate(ids, **kwargs)
@@ -157,3 +164,21 @@ def test_deepseek_v4_generate_gives_upstreams_tokens(worlds, device):
     assert queries == [6] * layers + [1] * (3 * layers), queries
     keys = [r["T"] for r in RECORDS]
     assert all(t >= 6 for t in keys[:layers]) and all(t > 6 for t in keys[layers:]), keys  # cached keys seen
+
+
+@pytest.mark.parametrize("key,impl,why", [("deepseek_v4", "cuda", "default"), ("glm_moe_dsa", "eager", "default")])
+def test_defaults_on_an_h200(worlds, key, impl, why):
+    """With no field set, a (simulated) H200 whose kernel library loads binds DeepSeek-V4's sparse attention
+    to `cuda` (its variant's own default) and keeps GLM-MoE-DSA's on `eager` (the field's)."""
+    from opslot import DeviceInfo, binding_plan, use_device
+    from opslot.device_defaults import set_cuda_kernels_check
+
+    build_defaults = worlds(key)[3]
+    try:
+        set_cuda_kernels_check(lambda: None)
+        with use_device(DeviceInfo("cuda", (9, 0))):  # bound and constructed, not run
+            plan = binding_plan(build_defaults())
+    finally:
+        set_cuda_kernels_check(None)
+    entries = [e for e in plan.entries if e.op == "dsa_attention"]
+    assert [(e.impl, e.why) for e in entries] == [(impl, why)], repr(plan)
