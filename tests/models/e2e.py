@@ -418,8 +418,9 @@ def diff_counts(diff: Path) -> Tuple[int, int]:
     return added, removed
 
 
-def import_generated(path: Path) -> types.ModuleType:
-    name = path.stem
+def import_generated(path: Path, name: Optional[str] = None) -> types.ModuleType:
+    """Import a generated module from `path` as `name` (default: the file's stem)."""
+    name = name or path.stem
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module

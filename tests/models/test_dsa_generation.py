@@ -20,9 +20,6 @@ with that tree first on PYTHONPATH (ctest: `real_models_dsa_generation`, `real_m
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from typing import Any, Dict, List
 
 import pytest
@@ -59,14 +56,6 @@ def register_spy(variant: str, base: str) -> None:
     )
 
 
-def import_as(path: Path, name: str):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 VARIANT = {"glm_moe_dsa": "glm", "deepseek_v4": "deepseek_v4"}
 
 
@@ -85,7 +74,7 @@ def worlds(patchgen, source_root, tmp_path_factory, device):
         gen_py, _ = e2e.generate(
             patchgen, case.spec("gpu"), source_root, tmp_path_factory.mktemp(key), case.output_name("gpu")
         )
-        module = import_as(gen_py, f"{gen_py.stem}_dsa_generation")
+        module = e2e.import_generated(gen_py, f"{gen_py.stem}_dsa_generation")
         slots = module_slots(module)
         config = e2e.make_config(case)
 
@@ -122,6 +111,13 @@ def greedy(config, device):
     return ids, kwargs
 
 
+def greedy_tokens(build, impl, ids, kwargs):
+    """The model on `impl` generates greedily; RECORDS then holds what the spy saw of it."""
+    RECORDS.clear()
+    with torch.no_grad():
+        return build(impl).generate(ids, **kwargs)
+
+
 def upstream_caches_latents() -> bool:
     import transformers
 
@@ -132,16 +128,13 @@ def upstream_caches_latents() -> bool:
 def test_glm_generate_gives_upstreams_tokens(worlds, device):
     base, config, build, _ = worlds("glm_moe_dsa")
     ids, kwargs = greedy(config, device)
-    with torch.no_grad():
-        eager_tokens = build("eager").generate(ids, **kwargs)
-        RECORDS.clear()
-        if not upstream_caches_latents() and base == "cuda":
-            with pytest.raises(ValueError, match="^dsa_attention/glm: the cuda kernel attends over the latents"):
-                build(SPY).generate(ids, **kwargs)
-            assert [(r["S"], r["T"], r["cache"]) for r in RECORDS][-1] == (1, 1, True)
-            return
-        tokens = build(SPY).generate(ids, **kwargs)
-    assert torch.equal(tokens, eager_tokens)
+    eager_tokens = greedy_tokens(build, "eager", ids, kwargs)
+    if not upstream_caches_latents() and base == "cuda":
+        with pytest.raises(ValueError, match="^dsa_attention/glm: the cuda kernel attends over the latents"):
+            greedy_tokens(build, SPY, ids, kwargs)
+        assert [(r["S"], r["T"], r["cache"]) for r in RECORDS][-1] == (1, 1, True)
+        return
+    assert torch.equal(greedy_tokens(build, SPY, ids, kwargs), eager_tokens)
     layers = config.num_hidden_layers
     seen = [(r["S"], r["T"], r["cache"]) for r in RECORDS]
     if upstream_caches_latents():  # the slot gets every latent so far, the new query last
@@ -154,11 +147,8 @@ def test_glm_generate_gives_upstreams_tokens(worlds, device):
 def test_deepseek_v4_generate_gives_upstreams_tokens(worlds, device):
     _, config, build, _ = worlds("deepseek_v4")
     ids, kwargs = greedy(config, device)
-    with torch.no_grad():
-        eager_tokens = build("eager").generate(ids, **kwargs)
-        RECORDS.clear()
-        tokens = build(SPY).generate(ids, **kwargs)
-    assert torch.equal(tokens, eager_tokens)
+    eager_tokens = greedy_tokens(build, "eager", ids, kwargs)
+    assert torch.equal(greedy_tokens(build, SPY, ids, kwargs), eager_tokens)
     layers = config.num_hidden_layers
     queries = [r["S"] for r in RECORDS]
     assert queries == [6] * layers + [1] * (3 * layers), queries

@@ -84,14 +84,6 @@ def tiny_case(key: str) -> e2e.Case:
     return dataclasses.replace(case, config_kwargs=kwargs)
 
 
-def import_as(path: Path, name: str) -> types.ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 class World:
     def __init__(self, key, patchgen, source_root, tmp: Path, suffix=""):
         from opslot import module_slots
@@ -100,7 +92,7 @@ class World:
         gen_py, _ = e2e.generate(
             patchgen, self.case.spec("gpu"), source_root, tmp / "generated", self.case.output_name("gpu")
         )
-        self.module = import_as(gen_py, f"{gen_py.stem}_gdn{suffix}")
+        self.module = e2e.import_generated(gen_py, f"{gen_py.stem}_gdn{suffix}")
         self.slots = module_slots(self.module)
         assert {s.op for s in self.slots.values()} >= set(OPS)
         self.config = e2e.make_config(self.case)
