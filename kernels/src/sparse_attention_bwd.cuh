@@ -107,7 +107,12 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   for (int it = 0; it < ntiles; ++it) {
     const int buf = it & 1;
     cp_async_wait<0>();
-    __syncthreads();
+    // A tile without a valid key adds nothing to dq and writes no w row: skipped.
+    if (!__syncthreads_or(tid < kBk && sIdx[buf * kBk + tid] >= 0)) {
+      if (it + 1 < ntiles) issue(it + 1);
+      cp_async_commit();
+      continue;
+    }
     {
       float acc[1][2][4];
 #pragma unroll

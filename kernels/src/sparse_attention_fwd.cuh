@@ -197,7 +197,8 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     } else {
       cp_async_wait<0>();
     }
-    __syncthreads();
+    // A tile without a valid key adds nothing (alpha 1, P 0): skipped, the same result.
+    if (!__syncthreads_or(tid < kBk && sIdx[buf * kBk + tid] >= 0)) continue;
     const T* sKt = sK + buf * kBk * ldq;
 
     float acc[1][4][4];

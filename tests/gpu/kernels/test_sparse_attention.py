@@ -133,6 +133,35 @@ def test_rows_without_keys(dtype, with_sinks):
     assert (grads[1][kv_rows] == 0).all()  # only the one selected key gets a gradient
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_whole_tiles_without_keys(dtype):
+    """Tiles of 32 slots that are all -1 (first, middle, last; what a causal top-k gives early queries) are
+    skipped: the dense reference's result, and the same bits as the same keys with the gaps moved to the end."""
+    B, S, H, D, T, dv = 2, 6, 20, 64, 200, 48
+    keys = make_indices(B, S, T, 64, skip=0.2)  # two tiles' worth of keys per query
+    gap = torch.full((B, S, 32), -1, dtype=torch.int32, device="cuda")
+    gapped = torch.cat([gap, keys[..., :32], gap, keys[..., 32:], gap], -1)
+    packed = torch.cat([keys, gap, gap, gap], -1)
+    gapped[0, 2] = -1  # a query without keys in five tiles
+    packed[0, 2] = -1
+    q = torch.randn(B, S, H, D, device="cuda", dtype=dtype)
+    kv = torch.randn(B, T, D, device="cuda", dtype=dtype)
+    sinks = torch.randn(H, device="cuda")
+    dout = torch.randn(B, S, H, dv, device="cuda")
+    got = _fwd_bwd(q, kv, gapped, sinks, dout, dv)
+    for a, b, name in zip(got, _fwd_bwd(q, kv, packed, sinks, dout, dv), ("out", "lse", "dq", "dkv", "dsinks")):
+        assert torch.equal(a, b), f"{name}: the gaps changed the bits"
+    leaves = [x.double().requires_grad_(True) for x in (q, kv)]
+    rs = sinks.double().requires_grad_(True)
+    rout, rlse = dense_reference(leaves[0], leaves[1], gapped, rs, D**-0.5, dv)
+    (rout * dout.double()).sum().backward()
+    assert_close(got[0], rout, dtype, "out")
+    assert_close(got[1], rlse, torch.float32, "lse", scale=10.0 if dtype != torch.float32 else 1.0)
+    for a, r, name in zip(got[2:], (leaves[0].grad, leaves[1].grad, rs.grad), ("dq", "dkv", "dsinks")):
+        assert_close(a, r, dtype, name, scale=GRAD_SCALE[dtype])
+    assert (got[0][0, 2] == 0).all() and (got[2][0, 2] == 0).all()
+
+
 def _fwd_bwd(q, kv, idx, sinks, dout, dv):
     out, lse, grads = run(q, kv, idx, sinks, q.shape[-1] ** -0.5, dv, dout)
     return [out, lse] + grads
