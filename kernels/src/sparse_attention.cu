@@ -11,8 +11,13 @@
 // kernel adds those rows per key in a fixed order (an inverse index sorted by key, then query).
 // fp32: the same algorithm on CUDA cores in fp32 (exact, slow: for tests and fp32 users).
 //
-// The kernels are in sparse_attention_fwd.cuh, _bwd.cuh, _simt.cuh (fp32) and _reduce.cuh (the dkv
-// reduction, sinks, mask rows); this file holds the checks, the launchers and the C ABI.
+// On compute capability 9.0 the forward for dv = 512 (both models) runs the same algorithm with
+// warpgroup MMAs (sparse_attention_fwd90.cuh; the same bits as the mma.sync kernel).
+//
+// The kernels are in sparse_attention_fwd.cuh, _fwd90.cuh (Hopper), _bwd.cuh, _simt.cuh (fp32) and
+// _reduce.cuh (the dkv reduction, sinks, mask rows); this file holds the checks, the launchers and
+// the C ABI.
+#include "sparse_attention_fwd90.cuh"
 #include "sparse_attention_reduce.cuh"
 
 namespace opslot::sparse {
@@ -110,6 +115,25 @@ int set_smem(K kernel, size_t bytes, const char* what) {
   return OPSLOT_OK;
 }
 
+// The forward kernel (opslot_sparse_mqa_set_tuning, bench library only): 0 (the default) the
+// wgmma kernel where it applies, 1 the mma.sync kernel everywhere.
+#ifdef OPSLOT_KERNELS_BENCH
+int g_fwd_kernel = 0;
+#else
+constexpr int g_fwd_kernel = 0;
+#endif
+
+// fwd_wgmma_kernel applies: dv = 512, 16-byte copies of the q and kv rows, and the current device
+// is compute capability 9.0 (the library's sm_90a code).
+bool use_fwd90(const Dev& d) {
+  if (g_fwd_kernel != 0 || d.dv != 512 || !d.q_vec || !d.kv_vec) return false;
+  int dev = 0, major = 0, minor = 0;
+  return cudaGetDevice(&dev) == cudaSuccess &&
+         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
+         major == 9 && minor == 0;
+}
+
 template <typename Kern, typename... A>
 int launch(const char* what, Kern kernel, dim3 grid, int block, size_t smem, void* stream,
            A... args) {
@@ -145,6 +169,10 @@ OPSLOT_API int opslot_sparse_mqa_fwd(const opslot_sparse_mqa_problem* p, void* o
                     kSimtThreads, 0, stream, d, static_cast<T*>(out), lse);
     } else {
       const unsigned hb = static_cast<unsigned>((p->heads + kRows - 1) / kRows);
+      if (use_fwd90(d))  // 512 <= Dqk <= 576: 16 or 18 k-steps a warpgroup
+        return launch(what, d.dpad == 512 ? fwd_wgmma_kernel<T, 16> : fwd_wgmma_kernel<T, 18>,
+                      dim3(nq, hb), kWgThreads, fwd90_smem(d), stream, d, static_cast<T*>(out),
+                      lse);
       return launch(what, fwd_mma_kernel<T>, dim3(nq, hb), kFwdThreads, fwd_smem(d, sizeof(T)),
                     stream, d, static_cast<T*>(out), lse);
     }
@@ -293,3 +321,12 @@ OPSLOT_API int opslot_sparse_mqa_mask_indices(const void* mask, int mask_kind, i
 }
 
 }  // extern "C"
+
+#ifdef OPSLOT_KERNELS_BENCH
+extern "C" OPSLOT_API int opslot_sparse_mqa_set_tuning(int fwd_kernel) {
+  if (fwd_kernel != 0 && fwd_kernel != 1)
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "sparse mqa tuning: fwd_kernel 0 or 1");
+  g_fwd_kernel = fwd_kernel;
+  return OPSLOT_OK;
+}
+#endif  // OPSLOT_KERNELS_BENCH

@@ -89,16 +89,18 @@ __device__ __forceinline__ void st_pair(T* p, float a, float b) {
 
 // dst rows r < nrows (pitch ldd), columns [0, cpad): the first `cols` elements of row src(r), the
 // rest 0; a row src(r) == nullptr is all 0. With `vec`, 16-byte cp.async copies (cols and cpad
-// multiples of 16 bytes, rows aligned): the caller commits and waits; else plain loads and stores.
+// multiples of 16 bytes, rows aligned; nrows <= blockDim.x): blockDim.x / nrows consecutive threads
+// take a row, each calling src once and copying every that-many-th 16-byte piece; the caller
+// commits and waits. Else plain loads and stores.
 template <typename T, typename Src>
 __device__ __forceinline__ void load_rows(T* dst, int ldd, int nrows, int cols, int cpad, bool vec,
                                           Src src, const void* any_global) {
   if (vec) {
     constexpr int V = 16 / sizeof(T);
-    const int vc = cpad / V, n = nrows * vc;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-      const int r = i / vc, c = (i % vc) * V;
-      const T* s = src(r);
+    const int tpr = blockDim.x / nrows, r = threadIdx.x / tpr;
+    if (r >= nrows) return;
+    const T* s = src(r);
+    for (int c = (threadIdx.x % tpr) * V; c < cpad; c += tpr * V) {
       const bool on = s != nullptr && c < cols;
       const unsigned sa = smem_u32(dst + r * ldd + c);
       asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa),
@@ -120,6 +122,64 @@ __device__ __forceinline__ int key_of(const Dev& p, const int32_t* irow, int64_t
   if (j >= p.K) return -1;
   const int id = irow[j];
   return (id >= 0 && id < p.T) ? id : -1;
+}
+
+// One key tile's online softmax for a thread's two rows, in the m16n8 accumulator layout: s[4 j +
+// e] is row g + 8 (e / 2), key 8 j + 2 qd + e % 2 of the tile's 32 (tile_idx: their indices, -1
+// when skipped). The raw scores s become P (0 for skipped keys); m_run and l_run (log2 units) are
+// updated and alpha is each row's rescale of O. Both forward kernels run it, in the same order of
+// operations.
+__device__ __forceinline__ void softmax_tile(float (&s)[16], const int* tile_idx, float scale_log2,
+                                             int qd, float (&m_run)[2], float (&l_run)[2],
+                                             float (&alpha)[2]) {
+  float mx[2] = {neg_inf(), neg_inf()};
+#pragma unroll
+  for (int e = 0; e < 16; ++e) {
+    const float v = s[e] * scale_log2;
+    s[e] = tile_idx[(e >> 2) * 8 + 2 * qd + (e & 1)] >= 0 ? v : neg_inf();
+    mx[(e >> 1) & 1] = fmaxf(mx[(e >> 1) & 1], s[e]);
+  }
+  float mnew[2], sum[2] = {0.f, 0.f};
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+    mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+    mnew[i] = fmaxf(m_run[i], mx[i]);
+    alpha[i] = mnew[i] == neg_inf() ? 1.f : exp2f(m_run[i] - mnew[i]);
+  }
+#pragma unroll
+  for (int e = 0; e < 16; ++e) {
+    const int i = (e >> 1) & 1;
+    s[e] = mnew[i] == neg_inf() ? 0.f : exp2f(s[e] - mnew[i]);
+    sum[i] += s[e];
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    sum[i] += __shfl_xor_sync(0xffffffffu, sum[i], 1);
+    sum[i] += __shfl_xor_sync(0xffffffffu, sum[i], 2);
+    l_run[i] = l_run[i] * alpha[i] + sum[i];
+    m_run[i] = mnew[i];
+  }
+}
+
+// Row h's normalisation from its running max m and sum l (log2 units): the factor for O and lse
+// (natural log; -inf without keys). A sink joins the denominator only.
+__device__ __forceinline__ float finish_row(const Dev& p, int h, float m, float l, float& lse) {
+  float fac = 0.f, lse2 = neg_inf();
+  if (p.sinks != nullptr) {
+    const float sk = p.sinks[h] * kLog2e, mt = fmaxf(m, sk);
+    if (mt != neg_inf()) {
+      const float em = m == neg_inf() ? 0.f : exp2f(m - mt);
+      const float lt = l * em + exp2f(sk - mt);
+      fac = em / lt;
+      lse2 = mt + log2f(lt);
+    }
+  } else if (l > 0.f) {
+    fac = 1.f / l;
+    lse2 = m + log2f(l);
+  }
+  lse = lse2 * kLn2;
+  return fac;
 }
 
 // Shared-memory bytes of the kernels.
@@ -217,43 +277,16 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
     }
     __syncthreads();
     if (dh == 0) {
-      float mx[2] = {neg_inf(), neg_inf()};
+      float(&sc)[16] = reinterpret_cast<float(&)[16]>(acc[0]);
 #pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int col = nt * 8 + 2 * qd + (e & 1);
-          const float v = (acc[0][nt][e] + px[(nt * 4 + e) * 32]) * p.scale_log2;
-          acc[0][nt][e] = sIdx[buf * kBk + col] >= 0 ? v : neg_inf();
-          mx[e >> 1] = fmaxf(mx[e >> 1], acc[0][nt][e]);
-        }
-      float mnew[2], alpha[2], sum[2] = {0.f, 0.f};
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
-        mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
-        mnew[i] = fmaxf(m_run[i], mx[i]);
-        alpha[i] = mnew[i] == neg_inf() ? 1.f : exp2f(m_run[i] - mnew[i]);
-      }
+      for (int e = 0; e < 16; ++e) sc[e] += px[e * 32];
+      float alpha[2];
+      softmax_tile(sc, sIdx + buf * kBk, p.scale_log2, qd, m_run, l_run, alpha);
       T* prow = sP + (rg * 16 + g) * kLdP + 2 * qd;
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt) {
-        float pe[4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int i = e >> 1;
-          pe[e] = mnew[i] == neg_inf() ? 0.f : exp2f(acc[0][nt][e] - mnew[i]);
-          sum[i] += pe[e];
-        }
-        st_pair(prow + nt * 8, pe[0], pe[1]);
-        st_pair(prow + 8 * kLdP + nt * 8, pe[2], pe[3]);
-      }
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        sum[i] += __shfl_xor_sync(0xffffffffu, sum[i], 1);
-        sum[i] += __shfl_xor_sync(0xffffffffu, sum[i], 2);
-        l_run[i] = l_run[i] * alpha[i] + sum[i];
-        m_run[i] = mnew[i];
+        st_pair(prow + nt * 8, sc[4 * nt], sc[4 * nt + 1]);
+        st_pair(prow + 8 * kLdP + nt * 8, sc[4 * nt + 2], sc[4 * nt + 3]);
       }
       if (qd == 0) {
         sAlpha[rg * 16 + g] = alpha[0];
@@ -284,22 +317,10 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int r = rg * 16 + g + 8 * i, h = h0 + r;
-      const float m = m_run[i], l = l_run[i];
-      float fac = 0.f, lse2 = neg_inf();
-      if (p.sinks != nullptr && h < p.H) {
-        const float sk = p.sinks[h] * kLog2e, mt = fmaxf(m, sk);
-        if (mt != neg_inf()) {
-          const float em = m == neg_inf() ? 0.f : exp2f(m - mt);
-          const float lt = l * em + exp2f(sk - mt);
-          fac = em / lt;
-          lse2 = mt + log2f(lt);
-        }
-      } else if (l > 0.f) {
-        fac = 1.f / l;
-        lse2 = m + log2f(l);
-      }
+      float l2 = 0.f;
+      const float fac = h < p.H ? finish_row(p, h, m_run[i], l_run[i], l2) : 0.f;
       sFac[r] = fac;
-      if (h < p.H) lse[qi * p.H + h] = lse2 * kLn2;
+      if (h < p.H) lse[qi * p.H + h] = l2;
     }
   }
   __syncthreads();

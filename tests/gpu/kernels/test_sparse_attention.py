@@ -2,8 +2,10 @@
 against a dense fp64 reference (every key not listed for a query masked): outputs, lse and the gradients of
 q, kv and the sinks, bf16 / fp16 (tensor cores) and fp32 (CUDA cores); odd sizes (heads not a multiple of 16,
 more than one 64-head block, partial key tiles, head dims that rule out 16-byte copies, odd head dims
-(the backward's one-column stores and per-column dkv reduction), K = 1, T = 1, batch > 1), rows without keys, indices out of range; bitwise determinism across runs and across the
-backward's chunking; strided inputs; opcheck, torch.compile and CUDA-graph capture; the mask-to-index
+(the backward's one-column stores and per-column dkv reduction), K = 1, T = 1, batch > 1), rows without keys,
+whole key tiles without keys, indices out of range; which forward kernel runs (the wgmma one on Hopper for
+dv 512) and the mma.sync one there through the bench library's knob; bitwise determinism across runs and
+across the backward's chunking; strided inputs; opcheck, torch.compile and CUDA-graph capture; the mask-to-index
 kernel against its CPU kernel; the GLM and DeepSeek-V4 glue against upstream's eager attention and the
 slots' `torch` kernels on tiny modules."""
 
@@ -13,7 +15,7 @@ import sys
 import pytest
 import torch
 
-from conftest import assert_close, requires_cuda
+from conftest import assert_close, bench_library, knob, requires_cuda
 
 pytestmark = requires_cuda
 
@@ -73,6 +75,9 @@ CASES = {
     "odd_dims": (2, 5, 6, 37, 21, 10, 19, True, 0.2, False),  # one-column w stores, the per-column reduction
     "glm5": (1, 24, 64, 576, 700, 256, 512, False, 0.0, False),
     "deepseek_v4": (2, 16, 64, 512, 400, 160, 512, True, 0.25, False),
+    # dv 512 (the Hopper forward): heads in two padded blocks, a partial last tile, a key out of range
+    "dv512_h70_k45": (2, 5, 70, 512, 90, 45, 512, True, 0.2, True),
+    "dv512_d520": (1, 7, 3, 520, 40, 33, 512, False, 0.1, False),  # Dqk not a multiple of 64
 }
 
 
@@ -108,10 +113,64 @@ def test_matches_dense_reference(name, dtype):
     check_case(CASES[name], dtype)
 
 
+def _forward_kernels(q, kv, idx, dv):
+    """Names of the sparse attention forward kernels one call launches (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        _sa().sparse_mqa_attention(q, kv, idx, None, 0.1, dv)
+        torch.cuda.synchronize()
+    return {e.name.split("<")[0].split("::")[-1] for e in prof.events() if "fwd_" in e.name}
+
+
+def test_which_forward_kernel_runs():
+    """The wgmma kernel on compute capability 9.0 for dv 512 with 16-byte rows, else the mma.sync one; the
+    bench library's knob selects the mma.sync one everywhere, which then matches the reference too and gives
+    the same bits as the wgmma kernel (the same products in the same order: S's two halves of Dqk added, then P V
+    per 16 keys)."""
+    hopper = torch.cuda.get_device_capability() == (9, 0)
+    q = torch.randn(1, 4, 64, 576, device="cuda", dtype=torch.bfloat16)
+    kv = torch.randn(1, 50, 576, device="cuda", dtype=torch.bfloat16)
+    idx = make_indices(1, 4, 50, 40)
+    assert _forward_kernels(q, kv, idx, 512) == {"fwd_wgmma_kernel" if hopper else "fwd_mma_kernel"}
+    assert _forward_kernels(q, kv, idx, 448) == {"fwd_mma_kernel"}
+    assert _forward_kernels(q[..., :516], kv[..., :516], idx, 512) == {"fwd_mma_kernel"}  # 1032-byte rows
+    shapes = [(70, 576, 300, 200, None), (64, 512, 260, 160, torch.randn(64, device="cuda"))]  # H, D, T, K, sinks
+    inputs = []
+    for dtype in (torch.bfloat16, torch.float16):
+        for H, D, T, K, sinks in shapes:
+            ix = make_indices(2, 9, T, K, skip=0.3)
+            ix[0, 1, 32:96] = -1  # whole tiles without keys
+            qkv = (
+                torch.randn(2, 9, H, D, device="cuda", dtype=dtype),
+                torch.randn(2, T, D, device="cuda", dtype=dtype),
+            )
+            inputs.append((*qkv, ix, sinks))
+
+    def forwards():
+        return [_sa().sparse_mqa_attention(a, b, c, d, a.shape[-1] ** -0.5, 512) for a, b, c, d in inputs]
+
+    with bench_library() as lib:
+        default = forwards()
+        set_fwd = knob(lib, "opslot_sparse_mqa_set_tuning", 1)
+        assert set_fwd(2) != 0
+        assert set_fwd(1) == 0
+        try:
+            assert _forward_kernels(q, kv, idx, 512) == {"fwd_mma_kernel"}
+            for name in ("glm5", "deepseek_v4"):
+                check_case(CASES[name], torch.bfloat16)
+            for (out, lse), (out1, lse1) in zip(default, forwards()):
+                assert torch.equal(out, out1) and torch.equal(lse, lse1), "the two forward kernels differ"
+        finally:
+            assert set_fwd(0) == 0
+        assert _forward_kernels(q, kv, idx, 512) == {"fwd_wgmma_kernel" if hopper else "fwd_mma_kernel"}
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("with_sinks", [False, True])
-def test_rows_without_keys(dtype, with_sinks):
-    B, S, H, D, T = 2, 3, 5, 64, 9
+@pytest.mark.parametrize("D", [64, 512])
+def test_rows_without_keys(dtype, with_sinks, D):
+    B, S, H, T = 2, 3, 5, 9
     q = torch.randn(B, S, H, D, device="cuda", dtype=dtype)
     kv = torch.randn(B, T, D, device="cuda", dtype=dtype)
     idx = torch.full((B, S, 40), -1, dtype=torch.int32, device="cuda")
@@ -134,10 +193,12 @@ def test_rows_without_keys(dtype, with_sinks):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_whole_tiles_without_keys(dtype):
+@pytest.mark.parametrize("D,dv", [(64, 48), (576, 512)], ids=["d64", "d576_dv512"])
+def test_whole_tiles_without_keys(dtype, D, dv):
     """Tiles of 32 slots that are all -1 (first, middle, last; what a causal top-k gives early queries) are
-    skipped: the dense reference's result, and the same bits as the same keys with the gaps moved to the end."""
-    B, S, H, D, T, dv = 2, 6, 20, 64, 200, 48
+    skipped: the dense reference's result, and the same bits as the same keys with the gaps moved to the end
+    (dv 512: the Hopper forward)."""
+    B, S, H, T = 2, 6, 20, 200
     keys = make_indices(B, S, T, 64, skip=0.2)  # two tiles' worth of keys per query
     gap = torch.full((B, S, 32), -1, dtype=torch.int32, device="cuda")
     gapped = torch.cat([gap, keys[..., :32], gap, keys[..., 32:], gap], -1)
@@ -168,8 +229,9 @@ def _fwd_bwd(q, kv, idx, sinks, dout, dv):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_bitwise_deterministic_and_independent_of_chunking(dtype, monkeypatch):
-    B, S, H, D, T, K, dv = 2, 33, 70, 96, 60, 48, 64
+@pytest.mark.parametrize("D,dv", [(96, 64), (576, 512)], ids=["d96", "d576_dv512"])
+def test_bitwise_deterministic_and_independent_of_chunking(dtype, D, dv, monkeypatch):
+    B, S, H, T, K = 2, 33, 70, 60, 48
     q = torch.randn(B, S, H, D, device="cuda", dtype=dtype)
     kv = torch.randn(B, T, D, device="cuda", dtype=dtype)
     idx = make_indices(B, S, T, K, skip=0.1)
@@ -185,8 +247,9 @@ def test_bitwise_deterministic_and_independent_of_chunking(dtype, monkeypatch):
         assert torch.equal(a, c), f"{name} differs with 5-query chunks"
 
 
-def test_strided_inputs_match_contiguous():
-    B, S, H, D, T, K = 2, 6, 8, 64, 20, 12
+@pytest.mark.parametrize("D", [64, 512])
+def test_strided_inputs_match_contiguous(D):
+    B, S, H, T, K = 2, 6, 8, 20, 12
     qt = torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16)
     q = qt.transpose(1, 2)  # [B, S, H, D] view of the head-major layout (what upstream passes)
     wide = torch.randn(B, T, D + 32, device="cuda", dtype=torch.bfloat16)
