@@ -43,31 +43,31 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, qd = lane & 3;
-  const int64_t qi = q_begin + blockIdx.x, b = qi / p.S, s = qi % p.S;
+  const int64_t qi = q_begin + blockIdx.x;
+  const QueryRows<T> rows(p, qi);
   const int hb = blockIdx.y, h0 = hb * kRows, nhb = gridDim.y;
-  const T* qbase = static_cast<const T*>(p.q) + b * p.qs0 + s * p.qs1;
-  const T* kvb = static_cast<const T*>(p.kv) + b * p.kvs0;
-  const int32_t* irow = p.idx + b * p.is0 + s * p.is1;
   const int ntiles = static_cast<int>((p.K + kBk - 1) / kBk);
   const int nq = dpad / 64, cpw = dpad / 8;
 
   load_rows<T>(
       sQ, ldq, kRows, static_cast<int>(p.dqk), dpad, p.q_vec,
-      [&](int r) -> const T* { return h0 + r < p.H ? qbase + (h0 + r) * p.qs2 : nullptr; }, qbase);
+      [&](int r) -> const T* { return h0 + r < p.H ? rows.q + (h0 + r) * p.qs2 : nullptr; },
+      rows.q);
   load_rows<T>(
       sdO, ldo, kRows, static_cast<int>(p.dv), dvpad, p.do_vec,
       [&](int r) -> const T* { return h0 + r < p.H ? dout + (qi * p.H + h0 + r) * p.dv : nullptr; },
       dout);
   auto issue = [&](int tile) {
     const int buf = tile & 1;
-    if (tid < kBk) sIdx[buf * kBk + tid] = key_of(p, irow, static_cast<int64_t>(tile) * kBk + tid);
+    if (tid < kBk)
+      sIdx[buf * kBk + tid] = key_of(p, rows.idx, static_cast<int64_t>(tile) * kBk + tid);
     load_rows<T>(
         sK, ldq, kBk, static_cast<int>(p.dqk), dpad, p.kv_vec,
         [&](int r) -> const T* {
-          const int id = key_of(p, irow, static_cast<int64_t>(tile) * kBk + r);
-          return id >= 0 ? kvb + id * p.kvs1 : nullptr;
+          const int id = key_of(p, rows.idx, static_cast<int64_t>(tile) * kBk + r);
+          return id >= 0 ? rows.kv + id * p.kvs1 : nullptr;
         },
-        kvb);
+        rows.kv);
   };
   if (ntiles > 0) issue(0);
   cp_async_commit();

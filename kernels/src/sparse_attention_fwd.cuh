@@ -39,6 +39,20 @@ struct Dev {
   bool q_vec, kv_vec, do_vec;  // 16-byte cp.async is possible for q rows, kv rows, dout rows
 };
 
+// Query token qi's rows: its q rows (head 0; heads qs2 apart), its batch's kv rows, its index list.
+template <typename T>
+struct QueryRows {
+  const T* q;
+  const T* kv;
+  const int32_t* idx;
+  __device__ __forceinline__ QueryRows(const Dev& p, int64_t qi) {
+    const int64_t b = qi / p.S, s = qi % p.S;
+    q = static_cast<const T*>(p.q) + b * p.qs0 + s * p.qs1;
+    kv = static_cast<const T*>(p.kv) + b * p.kvs0;
+    idx = p.idx + b * p.is0 + s * p.is1;
+  }
+};
+
 // Tensor-core helpers: mma_sm80.cuh (ldsm_x4/x2 and their .trans forms, mma16816).
 
 // acc[mt][nt] (16 x 8 tiles) += A[m0 + 16 mt .., k] * B[k, n0 + 8 nt ..] over k in [0, 16 ksteps),
@@ -213,26 +227,26 @@ __global__ void __launch_bounds__(kFwdThreads, 1)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, qd = lane & 3;
   const int rg = warp & 3, dh = warp >> 2;
-  const int64_t qi = blockIdx.x, b = qi / p.S, s = qi % p.S;
+  const int64_t qi = blockIdx.x;
+  const QueryRows<T> rows(p, qi);
   const int h0 = blockIdx.y * kRows;
-  const T* qbase = static_cast<const T*>(p.q) + b * p.qs0 + s * p.qs1;
-  const T* kvb = static_cast<const T*>(p.kv) + b * p.kvs0;
-  const int32_t* irow = p.idx + b * p.is0 + s * p.is1;
   const int ntiles = static_cast<int>((p.K + kBk - 1) / kBk);
 
   load_rows<T>(
       sQ, ldq, kRows, static_cast<int>(p.dqk), dpad, p.q_vec,
-      [&](int r) -> const T* { return h0 + r < p.H ? qbase + (h0 + r) * p.qs2 : nullptr; }, qbase);
+      [&](int r) -> const T* { return h0 + r < p.H ? rows.q + (h0 + r) * p.qs2 : nullptr; },
+      rows.q);
   auto issue = [&](int tile) {
     const int buf = tile & 1;
-    if (tid < kBk) sIdx[buf * kBk + tid] = key_of(p, irow, static_cast<int64_t>(tile) * kBk + tid);
+    if (tid < kBk)
+      sIdx[buf * kBk + tid] = key_of(p, rows.idx, static_cast<int64_t>(tile) * kBk + tid);
     load_rows<T>(
         sK + buf * kBk * ldq, ldq, kBk, static_cast<int>(p.dqk), dpad, p.kv_vec,
         [&](int r) -> const T* {
-          const int id = key_of(p, irow, static_cast<int64_t>(tile) * kBk + r);
-          return id >= 0 ? kvb + id * p.kvs1 : nullptr;
+          const int id = key_of(p, rows.idx, static_cast<int64_t>(tile) * kBk + r);
+          return id >= 0 ? rows.kv + id * p.kvs1 : nullptr;
         },
-        kvb);
+        rows.kv);
   };
   if (ntiles > 0) issue(0);
   cp_async_commit();

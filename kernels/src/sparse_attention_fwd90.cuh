@@ -79,11 +79,9 @@ __global__ void __launch_bounds__(kWgThreads, 1)
 
   const int tid = threadIdx.x, wg = tid >> 7, t = tid & 127, lane = tid & 31;
   const int g = lane >> 2, qd = lane & 3, row0 = ((t >> 5) << 4) + g;  // rows row0, row0 + 8
-  const int64_t qi = blockIdx.x, b = qi / p.S, s = qi % p.S;
+  const int64_t qi = blockIdx.x;
+  const QueryRows<T> rows(p, qi);
   const int h0 = blockIdx.y * kRows;
-  const T* qbase = static_cast<const T*>(p.q) + b * p.qs0 + s * p.qs1;
-  const T* kvb = static_cast<const T*>(p.kv) + b * p.kvs0;
-  const int32_t* irow = p.idx + b * p.is0 + s * p.is1;
   const int ntiles = static_cast<int>((p.K + kBk - 1) / kBk);
 
   // Copies: thread (lr = tid / 8, lk = tid % 8) loads row lr of a key tile (rows lr and lr + 32 of
@@ -92,16 +90,17 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   static_assert(kWgThreads / 8 == kBk && kRows == 2 * kBk, "one key row per 8 threads");
   for (int half = 0; half < 2; ++half) {
     const int r = lr + half * kBk;
-    const T* src = h0 + r < p.H ? qbase + (h0 + r) * p.qs2 : nullptr;
+    const T* src = h0 + r < p.H ? rows.q + (h0 + r) * p.qs2 : nullptr;
     load_row_sw(sQ, kRows, sw + half * kBk * 128, lk, npad, nvalid,
-                reinterpret_cast<const unsigned char*>(src), qbase);
+                reinterpret_cast<const unsigned char*>(src), rows.q);
   }
   auto issue = [&](int tile) {
     const int st = tile % kWgStages;
-    const int id = key_of(p, irow, static_cast<int64_t>(tile) * kBk + lr);
+    const int id = key_of(p, rows.idx, static_cast<int64_t>(tile) * kBk + lr);
     if (lk == 0) sIdx[st * kBk + lr] = id;
     load_row_sw(sK + st * nblk * kBlkK, kBk, sw, lk, npad, nvalid,
-                id >= 0 ? reinterpret_cast<const unsigned char*>(kvb + id * p.kvs1) : nullptr, kvb);
+                id >= 0 ? reinterpret_cast<const unsigned char*>(rows.kv + id * p.kvs1) : nullptr,
+                rows.kv);
   };
   if (ntiles > 0) issue(0);
   cp_async_commit();
