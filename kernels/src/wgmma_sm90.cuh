@@ -29,9 +29,10 @@
 
 namespace opslot::sm90 {
 
-// Descriptor of a 128-byte-swizzled tile at p: stride 1024 bytes between groups of 8 rows; lbo
-// (bytes) the stride between 64-column blocks where one instruction spans several (unused by the
-// shapes below, which stay inside one block).
+// Descriptor of a 128-byte-swizzled tile at p (p inside a 1024-byte-aligned block, at most 96 bytes
+// past a row start: a k-step's offset): groups of 8 rows 1024 bytes apart. Both byte offsets are
+// set to 1024; the shapes below stay inside one 64-column block, where the leading offset (K-major:
+// unused; MN-major: the stride between 64-column blocks) does not come into play.
 __device__ __forceinline__ uint64_t desc_sw128(const void* p) {
   const uint64_t a = smem_u32(p);
   return ((a & 0x3FFFF) >> 4) | (uint64_t{1024 >> 4} << 16) | (uint64_t{1024 >> 4} << 32) |
