@@ -265,18 +265,20 @@ def test_strided_inputs_match_contiguous(D):
 
 
 @pytest.mark.parametrize("with_sinks", [False, True])
-def test_opcheck(with_sinks):
-    q = torch.randn(2, 5, 3, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    kv = torch.randn(2, 11, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+@pytest.mark.parametrize("D,dv", [(64, 48), (576, 512)], ids=["d64", "d576_dv512"])
+def test_opcheck(with_sinks, D, dv):
+    q = torch.randn(2, 5, 3, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    kv = torch.randn(2, 11, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     idx = make_indices(2, 5, 11, 6, skip=0.2)
     sinks = torch.randn(3, device="cuda", requires_grad=True) if with_sinks else None
-    torch.library.opcheck(torch.ops.opslot.sparse_mqa_attention.default, (q, kv, idx, sinks, 0.1, 48))
+    torch.library.opcheck(torch.ops.opslot.sparse_mqa_attention.default, (q, kv, idx, sinks, 0.1, dv))
     mask = torch.zeros(2, 5, 11, device="cuda")
     torch.library.opcheck(torch.ops.opslot.sparse_mqa_mask_indices.default, (mask, 6))
 
 
-def test_torch_compile_and_cuda_graph():
-    B, S, H, D, T, K = 1, 8, 16, 128, 40, 24
+@pytest.mark.parametrize("D", [128, 512])  # 512: the Hopper forward
+def test_torch_compile_and_cuda_graph(D):
+    B, S, H, T, K = 1, 8, 16, 40, 24
     q = torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16)
     kv = torch.randn(B, T, D, device="cuda", dtype=torch.bfloat16)
     idx = make_indices(B, S, T, K)
