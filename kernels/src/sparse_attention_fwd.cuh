@@ -91,14 +91,24 @@ __device__ __forceinline__ void warp_mma(float (&acc)[MT][NT][4], const T* A, in
   }
 }
 
-// Two adjacent 16-bit elements from two floats (round to nearest even), one 32-bit store.
+// Two floats as two adjacent 16-bit elements (round to nearest even) in one 32-bit word, a first.
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float a, float b) {
+  uint32_t r;
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+    memcpy(&r, &v, 4);
+  } else {
+    const __half2 v = __floats2half2_rn(a, b);
+    memcpy(&r, &v, 4);
+  }
+  return r;
+}
+
+// The same pair, one 32-bit store (p aligned to the pair).
 template <typename T>
 __device__ __forceinline__ void st_pair(T* p, float a, float b) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(a, b);
-  } else {
-    *reinterpret_cast<__half2*>(p) = __floats2half2_rn(a, b);
-  }
+  *reinterpret_cast<uint32_t*>(p) = pack2<T>(a, b);
 }
 
 // dst rows r < nrows (pitch ldd), columns [0, cpad): the first `cols` elements of row src(r), the

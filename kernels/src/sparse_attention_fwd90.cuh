@@ -50,19 +50,6 @@ __device__ __forceinline__ void load_row_sw(unsigned char* dst, int rows, int sw
   }
 }
 
-template <typename T>
-__device__ __forceinline__ uint32_t pack2(float a, float b) {
-  uint32_t r;
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
-    memcpy(&r, &v, 4);
-  } else {
-    const __half2 v = __floats2half2_rn(a, b);
-    memcpy(&r, &v, 4);
-  }
-  return r;
-}
-
 // KS: k-steps of 16 columns per warpgroup, Dqk rounded up to 64 / 32 (16 or 18 for dv = 512).
 template <typename T, int KS>
 __global__ void __launch_bounds__(kWgThreads, 1)
