@@ -17,7 +17,8 @@
 Rows past the time budget are reported as skipped. `--profile` adds, per kernel row, the GPU kernels one
 forward + backward launches with their mean device time (torch.profiler) and the copy bandwidth of the run;
 `--hashes` the SHA-256 of each kernel row's outputs and gradients (the same inputs every run: seed 0), to
-compare two builds bit for bit.
+compare two builds bit for bit. `--mma-sync N` runs on the bench library with the mma.sync kernels where
+the wgmma ones would run (N: bit 0 the forward, bit 1 the backward), for side-by-side runs in one call.
 """
 
 from __future__ import annotations
@@ -305,14 +306,40 @@ def main():
     ap.add_argument(
         "--hashes", action="store_true", help="SHA-256 of each kernel row's outputs and gradients (compare builds)"
     )
+    ap.add_argument(
+        "--mma-sync",
+        type=int,
+        default=None,
+        help="run on the bench library with opslot_sparse_mqa_set_tuning(N): bit 0 the mma.sync forward, bit 1 "
+        "the mma.sync backward where the wgmma ones apply (the rows say so)",
+    )
     args = ap.parse_args()
+    if args.mma_sync is not None:
+        import contextlib
+        import ctypes
+
+        from opslot.kernels.cuda import _lib
+
+        with contextlib.ExitStack() as stack:
+            lib = stack.enter_context(_lib.using_library(_lib.bench_library_path()))
+            lib.opslot_sparse_mqa_set_tuning.argtypes = [ctypes.c_int]
+            if lib.opslot_sparse_mqa_set_tuning(args.mma_sync) != 0:
+                ap.error(f"--mma-sync {args.mma_sync}: the bench library refused it (0 to 3)")
+            try:
+                return run(args, f"bench library, opslot_sparse_mqa_set_tuning({args.mma_sync})")
+            finally:
+                lib.opslot_sparse_mqa_set_tuning(0)
+    return run(args, None)
+
+
+def run(args, library):
     unknown = sorted(set(args.models.split(",")) - set(MODELS))
     if unknown:
-        ap.error(f"unknown --models {', '.join(unknown)} (known: {', '.join(MODELS)})")
+        raise SystemExit(f"unknown --models {', '.join(unknown)} (known: {', '.join(MODELS)})")
     rate = gemm_rate()
     lines = [
         f"GPU: {torch.cuda.get_device_name()}; bf16 GEMM 8192^3 measured {rate / 1e12:.0f} TFLOP/s (the bound); "
-        "batch 1, bf16",
+        "batch 1, bf16" + (f"; kernels: {library}" if library else ""),
         "",
         "| what | context | pass | impl | device ms (graph) | user ms (events) | % of tensor-core bound | peak extra GiB |",
         "|---|---|---|---|---|---|---|---|",

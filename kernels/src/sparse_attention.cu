@@ -11,13 +11,15 @@
 // kernel adds those rows per key in a fixed order (an inverse index sorted by key, then query).
 // fp32: the same algorithm on CUDA cores in fp32 (exact, slow: for tests and fp32 users).
 //
-// On compute capability 9.0 the forward for dv = 512 (both models) runs the same algorithm with
-// warpgroup MMAs (sparse_attention_fwd90.cuh; the same bits as the mma.sync kernel).
+// On compute capability 9.0, for dv = 512 (both models), the forward and the bf16 backward run the
+// same algorithm with warpgroup MMAs (sparse_attention_fwd90.cuh, _bwd90.cuh; the same bits as the
+// mma.sync kernels).
 //
-// The kernels are in sparse_attention_fwd.cuh, _fwd90.cuh (Hopper), _bwd.cuh, _simt.cuh (fp32) and
-// _reduce.cuh (the dkv reduction, sinks, mask rows); this file holds the checks, the launchers and
-// the C ABI.
-#include "sparse_attention_fwd90.cuh"
+// The kernels are in sparse_attention_fwd.cuh, _fwd90.cuh, _bwd.cuh, _bwd90.cuh, _simt.cuh (fp32)
+// and _reduce.cuh (the dkv reduction, sinks, mask rows); this file holds the checks, the launchers
+// and the C ABI.
+#include "sparse_attention_bwd.cuh"
+#include "sparse_attention_bwd90.cuh"
 #include "sparse_attention_reduce.cuh"
 
 namespace opslot::sparse {
@@ -115,23 +117,33 @@ int set_smem(K kernel, size_t bytes, const char* what) {
   return OPSLOT_OK;
 }
 
-// The forward kernel (opslot_sparse_mqa_set_tuning, bench library only): 0 (the default) the
-// wgmma kernel where it applies, 1 the mma.sync kernel everywhere.
+// The kernels that take the mma.sync path where a wgmma one applies (opslot_sparse_mqa_set_tuning,
+// bench library only): bit 0 the forward, bit 1 the backward; 0 (the default) neither.
 #ifdef OPSLOT_KERNELS_BENCH
-int g_fwd_kernel = 0;
+int g_mma_sync = 0;
 #else
-constexpr int g_fwd_kernel = 0;
+constexpr int g_mma_sync = 0;
 #endif
 
-// fwd_wgmma_kernel applies: dv = 512, 16-byte copies of the q and kv rows, and the current device
-// is compute capability 9.0 (the library's sm_90a code).
-bool use_fwd90(const Dev& d) {
-  if (g_fwd_kernel != 0 || d.dv != 512 || !d.q_vec || !d.kv_vec) return false;
+// The current device is compute capability 9.0 (the library's sm_90a code).
+bool hopper() {
   int dev = 0, major = 0, minor = 0;
   return cudaGetDevice(&dev) == cudaSuccess &&
          cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
          cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
          major == 9 && minor == 0;
+}
+
+// fwd_wgmma_kernel applies: dv = 512, 16-byte copies of the q and kv rows, on Hopper.
+bool use_fwd90(const Dev& d) {
+  return (g_mma_sync & 1) == 0 && d.dv == 512 && d.q_vec && d.kv_vec && hopper();
+}
+
+// bwd_wgmma_kernel applies: bf16, dv = 512, 16-byte copies of the q, kv and dout rows and of the
+// w rows, on Hopper (fp16's fp32 w rows do not fit its staging).
+bool use_bwd90(const Dev& d, int dtype, const void* w) {
+  return (g_mma_sync & 2) == 0 && dtype == OPSLOT_BFLOAT16 && d.dv == 512 && d.q_vec && d.kv_vec &&
+         d.do_vec && aligned16(w) && hopper();
 }
 
 template <typename Kern, typename... A>
@@ -222,6 +234,13 @@ OPSLOT_API int opslot_sparse_mqa_bwd_queries(const opslot_sparse_mqa_problem* p,
                     q_begin, static_cast<float*>(w));
     } else {
       using W = std::conditional_t<std::is_same_v<T, __nv_bfloat16>, __nv_bfloat16, float>;
+      if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+        if (use_bwd90(d, p->dtype, w))  // 512 <= Dqk <= 576: 32 or 36 k-steps of S
+          return launch(what, d.dpad == 512 ? bwd_wgmma_kernel<32> : bwd_wgmma_kernel<36>,
+                        dim3(nq, static_cast<unsigned>(head_blocks(*p))), kWgThreads, bwd90_smem(d),
+                        stream, d, go, o, lse, q_begin, static_cast<T*>(dq), static_cast<T*>(w),
+                        dsink_part);
+      }
       return launch(what, bwd_mma_kernel<T, W>, dim3(nq, static_cast<unsigned>(head_blocks(*p))),
                     kBwdThreads, bwd_smem(d, sizeof(T)), stream, d, go, o, lse, q_begin,
                     static_cast<T*>(dq), static_cast<W*>(w), dsink_part);
@@ -323,10 +342,11 @@ OPSLOT_API int opslot_sparse_mqa_mask_indices(const void* mask, int mask_kind, i
 }  // extern "C"
 
 #ifdef OPSLOT_KERNELS_BENCH
-extern "C" OPSLOT_API int opslot_sparse_mqa_set_tuning(int fwd_kernel) {
-  if (fwd_kernel != 0 && fwd_kernel != 1)
-    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "sparse mqa tuning: fwd_kernel 0 or 1");
-  g_fwd_kernel = fwd_kernel;
+extern "C" OPSLOT_API int opslot_sparse_mqa_set_tuning(int mma_sync) {
+  if (mma_sync < 0 || mma_sync > 3)
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT,
+                     "sparse mqa tuning: mma_sync 0 to 3 (bit 0 the forward, bit 1 the backward)");
+  g_mma_sync = mma_sync;
   return OPSLOT_OK;
 }
 #endif  // OPSLOT_KERNELS_BENCH

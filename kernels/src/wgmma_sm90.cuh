@@ -1,13 +1,14 @@
-// Warpgroup MMA (wgmma, sm_90a) helpers of the Hopper kernels (sparse_attention_fwd90.cuh): the
-// shared-memory matrix descriptor of 128-byte-swizzled tiles, the two MMA shapes the kernels use,
-// and the fences. Compiled to code only where __CUDA_ARCH_FEAT_SM90_ALL is defined (the sm_90a
-// pass); OPSLOT_WGMMA says so to the kernels, whose bodies are empty in the other passes.
+// Warpgroup MMA (wgmma, sm_90a) helpers of the Hopper kernels (sparse_attention_fwd90.cuh,
+// _bwd90.cuh): the shared-memory matrix descriptor of 128-byte-swizzled tiles, the MMA shapes the
+// kernels use, and the fences. Compiled to code only where __CUDA_ARCH_FEAT_SM90_ALL is defined
+// (the sm_90a pass); OPSLOT_WGMMA says so to the kernels, whose bodies are empty in the other
+// passes.
 //
 // Tile layout (both operands): rows of 64 16-bit elements, 128 bytes each, in 64-column blocks;
 // the 16-byte chunk c of row r is stored at chunk c ^ (r % 8) (the 128-byte swizzle), groups of
 // 8 rows are 1024 bytes apart, every block 1024-byte aligned. The same tile is a K-major operand
-// (rows = M or N, the 64 columns = K: S = Q K^T) and an MN-major one (rows = K, columns = N: O += P
-// V).
+// (rows = M or N, the 64 columns = K: S = Q K^T) and an MN-major one (rows = K, columns = M or N:
+// O += P V, dkv^T = Q^T dS).
 //
 // Accumulators of m64nN (fp32, N / 2 registers per thread): warp w of the warpgroup holds rows
 // 16 w .. 16 w + 15; register 4 j + e holds row 16 w + lane / 4 + 8 (e / 2), column 8 j + 2 (lane
@@ -66,25 +67,35 @@ __device__ __forceinline__ void reg_fence(uint32_t (&r)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
 }
 
-#define OPSLOT_WGMMA_SS_M64N32(TY)                                                                \
+#define OPSLOT_WGMMA_SS_M64N32(TY, TA)                                                            \
   asm volatile(                                                                                   \
       "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"                                                \
       "wgmma.mma_async.sync.aligned.m64n32k16.f32." TY "." TY                                     \
       " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, " \
-      "1, 0, 0;\n}\n"                                                                             \
+      "1, " TA ", 0;\n}\n"                                                                        \
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),       \
         "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),   \
         "+f"(d[14]), "+f"(d[15])                                                                  \
       : "l"(da), "l"(db), "r"(1))
 
-// d (64 x 32) += A (64 x 16, K-major tile) * B (16 x 32, K-major tile: 32 rows of 16 elements).
-template <typename T>
+// d (64 x 32) += A (64 x 16) * B (16 x 32, K-major tile: 32 rows of 16 elements); A a K-major tile
+// (64 rows of 16 elements) or, kMnA, an MN-major one (16 rows of 64 elements: the transpose of a
+// K-major tile's 64-column block).
+template <typename T, bool kMnA = false>
 __device__ __forceinline__ void wgmma_m64n32_ss(float (&d)[16], uint64_t da, uint64_t db) {
 #if defined(OPSLOT_WGMMA)
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    OPSLOT_WGMMA_SS_M64N32("bf16");
+    if constexpr (kMnA) {
+      OPSLOT_WGMMA_SS_M64N32("bf16", "1");
+    } else {
+      OPSLOT_WGMMA_SS_M64N32("bf16", "0");
+    }
   } else {
-    OPSLOT_WGMMA_SS_M64N32("f16");
+    if constexpr (kMnA) {
+      OPSLOT_WGMMA_SS_M64N32("f16", "1");
+    } else {
+      OPSLOT_WGMMA_SS_M64N32("f16", "0");
+    }
   }
 #endif
 }
@@ -116,7 +127,34 @@ __device__ __forceinline__ void wgmma_m64n64_rs(float (&d)[32], const uint32_t (
 #endif
 }
 
+#define OPSLOT_WGMMA_RS_M64N32(TY)                                                                \
+  asm volatile(                                                                                   \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"                                                \
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32." TY "." TY                                     \
+      " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, " \
+      "%19}, %20, p, 1, 1, 1;\n}\n"                                                               \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),       \
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),   \
+        "+f"(d[14]), "+f"(d[15])                                                                  \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1))
+
+// d (64 x 32) += A (64 x 16, registers) * B (16 x 32, MN-major tile: 16 rows of 32 elements, the
+// first or the second half of a 64-column block: the swizzle is a function of the address, so a
+// descriptor 64 bytes into the rows reads the second half).
+template <typename T>
+__device__ __forceinline__ void wgmma_m64n32_rs(float (&d)[16], const uint32_t (&a)[4],
+                                                uint64_t db) {
+#if defined(OPSLOT_WGMMA)
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    OPSLOT_WGMMA_RS_M64N32("bf16");
+  } else {
+    OPSLOT_WGMMA_RS_M64N32("f16");
+  }
+#endif
+}
+
 #undef OPSLOT_WGMMA_SS_M64N32
+#undef OPSLOT_WGMMA_RS_M64N32
 #undef OPSLOT_WGMMA_RS_M64N64
 
 }  // namespace opslot::sm90

@@ -67,10 +67,11 @@ OPSLOT_API int opslot_load_balancing_set_tuning(int forward_path, int backward_p
  * ring (production: 3-deep; 2 blocks per SM each; all the same bits). */
 OPSLOT_API int opslot_mhc_set_tuning(int hold_max_threads, int dx_version);
 
-/* Sparse MQA attention's forward kernel: 0 (the default) the warpgroup-MMA kernel on compute
- * capability 9.0 where the q and kv rows allow 16-byte copies, else the mma.sync kernel; 1 the
- * mma.sync kernel everywhere (the sm_80 path, for side-by-side runs and its tests on an H200). */
-OPSLOT_API int opslot_sparse_mqa_set_tuning(int fwd_kernel);
+/* Sparse MQA attention's kernels where the warpgroup-MMA ones apply (compute capability 9.0, dv
+ * 512, rows that allow 16-byte copies; the backward bf16 only): mma_sync bit 0 runs the mma.sync
+ * forward there, bit 1 the mma.sync backward (the sm_80 paths, for side-by-side runs and their
+ * tests on an H200; the same bits either way); 0 (the default) the wgmma kernels. */
+OPSLOT_API int opslot_sparse_mqa_set_tuning(int mma_sync);
 
 #ifdef __cplusplus
 }

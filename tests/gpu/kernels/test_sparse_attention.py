@@ -3,8 +3,8 @@ against a dense fp64 reference (every key not listed for a query masked): output
 q, kv and the sinks, bf16 / fp16 (tensor cores) and fp32 (CUDA cores); odd sizes (heads not a multiple of 16,
 more than one 64-head block, partial key tiles, head dims that rule out 16-byte copies, odd head dims
 (the backward's one-column stores and per-column dkv reduction), K = 1, T = 1, batch > 1), rows without keys,
-whole key tiles without keys, indices out of range; which forward kernel runs (the wgmma one on Hopper for
-dv 512) and the mma.sync one there through the bench library's knob; bitwise determinism across runs and
+whole key tiles without keys, indices out of range; which forward and backward kernels run (the wgmma ones on
+Hopper for dv 512) and the mma.sync ones there through the bench library's knob, with the same bits; bitwise determinism across runs and
 across the backward's chunking; strided inputs; opcheck, torch.compile and CUDA-graph capture; the mask-to-index
 kernel against its CPU kernel; the GLM and DeepSeek-V4 glue against upstream's eager attention and the
 slots' `torch` kernels on tiny modules."""
@@ -153,7 +153,7 @@ def test_which_forward_kernel_runs():
     with bench_library() as lib:
         default = forwards()
         set_fwd = knob(lib, "opslot_sparse_mqa_set_tuning", 1)
-        assert set_fwd(2) != 0
+        assert set_fwd(4) != 0
         assert set_fwd(1) == 0
         try:
             assert _forward_kernels(q, kv, idx, 512) == {"fwd_mma_kernel"}
@@ -164,6 +164,61 @@ def test_which_forward_kernel_runs():
         finally:
             assert set_fwd(0) == 0
         assert _forward_kernels(q, kv, idx, 512) == {"fwd_wgmma_kernel" if hopper else "fwd_mma_kernel"}
+
+
+def _backward_kernels(q, kv, idx, dv):
+    """Names of the sparse attention backward kernels (dq and the w rows) one call launches."""
+    from torch.profiler import ProfilerActivity, profile
+
+    leaves = [q.detach().clone().requires_grad_(True), kv.detach().clone().requires_grad_(True)]
+    out, _ = _sa().sparse_mqa_attention(leaves[0], leaves[1], idx, None, 0.1, dv)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        out.float().sum().backward()
+        torch.cuda.synchronize()
+    return {e.name.split("<")[0].split("::")[-1] for e in prof.events() if "bwd_" in e.name}
+
+
+def test_which_backward_kernel_runs():
+    """The wgmma backward on compute capability 9.0 for bf16 with dv 512 and 16-byte rows, else the mma.sync
+    one (fp16, other dv); the bench library's knob (bit 1) selects the mma.sync one, which gives the same bits
+    as the wgmma kernel (the same products in the same order) on odd shapes: heads in two padded blocks, a
+    partial last tile, whole tiles without keys, Dqk 576, 520 (not a multiple of 64) and 512, sinks."""
+    hopper = torch.cuda.get_device_capability() == (9, 0)
+    q = torch.randn(1, 4, 64, 576, device="cuda", dtype=torch.bfloat16)
+    kv = torch.randn(1, 50, 576, device="cuda", dtype=torch.bfloat16)
+    idx = make_indices(1, 4, 50, 40)
+    assert _backward_kernels(q, kv, idx, 512) == {"bwd_wgmma_kernel" if hopper else "bwd_mma_kernel"}
+    assert _backward_kernels(q, kv, idx, 448) == {"bwd_mma_kernel"}
+    assert _backward_kernels(q.half(), kv.half(), idx, 512) == {"bwd_mma_kernel"}
+    inputs = []
+    for H, D, T, K, sinks in [
+        (70, 576, 300, 200, None),
+        (64, 512, 260, 160, torch.randn(64, device="cuda")),
+        (5, 520, 90, 77, torch.randn(5, device="cuda")),
+    ]:
+        ix = make_indices(2, 9, T, K, skip=0.3)
+        ix[0, 1, 32:96] = -1  # whole tiles without keys
+        ix[1, 3] = -1  # a query without keys
+        q1 = torch.randn(2, 9, H, D, device="cuda", dtype=torch.bfloat16)
+        kv1 = torch.randn(2, T, D, device="cuda", dtype=torch.bfloat16)
+        inputs.append((q1, kv1, ix, sinks, torch.randn(2, 9, H, 512, device="cuda")))
+
+    def backwards():
+        return [_fwd_bwd(*a, 512) for a in inputs]
+
+    with bench_library() as lib:
+        default = backwards()
+        set_kernels = knob(lib, "opslot_sparse_mqa_set_tuning", 1)
+        assert set_kernels(2) == 0
+        try:
+            assert _backward_kernels(q, kv, idx, 512) == {"bwd_mma_kernel"}
+            for got, ref in zip(default, backwards()):
+                for a, b, name in zip(got, ref, ("out", "lse", "dq", "dkv", "dsinks")):
+                    assert torch.equal(a, b), f"{name}: the two backward kernels differ"
+        finally:
+            assert set_kernels(0) == 0
+    for a, b in zip(backwards()[0], default[0]):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

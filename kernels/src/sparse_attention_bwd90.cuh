@@ -1,0 +1,293 @@
+// Sparse MQA attention's backward on Hopper (sm_90a, warpgroup MMA): the algorithm of
+// bwd_mma_kernel (sparse_attention_bwd.cuh) with the products as wgmma from shared memory.
+// sparse_attention.cu launches it on compute capability 9.0 for bf16 inputs with dv = 512 whose
+// rows allow 16-byte copies; bwd_mma_kernel takes the rest.
+//
+// One CTA (two warpgroups) per query token and block of 64 heads. Q, dO and a ring of two 32-key
+// tiles sit in shared memory as 128-byte-swizzled 64-column blocks (wgmma_sm90.cuh). Per tile:
+//   S = Q K^T (warpgroup 0) and dP = dO V^T (warpgroup 1) at once, m64n32k16 from shared memory;
+//   warpgroup 0 forms P and dS = P (dP - delta) scale from dP passed through shared memory, and
+//   writes both transposed ([key][head] tiles) and dS as warpgroup 1's A fragments;
+//   dq += dS K: warpgroup w its half of Dqk in 32-column pieces (m64n32k16, dS from registers, the
+//   key tile MN-major), accumulated in registers over the tiles;
+//   the tile's dkv rows, transposed: per 64-column block b, D[col][key] = sum_h Q[h][col]
+//   dS[h][key]
+//   + sum_h dO[h][col] P[h][key] (m64n32k16, the Q and dO blocks MN-major, the [key][head] tiles
+//   K-major), four blocks per warpgroup (warpgroup 1 also block 8 of Dqk 576), staged through
+//   shared memory and written to the scratch rows w[query, head block, key slot, :] as 16-byte
+//   pieces.
+// The products and their orders are bwd_mma_kernel's (S and dP over Dqk in 16-column steps, dq per
+// 16 keys, dkv per 16 heads, dS^T Q then P^T dO), so the results are the same bits. 226 KB of
+// shared memory at Dqk 576; 238-255 registers.
+#pragma once
+
+#include "sparse_attention_fwd90.cuh"
+
+namespace opslot::sparse {
+namespace {
+
+constexpr int kBwdStages = 2;      // key tiles in the ring
+constexpr int kTileT = kBk * 128;  // a [32 keys][64 heads] tile (P^T, dS^T) or dkv staging
+constexpr int kXchg = 16 * 128;    // floats: dP for warpgroup 0, then dS fragments and staging
+
+// Shared-memory bytes of bwd_wgmma_kernel (1 KB of slack to align the tiles to 1024 bytes).
+size_t bwd90_smem(const Dev& d) {
+  const int nblk = d.dpad / 64, nvb = d.dvpad / 64;
+  return 1024 + static_cast<size_t>(nblk + nvb) * kBlkQ +
+         static_cast<size_t>(kBwdStages) * nblk * kBlkK + 2 * kTileT + kXchg * sizeof(float) +
+         2 * kRows * sizeof(float) + kBwdStages * kBk * sizeof(int);
+}
+
+// Byte offset of element (row, col) in a swizzled tile of 128-byte rows (col < 64).
+__device__ __forceinline__ int sw_off(int row, int col) {
+  return row * 128 + ((((col >> 3) ^ row) & 7) << 4) + (col & 7) * 2;
+}
+
+__device__ __forceinline__ void bar_wg(int wg) {
+  asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
+}
+
+// KS: k-steps of 16 columns of Dqk (32 or 36).
+template <int KS>
+__global__ void __launch_bounds__(kWgThreads, 1)
+    bwd_wgmma_kernel(const Dev p, const __nv_bfloat16* __restrict__ dout,
+                     const __nv_bfloat16* __restrict__ outp, const float* __restrict__ lse,
+                     int64_t q_begin, __nv_bfloat16* __restrict__ dq,
+                     __nv_bfloat16* __restrict__ wout, float* __restrict__ dsink_part) {
+#if defined(OPSLOT_WGMMA)
+  using T = __nv_bfloat16;
+  using namespace opslot::sm90;
+  constexpr int NB = KS / 4;  // 64-column blocks of Dqk
+  // dq: warpgroup w the 32-column halves [w NB, (w + 1) NB) of the blocks (Dqk 576: four and a half
+  // blocks each); dkv: below
+  constexpr int NVB = 8;  // dv = 512
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  unsigned char* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+  unsigned char* sQ = smem;
+  unsigned char* sdO = sQ + NB * kBlkQ;
+  unsigned char* sK = sdO + NVB * kBlkQ;  // kBwdStages tiles of NB blocks
+  unsigned char* sPt = sK + kBwdStages * NB * kBlkK;
+  unsigned char* sdSt = sPt + kTileT;
+  float* sX = reinterpret_cast<float*>(sdSt + kTileT);
+  uint32_t* sXu = reinterpret_cast<uint32_t*>(sX);
+  float* sLse2 = sX + kXchg;
+  float* sDelta = sLse2 + kRows;
+  int* sIdx = reinterpret_cast<int*>(sDelta + kRows);  // [kBwdStages][kBk]
+
+  // wg through a shuffle: the compiler sees it uniform in a warp, so the wgmma in the warpgroup's
+  // branches below stay asynchronous
+  const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid >> 7, 0), t = tid & 127;
+  const int lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, qd = lane & 3, row0 = ((t >> 5) << 4) + g;  // rows row0, row0 + 8
+  const int64_t qi = q_begin + blockIdx.x;
+  const QueryRows<T> rows(p, qi);
+  const int hb = blockIdx.y, h0 = hb * kRows, nhb = gridDim.y;
+  const int ntiles = static_cast<int>((p.K + kBk - 1) / kBk);
+  const int npad = NB * 8, nvalid = static_cast<int>(p.dqk / 8);
+
+  // Copies as in fwd_wgmma_kernel: thread (lr, lk) loads rows lr and lr + 32 of Q and dO, row lr of
+  // a key tile, chunks lk, lk + 8, ...
+  const int lr = tid >> 3, lk = tid & 7, sw = lr * 128 + ((lk ^ (lr & 7)) << 4);
+  for (int half = 0; half < 2; ++half) {
+    const int r = lr + half * kBk, h = h0 + r;
+    const T* q = h < p.H ? rows.q + h * p.qs2 : nullptr;
+    const T* o = h < p.H ? dout + (qi * p.H + h) * p.dv : nullptr;
+    load_row_sw(sQ, kRows, sw + half * kBk * 128, lk, npad, nvalid,
+                reinterpret_cast<const unsigned char*>(q), rows.q);
+    load_row_sw(sdO, kRows, sw + half * kBk * 128, lk, NVB * 8, NVB * 8,
+                reinterpret_cast<const unsigned char*>(o), dout);
+  }
+  auto issue = [&](int tile) {
+    const int st = tile % kBwdStages;
+    const int id = key_of(p, rows.idx, static_cast<int64_t>(tile) * kBk + lr);
+    if (lk == 0) sIdx[st * kBk + lr] = id;
+    load_row_sw(sK + st * NB * kBlkK, kBk, sw, lk, npad, nvalid,
+                id >= 0 ? reinterpret_cast<const unsigned char*>(rows.kv + id * p.kvs1) : nullptr,
+                rows.kv);
+  };
+  if (ntiles > 0) issue(0);
+  cp_async_commit();
+
+  // delta = rowsum(dO * O) and lse (log2 units; +inf for rows without keys, so that P = 0), per
+  // row as bwd_mma_kernel.
+#pragma unroll
+  for (int rr = 0; rr < kRows / 8; ++rr) {
+    const int r = warp * (kRows / 8) + rr, h = h0 + r;
+    float d = 0.f;
+    if (h < p.H) {
+      const T* o = outp + (qi * p.H + h) * p.dv;
+      const T* go = dout + (qi * p.H + h) * p.dv;
+      for (int c = lane; c < p.dv; c += 32) d += to_float(o[c]) * to_float(go[c]);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+    if (lane == 0) {
+      const float l = h < p.H ? lse[qi * p.H + h] : neg_inf();
+      sDelta[r] = d;
+      sLse2[r] = l == neg_inf() ? pos_inf() : l * kLog2e;
+      if (dsink_part != nullptr && h < p.H)
+        dsink_part[qi * p.H + h] = l == neg_inf() ? 0.f : -expf(p.sinks[h] - l) * d;
+    }
+  }
+
+  const int hq0 = wg * NB;  // the first of this warpgroup's halves
+  float dqa[NB][16];
+#pragma unroll
+  for (int b = 0; b < NB; ++b)
+#pragma unroll
+    for (int e = 0; e < 16; ++e) dqa[b][e] = 0.f;
+  const uint64_t dq0 = desc_sw128(sQ), do0 = desc_sw128(sdO);
+  const uint64_t dpt = desc_sw128(sPt), ddst = desc_sw128(sdSt);
+  unsigned char* stage = reinterpret_cast<unsigned char*>(sX) + (1 - wg) * kTileT;
+
+  for (int it = 0; it < ntiles; ++it) {
+    const int st = it % kBwdStages;
+    cp_async_wait<0>();
+    fence_async_smem();
+    // Every warpgroup is past tile it - 1 here: its stage may take tile it + 1.
+    const int live = __syncthreads_or(tid < kBk && sIdx[st * kBk + tid] >= 0);
+    if (it + 1 < ntiles) issue(it + 1);
+    cp_async_commit();
+    if (!live) continue;  // adds nothing to dq and writes no w row: the same result
+    const int* tidx = sIdx + st * kBk;
+    const uint64_t dk0 = desc_sw128(sK + st * NB * kBlkK);
+
+    // S (warpgroup 0) and dP (warpgroup 1), 16 columns a step.
+    float sc[16];
+#pragma unroll
+    for (int e = 0; e < 16; ++e) sc[e] = 0.f;
+    reg_fence(sc);
+    wg_fence();
+    if (wg == 0) {
+#pragma unroll
+      for (int k = 0; k < KS; ++k)
+        wgmma_m64n32_ss<T>(sc, dq0 + (k >> 2) * (kBlkQ / 16) + (k & 3) * 2,
+                           dk0 + (k >> 2) * (kBlkK / 16) + (k & 3) * 2);
+    } else {
+#pragma unroll
+      for (int k = 0; k < NVB * 4; ++k)
+        wgmma_m64n32_ss<T>(sc, do0 + (k >> 2) * (kBlkQ / 16) + (k & 3) * 2,
+                           dk0 + (k >> 2) * (kBlkK / 16) + (k & 3) * 2);
+    }
+    wg_commit();
+    wg_wait<0>();
+    reg_fence(sc);
+    if (wg == 1) {
+#pragma unroll
+      for (int e = 0; e < 16; ++e) sX[e * 128 + t] = sc[e];
+    }
+    __syncthreads();
+    uint32_t pa[kBk / 16][4];
+    if (wg == 0) {  // P and dS of the thread's 16 entries, as bwd_mma_kernel's S warps
+      float ds[16];
+#pragma unroll
+      for (int e = 0; e < 16; ++e) {
+        const int r = row0 + 8 * ((e >> 1) & 1), c = (e >> 2) * 8 + 2 * qd + (e & 1);
+        const float pe = tidx[c] >= 0 ? exp2f(sc[e] * p.scale_log2 - sLse2[r]) : 0.f;
+        ds[e] = pe * (sX[e * 128 + t] - sDelta[r]) * p.scale;
+        *reinterpret_cast<T*>(sPt + sw_off(c, r)) = from_float<T>(pe);
+        *reinterpret_cast<T*>(sdSt + sw_off(c, r)) = from_float<T>(ds[e]);
+      }
+#pragma unroll
+      for (int kk = 0; kk < kBk / 16; ++kk) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          pa[kk][i] = pack2<T>(ds[8 * kk + 2 * i], ds[8 * kk + 2 * i + 1]);
+          sXu[(kk * 4 + i) * 128 + t] = pa[kk][i];  // where this thread read its dP
+        }
+      }
+      fence_async_smem();
+    }
+    __syncthreads();
+    if (wg == 1) {
+#pragma unroll
+      for (int kk = 0; kk < kBk / 16; ++kk)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) pa[kk][i] = sXu[(kk * 4 + i) * 128 + t];
+    }
+
+    // dq += dS K over this warpgroup's halves.
+#pragma unroll
+    for (int kk = 0; kk < kBk / 16; ++kk) reg_fence(pa[kk]);
+#pragma unroll
+    for (int b = 0; b < NB; ++b) reg_fence(dqa[b]);
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBk / 16; ++kk)
+#pragma unroll
+      for (int b = 0; b < NB; ++b) {
+        const int hh = hq0 + b;
+        wgmma_m64n32_rs<T>(dqa[b], pa[kk],
+                           dk0 + (hh >> 1) * (kBlkK / 16) + (hh & 1) * 4 + kk * (2048 / 16));
+      }
+    wg_commit();
+    wg_wait<0>();  // (the fragments free for the dkv products' registers)
+#pragma unroll
+    for (int b = 0; b < NB; ++b) reg_fence(dqa[b]);
+
+    // The dkv rows of the tile, one 64-column block at a time: warpgroup w blocks 4 w .. 4 w + 3
+    // (both terms), then warpgroup 1 block 8 of Dqk 576 (dS^T Q only). A block's MMAs are one group
+    // without a branch between them.
+    auto dkv_block = [&](int blk, auto with_do) {
+      float acc[16];
+#pragma unroll
+      for (int e = 0; e < 16; ++e) acc[e] = 0.f;
+      reg_fence(acc);
+      wg_fence();
+#pragma unroll
+      for (int kk = 0; kk < kRows / 16; ++kk)
+        wgmma_m64n32_ss<T, true>(acc, dq0 + blk * (kBlkQ / 16) + kk * (2048 / 16), ddst + kk * 2);
+      if constexpr (decltype(with_do)::value) {
+#pragma unroll
+        for (int kk = 0; kk < kRows / 16; ++kk)
+          wgmma_m64n32_ss<T, true>(acc, do0 + blk * (kBlkQ / 16) + kk * (2048 / 16), dpt + kk * 2);
+      }
+      wg_commit();
+      wg_wait<0>();
+      reg_fence(acc);
+      bar_wg(wg);  // the warpgroup's previous block is out (and warpgroup 1 has its fragments)
+                   // acc[4 j + e]: column row0 + 8 (e / 2) of the block, key 8 j + 2 qd + e % 2
+#pragma unroll
+      for (int e = 0; e < 16; ++e) {
+        const int col = row0 + 8 * ((e >> 1) & 1), key = (e >> 2) * 8 + 2 * qd + (e & 1);
+        *reinterpret_cast<T*>(stage + sw_off(key, col)) = from_float<T>(acc[e]);
+      }
+      bar_wg(wg);
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int c = t + 128 * i, key = c >> 3, ch = c & 7;
+        const int64_t j = static_cast<int64_t>(it) * kBk + key;
+        const int col = blk * 64 + ch * 8;
+        if (j >= p.K || tidx[key] < 0 || col >= p.dqk) continue;
+        T* wrow = wout + (((qi - q_begin) * nhb + hb) * p.K + j) * p.dqk;
+        *reinterpret_cast<uint4*>(wrow + col) =
+            *reinterpret_cast<const uint4*>(stage + key * 128 + ((ch ^ (key & 7)) << 4));
+      }
+    };
+#pragma unroll
+    for (int b = 0; b < NVB / 2; ++b) dkv_block(wg * (NVB / 2) + b, std::true_type{});
+    if constexpr (NB > NVB) {
+      if (wg == 1) dkv_block(NVB, std::false_type{});
+    }
+  }
+  cp_async_wait<0>();  // no tile at all (K = 0): the row copies are still in flight
+
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int h = h0 + row0 + 8 * i;
+    if (h >= p.H) continue;
+    T* row = dq + (qi * p.H + h) * p.dqk;
+#pragma unroll
+    for (int b = 0; b < NB; ++b) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int c = (hq0 + b) * 32 + j * 8 + 2 * qd;
+        if (c < p.dqk) st_pair(row + c, dqa[b][4 * j + 2 * i], dqa[b][4 * j + 2 * i + 1]);
+      }
+    }
+  }
+#endif
+}
+
+}  // namespace
+}  // namespace opslot::sparse
