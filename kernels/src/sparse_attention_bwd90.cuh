@@ -97,16 +97,23 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     load_row_sw(sdO, kRows, sw + half * kBk * 128, lk, NVB * 8, NVB * 8,
                 reinterpret_cast<const unsigned char*>(o), dout);
   }
-  auto issue = [&](int tile) {
+  // The index of row lr of a tile, read a tile ahead of its copies (raw: -1 past K; the range check
+  // at the copy), so that its latency is not on the path of every tile.
+  auto raw_index = [&](int tile) -> int {
+    const int64_t j = static_cast<int64_t>(tile) * kBk + lr;
+    return tile < ntiles && j < p.K ? rows.idx[j] : -1;
+  };
+  auto issue = [&](int tile, int raw) {
     const int st = tile % kBwdStages;
-    const int id = key_of(p, rows.idx, static_cast<int64_t>(tile) * kBk + lr);
+    const int id = raw >= 0 && raw < p.T ? raw : -1;  // key_of
     if (lk == 0) sIdx[st * kBk + lr] = id;
     load_row_sw(sK + st * NB * kBlkK, kBk, sw, lk, npad, nvalid,
                 id >= 0 ? reinterpret_cast<const unsigned char*>(rows.kv + id * p.kvs1) : nullptr,
                 rows.kv);
   };
-  if (ntiles > 0) issue(0);
+  if (ntiles > 0) issue(0, raw_index(0));
   cp_async_commit();
+  int next = raw_index(1);
 
   // delta = rowsum(dO * O) and lse (log2 units; +inf for rows without keys, so that P = 0), per
   // row as bwd_mma_kernel.
@@ -146,8 +153,9 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     fence_async_smem();
     // Every warpgroup is past tile it - 1 here: its stage may take tile it + 1.
     const int live = __syncthreads_or(tid < kBk && sIdx[st * kBk + tid] >= 0);
-    if (it + 1 < ntiles) issue(it + 1);
+    if (it + 1 < ntiles) issue(it + 1, next);
     cp_async_commit();
+    next = raw_index(it + 2);
     if (!live) continue;  // adds nothing to dq and writes no w row: the same result
     const int* tidx = sIdx + st * kBk;
     const uint64_t dk0 = desc_sw128(sK + st * NB * kBlkK);
