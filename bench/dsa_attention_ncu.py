@@ -3,7 +3,7 @@
 dv 512, the top-2048 index lists of bench/dsa_attention.py), bf16, for Nsight Compute to profile the forward
 and one backward chunk of the second call. docs/results/dsa_attention_h200.md's ncu table:
 
-    ncu --clock-control none -k regex:"fwd_wgmma|bwd_mma" --launch-skip 6 --launch-count 2 \
+    ncu --clock-control none -k regex:"fwd_wgmma|bwd_" --launch-skip 6 --launch-count 2 \
         --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy \
         python3 bench/dsa_attention_ncu.py
 
