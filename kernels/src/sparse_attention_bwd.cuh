@@ -24,6 +24,30 @@ __device__ __forceinline__ void st_w_pair(W* p, float a, float b) {
   }
 }
 
+// Row r of the head block, by one warp: delta = rowsum(dO * O), lse in log2 units (+inf for rows
+// without keys, so that P = 0) and the row's part of the sink's gradient. Both backward kernels.
+template <typename T>
+__device__ __forceinline__ void row_delta_lse(const Dev& p, const T* dout, const T* outp,
+                                              const float* lse, int64_t qi, int h0, int r,
+                                              float* sDelta, float* sLse2, float* dsink_part) {
+  const int lane = threadIdx.x & 31, h = h0 + r;
+  float d = 0.f;
+  if (h < p.H) {
+    const T* o = outp + (qi * p.H + h) * p.dv;
+    const T* go = dout + (qi * p.H + h) * p.dv;
+    for (int c = lane; c < p.dv; c += 32) d += to_float(o[c]) * to_float(go[c]);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+  if (lane == 0) {
+    const float l = h < p.H ? lse[qi * p.H + h] : neg_inf();
+    sDelta[r] = d;
+    sLse2[r] = l == neg_inf() ? pos_inf() : l * kLog2e;
+    if (dsink_part != nullptr && h < p.H)
+      dsink_part[qi * p.H + h] = l == neg_inf() ? 0.f : -expf(p.sinks[h] - l) * d;
+  }
+}
+
 template <typename T, typename W>
 __global__ void __launch_bounds__(kBwdThreads, 1)
     bwd_mma_kernel(const Dev p, const T* __restrict__ dout, const T* __restrict__ outp,
@@ -72,26 +96,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   if (ntiles > 0) issue(0);
   cp_async_commit();
 
-  // delta = rowsum(dO * O) and lse (in log2 units; +inf for rows without keys, so that P = 0).
 #pragma unroll
-  for (int rr = 0; rr < kRows / 16; ++rr) {
-    const int r = warp * (kRows / 16) + rr, h = h0 + r;
-    float d = 0.f;
-    if (h < p.H) {
-      const T* o = outp + (qi * p.H + h) * p.dv;
-      const T* go = dout + (qi * p.H + h) * p.dv;
-      for (int c = lane; c < p.dv; c += 32) d += to_float(o[c]) * to_float(go[c]);
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
-    if (lane == 0) {
-      const float l = h < p.H ? lse[qi * p.H + h] : neg_inf();
-      sDelta[r] = d;
-      sLse2[r] = l == neg_inf() ? pos_inf() : l * kLog2e;
-      if (dsink_part != nullptr && h < p.H)
-        dsink_part[qi * p.H + h] = l == neg_inf() ? 0.f : -expf(p.sinks[h] - l) * d;
-    }
-  }
+  for (int rr = 0; rr < kRows / 16; ++rr)
+    row_delta_lse(p, dout, outp, lse, qi, h0, warp * (kRows / 16) + rr, sDelta, sLse2, dsink_part);
 
   float acc_dq[2][9][4];
 #pragma unroll

@@ -21,6 +21,7 @@
 // shared memory at Dqk 576; 238-255 registers.
 #pragma once
 
+#include "sparse_attention_bwd.cuh"
 #include "sparse_attention_fwd90.cuh"
 
 namespace opslot::sparse {
@@ -115,27 +116,9 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   cp_async_commit();
   int next = raw_index(1);
 
-  // delta = rowsum(dO * O) and lse (log2 units; +inf for rows without keys, so that P = 0), per
-  // row as bwd_mma_kernel.
 #pragma unroll
-  for (int rr = 0; rr < kRows / 8; ++rr) {
-    const int r = warp * (kRows / 8) + rr, h = h0 + r;
-    float d = 0.f;
-    if (h < p.H) {
-      const T* o = outp + (qi * p.H + h) * p.dv;
-      const T* go = dout + (qi * p.H + h) * p.dv;
-      for (int c = lane; c < p.dv; c += 32) d += to_float(o[c]) * to_float(go[c]);
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
-    if (lane == 0) {
-      const float l = h < p.H ? lse[qi * p.H + h] : neg_inf();
-      sDelta[r] = d;
-      sLse2[r] = l == neg_inf() ? pos_inf() : l * kLog2e;
-      if (dsink_part != nullptr && h < p.H)
-        dsink_part[qi * p.H + h] = l == neg_inf() ? 0.f : -expf(p.sinks[h] - l) * d;
-    }
-  }
+  for (int rr = 0; rr < kRows / 8; ++rr)
+    row_delta_lse(p, dout, outp, lse, qi, h0, warp * (kRows / 8) + rr, sDelta, sLse2, dsink_part);
 
   const int hq0 = wg * NB;  // the first of this warpgroup's halves
   float dqa[NB][16];

@@ -113,14 +113,32 @@ def test_matches_dense_reference(name, dtype):
     check_case(CASES[name], dtype)
 
 
-def _forward_kernels(q, kv, idx, dv):
-    """Names of the sparse attention forward kernels one call launches (torch.profiler)."""
+def _launched(prefix, q, kv, idx, dv):
+    """Names of the sparse attention kernels with `prefix` in their names ("fwd_": those one forward call launches;
+    "bwd_": the backward of one call), from torch.profiler."""
     from torch.profiler import ProfilerActivity, profile
 
+    backward = prefix == "bwd_"
+    leaves = [x.detach().clone().requires_grad_(backward) for x in (q, kv)]
+
+    def call():
+        return _sa().sparse_mqa_attention(leaves[0], leaves[1], idx, None, 0.1, dv)[0]
+
+    out = call() if backward else None
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        _sa().sparse_mqa_attention(q, kv, idx, None, 0.1, dv)
+        if backward:
+            out.float().sum().backward()
+        else:
+            call()
         torch.cuda.synchronize()
-    return {e.name.split("<")[0].split("::")[-1] for e in prof.events() if "fwd_" in e.name}
+    return {e.name.split("<")[0].split("::")[-1] for e in prof.events() if prefix in e.name}
+
+
+def _probe():
+    """Whether this is compute capability 9.0, and bf16 inputs of GLM-5's head dims for _launched."""
+    q = torch.randn(1, 4, 64, 576, device="cuda", dtype=torch.bfloat16)
+    kv = torch.randn(1, 50, 576, device="cuda", dtype=torch.bfloat16)
+    return torch.cuda.get_device_capability() == (9, 0), q, kv, make_indices(1, 4, 50, 40)
 
 
 def test_which_forward_kernel_runs():
@@ -128,13 +146,10 @@ def test_which_forward_kernel_runs():
     bench library's knob selects the mma.sync one everywhere, which then matches the reference too and gives
     the same bits as the wgmma kernel (the same products in the same order: S's two halves of Dqk added, then P V
     per 16 keys)."""
-    hopper = torch.cuda.get_device_capability() == (9, 0)
-    q = torch.randn(1, 4, 64, 576, device="cuda", dtype=torch.bfloat16)
-    kv = torch.randn(1, 50, 576, device="cuda", dtype=torch.bfloat16)
-    idx = make_indices(1, 4, 50, 40)
-    assert _forward_kernels(q, kv, idx, 512) == {"fwd_wgmma_kernel" if hopper else "fwd_mma_kernel"}
-    assert _forward_kernels(q, kv, idx, 448) == {"fwd_mma_kernel"}
-    assert _forward_kernels(q[..., :516], kv[..., :516], idx, 512) == {"fwd_mma_kernel"}  # 1032-byte rows
+    hopper, q, kv, idx = _probe()
+    assert _launched("fwd_", q, kv, idx, 512) == {"fwd_wgmma_kernel" if hopper else "fwd_mma_kernel"}
+    assert _launched("fwd_", q, kv, idx, 448) == {"fwd_mma_kernel"}
+    assert _launched("fwd_", q[..., :516], kv[..., :516], idx, 512) == {"fwd_mma_kernel"}  # 1032-byte rows
     shapes = [(70, 576, 300, 200, None), (64, 512, 260, 160, torch.randn(64, device="cuda"))]  # H, D, T, K, sinks
     inputs = []
     for dtype in (torch.bfloat16, torch.float16):
@@ -156,26 +171,14 @@ def test_which_forward_kernel_runs():
         assert set_fwd(4) != 0
         assert set_fwd(1) == 0
         try:
-            assert _forward_kernels(q, kv, idx, 512) == {"fwd_mma_kernel"}
+            assert _launched("fwd_", q, kv, idx, 512) == {"fwd_mma_kernel"}
             for name in ("glm5", "deepseek_v4"):
                 check_case(CASES[name], torch.bfloat16)
             for (out, lse), (out1, lse1) in zip(default, forwards()):
                 assert torch.equal(out, out1) and torch.equal(lse, lse1), "the two forward kernels differ"
         finally:
             assert set_fwd(0) == 0
-        assert _forward_kernels(q, kv, idx, 512) == {"fwd_wgmma_kernel" if hopper else "fwd_mma_kernel"}
-
-
-def _backward_kernels(q, kv, idx, dv):
-    """Names of the sparse attention backward kernels (dq and the w rows) one call launches."""
-    from torch.profiler import ProfilerActivity, profile
-
-    leaves = [q.detach().clone().requires_grad_(True), kv.detach().clone().requires_grad_(True)]
-    out, _ = _sa().sparse_mqa_attention(leaves[0], leaves[1], idx, None, 0.1, dv)
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        out.float().sum().backward()
-        torch.cuda.synchronize()
-    return {e.name.split("<")[0].split("::")[-1] for e in prof.events() if "bwd_" in e.name}
+        assert _launched("fwd_", q, kv, idx, 512) == {"fwd_wgmma_kernel" if hopper else "fwd_mma_kernel"}
 
 
 def test_which_backward_kernel_runs():
@@ -183,13 +186,10 @@ def test_which_backward_kernel_runs():
     one (fp16, other dv); the bench library's knob (bit 1) selects the mma.sync one, which gives the same bits
     as the wgmma kernel (the same products in the same order) on odd shapes: heads in two padded blocks, a
     partial last tile, whole tiles without keys, Dqk 576, 520 (not a multiple of 64) and 512, sinks."""
-    hopper = torch.cuda.get_device_capability() == (9, 0)
-    q = torch.randn(1, 4, 64, 576, device="cuda", dtype=torch.bfloat16)
-    kv = torch.randn(1, 50, 576, device="cuda", dtype=torch.bfloat16)
-    idx = make_indices(1, 4, 50, 40)
-    assert _backward_kernels(q, kv, idx, 512) == {"bwd_wgmma_kernel" if hopper else "bwd_mma_kernel"}
-    assert _backward_kernels(q, kv, idx, 448) == {"bwd_mma_kernel"}
-    assert _backward_kernels(q.half(), kv.half(), idx, 512) == {"bwd_mma_kernel"}
+    hopper, q, kv, idx = _probe()
+    assert _launched("bwd_", q, kv, idx, 512) == {"bwd_wgmma_kernel" if hopper else "bwd_mma_kernel"}
+    assert _launched("bwd_", q, kv, idx, 448) == {"bwd_mma_kernel"}
+    assert _launched("bwd_", q.half(), kv.half(), idx, 512) == {"bwd_mma_kernel"}
     inputs = []
     for H, D, T, K, sinks in [
         (70, 576, 300, 200, None),
@@ -211,7 +211,7 @@ def test_which_backward_kernel_runs():
         set_kernels = knob(lib, "opslot_sparse_mqa_set_tuning", 1)
         assert set_kernels(2) == 0
         try:
-            assert _backward_kernels(q, kv, idx, 512) == {"bwd_mma_kernel"}
+            assert _launched("bwd_", q, kv, idx, 512) == {"bwd_mma_kernel"}
             for got, ref in zip(default, backwards()):
                 for a, b, name in zip(got, ref, ("out", "lse", "dq", "dkv", "dsinks")):
                     assert torch.equal(a, b), f"{name}: the two backward kernels differ"
