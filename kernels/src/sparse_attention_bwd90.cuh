@@ -236,8 +236,9 @@ __global__ void __launch_bounds__(kWgThreads, 1)
       wg_commit();
       wg_wait<0>();
       reg_fence(acc);
-      bar_wg(wg);  // the warpgroup's previous block is out (and warpgroup 1 has its fragments)
-                   // acc[4 j + e]: column row0 + 8 (e / 2) of the block, key 8 j + 2 qd + e % 2
+      // The warpgroup's previous block is out (and warpgroup 1 has its fragments). acc[4 j + e]:
+      // column row0 + 8 (e / 2) of the block, key 8 j + 2 qd + e % 2.
+      bar_wg(wg);
 #pragma unroll
       for (int e = 0; e < 16; ++e) {
         const int col = row0 + 8 * ((e >> 1) & 1), key = (e >> 2) * 8 + 2 * qd + (e & 1);
