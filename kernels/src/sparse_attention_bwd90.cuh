@@ -6,8 +6,8 @@
 // One CTA (two warpgroups) per query token and block of 64 heads. Q, dO and a ring of two 32-key
 // tiles sit in shared memory as 128-byte-swizzled 64-column blocks (wgmma_sm90.cuh). Per tile:
 //   S = Q K^T (warpgroup 0) and dP = dO V^T (warpgroup 1) at once, m64n32k16 from shared memory;
-//   warpgroup 0 forms P and dS = P (dP - delta) scale from dP passed through shared memory, and
-//   writes both transposed ([key][head] tiles) and dS as warpgroup 1's A fragments;
+//   both pass through shared memory, and both warpgroups form P and dS = P (dP - delta) scale (the
+//   same code: the same bits); warpgroup 0 writes P transposed, 1 dS ([key][head] tiles);
 //   dq += dS K: warpgroup w its half of Dqk in 32-column pieces (m64n32k16, dS from registers, the
 //   key tile MN-major), accumulated in registers over the tiles;
 //   the tile's dkv rows, transposed: per 64-column block b, D[col][key] = sum_h Q[h][col]
@@ -29,7 +29,7 @@ namespace {
 
 constexpr int kBwdStages = 2;      // key tiles in the ring
 constexpr int kTileT = kBk * 128;  // a [32 keys][64 heads] tile (P^T, dS^T) or dkv staging
-constexpr int kXchg = 16 * 128;    // floats: dP for warpgroup 0, then dS fragments and staging
+constexpr int kXchg = 16 * 128;    // floats: a warpgroup's S or dP, one per thread and entry
 
 // Shared-memory bytes of bwd_wgmma_kernel (1 KB of slack to align the tiles to 1024 bytes).
 size_t bwd90_smem(const Dev& d) {
@@ -67,10 +67,11 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   unsigned char* sQ = smem;
   unsigned char* sdO = sQ + NB * kBlkQ;
   unsigned char* sK = sdO + NVB * kBlkQ;  // kBwdStages tiles of NB blocks
+  // Two 8 KB regions: sPt holds dP, then P^T and warpgroup 0's dkv staging; sX holds S, then dS^T
+  // (sdSt) and warpgroup 1's staging.
   unsigned char* sPt = sK + kBwdStages * NB * kBlkK;
-  unsigned char* sdSt = sPt + kTileT;
-  float* sX = reinterpret_cast<float*>(sdSt + kTileT);
-  uint32_t* sXu = reinterpret_cast<uint32_t*>(sX);
+  float* sX = reinterpret_cast<float*>(sPt + 2 * kTileT);
+  unsigned char* sdSt = reinterpret_cast<unsigned char*>(sX);
   float* sLse2 = sX + kXchg;
   float* sDelta = sLse2 + kRows;
   int* sIdx = reinterpret_cast<int*>(sDelta + kRows);  // [kBwdStages][kBk]
@@ -128,7 +129,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     for (int e = 0; e < 16; ++e) dqa[b][e] = 0.f;
   const uint64_t dq0 = desc_sw128(sQ), do0 = desc_sw128(sdO);
   const uint64_t dpt = desc_sw128(sPt), ddst = desc_sw128(sdSt);
-  unsigned char* stage = reinterpret_cast<unsigned char*>(sX) + (1 - wg) * kTileT;
+  unsigned char* stage = (wg == 0 ? sPt : sdSt) + kTileT;
 
   for (int it = 0; it < ntiles; ++it) {
     const int st = it % kBwdStages;
@@ -163,41 +164,44 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     wg_commit();
     wg_wait<0>();
     reg_fence(sc);
-    if (wg == 1) {
+    // S and dP meet in shared memory (S in sX, dP in the P^T / dS^T tiles' space), and both
+    // warpgroups form the same P and dS of the thread's 16 entries, as bwd_mma_kernel's S warps
+    // (one code path for both: the same bits); warpgroup 0 writes P^T where it read dP, 1 dS^T
+    // where it read S.
+    float* mine = wg == 0 ? sX : reinterpret_cast<float*>(sPt);
+    const float* theirs = wg == 0 ? reinterpret_cast<const float*>(sPt) : sX;
 #pragma unroll
-      for (int e = 0; e < 16; ++e) sX[e * 128 + t] = sc[e];
-    }
+    for (int e = 0; e < 16; ++e) mine[e * 128 + t] = sc[e];
     __syncthreads();
-    uint32_t pa[kBk / 16][4];
-    if (wg == 0) {  // P and dS of the thread's 16 entries, as bwd_mma_kernel's S warps
-      float ds[16];
+    float ds[16];
+    {
+      float other[16];
+#pragma unroll
+      for (int e = 0; e < 16; ++e) other[e] = theirs[e * 128 + t];
+      const float l2[2] = {sLse2[row0], sLse2[row0 + 8]}, dl[2] = {sDelta[row0], sDelta[row0 + 8]};
+      bool valid[8];
+#pragma unroll
+      for (int c = 0; c < 8; ++c) valid[c] = tidx[(c >> 1) * 8 + 2 * qd + (c & 1)] >= 0;
+      bar_wg(wg);  // the warpgroup has read what it overwrites next
+      unsigned char* tile = wg == 0 ? sPt : sdSt;
 #pragma unroll
       for (int e = 0; e < 16; ++e) {
-        const int r = row0 + 8 * ((e >> 1) & 1), c = (e >> 2) * 8 + 2 * qd + (e & 1);
-        const float pe = tidx[c] >= 0 ? exp2f(sc[e] * p.scale_log2 - sLse2[r]) : 0.f;
-        ds[e] = pe * (sX[e * 128 + t] - sDelta[r]) * p.scale;
-        *reinterpret_cast<T*>(sPt + sw_off(c, r)) = from_float<T>(pe);
-        *reinterpret_cast<T*>(sdSt + sw_off(c, r)) = from_float<T>(ds[e]);
+        const float sv = wg == 0 ? sc[e] : other[e], dpv = wg == 0 ? other[e] : sc[e];
+        const int i = (e >> 1) & 1, c = (e >> 2) * 8 + 2 * qd + (e & 1);
+        const float pe = valid[((e >> 2) << 1) | (e & 1)] ? exp2f(sv * p.scale_log2 - l2[i]) : 0.f;
+        ds[e] = pe * (dpv - dl[i]) * p.scale;
+        *reinterpret_cast<T*>(tile + sw_off(c, row0 + 8 * i)) = from_float<T>(wg == 0 ? pe : ds[e]);
       }
-#pragma unroll
-      for (int kk = 0; kk < kBk / 16; ++kk) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          pa[kk][i] = pack2<T>(ds[8 * kk + 2 * i], ds[8 * kk + 2 * i + 1]);
-          sXu[(kk * 4 + i) * 128 + t] = pa[kk][i];  // where this thread read its dP
-        }
-      }
-      fence_async_smem();
     }
+    fence_async_smem();
     __syncthreads();
-    if (wg == 1) {
+    uint32_t pa[kBk / 16][4];
 #pragma unroll
-      for (int kk = 0; kk < kBk / 16; ++kk)
+    for (int kk = 0; kk < kBk / 16; ++kk)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) pa[kk][i] = sXu[(kk * 4 + i) * 128 + t];
-    }
+      for (int i = 0; i < 4; ++i) pa[kk][i] = pack2<T>(ds[8 * kk + 2 * i], ds[8 * kk + 2 * i + 1]);
 
-    // dq += dS K over this warpgroup's halves.
+        // dq += dS K over this warpgroup's halves.
 #pragma unroll
     for (int kk = 0; kk < kBk / 16; ++kk) reg_fence(pa[kk]);
 #pragma unroll
@@ -236,8 +240,8 @@ __global__ void __launch_bounds__(kWgThreads, 1)
       wg_commit();
       wg_wait<0>();
       reg_fence(acc);
-      // The warpgroup's previous block is out (and warpgroup 1 has its fragments). acc[4 j + e]:
-      // column row0 + 8 (e / 2) of the block, key 8 j + 2 qd + e % 2.
+      // The warpgroup's previous block is out. acc[4 j + e]: column row0 + 8 (e / 2) of the block,
+      // key 8 j + 2 qd + e % 2.
       bar_wg(wg);
 #pragma unroll
       for (int e = 0; e < 16; ++e) {
