@@ -195,13 +195,12 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     }
     fence_async_smem();
     __syncthreads();
+    // dq += dS K over this warpgroup's halves, dS as the A fragments.
     uint32_t pa[kBk / 16][4];
 #pragma unroll
     for (int kk = 0; kk < kBk / 16; ++kk)
 #pragma unroll
       for (int i = 0; i < 4; ++i) pa[kk][i] = pack2<T>(ds[8 * kk + 2 * i], ds[8 * kk + 2 * i + 1]);
-
-        // dq += dS K over this warpgroup's halves.
 #pragma unroll
     for (int kk = 0; kk < kBk / 16; ++kk) reg_fence(pa[kk]);
 #pragma unroll
