@@ -4,8 +4,8 @@ q, kv and the sinks, bf16 / fp16 (tensor cores) and fp32 (CUDA cores); odd sizes
 more than one 64-head block, partial key tiles, head dims that rule out 16-byte copies, odd head dims
 (the backward's one-column stores and per-column dkv reduction), K = 1, T = 1, batch > 1), rows without keys,
 whole key tiles without keys, indices out of range; which forward and backward kernels run (the wgmma ones on
-Hopper for dv 512) and the mma.sync ones there through the bench library's knob, with the same bits; bitwise determinism across runs and
-across the backward's chunking; strided inputs; opcheck, torch.compile and CUDA-graph capture; the mask-to-index
+Hopper for dv 512) and the mma.sync ones there through the bench library's knob, with the same bits; bitwise
+determinism across runs and across the backward's chunking; strided inputs; opcheck, torch.compile and CUDA-graph capture; the mask-to-index
 kernel against its CPU kernel; the GLM and DeepSeek-V4 glue against upstream's eager attention and the
 slots' `torch` kernels on tiny modules."""
 
@@ -217,7 +217,7 @@ def test_which_backward_kernel_runs():
                     assert torch.equal(a, b), f"{name}: the two backward kernels differ"
         finally:
             assert set_kernels(0) == 0
-    for a, b in zip(backwards()[0], default[0]):
+    for a, b in zip(backwards()[0], default[0]):  # the production library: the bench library's default bits
         assert torch.equal(a, b)
 
 
