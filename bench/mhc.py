@@ -129,8 +129,11 @@ DX_VARIANTS = {
     10: "2 cols x 256 thr, 128 tok, cp.async ring",
     11: "4 cols x 256 thr, 128 tok, cp.async ring",
     12: "2 cols x 256 thr, 128 tok, cp.async ring, 3 blocks/SM",
-    13: "fused dx + d fn, 2-deep ring",
-    14: "fused dx + d fn, 4-deep ring",
+    13: "fused dx + d fn (mma.sync), 2-deep ring",
+    14: "fused dx + d fn (mma.sync), 4-deep ring",
+    15: "fused dx + d fn (mma.sync), 3-deep ring",
+    16: "fused dx + d fn (wgmma), 1 warpgroup, 2-deep ring, 3 blocks/SM",
+    17: "fused dx + d fn (wgmma), 1 warpgroup, 3-deep ring, 2 blocks/SM",
 }
 
 

@@ -25,6 +25,14 @@ int check_launch(const char* what) {
   return OPSLOT_OK;
 }
 
+bool device_is_sm90() {
+  int dev = 0, major = 0, minor = 0;
+  return cudaGetDevice(&dev) == cudaSuccess &&
+         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
+         major == 9 && minor == 0;
+}
+
 }  // namespace opslot
 
 extern "C" {

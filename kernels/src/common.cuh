@@ -59,6 +59,10 @@ int set_error(int code, const char* fmt, ...) __attribute__((format(printf, 2, 3
 // After a launch: the launch error, if any, as the entry point's return value.
 int check_launch(const char* what);
 
+// The current device is compute capability 9.0 (H100/H200), where the sm_90a code runs: the
+// warpgroup-MMA kernels (wgmma_sm90.cuh) have bodies there only.
+bool device_is_sm90();
+
 // Storage type of each dtype code.
 template <int D>
 struct DtypeOf;

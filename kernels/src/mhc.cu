@@ -1,13 +1,13 @@
 // DeepSeek-V4's hyper-connections (mhc/pre, mhc/post, mhc/head): the memory-bound passes around the
 // forward's fp32 GEMM against `fn` (which the caller runs on cuBLAS), and the backward's dx and d
-// fn (one tensor-core pass where it fits: dx_dfn_kernel). See opslot_kernels/mhc.h for the
-// contracts, mhc_math.h for the per-token math (shared with the CPU kernels of
-// kernels/torch/mhc.cc) and docs/kernels.md "## mhc" for the design and its byte counts.
-// The kernels are in mhc_kernels.cuh (the token-row passes) and mhc_dx.cuh (dx, dx + d fn); this
-// file holds their launchers and the C ABI.
+// fn (one tensor-core pass where it fits: dx_dfn_wgmma_kernel on Hopper, else dx_dfn_kernel). See
+// opslot_kernels/mhc.h for the contracts, mhc_math.h for the per-token math (shared with the CPU
+// kernels of kernels/torch/mhc.cc) and docs/kernels.md "## mhc" for the design and its byte counts.
+// The kernels are in mhc_kernels.cuh (the token-row passes), mhc_dx.cuh (dx, dx + d fn) and
+// mhc_dx90.cuh (dx + d fn on warpgroup MMAs); this file holds their launchers and the C ABI.
 #include <initializer_list>
 
-#include "mhc_dx.cuh"
+#include "mhc_dx90.cuh"
 
 namespace opslot {
 namespace {
@@ -19,8 +19,9 @@ namespace {
 //   cover the row. Default 0: never; reading the row again (from L2) measured faster on an H200
 //   (docs/kernels.md "## mhc").
 // - g_dx_version: 1 (default) the production backward, 2 .. 12 the CUDA-core dx variants of
-//   launch_dx_variant with the d fn GEMM, 13 and 14 other rings of dx_dfn_kernel (bench library
-//   only; see dx_dfn_fits).
+//   launch_dx_variant with the d fn GEMM, 13 and 14 other rings of dx_dfn_kernel, 15 dx_dfn_kernel
+//   where dx_dfn_wgmma_kernel would run, 16 and 17 other rings of dx_dfn_wgmma_kernel (bench
+//   library only; see dx_dfn_fits and opslot_mhc_dx_dfn).
 #ifdef OPSLOT_KERNELS_BENCH
 int g_hold_threads = 0;
 int g_dx_version = 1;
@@ -184,10 +185,9 @@ int launch_dx_variant(int version, const char* what, const DxArgs<T>& a, cudaStr
 #endif  // OPSLOT_KERNELS_BENCH
 
 // ---- the fused dx + d fn launch --------------------------------------------------------------
-// dx_dfn_kernel takes bf16 streams in whole 64-column tiles, x / g / dx 16-byte aligned; the bench
-// library's dx_version 2 to 12 turn it off (the CUDA-core dx and the d fn GEMM run instead), 13 and
-// 14 run it with a 2-deep / a 4-deep ring (the production one: 3-deep; 2 blocks per SM each; the
-// same bits).
+// dx_dfn_kernel and dx_dfn_wgmma_kernel take bf16 streams in whole 64-column tiles, x / g / dx
+// 16-byte aligned; the bench library's dx_version 2 to 12 turn them off (the CUDA-core dx and the
+// d fn GEMM run instead), 13 to 17 choose one (launch_dx_dfn_variant).
 bool dx_dfn_fits(int dtype, int64_t hc, int64_t hidden, int64_t mixes, const void* x, const void* g,
                  const void* dx) {
 #ifdef OPSLOT_KERNELS_BENCH
@@ -200,24 +200,23 @@ bool dx_dfn_fits(int dtype, int64_t hc, int64_t hidden, int64_t mixes, const voi
 
 int64_t dx_dfn_ranges(int64_t tokens) { return (tokens + kDxfSpan - 1) / kDxfSpan; }
 
-template <int MAXM, int STAGES, int MINB>
-int launch_dx_dfn(const char* what, const DxArgs<bf16>& a, const bf16* coef3, float* dfn,
-                  float* scratch, cudaStream_t s) {
-  constexpr int kSmem = DxfShape<MAXM>::kSmem(STAGES);
-  auto kernel = dx_dfn_kernel<MAXM, STAGES, MINB>;
-  cudaError_t err =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-  if (err == cudaSuccess)  // two blocks per SM: all of the SM's shared memory
+// One launch of a dx + d fn kernel (dx_dfn_kernel or dx_dfn_wgmma_kernel: the same arguments),
+// then, past one range of tokens, the sum of the ranges' d fn slabs.
+template <typename Kernel>
+int launch_dx_dfn(const char* what, Kernel kernel, int threads, int smem, const DxArgs<bf16>& a,
+                  const bf16* coef3, float* dfn, float* scratch, cudaStream_t s) {
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err == cudaSuccess)  // several blocks per SM: all of the SM's shared memory
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                cudaSharedmemCarveoutMaxShared);
   if (err != cudaSuccess)
-    return set_error(static_cast<int>(err), "%s: %d bytes of shared memory refused: %s", what,
-                     kSmem, cudaGetErrorString(err));
+    return set_error(static_cast<int>(err), "%s: %d bytes of shared memory refused: %s", what, smem,
+                     cudaGetErrorString(err));
   const int64_t ranges = dx_dfn_ranges(a.tokens);
   const dim3 grid(static_cast<unsigned>(a.hidden / kDxfCols * a.hc), static_cast<unsigned>(ranges));
-  kernel<<<grid, 256, kSmem, s>>>(a.x, a.g, a.fn, coef3, a.coef_c, a.pre, a.dx,
-                                  ranges > 1 ? scratch : dfn, a.tokens, a.hc, a.hidden, a.mixes,
-                                  static_cast<int>(opslot_mhc_dx_dfn_coef_pitch(a.mixes)));
+  kernel<<<grid, threads, smem, s>>>(a.x, a.g, a.fn, coef3, a.coef_c, a.pre, a.dx,
+                                     ranges > 1 ? scratch : dfn, a.tokens, a.hc, a.hidden, a.mixes,
+                                     static_cast<int>(opslot_mhc_dx_dfn_coef_pitch(a.mixes)));
   if (ranges == 1) return check_launch(what);
   if (int rc = check_launch(what)) return rc;
   const int64_t n = static_cast<int64_t>(a.mixes) * a.hc * a.hidden;
@@ -226,6 +225,58 @@ int launch_dx_dfn(const char* what, const DxArgs<bf16>& a, const bf16* coef3, fl
                                                                   n, dfn);
   return check_launch(what);
 }
+
+template <int MAXM, int STAGES, int MINB>
+int launch_dx_dfn_mma(const char* what, const DxArgs<bf16>& a, const bf16* coef3, float* dfn,
+                      float* scratch, cudaStream_t s) {
+  return launch_dx_dfn(what, dx_dfn_kernel<MAXM, STAGES, MINB>, 256, DxfShape<MAXM>::kSmem(STAGES),
+                       a, coef3, dfn, scratch, s);
+}
+
+template <int MAXM, int STAGES, int MINB, int WGS>
+int launch_dx_dfn_wgmma(const char* what, const DxArgs<bf16>& a, const bf16* coef3, float* dfn,
+                        float* scratch, cudaStream_t s) {
+  return launch_dx_dfn(what, dx_dfn_wgmma_kernel<MAXM, STAGES, MINB, WGS>, 128 * WGS,
+                       Dxf90Shape<MAXM>::kSmem(STAGES, WGS), a, coef3, dfn, scratch, s);
+}
+
+// The production dx + d fn: dx_dfn_wgmma_kernel on compute capability 9.0 (two warpgroups with a
+// 2-deep ring each, two blocks per SM), else dx_dfn_kernel (3-deep, two blocks per SM).
+template <int MAXM>
+int launch_dx_dfn_production(const char* what, const DxArgs<bf16>& a, const bf16* coef3, float* dfn,
+                             float* scratch, cudaStream_t s) {
+  if (device_is_sm90()) return launch_dx_dfn_wgmma<MAXM, 2, 2, 2>(what, a, coef3, dfn, scratch, s);
+  return launch_dx_dfn_mma<MAXM, 3, 2>(what, a, coef3, dfn, scratch, s);
+}
+
+#ifdef OPSLOT_KERNELS_BENCH
+// Bench-library versions of the fused kernel (opslot_mhc_set_tuning dx_version; the same bits
+// within each kernel): 13 and 14 dx_dfn_kernel with a 2-deep / a 4-deep ring, 15 dx_dfn_kernel's
+// production ring on any device, 16 and 17 dx_dfn_wgmma_kernel with one warpgroup per block, a
+// 2-deep ring and three blocks per SM / a 3-deep ring and two (Hopper only).
+template <int MAXM>
+int launch_dx_dfn_variant(int version, const char* what, const DxArgs<bf16>& a, const bf16* coef3,
+                          float* dfn, float* scratch, cudaStream_t s) {
+  switch (version) {
+    case 13:
+      return launch_dx_dfn_mma<MAXM, 2, 2>(what, a, coef3, dfn, scratch, s);
+    case 14:
+      return launch_dx_dfn_mma<MAXM, 4, 2>(what, a, coef3, dfn, scratch, s);
+    case 15:
+      return launch_dx_dfn_mma<MAXM, 3, 2>(what, a, coef3, dfn, scratch, s);
+    case 16:
+    case 17:
+      if (!device_is_sm90())
+        return set_error(OPSLOT_ERR_UNSUPPORTED,
+                         "%s: dx_version %d runs dx_dfn_wgmma_kernel, compute capability 9.0 only",
+                         what, version);
+      return version == 16 ? launch_dx_dfn_wgmma<MAXM, 2, 3, 1>(what, a, coef3, dfn, scratch, s)
+                           : launch_dx_dfn_wgmma<MAXM, 3, 2, 1>(what, a, coef3, dfn, scratch, s);
+    default:
+      return launch_dx_dfn_production<MAXM>(what, a, coef3, dfn, scratch, s);
+  }
+}
+#endif  // OPSLOT_KERNELS_BENCH
 
 }  // namespace
 }  // namespace opslot
@@ -476,15 +527,13 @@ OPSLOT_API int opslot_mhc_dx_dfn(int64_t tokens, int64_t hc, int64_t hidden, int
   const auto* coef3 = static_cast<const bf16*>(coef_a3);
   const bool comb = mixes > hc;
 #ifdef OPSLOT_KERNELS_BENCH
-  if (g_dx_version == 13)
-    return comb ? launch_dx_dfn<mhc::kMaxMixes, 2, 2>(what, a, coef3, dfn, scratch, s)
-                : launch_dx_dfn<mhc::kMaxHc, 2, 2>(what, a, coef3, dfn, scratch, s);
-  if (g_dx_version == 14)
-    return comb ? launch_dx_dfn<mhc::kMaxMixes, 4, 2>(what, a, coef3, dfn, scratch, s)
-                : launch_dx_dfn<mhc::kMaxHc, 4, 2>(what, a, coef3, dfn, scratch, s);
+  if (g_dx_version != 1)
+    return comb ? launch_dx_dfn_variant<mhc::kMaxMixes>(g_dx_version, what, a, coef3, dfn, scratch,
+                                                        s)
+                : launch_dx_dfn_variant<mhc::kMaxHc>(g_dx_version, what, a, coef3, dfn, scratch, s);
 #endif  // OPSLOT_KERNELS_BENCH
-  return comb ? launch_dx_dfn<mhc::kMaxMixes, 3, 2>(what, a, coef3, dfn, scratch, s)
-              : launch_dx_dfn<mhc::kMaxHc, 3, 2>(what, a, coef3, dfn, scratch, s);
+  return comb ? launch_dx_dfn_production<mhc::kMaxMixes>(what, a, coef3, dfn, scratch, s)
+              : launch_dx_dfn_production<mhc::kMaxHc>(what, a, coef3, dfn, scratch, s);
 }
 
 OPSLOT_API int opslot_mhc_post_fwd(int dtype, int64_t tokens, int64_t hc, int64_t hidden,
@@ -549,9 +598,9 @@ OPSLOT_API int opslot_mhc_post_bwd(int dtype, int64_t tokens, int64_t hc, int64_
 OPSLOT_API int opslot_mhc_set_tuning(int hold_max_threads, int dx_version) {
   if ((hold_max_threads != 0 && hold_max_threads != 64 && hold_max_threads != 128 &&
        hold_max_threads != 256) ||
-      dx_version < 1 || dx_version > 14)
+      dx_version < 1 || dx_version > 17)
     return set_error(OPSLOT_ERR_INVALID_ARGUMENT,
-                     "mhc tuning: hold_max_threads 0, 64, 128 or 256 (got %d), dx_version 1 to 14 "
+                     "mhc tuning: hold_max_threads 0, 64, 128 or 256 (got %d), dx_version 1 to 17 "
                      "(got %d)",
                      hold_max_threads, dx_version);
   g_hold_threads = hold_max_threads;

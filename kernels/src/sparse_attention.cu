@@ -125,25 +125,16 @@ int g_mma_sync = 0;
 constexpr int g_mma_sync = 0;
 #endif
 
-// The current device is compute capability 9.0 (the library's sm_90a code).
-bool hopper() {
-  int dev = 0, major = 0, minor = 0;
-  return cudaGetDevice(&dev) == cudaSuccess &&
-         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
-         major == 9 && minor == 0;
-}
-
 // fwd_wgmma_kernel applies: dv = 512, 16-byte copies of the q and kv rows, on Hopper.
 bool use_fwd90(const Dev& d) {
-  return (g_mma_sync & 1) == 0 && d.dv == 512 && d.q_vec && d.kv_vec && hopper();
+  return (g_mma_sync & 1) == 0 && d.dv == 512 && d.q_vec && d.kv_vec && device_is_sm90();
 }
 
 // bwd_wgmma_kernel applies: bf16, dv = 512, 16-byte copies of the q, kv and dout rows and of the
 // w rows, on Hopper (fp16's fp32 w rows do not fit its staging).
 bool use_bwd90(const Dev& d, int dtype, const void* w) {
   return (g_mma_sync & 2) == 0 && dtype == OPSLOT_BFLOAT16 && d.dv == 512 && d.q_vec && d.kv_vec &&
-         d.do_vec && aligned16(w) && hopper();
+         d.do_vec && aligned16(w) && device_is_sm90();
 }
 
 template <typename Kern, typename... A>

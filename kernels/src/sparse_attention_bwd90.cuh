@@ -39,15 +39,6 @@ size_t bwd90_smem(const Dev& d) {
          2 * kRows * sizeof(float) + kBwdStages * kBk * sizeof(int);
 }
 
-// Byte offset of element (row, col) in a swizzled tile of 128-byte rows (col < 64).
-__device__ __forceinline__ int sw_off(int row, int col) {
-  return row * 128 + ((((col >> 3) ^ row) & 7) << 4) + (col & 7) * 2;
-}
-
-__device__ __forceinline__ void bar_wg(int wg) {
-  asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
-}
-
 // KS: k-steps of 16 columns of Dqk (32 or 36).
 template <int KS>
 __global__ void __launch_bounds__(kWgThreads, 1)

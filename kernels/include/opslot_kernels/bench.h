@@ -63,8 +63,13 @@ OPSLOT_API int opslot_load_balancing_set_tuning(int forward_path, int backward_p
  * default) the production backward (opslot_mhc_dx_dfn where it fits, else opslot_mhc_dx's
  * production configuration and the d fn GEMM); 2 to 12 turn opslot_mhc_dx_dfn off and run the
  * CUDA-core dx variants (kernels/src/mhc.cu, launch_dx_variant; all the same bits, 11 the
- * production one) with the d fn GEMM; 13 and 14 run opslot_mhc_dx_dfn with a 2-deep / a 4-deep
- * ring (production: 3-deep; 2 blocks per SM each; all the same bits). */
+ * production one) with the d fn GEMM; 13 and 14 run opslot_mhc_dx_dfn's mma.sync kernel
+ * (dx_dfn_kernel) with a 2-deep / a 4-deep ring, 15 with its production 3-deep ring (all three the
+ * same bits; 15 is the production kernel on GPUs other than compute capability 9.0); 16 and 17 run
+ * the warpgroup-MMA kernel (dx_dfn_wgmma_kernel; production on compute capability 9.0: two
+ * warpgroups per block, a 2-deep ring each) with one warpgroup per block, a 2-deep ring and 3 blocks
+ * per SM / a 3-deep ring and 2 (the same bits as each other; dx also as production's, whose d fn
+ * sums the tokens in another order; compute capability 9.0 only, elsewhere the call fails). */
 OPSLOT_API int opslot_mhc_set_tuning(int hold_max_threads, int dx_version);
 
 /* Sparse MQA attention's kernels where the warpgroup-MMA ones apply (compute capability 9.0, dv

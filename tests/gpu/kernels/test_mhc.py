@@ -333,7 +333,7 @@ def test_row_paths_agree_bitwise(hidden):
                 assert all(torch.equal(a, b) for a, b in zip(ref, got)), hold
         finally:
             assert f(0, 1) == 0
-        assert f(100, 1) != 0 and f(0, 15) != 0 and f(0, 0) != 0
+        assert f(100, 1) != 0 and f(0, 18) != 0 and f(0, 0) != 0
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -379,25 +379,49 @@ def _backward_kernels(fn, x, params):
     return {e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA}
 
 
+def _sm90():
+    return torch.cuda.get_device_capability() == (9, 0)
+
+
+# The fused kernel each dx_version runs (None: the CUDA-core dx and the d fn GEMM), on compute
+# capability 9.0 and elsewhere (versions 16 and 17 run only on 9.0).
+_WGMMA, _MMA = "dx_dfn_wgmma_kernel", "dx_dfn_kernel"
+
+
+def _fused_kernel(version):
+    if 2 <= version <= 12:
+        return None
+    if version in (13, 14, 15):
+        return _MMA
+    return _WGMMA if _sm90() else _MMA
+
+
 @pytest.mark.parametrize(
-    "dtype, hidden, version, fused",
+    "dtype, hidden, version",
     [
-        (torch.bfloat16, 128, 1, True),
-        (torch.bfloat16, 72, 1, False),  # not whole 64-column tiles
-        (torch.float16, 128, 1, False),
-        (torch.float32, 128, 1, False),
-        (torch.bfloat16, 128, 11, False),  # the bench library's CUDA-core dx
-        (torch.bfloat16, 128, 13, True),  # the bench library's other rings of the fused kernel
-        (torch.bfloat16, 128, 14, True),
+        (torch.bfloat16, 128, 1),
+        (torch.bfloat16, 72, 1),  # not whole 64-column tiles
+        (torch.float16, 128, 1),
+        (torch.float32, 128, 1),
+        (torch.bfloat16, 128, 11),  # the bench library's CUDA-core dx
+        (torch.bfloat16, 128, 13),  # the bench library's other rings of the mma.sync kernel
+        (torch.bfloat16, 128, 14),
+        (torch.bfloat16, 128, 15),  # the mma.sync kernel where the wgmma one would run
+        (torch.bfloat16, 128, 16),  # the wgmma kernel's other rings (compute capability 9.0)
+        (torch.bfloat16, 128, 17),
     ],
 )
-def test_backward_takes_the_fused_kernel_where_it_fits(dtype, hidden, version, fused):
-    """pre's and head's backward launch dx_dfn_kernel (no d fn GEMM) exactly where
-    opslot_mhc_dx_dfn_fits says so, else dx_kernel and the GEMM."""
+def test_backward_takes_the_fused_kernel_where_it_fits(dtype, hidden, version):
+    """pre's and head's backward launch one fused dx + d fn kernel (no d fn GEMM) exactly where
+    opslot_mhc_dx_dfn_fits says so, else dx_kernel and the GEMM: dx_dfn_wgmma_kernel on compute
+    capability 9.0, dx_dfn_kernel elsewhere, and the one the bench knob names."""
     from opslot.kernels.cuda import mhc
 
+    if version in (16, 17) and not _sm90():
+        pytest.skip("dx_version 16 and 17 run on compute capability 9.0 only")
     m, h = hyper_connection(hidden, 4), hyper_head(hidden, 4)
     x = streams(1, 70, 4, hidden, dtype)
+    fits = dtype == torch.bfloat16 and hidden % 64 == 0
 
     def names():
         pre = _backward_kernels(lambda t: mhc.mhc_pre(m, t), x, [m.fn, m.base, m.scale])
@@ -414,9 +438,11 @@ def test_backward_takes_the_fused_kernel_where_it_fits(dtype, hidden, version, f
                 got = names()
             finally:
                 assert f(0, 1) == 0
+    want = _fused_kernel(version) if fits else None
     for kernels in got:
-        assert any("dx_dfn_kernel" in k for k in kernels) == fused, sorted(kernels)
-        assert any("dx_kernel" in k for k in kernels) != fused, sorted(kernels)
+        fused = {k.split("<")[0].split("::")[-1].split("(")[0] for k in kernels if "dx_dfn" in k}
+        assert fused == ({want} if want else set()), sorted(kernels)
+        assert any("dx_kernel" in k for k in kernels) == (want is None), sorted(kernels)
 
 
 # Shapes of the fused dx + d fn kernel (bf16, hidden a multiple of 64): several 64-token tiles and a
@@ -453,8 +479,11 @@ def test_fused_backward_matches_transformers(shape):
 
 @pytest.mark.parametrize("shape", [(1, 603, 4, 4096), (1, 4100, 4, 128), (1, 70, 3, 192)])
 def test_fused_rings_agree_bitwise(shape):
-    """The bench library's other rings of the fused kernel (knob dx_version 13: 2-deep; 14: 4-deep)
-    give the production kernel's bits for the gradients of pre and head."""
+    """The rings of one fused kernel give the same bits for the gradients of pre and head: the
+    mma.sync kernel's (knob dx_version 13: 2-deep, 14: 4-deep) those of its production ring (15); on
+    compute capability 9.0 the one-warpgroup forms of the warpgroup-MMA kernel (16: 2-deep ring,
+    three blocks per SM; 17: 3-deep, two) each other's. (The production two-warpgroup form sums d fn
+    over tokens in another order: the next test.)"""
     from opslot.kernels.cuda import mhc
 
     b, s, hc, d = shape
@@ -466,16 +495,56 @@ def test_fused_rings_agree_bitwise(shape):
         c = grads_of(lambda t: mhc.mhc_head(h, t), x, [h.hc_fn, h.hc_base, h.hc_scale])
         return a[1] + c[1]
 
-    ref = run()
     with bench_library() as lib:
         f = knob(lib, "opslot_mhc_set_tuning", 2)
         try:
-            for version in (13, 14):
+            pairs = [(13, 15), (14, 15)] + ([(17, 16)] if _sm90() else [])
+            ref = {}
+            for base in sorted({p[1] for p in pairs}):
+                assert f(0, base) == 0
+                ref[base] = run()
+            for version, base in pairs:
                 assert f(0, version) == 0
                 got = run()
-                assert all(torch.equal(u, v) for u, v in zip(ref, got)), version
+                assert all(torch.equal(u, v) for u, v in zip(ref[base], got)), version
         finally:
             assert f(0, 1) == 0
+
+
+@pytest.mark.parametrize("shape", FUSED_SHAPES)
+@pytest.mark.parametrize("version", [15, 16], ids=["mma_sync", "wgmma_one_warpgroup"])
+def test_fused_kernels_agree(shape, version):
+    """On compute capability 9.0 the production kernel's (the warpgroup-MMA kernel, two warpgroups)
+    gradients of pre and head against the mma.sync kernel's (knob dx_version 15) and its own
+    one-warpgroup form's (16) on the same inputs: dx bitwise equal (the same products in the same
+    order, one rounding), d fn within 1e-5 of its largest magnitude (its sums over tokens taken in
+    another fixed order), d base and d scale bitwise equal."""
+    from opslot.kernels.cuda import mhc
+
+    if not _sm90():
+        pytest.skip("the warpgroup-MMA kernel runs on compute capability 9.0 only")
+    b, s, hc, d = shape
+    m, h = hyper_connection(d, hc), hyper_head(d, hc)
+    x = streams(b, s, hc, d, torch.bfloat16)
+
+    def run():
+        a = grads_of(lambda t: mhc.mhc_pre(m, t), x, [m.fn, m.base, m.scale])
+        c = grads_of(lambda t: mhc.mhc_head(h, t), x, [h.hc_fn, h.hc_base, h.hc_scale])
+        return a[1], c[1]
+
+    production = run()
+    with bench_library() as lib:
+        f = knob(lib, "opslot_mhc_set_tuning", 2)
+        try:
+            assert f(0, version) == 0
+            other = run()
+        finally:
+            assert f(0, 1) == 0
+    for u, v in zip(production, other):  # (d streams, d fn, d base, d scale) of pre, then of head
+        assert torch.equal(u[0], v[0]), "d streams"
+        err = (u[1] - v[1]).abs().max().item()
+        assert err <= 1e-5 * v[1].abs().max().item(), ("d fn", err)
+        assert torch.equal(u[2], v[2]) and torch.equal(u[3], v[3]), "d base, d scale"
 
 
 def _dx_dfn_abi():
@@ -511,11 +580,27 @@ def _ptr(t):
     ],
 )
 @pytest.mark.parametrize("with_g", [True, False], ids=["g", "no_g"])
-def test_dx_dfn_kernel_against_fp64(shape, with_g):
-    """opslot_mhc_dx_dfn through the C ABI on random coefficients (split as collapse_bwd splits them):
+@pytest.mark.parametrize("version", [1, 15], ids=["production", "mma_sync"])
+def test_dx_dfn_kernel_against_fp64(shape, with_g, version):
+    """opslot_mhc_dx_dfn through the C ABI (the production library's kernel, and the mma.sync kernel
+    through the bench library's dx_version 15 where the production one is the warpgroup-MMA kernel)
+    on random coefficients (split as collapse_bwd splits them):
     dx within one bf16 rounding of the fp64 value of the unsplit math (plus 4e-5 of the terms'
     magnitudes: the split's three left-out products are each below 2^-18), d fn within 1e-4 of the magnitudes of its sums, the scratch of the ranges past 4096
     tokens, bitwise equal runs."""
+    if version == 1:
+        _check_dx_dfn(shape, with_g)
+        return
+    with bench_library() as lib:
+        f = knob(lib, "opslot_mhc_set_tuning", 2)
+        try:
+            assert f(0, version) == 0
+            _check_dx_dfn(shape, with_g)
+        finally:
+            assert f(0, 1) == 0
+
+
+def _check_dx_dfn(shape, with_g):
     _lib, fits, scratch, run = _dx_dfn_abi()
     T, hc, D, M = shape
     K = hc * D
