@@ -67,9 +67,9 @@ OPSLOT_API int opslot_load_balancing_set_tuning(int forward_path, int backward_p
  * (dx_dfn_kernel) with a 2-deep / a 4-deep ring, 15 with its production 3-deep ring (all three the
  * same bits; 15 is the production kernel on GPUs other than compute capability 9.0); 16 and 17 run
  * the warpgroup-MMA kernel (dx_dfn_wgmma_kernel; production on compute capability 9.0: two
- * warpgroups per block, a 2-deep ring each) with one warpgroup per block, a 2-deep ring and 3 blocks
- * per SM / a 3-deep ring and 2 (the same bits as each other; dx also as production's, whose d fn
- * sums the tokens in another order; compute capability 9.0 only, elsewhere the call fails). */
+ * warpgroups per block, a 2-deep ring each) with one warpgroup per block, a 2-deep ring and 3
+ * blocks per SM / a 3-deep ring and 2 (the same bits as each other; dx also as production's, whose
+ * d fn sums the tokens in another order; compute capability 9.0 only, elsewhere the call fails). */
 OPSLOT_API int opslot_mhc_set_tuning(int hold_max_threads, int dx_version);
 
 /* Sparse MQA attention's kernels where the warpgroup-MMA ones apply (compute capability 9.0, dv

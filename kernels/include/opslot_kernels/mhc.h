@@ -81,7 +81,8 @@ static inline int64_t opslot_mhc_dx_dfn_coef_pitch(int64_t mixes) {
  * 16-byte aligned); else use opslot_mhc_dx and a GEMM. scratch:
  * opslot_mhc_dx_dfn_scratch_floats(...) floats (NULL when that is 0; -1: bad shape). Ranges of 4096
  * tokens, their d fn added in order: bitwise deterministic on a given GPU. Compute capability 9.0
- * runs warpgroup MMAs, other GPUs mma.sync: the same dx, d fn's sums over tokens in another order. */
+ * runs warpgroup MMAs, other GPUs mma.sync: the same dx, d fn's sums over tokens in another order.
+ */
 OPSLOT_API int opslot_mhc_dx_dfn_fits(int dtype, int64_t hc, int64_t hidden, int64_t mixes,
                                       const void* x, const void* g_out, const void* dx);
 OPSLOT_API int64_t opslot_mhc_dx_dfn_scratch_floats(int64_t tokens, int64_t hc, int64_t hidden,
