@@ -181,6 +181,17 @@ def _collapse_rows(copy_bw, args, out, head):
                                     )
                             elif args.profile:
                                 K.kernel_breakdown(f"mhc/{what} {T}x4x{D} [{name}]", fb(ours), out)
+                        set_tuning(0, 1)
+                        fwd_threads = K.knob(lib, "opslot_mhc_set_fwd_threads", 1)
+                        for n in args.fwd_threads:
+                            fwd_threads(n)
+                            name = f"forward collapse {n} threads"
+                            rows.append(measure(f"opslot cuda [{name}]", lambda: fb(ours), nbytes))
+                            with torch.no_grad():
+                                rows.append(
+                                    measure(f"opslot cuda, forward only [{name}]", lambda: lambda: ours(xd), 10 * D * T)
+                                )
+                        fwd_threads(0)
                     finally:
                         set_tuning(0, 1)
         if args.profile:
@@ -343,6 +354,12 @@ def main():
         type=lambda v: [int(i) for i in v.split(",")],
         default=sorted(DX_VARIANTS),
         help="with --tune: the dx versions to time (default: all of DX_VARIANTS)",
+    )
+    ap.add_argument(
+        "--fwd-threads",
+        type=lambda v: [int(i) for i in v.split(",") if i],
+        default=[],
+        help="with --tune: collapse_fwd block sizes to time (opslot_mhc_set_fwd_threads)",
     )
     ap.add_argument("--tokens", type=int, default=16384)
     ap.add_argument("--hidden", default="4096,7168")

@@ -14,7 +14,7 @@ namespace {
 
 // Bench-library knobs (opslot_mhc_set_tuning), compile-time defaults in the production library:
 // - g_hold_threads: collapse_fwd holds the token's row in registers between the sum of squares and
-//   the collapse when its block (stream_threads: the same for either path, so the results are
+//   the collapse when its block (collapse_fwd_threads: the same for either path, so the results are
 //   bitwise equal) has at most this many threads and kRowVectors vectors per stream and thread
 //   cover the row. Default 0: never; reading the row again (from L2) measured faster on an H200
 //   (docs/kernels.md "## mhc").
@@ -22,11 +22,14 @@ namespace {
 //   launch_dx_variant with the d fn GEMM, 13 and 14 other rings of dx_dfn_kernel, 15 dx_dfn_kernel
 //   where dx_dfn_wgmma_kernel would run, 16 and 17 other rings of dx_dfn_wgmma_kernel (bench
 //   library only; see dx_dfn_fits and opslot_mhc_dx_dfn).
+// - g_fwd_threads: collapse_fwd's threads per block; 0 (default) stream_threads' choice.
 #ifdef OPSLOT_KERNELS_BENCH
 int g_hold_threads = 0;
 int g_dx_version = 1;
+int g_fwd_threads = 0;
 #else
 constexpr int g_hold_threads = 0;
+constexpr int g_fwd_threads = 0;
 #endif
 
 // ---- launch helpers -----------------------------------------------------------------------------
@@ -36,6 +39,16 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 int stream_threads(int64_t nvec) {
   int t = 64;
   while (t < kStreamThreads && 2 * static_cast<int64_t>(t) < nvec) t *= 2;
+  return t;
+}
+
+// collapse_fwd's threads: one to two vectors per thread, 64 .. 512. Fewer tokens in flight keep
+// their rows in L2 for the second read: on an H200 at 16k tokens x 4 streams the forward took 0.615
+// against 0.737 ms at hidden 7168 and 0.358 against 0.375 at 4096 with 256 (bench/mhc.py
+// --fwd-threads; docs/results/mhc_h200.md).
+int collapse_fwd_threads(int64_t nvec) {
+  int t = 64;
+  while (t < kCollapseFwdThreads && t < nvec) t *= 2;
   return t;
 }
 
@@ -314,7 +327,7 @@ OPSLOT_API int opslot_mhc_collapse_fwd(int dtype, int64_t tokens, int64_t hc, in
     constexpr int kVec = 16 / sizeof(T);
     const bool vec = use_vectors<T>(hidden, {x, out});
     const int64_t nvec = vec ? hidden / kVec : hidden;
-    const int threads = stream_threads(nvec);
+    const int threads = collapse_fwd_threads(nvec);
     const bool held =
         threads <= g_hold_threads && nvec <= static_cast<int64_t>(threads) * kRowVectors;
     return dispatch_hc(hc, what, [&](auto hc_tag) -> int {
@@ -324,7 +337,14 @@ OPSLOT_API int opslot_mhc_collapse_fwd(int dtype, int64_t tokens, int64_t hc, in
             static_cast<const T*>(x), p, static_cast<int>(nsplit), ldp, scale, base, norm_eps,
             hc_eps, static_cast<T*>(out), mix, rstd, hidden, static_cast<int>(mixes));
       };
-      if constexpr (kBench) {  // the held rows: bench library only
+      if constexpr (kBench) {  // the held rows and other block sizes: bench library only
+        if (g_fwd_threads != 0 && vec && !held) {
+          collapse_fwd_kernel<T, HC, kVec, false, 1024>
+              <<<static_cast<unsigned>(tokens), g_fwd_threads, 0, s>>>(
+                  static_cast<const T*>(x), p, static_cast<int>(nsplit), ldp, scale, base, norm_eps,
+                  hc_eps, static_cast<T*>(out), mix, rstd, hidden, static_cast<int>(mixes));
+          return check_launch(what);
+        }
         if (held) {
           if (vec)
             launch(collapse_fwd_kernel<T, HC, kVec, true>);
@@ -334,9 +354,9 @@ OPSLOT_API int opslot_mhc_collapse_fwd(int dtype, int64_t tokens, int64_t hc, in
         }
       }
       if (vec)
-        launch(collapse_fwd_kernel<T, HC, kVec, false>);
+        launch(collapse_fwd_kernel<T, HC, kVec, false, kCollapseFwdThreads>);
       else
-        launch(collapse_fwd_kernel<T, HC, 1, false>);
+        launch(collapse_fwd_kernel<T, HC, 1, false, kCollapseFwdThreads>);
       return check_launch(what);
     });
   });
@@ -605,6 +625,14 @@ OPSLOT_API int opslot_mhc_set_tuning(int hold_max_threads, int dx_version) {
                      hold_max_threads, dx_version);
   g_hold_threads = hold_max_threads;
   g_dx_version = dx_version;
+  return OPSLOT_OK;
+}
+
+OPSLOT_API int opslot_mhc_set_fwd_threads(int threads) {
+  if (threads != 0 && (threads < 32 || threads > 1024 || threads % 32 != 0))
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT,
+                     "mhc tuning: fwd threads 0 or a multiple of 32 up to 1024 (got %d)", threads);
+  g_fwd_threads = threads;
   return OPSLOT_OK;
 }
 #endif  // OPSLOT_KERNELS_BENCH

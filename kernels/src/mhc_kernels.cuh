@@ -15,6 +15,7 @@ namespace {
 using bf16 = __nv_bfloat16;
 constexpr int kRowVectors = 4;       // 16-byte vectors per stream and thread held by collapse_fwd
 constexpr int kStreamThreads = 256;  // at most, in the blocks that stream a token's row
+constexpr int kCollapseFwdThreads = 512;  // at most, in collapse_fwd's (the held rows: 256)
 
 // Sums each of v[0..N) over the block in a fixed order; every thread gets the sums. `red` holds
 // N x 32 floats; blockDim.x is a multiple of 32.
@@ -83,8 +84,8 @@ __global__ void split3_kernel(const float* __restrict__ w, int64_t n, bf16* __re
 // kHold: the token's streams stay in registers between the sum of squares and the collapse (rows of
 // up to kStreamThreads * kRowVectors vectors per stream); else the collapse reads them again (from
 // L2: the block read them a moment ago).
-template <typename T, int HC, int VEC, bool kHold>
-__global__ void __launch_bounds__(kStreamThreads)
+template <typename T, int HC, int VEC, bool kHold, int MAXT = kStreamThreads>
+__global__ void __launch_bounds__(MAXT)
     collapse_fwd_kernel(const T* __restrict__ x, const float* __restrict__ p, int nsplit,
                         int64_t ldp, const float* __restrict__ scale,
                         const float* __restrict__ base, float norm_eps, float hc_eps,

@@ -72,6 +72,10 @@ OPSLOT_API int opslot_load_balancing_set_tuning(int forward_path, int backward_p
  * d fn sums the tokens in another order; compute capability 9.0 only, elsewhere the call fails). */
 OPSLOT_API int opslot_mhc_set_tuning(int hold_max_threads, int dx_version);
 
+/* mhc/pre's and mhc/head's forward collapse (opslot_mhc_collapse_fwd, 16-byte rows, rows not held):
+ * threads per block, a multiple of 32 up to 1024; 0 (the default) the production choice. */
+OPSLOT_API int opslot_mhc_set_fwd_threads(int threads);
+
 /* Sparse MQA attention's kernels where the warpgroup-MMA ones apply (compute capability 9.0, dv
  * 512, rows that allow 16-byte copies; the backward bf16 only): mma_sync bit 0 runs the mma.sync
  * forward there, bit 1 the mma.sync backward (the sm_80 paths, for side-by-side runs and their
