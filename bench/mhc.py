@@ -16,6 +16,9 @@ variant deepseek_v4) as the attention calls it on q and on the output (q [2, 409
 eager, torch.compile of it and opslot's cuda kernel, fwd+bwd, against 8 bytes per element (x read and
 out written forward, the gradient read and written backward).
 
+`--only gemm` (not in the default list): the forward's GEMM of pre and head alone, x against 12 to 96
+rows of fn's bf16 terms (torch.mm, fp32 out), against x's bytes.
+
 `--only qnorm` (not in the default list): DeepSeek-V4's q_b_norm, `DeepseekV4UnweightedRMSNorm` (slot
 rms_norm, variant unweighted_cast) on the same q view, its result transposed back as the attention
 reads it (the gradient then has the model's layout): upstream eager, torch.compile of it and opslot's
@@ -24,7 +27,8 @@ and dx written backward).
 
 --tune also times, on the bench library (opslot_mhc_set_tuning), the forward with the rows held in
 registers (blocks up to 128 / 256 threads; the default reads them twice) and the dx configurations of
-the backward (DX_VARIANTS; with --profile, each one's kernel list).
+the backward (DX_VARIANTS; with --profile, each one's kernel list); --fwd-threads N,.. also the forward
+with collapse_fwd's blocks of N threads (opslot_mhc_set_fwd_threads).
 
 Bytes per token (bf16, hc = 4 streams of hidden D; T tokens):
   pre / head, fwd + bwd: x read forward and backward (2 x 8D), collapsed written (2D), its gradient
@@ -339,6 +343,33 @@ def bench_qnorm(copy_bw, args, out):
     eager_against_ours("qnorm", x, eager, ours, names, 10 * x.numel(), copy_bw, args, out, title)
 
 
+def bench_gemm(copy_bw, args, out):
+    """The forward's GEMM of pre and head alone: x [T, 4 D] bf16 against N rows of fn's bf16 terms,
+    fp32 out (cuBLAS through torch.mm), for N from head's 12 to pre's 72 and past: the rows count
+    decides cuBLAS's kernel."""
+    T = args.tokens
+    for D in args.hidden:
+        x = torch.randn(T, 4 * D, device="cuda").to(torch.bfloat16)
+        rows = []
+        for n in (12, 16, 24, 32, 48, 72, 96):
+            w = torch.randn(n, 4 * D, device="cuda").to(torch.bfloat16)
+            rows.append(
+                measure(
+                    f"x @ w^T, w {n} rows",
+                    lambda w=w: lambda: torch.mm(x, w.t(), out_dtype=torch.float32),
+                    x.numel() * 2,
+                )
+            )
+        out.append(
+            table(
+                f"the forward GEMM: x {T} x {4 * D} bf16 against N rows, fp32 out — x's bytes",
+                copy_bw,
+                rows,
+                "mhc's forward pads fn's terms to at least 16 rows (head: 12 -> 16).",
+            )
+        )
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
@@ -347,7 +378,7 @@ def main():
     )
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--profile", action="store_true", help="list the kernels of one opslot call (torch.profiler)")
-    ap.add_argument("--only", default="pre,post,head,silu", help="of pre, post, head, silu, rope, qnorm")
+    ap.add_argument("--only", default="pre,post,head,silu", help="of pre, post, head, silu, rope, qnorm, gemm")
     ap.add_argument("--tune", action="store_true", help="also time the knob variants (bench library)")
     ap.add_argument(
         "--dx-versions",
@@ -386,6 +417,7 @@ def main():
         "silu": bench_silu,
         "rope": bench_rope,
         "qnorm": bench_qnorm,
+        "gemm": bench_gemm,
     }
     for key in args.only.split(","):
         steps[key](bw, args, out)

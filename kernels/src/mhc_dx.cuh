@@ -182,6 +182,19 @@ struct DxfShape {
   static_assert(KA * kDxfCols * 4 <= 2 * kStage, "D is staged in the ring");
 };
 
+// Row kb of the dx product's B at one column of fn (fc: fn's element [0, column]): the regions
+// [fn's hi against the coefficients' hi and mid] then [fn's mid against hi], zero past the terms.
+template <int MAXM>
+__device__ __forceinline__ bf16 dxf_fn_term(const float* fc, int kb, int M, int64_t K) {
+  using S = DxfShape<MAXM>;
+  const int r = kb < 16 * S::n1 ? 0 : 1;  // the region
+  const int kk = kb - r * 16 * S::n1;
+  const bf16 zero = __float2bfloat16_rn(0.f);
+  bf16 t[3] = {zero, zero, zero};
+  if (kk < (2 - r) * M) split3(fc[(kk % M) * K], t[0], t[1], t[2]);
+  return r == 0 ? t[0] : t[1];
+}
+
 template <int MAXM>
 struct DxfStage {
   bf16 (*x)[kDxfPitch];
@@ -218,14 +231,9 @@ __global__ void __launch_bounds__(256, MINB)
   const int64_t tbeg = static_cast<int64_t>(blockIdx.y) * kDxfSpan;
   const int64_t tend = tokens < tbeg + kDxfSpan ? tokens : tbeg + kDxfSpan;
   const int ntiles = static_cast<int>((tend - tbeg + kDxfTok - 1) / kDxfTok);
-  const bf16 zero = __float2bfloat16_rn(0.f);
   for (int i = tid; i < kDxfCols * S::KB; i += 256) {
     const int n = i % kDxfCols, kb = i / kDxfCols;  // n fastest: fn's reads coalesce
-    const int r = kb < 16 * S::n1 ? 0 : 1;  // region: fn's hi against [hi mid], mid against hi
-    const int kk = kb - r * 16 * S::n1;
-    bf16 t[3] = {zero, zero, zero};
-    if (kk < (2 - r) * M) split3(fn[(kk % M) * K + col + n], t[0], t[1], t[2]);
-    sB[n][kb] = r == 0 ? t[0] : t[1];
+    sB[n][kb] = dxf_fn_term<MAXM>(fn + col + n, kb, M, K);
   }
   auto issue = [&](int tile) {
     if (tile < ntiles) {

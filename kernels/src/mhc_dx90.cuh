@@ -103,14 +103,9 @@ __global__ void __launch_bounds__(128 * WGS, MINB)
   };
 #pragma unroll
   for (int i = 0; i < STAGES - 1; ++i) issue(i);  // in flight while fn's terms are laid out
-  const bf16 zero = __float2bfloat16_rn(0.f);
   for (int i = tid; i < kDxfCols * S::KB; i += kThreads) {
     const int n = i % kDxfCols, kb = i / kDxfCols;  // n fastest: fn's reads coalesce
-    const int r = kb < 16 * S::n1 ? 0 : 1;  // region: fn's hi against [hi mid], mid against hi
-    const int kk = kb - r * 16 * S::n1;
-    bf16 t[3] = {zero, zero, zero};
-    if (kk < (2 - r) * M) split3(fn[(kk % M) * K + col + n], t[0], t[1], t[2]);
-    *reinterpret_cast<bf16*>(sB + sw_off(kb, n)) = r == 0 ? t[0] : t[1];
+    *reinterpret_cast<bf16*>(sB + sw_off(kb, n)) = dxf_fn_term<MAXM>(fn + col + n, kb, M, K);
   }
   __syncthreads();  // fn's terms are laid out
   const int warp = wt >> 5, lane = tid & 31, gq = lane >> 2, cq = lane & 3;

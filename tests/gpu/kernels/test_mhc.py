@@ -345,16 +345,14 @@ def test_dx_variants_agree_bitwise(dtype, shape):
     not fit) gives the bits of version 11, the production CUDA-core dx (which runs where the fused dx
     + d fn kernel does not fit), for the gradients of pre and head. Versions 2 to 12 run the CUDA-core
     dx and the d fn GEMM wherever the fused kernel would fit too (the next test checks which runs)."""
-    from opslot.kernels.cuda import mhc
 
     b, s, hc, d = shape
     m, h = hyper_connection(d, hc), hyper_head(d, hc)
     x = streams(b, s, hc, d, dtype)
 
     def run():
-        a = grads_of(lambda t: mhc.mhc_pre(m, t), x, [m.fn, m.base, m.scale])
-        c = grads_of(lambda t: mhc.mhc_head(h, t), x, [h.hc_fn, h.hc_base, h.hc_scale])
-        return a[1] + c[1]
+        a, c = _pre_head_grads(m, h, x)
+        return a + c
 
     with bench_library() as lib:
         f = knob(lib, "opslot_mhc_set_tuning", 2)
@@ -367,6 +365,16 @@ def test_dx_variants_agree_bitwise(dtype, shape):
                 assert all(torch.equal(u, v) for u, v in zip(ref, got)), version
         finally:
             assert f(0, 1) == 0
+
+
+def _pre_head_grads(m, h, x):
+    """The opslot cuda gradients of pre (streams, fn, base, scale) and of head (streams, hc_fn,
+    hc_base, hc_scale) on x."""
+    from opslot.kernels.cuda import mhc
+
+    a = grads_of(lambda t: mhc.mhc_pre(m, t), x, [m.fn, m.base, m.scale])
+    c = grads_of(lambda t: mhc.mhc_head(h, t), x, [h.hc_fn, h.hc_base, h.hc_scale])
+    return a[1], c[1]
 
 
 def _backward_kernels(fn, x, params):
@@ -484,16 +492,14 @@ def test_fused_rings_agree_bitwise(shape):
     compute capability 9.0 the one-warpgroup forms of the warpgroup-MMA kernel (16: 2-deep ring,
     three blocks per SM; 17: 3-deep, two) each other's. (The production two-warpgroup form sums d fn
     over tokens in another order: the next test.)"""
-    from opslot.kernels.cuda import mhc
 
     b, s, hc, d = shape
     m, h = hyper_connection(d, hc), hyper_head(d, hc)
     x = streams(b, s, hc, d, torch.bfloat16)
 
     def run():
-        a = grads_of(lambda t: mhc.mhc_pre(m, t), x, [m.fn, m.base, m.scale])
-        c = grads_of(lambda t: mhc.mhc_head(h, t), x, [h.hc_fn, h.hc_base, h.hc_scale])
-        return a[1] + c[1]
+        a, c = _pre_head_grads(m, h, x)
+        return a + c
 
     with bench_library() as lib:
         f = knob(lib, "opslot_mhc_set_tuning", 2)
@@ -519,7 +525,6 @@ def test_fused_kernels_agree(shape, version):
     one-warpgroup form's (16) on the same inputs: dx bitwise equal (the same products in the same
     order, one rounding), d fn within 1e-5 of its largest magnitude (its sums over tokens taken in
     another fixed order), d base and d scale bitwise equal."""
-    from opslot.kernels.cuda import mhc
 
     if not _sm90():
         pytest.skip("the warpgroup-MMA kernel runs on compute capability 9.0 only")
@@ -528,9 +533,7 @@ def test_fused_kernels_agree(shape, version):
     x = streams(b, s, hc, d, torch.bfloat16)
 
     def run():
-        a = grads_of(lambda t: mhc.mhc_pre(m, t), x, [m.fn, m.base, m.scale])
-        c = grads_of(lambda t: mhc.mhc_head(h, t), x, [h.hc_fn, h.hc_base, h.hc_scale])
-        return a[1], c[1]
+        return _pre_head_grads(m, h, x)
 
     production = run()
     with bench_library() as lib:
