@@ -251,10 +251,11 @@ __global__ void __launch_bounds__(256, MINB)
       }
       for (int i = tid; i < kDxfTok * kAChunks; i += 256) {
         const int r = i / kAChunks, ch = (i % kAChunks) * 8;
-        if (r < nt)  // KA <= lda3: the columns past 2M hold lo terms or zeros, met by zeros in sB
-          cp_async16(&st.a[r][ch], coef3 + (t0 + r) * lda3 + ch);
-        else
+        if (r >= nt)
           *reinterpret_cast<uint4*>(&st.a[r][ch]) = make_uint4(0u, 0u, 0u, 0u);
+        else if (ch < lda3)  // a row's columns only (lda3 < KA for hc <= 2): the products read
+          // the first 16 ceil(2M / 16) <= lda3; past 2M, lo terms or zeros, met by zeros in sB
+          cp_async16(&st.a[r][ch], coef3 + (t0 + r) * lda3 + ch);
       }
       if (tid < nt) {
         cp_async_ca<4>(st.p + tid, pre + (t0 + tid) * hc + j);

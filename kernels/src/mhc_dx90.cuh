@@ -25,11 +25,10 @@ namespace {
 //   D += coef^T x: m64n64k16 from shared memory over the tile's four 16-token steps (rows: the
 //       coefficient terms, KA of them meaningful; fp32 accumulators across the range);
 // then dx = pre_j g + S - c x (dx_value, one rounding), written over g in the stage and stored as
-// whole 128-byte rows. At the end the warpgroups' D are
-// added in warpgroup order and D's two terms (hi + mid) go to the range's slab of `dfn` as in
-// dx_dfn_kernel. One
-// accumulator per warpgroup (dx_dfn_kernel keeps one per 16-token group): the sums over tokens are
-// in another order, fixed by WGS: the same bits on every run.
+// whole 128-byte rows. At the end the warpgroups' D are added in warpgroup order and D's two terms
+// (hi + mid) go to the range's slab of `dfn` as in dx_dfn_kernel. One accumulator per warpgroup
+// (dx_dfn_kernel keeps one per 16-token group): the sums over tokens are in another order, fixed
+// by WGS: the same bits on every run.
 template <int MAXM>
 struct Dxf90Shape {
   using S = DxfShape<MAXM>;
@@ -86,8 +85,10 @@ __global__ void __launch_bounds__(128 * WGS, MINB)
         if (r < nt) {
           cp_async16(st + off, x + (t0 + r) * K + col + 8 * ch);
           if (g != nullptr) cp_async16(st + L::kTile + off, g + (t0 + r) * hidden + c0 + 8 * ch);
-          // KA <= lda3: the columns past 2M hold lo terms or zeros, met by zeros in sB
-          if (ch < kAChunks) cp_async16(st + 2 * L::kTile + off, coef3 + (t0 + r) * lda3 + 8 * ch);
+          // a row's columns only (lda3 < KA for hc <= 2): S reads the first 16 ceil(2M / 16) <=
+          // lda3 (past 2M, lo terms or zeros, met by zeros in sB); D's rows past them are not kept
+          if (ch < kAChunks && 8 * ch < lda3)
+            cp_async16(st + 2 * L::kTile + off, coef3 + (t0 + r) * lda3 + 8 * ch);
         } else {  // rows past the end: zero (0 * 0 in D)
           *reinterpret_cast<uint4*>(st + off) = make_uint4(0u, 0u, 0u, 0u);
           *reinterpret_cast<uint4*>(st + 2 * L::kTile + off) = make_uint4(0u, 0u, 0u, 0u);
