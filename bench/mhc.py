@@ -28,7 +28,7 @@ and dx written backward).
 --tune also times, on the bench library (opslot_mhc_set_tuning), the forward with the rows held in
 registers (blocks up to 128 / 256 threads; the default reads them twice) and the dx configurations of
 the backward (DX_VARIANTS; with --profile, each one's kernel list); --fwd-threads N,.. also the forward
-with collapse_fwd's blocks of N threads (opslot_mhc_set_fwd_threads).
+with collapse_fwd's blocks of N threads (opslot_mhc_collapse_set_tuning).
 
 Bytes per token (bf16, hc = 4 streams of hidden D; T tokens):
   pre / head, fwd + bwd: x read forward and backward (2 x 8D), collapsed written (2D), its gradient
@@ -186,7 +186,7 @@ def _collapse_rows(copy_bw, args, out, head):
                             elif args.profile:
                                 K.kernel_breakdown(f"mhc/{what} {T}x4x{D} [{name}]", fb(ours), out)
                         set_tuning(0, 1)
-                        fwd_threads = K.knob(lib, "opslot_mhc_set_fwd_threads", 1)
+                        fwd_threads = K.knob(lib, "opslot_mhc_collapse_set_tuning", 1)
                         for n in args.fwd_threads:
                             fwd_threads(n)
                             name = f"forward collapse {n} threads"
@@ -390,7 +390,7 @@ def main():
         "--fwd-threads",
         type=lambda v: [int(i) for i in v.split(",") if i],
         default=[],
-        help="with --tune: collapse_fwd block sizes to time (opslot_mhc_set_fwd_threads)",
+        help="with --tune: collapse_fwd block sizes to time (opslot_mhc_collapse_set_tuning)",
     )
     ap.add_argument("--tokens", type=int, default=16384)
     ap.add_argument("--hidden", default="4096,7168")

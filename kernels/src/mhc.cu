@@ -628,7 +628,7 @@ OPSLOT_API int opslot_mhc_set_tuning(int hold_max_threads, int dx_version) {
   return OPSLOT_OK;
 }
 
-OPSLOT_API int opslot_mhc_set_fwd_threads(int threads) {
+OPSLOT_API int opslot_mhc_collapse_set_tuning(int threads) {
   if (threads != 0 && (threads < 32 || threads > 1024 || threads % 32 != 0))
     return set_error(OPSLOT_ERR_INVALID_ARGUMENT,
                      "mhc tuning: fwd threads 0 or a multiple of 32 up to 1024 (got %d)", threads);

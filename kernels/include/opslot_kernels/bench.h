@@ -74,7 +74,7 @@ OPSLOT_API int opslot_mhc_set_tuning(int hold_max_threads, int dx_version);
 
 /* mhc/pre's and mhc/head's forward collapse (opslot_mhc_collapse_fwd, 16-byte rows, rows not held):
  * threads per block, a multiple of 32 up to 1024; 0 (the default) the production choice. */
-OPSLOT_API int opslot_mhc_set_fwd_threads(int threads);
+OPSLOT_API int opslot_mhc_collapse_set_tuning(int threads);
 
 /* Sparse MQA attention's kernels where the warpgroup-MMA ones apply (compute capability 9.0, dv
  * 512, rows that allow 16-byte copies; the backward bf16 only): mma_sync bit 0 runs the mma.sync
