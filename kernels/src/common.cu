@@ -26,11 +26,18 @@ int check_launch(const char* what) {
 }
 
 bool device_is_sm90() {
-  int dev = 0, major = 0, minor = 0;
-  return cudaGetDevice(&dev) == cudaSuccess &&
-         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
-         major == 9 && minor == 0;
+  static DeviceMemo memo;  // a device's compute capability does not change: asked once per device
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return false;
+  int v = memo.get(dev, 0);
+  if (v < 0) {
+    int major = 0, minor = 0;
+    v = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
+        major == 9 && minor == 0;
+    memo.put(dev, 0, v);
+  }
+  return v == 1;
 }
 
 }  // namespace opslot

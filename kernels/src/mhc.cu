@@ -22,7 +22,8 @@ namespace {
 //   launch_dx_variant with the d fn GEMM, 13 and 14 other rings of dx_dfn_kernel, 15 dx_dfn_kernel
 //   where dx_dfn_wgmma_kernel would run, 16 and 17 other rings of dx_dfn_wgmma_kernel (bench
 //   library only; see dx_dfn_fits and opslot_mhc_dx_dfn).
-// - g_fwd_threads: collapse_fwd's threads per block; 0 (default) stream_threads' choice.
+// - g_fwd_threads: collapse_fwd's threads per block (opslot_mhc_collapse_set_tuning); 0 (default)
+//   collapse_fwd_threads' choice.
 #ifdef OPSLOT_KERNELS_BENCH
 int g_hold_threads = 0;
 int g_dx_version = 1;
@@ -332,17 +333,14 @@ OPSLOT_API int opslot_mhc_collapse_fwd(int dtype, int64_t tokens, int64_t hc, in
         threads <= g_hold_threads && nvec <= static_cast<int64_t>(threads) * kRowVectors;
     return dispatch_hc(hc, what, [&](auto hc_tag) -> int {
       constexpr int HC = decltype(hc_tag)::value;
-      auto launch = [&](auto kernel) {
-        kernel<<<static_cast<unsigned>(tokens), threads, 0, s>>>(
+      auto launch = [&](auto kernel, int block = 0) {
+        kernel<<<static_cast<unsigned>(tokens), block != 0 ? block : threads, 0, s>>>(
             static_cast<const T*>(x), p, static_cast<int>(nsplit), ldp, scale, base, norm_eps,
             hc_eps, static_cast<T*>(out), mix, rstd, hidden, static_cast<int>(mixes));
       };
       if constexpr (kBench) {  // the held rows and other block sizes: bench library only
         if (g_fwd_threads != 0 && vec && !held) {
-          collapse_fwd_kernel<T, HC, kVec, false, 1024>
-              <<<static_cast<unsigned>(tokens), g_fwd_threads, 0, s>>>(
-                  static_cast<const T*>(x), p, static_cast<int>(nsplit), ldp, scale, base, norm_eps,
-                  hc_eps, static_cast<T*>(out), mix, rstd, hidden, static_cast<int>(mixes));
+          launch(collapse_fwd_kernel<T, HC, kVec, false, 1024>, g_fwd_threads);
           return check_launch(what);
         }
         if (held) {

@@ -182,6 +182,23 @@ struct DxfShape {
   static_assert(KA * kDxfCols * 4 <= 2 * kStage, "D is staged in the ring");
 };
 
+// A fused kernel's block (grid: hidden / 64 * hc blocks by the ranges of kDxfSpan tokens): stream
+// j, its columns c0 .. c0 + 63 (col: the first in x's rows of K = hc * hidden), tokens tbeg .. tend
+// in ntiles tiles of kDxfTok.
+struct DxfBlock {
+  int j, ntiles;
+  int64_t c0, K, col, tbeg, tend;
+  __device__ DxfBlock(int64_t tokens, int hc, int64_t hidden)
+      : j(static_cast<int>(blockIdx.x % hc)),
+        c0((blockIdx.x / hc) * static_cast<int64_t>(kDxfCols)),
+        K(hc * hidden),
+        col(j * hidden + c0),
+        tbeg(static_cast<int64_t>(blockIdx.y) * kDxfSpan),
+        tend(tokens < tbeg + kDxfSpan ? tokens : tbeg + kDxfSpan) {
+    ntiles = static_cast<int>((tend - tbeg + kDxfTok - 1) / kDxfTok);
+  }
+};
+
 // Row kb of the dx product's B at one column of fn (fc: fn's element [0, column]): the regions
 // [fn's hi against the coefficients' hi and mid] then [fn's mid against hi], zero past the terms.
 template <int MAXM>
@@ -225,12 +242,9 @@ __global__ void __launch_bounds__(256, MINB)
   extern __shared__ __align__(16) unsigned char smem[];
   auto sB = reinterpret_cast<bf16(*)[S::LDB]>(smem + STAGES * S::kStage);
   const int M = mixes, tid = threadIdx.x;
-  const int j = static_cast<int>(blockIdx.x % hc);
-  const int64_t c0 = (blockIdx.x / hc) * static_cast<int64_t>(kDxfCols);
-  const int64_t K = hc * hidden, col = j * hidden + c0;  // the block's first column in x's rows
-  const int64_t tbeg = static_cast<int64_t>(blockIdx.y) * kDxfSpan;
-  const int64_t tend = tokens < tbeg + kDxfSpan ? tokens : tbeg + kDxfSpan;
-  const int ntiles = static_cast<int>((tend - tbeg + kDxfTok - 1) / kDxfTok);
+  const DxfBlock blk(tokens, hc, hidden);
+  const int j = blk.j, ntiles = blk.ntiles;
+  const int64_t c0 = blk.c0, K = blk.K, col = blk.col, tbeg = blk.tbeg, tend = blk.tend;
   for (int i = tid; i < kDxfCols * S::KB; i += 256) {
     const int n = i % kDxfCols, kb = i / kDxfCols;  // n fastest: fn's reads coalesce
     sB[n][kb] = dxf_fn_term<MAXM>(fn + col + n, kb, M, K);

@@ -67,12 +67,9 @@ __global__ void __launch_bounds__(128 * WGS, MINB)
   const int M = mixes, tid = threadIdx.x;
   const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);  // warp-uniform, as ptxas can tell
   const int wt = tid % 128;                               // the thread within its warpgroup
-  const int j = static_cast<int>(blockIdx.x % hc);
-  const int64_t c0 = (blockIdx.x / hc) * static_cast<int64_t>(kDxfCols);
-  const int64_t K = hc * hidden, col = j * hidden + c0;  // the block's first column in x's rows
-  const int64_t tbeg = static_cast<int64_t>(blockIdx.y) * kDxfSpan;
-  const int64_t tend = tokens < tbeg + kDxfSpan ? tokens : tbeg + kDxfSpan;
-  const int ntiles = static_cast<int>((tend - tbeg + kDxfTok - 1) / kDxfTok);
+  const DxfBlock blk(tokens, hc, hidden);
+  const int j = blk.j, ntiles = blk.ntiles;
+  const int64_t c0 = blk.c0, K = blk.K, col = blk.col, tbeg = blk.tbeg, tend = blk.tend;
   const int mine = (ntiles - wg + WGS - 1) / WGS;  // this warpgroup's tiles: wg, wg + WGS, ..
   auto issue = [&](int i) {  // this warpgroup's i-th tile into its stage i % STAGES
     if (i < mine) {

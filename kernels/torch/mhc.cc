@@ -343,8 +343,8 @@ FwdOut fwd_impl(const Tensor& x_in, const Tensor& fn_in, const Tensor& base_in,
   if (x.scalar_type() == at::kBFloat16) {  // bf16 holds x exactly: x @ (hi + mid + lo)^T
     Tensor w = split3(fn).view({3 * d.mixes, d.hc * d.hidden});
     // at least 16 rows (zeros past the terms; collapse_fwd reads p with its pitch): with head's 12,
-    // cuBLAS took a kernel 1.4x slower than with 16 (H200, 16k tokens x 16384: 177 against 124 us,
-    // the copy rate of x)
+    // cuBLAS took a kernel 1.4x slower than with 16 (H200, 16k tokens x 16384: 175.8 against 120.3
+    // us, the copy rate of x; bench/mhc.py --only gemm)
     if (w.size(0) < 16) w = at::constant_pad_nd(w, {0, 0, 0, 16 - w.size(0)});
     p = mm_f32(x2d, w.t());
     nsplit = 3;
