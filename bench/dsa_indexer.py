@@ -21,8 +21,13 @@ Rows per context length (B = 1, bf16 q/k, fp32 weights):
   upstream's code), `compiled tail` (torch.compile of upstream's).
 - DeepSeek-V4: H = 64, D = 128, T = S / 4 compressed keys, causal threshold (pos + 1) // 4, top-512.
 
+The top-k runs one of two kernels by the rows' length (kernels/src/topk.cu): up to 8192 columns the
+keys in registers (the row read once), longer rows the two-read kernel; `--topk-paths 1` times the
+bench library's other choice beside each production top-k row in the same run.
+
     python3 bench/dsa_indexer.py --out $OUT/dsa_indexer_h200.md [--lengths 4096,16384,65536] [--budget 150] \
         [--only topk,mask_limit]   # only the rows whose name holds one of these
+        [--topk-paths 1 --topk-reps 20]
 """
 
 from __future__ import annotations
@@ -147,6 +152,8 @@ class Runner:
         self.rate = rate
         self.bandwidth = bandwidth
         self.rows = []
+        self.topk_paths = []  # bench-library top-k paths timed beside each production top-k row
+        self.topk_reps = 5
 
     def left(self):
         return self.deadline - time.monotonic()
@@ -204,6 +211,28 @@ def topk_bytes(limit, T, top_k):
     return 4 * int(limit.clamp(0, T).sum()) + 4 * top_k * limit.numel()
 
 
+#: The bench library's top-k kernels (opslot_topk_set_tuning's path; kernels/src/topk.cu).
+TOPK_PATHS = {
+    1: "the two-read kernel for every row",
+}
+
+
+def topk_rows(run, model, L, what, fn, nbytes):
+    """The production top-k's row, then one per --topk-paths path on the bench library (the same call)."""
+    run.row(model, L, what, fn, nbytes=nbytes, reps=run.topk_reps)
+    for path in run.topk_paths:
+        with K.bench_library("topk") as lib:
+            if lib is None:
+                return
+            set_path = K.knob(lib, "opslot_topk_set_tuning", 1)
+            if set_path(path) != 0:
+                raise SystemExit(f"--topk-paths {path}: the bench library refused it")
+            try:
+                run.row(model, L, f"{what} [path {path}: {TOPK_PATHS[path]}]", fn, nbytes=nbytes, reps=run.topk_reps)
+            finally:
+                set_path(0)
+
+
 def glm_rows(run, L, compiled=None):
     """GLM-5: 32 heads of 128, causal, top-2048 (`compiled`: only the compiled upstream tail)."""
     H, D, top_k = 32, 128, min(2048, L)
@@ -222,18 +251,19 @@ def glm_rows(run, L, compiled=None):
     run.row("GLM", L, "scores (ours)", lambda: DI.dsa_index_scores(q, k, w, scale, limit), fl)
     scores = DI.dsa_index_scores(q, k, w, scale, limit)
     nb = topk_bytes(limit, L, top_k)
-    run.row(
-        "GLM", L, f"topk_indices k={top_k} (ours)", functools.partial(DI.topk_indices, scores, top_k, limit), nbytes=nb
+    topk_rows(
+        run, "GLM", L, f"topk_indices k={top_k} (ours)", functools.partial(DI.topk_indices, scores, top_k, limit), nb
     )
     run.row(
         "GLM", L, f"torch.topk k={top_k} of the scores", functools.partial(torch.topk, scores, top_k, dim=-1), nbytes=nb
     )
-    run.row(
+    topk_rows(
+        run,
         "GLM",
         L,
         f"topk_indices k={top_k} with the bool mask (ours)",
         functools.partial(DI.topk_indices, scores, top_k, limit, mask),
-        nbytes=nb + int(limit.sum()),
+        nb + int(limit.sum()),
     )
     del scores
     run.row(
@@ -264,8 +294,8 @@ def v4_rows(run, L):
     run.row("V4", L, "scores (ours)", lambda: DI.dsa_index_scores(q, k, w, scale, lim), fl)
     scores = DI.dsa_index_scores(q, k, w, scale, lim)
     nb = topk_bytes(lim, T, top_k)
-    run.row(
-        "V4", L, f"topk_indices k={top_k} (ours)", functools.partial(DI.topk_indices, scores, top_k, lim), nbytes=nb
+    topk_rows(
+        run, "V4", L, f"topk_indices k={top_k} (ours)", functools.partial(DI.topk_indices, scores, top_k, lim), nb
     )
     run.row(
         "V4", L, f"torch.topk k={top_k} of the scores", functools.partial(torch.topk, scores, top_k, dim=-1), nbytes=nb
@@ -283,6 +313,13 @@ def main():
     ap.add_argument("--budget", type=float, default=150.0, help="seconds; later rows are skipped past it")
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--only", default="", help="comma-separated: run only the rows whose name holds one (e.g. topk)")
+    ap.add_argument(
+        "--topk-paths",
+        default="",
+        help="comma-separated opslot_topk_set_tuning paths (1: the two-read kernel for every row) timed beside "
+        "each production top-k row, on the bench library",
+    )
+    ap.add_argument("--topk-reps", type=int, default=5, help="timed calls per top-k row (median)")
     args = ap.parse_args()
     lengths = [int(x) for x in args.lengths.split(",")]
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -290,12 +327,16 @@ def main():
     rate, bandwidth = gemm_rate(), K.copy_bandwidth()
     print(f"{props.name}: bf16 GEMM 8192^3 {rate / 1e12:.0f} TFLOP/s, copy {bandwidth / 1e12:.2f} TB/s", flush=True)
     run = Runner(args.budget, rate, bandwidth, tuple(x for x in args.only.split(",") if x))
+    run.topk_paths = [int(x) for x in args.topk_paths.split(",") if x]
+    unknown = [p for p in run.topk_paths if p not in TOPK_PATHS]
+    if unknown:
+        ap.error(f"--topk-paths {unknown}: known {sorted(TOPK_PATHS)}")
+    run.topk_reps = args.topk_reps
     compiled_glm = None if args.no_compile else torch.compile(upstream_glm_tail, dynamic=False)
 
     for L in lengths:
         glm_rows(run, L)
-        if L >= 16384:
-            v4_rows(run, L)
+        v4_rows(run, L)
     # torch.compile of upstream's tail last (its compile times would otherwise eat the budget)
     if compiled_glm is not None:
         for L in [x for x in lengths if x <= 16384]:

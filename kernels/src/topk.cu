@@ -1,6 +1,8 @@
 // The k largest values' columns of each row of an fp32 matrix (opslot_kernels/topk.h): one block
 // per row, a radix select over the values' order bits (a shared-memory histogram per digit), then
-// one pass that writes the chosen columns in ascending order through block-wide prefix sums.
+// one pass that writes the chosen columns in ascending order through block-wide prefix sums. Rows
+// of up to 8192 columns: the keys in registers (topk_reg_kernel); longer ones: the two-read kernel
+// (topk_kernel).
 #include <type_traits>
 
 #include "common.cuh"
@@ -169,9 +171,11 @@ __device__ void histogram(const Src& src, int shift, int high, uint32_t prefix, 
   __syncthreads();
 }
 
-// Inclusive prefix sum of `v` over the block's threads in thread order; `total` gets the sum of
-// all. Every thread calls it; `warp_sums` is kWarps ints of shared memory, free again on return.
+// Inclusive prefix sum of `v` over the block's kT threads in thread order; `total` gets the sum of
+// all. Every thread calls it; `warp_sums` is kT / 32 ints of shared memory, free again on return.
+template <int kT>
 __device__ __forceinline__ int block_scan(int v, int* warp_sums, int& total) {
+  constexpr int kWarps = kT / 32;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   int x = v;
 #pragma unroll
@@ -193,25 +197,27 @@ __device__ __forceinline__ int block_scan(int v, int* warp_sums, int& total) {
   return x + (warp > 0 ? before : 0);
 }
 
-// The bucket of `hist` (`bins` of them) holding the `need`-th largest key: pick[0] = its digit,
-// pick[1] = the rank still needed within it, pick[2] = its count. Thread t looks at buckets
-// bins - 1 - 4t down to bins - 4 - 4t.
+// The bucket of `hist` (`bins` of them, at most kMaxBins) holding the `need`-th largest key:
+// pick[0] = its digit, pick[1] = the rank still needed within it, pick[2] = its count. Thread t of
+// kT looks at buckets bins - 1 - P t down to bins - P - P t, P = kMaxBins / kT.
+template <int kT>
 __device__ void pick_bucket(const int* hist, int bins, int need, int* warp_sums, int* pick) {
-  int c[4], s = 0;
+  constexpr int P = kMaxBins / kT;
+  int c[P], s = 0;
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const int b = bins - 1 - (4 * static_cast<int>(threadIdx.x) + j);
+  for (int j = 0; j < P; ++j) {
+    const int b = bins - 1 - (P * static_cast<int>(threadIdx.x) + j);
     c[j] = b >= 0 ? hist[b] : 0;
     s += c[j];
   }
   int total;
-  const int incl = block_scan(s, warp_sums, total);
+  const int incl = block_scan<kT>(s, warp_sums, total);
   int above = incl - s;
   if (above < need && incl >= need) {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
+    for (int j = 0; j < P; ++j) {
       if (above + c[j] >= need) {
-        pick[0] = bins - 1 - (4 * static_cast<int>(threadIdx.x) + j);
+        pick[0] = bins - 1 - (P * static_cast<int>(threadIdx.x) + j);
         pick[1] = need - above;
         pick[2] = c[j];
         break;
@@ -236,7 +242,7 @@ __device__ void hold(const Src& src, uint32_t top, uint32_t* keys, int* cols, in
 #pragma unroll
     for (int j = 0; j < 4; ++j) take += j < n && (key[j] >> 21) >= top;
     int total;
-    int at = run + block_scan(take, warp_sums, total) - take;
+    int at = run + block_scan<kThreads>(take, warp_sums, total) - take;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       if (j < n && (key[j] >> 21) >= top) {
@@ -272,7 +278,7 @@ __device__ void write_chosen(const Src& src, int shift, uint32_t prefix, int nee
     }
     const int packed = gt | (eq << 16);  // at most 4 * kThreads each per pass
     int total;
-    const int before = block_scan(packed, warp_sums, total) - packed;
+    const int before = block_scan<kThreads>(packed, warp_sums, total) - packed;
     int g = gt_run + (before & 0xffff), e = eq_run + (before >> 16);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -299,7 +305,7 @@ __device__ void finish(const Src& src, uint32_t prefix, int need, int k, int* hi
   for (int p = 1; p < 3; ++p) {
     shift = p == 1 ? 10 : 0;
     histogram(src, shift, high, prefix, hist);
-    pick_bucket(hist, 1 << (high - shift), need, warp_sums, pick);
+    pick_bucket<kThreads>(hist, 1 << (high - shift), need, warp_sums, pick);
     prefix = (prefix << (high - shift)) | static_cast<uint32_t>(pick[0]);
     need = pick[1];
     high = shift;
@@ -319,20 +325,19 @@ struct Params {
   int32_t* out;
 };
 
+// Row r's source (its scores and mask entries before its limit) and output. A row with no more
+// than k columns before its limit is written here (every column before the limit, then the first
+// ones past it) and false returned.
 template <int kMask>
-__global__ void __launch_bounds__(kThreads, 2) topk_kernel(const Params p) {
-  extern __shared__ uint4 held[];  // kHeld keys, then their kHeld columns
-  __shared__ int hist[kMaxBins];
-  __shared__ int warp_sums[kWarps];
-  __shared__ int pick[3];
-  const int64_t r = blockIdx.x, b = r / p.seq, s = r % p.seq;
+__device__ bool row_source(const Params& p, int64_t r, RowSource<kMask>& src, int32_t*& o) {
+  const int64_t b = r / p.seq, s = r % p.seq;
   const int k = p.k;
   int64_t n = p.cols;
   if (p.limit != nullptr) n = p.limit[r] < 0 ? 0 : (p.limit[r] < n ? p.limit[r] : n);
-  int32_t* o = p.out + r * k;
-  if (n <= k) {  // every column before the limit, then the first ones past it
-    for (int i = threadIdx.x; i < k; i += kThreads) o[i] = i;
-    return;
+  o = p.out + r * k;
+  if (n <= k) {
+    for (int i = threadIdx.x; i < k; i += blockDim.x) o[i] = i;
+    return false;
   }
   const float* row = p.scores + b * p.ss0 + s * p.ss1;
   const void* mask = nullptr;
@@ -343,9 +348,24 @@ __global__ void __launch_bounds__(kThreads, 2) topk_kernel(const Params p) {
     mask = static_cast<const char*>(p.mask) + (b * p.ms0 + s * p.ms1) * bytes;
     mvec = (reinterpret_cast<uintptr_t>(mask) & (4 * bytes - 1)) == 0;
   }
-  const RowSource<kMask> src{row, n, (reinterpret_cast<uintptr_t>(row) & 15) == 0, mask, mvec};
+  src = RowSource<kMask>{row, n, (reinterpret_cast<uintptr_t>(row) & 15) == 0, mask, mvec};
+  return true;
+}
+
+// Rows longer than the register kernel takes: the top digit's histogram over the row, then the rest
+// over the keys at or above its bucket held in shared memory (the row read twice), or over the row.
+template <int kMask>
+__global__ void __launch_bounds__(kThreads, 2) topk_kernel(const Params p) {
+  extern __shared__ uint4 held[];  // kHeld keys, then their kHeld columns
+  __shared__ int hist[kMaxBins];
+  __shared__ int warp_sums[kWarps];
+  __shared__ int pick[3];
+  RowSource<kMask> src;
+  int32_t* o;
+  if (!row_source(p, blockIdx.x, src, o)) return;
+  const int k = p.k;
   histogram(src, 21, 32, 0u, hist);  // the top digit, bits 21 to 31
-  pick_bucket(hist, kMaxBins, k, warp_sums, pick);
+  pick_bucket<kThreads>(hist, kMaxBins, k, warp_sums, pick);
   const uint32_t top = static_cast<uint32_t>(pick[0]);
   const int need = pick[1], count = pick[2];
   if (count == need) {  // the bucket holds exactly the keys still needed
@@ -363,15 +383,127 @@ __global__ void __launch_bounds__(kThreads, 2) topk_kernel(const Params p) {
   }
 }
 
+// ---- rows of at most 16 kT columns: the keys in registers, the row read once -------------------
+constexpr int kRegChunks = 4;  // 16-byte chunks a thread holds: chunk i * kT + thread, 16 keys
+
+// Rows of up to 16 kT columns, one block of kT threads each (1024 / kT blocks per SM): each thread
+// loads its 16 keys once, the three digits' histograms count them from registers, and the chosen
+// columns are written a chunk row at a time (a block-wide prefix sum each).
+template <int kMask, int kT>
+__global__ void __launch_bounds__(kT, 1024 / kT) topk_reg_kernel(const Params p) {
+  __shared__ int hist[kMaxBins];
+  __shared__ int warp_sums[kT / 32];
+  __shared__ int pick[3];
+  RowSource<kMask> src;
+  int32_t* o;
+  if (!row_source(p, blockIdx.x, src, o)) return;
+  const int k = p.k;
+  const int iters = static_cast<int>((src.chunks() + kT - 1) / kT);  // chunk rows, <= kRegChunks
+  uint32_t key[kRegChunks][4];
+  int cnt[kRegChunks];
+#pragma unroll
+  for (int i = 0; i < kRegChunks; ++i) {
+    int col[4];
+    cnt[i] = src.load(i * kT + threadIdx.x, key[i], col);  // 0 past the row's end: nothing read
+  }
+  uint32_t prefix = 0;
+  int need = k, high = 32, shift = 21;
+  for (int d = 0; d < 3; ++d) {  // digits of 11, 11 and 10 bits
+    shift = d == 0 ? 21 : (d == 1 ? 10 : 0);
+    for (int b = threadIdx.x; b < kMaxBins; b += kT) hist[b] = 0;
+    __syncthreads();
+    const uint32_t digit = (1u << (high - shift)) - 1u;
+#pragma unroll
+    for (int i = 0; i < kRegChunks; ++i) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        if (j < cnt[i] &&
+            static_cast<uint32_t>(static_cast<uint64_t>(key[i][j]) >> high) == prefix) {
+          atomicAdd(&hist[(key[i][j] >> shift) & digit], 1);
+        }
+      }
+    }
+    __syncthreads();
+    pick_bucket<kT>(hist, 1 << (high - shift), need, warp_sums, pick);
+    prefix = (prefix << (high - shift)) | static_cast<uint32_t>(pick[0]);
+    need = pick[1];
+    high = shift;
+    if (pick[2] == need) break;  // the bucket holds exactly the keys still needed
+  }
+  // As write_chosen: a column's place is the chosen ones before it, the greater ones plus
+  // min(equal ones, need); column order is chunk row i, then thread, then j.
+  int gt_run = 0, eq_run = 0;
+#pragma unroll
+  for (int i = 0; i < kRegChunks; ++i) {
+    if (i >= iters || (gt_run == k - need && eq_run >= need)) break;  // the same for every thread
+    int cls[4], gt = 0, eq = 0;  // cls: 1 greater, 2 equal, 0 neither
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t hi = key[i][j] >> shift;
+      cls[j] = j >= cnt[i] ? 0 : (hi > prefix ? 1 : (hi == prefix ? 2 : 0));
+      gt += cls[j] == 1;
+      eq += cls[j] == 2;
+    }
+    const int packed = gt | (eq << 16);  // at most 4 kT each
+    int total;
+    const int before = block_scan<kT>(packed, warp_sums, total) - packed;
+    int g = gt_run + (before & 0xffff), e = eq_run + (before >> 16);
+    const int col = 4 * (i * kT + static_cast<int>(threadIdx.x));
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if (cls[j] == 1) {
+        o[g + min(e, need)] = col + j;
+        ++g;
+      } else if (cls[j] == 2) {
+        if (e < need) o[g + e] = col + j;
+        ++e;
+      }
+    }
+    gt_run += total & 0xffff;
+    eq_run += total >> 16;
+  }
+}
+
+#ifdef OPSLOT_KERNELS_BENCH
+int g_path = 0;
+#else
+constexpr int g_path = 0;
+#endif
+
+// Threads of the register kernel for rows of `cols` columns (16 keys a thread), 0 for the
+// two-read kernel: rows up to 8192 columns in registers (the bench library's path 1: none). 1024
+// threads for rows up to 16384 columns measured slower than the two-read kernel (one row per SM).
+int reg_threads(int64_t cols) {
+  if (g_path == 1) return 0;
+  for (int t : {128, 256, 512}) {
+    if (cols <= 4 * kRegChunks * t) return t;
+  }
+  return 0;
+}
+
 template <int kMask>
 int launch(const Params& p, int64_t rows, cudaStream_t stream) {
+  const auto grid = static_cast<unsigned>(rows);
+  switch (reg_threads(p.cols)) {
+    case 128:
+      topk_reg_kernel<kMask, 128><<<grid, 128, 0, stream>>>(p);
+      return check_launch(kName);
+    case 256:
+      topk_reg_kernel<kMask, 256><<<grid, 256, 0, stream>>>(p);
+      return check_launch(kName);
+    case 512:
+      topk_reg_kernel<kMask, 512><<<grid, 512, 0, stream>>>(p);
+      return check_launch(kName);
+    default:
+      break;
+  }
   const cudaError_t err = cudaFuncSetAttribute(
       topk_kernel<kMask>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kHeldSmem));
   if (err != cudaSuccess) {
     return set_error(static_cast<int>(err), "%s: %zu bytes of shared memory refused: %s", kName,
                      kHeldSmem, cudaGetErrorString(err));
   }
-  topk_kernel<kMask><<<static_cast<unsigned>(rows), kThreads, kHeldSmem, stream>>>(p);
+  topk_kernel<kMask><<<grid, kThreads, kHeldSmem, stream>>>(p);
   return check_launch(kName);
 }
 
@@ -433,3 +565,14 @@ OPSLOT_API int opslot_topk_indices(const float* scores, int64_t batch, int64_t s
 }
 
 }  // extern "C"
+
+#ifdef OPSLOT_KERNELS_BENCH
+extern "C" OPSLOT_API int opslot_topk_set_tuning(int path) {
+  if (path < 0 || path > 1)
+    return opslot::set_error(
+        OPSLOT_ERR_INVALID_ARGUMENT,
+        "topk tuning: path 0 (production) or 1 (the two-read kernel for every row)");
+  opslot::topk::g_path = path;
+  return OPSLOT_OK;
+}
+#endif  // OPSLOT_KERNELS_BENCH

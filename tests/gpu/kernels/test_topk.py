@@ -9,8 +9,10 @@ exactly k, causal); ties (a few distinct values, all equal, values one ulp apart
 all three digits), NaN, infinities and signed zeros; rows that are not 16-byte aligned, strided and
 transposed views, leading dimensions, empty inputs; bool and additive (float32/16, bfloat16) masks,
 broadcast over the batch, rows not aligned for the vector loads; mask_limit on causal, random and
-padding masks of every kind, broadcast and strided; both paths of the kernel (the keys at or above
-the top digit's bucket held in shared memory, or more of them than it holds), a bucket that holds
+padding masks of every kind, broadcast and strided; every kernel: rows of up to 2048, 4096 and 8192
+columns in registers (128, 256, 512 threads), longer ones by the two-read kernel with both of its paths
+(the keys at or above the top digit's bucket held in shared memory, or more of them than it holds),
+each kernel at its bounds, and all of them bitwise equal on the same rows (the bench library's knob); a bucket that holds
 exactly the keys still needed, long aligned rows with every mask kind, and rows whose large values
 crowd into one part; every element written (the caching allocator poisoned first); bitwise-equal
 reruns; opcheck; CUDA-graph capture; torch.compile.
@@ -19,7 +21,7 @@ reruns; opcheck; CUDA-graph capture; torch.compile.
 import pytest
 import torch
 
-from conftest import requires_cuda
+from conftest import bench_library, knob, requires_cuda
 
 DEV = "cuda"
 pytestmark = requires_cuda
@@ -138,6 +140,60 @@ def test_long_aligned_rows_with_masks(kind):
             for k in (1, 2048, 4097):
                 check(scores, k, limit, f"{kind} k={k}", mask)
                 check(scores, k, None, f"{kind} k={k} no limit", mask)
+
+
+def tier_rows(cols):
+    """Rows of `cols` columns that run every digit of the select: ties, one-ulp neighbours, rounded values
+    (crowded buckets), special values; limits inside, at and past the row."""
+    g = torch.Generator(device=DEV).manual_seed(cols)
+    noise = torch.randn(6, cols, device=DEV, generator=g)
+    ulps = (torch.arange(cols, device=DEV, dtype=torch.int32) + 0x3F800000).view(torch.float32)
+    pool = torch.tensor([-INF, -0.0, 0.0, 1.0, INF, NAN], device=DEV)
+    special = pool[torch.randint(0, len(pool), (cols,), device=DEV, generator=g)]
+    rows = torch.cat(
+        [noise, noise[:2].round(), ulps[torch.randperm(cols, device=DEV, generator=g)][None], special[None]]
+    )
+    limit = torch.tensor([cols, cols - 1, cols // 2 + 1, 0, cols + 7, 3, cols, cols - 5, cols, cols], device=DEV)
+    return rows, limit.to(torch.int32)
+
+
+# The register kernel's tiers end at 2048, 4096 and 8192 columns (kernels/src/topk.cu, reg_threads).
+@pytest.mark.parametrize("cols", [2048, 2049, 4095, 4096, 4097, 8191, 8192, 8193])
+@pytest.mark.parametrize("kind", [None, torch.bool, torch.float16])
+def test_each_kernel_at_its_bounds(cols, kind):
+    rows, limit = tier_rows(cols)
+    mask = None
+    if kind is not None:
+        shown = torch.rand(1, cols + 1, device=DEV) > 0.25
+        wide = shown if kind == torch.bool else torch.where(shown, 0.5, torch.finfo(kind).min).to(kind)
+        mask = wide[:, 1:]  # broadcast over the rows, not aligned for the vector loads
+    for k in (1, 511, min(2048, cols - 2), cols - 1):
+        check(rows, k, limit, f"{cols} {kind} k={k}", mask)
+        shifted = None if mask is None else mask[:, 1:]
+        check(rows[:, 1:], k, limit, f"{cols} {kind} k={k}, rows not aligned", shifted)
+
+
+def test_every_kernel_gives_the_same_bits():
+    """The bench library's opslot_topk_set_tuning(1) runs the two-read kernel on every row: the rows the
+    register kernel takes in production give the same bits."""
+    cases = []
+    for cols in (700, 3000, 6000, 8192):
+        rows, limit = tier_rows(cols)
+        mask = torch.rand(rows.shape, device=DEV) > 0.1
+        for k in (1, 512, min(2048, cols - 1)):
+            cases.append((rows, k, limit, None))
+            cases.append((rows, k, limit, mask))
+    want = [op(*c) for c in cases]
+    with bench_library() as lib:
+        f = knob(lib, "opslot_topk_set_tuning", 1)
+        try:
+            for path in (1, 0):
+                assert f(path) == 0
+                for c, w in zip(cases, want):
+                    assert torch.equal(op(*c), w), (path, c[0].shape, c[1], c[3] is None)
+        finally:
+            assert f(0) == 0
+        assert f(2) != 0 and f(-1) != 0
 
 
 def test_views_and_shapes():
