@@ -1,11 +1,13 @@
-"""One `opslot::topk_indices` call on the GLM-5 indexer's causal scores, for Nsight Compute to profile
-(docs/results/dsa_indexer_h200.md, "What bounds the top-k"): bench/dsa_indexer.py's GLM inputs at L tokens
-(32 heads of 128), the scores by `dsa_index_scores`, then the top-2048 twice (profile the second);
-prints how many top-digit buckets the last row's scores fill.
+"""One `opslot::topk_indices` call on the lightning indexer's causal scores, for Nsight Compute to profile
+(docs/results/dsa_indexer_h200.md, "What bounds the top-k"): bench/dsa_indexer.py's inputs at L tokens
+(GLM-5: 32 heads of 128, top-2048; MODEL=v4: DeepSeek-V4, 64 heads of 128 over L / 4 compressed keys,
+limits (pos + 1) // 4, top-512), the scores by `dsa_index_scores`, then the top-k twice (profile the
+second); prints how many top-digit buckets the last row's scores fill.
 
     L=65536 ncu --kernel-name regex:topk_kernel --launch-count 1 --launch-skip 1 --set full \\
         --import-source yes -o $OUT/topk python3 bench/topk_ncu.py
-"""
+    L=16384 MODEL=v4 ncu --kernel-name regex:topk_reg_kernel --launch-count 1 --launch-skip 1 \\
+        --set full -o $OUT/topk_v4 python3 bench/topk_ncu.py"""
 
 import os
 import sys
@@ -17,20 +19,23 @@ from opslot.kernels.cuda import dsa_indexer as DI  # noqa: E402
 
 
 def main():
-    L, H, D = int(os.environ.get("L", "65536")), 32, 128
-    g = torch.Generator(device="cuda").manual_seed(L)  # the bench's GLM inputs
+    L, D = int(os.environ.get("L", "65536")), 128
+    v4 = os.environ.get("MODEL", "glm") == "v4"
+    H, T, top_k = (64, L // 4, 512) if v4 else (32, L, 2048)
+    g = torch.Generator(device="cuda").manual_seed(L + 1 if v4 else L)  # the bench's inputs
     q = torch.randn(1, L, H, D, device="cuda", generator=g).to(torch.bfloat16)
-    k = torch.randn(1, L, D, device="cuda", generator=g).to(torch.bfloat16)
+    k = torch.randn(1, T, D, device="cuda", generator=g).to(torch.bfloat16)
     w = torch.randn(1, L, H, device="cuda", generator=g) * H**-0.5
-    limit = (torch.arange(L, device="cuda", dtype=torch.int32) + 1).view(1, L)
+    pos = torch.arange(L, device="cuda", dtype=torch.int32) + 1
+    limit = (pos // 4 if v4 else pos).view(1, L)
     scores = DI.dsa_index_scores(q, k, w, D**-0.5, limit)
     for _ in range(2):
-        DI.topk_indices(scores, 2048, limit)
+        DI.topk_indices(scores, top_k, limit)
     torch.cuda.synchronize()
-    bits = scores[0, L - 1].view(torch.int32).long() & 0xFFFFFFFF  # the kernel's order keys
+    bits = scores[0, L - 1, : int(limit[0, -1])].view(torch.int32).long() & 0xFFFFFFFF  # the order keys
     keys = torch.where(bits >= 2**31, bits ^ 0xFFFFFFFF, bits ^ 0x80000000)
     _, counts = torch.unique(keys >> 21, return_counts=True)
-    print(f"last row: {counts.numel()} top-digit buckets, the largest {counts.max().item()} of {L}")
+    print(f"last row: {counts.numel()} top-digit buckets, the largest {counts.max().item()} of {keys.numel()}")
 
 
 if __name__ == "__main__":
