@@ -14,7 +14,7 @@ namespace {
 constexpr const char* kName = "opslot_topk_indices";
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
-constexpr int kMaxBins = 2048;  // an 11-bit digit; kThreads * 4 buckets for pick_bucket
+constexpr int kMaxBins = 2048;  // an 11-bit digit; pick_bucket: kMaxBins / threads buckets each
 constexpr int kHeld = 8192;     // keys at or above the top digit's bucket held in shared memory
 constexpr size_t kHeldSmem = 2 * sizeof(uint32_t) * kHeld;  // keys and columns: 64 KB
 
