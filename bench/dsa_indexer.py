@@ -21,7 +21,7 @@ Rows per context length (B = 1, bf16 q/k, fp32 weights):
   upstream's code), `compiled tail` (torch.compile of upstream's).
 - DeepSeek-V4: H = 64, D = 128, T = S / 4 compressed keys, causal threshold (pos + 1) // 4, top-512.
 
-The top-k runs one of two kernels by the rows' length (kernels/src/topk.cu): up to 8192 columns the
+The top-k runs one of two kernels by the rows' length (kernels/src/topk.cu): up to 4096 columns the
 keys in registers (the row read once), longer rows the two-read kernel; `--topk-paths 1` times the
 bench library's other choice beside each production top-k row in the same run.
 

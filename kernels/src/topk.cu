@@ -1,7 +1,7 @@
 // The k largest values' columns of each row of an fp32 matrix (opslot_kernels/topk.h): one block
 // per row, a radix select over the values' order bits (a shared-memory histogram per digit), then
 // one pass that writes the chosen columns in ascending order through block-wide prefix sums. Rows
-// of up to 8192 columns: the keys in registers (topk_reg_kernel); longer ones: the two-read kernel
+// of up to 4096 columns: the keys in registers (topk_reg_kernel); longer ones: the two-read kernel
 // (topk_kernel).
 #include <type_traits>
 
@@ -386,11 +386,17 @@ __global__ void __launch_bounds__(kThreads, 2) topk_kernel(const Params p) {
 // ---- rows of at most 16 kT columns: the keys in registers, the row read once -------------------
 constexpr int kRegChunks = 4;  // 16-byte chunks a thread holds: chunk i * kT + thread, 16 keys
 
-// Rows of up to 16 kT columns, one block of kT threads each (1024 / kT blocks per SM): each thread
-// loads its 16 keys once, the three digits' histograms count them from registers, and the chosen
-// columns are written a chunk row at a time (a block-wide prefix sum each).
+// Blocks per SM the register kernel is compiled for: six 256-thread blocks (40 registers);
+// 128-thread blocks stay at 8 (1536 threads would spill pick_bucket's 16 buckets). A row's select
+// is a chain of dependent steps: more rows in flight per SM, not fewer instructions, is what
+// shortened it (docs/results/dsa_indexer_h200.md).
+constexpr int reg_blocks_per_sm(int threads) { return threads == 128 ? 8 : 1536 / threads; }
+
+// Rows of up to 16 kT columns, one block of kT threads each: each thread loads its 16 keys once,
+// the three digits' histograms count them from registers, and the chosen columns are written a
+// chunk row at a time (a block-wide prefix sum each).
 template <int kMask, int kT>
-__global__ void __launch_bounds__(kT, 1024 / kT) topk_reg_kernel(const Params p) {
+__global__ void __launch_bounds__(kT, reg_blocks_per_sm(kT)) topk_reg_kernel(const Params p) {
   __shared__ int hist[kMaxBins];
   __shared__ int warp_sums[kT / 32];
   __shared__ int pick[3];
@@ -471,11 +477,12 @@ constexpr int g_path = 0;
 #endif
 
 // Threads of the register kernel for rows of `cols` columns (16 keys a thread), 0 for the
-// two-read kernel: rows up to 8192 columns in registers (the bench library's path 1: none). 1024
-// threads for rows up to 16384 columns measured slower than the two-read kernel (one row per SM).
+// two-read kernel: rows up to 4096 columns in registers (the bench library's path 1: none). 512
+// threads for rows up to 8192 columns measured as fast as the two-read kernel, 1024 threads for
+// rows up to 16384 slower (docs/results/dsa_indexer_h200.md).
 int reg_threads(int64_t cols) {
   if (g_path == 1) return 0;
-  for (int t : {128, 256, 512}) {
+  for (int t : {128, 256}) {
     if (cols <= 4 * kRegChunks * t) return t;
   }
   return 0;
@@ -490,9 +497,6 @@ int launch(const Params& p, int64_t rows, cudaStream_t stream) {
       return check_launch(kName);
     case 256:
       topk_reg_kernel<kMask, 256><<<grid, 256, 0, stream>>>(p);
-      return check_launch(kName);
-    case 512:
-      topk_reg_kernel<kMask, 512><<<grid, 512, 0, stream>>>(p);
       return check_launch(kName);
     default:
       break;

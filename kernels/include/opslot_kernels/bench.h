@@ -77,7 +77,7 @@ OPSLOT_API int opslot_mhc_set_tuning(int hold_max_threads, int dx_version);
 OPSLOT_API int opslot_mhc_collapse_set_tuning(int threads);
 
 /* opslot_topk_indices's kernel (kernels/src/topk.cu): path 0 (the default) the production choice,
- * rows of up to 8192 columns with their keys in registers (read once), longer ones by the two-read
+ * rows of up to 4096 columns with their keys in registers (read once), longer ones by the two-read
  * kernel; 1 the two-read kernel for every row. Both give the same bits. */
 OPSLOT_API int opslot_topk_set_tuning(int path);
 

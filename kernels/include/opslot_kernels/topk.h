@@ -23,7 +23,7 @@
  * Kernels: one block per row, a radix select over the values' 32 order bits in three digits (11, 11
  * and 10 bits; a shared-memory histogram per digit, stopping early when a digit's bucket holds
  * exactly the values still needed), then the chosen columns written in order (block-wide prefix
- * sums). Rows of up to 8192 columns (cols) are read once into registers, 16 keys a thread, and
+ * sums). Rows of up to 4096 columns (cols) are read once into registers, 16 keys a thread, and
  * selected there. Longer rows: after the top digit the keys in its bucket and above it, when there
  * are at most 8192, are copied to shared memory in column order and the rest runs there: the row is
  * read twice; otherwise up to four times (the later reads partly from L2).
