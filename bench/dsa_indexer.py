@@ -146,14 +146,14 @@ def ours_v4_tail(q, k, weights, scale, threshold, top_k):
 
 
 class Runner:
-    def __init__(self, budget_s, rate, bandwidth, only=()):
+    def __init__(self, budget_s, rate, bandwidth, only=(), topk_paths=(), topk_reps=5):
         self.deadline = time.monotonic() + budget_s
         self.only = only  # run only the rows whose name holds one of these (all when empty)
         self.rate = rate
         self.bandwidth = bandwidth
         self.rows = []
-        self.topk_paths = []  # bench-library top-k paths timed beside each production top-k row
-        self.topk_reps = 5
+        self.topk_paths = topk_paths  # bench-library top-k paths timed beside each production top-k row
+        self.topk_reps = topk_reps
 
     def left(self):
         return self.deadline - time.monotonic()
@@ -322,16 +322,16 @@ def main():
     ap.add_argument("--topk-reps", type=int, default=5, help="timed calls per top-k row (median)")
     args = ap.parse_args()
     lengths = [int(x) for x in args.lengths.split(",")]
+    topk_paths = [int(x) for x in args.topk_paths.split(",") if x]
+    unknown = [p for p in topk_paths if p not in TOPK_PATHS]
+    if unknown:
+        ap.error(f"--topk-paths {unknown}: known {sorted(TOPK_PATHS)}")
     torch.backends.cuda.matmul.allow_tf32 = False
     props = torch.cuda.get_device_properties(0)
     rate, bandwidth = gemm_rate(), K.copy_bandwidth()
     print(f"{props.name}: bf16 GEMM 8192^3 {rate / 1e12:.0f} TFLOP/s, copy {bandwidth / 1e12:.2f} TB/s", flush=True)
-    run = Runner(args.budget, rate, bandwidth, tuple(x for x in args.only.split(",") if x))
-    run.topk_paths = [int(x) for x in args.topk_paths.split(",") if x]
-    unknown = [p for p in run.topk_paths if p not in TOPK_PATHS]
-    if unknown:
-        ap.error(f"--topk-paths {unknown}: known {sorted(TOPK_PATHS)}")
-    run.topk_reps = args.topk_reps
+    only = tuple(x for x in args.only.split(",") if x)
+    run = Runner(args.budget, rate, bandwidth, only, topk_paths, args.topk_reps)
     compiled_glm = None if args.no_compile else torch.compile(upstream_glm_tail, dynamic=False)
 
     for L in lengths:

@@ -12,10 +12,10 @@ broadcast over the batch, rows not aligned for the vector loads; mask_limit on c
 padding masks of every kind, broadcast and strided; every kernel: rows of up to 2048 and 4096
 columns in registers (128, 256 threads), longer ones by the two-read kernel with both of its paths
 (the keys at or above the top digit's bucket held in shared memory, or more of them than it holds),
-each kernel at its bounds, and all of them bitwise equal on the same rows (the bench library's knob); a bucket that holds
-exactly the keys still needed, long aligned rows with every mask kind, and rows whose large values
-crowd into one part; every element written (the caching allocator poisoned first); bitwise-equal
-reruns; opcheck; CUDA-graph capture; torch.compile.
+each kernel at its bounds, and all of them bitwise equal on the same rows (the bench library's
+knob); a bucket that holds exactly the keys still needed, long aligned rows with every mask kind,
+and rows whose large values crowd into one part; every element written (the caching allocator
+poisoned first); bitwise-equal reruns; opcheck; CUDA-graph capture; torch.compile.
 """
 
 import pytest
