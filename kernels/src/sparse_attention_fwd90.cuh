@@ -5,13 +5,15 @@
 //
 // One CTA (two warpgroups) per query token and block of 64 heads. The query rows and a ring of
 // three 32-key tiles sit in shared memory as 128-byte-swizzled 64-column blocks (wgmma_sm90.cuh),
-// filled by 16-byte cp.async copies (skipped keys and the columns past Dqk zero). Per tile:
-// warpgroup w computes S over its half of Dqk (m64n32k16, both operands from shared memory), the
-// halves are added through shared memory in one order (both warpgroups hold the same S, bit for
-// bit), both run the same online softmax, and warpgroup w adds P V for output columns 256 w .. +256
-// (m64n64k16, P from registers, V the tile read MN-major). A tile without a valid key is skipped.
-// Shapes: dv = 512 (both models'; dv <= Dqk <= 576), every loop bound the same in all threads, so
-// that ptxas keeps the MMAs asynchronous.
+// filled by 16-byte cp.async copies (skipped keys and the columns past Dqk zero; a tile's indices
+// read a tile ahead). Per tile: warpgroup w computes S over its half of Dqk (m64n32k16, both
+// operands from shared memory), the halves are added through shared memory in one order (both
+// warpgroups hold the same S, bit for bit), both run the same online softmax, and warpgroup w adds
+// P V for output columns 256 w .. +256 (m64n64k16, P from registers, V the tile read MN-major).
+// Pipelined: a tile's P V and the next tile's S are issued together, and the next tile's softmax
+// runs while P V is on the tensor cores. A tile without a valid key issues no MMA. Shapes: dv = 512
+// (both models'; dv <= Dqk <= 576), every loop bound and MMA condition uniform, so that ptxas keeps
+// the MMAs asynchronous (check: -Xptxas -v reports no C7510-C7520 serialization for it).
 #pragma once
 
 #include "sparse_attention_fwd.cuh"
@@ -30,7 +32,7 @@ constexpr int kSwap = 2 * 16 * 128;  // S partials: [warpgroup][register][thread
 size_t fwd90_smem(const Dev& d) {
   const int nblk = d.dpad / 64;
   return 1024 + static_cast<size_t>(nblk) * (kBlkQ + kWgStages * kBlkK) + kSwap * sizeof(float) +
-         kWgStages * kBk * sizeof(int);
+         (kWgStages * kBk + kWgThreads / 32) * sizeof(int);
 }
 
 // One row of a swizzled tile (blocks of `rows` rows, 1024-byte aligned): this thread's 16-byte
@@ -47,6 +49,20 @@ __device__ __forceinline__ void load_row_sw(unsigned char* dst, int rows, int sw
                      smem_u32(dst + m * rows * 128 + sw)),
                  "l"(on ? static_cast<const void*>(src + c * 16) : any_global), "r"(on ? 16 : 0)
                  : "memory");
+  }
+}
+
+// Warpgroup W's half of S = Q K^T (k-steps W KS .. W KS + KS - 1 of 16 columns) from the tiles
+// whose descriptors' low words are dq and dk: the offsets are constants (descriptors advance in
+// 16-byte units).
+template <typename T, int KS, int W>
+__device__ __forceinline__ void s_half(float (&s)[16], uint32_t dq, uint32_t dk) {
+#pragma unroll
+  for (int k = 0; k < KS; ++k) {
+    constexpr int kQ = kBlkQ / 16, kK = kBlkK / 16;
+    const int ks = W * KS + k, sub = (ks & 3) * 2;
+    sm90::wgmma_m64n32_ss<T>(s, sm90::desc_of(dq + (ks >> 2) * kQ + sub),
+                             sm90::desc_of(dk + (ks >> 2) * kK + sub));
   }
 }
 
@@ -81,84 +97,162 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     load_row_sw(sQ, kRows, sw + half * kBk * 128, lk, npad, nvalid,
                 reinterpret_cast<const unsigned char*>(src), rows.q);
   }
-  auto issue = [&](int tile) {
-    const int st = tile % kWgStages;
-    const int id = key_of(p, rows.idx, static_cast<int64_t>(tile) * kBk + lr);
-    if (lk == 0) sIdx[st * kBk + lr] = id;
-    load_row_sw(sK + st * nblk * kBlkK, kBk, sw, lk, npad, nvalid,
-                id >= 0 ? reinterpret_cast<const unsigned char*>(rows.kv + id * p.kvs1) : nullptr,
-                rows.kv);
+  // The index of row lr of a tile, read a tile ahead of its copies (raw: -1 past K; the range check
+  // at the copy), so that its latency is not on the path of every tile.
+  auto raw_index = [&](int tile) -> int {
+    const int64_t j = static_cast<int64_t>(tile) * kBk + lr;
+    return tile < ntiles && j < p.K ? rows.idx[j] : -1;
   };
-  if (ntiles > 0) issue(0);
-  cp_async_commit();
-  if (ntiles > 1) issue(1);
-  cp_async_commit();
+  // Tile `tile`'s indices and its copies into its stage (a tile past the last: indices -1, no
+  // copies), one commit group either way.
+  auto issue = [&](int tile, int raw) {
+    const int st = tile % kWgStages;
+    const int id = tile < ntiles && raw >= 0 && raw < p.T ? raw : -1;  // key_of
+    if (lk == 0) sIdx[st * kBk + lr] = id;
+    if (tile < ntiles)
+      load_row_sw(sK + st * nblk * kBlkK, kBk, sw, lk, npad, nvalid,
+                  id >= 0 ? reinterpret_cast<const unsigned char*>(rows.kv + id * p.kvs1) : nullptr,
+                  rows.kv);
+    cp_async_commit();
+  };
+  // Whether a tile has a valid key: a barrier, after which the copies the caller waited for are
+  // visible to every thread and to the MMAs.
+  auto tile_live = [&](int tile) {
+    fence_async_smem();
+    return __syncthreads_or(tid < kBk && sIdx[(tile % kWgStages) * kBk + tid] >= 0);
+  };
 
-  const int ks0 = wg * KS, vb0 = wg * 4;
-  const uint64_t dq0 = desc_sw128(sQ);
+  const int vb0 = wg * 4;
+  const uint32_t dq0 = desc_lo(sQ);
   float m_run[2] = {neg_inf(), neg_inf()}, l_run[2] = {0.f, 0.f};
   float o[4][32];
 #pragma unroll
   for (int i = 0; i < 4; ++i)
 #pragma unroll
     for (int e = 0; e < 32; ++e) o[i][e] = 0.f;
-
-  for (int it = 0; it < ntiles; ++it) {
-    const int st = it % kWgStages;
-    cp_async_wait<1>();
-    fence_async_smem();
-    // Every warpgroup is past tile it - 1 here: its stage may take tile it + 2.
-    const int live = __syncthreads_or(tid < kBk && sIdx[st * kBk + tid] >= 0);
-    if (it + 2 < ntiles) issue(it + 2);
-    cp_async_commit();
-    if (!live) continue;  // adds nothing: the same result
-    const unsigned char* kt = sK + st * nblk * kBlkK;
-
-    float sc[16];
+  float sn[16];              // S of the next tile, this warpgroup's half of Dqk
+  uint32_t pa[kBk / 16][4];  // P of the current tile, A fragments
+  // Zeroes sn, then issues the MMAs of this warpgroup's half of S = Q K^T for a tile with a valid
+  // key (`live`, a barrier's result: __any_sync shows ptxas it is warp-uniform, else it serializes
+  // the MMAs), then commits; the caller waits.
+  auto issue_s = [&](int tile, int live) {
 #pragma unroll
-    for (int e = 0; e < 16; ++e) sc[e] = 0.f;
-    reg_fence(sc);
-    const uint64_t dk0 = desc_sw128(kt);
-    wg_fence();
-#pragma unroll
-    for (int k = 0; k < KS; ++k) {  // descriptors advance in 16-byte units
-      const int ks = ks0 + k, sub = (ks & 3) * 2;
-      wgmma_m64n32_ss<T>(sc, dq0 + (ks >> 2) * (kBlkQ / 16) + sub,
-                         dk0 + (ks >> 2) * (kBlkK / 16) + sub);
-    }
-    wg_commit();
-    wg_wait<0>();
-    reg_fence(sc);
-#pragma unroll
-    for (int e = 0; e < 16; ++e) sX[(wg * 16 + e) * 128 + t] = sc[e];
-    __syncthreads();
-#pragma unroll
-    for (int e = 0; e < 16; ++e) sc[e] = sX[e * 128 + t] + sX[(16 + e) * 128 + t];  // S0 + S1
-
-    float alpha[2];
-    softmax_tile(sc, sIdx + st * kBk, p.scale_log2, qd, m_run, l_run, alpha);
-#pragma unroll
-    for (int bb = 0; bb < 4; ++bb)
-#pragma unroll
-      for (int e = 0; e < 32; ++e) o[bb][e] *= alpha[(e >> 1) & 1];
-    uint32_t pa[kBk / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < kBk / 16; ++kk) {
-      pa[kk][0] = pack2<T>(sc[8 * kk + 0], sc[8 * kk + 1]);
-      pa[kk][1] = pack2<T>(sc[8 * kk + 2], sc[8 * kk + 3]);
-      pa[kk][2] = pack2<T>(sc[8 * kk + 4], sc[8 * kk + 5]);
-      pa[kk][3] = pack2<T>(sc[8 * kk + 6], sc[8 * kk + 7]);
-      reg_fence(pa[kk]);
-    }
+    for (int e = 0; e < 16; ++e) sn[e] = 0.f;
+    reg_fence(sn);
 #pragma unroll
     for (int bb = 0; bb < 4; ++bb) reg_fence(o[bb]);
+#pragma unroll
+    for (int kk = 0; kk < kBk / 16; ++kk) reg_fence(pa[kk]);
     wg_fence();
+    const uint32_t dk0 = desc_lo(sK + (tile % kWgStages) * nblk * kBlkK);
+    if (__any_sync(0xffffffffu, live && wg == 0))
+      s_half<T, KS, 0>(sn, dq0, dk0);
+    else if (__any_sync(0xffffffffu, live))
+      s_half<T, KS, 1>(sn, dq0, dk0);
+    wg_commit();
+  };
+  // The softmax of the tile whose S is in sn, the halves added through shared memory in one order
+  // (both warpgroups hold the same bits): P into pa, the running max and sum updated, and O
+  // rescaled once `o_ready` has waited for its MMAs. A tile without a valid key (sn zero, every
+  // index -1) leaves the state as it is, bit for bit (alpha 1, P 0).
+  auto softmax_s = [&](int tile, auto&& o_ready) {
+    reg_fence(sn);
+#pragma unroll
+    for (int e = 0; e < 16; ++e) sX[(wg * 16 + e) * 128 + t] = sn[e];
+    __syncthreads();
+    float sc[16];
+#pragma unroll
+    for (int e = 0; e < 16; ++e) sc[e] = sX[e * 128 + t] + sX[(16 + e) * 128 + t];  // S0 + S1
+    float alpha[2];
+    softmax_tile(sc, sIdx + (tile % kWgStages) * kBk, p.scale_log2, qd, m_run, l_run, alpha);
+    uint32_t pn[kBk / 16][4];  // not pa: the current tile's P V may still read it
+#pragma unroll
+    for (int kk = 0; kk < kBk / 16; ++kk) {
+      pn[kk][0] = pack2<T>(sc[8 * kk + 0], sc[8 * kk + 1]);
+      pn[kk][1] = pack2<T>(sc[8 * kk + 2], sc[8 * kk + 3]);
+      pn[kk][2] = pack2<T>(sc[8 * kk + 4], sc[8 * kk + 5]);
+      pn[kk][3] = pack2<T>(sc[8 * kk + 6], sc[8 * kk + 7]);
+    }
+    o_ready();
+    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {  // x * 1 is x: the same bits
+#pragma unroll
+      for (int bb = 0; bb < 4; ++bb)
+#pragma unroll
+        for (int e = 0; e < 32; ++e) o[bb][e] *= alpha[(e >> 1) & 1];
+    }
 #pragma unroll
     for (int kk = 0; kk < kBk / 16; ++kk)
 #pragma unroll
-      for (int bb = 0; bb < 4; ++bb)
-        wgmma_m64n64_rs<T>(o[bb], pa[kk], dk0 + (vb0 + bb) * (kBlkK / 16) + kk * (2048 / 16));
+      for (int j = 0; j < 4; ++j) pa[kk][j] = pn[kk][j];
+  };
+
+  // Tile tile's P V for this warpgroup's 256 output columns (P in pa), issued and committed.
+  auto issue_pv = [&](int tile, int live) {
+#pragma unroll
+    for (int bb = 0; bb < 4; ++bb) reg_fence(o[bb]);
+#pragma unroll
+    for (int kk = 0; kk < kBk / 16; ++kk) reg_fence(pa[kk]);
+    wg_fence();
+    if (__any_sync(0xffffffffu, live)) {
+      const uint32_t dk0 = desc_lo(sK + (tile % kWgStages) * nblk * kBlkK) + vb0 * (kBlkK / 16);
+#pragma unroll
+      for (int kk = 0; kk < kBk / 16; ++kk)
+#pragma unroll
+        for (int bb = 0; bb < 4; ++bb)
+          wgmma_m64n64_rs<T>(o[bb], pa[kk], desc_of(dk0 + bb * (kBlkK / 16) + kk * (2048 / 16)));
+    }
     wg_commit();
+  };
+
+  // Tile it's P V runs on the tensor cores while tile it + 1's S halves are added and its softmax
+  // runs. The ring holds tiles it, it + 1 and it + 2 (landing); tile it + 3 takes tile it's stage
+  // once every warpgroup's P V of tile it is complete. Only the tiles up to the last with a valid
+  // key are visited (the -1 that end early queries' lists cost nothing): each thread scans its
+  // share of the indices while the first copies land.
+  issue(0, raw_index(0));  // with the query rows
+  issue(1, raw_index(1));
+  issue(2, raw_index(2));
+  int next = raw_index(3);
+  int* sLast = sIdx + kWgStages * kBk;  // the last valid slot, per warp
+  {
+    int last = -1;
+    for (int64_t j = tid; j < p.K; j += kWgThreads) {
+      const int id = rows.idx[j];
+      if (id >= 0 && id < p.T) last = static_cast<int>(j);
+    }
+    last = __reduce_max_sync(0xffffffffu, last);
+    if (lane == 0) sLast[tid >> 5] = last;
+  }
+  cp_async_wait<2>();  // the query rows and tile 0
+  int live = tile_live(0);
+  int last = sLast[0];
+#pragma unroll
+  for (int w = 1; w < kWgThreads / 32; ++w) last = max(last, sLast[w]);
+  const int nlive = __shfl_sync(0xffffffffu, last < 0 ? 0 : last / kBk + 1, 0);  // tiles visited
+  issue_s(0, live);
+  wg_wait<0>();
+  softmax_s(0, [] {});
+  cp_async_wait<1>();  // tile 1
+  int live_next = tile_live(1);
+  for (int it = 0; it + 1 < nlive; ++it) {
+    issue_s(it + 1, live_next);
+    issue_pv(it, live);
+    wg_wait<1>();  // S of tile it + 1
+    softmax_s(it + 1, [&] {
+      wg_wait<0>();  // P V of tile it
+#pragma unroll
+      for (int bb = 0; bb < 4; ++bb) reg_fence(o[bb]);
+#pragma unroll
+      for (int kk = 0; kk < kBk / 16; ++kk) reg_fence(pa[kk]);
+    });
+    cp_async_wait<0>();  // tile it + 2
+    live = live_next;
+    live_next = tile_live(it + 2);
+    issue(it + 3, next);  // into tile it's stage
+    next = raw_index(it + 4);
+  }
+  if (nlive > 0) {  // the last tile's P V
+    issue_pv(nlive - 1, live);
     wg_wait<0>();
 #pragma unroll
     for (int bb = 0; bb < 4; ++bb) reg_fence(o[bb]);

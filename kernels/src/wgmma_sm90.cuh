@@ -34,11 +34,19 @@ namespace opslot::sm90 {
 // past a row start: a k-step's offset): groups of 8 rows 1024 bytes apart. Both byte offsets are
 // set to 1024; the shapes below stay inside one 64-column block, where the leading offset (K-major:
 // unused; MN-major: the stride between 64-column blocks) does not come into play.
-__device__ __forceinline__ uint64_t desc_sw128(const void* p) {
-  const uint64_t a = smem_u32(p);
-  return ((a & 0x3FFFF) >> 4) | (uint64_t{1024 >> 4} << 16) | (uint64_t{1024 >> 4} << 32) |
-         (uint64_t{1} << 62);
+//
+// In two words: desc_lo(p), the start address (14 bits, 16-byte units) and the leading offset, and
+// a high word the same for every tile. A kernel keeps a tile's low word and adds its k-steps'
+// offsets (16-byte units) to it: the address field holds all of shared memory, so no carry leaves
+// it, and a 32-bit add replaces the 64-bit arithmetic (with the sign extension of an int offset)
+// that ptxas emits around every MMA for `desc + offset`.
+__device__ __forceinline__ uint32_t desc_lo(const void* p) {
+  return ((smem_u32(p) & 0x3FFFF) >> 4) | (uint32_t{1024 >> 4} << 16);
 }
+__device__ __forceinline__ uint64_t desc_of(uint32_t lo) {
+  return (uint64_t{(1024 >> 4) | (1u << 30)} << 32) | lo;
+}
+__device__ __forceinline__ uint64_t desc_sw128(const void* p) { return desc_of(desc_lo(p)); }
 
 // Byte offset of element (row, col) in a 128-byte-swizzled tile (col < 64).
 __device__ __forceinline__ int sw_off(int row, int col) {

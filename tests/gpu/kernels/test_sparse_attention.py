@@ -150,12 +150,20 @@ def test_which_forward_kernel_runs():
     assert _launched("fwd_", q, kv, idx, 512) == {"fwd_wgmma_kernel" if hopper else "fwd_mma_kernel"}
     assert _launched("fwd_", q, kv, idx, 448) == {"fwd_mma_kernel"}
     assert _launched("fwd_", q[..., :516], kv[..., :516], idx, 512) == {"fwd_mma_kernel"}  # 1032-byte rows
-    shapes = [(70, 576, 300, 200, None), (64, 512, 260, 160, torch.randn(64, device="cuda"))]  # H, D, T, K, sinks
+    shapes = [  # H, D, T, K, sinks: 7, 5, 1 and 2 tiles of keys
+        (70, 576, 300, 200, None),
+        (64, 512, 260, 160, torch.randn(64, device="cuda")),
+        (64, 576, 40, 20, None),
+        (64, 576, 50, 40, torch.randn(64, device="cuda")),
+    ]
     inputs = []
     for dtype in (torch.bfloat16, torch.float16):
         for H, D, T, K, sinks in shapes:
             ix = make_indices(2, 9, T, K, skip=0.3)
             ix[0, 1, 32:96] = -1  # whole tiles without keys
+            ix[1, 2] = -1  # a query without keys
+            ix[1, 3, :32] = -1  # the first tile without keys
+            ix[1, 4, 32:] = -1  # keys in the first tile only
             qkv = (
                 torch.randn(2, 9, H, D, device="cuda", dtype=dtype),
                 torch.randn(2, T, D, device="cuda", dtype=dtype),
