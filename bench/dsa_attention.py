@@ -307,14 +307,17 @@ def main():
         "--hashes", action="store_true", help="SHA-256 of each kernel row's outputs and gradients (compare builds)"
     )
     ap.add_argument(
+        "--tuning",
         "--mma-sync",
         type=int,
         default=None,
-        help="run on the bench library with opslot_sparse_mqa_set_tuning(N): bit 0 the mma.sync forward, bit 1 "
-        "the mma.sync backward where the wgmma ones apply (the rows say so)",
+        help="run on the bench library with opslot_sparse_mqa_set_tuning(N) (the rows say so): bit 0 the mma.sync "
+        "forward, bit 1 the mma.sync backward where the wgmma ones apply; experiments: bit 2 the wgmma backward's "
+        "trailing-tile skip, bit 3 its dq MMAs under the first dkv block's wait, bit 4 the wgmma forward's four "
+        "key tiles at Dqk 512",
     )
     args = ap.parse_args()
-    if args.mma_sync is not None:
+    if args.tuning is not None:
         import contextlib
         import ctypes
 
@@ -323,10 +326,10 @@ def main():
         with contextlib.ExitStack() as stack:
             lib = stack.enter_context(_lib.using_library(_lib.bench_library_path()))
             lib.opslot_sparse_mqa_set_tuning.argtypes = [ctypes.c_int]
-            if lib.opslot_sparse_mqa_set_tuning(args.mma_sync) != 0:
-                ap.error(f"--mma-sync {args.mma_sync}: the bench library refused it (0 to 3)")
+            if lib.opslot_sparse_mqa_set_tuning(args.tuning) != 0:
+                ap.error(f"--tuning {args.tuning}: the bench library refused it (0 to 31)")
             try:
-                return run(args, f"bench library, opslot_sparse_mqa_set_tuning({args.mma_sync})")
+                return run(args, f"bench library, opslot_sparse_mqa_set_tuning({args.tuning})")
             finally:
                 lib.opslot_sparse_mqa_set_tuning(0)
     return run(args, None)
