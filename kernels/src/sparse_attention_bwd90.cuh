@@ -105,7 +105,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   };
   auto issue = [&](int tile, int raw) {
     const int st = tile % kBwdStages;
-    const int id = raw >= 0 && raw < p.T ? raw : -1;  // key_of
+    const int id = key_in_range(p, raw);
     if (lk == 0) sIdx[st * kBk + lr] = id;
     load_row_sw(sK + st * NB * kBlkK, kBk, sw, lk, npad, nvalid,
                 id >= 0 ? reinterpret_cast<const unsigned char*>(rows.kv + id * p.kvs1) : nullptr,

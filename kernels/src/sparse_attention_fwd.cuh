@@ -141,11 +141,15 @@ __device__ __forceinline__ void load_rows(T* dst, int ldd, int nrows, int cols, 
   }
 }
 
-// The kv row of key slot j of a query (nullptr: skipped), and the index itself (-1 when skipped).
+// An index as the kernels use it: itself inside [0, T), else -1 (skipped).
+__device__ __forceinline__ int key_in_range(const Dev& p, int id) {
+  return (id >= 0 && id < p.T) ? id : -1;
+}
+
+// The index of key slot j of a query (-1 when skipped).
 __device__ __forceinline__ int key_of(const Dev& p, const int32_t* irow, int64_t j) {
   if (j >= p.K) return -1;
-  const int id = irow[j];
-  return (id >= 0 && id < p.T) ? id : -1;
+  return key_in_range(p, irow[j]);
 }
 
 // One key tile's online softmax for a thread's two rows, in the m16n8 accumulator layout: s[4 j +

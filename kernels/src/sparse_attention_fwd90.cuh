@@ -61,8 +61,7 @@ __device__ __forceinline__ void scan_last_valid(const Dev& p, const int32_t* idx
                                                 int* sLast) {
   int last = -1;
   for (int64_t j = tid; j < p.K; j += kWgThreads) {
-    const int id = idx[j];
-    if (id >= 0 && id < p.T) last = static_cast<int>(j);
+    if (key_in_range(p, idx[j]) >= 0) last = static_cast<int>(j);
   }
   last = __reduce_max_sync(0xffffffffu, last);
   if ((tid & 31) == 0) sLast[tid >> 5] = last;
@@ -132,7 +131,9 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   // copies), one commit group either way.
   auto issue = [&](int tile, int raw) {
     const int st = tile % kWgStages;
-    const int id = tile < ntiles && raw >= 0 && raw < p.T ? raw : -1;  // key_of
+    // key_in_range past the last tile, written out: the form of the measured kernel (key_in_range
+    // itself compiles to other instructions here)
+    const int id = tile < ntiles && raw >= 0 && raw < p.T ? raw : -1;
     if (lk == 0) sIdx[st * kBk + lr] = id;
     if (tile < ntiles)
       load_row_sw(sK + st * nblk * kBlkK, kBk, sw, lk, npad, nvalid,
@@ -157,6 +158,12 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     for (int e = 0; e < 32; ++e) o[i][e] = 0.f;
   float sn[16];              // S of the next tile, this warpgroup's half of Dqk
   uint32_t pa[kBk / 16][4];  // P of the current tile, A fragments
+  auto fence_o_pa = [&] {    // O and P in program order around the MMAs' fences and waits
+#pragma unroll
+    for (int bb = 0; bb < 4; ++bb) reg_fence(o[bb]);
+#pragma unroll
+    for (int kk = 0; kk < kBk / 16; ++kk) reg_fence(pa[kk]);
+  };
   // Zeroes sn, then issues the MMAs of this warpgroup's half of S = Q K^T for a tile with a valid
   // key (`live`, a barrier's result: __any_sync shows ptxas it is warp-uniform, else it serializes
   // the MMAs), then commits; the caller waits.
@@ -164,10 +171,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
 #pragma unroll
     for (int e = 0; e < 16; ++e) sn[e] = 0.f;
     reg_fence(sn);
-#pragma unroll
-    for (int bb = 0; bb < 4; ++bb) reg_fence(o[bb]);
-#pragma unroll
-    for (int kk = 0; kk < kBk / 16; ++kk) reg_fence(pa[kk]);
+    fence_o_pa();
     wg_fence();
     const uint32_t dk0 = desc_lo(sK + (tile % kWgStages) * nblk * kBlkK);
     if (__any_sync(0xffffffffu, live && wg == 0))
@@ -213,10 +217,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
 
   // Tile tile's P V for this warpgroup's 256 output columns (P in pa), issued and committed.
   auto issue_pv = [&](int tile, int live) {
-#pragma unroll
-    for (int bb = 0; bb < 4; ++bb) reg_fence(o[bb]);
-#pragma unroll
-    for (int kk = 0; kk < kBk / 16; ++kk) reg_fence(pa[kk]);
+    fence_o_pa();
     wg_fence();
     if (__any_sync(0xffffffffu, live)) {
       const uint32_t dk0 = desc_lo(sK + (tile % kWgStages) * nblk * kBlkK) + vb0 * (kBlkK / 16);
@@ -255,10 +256,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     wg_wait<1>();  // S of tile it + 1
     softmax_s(it + 1, [&] {
       wg_wait<0>();  // P V of tile it
-#pragma unroll
-      for (int bb = 0; bb < 4; ++bb) reg_fence(o[bb]);
-#pragma unroll
-      for (int kk = 0; kk < kBk / 16; ++kk) reg_fence(pa[kk]);
+      fence_o_pa();
     });
     cp_async_wait<kWgStages - 3>();  // tile it + 2 (later ones may be landing)
     live = live_next;

@@ -56,6 +56,18 @@ def make_indices(B, S, T, K, skip=0.0, oob=False, device="cuda"):
     return idx.to(torch.int32)
 
 
+def tile_edge_indices(T, K):
+    """make_indices(2, 9, T, K) with the tiles of 32 keys the kernels skip or stop at: whole tiles without keys
+    in the middle (query [0, 1]), a query without keys ([1, 2]), the first tile without keys ([1, 3]), keys in
+    the first tile only ([1, 4])."""
+    ix = make_indices(2, 9, T, K, skip=0.3)
+    ix[0, 1, 32:96] = -1
+    ix[1, 2] = -1
+    ix[1, 3, :32] = -1
+    ix[1, 4, 32:] = -1
+    return ix
+
+
 def run(q, kv, idx, sinks, scale, dv, dout):
     leaves = [q.detach().clone().requires_grad_(True), kv.detach().clone().requires_grad_(True)]
     s = None if sinks is None else sinks.detach().clone().requires_grad_(True)
@@ -159,11 +171,7 @@ def test_which_forward_kernel_runs():
     inputs = []
     for dtype in (torch.bfloat16, torch.float16):
         for H, D, T, K, sinks in shapes:
-            ix = make_indices(2, 9, T, K, skip=0.3)
-            ix[0, 1, 32:96] = -1  # whole tiles without keys
-            ix[1, 2] = -1  # a query without keys
-            ix[1, 3, :32] = -1  # the first tile without keys
-            ix[1, 4, 32:] = -1  # keys in the first tile only
+            ix = tile_edge_indices(T, K)
             qkv = (
                 torch.randn(2, 9, H, D, device="cuda", dtype=dtype),
                 torch.randn(2, T, D, device="cuda", dtype=dtype),
@@ -189,6 +197,20 @@ def test_which_forward_kernel_runs():
         assert _launched("fwd_", q, kv, idx, 512) == {"fwd_wgmma_kernel" if hopper else "fwd_mma_kernel"}
 
 
+def _bf16_pass(H, D, T, ix, sinks):
+    """bf16 inputs of a forward + backward pass (_fwd_bwd with dv 512) over the index lists ix [2, 9, K]."""
+    q = torch.randn(2, 9, H, D, device="cuda", dtype=torch.bfloat16)
+    kv = torch.randn(2, T, D, device="cuda", dtype=torch.bfloat16)
+    return q, kv, ix, sinks, torch.randn(2, 9, H, 512, device="cuda")
+
+
+def _assert_same_passes(got, ref, what):
+    """Each pass's out, lse, dq, dkv and dsinks equal bit for bit."""
+    for g, r in zip(got, ref):
+        for a, b, name in zip(g, r, ("out", "lse", "dq", "dkv", "dsinks")):
+            assert torch.equal(a, b), f"{name}: {what}"
+
+
 def test_which_backward_kernel_runs():
     """The wgmma backward on compute capability 9.0 for bf16 with dv 512 and 16-byte rows, else the mma.sync
     one (fp16, other dv); the bench library's knob (bit 1) selects the mma.sync one, which gives the same bits
@@ -207,9 +229,7 @@ def test_which_backward_kernel_runs():
         ix = make_indices(2, 9, T, K, skip=0.3)
         ix[0, 1, 32:96] = -1  # whole tiles without keys
         ix[1, 3] = -1  # a query without keys
-        q1 = torch.randn(2, 9, H, D, device="cuda", dtype=torch.bfloat16)
-        kv1 = torch.randn(2, T, D, device="cuda", dtype=torch.bfloat16)
-        inputs.append((q1, kv1, ix, sinks, torch.randn(2, 9, H, 512, device="cuda")))
+        inputs.append(_bf16_pass(H, D, T, ix, sinks))
 
     def backwards():
         return [_fwd_bwd(*a, 512) for a in inputs]
@@ -220,9 +240,7 @@ def test_which_backward_kernel_runs():
         assert set_kernels(2) == 0
         try:
             assert _launched("bwd_", q, kv, idx, 512) == {"bwd_mma_kernel"}
-            for got, ref in zip(default, backwards()):
-                for a, b, name in zip(got, ref, ("out", "lse", "dq", "dkv", "dsinks")):
-                    assert torch.equal(a, b), f"{name}: the two backward kernels differ"
+            _assert_same_passes(default, backwards(), "the two backward kernels differ")
         finally:
             assert set_kernels(0) == 0
     for a, b in zip(backwards()[0], default[0]):  # the production library: the bench library's default bits
@@ -247,14 +265,7 @@ def test_experiments_give_the_same_bits(bits):
         (64, 512, 50, 40, None),
         (64, 576, 50, 40, None),
     ]:
-        ix = make_indices(2, 9, T, K, skip=0.3)
-        ix[0, 1, 32:96] = -1  # whole tiles without keys
-        ix[1, 2] = -1  # a query without keys
-        ix[1, 3, :32] = -1  # the first tile without keys
-        ix[1, 4, 32:] = -1  # keys in the first tile only
-        q1 = torch.randn(2, 9, H, D, device="cuda", dtype=torch.bfloat16)
-        kv1 = torch.randn(2, T, D, device="cuda", dtype=torch.bfloat16)
-        inputs.append((q1, kv1, ix, sinks, torch.randn(2, 9, H, 512, device="cuda")))
+        inputs.append(_bf16_pass(H, D, T, tile_edge_indices(T, K), sinks))
 
     def passes():
         return [_fwd_bwd(*a, 512) for a in inputs]
@@ -266,9 +277,7 @@ def test_experiments_give_the_same_bits(bits):
         try:
             assert _launched("fwd_", q, kv, idx, 512) == {"fwd_wgmma_kernel"}
             assert _launched("bwd_", q, kv, idx, 512) == {"bwd_wgmma_kernel"}
-            for got, ref in zip(passes(), default):
-                for a, b, name in zip(got, ref, ("out", "lse", "dq", "dkv", "dsinks")):
-                    assert torch.equal(a, b), f"{name}: experiment bits {bits} differ from the production kernels"
+            _assert_same_passes(passes(), default, f"experiment bits {bits} differ from the production kernels")
         finally:
             assert set_bits(0) == 0
 
