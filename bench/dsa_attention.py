@@ -312,9 +312,7 @@ def main():
         type=int,
         default=None,
         help="run on the bench library with opslot_sparse_mqa_set_tuning(N) (the rows say so): bit 0 the mma.sync "
-        "forward, bit 1 the mma.sync backward where the wgmma ones apply; experiments: bit 2 the wgmma backward's "
-        "trailing-tile skip, bit 3 its dq MMAs under the first dkv block's wait, bit 4 the wgmma forward's four "
-        "key tiles at Dqk 512",
+        "forward, bit 1 the mma.sync backward where the wgmma ones apply",
     )
     args = ap.parse_args()
     if args.tuning is not None:
@@ -327,7 +325,7 @@ def main():
             lib = stack.enter_context(_lib.using_library(_lib.bench_library_path()))
             lib.opslot_sparse_mqa_set_tuning.argtypes = [ctypes.c_int]
             if lib.opslot_sparse_mqa_set_tuning(args.tuning) != 0:
-                ap.error(f"--tuning {args.tuning}: the bench library refused it (0 to 31)")
+                ap.error(f"--tuning {args.tuning}: the bench library refused it (0 to 3)")
             try:
                 return run(args, f"bench library, opslot_sparse_mqa_set_tuning({args.tuning})")
             finally:

@@ -117,42 +117,24 @@ int set_smem(K kernel, size_t bytes, const char* what) {
   return OPSLOT_OK;
 }
 
-// opslot_sparse_mqa_set_tuning (bench library only): bits 0 and 1 the mma.sync forward and backward
-// where a wgmma one applies; bits 2 to 4 experiments not yet measured, all the same bits (bit 2 the
-// backward's trailing-tile skip, bit 3 its dq MMAs under the first dkv block's wait, bit 4 four key
-// tiles in the forward's ring at Dqk 512). 0 (the default): the production kernels.
+// The kernels that take the mma.sync path where a wgmma one applies (opslot_sparse_mqa_set_tuning,
+// bench library only): bit 0 the forward, bit 1 the backward; 0 (the default) neither.
 #ifdef OPSLOT_KERNELS_BENCH
-int g_tuning = 0;
+int g_mma_sync = 0;
 #else
-constexpr int g_tuning = 0;
+constexpr int g_mma_sync = 0;
 #endif
 
 // fwd_wgmma_kernel applies: dv = 512, 16-byte copies of the q and kv rows, on Hopper.
 bool use_fwd90(const Dev& d) {
-  return (g_tuning & 1) == 0 && d.dv == 512 && d.q_vec && d.kv_vec && device_is_sm90();
+  return (g_mma_sync & 1) == 0 && d.dv == 512 && d.q_vec && d.kv_vec && device_is_sm90();
 }
 
 // bwd_wgmma_kernel applies: bf16, dv = 512, 16-byte copies of the q, kv and dout rows and of the
 // w rows, on Hopper (fp16's fp32 w rows do not fit its staging).
 bool use_bwd90(const Dev& d, int dtype, const void* w) {
-  return (g_tuning & 2) == 0 && dtype == OPSLOT_BFLOAT16 && d.dv == 512 && d.q_vec && d.kv_vec &&
+  return (g_mma_sync & 2) == 0 && dtype == OPSLOT_BFLOAT16 && d.dv == 512 && d.q_vec && d.kv_vec &&
          d.do_vec && aligned16(w) && device_is_sm90();
-}
-
-// bwd_wgmma_kernel for Dqk padded to dpad (512: 32 k-steps, else 36), with the experiments exp
-// (bench library; the production library has only exp 0).
-using Bwd90 = decltype(&bwd_wgmma_kernel<32>);
-Bwd90 bwd90_kernel(int dpad, int exp) {
-#ifdef OPSLOT_KERNELS_BENCH
-  constexpr Bwd90 k32[4] = {bwd_wgmma_kernel<32, 0>, bwd_wgmma_kernel<32, 1>,
-                            bwd_wgmma_kernel<32, 2>, bwd_wgmma_kernel<32, 3>};
-  constexpr Bwd90 k36[4] = {bwd_wgmma_kernel<36, 0>, bwd_wgmma_kernel<36, 1>,
-                            bwd_wgmma_kernel<36, 2>, bwd_wgmma_kernel<36, 3>};
-  return dpad == 512 ? k32[exp] : k36[exp];
-#else
-  (void)exp;
-  return dpad == 512 ? bwd_wgmma_kernel<32> : bwd_wgmma_kernel<36>;
-#endif
 }
 
 template <typename Kern, typename... A>
@@ -190,16 +172,10 @@ OPSLOT_API int opslot_sparse_mqa_fwd(const opslot_sparse_mqa_problem* p, void* o
                     kSimtThreads, 0, stream, d, static_cast<T*>(out), lse);
     } else {
       const unsigned hb = static_cast<unsigned>((p->heads + kRows - 1) / kRows);
-      if (use_fwd90(d)) {  // 512 <= Dqk <= 576: 16 or 18 k-steps a warpgroup
-#ifdef OPSLOT_KERNELS_BENCH
-        if ((g_tuning & 16) != 0 && d.dpad == 512)
-          return launch(what, fwd_wgmma_kernel<T, 16, 4>, dim3(nq, hb), kWgThreads,
-                        fwd90_smem(d, 4), stream, d, static_cast<T*>(out), lse);
-#endif
+      if (use_fwd90(d))  // 512 <= Dqk <= 576: 16 or 18 k-steps a warpgroup
         return launch(what, d.dpad == 512 ? fwd_wgmma_kernel<T, 16> : fwd_wgmma_kernel<T, 18>,
-                      dim3(nq, hb), kWgThreads, fwd90_smem(d, 3), stream, d, static_cast<T*>(out),
+                      dim3(nq, hb), kWgThreads, fwd90_smem(d), stream, d, static_cast<T*>(out),
                       lse);
-      }
       return launch(what, fwd_mma_kernel<T>, dim3(nq, hb), kFwdThreads, fwd_smem(d, sizeof(T)),
                     stream, d, static_cast<T*>(out), lse);
     }
@@ -251,10 +227,10 @@ OPSLOT_API int opslot_sparse_mqa_bwd_queries(const opslot_sparse_mqa_problem* p,
       using W = std::conditional_t<std::is_same_v<T, __nv_bfloat16>, __nv_bfloat16, float>;
       if constexpr (std::is_same_v<T, __nv_bfloat16>) {
         if (use_bwd90(d, p->dtype, w))  // 512 <= Dqk <= 576: 32 or 36 k-steps of S
-          return launch(what, bwd90_kernel(d.dpad, (g_tuning >> 2) & 3),
-                        dim3(nq, static_cast<unsigned>(head_blocks(*p))), kWgThreads,
-                        bwd90_smem(d, (g_tuning >> 2) & 3), stream, d, go, o, lse, q_begin,
-                        static_cast<T*>(dq), static_cast<T*>(w), dsink_part);
+          return launch(what, d.dpad == 512 ? bwd_wgmma_kernel<32> : bwd_wgmma_kernel<36>,
+                        dim3(nq, static_cast<unsigned>(head_blocks(*p))), kWgThreads, bwd90_smem(d),
+                        stream, d, go, o, lse, q_begin, static_cast<T*>(dq), static_cast<T*>(w),
+                        dsink_part);
       }
       return launch(what, bwd_mma_kernel<T, W>, dim3(nq, static_cast<unsigned>(head_blocks(*p))),
                     kBwdThreads, bwd_smem(d, sizeof(T)), stream, d, go, o, lse, q_begin,
@@ -357,13 +333,11 @@ OPSLOT_API int opslot_sparse_mqa_mask_indices(const void* mask, int mask_kind, i
 }  // extern "C"
 
 #ifdef OPSLOT_KERNELS_BENCH
-extern "C" OPSLOT_API int opslot_sparse_mqa_set_tuning(int bits) {
-  if (bits < 0 || bits > 31)
-    return set_error(
-        OPSLOT_ERR_INVALID_ARGUMENT,
-        "sparse mqa tuning: 0 to 31 (bits 0 and 1 the mma.sync forward and backward, 2 to 4 "
-        "experiments)");
-  g_tuning = bits;
+extern "C" OPSLOT_API int opslot_sparse_mqa_set_tuning(int mma_sync) {
+  if (mma_sync < 0 || mma_sync > 3)
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT,
+                     "sparse mqa tuning: mma_sync 0 to 3 (bit 0 the forward, bit 1 the backward)");
+  g_mma_sync = mma_sync;
   return OPSLOT_OK;
 }
 #endif  // OPSLOT_KERNELS_BENCH

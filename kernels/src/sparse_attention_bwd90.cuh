@@ -31,23 +31,16 @@ constexpr int kBwdStages = 2;      // key tiles in the ring
 constexpr int kTileT = kBk * 128;  // a [32 keys][64 heads] tile (P^T, dS^T) or dkv staging
 constexpr int kXchg = 16 * 128;    // floats: a warpgroup's S or dP, one per thread and entry
 
-// The bench library's experiments in bwd_wgmma_kernel (opslot_sparse_mqa_set_tuning bits 2 and 3),
-// not yet measured: visit only the tiles up to the last valid index (as fwd_wgmma_kernel does), and
-// let dq's MMAs complete under the first dkv block's wait. 0: the production kernel.
-constexpr int kBwdTrailingSkip = 1, kBwdDqOverlap = 2;
-
-// Shared-memory bytes of bwd_wgmma_kernel (1 KB of slack to align the tiles to 1024 bytes; the
-// trailing skip's per-warp slots last).
-size_t bwd90_smem(const Dev& d, int exp) {
+// Shared-memory bytes of bwd_wgmma_kernel (1 KB of slack to align the tiles to 1024 bytes).
+size_t bwd90_smem(const Dev& d) {
   const int nblk = d.dpad / 64, nvb = d.dvpad / 64;
   return 1024 + static_cast<size_t>(nblk + nvb) * kBlkQ +
          static_cast<size_t>(kBwdStages) * nblk * kBlkK + 2 * kTileT + kXchg * sizeof(float) +
-         2 * kRows * sizeof(float) + kBwdStages * kBk * sizeof(int) +
-         ((exp & kBwdTrailingSkip) ? kWgThreads / 32 * sizeof(int) : 0);
+         2 * kRows * sizeof(float) + kBwdStages * kBk * sizeof(int);
 }
 
-// KS: k-steps of 16 columns of Dqk (32 or 36); EXP: the experiments above (0 in production).
-template <int KS, int EXP = 0>
+// KS: k-steps of 16 columns of Dqk (32 or 36).
+template <int KS>
 __global__ void __launch_bounds__(kWgThreads, 1)
     bwd_wgmma_kernel(const Dev p, const __nv_bfloat16* __restrict__ dout,
                      const __nv_bfloat16* __restrict__ outp, const float* __restrict__ lse,
@@ -114,8 +107,6 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   if (ntiles > 0) issue(0, raw_index(0));
   cp_async_commit();
   int next = raw_index(1);
-  int* sLast = sIdx + kBwdStages * kBk;
-  if constexpr ((EXP & kBwdTrailingSkip) != 0) scan_last_valid(p, rows.idx, tid, sLast);
 
 #pragma unroll
   for (int rr = 0; rr < kRows / 8; ++rr)
@@ -131,12 +122,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   const uint64_t dpt = desc_sw128(sPt), ddst = desc_sw128(sdSt);
   unsigned char* stage = (wg == 0 ? sPt : sdSt) + kTileT;
 
-  int nvisit = ntiles;
-  if constexpr ((EXP & kBwdTrailingSkip) != 0) {
-    __syncthreads();
-    nvisit = tiles_to_visit(sLast);  // tiles after the last valid index add nothing
-  }
-  for (int it = 0; it < nvisit; ++it) {
+  for (int it = 0; it < ntiles; ++it) {
     const int st = it % kBwdStages;
     cp_async_wait<0>();
     fence_async_smem();
@@ -220,11 +206,9 @@ __global__ void __launch_bounds__(kWgThreads, 1)
                            dk0 + (hh >> 1) * (kBlkK / 16) + (hh & 1) * 4 + kk * (2048 / 16));
       }
     wg_commit();
-    if constexpr ((EXP & kBwdDqOverlap) == 0) {
-      wg_wait<0>();  // (the fragments free for the dkv products' registers)
+    wg_wait<0>();  // (the fragments free for the dkv products' registers)
 #pragma unroll
-      for (int b = 0; b < NB; ++b) reg_fence(dqa[b]);
-    }
+    for (int b = 0; b < NB; ++b) reg_fence(dqa[b]);
 
     // The dkv rows of the tile, one 64-column block at a time: warpgroup w blocks 4 w .. 4 w + 3
     // (both terms), then warpgroup 1 block 8 of Dqk 576 (dS^T Q only). A block's MMAs are one group
@@ -266,16 +250,8 @@ __global__ void __launch_bounds__(kWgThreads, 1)
             *reinterpret_cast<const uint4*>(stage + key * 128 + ((ch ^ (key & 7)) << 4));
       }
     };
-    if constexpr ((EXP & kBwdDqOverlap) != 0) {  // dq's MMAs complete under this block's wait
-      dkv_block(wg * (NVB / 2), std::true_type{});
 #pragma unroll
-      for (int b = 0; b < NB; ++b) reg_fence(dqa[b]);
-#pragma unroll
-      for (int b = 1; b < NVB / 2; ++b) dkv_block(wg * (NVB / 2) + b, std::true_type{});
-    } else {
-#pragma unroll
-      for (int b = 0; b < NVB / 2; ++b) dkv_block(wg * (NVB / 2) + b, std::true_type{});
-    }
+    for (int b = 0; b < NVB / 2; ++b) dkv_block(wg * (NVB / 2) + b, std::true_type{});
     if constexpr (NB > NVB) {
       if (wg == 1) dkv_block(NVB, std::false_type{});
     }

@@ -23,16 +23,16 @@ namespace opslot::sparse {
 namespace {
 
 constexpr int kWgThreads = 256;      // two warpgroups
+constexpr int kWgStages = 3;         // key tiles in the ring
 constexpr int kBlkQ = kRows * 128;   // one 64-column block of the query rows (bytes)
 constexpr int kBlkK = kBk * 128;     // one 64-column block of a key tile (bytes)
 constexpr int kSwap = 2 * 16 * 128;  // S partials: [warpgroup][register][thread] floats
 
-// Shared-memory bytes of fwd_wgmma_kernel with ns key tiles in its ring (1 KB of slack to align
-// the tiles to 1024 bytes).
-size_t fwd90_smem(const Dev& d, int ns) {
+// Shared-memory bytes of fwd_wgmma_kernel (1 KB of slack to align the tiles to 1024 bytes).
+size_t fwd90_smem(const Dev& d) {
   const int nblk = d.dpad / 64;
-  return 1024 + static_cast<size_t>(nblk) * (kBlkQ + ns * kBlkK) + kSwap * sizeof(float) +
-         (ns * kBk + kWgThreads / 32) * sizeof(int);
+  return 1024 + static_cast<size_t>(nblk) * (kBlkQ + kWgStages * kBlkK) + kSwap * sizeof(float) +
+         (kWgStages * kBk + kWgThreads / 32) * sizeof(int);
 }
 
 // One row of a swizzled tile (blocks of `rows` rows, 1024-byte aligned): this thread's 16-byte
@@ -88,9 +88,7 @@ __device__ __forceinline__ void s_half(float (&s)[16], uint32_t dq, uint32_t dk)
 }
 
 // KS: k-steps of 16 columns per warpgroup, Dqk rounded up to 64 / 32 (16 or 18 for dv = 512).
-// NS: key tiles in the ring, 3 (the production kernel); 4 fits at Dqk 512 (214 KB), the bench
-// library's experiment (opslot_sparse_mqa_set_tuning bit 4), not yet measured.
-template <typename T, int KS, int NS = 3>
+template <typename T, int KS>
 __global__ void __launch_bounds__(kWgThreads, 1)
     fwd_wgmma_kernel(const Dev p, T* __restrict__ out, float* __restrict__ lse) {
 #if defined(OPSLOT_WGMMA)
@@ -99,7 +97,6 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   unsigned char* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
   const int nblk = p.dpad / 64, npad = p.dpad / 8, nvalid = static_cast<int>(p.dqk / 8);
   unsigned char* sQ = smem;
-  constexpr int kWgStages = NS;
   unsigned char* sK = sQ + nblk * kBlkQ;  // kWgStages tiles of nblk blocks
   float* sX = reinterpret_cast<float*>(sK + kWgStages * nblk * kBlkK);
   int* sIdx = reinterpret_cast<int*>(sX + kSwap);  // [kWgStages][kBk]
@@ -231,24 +228,23 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   };
 
   // Tile it's P V runs on the tensor cores while tile it + 1's S halves are added and its softmax
-  // runs. The ring holds tiles it, it + 1 and the landing ones; tile it + kWgStages takes tile it's
-  // stage once every warpgroup's P V of tile it is complete. Only the tiles up to the last with a
-  // valid key are visited (the -1 that end early queries' lists cost nothing): each thread scans
-  // its share of the indices while the first copies land.
+  // runs. The ring holds tiles it, it + 1 and it + 2 (landing); tile it + 3 takes tile it's stage
+  // once every warpgroup's P V of tile it is complete. Only the tiles up to the last with a valid
+  // key are visited (the -1 that end early queries' lists cost nothing): each thread scans its
+  // share of the indices while the first copies land.
   issue(0, raw_index(0));  // with the query rows
   issue(1, raw_index(1));
   issue(2, raw_index(2));
-  if constexpr (kWgStages > 3) issue(3, raw_index(3));
-  int next = raw_index(kWgStages);
-  int* sLast = sIdx + kWgStages * kBk;
+  int next = raw_index(3);
+  int* sLast = sIdx + kWgStages * kBk;  // the last valid slot, per warp
   scan_last_valid(p, rows.idx, tid, sLast);
-  cp_async_wait<kWgStages - 1>();  // the query rows and tile 0
+  cp_async_wait<2>();  // the query rows and tile 0
   int live = tile_live(0);
-  const int nlive = tiles_to_visit(sLast);
+  const int nlive = tiles_to_visit(sLast);  // tiles visited
   issue_s(0, live);
   wg_wait<0>();
   softmax_s(0, [] {});
-  cp_async_wait<kWgStages - 2>();  // tile 1
+  cp_async_wait<1>();  // tile 1
   int live_next = tile_live(1);
   for (int it = 0; it + 1 < nlive; ++it) {
     issue_s(it + 1, live_next);
@@ -258,11 +254,11 @@ __global__ void __launch_bounds__(kWgThreads, 1)
       wg_wait<0>();  // P V of tile it
       fence_o_pa();
     });
-    cp_async_wait<kWgStages - 3>();  // tile it + 2 (later ones may be landing)
+    cp_async_wait<0>();  // tile it + 2
     live = live_next;
     live_next = tile_live(it + 2);
-    issue(it + kWgStages, next);  // into tile it's stage
-    next = raw_index(it + kWgStages + 1);
+    issue(it + 3, next);  // into tile it's stage
+    next = raw_index(it + 4);
   }
   if (nlive > 0) {  // the last tile's P V
     issue_pv(nlive - 1, live);

@@ -82,13 +82,10 @@ OPSLOT_API int opslot_mhc_collapse_set_tuning(int threads);
 OPSLOT_API int opslot_topk_set_tuning(int path);
 
 /* Sparse MQA attention's kernels where the warpgroup-MMA ones apply (compute capability 9.0, dv
- * 512, rows that allow 16-byte copies; the backward bf16 only): bit 0 runs the mma.sync forward
- * there, bit 1 the mma.sync backward (the sm_80 paths, for side-by-side runs and their tests on an
- * H200); bits 2 to 4 experiments not yet measured: 2 the wgmma backward visits only the tiles up to
- * the last valid index, 3 its dq MMAs complete under the first dkv block's wait, 4 the wgmma
- * forward keeps four key tiles in its ring at Dqk 512. The same bits in every case; 0 (the
- * default) the production kernels. */
-OPSLOT_API int opslot_sparse_mqa_set_tuning(int bits);
+ * 512, rows that allow 16-byte copies; the backward bf16 only): mma_sync bit 0 runs the mma.sync
+ * forward there, bit 1 the mma.sync backward (the sm_80 paths, for side-by-side runs and their
+ * tests on an H200; the same bits either way); 0 (the default) the wgmma kernels. */
+OPSLOT_API int opslot_sparse_mqa_set_tuning(int mma_sync);
 
 #ifdef __cplusplus
 }
