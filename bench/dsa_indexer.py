@@ -214,6 +214,7 @@ def topk_bytes(limit, T, top_k):
 #: The bench library's top-k kernels (opslot_topk_set_tuning's path; kernels/src/topk.cu).
 TOPK_PATHS = {
     1: "the two-read kernel for every row",
+    2: "the block register kernel up to 4096 columns",
 }
 
 

@@ -1,8 +1,8 @@
-// The k largest values' columns of each row of an fp32 matrix (opslot_kernels/topk.h): one block
-// per row, a radix select over the values' order bits (a shared-memory histogram per digit), then
-// one pass that writes the chosen columns in ascending order through block-wide prefix sums. Rows
-// of up to 4096 columns: the keys in registers (topk_reg_kernel); longer ones: the two-read kernel
-// (topk_kernel).
+// The k largest values' columns of each row of an fp32 matrix (opslot_kernels/topk.h): a radix
+// select over the values' order bits (a shared-memory histogram per digit), then one pass that
+// writes the chosen columns in ascending order through prefix sums. Rows of up to 2048 columns: a
+// warp per row, its keys in registers (topk_warp_kernel); up to 4096: a block per row, the keys in
+// registers (topk_reg_kernel); longer ones: a block per row reading it twice (topk_kernel).
 #include <type_traits>
 
 #include "common.cuh"
@@ -28,6 +28,42 @@ __device__ __forceinline__ uint32_t order_key(float v) {
 
 // The key of an fp32 -inf: what a column a bool mask hides counts as.
 constexpr uint32_t kHiddenKey = 0x007fffffu;
+
+// Four mask entries as one load: bool 4 bytes, fp32 16, fp16/bf16 8 (MaskWord<-1>: no mask).
+template <int kMask>
+struct MaskWord {
+  using type = uint32_t;
+};
+template <>
+struct MaskWord<OPSLOT_TOPK_MASK_FLOAT32> {
+  using type = float4;
+};
+template <>
+struct MaskWord<OPSLOT_TOPK_MASK_FLOAT16> {
+  using type = uint2;
+};
+template <>
+struct MaskWord<OPSLOT_TOPK_MASK_BFLOAT16> {
+  using type = uint2;
+};
+
+// The four mask entries of one load as fp32 (additive kinds) or 0/1 (bool).
+template <int kMask>
+__device__ __forceinline__ void mask_values(const typename MaskWord<kMask>::type& w,
+                                            float (&a)[4]) {
+  if constexpr (kMask == OPSLOT_TOPK_MASK_BOOL) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) a[j] = (w >> (8 * j)) & 0xffu ? 1.f : 0.f;
+  } else if constexpr (kMask == OPSLOT_TOPK_MASK_FLOAT32) {
+    a[0] = w.x, a[1] = w.y, a[2] = w.z, a[3] = w.w;
+  } else {  // float16 / bfloat16
+    using E = std::conditional_t<kMask == OPSLOT_TOPK_MASK_FLOAT16, __half, __nv_bfloat16>;
+    E e[4];
+    *reinterpret_cast<uint2*>(e) = w;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) a[j] = static_cast<float>(e[j]);
+  }
+}
 
 // Four mask entries as fp32 (additive kinds) or 0/1 (bool) from `m` at entry i, `count` of them in
 // the row (the rest 0); one aligned load reads them when `vec` and all four are in the row.
@@ -68,10 +104,27 @@ __device__ __forceinline__ void load_mask(const void* m, int64_t i, int count, b
   }
 }
 
+// The order keys of four scores and their mask entries (`a`, unread without a mask).
+template <int kMask>
+__device__ __forceinline__ void to_keys(const float (&v)[4], const float (&a)[4],
+                                        uint32_t (&key)[4]) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    if constexpr (kMask == OPSLOT_TOPK_MASK_BOOL) {
+      key[j] = a[j] != 0.f ? order_key(v[j]) : kHiddenKey;
+    } else if constexpr (kMask >= 0) {
+      key[j] = order_key(v[j] + a[j]);
+    } else {
+      key[j] = order_key(v[j]);
+    }
+  }
+}
+
 // The keys of a row read from global memory (its scores, and its mask entries when kMask >= 0):
 // chunk c is columns 4c .. 4c + 3.
 template <int kMask>
 struct RowSource {
+  using Word = typename MaskWord<kMask>::type;
   const float* row;
   int64_t n;         // columns before the limit
   bool vec;          // the scores' row 16-byte aligned: float4 loads
@@ -83,35 +136,44 @@ struct RowSource {
   __device__ __forceinline__ int load(int64_t c, uint32_t (&key)[4], int (&col)[4]) const {
     const int64_t left = n - 4 * c;
     const int count = left >= 4 ? 4 : (left > 0 ? static_cast<int>(left) : 0);
-    float v[4];
+    float v[4], a[4] = {0.f, 0.f, 0.f, 0.f};
     if (vec && count == 4) {
       const float4 q = *reinterpret_cast<const float4*>(row + 4 * c);
-      v[0] = q.x;
-      v[1] = q.y;
-      v[2] = q.z;
-      v[3] = q.w;
+      v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
     } else {
 #pragma unroll
       for (int j = 0; j < 4; ++j) v[j] = j < count ? row[4 * c + j] : 0.f;
     }
-    if constexpr (kMask >= 0) {
-      float a[4];
-      load_mask<kMask>(mask, 4 * c, count, mvec, a);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        if constexpr (kMask == OPSLOT_TOPK_MASK_BOOL) {
-          key[j] = a[j] != 0.f ? order_key(v[j]) : kHiddenKey;
-        } else {
-          key[j] = order_key(v[j] + a[j]);
-        }
-      }
-    } else {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) key[j] = order_key(v[j]);
-    }
+    if constexpr (kMask >= 0) load_mask<kMask>(mask, 4 * c, count, mvec, a);
+    to_keys<kMask>(v, a, key);
 #pragma unroll
     for (int j = 0; j < 4; ++j) col[j] = static_cast<int>(4 * c + j);
     return count;
+  }
+  // Chunk c's scores and mask entries as one load each, without using them, where the chunk is
+  // whole and the rows aligned; returns whether it loaded. A kernel issues every chunk's fetch
+  // before it needs the first (the loads in flight together), then takes the keys from `keys`.
+  __device__ __forceinline__ bool fetch(int64_t c, float4& v, Word& m) const {
+    const bool whole = vec && (kMask < 0 || mvec) && 4 * c + 4 <= n;
+    if (whole) {
+      v = reinterpret_cast<const float4*>(row)[c];
+      if constexpr (kMask >= 0) m = reinterpret_cast<const Word*>(mask)[c];
+    }
+    return whole;
+  }
+  // The keys of chunk c from what fetch loaded (`whole`), else as load reads them; returns how
+  // many of its four are in the row.
+  __device__ __forceinline__ int keys(int64_t c, bool whole, const float4& v, const Word& m,
+                                      uint32_t (&key)[4]) const {
+    if (!whole) {
+      int col[4];
+      return load(c, key, col);
+    }
+    const float s[4] = {v.x, v.y, v.z, v.w};
+    float a[4] = {0.f, 0.f, 0.f, 0.f};
+    if constexpr (kMask >= 0) mask_values<kMask>(m, a);
+    to_keys<kMask>(s, a, key);
+    return 4;
   }
 };
 
@@ -256,6 +318,23 @@ __device__ void hold(const Src& src, uint32_t top, uint32_t* keys, int* cols, in
   __syncthreads();
 }
 
+// Writes four columns by their class (1: greater than the k-th largest's prefix, 2: equal to it,
+// 0: neither) at their places: g greater and e equal ones before them, the first `need` equal ones
+// chosen; g and e advance past them.
+__device__ __forceinline__ void place_chosen(const int (&cls)[4], const int (&col)[4], int need,
+                                             int& g, int& e, int32_t* o) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    if (cls[j] == 1) {
+      o[g + min(e, need)] = col[j];
+      ++g;
+    } else if (cls[j] == 2) {
+      if (e < need) o[g + e] = col[j];
+      ++e;
+    }
+  }
+}
+
 // Writes the chosen columns of `src` to `o` in ascending order: every key whose bits from `shift`
 // up exceed `prefix`, and the first `need` of those where they equal it. A column's place is the
 // number of chosen columns before it: the greater ones, plus min(equal ones, need).
@@ -280,16 +359,7 @@ __device__ void write_chosen(const Src& src, int shift, uint32_t prefix, int nee
     int total;
     const int before = block_scan<kThreads>(packed, warp_sums, total) - packed;
     int g = gt_run + (before & 0xffff), e = eq_run + (before >> 16);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      if (cls[j] == 1) {
-        o[g + min(e, need)] = col[j];
-        ++g;
-      } else if (cls[j] == 2) {
-        if (e < need) o[g + e] = col[j];
-        ++e;
-      }
-    }
+    place_chosen(cls, col, need, g, e, o);
     gt_run += total & 0xffff;
     eq_run += total >> 16;
     if (gt_run == k - need && eq_run >= need) break;  // all chosen (the same for every thread)
@@ -323,20 +393,27 @@ struct Params {
   int64_t ms0, ms1;  // mask strides: batch, seq
   int k;
   int32_t* out;
+  int64_t lo, hi;  // the launch takes the rows of lo < n <= hi columns before their limit
 };
 
-// Row r's source (its scores and mask entries before its limit) and output. A row with no more
-// than k columns before its limit is written here (every column before the limit, then the first
-// ones past it) and false returned.
-template <int kMask>
+// Row r's source (its scores and mask entries before its limit) and output, false for a row of
+// another launch (its length outside (lo, hi]). A row with no more than k columns before its limit
+// is written here by the block's threads (kWarp: the warp's lanes;
+// every column before the limit, then the first ones past it) and false returned.
+template <int kMask, bool kWarp>
 __device__ bool row_source(const Params& p, int64_t r, RowSource<kMask>& src, int32_t*& o) {
   const int64_t b = r / p.seq, s = r % p.seq;
   const int k = p.k;
   int64_t n = p.cols;
   if (p.limit != nullptr) n = p.limit[r] < 0 ? 0 : (p.limit[r] < n ? p.limit[r] : n);
+  if (n <= p.lo || n > p.hi) return false;  // another launch's row
   o = p.out + r * k;
   if (n <= k) {
-    for (int i = threadIdx.x; i < k; i += blockDim.x) o[i] = i;
+    if constexpr (kWarp) {
+      for (int i = threadIdx.x & 31; i < k; i += 32) o[i] = i;
+    } else {
+      for (int i = threadIdx.x; i < k; i += blockDim.x) o[i] = i;
+    }
     return false;
   }
   const float* row = p.scores + b * p.ss0 + s * p.ss1;
@@ -362,7 +439,7 @@ __global__ void __launch_bounds__(kThreads, 2) topk_kernel(const Params p) {
   __shared__ int pick[3];
   RowSource<kMask> src;
   int32_t* o;
-  if (!row_source(p, blockIdx.x, src, o)) return;
+  if (!row_source<kMask, false>(p, blockIdx.x, src, o)) return;
   const int k = p.k;
   histogram(src, 21, 32, 0u, hist);  // the top digit, bits 21 to 31
   pick_bucket<kThreads>(hist, kMaxBins, k, warp_sums, pick);
@@ -402,7 +479,7 @@ __global__ void __launch_bounds__(kT, reg_blocks_per_sm(kT)) topk_reg_kernel(con
   __shared__ int pick[3];
   RowSource<kMask> src;
   int32_t* o;
-  if (!row_source(p, blockIdx.x, src, o)) return;
+  if (!row_source<kMask, false>(p, blockIdx.x, src, o)) return;
   const int k = p.k;
   const int iters = static_cast<int>((src.chunks() + kT - 1) / kT);  // chunk rows, <= kRegChunks
   uint32_t key[kRegChunks][4];
@@ -454,17 +531,176 @@ __global__ void __launch_bounds__(kT, reg_blocks_per_sm(kT)) topk_reg_kernel(con
     int total;
     const int before = block_scan<kT>(packed, warp_sums, total) - packed;
     int g = gt_run + (before & 0xffff), e = eq_run + (before >> 16);
-    const int col = 4 * (i * kT + static_cast<int>(threadIdx.x));
+    const int c0 = 4 * (i * kT + static_cast<int>(threadIdx.x));
+    const int col[4] = {c0, c0 + 1, c0 + 2, c0 + 3};
+    place_chosen(cls, col, need, g, e, o);
+    gt_run += total & 0xffff;
+    eq_run += total >> 16;
+  }
+}
+
+// ---- rows of at most 128 kC columns (2048): one warp per row, its keys in registers
+// ----------------- No block-wide step: a row's chain is warp shuffles and its own histogram, and a
+// block of kRowWarps warps selects that many rows.
+constexpr int kRowWarps = 4;
+
+// Blocks of the warp kernel per SM it is compiled for: the keys take 4 kC registers a lane (and
+// the mask's words until they are keys), the histograms 8 KB a warp. No spills: kC 8 at 92-96
+// registers (20 rows per SM; 6 blocks spill), kC 16 at 123 without a mask (16 rows), 138-167 with.
+constexpr int warp_blocks_per_sm(int mask, int chunks) {
+  return chunks <= 8 ? 5 : (mask < 0 ? 4 : 3);
+}
+
+// Inclusive prefix sum of v over the warp's lanes.
+__device__ __forceinline__ int warp_scan(int v) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int y = __shfl_up_sync(0xffffffffu, v, o);
+    if (lane >= o) v += y;
+  }
+  return v;
+}
+
+// No key: a place past the row's end in the warp kernel. order_key gives none (a valid key is at
+// least -inf's, kHiddenKey), so its top digit's bucket, 0, holds no valid key, and no prefix of a
+// later digit (of the bucket holding the k-th largest) matches it.
+constexpr uint32_t kNoKey = 0u;
+
+// Counts the warp's keys (chunk rows 0 .. rows_of_chunks - 1) whose bits from kHigh up equal
+// `prefix` (all but kNoKey when kHigh is 32) by their digit, bits [kShift, kHigh), into the warp's
+// histogram.
+template <int kC, int kShift, int kHigh>
+__device__ __forceinline__ void warp_count(const uint32_t (&key)[kC][4], int rows_of_chunks,
+                                           uint32_t prefix, int* hist) {
+  constexpr int kBins = 1 << (kHigh - kShift);
+  const int lane = threadIdx.x & 31;
+  __syncwarp();  // the previous digit's histogram read by every lane
+#pragma unroll
+  for (int q = 0; q < kBins / 128; ++q) {
+    reinterpret_cast<int4*>(hist)[q * 32 + lane] = make_int4(0, 0, 0, 0);
+  }
+  __syncwarp();
+#pragma unroll
+  for (int i = 0; i < kC; ++i) {
+    if (i >= rows_of_chunks) break;  // warp-uniform
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {  // key 0: past the row's end (kNoKey)
+      const bool in = kHigh < 32 ? (key[i][j] >> (kHigh & 31)) == prefix : key[i][j] != kNoKey;
+      if (in) atomicAdd(&hist[(key[i][j] >> kShift) & (kBins - 1)], 1);
+    }
+  }
+  __syncwarp();
+}
+
+// The bucket of the warp's histogram (kBins buckets) holding the need-th largest key, on every
+// lane: its digit, the rank still needed within it and its count. Lane L sums buckets kBins - kPer
+// (L + 1) to kBins - 1 - kPer L (its 16-byte pieces in an order rotated by L: no bank conflicts);
+// a warp scan finds the lane whose buckets hold the need-th key, a second one, over that lane's
+// buckets (kSub a lane, the top ones first), the bucket.
+template <int kBins>
+__device__ __forceinline__ void warp_pick(const int* hist, int need, int& digit, int& rank,
+                                          int& count) {
+  constexpr int kPer = kBins / 32, kPieces = kPer / 4, kSub = kPer / 32;
+  const int lane = threadIdx.x & 31;
+  const int4* mine = reinterpret_cast<const int4*>(hist + kBins - kPer * (lane + 1));
+  int s = 0;
+#pragma unroll
+  for (int q = 0; q < kPieces; ++q) {
+    const int4 v = mine[(q + lane) % kPieces];
+    s += v.x + v.y + v.z + v.w;
+  }
+  int incl = warp_scan(s);
+  const int src = __ffs(__ballot_sync(0xffffffffu, incl - s < need && incl >= need)) - 1;
+  const int above = __shfl_sync(0xffffffffu, incl - s, src);
+  const int top = kBins - 1 - kPer * src - kSub * lane;
+  int c[kSub];
+  s = 0;
+#pragma unroll
+  for (int j = 0; j < kSub; ++j) {
+    c[j] = hist[top - j];
+    s += c[j];
+  }
+  incl = above + warp_scan(s);
+  int a = incl - s;
+  const int src2 = __ffs(__ballot_sync(0xffffffffu, a < need && incl >= need)) - 1;
+  int d = top, r = need - a, n = c[0];
+#pragma unroll
+  for (int j = 0; j < kSub; ++j) {
+    if (a < need && a + c[j] >= need) d = top - j, r = need - a, n = c[j];
+    a += c[j];
+  }
+  digit = __shfl_sync(0xffffffffu, d, src2);
+  rank = __shfl_sync(0xffffffffu, r, src2);
+  count = __shfl_sync(0xffffffffu, n, src2);
+}
+
+// Rows of up to 128 kC columns, one warp each (the latest rows first: with causal limits, the
+// longest): each lane loads its 4 kC keys once (chunk i * 32 + lane), the digits count them from
+// registers into the warp's histogram, and the chosen columns are written a chunk row at a time.
+template <int kMask, int kC>
+__global__ void __launch_bounds__(32 * kRowWarps, warp_blocks_per_sm(kMask, kC))
+    topk_warp_kernel(const Params p, int rows) {
+  __shared__ __align__(16) int hists[kRowWarps][kMaxBins];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int r = rows - 1 - (static_cast<int>(blockIdx.x) * kRowWarps + warp);
+  RowSource<kMask> src;
+  int32_t* o;
+  if (r < 0 || !row_source<kMask, true>(p, r, src, o)) return;
+  int* hist = hists[warp];
+  const int k = p.k;
+  const int chunks = static_cast<int>(src.chunks());
+  const int iters = (chunks + 31) / 32;  // chunk rows holding keys
+  float4 v[kC];
+  typename RowSource<kMask>::Word m[kC];
+  bool whole[kC];
+#pragma unroll
+  for (int i = 0; i < kC; ++i) whole[i] = src.fetch(i * 32 + lane, v[i], m[i]);
+  uint32_t key[kC][4];
+#pragma unroll
+  for (int i = 0; i < kC; ++i) {
+    const int n = src.keys(i * 32 + lane, whole[i], v[i], m[i], key[i]);  // 0 past the row's end
+#pragma unroll
+    for (int j = 0; j < 4; ++j) key[i][j] = j < n ? key[i][j] : kNoKey;
+  }
+  int digit, rank, count;
+  warp_count<kC, 21, 32>(key, iters, 0u, hist);
+  warp_pick<kMaxBins>(hist, k, digit, rank, count);
+  uint32_t prefix = static_cast<uint32_t>(digit);
+  int need = rank, shift = 21;
+  if (count != need) {  // else the bucket holds exactly the keys still needed
+    warp_count<kC, 10, 21>(key, iters, prefix, hist);
+    warp_pick<kMaxBins>(hist, need, digit, rank, count);
+    prefix = (prefix << 11) | static_cast<uint32_t>(digit);
+    need = rank, shift = 10;
+    if (count != need) {
+      warp_count<kC, 0, 10>(key, iters, prefix, hist);
+      warp_pick<kMaxBins / 2>(hist, need, digit, rank, count);
+      prefix = (prefix << 10) | static_cast<uint32_t>(digit);
+      need = rank, shift = 0;
+    }
+  }
+  // As write_chosen, a warp scan per chunk row; column order is chunk row i, then lane, then j.
+  int gt_run = 0, eq_run = 0;
+#pragma unroll
+  for (int i = 0; i < kC; ++i) {
+    if (i >= iters || (gt_run == k - need && eq_run >= need)) break;  // warp-uniform
+    int cls[4], gt = 0, eq = 0;  // cls: 1 greater, 2 equal, 0 neither (kNoKey is below prefix)
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      if (cls[j] == 1) {
-        o[g + min(e, need)] = col + j;
-        ++g;
-      } else if (cls[j] == 2) {
-        if (e < need) o[g + e] = col + j;
-        ++e;
-      }
+      const uint32_t hi = key[i][j] >> shift;
+      cls[j] = hi > prefix ? 1 : (hi == prefix ? 2 : 0);
+      gt += cls[j] == 1;
+      eq += cls[j] == 2;
     }
+    const int packed = gt | (eq << 16);  // at most 128 each
+    const int incl = warp_scan(packed);
+    const int total = __shfl_sync(0xffffffffu, incl, 31);
+    const int before = incl - packed;
+    int g = gt_run + (before & 0xffff), e = eq_run + (before >> 16);
+    const int c0 = 4 * (i * 32 + lane);
+    const int col[4] = {c0, c0 + 1, c0 + 2, c0 + 3};
+    place_chosen(cls, col, need, g, e, o);
     gt_run += total & 0xffff;
     eq_run += total >> 16;
   }
@@ -475,6 +711,18 @@ int g_path = 0;
 #else
 constexpr int g_path = 0;
 #endif
+
+// Chunk rows a lane of the warp kernel holds for rows of `cols` columns (4 keys a chunk), 0 when
+// it does not take them: rows up to 2048 columns (the bench library's path 2: none). Rows of up to
+// 4096 columns (32 chunk rows, 187-255 registers: 8 rows per SM) measured 1.5-1.6x slower than the
+// block register kernel (docs/results/dsa_indexer_h200.md).
+int warp_chunks(int64_t cols) {
+  if (g_path != 0) return 0;
+  for (int c : {8, 16}) {
+    if (cols <= 128 * c) return c;
+  }
+  return 0;
+}
 
 // Threads of the register kernel for rows of `cols` columns (16 keys a thread), 0 for the
 // two-read kernel: rows up to 4096 columns in registers (the bench library's path 1: none). 512
@@ -488,10 +736,27 @@ int reg_threads(int64_t cols) {
   return 0;
 }
 
+// One launch over every row, taking those of lo < n <= hi columns before their limit, with the
+// kernel for rows of `longest` columns.
 template <int kMask>
-int launch(const Params& p, int64_t rows, cudaStream_t stream) {
+int launch_rows(Params p, int64_t rows, int64_t lo, int64_t hi, int64_t longest,
+                cudaStream_t stream) {
+  p.lo = lo;
+  p.hi = hi;
+  const auto warp_grid = static_cast<unsigned>((rows + kRowWarps - 1) / kRowWarps);
+  const int r = static_cast<int>(rows);
+  switch (warp_chunks(longest)) {
+    case 8:
+      topk_warp_kernel<kMask, 8><<<warp_grid, 32 * kRowWarps, 0, stream>>>(p, r);
+      return check_launch(kName);
+    case 16:
+      topk_warp_kernel<kMask, 16><<<warp_grid, 32 * kRowWarps, 0, stream>>>(p, r);
+      return check_launch(kName);
+    default:
+      break;
+  }
   const auto grid = static_cast<unsigned>(rows);
-  switch (reg_threads(p.cols)) {
+  switch (reg_threads(longest)) {
     case 128:
       topk_reg_kernel<kMask, 128><<<grid, 128, 0, stream>>>(p);
       return check_launch(kName);
@@ -509,6 +774,23 @@ int launch(const Params& p, int64_t rows, cudaStream_t stream) {
   }
   topk_kernel<kMask><<<grid, kThreads, kHeldSmem, stream>>>(p);
   return check_launch(kName);
+}
+
+// One launch, its kernel by the rows' width; but with limits, rows of 2049 to 4096 columns and
+// k < 2048, two: the rows of up to 2048 columns before their limit by the warp kernel, the longer
+// ones by the block register kernel (each launch skips the other's rows; DeepSeek-V4 at 16k tokens
+// 1.11x). Not where a class holds only rows of at most k columns (nothing to select), nor for wider
+// rows: every launch's blocks visit every row, and those it skips are not free (GLM-5, k = 2048,
+// two or three launches: 8 % slower at 4k tokens, 1 % at 64k; docs/results/dsa_indexer_h200.md).
+template <int kMask>
+int launch(const Params& p, int64_t rows, cudaStream_t stream) {
+  constexpr int64_t kWarpCols = 128 * 16, kRegCols = 4 * kRegChunks * 256;
+  if (p.limit != nullptr && g_path == 0 && p.cols > kWarpCols && p.cols <= kRegCols &&
+      p.k < kWarpCols) {
+    if (const int err = launch_rows<kMask>(p, rows, -1, kWarpCols, kWarpCols, stream)) return err;
+    return launch_rows<kMask>(p, rows, kWarpCols, INT64_MAX, p.cols, stream);
+  }
+  return launch_rows<kMask>(p, rows, -1, INT64_MAX, p.cols, stream);
 }
 
 }  // namespace
@@ -552,7 +834,9 @@ OPSLOT_API int opslot_topk_indices(const float* scores, int64_t batch, int64_t s
                  mask != nullptr ? mask_stride[0] : 0,
                  mask != nullptr ? mask_stride[1] : 0,
                  static_cast<int>(k),
-                 out};
+                 out,
+                 -1,
+                 INT64_MAX};
   const auto st = static_cast<cudaStream_t>(stream);
   const int64_t rows = batch * seq;
   if (mask == nullptr) return launch<-1>(p, rows, st);
@@ -572,10 +856,11 @@ OPSLOT_API int opslot_topk_indices(const float* scores, int64_t batch, int64_t s
 
 #ifdef OPSLOT_KERNELS_BENCH
 extern "C" OPSLOT_API int opslot_topk_set_tuning(int path) {
-  if (path < 0 || path > 1)
-    return opslot::set_error(
-        OPSLOT_ERR_INVALID_ARGUMENT,
-        "topk tuning: path 0 (production) or 1 (the two-read kernel for every row)");
+  if (path < 0 || path > 2)
+    return opslot::set_error(OPSLOT_ERR_INVALID_ARGUMENT,
+                             "topk tuning: path 0 (production), 1 (the two-read kernel for every "
+                             "row) or 2 (no warp kernel: the block register kernel up to 4096 "
+                             "columns)");
   opslot::topk::g_path = path;
   return OPSLOT_OK;
 }

@@ -76,9 +76,9 @@ OPSLOT_API int opslot_mhc_set_tuning(int hold_max_threads, int dx_version);
  * threads per block, a multiple of 32 up to 1024; 0 (the default) the production choice. */
 OPSLOT_API int opslot_mhc_collapse_set_tuning(int threads);
 
-/* opslot_topk_indices's kernel (kernels/src/topk.cu): path 0 (the default) the production choice,
- * rows of up to 4096 columns with their keys in registers (read once), longer ones by the two-read
- * kernel; 1 the two-read kernel for every row. Both give the same bits. */
+/* opslot_topk_indices's kernel (kernels/src/topk.cu): path 0 (the default) the production choice
+ * (opslot_kernels/topk.h); 1 the two-read kernel for every row; 2 no warp kernel: the block
+ * register kernel for rows of up to 4096 columns, one launch. All give the same bits. */
 OPSLOT_API int opslot_topk_set_tuning(int path);
 
 /* Sparse MQA attention's kernels where the warpgroup-MMA ones apply (compute capability 9.0, dv

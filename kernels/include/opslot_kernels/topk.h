@@ -20,13 +20,14 @@
  * (0 broadcasts) and contiguous rows. out int32 [batch, seq, k] contiguous, every element written.
  * 0 <= k <= cols < 2^31, batch * seq < 2^31.
  *
- * Kernels: one block per row, a radix select over the values' 32 order bits in three digits (11, 11
- * and 10 bits; a shared-memory histogram per digit, stopping early when a digit's bucket holds
- * exactly the values still needed), then the chosen columns written in order (block-wide prefix
- * sums). Rows of up to 4096 columns (cols) are read once into registers, 16 keys a thread, and
- * selected there. Longer rows: after the top digit the keys in its bucket and above it, when there
- * are at most 8192, are copied to shared memory in column order and the rest runs there: the row is
- * read twice; otherwise up to four times (the later reads partly from L2).
+ * Kernels: a radix select over the values' 32 order bits in three digits (11, 11 and 10 bits; a
+ * shared-memory histogram per digit, stopping early when a digit's bucket holds exactly the values
+ * still needed), then the chosen columns written in order (prefix sums). Rows of up to 2048 columns
+ * (cols): one warp per row, its keys read once into registers (up to 64 a lane), warp-wide scans.
+ * Up to 4096: one block per row, 16 keys a thread in registers, block-wide scans. Longer rows, one
+ * block each: after the top digit the keys in its bucket and above it, when there are at most 8192,
+ * are copied to shared memory in column order and the rest runs there: the row is read twice;
+ * otherwise up to four times (the later reads partly from L2).
  */
 #ifndef OPSLOT_KERNELS_TOPK_H_
 #define OPSLOT_KERNELS_TOPK_H_

@@ -9,8 +9,9 @@ exactly k, causal); ties (a few distinct values, all equal, values one ulp apart
 all three digits), NaN, infinities and signed zeros; rows that are not 16-byte aligned, strided and
 transposed views, leading dimensions, empty inputs; bool and additive (float32/16, bfloat16) masks,
 broadcast over the batch, rows not aligned for the vector loads; mask_limit on causal, random and
-padding masks of every kind, broadcast and strided; every kernel: rows of up to 2048 and 4096
-columns in registers (128, 256 threads), longer ones by the two-read kernel with both of its paths
+padding masks of every kind, broadcast and strided; every kernel: rows of up to 1024 and 2048
+columns a warp per row, of up to 2048 and 4096 a block per row (128, 256 threads), keys in registers,
+longer ones by the two-read kernel with both of its paths
 (the keys at or above the top digit's bucket held in shared memory, or more of them than it holds),
 each kernel at its bounds, and all of them bitwise equal on the same rows (the bench library's
 knob); a bucket that holds exactly the keys still needed, long aligned rows with every mask kind,
@@ -157,9 +158,10 @@ def tier_rows(cols):
     return rows, limit.to(torch.int32)
 
 
-# The register kernel's tiers end at 2048 and 4096 columns (kernels/src/topk.cu, reg_threads); the
-# two-read kernel takes longer rows (8192: the tier the register kernel had before it).
-@pytest.mark.parametrize("cols", [2048, 2049, 4095, 4096, 4097, 8191, 8192, 8193])
+# The warp kernel's tiers end at 1024 and 2048 columns (kernels/src/topk.cu, warp_chunks), the block
+# register kernel's at 2048 (the bench library's path 2) and 4096 (reg_threads); the two-read kernel
+# takes longer rows (8192: the tier the register kernel had before it).
+@pytest.mark.parametrize("cols", [1024, 1025, 2048, 2049, 4095, 4096, 4097, 8191, 8192, 8193])
 @pytest.mark.parametrize("kind", [None, torch.bool, torch.float16])
 def test_each_kernel_at_its_bounds(cols, kind):
     rows, limit = tier_rows(cols)
@@ -174,13 +176,44 @@ def test_each_kernel_at_its_bounds(cols, kind):
         check(rows[:, 1:], k, limit, f"{cols} {kind} k={k}, rows not aligned", shifted)
 
 
+@pytest.mark.parametrize("kind", [None, torch.bool])
+def test_rows_of_every_length_in_one_call(kind):
+    """Rows of 2049 to 4096 columns with limits and k < 2048 take two launches (kernels/src/topk.cu, launch):
+    the rows of up to 2048 columns before their limit by the warp kernel, the longer ones by the block register
+    kernel, each skipping the other's; k = 2048 one. Limits on both sides of the bound and of the row's end,
+    in one call, in two batches; the same bits as the two-read kernel for every row (the bench library)."""
+    cols = 4000
+    lengths = [1, 500, 1024, 1025, 1999, 2047, 2048, 2049, 2050, 3000, 3999, 4000, 5000, -5]
+    g = torch.Generator(device=DEV).manual_seed(5)
+    s = torch.randn(2, len(lengths), cols, device=DEV, generator=g)
+    s[1] = s[1].round()  # crowded buckets
+    limit = torch.tensor([lengths, lengths[::-1]], device=DEV, dtype=torch.int32)
+    mask = None if kind is None else torch.rand(1, len(lengths), cols, device=DEV, generator=g) > 0.3
+    cases = [(s, k, limit, mask) for k in (1, 511, 1500, 2000, 2047, 2048)]
+    want = [check(*c[:3], f"lengths k={c[1]} {kind}", c[3]) for c in cases]
+    with bench_library() as lib:
+        f = knob(lib, "opslot_topk_set_tuning", 1)
+        assert f(1) == 0
+        try:
+            for c, w in zip(cases, want):
+                assert torch.equal(op(*c), w), c[1]
+        finally:
+            assert f(0) == 0
+
+
 def test_every_kernel_gives_the_same_bits():
-    """The bench library's opslot_topk_set_tuning(1) runs the two-read kernel on every row: the rows the
-    register kernel takes in production (700 and 3000 columns) give the same bits, as do the longer
-    ones (the two-read kernel either way)."""
+    """The bench library's opslot_topk_set_tuning(1) runs the two-read kernel on every row, (2) the block
+    register kernel where production runs the warp kernel (rows up to 2048 columns): the rows the warp
+    kernel takes in production (700 and 1500 columns; 10 and 13 rows: the last block of 4 rows partly
+    filled; 1 row of 2000) and the block register kernel (3000) give the same bits with each, as do the
+    longer ones (the two-read kernel either way)."""
     cases = []
-    for cols in (700, 3000, 6000, 8192):
+    for cols in (700, 1500, 2000, 3000, 6000, 8192):
         rows, limit = tier_rows(cols)
+        if cols == 1500:
+            rows, limit = torch.cat([rows, rows[:3]]), torch.cat([limit, limit[:3]])
+        elif cols == 2000:
+            rows, limit = rows[:1], limit[:1]
         mask = torch.rand(rows.shape, device=DEV) > 0.1
         for k in (1, 512, min(2048, cols - 1)):
             cases.append((rows, k, limit, None))
@@ -189,13 +222,13 @@ def test_every_kernel_gives_the_same_bits():
     with bench_library() as lib:
         f = knob(lib, "opslot_topk_set_tuning", 1)
         try:
-            for path in (1, 0):
+            for path in (1, 2, 0):
                 assert f(path) == 0
                 for c, w in zip(cases, want):
                     assert torch.equal(op(*c), w), (path, c[0].shape, c[1], c[3] is None)
         finally:
             assert f(0) == 0
-        assert f(2) != 0 and f(-1) != 0
+        assert f(3) != 0 and f(-1) != 0
 
 
 def test_views_and_shapes():
