@@ -725,15 +725,16 @@ int warp_chunks(int64_t cols) {
 }
 
 // Threads of the register kernel for rows of `cols` columns (16 keys a thread), 0 for the
-// two-read kernel: rows up to 4096 columns in registers (the bench library's path 1: none). 512
-// threads for rows up to 8192 columns measured as fast as the two-read kernel, 1024 threads for
-// rows up to 16384 slower (docs/results/dsa_indexer_h200.md).
+// two-read kernel: rows up to 4096 columns in registers (the bench library's path 1: none). The
+// 128-thread blocks for rows of up to 2048 columns only in the bench library (path 2): production
+// gives those rows to the warp kernel. 512 threads for rows up to 8192 columns measured as fast as
+// the two-read kernel, 1024 threads for rows up to 16384 slower (docs/results/dsa_indexer_h200.md).
 int reg_threads(int64_t cols) {
   if (g_path == 1) return 0;
-  for (int t : {128, 256}) {
-    if (cols <= 4 * kRegChunks * t) return t;
-  }
-  return 0;
+#ifdef OPSLOT_KERNELS_BENCH
+  if (cols <= 4 * kRegChunks * 128) return 128;
+#endif
+  return cols <= 4 * kRegChunks * 256 ? 256 : 0;
 }
 
 // One launch over every row, taking those of lo < n <= hi columns before their limit, with the
@@ -757,9 +758,11 @@ int launch_rows(Params p, int64_t rows, int64_t lo, int64_t hi, int64_t longest,
   }
   const auto grid = static_cast<unsigned>(rows);
   switch (reg_threads(longest)) {
+#ifdef OPSLOT_KERNELS_BENCH
     case 128:
       topk_reg_kernel<kMask, 128><<<grid, 128, 0, stream>>>(p);
       return check_launch(kName);
+#endif
     case 256:
       topk_reg_kernel<kMask, 256><<<grid, 256, 0, stream>>>(p);
       return check_launch(kName);

@@ -10,9 +10,9 @@ all three digits), NaN, infinities and signed zeros; rows that are not 16-byte a
 transposed views, leading dimensions, empty inputs; bool and additive (float32/16, bfloat16) masks,
 broadcast over the batch, rows not aligned for the vector loads; mask_limit on causal, random and
 padding masks of every kind, broadcast and strided; every kernel: rows of up to 1024 and 2048
-columns a warp per row, of up to 2048 and 4096 a block per row (128, 256 threads), keys in registers,
-longer ones by the two-read kernel with both of its paths
-(the keys at or above the top digit's bucket held in shared memory, or more of them than it holds),
+columns a warp per row, of up to 2048 (the bench library's path 2) and 4096 a block per row (128 and
+256 threads), keys in registers, longer ones by the two-read kernel with both of its paths (the keys
+at or above the top digit's bucket held in shared memory, or more of them than it holds),
 each kernel at its bounds, and all of them bitwise equal on the same rows (the bench library's
 knob); a bucket that holds exactly the keys still needed, long aligned rows with every mask kind,
 and rows whose large values crowd into one part; every element written (the caching allocator
