@@ -45,9 +45,10 @@ CUDA_DEFAULTS: Dict[str, Optional[str]] = dict(
 #: sm_90 (its backward at head size 512 needs more shared memory than an A100 gives a block): upstream
 #: runs that model with eager attention only, whose mask the kernel reads, in training and generation
 #: (2.8x the training step of eager: docs/results/train_step_dsa_h200.md); it refuses attention dropout
-#: in training and `output_attentions`, naming `torch` and `eager`. GLM-MoE-DSA's stays eager: `sdpa`
-#: is faster at 4096 tokens, and under Transformers 5.17 the kernel refuses a cache that holds tokens
-#: (docs/ops.md).
+#: in training and `output_attentions`, naming `torch` and `eager`. GLM-MoE-DSA's stays eager: under
+#: Transformers 5.17 its kernel refuses a cache that holds tokens (docs/ops.md), so a default `cuda`
+#: would make generation fail; for training `cuda` is 3-5 % faster at 2x4096 tokens and takes 1.45 GiB
+#: more (docs/results/train_step_dsa_h200.md): set `dsa_attention_implementation="cuda"` to train.
 CUDA_VARIANT_DEFAULTS: Dict[Tuple[str, str], Tuple[str, Tuple[int, int]]] = {
     ("dsa_attention", "deepseek_v4"): ("cuda", (9, 0)),
 }
