@@ -539,14 +539,14 @@ __global__ void __launch_bounds__(kT, reg_blocks_per_sm(kT)) topk_reg_kernel(con
   }
 }
 
-// ---- rows of at most 128 kC columns (2048): one warp per row, its keys in registers
-// ----------------- No block-wide step: a row's chain is warp shuffles and its own histogram, and a
-// block of kRowWarps warps selects that many rows.
+// ---- rows of up to 2048 columns: one warp per row, its keys in registers -----------------------
+// No block-wide step: a row's chain is warp shuffles and its own histogram, and a block of
+// kRowWarps warps selects that many rows.
 constexpr int kRowWarps = 4;
 
 // Blocks of the warp kernel per SM it is compiled for: the keys take 4 kC registers a lane (and
 // the mask's words until they are keys), the histograms 8 KB a warp. No spills: kC 8 at 92-96
-// registers (20 rows per SM; 6 blocks spill), kC 16 at 123 without a mask (16 rows), 138-167 with.
+// registers (20 rows per SM; 6 blocks spill), kC 16 at 123 without a mask (16 rows), 134-168 with.
 constexpr int warp_blocks_per_sm(int mask, int chunks) {
   return chunks <= 8 ? 5 : (mask < 0 ? 4 : 3);
 }
