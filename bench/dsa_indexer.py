@@ -21,13 +21,15 @@ Rows per context length (B = 1, bf16 q/k, fp32 weights):
   upstream's code), `compiled tail` (torch.compile of upstream's).
 - DeepSeek-V4: H = 64, D = 128, T = S / 4 compressed keys, causal threshold (pos + 1) // 4, top-512.
 
-The top-k runs one of two kernels by the rows' length (kernels/src/topk.cu): up to 4096 columns the
-keys in registers (the row read once), longer rows the two-read kernel; `--topk-paths 1` times the
-bench library's other choice beside each production top-k row in the same run.
+The top-k runs one of three kernels by the rows' length (kernels/src/topk.cu): up to 2048 columns a warp
+per row, up to 4096 a block per row (both with the keys in registers: the row read once), longer rows the
+two-read kernel; `--topk-paths 1,2` times the bench library's other choices (1: the two-read kernel for
+every row; 2: no warp kernel, the block register kernel up to 4096 columns) beside each production top-k
+row in the same run.
 
     python3 bench/dsa_indexer.py --out $OUT/dsa_indexer_h200.md [--lengths 4096,16384,65536] [--budget 150] \
         [--only topk,mask_limit]   # only the rows whose name holds one of these
-        [--topk-paths 1 --topk-reps 20]
+        [--topk-paths 1,2 --topk-reps 20]
 """
 
 from __future__ import annotations
@@ -317,8 +319,8 @@ def main():
     ap.add_argument(
         "--topk-paths",
         default="",
-        help="comma-separated opslot_topk_set_tuning paths (1: the two-read kernel for every row) timed beside "
-        "each production top-k row, on the bench library",
+        help="comma-separated opslot_topk_set_tuning paths (1: the two-read kernel for every row; 2: no warp "
+        "kernel) timed beside each production top-k row, on the bench library",
     )
     ap.add_argument("--topk-reps", type=int, default=5, help="timed calls per top-k row (median)")
     args = ap.parse_args()

@@ -7,7 +7,9 @@ second); prints how many top-digit buckets the last row's scores fill.
     L=65536 ncu --kernel-name regex:topk_kernel --launch-count 1 --launch-skip 1 --set full \\
         --import-source yes -o $OUT/topk python3 bench/topk_ncu.py
     L=16384 MODEL=v4 ncu --kernel-name regex:topk_reg_kernel --launch-count 1 --launch-skip 1 \\
-        --set full -o $OUT/topk_v4 python3 bench/topk_ncu.py"""
+        --set full -o $OUT/topk_v4 python3 bench/topk_ncu.py
+    L=8192 MODEL=v4 ncu --kernel-name regex:topk_warp_kernel --launch-count 1 --launch-skip 1 \\
+        --set full -o $OUT/topk_v4_warp python3 bench/topk_ncu.py   # rows of up to 2048 keys"""
 
 import os
 import sys
