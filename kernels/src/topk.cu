@@ -70,12 +70,11 @@ __device__ __forceinline__ void mask_values(const typename MaskWord<kMask>::type
 template <int kMask>
 __device__ __forceinline__ void load_mask(const void* m, int64_t i, int count, bool vec,
                                           float (&a)[4]) {
+  using Word = typename MaskWord<kMask>::type;
   if constexpr (kMask == OPSLOT_TOPK_MASK_BOOL) {
     const uint8_t* b = static_cast<const uint8_t*>(m) + i;
     if (vec && count == 4) {
-      const uint32_t w = *reinterpret_cast<const uint32_t*>(b);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) a[j] = (w >> (8 * j)) & 0xffu ? 1.f : 0.f;
+      mask_values<kMask>(*reinterpret_cast<const Word*>(b), a);
     } else {
 #pragma unroll
       for (int j = 0; j < 4; ++j) a[j] = j < count && b[j] != 0 ? 1.f : 0.f;
@@ -83,8 +82,7 @@ __device__ __forceinline__ void load_mask(const void* m, int64_t i, int count, b
   } else if constexpr (kMask == OPSLOT_TOPK_MASK_FLOAT32) {
     const float* f = static_cast<const float*>(m) + i;
     if (vec && count == 4) {
-      const float4 q = *reinterpret_cast<const float4*>(f);
-      a[0] = q.x, a[1] = q.y, a[2] = q.z, a[3] = q.w;
+      mask_values<kMask>(*reinterpret_cast<const Word*>(f), a);
     } else {
 #pragma unroll
       for (int j = 0; j < 4; ++j) a[j] = j < count ? f[j] : 0.f;
@@ -318,6 +316,22 @@ __device__ void hold(const Src& src, uint32_t top, uint32_t* keys, int* cols, in
   __syncthreads();
 }
 
+// The classes of four keys, the first n of them in the row: 1 where their bits from `shift` up
+// exceed `prefix`, 2 where they equal it, else 0; returns the counts of 1s and 2s packed as
+// ones | twos << 16.
+__device__ __forceinline__ int classify(const uint32_t (&key)[4], int n, int shift, uint32_t prefix,
+                                        int (&cls)[4]) {
+  int gt = 0, eq = 0;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const uint32_t hi = key[j] >> shift;
+    cls[j] = j >= n ? 0 : (hi > prefix ? 1 : (hi == prefix ? 2 : 0));
+    gt += cls[j] == 1;
+    eq += cls[j] == 2;
+  }
+  return gt | (eq << 16);
+}
+
 // Writes four columns by their class (1: greater than the k-th largest's prefix, 2: equal to it,
 // 0: neither) at their places: g greater and e equal ones before them, the first `need` equal ones
 // chosen; g and e advance past them.
@@ -347,15 +361,8 @@ __device__ void write_chosen(const Src& src, int shift, uint32_t prefix, int nee
     uint32_t key[4];
     int col[4];
     const int n = src.load(base + threadIdx.x, key, col);
-    int cls[4], gt = 0, eq = 0;  // cls: 1 greater, 2 equal, 0 neither
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const uint32_t hi = key[j] >> shift;
-      cls[j] = j >= n ? 0 : (hi > prefix ? 1 : (hi == prefix ? 2 : 0));
-      gt += cls[j] == 1;
-      eq += cls[j] == 2;
-    }
-    const int packed = gt | (eq << 16);  // at most 4 * kThreads each per pass
+    int cls[4];
+    const int packed = classify(key, n, shift, prefix, cls);  // at most 4 * kThreads each per pass
     int total;
     const int before = block_scan<kThreads>(packed, warp_sums, total) - packed;
     int g = gt_run + (before & 0xffff), e = eq_run + (before >> 16);
@@ -398,8 +405,8 @@ struct Params {
 
 // Row r's source (its scores and mask entries before its limit) and output, false for a row of
 // another launch (its length outside (lo, hi]). A row with no more than k columns before its limit
-// is written here by the block's threads (kWarp: the warp's lanes;
-// every column before the limit, then the first ones past it) and false returned.
+// is written here by the block's threads (kWarp: the warp's lanes; every column before the limit,
+// then the first ones past it) and false returned.
 template <int kMask, bool kWarp>
 __device__ bool row_source(const Params& p, int64_t r, RowSource<kMask>& src, int32_t*& o) {
   const int64_t b = r / p.seq, s = r % p.seq;
@@ -519,15 +526,8 @@ __global__ void __launch_bounds__(kT, reg_blocks_per_sm(kT)) topk_reg_kernel(con
 #pragma unroll
   for (int i = 0; i < kRegChunks; ++i) {
     if (i >= iters || (gt_run == k - need && eq_run >= need)) break;  // the same for every thread
-    int cls[4], gt = 0, eq = 0;  // cls: 1 greater, 2 equal, 0 neither
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const uint32_t hi = key[i][j] >> shift;
-      cls[j] = j >= cnt[i] ? 0 : (hi > prefix ? 1 : (hi == prefix ? 2 : 0));
-      gt += cls[j] == 1;
-      eq += cls[j] == 2;
-    }
-    const int packed = gt | (eq << 16);  // at most 4 kT each
+    int cls[4];
+    const int packed = classify(key[i], cnt[i], shift, prefix, cls);  // at most 4 kT each
     int total;
     const int before = block_scan<kT>(packed, warp_sums, total) - packed;
     int g = gt_run + (before & 0xffff), e = eq_run + (before >> 16);
@@ -685,15 +685,8 @@ __global__ void __launch_bounds__(32 * kRowWarps, warp_blocks_per_sm(kMask, kC))
 #pragma unroll
   for (int i = 0; i < kC; ++i) {
     if (i >= iters || (gt_run == k - need && eq_run >= need)) break;  // warp-uniform
-    int cls[4], gt = 0, eq = 0;  // cls: 1 greater, 2 equal, 0 neither (kNoKey is below prefix)
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const uint32_t hi = key[i][j] >> shift;
-      cls[j] = hi > prefix ? 1 : (hi == prefix ? 2 : 0);
-      gt += cls[j] == 1;
-      eq += cls[j] == 2;
-    }
-    const int packed = gt | (eq << 16);  // at most 128 each
+    int cls[4];  // n = 4: kNoKey is below every prefix
+    const int packed = classify(key[i], 4, shift, prefix, cls);  // at most 128 each
     const int incl = warp_scan(packed);
     const int total = __shfl_sync(0xffffffffu, incl, 31);
     const int before = incl - packed;
@@ -716,10 +709,11 @@ constexpr int g_path = 0;
 // it does not take them: rows up to 2048 columns (the bench library's path 2: none). Rows of up to
 // 4096 columns (32 chunk rows, 187-255 registers: 8 rows per SM) measured 1.5-1.6x slower than the
 // block register kernel (docs/results/dsa_indexer_h200.md).
+constexpr int64_t kWarpMaxCols = 128 * 16;
 int warp_chunks(int64_t cols) {
   if (g_path != 0) return 0;
   for (int c : {8, 16}) {
-    if (cols <= 128 * c) return c;
+    if (cols <= 128 * c) return c;  // the last: kWarpMaxCols
   }
   return 0;
 }
@@ -729,12 +723,13 @@ int warp_chunks(int64_t cols) {
 // 128-thread blocks for rows of up to 2048 columns only in the bench library (path 2): production
 // gives those rows to the warp kernel. 512 threads for rows up to 8192 columns measured as fast as
 // the two-read kernel, 1024 threads for rows up to 16384 slower (docs/results/dsa_indexer_h200.md).
+constexpr int64_t kRegMaxCols = 4 * kRegChunks * 256;
 int reg_threads(int64_t cols) {
   if (g_path == 1) return 0;
 #ifdef OPSLOT_KERNELS_BENCH
   if (cols <= 4 * kRegChunks * 128) return 128;
 #endif
-  return cols <= 4 * kRegChunks * 256 ? 256 : 0;
+  return cols <= kRegMaxCols ? 256 : 0;
 }
 
 // One launch over every row, taking those of lo < n <= hi columns before their limit, with the
@@ -782,16 +777,17 @@ int launch_rows(Params p, int64_t rows, int64_t lo, int64_t hi, int64_t longest,
 // One launch, its kernel by the rows' width; but with limits, rows of 2049 to 4096 columns and
 // k < 2048, two: the rows of up to 2048 columns before their limit by the warp kernel, the longer
 // ones by the block register kernel (each launch skips the other's rows; DeepSeek-V4 at 16k tokens
-// 1.11x). Not where a class holds only rows of at most k columns (nothing to select), nor for wider
+// 1.12x). Not where a class holds only rows of at most k columns (nothing to select), nor for wider
 // rows: every launch's blocks visit every row, and those it skips are not free (GLM-5, k = 2048,
 // two or three launches: 8 % slower at 4k tokens, 1 % at 64k; docs/results/dsa_indexer_h200.md).
 template <int kMask>
 int launch(const Params& p, int64_t rows, cudaStream_t stream) {
-  constexpr int64_t kWarpCols = 128 * 16, kRegCols = 4 * kRegChunks * 256;
-  if (p.limit != nullptr && g_path == 0 && p.cols > kWarpCols && p.cols <= kRegCols &&
-      p.k < kWarpCols) {
-    if (const int err = launch_rows<kMask>(p, rows, -1, kWarpCols, kWarpCols, stream)) return err;
-    return launch_rows<kMask>(p, rows, kWarpCols, INT64_MAX, p.cols, stream);
+  if (p.limit != nullptr && g_path == 0 && p.cols > kWarpMaxCols && p.cols <= kRegMaxCols &&
+      p.k < kWarpMaxCols) {
+    if (const int err = launch_rows<kMask>(p, rows, -1, kWarpMaxCols, kWarpMaxCols, stream)) {
+      return err;
+    }
+    return launch_rows<kMask>(p, rows, kWarpMaxCols, INT64_MAX, p.cols, stream);
   }
   return launch_rows<kMask>(p, rows, -1, INT64_MAX, p.cols, stream);
 }
