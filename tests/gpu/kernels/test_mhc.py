@@ -312,8 +312,8 @@ def test_torch_compile_fullgraph():
 
 @pytest.mark.parametrize("hidden", [64, 4096, 7168])
 def test_row_paths_agree_bitwise(hidden):
-    """The forward with the row held in registers (blocks up to 64 / 128 / 256 threads) or read twice
-    (the default) computes the same bits (bench library knob)."""
+    """The two-pass forward's collapse with the row held in registers (blocks up to 64 / 128 / 256
+    threads) or read twice (its default) computes the same bits (bench library knobs)."""
     from opslot.kernels.cuda import mhc
 
     m, h = hyper_connection(hidden, 4), hyper_head(hidden, 4)
@@ -323,17 +323,255 @@ def test_row_paths_agree_bitwise(hidden):
         with torch.no_grad():
             return list(mhc.mhc_pre(m, x)) + [mhc.mhc_head(h, x)]
 
-    ref = run()
     with bench_library() as lib:
-        f = knob(lib, "opslot_mhc_set_tuning", 2)
+        f, fwd = knob(lib, "opslot_mhc_set_tuning", 2), knob(lib, "opslot_mhc_fwd_set_tuning", 1)
         try:
-            for hold in (0, 64, 128, 256):
+            assert fwd(1) == 0  # the two-pass forward, whose collapse these paths are
+            ref = run()
+            for hold in (64, 128, 256):
                 assert f(hold, 1) == 0
                 got = run()
                 assert all(torch.equal(a, b) for a, b in zip(ref, got)), hold
         finally:
-            assert f(0, 1) == 0
+            assert f(0, 1) == 0 and fwd(0) == 0
         assert f(100, 1) != 0 and f(0, 18) != 0 and f(0, 0) != 0
+
+
+# Shapes of the one-pass forward (fwd_cluster_kernel: bf16, compute capability 9.0): pre's clusters of
+# 16, 8, 4, 2 and 1 blocks (hidden 4096, 2048, 1024, 512, 256), tiles of 16 tokens with a partial
+# last one, more tiles than clusters (each cluster loops over several), hc_mult 1 to 3.
+CLUSTER_SHAPES = [
+    (1, 603, 4, 4096),
+    (2, 37, 4, 2048),
+    (1, 301, 4, 1024),
+    (1, 5, 4, 512),
+    (1, 3000, 4, 256),
+    (1, 70, 3, 192),
+    (1, 9, 1, 64),
+    (1, 21, 2, 128),
+]
+
+
+@pytest.mark.parametrize("shape", CLUSTER_SHAPES)
+def test_cluster_forward_matches_transformers(shape):
+    b, s, hc, d = shape
+    x = streams(b, s, hc, d, torch.bfloat16)
+    check_pre(hyper_connection(d, hc), x, torch.bfloat16)
+    check_head(hyper_head(d, hc), x, torch.bfloat16)
+
+
+def _forward_kernels(fn, x):
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn(x)
+        torch.cuda.synchronize()
+    return {e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA}
+
+
+@pytest.mark.parametrize(
+    "dtype, hidden, head, fits",
+    [
+        (torch.bfloat16, 4096, False, True),  # a cluster of 16
+        (torch.bfloat16, 4096, True, True),
+        (torch.bfloat16, 7168, False, False),  # pre's fn slice does not fit a cluster of 16
+        (torch.bfloat16, 7168, True, True),
+        (torch.bfloat16, 72, False, True),  # one block
+        (torch.bfloat16, 33, False, False),  # rows not in 16-byte pieces
+        (torch.float16, 256, False, False),
+        (torch.float32, 256, True, False),
+    ],
+)
+def test_forward_takes_the_cluster_kernel_where_it_fits(dtype, hidden, head, fits):
+    """pre's and head's forward launch fwd_cluster_kernel (no GEMM, no collapse_fwd) exactly where
+    opslot_mhc_fwd_cluster_fits says so, on compute capability 9.0 only; the bench knob's version 1
+    turns it off."""
+    import ctypes
+
+    from opslot.kernels.cuda import _lib, mhc
+
+    m = hyper_head(hidden, 4) if head else hyper_connection(hidden, 4)
+    op = (lambda t: mhc.mhc_head(m, t)) if head else (lambda t: mhc.mhc_pre(m, t))
+    x = streams(1, 70, 4, hidden, dtype)
+    want = fits and _sm90()
+    lib = _lib.library()
+    f = lib.opslot_mhc_fwd_cluster_fits
+    f.argtypes, f.restype = [ctypes.c_int] + [ctypes.c_int64] * 3 + [ctypes.c_void_p] * 2, ctypes.c_int
+    out = torch.empty(1, 70, hidden, device="cuda", dtype=dtype)
+    assert f(_lib.DTYPE_CODES[dtype], 4, hidden, 4 if head else 24, x.data_ptr(), out.data_ptr()) == int(want)
+
+    def check(names, cluster):
+        assert any("fwd_cluster_kernel" in k for k in names) == cluster, sorted(names)
+        assert any("collapse_fwd_kernel" in k for k in names) == (not cluster), sorted(names)
+
+    check(_forward_kernels(op, x), want)
+    with bench_library() as blib:
+        fwd = knob(blib, "opslot_mhc_fwd_set_tuning", 1)
+        try:
+            assert fwd(1) == 0
+            check(_forward_kernels(op, x), False)
+        finally:
+            assert fwd(0) == 0
+        assert fwd(3) != 0 and fwd(-1) != 0
+
+
+def _needs_cluster_kernel():
+    if not _sm90():
+        pytest.skip("fwd_cluster_kernel runs on compute capability 9.0 only")
+
+
+@pytest.mark.parametrize("shape", CLUSTER_SHAPES + [(1, 50, 4, 7168)])
+def test_cluster_forward_against_the_two_pass_forward(shape):
+    """The one-pass forward (production, and its 3-deep ring: bench knob version 2, which may take a
+    larger cluster) against the GEMM + collapse_fwd (version 1) on the same inputs: mix within 4e-6 of
+    its terms' magnitudes (rstd |x| . |fn|: the GEMM's long fp32 sums carry about 1e-5 of the largest
+    mix), rstd within 1e-6 relative, the collapsed rows within one bf16 rounding (pre's weights differ
+    in their last bits). Where a version does not fit, it runs the two-pass forward (bitwise). Hidden
+    7168: head only (pre does not fit)."""
+    import ctypes
+
+    from opslot.kernels.cuda import _lib
+
+    _needs_cluster_kernel()
+    b, s, hc, d = shape
+    m, h = hyper_connection(d, hc), hyper_head(d, hc)
+    x = streams(b, s, hc, d, torch.bfloat16)
+    ops = torch.ops.opslot
+
+    def run():
+        with torch.no_grad():
+            pre = ops.mhc_pre_fwd(x, m.fn, m.base, m.scale, 20, 1e-6, 1e-6)
+            head = ops.mhc_head_fwd(x, h.hc_fn, h.hc_base, h.hc_scale, 1e-6, 1e-6)
+        return [pre[2], pre[3], pre[4]], list(head)
+
+    def fits(lib):
+        f = lib.opslot_mhc_fwd_cluster_fits
+        f.argtypes, f.restype = [ctypes.c_int] + [ctypes.c_int64] * 3 + [ctypes.c_void_p] * 2, ctypes.c_int
+        out = torch.empty(b, s, d, device="cuda", dtype=torch.bfloat16)
+        code = _lib.DTYPE_CODES[torch.bfloat16]
+        return [f(code, hc, d, mixes, x.data_ptr(), out.data_ptr()) == 1 for mixes in ((2 + hc) * hc, hc)]
+
+    xd = x.double().view(b * s, hc * d)
+
+    def close(got, ref, fn, what):
+        col, mix, rstd = got
+        rcol, rmix, rrstd = ref
+        mag = rrstd.double()[:, None] * (xd.abs() @ fn.detach().double().abs().t())
+        err = (mix.double() - rmix.double()).abs()
+        assert bool((err <= 4e-6 * mag).all()), (what, float((err / mag).max()))
+        assert torch.allclose(rstd, rrstd, rtol=1e-6, atol=0), what
+        diff = (col.float() - rcol.float()).abs()
+        slack = 1e-5 * x.float().abs().sum(2).view(rcol.shape)  # sums that cancel: pre's last bits
+        assert bool((diff <= rcol.float().abs() * 2**-7 + slack).all()), (what, float(diff.max()))
+
+    with bench_library() as lib:
+        fwd = knob(lib, "opslot_mhc_fwd_set_tuning", 1)
+        try:
+            results = {}
+            for v in (0, 2, 1):
+                assert fwd(v) == 0
+                results[v] = (run(), fits(lib))
+        finally:
+            assert fwd(0) == 0
+    two_pass = results[1][0]
+    assert results[1][1] == [False, False] and results[0][1] == [d != 7168, True]
+    for v in (0, 2):
+        outs, fit = results[v]
+        for f, got, ref, fn, what in zip(fit, outs, two_pass, (m.fn, h.hc_fn), ("pre", "head")):
+            if f:
+                close(got, ref, fn, f"{what}, version {v}")
+            else:
+                assert all(torch.equal(u, w) for u, w in zip(got, ref)), (what, v)
+
+
+def _fwd_cluster_abi():
+    import ctypes
+
+    from opslot.kernels.cuda import _lib
+
+    lib = _lib.library()
+    i64, p = ctypes.c_int64, ctypes.c_void_p
+    fits = lib.opslot_mhc_fwd_cluster_fits
+    fits.argtypes, fits.restype = [ctypes.c_int, i64, i64, i64, p, p], ctypes.c_int
+    run = lib.opslot_mhc_fwd_cluster
+    run.argtypes = [i64] * 4 + [p] * 4 + [ctypes.c_float] * 2 + [p] * 4
+    run.restype = ctypes.c_int
+    split = lib.opslot_mhc_split3
+    split.argtypes, split.restype = [p, i64, p, p], ctypes.c_int
+    return _lib, fits, run, split
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [(603, 4, 4096, 24), (37, 4, 2048, 24), (1, 4, 4096, 4), (3000, 4, 256, 24), (70, 3, 192, 15), (17, 4, 7168, 4)],
+)
+def test_fwd_cluster_kernel_against_fp64(shape):
+    """opslot_mhc_fwd_cluster through the C ABI on random fn: rstd within 1e-6 relative and the mixes
+    within 4e-6 of their terms' magnitudes (rstd |x| . |fn|) of the fp64 values, the collapsed rows
+    within one bf16 rounding of the fp64 collapse with the kernel's own mixes (plus 1e-6 of its terms'
+    magnitudes: fp32 weights), bitwise equal runs."""
+    _needs_cluster_kernel()
+    _lib, fits, run, split = _fwd_cluster_abi()
+    T, hc, D, M = shape
+    K = hc * D
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    x = (torch.randn(T, hc, D, device="cuda", generator=gen) * 2).to(torch.bfloat16)
+    fn = torch.randn(M, K, device="cuda", generator=gen) / K**0.5
+    scale = 1 + torch.rand(3, device="cuda", generator=gen)
+    base = torch.randn(M, device="cuda", generator=gen) * 0.5
+    fn3 = torch.empty(3, M, K, device="cuda", dtype=torch.bfloat16)
+    assert split(fn.data_ptr(), M * K, fn3.data_ptr(), _lib.stream_of(fn)) == 0
+    bf16 = _lib.DTYPE_CODES[torch.bfloat16]
+
+    def call():
+        out = torch.full((T, D), float("nan"), device="cuda", dtype=torch.bfloat16)
+        mix = torch.full((T, M), float("nan"), device="cuda")
+        rstd = torch.full((T,), float("nan"), device="cuda")
+        assert fits(bf16, hc, D, M, x.data_ptr(), out.data_ptr()) == 1
+        ptrs = [p.data_ptr() for p in (x, fn3, scale, base)]
+        rc = run(T, hc, D, M, *ptrs, 1e-6, 1e-6, out.data_ptr(), mix.data_ptr(), rstd.data_ptr(), _lib.stream_of(x))
+        assert rc == 0, _lib.library().opslot_last_error()
+        torch.cuda.synchronize()
+        return out, mix, rstd
+
+    out, mix, rstd = call()
+    xd = x.double().view(T, K)
+    rref = 1 / torch.sqrt(xd.square().mean(1) + 1e-6)
+    assert torch.allclose(rstd.double(), rref, rtol=1e-6, atol=0)
+    ref = rref[:, None] * (xd @ fn.double().t())
+    mag = rref[:, None] * (xd.abs() @ fn.double().abs().t())
+    assert bool(((mix.double() - ref).abs() <= 4e-6 * mag).all()), float(((mix.double() - ref).abs() / mag).max())
+    pre = torch.sigmoid(mix.double()[:, :hc] * scale[0].double() + base[:hc].double()) + 1e-6
+    terms = pre[:, :, None] * x.double()
+    col = terms.sum(1)
+    assert bool(((out.double() - col).abs() <= col.abs() * 2**-7 + 1e-6 * terms.abs().sum(1)).all())
+    again = call()
+    assert all(torch.equal(a, b) for a, b in zip((out, mix, rstd), again))
+
+
+def test_fwd_cluster_fits_and_refusals():
+    """Where the one-pass forward does not fit, opslot_mhc_fwd_cluster_fits says 0 and
+    opslot_mhc_fwd_cluster refuses with a message (the op then runs the GEMM and collapse_fwd)."""
+    _lib, fits, run, split = _fwd_cluster_abi()
+    bf16, f16 = _lib.DTYPE_CODES[torch.bfloat16], _lib.DTYPE_CODES[torch.float16]
+    x = torch.zeros(4, 4, 7168, device="cuda", dtype=torch.bfloat16)
+    p = x.data_ptr()
+    sm90 = int(_sm90())
+    assert fits(bf16, 4, 4096, 24, p, p) == sm90 and fits(bf16, 4, 7168, 4, p, p) == sm90
+    assert fits(bf16, 4, 7168, 24, p, p) == 0  # pre's fn slice does not fit at 7168
+    assert fits(f16, 4, 4096, 24, p, p) == 0
+    assert fits(bf16, 4, 100, 24, p, p) == 0  # rows not in 16-byte pieces for any cluster
+    assert fits(bf16, 4, 4096, 24, p + 2, p) == 0 and fits(bf16, 4, 4096, 24, p, p + 2) == 0
+    assert fits(bf16, 4, 4096, 20, p, p) == 0 and fits(bf16, 5, 4096, 35, p, p) == 0
+    f = torch.zeros(24, 4 * 7168, device="cuda")
+    rc = run(4, 4, 7168, 24, p, p, f.data_ptr(), f.data_ptr(), 1e-6, 1e-6, p, f.data_ptr(), f.data_ptr(), None)
+    assert rc != 0
+    message = _lib.library().opslot_last_error().decode()
+    assert message == (
+        "opslot_mhc_fwd_cluster: bfloat16 streams on compute capability 9.0 whose fn and row slices fit a "
+        "cluster's shared memory, 16-byte aligned rows only (hc_mult 4, hidden 7168, 24 mixes; "
+        "opslot_mhc_fwd_cluster_fits)"
+    )
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
