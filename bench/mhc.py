@@ -25,10 +25,6 @@ reads it (the gradient then has the model's layout): upstream eager, torch.compi
 cuda kernel, fwd+bwd, against 10 bytes per element (x read and y written forward; x, the gradient read
 and dx written backward).
 
---fwd-versions V,.. times pre and head (fwd+bwd and forward only) with the bench library's forward
-version V (opslot_mhc_fwd_set_tuning: 0 production, 1 the two-pass forward, 2 the one-pass forward's
-3-deep ring), in the order given (repeat a version to alternate).
-
 --tune also times, on the bench library (opslot_mhc_set_tuning), the forward with the rows held in
 registers (blocks up to 128 / 256 threads; the default reads them twice) and the dx configurations of
 the backward (DX_VARIANTS; with --profile, each one's kernel list); --fwd-threads N,.. also the forward
@@ -125,14 +121,6 @@ def streams(T, D, hc=4):
 #: d fn GEMM (version 11: the production backward where the fused dx + d fn kernel does not fit); the
 #: default row runs the fused kernel (opslot_mhc_dx_dfn: a 3-deep ring, 2 blocks per SM), 13 and 14
 #: other rings of it.
-#: The bench library's forwards (opslot_mhc_fwd_set_tuning): 0 production, 1 the two-pass forward,
-#: 2 the one-pass forward with a 3-deep ring.
-FWD_VERSIONS = {
-    0: "production (one pass where it fits)",
-    1: "two-pass: GEMM + collapse_fwd",
-    2: "one pass, 3-deep ring",
-}
-
 DX_VARIANTS = {
     2: "2 cols x 256 thr, 256 tok, no prefetch",
     3: "2 cols x 256 thr, 256 tok",
@@ -210,23 +198,6 @@ def _collapse_rows(copy_bw, args, out, head):
                         fwd_threads(0)
                     finally:
                         set_tuning(0, 1)
-        if args.fwd_versions:  # bench library knob: the one-pass forward against the two-pass one
-            with K.bench_library("mhc --fwd-versions") as lib:
-                if lib is not None:
-                    fwd_version = K.knob(lib, "opslot_mhc_fwd_set_tuning", 1)
-                    try:
-                        for v in args.fwd_versions:
-                            assert fwd_version(v) == 0, v
-                            name = f"fwd {v}: {FWD_VERSIONS[v]}"
-                            rows.append(measure(f"opslot cuda [{name}]", lambda: fb(ours), nbytes))
-                            with torch.no_grad():
-                                rows.append(
-                                    measure(f"opslot cuda, forward only [{name}]", lambda: lambda: ours(xd), 10 * D * T)
-                                )
-                            if args.profile:
-                                K.kernel_breakdown(f"mhc/{what} {T}x4x{D} [{name}]", fb(ours), out)
-                    finally:
-                        fwd_version(0)
         if args.profile:
             K.kernel_breakdown(f"mhc/{what} {T}x4x{D}", fb(ours), out)
         out.append(
@@ -234,11 +205,10 @@ def _collapse_rows(copy_bw, args, out, head):
                 f"mhc/{what}: {T} tokens x 4 streams x {D}, bf16, fwd+bwd — 28 D bytes/token",
                 copy_bw,
                 rows,
-                "The forward reads the streams once where opslot_mhc_fwd_cluster fits (compute capability 9.0; "
-                "the [fwd 1] rows: the two-pass forward, a cuBLAS GEMM against fn split into three bf16 terms "
-                "and collapse_fwd); the backward's dx and d fn are one tensor-core pass (opslot_mhc_dx_dfn; "
-                "the [dx n] rows: the CUDA-core dx and a d fn GEMM) after collapse_bwd: the backward reads the "
-                "streams twice (docs/kernels.md '## mhc').",
+                "The forward's fp32 GEMM against fn is cuBLAS (one bf16 GEMM against fn split into three bf16 "
+                "terms, fp32 output); the backward's dx and d fn are one tensor-core pass (opslot_mhc_dx_dfn; "
+                "the [dx n] rows: the CUDA-core dx and a d fn GEMM). The kernels read the streams twice "
+                "forward and twice backward (docs/kernels.md '## mhc').",
             )
         )
 
@@ -422,20 +392,12 @@ def main():
         default=[],
         help="with --tune: collapse_fwd block sizes to time (opslot_mhc_collapse_set_tuning)",
     )
-    ap.add_argument(
-        "--fwd-versions",
-        type=lambda v: [int(i) for i in v.split(",") if i],
-        default=[],
-        help="pre/head forward versions to time, in order (opslot_mhc_fwd_set_tuning; FWD_VERSIONS)",
-    )
     ap.add_argument("--tokens", type=int, default=16384)
     ap.add_argument("--hidden", default="4096,7168")
     args = ap.parse_args()
     args.hidden = [int(h) for h in args.hidden.split(",")]
     if any(v not in DX_VARIANTS for v in args.dx_versions):
         ap.error(f"--dx-versions: each of {sorted(DX_VARIANTS)}")
-    if any(v not in FWD_VERSIONS for v in args.fwd_versions):
-        ap.error(f"--fwd-versions: each of {sorted(FWD_VERSIONS)}")
     args.compile = args.compile.split(",") if args.compile else []
     if args.quick:
         args.tokens, args.hidden = 4096, args.hidden[:1]

@@ -8,7 +8,6 @@
 #include <initializer_list>
 
 #include "mhc_dx90.cuh"
-#include "mhc_fwd90.cuh"
 
 namespace opslot {
 namespace {
@@ -25,17 +24,13 @@ namespace {
 //   library only; see dx_dfn_fits and opslot_mhc_dx_dfn).
 // - g_fwd_threads: collapse_fwd's threads per block (opslot_mhc_collapse_set_tuning); 0 (default)
 //   collapse_fwd_threads' choice.
-// - g_fwd_version: 0 (default) fwd_cluster_kernel where it fits with a 2-deep ring, 1 never (the
-//   GEMM and collapse_fwd run), 2 a 3-deep ring (opslot_mhc_fwd_set_tuning).
 #ifdef OPSLOT_KERNELS_BENCH
 int g_hold_threads = 0;
 int g_dx_version = 1;
 int g_fwd_threads = 0;
-int g_fwd_version = 0;
 #else
 constexpr int g_hold_threads = 0;
 constexpr int g_fwd_threads = 0;
-constexpr int g_fwd_version = 0;
 #endif
 
 // ---- launch helpers -----------------------------------------------------------------------------
@@ -296,106 +291,6 @@ int launch_dx_dfn_variant(int version, const char* what, const DxArgs<bf16>& a, 
   }
 }
 #endif  // OPSLOT_KERNELS_BENCH
-
-// ---- the forward with the rows on chip: fwd_cluster_kernel (compute capability 9.0) ------------
-// A shape's cluster: the fewest blocks (1, 2, 4, 8 or 16) whose slices of fn and of the token rows
-// fit in a block's shared memory (DeepSeek-V4's hidden 4096: 16 for pre and head; 7168: head only).
-struct FcPlan {
-  int csize, smem, mt, stages;
-};
-
-int fwd_cluster_stages() { return g_fwd_version == 2 ? 3 : 2; }
-
-bool fwd_cluster_plan(int64_t hc, int64_t hidden, int64_t mixes, FcPlan* plan) {
-  if (g_fwd_version == 1 || hc < 1 || hc > mhc::kMaxHc || (mixes != hc && mixes != (2 + hc) * hc) ||
-      hidden < 8 || hidden > (1 << 20) || !device_is_sm90())
-    return false;
-  int dev = 0, optin = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
-    return false;
-  const int mt = static_cast<int>((mixes + 7) / 8), stages = fwd_cluster_stages();
-  for (int csize = 1; csize <= kFcMaxCluster; csize *= 2) {
-    const int64_t cols = hidden / csize;
-    if (hidden % csize != 0 || cols % 8 != 0 || cols > 8 * kFcThreads || (hc * cols) % 16 != 0)
-      continue;
-    const FcShape sh{mt, stages, static_cast<int>(hc * cols), static_cast<int>(mixes)};
-    if (sh.bytes() > optin) continue;
-    *plan = {csize, sh.bytes(), mt, stages};
-    return true;
-  }
-  return false;
-}
-
-template <int MT, int STAGES>
-cudaError_t fwd_cluster_config(const FcPlan& pl, cudaLaunchConfig_t* cfg,
-                               cudaLaunchAttribute* attr) {
-  auto kernel = fwd_cluster_kernel<MT, STAGES>;
-  cudaError_t err =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, pl.smem);
-  if (err == cudaSuccess && pl.csize > 8)
-    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-  *cfg = cudaLaunchConfig_t{};
-  cfg->gridDim = dim3(static_cast<unsigned>(pl.csize));
-  cfg->blockDim = dim3(kFcThreads);
-  cfg->dynamicSmemBytes = static_cast<size_t>(pl.smem);
-  attr->id = cudaLaunchAttributeClusterDimension;
-  attr->val.clusterDim.x = static_cast<unsigned>(pl.csize);
-  attr->val.clusterDim.y = 1;
-  attr->val.clusterDim.z = 1;
-  cfg->attrs = attr;
-  cfg->numAttrs = 1;
-  return err;
-}
-
-// Clusters of the plan the device runs at once (0: none; asked once per device and plan).
-template <int MT, int STAGES>
-int fwd_cluster_capacity(const FcPlan& pl) {
-  static DeviceMemo memo;
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return 0;
-  const uint32_t key = static_cast<uint32_t>(pl.smem) << 5 | static_cast<uint32_t>(pl.csize);
-  int n = memo.get(dev, key);
-  if (n >= 0) return n;
-  cudaLaunchConfig_t cfg;
-  cudaLaunchAttribute attr;
-  n = 0;
-  if (fwd_cluster_config<MT, STAGES>(pl, &cfg, &attr) != cudaSuccess ||
-      cudaOccupancyMaxActiveClusters(&n, fwd_cluster_kernel<MT, STAGES>, &cfg) != cudaSuccess) {
-    cudaGetLastError();  // the query's error is "no capacity", not the next launch's
-    n = 0;
-  }
-  memo.put(dev, key, n);
-  return n;
-}
-
-template <typename F>
-int dispatch_fwd_cluster(const FcPlan& pl, F&& f) {
-  auto with_mt = [&](auto stages) -> int {
-    switch (pl.mt) {
-      case 1:
-        return f(std::integral_constant<int, 1>{}, stages);
-      case 2:
-        return f(std::integral_constant<int, 2>{}, stages);
-      default:
-        return f(std::integral_constant<int, 3>{}, stages);
-    }
-  };
-  if constexpr (kBench) {  // the 3-deep ring: bench library only
-    if (pl.stages == 3) return with_mt(std::integral_constant<int, 3>{});
-  }
-  return with_mt(std::integral_constant<int, 2>{});
-}
-
-bool fwd_cluster_fits(int dtype, int64_t hc, int64_t hidden, int64_t mixes, const void* x,
-                      const void* out, FcPlan* plan) {
-  if (dtype != OPSLOT_BFLOAT16 || !aligned16(x) || !aligned16(out) ||
-      !fwd_cluster_plan(hc, hidden, mixes, plan))
-    return false;
-  return dispatch_fwd_cluster(*plan, [&](auto mt, auto stages) {
-           return fwd_cluster_capacity<decltype(mt)::value, decltype(stages)::value>(*plan);
-         }) > 0;
-}
 
 }  // namespace
 }  // namespace opslot
@@ -659,54 +554,6 @@ OPSLOT_API int opslot_mhc_dx_dfn(int64_t tokens, int64_t hc, int64_t hidden, int
               : launch_dx_dfn_production<mhc::kMaxHc>(what, a, coef3, dfn, scratch, s);
 }
 
-OPSLOT_API int opslot_mhc_fwd_cluster_fits(int dtype, int64_t hc, int64_t hidden, int64_t mixes,
-                                           const void* x, const void* out) {
-  FcPlan plan;
-  return fwd_cluster_fits(dtype, hc, hidden, mixes, x, out, &plan) ? 1 : 0;
-}
-
-OPSLOT_API int opslot_mhc_fwd_cluster(int64_t tokens, int64_t hc, int64_t hidden, int64_t mixes,
-                                      const void* x, const void* fn3, const float* scale,
-                                      const float* base, float norm_eps, float hc_eps, void* out,
-                                      float* mix, float* rstd, void* stream) {
-  const char* what = "opslot_mhc_fwd_cluster";
-  if (int rc = check_shape(what, tokens, hc, hidden)) return rc;
-  if (int rc = check_mixes(what, hc, mixes)) return rc;
-  FcPlan pl;
-  if (!fwd_cluster_fits(OPSLOT_BFLOAT16, hc, hidden, mixes, x, out, &pl))
-    return set_error(OPSLOT_ERR_UNSUPPORTED,
-                     "%s: bfloat16 streams on compute capability 9.0 whose fn and row slices fit "
-                     "a cluster's shared memory, 16-byte aligned rows only (hc_mult %lld, hidden "
-                     "%lld, %lld mixes; opslot_mhc_fwd_cluster_fits)",
-                     what, static_cast<long long>(hc), static_cast<long long>(hidden),
-                     static_cast<long long>(mixes));
-  if (!aligned16(fn3))
-    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: fn3 is not 16-byte aligned", what);
-  if (tokens == 0) return OPSLOT_OK;
-  auto s = static_cast<cudaStream_t>(stream);
-  return dispatch_fwd_cluster(pl, [&](auto mt, auto stages) -> int {
-    constexpr int MT = decltype(mt)::value, STAGES = decltype(stages)::value;
-    const int64_t ntiles = (tokens + kFcTok - 1) / kFcTok;
-    const int64_t cap = fwd_cluster_capacity<MT, STAGES>(pl);
-    cudaLaunchConfig_t cfg;
-    cudaLaunchAttribute attr;
-    const cudaError_t err = fwd_cluster_config<MT, STAGES>(pl, &cfg, &attr);
-    if (err != cudaSuccess)
-      return set_error(static_cast<int>(err), "%s: %d bytes of shared memory refused: %s", what,
-                       pl.smem, cudaGetErrorString(err));
-    cfg.gridDim = dim3(static_cast<unsigned>((cap < ntiles ? cap : ntiles) * pl.csize));
-    cfg.stream = s;
-    const cudaError_t lerr =
-        cudaLaunchKernelEx(&cfg, fwd_cluster_kernel<MT, STAGES>, static_cast<const bf16*>(x),
-                           static_cast<const bf16*>(fn3), scale, base, norm_eps, hc_eps,
-                           static_cast<bf16*>(out), mix, rstd, static_cast<int>(tokens),
-                           static_cast<int>(hc), static_cast<int>(hidden), static_cast<int>(mixes));
-    if (lerr != cudaSuccess)
-      return set_error(static_cast<int>(lerr), "%s: %s", what, cudaGetErrorString(lerr));
-    return check_launch(what);
-  });
-}
-
 OPSLOT_API int opslot_mhc_post_fwd(int dtype, int64_t tokens, int64_t hc, int64_t hidden,
                                    const float* post, const float* comb, const void* block_out,
                                    const void* streams, void* out, void* stream) {
@@ -784,13 +631,6 @@ OPSLOT_API int opslot_mhc_collapse_set_tuning(int threads) {
     return set_error(OPSLOT_ERR_INVALID_ARGUMENT,
                      "mhc tuning: fwd threads 0 or a multiple of 32 up to 1024 (got %d)", threads);
   g_fwd_threads = threads;
-  return OPSLOT_OK;
-}
-OPSLOT_API int opslot_mhc_fwd_set_tuning(int version) {
-  if (version < 0 || version > 2)
-    return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "mhc tuning: fwd version 0, 1 or 2 (got %d)",
-                     version);
-  g_fwd_version = version;
   return OPSLOT_OK;
 }
 #endif  // OPSLOT_KERNELS_BENCH

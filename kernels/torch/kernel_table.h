@@ -51,8 +51,6 @@
   X(opslot_mask_limit)                       \
   X(opslot_mhc_split3)                       \
   X(opslot_mhc_collapse_fwd)                 \
-  X(opslot_mhc_fwd_cluster_fits)             \
-  X(opslot_mhc_fwd_cluster)                  \
   X(opslot_mhc_comb_fwd)                     \
   X(opslot_mhc_comb_bwd)                     \
   X(opslot_mhc_collapse_bwd)                 \

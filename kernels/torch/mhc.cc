@@ -3,14 +3,12 @@
 //   opslot::mhc_pre_fwd / mhc_pre_bwd    DeepseekV4HyperConnection: (post, comb, collapsed)
 //   opslot::mhc_head_fwd / mhc_head_bwd  DeepseekV4HyperHead: the final collapse
 //   opslot::mhc_post / mhc_post_bwd      the decoder layer's post * block_output + comb^T @ streams
-// Schemas, CUDA, Meta and Autograd kernels as the other ops. The forward reads the streams once
-// where opslot_mhc_fwd_cluster fits (compute capability 9.0); elsewhere, and in the backward, the
-// fp32 GEMMs against fn stay cuBLAS (through at::mm): for bf16 streams, which bf16 holds exactly,
-// fn and the backward's coefficients are split into three bf16 terms (opslot_mhc_split3) and one
-// bf16 GEMM with an fp32 output stands for the fp32 one (to within 2^-24 of fn). The CPU kernels
-// run the same composition with each launch done in ATen, the per-token math being the kernels' own
-// (kernels/src/mhc_math.h): the CPU tests check the composition, the autograd wiring and that math
-// without a GPU.
+// Schemas, CUDA, Meta and Autograd kernels as the other ops. The fp32 GEMMs against fn stay cuBLAS
+// (through at::mm): for bf16 streams, which bf16 holds exactly, fn and the backward's coefficients
+// are split into three bf16 terms (opslot_mhc_split3) and one bf16 GEMM with an fp32 output stands
+// for the fp32 one (to within 2^-24 of fn). The CPU kernels run the same composition with each
+// launch done in ATen, the per-token math being the kernels' own (kernels/src/mhc_math.h): the CPU
+// tests check the composition, the autograd wiring and that math without a GPU.
 #include <ATen/ATen.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/autograd.h>
@@ -309,15 +307,6 @@ Tensor dx_dfn_launch(const Dims& d, const Tensor& x, const OptTensor& g, const T
   return dfn;
 }
 
-// The forward in one pass over the streams (opslot_mhc_fwd_cluster) where the kernel library says
-// it fits: CUDA, bf16 streams, compute capability 9.0, the slices fit a cluster.
-bool fwd_cluster_fits(const Dims& d, const Tensor& x, const Tensor& out) {
-  if (!x.is_cuda() || x.scalar_type() != at::kBFloat16) return false;
-  const KernelTable& k = prepare(x);
-  return OPSLOT_ENTRY(k, opslot_mhc_fwd_cluster_fits)(dtype_code(x, "mhc"), d.hc, d.hidden, d.mixes,
-                                                      ptr(x), ptr(out)) == 1;
-}
-
 // -- mhc/pre and mhc/head forward -----------------------------------------------------------------
 // (out, mix, rstd) and, for pre, (post, comb).
 struct FwdOut {
@@ -348,15 +337,6 @@ FwdOut fwd_impl(const Tensor& x_in, const Tensor& fn_in, const Tensor& base_in,
   const Dims d = dims_of(x_in, head);
   if (d.tokens == 0) return o;
   Tensor x = aligned(x_in), fn = f32(fn_in), base = f32(base_in), scale = f32(scale_in);
-  if (fwd_cluster_fits(d, x, o.out)) {
-    const KernelTable& k = prepare(x);
-    Tensor w = split3(fn);
-    OPSLOT_LAUNCH(k, opslot_mhc_fwd_cluster, d.tokens, d.hc, d.hidden, d.mixes, ptr(x), ptr(w),
-                  fptr(scale), fptr(base), static_cast<float>(norm_eps), static_cast<float>(hc_eps),
-                  mutable_ptr(o.out), fmut(o.mix), fmut(o.rstd), stream_of(x));
-    if (!head) comb_fwd(d, iters, o.mix, scale, base, hc_eps, o.post, o.comb);
-    return o;
-  }
   Tensor x2d = x.view({d.tokens, d.hc * d.hidden});
   Tensor p;
   int64_t nsplit = 1;

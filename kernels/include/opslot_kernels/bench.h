@@ -76,12 +76,6 @@ OPSLOT_API int opslot_mhc_set_tuning(int hold_max_threads, int dx_version);
  * threads per block, a multiple of 32 up to 1024; 0 (the default) the production choice. */
 OPSLOT_API int opslot_mhc_collapse_set_tuning(int threads);
 
-/* mhc/pre's and mhc/head's forward: version 0 (the default) the production choice
- * (opslot_mhc_fwd_cluster where opslot_mhc_fwd_cluster_fits says so: its 2-deep ring); 1 never
- * (fits says 0: the GEMM and opslot_mhc_collapse_fwd run); 2 opslot_mhc_fwd_cluster with a 3-deep
- * ring where it fits (the same bits as version 0). */
-OPSLOT_API int opslot_mhc_fwd_set_tuning(int version);
-
 /* opslot_topk_indices's kernel (kernels/src/topk.cu): path 0 (the default) the production choice
  * (opslot_kernels/topk.h); 1 the two-read kernel for every row; 2 no warp kernel: the block
  * register kernel for rows of up to 4096 columns, one launch. All give the same bits. */

@@ -36,21 +36,6 @@ OPSLOT_API int opslot_mhc_collapse_fwd(int dtype, int64_t tokens, int64_t hc, in
                                        float norm_eps, float hc_eps, void* out, float* mix,
                                        float* rstd, void* stream);
 
-/* The same outputs as the GEMM x @ fn^T followed by opslot_mhc_collapse_fwd, reading each token's
- * row once (thread block clusters: compute capability 9.0): fn3 is fn [M, K] split by
- * opslot_mhc_split3 ([3, M, K] bfloat16, 16-byte aligned); mix[t, m] = rstd[t] * (x[t] . (hi + mid
- * + lo)[m]) with fp32 tensor-core sums (another order than the GEMM's). Only where
- * opslot_mhc_fwd_cluster_fits returns 1: bfloat16 streams, x and out 16-byte aligned, and a
- * cluster of at most 16 blocks whose slices of fn and of 16 token rows fit in shared memory
- * (DeepSeek-V4: hidden 4096 pre and head, 7168 head); else use the GEMM and
- * opslot_mhc_collapse_fwd. Bitwise deterministic. */
-OPSLOT_API int opslot_mhc_fwd_cluster_fits(int dtype, int64_t hc, int64_t hidden, int64_t mixes,
-                                           const void* x, const void* out);
-OPSLOT_API int opslot_mhc_fwd_cluster(int64_t tokens, int64_t hc, int64_t hidden, int64_t mixes,
-                                      const void* x, const void* fn3, const float* scale,
-                                      const float* base, float norm_eps, float hc_eps, void* out,
-                                      float* mix, float* rstd, void* stream);
-
 /* post [T, hc] and comb [T, hc, hc] from mix [T, (2 + hc) * hc] (mhc_math.h comb_forward), one
  * thread per token. */
 OPSLOT_API int opslot_mhc_comb_fwd(int64_t tokens, int64_t hc, int64_t iters, const float* mix,
