@@ -86,7 +86,9 @@ the fla/causal_conv1d package fallbacks do not depend on it.
 (CUDA only) runs one more step of each configuration under torch.profiler after its timed steps and
 writes, after the binding plans, the N kernels with the most device time in that step (their calls,
 total ms and share of the step's kernel time; the step's wall time on the device is longer by the
-gaps between kernels).
+gaps between kernels). --profile-glue N (CUDA only) profiles one more step with the CPU ops and lists
+the N costliest groups of layout glue (copy_, add, add_, fill_, cat) by the chain of ops that called
+them: where upstream's code or a slot's glue copies tensors.
 """
 
 from __future__ import annotations
@@ -593,6 +595,36 @@ def free(device: torch.device) -> None:
 
 
 # -- one configuration -----------------------------------------------------------------------------
+#: The ops whose kernels are layout glue (copies, adds, fills, concatenations): --profile-glue groups
+#: their device time by the chain of ops that called them.
+GLUE_OPS = ("aten::copy_", "aten::add", "aten::add_", "aten::fill_", "aten::cat")
+
+
+def glue_profile(step: Callable[[], Any], top: int) -> List[Dict[str, Any]]:
+    """One step under torch.profiler with CPU ops: the device time of the GLUE_OPS grouped by the op
+    and its callers (up to five levels; an op called by another glue op counts once, as its caller),
+    the `top` groups by device time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    groups: Dict[str, List[float]] = {}
+    for e in prof.events():
+        if e.name not in GLUE_OPS or (e.cpu_parent is not None and e.cpu_parent.name in GLUE_OPS):
+            continue
+        chain, p = [e.name], e.cpu_parent
+        while p is not None and len(chain) < 6:
+            chain.append(p.name)
+            p = p.cpu_parent
+        g = groups.setdefault(" <- ".join(chain), [0, 0.0])
+        g[0] += 1
+        g[1] += e.device_time_total / 1e3
+    ranked = sorted(groups.items(), key=lambda kv: -kv[1][1])[:top]
+    return [dict(chain=k, calls=int(n), ms=ms) for k, (n, ms) in ranked]
+
+
 def step_profile(step: Callable[[], Any], top: int) -> Dict[str, Any]:
     """One step under torch.profiler: the `top` kernels by device time, and the step's kernel total."""
     from torch.profiler import ProfilerActivity, profile
@@ -609,7 +641,7 @@ def step_profile(step: Callable[[], Any], top: int) -> Dict[str, Any]:
 
 
 def measure(
-    model, batch, device: torch.device, warmup: int, iters: int, budget_s: float, top: int = 0
+    model, batch, device: torch.device, warmup: int, iters: int, budget_s: float, top: int = 0, glue: int = 0
 ) -> Dict[str, Any]:
     def step():
         loss = model(**batch).loss
@@ -651,8 +683,11 @@ def measure(
     print(f"   timed steps: epoch {window:.3f} .. {window + wall:.3f}", flush=True)  # to match GPU clock samples
     peak = torch.cuda.max_memory_allocated(device) / GiB if device.type == "cuda" else None
     model.zero_grad(set_to_none=True)
-    profile = step_profile(step, top) if top else None
+    profile = step_profile(step, top) if top or glue else None
     model.zero_grad(set_to_none=True)
+    if glue:  # a step of its own: gradients start unset, as in the timed steps
+        profile["glue"] = glue_profile(step, glue)
+        model.zero_grad(set_to_none=True)
     return dict(
         profile=profile,
         ms=statistics.median(times),
@@ -795,6 +830,18 @@ class Report:
         for k in prof["kernels"]:
             name = k["name"][:110].replace("|", "\\|")
             lines.append(f"| {name} | {k['calls']} | {k['ms']:.2f} | {100 * k['ms'] / total:.1f} |")
+        if prof.get("glue"):
+            lines += [
+                "",
+                f"Layout glue of one more step (`--profile-glue`): the device time of {', '.join(GLUE_OPS)} by the "
+                "ops that called them (innermost first; `CppNode<...>` is an opslot op's backward):",
+                "",
+                "| op <- callers | calls | ms | % of kernel time |",
+                "|---|---:|---:|---:|",
+            ]
+            for g in prof["glue"]:
+                chain = g["chain"].replace("|", "\\|")
+                lines.append(f"| {chain} | {g['calls']} | {g['ms']:.2f} | {100 * g['ms'] / total:.1f} |")
         return lines
 
     def write(self) -> None:
@@ -935,7 +982,9 @@ def run_model(mdef: ModelDef, args, device: torch.device, dtype: torch.dtype, re
             if cfg.compile:
                 model = torch.compile(model)
             warmup = max(args.warmup, 3) if cfg.compile else args.warmup  # the first steps compile
-            row.update(measure(model, inputs, device, warmup, args.iters, args.row_budget, args.profile))
+            row.update(
+                measure(model, inputs, device, warmup, args.iters, args.row_budget, args.profile, args.profile_glue)
+            )
         except Exception as exc:  # noqa: BLE001  (one configuration's failure must not stop the others)
             oom = device.type == "cuda" and isinstance(exc, torch.cuda.OutOfMemoryError)
             row["error"] = "OOM" if oom else f"{type(exc).__name__}: {str(exc)[:300]}"
@@ -991,6 +1040,13 @@ def main() -> int:
         help="CUDA: one more step per configuration under torch.profiler; its N costliest kernels",
     )
     ap.add_argument(
+        "--profile-glue",
+        type=int,
+        default=0,
+        metavar="N",
+        help="CUDA: one more step per configuration; its N costliest copy/add/fill/cat groups by calling ops",
+    )
+    ap.add_argument(
         "--fla",
         default="auto",
         choices=["auto", "yes", "no"],
@@ -1021,6 +1077,8 @@ def main() -> int:
         unknown_rows = sorted(set(args.rows) - names)
         if unknown_rows:
             ap.error(f"--row {unknown_rows}: no such configuration for {keys}; known: {sorted(names)}")
+    if args.profile_glue and device.type != "cuda":
+        ap.error("--profile-glue profiles CUDA kernels: it needs --device cuda")
     if args.profile and device.type != "cuda":
         ap.error("--profile lists CUDA kernels: it needs --device cuda")
     if device.type == "cuda":
