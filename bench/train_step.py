@@ -601,20 +601,21 @@ GLUE_OPS = ("aten::copy_", "aten::add", "aten::add_", "aten::fill_", "aten::cat"
 
 
 def glue_profile(step: Callable[[], Any], top: int) -> List[Dict[str, Any]]:
-    """One step under torch.profiler with CPU ops: the device time of the GLUE_OPS grouped by the op
-    and its callers (up to five levels; an op called by another glue op counts once, as its caller),
-    the `top` groups by device time."""
+    """One step under torch.profiler with CPU ops: the device time of the GLUE_OPS grouped by the op,
+    the shapes of its first two inputs and its callers (up to five levels; an op called by another
+    glue op counts once, as its caller), the `top` groups by device time."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
         step()
         torch.cuda.synchronize()
     groups: Dict[str, List[float]] = {}
     for e in prof.events():
         if e.name not in GLUE_OPS or (e.cpu_parent is not None and e.cpu_parent.name in GLUE_OPS):
             continue
-        chain, p = [e.name], e.cpu_parent
+        shapes = [list(x) for x in (e.input_shapes or [])[:2] if x]
+        chain, p = [f"{e.name} {shapes}" if shapes else e.name], e.cpu_parent
         while p is not None and len(chain) < 6:
             chain.append(p.name)
             p = p.cpu_parent
