@@ -87,8 +87,8 @@ the fla/causal_conv1d package fallbacks do not depend on it.
 writes, after the binding plans, the N kernels with the most device time in that step (their calls,
 total ms and share of the step's kernel time; the step's wall time on the device is longer by the
 gaps between kernels). --profile-glue N (CUDA only) profiles one more step with the CPU ops and lists
-the N costliest groups of layout glue (copy_, add, add_, fill_, cat) by the chain of ops that called
-them: where upstream's code or a slot's glue copies tensors.
+the N costliest groups of layout glue (copy_, add, add_, fill_, cat) by op, input shapes and the chain
+of ops that called it: where upstream's code or a slot's glue copies tensors.
 """
 
 from __future__ import annotations
@@ -822,22 +822,22 @@ class Report:
             "",
             f"### {model}, {r['name']}: kernels of one step (torch.profiler)",
             "",
-            f"{prof['count']} kernel names, {total:.1f} ms of kernel time (the step: {r['ms']:.1f} ms, median); "
-            f"the {len(prof['kernels'])} with the most time:",
-            "",
-            "| kernel | calls | ms | % of kernel time |",
-            "|---|---:|---:|---:|",
+            f"{prof['count']} kernel names, {total:.1f} ms of kernel time (the step: {r['ms']:.1f} ms, median)"
+            + (f"; the {len(prof['kernels'])} with the most time:" if prof["kernels"] else "."),
         ]
+        if prof["kernels"]:
+            lines += ["", "| kernel | calls | ms | % of kernel time |", "|---|---:|---:|---:|"]
         for k in prof["kernels"]:
             name = k["name"][:110].replace("|", "\\|")
             lines.append(f"| {name} | {k['calls']} | {k['ms']:.2f} | {100 * k['ms'] / total:.1f} |")
         if prof.get("glue"):
             lines += [
                 "",
-                f"Layout glue of one more step (`--profile-glue`): the device time of {', '.join(GLUE_OPS)} by the "
-                "ops that called them (innermost first; `CppNode<...>` is an opslot op's backward):",
+                f"Layout glue of one more step (`--profile-glue`): the device time of {', '.join(GLUE_OPS)} by op, "
+                "the shapes of its first two inputs and the ops that called it (innermost first; `CppNode<...>` is "
+                "an opslot op's backward):",
                 "",
-                "| op <- callers | calls | ms | % of kernel time |",
+                "| op [input shapes] <- callers | calls | ms | % of kernel time |",
                 "|---|---:|---:|---:|",
             ]
             for g in prof["glue"]:
