@@ -231,18 +231,24 @@ __device__ void histogram(const Src& src, int shift, int high, uint32_t prefix, 
   __syncthreads();
 }
 
+// Inclusive prefix sum of v over the warp's lanes.
+__device__ __forceinline__ int warp_scan(int v) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int y = __shfl_up_sync(0xffffffffu, v, o);
+    if (lane >= o) v += y;
+  }
+  return v;
+}
+
 // Inclusive prefix sum of `v` over the block's kT threads in thread order; `total` gets the sum of
 // all. Every thread calls it; `warp_sums` is kT / 32 ints of shared memory, free again on return.
 template <int kT>
 __device__ __forceinline__ int block_scan(int v, int* warp_sums, int& total) {
   constexpr int kWarps = kT / 32;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  int x = v;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const int y = __shfl_up_sync(0xffffffffu, x, o);
-    if (lane >= o) x += y;
-  }
+  const int x = warp_scan(v);
   if (lane == 31) warp_sums[warp] = x;
   __syncthreads();
   int w = lane < kWarps ? warp_sums[lane] : 0;
@@ -549,17 +555,6 @@ constexpr int kRowWarps = 4;
 // registers (20 rows per SM; 6 blocks spill), kC 16 at 123 without a mask (16 rows), 134-168 with.
 constexpr int warp_blocks_per_sm(int mask, int chunks) {
   return chunks <= 8 ? 5 : (mask < 0 ? 4 : 3);
-}
-
-// Inclusive prefix sum of v over the warp's lanes.
-__device__ __forceinline__ int warp_scan(int v) {
-  const int lane = threadIdx.x & 31;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const int y = __shfl_up_sync(0xffffffffu, v, o);
-    if (lane >= o) v += y;
-  }
-  return v;
 }
 
 // No key: a place past the row's end in the warp kernel. order_key gives none (a valid key is at
