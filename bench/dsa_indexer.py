@@ -23,9 +23,11 @@ Rows per context length (B = 1, bf16 q/k, fp32 weights):
 
 The top-k runs one of three kernels by the rows' length (kernels/src/topk.cu): up to 2048 columns a warp
 per row, up to 4096 a block per row (both with the keys in registers: the row read once), longer rows the
-two-read kernel; `--topk-paths 1,2` times the bench library's other choices (1: the two-read kernel for
-every row; 2: no warp kernel, the block register kernel up to 4096 columns) beside each production top-k
-row in the same run.
+long-row kernel (one read of the row where its candidates fit shared memory, else two);
+`--topk-paths 1,2,3,4` times the bench library's other choices (1: the long-row kernel for every row; 2: no
+warp kernel, the block register kernel up to 4096 columns; 3: the production choice with the long-row
+kernel's one-read pass off; 4: the long-row kernel without it for every row) beside each production
+top-k row in the same run.
 
     python3 bench/dsa_indexer.py --out $OUT/dsa_indexer_h200.md [--lengths 4096,16384,65536] [--budget 150] \
         [--only topk,mask_limit]   # only the rows whose name holds one of these
@@ -215,14 +217,23 @@ def topk_bytes(limit, T, top_k):
 
 #: The bench library's top-k kernels (opslot_topk_set_tuning's path; kernels/src/topk.cu).
 TOPK_PATHS = {
-    1: "the two-read kernel for every row",
+    1: "the long-row kernel for every row",
     2: "the block register kernel up to 4096 columns",
+    3: "without the one-read pass",
+    4: "the long-row kernel without the one-read pass for every row",
+    5: "the one-read pass on rows of any length",
 }
 
 
 def topk_rows(run, model, L, what, fn, nbytes):
-    """The production top-k's row, then one per --topk-paths path on the bench library (the same call)."""
+    """The production top-k's row, a copy of as many bytes (what moving them takes at this size: the launch
+    and its ramp included), then one per --topk-paths path on the bench library (the same call)."""
     run.row(model, L, what, fn, nbytes=nbytes, reps=run.topk_reps)
+    if "mask" not in what and (not run.only or any(o in what for o in run.only)):
+        half = torch.empty(nbytes // 2, dtype=torch.uint8, device=DEV)
+        dst = torch.empty_like(half)
+        run.row(model, L, f"{what.split(' (')[0]}: a copy of its bytes", lambda: dst.copy_(half), nbytes=nbytes)
+        del half, dst
     for path in run.topk_paths:
         with K.bench_library("topk") as lib:
             if lib is None:
@@ -319,8 +330,8 @@ def main():
     ap.add_argument(
         "--topk-paths",
         default="",
-        help="comma-separated opslot_topk_set_tuning paths (1: the two-read kernel for every row; 2: no warp "
-        "kernel) timed beside each production top-k row, on the bench library",
+        help="comma-separated opslot_topk_set_tuning paths (1-5: TOPK_PATHS) timed beside each production top-k "
+        "row, on the bench library",
     )
     ap.add_argument("--topk-reps", type=int, default=5, help="timed calls per top-k row (median)")
     args = ap.parse_args()

@@ -2,22 +2,42 @@
 (docs/results/dsa_indexer_h200.md, "What bounds the top-k"): bench/dsa_indexer.py's inputs at L tokens
 (GLM-5: 32 heads of 128, top-2048; MODEL=v4: DeepSeek-V4, 64 heads of 128 over L / 4 compressed keys,
 limits (pos + 1) // 4, top-512), the scores by `dsa_index_scores`, then the top-k twice (profile the
-second); prints how many top-digit buckets the last row's scores fill.
+second); prints how many top-digit buckets the last row's scores fill. TOPK_PATH=n runs the bench library's
+opslot_topk_set_tuning(n) (0, the default, is production); PHASES=1 prints where the second call's
+long-row one-read pass spends its time (the bench library's opslot_topk_probe_phases, production's choice
+unless TOPK_PATH says otherwise).
 
     L=65536 ncu --kernel-name regex:topk_kernel --launch-count 1 --launch-skip 1 --set full \\
         --import-source yes -o $OUT/topk python3 bench/topk_ncu.py
     L=16384 MODEL=v4 ncu --kernel-name regex:topk_reg_kernel --launch-count 1 --launch-skip 1 \\
         --set full -o $OUT/topk_v4 python3 bench/topk_ncu.py
     L=8192 MODEL=v4 ncu --kernel-name regex:topk_warp_kernel --launch-count 1 --launch-skip 1 \\
-        --set full -o $OUT/topk_v4_warp python3 bench/topk_ncu.py   # rows of up to 2048 keys"""
+        --set full -o $OUT/topk_v4_warp python3 bench/topk_ncu.py   # rows of up to 2048 keys
+    L=65536 PHASES=1 python3 bench/topk_ncu.py   # with OPSLOT_KERNELS_BENCH_LIB set"""
 
+import contextlib
+import ctypes
 import os
 import sys
 
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runtime"))
-from opslot.kernels.cuda import dsa_indexer as DI  # noqa: E402
+from opslot.kernels.cuda import _lib, dsa_indexer as DI  # noqa: E402
+
+PHASES = ("the first round's threshold", "the rounds", "the cuts", "the select", "the write")
+
+
+def print_phases(lib, what):
+    """opslot_topk_probe_phases's counters: thread 0's clock by phase, summed over the rows."""
+    c = (ctypes.c_ulonglong * 8)()
+    assert lib.opslot_topk_probe_phases(c, 0) == 0
+    total, rows = sum(c[:5]), max(c[5], 1)
+    split = ", ".join(f"{name} {100 * x / max(total, 1):.1f} %" for name, x in zip(PHASES, c[:5]))
+    print(
+        f"{what}: {c[5]} rows through the one-read pass, {c[6]} cuts, {c[7]} rounds (retries counted); "
+        f"{total / rows:.0f} cycles a row: {split}"
+    )
 
 
 def main():
@@ -31,9 +51,19 @@ def main():
     pos = torch.arange(L, device="cuda", dtype=torch.int32) + 1
     limit = (pos // 4 if v4 else pos).view(1, L)
     scores = DI.dsa_index_scores(q, k, w, D**-0.5, limit)
-    for _ in range(2):
-        DI.topk_indices(scores, top_k, limit)
-    torch.cuda.synchronize()
+    path, phases = int(os.environ.get("TOPK_PATH", "0")), os.environ.get("PHASES") == "1"
+    bench = path != 0 or phases
+    with _lib.using_library(_lib.bench_library_path()) if bench else contextlib.nullcontext() as lib:
+        if lib is not None:
+            lib.opslot_topk_set_tuning.argtypes = [ctypes.c_int]
+            assert lib.opslot_topk_set_tuning(path) == 0
+        for i in range(2):
+            if phases and i == 1:
+                assert lib.opslot_topk_probe_phases(None, 1) == 0  # reset
+            DI.topk_indices(scores, top_k, limit)
+        torch.cuda.synchronize()
+        if phases:
+            print_phases(lib, f"{'V4' if v4 else 'GLM'} {L}, path {path}")
     bits = scores[0, L - 1, : int(limit[0, -1])].view(torch.int32).long() & 0xFFFFFFFF  # the order keys
     keys = torch.where(bits >= 2**31, bits ^ 0xFFFFFFFF, bits ^ 0x80000000)
     _, counts = torch.unique(keys >> 21, return_counts=True)

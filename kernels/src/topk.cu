@@ -17,6 +17,19 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kMaxBins = 2048;  // an 11-bit digit; pick_bucket: kMaxBins / threads buckets each
 constexpr int kHeld = 8192;     // keys at or above the top digit's bucket held in shared memory
 constexpr size_t kHeldSmem = 2 * sizeof(uint32_t) * kHeld;  // keys and columns: 64 KB
+// The one-read pass of topk_kernel (stream_topk): rows of up to kStreamMaxCols columns (a column
+// fits 16 bits) and k up to kStreamMaxK; a round is kRound 16-byte chunks a thread, all loaded
+// before the first is used; candidates of up to kStreamCap keys (a round's and k's, and slack for
+// ties) with their columns, then two bitmaps of the row's columns.
+constexpr int kRound = 4;
+constexpr int kRoundKeys = 4 * kRound * kThreads;  // 8192
+constexpr int kStreamMaxK = 2048;
+constexpr int kStreamMaxCols = 65536;
+constexpr int64_t kStreamMinCols = 16384;  // shorter rows measured faster with the two-read path
+constexpr int kStreamCap = kStreamMaxK + kRoundKeys + 1024;
+constexpr size_t kStreamSmem =
+    (sizeof(uint32_t) + sizeof(uint16_t)) * kStreamCap + 2 * kStreamMaxCols / 8;  // 82 KB
+constexpr size_t kSmem = kStreamSmem > kHeldSmem ? kStreamSmem : kHeldSmem;
 
 // The order of fp32 values as unsigned integers, that of torch.topk's radix select: NaN above +inf,
 // -0.0 below +0.0.
@@ -379,14 +392,15 @@ __device__ void write_chosen(const Src& src, int shift, uint32_t prefix, int nee
   }
 }
 
-// The select's last two digits (bits 10 to 20, then 0 to 9) over `src`, given the top digit's
-// bucket `prefix` and the rank `need` within it, then the chosen columns written.
+// The select's digits below bit `high` (11 bits each, the last what is left) over `src`, given the
+// bucket `prefix` (the keys' bits from `high` up) holding the k-th largest and the rank `need`
+// within it; returns the shift of the k-th largest's prefix, `prefix` and `need` updated (the first
+// `need` keys equal to it are chosen).
 template <typename Src>
-__device__ void finish(const Src& src, uint32_t prefix, int need, int k, int* hist, int* warp_sums,
-                       int* pick, int32_t* o) {
-  int high = 21, shift = 21;
-  for (int p = 1; p < 3; ++p) {
-    shift = p == 1 ? 10 : 0;
+__device__ int select_below(const Src& src, uint32_t& prefix, int high, int& need, int* hist,
+                            int* warp_sums, int* pick) {
+  while (high > 0) {
+    const int shift = high > 11 ? high - 11 : 0;
     histogram(src, shift, high, prefix, hist);
     pick_bucket<kThreads>(hist, 1 << (high - shift), need, warp_sums, pick);
     prefix = (prefix << (high - shift)) | static_cast<uint32_t>(pick[0]);
@@ -394,6 +408,14 @@ __device__ void finish(const Src& src, uint32_t prefix, int need, int k, int* hi
     high = shift;
     if (pick[2] == need) break;  // the bucket holds exactly the keys still needed
   }
+  return high;
+}
+
+// The select's last two digits over `src`, then the chosen columns written.
+template <typename Src>
+__device__ void finish(const Src& src, uint32_t prefix, int need, int k, int* hist, int* warp_sums,
+                       int* pick, int32_t* o) {
+  const int shift = select_below(src, prefix, 21, need, hist, warp_sums, pick);
   write_chosen(src, shift, prefix, need, k, warp_sums, o);
 }
 
@@ -406,7 +428,8 @@ struct Params {
   int64_t ms0, ms1;  // mask strides: batch, seq
   int k;
   int32_t* out;
-  int64_t lo, hi;  // the launch takes the rows of lo < n <= hi columns before their limit
+  int64_t lo, hi;      // the launch takes the rows of lo < n <= hi columns before their limit
+  int64_t stream_min;  // topk_kernel tries the one-read pass on rows longer than this
 };
 
 // Row r's source (its scores and mask entries before its limit) and output, false for a row of
@@ -442,18 +465,362 @@ __device__ bool row_source(const Params& p, int64_t r, RowSource<kMask>& src, in
   return true;
 }
 
+// Keys in shared memory for histogram (their columns not read).
+struct KeySource {
+  const uint32_t* keys;  // 16-byte aligned
+  int m;
+
+  __device__ int64_t chunks() const { return (m + 3) / 4; }
+  __device__ __forceinline__ int load(int64_t c, uint32_t (&key)[4], int (&col)[4]) const {
+    const int left = m - 4 * static_cast<int>(c);
+    const int count = left >= 4 ? 4 : (left > 0 ? left : 0);
+    if (count == 4) {
+      const uint4 k4 = reinterpret_cast<const uint4*>(keys)[c];
+      key[0] = k4.x, key[1] = k4.y, key[2] = k4.z, key[3] = k4.w;
+    } else {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) key[j] = j < count ? keys[4 * c + j] : 0u;
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) col[j] = 0;
+    return count;
+  }
+};
+
+// The block's least of `lo` and greatest of `hi` (span: 2 kWarps words of shared memory, free
+// again after the next barrier).
+__device__ void block_span(uint32_t lo, uint32_t hi, uint32_t* span, uint32_t& min_lo,
+                           uint32_t& max_hi) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  lo = __reduce_min_sync(0xffffffffu, lo);
+  hi = __reduce_max_sync(0xffffffffu, hi);
+  if (lane == 0) span[warp] = lo, span[kWarps + warp] = hi;
+  __syncthreads();
+  min_lo = span[0], max_hi = span[kWarps];
+#pragma unroll
+  for (int w = 1; w < kWarps; ++w)
+    min_lo = min(min_lo, span[w]), max_hi = max(max_hi, span[kWarps + w]);
+}
+
+// The shift of the digit that spreads keys from lo to hi over at most 1025 buckets.
+__device__ __forceinline__ int span_shift(uint32_t lo, uint32_t hi) {
+  return hi > lo ? max(0, 22 - __clz(static_cast<int>(hi - lo))) : 0;
+}
+
+// Counts the keys of `src` (all of them from lo to hi, lo = base << shift) by (key >> shift) -
+// base.
+template <typename Src>
+__device__ void span_histogram(const Src& src, int shift, uint32_t base, int bins, int* hist) {
+  for (int b = threadIdx.x; b < bins; b += kThreads) hist[b] = 0;
+  __syncthreads();
+  for (int64_t c = threadIdx.x; c < src.chunks(); c += kThreads) {
+    uint32_t key[4];
+    int col[4];
+    const int n = src.load(c, key, col);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if (j < n) atomicAdd(&hist[(key[j] >> shift) - base], 1);
+    }
+  }
+  __syncthreads();
+}
+
+// The k-th largest of the candidates (all of them from lo to hi, at least k) located by the digit
+// spanning that range: returns its shift, `top` the k-th largest's key >> shift, `need` its rank in
+// that bucket, `exact` whether the bucket holds exactly the keys needed.
+__device__ int span_select(const KeySource& src, uint32_t lo, uint32_t hi, int k, int* hist,
+                           int* warp_sums, int* pick, uint32_t& top, int& need, bool& exact) {
+  const int shift = span_shift(lo, hi);
+  const uint32_t base = lo >> shift;
+  const int bins = static_cast<int>((hi >> shift) - base) + 1;
+  span_histogram(src, shift, base, bins, hist);
+  pick_bucket<kThreads>(hist, bins, k, warp_sums, pick);
+  top = base + static_cast<uint32_t>(pick[0]);
+  need = pick[1];
+  exact = pick[2] == need;
+  return shift;
+}
+
+// The m candidates in keys/cols (from lo to hi; m >= k) cut to those at or above the bucket of the
+// k-th largest, by the digit spanning lo to hi (and the next 11 bits where that bucket holds more
+// than 1024), in place, their order kept.
+// Returns the bucket's lowest key, the next lo; `kept` gets how many stay (at least k).
+__device__ uint32_t stream_compact(uint32_t* keys, uint16_t* cols, int m, int k, uint32_t lo,
+                                   uint32_t hi, int* hist, int* warp_sums, int* pick, int& kept) {
+  const KeySource src{keys, m};
+  uint32_t prefix;
+  int need;
+  bool exact;
+  int shift = span_select(src, lo, hi, k, hist, warp_sums, pick, prefix, need, exact);
+  if (!exact && shift > 0 && pick[2] > 1024) {  // a crowded bucket: its next 11 bits too
+    const int high = shift;
+    shift = high > 11 ? high - 11 : 0;
+    histogram(src, shift, high, prefix, hist);
+    pick_bucket<kThreads>(hist, 1 << (high - shift), need, warp_sums, pick);
+    prefix = (prefix << (high - shift)) | static_cast<uint32_t>(pick[0]);
+  }
+  const uint32_t cut = prefix << shift;
+  int run = 0;
+  for (int base = 0; base < m; base += 4 * kThreads) {  // writes land at or before what was read
+    const int i0 = base + 4 * static_cast<int>(threadIdx.x);
+    uint32_t key[4];
+    uint16_t col[4];
+    int take = 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      key[j] = i0 + j < m ? keys[i0 + j] : 0u;
+      col[j] = i0 + j < m ? cols[i0 + j] : 0;
+      take += i0 + j < m && key[j] >= cut;
+    }
+    int total;
+    int at = run + block_scan<kThreads>(take, warp_sums, total) - take;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if (i0 + j < m && key[j] >= cut) {
+        keys[at] = key[j];
+        cols[at] = col[j];
+        ++at;
+      }
+    }
+    run += total;
+  }
+  __syncthreads();
+  kept = run;
+  return cut;
+}
+
+// The chosen columns of the m candidates in keys/cols (every key whose bits from `shift` up exceed
+// `prefix`, and the first `need` by column of those equal to it) written to `o` in ascending order:
+// the candidates set their bits in two bitmaps of the row's n columns, then a column's place is the
+// greater ones before it plus min(equal ones before it, need).
+__device__ void stream_write(const uint32_t* keys, const uint16_t* cols, int m, int64_t n,
+                             int shift, uint32_t prefix, int need, uint32_t* gt_bits,
+                             uint32_t* eq_bits, int* warp_sums, int32_t* o) {
+  constexpr int kW = kStreamMaxCols / 32 / kThreads;  // bitmap words a thread scans
+  const int words = static_cast<int>((n + 31) / 32);
+  for (int w = threadIdx.x; w < words; w += kThreads) gt_bits[w] = eq_bits[w] = 0u;
+  __syncthreads();
+  for (int i = threadIdx.x; i < m; i += kThreads) {
+    const uint32_t hi = keys[i] >> shift;
+    const int c = cols[i];
+    if (hi > prefix) atomicOr(&gt_bits[c >> 5], 1u << (c & 31));
+    if (hi == prefix) atomicOr(&eq_bits[c >> 5], 1u << (c & 31));
+  }
+  __syncthreads();
+  uint32_t gw[kW], ew[kW];
+  int packed = 0;
+#pragma unroll
+  for (int j = 0; j < kW; ++j) {
+    const int w = kW * static_cast<int>(threadIdx.x) + j;
+    gw[j] = w < words ? gt_bits[w] : 0u;
+    ew[j] = w < words ? eq_bits[w] : 0u;
+    packed += __popc(gw[j]) | (__popc(ew[j]) << 16);  // at most k and kStreamCap: no carry
+  }
+  int total;
+  const int before = block_scan<kThreads>(packed, warp_sums, total) - packed;
+  int g = before & 0xffff, e = before >> 16;
+#pragma unroll
+  for (int j = 0; j < kW; ++j) {
+    const int c0 = 32 * (kW * static_cast<int>(threadIdx.x) + j);
+    for (uint32_t bits = gw[j] | ew[j]; bits != 0u; bits &= bits - 1u) {
+      const int b = __ffs(static_cast<int>(bits)) - 1;
+      if ((gw[j] >> b) & 1u) {
+        o[g + min(e, need)] = c0 + b;
+        ++g;
+      } else {
+        if (e < need) o[g + e] = c0 + b;
+        ++e;
+      }
+    }
+  }
+}
+
+// Where stream_topk's time goes, in the bench library (opslot_topk_probe_phases): thread 0's
+// clock between marks, summed over rows by phase (0 the first round's select of lo, 1 the rounds,
+// 2 the cuts, 3 the select, 4 the write), then rows, cuts and rounds counted; nothing in
+// production.
+#ifdef OPSLOT_KERNELS_BENCH
+__device__ unsigned long long g_phase[8];
+struct PhaseClock {
+  long long t;
+  __device__ PhaseClock() { t = clock64(); }
+  __device__ void mark(int phase) {
+    if (threadIdx.x != 0) return;
+    const long long now = clock64();
+    atomicAdd(&g_phase[phase], static_cast<unsigned long long>(now - t));
+    t = now;
+  }
+  __device__ void count(int what) {
+    if (threadIdx.x == 0) atomicAdd(&g_phase[what], 1ull);
+  }
+};
+#else
+struct PhaseClock {
+  __device__ void mark(int) {}
+  __device__ void count(int) {}
+};
+#endif
+
+// The row read once: rounds of kRoundKeys keys, each key at or above the threshold `lo` appended to
+// the candidates in shared memory (a warp's by one atomicAdd: their order is not fixed, the result
+// does not depend on it). The first lo: the floor of the bucket holding the first round's k-th
+// largest, by a digit spreading that round's keys (its least to its greatest) over at most 1025
+// buckets. A round that would overflow the candidates is dropped, the candidates cut to those at
+// or above the k-th largest's bucket (stream_compact, which raises lo to that bucket's floor: every
+// key below it has k others above) and the round taken again from registers. Then the select over
+// the candidates (its first digit spanning them) and the bitmap write. Returns false, before
+// writing anything, for rows too long, k too large, or a round that overflows twice (ties at the
+// k-th largest filling the candidates): the row then takes the two-read path.
+template <int kMask>
+__device__ bool stream_topk(const RowSource<kMask>& src, int k, unsigned char* smem, int* hist,
+                            int* warp_sums, int* pick, int* counts, uint32_t* span, int32_t* o) {
+  if (src.n > kStreamMaxCols || k > kStreamMaxK) return false;  // the caller checked stream_min
+  auto* keys = reinterpret_cast<uint32_t*>(smem);
+  auto* cols = reinterpret_cast<uint16_t*>(keys + kStreamCap);
+  auto* gt_bits = reinterpret_cast<uint32_t*>(cols + kStreamCap);
+  auto* eq_bits = gt_bits + kStreamMaxCols / 32;
+  if (threadIdx.x < 3) counts[threadIdx.x] = 0;
+  PhaseClock clock;
+  clock.count(5);
+  const int64_t chunks = src.chunks();
+  const int lane = threadIdx.x & 31;
+  uint32_t lo = 0u, top = 0u;  // the bucket of the first round's k-th largest (key >> high)
+  uint32_t mx = 0u;            // the greatest key this thread appended
+  int high = 0, need = 0;      // and the rank in it: the whole row's where it is one round
+  bool exact = false;          // the bucket holds exactly the keys needed
+  int start = 0, round = 0;    // candidates before this round; rounds taken, the retries counted
+  for (int64_t base = 0; base < chunks; base += kRound * kThreads) {
+    uint32_t key[kRound][4];
+    int cnt[kRound];
+    {
+      float4 v[kRound];
+      typename RowSource<kMask>::Word mw[kRound];
+      bool whole[kRound];
+#pragma unroll
+      for (int i = 0; i < kRound; ++i) {
+        whole[i] = src.fetch(base + i * kThreads + threadIdx.x, v[i], mw[i]);
+      }
+#pragma unroll
+      for (int i = 0; i < kRound; ++i) {
+        cnt[i] = src.keys(base + i * kThreads + threadIdx.x, whole[i], v[i], mw[i], key[i]);
+      }
+    }
+    if (base == 0) {  // the round has more than k keys (the row more than k, a round 8192 >= k)
+      uint32_t least = 0xffffffffu;
+#pragma unroll
+      for (int i = 0; i < kRound; ++i) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          if (j < cnt[i]) least = min(least, key[i][j]), mx = max(mx, key[i][j]);
+        }
+      }
+      uint32_t a, b;
+      block_span(least, mx, span, a, b);
+      high = span_shift(a, b);
+      const uint32_t first = a >> high;
+      const int bins = static_cast<int>((b >> high) - first) + 1;
+      for (int h = threadIdx.x; h < bins; h += kThreads) hist[h] = 0;
+      __syncthreads();
+#pragma unroll
+      for (int i = 0; i < kRound; ++i) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          if (j < cnt[i]) atomicAdd(&hist[(key[i][j] >> high) - first], 1);
+        }
+      }
+      __syncthreads();
+      pick_bucket<kThreads>(hist, bins, k, warp_sums, pick);
+      top = first + static_cast<uint32_t>(pick[0]);
+      need = pick[1];
+      exact = pick[2] == need;
+      lo = top << high;
+      clock.mark(0);
+    }
+    for (int attempt = 0;; ++attempt, ++round) {
+      // counts[round % 3] takes this round's candidates; thread 0 clears the next one, which every
+      // thread read two rounds ago, before the last barrier.
+      if (threadIdx.x == 0) counts[(round + 1) % 3] = 0;
+      int take = 0;
+#pragma unroll
+      for (int i = 0; i < kRound; ++i) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) take += j < cnt[i] && key[i][j] >= lo;
+      }
+      bool over = false;
+      if (__any_sync(0xffffffffu, take != 0)) {
+        const int incl = warp_scan(take);
+        int b = 0;
+        if (lane == 31) b = atomicAdd(&counts[round % 3], incl);
+        b = __shfl_sync(0xffffffffu, b, 31);
+        over = start + b + __shfl_sync(0xffffffffu, incl, 31) > kStreamCap;
+        if (!over) {
+          int at = start + b + incl - take;
+#pragma unroll
+          for (int i = 0; i < kRound; ++i) {
+            const int c0 = 4 * static_cast<int>(base + i * kThreads + threadIdx.x);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+              if (j < cnt[i] && key[i][j] >= lo) {
+                keys[at] = key[i][j];
+                cols[at] = static_cast<uint16_t>(c0 + j);
+                mx = max(mx, key[i][j]);
+                ++at;
+              }
+            }
+          }
+        }
+      }
+      const bool overflow = __syncthreads_or(over);
+      clock.mark(1);
+      clock.count(7);
+      if (!overflow) {
+        start += counts[round % 3];
+        ++round;
+        break;
+      }
+      if (attempt == 1) return false;
+      uint32_t unused, hi;
+      block_span(lo, mx, span, unused, hi);
+      lo = stream_compact(keys, cols, start, k, lo, hi, hist, warp_sums, pick, start);
+      clock.mark(2);
+      clock.count(6);
+    }
+  }
+  // The select over the candidates (at least k, from lo to the greatest). A row of one round
+  // without a cut has the bucket of its k-th largest from the first round.
+  const KeySource cand{keys, start};
+  if (chunks > kRound * kThreads) {
+    uint32_t unused, hi;
+    block_span(lo, mx, span, unused, hi);
+    high = span_select(cand, lo, hi, k, hist, warp_sums, pick, top, need, exact);
+  }
+  uint32_t prefix = top;
+  const int shift = exact ? high : select_below(cand, prefix, high, need, hist, warp_sums, pick);
+  clock.mark(3);
+  stream_write(keys, cols, start, src.n, shift, prefix, need, gt_bits, eq_bits, warp_sums, o);
+  clock.mark(4);
+  return true;
+}
+
 // Rows longer than the register kernel takes: the top digit's histogram over the row, then the rest
 // over the keys at or above its bucket held in shared memory (the row read twice), or over the row.
 template <int kMask>
 __global__ void __launch_bounds__(kThreads, 2) topk_kernel(const Params p) {
-  extern __shared__ uint4 held[];  // kHeld keys, then their kHeld columns
+  extern __shared__ uint4
+      held[];  // stream_topk's candidates and bitmaps, or kHeld keys and columns
   __shared__ int hist[kMaxBins];
   __shared__ int warp_sums[kWarps];
   __shared__ int pick[3];
+  __shared__ int counts[3];
+  __shared__ uint32_t span[2 * kWarps];
   RowSource<kMask> src;
   int32_t* o;
   if (!row_source<kMask, false>(p, blockIdx.x, src, o)) return;
   const int k = p.k;
+  if (src.n > p.stream_min && stream_topk<kMask>(src, k, reinterpret_cast<unsigned char*>(held),
+                                                 hist, warp_sums, pick, counts, span, o)) {
+    return;
+  }
   histogram(src, 21, 32, 0u, hist);  // the top digit, bits 21 to 31
   pick_bucket<kThreads>(hist, kMaxBins, k, warp_sums, pick);
   const uint32_t top = static_cast<uint32_t>(pick[0]);
@@ -694,11 +1061,19 @@ __global__ void __launch_bounds__(32 * kRowWarps, warp_blocks_per_sm(kMask, kC))
   }
 }
 
+// The bench library's kernel choice (opslot_topk_set_tuning): 0 production, 1 topk_kernel for
+// every row, 2 no warp kernel, 3 production without topk_kernel's one-read pass, 4 topk_kernel
+// without it for every row, 5 production with the one-read pass for rows of any length.
 #ifdef OPSLOT_KERNELS_BENCH
 int g_path = 0;
 #else
 constexpr int g_path = 0;
 #endif
+bool all_rows_two_read() { return g_path == 1 || g_path == 4; }
+// Rows of topk_kernel longer than this try its one-read pass.
+int64_t stream_min_cols() {
+  return g_path == 3 || g_path == 4 ? INT64_MAX : (g_path == 5 ? 0 : kStreamMinCols);
+}
 
 // Chunk rows a lane of the warp kernel holds for rows of `cols` columns (4 keys a chunk), 0 when
 // it does not take them: rows up to 2048 columns (the bench library's path 2: none). Rows of up to
@@ -706,7 +1081,7 @@ constexpr int g_path = 0;
 // block register kernel (docs/results/dsa_indexer_h200.md).
 constexpr int64_t kWarpMaxCols = 128 * 16;
 int warp_chunks(int64_t cols) {
-  if (g_path != 0) return 0;
+  if (g_path != 0 && g_path != 3) return 0;
   for (int c : {8, 16}) {
     if (cols <= 128 * c) return c;  // the last: kWarpMaxCols
   }
@@ -720,7 +1095,7 @@ int warp_chunks(int64_t cols) {
 // the two-read kernel, 1024 threads for rows up to 16384 slower (docs/results/dsa_indexer_h200.md).
 constexpr int64_t kRegMaxCols = 4 * kRegChunks * 256;
 int reg_threads(int64_t cols) {
-  if (g_path == 1) return 0;
+  if (all_rows_two_read()) return 0;
 #ifdef OPSLOT_KERNELS_BENCH
   if (cols <= 4 * kRegChunks * 128) return 128;
 #endif
@@ -760,12 +1135,12 @@ int launch_rows(Params p, int64_t rows, int64_t lo, int64_t hi, int64_t longest,
       break;
   }
   const cudaError_t err = cudaFuncSetAttribute(
-      topk_kernel<kMask>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kHeldSmem));
+      topk_kernel<kMask>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
   if (err != cudaSuccess) {
     return set_error(static_cast<int>(err), "%s: %zu bytes of shared memory refused: %s", kName,
-                     kHeldSmem, cudaGetErrorString(err));
+                     kSmem, cudaGetErrorString(err));
   }
-  topk_kernel<kMask><<<grid, kThreads, kHeldSmem, stream>>>(p);
+  topk_kernel<kMask><<<grid, kThreads, kSmem, stream>>>(p);
   return check_launch(kName);
 }
 
@@ -777,8 +1152,8 @@ int launch_rows(Params p, int64_t rows, int64_t lo, int64_t hi, int64_t longest,
 // two or three launches: 8 % slower at 4k tokens, 1 % at 64k; docs/results/dsa_indexer_h200.md).
 template <int kMask>
 int launch(const Params& p, int64_t rows, cudaStream_t stream) {
-  if (p.limit != nullptr && g_path == 0 && p.cols > kWarpMaxCols && p.cols <= kRegMaxCols &&
-      p.k < kWarpMaxCols) {
+  if (p.limit != nullptr && (g_path == 0 || g_path == 3) && p.cols > kWarpMaxCols &&
+      p.cols <= kRegMaxCols && p.k < kWarpMaxCols) {
     if (const int err = launch_rows<kMask>(p, rows, -1, kWarpMaxCols, kWarpMaxCols, stream)) {
       return err;
     }
@@ -830,7 +1205,8 @@ OPSLOT_API int opslot_topk_indices(const float* scores, int64_t batch, int64_t s
                  static_cast<int>(k),
                  out,
                  -1,
-                 INT64_MAX};
+                 INT64_MAX,
+                 stream_min_cols()};
   const auto st = static_cast<cudaStream_t>(stream);
   const int64_t rows = batch * seq;
   if (mask == nullptr) return launch<-1>(p, rows, st);
@@ -849,12 +1225,26 @@ OPSLOT_API int opslot_topk_indices(const float* scores, int64_t batch, int64_t s
 }  // extern "C"
 
 #ifdef OPSLOT_KERNELS_BENCH
+extern "C" OPSLOT_API int opslot_topk_probe_phases(unsigned long long* out, int reset) {
+  const unsigned long long zero[8] = {};
+  const cudaError_t err = reset ? cudaMemcpyToSymbol(opslot::topk::g_phase, zero, sizeof(zero))
+                                : cudaMemcpyFromSymbol(out, opslot::topk::g_phase, sizeof(zero));
+  if (err != cudaSuccess) {
+    return opslot::set_error(static_cast<int>(err), "topk phase cycles: %s",
+                             cudaGetErrorString(err));
+  }
+  return OPSLOT_OK;
+}
+
 extern "C" OPSLOT_API int opslot_topk_set_tuning(int path) {
-  if (path < 0 || path > 2)
-    return opslot::set_error(OPSLOT_ERR_INVALID_ARGUMENT,
-                             "topk tuning: path 0 (production), 1 (the two-read kernel for every "
-                             "row) or 2 (no warp kernel: the block register kernel up to 4096 "
-                             "columns)");
+  if (path < 0 || path > 5)
+    return opslot::set_error(
+        OPSLOT_ERR_INVALID_ARGUMENT,
+        "topk tuning: path 0 (production), 1 (the long-row kernel for every "
+        "row), 2 (no warp kernel: the block register kernel up to 4096 "
+        "columns), 3 (production without the long-row kernel's one-read pass) "
+        "4 (the long-row kernel without it for every row) or 5 (production with the "
+        "one-read pass on rows of any length)");
   opslot::topk::g_path = path;
   return OPSLOT_OK;
 }

@@ -77,9 +77,18 @@ OPSLOT_API int opslot_mhc_set_tuning(int hold_max_threads, int dx_version);
 OPSLOT_API int opslot_mhc_collapse_set_tuning(int threads);
 
 /* opslot_topk_indices's kernel (kernels/src/topk.cu): path 0 (the default) the production choice
- * (opslot_kernels/topk.h); 1 the two-read kernel for every row; 2 no warp kernel: the block
- * register kernel for rows of up to 4096 columns, one launch. All give the same bits. */
+ * (opslot_kernels/topk.h); 1 the long-row kernel for every row; 2 no warp kernel: the block
+ * register kernel for rows of up to 4096 columns, one launch; 3 the production choice with the
+ * long-row kernel's one-read pass off (its two-read path for every row it takes); 4 the long-row
+ * kernel for every row, its one-read pass off; 5 the production choice with the one-read pass on
+ * rows of any length (production: longer than 16384 columns). All give the same bits. */
 OPSLOT_API int opslot_topk_set_tuning(int path);
+
+/* Where the long-row top-k kernel's one-read pass spends its time (kernels/src/topk.cu,
+ * PhaseClock): reset 1 clears the counters; reset 0 copies them to out[8]: the clock cycles of
+ * the block's first thread summed over rows in 0 the first round's threshold, 1 the rounds, 2 the
+ * cuts of the candidates, 3 the select, 4 the write; then 5 rows, 6 cuts and 7 rounds counted. */
+OPSLOT_API int opslot_topk_probe_phases(unsigned long long* out, int reset);
 
 /* Sparse MQA attention's kernels where the warpgroup-MMA ones apply (compute capability 9.0, dv
  * 512, rows that allow 16-byte copies; the backward bf16 only): mma_sync bit 0 runs the mma.sync

@@ -11,10 +11,11 @@ transposed views, leading dimensions, empty inputs; bool and additive (float32/1
 broadcast over the batch, rows not aligned for the vector loads; mask_limit on causal, random and
 padding masks of every kind, broadcast and strided; every kernel: rows of up to 1024 and 2048
 columns a warp per row, of up to 2048 (the bench library's path 2) and 4096 a block per row (128 and
-256 threads), keys in registers, longer ones by the two-read kernel with both of its paths (the keys
-at or above the top digit's bucket held in shared memory, or more of them than it holds),
+256 threads), keys in registers, longer ones by the long-row kernel with each of its paths (the row read
+once, its candidates in shared memory; or twice, the keys at or above the top digit's bucket held in shared
+memory; or more often, more of them than it holds),
 each kernel at its bounds, and all of them bitwise equal on the same rows (the bench library's
-knob); a bucket that holds exactly the keys still needed, long aligned rows with every mask kind,
+knob); the long-row kernel's one-read pass cutting its candidates and giving up; a bucket that holds exactly the keys still needed, long aligned rows with every mask kind,
 and rows whose large values crowd into one part; every element written (the caching allocator
 poisoned first); bitwise-equal reruns; opcheck; CUDA-graph capture; torch.compile.
 """
@@ -202,11 +203,12 @@ def test_rows_of_every_length_in_one_call(kind):
 
 
 def test_every_kernel_gives_the_same_bits():
-    """The bench library's opslot_topk_set_tuning(1) runs the two-read kernel on every row, (2) the block
-    register kernel where production runs the warp kernel (rows up to 2048 columns): the rows the warp
+    """The bench library's opslot_topk_set_tuning(1) runs the long-row kernel on every row, (2) the block
+    register kernel where production runs the warp kernel (rows up to 2048 columns), (3) production with the
+    long-row kernel's one-read pass off, (4) the long-row kernel without it on every row: the rows the warp
     kernel takes in production (700 and 1500 columns; 10 and 13 rows: the last block of 4 rows partly
     filled; 1 row of 2000) and the block register kernel (3000) give the same bits with each, as do the
-    longer ones (the two-read kernel either way)."""
+    longer ones (the long-row kernel's one-read pass or its two-read path)."""
     cases = []
     for cols in (700, 1500, 2000, 3000, 6000, 8192):
         rows, limit = tier_rows(cols)
@@ -222,13 +224,46 @@ def test_every_kernel_gives_the_same_bits():
     with bench_library() as lib:
         f = knob(lib, "opslot_topk_set_tuning", 1)
         try:
-            for path in (1, 2, 0):
+            for path in (1, 2, 3, 4, 5, 0):
                 assert f(path) == 0
                 for c, w in zip(cases, want):
                     assert torch.equal(op(*c), w), (path, c[0].shape, c[1], c[3] is None)
         finally:
             assert f(0) == 0
-        assert f(3) != 0 and f(-1) != 0
+        assert f(6) != 0 and f(-1) != 0
+
+
+def test_one_read_pass_cuts_its_candidates_and_gives_up():
+    """The long-row kernel's one-read pass (kernels/src/topk.cu, stream_topk): rounds of 8192 keys whose keys at
+    or above a threshold join at most 11264 candidates in shared memory; a round that would overflow them is
+    taken again after the candidates are cut to the k-th largest's bucket, and a second overflow hands the row
+    to the two-read path. An ascending row (a cut every round), a descending one (none after the first), ties
+    at the k-th largest filling the candidates before an ascending run (the pass gives up), a boosted run in
+    noise; rows of 65536 columns (the most it takes) and 65537 (the two-read path), k = 2048 (the most it
+    takes) and 2049; with limits and a bool mask: the CPU kernel's bits, and the same with the pass off."""
+    T = 65536
+    ramp = torch.linspace(-3, 3, T + 1, device=DEV)
+    ties = torch.cat([torch.ones(8192, device=DEV), torch.linspace(2, 3, T + 1 - 8192, device=DEV)])
+    noise = torch.randn(T + 1, device=DEV, generator=torch.Generator(device=DEV).manual_seed(7))
+    boosted = noise.clone()
+    boosted[30000:33000] += 5
+    rows = torch.stack([ramp, ramp.flip(0), ties, boosted, noise])
+    limit = torch.tensor([T, T - 9, T, 20001, 8191], device=DEV, dtype=torch.int32)
+    mask = torch.rand(1, T + 1, device=DEV) > 0.05
+    cases = []
+    for cols in (T, T + 1):
+        for k in (1, 513, 2048, 2049):
+            cases += [(rows[:, :cols], k, None, None), (rows[:, :cols], k, limit, mask[:, :cols])]
+    want = [check(*c[:3], f"{c[0].shape[1]} k={c[1]} {c[2] is None}", c[3]) for c in cases]
+    with bench_library() as lib:
+        f = knob(lib, "opslot_topk_set_tuning", 1)
+        try:
+            for path in (3, 4, 5):
+                assert f(path) == 0
+                for c, w in zip(cases, want):
+                    assert torch.equal(op(*c), w), (path, c[0].shape, c[1], c[2] is None)
+        finally:
+            assert f(0) == 0
 
 
 def test_views_and_shapes():
