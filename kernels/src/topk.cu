@@ -172,6 +172,20 @@ struct RowSource {
     }
     return whole;
   }
+  // Asks L2 for chunks [c, c + count): thread t one 128-byte line of the scores and one of the
+  // mask entries, where the row has them.
+  __device__ __forceinline__ void prefetch(int64_t c, int64_t count, int t) const {
+    const int64_t end = min(n, 4 * (c + count));
+    if (4 * c + 32 * t < end) asm volatile("prefetch.global.L2 [%0];" ::"l"(row + 4 * c + 32 * t));
+    if constexpr (kMask >= 0) {
+      constexpr int bytes =
+          kMask == OPSLOT_TOPK_MASK_BOOL ? 1 : (kMask == OPSLOT_TOPK_MASK_FLOAT32 ? 4 : 2);
+      const int64_t at = 4 * c + (128 / bytes) * t;
+      if (at < end) {
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(static_cast<const char*>(mask) + at * bytes));
+      }
+    }
+  }
   // The keys of chunk c from what fetch loaded (`whole`), else as load reads them; returns how
   // many of its four are in the row.
   __device__ __forceinline__ int keys(int64_t c, bool whole, const float4& v, const Word& m,
@@ -699,6 +713,9 @@ __device__ bool stream_topk(const RowSource<kMask>& src, int k, unsigned char* s
 #pragma unroll
       for (int i = 0; i < kRound; ++i) {
         whole[i] = src.fetch(base + i * kThreads + threadIdx.x, v[i], mw[i]);
+      }
+      if (base + kRound * kThreads < chunks) {  // the next round on its way to L2
+        src.prefetch(base + kRound * kThreads, kRound * kThreads, threadIdx.x);
       }
 #pragma unroll
       for (int i = 0; i < kRound; ++i) {
