@@ -210,6 +210,7 @@ struct HeldSource {
   int m;
 
   __device__ int64_t chunks() const { return (m + 3) / 4; }
+  __device__ void prefetch(int64_t, int64_t, int) const {}  // in shared memory already
   __device__ __forceinline__ int load(int64_t c, uint32_t (&key)[4], int (&col)[4]) const {
     const int left = m - 4 * static_cast<int>(c);
     const int count = left >= 4 ? 4 : (left > 0 ? left : 0);
@@ -249,6 +250,7 @@ __device__ void histogram(const Src& src, int shift, int high, uint32_t prefix, 
   int col[4];
   int64_t c = threadIdx.x;
   for (; c + kThreads < chunks; c += 2 * kThreads) {  // two loads in flight per thread
+    src.prefetch(c - threadIdx.x + 2 * kThreads, 2 * kThreads, threadIdx.x);  // the next two
     const int na = src.load(c, ka, col);
     const int nb = src.load(c + kThreads, kb, col);
     count(ka, na);
@@ -485,6 +487,7 @@ struct KeySource {
   int m;
 
   __device__ int64_t chunks() const { return (m + 3) / 4; }
+  __device__ void prefetch(int64_t, int64_t, int) const {}  // in shared memory already
   __device__ __forceinline__ int load(int64_t c, uint32_t (&key)[4], int (&col)[4]) const {
     const int left = m - 4 * static_cast<int>(c);
     const int count = left >= 4 ? 4 : (left > 0 ? left : 0);
