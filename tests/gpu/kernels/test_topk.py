@@ -15,7 +15,8 @@ columns a warp per row, of up to 2048 (the bench library's path 2) and 4096 a bl
 once, its candidates in shared memory; or twice, the keys at or above the top digit's bucket held in shared
 memory; or more often, more of them than it holds),
 each kernel at its bounds, and all of them bitwise equal on the same rows (the bench library's
-knob); the long-row kernel's one-read pass cutting its candidates and giving up; a bucket that holds exactly the keys still needed, long aligned rows with every mask kind,
+knob); the long-row kernel's one-read pass cutting its candidates and giving up, and the bench library's
+probe counting its rows, rounds and cuts; a bucket that holds exactly the keys still needed, long aligned rows with every mask kind,
 and rows whose large values crowd into one part; every element written (the caching allocator
 poisoned first); bitwise-equal reruns; opcheck; CUDA-graph capture; torch.compile.
 """
@@ -264,6 +265,31 @@ def test_one_read_pass_cuts_its_candidates_and_gives_up():
                     assert torch.equal(op(*c), w), (path, c[0].shape, c[1], c[2] is None)
         finally:
             assert f(0) == 0
+
+
+def test_the_phase_probe_counts_the_one_read_pass():
+    """The bench library's opslot_topk_probe_phases: rows through the one-read pass (longer than 16384 columns;
+    rows of k or fewer columns and shorter ones do not count), their rounds and cuts, cycles in each phase."""
+    import ctypes
+
+    g = torch.Generator(device=DEV).manual_seed(11)
+    s = torch.randn(5, 40000, device=DEV, generator=g)
+    s[1] = torch.linspace(-3, 3, 40000, device=DEV)  # ascending: a cut every round after the first
+    limit = torch.tensor([40000, 40000, 16384, 100, 20000], device=DEV, dtype=torch.int32)
+    want = check(s, 512, limit, "probe")
+    with bench_library() as lib:
+        probe = lib.opslot_topk_probe_phases
+        probe.argtypes, probe.restype = [ctypes.c_void_p, ctypes.c_int], ctypes.c_int
+        c = (ctypes.c_ulonglong * 8)()
+        assert probe(None, 1) == 0
+        assert torch.equal(op(s, 512, limit), want)
+        torch.cuda.synchronize()
+        assert probe(ctypes.addressof(c), 0) == 0
+        assert c[5] == 3, list(c)  # rows 0, 1 and 4
+        assert c[7] == 5 + 5 + 3 + c[6], list(c)  # rounds of 8192 keys, each cut's retry counted
+        assert c[6] >= 3, list(c)  # the ascending row: rounds 2 to 5 overflow the candidates
+        assert all(x > 0 for x in c[:5]), list(c)
+        assert probe(None, 1) == 0 and probe(ctypes.addressof(c), 0) == 0 and list(c) == [0] * 8
 
 
 def test_views_and_shapes():
