@@ -202,29 +202,46 @@ struct RowSource {
   }
 };
 
-// Candidates held in shared memory (keys and their columns, ascending columns): chunk c is
-// candidates 4c .. 4c + 3.
-struct HeldSource {
+// Keys in shared memory (their columns, where a histogram does not read them, 0): chunk c is keys
+// 4c .. 4c + 3.
+struct KeySource {
   const uint32_t* keys;  // 16-byte aligned
-  const int* cols;
   int m;
 
   __device__ int64_t chunks() const { return (m + 3) / 4; }
   __device__ void prefetch(int64_t, int64_t, int) const {}  // in shared memory already
-  __device__ __forceinline__ int load(int64_t c, uint32_t (&key)[4], int (&col)[4]) const {
+  // The keys of chunk c; returns how many of its four there are.
+  __device__ __forceinline__ int load_keys(int64_t c, uint32_t (&key)[4]) const {
     const int left = m - 4 * static_cast<int>(c);
     const int count = left >= 4 ? 4 : (left > 0 ? left : 0);
     if (count == 4) {
       const uint4 k4 = reinterpret_cast<const uint4*>(keys)[c];
-      const int4 c4 = reinterpret_cast<const int4*>(cols)[c];
       key[0] = k4.x, key[1] = k4.y, key[2] = k4.z, key[3] = k4.w;
+    } else {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) key[j] = j < count ? keys[4 * c + j] : 0u;
+    }
+    return count;
+  }
+  __device__ __forceinline__ int load(int64_t c, uint32_t (&key)[4], int (&col)[4]) const {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) col[j] = 0;
+    return load_keys(c, key);
+  }
+};
+
+// Candidates held in shared memory with their columns (ascending columns).
+struct HeldSource : KeySource {
+  const int* cols;  // 16-byte aligned
+
+  __device__ __forceinline__ int load(int64_t c, uint32_t (&key)[4], int (&col)[4]) const {
+    const int count = load_keys(c, key);
+    if (count == 4) {
+      const int4 c4 = reinterpret_cast<const int4*>(cols)[c];
       col[0] = c4.x, col[1] = c4.y, col[2] = c4.z, col[3] = c4.w;
     } else {
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        key[j] = j < count ? keys[4 * c + j] : 0u;
-        col[j] = j < count ? cols[4 * c + j] : 0;
-      }
+      for (int j = 0; j < 4; ++j) col[j] = j < count ? cols[4 * c + j] : 0;
     }
     return count;
   }
@@ -480,29 +497,6 @@ __device__ bool row_source(const Params& p, int64_t r, RowSource<kMask>& src, in
   src = RowSource<kMask>{row, n, (reinterpret_cast<uintptr_t>(row) & 15) == 0, mask, mvec};
   return true;
 }
-
-// Keys in shared memory for histogram (their columns not read).
-struct KeySource {
-  const uint32_t* keys;  // 16-byte aligned
-  int m;
-
-  __device__ int64_t chunks() const { return (m + 3) / 4; }
-  __device__ void prefetch(int64_t, int64_t, int) const {}  // in shared memory already
-  __device__ __forceinline__ int load(int64_t c, uint32_t (&key)[4], int (&col)[4]) const {
-    const int left = m - 4 * static_cast<int>(c);
-    const int count = left >= 4 ? 4 : (left > 0 ? left : 0);
-    if (count == 4) {
-      const uint4 k4 = reinterpret_cast<const uint4*>(keys)[c];
-      key[0] = k4.x, key[1] = k4.y, key[2] = k4.z, key[3] = k4.w;
-    } else {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) key[j] = j < count ? keys[4 * c + j] : 0u;
-    }
-#pragma unroll
-    for (int j = 0; j < 4; ++j) col[j] = 0;
-    return count;
-  }
-};
 
 // The block's least of `lo` and greatest of `hi` (span: 2 kWarps words of shared memory, free
 // again after the next barrier).
@@ -854,7 +848,7 @@ __global__ void __launch_bounds__(kThreads, 2) topk_kernel(const Params p) {
     uint32_t* keys = reinterpret_cast<uint32_t*>(held);
     int* held_cols = reinterpret_cast<int*>(keys + kHeld);
     hold(src, top, keys, held_cols, warp_sums);
-    finish(HeldSource{keys, held_cols, m}, top, need, k, hist, warp_sums, pick, o);
+    finish(HeldSource{{keys, m}, held_cols}, top, need, k, hist, warp_sums, pick, o);
   } else {  // read from global memory by every digit
     finish(src, top, need, k, hist, warp_sums, pick, o);
   }
