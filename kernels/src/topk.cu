@@ -2,7 +2,9 @@
 // select over the values' order bits (a shared-memory histogram per digit), then one pass that
 // writes the chosen columns in ascending order through prefix sums. Rows of up to 2048 columns: a
 // warp per row, its keys in registers (topk_warp_kernel); up to 4096: a block per row, the keys in
-// registers (topk_reg_kernel); longer ones: a block per row reading it twice (topk_kernel).
+// registers (topk_reg_kernel); longer ones: a block per row (topk_kernel), reading rows of 16385 to
+// 65536 columns once (candidates above a rising threshold in shared memory: stream_topk), others
+// twice.
 #include <type_traits>
 
 #include "common.cuh"
@@ -816,8 +818,9 @@ __device__ bool stream_topk(const RowSource<kMask>& src, int k, unsigned char* s
   return true;
 }
 
-// Rows longer than the register kernel takes: the top digit's histogram over the row, then the rest
-// over the keys at or above its bucket held in shared memory (the row read twice), or over the row.
+// Rows longer than the register kernel takes: the one-read pass (stream_topk) where it takes the
+// row; else the top digit's histogram over the row, then the rest over the keys at or above its
+// bucket held in shared memory (the row read twice), or over the row.
 template <int kMask>
 __global__ void __launch_bounds__(kThreads, 2) topk_kernel(const Params p) {
   extern __shared__ uint4
