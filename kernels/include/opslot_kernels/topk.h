@@ -25,9 +25,12 @@
  * still needed), then the chosen columns written in order (prefix sums). Rows of up to 2048 columns
  * (cols): one warp per row, its keys read once into registers (up to 64 a lane), warp-wide scans.
  * Up to 4096: one block per row, 16 keys a thread in registers, block-wide scans. Longer rows, one
- * block each: after the top digit the keys in its bucket and above it, when there are at most 8192,
- * are copied to shared memory in column order and the rest runs there: the row is read twice;
- * otherwise up to four times (the later reads partly from L2).
+ * block each. Rows of 16385 to 65536 columns with k <= 2048 are read once: the keys at or above a
+ * threshold that rises as the row streams are kept in shared memory (at most 11264), selected
+ * there, and the chosen columns placed through bitmaps of the row. Other rows, and those whose ties
+ * at the k-th largest fill shared memory: after the top digit the keys in its bucket and above it,
+ * when there are at most 8192, are copied to shared memory in column order and the rest runs
+ * there: the row is read twice; otherwise up to four times (the later reads partly from L2).
  */
 #ifndef OPSLOT_KERNELS_TOPK_H_
 #define OPSLOT_KERNELS_TOPK_H_
