@@ -62,6 +62,10 @@ struct MaskWord<OPSLOT_TOPK_MASK_BFLOAT16> {
   using type = uint2;
 };
 
+// Bytes of one mask entry.
+template <int kMask>
+constexpr int kMaskBytes = sizeof(typename MaskWord<kMask>::type) / 4;
+
 // The four mask entries of one load as fp32 (additive kinds) or 0/1 (bool).
 template <int kMask>
 __device__ __forceinline__ void mask_values(const typename MaskWord<kMask>::type& w,
@@ -180,8 +184,7 @@ struct RowSource {
     const int64_t end = min(n, 4 * (c + count));
     if (4 * c + 32 * t < end) asm volatile("prefetch.global.L2 [%0];" ::"l"(row + 4 * c + 32 * t));
     if constexpr (kMask >= 0) {
-      constexpr int bytes =
-          kMask == OPSLOT_TOPK_MASK_BOOL ? 1 : (kMask == OPSLOT_TOPK_MASK_FLOAT32 ? 4 : 2);
+      constexpr int bytes = kMaskBytes<kMask>;
       const int64_t at = 4 * c + (128 / bytes) * t;
       if (at < end) {
         asm volatile("prefetch.global.L2 [%0];" ::"l"(static_cast<const char*>(mask) + at * bytes));
@@ -427,6 +430,20 @@ __device__ void write_chosen(const Src& src, int shift, uint32_t prefix, int nee
   }
 }
 
+// One digit of the select: the bits below `high` (11 of them, or what is left) of `src`'s keys in
+// the bucket `prefix` (their bits from `high` up) holding the k-th largest at rank `need`; returns
+// the digit's shift, `prefix` and `need` narrowed to its bucket (pick[2]: that bucket's count).
+template <typename Src>
+__device__ int select_digit(const Src& src, uint32_t& prefix, int high, int& need, int* hist,
+                            int* warp_sums, int* pick) {
+  const int shift = high > 11 ? high - 11 : 0;
+  histogram(src, shift, high, prefix, hist);
+  pick_bucket<kThreads>(hist, 1 << (high - shift), need, warp_sums, pick);
+  prefix = (prefix << (high - shift)) | static_cast<uint32_t>(pick[0]);
+  need = pick[1];
+  return shift;
+}
+
 // The select's digits below bit `high` (11 bits each, the last what is left) over `src`, given the
 // bucket `prefix` (the keys' bits from `high` up) holding the k-th largest and the rank `need`
 // within it; returns the shift of the k-th largest's prefix, `prefix` and `need` updated (the first
@@ -435,12 +452,7 @@ template <typename Src>
 __device__ int select_below(const Src& src, uint32_t& prefix, int high, int& need, int* hist,
                             int* warp_sums, int* pick) {
   while (high > 0) {
-    const int shift = high > 11 ? high - 11 : 0;
-    histogram(src, shift, high, prefix, hist);
-    pick_bucket<kThreads>(hist, 1 << (high - shift), need, warp_sums, pick);
-    prefix = (prefix << (high - shift)) | static_cast<uint32_t>(pick[0]);
-    need = pick[1];
-    high = shift;
+    high = select_digit(src, prefix, high, need, hist, warp_sums, pick);
     if (pick[2] == need) break;  // the bucket holds exactly the keys still needed
   }
   return high;
@@ -491,8 +503,7 @@ __device__ bool row_source(const Params& p, int64_t r, RowSource<kMask>& src, in
   const void* mask = nullptr;
   bool mvec = false;
   if constexpr (kMask >= 0) {
-    constexpr int bytes =
-        kMask == OPSLOT_TOPK_MASK_BOOL ? 1 : (kMask == OPSLOT_TOPK_MASK_FLOAT32 ? 4 : 2);
+    constexpr int bytes = kMaskBytes<kMask>;
     mask = static_cast<const char*>(p.mask) + (b * p.ms0 + s * p.ms1) * bytes;
     mvec = (reinterpret_cast<uintptr_t>(mask) & (4 * bytes - 1)) == 0;
   }
@@ -520,38 +531,41 @@ __device__ __forceinline__ int span_shift(uint32_t lo, uint32_t hi) {
   return hi > lo ? max(0, 22 - __clz(static_cast<int>(hi - lo))) : 0;
 }
 
-// Counts the keys of `src` (all of them from lo to hi, lo = base << shift) by (key >> shift) -
-// base.
-template <typename Src>
-__device__ void span_histogram(const Src& src, int shift, uint32_t base, int bins, int* hist) {
-  for (int b = threadIdx.x; b < bins; b += kThreads) hist[b] = 0;
-  __syncthreads();
-  for (int64_t c = threadIdx.x; c < src.chunks(); c += kThreads) {
-    uint32_t key[4];
-    int col[4];
-    const int n = src.load(c, key, col);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      if (j < n) atomicAdd(&hist[(key[j] >> shift) - base], 1);
-    }
-  }
-  __syncthreads();
-}
-
-// The k-th largest of the candidates (all of them from lo to hi, at least k) located by the digit
-// spanning that range: returns its shift, `top` the k-th largest's key >> shift, `need` its rank in
-// that bucket, `exact` whether the bucket holds exactly the keys needed.
-__device__ int span_select(const KeySource& src, uint32_t lo, uint32_t hi, int k, int* hist,
-                           int* warp_sums, int* pick, uint32_t& top, int& need, bool& exact) {
+// The k-th largest of keys from lo to hi (at least k of them) located by the digit spanning that
+// range: `count(shift, base)` adds each key to hist[(key >> shift) - base]. Returns the digit's
+// shift, `top` the k-th largest's key >> shift, `need` its rank in that bucket, `exact` whether the
+// bucket holds exactly the keys needed.
+template <typename Count>
+__device__ int span_select(uint32_t lo, uint32_t hi, int k, int* hist, int* warp_sums, int* pick,
+                           uint32_t& top, int& need, bool& exact, Count count) {
   const int shift = span_shift(lo, hi);
   const uint32_t base = lo >> shift;
   const int bins = static_cast<int>((hi >> shift) - base) + 1;
-  span_histogram(src, shift, base, bins, hist);
+  for (int b = threadIdx.x; b < bins; b += kThreads) hist[b] = 0;
+  __syncthreads();
+  count(shift, base);
+  __syncthreads();
   pick_bucket<kThreads>(hist, bins, k, warp_sums, pick);
   top = base + static_cast<uint32_t>(pick[0]);
   need = pick[1];
   exact = pick[2] == need;
   return shift;
+}
+
+// span_select over keys in shared memory.
+__device__ int span_select(const KeySource& src, uint32_t lo, uint32_t hi, int k, int* hist,
+                           int* warp_sums, int* pick, uint32_t& top, int& need, bool& exact) {
+  return span_select(lo, hi, k, hist, warp_sums, pick, top, need, exact,
+                     [&](int shift, uint32_t base) {
+                       for (int64_t c = threadIdx.x; c < src.chunks(); c += kThreads) {
+                         uint32_t key[4];
+                         const int n = src.load_keys(c, key);
+#pragma unroll
+                         for (int j = 0; j < 4; ++j) {
+                           if (j < n) atomicAdd(&hist[(key[j] >> shift) - base], 1);
+                         }
+                       }
+                     });
 }
 
 // The m candidates in keys/cols (from lo to hi; m >= k) cut to those at or above the bucket of the
@@ -566,11 +580,7 @@ __device__ uint32_t stream_compact(uint32_t* keys, uint16_t* cols, int m, int k,
   bool exact;
   int shift = span_select(src, lo, hi, k, hist, warp_sums, pick, prefix, need, exact);
   if (!exact && shift > 0 && pick[2] > 1024) {  // a crowded bucket: its next 11 bits too
-    const int high = shift;
-    shift = high > 11 ? high - 11 : 0;
-    histogram(src, shift, high, prefix, hist);
-    pick_bucket<kThreads>(hist, 1 << (high - shift), need, warp_sums, pick);
-    prefix = (prefix << (high - shift)) | static_cast<uint32_t>(pick[0]);
+    shift = select_digit(src, prefix, shift, need, hist, warp_sums, pick);
   }
   const uint32_t cut = prefix << shift;
   int run = 0;
@@ -732,23 +742,16 @@ __device__ bool stream_topk(const RowSource<kMask>& src, int k, unsigned char* s
       }
       uint32_t a, b;
       block_span(least, mx, span, a, b);
-      high = span_shift(a, b);
-      const uint32_t first = a >> high;
-      const int bins = static_cast<int>((b >> high) - first) + 1;
-      for (int h = threadIdx.x; h < bins; h += kThreads) hist[h] = 0;
-      __syncthreads();
+      high = span_select(a, b, k, hist, warp_sums, pick, top, need, exact,
+                         [&](int shift, uint32_t first) {
 #pragma unroll
-      for (int i = 0; i < kRound; ++i) {
+                           for (int i = 0; i < kRound; ++i) {
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          if (j < cnt[i]) atomicAdd(&hist[(key[i][j] >> high) - first], 1);
-        }
-      }
-      __syncthreads();
-      pick_bucket<kThreads>(hist, bins, k, warp_sums, pick);
-      top = first + static_cast<uint32_t>(pick[0]);
-      need = pick[1];
-      exact = pick[2] == need;
+                             for (int j = 0; j < 4; ++j) {
+                               if (j < cnt[i]) atomicAdd(&hist[(key[i][j] >> shift) - first], 1);
+                             }
+                           }
+                         });
       lo = top << high;
       clock.mark(0);
     }
