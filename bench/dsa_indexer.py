@@ -23,11 +23,11 @@ Rows per context length (B = 1, bf16 q/k, fp32 weights):
 
 The top-k runs one of three kernels by the rows' length (kernels/src/topk.cu): up to 2048 columns a warp
 per row, up to 4096 a block per row (both with the keys in registers: the row read once), longer rows the
-long-row kernel (one read of the row where its candidates fit shared memory, else two);
-`--topk-paths 1,2,3,4` times the bench library's other choices (1: the long-row kernel for every row; 2: no
-warp kernel, the block register kernel up to 4096 columns; 3: the production choice with the long-row
-kernel's one-read pass off; 4: the long-row kernel without it for every row) beside each production
-top-k row in the same run.
+long-row kernel (rows of 16385 to 65536 columns read once, others twice); `--topk-paths 1,2,3,4,5` times
+the bench library's other choices (TOPK_PATHS: 1 the long-row kernel for every row; 2 no warp kernel, the
+block register kernel up to 4096 columns; 3 the production choice with the long-row kernel's one-read pass
+off; 4 the long-row kernel without it for every row; 5 the one-read pass on rows of any length) beside each
+production top-k row in the same run, after a copy of as many bytes as the top-k moves.
 
     python3 bench/dsa_indexer.py --out $OUT/dsa_indexer_h200.md [--lengths 4096,16384,65536] [--budget 150] \
         [--only topk,mask_limit]   # only the rows whose name holds one of these
