@@ -14,24 +14,27 @@ namespace opslot::topk {
 namespace {
 
 constexpr const char* kName = "opslot_topk_indices";
-constexpr int kThreads = 512;
-constexpr int kWarps = kThreads / 32;
 constexpr int kMaxBins = 2048;  // an 11-bit digit; pick_bucket: kMaxBins / threads buckets each
 constexpr int kHeld = 8192;     // keys at or above the top digit's bucket held in shared memory
 constexpr size_t kHeldSmem = 2 * sizeof(uint32_t) * kHeld;  // keys and columns: 64 KB
 // The one-read pass of topk_kernel (stream_topk): rows of up to kStreamMaxCols columns (a column
 // fits 16 bits) and k up to kStreamMaxK; a round is kRound 16-byte chunks a thread, all loaded
-// before the first is used; candidates of up to kStreamCap keys (a round's and k's, and slack for
+// before the first is used; candidates of up to stream_cap keys (a round's and k's, and slack for
 // ties) with their columns, then two bitmaps of the row's columns.
 constexpr int kRound = 4;
-constexpr int kRoundKeys = 4 * kRound * kThreads;  // 8192
 constexpr int kStreamMaxK = 2048;
 constexpr int kStreamMaxCols = 65536;
 constexpr int64_t kStreamMinCols = 16384;  // shorter rows measured faster with the two-read path
-constexpr int kStreamCap = kStreamMaxK + kRoundKeys + 1024;
-constexpr size_t kStreamSmem =
-    (sizeof(uint32_t) + sizeof(uint16_t)) * kStreamCap + 2 * kStreamMaxCols / 8;  // 82 KB
-constexpr size_t kSmem = kStreamSmem > kHeldSmem ? kStreamSmem : kHeldSmem;
+// For blocks of kT threads: keys a round, candidates, the pass's shared memory (82 KB at 512
+// threads), the kernel's.
+constexpr int round_keys(int kT) { return 4 * kRound * kT; }
+constexpr int stream_cap(int kT) { return kStreamMaxK + round_keys(kT) + 1024; }
+constexpr size_t stream_smem(int kT) {
+  return (sizeof(uint32_t) + sizeof(uint16_t)) * stream_cap(kT) + 2 * kStreamMaxCols / 8;
+}
+constexpr size_t kernel_smem(int kT) {
+  return stream_smem(kT) > kHeldSmem ? stream_smem(kT) : kHeldSmem;
+}
 
 // The order of fp32 values as unsigned integers, that of torch.topk's radix select: NaN above +inf,
 // -0.0 below +0.0.
@@ -254,9 +257,9 @@ struct HeldSource : KeySource {
 
 // Counts the keys of `src` whose bits from `high` up equal `prefix` (all of them when high is 32)
 // by their digit, bits [shift, high).
-template <typename Src>
+template <int kT, typename Src>
 __device__ void histogram(const Src& src, int shift, int high, uint32_t prefix, int* hist) {
-  for (int b = threadIdx.x; b < kMaxBins; b += kThreads) hist[b] = 0;
+  for (int b = threadIdx.x; b < kMaxBins; b += kT) hist[b] = 0;
   __syncthreads();
   const uint32_t digit = (1u << (high - shift)) - 1u;
   auto count = [&](const uint32_t(&key)[4], int n) {
@@ -271,10 +274,10 @@ __device__ void histogram(const Src& src, int shift, int high, uint32_t prefix, 
   uint32_t ka[4], kb[4];
   int col[4];
   int64_t c = threadIdx.x;
-  for (; c + kThreads < chunks; c += 2 * kThreads) {  // two loads in flight per thread
-    src.prefetch(c - threadIdx.x + 2 * kThreads, 2 * kThreads, threadIdx.x);  // the next two
+  for (; c + kT < chunks; c += 2 * kT) {                          // two loads in flight per thread
+    src.prefetch(c - threadIdx.x + 2 * kT, 2 * kT, threadIdx.x);  // the next two
     const int na = src.load(c, ka, col);
-    const int nb = src.load(c + kThreads, kb, col);
+    const int nb = src.load(c + kT, kb, col);
     count(ka, na);
     count(kb, nb);
   }
@@ -347,11 +350,11 @@ __device__ void pick_bucket(const int* hist, int bins, int need, int* warp_sums,
 
 // Copies the keys of `src` whose top digit (bits 21 to 31) is at least `top` and their columns to
 // keys/cols, in ascending column order.
-template <typename Src>
+template <int kT, typename Src>
 __device__ void hold(const Src& src, uint32_t top, uint32_t* keys, int* cols, int* warp_sums) {
   const int64_t chunks = src.chunks();
   int run = 0;
-  for (int64_t base = 0; base < chunks; base += kThreads) {
+  for (int64_t base = 0; base < chunks; base += kT) {
     uint32_t key[4];
     int col[4];
     const int n = src.load(base + threadIdx.x, key, col);
@@ -359,7 +362,7 @@ __device__ void hold(const Src& src, uint32_t top, uint32_t* keys, int* cols, in
 #pragma unroll
     for (int j = 0; j < 4; ++j) take += j < n && (key[j] >> 21) >= top;
     int total;
-    int at = run + block_scan<kThreads>(take, warp_sums, total) - take;
+    int at = run + block_scan<kT>(take, warp_sums, total) - take;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       if (j < n && (key[j] >> 21) >= top) {
@@ -409,19 +412,19 @@ __device__ __forceinline__ void place_chosen(const int (&cls)[4], const int (&co
 // Writes the chosen columns of `src` to `o` in ascending order: every key whose bits from `shift`
 // up exceed `prefix`, and the first `need` of those where they equal it. A column's place is the
 // number of chosen columns before it: the greater ones, plus min(equal ones, need).
-template <typename Src>
+template <int kT, typename Src>
 __device__ void write_chosen(const Src& src, int shift, uint32_t prefix, int need, int k,
                              int* warp_sums, int32_t* o) {
   const int64_t chunks = src.chunks();
   int gt_run = 0, eq_run = 0;
-  for (int64_t base = 0; base < chunks; base += kThreads) {
+  for (int64_t base = 0; base < chunks; base += kT) {
     uint32_t key[4];
     int col[4];
     const int n = src.load(base + threadIdx.x, key, col);
     int cls[4];
-    const int packed = classify(key, n, shift, prefix, cls);  // at most 4 * kThreads each per pass
+    const int packed = classify(key, n, shift, prefix, cls);  // at most 4 * kT each per pass
     int total;
-    const int before = block_scan<kThreads>(packed, warp_sums, total) - packed;
+    const int before = block_scan<kT>(packed, warp_sums, total) - packed;
     int g = gt_run + (before & 0xffff), e = eq_run + (before >> 16);
     place_chosen(cls, col, need, g, e, o);
     gt_run += total & 0xffff;
@@ -433,12 +436,12 @@ __device__ void write_chosen(const Src& src, int shift, uint32_t prefix, int nee
 // One digit of the select: the bits below `high` (11 of them, or what is left) of `src`'s keys in
 // the bucket `prefix` (their bits from `high` up) holding the k-th largest at rank `need`; returns
 // the digit's shift, `prefix` and `need` narrowed to its bucket (pick[2]: that bucket's count).
-template <typename Src>
+template <int kT, typename Src>
 __device__ int select_digit(const Src& src, uint32_t& prefix, int high, int& need, int* hist,
                             int* warp_sums, int* pick) {
   const int shift = high > 11 ? high - 11 : 0;
-  histogram(src, shift, high, prefix, hist);
-  pick_bucket<kThreads>(hist, 1 << (high - shift), need, warp_sums, pick);
+  histogram<kT>(src, shift, high, prefix, hist);
+  pick_bucket<kT>(hist, 1 << (high - shift), need, warp_sums, pick);
   prefix = (prefix << (high - shift)) | static_cast<uint32_t>(pick[0]);
   need = pick[1];
   return shift;
@@ -448,22 +451,22 @@ __device__ int select_digit(const Src& src, uint32_t& prefix, int high, int& nee
 // bucket `prefix` (the keys' bits from `high` up) holding the k-th largest and the rank `need`
 // within it; returns the shift of the k-th largest's prefix, `prefix` and `need` updated (the first
 // `need` keys equal to it are chosen).
-template <typename Src>
+template <int kT, typename Src>
 __device__ int select_below(const Src& src, uint32_t& prefix, int high, int& need, int* hist,
                             int* warp_sums, int* pick) {
   while (high > 0) {
-    high = select_digit(src, prefix, high, need, hist, warp_sums, pick);
+    high = select_digit<kT>(src, prefix, high, need, hist, warp_sums, pick);
     if (pick[2] == need) break;  // the bucket holds exactly the keys still needed
   }
   return high;
 }
 
 // The select's last two digits over `src`, then the chosen columns written.
-template <typename Src>
+template <int kT, typename Src>
 __device__ void finish(const Src& src, uint32_t prefix, int need, int k, int* hist, int* warp_sums,
                        int* pick, int32_t* o) {
-  const int shift = select_below(src, prefix, 21, need, hist, warp_sums, pick);
-  write_chosen(src, shift, prefix, need, k, warp_sums, o);
+  const int shift = select_below<kT>(src, prefix, 21, need, hist, warp_sums, pick);
+  write_chosen<kT>(src, shift, prefix, need, k, warp_sums, o);
 }
 
 struct Params {
@@ -511,19 +514,20 @@ __device__ bool row_source(const Params& p, int64_t r, RowSource<kMask>& src, in
   return true;
 }
 
-// The block's least of `lo` and greatest of `hi` (span: 2 kWarps words of shared memory, free
+// The block's least of `lo` and greatest of `hi` (span: 2 (kT / 32) words of shared memory, free
 // again after the next barrier).
+template <int kT>
 __device__ void block_span(uint32_t lo, uint32_t hi, uint32_t* span, uint32_t& min_lo,
                            uint32_t& max_hi) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   lo = __reduce_min_sync(0xffffffffu, lo);
   hi = __reduce_max_sync(0xffffffffu, hi);
-  if (lane == 0) span[warp] = lo, span[kWarps + warp] = hi;
+  if (lane == 0) span[warp] = lo, span[(kT / 32) + warp] = hi;
   __syncthreads();
-  min_lo = span[0], max_hi = span[kWarps];
+  min_lo = span[0], max_hi = span[(kT / 32)];
 #pragma unroll
-  for (int w = 1; w < kWarps; ++w)
-    min_lo = min(min_lo, span[w]), max_hi = max(max_hi, span[kWarps + w]);
+  for (int w = 1; w < (kT / 32); ++w)
+    min_lo = min(min_lo, span[w]), max_hi = max(max_hi, span[(kT / 32) + w]);
 }
 
 // The shift of the digit that spreads keys from lo to hi over at most 1025 buckets.
@@ -535,17 +539,17 @@ __device__ __forceinline__ int span_shift(uint32_t lo, uint32_t hi) {
 // range: `count(shift, base)` adds each key to hist[(key >> shift) - base]. Returns the digit's
 // shift, `top` the k-th largest's key >> shift, `need` its rank in that bucket, `exact` whether the
 // bucket holds exactly the keys needed.
-template <typename Count>
+template <int kT, typename Count>
 __device__ int span_select(uint32_t lo, uint32_t hi, int k, int* hist, int* warp_sums, int* pick,
                            uint32_t& top, int& need, bool& exact, Count count) {
   const int shift = span_shift(lo, hi);
   const uint32_t base = lo >> shift;
   const int bins = static_cast<int>((hi >> shift) - base) + 1;
-  for (int b = threadIdx.x; b < bins; b += kThreads) hist[b] = 0;
+  for (int b = threadIdx.x; b < bins; b += kT) hist[b] = 0;
   __syncthreads();
   count(shift, base);
   __syncthreads();
-  pick_bucket<kThreads>(hist, bins, k, warp_sums, pick);
+  pick_bucket<kT>(hist, bins, k, warp_sums, pick);
   top = base + static_cast<uint32_t>(pick[0]);
   need = pick[1];
   exact = pick[2] == need;
@@ -553,38 +557,40 @@ __device__ int span_select(uint32_t lo, uint32_t hi, int k, int* hist, int* warp
 }
 
 // span_select over keys in shared memory.
+template <int kT>
 __device__ int span_select(const KeySource& src, uint32_t lo, uint32_t hi, int k, int* hist,
                            int* warp_sums, int* pick, uint32_t& top, int& need, bool& exact) {
-  return span_select(lo, hi, k, hist, warp_sums, pick, top, need, exact,
-                     [&](int shift, uint32_t base) {
-                       for (int64_t c = threadIdx.x; c < src.chunks(); c += kThreads) {
-                         uint32_t key[4];
-                         const int n = src.load_keys(c, key);
+  return span_select<kT>(lo, hi, k, hist, warp_sums, pick, top, need, exact,
+                         [&](int shift, uint32_t base) {
+                           for (int64_t c = threadIdx.x; c < src.chunks(); c += kT) {
+                             uint32_t key[4];
+                             const int n = src.load_keys(c, key);
 #pragma unroll
-                         for (int j = 0; j < 4; ++j) {
-                           if (j < n) atomicAdd(&hist[(key[j] >> shift) - base], 1);
-                         }
-                       }
-                     });
+                             for (int j = 0; j < 4; ++j) {
+                               if (j < n) atomicAdd(&hist[(key[j] >> shift) - base], 1);
+                             }
+                           }
+                         });
 }
 
 // The m candidates in keys/cols (from lo to hi; m >= k) cut to those at or above the bucket of the
 // k-th largest, by the digit spanning lo to hi (and the next 11 bits where that bucket holds more
 // than 1024), in place, their order kept.
 // Returns the bucket's lowest key, the next lo; `kept` gets how many stay (at least k).
+template <int kT>
 __device__ uint32_t stream_compact(uint32_t* keys, uint16_t* cols, int m, int k, uint32_t lo,
                                    uint32_t hi, int* hist, int* warp_sums, int* pick, int& kept) {
   const KeySource src{keys, m};
   uint32_t prefix;
   int need;
   bool exact;
-  int shift = span_select(src, lo, hi, k, hist, warp_sums, pick, prefix, need, exact);
+  int shift = span_select<kT>(src, lo, hi, k, hist, warp_sums, pick, prefix, need, exact);
   if (!exact && shift > 0 && pick[2] > 1024) {  // a crowded bucket: its next 11 bits too
-    shift = select_digit(src, prefix, shift, need, hist, warp_sums, pick);
+    shift = select_digit<kT>(src, prefix, shift, need, hist, warp_sums, pick);
   }
   const uint32_t cut = prefix << shift;
   int run = 0;
-  for (int base = 0; base < m; base += 4 * kThreads) {  // writes land at or before what was read
+  for (int base = 0; base < m; base += 4 * kT) {  // writes land at or before what was read
     const int i0 = base + 4 * static_cast<int>(threadIdx.x);
     uint32_t key[4];
     uint16_t col[4];
@@ -596,7 +602,7 @@ __device__ uint32_t stream_compact(uint32_t* keys, uint16_t* cols, int m, int k,
       take += i0 + j < m && key[j] >= cut;
     }
     int total;
-    int at = run + block_scan<kThreads>(take, warp_sums, total) - take;
+    int at = run + block_scan<kT>(take, warp_sums, total) - take;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       if (i0 + j < m && key[j] >= cut) {
@@ -616,14 +622,15 @@ __device__ uint32_t stream_compact(uint32_t* keys, uint16_t* cols, int m, int k,
 // `prefix`, and the first `need` by column of those equal to it) written to `o` in ascending order:
 // the candidates set their bits in two bitmaps of the row's n columns, then a column's place is the
 // greater ones before it plus min(equal ones before it, need).
+template <int kT>
 __device__ void stream_write(const uint32_t* keys, const uint16_t* cols, int m, int64_t n,
                              int shift, uint32_t prefix, int need, uint32_t* gt_bits,
                              uint32_t* eq_bits, int* warp_sums, int32_t* o) {
-  constexpr int kW = kStreamMaxCols / 32 / kThreads;  // bitmap words a thread scans
+  constexpr int kW = kStreamMaxCols / 32 / kT;  // bitmap words a thread scans
   const int words = static_cast<int>((n + 31) / 32);
-  for (int w = threadIdx.x; w < words; w += kThreads) gt_bits[w] = eq_bits[w] = 0u;
+  for (int w = threadIdx.x; w < words; w += kT) gt_bits[w] = eq_bits[w] = 0u;
   __syncthreads();
-  for (int i = threadIdx.x; i < m; i += kThreads) {
+  for (int i = threadIdx.x; i < m; i += kT) {
     const uint32_t hi = keys[i] >> shift;
     const int c = cols[i];
     if (hi > prefix) atomicOr(&gt_bits[c >> 5], 1u << (c & 31));
@@ -637,10 +644,10 @@ __device__ void stream_write(const uint32_t* keys, const uint16_t* cols, int m, 
     const int w = kW * static_cast<int>(threadIdx.x) + j;
     gw[j] = w < words ? gt_bits[w] : 0u;
     ew[j] = w < words ? eq_bits[w] : 0u;
-    packed += __popc(gw[j]) | (__popc(ew[j]) << 16);  // at most k and kStreamCap: no carry
+    packed += __popc(gw[j]) | (__popc(ew[j]) << 16);  // at most k and stream_cap(kT): no carry
   }
   int total;
-  const int before = block_scan<kThreads>(packed, warp_sums, total) - packed;
+  const int before = block_scan<kT>(packed, warp_sums, total) - packed;
   int g = before & 0xffff, e = before >> 16;
 #pragma unroll
   for (int j = 0; j < kW; ++j) {
@@ -684,23 +691,23 @@ struct PhaseClock {
 };
 #endif
 
-// The row read once: rounds of kRoundKeys keys, each key at or above the threshold `lo` appended to
-// the candidates in shared memory (a warp's by one atomicAdd: their order is not fixed, the result
-// does not depend on it). The first lo: the floor of the bucket holding the first round's k-th
-// largest, by a digit spreading that round's keys (its least to its greatest) over at most 1025
-// buckets. A round that would overflow the candidates is dropped, the candidates cut to those at
-// or above the k-th largest's bucket (stream_compact, which raises lo to that bucket's floor: every
-// key below it has k others above) and the round taken again from registers. Then the select over
-// the candidates (its first digit spanning them) and the bitmap write. Returns false, before
-// writing anything, for rows too long, k too large, or a round that overflows twice (ties at the
-// k-th largest filling the candidates): the row then takes the two-read path.
-template <int kMask>
+// The row read once: rounds of round_keys(kT) keys, each key at or above the threshold `lo`
+// appended to the candidates in shared memory (a warp's by one atomicAdd: their order is not fixed,
+// the result does not depend on it). The first lo: the floor of the bucket holding the first
+// round's k-th largest, by a digit spreading that round's keys (its least to its greatest) over at
+// most 1025 buckets. A round that would overflow the candidates is dropped, the candidates cut to
+// those at or above the k-th largest's bucket (stream_compact, which raises lo to that bucket's
+// floor: every key below it has k others above) and the round taken again from registers. Then the
+// select over the candidates (its first digit spanning them) and the bitmap write. Returns false,
+// before writing anything, for rows too long, k too large, or a round that overflows twice (ties at
+// the k-th largest filling the candidates): the row then takes the two-read path.
+template <int kMask, int kT>
 __device__ bool stream_topk(const RowSource<kMask>& src, int k, unsigned char* smem, int* hist,
                             int* warp_sums, int* pick, int* counts, uint32_t* span, int32_t* o) {
   if (src.n > kStreamMaxCols || k > kStreamMaxK) return false;  // the caller checked stream_min
   auto* keys = reinterpret_cast<uint32_t*>(smem);
-  auto* cols = reinterpret_cast<uint16_t*>(keys + kStreamCap);
-  auto* gt_bits = reinterpret_cast<uint32_t*>(cols + kStreamCap);
+  auto* cols = reinterpret_cast<uint16_t*>(keys + stream_cap(kT));
+  auto* gt_bits = reinterpret_cast<uint32_t*>(cols + stream_cap(kT));
   auto* eq_bits = gt_bits + kStreamMaxCols / 32;
   if (threadIdx.x < 3) counts[threadIdx.x] = 0;
   PhaseClock clock;
@@ -712,7 +719,7 @@ __device__ bool stream_topk(const RowSource<kMask>& src, int k, unsigned char* s
   int high = 0, need = 0;      // and the rank in it: the whole row's where it is one round
   bool exact = false;          // the bucket holds exactly the keys needed
   int start = 0, round = 0;    // candidates before this round; rounds taken, the retries counted
-  for (int64_t base = 0; base < chunks; base += kRound * kThreads) {
+  for (int64_t base = 0; base < chunks; base += kRound * kT) {
     uint32_t key[kRound][4];
     int cnt[kRound];
     {
@@ -721,14 +728,14 @@ __device__ bool stream_topk(const RowSource<kMask>& src, int k, unsigned char* s
       bool whole[kRound];
 #pragma unroll
       for (int i = 0; i < kRound; ++i) {
-        whole[i] = src.fetch(base + i * kThreads + threadIdx.x, v[i], mw[i]);
+        whole[i] = src.fetch(base + i * kT + threadIdx.x, v[i], mw[i]);
       }
-      if (base + kRound * kThreads < chunks) {  // the next round on its way to L2
-        src.prefetch(base + kRound * kThreads, kRound * kThreads, threadIdx.x);
+      if (base + kRound * kT < chunks) {  // the next round on its way to L2
+        src.prefetch(base + kRound * kT, kRound * kT, threadIdx.x);
       }
 #pragma unroll
       for (int i = 0; i < kRound; ++i) {
-        cnt[i] = src.keys(base + i * kThreads + threadIdx.x, whole[i], v[i], mw[i], key[i]);
+        cnt[i] = src.keys(base + i * kT + threadIdx.x, whole[i], v[i], mw[i], key[i]);
       }
     }
     if (base == 0) {  // the round has more than k keys (the row more than k, a round 8192 >= k)
@@ -741,17 +748,18 @@ __device__ bool stream_topk(const RowSource<kMask>& src, int k, unsigned char* s
         }
       }
       uint32_t a, b;
-      block_span(least, mx, span, a, b);
-      high = span_select(a, b, k, hist, warp_sums, pick, top, need, exact,
-                         [&](int shift, uint32_t first) {
+      block_span<kT>(least, mx, span, a, b);
+      high = span_select<kT>(a, b, k, hist, warp_sums, pick, top, need, exact,
+                             [&](int shift, uint32_t first) {
 #pragma unroll
-                           for (int i = 0; i < kRound; ++i) {
+                               for (int i = 0; i < kRound; ++i) {
 #pragma unroll
-                             for (int j = 0; j < 4; ++j) {
-                               if (j < cnt[i]) atomicAdd(&hist[(key[i][j] >> shift) - first], 1);
-                             }
-                           }
-                         });
+                                 for (int j = 0; j < 4; ++j) {
+                                   if (j < cnt[i])
+                                     atomicAdd(&hist[(key[i][j] >> shift) - first], 1);
+                                 }
+                               }
+                             });
       lo = top << high;
       clock.mark(0);
     }
@@ -771,12 +779,12 @@ __device__ bool stream_topk(const RowSource<kMask>& src, int k, unsigned char* s
         int b = 0;
         if (lane == 31) b = atomicAdd(&counts[round % 3], incl);
         b = __shfl_sync(0xffffffffu, b, 31);
-        over = start + b + __shfl_sync(0xffffffffu, incl, 31) > kStreamCap;
+        over = start + b + __shfl_sync(0xffffffffu, incl, 31) > stream_cap(kT);
         if (!over) {
           int at = start + b + incl - take;
 #pragma unroll
           for (int i = 0; i < kRound; ++i) {
-            const int c0 = 4 * static_cast<int>(base + i * kThreads + threadIdx.x);
+            const int c0 = 4 * static_cast<int>(base + i * kT + threadIdx.x);
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
               if (j < cnt[i] && key[i][j] >= lo) {
@@ -799,8 +807,8 @@ __device__ bool stream_topk(const RowSource<kMask>& src, int k, unsigned char* s
       }
       if (attempt == 1) return false;
       uint32_t unused, hi;
-      block_span(lo, mx, span, unused, hi);
-      lo = stream_compact(keys, cols, start, k, lo, hi, hist, warp_sums, pick, start);
+      block_span<kT>(lo, mx, span, unused, hi);
+      lo = stream_compact<kT>(keys, cols, start, k, lo, hi, hist, warp_sums, pick, start);
       clock.mark(2);
       clock.count(6);
     }
@@ -808,15 +816,16 @@ __device__ bool stream_topk(const RowSource<kMask>& src, int k, unsigned char* s
   // The select over the candidates (at least k, from lo to the greatest). A row of one round
   // without a cut has the bucket of its k-th largest from the first round.
   const KeySource cand{keys, start};
-  if (chunks > kRound * kThreads) {
+  if (chunks > kRound * kT) {
     uint32_t unused, hi;
-    block_span(lo, mx, span, unused, hi);
-    high = span_select(cand, lo, hi, k, hist, warp_sums, pick, top, need, exact);
+    block_span<kT>(lo, mx, span, unused, hi);
+    high = span_select<kT>(cand, lo, hi, k, hist, warp_sums, pick, top, need, exact);
   }
   uint32_t prefix = top;
-  const int shift = exact ? high : select_below(cand, prefix, high, need, hist, warp_sums, pick);
+  const int shift =
+      exact ? high : select_below<kT>(cand, prefix, high, need, hist, warp_sums, pick);
   clock.mark(3);
-  stream_write(keys, cols, start, src.n, shift, prefix, need, gt_bits, eq_bits, warp_sums, o);
+  stream_write<kT>(keys, cols, start, src.n, shift, prefix, need, gt_bits, eq_bits, warp_sums, o);
   clock.mark(4);
   return true;
 }
@@ -824,39 +833,39 @@ __device__ bool stream_topk(const RowSource<kMask>& src, int k, unsigned char* s
 // Rows longer than the register kernel takes: the one-read pass (stream_topk) where it takes the
 // row; else the top digit's histogram over the row, then the rest over the keys at or above its
 // bucket held in shared memory (the row read twice), or over the row.
-template <int kMask>
-__global__ void __launch_bounds__(kThreads, 2) topk_kernel(const Params p) {
-  extern __shared__ uint4
-      held[];  // stream_topk's candidates and bitmaps, or kHeld keys and columns
+template <int kMask, int kT>
+__global__ void __launch_bounds__(kT, kT == 512 ? 2 : 3) topk_kernel(const Params p) {
+  // stream_topk's candidates and bitmaps, or kHeld keys and columns
+  extern __shared__ uint4 held[];
   __shared__ int hist[kMaxBins];
-  __shared__ int warp_sums[kWarps];
+  __shared__ int warp_sums[(kT / 32)];
   __shared__ int pick[3];
   __shared__ int counts[3];
-  __shared__ uint32_t span[2 * kWarps];
+  __shared__ uint32_t span[2 * (kT / 32)];
   RowSource<kMask> src;
   int32_t* o;
   if (!row_source<kMask, false>(p, blockIdx.x, src, o)) return;
   const int k = p.k;
-  if (src.n > p.stream_min && stream_topk<kMask>(src, k, reinterpret_cast<unsigned char*>(held),
-                                                 hist, warp_sums, pick, counts, span, o)) {
+  if (src.n > p.stream_min && stream_topk<kMask, kT>(src, k, reinterpret_cast<unsigned char*>(held),
+                                                     hist, warp_sums, pick, counts, span, o)) {
     return;
   }
-  histogram(src, 21, 32, 0u, hist);  // the top digit, bits 21 to 31
-  pick_bucket<kThreads>(hist, kMaxBins, k, warp_sums, pick);
+  histogram<kT>(src, 21, 32, 0u, hist);  // the top digit, bits 21 to 31
+  pick_bucket<kT>(hist, kMaxBins, k, warp_sums, pick);
   const uint32_t top = static_cast<uint32_t>(pick[0]);
   const int need = pick[1], count = pick[2];
   if (count == need) {  // the bucket holds exactly the keys still needed
-    write_chosen(src, 21, top, need, k, warp_sums, o);
+    write_chosen<kT>(src, 21, top, need, k, warp_sums, o);
     return;
   }
   const int m = k - need + count;  // keys in the bucket or above it
   if (m <= kHeld) {                // held in shared memory: the row is read twice in all
     uint32_t* keys = reinterpret_cast<uint32_t*>(held);
     int* held_cols = reinterpret_cast<int*>(keys + kHeld);
-    hold(src, top, keys, held_cols, warp_sums);
-    finish(HeldSource{{keys, m}, held_cols}, top, need, k, hist, warp_sums, pick, o);
+    hold<kT>(src, top, keys, held_cols, warp_sums);
+    finish<kT>(HeldSource{{keys, m}, held_cols}, top, need, k, hist, warp_sums, pick, o);
   } else {  // read from global memory by every digit
-    finish(src, top, need, k, hist, warp_sums, pick, o);
+    finish<kT>(src, top, need, k, hist, warp_sums, pick, o);
   }
 }
 
@@ -1083,13 +1092,16 @@ __global__ void __launch_bounds__(32 * kRowWarps, warp_blocks_per_sm(kMask, kC))
 
 // The bench library's kernel choice (opslot_topk_set_tuning): 0 production, 1 topk_kernel for
 // every row, 2 no warp kernel, 3 production without topk_kernel's one-read pass, 4 topk_kernel
-// without it for every row, 5 production with the one-read pass for rows of any length.
+// without it for every row, 5 production with the one-read pass for rows of any length, 6
+// production with 256-thread topk_kernel blocks for rows of up to 16384 columns.
 #ifdef OPSLOT_KERNELS_BENCH
 int g_path = 0;
 #else
 constexpr int g_path = 0;
 #endif
 bool all_rows_two_read() { return g_path == 1 || g_path == 4; }
+// Whether the warp kernel and the split launch with limits run as in production.
+bool production_short_rows() { return g_path == 0 || g_path == 3 || g_path == 6; }
 // Rows of topk_kernel longer than this try its one-read pass.
 int64_t stream_min_cols() {
   return g_path == 3 || g_path == 4 ? INT64_MAX : (g_path == 5 ? 0 : kStreamMinCols);
@@ -1101,7 +1113,7 @@ int64_t stream_min_cols() {
 // block register kernel (docs/results/dsa_indexer_h200.md).
 constexpr int64_t kWarpMaxCols = 128 * 16;
 int warp_chunks(int64_t cols) {
-  if (g_path != 0 && g_path != 3) return 0;
+  if (!production_short_rows()) return 0;
   for (int c : {8, 16}) {
     if (cols <= 128 * c) return c;  // the last: kWarpMaxCols
   }
@@ -1120,6 +1132,20 @@ int reg_threads(int64_t cols) {
   if (cols <= 4 * kRegChunks * 128) return 128;
 #endif
   return cols <= kRegMaxCols ? 256 : 0;
+}
+
+// topk_kernel with kT threads a block over `grid` rows.
+template <int kMask, int kT>
+int launch_long(const Params& p, unsigned grid, cudaStream_t stream) {
+  constexpr size_t smem = kernel_smem(kT);
+  const cudaError_t err = cudaFuncSetAttribute(
+      topk_kernel<kMask, kT>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  if (err != cudaSuccess) {
+    return set_error(static_cast<int>(err), "%s: %zu bytes of shared memory refused: %s", kName,
+                     smem, cudaGetErrorString(err));
+  }
+  topk_kernel<kMask, kT><<<grid, kT, smem, stream>>>(p);
+  return check_launch(kName);
 }
 
 // One launch over every row, taking those of lo < n <= hi columns before their limit, with the
@@ -1154,14 +1180,12 @@ int launch_rows(Params p, int64_t rows, int64_t lo, int64_t hi, int64_t longest,
     default:
       break;
   }
-  const cudaError_t err = cudaFuncSetAttribute(
-      topk_kernel<kMask>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
-  if (err != cudaSuccess) {
-    return set_error(static_cast<int>(err), "%s: %zu bytes of shared memory refused: %s", kName,
-                     kSmem, cudaGetErrorString(err));
-  }
-  topk_kernel<kMask><<<grid, kThreads, kSmem, stream>>>(p);
-  return check_launch(kName);
+    // topk_kernel's blocks: 512 threads (two an SM); the bench library's path 6 gives rows of up to
+    // 16384 columns 256 (three an SM; docs/kernels.md "dsa_indexer").
+#ifdef OPSLOT_KERNELS_BENCH
+  if (g_path == 6 && longest <= 16384) return launch_long<kMask, 256>(p, grid, stream);
+#endif
+  return launch_long<kMask, 512>(p, grid, stream);
 }
 
 // One launch, its kernel by the rows' width; but with limits, rows of 2049 to 4096 columns and
@@ -1172,7 +1196,7 @@ int launch_rows(Params p, int64_t rows, int64_t lo, int64_t hi, int64_t longest,
 // two or three launches: 8 % slower at 4k tokens, 1 % at 64k; docs/results/dsa_indexer_h200.md).
 template <int kMask>
 int launch(const Params& p, int64_t rows, cudaStream_t stream) {
-  if (p.limit != nullptr && (g_path == 0 || g_path == 3) && p.cols > kWarpMaxCols &&
+  if (p.limit != nullptr && production_short_rows() && p.cols > kWarpMaxCols &&
       p.cols <= kRegMaxCols && p.k < kWarpMaxCols) {
     if (const int err = launch_rows<kMask>(p, rows, -1, kWarpMaxCols, kWarpMaxCols, stream)) {
       return err;
@@ -1257,14 +1281,15 @@ extern "C" OPSLOT_API int opslot_topk_probe_phases(unsigned long long* out, int 
 }
 
 extern "C" OPSLOT_API int opslot_topk_set_tuning(int path) {
-  if (path < 0 || path > 5)
+  if (path < 0 || path > 6)
     return opslot::set_error(
         OPSLOT_ERR_INVALID_ARGUMENT,
         "topk tuning: path 0 (production), 1 (the long-row kernel for every "
         "row), 2 (no warp kernel: the block register kernel up to 4096 "
         "columns), 3 (production without the long-row kernel's one-read pass) "
-        "4 (the long-row kernel without it for every row) or 5 (production with the "
-        "one-read pass on rows of any length)");
+        "4 (the long-row kernel without it for every row), 5 (production with the "
+        "one-read pass on rows of any length) or 6 (production with 256-thread "
+        "long-row blocks for rows of up to 16384 columns)");
   opslot::topk::g_path = path;
   return OPSLOT_OK;
 }

@@ -206,12 +206,14 @@ def test_rows_of_every_length_in_one_call(kind):
 def test_every_kernel_gives_the_same_bits():
     """The bench library's opslot_topk_set_tuning(1) runs the long-row kernel on every row, (2) the block
     register kernel where production runs the warp kernel (rows up to 2048 columns), (3) production with the
-    long-row kernel's one-read pass off, (4) the long-row kernel without it on every row: the rows the warp
-    kernel takes in production (700 and 1500 columns; 10 and 13 rows: the last block of 4 rows partly
-    filled; 1 row of 2000) and the block register kernel (3000) give the same bits with each, as do the
-    longer ones (the long-row kernel's one-read pass or its two-read path)."""
+    long-row kernel's one-read pass off, (4) the long-row kernel without it on every row, (5) production with
+    the pass on rows of any length, (6) production with 256-thread long-row blocks for rows of up to 16384
+    columns: the rows the warp kernel takes in production (700 and 1500 columns; 10 and 13 rows: the last
+    block of 4 rows partly filled; 1 row of 2000) and the block register kernel (3000) give the same bits with
+    each, as do the longer ones (the long-row kernel's one-read pass or its two-read path; 16384 columns the
+    longest that path 6 gives 256-thread blocks, 16385 the shortest that production reads once)."""
     cases = []
-    for cols in (700, 1500, 2000, 3000, 6000, 8192):
+    for cols in (700, 1500, 2000, 3000, 6000, 8192, 16384, 16385):
         rows, limit = tier_rows(cols)
         if cols == 1500:
             rows, limit = torch.cat([rows, rows[:3]]), torch.cat([limit, limit[:3]])
@@ -225,13 +227,13 @@ def test_every_kernel_gives_the_same_bits():
     with bench_library() as lib:
         f = knob(lib, "opslot_topk_set_tuning", 1)
         try:
-            for path in (1, 2, 3, 4, 5, 0):
+            for path in (1, 2, 3, 4, 5, 6, 0):
                 assert f(path) == 0
                 for c, w in zip(cases, want):
                     assert torch.equal(op(*c), w), (path, c[0].shape, c[1], c[3] is None)
         finally:
             assert f(0) == 0
-        assert f(6) != 0 and f(-1) != 0
+        assert f(7) != 0 and f(-1) != 0
 
 
 def test_one_read_pass_cuts_its_candidates_and_gives_up():
