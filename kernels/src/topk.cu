@@ -484,9 +484,9 @@ struct Params {
 
 // Row r's source (its scores and mask entries before its limit) and output, false for a row of
 // another launch (its length outside (lo, hi]). A row with no more than k columns before its limit
-// is written here by the block's threads (kWarp: the warp's lanes; every column before the limit,
-// then the first ones past it) and false returned.
-template <int kMask, bool kWarp>
+// is written here by the row's threads (kRowThreads of them, aligned, or the block's when 0; every
+// column before the limit, then the first ones past it) and false returned.
+template <int kMask, int kRowThreads>
 __device__ bool row_source(const Params& p, int64_t r, RowSource<kMask>& src, int32_t*& o) {
   const int64_t b = r / p.seq, s = r % p.seq;
   const int k = p.k;
@@ -495,8 +495,8 @@ __device__ bool row_source(const Params& p, int64_t r, RowSource<kMask>& src, in
   if (n <= p.lo || n > p.hi) return false;  // another launch's row
   o = p.out + r * k;
   if (n <= k) {
-    if constexpr (kWarp) {
-      for (int i = threadIdx.x & 31; i < k; i += 32) o[i] = i;
+    if constexpr (kRowThreads > 0) {
+      for (int i = threadIdx.x % kRowThreads; i < k; i += kRowThreads) o[i] = i;
     } else {
       for (int i = threadIdx.x; i < k; i += blockDim.x) o[i] = i;
     }
@@ -844,7 +844,7 @@ __global__ void __launch_bounds__(kT, kT == 512 ? 2 : 3) topk_kernel(const Param
   __shared__ uint32_t span[2 * (kT / 32)];
   RowSource<kMask> src;
   int32_t* o;
-  if (!row_source<kMask, false>(p, blockIdx.x, src, o)) return;
+  if (!row_source<kMask, 0>(p, blockIdx.x, src, o)) return;
   const int k = p.k;
   if (src.n > p.stream_min && stream_topk<kMask, kT>(src, k, reinterpret_cast<unsigned char*>(held),
                                                      hist, warp_sums, pick, counts, span, o)) {
@@ -888,7 +888,7 @@ __global__ void __launch_bounds__(kT, reg_blocks_per_sm(kT)) topk_reg_kernel(con
   __shared__ int pick[3];
   RowSource<kMask> src;
   int32_t* o;
-  if (!row_source<kMask, false>(p, blockIdx.x, src, o)) return;
+  if (!row_source<kMask, 0>(p, blockIdx.x, src, o)) return;
   const int k = p.k;
   const int iters = static_cast<int>((src.chunks() + kT - 1) / kT);  // chunk rows, <= kRegChunks
   uint32_t key[kRegChunks][4];
@@ -943,8 +943,19 @@ __global__ void __launch_bounds__(kT, reg_blocks_per_sm(kT)) topk_reg_kernel(con
 
 // ---- rows of up to 2048 columns: one warp per row, its keys in registers -----------------------
 // No block-wide step: a row's chain is warp shuffles and its own histogram, and a block of
-// kRowWarps warps selects that many rows.
+// kRowWarps warps selects that many rows. The bench library also runs it with kG warps a row (2 or
+// 4; rows of up to 4096 columns), in step by a named barrier where one warp needs only __syncwarp.
 constexpr int kRowWarps = 4;
+
+// The row's kG warps in step (group: the row's place in the block; barrier 0 is __syncthreads).
+template <int kG>
+__device__ __forceinline__ void group_sync(int group) {
+  if constexpr (kG == 1) {
+    __syncwarp();
+  } else {
+    asm volatile("bar.sync %0, %1;" ::"r"(1 + group), "n"(32 * kG) : "memory");
+  }
+}
 
 // Blocks of the warp kernel per SM it is compiled for: the keys take 4 kC registers a lane (and
 // the mask's words until they are keys), the histograms 8 KB a warp. No spills: kC 8 at 92-96
@@ -959,19 +970,19 @@ constexpr int warp_blocks_per_sm(int mask, int chunks) {
 constexpr uint32_t kNoKey = 0u;
 
 // Counts the warp's keys (chunk rows 0 .. rows_of_chunks - 1) whose bits from kHigh up equal
-// `prefix` (all but kNoKey when kHigh is 32) by their digit, bits [kShift, kHigh), into the warp's
-// histogram.
-template <int kC, int kShift, int kHigh>
+// `prefix` (all but kNoKey when kHigh is 32) by their digit, bits [kShift, kHigh), into the row's
+// histogram (its kG warps': `member` is the warp's place among them, `group` the row's).
+template <int kC, int kShift, int kHigh, int kG>
 __device__ __forceinline__ void warp_count(const uint32_t (&key)[kC][4], int rows_of_chunks,
-                                           uint32_t prefix, int* hist) {
+                                           uint32_t prefix, int* hist, int member, int group) {
   constexpr int kBins = 1 << (kHigh - kShift);
   const int lane = threadIdx.x & 31;
-  __syncwarp();  // the previous digit's histogram read by every lane
+  group_sync<kG>(group);  // the previous digit's histogram read by every lane
 #pragma unroll
-  for (int q = 0; q < kBins / 128; ++q) {
-    reinterpret_cast<int4*>(hist)[q * 32 + lane] = make_int4(0, 0, 0, 0);
+  for (int q = 0; q < kBins / 128 / kG; ++q) {
+    reinterpret_cast<int4*>(hist)[(q * kG + member) * 32 + lane] = make_int4(0, 0, 0, 0);
   }
-  __syncwarp();
+  group_sync<kG>(group);
 #pragma unroll
   for (int i = 0; i < kC; ++i) {
     if (i >= rows_of_chunks) break;  // warp-uniform
@@ -981,7 +992,7 @@ __device__ __forceinline__ void warp_count(const uint32_t (&key)[kC][4], int row
       if (in) atomicAdd(&hist[(key[i][j] >> kShift) & (kBins - 1)], 1);
     }
   }
-  __syncwarp();
+  group_sync<kG>(group);
 }
 
 // The bucket of the warp's histogram (kBins buckets) holding the need-th largest key, on every
@@ -1026,63 +1037,79 @@ __device__ __forceinline__ void warp_pick(const int* hist, int need, int& digit,
   count = __shfl_sync(0xffffffffu, n, src2);
 }
 
-// Rows of up to 128 kC columns, one warp each (the latest rows first: with causal limits, the
-// longest): each lane loads its 4 kC keys once (chunk i * 32 + lane), the digits count them from
-// registers into the warp's histogram, and the chosen columns are written a chunk row at a time.
-template <int kMask, int kC>
+// Rows of up to 128 kC kG columns, kG warps each (the latest rows first: with causal limits, the
+// longest): each lane loads its 4 kC keys once (chunk i * 32 kG + 32 member + lane), the digits
+// count them from registers into the row's histogram, which each of its warps reads whole for the
+// same pick, and the chosen columns are written a chunk row at a time.
+template <int kMask, int kC, int kG = 1>
 __global__ void __launch_bounds__(32 * kRowWarps, warp_blocks_per_sm(kMask, kC))
     topk_warp_kernel(const Params p, int rows) {
-  __shared__ __align__(16) int hists[kRowWarps][kMaxBins];
+  constexpr int kRows = kRowWarps / kG, kW = 32 * kG;  // rows a block, chunks a chunk row
+  __shared__ __align__(16) int hists[kRows][kMaxBins];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int r = rows - 1 - (static_cast<int>(blockIdx.x) * kRowWarps + warp);
+  const int group = warp / kG, member = warp % kG, at = 32 * member + lane;
+  const int r = rows - 1 - (static_cast<int>(blockIdx.x) * kRows + group);
   RowSource<kMask> src;
   int32_t* o;
-  if (r < 0 || !row_source<kMask, true>(p, r, src, o)) return;
-  int* hist = hists[warp];
+  if (r < 0 || !row_source<kMask, kW>(p, r, src, o)) return;
+  int* hist = hists[group];
   const int k = p.k;
   const int chunks = static_cast<int>(src.chunks());
-  const int iters = (chunks + 31) / 32;  // chunk rows holding keys
+  const int iters = (chunks + kW - 1) / kW;  // chunk rows holding keys
   float4 v[kC];
   typename RowSource<kMask>::Word m[kC];
   bool whole[kC];
 #pragma unroll
-  for (int i = 0; i < kC; ++i) whole[i] = src.fetch(i * 32 + lane, v[i], m[i]);
+  for (int i = 0; i < kC; ++i) whole[i] = src.fetch(i * kW + at, v[i], m[i]);
   uint32_t key[kC][4];
 #pragma unroll
   for (int i = 0; i < kC; ++i) {
-    const int n = src.keys(i * 32 + lane, whole[i], v[i], m[i], key[i]);  // 0 past the row's end
+    const int n = src.keys(i * kW + at, whole[i], v[i], m[i], key[i]);  // 0 past the row's end
 #pragma unroll
     for (int j = 0; j < 4; ++j) key[i][j] = j < n ? key[i][j] : kNoKey;
   }
   int digit, rank, count;
-  warp_count<kC, 21, 32>(key, iters, 0u, hist);
+  warp_count<kC, 21, 32, kG>(key, iters, 0u, hist, member, group);
   warp_pick<kMaxBins>(hist, k, digit, rank, count);
   uint32_t prefix = static_cast<uint32_t>(digit);
   int need = rank, shift = 21;
   if (count != need) {  // else the bucket holds exactly the keys still needed
-    warp_count<kC, 10, 21>(key, iters, prefix, hist);
+    warp_count<kC, 10, 21, kG>(key, iters, prefix, hist, member, group);
     warp_pick<kMaxBins>(hist, need, digit, rank, count);
     prefix = (prefix << 11) | static_cast<uint32_t>(digit);
     need = rank, shift = 10;
     if (count != need) {
-      warp_count<kC, 0, 10>(key, iters, prefix, hist);
+      warp_count<kC, 0, 10, kG>(key, iters, prefix, hist, member, group);
       warp_pick<kMaxBins / 2>(hist, need, digit, rank, count);
       prefix = (prefix << 10) | static_cast<uint32_t>(digit);
       need = rank, shift = 0;
     }
   }
-  // As write_chosen, a warp scan per chunk row; column order is chunk row i, then lane, then j.
+  // As write_chosen, a warp scan per chunk row (and the row's warps' sums through shared memory);
+  // column order is chunk row i, then warp, lane, j.
   int gt_run = 0, eq_run = 0;
 #pragma unroll
   for (int i = 0; i < kC; ++i) {
-    if (i >= iters || (gt_run == k - need && eq_run >= need)) break;  // warp-uniform
+    if (i >= iters || (gt_run == k - need && eq_run >= need)) break;  // uniform in the row
     int cls[4];  // n = 4: kNoKey is below every prefix
-    const int packed = classify(key[i], 4, shift, prefix, cls);  // at most 128 each
+    const int packed = classify(key[i], 4, shift, prefix, cls);  // at most 4 kW each
     const int incl = warp_scan(packed);
-    const int total = __shfl_sync(0xffffffffu, incl, 31);
-    const int before = incl - packed;
+    int total = __shfl_sync(0xffffffffu, incl, 31);
+    int before = incl - packed;
+    if constexpr (kG > 1) {  // slot i % 2 is written again two rows on, past the next barrier
+      __shared__ int sums[kRows][2][kG];
+      if (lane == 31) sums[group][i % 2][member] = total;
+      group_sync<kG>(group);
+      total = 0;
+#pragma unroll
+      for (int w = 0; w < kG; ++w) {
+        const int t = sums[group][i % 2][w];
+        before += w < member ? t : 0;
+        total += t;
+      }
+    }
     int g = gt_run + (before & 0xffff), e = eq_run + (before >> 16);
-    const int c0 = 4 * (i * 32 + lane);
+    const int c0 = 4 * (i * kW + at);
     const int col[4] = {c0, c0 + 1, c0 + 2, c0 + 3};
     place_chosen(cls, col, need, g, e, o);
     gt_run += total & 0xffff;
@@ -1093,7 +1120,8 @@ __global__ void __launch_bounds__(32 * kRowWarps, warp_blocks_per_sm(kMask, kC))
 // The bench library's kernel choice (opslot_topk_set_tuning): 0 production, 1 topk_kernel for
 // every row, 2 no warp kernel, 3 production without topk_kernel's one-read pass, 4 topk_kernel
 // without it for every row, 5 production with the one-read pass for rows of any length, 6
-// production with 256-thread topk_kernel blocks for rows of up to 16384 columns.
+// production with 256-thread topk_kernel blocks for rows of up to 16384 columns, 7 and 8 production
+// with the warp kernel on rows of 2049 to 4096 columns, two and four warps a row.
 #ifdef OPSLOT_KERNELS_BENCH
 int g_path = 0;
 #else
@@ -1101,7 +1129,7 @@ constexpr int g_path = 0;
 #endif
 bool all_rows_two_read() { return g_path == 1 || g_path == 4; }
 // Whether the warp kernel and the split launch with limits run as in production.
-bool production_short_rows() { return g_path == 0 || g_path == 3 || g_path == 6; }
+bool production_short_rows() { return g_path == 0 || g_path == 3 || g_path >= 6; }
 // Rows of topk_kernel longer than this try its one-read pass.
 int64_t stream_min_cols() {
   return g_path == 3 || g_path == 4 ? INT64_MAX : (g_path == 5 ? 0 : kStreamMinCols);
@@ -1126,6 +1154,11 @@ int warp_chunks(int64_t cols) {
 // gives those rows to the warp kernel. 512 threads for rows up to 8192 columns measured as fast as
 // the two-read kernel, 1024 threads for rows up to 16384 slower (docs/results/dsa_indexer_h200.md).
 constexpr int64_t kRegMaxCols = 4 * kRegChunks * 256;
+#ifdef OPSLOT_KERNELS_BENCH
+int group_warps(int64_t cols) {
+  return cols > kWarpMaxCols && cols <= kRegMaxCols && g_path >= 7 ? (g_path == 7 ? 2 : 4) : 0;
+}
+#endif
 int reg_threads(int64_t cols) {
   if (all_rows_two_read()) return 0;
 #ifdef OPSLOT_KERNELS_BENCH
@@ -1167,6 +1200,17 @@ int launch_rows(Params p, int64_t rows, int64_t lo, int64_t hi, int64_t longest,
     default:
       break;
   }
+#ifdef OPSLOT_KERNELS_BENCH
+  if (const int g = group_warps(longest)) {  // rows of 2049 to 4096 columns, kG warps a row
+    const auto groups = static_cast<unsigned>((rows + kRowWarps / g - 1) / (kRowWarps / g));
+    if (g == 2) {
+      topk_warp_kernel<kMask, 16, 2><<<groups, 32 * kRowWarps, 0, stream>>>(p, r);
+    } else {
+      topk_warp_kernel<kMask, 8, 4><<<groups, 32 * kRowWarps, 0, stream>>>(p, r);
+    }
+    return check_launch(kName);
+  }
+#endif
   const auto grid = static_cast<unsigned>(rows);
   switch (reg_threads(longest)) {
 #ifdef OPSLOT_KERNELS_BENCH
@@ -1281,15 +1325,16 @@ extern "C" OPSLOT_API int opslot_topk_probe_phases(unsigned long long* out, int 
 }
 
 extern "C" OPSLOT_API int opslot_topk_set_tuning(int path) {
-  if (path < 0 || path > 6)
+  if (path < 0 || path > 8)
     return opslot::set_error(
         OPSLOT_ERR_INVALID_ARGUMENT,
         "topk tuning: path 0 (production), 1 (the long-row kernel for every "
         "row), 2 (no warp kernel: the block register kernel up to 4096 "
         "columns), 3 (production without the long-row kernel's one-read pass) "
         "4 (the long-row kernel without it for every row), 5 (production with the "
-        "one-read pass on rows of any length) or 6 (production with 256-thread "
-        "long-row blocks for rows of up to 16384 columns)");
+        "one-read pass on rows of any length), 6 (production with 256-thread "
+        "long-row blocks for rows of up to 16384 columns), 7 or 8 (production with "
+        "the warp kernel on rows of 2049 to 4096 columns, two or four warps a row)");
   opslot::topk::g_path = path;
   return OPSLOT_OK;
 }

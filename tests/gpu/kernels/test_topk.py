@@ -208,32 +208,40 @@ def test_every_kernel_gives_the_same_bits():
     register kernel where production runs the warp kernel (rows up to 2048 columns), (3) production with the
     long-row kernel's one-read pass off, (4) the long-row kernel without it on every row, (5) production with
     the pass on rows of any length, (6) production with 256-thread long-row blocks for rows of up to 16384
-    columns: the rows the warp kernel takes in production (700 and 1500 columns; 10 and 13 rows: the last
-    block of 4 rows partly filled; 1 row of 2000) and the block register kernel (3000) give the same bits with
-    each, as do the longer ones (the long-row kernel's one-read pass or its two-read path; 16384 columns the
-    longest that path 6 gives 256-thread blocks, 16385 the shortest that production reads once)."""
+    columns, (7, 8) production with the warp kernel on rows of 2049 to 4096 columns, two or four warps a row:
+    the rows the warp kernel takes in production (700 and 1500 columns; 10 and 13 rows: the last block of 4
+    rows partly filled; 1 row of 2000) and the block register kernel (2049, 3000 and 4096 columns; 11 rows of
+    3000: the last block of path 7 partly filled; a bfloat16 additive mask too) give the same bits with each,
+    as do the
+    longer ones (the long-row kernel's one-read pass or its two-read path; 16384 columns the longest that
+    path 6 gives 256-thread blocks, 16385 the shortest that production reads once)."""
     cases = []
-    for cols in (700, 1500, 2000, 3000, 6000, 8192, 16384, 16385):
+    for cols in (700, 1500, 2000, 2049, 3000, 4096, 6000, 8192, 16384, 16385):
         rows, limit = tier_rows(cols)
-        if cols == 1500:
+        if cols in (1500, 3000):
             rows, limit = torch.cat([rows, rows[:3]]), torch.cat([limit, limit[:3]])
+        if cols == 3000:
+            rows, limit = rows[:11], limit[:11]
         elif cols == 2000:
             rows, limit = rows[:1], limit[:1]
         mask = torch.rand(rows.shape, device=DEV) > 0.1
+        additive = torch.where(mask, torch.randn(rows.shape, device=DEV), -1e30).to(torch.bfloat16)
         for k in (1, 512, min(2048, cols - 1)):
             cases.append((rows, k, limit, None))
             cases.append((rows, k, limit, mask))
-    want = [op(*c) for c in cases]
+            if cols in (3000, 4096):
+                cases.append((rows, k, limit, additive))
+    want = [check(*c[:3], f"{c[0].shape} k={c[1]}", c[3]) for c in cases]
     with bench_library() as lib:
         f = knob(lib, "opslot_topk_set_tuning", 1)
         try:
-            for path in (1, 2, 3, 4, 5, 6, 0):
+            for path in (1, 2, 3, 4, 5, 6, 7, 8, 0):
                 assert f(path) == 0
                 for c, w in zip(cases, want):
-                    assert torch.equal(op(*c), w), (path, c[0].shape, c[1], c[3] is None)
+                    assert torch.equal(op(*c), w), (path, c[0].shape, c[1], None if c[3] is None else c[3].dtype)
         finally:
             assert f(0) == 0
-        assert f(7) != 0 and f(-1) != 0
+        assert f(9) != 0 and f(-1) != 0
 
 
 def test_one_read_pass_cuts_its_candidates_and_gives_up():
