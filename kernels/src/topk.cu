@@ -1121,7 +1121,8 @@ __global__ void __launch_bounds__(32 * kRowWarps, warp_blocks_per_sm(kMask, kC))
 // every row, 2 no warp kernel, 3 production without topk_kernel's one-read pass, 4 topk_kernel
 // without it for every row, 5 production with the one-read pass for rows of any length, 6
 // production with 256-thread topk_kernel blocks for rows of up to 16384 columns, 7 and 8 production
-// with the warp kernel on rows of 2049 to 4096 columns, two and four warps a row.
+// with the warp kernel on rows of 2049 to 4096 columns, two and four warps a row, 9 production with
+// two warps a row on rows of 1025 to 2048 columns.
 #ifdef OPSLOT_KERNELS_BENCH
 int g_path = 0;
 #else
@@ -1155,8 +1156,14 @@ int warp_chunks(int64_t cols) {
 // the two-read kernel, 1024 threads for rows up to 16384 slower (docs/results/dsa_indexer_h200.md).
 constexpr int64_t kRegMaxCols = 4 * kRegChunks * 256;
 #ifdef OPSLOT_KERNELS_BENCH
+// Warps a row of the warp kernel in the bench library's paths 7 to 9, 0 where they do not change
+// the kernel: rows of 2049 to 4096 columns two (7) or four (8) warps a row, of 1025 to 2048 two
+// (9).
 int group_warps(int64_t cols) {
-  return cols > kWarpMaxCols && cols <= kRegMaxCols && g_path >= 7 ? (g_path == 7 ? 2 : 4) : 0;
+  if (g_path == 7 || g_path == 8) {
+    return cols > kWarpMaxCols && cols <= kRegMaxCols ? (g_path == 7 ? 2 : 4) : 0;
+  }
+  return g_path == 9 && cols > kWarpMaxCols / 2 && cols <= kWarpMaxCols ? 2 : 0;
 }
 #endif
 int reg_threads(int64_t cols) {
@@ -1190,6 +1197,19 @@ int launch_rows(Params p, int64_t rows, int64_t lo, int64_t hi, int64_t longest,
   p.hi = hi;
   const auto warp_grid = static_cast<unsigned>((rows + kRowWarps - 1) / kRowWarps);
   const int r = static_cast<int>(rows);
+#ifdef OPSLOT_KERNELS_BENCH
+  if (const int g = group_warps(longest)) {  // kG warps a row: 32 chunks a warp and chunk row
+    const auto groups = static_cast<unsigned>((rows + kRowWarps / g - 1) / (kRowWarps / g));
+    if (g == 4) {
+      topk_warp_kernel<kMask, 8, 4><<<groups, 32 * kRowWarps, 0, stream>>>(p, r);
+    } else if (longest <= kWarpMaxCols) {
+      topk_warp_kernel<kMask, 8, 2><<<groups, 32 * kRowWarps, 0, stream>>>(p, r);
+    } else {
+      topk_warp_kernel<kMask, 16, 2><<<groups, 32 * kRowWarps, 0, stream>>>(p, r);
+    }
+    return check_launch(kName);
+  }
+#endif
   switch (warp_chunks(longest)) {
     case 8:
       topk_warp_kernel<kMask, 8><<<warp_grid, 32 * kRowWarps, 0, stream>>>(p, r);
@@ -1200,17 +1220,6 @@ int launch_rows(Params p, int64_t rows, int64_t lo, int64_t hi, int64_t longest,
     default:
       break;
   }
-#ifdef OPSLOT_KERNELS_BENCH
-  if (const int g = group_warps(longest)) {  // rows of 2049 to 4096 columns, kG warps a row
-    const auto groups = static_cast<unsigned>((rows + kRowWarps / g - 1) / (kRowWarps / g));
-    if (g == 2) {
-      topk_warp_kernel<kMask, 16, 2><<<groups, 32 * kRowWarps, 0, stream>>>(p, r);
-    } else {
-      topk_warp_kernel<kMask, 8, 4><<<groups, 32 * kRowWarps, 0, stream>>>(p, r);
-    }
-    return check_launch(kName);
-  }
-#endif
   const auto grid = static_cast<unsigned>(rows);
   switch (reg_threads(longest)) {
 #ifdef OPSLOT_KERNELS_BENCH
@@ -1325,7 +1334,7 @@ extern "C" OPSLOT_API int opslot_topk_probe_phases(unsigned long long* out, int 
 }
 
 extern "C" OPSLOT_API int opslot_topk_set_tuning(int path) {
-  if (path < 0 || path > 8)
+  if (path < 0 || path > 9)
     return opslot::set_error(
         OPSLOT_ERR_INVALID_ARGUMENT,
         "topk tuning: path 0 (production), 1 (the long-row kernel for every "
@@ -1334,7 +1343,8 @@ extern "C" OPSLOT_API int opslot_topk_set_tuning(int path) {
         "4 (the long-row kernel without it for every row), 5 (production with the "
         "one-read pass on rows of any length), 6 (production with 256-thread "
         "long-row blocks for rows of up to 16384 columns), 7 or 8 (production with "
-        "the warp kernel on rows of 2049 to 4096 columns, two or four warps a row)");
+        "the warp kernel on rows of 2049 to 4096 columns, two or four warps a row) "
+        "or 9 (production with two warps a row on rows of 1025 to 2048 columns)");
   opslot::topk::g_path = path;
   return OPSLOT_OK;
 }
