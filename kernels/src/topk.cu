@@ -1122,7 +1122,8 @@ __global__ void __launch_bounds__(32 * kRowWarps, warp_blocks_per_sm(kMask, kC))
 // without it for every row, 5 production with the one-read pass for rows of any length, 6
 // production with 256-thread topk_kernel blocks for rows of up to 16384 columns, 7 and 8 production
 // with the warp kernel on rows of 2049 to 4096 columns, two and four warps a row, 9 production with
-// two warps a row on rows of 1025 to 2048 columns.
+// two warps a row on rows of 1025 to 2048 columns, 10 production with four warps a row on rows of
+// 4097 to 8192 columns.
 #ifdef OPSLOT_KERNELS_BENCH
 int g_path = 0;
 #else
@@ -1156,13 +1157,14 @@ int warp_chunks(int64_t cols) {
 // the two-read kernel, 1024 threads for rows up to 16384 slower (docs/results/dsa_indexer_h200.md).
 constexpr int64_t kRegMaxCols = 4 * kRegChunks * 256;
 #ifdef OPSLOT_KERNELS_BENCH
-// Warps a row of the warp kernel in the bench library's paths 7 to 9, 0 where they do not change
+// Warps a row of the warp kernel in the bench library's paths 7 to 10, 0 where they do not change
 // the kernel: rows of 2049 to 4096 columns two (7) or four (8) warps a row, of 1025 to 2048 two
-// (9).
+// (9), of 4097 to 8192 four (10).
 int group_warps(int64_t cols) {
   if (g_path == 7 || g_path == 8) {
     return cols > kWarpMaxCols && cols <= kRegMaxCols ? (g_path == 7 ? 2 : 4) : 0;
   }
+  if (g_path == 10) return cols > kRegMaxCols && cols <= 2 * kRegMaxCols ? 4 : 0;
   return g_path == 9 && cols > kWarpMaxCols / 2 && cols <= kWarpMaxCols ? 2 : 0;
 }
 #endif
@@ -1200,12 +1202,15 @@ int launch_rows(Params p, int64_t rows, int64_t lo, int64_t hi, int64_t longest,
 #ifdef OPSLOT_KERNELS_BENCH
   if (const int g = group_warps(longest)) {  // kG warps a row: 32 chunks a warp and chunk row
     const auto groups = static_cast<unsigned>((rows + kRowWarps / g - 1) / (kRowWarps / g));
-    if (g == 4) {
+    const bool wide = longest > 128 * 8 * g;  // 16 chunk rows a lane, else 8
+    if (g == 4 && wide) {
+      topk_warp_kernel<kMask, 16, 4><<<groups, 32 * kRowWarps, 0, stream>>>(p, r);
+    } else if (g == 4) {
       topk_warp_kernel<kMask, 8, 4><<<groups, 32 * kRowWarps, 0, stream>>>(p, r);
-    } else if (longest <= kWarpMaxCols) {
-      topk_warp_kernel<kMask, 8, 2><<<groups, 32 * kRowWarps, 0, stream>>>(p, r);
-    } else {
+    } else if (wide) {
       topk_warp_kernel<kMask, 16, 2><<<groups, 32 * kRowWarps, 0, stream>>>(p, r);
+    } else {
+      topk_warp_kernel<kMask, 8, 2><<<groups, 32 * kRowWarps, 0, stream>>>(p, r);
     }
     return check_launch(kName);
   }
@@ -1334,7 +1339,7 @@ extern "C" OPSLOT_API int opslot_topk_probe_phases(unsigned long long* out, int 
 }
 
 extern "C" OPSLOT_API int opslot_topk_set_tuning(int path) {
-  if (path < 0 || path > 9)
+  if (path < 0 || path > 10)
     return opslot::set_error(
         OPSLOT_ERR_INVALID_ARGUMENT,
         "topk tuning: path 0 (production), 1 (the long-row kernel for every "
@@ -1344,7 +1349,8 @@ extern "C" OPSLOT_API int opslot_topk_set_tuning(int path) {
         "one-read pass on rows of any length), 6 (production with 256-thread "
         "long-row blocks for rows of up to 16384 columns), 7 or 8 (production with "
         "the warp kernel on rows of 2049 to 4096 columns, two or four warps a row) "
-        "or 9 (production with two warps a row on rows of 1025 to 2048 columns)");
+        "9 (production with two warps a row on rows of 1025 to 2048 columns) or 10 "
+        "(production with four warps a row on rows of 4097 to 8192 columns)");
   opslot::topk::g_path = path;
   return OPSLOT_OK;
 }
