@@ -943,9 +943,13 @@ __global__ void __launch_bounds__(kT, reg_blocks_per_sm(kT)) topk_reg_kernel(con
 
 // ---- rows of up to 2048 columns: one warp per row, its keys in registers -----------------------
 // No block-wide step: a row's chain is warp shuffles and its own histogram, and a block of
-// kRowWarps warps selects that many rows. The bench library also runs it with kG warps a row (2 or
-// 4; rows of up to 4096 columns), in step by a named barrier where one warp needs only __syncwarp.
+// kRowWarps warps selects that many rows. The bench library also runs it with kG warps a row (2, 4
+// or 8; rows of up to 16384 columns), in step by a named barrier where one warp needs only
+// __syncwarp.
 constexpr int kRowWarps = 4;
+
+// Warps of a block of the warp kernel with kG warps a row: kRowWarps, or one row of kG.
+constexpr int block_warps(int g) { return g > kRowWarps ? g : kRowWarps; }
 
 // The row's kG warps in step (group: the row's place in the block; barrier 0 is __syncthreads).
 template <int kG>
@@ -960,8 +964,9 @@ __device__ __forceinline__ void group_sync(int group) {
 // Blocks of the warp kernel per SM it is compiled for: the keys take 4 kC registers a lane (and
 // the mask's words until they are keys), the histograms 8 KB a warp. No spills: kC 8 at 92-96
 // registers (20 rows per SM; 6 blocks spill), kC 16 at 123 without a mask (16 rows), 134-168 with.
-constexpr int warp_blocks_per_sm(int mask, int chunks) {
-  return chunks <= 8 ? 5 : (mask < 0 ? 4 : 3);
+// Blocks of 8 warps (the bench library's rows of 8 warps): two.
+constexpr int warp_blocks_per_sm(int mask, int chunks, int g = 1) {
+  return g > kRowWarps ? 2 : (chunks <= 8 ? 5 : (mask < 0 ? 4 : 3));
 }
 
 // No key: a place past the row's end in the warp kernel. order_key gives none (a valid key is at
@@ -1042,9 +1047,9 @@ __device__ __forceinline__ void warp_pick(const int* hist, int need, int& digit,
 // count them from registers into the row's histogram, which each of its warps reads whole for the
 // same pick, and the chosen columns are written a chunk row at a time.
 template <int kMask, int kC, int kG = 1>
-__global__ void __launch_bounds__(32 * kRowWarps, warp_blocks_per_sm(kMask, kC))
+__global__ void __launch_bounds__(32 * block_warps(kG), warp_blocks_per_sm(kMask, kC, kG))
     topk_warp_kernel(const Params p, int rows) {
-  constexpr int kRows = kRowWarps / kG, kW = 32 * kG;  // rows a block, chunks a chunk row
+  constexpr int kRows = block_warps(kG) / kG, kW = 32 * kG;  // rows a block, chunks a chunk row
   __shared__ __align__(16) int hists[kRows][kMaxBins];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int group = warp / kG, member = warp % kG, at = 32 * member + lane;
@@ -1122,8 +1127,8 @@ __global__ void __launch_bounds__(32 * kRowWarps, warp_blocks_per_sm(kMask, kC))
 // without it for every row, 5 production with the one-read pass for rows of any length, 6
 // production with 256-thread topk_kernel blocks for rows of up to 16384 columns, 7 and 8 production
 // with the warp kernel on rows of 2049 to 4096 columns, two and four warps a row, 9 production with
-// two warps a row on rows of 1025 to 2048 columns, 10 production with four warps a row on rows of
-// 4097 to 8192 columns.
+// two warps a row on rows of 1025 to 2048 columns, 10 and 11 production with four and eight warps
+// a row on rows of 4097 to 8192 and 8193 to 16384 columns.
 #ifdef OPSLOT_KERNELS_BENCH
 int g_path = 0;
 #else
@@ -1157,15 +1162,25 @@ int warp_chunks(int64_t cols) {
 // the two-read kernel, 1024 threads for rows up to 16384 slower (docs/results/dsa_indexer_h200.md).
 constexpr int64_t kRegMaxCols = 4 * kRegChunks * 256;
 #ifdef OPSLOT_KERNELS_BENCH
-// Warps a row of the warp kernel in the bench library's paths 7 to 10, 0 where they do not change
+// Warps a row of the warp kernel in the bench library's paths 7 to 11, 0 where they do not change
 // the kernel: rows of 2049 to 4096 columns two (7) or four (8) warps a row, of 1025 to 2048 two
-// (9), of 4097 to 8192 four (10).
+// (9), of 4097 to 8192 four (10), of 8193 to 16384 eight (11).
 int group_warps(int64_t cols) {
   if (g_path == 7 || g_path == 8) {
     return cols > kWarpMaxCols && cols <= kRegMaxCols ? (g_path == 7 ? 2 : 4) : 0;
   }
   if (g_path == 10) return cols > kRegMaxCols && cols <= 2 * kRegMaxCols ? 4 : 0;
+  if (g_path == 11) return cols > 2 * kRegMaxCols && cols <= 4 * kRegMaxCols ? 8 : 0;
   return g_path == 9 && cols > kWarpMaxCols / 2 && cols <= kWarpMaxCols ? 2 : 0;
+}
+
+// The warp kernel with kG warps a row over `rows` rows.
+template <int kMask, int kC, int kG>
+int launch_group(const Params& p, int rows, cudaStream_t stream) {
+  constexpr int kRows = block_warps(kG) / kG;
+  const auto grid = static_cast<unsigned>((rows + kRows - 1) / kRows);
+  topk_warp_kernel<kMask, kC, kG><<<grid, 32 * block_warps(kG), 0, stream>>>(p, rows);
+  return check_launch(kName);
 }
 #endif
 int reg_threads(int64_t cols) {
@@ -1200,19 +1215,14 @@ int launch_rows(Params p, int64_t rows, int64_t lo, int64_t hi, int64_t longest,
   const auto warp_grid = static_cast<unsigned>((rows + kRowWarps - 1) / kRowWarps);
   const int r = static_cast<int>(rows);
 #ifdef OPSLOT_KERNELS_BENCH
-  if (const int g = group_warps(longest)) {  // kG warps a row: 32 chunks a warp and chunk row
-    const auto groups = static_cast<unsigned>((rows + kRowWarps / g - 1) / (kRowWarps / g));
+  if (const int g = group_warps(longest)) {   // kG warps a row: 32 chunks a warp and chunk row
     const bool wide = longest > 128 * 8 * g;  // 16 chunk rows a lane, else 8
-    if (g == 4 && wide) {
-      topk_warp_kernel<kMask, 16, 4><<<groups, 32 * kRowWarps, 0, stream>>>(p, r);
-    } else if (g == 4) {
-      topk_warp_kernel<kMask, 8, 4><<<groups, 32 * kRowWarps, 0, stream>>>(p, r);
-    } else if (wide) {
-      topk_warp_kernel<kMask, 16, 2><<<groups, 32 * kRowWarps, 0, stream>>>(p, r);
-    } else {
-      topk_warp_kernel<kMask, 8, 2><<<groups, 32 * kRowWarps, 0, stream>>>(p, r);
-    }
-    return check_launch(kName);
+    if (g == 8) return launch_group<kMask, 16, 8>(p, r, stream);
+    if (g == 4)
+      return wide ? launch_group<kMask, 16, 4>(p, r, stream)
+                  : launch_group<kMask, 8, 4>(p, r, stream);
+    return wide ? launch_group<kMask, 16, 2>(p, r, stream)
+                : launch_group<kMask, 8, 2>(p, r, stream);
   }
 #endif
   switch (warp_chunks(longest)) {
@@ -1339,7 +1349,7 @@ extern "C" OPSLOT_API int opslot_topk_probe_phases(unsigned long long* out, int 
 }
 
 extern "C" OPSLOT_API int opslot_topk_set_tuning(int path) {
-  if (path < 0 || path > 10)
+  if (path < 0 || path > 11)
     return opslot::set_error(
         OPSLOT_ERR_INVALID_ARGUMENT,
         "topk tuning: path 0 (production), 1 (the long-row kernel for every "
@@ -1349,8 +1359,9 @@ extern "C" OPSLOT_API int opslot_topk_set_tuning(int path) {
         "one-read pass on rows of any length), 6 (production with 256-thread "
         "long-row blocks for rows of up to 16384 columns), 7 or 8 (production with "
         "the warp kernel on rows of 2049 to 4096 columns, two or four warps a row) "
-        "9 (production with two warps a row on rows of 1025 to 2048 columns) or 10 "
-        "(production with four warps a row on rows of 4097 to 8192 columns)");
+        "9 (production with two warps a row on rows of 1025 to 2048 columns), 10 "
+        "(production with four warps a row on rows of 4097 to 8192 columns) or 11 "
+        "(production with eight warps a row on rows of 8193 to 16384 columns)");
   opslot::topk::g_path = path;
   return OPSLOT_OK;
 }

@@ -209,15 +209,15 @@ def test_every_kernel_gives_the_same_bits():
     long-row kernel's one-read pass off, (4) the long-row kernel without it on every row, (5) production with
     the pass on rows of any length, (6) production with 256-thread long-row blocks for rows of up to 16384
     columns, (7, 8) production with the warp kernel on rows of 2049 to 4096 columns, two or four warps a row,
-    (9) two warps a row on rows of 1025 to 2048 columns, (10) four warps a row on rows of 4097 to 8192
-    columns. The same bits with each: the rows the warp kernel takes in production (700 and 1500 columns; 10
+    (9) two warps a row on rows of 1025 to 2048 columns, (10, 11) four and eight warps a row on rows of 4097
+    to 8192 and 8193 to 16384 columns. The same bits with each: the rows the warp kernel takes in production (700 and 1500 columns; 10
     and 13 rows: the last block of 4 rows, or of 2 in path 9, partly filled; 1 row of 2000), the block
     register kernel's (2049, 3000 and 4096 columns; 11 rows of 3000: the last block of path 7 partly filled;
-    a bfloat16 additive mask too), the two-read path's (4097, 6000 and 8192 columns: four warps a row in
-    path 10) and the long-row kernel's (16384 columns, the longest that path 6 gives 256-thread blocks;
-    16385, the shortest that production reads once)."""
+    a bfloat16 additive mask too), the two-read path's (4097, 6000, 8192, 8193 and 16384 columns: four warps a
+    row in path 10, eight in path 11; 16384 the longest that path 6 gives 256-thread blocks) and the one-read
+    pass's (16385 columns, the shortest that production reads once)."""
     cases = []
-    for cols in (700, 1500, 2000, 2049, 3000, 4096, 4097, 6000, 8192, 16384, 16385):
+    for cols in (700, 1500, 2000, 2049, 3000, 4096, 4097, 6000, 8192, 8193, 16384, 16385):
         rows, limit = tier_rows(cols)
         if cols in (1500, 3000):
             rows, limit = torch.cat([rows, rows[:3]]), torch.cat([limit, limit[:3]])
@@ -236,13 +236,13 @@ def test_every_kernel_gives_the_same_bits():
     with bench_library() as lib:
         f = knob(lib, "opslot_topk_set_tuning", 1)
         try:
-            for path in (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 0):
+            for path in (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 0):
                 assert f(path) == 0
                 for c, w in zip(cases, want):
                     assert torch.equal(op(*c), w), (path, c[0].shape, c[1], None if c[3] is None else c[3].dtype)
         finally:
             assert f(0) == 0
-        assert f(11) != 0 and f(-1) != 0
+        assert f(12) != 0 and f(-1) != 0
 
 
 def test_one_read_pass_cuts_its_candidates_and_gives_up():
