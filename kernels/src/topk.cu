@@ -700,8 +700,10 @@ struct PhaseClock {
 // floor: every key below it has k others above) and the round taken again from registers. Then the
 // select over the candidates (its first digit spanning them) and the bitmap write. Returns false,
 // before writing anything, for rows too long, k too large, or a round that overflows twice (ties at
-// the k-th largest filling the candidates): the row then takes the two-read path.
-template <int kMask, int kT>
+// the k-th largest filling the candidates): the row then takes the two-read path. Each round asks
+// L2 for the next one (kAhead 1), or for the one after it (2, the bench library's path 12; the
+// first round for both).
+template <int kMask, int kT, int kAhead>
 __device__ bool stream_topk(const RowSource<kMask>& src, int k, unsigned char* smem, int* hist,
                             int* warp_sums, int* pick, int* counts, uint32_t* span, int32_t* o) {
   if (src.n > kStreamMaxCols || k > kStreamMaxK) return false;  // the caller checked stream_min
@@ -730,8 +732,15 @@ __device__ bool stream_topk(const RowSource<kMask>& src, int k, unsigned char* s
       for (int i = 0; i < kRound; ++i) {
         whole[i] = src.fetch(base + i * kT + threadIdx.x, v[i], mw[i]);
       }
-      if (base + kRound * kT < chunks) {  // the next round on its way to L2
-        src.prefetch(base + kRound * kT, kRound * kT, threadIdx.x);
+      if constexpr (kAhead == 1) {
+        if (base + kRound * kT < chunks) {  // the next round on its way to L2
+          src.prefetch(base + kRound * kT, kRound * kT, threadIdx.x);
+        }
+      } else {  // the round after next (the first round: the next one too)
+        if (base == 0 && kRound * kT < chunks) src.prefetch(kRound * kT, kRound * kT, threadIdx.x);
+        if (base + 2 * kRound * kT < chunks) {
+          src.prefetch(base + 2 * kRound * kT, kRound * kT, threadIdx.x);
+        }
       }
 #pragma unroll
       for (int i = 0; i < kRound; ++i) {
@@ -833,7 +842,7 @@ __device__ bool stream_topk(const RowSource<kMask>& src, int k, unsigned char* s
 // Rows longer than the register kernel takes: the one-read pass (stream_topk) where it takes the
 // row; else the top digit's histogram over the row, then the rest over the keys at or above its
 // bucket held in shared memory (the row read twice), or over the row.
-template <int kMask, int kT>
+template <int kMask, int kT, int kAhead = 1>
 __global__ void __launch_bounds__(kT, kT == 512 ? 2 : 3) topk_kernel(const Params p) {
   // stream_topk's candidates and bitmaps, or kHeld keys and columns
   extern __shared__ uint4 held[];
@@ -846,8 +855,9 @@ __global__ void __launch_bounds__(kT, kT == 512 ? 2 : 3) topk_kernel(const Param
   int32_t* o;
   if (!row_source<kMask, 0>(p, blockIdx.x, src, o)) return;
   const int k = p.k;
-  if (src.n > p.stream_min && stream_topk<kMask, kT>(src, k, reinterpret_cast<unsigned char*>(held),
-                                                     hist, warp_sums, pick, counts, span, o)) {
+  if (src.n > p.stream_min &&
+      stream_topk<kMask, kT, kAhead>(src, k, reinterpret_cast<unsigned char*>(held), hist,
+                                     warp_sums, pick, counts, span, o)) {
     return;
   }
   histogram<kT>(src, 21, 32, 0u, hist);  // the top digit, bits 21 to 31
@@ -1128,7 +1138,8 @@ __global__ void __launch_bounds__(32 * block_warps(kG), warp_blocks_per_sm(kMask
 // production with 256-thread topk_kernel blocks for rows of up to 16384 columns, 7 and 8 production
 // with the warp kernel on rows of 2049 to 4096 columns, two and four warps a row, 9 production with
 // two warps a row on rows of 1025 to 2048 columns, 10 and 11 production with four and eight warps
-// a row on rows of 4097 to 8192 and 8193 to 16384 columns.
+// a row on rows of 4097 to 8192 and 8193 to 16384 columns, 12 production with the one-read pass
+// asking L2 for the round after next.
 #ifdef OPSLOT_KERNELS_BENCH
 int g_path = 0;
 #else
@@ -1192,16 +1203,17 @@ int reg_threads(int64_t cols) {
 }
 
 // topk_kernel with kT threads a block over `grid` rows.
-template <int kMask, int kT>
+template <int kMask, int kT, int kAhead = 1>
 int launch_long(const Params& p, unsigned grid, cudaStream_t stream) {
   constexpr size_t smem = kernel_smem(kT);
-  const cudaError_t err = cudaFuncSetAttribute(
-      topk_kernel<kMask, kT>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  const cudaError_t err =
+      cudaFuncSetAttribute(topk_kernel<kMask, kT, kAhead>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (err != cudaSuccess) {
     return set_error(static_cast<int>(err), "%s: %zu bytes of shared memory refused: %s", kName,
                      smem, cudaGetErrorString(err));
   }
-  topk_kernel<kMask, kT><<<grid, kT, smem, stream>>>(p);
+  topk_kernel<kMask, kT, kAhead><<<grid, kT, smem, stream>>>(p);
   return check_launch(kName);
 }
 
@@ -1252,6 +1264,7 @@ int launch_rows(Params p, int64_t rows, int64_t lo, int64_t hi, int64_t longest,
     // 16384 columns 256 (three an SM; docs/kernels.md "dsa_indexer").
 #ifdef OPSLOT_KERNELS_BENCH
   if (g_path == 6 && longest <= 16384) return launch_long<kMask, 256>(p, grid, stream);
+  if (g_path == 12) return launch_long<kMask, 512, 2>(p, grid, stream);
 #endif
   return launch_long<kMask, 512>(p, grid, stream);
 }
@@ -1349,7 +1362,7 @@ extern "C" OPSLOT_API int opslot_topk_probe_phases(unsigned long long* out, int 
 }
 
 extern "C" OPSLOT_API int opslot_topk_set_tuning(int path) {
-  if (path < 0 || path > 11)
+  if (path < 0 || path > 12)
     return opslot::set_error(
         OPSLOT_ERR_INVALID_ARGUMENT,
         "topk tuning: path 0 (production), 1 (the long-row kernel for every "
@@ -1360,8 +1373,9 @@ extern "C" OPSLOT_API int opslot_topk_set_tuning(int path) {
         "long-row blocks for rows of up to 16384 columns), 7 or 8 (production with "
         "the warp kernel on rows of 2049 to 4096 columns, two or four warps a row) "
         "9 (production with two warps a row on rows of 1025 to 2048 columns), 10 "
-        "(production with four warps a row on rows of 4097 to 8192 columns) or 11 "
-        "(production with eight warps a row on rows of 8193 to 16384 columns)");
+        "(production with four warps a row on rows of 4097 to 8192 columns), 11 "
+        "(production with eight warps a row on rows of 8193 to 16384 columns) or 12 "
+        "(production with the one-read pass asking L2 for the round after next)");
   opslot::topk::g_path = path;
   return OPSLOT_OK;
 }

@@ -210,7 +210,8 @@ def test_every_kernel_gives_the_same_bits():
     the pass on rows of any length, (6) production with 256-thread long-row blocks for rows of up to 16384
     columns, (7, 8) production with the warp kernel on rows of 2049 to 4096 columns, two or four warps a row,
     (9) two warps a row on rows of 1025 to 2048 columns, (10, 11) four and eight warps a row on rows of 4097
-    to 8192 and 8193 to 16384 columns. The same bits with each: the rows the warp kernel takes in production (700 and 1500 columns; 10
+    to 8192 and 8193 to 16384 columns, (12) production with the one-read pass asking L2 for the round after
+    next. The same bits with each: the rows the warp kernel takes in production (700 and 1500 columns; 10
     and 13 rows: the last block of 4 rows, or of 2 in path 9, partly filled; 1 row of 2000), the block
     register kernel's (2049, 3000 and 4096 columns; 11 rows of 3000: the last block of path 7 partly filled;
     a bfloat16 additive mask too), the two-read path's (4097, 6000, 8192, 8193 and 16384 columns: four warps a
@@ -236,13 +237,13 @@ def test_every_kernel_gives_the_same_bits():
     with bench_library() as lib:
         f = knob(lib, "opslot_topk_set_tuning", 1)
         try:
-            for path in (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 0):
+            for path in (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 0):
                 assert f(path) == 0
                 for c, w in zip(cases, want):
                     assert torch.equal(op(*c), w), (path, c[0].shape, c[1], None if c[3] is None else c[3].dtype)
         finally:
             assert f(0) == 0
-        assert f(12) != 0 and f(-1) != 0
+        assert f(13) != 0 and f(-1) != 0
 
 
 def test_one_read_pass_cuts_its_candidates_and_gives_up():
@@ -252,7 +253,8 @@ def test_one_read_pass_cuts_its_candidates_and_gives_up():
     to the two-read path. An ascending row (a cut every round), a descending one (none after the first), ties
     at the k-th largest filling the candidates before an ascending run (the pass gives up), a boosted run in
     noise; rows of 65536 columns (the most it takes) and 65537 (the two-read path), k = 2048 (the most it
-    takes) and 2049; with limits and a bool mask: the CPU kernel's bits, and the same with the pass off."""
+    takes) and 2049; with limits and a bool mask: the CPU kernel's bits, and the same with the pass off (the bench
+    library's paths 3 and 4), on rows of any length (5) and asking L2 for the round after next (12)."""
     T = 65536
     ramp = torch.linspace(-3, 3, T + 1, device=DEV)
     ties = torch.cat([torch.ones(8192, device=DEV), torch.linspace(2, 3, T + 1 - 8192, device=DEV)])
@@ -270,7 +272,7 @@ def test_one_read_pass_cuts_its_candidates_and_gives_up():
     with bench_library() as lib:
         f = knob(lib, "opslot_topk_set_tuning", 1)
         try:
-            for path in (3, 4, 5):
+            for path in (3, 4, 5, 12):
                 assert f(path) == 0
                 for c, w in zip(cases, want):
                     assert torch.equal(op(*c), w), (path, c[0].shape, c[1], c[2] is None)
