@@ -1230,11 +1230,10 @@ int launch_rows(Params p, int64_t rows, int64_t lo, int64_t hi, int64_t longest,
   if (const int g = group_warps(longest)) {   // kG warps a row: 32 chunks a warp and chunk row
     const bool wide = longest > 128 * 8 * g;  // 16 chunk rows a lane, else 8
     if (g == 8) return launch_group<kMask, 16, 8>(p, r, stream);
-    if (g == 4)
-      return wide ? launch_group<kMask, 16, 4>(p, r, stream)
-                  : launch_group<kMask, 8, 4>(p, r, stream);
-    return wide ? launch_group<kMask, 16, 2>(p, r, stream)
-                : launch_group<kMask, 8, 2>(p, r, stream);
+    if (g == 4 && wide) return launch_group<kMask, 16, 4>(p, r, stream);
+    if (g == 4) return launch_group<kMask, 8, 4>(p, r, stream);
+    if (wide) return launch_group<kMask, 16, 2>(p, r, stream);
+    return launch_group<kMask, 8, 2>(p, r, stream);
   }
 #endif
   switch (warp_chunks(longest)) {
@@ -1260,9 +1259,9 @@ int launch_rows(Params p, int64_t rows, int64_t lo, int64_t hi, int64_t longest,
     default:
       break;
   }
-    // topk_kernel's blocks: 512 threads (two an SM); the bench library's path 6 gives rows of up to
-    // 16384 columns 256 (three an SM; docs/kernels.md "dsa_indexer").
 #ifdef OPSLOT_KERNELS_BENCH
+  // topk_kernel's blocks: 512 threads (two an SM); the bench library's path 6 gives rows of up to
+  // 16384 columns 256 (three an SM), path 12 the one-read pass asking L2 two rounds ahead.
   if (g_path == 6 && longest <= 16384) return launch_long<kMask, 256>(p, grid, stream);
   if (g_path == 12) return launch_long<kMask, 512, 2>(p, grid, stream);
 #endif
