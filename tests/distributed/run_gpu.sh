@@ -3,7 +3,8 @@
 #   1. patchgen generates the Qwen3-MoE from the installed transformers (static binary from `make static`);
 #   2. tests/distributed on NCCL, opslot's cuda kernels, bf16 (pytest --device cuda; measurements -> tests_cuda.json);
 #   3. bench/distributed.py: the throughput table (tokens/s and peak memory per GPU).
-# Built here first: `make static` (patchgen + libopslot_kernels.so in .device-bin/). On the device machine:
+# Built here first: `make device-bin` (or `make static`; scripts/device-env.sh reads .device-bin/).
+# On the device machine:
 #   OUT=... bash tests/distributed/run_gpu.sh      (carry .device-bin)
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -12,8 +13,7 @@ OUT=${OUT:-$ROOT/build-gpu-distributed}
 mkdir -p "$OUT"
 BIN=${BIN:-$ROOT/.device-bin}
 export PYTHONUNBUFFERED=1 USE_HUB_KERNELS=0 CUBLAS_WORKSPACE_CONFIG=:4096:8 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export OPSLOT_KERNELS_LIB=${OPSLOT_KERNELS_LIB:-$BIN/libopslot_kernels.so}
-PATCHGEN=${PATCHGEN:-$BIN/patchgen}
+source "$ROOT/scripts/device-env.sh" || exit 2
 SITE=$(python3 -c 'import importlib.util, os; s = importlib.util.find_spec("transformers"); print(os.path.dirname(os.path.dirname(s.origin)))')
 GEN=$(mktemp -d /tmp/opslot-dist-gen.XXXXXX)
 { nvidia-smi --query-gpu=index,name,driver_version,clocks.sm,clocks.mem --format=csv,noheader

@@ -5,7 +5,8 @@
 #      the 2-process scenarios against the unsharded model; measurements -> sp.sp2.json);
 #   3. tests/distributed/bench_sp.py: step time and peak memory of one long row, unsharded on each GPU
 #      against SP = 2 (bench_sp.md / bench_sp.json).
-# Built here first: `make static` (patchgen + libopslot_kernels.so in .device-bin/). On the device machine:
+# Built here first: `make device-bin` (or `make static`; scripts/device-env.sh reads .device-bin/).
+# On the device machine:
 #   OUT=... bash tests/distributed/run_gpu_sp.sh      (carry .device-bin)
 # Results go to docs/results/sequence_parallel_h200x2.md (written by hand from $OUT).
 set -uo pipefail
@@ -15,11 +16,7 @@ OUT=${OUT:-$ROOT/build-gpu-sp}
 mkdir -p "$OUT"
 BIN=${BIN:-$ROOT/.device-bin}
 export PYTHONUNBUFFERED=1 USE_HUB_KERNELS=0 CUBLAS_WORKSPACE_CONFIG=:4096:8 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export OPSLOT_KERNELS_LIB=${OPSLOT_KERNELS_LIB:-$BIN/libopslot_kernels.so}
-if [ ! -f "$OPSLOT_KERNELS_LIB" ] && [ -f "$OPSLOT_KERNELS_LIB.gz" ]; then
-  gunzip -c "$OPSLOT_KERNELS_LIB.gz" > /tmp/opslot-sp-kernels.so && export OPSLOT_KERNELS_LIB=/tmp/opslot-sp-kernels.so
-fi
-PATCHGEN=${PATCHGEN:-$BIN/patchgen}
+source "$ROOT/scripts/device-env.sh" || exit 2
 SITE=$(python3 -c 'import importlib.util, os; s = importlib.util.find_spec("transformers"); print(os.path.dirname(os.path.dirname(s.origin)))')
 GEN=$(mktemp -d /tmp/opslot-sp-gen.XXXXXX)
 { nvidia-smi --query-gpu=index,name,driver_version,clocks.sm,clocks.mem --format=csv,noheader

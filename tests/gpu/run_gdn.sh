@@ -9,8 +9,8 @@
 #   4. bench/gated_delta_rule.py (the op against opslot's torch implementation and flash-linear-attention,
 #      whose wheels travel in .whl/; its Hopper refusal switched off for timing only);
 #   5. bench/train_step.py: the Qwen3.5 and Qwen3 4-layer training steps.
-# Built here first: `make static` (patchgen + libopslot_kernels.so in .device-bin/). Then, on the
-# device machine: bash tests/gpu/run_gdn.sh   (carry .device-bin and .whl). PART=tests runs 1-3 and
+# Built here first: `make device-bin` (or `make static`; scripts/device-env.sh reads .device-bin/).
+# Then, on the device machine: bash tests/gpu/run_gdn.sh   (carry .device-bin and .whl). PART=tests runs 1-3 and
 # the per-kernel profile, PART=bench 4-5 (two calls that each fit the device's 10-minute limit).
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -18,8 +18,7 @@ cd "$ROOT"
 OUT=${OUT:-$ROOT/build-gpu-gdn}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CUBLAS_WORKSPACE_CONFIG=:4096:8 USE_HUB_KERNELS=0
-export OPSLOT_KERNELS_LIB=${OPSLOT_KERNELS_LIB:-$ROOT/.device-bin/libopslot_kernels.so}
-export PATCHGEN=${PATCHGEN:-$ROOT/.device-bin/patchgen} PATCHGEN_BIN=${PATCHGEN_BIN:-$ROOT/.device-bin/patchgen}
+source "$ROOT/scripts/device-env.sh" || exit 2
 FLA=/tmp/fla
 if ls .whl/fla_core-*.whl .whl/flash_linear_attention-*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target "$FLA" .whl/fla_core-*.whl \

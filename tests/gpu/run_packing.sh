@@ -6,16 +6,15 @@
 #      run alone, bf16 on the cuda kernels and PyTorch's FlashAttention;
 #   3. tests/models/test_gated_delta_net.py --device cuda (the Qwen3.5 packed path through the kernels);
 #   4. bench/packing.py: padded sdpa, packed sdpa and packed opslot_varlen, Qwen3 and Qwen3.5.
-# Built here first: `make static` (patchgen + libopslot_kernels.so in .device-bin/). Then, on the
-# device machine: bash tests/gpu/run_packing.sh (carry .device-bin).
+# Built here first: `make device-bin` (or `make static`; scripts/device-env.sh reads .device-bin/).
+# Then, on the device machine: bash tests/gpu/run_packing.sh (carry .device-bin).
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$ROOT"
 OUT=${OUT:-$ROOT/build-gpu-packing}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CUBLAS_WORKSPACE_CONFIG=:4096:8 USE_HUB_KERNELS=0
-export OPSLOT_KERNELS_LIB=${OPSLOT_KERNELS_LIB:-$ROOT/.device-bin/libopslot_kernels.so}
-export PATCHGEN=${PATCHGEN:-$ROOT/.device-bin/patchgen} PATCHGEN_BIN=${PATCHGEN_BIN:-$ROOT/.device-bin/patchgen}
+source "$ROOT/scripts/device-env.sh" || exit 2
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/summary.txt"
 step() {  # step NAME TIMEOUT CMD...: runs CMD with a time limit, output to $OUT/NAME.txt, status to summary
   local name=$1 limit=$2; shift 2

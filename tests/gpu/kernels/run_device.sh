@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # On the GPU machine: the CUDA kernel tests, then the benchmark (tables to $OUT).
-#   OPSLOT_KERNELS_LIB=... [OPSLOT_KERNELS_BENCH_LIB=...] OUT=... [TESTS='files'] [SKIP_BENCH=1] \
+#   [OPSLOT_KERNELS_LIB=...] [OPSLOT_KERNELS_BENCH_LIB=...] OUT=... [TESTS='files'] [SKIP_BENCH=1] \
 #     [BENCH_ARGS=--tune] [RMS_VERSIONS='1 2'] tests/gpu/kernels/run_device.sh [pytest args]
-# The knob tests, RMS_VERSIONS and the --tune sweeps run on the bench library
-# (libopslot_kernels_bench.so: `cmake --build build --target opslot_kernels_bench`), found beside
-# the production library or at $OPSLOT_KERNELS_BENCH_LIB; without it they skip (RMS_VERSIONS fails).
+# The libraries: those variables where set, else .device-bin/'s (`make device-bin`, carried;
+# scripts/device-env.sh). The knob tests, RMS_VERSIONS and the --tune sweeps run on the bench
+# library (libopslot_kernels_bench.so), found at $OPSLOT_KERNELS_BENCH_LIB or beside the production
+# library; without it they skip (RMS_VERSIONS fails).
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)
 cd "$ROOT"
+source "$ROOT/scripts/device-env.sh" || exit 2
 OUT=${OUT:-$ROOT/build-gpu-kernels}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
