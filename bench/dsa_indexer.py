@@ -24,15 +24,9 @@ Rows per context length (B = 1, bf16 q/k, fp32 weights):
 The top-k runs one of three kernels by the rows' length (kernels/src/topk.cu): up to 2048 columns a warp
 per row, up to 4096 a block per row (both with the keys in registers: the row read once), longer rows the
 long-row kernel (rows of 16385 to 65536 columns read once, others twice); `--topk-paths 0,...,12` times
-the bench library's other choices (TOPK_PATHS: 1 the long-row kernel for every row; 2 no warp kernel, the
-block register kernel up to 4096 columns; 3 the production choice with the long-row kernel's one-read pass
-off; 4 the long-row kernel without it for every row; 5 the one-read pass on rows of any length; 6 the
-long-row kernel's 256-thread blocks, three an SM, on rows of up to 16384 columns; 7 and 8 the warp
-kernel with two and four warps a row on rows of 2049 to 4096 columns; 9 two warps a row on rows of 1025
-to 2048 columns; 10 and 11 four and eight warps a row on rows of 4097 to 8192 and 8193 to 16384
-columns; 12 the one-read pass asking L2 for the round after next; 0 production's choice on the bench
-library, whose one-read pass carries the phase clock, the baseline for path 12) beside each production
-top-k row in the same run, after a copy of as many bytes as the top-k moves.
+the bench library's choices (TOPK_PATHS below; opslot_kernels/bench.h says what each runs; 0 is the
+production choice on the bench library, whose one-read pass carries the phase clock: the baseline for
+path 12) beside each production top-k row in the same run, after a copy of as many bytes as the top-k moves.
 
     python3 bench/dsa_indexer.py --out $OUT/dsa_indexer_h200.md [--lengths 4096,16384,65536] [--budget 150] \
         [--only topk,mask_limit]   # only the rows whose name holds one of these

@@ -1132,16 +1132,11 @@ __global__ void __launch_bounds__(32 * block_warps(kG), warp_blocks_per_sm(kMask
   }
 }
 
-// The bench library's kernel choice (opslot_topk_set_tuning): 0 production, 1 topk_kernel for
-// every row, 2 no warp kernel, 3 production without topk_kernel's one-read pass, 4 topk_kernel
-// without it for every row, 5 production with the one-read pass for rows of any length, 6
-// production with 256-thread topk_kernel blocks for rows of up to 16384 columns, 7 and 8 production
-// with the warp kernel on rows of 2049 to 4096 columns, two and four warps a row, 9 production with
-// two warps a row on rows of 1025 to 2048 columns, 10 and 11 production with four and eight warps
-// a row on rows of 4097 to 8192 and 8193 to 16384 columns, 12 production with the one-read pass
-// asking L2 for the round after next.
+// The bench library's kernel choice: opslot_topk_set_tuning's path (opslot_kernels/bench.h lists
+// them), 0 in production.
 #ifdef OPSLOT_KERNELS_BENCH
 int g_path = 0;
+constexpr int kLastPath = 12;
 #else
 constexpr int g_path = 0;
 #endif
@@ -1361,20 +1356,12 @@ extern "C" OPSLOT_API int opslot_topk_probe_phases(unsigned long long* out, int 
 }
 
 extern "C" OPSLOT_API int opslot_topk_set_tuning(int path) {
-  if (path < 0 || path > 12)
-    return opslot::set_error(
-        OPSLOT_ERR_INVALID_ARGUMENT,
-        "topk tuning: path 0 (production), 1 (the long-row kernel for every "
-        "row), 2 (no warp kernel: the block register kernel up to 4096 "
-        "columns), 3 (production without the long-row kernel's one-read pass) "
-        "4 (the long-row kernel without it for every row), 5 (production with the "
-        "one-read pass on rows of any length), 6 (production with 256-thread "
-        "long-row blocks for rows of up to 16384 columns), 7 or 8 (production with "
-        "the warp kernel on rows of 2049 to 4096 columns, two or four warps a row) "
-        "9 (production with two warps a row on rows of 1025 to 2048 columns), 10 "
-        "(production with four warps a row on rows of 4097 to 8192 columns), 11 "
-        "(production with eight warps a row on rows of 8193 to 16384 columns) or 12 "
-        "(production with the one-read pass asking L2 for the round after next)");
+  if (path < 0 || path > opslot::topk::kLastPath) {
+    return opslot::set_error(OPSLOT_ERR_INVALID_ARGUMENT,
+                             "topk tuning: path %d, not one of 0 (production) to %d "
+                             "(opslot_kernels/bench.h says what each runs)",
+                             path, opslot::topk::kLastPath);
+  }
   opslot::topk::g_path = path;
   return OPSLOT_OK;
 }

@@ -53,6 +53,22 @@ def check(scores, k, limit=None, what="", mask=None):
     return got
 
 
+def same_bits_on_paths(paths, cases, want):
+    """Each case's result equals its `want` on each of the bench library's top-k paths
+    (opslot_topk_set_tuning; path 0, production's choice, set again after); returns the knob."""
+    with bench_library() as lib:
+        f = knob(lib, "opslot_topk_set_tuning", 1)
+        try:
+            for path in paths:
+                assert f(path) == 0
+                for c, w in zip(cases, want):
+                    mask = None if c[3] is None else c[3].dtype
+                    assert torch.equal(op(*c), w), (path, c[0].shape, c[1], c[2] is None, mask)
+        finally:
+            assert f(0) == 0
+        return f
+
+
 @pytest.mark.parametrize("rows,cols", [(1, 1), (3, 7), (2, 33), (5, 4099), (17, 10000), (4, 65536), (2, 131072)])
 def test_random_rows(rows, cols):
     s = torch.randn(rows, cols, device=DEV)
@@ -193,14 +209,7 @@ def test_rows_of_every_length_in_one_call(kind):
     mask = None if kind is None else torch.rand(1, len(lengths), cols, device=DEV, generator=g) > 0.3
     cases = [(s, k, limit, mask) for k in (1, 511, 1500, 2000, 2047, 2048)]
     want = [check(*c[:3], f"lengths k={c[1]} {kind}", c[3]) for c in cases]
-    with bench_library() as lib:
-        f = knob(lib, "opslot_topk_set_tuning", 1)
-        assert f(1) == 0
-        try:
-            for c, w in zip(cases, want):
-                assert torch.equal(op(*c), w), c[1]
-        finally:
-            assert f(0) == 0
+    same_bits_on_paths((1,), cases, want)
 
 
 def test_every_kernel_gives_the_same_bits():
@@ -234,16 +243,8 @@ def test_every_kernel_gives_the_same_bits():
             if cols in (3000, 4096):
                 cases.append((rows, k, limit, additive))
     want = [check(*c[:3], f"{c[0].shape} k={c[1]}", c[3]) for c in cases]
-    with bench_library() as lib:
-        f = knob(lib, "opslot_topk_set_tuning", 1)
-        try:
-            for path in (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 0):
-                assert f(path) == 0
-                for c, w in zip(cases, want):
-                    assert torch.equal(op(*c), w), (path, c[0].shape, c[1], None if c[3] is None else c[3].dtype)
-        finally:
-            assert f(0) == 0
-        assert f(13) != 0 and f(-1) != 0
+    f = same_bits_on_paths((1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 0), cases, want)
+    assert f(13) != 0 and f(-1) != 0
 
 
 def test_one_read_pass_cuts_its_candidates_and_gives_up():
@@ -269,15 +270,7 @@ def test_one_read_pass_cuts_its_candidates_and_gives_up():
         for k in (1, 513, 2048, 2049):
             cases += [(rows[:, :cols], k, None, None), (rows[:, :cols], k, limit, mask[:, :cols])]
     want = [check(*c[:3], f"{c[0].shape[1]} k={c[1]} {c[2] is None}", c[3]) for c in cases]
-    with bench_library() as lib:
-        f = knob(lib, "opslot_topk_set_tuning", 1)
-        try:
-            for path in (3, 4, 5, 12):
-                assert f(path) == 0
-                for c, w in zip(cases, want):
-                    assert torch.equal(op(*c), w), (path, c[0].shape, c[1], c[2] is None)
-        finally:
-            assert f(0) == 0
+    same_bits_on_paths((3, 4, 5, 12), cases, want)
 
 
 def test_the_phase_probe_counts_the_one_read_pass():
