@@ -71,6 +71,26 @@ at::Tensor divisor_of(const at::Tensor& targets, const OptTensor& divisor, doubl
   return (targets != ignore_index).sum().clamp_min(1).to(at::kFloat);
 }
 
+// logits (or hidden) [N, C] and targets [N] int64 on their device; the divisor is copied to it.
+void check_rows(const char* op, const char* name, const at::Tensor& x, const at::Tensor& targets) {
+  TORCH_CHECK_VALUE(x.dim() == 2, op, ": ", name, " must be [tokens, ",
+                    std::string(name) == "logits" ? "classes" : "hidden", "], got shape ",
+                    py_shape(x.sym_sizes()));
+  TORCH_CHECK_TYPE(targets.scalar_type() == at::kLong, op, ": targets must be torch.int64, got ",
+                   py_dtype(targets.scalar_type()));
+  check_shape(op, "targets", targets, {x.sym_size(0)});
+  check_one_device(op, {{name, x}, {"targets", targets}});
+}
+
+void check_linear(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets) {
+  const char* op = "ce_linear_fwd";
+  check_rows(op, "hidden", hidden, targets);
+  TORCH_CHECK_VALUE(weight.dim() == 2 && weight.sym_size(1) == hidden.sym_size(1), op,
+                    ": weight must be [vocab, ", hidden.sym_size(1), "], got shape ",
+                    py_shape(weight.sym_sizes()));
+  check_one_device(op, {{"hidden", hidden}, {"weight", weight}});
+}
+
 // `t`'s gradient buffer when it is wanted, else an empty tensor.
 at::Tensor grad_buffer(const at::Tensor& t, bool wanted) {
   return wanted ? at::empty_like(t) : at::empty({0}, t.options());
@@ -81,6 +101,7 @@ Three linear_meta(const at::Tensor& hidden, const at::Tensor& weight, const at::
                   const OptTensor& divisor, double divisor_value, c10::SymInt mode,
                   c10::SymInt ignore_index, c10::SymInt chunk_size, bool grad_hidden,
                   bool grad_weight) {
+  check_linear(hidden, weight, targets);
   return {at::empty({}, hidden.options().dtype(at::kFloat)), grad_buffer(hidden, grad_hidden),
           grad_buffer(weight, grad_weight)};
 }
@@ -89,6 +110,7 @@ Three linear_meta(const at::Tensor& hidden, const at::Tensor& weight, const at::
 Three linear_fwd(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets,
                  const OptTensor& divisor, double divisor_value, int64_t mode, int64_t ignore_index,
                  int64_t chunk_size, bool grad_hidden, bool grad_weight) {
+  check_linear(hidden, weight, targets);
   if (hidden.is_cuda()) prepare(hidden);  // CPU tensors: ce_rows' kernel checks
   int64_t tokens = hidden.size(0), vocab = weight.size(0);
   bool want_grad = grad_hidden || grad_weight;
@@ -122,6 +144,7 @@ Three linear_fwd(const at::Tensor& hidden, const at::Tensor& weight, const at::T
 Two logits_meta(const at::Tensor& logits, const at::Tensor& targets, const OptTensor& divisor,
                 double divisor_value, c10::SymInt mode, c10::SymInt ignore_index,
                 bool compute_grad) {
+  check_rows("ce_logits_fwd", "logits", logits, targets);
   return {at::empty({}, logits.options().dtype(at::kFloat)),
           compute_grad ? at::empty_symint(logits.sym_sizes(), logits.options())
                        : at::empty({0}, logits.options())};
@@ -129,6 +152,7 @@ Two logits_meta(const at::Tensor& logits, const at::Tensor& targets, const OptTe
 
 Two logits_fwd(const at::Tensor& logits, const at::Tensor& targets, const OptTensor& divisor,
                double divisor_value, int64_t mode, int64_t ignore_index, bool compute_grad) {
+  check_rows("ce_logits_fwd", "logits", logits, targets);
   if (logits.is_cuda()) prepare(logits);  // CPU tensors: ce_rows' kernel checks
   at::Tensor div = divisor_of(targets, divisor, divisor_value, mode, ignore_index);
   at::Tensor row_loss = at::empty({logits.size(0)}, logits.options().dtype(at::kFloat));

@@ -78,6 +78,13 @@ void check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const 
                       "chunk_gated_delta_rule: initial_state must be ", py_shape(want),
                       " (one per sequence), got ", py_shape(initial_state->sym_sizes()));
   }
+  check_one_device("chunk_gated_delta_rule", {{"query", q},
+                                              {"key", k},
+                                              {"value", v},
+                                              {"g", g},
+                                              {"beta", beta},
+                                              {"initial_state", initial_state},
+                                              {"cu_seqlens", cu_seqlens}});
 }
 
 // `t` with a contiguous last dimension (itself when it has one).
@@ -183,11 +190,46 @@ Six fwd_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, cons
   return {out, final_state, hs, vnew, w, gamma};
 }
 
+// The backward's: the forward's inputs; dout [B, T, H, Dv], dfinal [nseq, H, Dk, Dv] and what the
+// forward saved (h, v_new, w in q's dtype, gamma float32), each of the forward's output shape.
+void check_bwd(const at::Tensor& dout, const OptTensor& dfinal, const at::Tensor& q,
+               const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
+               const at::Tensor& beta, const at::Tensor& hs, const at::Tensor& vnew,
+               const at::Tensor& w, const at::Tensor& gamma, const OptTensor& cu_seqlens) {
+  check(q, k, v, g, beta, std::nullopt, cu_seqlens);
+  const char* op = "gdr_bwd";
+  auto s = q.sym_sizes();
+  c10::SymInt mc = max_chunks(q, cu_seqlens), dv = v.sym_size(3);
+  check_shape(op, "dout", dout, {s[0], s[1], s[2], dv});
+  if (dfinal.has_value()) {
+    check_shape(op, "dfinal", *dfinal, {num_seqs(q, cu_seqlens), s[2], s[3], dv});
+  }
+  check_shape(op, "h", hs, {mc, s[2], kMaxHeadDim, kMaxHeadDim});
+  check_shape(op, "v_new", vnew, {mc, s[2], kChunk, kMaxHeadDim});
+  check_shape(op, "w", w, {mc, s[2], kChunk, kMaxHeadDim});
+  check_shape(op, "gamma", gamma, {mc, s[2], kChunk});
+  for (auto [t, what] : Named{{&hs, "h"}, {&vnew, "v_new"}, {&w, "w"}}) {
+    TORCH_CHECK_TYPE(t->scalar_type() == q.scalar_type(), op, ": ", what, " must be ",
+                     py_dtype(q.scalar_type()), " (the query's dtype), got ",
+                     py_dtype(t->scalar_type()));
+  }
+  TORCH_CHECK_TYPE(gamma.scalar_type() == at::kFloat, op, ": gamma must be torch.float32, got ",
+                   py_dtype(gamma.scalar_type()));
+  check_one_device(op, {{"query", q},
+                        {"dout", dout},
+                        {"dfinal", dfinal},
+                        {"h", hs},
+                        {"v_new", vnew},
+                        {"w", w},
+                        {"gamma", gamma}});
+}
+
 // (dq, dk, dv, dg, dbeta, d initial state fp32): contiguous, in q's, g's and beta's dtypes.
 Six bwd_meta(const at::Tensor& dout, const OptTensor& dfinal, const at::Tensor& q,
              const at::Tensor& k, const at::Tensor& v, const at::Tensor& g, const at::Tensor& beta,
              const at::Tensor& hs, const at::Tensor& vnew, const at::Tensor& w,
              const at::Tensor& gamma, const OptTensor& cu_seqlens, bool use_l2norm, double scale) {
+  check_bwd(dout, dfinal, q, k, v, g, beta, hs, vnew, w, gamma, cu_seqlens);
   auto s = q.sym_sizes();
   c10::SymInt dv = v.sym_size(3);
   return {
@@ -203,19 +245,23 @@ Six bwd_cuda(const at::Tensor& dout, const OptTensor& dfinal, const at::Tensor& 
              const at::Tensor& k, const at::Tensor& v, const at::Tensor& g, const at::Tensor& beta,
              const at::Tensor& hs, const at::Tensor& vnew, const at::Tensor& w,
              const at::Tensor& gamma, const OptTensor& cu_seqlens, bool use_l2norm, double scale) {
+  check_bwd(dout, dfinal, q, k, v, g, beta, hs, vnew, w, gamma, cu_seqlens);
   const KernelTable& kt = prepare_cuda(q);
   c10::DeviceGuard guard(q.device());
   Inputs in = inputs(q, k, v, g, beta, cu_seqlens);
   opslot_gdr_problem p = problem(in, use_l2norm, scale);
+  at::Tensor saved_h = hs.contiguous(), saved_vnew = vnew.contiguous(), saved_w = w.contiguous();
+  at::Tensor saved_gamma = gamma.contiguous();
   at::Tensor d = dout.to(q.scalar_type()).contiguous();
   at::Tensor df = dfinal.has_value() ? dfinal->to(at::kFloat).contiguous() : at::Tensor();
   auto [dq, dk, dv, dg, dbeta, dinit] =
       bwd_meta(dout, dfinal, q, k, v, g, beta, hs, vnew, w, gamma, cu_seqlens, use_l2norm, scale);
   at::Tensor ws = workspace(kt, p, 1, q);
-  OPSLOT_LAUNCH(kt, opslot_gdr_bwd, &p, ptr(d), static_cast<const float*>(ptr(df)), ptr(hs),
-                ptr(vnew), ptr(w), static_cast<const float*>(ptr(gamma)), mutable_ptr(dq),
-                mutable_ptr(dk), mutable_ptr(dv), mutable_ptr(dg), mutable_ptr(dbeta),
-                static_cast<float*>(mutable_ptr(dinit)), mutable_ptr(ws), stream_of(q));
+  OPSLOT_LAUNCH(kt, opslot_gdr_bwd, &p, ptr(d), static_cast<const float*>(ptr(df)), ptr(saved_h),
+                ptr(saved_vnew), ptr(saved_w), static_cast<const float*>(ptr(saved_gamma)),
+                mutable_ptr(dq), mutable_ptr(dk), mutable_ptr(dv), mutable_ptr(dg),
+                mutable_ptr(dbeta), static_cast<float*>(mutable_ptr(dinit)), mutable_ptr(ws),
+                stream_of(q));
   return {dq, dk, dv, dg, dbeta, dinit};
 }
 

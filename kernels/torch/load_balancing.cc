@@ -24,7 +24,9 @@ std::string layer_list(at::TensorList logits) {
   return text + "]";
 }
 
-void check(at::TensorList logits, const OptTensor& mask, int64_t num_experts, int64_t top_k) {
+// The router logits: [tokens, experts] of one shape, dtype and device; the flattened mask [tokens]
+// float32 on their device.
+void check_layers(at::TensorList logits, const OptTensor& mask) {
   TORCH_CHECK_VALUE(!logits.empty(), "load_balancing_loss: no router logits");
   const at::Tensor& first = logits[0];
   check_float(first, "load_balancing_loss");
@@ -35,6 +37,18 @@ void check(at::TensorList logits, const OptTensor& mask, int64_t num_experts, in
                       "experts] of one shape, dtype and device; got ",
                       layer_list(logits));
   }
+  if (mask.has_value()) {
+    TORCH_CHECK_VALUE(mask->dim() == 1 && mask->sym_size(0) == first.sym_size(0) &&
+                          mask->scalar_type() == at::kFloat,
+                      "load_balancing_loss: the flattened attention mask has ", mask->sym_numel(),
+                      " entries for ", first.sym_size(0), " rows of router logits");
+  }
+  check_one_device("load_balancing_loss", {{"router logits", first}, {"mask", mask}});
+}
+
+void check(at::TensorList logits, const OptTensor& mask, int64_t num_experts, int64_t top_k) {
+  check_layers(logits, mask);
+  const at::Tensor& first = logits[0];
   TORCH_CHECK_VALUE(first.sym_size(1) == num_experts, "load_balancing_loss: logits have ",
                     first.sym_size(1), " experts, num_experts is ", num_experts);
   TORCH_CHECK_VALUE(num_experts > 0 && num_experts <= 512,
@@ -42,12 +56,19 @@ void check(at::TensorList logits, const OptTensor& mask, int64_t num_experts, in
                     " experts; the kernel takes 1 to 512");
   TORCH_CHECK_VALUE(top_k >= 0 && top_k <= num_experts, "load_balancing_loss: top_k ", top_k,
                     " with ", num_experts, " experts");
-  if (mask.has_value()) {
-    TORCH_CHECK_VALUE(mask->dim() == 1 && mask->sym_size(0) == first.sym_size(0) &&
-                          mask->scalar_type() == at::kFloat,
-                      "load_balancing_loss: the flattened attention mask has ", mask->sym_numel(),
-                      " entries for ", first.sym_size(0), " rows of router logits");
-  }
+}
+
+// The backward's: the forward's logits and mask, the loss's gradient (a scalar, on any device: it
+// is copied) and the forward's coef (float32 [experts]).
+void check_bwd(const at::Tensor& grad, at::TensorList logits, const OptTensor& mask,
+               const at::Tensor& coef) {
+  check_layers(logits, mask);
+  const char* op = "load_balancing_loss_bwd";
+  check_shape(op, "grad", grad, {});
+  check_shape(op, "coef", coef, {logits[0].sym_size(1)});
+  TORCH_CHECK_TYPE(coef.scalar_type() == at::kFloat, op, ": coef must be torch.float32, got ",
+                   py_dtype(coef.scalar_type()));
+  check_one_device(op, {{"router logits", logits[0]}, {"coef", coef}});
 }
 
 struct Layers {
@@ -99,6 +120,7 @@ std::tuple<at::Tensor, at::Tensor> fwd_cuda(at::TensorList logits, const OptTens
 
 at::Tensor bwd_meta(const at::Tensor& grad, at::TensorList logits, const OptTensor& mask,
                     const at::Tensor& coef) {
+  check_bwd(grad, logits, mask, coef);
   std::vector<c10::SymInt> sizes = {c10::SymInt(static_cast<int64_t>(logits.size()))};
   for (const c10::SymInt& s : logits[0].sym_sizes()) sizes.push_back(s);
   return at::empty_symint(sizes, logits[0].options());

@@ -46,7 +46,8 @@ void check_streams(const Tensor& x, const Tensor& fn, const Tensor& base, const 
   TORCH_CHECK_VALUE(hc >= 1 && hc <= opslot::mhc::kMaxHc, what, ": hc_mult ", hc,
                     " is not supported by the cuda kernels (1 to ", opslot::mhc::kMaxHc,
                     "); use mhc_implementation 'torch' or 'eager'");
-  TORCH_CHECK_VALUE(x.sym_size(3) >= 1, what, ": hidden size 0");
+  TORCH_CHECK_VALUE(x.sym_size(3) >= 1, what, ": the streams' hidden size is 0, got shape ",
+                    py_shape(x.sym_sizes()));
   const c10::SymInt mixes = head ? hc : (2 + hc) * hc;
   const char* fn_name = head ? "hc_fn" : "fn";
   TORCH_CHECK_VALUE(
@@ -63,6 +64,38 @@ void check_streams(const Tensor& x, const Tensor& fn, const Tensor& base, const 
   check_float_dtype(fn, what);
   check_float_dtype(base, what);
   check_float_dtype(scale, what);
+  check_one_device(what, {{"x", x},
+                          {fn_name, fn},
+                          {head ? "hc_base" : "base", base},
+                          {head ? "hc_scale" : "scale", scale}});
+}
+
+// hc_sinkhorn_iters as the CUDA kernels take it (0 to 2^20; the backward keeps every step: at most
+// 1600), checked on every device so that the CPU kernels refuse what the GPU's refuse.
+void check_iters(int64_t iters, bool backward) {
+  const int64_t most = backward ? 1600 : int64_t{1} << 20;
+  TORCH_CHECK_VALUE(iters >= 0 && iters <= most, "mhc/pre: hc_sinkhorn_iters ", iters,
+                    " is not supported by the cuda kernels (0 to ", most,
+                    backward ? "; the backward keeps every step" : "",
+                    "); use mhc_implementation 'torch' or 'eager'");
+}
+
+// The backward's saved statistics and incoming gradients (each present one of its output's shape).
+void check_bwd(const OptTensor& g_post, const OptTensor& g_comb, const OptTensor& g_out,
+               const Tensor& x, const Tensor& mix, const Tensor& rstd, bool head) {
+  const char* what = op_name(head);
+  const c10::SymInt &b = x.sym_size(0), &t = x.sym_size(1), &hc = x.sym_size(2);
+  check_shape(what, "mix", mix, {b * t, head ? hc : (2 + hc) * hc});
+  check_shape(what, "rstd", rstd, {b * t});
+  if (g_post) check_shape(what, "grad_post", *g_post, {b, t, hc});
+  if (g_comb) check_shape(what, "grad_comb", *g_comb, {b, t, hc, hc});
+  if (g_out) check_shape(what, head ? "grad" : "grad_collapsed", *g_out, {b, t, x.sym_size(3)});
+  check_one_device(what, {{"x", x},
+                          {"mix", mix},
+                          {"rstd", rstd},
+                          {"grad_post", g_post},
+                          {"grad_comb", g_comb},
+                          {head ? "grad" : "grad_collapsed", g_out}});
 }
 
 void check_post(const Tensor& post, const Tensor& comb, const Tensor& bo, const Tensor& h) {
@@ -95,6 +128,8 @@ void check_post(const Tensor& post, const Tensor& comb, const Tensor& bo, const 
       py_shape({h.sym_size(0), h.sym_size(1), hc, hc}), ", got ", py_shape(comb.sym_sizes()));
   check_float_dtype(post, what);
   check_float_dtype(comb, what);
+  check_one_device(what,
+                   {{"hidden_states", h}, {"block_output", bo}, {"post", post}, {"comb", comb}});
 }
 
 // Contiguous and 16-byte aligned (the kernels read 16-byte vectors), copying only if needed.
@@ -358,12 +393,14 @@ FwdOut fwd_impl(const Tensor& x_in, const Tensor& fn_in, const Tensor& base_in,
 
 Five pre_fwd_meta(const Tensor& x, const Tensor& fn, const Tensor& base, const Tensor& scale,
                   int64_t iters, double hc_eps, double norm_eps) {
+  check_iters(iters, false);
   FwdOut o = fwd_meta_impl(x, fn, base, scale, false);
   return {o.post, o.comb, o.out, o.mix, o.rstd};
 }
 
 Five pre_fwd(const Tensor& x, const Tensor& fn, const Tensor& base, const Tensor& scale,
              int64_t iters, double hc_eps, double norm_eps) {
+  check_iters(iters, false);
   FwdOut o = fwd_impl(x, fn, base, scale, iters, hc_eps, norm_eps, false);
   return {o.post, o.comb, o.out, o.mix, o.rstd};
 }
@@ -381,9 +418,12 @@ Three head_fwd(const Tensor& x, const Tensor& fn, const Tensor& base, const Tens
 }
 
 // -- mhc/pre and mhc/head backward ----------------------------------------------------------------
-Four bwd_meta_impl(const Tensor& x, const Tensor& fn, const Tensor& base, const Tensor& scale,
-                   bool head) {
+Four bwd_meta_impl(const OptTensor& g_post, const OptTensor& g_comb, const OptTensor& g_out,
+                   const Tensor& x, const Tensor& fn, const Tensor& base, const Tensor& scale,
+                   const Tensor& mix, const Tensor& rstd, int64_t iters, bool head) {
   check_streams(x, fn, base, scale, head);
+  if (!head) check_iters(iters, true);
+  check_bwd(g_post, g_comb, g_out, x, mix, rstd, head);
   return {at::empty_symint(x.sym_sizes(), x.options()),
           at::empty_symint(fn.sym_sizes(), fn.options()),
           at::empty_symint(base.sym_sizes(), base.options()),
@@ -395,7 +435,8 @@ Four bwd_impl(const OptTensor& g_post_in, const OptTensor& g_comb_in, const OptT
               const Tensor& x_in, const Tensor& fn_in, const Tensor& base_in,
               const Tensor& scale_in, const Tensor& mix_in, const Tensor& rstd_in, int64_t iters,
               double hc_eps, bool head) {
-  check_streams(x_in, fn_in, base_in, scale_in, head);
+  bwd_meta_impl(g_post_in, g_comb_in, g_out_in, x_in, fn_in, base_in, scale_in, mix_in, rstd_in,
+                iters, head);
   c10::DeviceGuard guard(x_in.device());
   const Dims d = dims_of(x_in, head);
   const int64_t K = d.hc * d.hidden;
@@ -407,8 +448,6 @@ Four bwd_impl(const OptTensor& g_post_in, const OptTensor& g_comb_in, const OptT
   }
   Tensor x = aligned(x_in), fn = f32(fn_in), base = f32(base_in), scale = f32(scale_in);
   Tensor mix = f32(mix_in), rstd = f32(rstd_in);
-  TORCH_CHECK_VALUE(mix.numel() == d.tokens * d.mixes && rstd.numel() == d.tokens, op_name(head),
-                    ": the saved mix/rstd do not match the streams");
   OptTensor g_out = g_out_in ? OptTensor(aligned(g_out_in->to(x.scalar_type()))) : std::nullopt;
   Tensor da = at::empty({d.tokens, d.mixes}, f);
   if (!head) {
@@ -445,7 +484,7 @@ Four pre_bwd_meta(const OptTensor& g_post, const OptTensor& g_comb, const OptTen
                   const Tensor& x, const Tensor& fn, const Tensor& base, const Tensor& scale,
                   const Tensor& mix, const Tensor& rstd, int64_t iters, double hc_eps,
                   double norm_eps) {
-  return bwd_meta_impl(x, fn, base, scale, false);
+  return bwd_meta_impl(g_post, g_comb, g_out, x, fn, base, scale, mix, rstd, iters, false);
 }
 
 Four pre_bwd(const OptTensor& g_post, const OptTensor& g_comb, const OptTensor& g_out,
@@ -457,7 +496,7 @@ Four pre_bwd(const OptTensor& g_post, const OptTensor& g_comb, const OptTensor& 
 Four head_bwd_meta(const Tensor& grad, const Tensor& x, const Tensor& fn, const Tensor& base,
                    const Tensor& scale, const Tensor& mix, const Tensor& rstd, double hc_eps,
                    double norm_eps) {
-  return bwd_meta_impl(x, fn, base, scale, true);
+  return bwd_meta_impl(std::nullopt, std::nullopt, grad, x, fn, base, scale, mix, rstd, 0, true);
 }
 
 Four head_bwd(const Tensor& grad, const Tensor& x, const Tensor& fn, const Tensor& base,
@@ -494,6 +533,8 @@ Tensor post_fwd(const Tensor& post, const Tensor& comb, const Tensor& bo_in, con
 Four post_bwd_meta(const Tensor& grad, const Tensor& post, const Tensor& comb, const Tensor& bo,
                    const Tensor& h) {
   check_post(post, comb, bo, h);
+  check_shape("mhc/post", "grad", grad, h.sym_sizes());
+  check_one_device("mhc/post", {{"hidden_states", h}, {"grad", grad}});
   return {at::empty_symint(post.sym_sizes(), post.options()),
           at::empty_symint(comb.sym_sizes(), comb.options()),
           at::empty_symint(bo.sym_sizes(), bo.options()),

@@ -167,8 +167,15 @@ Four route_cuda(const Tensor& top_k_index, int64_t num_experts) {
   return {offs, row_expert, src_token, inv};
 }
 
+// The incoming gradient of a backward op: `want`, the forward output's shape (moe.py composes the
+// ops, whose other shapes it derives; a gradient is what a direct caller can get wrong).
+void check_grad(const char* op, const Tensor& grad, c10::SymIntArrayRef want) {
+  check_shape(op, "grad", grad, want);
+}
+
 // -- gather: x [T, H] -> rows [T*K, H] in expert order (dropped rows zero) ------------------------
 Tensor gather_meta(const Tensor& x, const Tensor& inv, const Tensor& offs, SymInt top_k) {
+  check_one_device("moe_gather", {{"x", x}, {"inv", inv}, {"offs", offs}});
   return at::empty_symint({x.sym_size(0) * top_k, x.sym_size(1)}, x.options());
 }
 
@@ -181,6 +188,11 @@ Tensor gather(const Tensor& x, const Tensor& inv, const Tensor& offs, int64_t to
 
 Tensor gather_backward_meta(const Tensor& grad, const Tensor& inv, const Tensor& offs,
                             SymInt top_k) {
+  TORCH_CHECK_VALUE(grad.dim() == 2 && grad.sym_size(0) == inv.sym_numel(),
+                    "moe_gather_backward: grad must be [rows, hidden] with one row per entry of "
+                    "inv (",
+                    inv.sym_numel(), "), got ", py_shape(grad.sym_sizes()));
+  check_one_device("moe_gather_backward", {{"grad", grad}, {"inv", inv}, {"offs", offs}});
   return at::empty_symint({grad.sym_size(0) / top_k, grad.sym_size(1)}, grad.options());
 }
 
@@ -195,6 +207,12 @@ Tensor gather_backward(const Tensor& grad, const Tensor& inv, const Tensor& offs
 // -- combine: out[t] = sum_k w[t,k] * (rows[inv[t,k]] + bias[expert]) (fp32 sum, k order) ---------
 Tensor combine_meta(const Tensor& rows, const Tensor& inv, const Tensor& offs,
                     const Tensor& weights, const Tensor& row_expert, const OptTensor& bias) {
+  check_one_device("moe_combine", {{"rows", rows},
+                                   {"inv", inv},
+                                   {"offs", offs},
+                                   {"weights", weights},
+                                   {"row_expert", row_expert},
+                                   {"bias", bias}});
   return at::empty_symint({weights.sym_size(0), rows.sym_size(1)}, rows.options());
 }
 
@@ -212,6 +230,9 @@ using Three = std::tuple<Tensor, Tensor, Tensor>;
 Three combine_backward_meta(const Tensor& grad, const Tensor& rows, const Tensor& inv,
                             const Tensor& offs, const Tensor& weights, const Tensor& row_expert,
                             const OptTensor& bias) {
+  combine_meta(rows, inv, offs, weights, row_expert, bias);
+  check_grad("moe_combine_backward", grad, {weights.sym_size(0), rows.sym_size(1)});
+  check_one_device("moe_combine_backward", {{"rows", rows}, {"grad", grad}});
   return {at::empty_symint(rows.sym_sizes(), grad.options()),
           at::empty_symint(weights.sym_sizes(), weights.options()),
           bias.has_value() ? at::empty_symint(bias->sym_sizes(), grad.options())
@@ -223,6 +244,7 @@ Three combine_backward_meta(const Tensor& grad, const Tensor& rows, const Tensor
 Three combine_backward(const Tensor& grad, const Tensor& rows, const Tensor& inv,
                        const Tensor& offs, const Tensor& weights, const Tensor& row_expert,
                        const OptTensor& bias) {
+  combine_backward_meta(grad, rows, inv, offs, weights, row_expert, bias);
   int64_t top_k = weights.size(1);
   Tensor g = aligned(grad);
   Tensor d_rows = at::empty({g.size(0) * top_k, g.size(1)}, g.options());
@@ -241,6 +263,8 @@ Three combine_backward(const Tensor& grad, const Tensor& rows, const Tensor& inv
 // gate and up, + bias)
 Tensor act_meta(const Tensor& h, const Tensor& offs, const Tensor& row_expert,
                 const OptTensor& bias, SymInt kind, double alpha, double limit) {
+  check_one_device("moe_act",
+                   {{"h", h}, {"offs", offs}, {"row_expert", row_expert}, {"bias", bias}});
   return at::empty_symint({h.sym_size(0), h.sym_size(1) / 2}, h.options());
 }
 
@@ -257,6 +281,9 @@ using Two = std::tuple<Tensor, Tensor>;
 Two act_backward_meta(const Tensor& grad, const Tensor& h, const Tensor& offs,
                       const Tensor& row_expert, const OptTensor& bias, SymInt kind, double alpha,
                       double limit) {
+  act_meta(h, offs, row_expert, bias, kind, alpha, limit);
+  check_grad("moe_act_backward", grad, {h.sym_size(0), h.sym_size(1) / 2});
+  check_one_device("moe_act_backward", {{"h", h}, {"grad", grad}});
   return {at::empty_symint(h.sym_sizes(), h.options()),
           bias.has_value() ? at::empty_symint(bias->sym_sizes(), h.options())
                            : at::empty({0}, h.options())};
@@ -264,6 +291,7 @@ Two act_backward_meta(const Tensor& grad, const Tensor& h, const Tensor& offs,
 
 Two act_grad(const Tensor& grad, const Tensor& h, const Tensor& offs, const Tensor& row_expert,
              const OptTensor& bias, int64_t kind, double alpha, double limit) {
+  act_backward_meta(grad, h, offs, row_expert, bias, kind, alpha, limit);
   Tensor hc = aligned(h), dh = at::empty_like(hc), da = aligned(grad);
   OPSLOT_MOE_LAUNCH(act_backward, da, da, hc, dh, aligned(bias), row_expert, offs, kind, alpha,
                     limit);
@@ -321,17 +349,22 @@ Tensor segment_wgrad(const Tensor& x, const Tensor& g, const Tensor& offs, bool 
 Tensor b_view(const Tensor& w, bool w_transposed) { return w_transposed ? w.transpose(-2, -1) : w; }
 
 Tensor gmm_meta(const Tensor& a, const Tensor& w, const Tensor& offs, bool w_transposed) {
+  check_one_device("moe_grouped_mm", {{"a", a}, {"w", w}, {"offs", offs}});
   return at::empty_symint({a.sym_size(0), w.sym_size(w_transposed ? 1 : 2)}, a.options());
 }
 
 // Per expert segment of rows: a_e @ w[e].T (w_transposed, w [E, N, K]) or a_e @ w[e] (w [E, K, N]).
 Tensor gmm(const Tensor& a, const Tensor& w, const Tensor& offs, bool w_transposed, bool portable) {
+  gmm_meta(a, w, offs, w_transposed);
   Tensor ac = a.contiguous();
   return segment_rows(ac, b_view(w, w_transposed), offs, grouped_mm_for(ac, w, portable));
 }
 
 Two gmm_backward_meta(const Tensor& grad, const Tensor& a, const Tensor& w, const Tensor& offs,
                       bool w_transposed) {
+  gmm_meta(a, w, offs, w_transposed);
+  check_grad("moe_grouped_mm_backward", grad, {a.sym_size(0), w.sym_size(w_transposed ? 1 : 2)});
+  check_one_device("moe_grouped_mm_backward", {{"a", a}, {"grad", grad}});
   return {at::empty_symint(a.sym_sizes(), a.options()),
           at::empty_symint(w.sym_sizes(), w.options())};
 }
@@ -339,6 +372,7 @@ Two gmm_backward_meta(const Tensor& grad, const Tensor& a, const Tensor& w, cons
 // (d a, d w) of gmm.
 Two gmm_backward(const Tensor& grad, const Tensor& a, const Tensor& w, const Tensor& offs,
                  bool w_transposed, bool portable) {
+  gmm_backward_meta(grad, a, w, offs, w_transposed);
   Tensor g = grad.contiguous(), ac = a.contiguous();
   bool cutlass = grouped_mm_for(ac, w, portable) && grouped_mm_for(g, w, portable);
   Tensor d_a = segment_rows(g, b_view(w, w_transposed).transpose(-2, -1), offs, cutlass);

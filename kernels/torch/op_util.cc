@@ -188,6 +188,25 @@ int cuda_capability_major(int index) {
   return major;
 }
 
+void check_one_device(const char* op, std::initializer_list<Arg> args) {
+  const Arg* first = nullptr;
+  for (const Arg& a : args) {
+    if (a.t == nullptr) continue;
+    if (first == nullptr) {
+      first = &a;
+      continue;
+    }
+    TORCH_CHECK_VALUE(a.t->device() == first->t->device(), op, ": ", a.name, " is on ",
+                      a.t->device(), ", ", first->name, " on ", first->t->device(),
+                      " (an op's tensors share one device)");
+  }
+}
+
+void check_shape(const char* op, const char* name, const at::Tensor& t, c10::SymIntArrayRef want) {
+  TORCH_CHECK_VALUE(t.sym_sizes() == want, op, ": ", name, " must be ", py_shape(want), ", got ",
+                    py_shape(t.sym_sizes()));
+}
+
 std::string py_shape(c10::SymIntArrayRef sizes) {
   std::string text = "(";
   for (size_t i = 0; i < sizes.size(); ++i) text += (i ? ", " : "") + c10::str(sizes[i]);

@@ -7,6 +7,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -81,6 +82,24 @@ decltype(auto) launch_or_dispatch(const char* name, const at::Tensor& on, Args&&
       c10::Dispatcher::singleton().findSchemaOrThrow(name, "").template typed<Signature>();
   return op.call(std::forward<Args>(args)...);
 }
+
+// A tensor argument named as the op's schema names it; `t` is null for an absent optional.
+struct Arg {
+  Arg(const char* n, const at::Tensor& x) : name(n), t(x.defined() ? &x : nullptr) {}
+  Arg(const char* n, const std::optional<at::Tensor>& x) : name(n), t(x ? &*x : nullptr) {}
+  const char* name;
+  const at::Tensor* t;
+};
+
+// ValueError "<op>: <name> is on <device>, <first name> on <device> (an op's tensors share one
+// device)" unless every present tensor is on the first one's device: a kernel given a pointer to
+// another device's memory would fault or read the wrong memory.
+void check_one_device(const char* op, std::initializer_list<Arg> args);
+
+// ValueError "<op>: <name> must be <shape>, got <shape>" (Python's tuples) unless `t` has `want`
+// sizes: for arguments whose shape follows from the others (gradients, saved statistics), which
+// the kernels read as that many elements.
+void check_shape(const char* op, const char* name, const at::Tensor& t, c10::SymIntArrayRef want);
 
 // What Python prints: a shape as a tuple ("(2, 3)", "(4,)", "()"), a dtype ("torch.float32").
 std::string py_shape(c10::SymIntArrayRef sizes);

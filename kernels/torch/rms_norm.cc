@@ -66,6 +66,19 @@ void check(const at::Tensor& x, const OptTensor& gate, const OptTensor& weight, 
   } else {
     TORCH_CHECK_VALUE(!gate.has_value(), name, " takes no gate");
   }
+  check_one_device(name, {{"x", x}, {"gate", gate}, {"weight", weight}});
+}
+
+// The backward's arguments: the forward's, dy of x's shape and rstd (float32) of its rows'.
+void check_bwd(const at::Tensor& dy, const at::Tensor& x, const OptTensor& gate,
+               const OptTensor& weight, const at::Tensor& rstd, int64_t mode) {
+  check(x, gate, weight, mode);
+  const char* name = "rms_norm_bwd";
+  check_shape(name, "dy", dy, x.sym_sizes());
+  check_shape(name, "rstd", rstd, x.sym_sizes().slice(0, x.dim() - 1));
+  TORCH_CHECK_TYPE(rstd.scalar_type() == at::kFloat, name, ": rstd must be torch.float32, got ",
+                   py_dtype(rstd.scalar_type()));
+  check_one_device(name, {{"x", x}, {"dy", dy}, {"rstd", rstd}});
 }
 
 // The weight, contiguous and 32-byte aligned (the kernels read it in 16/32-byte vectors).
@@ -105,6 +118,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_meta(const at::Tensor& dy, co
                                                         const OptTensor& gate,
                                                         const OptTensor& weight,
                                                         const at::Tensor& rstd, int64_t mode) {
+  check_bwd(dy, x, gate, weight, rstd, mode);
   at::Tensor dx = at::empty_symint(x.sym_sizes(), x.options());
   at::Tensor dgate =
       gate.has_value() ? at::empty_symint(x.sym_sizes(), x.options()) : at::empty({0}, x.options());
@@ -127,11 +141,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cuda(const at::Tensor& dy, co
                                                         const OptTensor& gate,
                                                         const OptTensor& weight,
                                                         const at::Tensor& rstd, int64_t mode) {
+  check_bwd(dy, x, gate, weight, rstd, mode);
   c10::DeviceGuard guard(x.device());
   const KernelTable& k = prepare(x);
   at::Tensor xv = rows_view(x);
   OptTensor gv = gate.has_value() ? OptTensor(rows_view(*gate)) : std::nullopt;
   at::Tensor dyv = rows_view(dy.to(out_dtype(x, weight, mode)));
+  at::Tensor rs = rstd.contiguous();
   OptTensor wv = aligned(weight);
   auto [dx, dgate, dw] = bwd_meta(dy, x, gate, weight, rstd, mode);
   int w_code = dtype_code(wv.value_or(x), "rms_norm");
@@ -142,7 +158,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cuda(const at::Tensor& dy, co
   }
   OPSLOT_LAUNCH(k, opslot_rms_norm_bwd, static_cast<int>(mode), dtype_code(x, "rms_norm"), w_code,
                 xv.size(0), xv.size(1), ptr(xv), row_stride(xv), ptr(gv),
-                gv.has_value() ? row_stride(*gv) : 0, ptr(wv), static_cast<const float*>(ptr(rstd)),
+                gv.has_value() ? row_stride(*gv) : 0, ptr(wv), static_cast<const float*>(ptr(rs)),
                 ptr(dyv), row_stride(dyv), mutable_ptr(dx), mutable_ptr(dgate),
                 static_cast<float*>(mutable_ptr(partial)), mutable_ptr(dw), stream_of(x));
   return {dx, dgate, dw};

@@ -33,6 +33,7 @@ void check_cos_sin(const at::Tensor& x, const char* x_name, const at::Tensor& co
                    x_name, " of dtype ", x.scalar_type(), " (the cuda kernel takes cos/sin in ",
                    x_name, "'s dtype or float32)");
   TORCH_CHECK_VALUE(cos.sym_sizes() == sin.sym_sizes(), op, ": cos and sin differ in shape");
+  check_one_device(op, {{x_name, x}, {"cos", cos}, {"sin", sin}});
 }
 
 void check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin) {
@@ -44,6 +45,7 @@ void check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, cons
   TORCH_CHECK_VALUE(rd % 2 == 0 && rd <= q.sym_size(-1) && q.sym_size(-1) == k.sym_size(-1),
                     "rotary_pos_emb: rotary dim ", rd, " must be even and at most the head dim (q ",
                     q.sym_size(-1), ", k ", k.sym_size(-1), ")");
+  check_one_device("rotary_pos_emb", {{"q", q}, {"k", k}});
 }
 
 // The three outer (size, stride) pairs of a tensor of 1 to 4 dims, left-padded with size 1; a
@@ -234,6 +236,7 @@ void check_interleaved(const at::Tensor& q, const at::Tensor& k, const at::Tenso
                     ": q and k rotate all their features in pairs: their head dims (q ", d, ", k ",
                     k.sym_size(-1), ") must be even and equal to cos/sin's last dim ",
                     cos.sym_size(-1));
+  check_one_device(kInterleaved, {{"q", q}, {"k", k}});
 }
 
 Pair interleaved_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
@@ -295,6 +298,7 @@ void check_vision(const at::Tensor& q, const at::Tensor& k, const at::Tensor& co
                     ": q and k rotate their whole head dim: their head dims (q ", d, ", k ",
                     k.sym_size(-1), ") must be even and equal to cos/sin's last dim ",
                     cos.sym_size(-1));
+  check_one_device(kVision, {{"q", q}, {"k", k}, {"cos", cos}, {"sin", sin}});
 }
 
 Pair vision_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,

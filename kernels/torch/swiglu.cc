@@ -17,6 +17,13 @@ void check(const at::Tensor& gate, const at::Tensor& up) {
   TORCH_CHECK_VALUE(gate.sym_sizes() == up.sym_sizes() && gate.scalar_type() == up.scalar_type(),
                     "silu_mul: gate ", gate.sym_sizes(), " ", gate.scalar_type(), " and up ",
                     up.sym_sizes(), " ", up.scalar_type(), " must match in shape and dtype");
+  check_one_device("silu_mul", {{"gate", gate}, {"up", up}});
+}
+
+// The backward's incoming gradient: the output's shape, on its device.
+void check_grad(const char* op, const at::Tensor& grad, const at::Tensor& gate) {
+  check_shape(op, "grad", grad, gate.sym_sizes());
+  check_one_device(op, {{"gate", gate}, {"grad", grad}});
 }
 
 at::Tensor fwd_meta(const at::Tensor& gate, const at::Tensor& up) {
@@ -38,6 +45,7 @@ at::Tensor fwd_cuda(const at::Tensor& gate, const at::Tensor& up) {
 std::tuple<at::Tensor, at::Tensor> bwd_meta(const at::Tensor& grad, const at::Tensor& gate,
                                             const at::Tensor& up) {
   check(gate, up);
+  check_grad("silu_mul_bwd", grad, gate);
   return {at::empty_symint(gate.sym_sizes(), gate.options()),
           at::empty_symint(gate.sym_sizes(), gate.options())};
 }
@@ -45,6 +53,7 @@ std::tuple<at::Tensor, at::Tensor> bwd_meta(const at::Tensor& grad, const at::Te
 std::tuple<at::Tensor, at::Tensor> bwd_cuda(const at::Tensor& grad, const at::Tensor& gate,
                                             const at::Tensor& up) {
   check(gate, up);
+  check_grad("silu_mul_bwd", grad, gate);
   c10::DeviceGuard guard(gate.device());
   const KernelTable& k = prepare(gate);
   at::Tensor g = gate.contiguous(), u = up.contiguous();
@@ -108,13 +117,17 @@ at::Tensor clamped_cuda(const at::Tensor& gate, const at::Tensor& up, double lim
 std::tuple<at::Tensor, at::Tensor> clamped_bwd_meta(const at::Tensor& grad, const at::Tensor& gate,
                                                     const at::Tensor& up, double limit) {
   check_limit(limit);
-  return bwd_meta(grad, gate, up);
+  check(gate, up);
+  check_grad("silu_mul_clamped_bwd", grad, gate);
+  return {at::empty_symint(gate.sym_sizes(), gate.options()),
+          at::empty_symint(gate.sym_sizes(), gate.options())};
 }
 
 std::tuple<at::Tensor, at::Tensor> clamped_bwd_cuda(const at::Tensor& grad, const at::Tensor& gate,
                                                     const at::Tensor& up, double limit) {
   check(gate, up);
   check_limit(limit);
+  check_grad("silu_mul_clamped_bwd", grad, gate);
   c10::DeviceGuard guard(gate.device());
   const KernelTable& k = prepare(gate);
   at::Tensor g = gate.contiguous(), u = up.contiguous();

@@ -1,0 +1,399 @@
+"""The argument checks every op of libopslot_torch.so (kernels/torch/*.cc) makes before a kernel reads
+memory: tensors of one op on one device, and each argument whose shape follows from the others
+(incoming gradients, the forward's saved statistics) of that shape. A kernel given a pointer to
+another device's memory, or fewer elements than it reads, would fault or read past the tensor; each
+case here is refused with a message naming the op and the argument.
+
+Without a GPU the cases run on meta tensors (the ops' Meta kernels run the same check functions as
+their CUDA kernels), the tensor on the wrong device a CPU one; with a GPU the same cases run on CUDA
+tensors, so the CUDA kernels' checks are the ones tested."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from test_kernel_library_symbols import _library
+
+O = torch.ops.opslot  # noqa: E741
+F32, BF16, I32, I64 = torch.float32, torch.bfloat16, torch.int32, torch.int64
+DEVICES = ["meta"] + (["cuda"] if torch.cuda.is_available() else [])
+SHARE = " (an op's tensors share one device)"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def lib():
+    _library("libopslot_torch.so")
+    from opslot.kernels.cuda import _lib
+
+    _lib.torch_ops()
+
+
+@pytest.fixture(params=DEVICES)
+def on(request):
+    """`on(*shape, dtype=bf16)`: an uninitialised tensor on the device under test."""
+    return lambda *shape, dtype=BF16: torch.zeros(shape, dtype=dtype, device=request.param)
+
+
+def cpu(*shape, dtype=BF16):
+    return torch.zeros(shape, dtype=dtype)
+
+
+def expect(on, exc, message, call):
+    """`call()` raises `exc` whose first line is `message`, with `DEV` the device under test."""
+    with pytest.raises(exc) as info:
+        call()
+    assert str(info.value).splitlines()[0] == message.replace("DEV", str(on(1).device))
+
+
+# -- SiLU·mul ------------------------------------------------------------------------------------
+def test_silu_mul(on):
+    expect(on, ValueError, "silu_mul: up is on cpu, gate on DEV" + SHARE, lambda: O.silu_mul(on(4, 8), cpu(4, 8)))
+    expect(
+        on, ValueError, "silu_mul_bwd: grad must be (4, 8), got (4,)", lambda: O.silu_mul_bwd(on(4), on(4, 8), on(4, 8))
+    )
+    expect(
+        on,
+        ValueError,
+        "silu_mul_bwd: grad is on cpu, gate on DEV" + SHARE,
+        lambda: O.silu_mul_bwd(cpu(4, 8), on(4, 8), on(4, 8)),
+    )
+    expect(
+        on,
+        ValueError,
+        "silu_mul_clamped_bwd: grad must be (4, 8), got (4, 7)",
+        lambda: O.silu_mul_clamped_bwd(on(4, 7), on(4, 8), on(4, 8), 7.0),
+    )
+
+
+# -- RMSNorm -------------------------------------------------------------------------------------
+def test_rms_norm(on):
+    rstd = on(4, dtype=F32)
+    expect(
+        on,
+        ValueError,
+        "rms_norm/standard: weight is on cpu, x on DEV" + SHARE,
+        lambda: O.rms_norm_fwd(on(4, 8), None, cpu(8), 1e-6, 0),
+    )
+    expect(
+        on,
+        ValueError,
+        "rms_norm_bwd: dy must be (4, 8), got (4, 7)",
+        lambda: O.rms_norm_bwd(on(4, 7), on(4, 8), None, on(8), rstd, 0),
+    )
+    expect(
+        on,
+        ValueError,
+        "rms_norm_bwd: rstd must be (4,), got (3,)",
+        lambda: O.rms_norm_bwd(on(4, 8), on(4, 8), None, on(8), on(3, dtype=F32), 0),
+    )
+    expect(
+        on,
+        TypeError,
+        "rms_norm_bwd: rstd must be torch.float32, got torch.bfloat16",
+        lambda: O.rms_norm_bwd(on(4, 8), on(4, 8), None, on(8), on(4), 0),
+    )
+    expect(
+        on,
+        ValueError,
+        "rms_norm/standard: weight is on cpu, x on DEV" + SHARE,
+        lambda: O.rms_norm_bwd(on(4, 8), on(4, 8), None, cpu(8), rstd, 0),
+    )
+    expect(
+        on,
+        ValueError,
+        "rms_norm_bwd: rstd is on cpu, x on DEV" + SHARE,
+        lambda: O.rms_norm_bwd(on(4, 8), on(4, 8), None, on(8), cpu(4, dtype=F32), 0),
+    )
+
+
+# -- RoPE ----------------------------------------------------------------------------------------
+def test_rope(on):
+    q, k = on(2, 4, 8, 16), on(2, 1, 8, 16)
+    expect(
+        on,
+        ValueError,
+        "rotary_pos_emb: cos is on cpu, q on DEV" + SHARE,
+        lambda: O.rope_fwd(q, k, cpu(2, 8, 16), cpu(2, 8, 16), 1),
+    )
+    expect(
+        on,
+        ValueError,
+        "rotary_pos_emb: k is on cpu, q on DEV" + SHARE,
+        lambda: O.rope_bwd(q, cpu(2, 1, 8, 16), on(2, 8, 16), on(2, 8, 16), 1),
+    )
+    expect(
+        on,
+        ValueError,
+        "rotary_pos_emb/interleaved: k is on cpu, q on DEV" + SHARE,
+        lambda: O.rope_interleaved_fwd(q, cpu(2, 1, 8, 16), on(2, 8, 16), on(2, 8, 16), 1),
+    )
+    expect(
+        on,
+        ValueError,
+        "rotary_pos_emb_vision: cos is on cpu, q on DEV" + SHARE,
+        lambda: O.rope_vision_fwd(on(8, 4, 16), on(8, 4, 16), cpu(8, 16, dtype=F32), on(8, 16, dtype=F32)),
+    )
+    expect(
+        on,
+        ValueError,
+        "rotary_pos_emb/deepseek_v4: sin is on cpu, x on DEV" + SHARE,
+        lambda: O.rope_deepseek_v4_fwd(on(2, 8, 4, 16), on(2, 8, 4), cpu(2, 8, 4), 2),
+    )
+
+
+# -- the load-balancing loss ---------------------------------------------------------------------
+def test_load_balancing(on):
+    logits, coef = [on(6, 4)], on(4, dtype=F32)
+    expect(
+        on,
+        ValueError,
+        "load_balancing_loss: mask is on cpu, router logits on DEV" + SHARE,
+        lambda: O.load_balancing_loss_fwd(logits, cpu(6, dtype=F32), 4, 2),
+    )
+    expect(
+        on,
+        ValueError,
+        "load_balancing_loss: no router logits",
+        lambda: O.load_balancing_loss_bwd(on(dtype=F32), [], None, coef),
+    )
+    expect(
+        on,
+        ValueError,
+        "load_balancing_loss_bwd: grad must be (), got (2,)",
+        lambda: O.load_balancing_loss_bwd(on(2, dtype=F32), logits, None, coef),
+    )
+    expect(
+        on,
+        ValueError,
+        "load_balancing_loss_bwd: coef must be (4,), got (3,)",
+        lambda: O.load_balancing_loss_bwd(on(dtype=F32), logits, None, on(3, dtype=F32)),
+    )
+    expect(
+        on,
+        TypeError,
+        "load_balancing_loss_bwd: coef must be torch.float32, got torch.bfloat16",
+        lambda: O.load_balancing_loss_bwd(on(dtype=F32), logits, None, on(4)),
+    )
+    expect(
+        on,
+        ValueError,
+        "load_balancing_loss_bwd: coef is on cpu, router logits on DEV" + SHARE,
+        lambda: O.load_balancing_loss_bwd(on(dtype=F32), logits, None, cpu(4, dtype=F32)),
+    )
+
+
+# -- the gated delta rule ------------------------------------------------------------------------
+def test_gated_delta_rule(on):
+    B, T, H, D = 1, 70, 2, 16  # two 64-token chunks
+    q, g = on(B, T, H, D), on(B, T, H, dtype=F32)
+    saved = [on(2, H, 128, 128), on(2, H, 64, 128), on(2, H, 64, 128), on(2, H, 64, dtype=F32)]
+
+    def bwd(dout, dfinal=None, hs=saved):
+        return lambda: O.gdr_bwd(dout, dfinal, q, q, q, g, g, *hs, None, True, 0.25)
+
+    expect(
+        on,
+        ValueError,
+        "chunk_gated_delta_rule: beta is on cpu, query on DEV" + SHARE,
+        lambda: O.gdr_fwd(q, q, q, g, cpu(B, T, H, dtype=F32), None, None, True, 0.25),
+    )
+    expect(
+        on,
+        ValueError,
+        "chunk_gated_delta_rule: initial_state is on cpu, query on DEV" + SHARE,
+        lambda: O.gdr_fwd(q, q, q, g, g, cpu(B, H, D, D, dtype=F32), None, True, 0.25),
+    )
+    expect(on, ValueError, "gdr_bwd: dout must be (1, 70, 2, 16), got (1, 64, 2, 16)", bwd(on(B, 64, H, D)))
+    expect(
+        on,
+        ValueError,
+        "gdr_bwd: dfinal must be (1, 2, 16, 16), got (1, 2, 16)",
+        bwd(on(B, T, H, D), on(B, H, D, dtype=F32)),
+    )
+    expect(
+        on,
+        ValueError,
+        "gdr_bwd: h must be (2, 2, 128, 128), got (1, 2, 128, 128)",
+        bwd(on(B, T, H, D), hs=[on(1, H, 128, 128)] + saved[1:]),
+    )
+    expect(
+        on,
+        TypeError,
+        "gdr_bwd: gamma must be torch.float32, got torch.bfloat16",
+        bwd(on(B, T, H, D), hs=saved[:3] + [on(2, H, 64)]),
+    )
+    expect(
+        on,
+        TypeError,
+        "gdr_bwd: w must be torch.bfloat16 (the query's dtype), got torch.float32",
+        bwd(on(B, T, H, D), hs=saved[:2] + [on(2, H, 64, 128, dtype=F32)] + saved[3:]),
+    )
+    expect(on, ValueError, "gdr_bwd: dout is on cpu, query on DEV" + SHARE, bwd(cpu(B, T, H, D)))
+
+
+# -- DeepSeek-V4's hyper-connections -------------------------------------------------------------
+def test_mhc(on):
+    B, S, N, D = 2, 3, 4, 8
+    M = (2 + N) * N
+    x, fn, base, scale = on(B, S, N, D), on(M, N * D, dtype=F32), on(M, dtype=F32), on(3, dtype=F32)
+    mix, rstd = on(B * S, M, dtype=F32), on(B * S, dtype=F32)
+    post, comb = on(B, S, N, dtype=F32), on(B, S, N, N, dtype=F32)
+
+    def pre_bwd(gp=None, gc=None, gx=None, mix=mix, iters=20):
+        return lambda: O.mhc_pre_bwd(gp, gc, gx, x, fn, base, scale, mix, rstd, iters, 1e-6, 1e-6)
+
+    expect(
+        on,
+        ValueError,
+        "mhc/pre: fn is on cpu, x on DEV" + SHARE,
+        lambda: O.mhc_pre_fwd(x, cpu(M, N * D, dtype=F32), base, scale, 20, 1e-6, 1e-6),
+    )
+    expect(
+        on,
+        ValueError,
+        "mhc/pre: hc_sinkhorn_iters -1 is not supported by the cuda kernels (0 to 1048576); use "
+        "mhc_implementation 'torch' or 'eager'",
+        lambda: O.mhc_pre_fwd(x, fn, base, scale, -1, 1e-6, 1e-6),
+    )
+    expect(
+        on,
+        ValueError,
+        "mhc/pre: hc_sinkhorn_iters 1601 is not supported by the cuda kernels (0 to 1600; the backward "
+        "keeps every step); use mhc_implementation 'torch' or 'eager'",
+        pre_bwd(iters=1601),
+    )
+    expect(on, ValueError, "mhc/pre: mix must be (6, 24), got (2, 3, 24)", pre_bwd(mix=on(B, S, M, dtype=F32)))
+    expect(on, ValueError, "mhc/pre: grad_post must be (2, 3, 4), got (6, 4)", pre_bwd(gp=on(B * S, N, dtype=F32)))
+    expect(
+        on,
+        ValueError,
+        "mhc/pre: grad_comb must be (2, 3, 4, 4), got (2, 3, 16)",
+        pre_bwd(gc=on(B, S, N * N, dtype=F32)),
+    )
+    expect(on, ValueError, "mhc/pre: grad_collapsed must be (2, 3, 8), got (2, 3, 4)", pre_bwd(gx=on(B, S, 4)))
+    expect(on, ValueError, "mhc/pre: grad_collapsed is on cpu, x on DEV" + SHARE, pre_bwd(gx=cpu(B, S, D)))
+    expect(
+        on,
+        ValueError,
+        "mhc/head: grad must be (2, 3, 8), got (2, 3, 4, 8)",
+        lambda: O.mhc_head_bwd(x, x, fn[:N], base[:N], scale[:1], on(B * S, N, dtype=F32), rstd, 1e-6, 1e-6),
+    )
+    expect(
+        on,
+        ValueError,
+        "mhc/head: the streams' hidden size is 0, got shape (2, 3, 4, 0)",
+        lambda: O.mhc_head_fwd(on(B, S, N, 0), on(N, 0, dtype=F32), base[:N], scale[:1], 1e-6, 1e-6),
+    )
+    expect(
+        on,
+        ValueError,
+        "mhc/post: comb is on cpu, hidden_states on DEV" + SHARE,
+        lambda: O.mhc_post(post, cpu(B, S, N, N, dtype=F32), on(B, S, D), x),
+    )
+    expect(
+        on,
+        ValueError,
+        "mhc/post: grad must be (2, 3, 4, 8), got (2, 3, 8)",
+        lambda: O.mhc_post_bwd(on(B, S, D), post, comb, on(B, S, D), x),
+    )
+
+
+def test_mhc_cpu_kernels_refuse_what_the_cuda_kernels_refuse():
+    """The CPU kernels (the CPU tests' stand-in for the GPU) check hc_sinkhorn_iters as the CUDA
+    kernels do, before any work."""
+    B, S, N, D = 1, 2, 2, 4
+    M = (2 + N) * N
+    x = torch.randn(B, S, N, D)
+    fn, base, scale = torch.randn(M, N * D), torch.zeros(M), torch.ones(3)
+    with pytest.raises(ValueError, match=r"^mhc/pre: hc_sinkhorn_iters 1601 is not supported"):
+        O.mhc_pre_bwd(None, None, None, x, fn, base, scale, torch.zeros(B * S, M), torch.ones(B * S), 1601, 1e-6, 1e-6)
+    with pytest.raises(ValueError, match=r"^mhc/pre: hc_sinkhorn_iters 1048577 is not supported"):
+        O.mhc_pre_fwd(x, fn, base, scale, 2**20 + 1, 1e-6, 1e-6)
+    post, comb, _, mix, rstd = O.mhc_pre_fwd(x, fn, base, scale, 1600, 1e-6, 1e-6)
+    dx = O.mhc_pre_bwd(post, comb, None, x, fn, base, scale, mix, rstd, 1600, 1e-6, 1e-6)[0]
+    assert dx.shape == x.shape and torch.isfinite(dx).all()
+
+
+# -- the MoE experts -----------------------------------------------------------------------------
+def test_moe(on):
+    T, K, H, E, N = 3, 2, 8, 2, 16
+    inv, offs, rexp = on(T * K, dtype=I32), on(E, dtype=I32), on(T * K, dtype=I32)
+    w = on(T, K, dtype=F32)
+    expect(
+        on,
+        ValueError,
+        "moe_gather: offs is on cpu, x on DEV" + SHARE,
+        lambda: O.moe_gather(on(T, H), inv, cpu(E, dtype=I32), K),
+    )
+    expect(
+        on,
+        ValueError,
+        "moe_gather_backward: grad must be [rows, hidden] with one row per entry of inv (6), got (3, 8)",
+        lambda: O.moe_gather_backward(on(T, H), inv, offs, K),
+    )
+    expect(
+        on,
+        ValueError,
+        "moe_combine: row_expert is on cpu, rows on DEV" + SHARE,
+        lambda: O.moe_combine(on(T * K, H), inv, offs, w, cpu(T * K, dtype=I32), None),
+    )
+    expect(
+        on,
+        ValueError,
+        "moe_combine_backward: grad must be (3, 8), got (6, 8)",
+        lambda: O.moe_combine_backward(on(T * K, H), on(T * K, H), inv, offs, w, rexp, None),
+    )
+    expect(
+        on,
+        ValueError,
+        "moe_act_backward: grad must be (6, 16), got (6, 32)",
+        lambda: O.moe_act_backward(on(T * K, 2 * N), on(T * K, 2 * N), offs, rexp, None, 0, 1.0, 7.0),
+    )
+    expect(
+        on,
+        ValueError,
+        "moe_grouped_mm: w is on cpu, a on DEV" + SHARE,
+        lambda: O.moe_grouped_mm(on(T * K, H), cpu(E, H, N), offs, False),
+    )
+    expect(
+        on,
+        ValueError,
+        "moe_grouped_mm_backward: grad must be (6, 16), got (6, 8)",
+        lambda: O.moe_grouped_mm_backward(on(T * K, H), on(T * K, H), on(E, H, N), offs, False),
+    )
+
+
+# -- cross-entropy -------------------------------------------------------------------------------
+def test_cross_entropy(on):
+    logits, targets = on(6, 10), on(6, dtype=I64)
+    expect(
+        on,
+        ValueError,
+        "ce_logits_fwd: targets must be (6,), got (5,)",
+        lambda: O.ce_logits_fwd(logits, on(5, dtype=I64), None, 1.0, 1, -100, False),
+    )
+    expect(
+        on,
+        TypeError,
+        "ce_logits_fwd: targets must be torch.int64, got torch.int32",
+        lambda: O.ce_logits_fwd(logits, on(6, dtype=I32), None, 1.0, 1, -100, False),
+    )
+    expect(
+        on,
+        ValueError,
+        "ce_logits_fwd: targets is on cpu, logits on DEV" + SHARE,
+        lambda: O.ce_logits_fwd(logits, cpu(6, dtype=I64), None, 1.0, 1, -100, False),
+    )
+    expect(
+        on,
+        ValueError,
+        "ce_linear_fwd: weight must be [vocab, 8], got shape (10, 4)",
+        lambda: O.ce_linear_fwd(on(6, 8), on(10, 4), targets, None, 1.0, 1, -100, 4, False, False),
+    )
+    expect(
+        on,
+        ValueError,
+        "ce_linear_fwd: weight is on cpu, hidden on DEV" + SHARE,
+        lambda: O.ce_linear_fwd(on(6, 8), cpu(10, 8), targets, None, 1.0, 1, -100, 4, False, False),
+    )
