@@ -188,6 +188,8 @@ void check_bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& kv
   TORCH_CHECK_VALUE(lse.scalar_type() == at::kFloat && lse.sym_sizes() == s.slice(0, 3),
                     "sparse_mqa_attention_bwd: lse must be float32 ", py_shape(s.slice(0, 3)),
                     ", got ", py_dtype(lse.scalar_type()), " ", py_shape(lse.sym_sizes()));
+  check_one_device("sparse_mqa_attention_bwd",
+                   {{"q", q}, {"dout", dout}, {"out", out}, {"lse", lse}});
 }
 
 Three bwd_meta(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& kv,

@@ -397,3 +397,21 @@ def test_cross_entropy(on):
         "ce_linear_fwd: weight is on cpu, hidden on DEV" + SHARE,
         lambda: O.ce_linear_fwd(on(6, 8), cpu(10, 8), targets, None, 1.0, 1, -100, 4, False, False),
     )
+
+
+# -- DeepSeek sparse attention -------------------------------------------------------------------
+def test_sparse_attention(on):
+    q, kv, idx = on(1, 4, 2, 64), on(1, 8, 64), on(1, 4, 3, dtype=I32)
+    out, lse = on(1, 4, 2, 64), on(1, 4, 2, dtype=F32)
+    expect(
+        on,
+        ValueError,
+        "sparse_mqa_attention_bwd: lse is on cpu, q on DEV" + SHARE,
+        lambda: O.sparse_mqa_attention_bwd(out, q, kv, idx, None, out, cpu(1, 4, 2, dtype=F32), 0.1, 64),
+    )
+    expect(
+        on,
+        ValueError,
+        "sparse_mqa_attention_bwd: dout is on cpu, q on DEV" + SHARE,
+        lambda: O.sparse_mqa_attention_bwd(cpu(1, 4, 2, 64), q, kv, idx, None, out, lse, 0.1, 64),
+    )
