@@ -167,15 +167,56 @@ Four route_cuda(const Tensor& top_k_index, int64_t num_experts) {
   return {offs, row_expert, src_token, inv};
 }
 
-// The incoming gradient of a backward op: `want`, the forward output's shape (moe.py composes the
-// ops, whose other shapes it derives; a gradient is what a direct caller can get wrong).
+// -- argument checks ------------------------------------------------------------------------------
+// What the kernels read as given: rows [N, cols] of a float dtype; index tensors (inv, offs,
+// row_expert) int32, contiguous, one entry per row (offs: per expert); a bias [E, cols] in the
+// rows' dtype; all on one device. The index values are device data, not read here: moe_route makes
+// them (grouped_experts' caller passes offs and row_expert, docs/kernels.md).
+void check_matrix(const char* op, const char* name, const Tensor& t) {
+  check_float_dtype(t, op);
+  TORCH_CHECK_VALUE(t.dim() == 2, op, ": ", name, " must be [rows, columns], got shape ",
+                    py_shape(t.sym_sizes()));
+}
+
+void check_index(const char* op, const char* name, const Tensor& t, const SymInt& n) {
+  TORCH_CHECK_TYPE(t.scalar_type() == at::kInt, op, ": ", name, " must be torch.int32, got ",
+                   py_dtype(t.scalar_type()));
+  check_shape(op, name, t, {n});
+  TORCH_CHECK_VALUE(t.is_contiguous(), op, ": ", name, " must be contiguous");
+}
+
+void check_offs(const char* op, const Tensor& offs) {
+  TORCH_CHECK_VALUE(offs.dim() == 1, op, ": offs must be [experts], got shape ",
+                    py_shape(offs.sym_sizes()));
+  check_index(op, "offs", offs, offs.sym_size(0));
+}
+
+void check_bias(const char* op, const OptTensor& bias, const Tensor& like, const Tensor& offs,
+                const SymInt& cols) {
+  if (!bias.has_value()) return;
+  TORCH_CHECK_TYPE(bias->scalar_type() == like.scalar_type(), op, ": bias must be ",
+                   py_dtype(like.scalar_type()), " (the rows' dtype), got ",
+                   py_dtype(bias->scalar_type()));
+  check_shape(op, "bias", *bias, {offs.sym_size(0), cols});
+}
+
+void check_top_k(const char* op, const SymInt& top_k) {
+  TORCH_CHECK_VALUE(top_k >= 1, op, ": top_k must be at least 1, got ", top_k);
+}
+
+// The incoming gradient of a backward op: `want`, the forward output's shape.
 void check_grad(const char* op, const Tensor& grad, c10::SymIntArrayRef want) {
   check_shape(op, "grad", grad, want);
 }
 
 // -- gather: x [T, H] -> rows [T*K, H] in expert order (dropped rows zero) ------------------------
 Tensor gather_meta(const Tensor& x, const Tensor& inv, const Tensor& offs, SymInt top_k) {
-  check_one_device("moe_gather", {{"x", x}, {"inv", inv}, {"offs", offs}});
+  const char* op = "moe_gather";
+  check_matrix(op, "x", x);
+  check_top_k(op, top_k);
+  check_index(op, "inv", inv, x.sym_size(0) * top_k);
+  check_offs(op, offs);
+  check_one_device(op, {{"x", x}, {"inv", inv}, {"offs", offs}});
   return at::empty_symint({x.sym_size(0) * top_k, x.sym_size(1)}, x.options());
 }
 
@@ -188,11 +229,14 @@ Tensor gather(const Tensor& x, const Tensor& inv, const Tensor& offs, int64_t to
 
 Tensor gather_backward_meta(const Tensor& grad, const Tensor& inv, const Tensor& offs,
                             SymInt top_k) {
-  TORCH_CHECK_VALUE(grad.dim() == 2 && grad.sym_size(0) == inv.sym_numel(),
-                    "moe_gather_backward: grad must be [rows, hidden] with one row per entry of "
-                    "inv (",
-                    inv.sym_numel(), "), got ", py_shape(grad.sym_sizes()));
-  check_one_device("moe_gather_backward", {{"grad", grad}, {"inv", inv}, {"offs", offs}});
+  const char* op = "moe_gather_backward";
+  check_matrix(op, "grad", grad);
+  check_top_k(op, top_k);
+  TORCH_CHECK_VALUE(grad.sym_size(0) % top_k == 0, op, ": grad's ", grad.sym_size(0),
+                    " rows are not top_k (", top_k, ") per token");
+  check_index(op, "inv", inv, grad.sym_size(0));
+  check_offs(op, offs);
+  check_one_device(op, {{"grad", grad}, {"inv", inv}, {"offs", offs}});
   return at::empty_symint({grad.sym_size(0) / top_k, grad.sym_size(1)}, grad.options());
 }
 
@@ -207,12 +251,23 @@ Tensor gather_backward(const Tensor& grad, const Tensor& inv, const Tensor& offs
 // -- combine: out[t] = sum_k w[t,k] * (rows[inv[t,k]] + bias[expert]) (fp32 sum, k order) ---------
 Tensor combine_meta(const Tensor& rows, const Tensor& inv, const Tensor& offs,
                     const Tensor& weights, const Tensor& row_expert, const OptTensor& bias) {
-  check_one_device("moe_combine", {{"rows", rows},
-                                   {"inv", inv},
-                                   {"offs", offs},
-                                   {"weights", weights},
-                                   {"row_expert", row_expert},
-                                   {"bias", bias}});
+  const char* op = "moe_combine";
+  check_matrix(op, "rows", rows);
+  TORCH_CHECK_TYPE(weights.scalar_type() == at::kFloat, op, ": weights must be torch.float32, got ",
+                   py_dtype(weights.scalar_type()));
+  TORCH_CHECK_VALUE(weights.dim() == 2, op, ": weights must be [tokens, top_k], got shape ",
+                    py_shape(weights.sym_sizes()));
+  check_top_k(op, weights.sym_size(1));
+  check_index(op, "inv", inv, weights.sym_size(0) * weights.sym_size(1));
+  check_index(op, "row_expert", row_expert, rows.sym_size(0));
+  check_offs(op, offs);
+  check_bias(op, bias, rows, offs, rows.sym_size(1));
+  check_one_device(op, {{"rows", rows},
+                        {"inv", inv},
+                        {"offs", offs},
+                        {"weights", weights},
+                        {"row_expert", row_expert},
+                        {"bias", bias}});
   return at::empty_symint({weights.sym_size(0), rows.sym_size(1)}, rows.options());
 }
 
@@ -263,8 +318,16 @@ Three combine_backward(const Tensor& grad, const Tensor& rows, const Tensor& inv
 // gate and up, + bias)
 Tensor act_meta(const Tensor& h, const Tensor& offs, const Tensor& row_expert,
                 const OptTensor& bias, SymInt kind, double alpha, double limit) {
-  check_one_device("moe_act",
-                   {{"h", h}, {"offs", offs}, {"row_expert", row_expert}, {"bias", bias}});
+  const char* op = "moe_act";
+  check_matrix(op, "h", h);
+  TORCH_CHECK_VALUE(h.sym_size(1) % 2 == 0, op,
+                    ": h must hold gate and up, an even number of "
+                    "columns, got ",
+                    h.sym_size(1));
+  check_index(op, "row_expert", row_expert, h.sym_size(0));
+  check_offs(op, offs);
+  check_bias(op, bias, h, offs, h.sym_size(1));
+  check_one_device(op, {{"h", h}, {"offs", offs}, {"row_expert", row_expert}, {"bias", bias}});
   return at::empty_symint({h.sym_size(0), h.sym_size(1) / 2}, h.options());
 }
 
@@ -349,7 +412,17 @@ Tensor segment_wgrad(const Tensor& x, const Tensor& g, const Tensor& offs, bool 
 Tensor b_view(const Tensor& w, bool w_transposed) { return w_transposed ? w.transpose(-2, -1) : w; }
 
 Tensor gmm_meta(const Tensor& a, const Tensor& w, const Tensor& offs, bool w_transposed) {
-  check_one_device("moe_grouped_mm", {{"a", a}, {"w", w}, {"offs", offs}});
+  const char* op = "moe_grouped_mm";
+  check_matrix(op, "a", a);
+  TORCH_CHECK_TYPE(w.scalar_type() == a.scalar_type(), op, ": w must be ",
+                   py_dtype(a.scalar_type()), " (a's dtype), got ", py_dtype(w.scalar_type()));
+  TORCH_CHECK_VALUE(w.dim() == 3 && w.sym_size(w_transposed ? 2 : 1) == a.sym_size(1), op,
+                    ": w must be ", w_transposed ? "[experts, out, " : "[experts, ", a.sym_size(1),
+                    w_transposed ? "]" : ", out]", " for a of shape ", py_shape(a.sym_sizes()),
+                    ", got ", py_shape(w.sym_sizes()));
+  check_offs(op, offs);
+  check_shape(op, "offs", offs, {w.sym_size(0)});
+  check_one_device(op, {{"a", a}, {"w", w}, {"offs", offs}});
   return at::empty_symint({a.sym_size(0), w.sym_size(w_transposed ? 1 : 2)}, a.options());
 }
 

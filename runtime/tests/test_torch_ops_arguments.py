@@ -329,8 +329,70 @@ def test_moe(on):
     expect(
         on,
         ValueError,
-        "moe_gather_backward: grad must be [rows, hidden] with one row per entry of inv (6), got (3, 8)",
+        "moe_gather_backward: grad's 3 rows are not top_k (2) per token",
         lambda: O.moe_gather_backward(on(T, H), inv, offs, K),
+    )
+    expect(
+        on,
+        ValueError,
+        "moe_gather_backward: inv must be (4,), got (6,)",
+        lambda: O.moe_gather_backward(on(4, H), inv, offs, K),
+    )
+    expect(on, ValueError, "moe_gather: inv must be (4,), got (6,)", lambda: O.moe_gather(on(2, H), inv, offs, K))
+    expect(
+        on,
+        TypeError,
+        "moe_gather: inv must be torch.int32, got torch.int64",
+        lambda: O.moe_gather(on(T, H), on(T * K, dtype=I64), offs, K),
+    )
+    expect(
+        on,
+        ValueError,
+        "moe_gather: inv must be contiguous",
+        lambda: O.moe_gather(on(T, H), on(T * K * 2, dtype=I32)[::2], offs, K),
+    )
+    expect(on, ValueError, "moe_gather: top_k must be at least 1, got 0", lambda: O.moe_gather(on(T, H), inv, offs, 0))
+    expect(
+        on,
+        TypeError,
+        "moe_combine: weights must be torch.float32, got torch.bfloat16",
+        lambda: O.moe_combine(on(T * K, H), inv, offs, on(T, K), rexp, None),
+    )
+    expect(
+        on,
+        ValueError,
+        "moe_combine: row_expert must be (6,), got (3,)",
+        lambda: O.moe_combine(on(T * K, H), inv, offs, w, on(T, dtype=I32), None),
+    )
+    expect(
+        on,
+        TypeError,
+        "moe_combine: bias must be torch.bfloat16 (the rows' dtype), got torch.float32",
+        lambda: O.moe_combine(on(T * K, H), inv, offs, w, rexp, on(E, H, dtype=F32)),
+    )
+    expect(
+        on,
+        ValueError,
+        "moe_act: bias must be (2, 32), got (3, 32)",
+        lambda: O.moe_act(on(T * K, 2 * N), offs, rexp, on(3, 2 * N), 1, 1.702, 7.0),
+    )
+    expect(
+        on,
+        TypeError,
+        "moe_grouped_mm: w must be torch.bfloat16 (a's dtype), got torch.float32",
+        lambda: O.moe_grouped_mm(on(T * K, H), on(E, H, N, dtype=F32), offs, False),
+    )
+    expect(
+        on,
+        ValueError,
+        "moe_grouped_mm: w must be [experts, out, 8] for a of shape (6, 8), got (2, 8, 16)",
+        lambda: O.moe_grouped_mm(on(T * K, H), on(E, H, N), offs, True),
+    )
+    expect(
+        on,
+        ValueError,
+        "moe_grouped_mm: offs must be (3,), got (2,)",
+        lambda: O.moe_grouped_mm(on(T * K, H), on(3, H, N), offs, False),
     )
     expect(
         on,
