@@ -65,6 +65,7 @@ void check(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& indices,
                       ": sinks must be [heads] = (", s[2], ",), got ",
                       py_shape(sinks->sym_sizes()));
   }
+  TORCH_CHECK_VALUE(s[3] >= 1, op, ": q and kv have no features (head dim 0), got q ", py_shape(s));
   TORCH_CHECK_VALUE(dv >= 1 && dv <= s[3], op, ": dv must be in 1..", s[3],
                     " (V = kv[..., :dv]), got ", dv);
   TORCH_CHECK_VALUE(s[3] <= kMaxDqk && dv <= kMaxDv, op,

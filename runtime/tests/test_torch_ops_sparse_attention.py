@@ -244,6 +244,11 @@ MESSAGES = [
         "sparse_mqa_attention: sinks must be [heads] = (3,), got (4,)",
         dict(sinks=_meta(4, dtype=torch.float32)),
     ),
+    (
+        ValueError,
+        "sparse_mqa_attention: q and kv have no features (head dim 0), got q (2, 5, 3, 0)",
+        dict(q=_meta(2, 5, 3, 0), kv=_meta(2, 9, 0), dv=1),
+    ),
     (ValueError, "sparse_mqa_attention: dv must be in 1..64 (V = kv[..., :dv]), got 65", dict(dv=65)),
     (ValueError, "sparse_mqa_attention: dv must be in 1..64 (V = kv[..., :dv]), got 0", dict(dv=0)),
     (
