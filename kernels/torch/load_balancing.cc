@@ -128,11 +128,11 @@ at::Tensor bwd_meta(const at::Tensor& grad, at::TensorList logits, const OptTens
 
 at::Tensor bwd_cuda(const at::Tensor& grad, at::TensorList logits, const OptTensor& mask,
                     const at::Tensor& coef) {
+  at::Tensor out = bwd_meta(grad, logits, mask, coef);  // checks the arguments first
   const at::Tensor& first = logits[0];
   c10::DeviceGuard guard(first.device());
   const KernelTable& k = prepare(first);
   Layers l = layers(logits);
-  at::Tensor out = bwd_meta(grad, logits, mask, coef);
   // Each layer's gradient is one [tokens, experts] slab of `out`: addresses, not a view per layer.
   std::vector<void*> outs;
   char* base = out.numel() ? static_cast<char*>(out.data_ptr()) : nullptr;
