@@ -80,9 +80,13 @@ void check_iters(int64_t iters, bool backward) {
                     "); use mhc_implementation 'torch' or 'eager'");
 }
 
-// The backward's saved statistics and incoming gradients (each present one of its output's shape).
+// The backward's arguments: the forward's, its saved statistics and the incoming gradients (each
+// present one of its output's shape).
 void check_bwd(const OptTensor& g_post, const OptTensor& g_comb, const OptTensor& g_out,
-               const Tensor& x, const Tensor& mix, const Tensor& rstd, bool head) {
+               const Tensor& x, const Tensor& fn, const Tensor& base, const Tensor& scale,
+               const Tensor& mix, const Tensor& rstd, int64_t iters, bool head) {
+  check_streams(x, fn, base, scale, head);
+  if (!head) check_iters(iters, true);
   const char* what = op_name(head);
   const c10::SymInt &b = x.sym_size(0), &t = x.sym_size(1), &hc = x.sym_size(2);
   check_shape(what, "mix", mix, {b * t, head ? hc : (2 + hc) * hc});
@@ -421,9 +425,7 @@ Three head_fwd(const Tensor& x, const Tensor& fn, const Tensor& base, const Tens
 Four bwd_meta_impl(const OptTensor& g_post, const OptTensor& g_comb, const OptTensor& g_out,
                    const Tensor& x, const Tensor& fn, const Tensor& base, const Tensor& scale,
                    const Tensor& mix, const Tensor& rstd, int64_t iters, bool head) {
-  check_streams(x, fn, base, scale, head);
-  if (!head) check_iters(iters, true);
-  check_bwd(g_post, g_comb, g_out, x, mix, rstd, head);
+  check_bwd(g_post, g_comb, g_out, x, fn, base, scale, mix, rstd, iters, head);
   return {at::empty_symint(x.sym_sizes(), x.options()),
           at::empty_symint(fn.sym_sizes(), fn.options()),
           at::empty_symint(base.sym_sizes(), base.options()),
@@ -435,8 +437,8 @@ Four bwd_impl(const OptTensor& g_post_in, const OptTensor& g_comb_in, const OptT
               const Tensor& x_in, const Tensor& fn_in, const Tensor& base_in,
               const Tensor& scale_in, const Tensor& mix_in, const Tensor& rstd_in, int64_t iters,
               double hc_eps, bool head) {
-  bwd_meta_impl(g_post_in, g_comb_in, g_out_in, x_in, fn_in, base_in, scale_in, mix_in, rstd_in,
-                iters, head);
+  check_bwd(g_post_in, g_comb_in, g_out_in, x_in, fn_in, base_in, scale_in, mix_in, rstd_in, iters,
+            head);
   c10::DeviceGuard guard(x_in.device());
   const Dims d = dims_of(x_in, head);
   const int64_t K = d.hc * d.hidden;

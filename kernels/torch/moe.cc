@@ -249,8 +249,8 @@ Tensor gather_backward(const Tensor& grad, const Tensor& inv, const Tensor& offs
 }
 
 // -- combine: out[t] = sum_k w[t,k] * (rows[inv[t,k]] + bias[expert]) (fp32 sum, k order) ---------
-Tensor combine_meta(const Tensor& rows, const Tensor& inv, const Tensor& offs,
-                    const Tensor& weights, const Tensor& row_expert, const OptTensor& bias) {
+void check_combine(const Tensor& rows, const Tensor& inv, const Tensor& offs, const Tensor& weights,
+                   const Tensor& row_expert, const OptTensor& bias) {
   const char* op = "moe_combine";
   check_matrix(op, "rows", rows);
   TORCH_CHECK_TYPE(weights.scalar_type() == at::kFloat, op, ": weights must be torch.float32, got ",
@@ -268,6 +268,11 @@ Tensor combine_meta(const Tensor& rows, const Tensor& inv, const Tensor& offs,
                         {"weights", weights},
                         {"row_expert", row_expert},
                         {"bias", bias}});
+}
+
+Tensor combine_meta(const Tensor& rows, const Tensor& inv, const Tensor& offs,
+                    const Tensor& weights, const Tensor& row_expert, const OptTensor& bias) {
+  check_combine(rows, inv, offs, weights, row_expert, bias);
   return at::empty_symint({weights.sym_size(0), rows.sym_size(1)}, rows.options());
 }
 
@@ -281,13 +286,19 @@ Tensor combine(const Tensor& rows, const Tensor& inv, const Tensor& offs, const 
 
 using Three = std::tuple<Tensor, Tensor, Tensor>;
 
+void check_combine_backward(const Tensor& grad, const Tensor& rows, const Tensor& inv,
+                            const Tensor& offs, const Tensor& weights, const Tensor& row_expert,
+                            const OptTensor& bias) {
+  check_combine(rows, inv, offs, weights, row_expert, bias);
+  check_grad("moe_combine_backward", grad, {weights.sym_size(0), rows.sym_size(1)});
+  check_one_device("moe_combine_backward", {{"rows", rows}, {"grad", grad}});
+}
+
 // (d rows, d weights [T, K], d bias [E, H] or empty).
 Three combine_backward_meta(const Tensor& grad, const Tensor& rows, const Tensor& inv,
                             const Tensor& offs, const Tensor& weights, const Tensor& row_expert,
                             const OptTensor& bias) {
-  combine_meta(rows, inv, offs, weights, row_expert, bias);
-  check_grad("moe_combine_backward", grad, {weights.sym_size(0), rows.sym_size(1)});
-  check_one_device("moe_combine_backward", {{"rows", rows}, {"grad", grad}});
+  check_combine_backward(grad, rows, inv, offs, weights, row_expert, bias);
   return {at::empty_symint(rows.sym_sizes(), grad.options()),
           at::empty_symint(weights.sym_sizes(), weights.options()),
           bias.has_value() ? at::empty_symint(bias->sym_sizes(), grad.options())
@@ -299,7 +310,7 @@ Three combine_backward_meta(const Tensor& grad, const Tensor& rows, const Tensor
 Three combine_backward(const Tensor& grad, const Tensor& rows, const Tensor& inv,
                        const Tensor& offs, const Tensor& weights, const Tensor& row_expert,
                        const OptTensor& bias) {
-  combine_backward_meta(grad, rows, inv, offs, weights, row_expert, bias);
+  check_combine_backward(grad, rows, inv, offs, weights, row_expert, bias);
   int64_t top_k = weights.size(1);
   Tensor g = aligned(grad);
   Tensor d_rows = at::empty({g.size(0) * top_k, g.size(1)}, g.options());
@@ -316,8 +327,8 @@ Three combine_backward(const Tensor& grad, const Tensor& rows, const Tensor& inv
 
 // -- activation: h [N, 2I] -> a [N, I]; kind 0: silu(gate) * up, kind 1: GPT-OSS (interleaved,
 // gate and up, + bias)
-Tensor act_meta(const Tensor& h, const Tensor& offs, const Tensor& row_expert,
-                const OptTensor& bias, SymInt kind, double alpha, double limit) {
+void check_act(const Tensor& h, const Tensor& offs, const Tensor& row_expert,
+               const OptTensor& bias) {
   const char* op = "moe_act";
   check_matrix(op, "h", h);
   TORCH_CHECK_VALUE(h.sym_size(1) % 2 == 0, op,
@@ -328,6 +339,11 @@ Tensor act_meta(const Tensor& h, const Tensor& offs, const Tensor& row_expert,
   check_offs(op, offs);
   check_bias(op, bias, h, offs, h.sym_size(1));
   check_one_device(op, {{"h", h}, {"offs", offs}, {"row_expert", row_expert}, {"bias", bias}});
+}
+
+Tensor act_meta(const Tensor& h, const Tensor& offs, const Tensor& row_expert,
+                const OptTensor& bias, SymInt kind, double alpha, double limit) {
+  check_act(h, offs, row_expert, bias);
   return at::empty_symint({h.sym_size(0), h.sym_size(1) / 2}, h.options());
 }
 
@@ -340,13 +356,18 @@ Tensor act(const Tensor& h, const Tensor& offs, const Tensor& row_expert, const 
 
 using Two = std::tuple<Tensor, Tensor>;
 
+void check_act_backward(const Tensor& grad, const Tensor& h, const Tensor& offs,
+                        const Tensor& row_expert, const OptTensor& bias) {
+  check_act(h, offs, row_expert, bias);
+  check_grad("moe_act_backward", grad, {h.sym_size(0), h.sym_size(1) / 2});
+  check_one_device("moe_act_backward", {{"h", h}, {"grad", grad}});
+}
+
 // (d h [N, 2I], d bias [E, 2I] or empty).
 Two act_backward_meta(const Tensor& grad, const Tensor& h, const Tensor& offs,
                       const Tensor& row_expert, const OptTensor& bias, SymInt kind, double alpha,
                       double limit) {
-  act_meta(h, offs, row_expert, bias, kind, alpha, limit);
-  check_grad("moe_act_backward", grad, {h.sym_size(0), h.sym_size(1) / 2});
-  check_one_device("moe_act_backward", {{"h", h}, {"grad", grad}});
+  check_act_backward(grad, h, offs, row_expert, bias);
   return {at::empty_symint(h.sym_sizes(), h.options()),
           bias.has_value() ? at::empty_symint(bias->sym_sizes(), h.options())
                            : at::empty({0}, h.options())};
@@ -354,7 +375,7 @@ Two act_backward_meta(const Tensor& grad, const Tensor& h, const Tensor& offs,
 
 Two act_grad(const Tensor& grad, const Tensor& h, const Tensor& offs, const Tensor& row_expert,
              const OptTensor& bias, int64_t kind, double alpha, double limit) {
-  act_backward_meta(grad, h, offs, row_expert, bias, kind, alpha, limit);
+  check_act_backward(grad, h, offs, row_expert, bias);
   Tensor hc = aligned(h), dh = at::empty_like(hc), da = aligned(grad);
   OPSLOT_MOE_LAUNCH(act_backward, da, da, hc, dh, aligned(bias), row_expert, offs, kind, alpha,
                     limit);
@@ -411,7 +432,7 @@ Tensor segment_wgrad(const Tensor& x, const Tensor& g, const Tensor& offs, bool 
 // The [E, K, N] operand of a @ b per expert: w itself, or w [E, N, K] transposed.
 Tensor b_view(const Tensor& w, bool w_transposed) { return w_transposed ? w.transpose(-2, -1) : w; }
 
-Tensor gmm_meta(const Tensor& a, const Tensor& w, const Tensor& offs, bool w_transposed) {
+void check_gmm(const Tensor& a, const Tensor& w, const Tensor& offs, bool w_transposed) {
   const char* op = "moe_grouped_mm";
   check_matrix(op, "a", a);
   TORCH_CHECK_TYPE(w.scalar_type() == a.scalar_type(), op, ": w must be ",
@@ -423,21 +444,30 @@ Tensor gmm_meta(const Tensor& a, const Tensor& w, const Tensor& offs, bool w_tra
   check_offs(op, offs);
   check_shape(op, "offs", offs, {w.sym_size(0)});
   check_one_device(op, {{"a", a}, {"w", w}, {"offs", offs}});
+}
+
+Tensor gmm_meta(const Tensor& a, const Tensor& w, const Tensor& offs, bool w_transposed) {
+  check_gmm(a, w, offs, w_transposed);
   return at::empty_symint({a.sym_size(0), w.sym_size(w_transposed ? 1 : 2)}, a.options());
 }
 
 // Per expert segment of rows: a_e @ w[e].T (w_transposed, w [E, N, K]) or a_e @ w[e] (w [E, K, N]).
 Tensor gmm(const Tensor& a, const Tensor& w, const Tensor& offs, bool w_transposed, bool portable) {
-  gmm_meta(a, w, offs, w_transposed);
+  check_gmm(a, w, offs, w_transposed);
   Tensor ac = a.contiguous();
   return segment_rows(ac, b_view(w, w_transposed), offs, grouped_mm_for(ac, w, portable));
 }
 
-Two gmm_backward_meta(const Tensor& grad, const Tensor& a, const Tensor& w, const Tensor& offs,
-                      bool w_transposed) {
-  gmm_meta(a, w, offs, w_transposed);
+void check_gmm_backward(const Tensor& grad, const Tensor& a, const Tensor& w, const Tensor& offs,
+                        bool w_transposed) {
+  check_gmm(a, w, offs, w_transposed);
   check_grad("moe_grouped_mm_backward", grad, {a.sym_size(0), w.sym_size(w_transposed ? 1 : 2)});
   check_one_device("moe_grouped_mm_backward", {{"a", a}, {"grad", grad}});
+}
+
+Two gmm_backward_meta(const Tensor& grad, const Tensor& a, const Tensor& w, const Tensor& offs,
+                      bool w_transposed) {
+  check_gmm_backward(grad, a, w, offs, w_transposed);
   return {at::empty_symint(a.sym_sizes(), a.options()),
           at::empty_symint(w.sym_sizes(), w.options())};
 }
@@ -445,7 +475,7 @@ Two gmm_backward_meta(const Tensor& grad, const Tensor& a, const Tensor& w, cons
 // (d a, d w) of gmm.
 Two gmm_backward(const Tensor& grad, const Tensor& a, const Tensor& w, const Tensor& offs,
                  bool w_transposed, bool portable) {
-  gmm_backward_meta(grad, a, w, offs, w_transposed);
+  check_gmm_backward(grad, a, w, offs, w_transposed);
   Tensor g = grad.contiguous(), ac = a.contiguous();
   bool cutlass = grouped_mm_for(ac, w, portable) && grouped_mm_for(g, w, portable);
   Tensor d_a = segment_rows(g, b_view(w, w_transposed).transpose(-2, -1), offs, cutlass);
