@@ -338,6 +338,32 @@ def test_grouped_experts_dispatched_interface(emulated):
     assert float(y[9].detach().abs().max()) == 0
 
 
+def test_grouped_experts_checks_its_routing(emulated):
+    """offs and (with biases) row_expert come from the caller's all-to-all: a count that decreases or
+    passes the rows, or an expert index out of range on a counted row, is refused (on a GPU by a
+    device-side assert, no host synchronisation); padding rows may hold any expert index."""
+    m = _gpt_oss_module(E=3, H=8, I=4)
+    x = torch.randn(6, 8)
+    bias = dict(kind=moe.KIND_GPT_OSS, transposed=False, gate_up_bias=m.gate_up_proj_bias)
+    good = torch.tensor([0, 0, 1, 1, 2, 7], dtype=torch.int32)  # row 5: padding past offs[-1] = 5
+    y = moe.grouped_experts(x, torch.tensor([2, 4, 5]), good, m.gate_up_proj, m.down_proj, **bias)
+    assert y.shape == (6, 8) and float(y[5].detach().abs().max()) == 0
+    message = (
+        r"^grouped_experts: offs must be cumulative row counts \(never decreasing, from 0 up to the rows of "
+        r"x_sorted\) and, with biases, row_expert must be an expert index on every counted row$"
+    )
+    for offs, row_expert, kwargs in [
+        ([2, 1, 5], good, bias),  # decreasing
+        ([2, 4, 7], good, bias),  # past the 6 rows
+        ([-1, 4, 5], good, bias),  # negative
+        ([2, 4, 6], good, bias),  # row 5 counted, its expert 7 out of range
+        ([2, 4, 5], torch.tensor([0, -1, 1, 1, 2, 0], dtype=torch.int32), bias),
+        ([2, 5, 1], good, dict(transposed=False)),  # no biases: the counts still checked
+    ]:
+        with pytest.raises(RuntimeError, match=message):
+            moe.grouped_experts(x, torch.tensor(offs), row_expert, m.gate_up_proj, m.down_proj, **kwargs)
+
+
 def test_standard_refuses_other_activations():
     m = _qwen_module(E=2, H=8, I=8)
     m.act_fn = nn.GELU()

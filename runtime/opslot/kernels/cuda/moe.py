@@ -202,6 +202,25 @@ def moe_grouped_mm_backward(grad: Tensor, a: Tensor, w: Tensor, offs: Tensor, w_
 
 
 # -- composition -------------------------------------------------------------------------------
+def _check_dispatched_async(offs: Tensor, row_expert: Tensor, rows: int, experts: int, biased: bool) -> None:
+    """Device-side checks of grouped_experts' routing (no host synchronisation): offs never decreases,
+    from >= 0 to at most the rows (the kernels process rows up to offs[-1]); with biases, every counted
+    row's row_expert names an expert (the kernels index the biases with it)."""
+    if offs.numel() == 0:
+        return
+    ok = (offs[0] >= 0) & (offs[-1] <= rows)
+    if offs.numel() > 1:
+        ok = ok & (offs[1:] >= offs[:-1]).all()
+    if biased:
+        counted = torch.arange(rows, device=offs.device) < offs[-1]
+        ok = ok & (((row_expert >= 0) & (row_expert < experts)) | ~counted).all()
+    torch._assert_async(
+        ok,
+        "grouped_experts: offs must be cumulative row counts (never decreasing, from 0 up to the rows of "
+        "x_sorted) and, with biases, row_expert must be an expert index on every counted row",
+    )
+
+
 def grouped_experts(
     x_sorted: Tensor,
     offs: Tensor,
@@ -226,6 +245,8 @@ def grouped_experts(
     weight applied. Differentiable in x_sorted, the weights and the biases."""
     offs = offs.to(torch.int32).contiguous()
     row_expert = row_expert.to(torch.int32).contiguous()
+    biased = gate_up_bias is not None or down_bias is not None
+    _check_dispatched_async(offs, row_expert, x_sorted.shape[0], gate_up_proj.shape[0], biased)
     h = moe_grouped_mm(x_sorted, gate_up_proj, offs, transposed)
     a = moe_act(h, offs, row_expert, gate_up_bias, kind, float(alpha), float(limit))
     y = moe_grouped_mm(a, down_proj, offs, transposed)
