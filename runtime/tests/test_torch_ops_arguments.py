@@ -10,6 +10,8 @@ tensors, so the CUDA kernels' checks are the ones tested."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
 
@@ -477,3 +479,98 @@ def test_sparse_attention(on):
         "sparse_mqa_attention_bwd: dout is on cpu, q on DEV" + SHARE,
         lambda: O.sparse_mqa_attention_bwd(cpu(1, 4, 2, 64), q, kv, idx, None, out, lse, 0.1, 64),
     )
+
+
+# -- hostile arguments, at random ----------------------------------------------------------------
+def _hostile_call(rng: random.Random, gen: torch.Generator):
+    """One call of a DeepSeek/GLM op (their CPU kernels compute on CPU tensors) with shapes, dtypes,
+    layouts and scalars drawn to be often inconsistent: (the op name its refusals start with, call)."""
+    dtype = rng.choice([F32, BF16, torch.float16])
+
+    def dim():
+        return rng.choice([0, 1, 2, 3, 5, 8])
+
+    def t(*shape, dt=None):
+        dt = dt or dtype
+        if dt == torch.bool:
+            x = torch.rand(shape, generator=gen) > 0.5
+        elif dt.is_floating_point:
+            x = torch.randn(shape, generator=gen).to(dt)
+        else:
+            x = torch.randint(-3, 40, shape, generator=gen).to(dt)
+        if rng.random() < 0.1 and x.dim() >= 2:
+            x = x.transpose(-1, -2)
+        return x
+
+    def maybe(shape, other):
+        return shape if rng.random() < 0.8 else other
+
+    b, s, h, n = dim(), dim(), dim(), dim()
+    kind = rng.choice(["topk", "mask_limit", "scores", "attn", "attn_bwd", "mask_idx", "pre", "head", "post"])
+    if kind == "topk":
+        scores = t(*[dim() for _ in range(rng.randint(0, 3))], dt=rng.choice([F32, F32, BF16]))
+        lim = t(*scores.shape[:-1], dt=rng.choice([I32, I64])) if rng.random() < 0.3 and scores.dim() else None
+        mask = t(*scores.shape, dt=rng.choice([torch.bool, F32, BF16])) if rng.random() < 0.3 else None
+        return "topk_indices", lambda: O.topk_indices(scores, rng.choice([-1, 0, 1, 5, 2048]), lim, mask)
+    if kind == "mask_limit":
+        m = t(*[dim() for _ in range(rng.randint(0, 3))], dt=rng.choice([torch.bool, F32, I32]))
+        return "mask_limit", lambda: O.mask_limit(m)
+    if kind == "scores":
+        d = rng.choice([0, 1, 32])
+        q, k, w = t(b, s, h, d), t(*maybe([b, n, d], [b, n, 1, d])), t(*maybe([b, s, h], [s, h]), dt=F32)
+        return "dsa_index_scores", lambda: O.dsa_index_scores(q, k, w, 0.1, None)
+    if kind in ("attn", "attn_bwd"):
+        d = rng.choice([0, 1, 16, 64])
+        dv = rng.choice([-1, 0, 1, d, d + 1])
+        q, kv = t(b, s, h, d), t(*maybe([b, n, d], [b, n, 1, d]))
+        idx = torch.randint(-2, n + 3, (b, s, dim()), generator=gen).to(rng.choice([I32, I32, I64]))
+        sinks = t(h, dt=F32) if rng.random() < 0.3 else None
+        if kind == "attn":
+            return "sparse_mqa_attention", lambda: O.sparse_mqa_attention(q, kv, idx, sinks, 0.1, dv)
+        out, lse = t(b, s, h, max(dv, 0)), t(*maybe([b, s, h], [b, s]), dt=F32)
+        return "sparse_mqa_attention", lambda: O.sparse_mqa_attention_bwd(out, q, kv, idx, sinks, out, lse, 0.1, dv)
+    if kind == "mask_idx":
+        m = t(*[dim() for _ in range(rng.randint(1, 4))], dt=rng.choice([torch.bool, F32]))
+        return "sparse_mqa_mask_indices", lambda: O.sparse_mqa_mask_indices(m, rng.choice([-1, 0, 1, 3]))
+    hc, d = rng.choice([0, 1, 2, 4, 5]), rng.choice([0, 1, 8])
+    x = t(b, s, hc, d)
+    if kind == "post":
+        post, comb = t(*maybe([b, s, hc], [b, s]), dt=F32), t(*maybe([b, s, hc, hc], [b, s, hc]), dt=F32)
+        bo, grad = t(*maybe([b, s, d], [b, s, d + 1])), t(*maybe([b, s, hc, d], [b, s, d]))
+        if rng.random() < 0.5:
+            return "mhc/post", lambda: O.mhc_post(post, comb, bo, x)
+        return "mhc/post", lambda: O.mhc_post_bwd(grad, post, comb, bo, x)
+    mixes = (2 + hc) * hc if kind == "pre" else hc
+    fn, base = t(*maybe([mixes, hc * d], [mixes]), dt=F32), t(*maybe([mixes], [mixes + 1]), dt=F32)
+    scale = t(3 if kind == "pre" else 1, dt=F32)
+    mix, rstd = t(*maybe([b * s, mixes], [b, s, mixes]), dt=F32), t(b * s, dt=F32)
+    grad = t(*maybe([b, s, d], [b, s, hc, d]))
+    iters = rng.choice([-1, 0, 3, 1601])
+    if kind == "pre":
+        calls = [
+            lambda: O.mhc_pre_fwd(x, fn, base, scale, iters, 1e-6, 1e-6),
+            lambda: O.mhc_pre_bwd(None, None, grad, x, fn, base, scale, mix, rstd, iters, 1e-6, 1e-6),
+        ]
+        return "mhc/pre", rng.choice(calls)
+    calls = [
+        lambda: O.mhc_head_fwd(x, fn, base, scale, 1e-6, 1e-6),
+        lambda: O.mhc_head_bwd(grad, x, fn, base, scale, mix, rstd, 1e-6, 1e-6),
+    ]
+    return "mhc/head", rng.choice(calls)
+
+
+def test_hostile_arguments_are_refused_by_name():
+    """600 calls with arguments drawn at random: each one runs (the CPU kernels on empty, one-element
+    and odd shapes) or raises ValueError/TypeError whose message starts with the op's name; none
+    crashes or reaches a kernel with what it cannot read."""
+    rng, gen = random.Random(20261205), torch.Generator().manual_seed(20261205)
+    ran, refused = 0, 0
+    for _ in range(600):
+        name, call = _hostile_call(rng, gen)
+        try:
+            call()
+            ran += 1
+        except (ValueError, TypeError) as e:
+            assert str(e).startswith(name), (name, str(e).splitlines()[0])
+            refused += 1
+    assert ran >= 30 and refused >= 300, (ran, refused)  # both sides exercised
