@@ -6,7 +6,8 @@ case here is refused with a message naming the op and the argument.
 
 Without a GPU the cases run on meta tensors (the ops' Meta kernels run the same check functions as
 their CUDA kernels), the tensor on the wrong device a CPU one; with a GPU the same cases run on CUDA
-tensors, so the CUDA kernels' checks are the ones tested."""
+tensors, so the CUDA kernels' checks are the ones tested. Last, seeded random calls of the DeepSeek
+and GLM ops (whose CPU kernels compute) with hostile arguments: each runs or is refused by name."""
 
 from __future__ import annotations
 
