@@ -245,7 +245,8 @@ Six bwd_cuda(const at::Tensor& dout, const OptTensor& dfinal, const at::Tensor& 
              const at::Tensor& k, const at::Tensor& v, const at::Tensor& g, const at::Tensor& beta,
              const at::Tensor& hs, const at::Tensor& vnew, const at::Tensor& w,
              const at::Tensor& gamma, const OptTensor& cu_seqlens, bool use_l2norm, double scale) {
-  check_bwd(dout, dfinal, q, k, v, g, beta, hs, vnew, w, gamma, cu_seqlens);
+  auto [dq, dk, dv, dg, dbeta, dinit] =  // the checks, the outputs
+      bwd_meta(dout, dfinal, q, k, v, g, beta, hs, vnew, w, gamma, cu_seqlens, use_l2norm, scale);
   const KernelTable& kt = prepare_cuda(q);
   c10::DeviceGuard guard(q.device());
   Inputs in = inputs(q, k, v, g, beta, cu_seqlens);
@@ -254,8 +255,6 @@ Six bwd_cuda(const at::Tensor& dout, const OptTensor& dfinal, const at::Tensor& 
   at::Tensor saved_gamma = gamma.contiguous();
   at::Tensor d = dout.to(q.scalar_type()).contiguous();
   at::Tensor df = dfinal.has_value() ? dfinal->to(at::kFloat).contiguous() : at::Tensor();
-  auto [dq, dk, dv, dg, dbeta, dinit] =
-      bwd_meta(dout, dfinal, q, k, v, g, beta, hs, vnew, w, gamma, cu_seqlens, use_l2norm, scale);
   at::Tensor ws = workspace(kt, p, 1, q);
   OPSLOT_LAUNCH(kt, opslot_gdr_bwd, &p, ptr(d), static_cast<const float*>(ptr(df)), ptr(saved_h),
                 ptr(saved_vnew), ptr(saved_w), static_cast<const float*>(ptr(saved_gamma)),

@@ -204,11 +204,6 @@ void check_top_k(const char* op, const SymInt& top_k) {
   TORCH_CHECK_VALUE(top_k >= 1, op, ": top_k must be at least 1, got ", top_k);
 }
 
-// The incoming gradient of a backward op: `want`, the forward output's shape.
-void check_grad(const char* op, const Tensor& grad, c10::SymIntArrayRef want) {
-  check_shape(op, "grad", grad, want);
-}
-
 // -- gather: x [T, H] -> rows [T*K, H] in expert order (dropped rows zero) ------------------------
 Tensor gather_meta(const Tensor& x, const Tensor& inv, const Tensor& offs, SymInt top_k) {
   const char* op = "moe_gather";
@@ -290,7 +285,7 @@ void check_combine_backward(const Tensor& grad, const Tensor& rows, const Tensor
                             const Tensor& offs, const Tensor& weights, const Tensor& row_expert,
                             const OptTensor& bias) {
   check_combine(rows, inv, offs, weights, row_expert, bias);
-  check_grad("moe_combine_backward", grad, {weights.sym_size(0), rows.sym_size(1)});
+  check_shape("moe_combine_backward", "grad", grad, {weights.sym_size(0), rows.sym_size(1)});
   check_one_device("moe_combine_backward", {{"rows", rows}, {"grad", grad}});
 }
 
@@ -359,7 +354,7 @@ using Two = std::tuple<Tensor, Tensor>;
 void check_act_backward(const Tensor& grad, const Tensor& h, const Tensor& offs,
                         const Tensor& row_expert, const OptTensor& bias) {
   check_act(h, offs, row_expert, bias);
-  check_grad("moe_act_backward", grad, {h.sym_size(0), h.sym_size(1) / 2});
+  check_shape("moe_act_backward", "grad", grad, {h.sym_size(0), h.sym_size(1) / 2});
   check_one_device("moe_act_backward", {{"h", h}, {"grad", grad}});
 }
 
@@ -461,7 +456,8 @@ Tensor gmm(const Tensor& a, const Tensor& w, const Tensor& offs, bool w_transpos
 void check_gmm_backward(const Tensor& grad, const Tensor& a, const Tensor& w, const Tensor& offs,
                         bool w_transposed) {
   check_gmm(a, w, offs, w_transposed);
-  check_grad("moe_grouped_mm_backward", grad, {a.sym_size(0), w.sym_size(w_transposed ? 1 : 2)});
+  check_shape("moe_grouped_mm_backward", "grad", grad,
+              {a.sym_size(0), w.sym_size(w_transposed ? 1 : 2)});
   check_one_device("moe_grouped_mm_backward", {{"a", a}, {"grad", grad}});
 }
 

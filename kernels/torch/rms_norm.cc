@@ -141,7 +141,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cuda(const at::Tensor& dy, co
                                                         const OptTensor& gate,
                                                         const OptTensor& weight,
                                                         const at::Tensor& rstd, int64_t mode) {
-  check_bwd(dy, x, gate, weight, rstd, mode);
+  auto [dx, dgate, dw] = bwd_meta(dy, x, gate, weight, rstd, mode);  // the checks, the outputs
   c10::DeviceGuard guard(x.device());
   const KernelTable& k = prepare(x);
   at::Tensor xv = rows_view(x);
@@ -149,7 +149,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cuda(const at::Tensor& dy, co
   at::Tensor dyv = rows_view(dy.to(out_dtype(x, weight, mode)));
   at::Tensor rs = rstd.contiguous();
   OptTensor wv = aligned(weight);
-  auto [dx, dgate, dw] = bwd_meta(dy, x, gate, weight, rstd, mode);
   int w_code = dtype_code(wv.value_or(x), "rms_norm");
   at::Tensor partial;
   if (weight.has_value()) {

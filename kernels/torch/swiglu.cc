@@ -42,12 +42,18 @@ at::Tensor fwd_cuda(const at::Tensor& gate, const at::Tensor& up) {
   return out;
 }
 
-std::tuple<at::Tensor, at::Tensor> bwd_meta(const at::Tensor& grad, const at::Tensor& gate,
-                                            const at::Tensor& up) {
+// The checks of backward op `op` and its (d gate, d up).
+std::tuple<at::Tensor, at::Tensor> grads_meta(const char* op, const at::Tensor& grad,
+                                              const at::Tensor& gate, const at::Tensor& up) {
   check(gate, up);
-  check_grad("silu_mul_bwd", grad, gate);
+  check_grad(op, grad, gate);
   return {at::empty_symint(gate.sym_sizes(), gate.options()),
           at::empty_symint(gate.sym_sizes(), gate.options())};
+}
+
+std::tuple<at::Tensor, at::Tensor> bwd_meta(const at::Tensor& grad, const at::Tensor& gate,
+                                            const at::Tensor& up) {
+  return grads_meta("silu_mul_bwd", grad, gate, up);
 }
 
 std::tuple<at::Tensor, at::Tensor> bwd_cuda(const at::Tensor& grad, const at::Tensor& gate,
@@ -117,10 +123,7 @@ at::Tensor clamped_cuda(const at::Tensor& gate, const at::Tensor& up, double lim
 std::tuple<at::Tensor, at::Tensor> clamped_bwd_meta(const at::Tensor& grad, const at::Tensor& gate,
                                                     const at::Tensor& up, double limit) {
   check_limit(limit);
-  check(gate, up);
-  check_grad("silu_mul_clamped_bwd", grad, gate);
-  return {at::empty_symint(gate.sym_sizes(), gate.options()),
-          at::empty_symint(gate.sym_sizes(), gate.options())};
+  return grads_meta("silu_mul_clamped_bwd", grad, gate, up);
 }
 
 std::tuple<at::Tensor, at::Tensor> clamped_bwd_cuda(const at::Tensor& grad, const at::Tensor& gate,
