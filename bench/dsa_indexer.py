@@ -21,9 +21,10 @@ Rows per context length (B = 1, bf16 q/k, fp32 weights):
   upstream's code), `compiled tail` (torch.compile of upstream's).
 - DeepSeek-V4: H = 64, D = 128, T = S / 4 compressed keys, causal threshold (pos + 1) // 4, top-512.
 
-The top-k runs one of three kernels by the rows' length (kernels/src/topk.cu): up to 2048 columns a warp
-per row, up to 4096 a block per row (both with the keys in registers: the row read once), longer rows the
-long-row kernel (rows of 16385 to 65536 columns read once, others twice); `--topk-paths 0,...,12` times
+The top-k runs one of four kernels by the rows' length (kernels/src/topk.cu): up to 2048 columns a warp
+per row, up to 4096 two warps a row without a mask and a block per row with one, up to 8192 four warps a
+row (all with the keys in registers: the row read once), longer rows the long-row kernel (rows of 16385 to
+65536 columns read once, others twice); `--topk-paths 0,...,12` times
 the bench library's choices (TOPK_PATHS below; opslot_kernels/bench.h says what each runs; 0 is the
 production choice on the bench library, whose one-read pass carries the phase clock: the baseline for
 path 12) beside each production top-k row in the same run, after a copy of as many bytes as the top-k moves.
@@ -222,11 +223,11 @@ TOPK_PATHS = {
     3: "without the one-read pass",
     4: "the long-row kernel without the one-read pass for every row",
     5: "the one-read pass on rows of any length",
-    6: "256-thread long-row blocks up to 16384 columns",
-    7: "two warps a row on rows of 2049 to 4096 columns",
+    6: "5cb1570's choice on rows of 2049 to 16384 columns",
+    7: "two warps a row on rows of 2049 to 4096 columns with a mask too",
     8: "four warps a row on rows of 2049 to 4096 columns",
     9: "two warps a row on rows of 1025 to 2048 columns",
-    10: "four warps a row on rows of 4097 to 8192 columns",
+    10: "256-thread long-row blocks on rows of 4097 to 8192 columns",
     11: "eight warps a row on rows of 8193 to 16384 columns",
     12: "the one-read pass asking L2 for the round after next",
 }

@@ -951,11 +951,11 @@ __global__ void __launch_bounds__(kT, reg_blocks_per_sm(kT)) topk_reg_kernel(con
   }
 }
 
-// ---- rows of up to 2048 columns: one warp per row, its keys in registers -----------------------
+// ---- rows of up to 8192 columns: kG warps per row, its keys in registers ------------------------
 // No block-wide step: a row's chain is warp shuffles and its own histogram, and a block of
-// kRowWarps warps selects that many rows. The bench library also runs it with kG warps a row (2, 4
-// or 8; rows of up to 16384 columns), in step by a named barrier where one warp needs only
-// __syncwarp.
+// kRowWarps warps selects that many rows. One warp a row up to 2048 columns; two (without a mask)
+// and four a row on longer rows, in step by a named barrier where one warp needs only __syncwarp
+// (group_warps; the bench library also eight, on rows of up to 16384 columns).
 constexpr int kRowWarps = 4;
 
 // Warps of a block of the warp kernel with kG warps a row: kRowWarps, or one row of kG.
@@ -1143,15 +1143,17 @@ constexpr int g_path = 0;
 bool all_rows_two_read() { return g_path == 1 || g_path == 4; }
 // Whether the warp kernel and the split launch with limits run as in production.
 bool production_short_rows() { return g_path == 0 || g_path == 3 || g_path >= 6; }
+// Whether rows of 2049 to 16384 columns take production's kernels (path 6: those of 5cb1570).
+bool production_middle_rows() { return production_short_rows() && g_path != 6; }
 // Rows of topk_kernel longer than this try its one-read pass.
 int64_t stream_min_cols() {
   return g_path == 3 || g_path == 4 ? INT64_MAX : (g_path == 5 ? 0 : kStreamMinCols);
 }
 
 // Chunk rows a lane of the warp kernel holds for rows of `cols` columns (4 keys a chunk), 0 when
-// it does not take them: rows up to 2048 columns (the bench library's path 2: none). Rows of up to
-// 4096 columns (32 chunk rows, 187-255 registers: 8 rows per SM) measured 1.5-1.6x slower than the
-// block register kernel (docs/results/dsa_indexer_h200.md).
+// it does not take them one warp a row: rows up to 2048 columns (the bench library's path 2:
+// none). Rows of up to 4096 columns (32 chunk rows, 187-255 registers: 8 rows per SM) measured
+// 1.5-1.6x slower than the block register kernel (docs/results/dsa_indexer_h200.md).
 constexpr int64_t kWarpMaxCols = 128 * 16;
 int warp_chunks(int64_t cols) {
   if (!production_short_rows()) return 0;
@@ -1167,17 +1169,30 @@ int warp_chunks(int64_t cols) {
 // gives those rows to the warp kernel. 512 threads for rows up to 8192 columns measured as fast as
 // the two-read kernel, 1024 threads for rows up to 16384 slower (docs/results/dsa_indexer_h200.md).
 constexpr int64_t kRegMaxCols = 4 * kRegChunks * 256;
+int reg_threads(int64_t cols) {
+  if (all_rows_two_read()) return 0;
 #ifdef OPSLOT_KERNELS_BENCH
-// Warps a row of the warp kernel in the bench library's paths 7 to 11, 0 where they do not change
-// the kernel: rows of 2049 to 4096 columns two (7) or four (8) warps a row, of 1025 to 2048 two
-// (9), of 4097 to 8192 four (10), of 8193 to 16384 eight (11).
-int group_warps(int64_t cols) {
-  if (g_path == 7 || g_path == 8) {
-    return cols > kWarpMaxCols && cols <= kRegMaxCols ? (g_path == 7 ? 2 : 4) : 0;
+  if (cols <= 4 * kRegChunks * 128) return 128;
+#endif
+  return cols <= kRegMaxCols ? 256 : 0;
+}
+
+// Warps a row of the warp kernel with more than one warp a row, 0 where it does not take rows of
+// `cols` columns: two on rows of 2049 to 4096 columns without a mask (with one the block register
+// kernel measured as fast), four on rows of 4097 to 8192 (each chosen side by side on an H200,
+// docs/results/dsa_indexer_h200.md). The bench library's paths: 7 two warps with a mask too, 8
+// four, on rows of 2049 to 4096 columns; 9 two on rows of 1025 to 2048; 10 none on rows of 4097
+// to 8192 (256-thread long-row blocks); 11 eight on rows of 8193 to 16384; 6 none (5cb1570).
+int group_warps(int64_t cols, bool masked) {
+  if (!production_middle_rows()) return 0;
+  if (cols > kWarpMaxCols / 2 && cols <= kWarpMaxCols) return g_path == 9 ? 2 : 0;
+  if (cols > kWarpMaxCols && cols <= kRegMaxCols) {
+    if (g_path == 8) return 4;
+    return masked && g_path != 7 ? 0 : 2;
   }
-  if (g_path == 10) return cols > kRegMaxCols && cols <= 2 * kRegMaxCols ? 4 : 0;
-  if (g_path == 11) return cols > 2 * kRegMaxCols && cols <= 4 * kRegMaxCols ? 8 : 0;
-  return g_path == 9 && cols > kWarpMaxCols / 2 && cols <= kWarpMaxCols ? 2 : 0;
+  if (cols > kRegMaxCols && cols <= 2 * kRegMaxCols) return g_path == 10 ? 0 : 4;
+  if (cols > 2 * kRegMaxCols && cols <= 4 * kRegMaxCols) return g_path == 11 ? 8 : 0;
+  return 0;
 }
 
 // The warp kernel with kG warps a row over `rows` rows.
@@ -1188,14 +1203,11 @@ int launch_group(const Params& p, int rows, cudaStream_t stream) {
   topk_warp_kernel<kMask, kC, kG><<<grid, 32 * block_warps(kG), 0, stream>>>(p, rows);
   return check_launch(kName);
 }
-#endif
-int reg_threads(int64_t cols) {
-  if (all_rows_two_read()) return 0;
-#ifdef OPSLOT_KERNELS_BENCH
-  if (cols <= 4 * kRegChunks * 128) return 128;
-#endif
-  return cols <= kRegMaxCols ? 256 : 0;
-}
+
+// Threads of the long-row kernel's blocks for rows of `cols` columns: 256 (three an SM) up to
+// 16384 columns, 512 (two an SM) above, where the one-read pass runs (256-thread blocks measured
+// 10-12 % slower there); 512 for every row in the bench library's paths 1, 2, 4 and 6.
+int long_threads(int64_t cols) { return production_middle_rows() && cols <= 16384 ? 256 : 512; }
 
 // topk_kernel with kT threads a block over `grid` rows.
 template <int kMask, int kT, int kAhead = 1>
@@ -1221,16 +1233,27 @@ int launch_rows(Params p, int64_t rows, int64_t lo, int64_t hi, int64_t longest,
   p.hi = hi;
   const auto warp_grid = static_cast<unsigned>((rows + kRowWarps - 1) / kRowWarps);
   const int r = static_cast<int>(rows);
+  switch (group_warps(longest, kMask >= 0)) {  // 16 chunk rows a lane, 32 chunks a warp
+    case 2:
 #ifdef OPSLOT_KERNELS_BENCH
-  if (const int g = group_warps(longest)) {   // kG warps a row: 32 chunks a warp and chunk row
-    const bool wide = longest > 128 * 8 * g;  // 16 chunk rows a lane, else 8
-    if (g == 8) return launch_group<kMask, 16, 8>(p, r, stream);
-    if (g == 4 && wide) return launch_group<kMask, 16, 4>(p, r, stream);
-    if (g == 4) return launch_group<kMask, 8, 4>(p, r, stream);
-    if (wide) return launch_group<kMask, 16, 2>(p, r, stream);
-    return launch_group<kMask, 8, 2>(p, r, stream);
-  }
+      if (longest <= kWarpMaxCols) return launch_group<kMask, 8, 2>(p, r, stream);
+      return launch_group<kMask, 16, 2>(p, r, stream);
+#else
+      if constexpr (kMask < 0) return launch_group<kMask, 16, 2>(p, r, stream);
+      break;  // not reached: production gives two warps a row only to rows without a mask
 #endif
+    case 4:
+#ifdef OPSLOT_KERNELS_BENCH
+      if (longest <= kRegMaxCols) return launch_group<kMask, 8, 4>(p, r, stream);
+#endif
+      return launch_group<kMask, 16, 4>(p, r, stream);
+#ifdef OPSLOT_KERNELS_BENCH
+    case 8:
+      return launch_group<kMask, 16, 8>(p, r, stream);
+#endif
+    default:
+      break;
+  }
   switch (warp_chunks(longest)) {
     case 8:
       topk_warp_kernel<kMask, 8><<<warp_grid, 32 * kRowWarps, 0, stream>>>(p, r);
@@ -1254,10 +1277,9 @@ int launch_rows(Params p, int64_t rows, int64_t lo, int64_t hi, int64_t longest,
     default:
       break;
   }
+  if (long_threads(longest) == 256) return launch_long<kMask, 256>(p, grid, stream);
 #ifdef OPSLOT_KERNELS_BENCH
-  // topk_kernel's blocks: 512 threads (two an SM); the bench library's path 6 gives rows of up to
-  // 16384 columns 256 (three an SM), path 12 the one-read pass asking L2 two rounds ahead.
-  if (g_path == 6 && longest <= 16384) return launch_long<kMask, 256>(p, grid, stream);
+  // The bench library's path 12: the one-read pass asking L2 two rounds ahead.
   if (g_path == 12) return launch_long<kMask, 512, 2>(p, grid, stream);
 #endif
   return launch_long<kMask, 512>(p, grid, stream);
@@ -1265,10 +1287,11 @@ int launch_rows(Params p, int64_t rows, int64_t lo, int64_t hi, int64_t longest,
 
 // One launch, its kernel by the rows' width; but with limits, rows of 2049 to 4096 columns and
 // k < 2048, two: the rows of up to 2048 columns before their limit by the warp kernel, the longer
-// ones by the block register kernel (each launch skips the other's rows; DeepSeek-V4 at 16k tokens
-// 1.12x). Not where a class holds only rows of at most k columns (nothing to select), nor for wider
-// rows: every launch's blocks visit every row, and those it skips are not free (GLM-5, k = 2048,
-// two or three launches: 8 % slower at 4k tokens, 1 % at 64k; docs/results/dsa_indexer_h200.md).
+// ones two warps a row without a mask, by the block register kernel with one (each launch skips
+// the other's rows; DeepSeek-V4 at 16k tokens 1.12x with the block register kernel). Not where a
+// class holds only rows of at most k columns (nothing to select), nor for wider rows: every
+// launch's blocks visit every row, and those it skips are not free (GLM-5, k = 2048, two or three
+// launches: 8 % slower at 4k tokens, 1 % at 64k; docs/results/dsa_indexer_h200.md).
 template <int kMask>
 int launch(const Params& p, int64_t rows, cudaStream_t stream) {
   if (p.limit != nullptr && production_short_rows() && p.cols > kWarpMaxCols &&

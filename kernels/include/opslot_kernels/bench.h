@@ -78,15 +78,17 @@ OPSLOT_API int opslot_mhc_collapse_set_tuning(int threads);
 
 /* opslot_topk_indices's kernel (kernels/src/topk.cu): path 0 (the default) the production choice
  * (opslot_kernels/topk.h); 1 the long-row kernel for every row; 2 no warp kernel: the block
- * register kernel for rows of up to 4096 columns, one launch; 3 the production choice with the
- * long-row kernel's one-read pass off (its two-read path for every row it takes); 4 the long-row
- * kernel for every row, its one-read pass off; 5 the production choice with the one-read pass on
- * rows of any length (production: longer than 16384 columns). Paths 6 to 12 are the production
- * choice but for one kernel: 6 the long-row kernel in 256-thread blocks (three an SM) for rows of
- * up to 16384 columns; the warp kernel with more warps a row, 7 two and 8 four on rows of 2049 to
- * 4096 columns, 9 two on rows of 1025 to 2048, 10 four on rows of 4097 to 8192, 11 eight on rows
- * of 8193 to 16384; 12 the one-read pass asking L2 for the round after next instead of the next.
- * All give the same bits. */
+ * register kernel for rows of up to 4096 columns, one launch, 512-thread long-row blocks above; 3
+ * the production choice with the long-row kernel's one-read pass off (its two-read path for every
+ * row it takes); 4 the long-row kernel for every row, its one-read pass off; 5 the one-read pass on
+ * rows of any length (production: longer than 16384 columns); 6 the choice of commit 5cb1570 on
+ * rows of 2049 to 16384 columns (the block register kernel up to 4096, 512-thread long-row blocks
+ * above). Paths 7 to 12 are the production choice but for one kernel: 7 two warps a row on rows of
+ * 2049 to 4096 columns with a mask too (production: without one), 8 four there; 9 two warps a row
+ * on rows of 1025 to 2048 columns; 10 256-thread long-row blocks on rows of 4097 to 8192 columns
+ * (production: four warps a row); 11 eight warps a row on rows of 8193 to 16384 columns
+ * (production: 256-thread long-row blocks); 12 the one-read pass asking L2 for the round after next
+ * instead of the next. All give the same bits. */
 OPSLOT_API int opslot_topk_set_tuning(int path);
 
 /* Where the long-row top-k kernel's one-read pass spends its time (kernels/src/topk.cu,

@@ -10,8 +10,9 @@ all three digits), NaN, infinities and signed zeros; rows that are not 16-byte a
 transposed views, leading dimensions, empty inputs; bool and additive (float32/16, bfloat16) masks,
 broadcast over the batch, rows not aligned for the vector loads; mask_limit on causal, random and
 padding masks of every kind, broadcast and strided; every kernel: rows of up to 1024 and 2048
-columns a warp per row, of up to 2048 (the bench library's path 2) and 4096 a block per row (128 and
-256 threads), keys in registers, longer ones by the long-row kernel with each of its paths (the row read
+columns a warp per row, of up to 4096 two warps a row (without a mask) or a block per row (128 threads
+up to 2048 in the bench library's path 2, 256), of up to 8192 four warps a row, keys in registers, longer
+ones by the long-row kernel (256-thread blocks up to 16384 columns) with each of its paths (the row read
 once, its candidates in shared memory; or twice, the keys at or above the top digit's bucket held in shared
 memory; or more often, more of them than it holds),
 each kernel at its bounds, and all of them bitwise equal on the same rows (the bench library's
@@ -176,10 +177,11 @@ def tier_rows(cols):
     return rows, limit.to(torch.int32)
 
 
-# The warp kernel's tiers end at 1024 and 2048 columns (kernels/src/topk.cu, warp_chunks), the block
-# register kernel's at 2048 (the bench library's path 2) and 4096 (reg_threads); the two-read kernel
-# takes longer rows (8192: the tier the register kernel had before it).
-@pytest.mark.parametrize("cols", [1024, 1025, 2048, 2049, 4095, 4096, 4097, 8191, 8192, 8193])
+# The one-warp kernel's tiers end at 1024 and 2048 columns (kernels/src/topk.cu, warp_chunks), the two-warp
+# kernel's (without a mask) and the block register kernel's (with one; 2048 in the bench library's path 2) at
+# 4096 (group_warps, reg_threads), the four-warp kernel's at 8192; the long-row kernel takes longer rows in
+# 256-thread blocks up to 16384 columns (long_threads), 512 above (16385: the one-read pass).
+@pytest.mark.parametrize("cols", [1024, 1025, 2048, 2049, 4095, 4096, 4097, 8191, 8192, 8193, 16384, 16385])
 @pytest.mark.parametrize("kind", [None, torch.bool, torch.float16])
 def test_each_kernel_at_its_bounds(cols, kind):
     rows, limit = tier_rows(cols)
@@ -197,9 +199,10 @@ def test_each_kernel_at_its_bounds(cols, kind):
 @pytest.mark.parametrize("kind", [None, torch.bool])
 def test_rows_of_every_length_in_one_call(kind):
     """Rows of 2049 to 4096 columns with limits and k < 2048 take two launches (kernels/src/topk.cu, launch):
-    the rows of up to 2048 columns before their limit by the warp kernel, the longer ones by the block register
-    kernel, each skipping the other's; k = 2048 one. Limits on both sides of the bound and of the row's end,
-    in one call, in two batches; the same bits as the two-read kernel for every row (the bench library)."""
+    the rows of up to 2048 columns before their limit by the warp kernel, the longer ones two warps a row
+    without a mask and by the block register kernel with one, each skipping the other's; k = 2048 one. Limits
+    on both sides of the bound and of the row's end, in one call, in two batches; the same bits as the two-read
+    kernel for every row (the bench library)."""
     cols = 4000
     lengths = [1, 500, 1024, 1025, 1999, 2047, 2048, 2049, 2050, 3000, 3999, 4000, 5000, -5]
     g = torch.Generator(device=DEV).manual_seed(5)
@@ -214,18 +217,20 @@ def test_rows_of_every_length_in_one_call(kind):
 
 def test_every_kernel_gives_the_same_bits():
     """The bench library's opslot_topk_set_tuning(1) runs the long-row kernel on every row, (2) the block
-    register kernel where production runs the warp kernel (rows up to 2048 columns), (3) production with the
-    long-row kernel's one-read pass off, (4) the long-row kernel without it on every row, (5) production with
-    the pass on rows of any length, (6) production with 256-thread long-row blocks for rows of up to 16384
-    columns, (7, 8) production with the warp kernel on rows of 2049 to 4096 columns, two or four warps a row,
-    (9) two warps a row on rows of 1025 to 2048 columns, (10, 11) four and eight warps a row on rows of 4097
-    to 8192 and 8193 to 16384 columns, (12) production with the one-read pass asking L2 for the round after
-    next. The same bits with each: the rows the warp kernel takes in production (700 and 1500 columns; 10
-    and 13 rows: the last block of 4 rows, or of 2 in path 9, partly filled; 1 row of 2000), the block
-    register kernel's (2049, 3000 and 4096 columns; 11 rows of 3000: the last block of path 7 partly filled;
-    a bfloat16 additive mask too), the two-read path's (4097, 6000, 8192, 8193 and 16384 columns: four warps a
-    row in path 10, eight in path 11; 16384 the longest that path 6 gives 256-thread blocks) and the one-read
-    pass's (16385 columns, the shortest that production reads once)."""
+    register kernel where production runs the warp kernel (rows up to 2048 columns) and 512-thread long-row
+    blocks above 4096, (3) production with the long-row kernel's one-read pass off, (4) the long-row kernel
+    without it on every row, (5) the pass on rows of any length, (6) 5cb1570's choice on rows of 2049 to 16384
+    columns (the block register kernel up to 4096, 512-thread long-row blocks above), production with (7) two
+    warps a row on rows of 2049 to 4096 columns with a mask too, (8) four warps a row there, (9) two warps a row
+    on rows of 1025 to 2048 columns, (10) 256-thread long-row blocks on rows of 4097 to 8192 columns (production:
+    four warps a row), (11) eight warps a row on rows of 8193 to 16384 columns (production: 256-thread long-row
+    blocks), (12) the one-read pass asking L2 for the round after next. The same bits with each: the rows the
+    one-warp kernel takes in production (700 and 1500 columns; 10 and 13 rows: the last block of 4 rows, or of
+    2 in path 9, partly filled; 1 row of 2000), the two-warp kernel's without a mask and the block
+    register kernel's with one (2049, 3000 and 4096 columns; 11 rows of 3000: a two-warp block partly filled;
+    a bfloat16 additive mask too), the four-warp kernel's (4097, 6000, 8192 columns), the 256-thread long-row
+    blocks' (8193 and 16384 columns: eight warps a row in path 11) and the one-read pass's (16385 columns, the
+    shortest that production reads once)."""
     cases = []
     for cols in (700, 1500, 2000, 2049, 3000, 4096, 4097, 6000, 8192, 8193, 16384, 16385):
         rows, limit = tier_rows(cols)
