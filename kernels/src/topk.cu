@@ -1136,7 +1136,7 @@ __global__ void __launch_bounds__(32 * block_warps(kG), warp_blocks_per_sm(kMask
 // them), 0 in production.
 #ifdef OPSLOT_KERNELS_BENCH
 int g_path = 0;
-constexpr int kLastPath = 13;
+constexpr int kLastPath = 12;
 #else
 constexpr int g_path = 0;
 #endif
@@ -1301,16 +1301,6 @@ int launch(const Params& p, int64_t rows, cudaStream_t stream) {
     }
     return launch_rows<kMask>(p, rows, kWarpMaxCols, INT64_MAX, p.cols, stream);
   }
-#ifdef OPSLOT_KERNELS_BENCH
-  // The bench library's path 13: with limits, rows of 8193 to 16384 columns in two launches, those
-  // of up to 8192 columns before their limit four warps a row, the longer ones as in production.
-  if (g_path == 13 && p.limit != nullptr && p.cols > 2 * kRegMaxCols && p.cols <= 4 * kRegMaxCols) {
-    if (const int err = launch_rows<kMask>(p, rows, -1, 2 * kRegMaxCols, 2 * kRegMaxCols, stream)) {
-      return err;
-    }
-    return launch_rows<kMask>(p, rows, 2 * kRegMaxCols, INT64_MAX, p.cols, stream);
-  }
-#endif
   return launch_rows<kMask>(p, rows, -1, INT64_MAX, p.cols, stream);
 }
 
