@@ -1291,7 +1291,8 @@ int launch_rows(Params p, int64_t rows, int64_t lo, int64_t hi, int64_t longest,
 // the other's rows; DeepSeek-V4 at 16k tokens 1.12x with the block register kernel). Not where a
 // class holds only rows of at most k columns (nothing to select), nor for wider rows: every
 // launch's blocks visit every row, and those it skips are not free (GLM-5, k = 2048, two or three
-// launches: 8 % slower at 4k tokens, 1 % at 64k; docs/results/dsa_indexer_h200.md).
+// launches: 8 % slower at 4k tokens, 1 % at 64k; DeepSeek-V4 at 64k tokens, its rows of 16384
+// columns split at 8192, four warps a row below: 4 % slower; docs/results/dsa_indexer_h200.md).
 template <int kMask>
 int launch(const Params& p, int64_t rows, cudaStream_t stream) {
   if (p.limit != nullptr && production_short_rows() && p.cols > kWarpMaxCols &&
