@@ -20,8 +20,11 @@ void check(const at::Tensor& gate, const at::Tensor& up) {
   check_one_device("silu_mul", {{"gate", gate}, {"up", up}});
 }
 
-// The backward's incoming gradient: the output's shape, on its device.
-void check_grad(const char* op, const at::Tensor& grad, const at::Tensor& gate) {
+// Backward op `op`'s inputs: the forward's, and the incoming gradient of the output's shape, on
+// its device.
+void check_bwd(const char* op, const at::Tensor& grad, const at::Tensor& gate,
+               const at::Tensor& up) {
+  check(gate, up);
   check_shape(op, "grad", grad, gate.sym_sizes());
   check_one_device(op, {{"gate", gate}, {"grad", grad}});
 }
@@ -45,8 +48,7 @@ at::Tensor fwd_cuda(const at::Tensor& gate, const at::Tensor& up) {
 // The checks of backward op `op` and its (d gate, d up).
 std::tuple<at::Tensor, at::Tensor> grads_meta(const char* op, const at::Tensor& grad,
                                               const at::Tensor& gate, const at::Tensor& up) {
-  check(gate, up);
-  check_grad(op, grad, gate);
+  check_bwd(op, grad, gate, up);
   return {at::empty_symint(gate.sym_sizes(), gate.options()),
           at::empty_symint(gate.sym_sizes(), gate.options())};
 }
@@ -58,8 +60,7 @@ std::tuple<at::Tensor, at::Tensor> bwd_meta(const at::Tensor& grad, const at::Te
 
 std::tuple<at::Tensor, at::Tensor> bwd_cuda(const at::Tensor& grad, const at::Tensor& gate,
                                             const at::Tensor& up) {
-  check(gate, up);
-  check_grad("silu_mul_bwd", grad, gate);
+  check_bwd("silu_mul_bwd", grad, gate, up);
   c10::DeviceGuard guard(gate.device());
   const KernelTable& k = prepare(gate);
   at::Tensor g = gate.contiguous(), u = up.contiguous();
@@ -128,9 +129,8 @@ std::tuple<at::Tensor, at::Tensor> clamped_bwd_meta(const at::Tensor& grad, cons
 
 std::tuple<at::Tensor, at::Tensor> clamped_bwd_cuda(const at::Tensor& grad, const at::Tensor& gate,
                                                     const at::Tensor& up, double limit) {
-  check(gate, up);
   check_limit(limit);
-  check_grad("silu_mul_clamped_bwd", grad, gate);
+  check_bwd("silu_mul_clamped_bwd", grad, gate, up);
   c10::DeviceGuard guard(gate.device());
   const KernelTable& k = prepare(gate);
   at::Tensor g = gate.contiguous(), u = up.contiguous();
