@@ -28,10 +28,12 @@ row (all with the keys in registers: the row read once), longer rows the long-ro
 the bench library's choices (TOPK_PATHS below; opslot_kernels/bench.h says what each runs; 0 is the
 production choice on the bench library, whose one-read pass carries the phase clock: the baseline for
 path 12) beside each production top-k row in the same run, after a copy of as many bytes as the top-k moves.
+`--scores-wgmma` times the bench library's two scores kernels beside each production scores row: its mma.sync
+kernel (production's) and its warpgroup-MMA kernel (Hopper; kernels/src/dsa_indexer90.cuh).
 
     python3 bench/dsa_indexer.py --out $OUT/dsa_indexer_h200.md [--lengths 4096,16384,65536] [--budget 150] \
         [--only topk,mask_limit]   # only the rows whose name holds one of these
-        [--topk-paths 1,2 --topk-reps 20]
+        [--topk-paths 1,2 --topk-reps 20] [--scores-wgmma]
 """
 
 from __future__ import annotations
@@ -150,7 +152,7 @@ def ours_v4_tail(q, k, weights, scale, threshold, top_k):
 
 
 class Runner:
-    def __init__(self, budget_s, rate, bandwidth, only=(), topk_paths=(), topk_reps=5):
+    def __init__(self, budget_s, rate, bandwidth, only=(), topk_paths=(), topk_reps=5, scores_wgmma=False):
         self.deadline = time.monotonic() + budget_s
         self.only = only  # run only the rows whose name holds one of these (all when empty)
         self.rate = rate
@@ -158,6 +160,7 @@ class Runner:
         self.rows = []
         self.topk_paths = topk_paths  # bench-library top-k paths timed beside each production top-k row
         self.topk_reps = topk_reps
+        self.scores_wgmma = scores_wgmma  # the bench library's two scores kernels beside each scores row
 
     def left(self):
         return self.deadline - time.monotonic()
@@ -255,6 +258,25 @@ def topk_rows(run, model, L, what, fn, nbytes):
                 set_path(0)
 
 
+def scores_rows(run, model, L, fn, flops):
+    """The production scores row, then (--scores-wgmma) the bench library's mma.sync kernel (production's) and
+    its warpgroup-MMA kernel (opslot_dsa_scores_set_tuning 0 and 1) in the same call."""
+    run.row(model, L, "scores (ours)", fn, flops)
+    if not run.scores_wgmma or (run.only and not any(o in "scores (ours)" for o in run.only)):
+        return
+    with K.bench_library("scores") as lib:
+        if lib is None:
+            return
+        set_wgmma = K.knob(lib, "opslot_dsa_scores_set_tuning", 1)
+        try:
+            for wgmma, name in ((0, "mma.sync"), (1, "warpgroup MMA")):
+                if set_wgmma(wgmma) != 0:
+                    raise SystemExit("--scores-wgmma: the bench library refused opslot_dsa_scores_set_tuning")
+                run.row(model, L, f"scores (ours) [bench library: {name}]", fn, flops)
+        finally:
+            set_wgmma(0)
+
+
 def glm_rows(run, L, compiled=None):
     """GLM-5: 32 heads of 128, causal, top-2048 (`compiled`: only the compiled upstream tail)."""
     H, D, top_k = 32, 128, min(2048, L)
@@ -270,7 +292,7 @@ def glm_rows(run, L, compiled=None):
         tail = lambda: compiled(q, k, w, scale, mask, top_k)  # noqa: E731
         run.row("GLM", L, "compiled upstream tail", tail, fl, graph=False, reps=3, min_left=45.0)
         return
-    run.row("GLM", L, "scores (ours)", lambda: DI.dsa_index_scores(q, k, w, scale, limit), fl)
+    scores_rows(run, "GLM", L, lambda: DI.dsa_index_scores(q, k, w, scale, limit), fl)
     scores = DI.dsa_index_scores(q, k, w, scale, limit)
     nb = topk_bytes(limit, L, top_k)
     topk_rows(
@@ -313,7 +335,7 @@ def v4_rows(run, L):
     threshold = ((torch.arange(L, device=DEV) + 1) // 4).view(1, L)
     lim = threshold.to(torch.int32)
     fl = causal_flops(L, T, H, D, lim)
-    run.row("V4", L, "scores (ours)", lambda: DI.dsa_index_scores(q, k, w, scale, lim), fl)
+    scores_rows(run, "V4", L, lambda: DI.dsa_index_scores(q, k, w, scale, lim), fl)
     scores = DI.dsa_index_scores(q, k, w, scale, lim)
     nb = topk_bytes(lim, T, top_k)
     topk_rows(
@@ -342,6 +364,11 @@ def main():
         "row, on the bench library",
     )
     ap.add_argument("--topk-reps", type=int, default=5, help="timed calls per top-k row (median)")
+    ap.add_argument(
+        "--scores-wgmma",
+        action="store_true",
+        help="time the bench library's mma.sync and warpgroup-MMA scores kernels beside each production scores row",
+    )
     args = ap.parse_args()
     lengths = [int(x) for x in args.lengths.split(",")]
     topk_paths = [int(x) for x in args.topk_paths.split(",") if x]
@@ -353,7 +380,7 @@ def main():
     rate, bandwidth = gemm_rate(), K.copy_bandwidth()
     print(f"{props.name}: bf16 GEMM 8192^3 {rate / 1e12:.0f} TFLOP/s, copy {bandwidth / 1e12:.2f} TB/s", flush=True)
     only = tuple(x for x in args.only.split(",") if x)
-    run = Runner(args.budget, rate, bandwidth, only, topk_paths, args.topk_reps)
+    run = Runner(args.budget, rate, bandwidth, only, topk_paths, args.topk_reps, args.scores_wgmma)
     compiled_glm = None if args.no_compile else torch.compile(upstream_glm_tail, dynamic=False)
 
     for L in lengths:

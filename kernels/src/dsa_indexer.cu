@@ -1,275 +1,18 @@
 // The lightning indexer's scores of DeepSeek sparse attention (opslot_kernels/dsa_indexer.h):
 // out[b, s, t] = scale * sum_h w[b, s, h] * relu(q[b, s, h] . k[b, t]) for t < limit[b, s], else
-// -inf. 16-bit inputs on tensor cores (mma.sync m16n8k16, fp32 accumulation); fp32 inputs on an
-// exact CUDA-core kernel.
+// -inf. 16-bit inputs on tensor cores (mma.sync m16n8k16, fp32 accumulation: dsa_indexer_mma.cuh;
+// in the bench library also warpgroup MMAs on Hopper: dsa_indexer90.cuh); fp32 inputs on an exact
+// CUDA-core kernel.
 #include <cmath>
 #include <type_traits>
 
 #include "common.cuh"
-#include "mma_sm80.cuh"
+#include "dsa_indexer90.cuh"
+#include "dsa_indexer_mma.cuh"
 #include "opslot_kernels/dsa_indexer.h"
 
 namespace opslot::dsa {
 namespace {
-
-// ---------------------------------------------------------------------------------------------
-// Tensor-core kernel (float16 / bfloat16).
-//
-// A block owns kRows = 128 rows (query, head) of the [S * Hp, D] query matrix: qb consecutive
-// queries, each with its heads padded with zero rows to Hp = 16 * ceil(H / 16) (so that each m16
-// tile belongs to one query; qb = 8 / (Hp / 16)). Each of the 4 warps keeps two m16 tiles of those
-// rows in registers as mma A fragments (D <= 128: 8 k-steps x 4 registers per tile) and the block
-// walks the keys in tiles of 64 (cp.async, two stages) up to the largest limit of its queries. Per
-// key tile a warp computes its 32 x 64 dot products (K fragments by ldmatrix, reused by both m
-// tiles), applies relu and the head weights to the accumulators in registers, sums its rows
-// (within a lane, then a 3-round shuffle that leaves each lane the sums of one n8 tile), and writes
-// one partial row per query and warp to shared memory; after a barrier the block adds the partial
-// rows of each query in a fixed order, scales and writes the output row (-inf at or past the
-// query's limit). Key tiles past every limit of the block are written -inf without computing.
-// ---------------------------------------------------------------------------------------------
-
-constexpr int kThreads = 128;
-constexpr int kRows = 128;           // (query, head) rows per block
-constexpr int kMTiles = kRows / 16;  // m16 tiles per block, two per warp
-constexpr int kKeys = 64;            // keys per tile
-constexpr int kDMax = 128;           // largest head dim of the tensor-core kernel
-constexpr int kPitch = kDMax + 8;    // shared-memory row pitch (elements): 272 bytes, so the 8
-                                     // rows of an ldmatrix land in distinct 16-byte bank groups
-constexpr int kKSteps = kDMax / 16;  // k16 steps at D = 128
-constexpr size_t kMmaSmem = sizeof(uint16_t) * (kRows + 2 * kKeys) * kPitch +
-                            sizeof(float) * kMTiles * kKeys + sizeof(int) * kMTiles;
-
-struct MmaParams {
-  const void* q;
-  const void* k;
-  const float* w;
-  const int32_t* limit;
-  float* out;
-  int64_t qs0, qs1, qs2;  // q strides: batch, query, head
-  int64_t ks0, ks1;       // k strides: batch, key
-  int64_t ws0, ws1, ws2;  // weights strides: batch, query, head
-  int64_t S, T;
-  int H, D;
-  float scale;
-  int hp;          // heads padded to a multiple of 16
-  int tpq;         // m16 tiles per query (hp / 16)
-  int qb;          // queries per block
-  int ksteps;      // k16 steps: ceil(D / 16)
-  int64_t blocks;  // query blocks per batch row: ceil(S / qb)
-};
-
-// 16 bytes global -> shared, or 16 zero bytes when !live (src is then not read).
-__device__ __forceinline__ void cp16_or_zero(void* smem, const void* gmem, bool live) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem),
-               "r"(live ? 16 : 0)
-               : "memory");
-}
-
-// relu that keeps NaN (as torch.relu): x < 0 is false for NaN.
-__device__ __forceinline__ float relu(float x) { return x < 0.f ? 0.f : x; }
-
-// v[n][c]: this lane's row sums for n8 tile n, column 2 * (lane % 4) + c. Returns in y the sums
-// over the 8 lanes with the same lane % 4 for the n8 tile g = lane / 4: three rounds, each lane
-// keeping half of its values and adding its partner's copy of them (14 shuffles instead of 48).
-// A fixed tree: deterministic.
-__device__ __forceinline__ void reduce_rows(const float (&v)[8][2], float (&y)[2], int lane) {
-  const int g = lane >> 2;
-  const bool hi4 = (g & 4) != 0, hi2 = (g & 2) != 0, hi1 = (g & 1) != 0;
-  float u[4][2];
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-#pragma unroll
-    for (int c = 0; c < 2; ++c) {
-      const float send = hi4 ? v[k][c] : v[k + 4][c];
-      const float keep = hi4 ? v[k + 4][c] : v[k][c];
-      u[k][c] = keep + __shfl_xor_sync(0xffffffffu, send, 16);
-    }
-  }
-  float x[2][2];
-#pragma unroll
-  for (int k = 0; k < 2; ++k) {
-#pragma unroll
-    for (int c = 0; c < 2; ++c) {
-      const float send = hi2 ? u[k][c] : u[k + 2][c];
-      const float keep = hi2 ? u[k + 2][c] : u[k][c];
-      x[k][c] = keep + __shfl_xor_sync(0xffffffffu, send, 8);
-    }
-  }
-#pragma unroll
-  for (int c = 0; c < 2; ++c) {
-    const float send = hi1 ? x[0][c] : x[1][c];
-    const float keep = hi1 ? x[1][c] : x[0][c];
-    y[c] = keep + __shfl_xor_sync(0xffffffffu, send, 4);
-  }
-}
-
-template <typename T>
-__global__ void __launch_bounds__(kThreads, 3) scores_mma_kernel(const MmaParams p) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  T* sQ = reinterpret_cast<T*>(smem);
-  T* sK = sQ + kRows * kPitch;
-  float* sPart = reinterpret_cast<float*>(sK + 2 * kKeys * kPitch);
-  int* sLim = reinterpret_cast<int*>(sPart + kMTiles * kKeys);
-
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int64_t b = blockIdx.y;
-  // The queries with the most keys first (causal limits grow with the query).
-  const int64_t s0 = (p.blocks - 1 - static_cast<int64_t>(blockIdx.x)) * p.qb;
-  const T* q = static_cast<const T*>(p.q);
-  const T* k = static_cast<const T*>(p.k);
-
-  if (tid < kMTiles) {
-    int lim = 0;
-    if (tid < p.qb && s0 + tid < p.S) {
-      int64_t l = p.limit != nullptr ? static_cast<int64_t>(p.limit[b * p.S + s0 + tid]) : p.T;
-      l = l < 0 ? 0 : (l > p.T ? p.T : l);
-      lim = static_cast<int>(l);
-    }
-    sLim[tid] = lim;
-  }
-
-  // Query rows (zero rows for padding heads and queries past S; zero columns past D).
-  const int pieces = 2 * p.ksteps;  // 16-byte pieces of a row that the mma reads
-  const int live_pieces = p.D / 8;
-  for (int i = tid; i < kRows * pieces; i += kThreads) {
-    const int r = i / pieces, c = i % pieces;
-    const int qi = r / p.hp, h = r % p.hp;
-    const bool live = qi < p.qb && s0 + qi < p.S && h < p.H && c < live_pieces;
-    const T* src = live ? q + b * p.qs0 + (s0 + qi) * p.qs1 + h * p.qs2 + c * 8 : q;
-    cp16_or_zero(sQ + r * kPitch + c * 8, src, live);
-  }
-  cp_async_commit();
-  __syncthreads();  // sLim
-  int lmax = 0;
-  for (int i = 0; i < p.qb; ++i) lmax = max(lmax, sLim[i]);
-  const int ntiles = (lmax + kKeys - 1) / kKeys;
-
-  auto load_keys = [&](int tile, int stage) {
-    T* dst = sK + stage * kKeys * kPitch;
-    const int64_t t0 = static_cast<int64_t>(tile) * kKeys;
-    for (int i = tid; i < kKeys * pieces; i += kThreads) {
-      const int r = i / pieces, c = i % pieces;
-      const bool live = t0 + r < p.T && c < live_pieces;
-      const T* src = live ? k + b * p.ks0 + (t0 + r) * p.ks1 + c * 8 : k;
-      cp16_or_zero(dst + r * kPitch + c * 8, src, live);
-    }
-  };
-  if (ntiles > 0) load_keys(0, 0);
-  cp_async_commit();
-  cp_async_wait<1>();  // the query rows
-  __syncthreads();
-
-  const int g = lane >> 2, tq = lane & 3;
-  const int tile0 = 2 * warp;  // this warp's m16 tiles: tile0, tile0 + 1
-  const bool active = tile0 < p.qb * p.tpq;
-  const bool same_query = (tile0 / p.tpq) == ((tile0 + 1) / p.tpq);
-  uint32_t qa[2][kKSteps][4];
-  float wt[2][2];  // head weight of rows g and g + 8 of each m tile
-#pragma unroll
-  for (int mt = 0; mt < 2; ++mt) {
-#pragma unroll
-    for (int ks = 0; ks < kKSteps; ++ks) {
-      if (ks < p.ksteps) {
-        ldsm_x4(qa[mt][ks],
-                sQ + ((tile0 + mt) * 16 + (lane & 15)) * kPitch + ks * 16 + (lane >> 4) * 8);
-      } else {
-        qa[mt][ks][0] = qa[mt][ks][1] = qa[mt][ks][2] = qa[mt][ks][3] = 0u;
-      }
-    }
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int r = (tile0 + mt) * 16 + g + 8 * half;
-      const int qi = r / p.hp, h = r % p.hp;
-      const bool live = qi < p.qb && s0 + qi < p.S && h < p.H;
-      wt[mt][half] = live ? p.w[b * p.ws0 + (s0 + qi) * p.ws1 + h * p.ws2] : 0.f;
-    }
-  }
-
-  for (int j = 0; j < ntiles; ++j) {
-    if (j + 1 < ntiles) load_keys(j + 1, (j + 1) & 1);
-    cp_async_commit();
-    cp_async_wait<1>();  // key tile j
-    __syncthreads();
-    if (active) {
-      const T* kt = sK + (j & 1) * kKeys * kPitch;
-      float acc[2][8][4];
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-        for (int n = 0; n < 8; ++n)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) acc[mt][n][e] = 0.f;
-#pragma unroll
-      for (int ks = 0; ks < kKSteps; ++ks) {
-        if (ks < p.ksteps) {
-#pragma unroll
-          for (int np = 0; np < 4; ++np) {
-            uint32_t bf[4];
-            ldsm_x4(bf, kt + (np * 16 + (lane & 7) + ((lane >> 4) << 3)) * kPitch + ks * 16 +
-                            ((lane >> 3) & 1) * 8);
-#pragma unroll
-            for (int mt = 0; mt < 2; ++mt) {
-              mma16816<T>(acc[mt][2 * np], qa[mt][ks], bf[0], bf[1]);
-              mma16816<T>(acc[mt][2 * np + 1], qa[mt][ks], bf[2], bf[3]);
-            }
-          }
-        }
-      }
-      float v[2][8][2];
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-        for (int n = 0; n < 8; ++n)
-#pragma unroll
-          for (int c = 0; c < 2; ++c)
-            v[mt][n][c] = wt[mt][0] * relu(acc[mt][n][c]) + wt[mt][1] * relu(acc[mt][n][2 + c]);
-      float y[2];
-      const int col = g * 8 + 2 * tq;
-      if (same_query) {
-#pragma unroll
-        for (int n = 0; n < 8; ++n)
-#pragma unroll
-          for (int c = 0; c < 2; ++c) v[0][n][c] += v[1][n][c];
-        reduce_rows(v[0], y, lane);
-        sPart[tile0 * kKeys + col] = y[0];
-        sPart[tile0 * kKeys + col + 1] = y[1];
-        sPart[(tile0 + 1) * kKeys + col] = 0.f;
-        sPart[(tile0 + 1) * kKeys + col + 1] = 0.f;
-      } else {
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
-          reduce_rows(v[mt], y, lane);
-          sPart[(tile0 + mt) * kKeys + col] = y[0];
-          sPart[(tile0 + mt) * kKeys + col + 1] = y[1];
-        }
-      }
-    }
-    __syncthreads();
-    const int64_t t0 = static_cast<int64_t>(j) * kKeys;
-    for (int i = tid; i < p.qb * kKeys; i += kThreads) {
-      const int qi = i / kKeys, c = i % kKeys;
-      const int64_t s = s0 + qi, t = t0 + c;
-      if (s < p.S && t < p.T) {
-        float r = -INFINITY;
-        if (t < sLim[qi]) {
-          float sum = 0.f;
-          for (int m = 0; m < p.tpq; ++m) sum += sPart[(qi * p.tpq + m) * kKeys + c];
-          r = sum * p.scale;
-        }
-        p.out[(b * p.S + s) * p.T + t] = r;
-      }
-    }
-  }
-  // Keys past every limit of the block.
-  for (int qi = 0; qi < p.qb; ++qi) {
-    const int64_t s = s0 + qi;
-    if (s >= p.S) break;
-    float* row = p.out + (b * p.S + s) * p.T;
-    for (int64_t t = static_cast<int64_t>(ntiles) * kKeys + tid; t < p.T; t += kThreads)
-      row[t] = -INFINITY;
-  }
-}
 
 // ---------------------------------------------------------------------------------------------
 // fp32 kernel (CUDA cores, exact fp32 products and sums). A block takes 16 queries x 64 keys (256
@@ -374,6 +117,14 @@ bool stride_ok(int64_t size, int64_t stride) { return size <= 1 || stride % 8 ==
 
 constexpr const char* kName = "opslot_dsa_index_scores";
 
+// The warpgroup-MMA kernel where it applies (opslot_dsa_scores_set_tuning; the bench library
+// only): 0 (the default) the mma.sync kernel everywhere.
+#ifdef OPSLOT_KERNELS_BENCH
+int g_scores_wgmma = 0;
+#else
+constexpr int g_scores_wgmma = 0;
+#endif
+
 template <typename E>
 int launch_mma(int64_t B, int64_t S, int64_t H, int64_t D, int64_t T, const void* q,
                const int64_t* qst, const void* k, const int64_t* kst, const float* w,
@@ -406,6 +157,15 @@ int launch_mma(int64_t B, int64_t S, int64_t H, int64_t D, int64_t T, const void
   if (p.blocks > 0x7fffffff) {
     return set_error(OPSLOT_ERR_UNSUPPORTED, "%s: %lld queries are more than one launch takes",
                      kName, static_cast<long long>(S));
+  }
+  if constexpr (kBench) {
+    if (g_scores_wgmma && wgmma_shape(p) && device_is_sm90()) {
+      if (int rc = set_smem(reinterpret_cast<const void*>(&scores_wgmma_kernel<E>), kWgSmem, kName))
+        return rc;
+      const dim3 grid(static_cast<unsigned>((p.blocks + 1) / 2), static_cast<unsigned>(B));
+      scores_wgmma_kernel<E><<<grid, kWgThreads, kWgSmem, stream>>>(p);
+      return check_launch(kName);
+    }
   }
   if (int rc = set_smem(reinterpret_cast<const void*>(&scores_mma_kernel<E>), kMmaSmem, kName))
     return rc;
@@ -519,3 +279,13 @@ OPSLOT_API int opslot_dsa_index_scores(int dtype, int64_t batch, int64_t seq, in
 }
 
 }  // extern "C"
+
+#ifdef OPSLOT_KERNELS_BENCH
+extern "C" OPSLOT_API int opslot_dsa_scores_set_tuning(int wgmma) {
+  if (wgmma < 0 || wgmma > 1)
+    return opslot::set_error(OPSLOT_ERR_INVALID_ARGUMENT,
+                             "dsa scores tuning: wgmma 0 (mma.sync) or 1 (warpgroup MMAs)");
+  opslot::dsa::g_scores_wgmma = wgmma;
+  return OPSLOT_OK;
+}
+#endif  // OPSLOT_KERNELS_BENCH

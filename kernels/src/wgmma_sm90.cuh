@@ -118,13 +118,13 @@ __device__ __forceinline__ void wgmma_m64n32_ss(float (&d)[16], uint64_t da, uin
 #endif
 }
 
-#define OPSLOT_WGMMA_RS_M64N64(TY)                                                                 \
+#define OPSLOT_WGMMA_RS_M64N64(TY, TB)                                                             \
   asm volatile(                                                                                    \
       "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                                 \
       "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY                                      \
       " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "    \
       "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, "   \
-      "%36, p, 1, 1, 1;\n}\n"                                                                      \
+      "%36, p, 1, 1, " TB ";\n}\n"                                                                 \
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),        \
         "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),    \
         "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), \
@@ -132,15 +132,24 @@ __device__ __forceinline__ void wgmma_m64n32_ss(float (&d)[16], uint64_t da, uin
         "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])                                         \
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1))
 
-// d (64 x 64) += A (64 x 16, registers) * B (16 x 64, MN-major tile: 16 rows of 64 elements).
-template <typename T>
+// d (64 x 64) += A (64 x 16, registers) * B (16 x 64, MN-major tile: 16 rows of 64 elements; or,
+// kKB, a K-major tile: 64 rows of 16 elements).
+template <typename T, bool kKB = false>
 __device__ __forceinline__ void wgmma_m64n64_rs(float (&d)[32], const uint32_t (&a)[4],
                                                 uint64_t db) {
 #if defined(OPSLOT_WGMMA)
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    OPSLOT_WGMMA_RS_M64N64("bf16");
+    if constexpr (kKB) {
+      OPSLOT_WGMMA_RS_M64N64("bf16", "0");
+    } else {
+      OPSLOT_WGMMA_RS_M64N64("bf16", "1");
+    }
   } else {
-    OPSLOT_WGMMA_RS_M64N64("f16");
+    if constexpr (kKB) {
+      OPSLOT_WGMMA_RS_M64N64("f16", "0");
+    } else {
+      OPSLOT_WGMMA_RS_M64N64("f16", "1");
+    }
   }
 #endif
 }

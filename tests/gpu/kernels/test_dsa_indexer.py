@@ -7,7 +7,8 @@
   not multiples of the tiles, a head dim that is not a multiple of 8, heads 1 to 128), T = 1, S = 1,
   B > 1, empty inputs, no heads; limits (none, causal, random, negative, past T, all hidden);
   non-contiguous q (upstream V4's transposed view), k and weights; every element written (the caching
-  allocator poisoned first); bitwise-equal reruns; opcheck; CUDA-graph capture; torch.compile.
+  allocator poisoned first); bitwise-equal reruns; opcheck; CUDA-graph capture; torch.compile; the bench
+  library's warpgroup-MMA kernel (Hopper) against the mma.sync kernel, bit for bit.
 - The slot kernels against upstream's own modules (the installed Transformers') and opslot's `torch`
   kernels: picked sets checked with a tolerance (a pick's reference score is at least the k-th best
   visible score minus the fp32 accumulation error; exactly min(k, visible) visible picks), bool and
@@ -19,7 +20,7 @@ import math
 import pytest
 import torch
 
-from conftest import assert_close, requires_cuda
+from conftest import assert_close, bench_library, knob, requires_cuda
 
 DEV = "cuda"
 pytestmark = requires_cuda
@@ -165,6 +166,74 @@ def test_bitwise_deterministic(dtype):
     first = op(q, k, w, 0.3, limit)
     for _ in range(2):
         assert torch.equal(op(q, k, w, 0.3, limit), first)
+
+
+def _scores_kernels(q, k, w, limit=None):
+    """Names of the scores kernels one call launches (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        op(q, k, w, 0.5, limit)
+        torch.cuda.synchronize()
+    return {e.name.split("<")[0].split("::")[-1] for e in prof.events() if "scores_" in e.name}
+
+
+WGMMA_SHAPES = [  # (B, S, H, D, T): Hp 16 / 32 / 64 / 128 (16, 8, 4, 2 queries a CTA), head dims 128 and 120
+    (1, 300, 32, 128, 300),  # GLM-5's heads; 75 query blocks: the last CTA's second warpgroup has no query
+    (2, 37, 64, 128, 91),  # DeepSeek-V4's heads, B > 1, a partial key tile
+    (1, 50, 16, 128, 200),
+    (1, 9, 128, 120, 70),  # the most heads; a head dim of 120 (its last k-step half zero)
+    (1, 17, 5, 128, 130),  # padding heads
+    (1, 64, 30, 128, 1),  # one key
+    (3, 1, 32, 128, 17),  # one query
+    (1, 2048, 32, 128, 2048),  # many key tiles: every stage of the ring reused
+]
+
+
+def test_wgmma_scores_kernel():
+    """The bench library's opslot_dsa_scores_set_tuning(1) runs the warpgroup-MMA kernel on compute capability
+    9.0 where it applies (head dims 113-128, Hp 16/32/64/128), the mma.sync kernel elsewhere; it gives the
+    mma.sync kernel's bits (the same products added in the same order, the same epilogue) for every limit
+    (none, causal, random with negative, past-T and all-hidden rows: CTAs without a key tile), strided q,
+    reruns; and matches the fp64 reference."""
+    hopper = torch.cuda.get_device_capability() == (9, 0)
+    probe = inputs(1, 8, 32, 128, 70, torch.bfloat16)
+    cases = []
+    for i, (b, s, h, d, t) in enumerate(WGMMA_SHAPES):
+        dtype = torch.float16 if i % 3 == 1 else torch.bfloat16
+        q, k, w = inputs(b, s, h, d, t, dtype, seed=40 + i)
+        limits = [None, causal(b, s, t), torch.randint(-3, t + 4, (b, s), device=DEV, dtype=torch.int32)]
+        limits.append(torch.zeros(b, s, dtype=torch.int32, device=DEV))
+        cases += [(q, k, w, lim) for lim in limits]
+    g = torch.Generator(device=DEV).manual_seed(9)
+    qt = torch.randn(2, 64, 40, 128, device=DEV, generator=g).to(torch.bfloat16).transpose(1, 2)  # V4's view
+    kt = torch.randn(2, 77, 136, device=DEV, generator=g).to(torch.bfloat16)[..., :128]
+    cases.append((qt, kt, torch.randn(2, 40, 64, device=DEV, generator=g), causal(2, 40, 77)))
+
+    def scores():
+        return [op(q, k, w, 0.3, lim) for q, k, w, lim in cases]
+
+    with bench_library() as lib:
+        default = scores()
+        assert _scores_kernels(*probe) == {"scores_mma_kernel"}
+        set_wgmma = knob(lib, "opslot_dsa_scores_set_tuning", 1)
+        assert set_wgmma(2) != 0 and set_wgmma(-1) != 0
+        assert set_wgmma(1) == 0
+        try:
+            assert _scores_kernels(*probe) == {"scores_wgmma_kernel" if hopper else "scores_mma_kernel"}
+            for h, d in ((48, 128), (32, 64), (32, 112)):  # Hp 48, fewer than 8 k-steps: the mma.sync kernel
+                assert _scores_kernels(*inputs(1, 8, h, d, 70, torch.bfloat16)) == {"scores_mma_kernel"}
+            got = scores()
+            for (q, k, w, lim), a, ref in zip(cases, got, default):
+                what = f"q {tuple(q.shape)} {q.dtype} k {tuple(k.shape)} limit={'none' if lim is None else 'given'}"
+                diff = (a - ref).abs().nan_to_num(posinf=0.0).max().item() if a.numel() else 0.0
+                assert torch.equal(a, ref), f"{what}: the two kernels differ (largest difference {diff:.3g})"
+            for (q, k, w, lim), a in list(zip(cases, got))[1:8:2]:
+                check_scores(a, q, k, w, 0.3, lim, f"wgmma {tuple(q.shape)}")
+            assert all(torch.equal(a, b) for a, b in zip(scores(), got)), "reruns differ"
+        finally:
+            assert set_wgmma(0) == 0
+        assert _scores_kernels(*probe) == {"scores_mma_kernel"}
 
 
 def test_opcheck_graph_capture_and_compile():

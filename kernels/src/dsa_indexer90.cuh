@@ -1,0 +1,175 @@
+// The lightning indexer's scores on Hopper (sm_90a, warpgroup MMA): scores_wgmma_kernel, the
+// algorithm of scores_mma_kernel (dsa_indexer_mma.cuh) with the dot products as wgmma. Only the
+// bench library launches it (opslot_dsa_scores_set_tuning), on compute capability 9.0, for 16-bit
+// inputs whose head dim takes 8 k-steps (113 to 128) and whose padded heads fill a query block
+// with whole queries (Hp 16, 32, 64 or 128).
+//
+// A CTA is two query blocks of the mma.sync kernel, one per warpgroup (queries s0 and s0 + qb on,
+// the latest first), sharing a ring of four 64-key tiles in shared memory (128-byte-swizzled
+// 64-column blocks, wgmma_sm90.cuh; 16-byte cp.async copies, columns past D and keys past T zero),
+// up to the largest limit of the CTA's queries. Warp w of a warpgroup holds the A fragments of the
+// mma.sync kernel's warp w (its m16 tiles 2w and 2w + 1) in registers; the warpgroup's m64 tile mt
+// is the m16 tiles mt of its four warps, so one m64n64k16 per k-step and m64 tile gives each warp
+// the accumulators of the mma.sync kernel's 16 mma.sync (the m16n8 layout stacked over n), the
+// same products added in the same k order. The epilogue is the mma.sync kernel's steps
+// (head_terms, warp_partials, write_tile), each warpgroup for its own queries.
+//
+// Pipelined: the two m64 tiles' MMAs are separate groups; while one tile's MMAs run, the other's
+// epilogue does, and the next key tile's MMAs of a tile are issued as soon as its accumulators are
+// read. One CTA barrier per key tile (the ring), one warpgroup barrier (its partial rows).
+#pragma once
+
+#include <type_traits>
+
+#include "dsa_indexer_mma.cuh"
+#include "wgmma_sm90.cuh"
+
+namespace opslot::dsa {
+namespace {
+
+constexpr int kWgThreads = 2 * kThreads;  // two warpgroups, a query block each
+constexpr int kWgStages = 4;              // key tiles in the ring
+constexpr int kWgKSteps = 8;              // k-steps: head dims of 113 to 128
+constexpr int kKeyBlock = kKeys * 128;    // one 64-column block of a key tile (bytes)
+constexpr int kKeyTile = 2 * kKeyBlock;   // a key tile: 64 keys x 128 columns
+constexpr size_t kWgSmem = 1024 +         // slack to align the ring to 1024 bytes
+                           kWgStages * kKeyTile + sizeof(uint16_t) * 2 * kRows * kPitch +
+                           sizeof(float) * 2 * kMTiles * kKeys + sizeof(int) * 2 * kMTiles;
+
+// scores_wgmma_kernel takes the shape: 8 k-steps, whole queries in a query block.
+bool wgmma_shape(const MmaParams& p) { return p.ksteps == kWgKSteps && kMTiles % p.tpq == 0; }
+
+// Warpgroup MMAs of an m64 tile for one key tile: d = A (this warp's fragments qa) times the
+// tile's keys (K-major B, its two 64-column blocks from the descriptor's low word dk), issued and
+// committed; the caller waits.
+template <typename T>
+__device__ __forceinline__ void issue_tile(float (&d)[32], const uint32_t (&qa)[kKSteps][4],
+                                           uint32_t dk) {
+  using namespace opslot::sm90;
+  // Zeros as separate definitions: a zero register shared by both tiles' accumulators (the
+  // compiler's choice for `d[e] = 0.f`) is an operand of MMAs in flight, and ptxas then waits for
+  // them before the other tile's MMAs (C7517/C7520).
+#pragma unroll
+  for (int e = 0; e < 32; ++e) asm volatile("mov.b32 %0, 0;\n" : "=f"(d[e]));
+  wg_fence();
+#pragma unroll
+  for (int ks = 0; ks < kWgKSteps; ++ks) {
+    wgmma_m64n64_rs<T, true>(d, qa[ks], desc_of(dk + (ks >> 2) * (kKeyBlock / 16) + (ks & 3) * 2));
+  }
+  wg_commit();
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kWgThreads, 1) scores_wgmma_kernel(const MmaParams p) {
+#if defined(OPSLOT_WGMMA)
+  using namespace opslot::sm90;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  unsigned char* sK = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);  // the ring
+  T* sQ = reinterpret_cast<T*>(sK + kWgStages * kKeyTile);           // [warpgroup][kRows][kPitch]
+  float* sPart = reinterpret_cast<float*>(sQ + 2 * kRows * kPitch);  // [warpgroup][kMTiles][kKeys]
+  int* sLim = reinterpret_cast<int*>(sPart + 2 * kMTiles * kKeys);   // [warpgroup][kMTiles]
+
+  const int tid = threadIdx.x, wg = tid >> 7, t = tid & 127, warp = t >> 5, lane = tid & 31;
+  const int64_t b = blockIdx.y;
+  const int64_t pairs = (p.blocks + 1) / 2;  // a query block per warpgroup, the latest first
+  const int64_t s0 = (2 * (pairs - 1 - static_cast<int64_t>(blockIdx.x)) + wg) * p.qb;
+  T* myQ = sQ + wg * kRows * kPitch;
+  float* myPart = sPart + wg * kMTiles * kKeys;
+  int* myLim = sLim + wg * kMTiles;
+  const T* k = static_cast<const T*>(p.k);
+
+  block_limits(p, b, s0, t, myLim);
+  block_queries(p, b, s0, t, kThreads, myQ);
+  cp_async_commit();
+  __syncthreads();  // sLim
+  int lmax = 0;
+  for (int i = 0; i < p.qb; ++i) lmax = max(lmax, max(sLim[i], sLim[kMTiles + i]));
+  // warp-uniform as ptxas sees it: a loop to ntiles keeps the MMAs inside it asynchronous
+  const int ntiles = __shfl_sync(0xffffffffu, (lmax + kKeys - 1) / kKeys, 0);
+
+  // Key tile `tile` into its stage, one commit group (empty past the last tile): thread (lr, lk)
+  // copies chunks lk and lk + 8 of rows lr and lr + 32, each warp instruction four whole rows of a
+  // 64-column block.
+  const int lr = tid >> 3, lk = tid & 7, live_pieces = p.D / 8;
+  auto load_keys = [&](int tile) {
+    if (tile < ntiles) {
+      unsigned char* dst = sK + (tile % kWgStages) * kKeyTile;
+      const int64_t t0 = static_cast<int64_t>(tile) * kKeys;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int r = lr + 32 * half;
+        const int sw = r * 128 + ((lk ^ (r & 7)) << 4);
+#pragma unroll
+        for (int blk = 0; blk < 2; ++blk) {
+          const int c = lk + 8 * blk;
+          const bool live = t0 + r < p.T && c < live_pieces;
+          const T* src = live ? k + b * p.ks0 + (t0 + r) * p.ks1 + c * 8 : k;
+          cp16_or_zero(dst + blk * kKeyBlock + sw, src, live);
+        }
+      }
+    }
+    cp_async_commit();
+  };
+  for (int tile = 0; tile < kWgStages - 1; ++tile) load_keys(tile);
+  cp_async_wait<kWgStages - 2>();  // the query rows and tile 0
+  fence_async_smem();
+  __syncthreads();
+
+  const int g = lane >> 2, tq = lane & 3, tile0 = 2 * warp;
+  const bool same_query = (tile0 / p.tpq) == ((tile0 + 1) / p.tpq);
+  uint32_t qa[2][kKSteps][4];
+  float wt[2][2];
+  warp_fragments(p, b, s0, myQ, warp, lane, qa, wt);
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) reg_fence(qa[mt][ks]);  // loaded before the first MMA
+  const uint32_t dk0 = desc_lo(sK);
+  auto stage = [&](int tile) { return dk0 + (tile % kWgStages) * (kKeyTile / 16); };
+
+  if (ntiles == 0) {  // every query of the CTA without keys
+    cp_async_wait<0>();
+    write_past(p, b, s0, 0, t, kThreads);
+    return;
+  }
+  float acc0[32], acc1[32];  // m64 tiles 0 and 1
+  float v[2][8][2];
+  issue_tile<T>(acc0, qa[0], stage(0));
+  wg_wait<0>();
+  // Key tile j's epilogue, its m64 tile 1's MMAs running during tile 0's terms, and (kNext) tile
+  // j + 1's m64 tile 0 MMAs during the rest. No MMA is in flight from one step to the next (ptxas
+  // serializes MMAs whose accumulators it cannot follow across the loop: C7514), and none sits in
+  // a branch (C7520): the last step is its own instance.
+  auto step = [&](int j, auto next) {
+    constexpr bool kNext = decltype(next)::value;
+    // Tile j + 1 has landed; every thread is past tile j - 1 (its MMAs waited, its partial rows
+    // read), whose stage takes tile j + 3.
+    cp_async_wait<kWgStages - 3>();
+    fence_async_smem();
+    __syncthreads();
+    load_keys(j + 3);
+    issue_tile<T>(acc1, qa[1], stage(j));
+    reg_fence(acc0);
+    head_terms(*reinterpret_cast<const float(*)[8][4]>(acc0), wt[0], v[0]);
+    if constexpr (kNext) {
+      issue_tile<T>(acc0, qa[0], stage(j + 1));
+      wg_wait<1>();  // m64 tile 1
+    } else {
+      wg_wait<0>();
+    }
+    reg_fence(acc1);
+    head_terms(*reinterpret_cast<const float(*)[8][4]>(acc1), wt[1], v[1]);
+    warp_partials(v, same_query, tile0, g * 8 + 2 * tq, lane, myPart);
+    bar_wg(wg);
+    write_tile(p, b, s0, j, myPart, myLim, t, kThreads);
+    if constexpr (kNext) wg_wait<0>();  // m64 tile 0 of tile j + 1
+  };
+  for (int j = 0; j + 1 < ntiles; ++j) step(j, std::true_type{});
+  step(ntiles - 1, std::false_type{});
+  cp_async_wait<0>();  // the empty groups of the tiles past the last
+  write_past(p, b, s0, ntiles, t, kThreads);
+#endif
+}
+
+}  // namespace
+}  // namespace opslot::dsa
