@@ -6,11 +6,11 @@
 // blocks have no block-wide step, and the select of one row runs while other blocks stream.
 //
 //  1. topk_sample_kernel, a block of kSampleThreads per row: one 16-byte chunk in every 32 (a
-//     32-byte sector read in every 16), 4 keys per 128 columns; the threshold is the floor of the
-//     bucket holding the sample's r-th largest, r = f m + 4 sqrt(f m) + 4 for m sampled keys and
-//     f = k / n (the digit spanning the sample over at most 1025 buckets, as stream_topk's first
-//     round): about (f m + 4 sqrt(f m)) / (f m) k candidates expected, k at 4 standard deviations
-//     below, for keys that are not ordered along the row.
+//     32-byte sector read in every 16), 4 keys per 128 columns; the threshold is the sample's r-th
+//     largest key, r = f m + 4 sqrt(f m) + 4 for m sampled keys and f = k / n (the digit spanning
+//     the sample, as stream_topk's first round, then 11-bit digits down to the key): about
+//     (f m + 4 sqrt(f m)) / (f m) k candidates expected, k at 4 standard deviations below, for keys
+//     that are not ordered along the row.
 //  2. topk_split_kernel, kSplitThreads a block, one segment of kSegKeys keys of one row: the keys
 //     at or above the threshold appended (key and 16-bit column) to the row's candidates in global
 //     memory (a warp's by one atomicAdd on the row's count; their order is not fixed, nothing after
@@ -85,21 +85,44 @@ __global__ void __launch_bounds__(kSampleThreads) topk_sample_kernel(const Param
   const int r = sample_rank(total, p.k, src.n);
   uint32_t lo, hi;
   block_span<kT>(least, most, span, lo, hi);
-  uint32_t top;
+  uint32_t prefix;
   int need;
   bool exact;
-  const int shift = span_select<kT>(lo, hi, r, hist, warp_sums, pick, top, need, exact,
-                                    [&](int sh, uint32_t first) {
+  int high = span_select<kT>(lo, hi, r, hist, warp_sums, pick, prefix, need, exact,
+                             [&](int sh, uint32_t first) {
 #pragma unroll
-                                      for (int i = 0; i < kSampleChunks; ++i) {
+                               for (int i = 0; i < kSampleChunks; ++i) {
 #pragma unroll
-                                        for (int j = 0; j < 4; ++j) {
-                                          if (j < cnt[i])
-                                            atomicAdd(&hist[(key[i][j] >> sh) - first], 1);
-                                        }
-                                      }
-                                    });
-  if (threadIdx.x == 0) w.thr[b] = top << shift;
+                                 for (int j = 0; j < 4; ++j) {
+                                   if (j < cnt[i]) atomicAdd(&hist[(key[i][j] >> sh) - first], 1);
+                                 }
+                               }
+                             });
+  // The digits below, down to the key itself: a bucket's floor is no threshold (the spanning
+  // digit's buckets are up to 2^22 keys wide where the scores take both signs: at 64k columns and k
+  // = 2048, ~9700 candidates against ~3300 above the sampled key itself, in an emulation on random
+  // inputs).
+  while (high > 0) {
+    const int shift = high > 11 ? high - 11 : 0;
+    const int bins = 1 << (high - shift);
+    for (int i = threadIdx.x; i < bins; i += kT) hist[i] = 0;
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < kSampleChunks; ++i) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        if (j < cnt[i] && (key[i][j] >> high) == prefix) {
+          atomicAdd(&hist[(key[i][j] >> shift) & (bins - 1)], 1);
+        }
+      }
+    }
+    __syncthreads();
+    pick_bucket<kT>(hist, bins, need, warp_sums, pick);
+    prefix = (prefix << (high - shift)) | static_cast<uint32_t>(pick[0]);
+    need = pick[1];
+    high = shift;
+  }
+  if (threadIdx.x == 0) w.thr[b] = prefix;  // the sample's r-th largest key
 }
 
 template <int kMask>
