@@ -178,6 +178,19 @@ def _scores_kernels(q, k, w, limit=None):
     return {e.name.split("<")[0].split("::")[-1] for e in prof.events() if "scores_" in e.name}
 
 
+def _where_they_differ(a, b):
+    """How two score tensors differ, for a failure message: how many elements, the first (b, s, t), the largest
+    difference among finite ones, and NaNs."""
+    bad = ~((a == b) | (a.isnan() & b.isnan()))
+    first = tuple(bad.nonzero()[0].tolist())
+    both = bad & a.isfinite() & b.isfinite()
+    worst = (a - b).abs()[both].max().item() if both.any() else float("nan")
+    return (
+        f"{int(bad.sum())} of {a.numel()} elements, the first at {first} ({a[first].item()} against "
+        f"{b[first].item()}), largest finite difference {worst:.3g}, NaNs {int(a.isnan().sum())}"
+    )
+
+
 WGMMA_SHAPES = [  # (B, S, H, D, T): Hp 16 / 32 / 64 / 128 (16, 8, 4, 2 queries a CTA), head dims 128 and 120
     (1, 300, 32, 128, 300),  # GLM-5's heads; 75 query blocks: the last CTA's second warpgroup has no query
     (2, 37, 64, 128, 91),  # DeepSeek-V4's heads, B > 1, a partial key tile
@@ -226,8 +239,7 @@ def test_wgmma_scores_kernel():
             got = scores()
             for (q, k, w, lim), a, ref in zip(cases, got, default):
                 what = f"q {tuple(q.shape)} {q.dtype} k {tuple(k.shape)} limit={'none' if lim is None else 'given'}"
-                diff = (a - ref).abs().nan_to_num(posinf=0.0).max().item() if a.numel() else 0.0
-                assert torch.equal(a, ref), f"{what}: the two kernels differ (largest difference {diff:.3g})"
+                assert torch.equal(a, ref), f"{what}: the two kernels differ: {_where_they_differ(a, ref)}"
             for (q, k, w, lim), a in list(zip(cases, got))[1:8:2]:
                 check_scores(a, q, k, w, 0.3, lim, f"wgmma {tuple(q.shape)}")
             assert all(torch.equal(a, b) for a, b in zip(scores(), got)), "reruns differ"
