@@ -1136,7 +1136,7 @@ __global__ void __launch_bounds__(32 * block_warps(kG), warp_blocks_per_sm(kMask
 // them), 0 in production.
 #ifdef OPSLOT_KERNELS_BENCH
 int g_path = 0;
-constexpr int kLastPath = 13;
+constexpr int kLastPath = 14;
 #else
 constexpr int g_path = 0;
 #endif
@@ -1300,12 +1300,13 @@ int launch_rows(Params p, int64_t rows, int64_t lo, int64_t hi, int64_t longest,
 template <int kMask>
 int launch(const Params& p, int64_t rows, cudaStream_t stream) {
 #ifdef OPSLOT_KERNELS_BENCH
-  // Path 13: rows of up to 16384 columns as production, those of 16385 to 65536 split into
-  // segments (topk_split.cuh), longer ones as production.
-  if (g_path == 13 && p.cols > kStreamMinCols && p.k <= kStreamMaxK) {
-    if (const int err = launch_rows<kMask>(p, rows, -1, kStreamMinCols, p.cols, stream)) return err;
+  // Paths 13 and 14: rows of up to 16384 (8192) columns as production, those of 16385 (8193) to
+  // 65536 split into segments (topk_split.cuh), longer ones as production.
+  const int64_t split_min = g_path == 14 ? kStreamMinCols / 2 : kStreamMinCols;
+  if ((g_path == 13 || g_path == 14) && p.cols > split_min && p.k <= kStreamMaxK) {
+    if (const int err = launch_rows<kMask>(p, rows, -1, split_min, p.cols, stream)) return err;
     Params q = p;
-    q.lo = kStreamMinCols;
+    q.lo = split_min;
     q.hi = kStreamMaxCols;
     if (const int err = launch_split<kMask>(q, rows, stream)) return err;
     if (p.cols <= kStreamMaxCols) return OPSLOT_OK;

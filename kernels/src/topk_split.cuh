@@ -1,9 +1,10 @@
-// The bench library's path 13 of opslot_topk_indices (topk.cu includes this file in the bench build
-// only): rows of 16385 to 65536 columns with k <= 2048 split into segments that blocks filter in
-// parallel, against a threshold sampled from the row first; the last block done with a row selects
-// over its candidates. An experiment on the long-row kernel's bound (docs/kernels.md: a block reads
-// nothing during its row's ~25 block-wide steps, and only two rows fit an SM): here the streaming
-// blocks have no block-wide step, and the select of one row runs while other blocks stream.
+// The bench library's paths 13 and 14 of opslot_topk_indices (topk.cu includes this file in the
+// bench build only): rows of 16385 (path 14: 8193) to 65536 columns with k <= 2048 split into
+// segments that blocks filter in parallel, against a threshold sampled from the row first; the
+// last block done with a row selects over its candidates. An experiment on the long-row kernel's
+// bound (docs/kernels.md: a block reads nothing during its row's ~25 block-wide steps, and only two
+// rows fit an SM): here the streaming blocks have no block-wide step, and the select of one row
+// runs while other blocks stream.
 //
 //  1. topk_sample_kernel, a block of kSampleThreads per row: one 16-byte chunk in every 32 (a
 //     32-byte sector read in every 16), 4 keys per 128 columns; the threshold is the sample's r-th
@@ -230,7 +231,7 @@ __global__ void __launch_bounds__(kSplitThreads, 3)
   if (threadIdx.x == 0) w.count[b] = 0, w.done[b] = 0;  // for the next chunk's row b
 }
 
-// Path 13's launches over the rows of 16384 < n <= 65536 columns (p.lo, p.hi), in chunks of
+// The split's launches over the rows of p.lo < n <= p.hi columns (at most 65536), in chunks of
 // kSplitRows rows: the workspace allocated and zeroed on the stream, then per chunk the sample
 // and the segments.
 template <int kMask>

@@ -90,7 +90,7 @@ OPSLOT_API int opslot_mhc_collapse_set_tuning(int threads);
  * (production: 256-thread long-row blocks); 12 the one-read pass asking L2 for the round after next
  * instead of the next; 13 rows of 16385 to 65536 columns (k <= 2048) split into segments that
  * blocks filter against a threshold sampled from the row, the last block done with a row selecting
- * (kernels/src/topk_split.cuh). All give the same bits. */
+ * (kernels/src/topk_split.cuh); 14 the same from 8193 columns. All give the same bits. */
 OPSLOT_API int opslot_topk_set_tuning(int path);
 
 /* Where the long-row top-k kernel's one-read pass spends its time (kernels/src/topk.cu,
