@@ -4,7 +4,6 @@
 // in the bench library also warpgroup MMAs on Hopper: dsa_indexer90.cuh); fp32 inputs on an exact
 // CUDA-core kernel.
 #include <cmath>
-#include <type_traits>
 
 #include "common.cuh"
 #include "dsa_indexer90.cuh"

@@ -58,6 +58,7 @@ __device__ __forceinline__ int sample_rank(int m, int k, int64_t n) {
 template <int kMask>
 __global__ void __launch_bounds__(kSampleThreads) topk_sample_kernel(const Params p, SplitWork w) {
   constexpr int kT = kSampleThreads;
+  __shared__ uint4 sample[kSampleChunks * kT];  // the sampled keys, packed (16-byte aligned)
   __shared__ int hist[kMaxBins];
   __shared__ int warp_sums[kT / 32];
   __shared__ int pick[3];
@@ -82,46 +83,27 @@ __global__ void __launch_bounds__(kSampleThreads) topk_sample_kernel(const Param
     m += cnt[i];
   }
   int total;
-  block_scan<kT>(m, warp_sums, total);
-  const int r = sample_rank(total, p.k, src.n);
+  int at = block_scan<kT>(m, warp_sums, total) - m;
+  auto* keys = reinterpret_cast<uint32_t*>(sample);
+#pragma unroll
+  for (int i = 0; i < kSampleChunks; ++i) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if (j < cnt[i]) keys[at++] = key[i][j];
+    }
+  }
   uint32_t lo, hi;
-  block_span<kT>(least, most, span, lo, hi);
+  block_span<kT>(least, most, span, lo, hi);  // its barrier: the sample in shared memory
+  const KeySource src_keys{keys, total};
   uint32_t prefix;
   int need;
   bool exact;
-  int high = span_select<kT>(lo, hi, r, hist, warp_sums, pick, prefix, need, exact,
-                             [&](int sh, uint32_t first) {
-#pragma unroll
-                               for (int i = 0; i < kSampleChunks; ++i) {
-#pragma unroll
-                                 for (int j = 0; j < 4; ++j) {
-                                   if (j < cnt[i]) atomicAdd(&hist[(key[i][j] >> sh) - first], 1);
-                                 }
-                               }
-                             });
+  int high = span_select<kT>(src_keys, lo, hi, sample_rank(total, p.k, src.n), hist, warp_sums,
+                             pick, prefix, need, exact);
   // The digits below, down to the key itself: a bucket's floor is no threshold (the spanning
   // digit's buckets are up to 2^22 keys wide where the scores take both signs: at 64k columns and
   // k = 2048, 6095 candidates against 3257 above the sampled key, bench/topk_sample_emulation.py).
-  while (high > 0) {
-    const int shift = high > 11 ? high - 11 : 0;
-    const int bins = 1 << (high - shift);
-    for (int i = threadIdx.x; i < bins; i += kT) hist[i] = 0;
-    __syncthreads();
-#pragma unroll
-    for (int i = 0; i < kSampleChunks; ++i) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        if (j < cnt[i] && (key[i][j] >> high) == prefix) {
-          atomicAdd(&hist[(key[i][j] >> shift) & (bins - 1)], 1);
-        }
-      }
-    }
-    __syncthreads();
-    pick_bucket<kT>(hist, bins, need, warp_sums, pick);
-    prefix = (prefix << (high - shift)) | static_cast<uint32_t>(pick[0]);
-    need = pick[1];
-    high = shift;
-  }
+  while (high > 0) high = select_digit<kT>(src_keys, prefix, high, need, hist, warp_sums, pick);
   if (threadIdx.x == 0) w.thr[b] = prefix;  // the sample's r-th largest key
 }
 
@@ -154,11 +136,14 @@ __global__ void __launch_bounds__(kSplitThreads, 3)
     bool whole[kSegChunks];
 #pragma unroll
     for (int i = 0; i < kSegChunks; ++i) whole[i] = src.fetch(c0 + i * kT, v[i], mw[i]);
+    // The keys are made from the loaded words twice, to count and to append, rather than held
+    // between: 32 more registers, where the kernel is at its 80 (three blocks per SM).
     int take = 0;
 #pragma unroll
     for (int i = 0; i < kSegChunks; ++i) {
       uint32_t key[4];
-      const int n = c0 + i * kT < chunks ? src.keys(c0 + i * kT, whole[i], v[i], mw[i], key) : 0;
+      const int64_t c = c0 + i * kT;
+      const int n = c < chunks ? src.keys(c, whole[i], v[i], mw[i], key) : 0;
 #pragma unroll
       for (int j = 0; j < 4; ++j) take += j < n && key[j] >= lo;
     }

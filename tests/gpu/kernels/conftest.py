@@ -8,6 +8,7 @@ libopslot_kernels). Kept generic: other ops' test files use the same helpers.
 - `bench_library()` / `knob(lib, name, nargs)`: the tests of the benchmark-only tuning knobs run
   on libopslot_kernels_bench.so (kernels/include/opslot_kernels/bench.h; docs/kernels.md "Two
   builds"), which every opslot cuda op calls inside the block; they skip when it is not built.
+- `launched(fn, part)`: which kernels a call launches, by torch.profiler.
 """
 
 import contextlib
@@ -116,3 +117,14 @@ def capture_graph(step):
 def fp32_leaf(t: torch.Tensor) -> torch.Tensor:
     """An fp32 copy of `t` that requires grad (for the reference)."""
     return t.detach().float().requires_grad_(True)
+
+
+def launched(fn, part: str):
+    """The short names (no namespace, no template arguments) of the profiler events of one call of `fn` whose
+    names hold `part`: the kernels it launches, e.g. {"scores_mma_kernel"}."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return {e.name.split("<")[0].split("::")[-1] for e in prof.events() if part in e.name}

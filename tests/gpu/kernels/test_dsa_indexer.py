@@ -20,7 +20,7 @@ import math
 import pytest
 import torch
 
-from conftest import assert_close, bench_library, knob, requires_cuda
+from conftest import assert_close, bench_library, knob, launched, requires_cuda
 
 DEV = "cuda"
 pytestmark = requires_cuda
@@ -169,13 +169,8 @@ def test_bitwise_deterministic(dtype):
 
 
 def _scores_kernels(q, k, w, limit=None):
-    """Names of the scores kernels one call launches (torch.profiler)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        op(q, k, w, 0.5, limit)
-        torch.cuda.synchronize()
-    return {e.name.split("<")[0].split("::")[-1] for e in prof.events() if "scores_" in e.name}
+    """Names of the scores kernels one call launches."""
+    return launched(lambda: op(q, k, w, 0.5, limit), "scores_")
 
 
 def _where_they_differ(a, b):

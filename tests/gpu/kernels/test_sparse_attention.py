@@ -15,7 +15,7 @@ import sys
 import pytest
 import torch
 
-from conftest import assert_close, bench_library, knob, requires_cuda
+from conftest import assert_close, bench_library, knob, launched, requires_cuda
 
 pytestmark = requires_cuda
 
@@ -128,22 +128,16 @@ def test_matches_dense_reference(name, dtype):
 def _launched(prefix, q, kv, idx, dv):
     """Names of the sparse attention kernels with `prefix` in their names ("fwd_": those one forward call launches;
     "bwd_": the backward of one call), from torch.profiler."""
-    from torch.profiler import ProfilerActivity, profile
-
     backward = prefix == "bwd_"
     leaves = [x.detach().clone().requires_grad_(backward) for x in (q, kv)]
 
     def call():
         return _sa().sparse_mqa_attention(leaves[0], leaves[1], idx, None, 0.1, dv)[0]
 
-    out = call() if backward else None
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        if backward:
-            out.float().sum().backward()
-        else:
-            call()
-        torch.cuda.synchronize()
-    return {e.name.split("<")[0].split("::")[-1] for e in prof.events() if prefix in e.name}
+    if not backward:
+        return launched(call, prefix)
+    out = call()
+    return launched(lambda: out.float().sum().backward(), prefix)
 
 
 def _probe():
