@@ -28,12 +28,12 @@ row (all with the keys in registers: the row read once), longer rows the long-ro
 the bench library's choices (TOPK_PATHS below; opslot_kernels/bench.h says what each runs; 0 is the
 production choice on the bench library, whose one-read pass carries the phase clock: the baseline for
 path 12) beside each production top-k row in the same run, after a copy of as many bytes as the top-k moves.
-`--scores-wgmma` times the bench library's two scores kernels beside each production scores row: its mma.sync
-kernel (production's) and its warpgroup-MMA kernel (Hopper; kernels/src/dsa_indexer90.cuh).
+`--scores-mma-sync` times the bench library's mma.sync scores kernel (kernels/src/dsa_indexer_mma.cuh) beside
+each production scores row, which on Hopper runs the warpgroup-MMA kernel (kernels/src/dsa_indexer90.cuh).
 
     python3 bench/dsa_indexer.py --out $OUT/dsa_indexer_h200.md [--lengths 4096,16384,65536] [--budget 150] \
         [--only topk,mask_limit]   # only the rows whose name holds one of these
-        [--topk-paths 1,2 --topk-reps 20] [--scores-wgmma]
+        [--topk-paths 1,2 --topk-reps 20] [--scores-mma-sync]
 """
 
 from __future__ import annotations
@@ -152,7 +152,7 @@ def ours_v4_tail(q, k, weights, scale, threshold, top_k):
 
 
 class Runner:
-    def __init__(self, budget_s, rate, bandwidth, only=(), topk_paths=(), topk_reps=5, scores_wgmma=False):
+    def __init__(self, budget_s, rate, bandwidth, only=(), topk_paths=(), topk_reps=5, scores_mma_sync=False):
         self.deadline = time.monotonic() + budget_s
         self.only = only  # run only the rows whose name holds one of these (all when empty)
         self.rate = rate
@@ -160,7 +160,7 @@ class Runner:
         self.rows = []
         self.topk_paths = topk_paths  # bench-library top-k paths timed beside each production top-k row
         self.topk_reps = topk_reps
-        self.scores_wgmma = scores_wgmma  # the bench library's two scores kernels beside each scores row
+        self.scores_mma_sync = scores_mma_sync  # the bench library's mma.sync scores kernel beside each scores row
 
     def left(self):
         return self.deadline - time.monotonic()
@@ -261,22 +261,21 @@ def topk_rows(run, model, L, what, fn, nbytes):
 
 
 def scores_rows(run, model, L, fn, flops):
-    """The production scores row, then (--scores-wgmma) the bench library's mma.sync kernel (production's) and
-    its warpgroup-MMA kernel (opslot_dsa_scores_set_tuning 0 and 1) in the same call."""
+    """The production scores row, then (--scores-mma-sync) the bench library's mma.sync kernel where production
+    runs the warpgroup-MMA one (opslot_dsa_scores_set_tuning(1)), in the same call."""
     run.row(model, L, "scores (ours)", fn, flops)
-    if not run.scores_wgmma or (run.only and not any(o in "scores (ours)" for o in run.only)):
+    if not run.scores_mma_sync or (run.only and not any(o in "scores (ours)" for o in run.only)):
         return
     with K.bench_library("scores") as lib:
         if lib is None:
             return
-        set_wgmma = K.knob(lib, "opslot_dsa_scores_set_tuning", 1)
+        set_mma_sync = K.knob(lib, "opslot_dsa_scores_set_tuning", 1)
+        if set_mma_sync(1) != 0:
+            raise SystemExit("--scores-mma-sync: the bench library refused opslot_dsa_scores_set_tuning")
         try:
-            for wgmma, name in ((0, "mma.sync"), (1, "warpgroup MMA")):
-                if set_wgmma(wgmma) != 0:
-                    raise SystemExit("--scores-wgmma: the bench library refused opslot_dsa_scores_set_tuning")
-                run.row(model, L, f"scores (ours) [bench library: {name}]", fn, flops)
+            run.row(model, L, "scores (ours) [bench library: the mma.sync kernel]", fn, flops)
         finally:
-            set_wgmma(0)
+            set_mma_sync(0)
 
 
 def glm_rows(run, L, compiled=None):
@@ -367,9 +366,10 @@ def main():
     )
     ap.add_argument("--topk-reps", type=int, default=5, help="timed calls per top-k row (median)")
     ap.add_argument(
-        "--scores-wgmma",
+        "--scores-mma-sync",
         action="store_true",
-        help="time the bench library's mma.sync and warpgroup-MMA scores kernels beside each production scores row",
+        help="time the bench library's mma.sync scores kernel beside each production scores row (warpgroup MMAs "
+        "on Hopper)",
     )
     args = ap.parse_args()
     lengths = [int(x) for x in args.lengths.split(",")]
@@ -382,7 +382,7 @@ def main():
     rate, bandwidth = gemm_rate(), K.copy_bandwidth()
     print(f"{props.name}: bf16 GEMM 8192^3 {rate / 1e12:.0f} TFLOP/s, copy {bandwidth / 1e12:.2f} TB/s", flush=True)
     only = tuple(x for x in args.only.split(",") if x)
-    run = Runner(args.budget, rate, bandwidth, only, topk_paths, args.topk_reps, args.scores_wgmma)
+    run = Runner(args.budget, rate, bandwidth, only, topk_paths, args.topk_reps, args.scores_mma_sync)
     compiled_glm = None if args.no_compile else torch.compile(upstream_glm_tail, dynamic=False)
 
     for L in lengths:

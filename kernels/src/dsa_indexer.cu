@@ -1,8 +1,8 @@
 // The lightning indexer's scores of DeepSeek sparse attention (opslot_kernels/dsa_indexer.h):
 // out[b, s, t] = scale * sum_h w[b, s, h] * relu(q[b, s, h] . k[b, t]) for t < limit[b, s], else
-// -inf. 16-bit inputs on tensor cores (mma.sync m16n8k16, fp32 accumulation: dsa_indexer_mma.cuh;
-// in the bench library also warpgroup MMAs on Hopper: dsa_indexer90.cuh); fp32 inputs on an exact
-// CUDA-core kernel.
+// -inf. 16-bit inputs on tensor cores (fp32 accumulation): warpgroup MMAs on Hopper where the shape
+// takes them (dsa_indexer90.cuh), mma.sync m16n8k16 elsewhere (dsa_indexer_mma.cuh), the same bits;
+// fp32 inputs on an exact CUDA-core kernel.
 #include <cmath>
 
 #include "common.cuh"
@@ -116,12 +116,12 @@ bool stride_ok(int64_t size, int64_t stride) { return size <= 1 || stride % 8 ==
 
 constexpr const char* kName = "opslot_dsa_index_scores";
 
-// The warpgroup-MMA kernel where it applies (opslot_dsa_scores_set_tuning; the bench library
-// only): 0 (the default) the mma.sync kernel everywhere.
+// The mma.sync kernel where the warpgroup-MMA one applies (opslot_dsa_scores_set_tuning, bench
+// library only): 0 (the default) no.
 #ifdef OPSLOT_KERNELS_BENCH
-int g_scores_wgmma = 0;
+int g_scores_mma_sync = 0;
 #else
-constexpr int g_scores_wgmma = 0;
+constexpr int g_scores_mma_sync = 0;
 #endif
 
 template <typename E>
@@ -157,14 +157,12 @@ int launch_mma(int64_t B, int64_t S, int64_t H, int64_t D, int64_t T, const void
     return set_error(OPSLOT_ERR_UNSUPPORTED, "%s: %lld queries are more than one launch takes",
                      kName, static_cast<long long>(S));
   }
-  if constexpr (kBench) {
-    if (g_scores_wgmma && wgmma_shape(p) && device_is_sm90()) {
-      if (int rc = set_smem(reinterpret_cast<const void*>(&scores_wgmma_kernel<E>), kWgSmem, kName))
-        return rc;
-      const dim3 grid(static_cast<unsigned>((p.blocks + 1) / 2), static_cast<unsigned>(B));
-      scores_wgmma_kernel<E><<<grid, kWgThreads, kWgSmem, stream>>>(p);
-      return check_launch(kName);
-    }
+  if (!g_scores_mma_sync && wgmma_shape(p) && device_is_sm90()) {
+    if (int rc = set_smem(reinterpret_cast<const void*>(&scores_wgmma_kernel<E>), kWgSmem, kName))
+      return rc;
+    const dim3 grid(static_cast<unsigned>((p.blocks + 1) / 2), static_cast<unsigned>(B));
+    scores_wgmma_kernel<E><<<grid, kWgThreads, kWgSmem, stream>>>(p);
+    return check_launch(kName);
   }
   if (int rc = set_smem(reinterpret_cast<const void*>(&scores_mma_kernel<E>), kMmaSmem, kName))
     return rc;
@@ -280,11 +278,12 @@ OPSLOT_API int opslot_dsa_index_scores(int dtype, int64_t batch, int64_t seq, in
 }  // extern "C"
 
 #ifdef OPSLOT_KERNELS_BENCH
-extern "C" OPSLOT_API int opslot_dsa_scores_set_tuning(int wgmma) {
-  if (wgmma < 0 || wgmma > 1)
+extern "C" OPSLOT_API int opslot_dsa_scores_set_tuning(int mma_sync) {
+  if (mma_sync < 0 || mma_sync > 1)
     return opslot::set_error(OPSLOT_ERR_INVALID_ARGUMENT,
-                             "dsa scores tuning: wgmma 0 (mma.sync) or 1 (warpgroup MMAs)");
-  opslot::dsa::g_scores_wgmma = wgmma;
+                             "dsa scores tuning: mma_sync 0 (warpgroup MMAs on Hopper where they "
+                             "apply) or 1 (the mma.sync kernel everywhere)");
+  opslot::dsa::g_scores_mma_sync = mma_sync;
   return OPSLOT_OK;
 }
 #endif  // OPSLOT_KERNELS_BENCH

@@ -1,8 +1,8 @@
 // The lightning indexer's scores on Hopper (sm_90a, warpgroup MMA): scores_wgmma_kernel, the
-// algorithm of scores_mma_kernel (dsa_indexer_mma.cuh) with the dot products as wgmma. Only the
-// bench library launches it (opslot_dsa_scores_set_tuning), on compute capability 9.0, for 16-bit
-// inputs whose head dim takes 8 k-steps (113 to 128) and whose padded heads fill a query block
-// with whole queries (Hp 16, 32, 64 or 128).
+// algorithm of scores_mma_kernel (dsa_indexer_mma.cuh) with the dot products as wgmma, the same
+// bits. dsa_indexer.cu launches it on compute capability 9.0 for 16-bit inputs whose head dim
+// takes 8 k-steps (113 to 128) and whose padded heads fill a query block with whole queries (Hp
+// 16, 32, 64 or 128): GLM-5's and DeepSeek-V4's shapes.
 //
 // A CTA is two query blocks of the mma.sync kernel, one per warpgroup (queries s0 and s0 + qb on,
 // the latest first), sharing a ring of four 64-key tiles in shared memory (128-byte-swizzled

@@ -198,14 +198,12 @@ WGMMA_SHAPES = [  # (B, S, H, D, T): Hp 16 / 32 / 64 / 128 (16, 8, 4, 2 queries 
 ]
 
 
-def test_wgmma_scores_kernel():
-    """The bench library's opslot_dsa_scores_set_tuning(1) runs the warpgroup-MMA kernel on compute capability
-    9.0 where it applies (head dims 113-128, Hp 16/32/64/128), the mma.sync kernel elsewhere; it gives the
-    mma.sync kernel's bits (the same products added in the same order, the same epilogue) for every limit
-    (none, causal, random with negative, past-T and all-hidden rows: CTAs without a key tile), strided q,
-    reruns; and matches the fp64 reference."""
-    hopper = torch.cuda.get_device_capability() == (9, 0)
-    probe = inputs(1, 8, 32, 128, 70, torch.bfloat16)
+PROBE = dict(b=1, s=8, h=32, d=128, t=70)  # GLM-5's heads: the warpgroup-MMA kernel's shape
+
+
+def _wgmma_cases():
+    """(q, k, w, limit) over WGMMA_SHAPES x four kinds of limit (none, causal, random with negative and past-T
+    rows, all hidden: CTAs without a key tile), fp16 and bf16, and V4's strided q view."""
     cases = []
     for i, (b, s, h, d, t) in enumerate(WGMMA_SHAPES):
         dtype = torch.float16 if i % 3 == 1 else torch.bfloat16
@@ -217,30 +215,49 @@ def test_wgmma_scores_kernel():
     qt = torch.randn(2, 64, 40, 128, device=DEV, generator=g).to(torch.bfloat16).transpose(1, 2)  # V4's view
     kt = torch.randn(2, 77, 136, device=DEV, generator=g).to(torch.bfloat16)[..., :128]
     cases.append((qt, kt, torch.randn(2, 40, 64, device=DEV, generator=g), causal(2, 40, 77)))
+    return cases
 
-    def scores():
-        return [op(q, k, w, 0.3, lim) for q, k, w, lim in cases]
 
+def _probe():
+    return inputs(PROBE["b"], PROBE["s"], PROBE["h"], PROBE["d"], PROBE["t"], torch.bfloat16)
+
+
+def test_wgmma_scores_kernel():
+    """On compute capability 9.0 the 16-bit scores run the warpgroup-MMA kernel where it applies (head dims
+    113-128, Hp 16/32/64/128), the mma.sync kernel elsewhere and on other GPUs; the scores match the fp64
+    reference for every kind of limit and rerun bit for bit."""
+    hopper = torch.cuda.get_device_capability() == (9, 0)
+    assert _scores_kernels(*_probe()) == {"scores_wgmma_kernel" if hopper else "scores_mma_kernel"}
+    for h, d in ((48, 128), (32, 64), (32, 112)):  # Hp 48, fewer than 8 k-steps: the mma.sync kernel
+        assert _scores_kernels(*inputs(1, 8, h, d, 70, torch.bfloat16)) == {"scores_mma_kernel"}
+    cases = _wgmma_cases()
+    got = [op(q, k, w, 0.3, lim) for q, k, w, lim in cases]
+    for (q, k, w, lim), a in zip(cases, got):
+        check_scores(a, q, k, w, 0.3, lim, f"q {tuple(q.shape)} {q.dtype} limit={'none' if lim is None else 'given'}")
+    assert all(torch.equal(op(q, k, w, 0.3, lim), a) for (q, k, w, lim), a in zip(cases, got)), "reruns differ"
+
+
+def test_wgmma_scores_kernel_gives_the_mma_sync_kernels_bits():
+    """The bench library's opslot_dsa_scores_set_tuning(1) runs the mma.sync kernel where production runs the
+    warpgroup-MMA one: the same products added in the same order and the same epilogue, so the same bits for
+    every shape and limit of _wgmma_cases (on GPUs other than Hopper both are the mma.sync kernel)."""
+    hopper = torch.cuda.get_device_capability() == (9, 0)
+    cases = _wgmma_cases()
     with bench_library() as lib:
-        default = scores()
-        assert _scores_kernels(*probe) == {"scores_mma_kernel"}
-        set_wgmma = knob(lib, "opslot_dsa_scores_set_tuning", 1)
-        assert set_wgmma(2) != 0 and set_wgmma(-1) != 0
-        assert set_wgmma(1) == 0
+        default = [op(q, k, w, 0.3, lim) for q, k, w, lim in cases]
+        assert _scores_kernels(*_probe()) == {"scores_wgmma_kernel" if hopper else "scores_mma_kernel"}
+        set_mma_sync = knob(lib, "opslot_dsa_scores_set_tuning", 1)
+        assert set_mma_sync(2) != 0 and set_mma_sync(-1) != 0
+        assert set_mma_sync(1) == 0
         try:
-            assert _scores_kernels(*probe) == {"scores_wgmma_kernel" if hopper else "scores_mma_kernel"}
-            for h, d in ((48, 128), (32, 64), (32, 112)):  # Hp 48, fewer than 8 k-steps: the mma.sync kernel
-                assert _scores_kernels(*inputs(1, 8, h, d, 70, torch.bfloat16)) == {"scores_mma_kernel"}
-            got = scores()
-            for (q, k, w, lim), a, ref in zip(cases, got, default):
+            assert _scores_kernels(*_probe()) == {"scores_mma_kernel"}
+            for (q, k, w, lim), ref in zip(cases, default):
+                a = op(q, k, w, 0.3, lim)
                 what = f"q {tuple(q.shape)} {q.dtype} k {tuple(k.shape)} limit={'none' if lim is None else 'given'}"
                 assert torch.equal(a, ref), f"{what}: the two kernels differ: {_where_they_differ(a, ref)}"
-            for (q, k, w, lim), a in list(zip(cases, got))[1:8:2]:
-                check_scores(a, q, k, w, 0.3, lim, f"wgmma {tuple(q.shape)}")
-            assert all(torch.equal(a, b) for a, b in zip(scores(), got)), "reruns differ"
         finally:
-            assert set_wgmma(0) == 0
-        assert _scores_kernels(*probe) == {"scores_mma_kernel"}
+            assert set_mma_sync(0) == 0
+        assert _scores_kernels(*_probe()) == {"scores_wgmma_kernel" if hopper else "scores_mma_kernel"}
 
 
 def test_opcheck_graph_capture_and_compile():
