@@ -24,7 +24,7 @@ Rows per context length (B = 1, bf16 q/k, fp32 weights):
 The top-k runs one of four kernels by the rows' length (kernels/src/topk.cu): up to 2048 columns a warp
 per row, up to 4096 two warps a row without a mask and a block per row with one, up to 8192 four warps a
 row (all with the keys in registers: the row read once), longer rows the long-row kernel (rows of 16385 to
-65536 columns read once, others twice); `--topk-paths 0,...,14` times
+65536 columns read once, others twice); `--topk-paths 0,...,12` times
 the bench library's choices (TOPK_PATHS below; opslot_kernels/bench.h says what each runs; 0 is the
 production choice on the bench library, whose one-read pass carries the phase clock: the baseline for
 path 12) beside each production top-k row in the same run, after a copy of as many bytes as the top-k moves.
@@ -233,8 +233,6 @@ TOPK_PATHS = {
     10: "256-thread long-row blocks on rows of 4097 to 8192 columns",
     11: "eight warps a row on rows of 8193 to 16384 columns",
     12: "the one-read pass asking L2 for the round after next",
-    13: "rows of 16385 to 65536 columns split into segments against a sampled threshold",
-    14: "rows of 8193 to 65536 columns split into segments against a sampled threshold",
 }
 
 
@@ -361,7 +359,7 @@ def main():
     ap.add_argument(
         "--topk-paths",
         default="",
-        help="comma-separated opslot_topk_set_tuning paths (0-14: TOPK_PATHS) timed beside each production top-k "
+        help="comma-separated opslot_topk_set_tuning paths (0-12: TOPK_PATHS) timed beside each production top-k "
         "row, on the bench library",
     )
     ap.add_argument("--topk-reps", type=int, default=5, help="timed calls per top-k row (median)")

@@ -1136,7 +1136,7 @@ __global__ void __launch_bounds__(32 * block_warps(kG), warp_blocks_per_sm(kMask
 // them), 0 in production.
 #ifdef OPSLOT_KERNELS_BENCH
 int g_path = 0;
-constexpr int kLastPath = 14;
+constexpr int kLastPath = 12;
 #else
 constexpr int g_path = 0;
 #endif
@@ -1293,26 +1293,8 @@ int launch_rows(Params p, int64_t rows, int64_t lo, int64_t hi, int64_t longest,
 // launch's blocks visit every row, and those it skips are not free (GLM-5, k = 2048, two or three
 // launches: 8 % slower at 4k tokens, 1 % at 64k; DeepSeek-V4 at 64k tokens, its rows of 16384
 // columns split at 8192, four warps a row below: 4 % slower; docs/results/dsa_indexer_h200.md).
-#ifdef OPSLOT_KERNELS_BENCH
-#include "topk_split.cuh"  // the bench library's path 13
-#endif
-
 template <int kMask>
 int launch(const Params& p, int64_t rows, cudaStream_t stream) {
-#ifdef OPSLOT_KERNELS_BENCH
-  // Paths 13 and 14: rows of up to 16384 (8192) columns as production, those of 16385 (8193) to
-  // 65536 split into segments (topk_split.cuh), longer ones as production.
-  const int64_t split_min = g_path == 14 ? kStreamMinCols / 2 : kStreamMinCols;
-  if ((g_path == 13 || g_path == 14) && p.cols > split_min && p.k <= kStreamMaxK) {
-    if (const int err = launch_rows<kMask>(p, rows, -1, split_min, p.cols, stream)) return err;
-    Params q = p;
-    q.lo = split_min;
-    q.hi = kStreamMaxCols;
-    if (const int err = launch_split<kMask>(q, rows, stream)) return err;
-    if (p.cols <= kStreamMaxCols) return OPSLOT_OK;
-    return launch_rows<kMask>(p, rows, kStreamMaxCols, INT64_MAX, p.cols, stream);
-  }
-#endif
   if (p.limit != nullptr && production_short_rows() && p.cols > kWarpMaxCols &&
       p.cols <= kRegMaxCols && p.k < kWarpMaxCols) {
     if (const int err = launch_rows<kMask>(p, rows, -1, kWarpMaxCols, kWarpMaxCols, stream)) {

@@ -88,9 +88,7 @@ OPSLOT_API int opslot_mhc_collapse_set_tuning(int threads);
  * on rows of 1025 to 2048 columns; 10 256-thread long-row blocks on rows of 4097 to 8192 columns
  * (production: four warps a row); 11 eight warps a row on rows of 8193 to 16384 columns
  * (production: 256-thread long-row blocks); 12 the one-read pass asking L2 for the round after next
- * instead of the next; 13 rows of 16385 to 65536 columns (k <= 2048) split into segments that
- * blocks filter against a threshold sampled from the row, the last block done with a row selecting
- * (kernels/src/topk_split.cuh); 14 the same from 8193 columns. All give the same bits. */
+ * instead of the next. All give the same bits. */
 OPSLOT_API int opslot_topk_set_tuning(int path);
 
 /* Where the long-row top-k kernel's one-read pass spends its time (kernels/src/topk.cu,

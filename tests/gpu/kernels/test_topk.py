@@ -230,7 +230,7 @@ def test_every_kernel_gives_the_same_bits():
     register kernel's with one (2049, 3000 and 4096 columns; 11 rows of 3000: a two-warp block partly filled;
     a bfloat16 additive mask too), the four-warp kernel's (4097, 6000, 8192 columns), the 256-thread long-row
     blocks' (8193 and 16384 columns: eight warps a row in path 11) and the one-read pass's (16385 columns, the
-    shortest that production reads once; paths 13 and 14 split those into segments, 14 also from 8193)."""
+    shortest that production reads once)."""
     cases = []
     for cols in (700, 1500, 2000, 2049, 3000, 4096, 4097, 6000, 8192, 8193, 16384, 16385):
         rows, limit = tier_rows(cols)
@@ -248,8 +248,8 @@ def test_every_kernel_gives_the_same_bits():
             if cols in (3000, 4096):
                 cases.append((rows, k, limit, additive))
     want = [check(*c[:3], f"{c[0].shape} k={c[1]}", c[3]) for c in cases]
-    f = same_bits_on_paths((1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 0), cases, want)
-    assert f(15) != 0 and f(-1) != 0
+    f = same_bits_on_paths((1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 0), cases, want)
+    assert f(13) != 0 and f(-1) != 0
 
 
 def test_one_read_pass_cuts_its_candidates_and_gives_up():
@@ -260,8 +260,7 @@ def test_one_read_pass_cuts_its_candidates_and_gives_up():
     at the k-th largest filling the candidates before an ascending run (the pass gives up), a boosted run in
     noise; rows of 65536 columns (the most it takes) and 65537 (the two-read path), k = 2048 (the most it
     takes) and 2049; with limits and a bool mask: the CPU kernel's bits, and the same with the pass off (the bench
-    library's paths 3 and 4), on rows of any length (5), asking L2 for the round after next (12) and with the rows
-    split into segments (13, 14)."""
+    library's paths 3 and 4), on rows of any length (5) and asking L2 for the round after next (12)."""
     T = 65536
     ramp = torch.linspace(-3, 3, T + 1, device=DEV)
     ties = torch.cat([torch.ones(8192, device=DEV), torch.linspace(2, 3, T + 1 - 8192, device=DEV)])
@@ -276,49 +275,7 @@ def test_one_read_pass_cuts_its_candidates_and_gives_up():
         for k in (1, 513, 2048, 2049):
             cases += [(rows[:, :cols], k, None, None), (rows[:, :cols], k, limit, mask[:, :cols])]
     want = [check(*c[:3], f"{c[0].shape[1]} k={c[1]} {c[2] is None}", c[3]) for c in cases]
-    same_bits_on_paths((3, 4, 5, 12, 13, 14), cases, want)
-
-
-def test_split_rows_paths_13_and_14():
-    """The bench library's paths 13 and 14 (kernels/src/topk_split.cuh): rows of 16385 (14: 8193) to 65536
-    columns, k <= 2048, split into segments of 8192 keys filtered against a threshold sampled from one 16-byte
-    chunk in 32; the last segment done selects over the row's candidates, or, with fewer than k of them or more
-    than 5120, runs the two-read digits over the row. The CPU kernel's bits where the sample is right, where it
-    is too high (the sampled chunks boosted: fewer than k candidates) and too low (ties: every key a candidate),
-    on rows of 8193 to 65536 columns and ones that end inside a segment, with limits (rows too short for the
-    path: production's kernels in the same call) and every mask kind, unaligned rows; and over more rows than
-    one chunk of launches takes (8192), the counters of a row reused by the next chunk's row in the same
-    place."""
-    g = torch.Generator(device=DEV).manual_seed(13)
-    T = 65536
-    noise = torch.randn(6, T, device=DEV, generator=g)
-    boosted = noise[0].clone()
-    boosted.view(-1, 128)[:, :4] += 10.0  # the sampled chunks (columns 128 i .. 128 i + 3) above every other key
-    ties = torch.full((T,), 2.5, device=DEV)
-    ties[::7] = torch.randn(T // 7 + 1, device=DEV, generator=g)
-    rows = torch.stack([noise[1], boosted, ties, noise[2].round(), noise[3], noise[4]])
-    limit = torch.tensor([T, T, 40000, 16385, 16384, 30001], device=DEV, dtype=torch.int32)
-    cases = []
-    mid = torch.tensor([12000, 8193, 8192, 10000, 12000, 9000], device=DEV, dtype=torch.int32)
-    for cols, lim in ((T, limit), (T, None), (20000, limit.clamp(max=20000)), (16385, None), (12000, mid)):
-        for k in (1, 700, 2048, 2049):
-            cases.append((rows[:, :cols], k, lim, None))
-            cases.append((rows[:, 1 : cols + 1] if cols < T else rows[:, :cols], k, lim, None))
-        shown = torch.rand(1, cols, device=DEV, generator=g) > 0.2
-        cases.append((rows[:, :cols], 2048, lim, shown))
-        cases.append((rows[:, :cols], 1000, lim, torch.where(shown, 0.25, -1e30).to(torch.bfloat16)))
-    want = [check(*c[:3], f"{c[0].shape} k={c[1]} {c[2] is None} {c[3] is not None}", c[3]) for c in cases]
-    same_bits_on_paths((13, 14), cases, want)
-    # more rows than a chunk: the long ones at the same place in the first and third chunks
-    n = 2 * 8192 + 40
-    big = torch.randn(n, 16400, device=DEV, generator=g)
-    lim = torch.full((n,), 9, device=DEV, dtype=torch.int32)
-    lim[:40] = 16400
-    lim[16384:] = 16390
-    lim[8292:8295] = 16385
-    cases = [(big, 2048, lim, None), (big, 5, lim, None)]
-    want = [check(*c[:3], f"{n} rows k={c[1]}") for c in cases]
-    same_bits_on_paths((13, 14), cases, want)
+    same_bits_on_paths((3, 4, 5, 12), cases, want)
 
 
 def test_the_phase_probe_counts_the_one_read_pass():
