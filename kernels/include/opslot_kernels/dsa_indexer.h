@@ -20,8 +20,10 @@
  * sum over heads happen in the epilogue (warp shuffles, then a fixed-order sum over the warps of
  * one query), and the tiles past the block's limits are not computed (written -inf). They need
  * D <= 128, H <= 128, D and every q/k stride a multiple of 8 elements and 16-byte aligned q/k
- * pointers (the torch binding copies other inputs into that form). float32 q and k run an exact
- * fp32 CUDA-core kernel (any H, D up to 512), slower.
+ * pointers (the torch binding copies other inputs into that form). On compute capability 9.0,
+ * head dims of 113 to 128 with 16, 32, 64 or 128 padded heads run the same algorithm on warpgroup
+ * MMAs (two such blocks a CTA sharing the key tiles), with the same bits. float32 q and k run an
+ * exact fp32 CUDA-core kernel (any H, D up to 512), slower.
  */
 #ifndef OPSLOT_KERNELS_DSA_INDEXER_H_
 #define OPSLOT_KERNELS_DSA_INDEXER_H_
