@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Two calls of the DSA indexer's scores (`opslot::dsa_index_scores`) at GLM-5's shape (16384 tokens, 32 heads
-of 128, causal limits; bench/dsa_indexer.py's inputs), bf16, for Nsight Compute to profile the second.
-docs/results/dsa_indexer_h100.md's ncu table:
+of 128, causal limits; bench/dsa_indexer.py's inputs), bf16, for Nsight Compute to profile the second (what
+bounds the warpgroup-MMA kernel at 45 % of the tensor-core bound; not yet run on a GPU):
 
     ncu --clock-control none -k regex:scores_ --launch-skip 1 --launch-count 1 \
         --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
