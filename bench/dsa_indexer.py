@@ -276,15 +276,21 @@ def scores_rows(run, model, L, fn, flops):
             set_mma_sync(0)
 
 
-def glm_rows(run, L, compiled=None):
-    """GLM-5: 32 heads of 128, causal, top-2048 (`compiled`: only the compiled upstream tail)."""
-    H, D, top_k = 32, 128, min(2048, L)
+def glm_inputs(L, H=32, D=128):
+    """GLM-5's indexer inputs at L tokens: bf16 q [1, L, H, D] and k [1, L, D], fp32 head weights, the scale and
+    the causal limits."""
     g = torch.Generator(device=DEV).manual_seed(L)
     q = torch.randn(1, L, H, D, device=DEV, generator=g).to(BF)
     k = torch.randn(1, L, D, device=DEV, generator=g).to(BF)
     w = torch.randn(1, L, H, device=DEV, generator=g) * H**-0.5
-    scale = D**-0.5
     limit = (torch.arange(L, device=DEV, dtype=torch.int32) + 1).view(1, L)
+    return q, k, w, D**-0.5, limit
+
+
+def glm_rows(run, L, compiled=None):
+    """GLM-5: 32 heads of 128, causal, top-2048 (`compiled`: only the compiled upstream tail)."""
+    H, D, top_k = 32, 128, min(2048, L)
+    q, k, w, scale, limit = glm_inputs(L, H, D)
     mask = torch.ones(L, L, dtype=torch.bool, device=DEV).tril_().unsqueeze(0)
     fl = causal_flops(L, L, H, D, limit)
     if compiled is not None:

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Two calls of the DSA indexer's scores (`opslot::dsa_index_scores`) at GLM-5's shape (16384 tokens, 32 heads
-of 128, causal limits; bench/dsa_indexer.py's inputs), bf16, for Nsight Compute to profile the second (what
+of 128, causal limits; bench/dsa_indexer.py's glm_inputs), bf16, for Nsight Compute to profile the second (what
 bounds the warpgroup-MMA kernel at 45 % of the tensor-core bound; not yet run on a GPU):
 
     ncu --clock-control none -k regex:scores_ --launch-skip 1 --launch-count 1 \
@@ -22,6 +22,7 @@ BENCH = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(BENCH), "runtime"))
 sys.path.insert(0, BENCH)
 
+import dsa_indexer as DX  # noqa: E402  (bench/dsa_indexer.py: the inputs)
 import kernels as K  # noqa: E402
 from opslot.kernels.cuda import dsa_indexer as DI  # noqa: E402
 
@@ -29,17 +30,12 @@ ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
 ap.add_argument("--mma-sync", action="store_true", help="the mma.sync kernel (the bench library)")
 args = ap.parse_args()
 
-L, H, D = 16384, 32, 128
-g = torch.Generator(device="cuda").manual_seed(L)
-q = torch.randn(1, L, H, D, device="cuda", generator=g).to(torch.bfloat16)
-k = torch.randn(1, L, D, device="cuda", generator=g).to(torch.bfloat16)
-w = torch.randn(1, L, H, device="cuda", generator=g) * H**-0.5
-limit = (torch.arange(L, device="cuda", dtype=torch.int32) + 1).view(1, L)
+inputs = DX.glm_inputs(16384)
 with contextlib.ExitStack() as stack:
     if args.mma_sync:
         lib = stack.enter_context(K.bench_library("scores"))
         if lib is None or K.knob(lib, "opslot_dsa_scores_set_tuning", 1)(1) != 0:
             raise SystemExit("--mma-sync needs the bench library")
     for _ in range(2):
-        DI.dsa_index_scores(q, k, w, D**-0.5, limit)
+        DI.dsa_index_scores(*inputs)
     torch.cuda.synchronize()

@@ -198,9 +198,6 @@ WGMMA_SHAPES = [  # (B, S, H, D, T): Hp 16 / 32 / 64 / 128 (16, 8, 4, 2 queries 
 ]
 
 
-PROBE = dict(b=1, s=8, h=32, d=128, t=70)  # GLM-5's heads: the warpgroup-MMA kernel's shape
-
-
 def _wgmma_cases():
     """(q, k, w, limit) over WGMMA_SHAPES x four kinds of limit (none, causal, random with negative and past-T
     rows, all hidden: CTAs without a key tile), fp16 and bf16, and V4's strided q view."""
@@ -219,15 +216,20 @@ def _wgmma_cases():
 
 
 def _probe():
-    return inputs(PROBE["b"], PROBE["s"], PROBE["h"], PROBE["d"], PROBE["t"], torch.bfloat16)
+    """GLM-5's heads: the warpgroup-MMA kernel's shape."""
+    return inputs(1, 8, 32, 128, 70, torch.bfloat16)
+
+
+def _production_kernel():
+    """The scores kernel production runs on _probe(): the warpgroup-MMA one on compute capability 9.0."""
+    return "scores_wgmma_kernel" if torch.cuda.get_device_capability() == (9, 0) else "scores_mma_kernel"
 
 
 def test_wgmma_scores_kernel():
     """On compute capability 9.0 the 16-bit scores run the warpgroup-MMA kernel where it applies (head dims
     113-128, Hp 16/32/64/128), the mma.sync kernel elsewhere and on other GPUs; the scores match the fp64
     reference for every kind of limit and rerun bit for bit."""
-    hopper = torch.cuda.get_device_capability() == (9, 0)
-    assert _scores_kernels(*_probe()) == {"scores_wgmma_kernel" if hopper else "scores_mma_kernel"}
+    assert _scores_kernels(*_probe()) == {_production_kernel()}
     for h, d in ((48, 128), (32, 64), (32, 112)):  # Hp 48, fewer than 8 k-steps: the mma.sync kernel
         assert _scores_kernels(*inputs(1, 8, h, d, 70, torch.bfloat16)) == {"scores_mma_kernel"}
     cases = _wgmma_cases()
@@ -241,11 +243,10 @@ def test_wgmma_scores_kernel_gives_the_mma_sync_kernels_bits():
     """The bench library's opslot_dsa_scores_set_tuning(1) runs the mma.sync kernel where production runs the
     warpgroup-MMA one: the same products added in the same order and the same epilogue, so the same bits for
     every shape and limit of _wgmma_cases (on GPUs other than Hopper both are the mma.sync kernel)."""
-    hopper = torch.cuda.get_device_capability() == (9, 0)
     cases = _wgmma_cases()
     with bench_library() as lib:
         default = [op(q, k, w, 0.3, lim) for q, k, w, lim in cases]
-        assert _scores_kernels(*_probe()) == {"scores_wgmma_kernel" if hopper else "scores_mma_kernel"}
+        assert _scores_kernels(*_probe()) == {_production_kernel()}
         set_mma_sync = knob(lib, "opslot_dsa_scores_set_tuning", 1)
         assert set_mma_sync(2) != 0 and set_mma_sync(-1) != 0
         assert set_mma_sync(1) == 0
@@ -257,7 +258,7 @@ def test_wgmma_scores_kernel_gives_the_mma_sync_kernels_bits():
                 assert torch.equal(a, ref), f"{what}: the two kernels differ: {_where_they_differ(a, ref)}"
         finally:
             assert set_mma_sync(0) == 0
-        assert _scores_kernels(*_probe()) == {"scores_wgmma_kernel" if hopper else "scores_mma_kernel"}
+        assert _scores_kernels(*_probe()) == {_production_kernel()}
 
 
 def test_opcheck_graph_capture_and_compile():
