@@ -12,11 +12,12 @@
 // is the m16 tiles mt of its four warps, so one m64n64k16 per k-step and m64 tile gives each warp
 // the accumulators of the mma.sync kernel's 16 mma.sync (the m16n8 layout stacked over n), the
 // same products added in the same k order. The epilogue is the mma.sync kernel's steps
-// (head_terms, warp_partials, write_tile), each warpgroup for its own queries.
+// (head_terms, tile_rows), each warpgroup for its own queries.
 //
 // Pipelined: the two m64 tiles' MMAs are separate groups; while one tile's MMAs run, the other's
 // epilogue does, and the next key tile's MMAs of a tile are issued as soon as its accumulators are
-// read. One CTA barrier per key tile (the ring), one warpgroup barrier (its partial rows).
+// read. One CTA barrier per key tile (the ring); a warpgroup barrier where a query's rows span
+// warps (Hp 64 and 128: DeepSeek-V4), none for Hp 16 and 32 (GLM-5).
 #pragma once
 
 #include <type_traits>
@@ -89,24 +90,26 @@ __global__ void __launch_bounds__(kWgThreads, 1) scores_wgmma_kernel(const MmaPa
 
   // Key tile `tile` into its stage, one commit group (empty past the last tile): thread (lr, lk)
   // copies chunks lk and lk + 8 of rows lr and lr + 32, each warp instruction four whole rows of a
-  // 64-column block.
+  // 64-column block. Called for tiles 0, 1, 2, ... in turn: the source pointer advances a tile a
+  // call (the four copies' addresses recomputed from the strides took ~110 instructions a tile).
   const int lr = tid >> 3, lk = tid & 7, live_pieces = p.D / 8;
+  const bool live_c0 = lk < live_pieces, live_c1 = lk + 8 < live_pieces;
+  const T* ksrc = k + b * p.ks0 + lr * p.ks1 + lk * 8;  // the next tile's row lr, chunk lk
+  const int64_t kstep = kKeys * p.ks1, khalf = 32 * p.ks1, krows = p.T - lr;
+  const int sw = lr * 128 + ((lk ^ (lr & 7)) << 4);  // rows lr and lr + 32: the same swizzle
   auto load_keys = [&](int tile) {
     if (tile < ntiles) {
-      unsigned char* dst = sK + (tile % kWgStages) * kKeyTile;
+      unsigned char* dst = sK + (tile % kWgStages) * kKeyTile + sw;
       const int64_t t0 = static_cast<int64_t>(tile) * kKeys;
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const int r = lr + 32 * half;
-        const int sw = r * 128 + ((lk ^ (r & 7)) << 4);
-#pragma unroll
-        for (int blk = 0; blk < 2; ++blk) {
-          const int c = lk + 8 * blk;
-          const bool live = t0 + r < p.T && c < live_pieces;
-          const T* src = live ? k + b * p.ks0 + (t0 + r) * p.ks1 + c * 8 : k;
-          cp16_or_zero(dst + blk * kKeyBlock + sw, src, live);
-        }
+        const bool live_r = t0 + 32 * half < krows;
+        const T* row = ksrc + half * khalf;
+        const bool l0 = live_r && live_c0, l1 = live_r && live_c1;
+        cp16_or_zero(dst + half * 32 * 128, l0 ? row : k, l0);
+        cp16_or_zero(dst + half * 32 * 128 + kKeyBlock, l1 ? row + 64 : k, l1);
       }
+      ksrc += kstep;
     }
     cp_async_commit();
   };
@@ -115,8 +118,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) scores_wgmma_kernel(const MmaPa
   fence_async_smem();
   __syncthreads();
 
-  const int g = lane >> 2, tq = lane & 3, tile0 = 2 * warp;
-  const bool same_query = (tile0 / p.tpq) == ((tile0 + 1) / p.tpq);
+  const int tile0 = 2 * warp;
   uint32_t qa[2][kKSteps][4];
   float wt[2][2];
   warp_fragments(p, b, s0, myQ, warp, lane, qa, wt);
@@ -159,9 +161,8 @@ __global__ void __launch_bounds__(kWgThreads, 1) scores_wgmma_kernel(const MmaPa
     }
     reg_fence(acc1);
     head_terms(*reinterpret_cast<const float(*)[8][4]>(acc1), wt[1], v[1]);
-    warp_partials(v, same_query, tile0, g * 8 + 2 * tq, lane, myPart);
-    bar_wg(wg);
-    write_tile(p, b, s0, j, myPart, myLim, t, kThreads);
+    tile_rows<false>(p, b, s0, j, v, true, tile0, lane, t, kThreads, myLim, myPart,
+                     [wg] { bar_wg(wg); });
     if constexpr (kNext) wg_wait<0>();  // m64 tile 0 of tile j + 1
   };
   for (int j = 0; j + 1 < ntiles; ++j) step(j, std::true_type{});

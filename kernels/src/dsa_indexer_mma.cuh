@@ -9,10 +9,11 @@
 // walks the keys in tiles of 64 (cp.async, two stages) up to the largest limit of its queries. Per
 // key tile a warp computes its 32 x 64 dot products (K fragments by ldmatrix, reused by both m
 // tiles), applies relu and the head weights to the accumulators in registers, sums its rows
-// (within a lane, then a 3-round shuffle that leaves each lane the sums of one n8 tile), and writes
-// one partial row per query and warp to shared memory; after a barrier the block adds the partial
-// rows of each query in a fixed order, scales and writes the output row (-inf at or past the
-// query's limit). Key tiles past every limit of the block are written -inf without computing.
+// (within a lane, then a 3-round shuffle that leaves each lane the sums of one n8 tile) and
+// writes the scaled scores (-inf at or past the query's limit) from the lanes where a query's rows
+// lie in the warp (Hp 16 or 32: GLM-5); a query over several warps gets its other warps' row sums
+// through shared memory, added in warp order by its first warp (tile_rows). Key tiles past every
+// limit of the block are written -inf without computing.
 #pragma once
 
 #include <cmath>
@@ -61,8 +62,13 @@ __device__ __forceinline__ void cp16_or_zero(void* smem, const void* gmem, bool 
                : "memory");
 }
 
-// relu that keeps NaN (as torch.relu): x < 0 is false for NaN.
-__device__ __forceinline__ float relu(float x) { return x < 0.f ? 0.f : x; }
+// relu that keeps NaN (as torch.relu): one max.NaN instruction where a compare and a select took
+// two (-0.0 may give +0.0, a zero either way).
+__device__ __forceinline__ float relu(float x) {
+  float r;
+  asm("max.NaN.f32 %0, %1, 0f00000000;\n" : "=f"(r) : "f"(x));
+  return r;
+}
 
 // v[n][c]: this lane's row sums for n8 tile n, column 2 * (lane % 4) + c. Returns in y the sums
 // over the 8 lanes with the same lane % 4 for the n8 tile g = lane / 4: three rounds, each lane
@@ -171,6 +177,14 @@ __device__ __forceinline__ void head_terms(const float (&acc)[8][4], const float
     for (int c = 0; c < 2; ++c) v[n][c] = wt[0] * relu(acc[n][c]) + wt[1] * relu(acc[n][2 + c]);
 }
 
+// The second m16 tile's terms added into the first's (both tiles' rows in one query).
+__device__ __forceinline__ void add_tiles(float (&v)[2][8][2]) {
+#pragma unroll
+  for (int n = 0; n < 8; ++n)
+#pragma unroll
+    for (int c = 0; c < 2; ++c) v[0][n][c] += v[1][n][c];
+}
+
 // A warp's partial rows of a key tile from the terms of its m16 tiles tile0 and tile0 + 1: one row
 // per query, added before the shuffles where both tiles belong to the same query (`same`; the
 // second tile's row then 0). col: the lane's first column, 8 (lane / 4) + 2 (lane % 4).
@@ -178,10 +192,7 @@ __device__ __forceinline__ void warp_partials(float (&v)[2][8][2], bool same, in
                                               int lane, float* sPart) {
   float y[2];
   if (same) {
-#pragma unroll
-    for (int n = 0; n < 8; ++n)
-#pragma unroll
-      for (int c = 0; c < 2; ++c) v[0][n][c] += v[1][n][c];
+    add_tiles(v);
     reduce_rows(v[0], y, lane);
     sPart[tile0 * kKeys + col] = y[0];
     sPart[tile0 * kKeys + col + 1] = y[1];
@@ -230,6 +241,83 @@ __device__ __forceinline__ void write_past(const MmaParams& p, int64_t b, int64_
   }
 }
 
+// Two scores of query s, keys key and key + 1 (key even): y scaled, -inf at or past the limit lim;
+// nothing for a query past S or a key past T. One 8-byte store where the row pitch T is even.
+__device__ __forceinline__ void store_pair(const MmaParams& p, int64_t b, int64_t s, int64_t key,
+                                           int lim, const float (&y)[2]) {
+  if (s >= p.S) return;
+  float r[2];
+#pragma unroll
+  for (int c = 0; c < 2; ++c) r[c] = key + c < lim ? y[c] * p.scale : -INFINITY;
+  float* o = p.out + (b * p.S + s) * p.T + key;
+  if ((p.T & 1) == 0 && key + 1 < p.T) {
+    *reinterpret_cast<float2*>(o) = make_float2(r[0], r[1]);
+  } else {
+    if (key < p.T) o[0] = r[0];
+    if (key + 1 < p.T) o[1] = r[1];
+  }
+}
+
+// Key tile j's output from a warp's terms v (its m16 tiles tile0 and tile0 + 1; `active`: the warp
+// has rows). Each query's sum is the one write_tile forms from warp_partials' rows (the warps' row
+// sums in warp order), in fewer steps where the query's rows do not straddle warps:
+// - a query within one warp (tpq 1 or 2): its rows reduced in the warp (reduce_rows) and stored
+// from
+//   the lanes, no shared memory and no barrier (kSyncAlways: `sync` all the same, at the end);
+// - a query over 2 or more whole warps (tpq even): each warp's row sums (v of both tiles added,
+// then
+//   reduce_rows) to sPart, `sync`, and the query's first warp adds the others' in warp order and
+//   stores;
+// - else (a warp across two queries): warp_partials, `sync`, write_tile.
+// `sync` is a barrier of the query block's threads, which every one of them reaches.
+template <bool kSyncAlways, typename Sync>
+__device__ __forceinline__ void tile_rows(const MmaParams& p, int64_t b, int64_t s0, int j,
+                                          float (&v)[2][8][2], bool active, int tile0, int lane,
+                                          int t, int threads, const int* sLim, float* sPart,
+                                          Sync sync) {
+  const int col = (lane >> 2) * 8 + 2 * (lane & 3);
+  const int64_t key = static_cast<int64_t>(j) * kKeys + col;
+  float y[2];
+  if (p.tpq <= 2) {
+    if (active) {
+      if (p.tpq == 2) {
+        add_tiles(v);
+        reduce_rows(v[0], y, lane);
+        store_pair(p, b, s0 + tile0 / 2, key, sLim[tile0 / 2], y);
+      } else {
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+          reduce_rows(v[mt], y, lane);
+          store_pair(p, b, s0 + tile0 + mt, key, sLim[tile0 + mt], y);
+        }
+      }
+    }
+    if constexpr (kSyncAlways) sync();
+  } else if (p.tpq % 2 == 0) {
+    const int warps = p.tpq / 2, w = tile0 / 2;  // warps a query, this warp
+    if (active) {
+      add_tiles(v);
+      reduce_rows(v[0], y, lane);
+      if (w % warps != 0) {
+        *reinterpret_cast<float2*>(sPart + w * kKeys + col) = make_float2(y[0], y[1]);
+      }
+    }
+    sync();
+    if (active && w % warps == 0) {
+      for (int i = 1; i < warps; ++i) {
+        const float2 o = *reinterpret_cast<const float2*>(sPart + (w + i) * kKeys + col);
+        y[0] += o.x;
+        y[1] += o.y;
+      }
+      store_pair(p, b, s0 + w / warps, key, sLim[w / warps], y);
+    }
+  } else {
+    if (active) warp_partials(v, tile0 / p.tpq == (tile0 + 1) / p.tpq, tile0, col, lane, sPart);
+    sync();
+    write_tile(p, b, s0, j, sPart, sLim, t, threads);
+  }
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kThreads, 3) scores_mma_kernel(const MmaParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
@@ -268,14 +356,13 @@ __global__ void __launch_bounds__(kThreads, 3) scores_mma_kernel(const MmaParams
   cp_async_wait<1>();  // the query rows
   __syncthreads();
 
-  const int g = lane >> 2, tq = lane & 3;
   const int tile0 = 2 * warp;  // this warp's m16 tiles: tile0, tile0 + 1
   const bool active = tile0 < p.qb * p.tpq;
-  const bool same_query = (tile0 / p.tpq) == ((tile0 + 1) / p.tpq);
   uint32_t qa[2][kKSteps][4];
   float wt[2][2];  // head weight of rows g and g + 8 of each m tile
   warp_fragments(p, b, s0, sQ, warp, lane, qa, wt);
 
+  float v[2][8][2];  // the terms of a key tile
   for (int j = 0; j < ntiles; ++j) {
     if (j + 1 < ntiles) load_keys(j + 1, (j + 1) & 1);
     cp_async_commit();
@@ -306,13 +393,12 @@ __global__ void __launch_bounds__(kThreads, 3) scores_mma_kernel(const MmaParams
           }
         }
       }
-      float v[2][8][2];
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt) head_terms(acc[mt], wt[mt], v[mt]);
-      warp_partials(v, same_query, tile0, g * 8 + 2 * tq, lane, sPart);
     }
-    __syncthreads();
-    write_tile(p, b, s0, j, sPart, sLim, tid, kThreads);
+    // every path syncs: the next tile's copies overwrite this tile's stage
+    tile_rows<true>(p, b, s0, j, v, active, tile0, lane, tid, kThreads, sLim, sPart,
+                    [] { __syncthreads(); });
   }
   write_past(p, b, s0, ntiles, tid, kThreads);
 }
