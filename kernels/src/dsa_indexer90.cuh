@@ -144,8 +144,8 @@ __global__ void __launch_bounds__(kWgThreads, 1) scores_wgmma_kernel(const MmaPa
   // a branch (C7520): the last step is its own instance.
   auto step = [&](int j, auto next) {
     constexpr bool kNext = decltype(next)::value;
-    // Tile j + 1 has landed; every thread is past tile j - 1 (its MMAs waited, its partial rows
-    // read), whose stage takes tile j + 3.
+    // Tile j + 1 has landed; every thread is past tile j - 1 (its MMAs waited, its row sums read
+    // where a query spans warps), whose stage takes tile j + 3.
     cp_async_wait<kWgStages - 3>();
     fence_async_smem();
     __syncthreads();

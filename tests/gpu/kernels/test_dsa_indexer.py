@@ -88,6 +88,7 @@ SHAPES = [  # (B, S, H, D, T)
     (1, 19, 5, 72, 1),  # odd heads, head dim a multiple of 8 but not of 16, one key
     (2, 33, 48, 24, 130),  # 3 m-tiles per query (two queries per block, a warp across them)
     (1, 7, 80, 8, 65),  # 5 m-tiles per query
+    (1, 11, 90, 40, 77),  # 6 m-tiles per query: three warps a query, the block's fourth warp idle
     (1, 5, 3, 20, 9),  # head dim not a multiple of 8 (copied, zero-padded)
     (1, 9, 128, 128, 70),  # the most heads the 16-bit kernel takes
     (3, 1, 16, 32, 17),  # one query
