@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Two calls of the DSA indexer's scores (`opslot::dsa_index_scores`) at GLM-5's shape (16384 tokens, 32 heads
 of 128, causal limits; bench/dsa_indexer.py's glm_inputs), bf16, for Nsight Compute to profile the second (what
-bounds the warpgroup-MMA kernel at 45 % of the tensor-core bound; not yet run on a GPU):
+bounds the scores kernels; the profiles: docs/results/dsa_indexer_h200.md and dsa_indexer_h100.md):
 
     ncu --clock-control none -k regex:scores_ --launch-skip 1 --launch-count 1 \
         --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
-        python3 bench/dsa_scores_ncu.py [--mma-sync]
+        --section InstructionStats python3 bench/dsa_scores_ncu.py [--mma-sync]
 
 (with the variables of scripts/device-env.sh). Production runs the warpgroup-MMA kernel on Hopper;
 `--mma-sync` runs the mma.sync kernel instead (the bench library's opslot_dsa_scores_set_tuning(1)).

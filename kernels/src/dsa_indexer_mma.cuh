@@ -260,16 +260,13 @@ __device__ __forceinline__ void store_pair(const MmaParams& p, int64_t b, int64_
 
 // Key tile j's output from a warp's terms v (its m16 tiles tile0 and tile0 + 1; `active`: the warp
 // has rows). Each query's sum is the one write_tile forms from warp_partials' rows (the warps' row
-// sums in warp order), in fewer steps where the query's rows do not straddle warps:
-// - a query within one warp (tpq 1 or 2): its rows reduced in the warp (reduce_rows) and stored
-// from
-//   the lanes, no shared memory and no barrier (kSyncAlways: `sync` all the same, at the end);
-// - a query over 2 or more whole warps (tpq even): each warp's row sums (v of both tiles added,
-// then
-//   reduce_rows) to sPart, `sync`, and the query's first warp adds the others' in warp order and
-//   stores;
-// - else (a warp across two queries): warp_partials, `sync`, write_tile.
-// `sync` is a barrier of the query block's threads, which every one of them reaches.
+// sums in warp order), in fewer steps where the query's rows do not straddle warps. A query within
+// one warp (tpq 1 or 2): its rows reduced in the warp (reduce_rows) and stored from the lanes, no
+// shared memory and no barrier (kSyncAlways: `sync` all the same, at the end). A query over two or
+// more whole warps (tpq even): each warp's row sums (both tiles added, then reduce_rows) to sPart,
+// `sync`, and the query's first warp adds the others' in warp order and stores. Else (a warp across
+// two queries): warp_partials, `sync`, write_tile. `sync` is a barrier of the query block's
+// threads, which every one of them reaches.
 template <bool kSyncAlways, typename Sync>
 __device__ __forceinline__ void tile_rows(const MmaParams& p, int64_t b, int64_t s0, int j,
                                           float (&v)[2][8][2], bool active, int tile0, int lane,
