@@ -28,12 +28,14 @@ row (all with the keys in registers: the row read once), longer rows the long-ro
 the bench library's choices (TOPK_PATHS below; opslot_kernels/bench.h says what each runs; 0 is the
 production choice on the bench library, whose one-read pass carries the phase clock: the baseline for
 path 12) beside each production top-k row in the same run, after a copy of as many bytes as the top-k moves.
-`--scores-mma-sync` times the bench library's mma.sync scores kernel (kernels/src/dsa_indexer_mma.cuh) beside
-each production scores row, which on Hopper runs the warpgroup-MMA kernel (kernels/src/dsa_indexer90.cuh).
+`--scores-kernels 1,2,4` times the bench library's other scores kernels beside each production scores row, which
+on Hopper runs the warpgroup-MMA kernel (kernels/src/dsa_indexer90.cuh): 1 the mma.sync kernel
+(kernels/src/dsa_indexer_mma.cuh), 2 to 4 the warpgroup-MMA kernel with that many warpgroups a CTA
+(`--scores-mma-sync`: 1).
 
     python3 bench/dsa_indexer.py --out $OUT/dsa_indexer_h200.md [--lengths 4096,16384,65536] [--budget 150] \
         [--only topk,mask_limit]   # only the rows whose name holds one of these
-        [--topk-paths 1,2 --topk-reps 20] [--scores-mma-sync]
+        [--topk-paths 1,2 --topk-reps 20] [--scores-kernels 1,2,4]
 """
 
 from __future__ import annotations
@@ -152,7 +154,7 @@ def ours_v4_tail(q, k, weights, scale, threshold, top_k):
 
 
 class Runner:
-    def __init__(self, budget_s, rate, bandwidth, only=(), topk_paths=(), topk_reps=5, scores_mma_sync=False):
+    def __init__(self, budget_s, rate, bandwidth, only=(), topk_paths=(), topk_reps=5, scores_kernels=()):
         self.deadline = time.monotonic() + budget_s
         self.only = only  # run only the rows whose name holds one of these (all when empty)
         self.rate = rate
@@ -160,7 +162,7 @@ class Runner:
         self.rows = []
         self.topk_paths = topk_paths  # bench-library top-k paths timed beside each production top-k row
         self.topk_reps = topk_reps
-        self.scores_mma_sync = scores_mma_sync  # the bench library's mma.sync scores kernel beside each scores row
+        self.scores_kernels = scores_kernels  # the bench library's scores kernels beside each scores row
 
     def left(self):
         return self.deadline - time.monotonic()
@@ -219,6 +221,12 @@ def topk_bytes(limit, T, top_k):
 
 
 #: The bench library's top-k kernels (opslot_topk_set_tuning's path; kernels/src/topk.cu).
+SCORES_KERNELS = {  # opslot_dsa_scores_set_tuning's kernels (opslot_kernels/bench.h)
+    1: "the mma.sync kernel",
+    2: "warpgroup MMAs, 2 warpgroups a CTA",
+    3: "warpgroup MMAs, 3 warpgroups a CTA",
+    4: "warpgroup MMAs, 4 warpgroups a CTA",
+}
 TOPK_PATHS = {
     0: "production's choice, the bench build",
     1: "the long-row kernel for every row",
@@ -259,21 +267,22 @@ def topk_rows(run, model, L, what, fn, nbytes):
 
 
 def scores_rows(run, model, L, fn, flops):
-    """The production scores row, then (--scores-mma-sync) the bench library's mma.sync kernel where production
-    runs the warpgroup-MMA one (opslot_dsa_scores_set_tuning(1)), in the same call."""
+    """The production scores row, then (--scores-kernels) each of the bench library's scores kernels where
+    production runs the warpgroup-MMA one (opslot_dsa_scores_set_tuning), in the same call."""
     run.row(model, L, "scores (ours)", fn, flops)
-    if not run.scores_mma_sync or (run.only and not any(o in "scores (ours)" for o in run.only)):
+    if not run.scores_kernels or (run.only and not any(o in "scores (ours)" for o in run.only)):
         return
     with K.bench_library("scores") as lib:
         if lib is None:
             return
-        set_mma_sync = K.knob(lib, "opslot_dsa_scores_set_tuning", 1)
-        if set_mma_sync(1) != 0:
-            raise SystemExit("--scores-mma-sync: the bench library refused opslot_dsa_scores_set_tuning")
-        try:
-            run.row(model, L, "scores (ours) [bench library: the mma.sync kernel]", fn, flops)
-        finally:
-            set_mma_sync(0)
+        set_kernel = K.knob(lib, "opslot_dsa_scores_set_tuning", 1)
+        for kernel in run.scores_kernels:
+            if set_kernel(kernel) != 0:
+                raise SystemExit(f"--scores-kernels {kernel}: the bench library refused it")
+            try:
+                run.row(model, L, f"scores (ours) [bench library: {SCORES_KERNELS[kernel]}]", fn, flops)
+            finally:
+                set_kernel(0)
 
 
 def glm_inputs(L, H=32, D=128):
@@ -328,17 +337,23 @@ def glm_rows(run, L, compiled=None):
     run.row("GLM", L, "upstream tail (dense fp32 scores)", tail, fl, graph=False, reps=3)
 
 
-def v4_rows(run, L):
-    """DeepSeek-V4: 64 heads of 128 over the S / 4 compressed keys, causal threshold, top-512."""
-    H, D, T = 64, 128, L // 4
-    top_k = min(512, T)
+def v4_inputs(L, H=64, D=128):
+    """DeepSeek-V4's indexer inputs at L tokens: bf16 q [1, L, H, D] and the L / 4 compressed keys [1, L / 4, D],
+    fp32 head weights, the scale, the int32 limits (pos + 1) // 4 and the same as int64 (upstream's threshold)."""
+    T = L // 4
     g = torch.Generator(device=DEV).manual_seed(L + 1)
     q = torch.randn(1, L, H, D, device=DEV, generator=g).to(BF)
     k = torch.randn(1, T, D, device=DEV, generator=g).to(BF)
     w = torch.randn(1, L, H, device=DEV, generator=g) * H**-0.5
-    scale = D**-0.5
     threshold = ((torch.arange(L, device=DEV) + 1) // 4).view(1, L)
-    lim = threshold.to(torch.int32)
+    return q, k, w, D**-0.5, threshold.to(torch.int32), threshold
+
+
+def v4_rows(run, L):
+    """DeepSeek-V4: 64 heads of 128 over the S / 4 compressed keys, causal threshold, top-512."""
+    H, D, T = 64, 128, L // 4
+    top_k = min(512, T)
+    q, k, w, scale, lim, threshold = v4_inputs(L, H, D)
     fl = causal_flops(L, T, H, D, lim)
     scores_rows(run, "V4", L, lambda: DI.dsa_index_scores(q, k, w, scale, lim), fl)
     scores = DI.dsa_index_scores(q, k, w, scale, lim)
@@ -370,23 +385,30 @@ def main():
     )
     ap.add_argument("--topk-reps", type=int, default=5, help="timed calls per top-k row (median)")
     ap.add_argument(
-        "--scores-mma-sync",
-        action="store_true",
-        help="time the bench library's mma.sync scores kernel beside each production scores row (warpgroup MMAs "
-        "on Hopper)",
+        "--scores-kernels",
+        default="",
+        help="comma-separated opslot_dsa_scores_set_tuning kernels (1-4: SCORES_KERNELS) timed beside each "
+        "production scores row, on the bench library",
     )
+    ap.add_argument("--scores-mma-sync", action="store_true", help="the same as --scores-kernels 1")
     args = ap.parse_args()
     lengths = [int(x) for x in args.lengths.split(",")]
     topk_paths = [int(x) for x in args.topk_paths.split(",") if x]
     unknown = [p for p in topk_paths if p not in TOPK_PATHS]
     if unknown:
         ap.error(f"--topk-paths {unknown}: known {sorted(TOPK_PATHS)}")
+    scores_kernels = [int(x) for x in args.scores_kernels.split(",") if x]
+    if args.scores_mma_sync and 1 not in scores_kernels:
+        scores_kernels.insert(0, 1)
+    unknown = [k for k in scores_kernels if k not in SCORES_KERNELS]
+    if unknown:
+        ap.error(f"--scores-kernels {unknown}: known {sorted(SCORES_KERNELS)}")
     torch.backends.cuda.matmul.allow_tf32 = False
     props = torch.cuda.get_device_properties(0)
     rate, bandwidth = gemm_rate(), K.copy_bandwidth()
     print(f"{props.name}: bf16 GEMM 8192^3 {rate / 1e12:.0f} TFLOP/s, copy {bandwidth / 1e12:.2f} TB/s", flush=True)
     only = tuple(x for x in args.only.split(",") if x)
-    run = Runner(args.budget, rate, bandwidth, only, topk_paths, args.topk_reps, args.scores_mma_sync)
+    run = Runner(args.budget, rate, bandwidth, only, topk_paths, args.topk_reps, scores_kernels)
     compiled_glm = None if args.no_compile else torch.compile(upstream_glm_tail, dynamic=False)
 
     for L in lengths:

@@ -5,10 +5,11 @@ bounds the scores kernels; the profiles: docs/results/dsa_indexer_h200.md and ds
 
     ncu --clock-control none -k regex:scores_ --launch-skip 1 --launch-count 1 \
         --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
-        --section InstructionStats python3 bench/dsa_scores_ncu.py [--mma-sync]
+        --section InstructionStats python3 bench/dsa_scores_ncu.py [--kernel 1] [--v4]
 
-(with the variables of scripts/device-env.sh). Production runs the warpgroup-MMA kernel on Hopper;
-`--mma-sync` runs the mma.sync kernel instead (the bench library's opslot_dsa_scores_set_tuning(1)).
+(with the variables of scripts/device-env.sh). Production runs the warpgroup-MMA kernel on Hopper; `--kernel N`
+runs the bench library's opslot_dsa_scores_set_tuning(N) instead (1 the mma.sync kernel, 2 to 4 warpgroups a CTA;
+`--mma-sync`: 1). `--v4`: DeepSeek-V4's shape (64 heads, 4096 compressed keys) instead.
 """
 
 import argparse
@@ -27,15 +28,18 @@ import kernels as K  # noqa: E402
 from opslot.kernels.cuda import dsa_indexer as DI  # noqa: E402
 
 ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-ap.add_argument("--mma-sync", action="store_true", help="the mma.sync kernel (the bench library)")
+ap.add_argument("--kernel", type=int, default=0, help="opslot_dsa_scores_set_tuning's kernel (the bench library)")
+ap.add_argument("--mma-sync", action="store_true", help="the mma.sync kernel: --kernel 1")
+ap.add_argument("--v4", action="store_true", help="DeepSeek-V4's shape")
 args = ap.parse_args()
+kernel = 1 if args.mma_sync else args.kernel
 
-inputs = DX.glm_inputs(16384)
+inputs = DX.v4_inputs(16384)[:5] if args.v4 else DX.glm_inputs(16384)
 with contextlib.ExitStack() as stack:
-    if args.mma_sync:
+    if kernel:
         lib = stack.enter_context(K.bench_library("scores"))
-        if lib is None or K.knob(lib, "opslot_dsa_scores_set_tuning", 1)(1) != 0:
-            raise SystemExit("--mma-sync needs the bench library")
+        if lib is None or K.knob(lib, "opslot_dsa_scores_set_tuning", 1)(kernel) != 0:
+            raise SystemExit(f"--kernel {kernel} needs the bench library")
     for _ in range(2):
         DI.dsa_index_scores(*inputs)
     torch.cuda.synchronize()

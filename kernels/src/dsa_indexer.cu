@@ -116,13 +116,23 @@ bool stride_ok(int64_t size, int64_t stride) { return size <= 1 || stride % 8 ==
 
 constexpr const char* kName = "opslot_dsa_index_scores";
 
-// The mma.sync kernel where the warpgroup-MMA one applies (opslot_dsa_scores_set_tuning, bench
-// library only): 0 (the default) no.
+// Where the warpgroup-MMA kernel applies (opslot_dsa_scores_set_tuning, bench library only): 0
+// (the default) production's kernel, 1 the mma.sync kernel, 2 to 4 the warpgroup-MMA kernel with
+// that many warpgroups a CTA.
 #ifdef OPSLOT_KERNELS_BENCH
-int g_scores_mma_sync = 0;
+int g_scores_kernel = 0;
 #else
-constexpr int g_scores_mma_sync = 0;
+constexpr int g_scores_kernel = 0;
 #endif
+
+template <typename E, int kG>
+int launch_wgmma(const MmaParams& p, int64_t B, cudaStream_t stream) {
+  const auto kernel = &scores_wgmma_kernel<E, kG>;
+  if (int rc = set_smem(reinterpret_cast<const void*>(kernel), wg_smem(kG), kName)) return rc;
+  const dim3 grid(static_cast<unsigned>((p.blocks + kG - 1) / kG), static_cast<unsigned>(B));
+  kernel<<<grid, kG * kThreads, wg_smem(kG), stream>>>(p);
+  return check_launch(kName);
+}
 
 template <typename E>
 int launch_mma(int64_t B, int64_t S, int64_t H, int64_t D, int64_t T, const void* q,
@@ -157,12 +167,13 @@ int launch_mma(int64_t B, int64_t S, int64_t H, int64_t D, int64_t T, const void
     return set_error(OPSLOT_ERR_UNSUPPORTED, "%s: %lld queries are more than one launch takes",
                      kName, static_cast<long long>(S));
   }
-  if (!g_scores_mma_sync && wgmma_shape(p) && device_is_sm90()) {
-    if (int rc = set_smem(reinterpret_cast<const void*>(&scores_wgmma_kernel<E>), kWgSmem, kName))
-      return rc;
-    const dim3 grid(static_cast<unsigned>((p.blocks + 1) / 2), static_cast<unsigned>(B));
-    scores_wgmma_kernel<E><<<grid, kWgThreads, kWgSmem, stream>>>(p);
-    return check_launch(kName);
+  if (g_scores_kernel != 1 && wgmma_shape(p) && device_is_sm90()) {
+#ifdef OPSLOT_KERNELS_BENCH
+    if (g_scores_kernel == 2) return launch_wgmma<E, 2>(p, B, stream);
+    if (g_scores_kernel == 3) return launch_wgmma<E, 3>(p, B, stream);
+    if (g_scores_kernel == 4) return launch_wgmma<E, 4>(p, B, stream);
+#endif
+    return launch_wgmma<E, kWgGroups>(p, B, stream);
   }
   if (int rc = set_smem(reinterpret_cast<const void*>(&scores_mma_kernel<E>), kMmaSmem, kName))
     return rc;
@@ -278,12 +289,13 @@ OPSLOT_API int opslot_dsa_index_scores(int dtype, int64_t batch, int64_t seq, in
 }  // extern "C"
 
 #ifdef OPSLOT_KERNELS_BENCH
-extern "C" OPSLOT_API int opslot_dsa_scores_set_tuning(int mma_sync) {
-  if (mma_sync < 0 || mma_sync > 1)
-    return opslot::set_error(OPSLOT_ERR_INVALID_ARGUMENT,
-                             "dsa scores tuning: mma_sync 0 (warpgroup MMAs on Hopper where they "
-                             "apply) or 1 (the mma.sync kernel everywhere)");
-  opslot::dsa::g_scores_mma_sync = mma_sync;
+extern "C" OPSLOT_API int opslot_dsa_scores_set_tuning(int kernel) {
+  if (kernel < 0 || kernel > 4)
+    return opslot::set_error(
+        OPSLOT_ERR_INVALID_ARGUMENT,
+        "dsa scores tuning: kernel 0 (production's), 1 (the mma.sync kernel "
+        "everywhere) or 2 to 4 (warpgroups a CTA of the warpgroup-MMA kernel)");
+  opslot::dsa::g_scores_kernel = kernel;
   return OPSLOT_OK;
 }
 #endif  // OPSLOT_KERNELS_BENCH

@@ -122,11 +122,12 @@ __device__ __forceinline__ void block_limits(const MmaParams& p, int64_t b, int6
   }
 }
 
-// The block's query rows into sQ (pitch kPitch; zero rows for padding heads and queries past S,
-// zero columns past D) as cp.async copies; the caller commits and waits.
-template <typename T>
+// The block's query rows into shared memory (zero rows for padding heads and queries past S, zero
+// columns past D) as cp.async copies, the 16-byte piece c of row r to dst(r, c); the caller
+// commits and waits.
+template <typename T, typename Dst>
 __device__ __forceinline__ void block_queries(const MmaParams& p, int64_t b, int64_t s0, int t,
-                                              int threads, T* sQ) {
+                                              int threads, Dst dst) {
   const T* q = static_cast<const T*>(p.q);
   const int pieces = 2 * p.ksteps;  // 16-byte pieces of a row that the mma reads
   const int live_pieces = p.D / 8;
@@ -135,17 +136,34 @@ __device__ __forceinline__ void block_queries(const MmaParams& p, int64_t b, int
     const int qi = r / p.hp, h = r % p.hp;
     const bool live = qi < p.qb && s0 + qi < p.S && h < p.H && c < live_pieces;
     const T* src = live ? q + b * p.qs0 + (s0 + qi) * p.qs1 + h * p.qs2 + c * 8 : q;
-    cp16_or_zero(sQ + r * kPitch + c * 8, src, live);
+    cp16_or_zero(dst(r, c), src, live);
+  }
+}
+
+// The head weights of warp `warp`'s rows g and g + 8 of its m16 tiles 2 warp and 2 warp + 1 (0 for
+// padding heads and queries past S).
+__device__ __forceinline__ void warp_weights(const MmaParams& p, int64_t b, int64_t s0, int warp,
+                                             int lane, float (&wt)[2][2]) {
+  const int g = lane >> 2, tile0 = 2 * warp;
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = (tile0 + mt) * 16 + g + 8 * half;
+      const int qi = r / p.hp, h = r % p.hp;
+      const bool live = qi < p.qb && s0 + qi < p.S && h < p.H;
+      wt[mt][half] = live ? p.w[b * p.ws0 + (s0 + qi) * p.ws1 + h * p.ws2] : 0.f;
+    }
   }
 }
 
 // Warp `warp`'s m16 tiles tile0 = 2 warp and tile0 + 1 as A fragments (zero past the k-steps)
-// and the head weights of its rows g and g + 8 of each (0 for padding heads and queries past S).
+// and their rows' head weights (warp_weights).
 template <typename T>
 __device__ __forceinline__ void warp_fragments(const MmaParams& p, int64_t b, int64_t s0,
                                                const T* sQ, int warp, int lane,
                                                uint32_t (&qa)[2][kKSteps][4], float (&wt)[2][2]) {
-  const int g = lane >> 2, tile0 = 2 * warp;
+  const int tile0 = 2 * warp;
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt) {
 #pragma unroll
@@ -157,14 +175,8 @@ __device__ __forceinline__ void warp_fragments(const MmaParams& p, int64_t b, in
         qa[mt][ks][0] = qa[mt][ks][1] = qa[mt][ks][2] = qa[mt][ks][3] = 0u;
       }
     }
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int r = (tile0 + mt) * 16 + g + 8 * half;
-      const int qi = r / p.hp, h = r % p.hp;
-      const bool live = qi < p.qb && s0 + qi < p.S && h < p.H;
-      wt[mt][half] = live ? p.w[b * p.ws0 + (s0 + qi) * p.ws1 + h * p.ws2] : 0.f;
-    }
   }
+  warp_weights(p, b, s0, warp, lane, wt);
 }
 
 // One m16 tile's weighted relu terms: v[n][c] = wt[0] relu(acc[n][c]) + wt[1] relu(acc[n][2 + c])
@@ -330,7 +342,7 @@ __global__ void __launch_bounds__(kThreads, 3) scores_mma_kernel(const MmaParams
   const T* k = static_cast<const T*>(p.k);
 
   block_limits(p, b, s0, tid, sLim);
-  block_queries(p, b, s0, tid, kThreads, sQ);
+  block_queries<T>(p, b, s0, tid, kThreads, [sQ](int r, int c) { return sQ + r * kPitch + c * 8; });
   cp_async_commit();
   __syncthreads();  // sLim
   int lmax = 0;

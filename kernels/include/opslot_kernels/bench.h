@@ -97,12 +97,13 @@ OPSLOT_API int opslot_topk_set_tuning(int path);
  * cuts of the candidates, 3 the select, 4 the write; then 5 rows, 6 cuts and 7 rounds counted. */
 OPSLOT_API int opslot_topk_probe_phases(unsigned long long* out, int reset);
 
-/* The lightning indexer's scores (opslot_dsa_index_scores) on 16-bit inputs: mma_sync 1 runs the
- * mma.sync kernel (kernels/src/dsa_indexer_mma.cuh) where production runs the warpgroup-MMA one
- * (kernels/src/dsa_indexer90.cuh: compute capability 9.0, head dims of 113 to 128, 16, 32, 64 or
- * 128 padded heads); 0 (the default) production's choice. The same products in the same order:
- * the same bits either way. */
-OPSLOT_API int opslot_dsa_scores_set_tuning(int mma_sync);
+/* The lightning indexer's scores (opslot_dsa_index_scores) on 16-bit inputs where production runs
+ * the warpgroup-MMA kernel (kernels/src/dsa_indexer90.cuh: compute capability 9.0, head dims of 113
+ * to 128, 16, 32, 64 or 128 padded heads): kernel 1 runs the mma.sync kernel
+ * (kernels/src/dsa_indexer_mma.cuh) instead, 2 to 4 the warpgroup-MMA kernel with that many
+ * warpgroups (query blocks) a CTA; 0 (the default) production's choice. The same products in the
+ * same order: the same bits whichever runs. */
+OPSLOT_API int opslot_dsa_scores_set_tuning(int kernel);
 
 /* Sparse MQA attention's kernels where the warpgroup-MMA ones apply (compute capability 9.0, dv
  * 512, rows that allow 16-byte copies; the backward bf16 only): mma_sync bit 0 runs the mma.sync

@@ -187,9 +187,9 @@ def _where_they_differ(a, b):
     )
 
 
-WGMMA_SHAPES = [  # (B, S, H, D, T): Hp 16 / 32 / 64 / 128 (16, 8, 4, 2 queries a CTA), head dims 128 and 120
-    (1, 300, 32, 128, 300),  # GLM-5's heads; 75 query blocks: the last CTA's second warpgroup has no query
-    (2, 37, 64, 128, 91),  # DeepSeek-V4's heads, B > 1, a partial key tile
+WGMMA_SHAPES = [  # (B, S, H, D, T): Hp 16 / 32 / 64 / 128 (8, 4, 2, 1 queries a warpgroup), head dims 128 and 120
+    (1, 300, 32, 128, 300),  # GLM-5's heads; 75 query blocks: a CTA of 2 or 4 warpgroups with one without queries
+    (2, 37, 64, 128, 91),  # DeepSeek-V4's heads, B > 1, a partial key tile; 19 query blocks: the same for 3
     (1, 50, 16, 128, 200),
     (1, 9, 128, 120, 70),  # the most heads; a head dim of 120 (its last k-step half zero)
     (1, 17, 5, 128, 130),  # padding heads
@@ -242,23 +242,30 @@ def test_wgmma_scores_kernel():
 
 def test_wgmma_scores_kernel_gives_the_mma_sync_kernels_bits():
     """The bench library's opslot_dsa_scores_set_tuning(1) runs the mma.sync kernel where production runs the
-    warpgroup-MMA one: the same products added in the same order and the same epilogue, so the same bits for
-    every shape and limit of _wgmma_cases (on GPUs other than Hopper both are the mma.sync kernel)."""
+    warpgroup-MMA one, 2 to 4 the warpgroup-MMA kernel with that many warpgroups a CTA: the same products added in
+    the same order and the same epilogue, so the same bits for every shape and limit of _wgmma_cases (on GPUs other
+    than Hopper all are the mma.sync kernel)."""
     cases = _wgmma_cases()
+    hopper = torch.cuda.get_device_capability() == (9, 0)
     with bench_library() as lib:
         default = [op(q, k, w, 0.3, lim) for q, k, w, lim in cases]
         assert _scores_kernels(*_probe()) == {_production_kernel()}
-        set_mma_sync = knob(lib, "opslot_dsa_scores_set_tuning", 1)
-        assert set_mma_sync(2) != 0 and set_mma_sync(-1) != 0
-        assert set_mma_sync(1) == 0
-        try:
-            assert _scores_kernels(*_probe()) == {"scores_mma_kernel"}
-            for (q, k, w, lim), ref in zip(cases, default):
-                a = op(q, k, w, 0.3, lim)
-                what = f"q {tuple(q.shape)} {q.dtype} k {tuple(k.shape)} limit={'none' if lim is None else 'given'}"
-                assert torch.equal(a, ref), f"{what}: the two kernels differ: {_where_they_differ(a, ref)}"
-        finally:
-            assert set_mma_sync(0) == 0
+        set_kernel = knob(lib, "opslot_dsa_scores_set_tuning", 1)
+        assert set_kernel(5) != 0 and set_kernel(-1) != 0
+        for kernel in (1, 2, 3, 4):
+            assert set_kernel(kernel) == 0
+            try:
+                name = "scores_wgmma_kernel" if hopper and kernel > 1 else "scores_mma_kernel"
+                assert _scores_kernels(*_probe()) == {name}
+                for (q, k, w, lim), ref in zip(cases, default):
+                    a = op(q, k, w, 0.3, lim)
+                    what = (
+                        f"kernel {kernel}: q {tuple(q.shape)} {q.dtype} k {tuple(k.shape)} "
+                        f"limit={'none' if lim is None else 'given'}"
+                    )
+                    assert torch.equal(a, ref), f"{what}: the kernels differ: {_where_they_differ(a, ref)}"
+            finally:
+                assert set_kernel(0) == 0
         assert _scores_kernels(*_probe()) == {_production_kernel()}
 
 
