@@ -180,13 +180,14 @@ __device__ __forceinline__ void wgmma_m64n32_rs(float (&d)[16], const uint32_t (
 #endif
 }
 
-#define OPSLOT_WGMMA_SS_M64N64_TT(TY)                                                              \
+// TR: the transpose flags of A and B ("1, 1" both MN-major, "0, 0" both K-major).
+#define OPSLOT_WGMMA_SS_M64N64(TY, TR)                                                             \
   asm volatile(                                                                                    \
       "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                                 \
       "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY                                      \
       " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "    \
-      "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 1, "   \
-      "1;\n}\n"                                                                                    \
+      "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, " TR   \
+      ";\n}\n"                                                                                     \
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),        \
         "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),    \
         "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), \
@@ -199,42 +200,27 @@ template <typename T>
 __device__ __forceinline__ void wgmma_m64n64_ss_mn(float (&d)[32], uint64_t da, uint64_t db) {
 #if defined(OPSLOT_WGMMA)
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    OPSLOT_WGMMA_SS_M64N64_TT("bf16");
+    OPSLOT_WGMMA_SS_M64N64("bf16", "1, 1");
   } else {
-    OPSLOT_WGMMA_SS_M64N64_TT("f16");
+    OPSLOT_WGMMA_SS_M64N64("f16", "1, 1");
   }
 #endif
 }
-
-#define OPSLOT_WGMMA_SS_M64N64_KK(TY)                                                              \
-  asm volatile(                                                                                    \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                                 \
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY                                      \
-      " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "    \
-      "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, "   \
-      "0;\n}\n"                                                                                    \
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),        \
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),    \
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), \
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), \
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])                                         \
-      : "l"(da), "l"(db), "r"(1))
 
 // d (64 x 64) += A (64 x 16) * B (16 x 64), both K-major tiles (64 rows of 16 elements).
 template <typename T>
 __device__ __forceinline__ void wgmma_m64n64_ss_kk(float (&d)[32], uint64_t da, uint64_t db) {
 #if defined(OPSLOT_WGMMA)
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    OPSLOT_WGMMA_SS_M64N64_KK("bf16");
+    OPSLOT_WGMMA_SS_M64N64("bf16", "0, 0");
   } else {
-    OPSLOT_WGMMA_SS_M64N64_KK("f16");
+    OPSLOT_WGMMA_SS_M64N64("f16", "0, 0");
   }
 #endif
 }
 
 #undef OPSLOT_WGMMA_SS_M64N32
-#undef OPSLOT_WGMMA_SS_M64N64_KK
-#undef OPSLOT_WGMMA_SS_M64N64_TT
+#undef OPSLOT_WGMMA_SS_M64N64
 #undef OPSLOT_WGMMA_RS_M64N32
 #undef OPSLOT_WGMMA_RS_M64N64
 
