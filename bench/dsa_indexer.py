@@ -220,13 +220,14 @@ def topk_bytes(limit, T, top_k):
     return 4 * int(limit.clamp(0, T).sum()) + 4 * top_k * limit.numel()
 
 
-#: The bench library's top-k kernels (opslot_topk_set_tuning's path; kernels/src/topk.cu).
-SCORES_KERNELS = {  # opslot_dsa_scores_set_tuning's kernels (opslot_kernels/bench.h)
+#: The bench library's scores kernels (opslot_dsa_scores_set_tuning's kernel; opslot_kernels/bench.h).
+SCORES_KERNELS = {
     1: "the mma.sync kernel",
     2: "warpgroup MMAs, 2 warpgroups a CTA",
     3: "warpgroup MMAs, 3 warpgroups a CTA",
     4: "warpgroup MMAs, 4 warpgroups a CTA",
 }
+#: The bench library's top-k kernels (opslot_topk_set_tuning's path; kernels/src/topk.cu).
 TOPK_PATHS = {
     0: "production's choice, the bench build",
     1: "the long-row kernel for every row",
