@@ -27,7 +27,10 @@ row (all with the keys in registers: the row read once), longer rows the long-ro
 65536 columns read once, others twice); `--topk-paths 0,...,12` times
 the bench library's choices (TOPK_PATHS below; opslot_kernels/bench.h says what each runs; 0 is the
 production choice on the bench library, whose one-read pass carries the phase clock: the baseline for
-path 12) beside each production top-k row in the same run, after a copy of as many bytes as the top-k moves.
+path 12 and 13) beside each production top-k row in the same run, after a copy of as many bytes as the top-k
+moves. `--topk-hints` times path 13 (an experiment: the one-read pass from a threshold given per row instead of
+its first round's select) beside GLM-5's top-k rows past 16k tokens, from two thresholds (topk_hints): the
+row's k-th largest itself and the k-th largest of its 8-column groups' maxima.
 `--scores-kernels 1,2,4` times the bench library's other scores kernels beside each production scores row, which
 on Hopper runs the warpgroup-MMA kernel (kernels/src/dsa_indexer90.cuh): 1 the mma.sync kernel
 (kernels/src/dsa_indexer_mma.cuh), 2 to 4 the warpgroup-MMA kernel with that many warpgroups a CTA
@@ -35,12 +38,13 @@ on Hopper runs the warpgroup-MMA kernel (kernels/src/dsa_indexer90.cuh): 1 the m
 
     python3 bench/dsa_indexer.py --out $OUT/dsa_indexer_h200.md [--lengths 4096,16384,65536] [--budget 150] \
         [--only topk,mask_limit]   # only the rows whose name holds one of these
-        [--topk-paths 1,2 --topk-reps 20] [--scores-kernels 1,2,4]
+        [--topk-paths 1,2 --topk-reps 20] [--topk-hints] [--scores-kernels 1,2,4]
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import functools
 import os
 import subprocess
@@ -154,7 +158,9 @@ def ours_v4_tail(q, k, weights, scale, threshold, top_k):
 
 
 class Runner:
-    def __init__(self, budget_s, rate, bandwidth, only=(), topk_paths=(), topk_reps=5, scores_kernels=()):
+    def __init__(
+        self, budget_s, rate, bandwidth, only=(), topk_paths=(), topk_reps=5, scores_kernels=(), topk_hints=False
+    ):
         self.deadline = time.monotonic() + budget_s
         self.only = only  # run only the rows whose name holds one of these (all when empty)
         self.rate = rate
@@ -162,6 +168,7 @@ class Runner:
         self.rows = []
         self.topk_paths = topk_paths  # bench-library top-k paths timed beside each production top-k row
         self.topk_reps = topk_reps
+        self.topk_hints = topk_hints  # path 13 from topk_hints' thresholds beside GLM-5's top-k rows past 16k
         self.scores_kernels = scores_kernels  # the bench library's scores kernels beside each scores row
 
     def left(self):
@@ -242,12 +249,35 @@ TOPK_PATHS = {
     10: "256-thread long-row blocks on rows of 4097 to 8192 columns",
     11: "eight warps a row on rows of 8193 to 16384 columns",
     12: "the one-read pass asking L2 for the round after next",
+    13: "the one-read pass from a given threshold",
 }
 
 
-def topk_rows(run, model, L, what, fn, nbytes):
+def order_keys(t):
+    """kernels/src/topk.cu's order_key of each fp32 value (NaN above +inf, -0.0 below +0.0), as int32 bits."""
+    b = t.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    k = torch.where(b >= 0x80000000, b ^ 0xFFFFFFFF, b | 0x80000000)
+    k = torch.where(t.isnan(), 0xFFFFFFFF, k)
+    return (k - (k >= 2**31).to(torch.int64) * 2**32).to(torch.int32)
+
+
+def topk_hints(scores, top_k):
+    """--topk-hints: path 13's thresholds for the rows of `scores` (-inf past each row's limit), as order keys: the
+    row's k-th largest itself (the best any producer of the scores could give) and the k-th largest of the maxima
+    of its 8-column groups (a bound the scores kernel could write beside the scores: at least k columns reach it;
+    finite on the rows the one-read pass takes, more than 16384 columns)."""
+    flat = scores.reshape(-1, scores.shape[-1])
+    kth = flat.topk(top_k, dim=-1).values[:, -1]
+    groups = flat.view(flat.shape[0], -1, 8).amax(-1)
+    bound = groups.topk(min(top_k, groups.shape[1]), dim=-1).values[:, -1]
+    del groups
+    return [("the row's k-th largest", order_keys(kth)), ("the k-th largest of 8-column maxima", order_keys(bound))]
+
+
+def topk_rows(run, model, L, what, fn, nbytes, hints=()):
     """The production top-k's row, a copy of as many bytes (what moving them takes at this size: the launch
-    and its ramp included), then one per --topk-paths path on the bench library (the same call)."""
+    and its ramp included), then one per --topk-paths path on the bench library (the same call), then path 13
+    with each of `hints` (label, int32 order keys a row: opslot_topk_set_hint)."""
     run.row(model, L, what, fn, nbytes=nbytes, reps=run.topk_reps)
     if "mask" not in what and (not run.only or any(o in what for o in run.only)):
         half = torch.empty(nbytes // 2, dtype=torch.uint8, device=DEV)
@@ -265,6 +295,20 @@ def topk_rows(run, model, L, what, fn, nbytes):
                 run.row(model, L, f"{what} [path {path}: {TOPK_PATHS[path]}]", fn, nbytes=nbytes, reps=run.topk_reps)
             finally:
                 set_path(0)
+    for label, hint in hints:
+        with K.bench_library("topk") as lib:
+            if lib is None:
+                return
+            set_path = K.knob(lib, "opslot_topk_set_tuning", 1)
+            set_hint = lib.opslot_topk_set_hint
+            set_hint.argtypes, set_hint.restype = [ctypes.c_void_p], ctypes.c_int
+            if set_hint(hint.data_ptr()) != 0 or set_path(13) != 0:
+                raise SystemExit("--topk-hints: the bench library refused path 13")
+            try:
+                run.row(model, L, f"{what} [path 13: from {label}]", fn, nbytes=nbytes, reps=run.topk_reps)
+            finally:
+                set_path(0)
+                set_hint(None)
 
 
 def scores_rows(run, model, L, fn, flops):
@@ -310,8 +354,15 @@ def glm_rows(run, L, compiled=None):
     scores_rows(run, "GLM", L, lambda: DI.dsa_index_scores(q, k, w, scale, limit), fl)
     scores = DI.dsa_index_scores(q, k, w, scale, limit)
     nb = topk_bytes(limit, L, top_k)
+    hints = topk_hints(scores, top_k) if run.topk_hints and L > 16384 else ()
     topk_rows(
-        run, "GLM", L, f"topk_indices k={top_k} (ours)", functools.partial(DI.topk_indices, scores, top_k, limit), nb
+        run,
+        "GLM",
+        L,
+        f"topk_indices k={top_k} (ours)",
+        functools.partial(DI.topk_indices, scores, top_k, limit),
+        nb,
+        hints,
     )
     run.row(
         "GLM", L, f"torch.topk k={top_k} of the scores", functools.partial(torch.topk, scores, top_k, dim=-1), nbytes=nb
@@ -323,8 +374,9 @@ def glm_rows(run, L, compiled=None):
         f"topk_indices k={top_k} with the bool mask (ours)",
         functools.partial(DI.topk_indices, scores, top_k, limit, mask),
         nb + int(limit.sum()),
+        hints,
     )
-    del scores
+    del scores, hints
     run.row(
         "GLM",
         L,
@@ -386,6 +438,12 @@ def main():
     )
     ap.add_argument("--topk-reps", type=int, default=5, help="timed calls per top-k row (median)")
     ap.add_argument(
+        "--topk-hints",
+        action="store_true",
+        help="time the bench library's path 13 (the one-read pass from a given threshold) beside GLM-5's top-k rows "
+        "longer than 16k, from topk_hints' two thresholds",
+    )
+    ap.add_argument(
         "--scores-kernels",
         default="",
         help="comma-separated opslot_dsa_scores_set_tuning kernels (1-4: SCORES_KERNELS) timed beside each "
@@ -395,9 +453,9 @@ def main():
     args = ap.parse_args()
     lengths = [int(x) for x in args.lengths.split(",")]
     topk_paths = [int(x) for x in args.topk_paths.split(",") if x]
-    unknown = [p for p in topk_paths if p not in TOPK_PATHS]
+    unknown = [p for p in topk_paths if p not in TOPK_PATHS or p == 13]
     if unknown:
-        ap.error(f"--topk-paths {unknown}: known {sorted(TOPK_PATHS)}")
+        ap.error(f"--topk-paths {unknown}: known {sorted(TOPK_PATHS)} (13 by --topk-hints)")
     scores_kernels = [int(x) for x in args.scores_kernels.split(",") if x]
     if args.scores_mma_sync and 1 not in scores_kernels:
         scores_kernels.insert(0, 1)
@@ -409,7 +467,7 @@ def main():
     rate, bandwidth = gemm_rate(), K.copy_bandwidth()
     print(f"{props.name}: bf16 GEMM 8192^3 {rate / 1e12:.0f} TFLOP/s, copy {bandwidth / 1e12:.2f} TB/s", flush=True)
     only = tuple(x for x in args.only.split(",") if x)
-    run = Runner(args.budget, rate, bandwidth, only, topk_paths, args.topk_reps, scores_kernels)
+    run = Runner(args.budget, rate, bandwidth, only, topk_paths, args.topk_reps, scores_kernels, args.topk_hints)
     compiled_glm = None if args.no_compile else torch.compile(upstream_glm_tail, dynamic=False)
 
     for L in lengths:

@@ -480,6 +480,9 @@ struct Params {
   int32_t* out;
   int64_t lo, hi;      // the launch takes the rows of lo < n <= hi columns before their limit
   int64_t stream_min;  // topk_kernel tries the one-read pass on rows longer than this
+#ifdef OPSLOT_KERNELS_BENCH
+  const uint32_t* hint;  // the bench library's path 13: the one-read pass's threshold a row
+#endif
 };
 
 // Row r's source (its scores and mask entries before its limit) and output, false for a row of
@@ -702,10 +705,13 @@ struct PhaseClock {
 // before writing anything, for rows too long, k too large, or a round that overflows twice (ties at
 // the k-th largest filling the candidates): the row then takes the two-read path. Each round asks
 // L2 for the next one (kAhead 1), or for the one after it (2, the bench library's path 12; the
-// first round for both).
-template <int kMask, int kT, int kAhead>
+// first round for both). kHint (the bench library's path 13, an experiment): the first lo is `hint`
+// instead of the first round's select, and a row left with fewer than k candidates (a hint above
+// its k-th largest) returns false.
+template <int kMask, int kT, int kAhead, bool kHint = false>
 __device__ bool stream_topk(const RowSource<kMask>& src, int k, unsigned char* smem, int* hist,
-                            int* warp_sums, int* pick, int* counts, uint32_t* span, int32_t* o) {
+                            int* warp_sums, int* pick, int* counts, uint32_t* span, int32_t* o,
+                            uint32_t hint = 0u) {
   if (src.n > kStreamMaxCols || k > kStreamMaxK) return false;  // the caller checked stream_min
   auto* keys = reinterpret_cast<uint32_t*>(smem);
   auto* cols = reinterpret_cast<uint16_t*>(keys + stream_cap(kT));
@@ -747,7 +753,9 @@ __device__ bool stream_topk(const RowSource<kMask>& src, int k, unsigned char* s
         cnt[i] = src.keys(base + i * kT + threadIdx.x, whole[i], v[i], mw[i], key[i]);
       }
     }
-    if (base == 0) {  // the round has more than k keys (the row more than k, a round 8192 >= k)
+    if (kHint && base == 0) {
+      lo = hint;
+    } else if (base == 0) {  // the round has more than k keys (the row more than k, a round >= k)
       uint32_t least = 0xffffffffu;
 #pragma unroll
       for (int i = 0; i < kRound; ++i) {
@@ -824,8 +832,9 @@ __device__ bool stream_topk(const RowSource<kMask>& src, int k, unsigned char* s
   }
   // The select over the candidates (at least k, from lo to the greatest). A row of one round
   // without a cut has the bucket of its k-th largest from the first round.
+  if (kHint && start < k) return false;
   const KeySource cand{keys, start};
-  if (chunks > kRound * kT) {
+  if (kHint || chunks > kRound * kT) {
     uint32_t unused, hi;
     block_span<kT>(lo, mx, span, unused, hi);
     high = span_select<kT>(cand, lo, hi, k, hist, warp_sums, pick, top, need, exact);
@@ -842,7 +851,7 @@ __device__ bool stream_topk(const RowSource<kMask>& src, int k, unsigned char* s
 // Rows longer than the register kernel takes: the one-read pass (stream_topk) where it takes the
 // row; else the top digit's histogram over the row, then the rest over the keys at or above its
 // bucket held in shared memory (the row read twice), or over the row.
-template <int kMask, int kT, int kAhead = 1>
+template <int kMask, int kT, int kAhead = 1, bool kHint = false>
 __global__ void __launch_bounds__(kT, kT == 512 ? 2 : 3) topk_kernel(const Params p) {
   // stream_topk's candidates and bitmaps, or kHeld keys and columns
   extern __shared__ uint4 held[];
@@ -855,9 +864,13 @@ __global__ void __launch_bounds__(kT, kT == 512 ? 2 : 3) topk_kernel(const Param
   int32_t* o;
   if (!row_source<kMask, 0>(p, blockIdx.x, src, o)) return;
   const int k = p.k;
+  uint32_t hint = 0u;
+#ifdef OPSLOT_KERNELS_BENCH
+  if constexpr (kHint) hint = p.hint[blockIdx.x];
+#endif
   if (src.n > p.stream_min &&
-      stream_topk<kMask, kT, kAhead>(src, k, reinterpret_cast<unsigned char*>(held), hist,
-                                     warp_sums, pick, counts, span, o)) {
+      stream_topk<kMask, kT, kAhead, kHint>(src, k, reinterpret_cast<unsigned char*>(held), hist,
+                                            warp_sums, pick, counts, span, o, hint)) {
     return;
   }
   histogram<kT>(src, 21, 32, 0u, hist);  // the top digit, bits 21 to 31
@@ -1136,7 +1149,8 @@ __global__ void __launch_bounds__(32 * block_warps(kG), warp_blocks_per_sm(kMask
 // them), 0 in production.
 #ifdef OPSLOT_KERNELS_BENCH
 int g_path = 0;
-constexpr int kLastPath = 12;
+constexpr int kLastPath = 13;
+const uint32_t* g_hint = nullptr;  // path 13's thresholds (opslot_topk_set_hint)
 #else
 constexpr int g_path = 0;
 #endif
@@ -1210,17 +1224,17 @@ int launch_group(const Params& p, int rows, cudaStream_t stream) {
 int long_threads(int64_t cols) { return production_middle_rows() && cols <= 16384 ? 256 : 512; }
 
 // topk_kernel with kT threads a block over `grid` rows.
-template <int kMask, int kT, int kAhead = 1>
+template <int kMask, int kT, int kAhead = 1, bool kHint = false>
 int launch_long(const Params& p, unsigned grid, cudaStream_t stream) {
   constexpr size_t smem = kernel_smem(kT);
-  const cudaError_t err =
-      cudaFuncSetAttribute(topk_kernel<kMask, kT, kAhead>,
-                           cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  const auto kernel = topk_kernel<kMask, kT, kAhead, kHint>;
+  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(smem));
   if (err != cudaSuccess) {
     return set_error(static_cast<int>(err), "%s: %zu bytes of shared memory refused: %s", kName,
                      smem, cudaGetErrorString(err));
   }
-  topk_kernel<kMask, kT, kAhead><<<grid, kT, smem, stream>>>(p);
+  kernel<<<grid, kT, smem, stream>>>(p);
   return check_launch(kName);
 }
 
@@ -1279,8 +1293,18 @@ int launch_rows(Params p, int64_t rows, int64_t lo, int64_t hi, int64_t longest,
   }
   if (long_threads(longest) == 256) return launch_long<kMask, 256>(p, grid, stream);
 #ifdef OPSLOT_KERNELS_BENCH
-  // The bench library's path 12: the one-read pass asking L2 two rounds ahead.
+  // The bench library's path 12: the one-read pass asking L2 two rounds ahead; 13: its threshold
+  // given (opslot_topk_set_hint).
   if (g_path == 12) return launch_long<kMask, 512, 2>(p, grid, stream);
+  if (g_path == 13) {
+    if (g_hint == nullptr) {
+      return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: path 13 without opslot_topk_set_hint",
+                       kName);
+    }
+    Params q = p;
+    q.hint = g_hint;
+    return launch_long<kMask, 512, 1, true>(q, grid, stream);
+  }
 #endif
   return launch_long<kMask, 512>(p, grid, stream);
 }
@@ -1387,6 +1411,11 @@ extern "C" OPSLOT_API int opslot_topk_set_tuning(int path) {
                              path, opslot::topk::kLastPath);
   }
   opslot::topk::g_path = path;
+  return OPSLOT_OK;
+}
+
+extern "C" OPSLOT_API int opslot_topk_set_hint(const uint32_t* lo) {
+  opslot::topk::g_hint = lo;
   return OPSLOT_OK;
 }
 #endif  // OPSLOT_KERNELS_BENCH

@@ -249,7 +249,7 @@ def test_every_kernel_gives_the_same_bits():
                 cases.append((rows, k, limit, additive))
     want = [check(*c[:3], f"{c[0].shape} k={c[1]}", c[3]) for c in cases]
     f = same_bits_on_paths((1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 0), cases, want)
-    assert f(13) != 0 and f(-1) != 0
+    assert f(14) != 0 and f(-1) != 0
 
 
 def test_one_read_pass_cuts_its_candidates_and_gives_up():
@@ -276,6 +276,62 @@ def test_one_read_pass_cuts_its_candidates_and_gives_up():
             cases += [(rows[:, :cols], k, None, None), (rows[:, :cols], k, limit, mask[:, :cols])]
     want = [check(*c[:3], f"{c[0].shape[1]} k={c[1]} {c[2] is None}", c[3]) for c in cases]
     same_bits_on_paths((3, 4, 5, 12), cases, want)
+
+
+def order_keys(t):
+    """kernels/src/topk.cu's order_key of each fp32 value (NaN above +inf, -0.0 below +0.0), as int32 bits."""
+    b = t.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    k = torch.where(b >= 0x80000000, b ^ 0xFFFFFFFF, b | 0x80000000)
+    k = torch.where(t.isnan(), 0xFFFFFFFF, k)
+    return (k - (k >= 2**31).to(torch.int64) * 2**32).to(torch.int32)
+
+
+def test_one_read_pass_from_a_given_threshold():
+    """The bench library's path 13 (an experiment): the one-read pass starts from a threshold given per row
+    (opslot_topk_set_hint) instead of its first round's select. The CPU kernel's bits on the rows of the test
+    above, each with limits and a bool mask and without: from the k-th largest itself, from one ulp below it, from
+    the lowest key (every column a candidate: cuts), and from one ulp above it (fewer than k candidates: the row
+    takes the two-read path); without a hint the path is refused."""
+    import ctypes
+
+    T = 65536
+    ramp = torch.linspace(-3, 3, T, device=DEV)
+    noise = torch.randn(T, device=DEV, generator=torch.Generator(device=DEV).manual_seed(7))
+    boosted = noise.clone()
+    boosted[30000:33000] += 5
+    rows = torch.stack([ramp, ramp.flip(0), boosted, noise])
+    limit = torch.tensor([T, T - 9, 20001, 30000], device=DEV, dtype=torch.int32)
+    mask = torch.rand(1, T, device=DEV) > 0.05
+    with bench_library() as lib:
+        set_path = knob(lib, "opslot_topk_set_tuning", 1)
+        set_hint = lib.opslot_topk_set_hint
+        set_hint.argtypes, set_hint.restype = [ctypes.c_void_p], ctypes.c_int
+        try:
+            assert set_hint(None) == 0 and set_path(13) == 0
+            with pytest.raises(RuntimeError, match="path 13 without opslot_topk_set_hint"):
+                op(rows, 512)
+            for lim, m in ((None, None), (limit, mask)):
+                shown = rows if m is None else rows.masked_fill(~m, float("-inf"))
+                if lim is not None:
+                    cols = torch.arange(T, device=DEV)
+                    shown = shown.masked_fill(cols >= lim.unsqueeze(1), float("-inf"))
+                for k in (513, 2048):
+                    set_path(0)
+                    want = check(rows, k, lim, f"k={k}", m)
+                    set_path(13)
+                    kth = shown.topk(k, dim=-1).values[:, -1]
+                    inf = torch.full_like(kth, float("inf"))
+                    for what, hint in (
+                        ("the k-th largest", order_keys(kth)),
+                        ("an ulp below", order_keys(torch.nextafter(kth, -inf))),
+                        ("the lowest key", torch.zeros_like(kth, dtype=torch.int32)),
+                        ("an ulp above", order_keys(torch.nextafter(kth, inf))),
+                    ):
+                        assert set_hint(hint.data_ptr()) == 0
+                        got = op(rows, k, lim, m)
+                        assert torch.equal(got, want), (what, k, lim is None)
+        finally:
+            assert set_path(0) == 0 and set_hint(None) == 0
 
 
 def test_the_phase_probe_counts_the_one_read_pass():
