@@ -2,7 +2,7 @@
 benchmark knobs (issue #30; docs/kernels.md "Two builds").
 
 - build/kernels/libopslot_kernels.so (what opslot loads) exports no `*set_tuning*` /
-  `*set_experiment*` / `*_probe_*` symbol, and exports exactly the `OPSLOT_API` functions declared in
+  `*set_experiment*` / `*set_hint*` / `*_probe_*` symbol, and exports exactly the `OPSLOT_API` functions declared in
   kernels/include/opslot_kernels/*.h except bench.h: none missing, none undeclared;
 - every entry point the Python binding (runtime/opslot/kernels/cuda/*.py) or the torch ops' table
   (kernels/torch/kernel_table.h) names is declared in a production header and exported;
@@ -31,7 +31,8 @@ REPO = Path(__file__).resolve().parents[2]
 HEADERS = REPO / "kernels" / "include" / "opslot_kernels"
 BINDINGS = REPO / "runtime" / "opslot" / "kernels" / "cuda"
 TABLE = REPO / "kernels" / "torch" / "kernel_table.h"
-KNOB = re.compile(r"set_tuning|set_experiment|_probe_")  # knobs, and probes that read the kernels' counters
+# knobs (set_hint: an experiment's input), and probes that read the kernels' counters
+KNOB = re.compile(r"set_tuning|set_experiment|set_hint|_probe_")
 
 
 def _build_dir() -> Path:
