@@ -5,7 +5,8 @@ limits (pos + 1) // 4, top-512), the scores by `dsa_index_scores`, then the top-
 second); prints how many top-digit buckets the last row's scores fill. TOPK_PATH=n runs the bench library's
 opslot_topk_set_tuning(n) (0, the default, is production); PHASES=1 prints where the second call's
 long-row one-read pass spends its time (the bench library's opslot_topk_probe_phases, production's choice
-unless TOPK_PATH says otherwise).
+unless TOPK_PATH says otherwise). TOPK_PATH=13 (the pass from a given threshold) takes HINT=kth (each row's k-th
+largest) or HINT=groups8 (the k-th largest of its 8-column maxima): bench/dsa_indexer.py's topk_hints.
 
     L=65536 ncu --kernel-name regex:topk_kernel --launch-count 1 --launch-skip 1 --set full \\
         --import-source yes -o $OUT/topk python3 bench/topk_ncu.py
@@ -13,7 +14,8 @@ unless TOPK_PATH says otherwise).
         --set full -o $OUT/topk_v4 python3 bench/topk_ncu.py
     L=8192 MODEL=v4 ncu --kernel-name regex:topk_warp_kernel --launch-count 1 --launch-skip 1 \\
         --set full -o $OUT/topk_v4_warp python3 bench/topk_ncu.py   # rows of up to 2048 keys
-    L=65536 PHASES=1 python3 bench/topk_ncu.py   # with OPSLOT_KERNELS_BENCH_LIB set"""
+    L=65536 PHASES=1 python3 bench/topk_ncu.py   # with OPSLOT_KERNELS_BENCH_LIB set
+    L=65536 PHASES=1 TOPK_PATH=13 HINT=groups8 python3 bench/topk_ncu.py"""
 
 import contextlib
 import ctypes
@@ -22,7 +24,9 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runtime"))
+BENCH = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(BENCH), "runtime"))
+sys.path.insert(0, BENCH)
 from opslot.kernels.cuda import _lib, dsa_indexer as DI  # noqa: E402
 
 PHASES = ("the first round's threshold", "the rounds", "the cuts", "the select", "the write")
@@ -57,13 +61,20 @@ def main():
         if lib is not None:
             lib.opslot_topk_set_tuning.argtypes = [ctypes.c_int]
             assert lib.opslot_topk_set_tuning(path) == 0
+        if path == 13:
+            import dsa_indexer as DX  # bench/dsa_indexer.py: the thresholds
+
+            hint = dict(zip(("kth", "groups8"), (h for _, h in DX.topk_hints(scores, top_k))))[os.environ["HINT"]]
+            lib.opslot_topk_set_hint.argtypes = [ctypes.c_void_p]
+            assert lib.opslot_topk_set_hint(hint.data_ptr()) == 0
         for i in range(2):
             if phases and i == 1:
                 assert lib.opslot_topk_probe_phases(None, 1) == 0  # reset
             DI.topk_indices(scores, top_k, limit)
         torch.cuda.synchronize()
         if phases:
-            print_phases(lib, f"{'V4' if v4 else 'GLM'} {L}, path {path}")
+            what = f" from {os.environ['HINT']}" if path == 13 else ""
+            print_phases(lib, f"{'V4' if v4 else 'GLM'} {L}, path {path}{what}")
     bits = scores[0, L - 1, : int(limit[0, -1])].view(torch.int32).long() & 0xFFFFFFFF  # the order keys
     keys = torch.where(bits >= 2**31, bits ^ 0xFFFFFFFF, bits ^ 0x80000000)
     _, counts = torch.unique(keys >> 21, return_counts=True)
