@@ -28,9 +28,10 @@ row (all with the keys in registers: the row read once), longer rows the long-ro
 the bench library's choices (TOPK_PATHS below; opslot_kernels/bench.h says what each runs; 0 is the
 production choice on the bench library, whose one-read pass carries the phase clock: the baseline for
 path 12 and 13) beside each production top-k row in the same run, after a copy of as many bytes as the top-k
-moves. `--topk-hints` times path 13 (an experiment: the one-read pass from a threshold given per row instead of
-its first round's select) beside GLM-5's top-k rows past 16k tokens, from two thresholds (topk_hints): the
-row's k-th largest itself and the k-th largest of its 8-column groups' maxima.
+moves. `--topk-hints` times paths 13 and 14 (experiments: the one-read pass from a threshold given per row
+instead of its first round's select, in 512- or 256-thread blocks) beside GLM-5's top-k rows past 16k tokens,
+from two thresholds (topk_hints): the row's k-th largest itself and the k-th largest of its 8-column groups'
+maxima.
 `--scores-kernels 1,2,4` times the bench library's other scores kernels beside each production scores row, which
 on Hopper runs the warpgroup-MMA kernel (kernels/src/dsa_indexer90.cuh): 1 the mma.sync kernel
 (kernels/src/dsa_indexer_mma.cuh), 2 to 4 the warpgroup-MMA kernel with that many warpgroups a CTA
@@ -46,6 +47,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import functools
+import itertools
 import os
 import subprocess
 import sys
@@ -168,7 +170,7 @@ class Runner:
         self.rows = []
         self.topk_paths = topk_paths  # bench-library top-k paths timed beside each production top-k row
         self.topk_reps = topk_reps
-        self.topk_hints = topk_hints  # path 13 from topk_hints' thresholds beside GLM-5's top-k rows past 16k
+        self.topk_hints = topk_hints  # paths 13 and 14 from topk_hints' thresholds beside GLM-5's top-k rows past 16k
         self.scores_kernels = scores_kernels  # the bench library's scores kernels beside each scores row
 
     def left(self):
@@ -250,6 +252,7 @@ TOPK_PATHS = {
     11: "eight warps a row on rows of 8193 to 16384 columns",
     12: "the one-read pass asking L2 for the round after next",
     13: "the one-read pass from a given threshold",
+    14: "the one-read pass from a given threshold, 256-thread blocks",
 }
 
 
@@ -262,10 +265,10 @@ def order_keys(t):
 
 
 def topk_hints(scores, top_k):
-    """--topk-hints: path 13's thresholds for the rows of `scores` (-inf past each row's limit), as order keys: the
-    row's k-th largest itself (the best any producer of the scores could give) and the k-th largest of the maxima
-    of its 8-column groups (a bound the scores kernel could write beside the scores: at least k columns reach it;
-    finite on the rows the one-read pass takes, more than 16384 columns)."""
+    """--topk-hints: paths 13 and 14's thresholds for the rows of `scores` (-inf past each row's limit), as order
+    keys: the row's k-th largest itself (the best any producer of the scores could give) and the k-th largest of the
+    maxima of its 8-column groups (a bound the scores kernel could write beside the scores: at least k columns reach
+    it; finite on the rows the one-read pass takes, more than 16384 columns)."""
     flat = scores.reshape(-1, scores.shape[-1])
     kth = flat.topk(top_k, dim=-1).values[:, -1]
     groups = flat.view(flat.shape[0], -1, 8).amax(-1)
@@ -277,7 +280,7 @@ def topk_hints(scores, top_k):
 def topk_rows(run, model, L, what, fn, nbytes, hints=()):
     """The production top-k's row, a copy of as many bytes (what moving them takes at this size: the launch
     and its ramp included), then one per --topk-paths path on the bench library (the same call), then path 13
-    with each of `hints` (label, int32 order keys a row: opslot_topk_set_hint)."""
+    and 14 with each of `hints` (label, int32 order keys a row: opslot_topk_set_hint)."""
     run.row(model, L, what, fn, nbytes=nbytes, reps=run.topk_reps)
     if "mask" not in what and (not run.only or any(o in what for o in run.only)):
         half = torch.empty(nbytes // 2, dtype=torch.uint8, device=DEV)
@@ -295,17 +298,17 @@ def topk_rows(run, model, L, what, fn, nbytes, hints=()):
                 run.row(model, L, f"{what} [path {path}: {TOPK_PATHS[path]}]", fn, nbytes=nbytes, reps=run.topk_reps)
             finally:
                 set_path(0)
-    for label, hint in hints:
+    for (label, hint), path in itertools.product(hints, (13, 14)):
         with K.bench_library("topk") as lib:
             if lib is None:
                 return
             set_path = K.knob(lib, "opslot_topk_set_tuning", 1)
             set_hint = lib.opslot_topk_set_hint
             set_hint.argtypes, set_hint.restype = [ctypes.c_void_p], ctypes.c_int
-            if set_hint(hint.data_ptr()) != 0 or set_path(13) != 0:
-                raise SystemExit("--topk-hints: the bench library refused path 13")
+            if set_hint(hint.data_ptr()) != 0 or set_path(path) != 0:
+                raise SystemExit(f"--topk-hints: the bench library refused path {path}")
             try:
-                run.row(model, L, f"{what} [path 13: from {label}]", fn, nbytes=nbytes, reps=run.topk_reps)
+                run.row(model, L, f"{what} [path {path}: from {label}]", fn, nbytes=nbytes, reps=run.topk_reps)
             finally:
                 set_path(0)
                 set_hint(None)
@@ -440,8 +443,8 @@ def main():
     ap.add_argument(
         "--topk-hints",
         action="store_true",
-        help="time the bench library's path 13 (the one-read pass from a given threshold) beside GLM-5's top-k rows "
-        "longer than 16k, from topk_hints' two thresholds",
+        help="time the bench library's paths 13 and 14 (the one-read pass from a given threshold, 512- and 256-thread "
+        "blocks) beside GLM-5's top-k rows longer than 16k, from topk_hints' two thresholds",
     )
     ap.add_argument(
         "--scores-kernels",
@@ -453,9 +456,9 @@ def main():
     args = ap.parse_args()
     lengths = [int(x) for x in args.lengths.split(",")]
     topk_paths = [int(x) for x in args.topk_paths.split(",") if x]
-    unknown = [p for p in topk_paths if p not in TOPK_PATHS or p == 13]
+    unknown = [p for p in topk_paths if p not in TOPK_PATHS or p in (13, 14)]
     if unknown:
-        ap.error(f"--topk-paths {unknown}: known {sorted(TOPK_PATHS)} (13 by --topk-hints)")
+        ap.error(f"--topk-paths {unknown}: known {sorted(TOPK_PATHS)} (13 and 14 by --topk-hints)")
     scores_kernels = [int(x) for x in args.scores_kernels.split(",") if x]
     if args.scores_mma_sync and 1 not in scores_kernels:
         scores_kernels.insert(0, 1)

@@ -5,7 +5,7 @@ limits (pos + 1) // 4, top-512), the scores by `dsa_index_scores`, then the top-
 second); prints how many top-digit buckets the last row's scores fill. TOPK_PATH=n runs the bench library's
 opslot_topk_set_tuning(n) (0, the default, is production); PHASES=1 prints where the second call's
 long-row one-read pass spends its time (the bench library's opslot_topk_probe_phases, production's choice
-unless TOPK_PATH says otherwise). TOPK_PATH=13 (the pass from a given threshold) takes HINT=kth (each row's k-th
+unless TOPK_PATH says otherwise). TOPK_PATH=13 or 14 (the pass from a given threshold) takes HINT=kth (each row's k-th
 largest) or HINT=groups8 (the k-th largest of its 8-column maxima): bench/dsa_indexer.py's topk_hints.
 
     L=65536 ncu --kernel-name regex:topk_kernel --launch-count 1 --launch-skip 1 --set full \\
@@ -61,7 +61,7 @@ def main():
         if lib is not None:
             lib.opslot_topk_set_tuning.argtypes = [ctypes.c_int]
             assert lib.opslot_topk_set_tuning(path) == 0
-        if path == 13:
+        if path in (13, 14):
             import dsa_indexer as DX  # bench/dsa_indexer.py: the thresholds
 
             hint = dict(zip(("kth", "groups8"), (h for _, h in DX.topk_hints(scores, top_k))))[os.environ["HINT"]]
@@ -73,7 +73,7 @@ def main():
             DI.topk_indices(scores, top_k, limit)
         torch.cuda.synchronize()
         if phases:
-            what = f" from {os.environ['HINT']}" if path == 13 else ""
+            what = f" from {os.environ['HINT']}" if path in (13, 14) else ""
             print_phases(lib, f"{'V4' if v4 else 'GLM'} {L}, path {path}{what}")
     bits = scores[0, L - 1, : int(limit[0, -1])].view(torch.int32).long() & 0xFFFFFFFF  # the order keys
     keys = torch.where(bits >= 2**31, bits ^ 0xFFFFFFFF, bits ^ 0x80000000)

@@ -1149,8 +1149,8 @@ __global__ void __launch_bounds__(32 * block_warps(kG), warp_blocks_per_sm(kMask
 // them), 0 in production.
 #ifdef OPSLOT_KERNELS_BENCH
 int g_path = 0;
-constexpr int kLastPath = 13;
-const uint32_t* g_hint = nullptr;  // path 13's thresholds (opslot_topk_set_hint)
+constexpr int kLastPath = 14;
+const uint32_t* g_hint = nullptr;  // paths 13 and 14's thresholds (opslot_topk_set_hint)
 #else
 constexpr int g_path = 0;
 #endif
@@ -1294,15 +1294,16 @@ int launch_rows(Params p, int64_t rows, int64_t lo, int64_t hi, int64_t longest,
   if (long_threads(longest) == 256) return launch_long<kMask, 256>(p, grid, stream);
 #ifdef OPSLOT_KERNELS_BENCH
   // The bench library's path 12: the one-read pass asking L2 two rounds ahead; 13: its threshold
-  // given (opslot_topk_set_hint).
+  // given (opslot_topk_set_hint); 14: the same in 256-thread blocks (three an SM, 7168 candidates).
   if (g_path == 12) return launch_long<kMask, 512, 2>(p, grid, stream);
-  if (g_path == 13) {
+  if (g_path == 13 || g_path == 14) {
     if (g_hint == nullptr) {
-      return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: path 13 without opslot_topk_set_hint",
-                       kName);
+      return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: path %d without opslot_topk_set_hint",
+                       kName, g_path);
     }
     Params q = p;
     q.hint = g_hint;
+    if (g_path == 14) return launch_long<kMask, 256, 1, true>(q, grid, stream);
     return launch_long<kMask, 512, 1, true>(q, grid, stream);
   }
 #endif

@@ -90,11 +90,13 @@ OPSLOT_API int opslot_mhc_collapse_set_tuning(int threads);
  * (production: 256-thread long-row blocks); 12 the one-read pass asking L2 for the round after next
  * instead of the next; 13 (an experiment) the one-read pass with its first threshold given per row
  * by opslot_topk_set_hint instead of its first round's select (a row whose hint leaves it fewer
- * than k candidates takes the two-read path). All give the same bits. */
+ * than k candidates takes the two-read path); 14 the same in 256-thread blocks (three an SM, 7168
+ * candidates; production's rows of more than 16384 columns take 512). All give the same bits. */
 OPSLOT_API int opslot_topk_set_tuning(int path);
 
-/* Path 13's thresholds: lo[r] (device memory, one a row of the next calls' [batch * seq] rows) the
- * order key (kernels/src/topk.cu, order_key) from which row r's one-read pass keeps candidates. */
+/* Paths 13 and 14's thresholds: lo[r] (device memory, one a row of the next calls' [batch * seq]
+ * rows) the order key (kernels/src/topk.cu, order_key) from which row r's one-read pass keeps
+ * candidates. */
 OPSLOT_API int opslot_topk_set_hint(const uint32_t* lo);
 
 /* Where the long-row top-k kernel's one-read pass spends its time (kernels/src/topk.cu,

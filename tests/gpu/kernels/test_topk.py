@@ -249,7 +249,7 @@ def test_every_kernel_gives_the_same_bits():
                 cases.append((rows, k, limit, additive))
     want = [check(*c[:3], f"{c[0].shape} k={c[1]}", c[3]) for c in cases]
     f = same_bits_on_paths((1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 0), cases, want)
-    assert f(14) != 0 and f(-1) != 0
+    assert f(15) != 0 and f(-1) != 0
 
 
 def test_one_read_pass_cuts_its_candidates_and_gives_up():
@@ -287,11 +287,11 @@ def order_keys(t):
 
 
 def test_one_read_pass_from_a_given_threshold():
-    """The bench library's path 13 (an experiment): the one-read pass starts from a threshold given per row
-    (opslot_topk_set_hint) instead of its first round's select. The CPU kernel's bits on the rows of the test
-    above, each with limits and a bool mask and without: from the k-th largest itself, from one ulp below it, from
-    the lowest key (every column a candidate: cuts), and from one ulp above it (fewer than k candidates: the row
-    takes the two-read path); without a hint the path is refused."""
+    """The bench library's paths 13 and 14 (experiments): the one-read pass starts from a threshold given per row
+    (opslot_topk_set_hint) instead of its first round's select, in 512-thread blocks (13) or 256 (14). The CPU
+    kernel's bits on the rows of the test above, each with limits and a bool mask and without: from the k-th
+    largest itself, from one ulp below it, from the lowest key (every column a candidate: cuts), and from one ulp
+    above it (fewer than k candidates: the row takes the two-read path); without a hint the paths are refused."""
     import ctypes
 
     T = 65536
@@ -307,9 +307,10 @@ def test_one_read_pass_from_a_given_threshold():
         set_hint = lib.opslot_topk_set_hint
         set_hint.argtypes, set_hint.restype = [ctypes.c_void_p], ctypes.c_int
         try:
-            assert set_hint(None) == 0 and set_path(13) == 0
-            with pytest.raises(RuntimeError, match="path 13 without opslot_topk_set_hint"):
-                op(rows, 512)
+            for path in (13, 14):
+                assert set_hint(None) == 0 and set_path(path) == 0
+                with pytest.raises(RuntimeError, match=f"path {path} without opslot_topk_set_hint"):
+                    op(rows, 512)
             for lim, m in ((None, None), (limit, mask)):
                 shown = rows if m is None else rows.masked_fill(~m, float("-inf"))
                 if lim is not None:
@@ -318,7 +319,6 @@ def test_one_read_pass_from_a_given_threshold():
                 for k in (513, 2048):
                     set_path(0)
                     want = check(rows, k, lim, f"k={k}", m)
-                    set_path(13)
                     kth = shown.topk(k, dim=-1).values[:, -1]
                     inf = torch.full_like(kth, float("inf"))
                     for what, hint in (
@@ -328,8 +328,10 @@ def test_one_read_pass_from_a_given_threshold():
                         ("an ulp above", order_keys(torch.nextafter(kth, inf))),
                     ):
                         assert set_hint(hint.data_ptr()) == 0
-                        got = op(rows, k, lim, m)
-                        assert torch.equal(got, want), (what, k, lim is None)
+                        for path in (13, 14):
+                            assert set_path(path) == 0
+                            assert torch.equal(op(rows, k, lim, m), want), (path, what, k, lim is None)
+                        assert set_path(0) == 0
         finally:
             assert set_path(0) == 0 and set_hint(None) == 0
 
