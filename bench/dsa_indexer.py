@@ -287,28 +287,21 @@ def topk_rows(run, model, L, what, fn, nbytes, hints=()):
         dst = torch.empty_like(half)
         run.row(model, L, f"{what.split(' (')[0]}: a copy of its bytes", lambda: dst.copy_(half), nbytes=nbytes)
         del half, dst
-    for path in run.topk_paths:
-        with K.bench_library("topk") as lib:
-            if lib is None:
-                return
-            set_path = K.knob(lib, "opslot_topk_set_tuning", 1)
-            if set_path(path) != 0:
-                raise SystemExit(f"--topk-paths {path}: the bench library refused it")
+    runs = [(path, TOPK_PATHS[path], None) for path in run.topk_paths]
+    runs += [(path, f"from {label}", hint) for (label, hint), path in itertools.product(hints, (13, 14))]
+    if not runs:
+        return
+    with K.bench_library("topk") as lib:
+        if lib is None:
+            return
+        set_path = K.knob(lib, "opslot_topk_set_tuning", 1)
+        set_hint = lib.opslot_topk_set_hint
+        set_hint.argtypes, set_hint.restype = [ctypes.c_void_p], ctypes.c_int
+        for path, label, hint in runs:
+            if set_hint(None if hint is None else hint.data_ptr()) != 0 or set_path(path) != 0:
+                raise SystemExit(f"top-k path {path}: the bench library refused it")
             try:
-                run.row(model, L, f"{what} [path {path}: {TOPK_PATHS[path]}]", fn, nbytes=nbytes, reps=run.topk_reps)
-            finally:
-                set_path(0)
-    for (label, hint), path in itertools.product(hints, (13, 14)):
-        with K.bench_library("topk") as lib:
-            if lib is None:
-                return
-            set_path = K.knob(lib, "opslot_topk_set_tuning", 1)
-            set_hint = lib.opslot_topk_set_hint
-            set_hint.argtypes, set_hint.restype = [ctypes.c_void_p], ctypes.c_int
-            if set_hint(hint.data_ptr()) != 0 or set_path(path) != 0:
-                raise SystemExit(f"--topk-hints: the bench library refused path {path}")
-            try:
-                run.row(model, L, f"{what} [path {path}: from {label}]", fn, nbytes=nbytes, reps=run.topk_reps)
+                run.row(model, L, f"{what} [path {path}: {label}]", fn, nbytes=nbytes, reps=run.topk_reps)
             finally:
                 set_path(0)
                 set_hint(None)
