@@ -65,7 +65,7 @@ __device__ __forceinline__ void issue_tile(float (&d)[32], uint32_t dq, uint32_t
 #pragma unroll
   for (int ks = 0; ks < kWgKSteps; ++ks) {
     const uint32_t off = (ks >> 2) * (kKeyBlock / 16) + (ks & 3) * 2;
-    wgmma_m64n64_ss_kk<T>(d, desc_of(dq + off), desc_of(dk + off));
+    wgmma_m64n64_ss<T>(d, desc_of(dq + off), desc_of(dk + off));
   }
   wg_commit();
 }

@@ -144,7 +144,7 @@ __global__ void __launch_bounds__(128 * WGS, MINB)
     }
     const uint64_t dxd = desc_sw128(st), dad = desc_sw128(sa);
 #pragma unroll
-    for (int k = 0; k < 4; ++k) wgmma_m64n64_ss_mn<bf16>(dacc, dad + k * kStep, dxd + k * kStep);
+    for (int k = 0; k < 4; ++k) wgmma_m64n64_ss<bf16, true>(dacc, dad + k * kStep, dxd + k * kStep);
     wg_commit();
     wg_wait<0>();  // D's MMAs left in flight past here made ptxas serialize every MMA (C7515)
     reg_fence(dacc);

@@ -195,26 +195,23 @@ __device__ __forceinline__ void wgmma_m64n32_rs(float (&d)[16], const uint32_t (
         "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])                                         \
       : "l"(da), "l"(db), "r"(1))
 
-// d (64 x 64) += A (64 x 16) * B (16 x 64), both MN-major tiles (16 rows of 64 elements).
-template <typename T>
-__device__ __forceinline__ void wgmma_m64n64_ss_mn(float (&d)[32], uint64_t da, uint64_t db) {
+// d (64 x 64) += A (64 x 16) * B (16 x 64), both K-major tiles (64 rows of 16 elements) or, kMn,
+// both MN-major (16 rows of 64 elements).
+template <typename T, bool kMn = false>
+__device__ __forceinline__ void wgmma_m64n64_ss(float (&d)[32], uint64_t da, uint64_t db) {
 #if defined(OPSLOT_WGMMA)
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    OPSLOT_WGMMA_SS_M64N64("bf16", "1, 1");
+    if constexpr (kMn) {
+      OPSLOT_WGMMA_SS_M64N64("bf16", "1, 1");
+    } else {
+      OPSLOT_WGMMA_SS_M64N64("bf16", "0, 0");
+    }
   } else {
-    OPSLOT_WGMMA_SS_M64N64("f16", "1, 1");
-  }
-#endif
-}
-
-// d (64 x 64) += A (64 x 16) * B (16 x 64), both K-major tiles (64 rows of 16 elements).
-template <typename T>
-__device__ __forceinline__ void wgmma_m64n64_ss_kk(float (&d)[32], uint64_t da, uint64_t db) {
-#if defined(OPSLOT_WGMMA)
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    OPSLOT_WGMMA_SS_M64N64("bf16", "0, 0");
-  } else {
-    OPSLOT_WGMMA_SS_M64N64("f16", "0, 0");
+    if constexpr (kMn) {
+      OPSLOT_WGMMA_SS_M64N64("f16", "1, 1");
+    } else {
+      OPSLOT_WGMMA_SS_M64N64("f16", "0, 0");
+    }
   }
 #endif
 }
