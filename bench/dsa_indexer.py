@@ -31,7 +31,9 @@ path 12 and 13) beside each production top-k row in the same run, after a copy o
 moves. `--topk-hints` times paths 13 and 14 (experiments: the one-read pass from a threshold given per row
 instead of its first round's select, in 512- or 256-thread blocks) beside GLM-5's top-k rows past 16k tokens,
 from two thresholds (topk_hints): the row's k-th largest itself and the k-th largest of its 8-column groups'
-maxima.
+maxima. `--topk-trends` adds GLM-5's top-k rows past 16k tokens (and the --topk-paths beside them) on its
+scores plus a ramp over the columns, rising and falling (trend_rows): where a first threshold drawn from the
+row's first columns is too low or too high.
 `--scores-kernels 1,2,4` times the bench library's other scores kernels beside each production scores row, which
 on Hopper runs the warpgroup-MMA kernel (kernels/src/dsa_indexer90.cuh): 1 the mma.sync kernel
 (kernels/src/dsa_indexer_mma.cuh), 2 to 4 the warpgroup-MMA kernel with that many warpgroups a CTA
@@ -39,7 +41,7 @@ on Hopper runs the warpgroup-MMA kernel (kernels/src/dsa_indexer90.cuh): 1 the m
 
     python3 bench/dsa_indexer.py --out $OUT/dsa_indexer_h200.md [--lengths 4096,16384,65536] [--budget 150] \
         [--only topk,mask_limit]   # only the rows whose name holds one of these
-        [--topk-paths 1,2 --topk-reps 20] [--topk-hints] [--scores-kernels 1,2,4]
+        [--topk-paths 1,2 --topk-reps 20] [--topk-hints] [--topk-trends] [--scores-kernels 1,2,4]
 """
 
 from __future__ import annotations
@@ -161,7 +163,16 @@ def ours_v4_tail(q, k, weights, scale, threshold, top_k):
 
 class Runner:
     def __init__(
-        self, budget_s, rate, bandwidth, only=(), topk_paths=(), topk_reps=5, scores_kernels=(), topk_hints=False
+        self,
+        budget_s,
+        rate,
+        bandwidth,
+        only=(),
+        topk_paths=(),
+        topk_reps=5,
+        scores_kernels=(),
+        topk_hints=False,
+        topk_trends=False,
     ):
         self.deadline = time.monotonic() + budget_s
         self.only = only  # run only the rows whose name holds one of these (all when empty)
@@ -172,6 +183,7 @@ class Runner:
         self.topk_reps = topk_reps
         self.topk_hints = topk_hints  # paths 13 and 14 from topk_hints' thresholds beside GLM-5's top-k rows past 16k
         self.scores_kernels = scores_kernels  # the bench library's scores kernels beside each scores row
+        self.topk_trends = topk_trends  # GLM-5's top-k past 16k also on its scores with a rising and a falling ramp
 
     def left(self):
         return self.deadline - time.monotonic()
@@ -253,6 +265,8 @@ TOPK_PATHS = {
     12: "the one-read pass asking L2 for the round after next",
     13: "the one-read pass from a given threshold",
     14: "the one-read pass from a given threshold, 256-thread blocks",
+    15: "the one-read pass from a sampled threshold",
+    16: "the one-read pass from a sampled threshold, 256-thread blocks",
 }
 
 
@@ -277,12 +291,13 @@ def topk_hints(scores, top_k):
     return [("the row's k-th largest", order_keys(kth)), ("the k-th largest of 8-column maxima", order_keys(bound))]
 
 
-def topk_rows(run, model, L, what, fn, nbytes, hints=()):
+def topk_rows(run, model, L, what, fn, nbytes, hints=(), copy=True):
     """The production top-k's row, a copy of as many bytes (what moving them takes at this size: the launch
-    and its ramp included), then one per --topk-paths path on the bench library (the same call), then path 13
-    and 14 with each of `hints` (label, int32 order keys a row: opslot_topk_set_hint)."""
+    and its ramp included; not with a mask, nor without `copy`), then one per --topk-paths path on the bench
+    library (the same call), then path 13 and 14 with each of `hints` (label, int32 order keys a row:
+    opslot_topk_set_hint)."""
     run.row(model, L, what, fn, nbytes=nbytes, reps=run.topk_reps)
-    if "mask" not in what and (not run.only or any(o in what for o in run.only)):
+    if copy and "mask" not in what and (not run.only or any(o in what for o in run.only)):
         half = torch.empty(nbytes // 2, dtype=torch.uint8, device=DEV)
         dst = torch.empty_like(half)
         run.row(model, L, f"{what.split(' (')[0]}: a copy of its bytes", lambda: dst.copy_(half), nbytes=nbytes)
@@ -305,6 +320,18 @@ def topk_rows(run, model, L, what, fn, nbytes, hints=()):
             finally:
                 set_path(0)
                 set_hint(None)
+
+
+def trend_rows(run, L, scores, top_k, limit, nbytes):
+    """--topk-trends: GLM-5's top-k (no mask) of its scores plus a ramp over the columns, 0 to four times the last
+    row's standard deviation, rising (the latest keys chosen most: a threshold from the first round too low) and
+    falling (the earliest: one sampled from the first round too high, the one-read pass's fallback)."""
+    ramp = torch.linspace(0, 4 * float(scores[0, -1].std()), scores.shape[-1], device=DEV)
+    for label, sign in (("rising", 1.0), ("falling", -1.0)):
+        trended = scores + sign * ramp
+        what = f"topk_indices k={top_k} of the scores {label} with the column (ours)"
+        topk_rows(run, "GLM", L, what, functools.partial(DI.topk_indices, trended, top_k, limit), nbytes, copy=False)
+        del trended
 
 
 def scores_rows(run, model, L, fn, flops):
@@ -372,6 +399,8 @@ def glm_rows(run, L, compiled=None):
         nb + int(limit.sum()),
         hints,
     )
+    if run.topk_trends and L > 16384:
+        trend_rows(run, L, scores, top_k, limit, nb)
     del scores, hints
     run.row(
         "GLM",
@@ -429,8 +458,8 @@ def main():
     ap.add_argument(
         "--topk-paths",
         default="",
-        help="comma-separated opslot_topk_set_tuning paths (0-12: TOPK_PATHS) timed beside each production top-k "
-        "row, on the bench library",
+        help="comma-separated opslot_topk_set_tuning paths (0-16 but 13 and 14: TOPK_PATHS) timed beside each "
+        "production top-k row, on the bench library",
     )
     ap.add_argument("--topk-reps", type=int, default=5, help="timed calls per top-k row (median)")
     ap.add_argument(
@@ -438,6 +467,12 @@ def main():
         action="store_true",
         help="time the bench library's paths 13 and 14 (the one-read pass from a given threshold, 512- and 256-thread "
         "blocks) beside GLM-5's top-k rows longer than 16k, from topk_hints' two thresholds",
+    )
+    ap.add_argument(
+        "--topk-trends",
+        action="store_true",
+        help="also time GLM-5's top-k rows longer than 16k (and --topk-paths) on its scores plus a ramp over the "
+        "columns, rising and falling (trend_rows)",
     )
     ap.add_argument(
         "--scores-kernels",
@@ -463,7 +498,17 @@ def main():
     rate, bandwidth = gemm_rate(), K.copy_bandwidth()
     print(f"{props.name}: bf16 GEMM 8192^3 {rate / 1e12:.0f} TFLOP/s, copy {bandwidth / 1e12:.2f} TB/s", flush=True)
     only = tuple(x for x in args.only.split(",") if x)
-    run = Runner(args.budget, rate, bandwidth, only, topk_paths, args.topk_reps, scores_kernels, args.topk_hints)
+    run = Runner(
+        args.budget,
+        rate,
+        bandwidth,
+        only,
+        topk_paths,
+        args.topk_reps,
+        scores_kernels,
+        args.topk_hints,
+        args.topk_trends,
+    )
     compiled_glm = None if args.no_compile else torch.compile(upstream_glm_tail, dynamic=False)
 
     for L in lengths:

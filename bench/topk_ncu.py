@@ -7,6 +7,8 @@ opslot_topk_set_tuning(n) (0, the default, is production); PHASES=1 prints where
 long-row one-read pass spends its time (the bench library's opslot_topk_probe_phases, production's choice
 unless TOPK_PATH says otherwise). TOPK_PATH=13 or 14 (the pass from a given threshold) takes HINT=kth (each row's k-th
 largest) or HINT=groups8 (the k-th largest of its 8-column maxima): bench/dsa_indexer.py's topk_hints.
+TREND=rising or falling adds bench/dsa_indexer.py's ramp (trend_rows) to the scores; MASK=1 passes the causal
+bool mask too (the slot's form).
 
     L=65536 ncu --kernel-name regex:topk_kernel --launch-count 1 --launch-skip 1 --set full \\
         --import-source yes -o $OUT/topk python3 bench/topk_ncu.py
@@ -15,7 +17,8 @@ largest) or HINT=groups8 (the k-th largest of its 8-column maxima): bench/dsa_in
     L=8192 MODEL=v4 ncu --kernel-name regex:topk_warp_kernel --launch-count 1 --launch-skip 1 \\
         --set full -o $OUT/topk_v4_warp python3 bench/topk_ncu.py   # rows of up to 2048 keys
     L=65536 PHASES=1 python3 bench/topk_ncu.py   # with OPSLOT_KERNELS_BENCH_LIB set
-    L=65536 PHASES=1 TOPK_PATH=13 HINT=groups8 python3 bench/topk_ncu.py"""
+    L=65536 PHASES=1 TOPK_PATH=13 HINT=groups8 python3 bench/topk_ncu.py
+    L=65536 PHASES=1 TREND=falling MASK=1 python3 bench/topk_ncu.py   # a ramp added; the bool mask"""
 
 import contextlib
 import ctypes
@@ -34,12 +37,13 @@ PHASES = ("the first round's threshold", "the rounds", "the cuts", "the select",
 
 def print_phases(lib, what):
     """opslot_topk_probe_phases's counters: thread 0's clock by phase, summed over the rows."""
-    c = (ctypes.c_ulonglong * 8)()
+    c = (ctypes.c_ulonglong * 10)()
     assert lib.opslot_topk_probe_phases(c, 0) == 0
     total, rows = sum(c[:5]), max(c[5], 1)
     split = ", ".join(f"{name} {100 * x / max(total, 1):.1f} %" for name, x in zip(PHASES, c[:5]))
     print(
-        f"{what}: {c[5]} rows through the one-read pass, {c[6]} cuts, {c[7]} rounds (retries counted); "
+        f"{what}: {c[5]} rows through the one-read pass, {c[6]} cuts, {c[7]} rounds (retries and re-reads "
+        f"counted), {c[8]} thresholds lowered, {c[9]} rows handed to the two-read path; "
         f"{total / rows:.0f} cycles a row: {split}"
     )
 
@@ -55,6 +59,14 @@ def main():
     pos = torch.arange(L, device="cuda", dtype=torch.int32) + 1
     limit = (pos // 4 if v4 else pos).view(1, L)
     scores = DI.dsa_index_scores(q, k, w, D**-0.5, limit)
+    trend = os.environ.get("TREND", "")
+    if trend:  # bench/dsa_indexer.py's trend_rows: a ramp over the columns, 0 to 4 last-row deviations
+        ramp = torch.linspace(0, 4 * float(scores[0, -1].std()), scores.shape[-1], device="cuda")
+        scores += {"rising": 1.0, "falling": -1.0}[trend] * ramp
+    mask = None
+    if os.environ.get("MASK") == "1":  # the slot's form: the causal bool mask too (GLM-5's)
+        assert not v4, "MASK=1: GLM-5's rows only"
+        mask = torch.ones(L, L, dtype=torch.bool, device="cuda").tril_().unsqueeze(0)
     path, phases = int(os.environ.get("TOPK_PATH", "0")), os.environ.get("PHASES") == "1"
     bench = path != 0 or phases
     with _lib.using_library(_lib.bench_library_path()) if bench else contextlib.nullcontext() as lib:
@@ -70,10 +82,12 @@ def main():
         for i in range(2):
             if phases and i == 1:
                 assert lib.opslot_topk_probe_phases(None, 1) == 0  # reset
-            DI.topk_indices(scores, top_k, limit)
+            DI.topk_indices(scores, top_k, limit, mask)
         torch.cuda.synchronize()
         if phases:
             what = f" from {os.environ['HINT']}" if path in (13, 14) else ""
+            what += f", scores {trend} with the column" if trend else ""
+            what += ", the bool mask" if mask is not None else ""
             print_phases(lib, f"{'V4' if v4 else 'GLM'} {L}, path {path}{what}")
     bits = scores[0, L - 1, : int(limit[0, -1])].view(torch.int32).long() & 0xFFFFFFFF  # the order keys
     keys = torch.where(bits >= 2**31, bits ^ 0xFFFFFFFF, bits ^ 0x80000000)

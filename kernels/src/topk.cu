@@ -622,11 +622,14 @@ __device__ uint32_t stream_compact(uint32_t* keys, uint16_t* cols, int m, int k,
 }
 
 // The chosen columns of the m candidates in keys/cols (every key whose bits from `shift` up exceed
-// `prefix`, and the first `need` by column of those equal to it) written to `o` in ascending order:
-// the candidates set their bits in two bitmaps of the row's n columns, then a column's place is the
-// greater ones before it plus min(equal ones before it, need).
+// `prefix`, and the first `need` by column of those equal to it; k in all) written to `o` in
+// ascending order: the candidates set their bits in two bitmaps of the row's n columns, then a
+// column's place is the greater ones before it plus min(equal ones before it, need). The columns
+// are placed in shared memory over the keys (read by then) and stored from there in order: each
+// thread's columns land at scattered places, which stored directly to global memory took a
+// transaction per column.
 template <int kT>
-__device__ void stream_write(const uint32_t* keys, const uint16_t* cols, int m, int64_t n,
+__device__ void stream_write(uint32_t* keys, const uint16_t* cols, int m, int64_t n, int k,
                              int shift, uint32_t prefix, int need, uint32_t* gt_bits,
                              uint32_t* eq_bits, int* warp_sums, int32_t* o) {
   constexpr int kW = kStreamMaxCols / 32 / kT;  // bitmap words a thread scans
@@ -652,28 +655,58 @@ __device__ void stream_write(const uint32_t* keys, const uint16_t* cols, int m, 
   int total;
   const int before = block_scan<kT>(packed, warp_sums, total) - packed;
   int g = before & 0xffff, e = before >> 16;
+  auto* placed = reinterpret_cast<int32_t*>(keys);  // 16-byte aligned, stream_cap(kT) >= k
 #pragma unroll
   for (int j = 0; j < kW; ++j) {
     const int c0 = 32 * (kW * static_cast<int>(threadIdx.x) + j);
     for (uint32_t bits = gw[j] | ew[j]; bits != 0u; bits &= bits - 1u) {
       const int b = __ffs(static_cast<int>(bits)) - 1;
       if ((gw[j] >> b) & 1u) {
-        o[g + min(e, need)] = c0 + b;
+        placed[g + min(e, need)] = c0 + b;
         ++g;
       } else {
-        if (e < need) o[g + e] = c0 + b;
+        if (e < need) placed[g + e] = c0 + b;
         ++e;
       }
     }
   }
+  __syncthreads();
+  if (k % 4 == 0 && (reinterpret_cast<uintptr_t>(o) & 15) == 0) {
+    for (int i = threadIdx.x; i < k / 4; i += kT) {
+      reinterpret_cast<int4*>(o)[i] = reinterpret_cast<const int4*>(placed)[i];
+    }
+  } else {
+    for (int i = threadIdx.x; i < k; i += kT) o[i] = placed[i];
+  }
+}
+
+// Where the one-read pass takes its first threshold lo on a row of more than one round. kRoundKth
+// (production): the floor of the bucket holding the first round's k-th largest (every later key
+// below it has k others above: never too high; where a row's keys look alike along it, a quarter of
+// a 64k row stays, so the candidates overflow and are cut). kSample (the bench library's paths 15
+// and 16, an experiment): that of the first round's sample_rank-th largest, the rank at which the
+// row's k-th largest is expected in a round plus four standard deviations; where it proves too
+// high, lowered to kRoundKth's (stream_topk). Side by side on an H200 it was 1.09-1.13x faster on
+// GLM-5's 64k rows without a mask, 1.02-1.04x with the bool mask the slot passes, and 0.73-0.77x
+// where the scores fall along the row (docs/kernels.md). kGiven (the bench library's paths 13 and
+// 14): a threshold given per row (opslot_topk_set_hint); a row it leaves with fewer than k
+// candidates takes the two-read path.
+enum Start { kRoundKth, kSample, kGiven };
+
+// kSample's rank in a round of m of the row's n keys (n > m): f m + 4 sqrt(f m) + 4, f = k / n,
+// at most k.
+__device__ __forceinline__ int sample_rank(int k, int m, int64_t n) {
+  const float fm = static_cast<float>(k) * static_cast<float>(m) / static_cast<float>(n);
+  return min(k, static_cast<int>(ceilf(fm + 4.f * sqrtf(fm) + 4.f)));
 }
 
 // Where stream_topk's time goes, in the bench library (opslot_topk_probe_phases): thread 0's
 // clock between marks, summed over rows by phase (0 the first round's select of lo, 1 the rounds,
-// 2 the cuts, 3 the select, 4 the write), then rows, cuts and rounds counted; nothing in
-// production.
+// 2 the cuts, 3 the select, 4 the write), then rows, cuts and rounds counted, rows whose sampled lo
+// was lowered and rows handed to the two-read path; nothing in production.
 #ifdef OPSLOT_KERNELS_BENCH
-__device__ unsigned long long g_phase[8];
+constexpr int kProbes = 10;
+__device__ unsigned long long g_phase[kProbes];
 struct PhaseClock {
   long long t;
   __device__ PhaseClock() { t = clock64(); }
@@ -696,19 +729,19 @@ struct PhaseClock {
 
 // The row read once: rounds of round_keys(kT) keys, each key at or above the threshold `lo`
 // appended to the candidates in shared memory (a warp's by one atomicAdd: their order is not fixed,
-// the result does not depend on it). The first lo: the floor of the bucket holding the first
-// round's k-th largest, by a digit spreading that round's keys (its least to its greatest) over at
-// most 1025 buckets. A round that would overflow the candidates is dropped, the candidates cut to
-// those at or above the k-th largest's bucket (stream_compact, which raises lo to that bucket's
-// floor: every key below it has k others above) and the round taken again from registers. Then the
-// select over the candidates (its first digit spanning them) and the bitmap write. Returns false,
-// before writing anything, for rows too long, k too large, or a round that overflows twice (ties at
-// the k-th largest filling the candidates): the row then takes the two-read path. Each round asks
-// L2 for the next one (kAhead 1), or for the one after it (2, the bench library's path 12; the
-// first round for both). kHint (the bench library's path 13, an experiment): the first lo is `hint`
-// instead of the first round's select, and a row left with fewer than k candidates (a hint above
-// its k-th largest) returns false.
-template <int kMask, int kT, int kAhead, bool kHint = false>
+// the result does not depend on it). The first lo on the first round's keys (Start). A round that
+// would overflow the candidates is dropped, the candidates cut to those at or above the k-th
+// largest's bucket (stream_compact, which raises lo to that bucket's floor: every key below it has
+// k others above) and the round taken again from registers. kSample lowers a sampled lo that proves
+// too high to kRoundKth's: where the second round adds fewer than half the sampled rank (the row's
+// keys falling, seen early) or the row ends with fewer than k candidates, the pass starts again
+// from the first round with the lower lo. Then the select over the candidates (its first digit
+// spanning them) and the bitmap write. Returns false, before writing anything, for rows too long,
+// k too large, or a round that overflows twice (ties at the k-th largest filling the candidates),
+// and for kGiven a row left with fewer than k candidates: the row then takes the two-read path.
+// Each round asks L2 for the next one (kAhead 1), or for the one after it (2, the bench library's
+// path 12; the first round for both).
+template <int kMask, int kT, int kAhead, int kStart>
 __device__ bool stream_topk(const RowSource<kMask>& src, int k, unsigned char* smem, int* hist,
                             int* warp_sums, int* pick, int* counts, uint32_t* span, int32_t* o,
                             uint32_t hint = 0u) {
@@ -720,14 +753,21 @@ __device__ bool stream_topk(const RowSource<kMask>& src, int k, unsigned char* s
   if (threadIdx.x < 3) counts[threadIdx.x] = 0;
   PhaseClock clock;
   clock.count(5);
+  constexpr int64_t kStep = kRound * kT;  // chunks a round
   const int64_t chunks = src.chunks();
   const int lane = threadIdx.x & 31;
   uint32_t lo = 0u, top = 0u;  // the bucket of the first round's k-th largest (key >> high)
+  int rank = k;                // kSample: the sampled rank
+  bool sampled = false;        // kSample: lo still the sampled one
+  uint32_t first_bin = 0u;     // kSample: the first round's histogram's first bucket and
+  int bins = 0;                // buckets (kept in hist until a cut or the select)
   uint32_t mx = 0u;            // the greatest key this thread appended
   int high = 0, need = 0;      // and the rank in it: the whole row's where it is one round
   bool exact = false;          // the bucket holds exactly the keys needed
   int start = 0, round = 0;    // candidates before this round; rounds taken, the retries counted
-  for (int64_t base = 0; base < chunks; base += kRound * kT) {
+  // The round of chunks from `base` (the first: lo chosen on its keys): its keys at or above lo
+  // appended; returns how many, -1 where it overflows twice. One call site: inlined once.
+  auto take_round = [&](int64_t base, bool first) -> int {
     uint32_t key[kRound][4];
     int cnt[kRound];
     {
@@ -738,24 +778,20 @@ __device__ bool stream_topk(const RowSource<kMask>& src, int k, unsigned char* s
       for (int i = 0; i < kRound; ++i) {
         whole[i] = src.fetch(base + i * kT + threadIdx.x, v[i], mw[i]);
       }
-      if constexpr (kAhead == 1) {
-        if (base + kRound * kT < chunks) {  // the next round on its way to L2
-          src.prefetch(base + kRound * kT, kRound * kT, threadIdx.x);
-        }
+      if constexpr (kAhead == 1) {  // the next round
+        if (base + kStep < chunks) src.prefetch(base + kStep, kStep, threadIdx.x);
       } else {  // the round after next (the first round: the next one too)
-        if (base == 0 && kRound * kT < chunks) src.prefetch(kRound * kT, kRound * kT, threadIdx.x);
-        if (base + 2 * kRound * kT < chunks) {
-          src.prefetch(base + 2 * kRound * kT, kRound * kT, threadIdx.x);
-        }
+        if (base == 0 && kStep < chunks) src.prefetch(kStep, kStep, threadIdx.x);
+        if (base + 2 * kStep < chunks) src.prefetch(base + 2 * kStep, kStep, threadIdx.x);
       }
 #pragma unroll
       for (int i = 0; i < kRound; ++i) {
         cnt[i] = src.keys(base + i * kT + threadIdx.x, whole[i], v[i], mw[i], key[i]);
       }
     }
-    if (kHint && base == 0) {
+    if (first && kStart == kGiven) {
       lo = hint;
-    } else if (base == 0) {  // the round has more than k keys (the row more than k, a round >= k)
+    } else if (first) {  // the round has more than k keys (the row more than k, a round >= k)
       uint32_t least = 0xffffffffu;
 #pragma unroll
       for (int i = 0; i < kRound; ++i) {
@@ -766,18 +802,24 @@ __device__ bool stream_topk(const RowSource<kMask>& src, int k, unsigned char* s
       }
       uint32_t a, b;
       block_span<kT>(least, mx, span, a, b);
-      high = span_select<kT>(a, b, k, hist, warp_sums, pick, top, need, exact,
-                             [&](int shift, uint32_t first) {
+      if (kStart == kSample && chunks > kStep) rank = sample_rank(k, round_keys(kT), src.n);
+      high = span_select<kT>(a, b, rank, hist, warp_sums, pick, top, need, exact,
+                             [&](int shift, uint32_t lowest) {
 #pragma unroll
                                for (int i = 0; i < kRound; ++i) {
 #pragma unroll
                                  for (int j = 0; j < 4; ++j) {
                                    if (j < cnt[i])
-                                     atomicAdd(&hist[(key[i][j] >> shift) - first], 1);
+                                     atomicAdd(&hist[(key[i][j] >> shift) - lowest], 1);
                                  }
                                }
                              });
       lo = top << high;
+      if (kStart == kSample && rank < k) {
+        sampled = true;
+        first_bin = a >> high;
+        bins = static_cast<int>((b >> high) - first_bin) + 1;
+      }
       clock.mark(0);
     }
     for (int attempt = 0;; ++attempt, ++round) {
@@ -793,12 +835,12 @@ __device__ bool stream_topk(const RowSource<kMask>& src, int k, unsigned char* s
       bool over = false;
       if (__any_sync(0xffffffffu, take != 0)) {
         const int incl = warp_scan(take);
-        int b = 0;
-        if (lane == 31) b = atomicAdd(&counts[round % 3], incl);
-        b = __shfl_sync(0xffffffffu, b, 31);
-        over = start + b + __shfl_sync(0xffffffffu, incl, 31) > stream_cap(kT);
+        int at = 0;
+        if (lane == 31) at = atomicAdd(&counts[round % 3], incl);
+        at = __shfl_sync(0xffffffffu, at, 31);
+        over = start + at + __shfl_sync(0xffffffffu, incl, 31) > stream_cap(kT);
         if (!over) {
-          int at = start + b + incl - take;
+          at += start + incl - take;
 #pragma unroll
           for (int i = 0; i < kRound; ++i) {
             const int c0 = 4 * static_cast<int>(base + i * kT + threadIdx.x);
@@ -818,23 +860,48 @@ __device__ bool stream_topk(const RowSource<kMask>& src, int k, unsigned char* s
       clock.mark(1);
       clock.count(7);
       if (!overflow) {
-        start += counts[round % 3];
+        const int added = counts[round % 3];
+        start += added;
         ++round;
-        break;
+        return added;
       }
-      if (attempt == 1) return false;
+      if (attempt == 1) return -1;
       uint32_t unused, hi;
       block_span<kT>(lo, mx, span, unused, hi);
       lo = stream_compact<kT>(keys, cols, start, k, lo, hi, hist, warp_sums, pick, start);
       clock.mark(2);
       clock.count(6);
     }
+  };
+  // The rounds. kSample's lo lowered where the second round adds fewer than half the sampled rank
+  // or the row ends with fewer than k candidates: the pass starts again from kRoundKth's lo, picked
+  // on the first round's histogram, still in hist (no cut has run before either check: the first
+  // two rounds fit the candidates, and a cut leaves at least k).
+  for (int64_t base = 0; base < chunks;) {
+    const int added = take_round(base, round == 0);
+    if (added < 0) {
+      clock.count(9);
+      return false;
+    }
+    base += kStep;
+    const bool early = base == 2 * kStep && 2 * added < rank;
+    if (kStart == kSample && sampled && (early || (base >= chunks && start < k))) {
+      clock.count(8);
+      pick_bucket<kT>(hist, bins, k, warp_sums, pick);
+      lo = (first_bin + static_cast<uint32_t>(pick[0])) << high;
+      sampled = false;
+      start = 0;
+      base = 0;
+    }
+  }
+  if (kStart != kRoundKth && start < k) {
+    clock.count(9);
+    return false;
   }
   // The select over the candidates (at least k, from lo to the greatest). A row of one round
   // without a cut has the bucket of its k-th largest from the first round.
-  if (kHint && start < k) return false;
   const KeySource cand{keys, start};
-  if (kHint || chunks > kRound * kT) {
+  if (kStart == kGiven || chunks > kRound * kT) {
     uint32_t unused, hi;
     block_span<kT>(lo, mx, span, unused, hi);
     high = span_select<kT>(cand, lo, hi, k, hist, warp_sums, pick, top, need, exact);
@@ -843,7 +910,8 @@ __device__ bool stream_topk(const RowSource<kMask>& src, int k, unsigned char* s
   const int shift =
       exact ? high : select_below<kT>(cand, prefix, high, need, hist, warp_sums, pick);
   clock.mark(3);
-  stream_write<kT>(keys, cols, start, src.n, shift, prefix, need, gt_bits, eq_bits, warp_sums, o);
+  stream_write<kT>(keys, cols, start, src.n, k, shift, prefix, need, gt_bits, eq_bits, warp_sums,
+                   o);
   clock.mark(4);
   return true;
 }
@@ -851,7 +919,7 @@ __device__ bool stream_topk(const RowSource<kMask>& src, int k, unsigned char* s
 // Rows longer than the register kernel takes: the one-read pass (stream_topk) where it takes the
 // row; else the top digit's histogram over the row, then the rest over the keys at or above its
 // bucket held in shared memory (the row read twice), or over the row.
-template <int kMask, int kT, int kAhead = 1, bool kHint = false>
+template <int kMask, int kT, int kAhead = 1, int kStart = kRoundKth>
 __global__ void __launch_bounds__(kT, kT == 512 ? 2 : 3) topk_kernel(const Params p) {
   // stream_topk's candidates and bitmaps, or kHeld keys and columns
   extern __shared__ uint4 held[];
@@ -866,11 +934,11 @@ __global__ void __launch_bounds__(kT, kT == 512 ? 2 : 3) topk_kernel(const Param
   const int k = p.k;
   uint32_t hint = 0u;
 #ifdef OPSLOT_KERNELS_BENCH
-  if constexpr (kHint) hint = p.hint[blockIdx.x];
+  if constexpr (kStart == kGiven) hint = p.hint[blockIdx.x];
 #endif
   if (src.n > p.stream_min &&
-      stream_topk<kMask, kT, kAhead, kHint>(src, k, reinterpret_cast<unsigned char*>(held), hist,
-                                            warp_sums, pick, counts, span, o, hint)) {
+      stream_topk<kMask, kT, kAhead, kStart>(src, k, reinterpret_cast<unsigned char*>(held), hist,
+                                             warp_sums, pick, counts, span, o, hint)) {
     return;
   }
   histogram<kT>(src, 21, 32, 0u, hist);  // the top digit, bits 21 to 31
@@ -1149,7 +1217,7 @@ __global__ void __launch_bounds__(32 * block_warps(kG), warp_blocks_per_sm(kMask
 // them), 0 in production.
 #ifdef OPSLOT_KERNELS_BENCH
 int g_path = 0;
-constexpr int kLastPath = 14;
+constexpr int kLastPath = 16;
 const uint32_t* g_hint = nullptr;  // paths 13 and 14's thresholds (opslot_topk_set_hint)
 #else
 constexpr int g_path = 0;
@@ -1224,10 +1292,10 @@ int launch_group(const Params& p, int rows, cudaStream_t stream) {
 int long_threads(int64_t cols) { return production_middle_rows() && cols <= 16384 ? 256 : 512; }
 
 // topk_kernel with kT threads a block over `grid` rows.
-template <int kMask, int kT, int kAhead = 1, bool kHint = false>
+template <int kMask, int kT, int kAhead = 1, int kStart = kRoundKth>
 int launch_long(const Params& p, unsigned grid, cudaStream_t stream) {
   constexpr size_t smem = kernel_smem(kT);
-  const auto kernel = topk_kernel<kMask, kT, kAhead, kHint>;
+  const auto kernel = topk_kernel<kMask, kT, kAhead, kStart>;
   const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                static_cast<int>(smem));
   if (err != cudaSuccess) {
@@ -1303,9 +1371,12 @@ int launch_rows(Params p, int64_t rows, int64_t lo, int64_t hi, int64_t longest,
     }
     Params q = p;
     q.hint = g_hint;
-    if (g_path == 14) return launch_long<kMask, 256, 1, true>(q, grid, stream);
-    return launch_long<kMask, 512, 1, true>(q, grid, stream);
+    if (g_path == 14) return launch_long<kMask, 256, 1, kGiven>(q, grid, stream);
+    return launch_long<kMask, 512, 1, kGiven>(q, grid, stream);
   }
+  // 15: the one-read pass from a sampled first lo (kSample); 16: the same in 256-thread blocks.
+  if (g_path == 15) return launch_long<kMask, 512, 1, kSample>(p, grid, stream);
+  if (g_path == 16) return launch_long<kMask, 256, 1, kSample>(p, grid, stream);
 #endif
   return launch_long<kMask, 512>(p, grid, stream);
 }
@@ -1394,7 +1465,7 @@ OPSLOT_API int opslot_topk_indices(const float* scores, int64_t batch, int64_t s
 
 #ifdef OPSLOT_KERNELS_BENCH
 extern "C" OPSLOT_API int opslot_topk_probe_phases(unsigned long long* out, int reset) {
-  const unsigned long long zero[8] = {};
+  const unsigned long long zero[opslot::topk::kProbes] = {};
   const cudaError_t err = reset ? cudaMemcpyToSymbol(opslot::topk::g_phase, zero, sizeof(zero))
                                 : cudaMemcpyFromSymbol(out, opslot::topk::g_phase, sizeof(zero));
   if (err != cudaSuccess) {

@@ -91,7 +91,11 @@ OPSLOT_API int opslot_mhc_collapse_set_tuning(int threads);
  * instead of the next; 13 (an experiment) the one-read pass with its first threshold given per row
  * by opslot_topk_set_hint instead of its first round's select (a row whose hint leaves it fewer
  * than k candidates takes the two-read path); 14 the same in 256-thread blocks (three an SM, 7168
- * candidates; production's rows of more than 16384 columns take 512). All give the same bits. */
+ * candidates; production's rows of more than 16384 columns take 512); 15 (an experiment) the
+ * one-read pass with its first threshold at a sampled rank of its first round's keys (f m + 4
+ * sqrt(f m) + 4, f = k / n, m the round's keys) instead of k, lowered to production's where it
+ * proves too high (kernels/src/topk.cu, Start: kSample); 16 the same in 256-thread blocks. All give
+ * the same bits. */
 OPSLOT_API int opslot_topk_set_tuning(int path);
 
 /* Paths 13 and 14's thresholds: lo[r] (device memory, one a row of the next calls' [batch * seq]
@@ -100,9 +104,11 @@ OPSLOT_API int opslot_topk_set_tuning(int path);
 OPSLOT_API int opslot_topk_set_hint(const uint32_t* lo);
 
 /* Where the long-row top-k kernel's one-read pass spends its time (kernels/src/topk.cu,
- * PhaseClock): reset 1 clears the counters; reset 0 copies them to out[8]: the clock cycles of
+ * PhaseClock): reset 1 clears the counters; reset 0 copies them to out[10]: the clock cycles of
  * the block's first thread summed over rows in 0 the first round's threshold, 1 the rounds, 2 the
- * cuts of the candidates, 3 the select, 4 the write; then 5 rows, 6 cuts and 7 rounds counted. */
+ * cuts of the candidates, 3 the select, 4 the write; then 5 rows, 6 cuts and 7 rounds counted, 8
+ * rows whose sampled threshold was lowered (their rounds read again), 9 rows the pass handed to
+ * the two-read path. */
 OPSLOT_API int opslot_topk_probe_phases(unsigned long long* out, int reset);
 
 /* The lightning indexer's scores (opslot_dsa_index_scores) on 16-bit inputs where production runs

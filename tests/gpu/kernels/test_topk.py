@@ -248,34 +248,39 @@ def test_every_kernel_gives_the_same_bits():
             if cols in (3000, 4096):
                 cases.append((rows, k, limit, additive))
     want = [check(*c[:3], f"{c[0].shape} k={c[1]}", c[3]) for c in cases]
-    f = same_bits_on_paths((1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 0), cases, want)
-    assert f(15) != 0 and f(-1) != 0
+    f = same_bits_on_paths((1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 15, 16, 0), cases, want)
+    assert f(17) != 0 and f(-1) != 0
 
 
 def test_one_read_pass_cuts_its_candidates_and_gives_up():
     """The long-row kernel's one-read pass (kernels/src/topk.cu, stream_topk): rounds of 8192 keys whose keys at
     or above a threshold join at most 11264 candidates in shared memory; a round that would overflow them is
     taken again after the candidates are cut to the k-th largest's bucket, and a second overflow hands the row
-    to the two-read path. An ascending row (a cut every round), a descending one (none after the first), ties
-    at the k-th largest filling the candidates before an ascending run (the pass gives up), a boosted run in
-    noise; rows of 65536 columns (the most it takes) and 65537 (the two-read path), k = 2048 (the most it
-    takes) and 2049; with limits and a bool mask: the CPU kernel's bits, and the same with the pass off (the bench
-    library's paths 3 and 4), on rows of any length (5) and asking L2 for the round after next (12)."""
+    to the two-read path. An ascending row (a cut every round), a descending one (none after the first; from a
+    sampled threshold, the second round adds too few keys: lowered there), ties at the k-th largest filling the
+    candidates before an ascending run (the pass gives up), a boosted run in noise, noise that drops after two
+    rounds (from a sampled threshold, fewer than k candidates at the row's end: lowered there); rows of 65536
+    columns (the most it takes) and 65537 (the two-read path), k = 2048 (the most it takes) and 2049; with limits
+    and a bool mask: the CPU kernel's bits, and the same with the pass off (the bench library's paths 3 and 4),
+    on rows of any length (5), asking L2 for the round after next (12), and from a sampled threshold (15, and in
+    256-thread blocks 16)."""
     T = 65536
     ramp = torch.linspace(-3, 3, T + 1, device=DEV)
     ties = torch.cat([torch.ones(8192, device=DEV), torch.linspace(2, 3, T + 1 - 8192, device=DEV)])
     noise = torch.randn(T + 1, device=DEV, generator=torch.Generator(device=DEV).manual_seed(7))
     boosted = noise.clone()
     boosted[30000:33000] += 5
-    rows = torch.stack([ramp, ramp.flip(0), ties, boosted, noise])
-    limit = torch.tensor([T, T - 9, T, 20001, 8191], device=DEV, dtype=torch.int32)
+    dropped = noise.clone()
+    dropped[16384:] -= 10
+    rows = torch.stack([ramp, ramp.flip(0), ties, boosted, noise, dropped])
+    limit = torch.tensor([T, T - 9, T, 20001, 8191, T - 3], device=DEV, dtype=torch.int32)
     mask = torch.rand(1, T + 1, device=DEV) > 0.05
     cases = []
     for cols in (T, T + 1):
         for k in (1, 513, 2048, 2049):
             cases += [(rows[:, :cols], k, None, None), (rows[:, :cols], k, limit, mask[:, :cols])]
     want = [check(*c[:3], f"{c[0].shape[1]} k={c[1]} {c[2] is None}", c[3]) for c in cases]
-    same_bits_on_paths((3, 4, 5, 12), cases, want)
+    same_bits_on_paths((3, 4, 5, 12, 15, 16), cases, want)
 
 
 def order_keys(t):
@@ -349,7 +354,7 @@ def test_the_phase_probe_counts_the_one_read_pass():
     with bench_library() as lib:
         probe = lib.opslot_topk_probe_phases
         probe.argtypes, probe.restype = [ctypes.c_void_p, ctypes.c_int], ctypes.c_int
-        c = (ctypes.c_ulonglong * 8)()
+        c = (ctypes.c_ulonglong * 10)()
         assert probe(None, 1) == 0
         assert torch.equal(op(s, 512, limit), want)
         torch.cuda.synchronize()
@@ -357,8 +362,41 @@ def test_the_phase_probe_counts_the_one_read_pass():
         assert c[5] == 3, list(c)  # rows 0, 1 and 4
         assert c[7] == 5 + 5 + 3 + c[6], list(c)  # rounds of 8192 keys, each cut's retry counted
         assert c[6] >= 3, list(c)  # the ascending row: rounds 2 to 5 overflow the candidates
+        assert c[8] == 0 and c[9] == 0, list(c)  # no threshold lowered, no row handed on
         assert all(x > 0 for x in c[:5]), list(c)
-        assert probe(None, 1) == 0 and probe(ctypes.addressof(c), 0) == 0 and list(c) == [0] * 8
+        assert probe(None, 1) == 0 and probe(ctypes.addressof(c), 0) == 0 and list(c) == [0] * 10
+
+
+def test_a_sampled_threshold_too_high_is_lowered():
+    """The bench library's path 15: the one-read pass from a sampled first threshold (kernels/src/topk.cu, Start:
+    kSample), counted by the probe: on noise it stays; where the second round adds fewer than half the sampled
+    rank (a descending row) or the row ends with fewer than k candidates (noise that drops after two rounds), it
+    is lowered to the first round's k-th largest and the pass starts again (two rounds read again for the first,
+    eight for the second), no row handed to the two-read path; the CPU kernel's bits."""
+    import ctypes
+
+    T = 65536
+    noise = torch.randn(T, device=DEV, generator=torch.Generator(device=DEV).manual_seed(5))
+    dropped = noise.clone()
+    dropped[16384:] -= 10
+    rows = [noise, torch.linspace(3, -3, T, device=DEV), dropped]
+    wants = [check(row.view(1, T), 2048, what="sampled threshold") for row in rows]
+    with bench_library() as lib:
+        probe = lib.opslot_topk_probe_phases
+        probe.argtypes, probe.restype = [ctypes.c_void_p, ctypes.c_int], ctypes.c_int
+        set_path = knob(lib, "opslot_topk_set_tuning", 1)
+        try:
+            assert set_path(15) == 0
+            for row, want, lowered, rounds in zip(rows, wants, (0, 1, 1), (8, 8 + 2, 8 + 8)):
+                c = (ctypes.c_ulonglong * 10)()
+                assert probe(None, 1) == 0
+                assert torch.equal(op(row.view(1, T), 2048), want)
+                torch.cuda.synchronize()
+                assert probe(ctypes.addressof(c), 0) == 0
+                assert (c[5], c[6], c[8], c[9]) == (1, 0, lowered, 0), list(c)
+                assert c[7] == rounds, list(c)
+        finally:
+            assert set_path(0) == 0
 
 
 def test_views_and_shapes():
