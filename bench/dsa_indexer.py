@@ -322,11 +322,17 @@ def topk_rows(run, model, L, what, fn, nbytes, hints=(), copy=True):
                 set_hint(None)
 
 
+def trend_ramp(scores):
+    """A ramp over the scores' columns, 0 to four times the last row's standard deviation (trend_rows,
+    bench/topk_ncu.py's TREND)."""
+    return torch.linspace(0, 4 * float(scores[0, -1].std()), scores.shape[-1], device=scores.device)
+
+
 def trend_rows(run, L, scores, top_k, limit, nbytes):
-    """--topk-trends: GLM-5's top-k (no mask) of its scores plus a ramp over the columns, 0 to four times the last
-    row's standard deviation, rising (the latest keys chosen most: a threshold from the first round too low) and
-    falling (the earliest: one sampled from the first round too high, the one-read pass's fallback)."""
-    ramp = torch.linspace(0, 4 * float(scores[0, -1].std()), scores.shape[-1], device=DEV)
+    """--topk-trends: GLM-5's top-k (no mask) of its scores plus trend_ramp, rising (the latest keys chosen most: a
+    threshold from the first round too low) and falling (the earliest: one sampled from the first round too high,
+    the one-read pass's fallback)."""
+    ramp = trend_ramp(scores)
     for label, sign in (("rising", 1.0), ("falling", -1.0)):
         trended = scores + sign * ramp
         what = f"topk_indices k={top_k} of the scores {label} with the column (ours)"

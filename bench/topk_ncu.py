@@ -60,9 +60,10 @@ def main():
     limit = (pos // 4 if v4 else pos).view(1, L)
     scores = DI.dsa_index_scores(q, k, w, D**-0.5, limit)
     trend = os.environ.get("TREND", "")
-    if trend:  # bench/dsa_indexer.py's trend_rows: a ramp over the columns, 0 to 4 last-row deviations
-        ramp = torch.linspace(0, 4 * float(scores[0, -1].std()), scores.shape[-1], device="cuda")
-        scores += {"rising": 1.0, "falling": -1.0}[trend] * ramp
+    if trend:  # bench/dsa_indexer.py's trend_rows
+        import dsa_indexer as DX
+
+        scores += {"rising": 1.0, "falling": -1.0}[trend] * DX.trend_ramp(scores)
     mask = None
     if os.environ.get("MASK") == "1":  # the slot's form: the causal bool mask too (GLM-5's)
         assert not v4, "MASK=1: GLM-5's rows only"

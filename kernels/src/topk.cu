@@ -901,7 +901,7 @@ __device__ bool stream_topk(const RowSource<kMask>& src, int k, unsigned char* s
   // The select over the candidates (at least k, from lo to the greatest). A row of one round
   // without a cut has the bucket of its k-th largest from the first round.
   const KeySource cand{keys, start};
-  if (kStart == kGiven || chunks > kRound * kT) {
+  if (kStart == kGiven || chunks > kStep) {
     uint32_t unused, hi;
     block_span<kT>(lo, mx, span, unused, hi);
     high = span_select<kT>(cand, lo, hi, k, hist, warp_sums, pick, top, need, exact);
