@@ -134,16 +134,18 @@ static: deps venv
 	ldd .device-bin/patchgen || true
 
 # The GPU machine's inputs within the device tool's 64 MiB carry: `make static`'s patchgen and
-# libopslot_torch.so, the kernels' production and bench libraries stripped and gzipped, and COMMIT
-# (the commit they were built from, "-dirty" with uncommitted changes). On the device machine:
+# libopslot_torch.so, the kernels' production and bench libraries stripped and xz-packed (about
+# half of gzip's size: room for a second library to time side by side), and COMMIT (the commit
+# they were built from, "-dirty" with uncommitted changes). On the device machine:
 # `source scripts/device-env.sh` unpacks them and sets the variables the runtime reads.
 device-bin: static
 	cmake --build $(BUILD_STATIC) -j $(JOBS) --target opslot_kernels_bench
 	rm -f .device-bin/libopslot_kernels.so .device-bin/libopslot_kernels.so.gz \
-	  .device-bin/libopslot_kernels_bench.so.gz
+	  .device-bin/libopslot_kernels_bench.so.gz .device-bin/libopslot_kernels.so.xz \
+	  .device-bin/libopslot_kernels_bench.so.xz
 	strip -o .device-bin/libopslot_kernels.so $(BUILD_STATIC)/kernels/libopslot_kernels.so
 	strip -o .device-bin/libopslot_kernels_bench.so $(BUILD_STATIC)/kernels/libopslot_kernels_bench.so
-	gzip -f .device-bin/libopslot_kernels.so .device-bin/libopslot_kernels_bench.so
+	xz -9 -T $(JOBS) -f .device-bin/libopslot_kernels.so .device-bin/libopslot_kernels_bench.so
 	git describe --always --dirty > .device-bin/COMMIT
 	du -ch .device-bin | tail -1
 

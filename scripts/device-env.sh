@@ -5,19 +5,27 @@
 #
 # Sets and exports, each only where it is not set already: OPSLOT_KERNELS_LIB, OPSLOT_KERNELS_BENCH_LIB
 # (where the bench library was packed), OPSLOT_TORCH_LIB, PATCHGEN and PATCHGEN_BIN; puts runtime/
-# first on PYTHONPATH. A library packed gzipped (NAME.so.gz: `make device-bin`, to fit the device
-# tool's 64 MiB carry) is unpacked into /tmp/opslot-device/, once per packing. Prints what it set and
+# first on PYTHONPATH. A library packed (NAME.so.xz from `make device-bin`, to fit the device tool's
+# 64 MiB carry, or NAME.so.gz) is unpacked into /tmp/opslot-device/, once per packing (.xz by
+# Python's lzma: the GPU machine need not have xz). Prints what it set and
 # the commit the libraries were built from (.device-bin/COMMIT); returns 1, setting nothing, where
 # .device-bin holds no kernels' library.
 
 _od_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 _od_bin=${BIN:-$_od_root/.device-bin}
 
-# The path of library $1 in $_od_bin, unpacked first where it is gzipped; nothing where it is absent.
+# The path of library $1 in $_od_bin, unpacked first where it is packed; nothing where it is absent.
 _od_lib() {
   local so="$_od_bin/$1" out="/tmp/opslot-device/$1"
   if [ -f "$so" ]; then
     printf '%s\n' "$so"
+  elif [ -f "$so.xz" ]; then
+    if [ ! -f "$out" ] || [ "$so.xz" -nt "$out" ]; then
+      mkdir -p /tmp/opslot-device && python3 -c 'import lzma, shutil, sys
+with lzma.open(sys.argv[1]) as f, open(sys.argv[2], "wb") as o: shutil.copyfileobj(f, o)' \
+        "$so.xz" "$out.part" && mv "$out.part" "$out" || return 1
+    fi
+    printf '%s\n' "$out"
   elif [ -f "$so.gz" ]; then
     if [ ! -f "$out" ] || [ "$so.gz" -nt "$out" ]; then
       mkdir -p /tmp/opslot-device && gunzip -c "$so.gz" > "$out.part" && mv "$out.part" "$out" || return 1
@@ -27,7 +35,7 @@ _od_lib() {
 }
 
 if [ -z "${OPSLOT_KERNELS_LIB:-}" ] && [ -z "$(_od_lib libopslot_kernels.so)" ]; then
-  echo "device-env.sh: no libopslot_kernels.so(.gz) in $_od_bin:" \
+  echo "device-env.sh: no libopslot_kernels.so(.xz, .gz) in $_od_bin:" \
     "run 'make device-bin' (or 'make static') and carry .device-bin" >&2
   unset -f _od_lib
   unset _od_root _od_bin
