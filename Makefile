@@ -140,9 +140,7 @@ static: deps venv
 # `source scripts/device-env.sh` unpacks them and sets the variables the runtime reads.
 device-bin: static
 	cmake --build $(BUILD_STATIC) -j $(JOBS) --target opslot_kernels_bench
-	rm -f .device-bin/libopslot_kernels.so .device-bin/libopslot_kernels.so.gz \
-	  .device-bin/libopslot_kernels_bench.so.gz .device-bin/libopslot_kernels.so.xz \
-	  .device-bin/libopslot_kernels_bench.so.xz
+	rm -f .device-bin/libopslot_kernels.so* .device-bin/libopslot_kernels_bench.so*
 	strip -o .device-bin/libopslot_kernels.so $(BUILD_STATIC)/kernels/libopslot_kernels.so
 	strip -o .device-bin/libopslot_kernels_bench.so $(BUILD_STATIC)/kernels/libopslot_kernels_bench.so
 	xz -9 -T $(JOBS) -f .device-bin/libopslot_kernels.so .device-bin/libopslot_kernels_bench.so

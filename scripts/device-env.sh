@@ -14,30 +14,40 @@
 _od_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 _od_bin=${BIN:-$_od_root/.device-bin}
 
+# Packed library $1 to stdout: .xz by Python's lzma, .gz by gunzip.
+_od_unpack() {
+  case "$1" in
+    *.xz)
+      python3 -c 'import lzma, shutil, sys
+shutil.copyfileobj(lzma.open(sys.argv[1]), sys.stdout.buffer)' "$1" ;;
+    *) gunzip -c "$1" ;;
+  esac
+}
+
 # The path of library $1 in $_od_bin, unpacked first where it is packed; nothing where it is absent.
 _od_lib() {
-  local so="$_od_bin/$1" out="/tmp/opslot-device/$1"
+  local so="$_od_bin/$1" out="/tmp/opslot-device/$1" packed
   if [ -f "$so" ]; then
     printf '%s\n' "$so"
-  elif [ -f "$so.xz" ]; then
-    if [ ! -f "$out" ] || [ "$so.xz" -nt "$out" ]; then
-      mkdir -p /tmp/opslot-device && python3 -c 'import lzma, shutil, sys
-with lzma.open(sys.argv[1]) as f, open(sys.argv[2], "wb") as o: shutil.copyfileobj(f, o)' \
-        "$so.xz" "$out.part" && mv "$out.part" "$out" || return 1
-    fi
-    printf '%s\n' "$out"
-  elif [ -f "$so.gz" ]; then
-    if [ ! -f "$out" ] || [ "$so.gz" -nt "$out" ]; then
-      mkdir -p /tmp/opslot-device && gunzip -c "$so.gz" > "$out.part" && mv "$out.part" "$out" || return 1
-    fi
-    printf '%s\n' "$out"
+    return 0
   fi
+  if [ -f "$so.xz" ]; then
+    packed=$so.xz
+  elif [ -f "$so.gz" ]; then
+    packed=$so.gz
+  else
+    return 0
+  fi
+  if [ ! -f "$out" ] || [ "$packed" -nt "$out" ]; then
+    mkdir -p /tmp/opslot-device && _od_unpack "$packed" > "$out.part" && mv "$out.part" "$out" || return 1
+  fi
+  printf '%s\n' "$out"
 }
 
 if [ -z "${OPSLOT_KERNELS_LIB:-}" ] && [ -z "$(_od_lib libopslot_kernels.so)" ]; then
   echo "device-env.sh: no libopslot_kernels.so(.xz, .gz) in $_od_bin:" \
     "run 'make device-bin' (or 'make static') and carry .device-bin" >&2
-  unset -f _od_lib
+  unset -f _od_lib _od_unpack
   unset _od_root _od_bin
   return 1
 fi
@@ -53,5 +63,5 @@ export PYTHONPATH="$_od_root/runtime${PYTHONPATH:+:$PYTHONPATH}"
 echo "device-env.sh: libraries of $(cat "$_od_bin/COMMIT" 2>/dev/null || echo 'an unrecorded commit'):" \
   "OPSLOT_KERNELS_LIB=$OPSLOT_KERNELS_LIB OPSLOT_KERNELS_BENCH_LIB=${OPSLOT_KERNELS_BENCH_LIB:-(none)}" \
   "OPSLOT_TORCH_LIB=${OPSLOT_TORCH_LIB:-(none)} PATCHGEN=$PATCHGEN"
-unset -f _od_lib
+unset -f _od_lib _od_unpack
 unset _od_root _od_bin
