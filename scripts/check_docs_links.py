@@ -43,24 +43,33 @@ def anchors(path):
     return ids
 
 
+def prose(text):
+    """The text with fenced code blocks and inline code blanked, its lines where they were (a link's text
+    may wrap onto the next line)."""
+    lines = text.splitlines()
+    kept = dict(prose_lines(text))
+    body = "\n".join(kept.get(no, "") for no in range(1, len(lines) + 1))
+    return re.sub(r"`[^`\n]*`", lambda m: " " * len(m.group(0)), body)
+
+
 def broken_links(root, files):
     """(file, line number, target, why) for each relative link that does not resolve."""
     cache, out = {}, []
     for f in files:
-        for no, line in prose_lines(f.read_text(encoding="utf-8")):
-            for target in LINK.findall(re.sub(r"`[^`]*`", "", line)):
-                if re.match(r"^[a-z][a-z0-9+.-]*:", target):  # http:, mailto:, …
-                    continue
-                name, _, anchor = target.partition("#")
-                dest = (f.parent / name).resolve() if name else f
-                if not dest.exists():
-                    out.append((f.relative_to(root), no, target, "no such file"))
-                    continue
-                if anchor and dest.suffix == ".md":
-                    if dest not in cache:
-                        cache[dest] = anchors(dest)
-                    if anchor not in cache[dest]:
-                        out.append((f.relative_to(root), no, target, "no such heading"))
+        body = prose(f.read_text(encoding="utf-8"))
+        for m in LINK.finditer(body):
+            target, no = m.group(1), body.count("\n", 0, m.start(1)) + 1
+            if re.match(r"^[a-z][a-z0-9+.-]*:", target):  # http:, mailto:, …
+                continue
+            name, _, anchor = target.partition("#")
+            dest = (f.parent / name).resolve() if name else f
+            if not dest.exists():
+                out.append((f.relative_to(root), no, target, "no such file"))
+            elif anchor and dest.suffix == ".md":
+                if dest not in cache:
+                    cache[dest] = anchors(dest)
+                if anchor not in cache[dest]:
+                    out.append((f.relative_to(root), no, target, "no such heading"))
     return out
 
 

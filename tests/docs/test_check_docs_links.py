@@ -35,7 +35,8 @@ def test_broken_links_are_reported_with_file_line_and_reason(tmp_path):
         "[ok](docs/b.md#numbers) [ok too](docs/b.md) [self](#a) [web](https://example.com/x#y)\n"
         "[gone](docs/c.md) `[code](docs/c.md)`\n"
         "```\n[fenced](docs/c.md)\n```\n"
-        "[wrong heading](docs/b.md#totals) [wrong self](#b)\n",
+        "[wrong heading](docs/b.md#totals) [wrong self](#b)\n"
+        "a link whose [text\nwraps](docs/b.md#wraps)\n",
         encoding="utf-8",
     )
     found = links.broken_links(tmp_path, [tmp_path / "a.md"])
@@ -43,6 +44,7 @@ def test_broken_links_are_reported_with_file_line_and_reason(tmp_path):
         ("a.md", 3, "docs/c.md", "no such file"),
         ("a.md", 7, "docs/b.md#totals", "no such heading"),
         ("a.md", 7, "#b", "no such heading"),
+        ("a.md", 9, "docs/b.md#wraps", "no such heading"),
     ]
 
 
