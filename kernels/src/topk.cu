@@ -1288,7 +1288,7 @@ int launch_group(const Params& p, int rows, cudaStream_t stream) {
 
 // Threads of the long-row kernel's blocks for rows of `cols` columns: 256 (three an SM) up to
 // 16384 columns, 512 (two an SM) above, where the one-read pass runs (256-thread blocks measured
-// 10-12 % slower there, three 384-thread blocks 7-12 %); 512 for every row in the bench library's
+// 10-12 % slower there, three 384-thread blocks 7-14 %); 512 for every row in the bench library's
 // paths 1, 2, 4 and 6.
 int long_threads(int64_t cols) { return production_middle_rows() && cols <= 16384 ? 256 : 512; }
 
