@@ -19,20 +19,20 @@ def slug(heading):
     return text.replace(" ", "-")
 
 
-def prose_lines(text):
-    """(line number, line) of the lines outside fenced code blocks."""
-    fenced = False
-    for no, line in enumerate(text.splitlines(), 1):
-        if FENCE.match(line):
-            fenced = not fenced
-        elif not fenced:
-            yield no, line
+def without_fences(text):
+    """The text with the lines of fenced code blocks (their fences too) emptied, the others in place."""
+    out, fenced = [], False
+    for line in text.splitlines():
+        fence = FENCE.match(line) is not None
+        out.append("" if fenced or fence else line)
+        fenced ^= fence
+    return out
 
 
 def anchors(path):
     """The ids of a Markdown file's headings, repeats numbered -1, -2, … as GitHub numbers them."""
     seen, ids = {}, set()
-    for _, line in prose_lines(path.read_text(encoding="utf-8")):
+    for line in without_fences(path.read_text(encoding="utf-8")):
         m = re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
         if not m:
             continue
@@ -44,11 +44,9 @@ def anchors(path):
 
 
 def prose(text):
-    """The text with fenced code blocks and inline code blanked, its lines where they were (a link's text
-    may wrap onto the next line)."""
-    lines = text.splitlines()
-    kept = dict(prose_lines(text))
-    body = "\n".join(kept.get(no, "") for no in range(1, len(lines) + 1))
+    """The text outside fenced code blocks with inline code blanked, its lines where they were (a link's
+    text may wrap onto the next line)."""
+    body = "\n".join(without_fences(text))
     return re.sub(r"`[^`\n]*`", lambda m: " " * len(m.group(0)), body)
 
 
