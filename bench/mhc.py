@@ -28,7 +28,9 @@ and dx written backward).
 --tune also times, on the bench library (opslot_mhc_set_tuning), the forward with the rows held in
 registers (blocks up to 128 / 256 threads; the default reads them twice) and the dx configurations of
 the backward (DX_VARIANTS; with --profile, each one's kernel list); --fwd-threads N,.. also the forward
-with collapse_fwd's blocks of N threads (opslot_mhc_collapse_set_tuning).
+with collapse_fwd's blocks of N threads (opslot_mhc_collapse_set_tuning); --forms C:B,.. also the op with
+collapse_fwd's form C and the comb kernels' form B (opslot_mhc_forms_set_tuning: COLLAPSE_FORMS,
+COMB_FORMS).
 
 Bytes per token (bf16, hc = 4 streams of hidden D; T tokens):
   pre / head, fwd + bwd: x read forward and backward (2 x 8D), collapsed written (2D), its gradient
@@ -141,6 +143,11 @@ DX_VARIANTS = {
 }
 
 
+#: The bench library's forms of the token kernels (opslot_mhc_forms_set_tuning; 0: production's).
+COLLAPSE_FORMS = {0: "production", 1: "a block a token", 2: "pipelined blocks"}
+COMB_FORMS = {0: "production", 1: "a thread a token", 2: "a lane an entry"}
+
+
 def _collapse_rows(copy_bw, args, out, head):
     from transformers.models.deepseek_v4.modeling_deepseek_v4 import DeepseekV4HyperConnection, DeepseekV4HyperHead
 
@@ -196,6 +203,23 @@ def _collapse_rows(copy_bw, args, out, head):
                                     measure(f"opslot cuda, forward only [{name}]", lambda: lambda: ours(xd), 10 * D * T)
                                 )
                         fwd_threads(0)
+                        forms = K.knob(lib, "opslot_mhc_forms_set_tuning", 2) if args.forms else None
+                        try:
+                            for cf, cb in args.forms:
+                                forms(cf, cb)
+                                name = f"collapse_fwd {COLLAPSE_FORMS[cf]}, comb {COMB_FORMS[cb]}"
+                                rows.append(measure(f"opslot cuda [{name}]", lambda: fb(ours), nbytes))
+                                with torch.no_grad():
+                                    rows.append(
+                                        measure(
+                                            f"opslot cuda, forward only [{name}]", lambda: lambda: ours(xd), 10 * D * T
+                                        )
+                                    )
+                                if args.profile:
+                                    K.kernel_breakdown(f"mhc/{what} {T}x4x{D} [{name}]", fb(ours), out)
+                        finally:
+                            if forms is not None:
+                                forms(0, 0)
                     finally:
                         set_tuning(0, 1)
         if args.profile:
@@ -392,12 +416,20 @@ def main():
         default=[],
         help="with --tune: collapse_fwd block sizes to time (opslot_mhc_collapse_set_tuning)",
     )
+    ap.add_argument(
+        "--forms",
+        type=lambda v: [tuple(int(i) for i in f.split(":")) for f in v.split(",") if f],
+        default=[],
+        help="with --tune: collapse_fwd:comb form pairs to time (opslot_mhc_forms_set_tuning), e.g. 1:1,2:2",
+    )
     ap.add_argument("--tokens", type=int, default=16384)
     ap.add_argument("--hidden", default="4096,7168")
     args = ap.parse_args()
     args.hidden = [int(h) for h in args.hidden.split(",")]
     if any(v not in DX_VARIANTS for v in args.dx_versions):
         ap.error(f"--dx-versions: each of {sorted(DX_VARIANTS)}")
+    if any(len(f) != 2 or f[0] not in COLLAPSE_FORMS or f[1] not in COMB_FORMS for f in args.forms):
+        ap.error("--forms: pairs collapse:comb of 0, 1 or 2")
     args.compile = args.compile.split(",") if args.compile else []
     if args.quick:
         args.tokens, args.hidden = 4096, args.hidden[:1]

@@ -5,6 +5,7 @@
 // kernels of kernels/torch/mhc.cc) and docs/kernels.md "## mhc" for the design and its byte counts.
 // The kernels are in mhc_kernels.cuh (the token-row passes), mhc_dx.cuh (dx, dx + d fn) and
 // mhc_dx90.cuh (dx + d fn on warpgroup MMAs); this file holds their launchers and the C ABI.
+#include <atomic>
 #include <initializer_list>
 
 #include "mhc_dx90.cuh"
@@ -24,14 +25,29 @@ namespace {
 //   library only; see dx_dfn_fits and opslot_mhc_dx_dfn).
 // - g_fwd_threads: collapse_fwd's threads per block (opslot_mhc_collapse_set_tuning); 0 (default)
 //   collapse_fwd_threads' choice.
+// - g_collapse_form, g_comb_form (opslot_mhc_forms_set_tuning): 0 (default) the production
+//   forms, kCollapseForm and kCombForm; collapse_fwd 1 a block a token (collapse_fwd_kernel), 2
+//   blocks that walk the tokens with the next row in flight (collapse_fwd_pipe_kernel, where
+//   16-byte vectors cover the row in at most two a stream and thread; else 1); the comb 1 a thread
+//   a token (comb_fwd_kernel, comb_bwd_kernel: bench library only), 2 a lane a matrix entry
+//   (comb_*_lanes_kernel). Each form computes the same bits.
 #ifdef OPSLOT_KERNELS_BENCH
 int g_hold_threads = 0;
 int g_dx_version = 1;
 int g_fwd_threads = 0;
+int g_collapse_form = 0;
+int g_comb_form = 0;
 #else
 constexpr int g_hold_threads = 0;
 constexpr int g_fwd_threads = 0;
+constexpr int g_collapse_form = 0;
+constexpr int g_comb_form = 0;
 #endif
+// The production forms: side by side on an H100 (docs/results/mhc_h200.md), the pipelined collapse
+// took 237 against 268 us at hidden 4096 and 397 against 490 at 7168 (16k tokens, 4 streams, bf16;
+// within 7 % of the copy rate), the lanes' Sinkhorn backward 30 against 50 us.
+constexpr int kCollapseForm = 2;
+constexpr int kCombForm = 2;
 
 // ---- launch helpers -----------------------------------------------------------------------------
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -51,6 +67,30 @@ int collapse_fwd_threads(int64_t nvec) {
   int t = 64;
   while (t < kCollapseFwdThreads && t < nvec) t *= 2;
   return t;
+}
+
+// A grid of one wave of `Kernel` at `threads` (a power of two) a block on the current GPU: its SMs
+// times the blocks an SM holds (asked once per kernel and block size).
+template <auto Kernel>
+int one_wave(const char* what, int threads, int64_t* grid) {
+  static std::atomic<int> per_sm[11];  // by log2(threads)
+  int l = 0;
+  while ((1 << l) < threads) ++l;
+  int n = per_sm[l].load(std::memory_order_relaxed);
+  cudaError_t err = cudaSuccess;
+  if (n <= 0) {
+    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, Kernel, threads, 0);
+    if (n < 1) n = 1;
+    if (err == cudaSuccess) per_sm[l].store(n, std::memory_order_relaxed);
+  }
+  int dev = 0, sms = 0;
+  if (err == cudaSuccess) err = cudaGetDevice(&dev);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  if (err != cudaSuccess)
+    return set_error(static_cast<int>(err), "%s: occupancy query failed: %s", what,
+                     cudaGetErrorString(err));
+  *grid = static_cast<int64_t>(sms) * n;
+  return OPSLOT_OK;
 }
 
 // Calls f(std::integral_constant<int, HC>) for hc in 1..4.
@@ -338,6 +378,27 @@ OPSLOT_API int opslot_mhc_collapse_fwd(int dtype, int64_t tokens, int64_t hc, in
             static_cast<const T*>(x), p, static_cast<int>(nsplit), ldp, scale, base, norm_eps,
             hc_eps, static_cast<T*>(out), mix, rstd, hidden, static_cast<int>(mixes));
       };
+      const int form = g_collapse_form != 0 ? g_collapse_form : kCollapseForm;
+      const int64_t nv = (nvec + threads - 1) / threads;
+      if (form == 2 && vec && !held && g_fwd_threads == 0 && nv <= 2) {
+        auto pipe = [&](auto kernel_tag) {
+          constexpr auto kernel = decltype(kernel_tag)::value;
+          int64_t grid = 0;
+          if (int rc = one_wave<kernel>(what, threads, &grid)) return rc;
+          if (grid > tokens) grid = tokens;
+          kernel<<<static_cast<unsigned>(grid), threads, 0, s>>>(
+              tokens, static_cast<const T*>(x), p, static_cast<int>(nsplit), ldp, scale, base,
+              norm_eps, hc_eps, static_cast<T*>(out), mix, rstd, hidden, static_cast<int>(mixes));
+          return check_launch(what);
+        };
+        if (nv == 1)
+          return pipe(std::integral_constant<
+                      decltype(&collapse_fwd_pipe_kernel<T, HC, kVec, 1, kCollapseFwdThreads>),
+                      &collapse_fwd_pipe_kernel<T, HC, kVec, 1, kCollapseFwdThreads>>{});
+        return pipe(std::integral_constant<
+                    decltype(&collapse_fwd_pipe_kernel<T, HC, kVec, 2, kCollapseFwdThreads>),
+                    &collapse_fwd_pipe_kernel<T, HC, kVec, 2, kCollapseFwdThreads>>{});
+      }
       if constexpr (kBench) {  // the held rows and other block sizes: bench library only
         if (g_fwd_threads != 0 && vec && !held) {
           launch(collapse_fwd_kernel<T, HC, kVec, false, 1024>, g_fwd_threads);
@@ -372,9 +433,18 @@ OPSLOT_API int opslot_mhc_comb_fwd(int64_t tokens, int64_t hc, int64_t iters, co
   auto s = static_cast<cudaStream_t>(stream);
   return dispatch_hc(hc, what, [&](auto hc_tag) -> int {
     constexpr int HC = decltype(hc_tag)::value;
-    const unsigned blocks = static_cast<unsigned>((tokens + 127) / 128);
-    comb_fwd_kernel<HC><<<blocks, 128, 0, s>>>(tokens, static_cast<int>(iters), mix, scale, base,
-                                               hc_eps, post, comb);
+    if constexpr (kBench) {
+      if ((g_comb_form != 0 ? g_comb_form : kCombForm) == 1) {
+        const unsigned blocks = static_cast<unsigned>((tokens + 127) / 128);
+        comb_fwd_kernel<HC><<<blocks, 128, 0, s>>>(tokens, static_cast<int>(iters), mix, scale,
+                                                   base, hc_eps, post, comb);
+        return check_launch(what);
+      }
+    }
+    constexpr int G = comb_lanes<HC>();
+    const unsigned blocks = static_cast<unsigned>((tokens * G + 255) / 256);
+    comb_fwd_lanes_kernel<HC><<<blocks, 256, 0, s>>>(tokens, static_cast<int>(iters), mix, scale,
+                                                     base, hc_eps, post, comb);
     return check_launch(what);
   });
 }
@@ -393,14 +463,20 @@ OPSLOT_API int opslot_mhc_comb_bwd(int64_t tokens, int64_t hc, int64_t iters, co
   auto s = static_cast<cudaStream_t>(stream);
   return dispatch_hc(hc, what, [&](auto hc_tag) -> int {
     constexpr int HC = decltype(hc_tag)::value;
-    // the steps' matrices of 32 tokens (fewer when they do not fit in 200 KB)
+    // a block keeps the steps' matrices of 8 tokens (32 in the bench library's thread-a-token
+    // form), fewer where they do not fit in 200 KB
+    const bool lanes = (g_comb_form != 0 ? g_comb_form : kCombForm) == 2;
+    constexpr int G = comb_lanes<HC>();
     const int64_t per_token = static_cast<int64_t>(mhc::sinkhorn_steps(static_cast<int>(iters))) *
-                              HC * HC * static_cast<int64_t>(sizeof(float));
+                              (lanes ? G : HC * HC) * static_cast<int64_t>(sizeof(float));
     int64_t tpb = (200 << 10) / per_token;
-    if (tpb > 32) tpb = 32;
+    if (tpb > (lanes ? 8 : 32)) tpb = lanes ? 8 : 32;
     if (tpb < 1) tpb = 1;
     const size_t smem = static_cast<size_t>(per_token * tpb);
-    auto kernel = comb_bwd_kernel<HC>;
+    auto kernel = comb_bwd_lanes_kernel<HC>;
+    if constexpr (kBench) {
+      if (!lanes) kernel = comb_bwd_kernel<HC>;
+    }
     if (smem > (48 << 10)) {
       const cudaError_t err = cudaFuncSetAttribute(
           kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
@@ -409,7 +485,7 @@ OPSLOT_API int opslot_mhc_comb_bwd(int64_t tokens, int64_t hc, int64_t iters, co
                          smem, cudaGetErrorString(err));
     }
     const unsigned blocks = static_cast<unsigned>((tokens + tpb - 1) / tpb);
-    kernel<<<blocks, static_cast<unsigned>(tpb), smem, s>>>(
+    kernel<<<blocks, static_cast<unsigned>(tpb * (lanes ? G : 1)), smem, s>>>(
         tokens, static_cast<int>(iters), mix, scale, base, hc_eps, g_post, g_comb, da);
     return check_launch(what);
   });
@@ -623,6 +699,17 @@ OPSLOT_API int opslot_mhc_set_tuning(int hold_max_threads, int dx_version) {
                      hold_max_threads, dx_version);
   g_hold_threads = hold_max_threads;
   g_dx_version = dx_version;
+  return OPSLOT_OK;
+}
+
+OPSLOT_API int opslot_mhc_forms_set_tuning(int collapse_form, int comb_form) {
+  if (collapse_form < 0 || collapse_form > 2 || comb_form < 0 || comb_form > 2)
+    return set_error(OPSLOT_ERR_INVALID_ARGUMENT,
+                     "mhc tuning: collapse_fwd form 0, 1 or 2 (got %d), comb form 0, 1 or 2 "
+                     "(got %d)",
+                     collapse_form, comb_form);
+  g_collapse_form = collapse_form;
+  g_comb_form = comb_form;
   return OPSLOT_OK;
 }
 

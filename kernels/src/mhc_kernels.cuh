@@ -1,6 +1,7 @@
 // The token-row kernels of DeepSeek-V4's hyper-connections (mhc.cu launches them): the split of
-// fn into bf16 terms, the collapse forward and backward (one block per token), the Sinkhorn comb
-// forward and backward (one thread per token) and mhc/post each way. The per-token math is
+// fn into bf16 terms, the collapse forward (a block a token, or blocks that walk the tokens) and
+// backward (a block a token), the Sinkhorn comb forward and backward (a lane per matrix entry; a
+// thread per token in the bench library) and mhc/post each way. The per-token math is
 // mhc_math.h; the contracts opslot_kernels/mhc.h; the design docs/kernels.md "## mhc". The dx
 // kernels are in mhc_dx.cuh.
 #pragma once
@@ -80,7 +81,8 @@ __global__ void split3_kernel(const float* __restrict__ w, int64_t n, bf16* __re
   }
 }
 
-// ---- collapse forward: one block per token ------------------------------------------------------
+// ---- collapse forward: one block per token (rows that 16-byte vectors do not cover in two a
+// stream and thread; the pipelined kernel below elsewhere) --------------------------------------
 // kHold: the token's streams stay in registers between the sum of squares and the collapse (rows of
 // up to kStreamThreads * kRowVectors vectors per stream); else the collapse reads them again (from
 // L2: the block read them a moment ago).
@@ -190,7 +192,216 @@ __global__ void __launch_bounds__(MAXT)
   }
 }
 
-// ---- post / comb from the mixes: one thread per token ----------------------------------------
+// ---- collapse forward, pipelined: a block walks the tokens blockIdx.x, + gridDim.x, ... with the
+// next token's row (and its GEMM partials) loaded into registers while the current one is reduced
+// and collapsed. NV vectors per stream and thread cover the row (nvec <= blockDim.x * NV); the sums
+// in collapse_fwd_kernel's order, so with its block size its bits.
+template <typename T, int HC, int VEC, int NV, int MAXT>
+__global__ void __launch_bounds__(MAXT)
+    collapse_fwd_pipe_kernel(int64_t tokens, const T* __restrict__ x, const float* __restrict__ p,
+                             int nsplit, int64_t ldp, const float* __restrict__ scale,
+                             const float* __restrict__ base, float norm_eps, float hc_eps,
+                             T* __restrict__ out, float* __restrict__ mix, float* __restrict__ rstd,
+                             int64_t hidden, int mixes) {
+  using V = Vec<T, VEC>;
+  __shared__ float red[1][32];
+  __shared__ float pre_s[HC];
+  const int64_t nvec = hidden / VEC;
+  const int tid = threadIdx.x;
+  auto load = [&](int64_t t, V(&r)[HC][NV], float& pacc) {
+    pacc = 0.f;
+    if (tid < mixes) {
+      for (int s = 0; s < nsplit; ++s) pacc += p[t * ldp + s * mixes + tid];
+    }
+    const T* xt = x + t * HC * hidden;
+#pragma unroll
+    for (int v = 0; v < NV; ++v) {
+      const int64_t i = tid + static_cast<int64_t>(v) * blockDim.x;
+      if (i < nvec) {
+#pragma unroll
+        for (int j = 0; j < HC; ++j) r[j][v] = reinterpret_cast<const V*>(xt + j * hidden)[i];
+      }
+    }
+  };
+  V cur[HC][NV], nxt[HC][NV];
+  float pc, pn = 0.f;
+  load(blockIdx.x, cur, pc);
+  for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
+    if (t + gridDim.x < tokens) load(t + gridDim.x, nxt, pn);
+    float ss[1] = {0.f};
+#pragma unroll
+    for (int v = 0; v < NV; ++v) {
+      if (tid + static_cast<int64_t>(v) * blockDim.x < nvec) {
+#pragma unroll
+        for (int j = 0; j < HC; ++j) {
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) {
+            const float f = to_float(cur[j][v].v[e]);
+            ss[0] += f * f;
+          }
+        }
+      }
+    }
+    block_sum<1>(ss, red);
+    const float r = rsqrtf(ss[0] / static_cast<float>(HC * hidden) + norm_eps);
+    if (tid < mixes) {
+      const float mv = r * pc;
+      mix[t * mixes + tid] = mv;
+      if (tid < HC) pre_s[tid] = mhc::sigmoid(mv * scale[0] + base[tid]) + hc_eps;
+    }
+    if (tid == 0) rstd[t] = r;
+    __syncthreads();
+    float pw[HC];
+#pragma unroll
+    for (int j = 0; j < HC; ++j) pw[j] = pre_s[j];
+    T* ot = out + t * hidden;
+#pragma unroll
+    for (int v = 0; v < NV; ++v) {
+      const int64_t i = tid + static_cast<int64_t>(v) * blockDim.x;
+      if (i < nvec) {
+        V xs[HC];
+#pragma unroll
+        for (int j = 0; j < HC; ++j) {
+          xs[j] = cur[j][v];
+          opaque(xs[j]);
+        }
+        V o;
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+          float acc = 0.f;
+#pragma unroll
+          for (int j = 0; j < HC; ++j) acc += pw[j] * to_float(xs[j].v[e]);
+          o.v[e] = from_float<T>(acc);
+        }
+        reinterpret_cast<V*>(ot)[i] = o;
+      }
+    }
+#pragma unroll
+    for (int v = 0; v < NV; ++v) {
+#pragma unroll
+      for (int j = 0; j < HC; ++j) cur[j][v] = nxt[j][v];
+    }
+    pc = pn;
+  }
+}
+
+// ---- post / comb, a lane per matrix entry -----------------------------------------------------
+// A token's G lanes (HC * HC rounded up to a power of two; blockDim.x a multiple of G): lane e
+// holds entry (e / HC, e % HC) and gathers the lines it lies on from its neighbours by shuffles,
+// then runs mhc_math.h's line functions on them in the one-thread form's order: the bits of
+// comb_fwd_kernel and comb_bwd_kernel below, with HC * HC times the threads in flight. Every thread
+// of the block takes part in the shuffles (the lanes past the last token, or past HC * HC, store
+// nothing).
+template <int HC>
+constexpr int comb_lanes() {
+  return HC * HC <= 1 ? 1 : (HC * HC <= 4 ? 4 : 16);
+}
+
+template <int HC>
+struct CombLane {
+  static constexpr int G = comb_lanes<HC>();
+  int64_t t;      // the token, clamped to the last one for the loads
+  int e, i, j;    // the entry, its row and column (clamped into the matrix)
+  bool live;      // t is a token and e an entry
+  unsigned mask;  // the block's lanes in this warp
+  __device__ CombLane(int64_t tokens) {
+    const int64_t gid = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+    const int64_t tt = gid / G;
+    e = static_cast<int>(gid % G);
+    live = tt < tokens && e < HC * HC;
+    t = tt < tokens ? tt : tokens - 1;
+    const int ec = e < HC * HC ? e : HC * HC - 1;
+    i = ec / HC;
+    j = ec % HC;
+    mask = blockDim.x >= 32 ? 0xffffffffu : (1u << blockDim.x) - 1u;
+  }
+  // v[b] = entry b of this lane's column (kColumns) or row, as held by the lanes holding them.
+  template <bool kColumns>
+  __device__ __forceinline__ void line(float own, float (&v)[HC]) const {
+#pragma unroll
+    for (int b = 0; b < HC; ++b)
+      v[b] = __shfl_sync(mask, own, kColumns ? b * HC + j : i * HC + b, G);
+  }
+};
+
+// The Sinkhorn forward of this lane's entry (comb_forward's steps); hist (may be null) receives the
+// entry entering each step at hist[(step) * blockDim.x].
+template <int HC>
+__device__ __forceinline__ float comb_lane_forward(const CombLane<HC>& L, const float* mt,
+                                                   const float* base, float s2, int iters,
+                                                   float eps, float* hist) {
+  float p[HC];
+  mhc::softmax_row<HC>(mt, base, s2, L.i, p);
+  float c = p[L.j] + eps;
+  const int steps = mhc::sinkhorn_steps(iters);
+  for (int k = 1; k <= steps; ++k) {
+    if (hist != nullptr) hist[(k - 1) * blockDim.x] = c;
+    float v[HC];
+    if (k & 1)
+      L.template line<true>(c, v);
+    else
+      L.template line<false>(c, v);
+    c = mhc::mul(c, mhc::line_inv<HC>(v, eps));
+  }
+  return c;
+}
+
+template <int HC>
+__global__ void comb_fwd_lanes_kernel(int64_t tokens, int iters, const float* __restrict__ mix,
+                                      const float* __restrict__ scale,
+                                      const float* __restrict__ base, float eps,
+                                      float* __restrict__ post, float* __restrict__ comb) {
+  constexpr int M = (2 + HC) * HC;
+  const CombLane<HC> L(tokens);
+  const float* mt = mix + L.t * M;
+  if (L.live && L.e < HC)
+    post[L.t * HC + L.e] = 2.f * mhc::sigmoid(mt[HC + L.e] * scale[1] + base[HC + L.e]);
+  const float c = comb_lane_forward<HC>(L, mt, base, scale[2], iters, eps, nullptr);
+  if (L.live) comb[L.t * HC * HC + L.e] = c;
+}
+
+// Its backward: da[t, HC .. M); the entries entering each step in shared memory, [step][thread].
+template <int HC>
+__global__ void comb_bwd_lanes_kernel(int64_t tokens, int iters, const float* __restrict__ mix,
+                                      const float* __restrict__ scale,
+                                      const float* __restrict__ base, float eps,
+                                      const float* __restrict__ g_post,
+                                      const float* __restrict__ g_comb, float* __restrict__ da) {
+  constexpr int M = (2 + HC) * HC;
+  extern __shared__ float hist[];
+  const CombLane<HC> L(tokens);
+  const float* mt = mix + L.t * M;
+  float* dt = da + L.t * M;
+  if (L.live && L.e < HC) {
+    const float s = mhc::sigmoid(mt[HC + L.e] * scale[1] + base[HC + L.e]);
+    dt[HC + L.e] = g_post != nullptr ? g_post[L.t * HC + L.e] * 2.f * s * (1.f - s) : 0.f;
+  }
+  float* h = hist + threadIdx.x;
+  comb_lane_forward<HC>(L, mt, base, scale[2], iters, eps, h);
+  float dc = g_comb != nullptr && L.live ? g_comb[L.t * HC * HC + L.e] : 0.f;
+  for (int k = mhc::sinkhorn_steps(iters); k >= 1; --k) {
+    const float c = h[(k - 1) * blockDim.x];
+    float v[HC], dv[HC];
+    if (k & 1) {
+      L.template line<true>(c, v);
+      L.template line<true>(dc, dv);
+    } else {
+      L.template line<false>(c, v);
+      L.template line<false>(dc, dv);
+    }
+    const float inv = mhc::line_inv<HC>(v, eps);
+    const float dot = mhc::line_dot<HC>(dv, v, inv);
+    dc = mhc::mul(dc - dot, inv);
+  }
+  float p[HC], dv[HC];
+  mhc::softmax_row<HC>(mt, base, scale[2], L.i, p);
+  L.template line<false>(dc, dv);
+  const float dot = mhc::softmax_dot<HC>(dv, p);
+  if (L.live) dt[2 * HC + L.e] = p[L.j] * (dc - dot);
+}
+
+// ---- post / comb from the mixes: one thread per token (bench library; the same bits as the
+// lanes' kernels above) ---------------------------------------------------------------------------
 template <int HC>
 __global__ void comb_fwd_kernel(int64_t tokens, int iters, const float* __restrict__ mix,
                                 const float* __restrict__ scale, const float* __restrict__ base,

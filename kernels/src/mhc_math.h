@@ -1,8 +1,9 @@
 // The per-token math of DeepSeek-V4's hyper-connections (mhc/pre, mhc/head), shared by the CUDA
-// kernels of mhc_kernels.cuh (one thread per token) and by the CPU kernels of kernels/torch/mhc.cc,
-// so that the CPU tests run the very code the GPU runs. Plain C++ (no CUDA types), fp32 throughout,
-// in upstream's order of operations (transformers' DeepseekV4HyperConnection /
-// DeepseekV4HyperHead):
+// kernels of mhc_kernels.cuh (a thread per token, or the Sinkhorn's lines gathered by the lanes
+// that hold their entries: the line functions below) and by the CPU kernels of
+// kernels/torch/mhc.cc, so that the CPU tests run the very code the GPU runs. Plain C++ (no CUDA
+// types), fp32 throughout, in upstream's order of operations (transformers'
+// DeepseekV4HyperConnection / DeepseekV4HyperHead):
 //
 //   mix[m]  = rstd * (x_flat . fn[m])                        m < M = (2 + hc) * hc (head: M = hc)
 //   pre[j]  = sigmoid(mix[j] * scale[0] + base[j]) + eps     j < hc
@@ -42,6 +43,17 @@ constexpr int kMaxMixes = (2 + kMaxHc) * kMaxHc;
 
 OPSLOT_MHC_FN float sigmoid(float z) { return 1.f / (1.f + expf(-z)); }
 
+// a * b rounded by itself: never fused by the compiler into an addition that follows (an FMA),
+// whether the sum is in the same thread or not. The Sinkhorn steps' products go through it, so that
+// the one-thread-per-token and the lane-per-entry kernels compute the same bits.
+OPSLOT_MHC_FN float mul(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
 // The normalisation steps of upstream's Sinkhorn loop (the first column normalisation, then
 // iters - 1 row/column pairs; iters < 1 runs the first one only, as upstream's empty range).
 OPSLOT_MHC_FN int sinkhorn_steps(int iters) { return iters > 1 ? 2 * iters - 1 : 1; }
@@ -49,28 +61,59 @@ OPSLOT_MHC_FN int sinkhorn_steps(int iters) { return iters > 1 ? 2 * iters - 1 :
 // The scale group of mix m: 0 pre, 1 post, 2 comb.
 OPSLOT_MHC_FN int group(int m, int hc) { return m < hc ? 0 : (m < 2 * hc ? 1 : 2); }
 
-// Row-wise softmax of the comb logits (max-subtracted, as torch's softmax).
+// Row i of the softmax of the comb logits (max-subtracted, as torch's softmax).
+template <int HC>
+OPSLOT_MHC_FN void softmax_row(const float* mix, const float* base, float s2, int i,
+                               float (&p)[HC]) {
+  float mx = -INFINITY;
+  OPSLOT_MHC_UNROLL
+  for (int j = 0; j < HC; ++j) {
+    p[j] = mix[2 * HC + i * HC + j] * s2 + base[2 * HC + i * HC + j];
+    mx = fmaxf(mx, p[j]);
+  }
+  float sum = 0.f;
+  OPSLOT_MHC_UNROLL
+  for (int j = 0; j < HC; ++j) {
+    p[j] = expf(p[j] - mx);
+    sum += p[j];
+  }
+  const float inv = 1.f / sum;
+  OPSLOT_MHC_UNROLL
+  for (int j = 0; j < HC; ++j) p[j] = mul(p[j], inv);
+}
+
+// Row-wise softmax of the comb logits.
 template <int HC>
 OPSLOT_MHC_FN void comb_softmax(const float* mix, const float* base, float s2, float (&p)[HC][HC]) {
   OPSLOT_MHC_UNROLL
-  for (int i = 0; i < HC; ++i) {
-    float l[HC];
-    float mx = -INFINITY;
-    OPSLOT_MHC_UNROLL
-    for (int j = 0; j < HC; ++j) {
-      l[j] = mix[2 * HC + i * HC + j] * s2 + base[2 * HC + i * HC + j];
-      mx = fmaxf(mx, l[j]);
-    }
-    float sum = 0.f;
-    OPSLOT_MHC_UNROLL
-    for (int j = 0; j < HC; ++j) {
-      l[j] = expf(l[j] - mx);
-      sum += l[j];
-    }
-    const float inv = 1.f / sum;
-    OPSLOT_MHC_UNROLL
-    for (int j = 0; j < HC; ++j) p[i][j] = l[j] * inv;
-  }
+  for (int i = 0; i < HC; ++i) softmax_row<HC>(mix, base, s2, i, p[i]);
+}
+
+// The pieces of a normalisation step and of its backward along one line (entries v[0..HC) in
+// order), shared by the one-thread-per-token form below and the lane-per-entry kernels: 1 / (the
+// line's sum + eps), and sum_b dv[b] * (v[b] * inv).
+template <int HC>
+OPSLOT_MHC_FN float line_inv(const float (&v)[HC], float eps) {
+  float s = 0.f;
+  OPSLOT_MHC_UNROLL
+  for (int b = 0; b < HC; ++b) s += v[b];
+  return 1.f / (s + eps);
+}
+template <int HC>
+OPSLOT_MHC_FN float line_dot(const float (&dv)[HC], const float (&v)[HC], float inv) {
+  float dot = 0.f;
+  OPSLOT_MHC_UNROLL
+  for (int b = 0; b < HC; ++b) dot += dv[b] * mul(v[b], inv);
+  return dot;
+}
+
+// The softmax's backward along row i: sum_j dc[j] * p[j] (dl = p * (dc - that)).
+template <int HC>
+OPSLOT_MHC_FN float softmax_dot(const float (&dc)[HC], const float (&p)[HC]) {
+  float dot = 0.f;
+  OPSLOT_MHC_UNROLL
+  for (int j = 0; j < HC; ++j) dot += dc[j] * p[j];
+  return dot;
 }
 
 // A line of the matrix: entry b of line a, along columns (kColumns: c[b][a], a column normalisation
@@ -86,12 +129,12 @@ template <int HC, bool kColumns>
 OPSLOT_MHC_FN void normalise(float (&c)[HC][HC], float eps) {
   OPSLOT_MHC_UNROLL
   for (int a = 0; a < HC; ++a) {
-    float s = 0.f;
+    float v[HC];
     OPSLOT_MHC_UNROLL
-    for (int b = 0; b < HC; ++b) s += entry<HC, kColumns>(c, a, b);
-    const float inv = 1.f / (s + eps);
+    for (int b = 0; b < HC; ++b) v[b] = entry<HC, kColumns>(c, a, b);
+    const float inv = line_inv<HC>(v, eps);
     OPSLOT_MHC_UNROLL
-    for (int b = 0; b < HC; ++b) entry<HC, kColumns>(c, a, b) = entry<HC, kColumns>(c, a, b) * inv;
+    for (int b = 0; b < HC; ++b) entry<HC, kColumns>(c, a, b) = mul(v[b], inv);
   }
 }
 
@@ -101,17 +144,16 @@ template <int HC, bool kColumns>
 OPSLOT_MHC_FN void normalise_backward(float (&c)[HC][HC], float (&dc)[HC][HC], float eps) {
   OPSLOT_MHC_UNROLL
   for (int a = 0; a < HC; ++a) {
-    float s = 0.f;
+    float v[HC], dv[HC];
     OPSLOT_MHC_UNROLL
-    for (int b = 0; b < HC; ++b) s += entry<HC, kColumns>(c, a, b);
-    const float inv = 1.f / (s + eps);
-    float dot = 0.f;
+    for (int b = 0; b < HC; ++b) {
+      v[b] = entry<HC, kColumns>(c, a, b);
+      dv[b] = entry<HC, kColumns>(dc, a, b);
+    }
+    const float inv = line_inv<HC>(v, eps);
+    const float dot = line_dot<HC>(dv, v, inv);
     OPSLOT_MHC_UNROLL
-    for (int b = 0; b < HC; ++b)
-      dot += entry<HC, kColumns>(dc, a, b) * (entry<HC, kColumns>(c, a, b) * inv);
-    OPSLOT_MHC_UNROLL
-    for (int b = 0; b < HC; ++b)
-      entry<HC, kColumns>(dc, a, b) = (entry<HC, kColumns>(dc, a, b) - dot) * inv;
+    for (int b = 0; b < HC; ++b) entry<HC, kColumns>(dc, a, b) = mul(dv[b] - dot, inv);
   }
 }
 
@@ -177,9 +219,7 @@ OPSLOT_MHC_FN void comb_backward(const float* mix, const float* base, const floa
   comb_softmax<HC>(mix, base, scale[2], p);
   OPSLOT_MHC_UNROLL
   for (int i = 0; i < HC; ++i) {
-    float dot = 0.f;
-    OPSLOT_MHC_UNROLL
-    for (int j = 0; j < HC; ++j) dot += dc[i][j] * p[i][j];
+    const float dot = softmax_dot<HC>(dc[i], p[i]);
     OPSLOT_MHC_UNROLL
     for (int j = 0; j < HC; ++j) da[2 * HC + i * HC + j] = p[i][j] * (dc[i][j] - dot);
   }

@@ -76,6 +76,13 @@ OPSLOT_API int opslot_mhc_set_tuning(int hold_max_threads, int dx_version);
  * threads per block, a multiple of 32 up to 1024; 0 (the default) the production choice. */
 OPSLOT_API int opslot_mhc_collapse_set_tuning(int threads);
 
+/* The forms of mhc's token kernels: collapse_form 1 runs opslot_mhc_collapse_fwd's collapse as a
+ * block a token, 2 as blocks that walk the tokens with the next token's row in flight (16-byte rows
+ * of up to two vectors per stream and thread; the same bits); comb_form 1 runs opslot_mhc_comb_fwd
+ * / _bwd as a thread a token, 2 as a lane a matrix entry (the same bits); 0 (the default) the
+ * production form of each. */
+OPSLOT_API int opslot_mhc_forms_set_tuning(int collapse_form, int comb_form);
+
 /* opslot_topk_indices's kernel (kernels/src/topk.cu): path 0 (the default) the production choice
  * (opslot_kernels/topk.h); 1 the long-row kernel for every row; 2 no warp kernel: the block
  * register kernel for rows of up to 4096 columns, one launch, 512-thread long-row blocks above; 3

@@ -23,7 +23,8 @@ extern "C" {
  * rounding of what the previous ones leave), for bf16 GEMMs that stand for an fp32 one. */
 OPSLOT_API int opslot_mhc_split3(const float* w, int64_t n, void* out, void* stream);
 
-/* The collapse (mhc/pre and mhc/head forward), one block per token:
+/* The collapse (mhc/pre and mhc/head forward), a block a token at a time (blocks that walk the
+ * tokens, the next token's row in flight, where 16-byte vectors cover the row):
  *   rstd[t] = 1 / sqrt(sum(x[t]^2) / K + norm_eps)
  *   mix[t, m] = rstd[t] * sum_{s < nsplit} p[t * ldp + s * M + m]   (p: x @ fn^T, nsplit partial
  *                                                                    products of a split GEMM)
@@ -36,14 +37,15 @@ OPSLOT_API int opslot_mhc_collapse_fwd(int dtype, int64_t tokens, int64_t hc, in
                                        float norm_eps, float hc_eps, void* out, float* mix,
                                        float* rstd, void* stream);
 
-/* post [T, hc] and comb [T, hc, hc] from mix [T, (2 + hc) * hc] (mhc_math.h comb_forward), one
- * thread per token. */
+/* post [T, hc] and comb [T, hc, hc] from mix [T, (2 + hc) * hc] (mhc_math.h comb_forward's
+ * steps), a lane per matrix entry. */
 OPSLOT_API int opslot_mhc_comb_fwd(int64_t tokens, int64_t hc, int64_t iters, const float* mix,
                                    const float* scale, const float* base, float hc_eps, float* post,
                                    float* comb, void* stream);
 
 /* da[t, hc .. M) from the gradients of post [T, hc] and comb [T, hc, hc] (either may be NULL:
- * zero), recomputing the Sinkhorn iterations (mhc_math.h comb_backward). iters up to 1600. */
+ * zero), recomputing the Sinkhorn iterations (mhc_math.h comb_backward's steps), a lane per matrix
+ * entry. iters up to 1600. */
 OPSLOT_API int opslot_mhc_comb_bwd(int64_t tokens, int64_t hc, int64_t iters, const float* mix,
                                    const float* scale, const float* base, float hc_eps,
                                    const float* g_post, const float* g_comb, float* da,

@@ -336,6 +336,53 @@ def test_row_paths_agree_bitwise(hidden):
         assert f(100, 1) != 0 and f(0, 18) != 0 and f(0, 0) != 0
 
 
+@pytest.mark.parametrize(
+    "dtype, hc, hidden, iters",
+    [
+        (torch.bfloat16, 4, 4096, 20),
+        (torch.bfloat16, 4, 7168, 20),
+        (torch.bfloat16, 4, 64, 1),
+        (torch.bfloat16, 3, 136, 7),
+        (torch.bfloat16, 2, 24, 20),
+        (torch.bfloat16, 1, 40, 3),
+        (torch.float16, 4, 520, 20),
+        (torch.float32, 4, 260, 20),
+        (torch.float32, 4, 66, 20),  # rows without 16-byte vectors: the block-a-token kernel only
+        (torch.bfloat16, 4, 64, 1600),  # the backward's steps fill 200 KB a token: blocks of one
+    ],
+)
+def test_token_kernel_forms_agree_bitwise(dtype, hc, hidden, iters):
+    """The forms of the token kernels (bench knob opslot_mhc_forms_set_tuning): collapse_fwd as a
+    block a token or as pipelined blocks that walk the tokens, the Sinkhorn comb forward and backward
+    as a thread a token or a lane a matrix entry: every output and gradient of pre and head bitwise
+    equal to production's. The tokens outnumber the pipelined grid's blocks on an H100 or H200 (one
+    or two blocks an SM of 512 threads at hidden 4096 and 7168, up to 32 of 64 threads on the narrow
+    rows), so that blocks walk more than one token."""
+    from opslot.kernels.cuda import mhc
+
+    m, h = hyper_connection(hidden, hc, iters), hyper_head(hidden, hc)
+    tokens = 7 if iters == 1600 else (700 if hidden >= 4096 else 5000)
+    x = streams(1, tokens, hc, hidden, dtype)
+
+    def run():
+        a = grads_of(lambda t: mhc.mhc_pre(m, t), x, [m.fn, m.base, m.scale])
+        b = grads_of(lambda t: mhc.mhc_head(h, t), x, [h.hc_fn, h.hc_base, h.hc_scale])
+        return a[0] + a[1] + b[0] + b[1]
+
+    ref = run()
+    with bench_library() as lib:
+        f = knob(lib, "opslot_mhc_forms_set_tuning", 2)
+        try:
+            for forms in ((1, 1), (2, 2), (1, 2), (2, 1)):
+                assert f(*forms) == 0
+                got = run()
+                bad = [i for i, (a, b) in enumerate(zip(ref, got)) if not torch.equal(a, b)]
+                assert not bad, (forms, bad)
+        finally:
+            assert f(0, 0) == 0
+        assert f(3, 0) != 0 and f(0, -1) != 0
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", [(1, 603, 4, 4096), (2, 37, 4, 72), (1, 5, 2, 136), (1, 70, 4, 33), (1, 300, 3, 34)])
 def test_dx_variants_agree_bitwise(dtype, shape):
