@@ -491,6 +491,21 @@ OPSLOT_API int opslot_mhc_comb_bwd(int64_t tokens, int64_t hc, int64_t iters, co
   });
 }
 
+OPSLOT_API int opslot_mhc_token_sums(int64_t tokens, const float* a, int64_t na, const float* b,
+                                     int64_t nb, float* sa, float* sb, void* stream) {
+  const char* what = "opslot_mhc_token_sums";
+  if (tokens < 0 || na < 0 || nb < 0 || na + nb > 65535 ||
+      (na > 0 && ((tokens > 0 && a == nullptr) || sa == nullptr)) ||
+      (nb > 0 && ((tokens > 0 && b == nullptr) || sb == nullptr)))
+    return set_error(
+        OPSLOT_ERR_INVALID_ARGUMENT, "%s: bad arguments (tokens %lld, na %lld, nb %lld)", what,
+        static_cast<long long>(tokens), static_cast<long long>(na), static_cast<long long>(nb));
+  if (na + nb == 0) return OPSLOT_OK;
+  token_sums_kernel<<<static_cast<unsigned>(na + nb), 512, 0, static_cast<cudaStream_t>(stream)>>>(
+      tokens, a, static_cast<int>(na), b, static_cast<int>(nb), sa, sb);
+  return check_launch(what);
+}
+
 OPSLOT_API int opslot_mhc_collapse_bwd(int dtype, int64_t tokens, int64_t hc, int64_t hidden,
                                        int64_t mixes, const void* x, const void* g_out,
                                        const float* mix, const float* rstd, const float* scale,

@@ -444,6 +444,44 @@ __global__ void comb_bwd_kernel(int64_t tokens, int iters, const float* __restri
   for (int i = HC; i < M; ++i) da[t * M + i] = d[i];
 }
 
+// ---- d base, d scale: the per-token da and dsc summed over the tokens, a block a column -------
+// Thread i adds the tokens i + u * blockDim.x into partial u % 8 (eight loads in flight), the
+// partials in a fixed tree, then the block's fixed order (block_sum).
+__global__ void __launch_bounds__(512)
+    token_sums_kernel(int64_t tokens, const float* __restrict__ a, int na,
+                      const float* __restrict__ b, int nb, float* __restrict__ sa,
+                      float* __restrict__ sb) {
+  constexpr int U = 8;
+  __shared__ float red[1][32];
+  const int c = blockIdx.x;
+  const bool first = c < na;
+  const float* src = first ? a + c : b + (c - na);
+  const int64_t ld = first ? na : nb, step = blockDim.x;
+  float acc[U];
+#pragma unroll
+  for (int u = 0; u < U; ++u) acc[u] = 0.f;
+  int64_t t = threadIdx.x;
+  for (; t + (U - 1) * step < tokens; t += U * step) {
+    float x[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) x[u] = src[(t + u * step) * ld];
+#pragma unroll
+    for (int u = 0; u < U; ++u) acc[u] += x[u];
+  }
+#pragma unroll
+  for (int u = 0; u < U - 1; ++u) {
+    if (t + u * step < tokens) acc[u] += src[(t + u * step) * ld];
+  }
+#pragma unroll
+  for (int w = 1; w < U; w *= 2) {
+#pragma unroll
+    for (int u = 0; u < U; u += 2 * w) acc[u] += acc[u + w];
+  }
+  float v[1] = {acc[0]};
+  block_sum<1>(v, red);
+  if (threadIdx.x == 0) (first ? sa[c] : sb[c - na]) = v[0];
+}
+
 // ---- collapse backward up to dx: one block per token -----------------------------------------
 template <typename T, int HC, int VEC, bool kComb>
 __global__ void __launch_bounds__(kStreamThreads)

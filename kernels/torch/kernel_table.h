@@ -54,6 +54,7 @@
   X(opslot_mhc_comb_fwd)                     \
   X(opslot_mhc_comb_bwd)                     \
   X(opslot_mhc_collapse_bwd)                 \
+  X(opslot_mhc_token_sums)                   \
   X(opslot_mhc_dx)                           \
   X(opslot_mhc_dx_dfn_fits)                  \
   X(opslot_mhc_dx_dfn_scratch_floats)        \

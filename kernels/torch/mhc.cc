@@ -237,6 +237,18 @@ void comb_fwd(const Dims& d, int64_t iters, const Tensor& mix, const Tensor& sca
   });
 }
 
+// d base and d scale: the per-token da [T, M] and dsc [T, G] summed over the tokens.
+std::pair<Tensor, Tensor> token_sums(const Dims& d, const Tensor& da, const Tensor& dsc) {
+  if (da.is_cuda()) {
+    Tensor sa = at::empty({da.size(1)}, da.options()), sb = at::empty({dsc.size(1)}, dsc.options());
+    const KernelTable& k = prepare(da);
+    OPSLOT_LAUNCH(k, opslot_mhc_token_sums, d.tokens, fptr(da), da.size(1), fptr(dsc), dsc.size(1),
+                  fmut(sa), fmut(sb), stream_of(da));
+    return {sa, sb};
+  }
+  return {da.sum(0), dsc.sum(0)};
+}
+
 void comb_bwd(const Dims& d, int64_t iters, const Tensor& mix, const Tensor& scale,
               const Tensor& base, double hc_eps, const OptTensor& g_post, const OptTensor& g_comb,
               const Tensor& da) {
@@ -478,8 +490,9 @@ Four bwd_impl(const OptTensor& g_post_in, const OptTensor& g_comb_in, const OptT
     else
       dfn = at::mm(coef_a.t(), x2d.to(at::kFloat));
   }
-  return {dx, dfn.to(fn_in.scalar_type()).contiguous(), da.sum(0).to(base_in.scalar_type()),
-          dsc.sum(0).to(scale_in.scalar_type())};
+  auto [dbase, dscale] = token_sums(d, da, dsc);
+  return {dx, dfn.to(fn_in.scalar_type()).contiguous(), dbase.to(base_in.scalar_type()),
+          dscale.to(scale_in.scalar_type())};
 }
 
 Four pre_bwd_meta(const OptTensor& g_post, const OptTensor& g_comb, const OptTensor& g_out,

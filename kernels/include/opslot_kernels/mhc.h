@@ -51,6 +51,13 @@ OPSLOT_API int opslot_mhc_comb_bwd(int64_t tokens, int64_t hc, int64_t iters, co
                                    const float* g_post, const float* g_comb, float* da,
                                    void* stream);
 
+/* sa[c] = sum_t a[t * na + c] for c < na and sb[c] = sum_t b[t * nb + c] for c < nb (b, sb may be
+ * NULL when nb is 0, a and b when tokens is 0): d base and d scale from the backward's per-token da
+ * [T, M] and dsc [T, G], in one launch; each column's tokens are added in a fixed order (bitwise
+ * deterministic). */
+OPSLOT_API int opslot_mhc_token_sums(int64_t tokens, const float* a, int64_t na, const float* b,
+                                     int64_t nb, float* sa, float* sb, void* stream);
+
 /* The collapse's backward up to dx, one block per token: g_pre_j = sum_d g_out[t, d] * x[t, j, d]
  * (g_out may be NULL: zero), then mhc_math.h token_backward: writes da[t, 0 .. hc) (reads
  * da[t, hc .. M) when M > hc), pre [T, hc], dsc [T, 3] ([T, 1] for M == hc), coef_a [T, M],

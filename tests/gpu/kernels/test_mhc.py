@@ -736,3 +736,38 @@ def test_dx_dfn_fits_and_refusals():
         "opslot_mhc_dx_dfn: bfloat16 streams with hidden a multiple of 64 and 16-byte aligned rows only "
         "(hidden 96; opslot_mhc_dx_dfn_fits)"
     )
+
+
+@pytest.mark.parametrize("tokens, na, nb", [(16384, 24, 3), (1, 4, 1), (3000, 9, 0), (0, 24, 3), (5, 0, 3)])
+def test_token_sums_against_fp64(tokens, na, nb):
+    """opslot_mhc_token_sums (d base and d scale from the backward's per-token da and dsc): each
+    column's sum within fp32's accumulation error of the fp64 sum, bitwise equal on a rerun; nb 0 with
+    NULL b; argument refusals with their message."""
+    import ctypes
+
+    from opslot.kernels.cuda import _lib
+
+    lib = _lib.library()
+    f = lib.opslot_mhc_token_sums
+    i64, p = ctypes.c_int64, ctypes.c_void_p
+    f.argtypes, f.restype = [i64, p, i64, p, i64, p, p, p], ctypes.c_int
+    g = torch.Generator(device="cuda").manual_seed(5)
+    a = torch.randn(tokens, na, device="cuda", generator=g)
+    b = torch.randn(tokens, nb, device="cuda", generator=g) if nb else None
+    sa = torch.full((na,), float("nan"), device="cuda")
+    sb = torch.full((nb,), float("nan"), device="cuda") if nb else None
+
+    def run():
+        assert f(tokens, _ptr(a), na, _ptr(b), nb, _ptr(sa), _ptr(sb), torch.cuda.current_stream().cuda_stream) == 0
+        torch.cuda.synchronize()
+        return [t.clone() for t in (sa, sb) if t is not None]
+
+    got = run()
+    for out, src in zip(got, [a] + ([b] if nb else [])):
+        ref = src.double().sum(0)
+        bound = 1e-6 * src.double().abs().sum(0) + 1e-30
+        assert ((out.double() - ref).abs() <= bound).all(), (out, ref)
+    assert all(torch.equal(u, v) for u, v in zip(got, run()))
+    assert f(4, _ptr(a), na, None, 2, _ptr(sa), None, 0) != 0
+    assert lib.opslot_last_error().decode() == "opslot_mhc_token_sums: bad arguments (tokens 4, na %d, nb 2)" % na
+    assert f(-1, _ptr(a), na, _ptr(b), nb, _ptr(sa), _ptr(sb), 0) != 0
