@@ -172,6 +172,14 @@ def _collapse_rows(copy_bw, args, out, head):
         xd = x.detach()
         with torch.no_grad():
             rows.append(measure("opslot cuda, forward only (10 D B/token)", lambda: lambda: ours(xd), 10 * D * T))
+
+        def knob_rows(name, forward=True):
+            """The op fwd+bwd as a bench knob has set it and, with `forward`, its forward alone."""
+            rows.append(measure(f"opslot cuda [{name}]", lambda: fb(ours), nbytes))
+            if forward:
+                with torch.no_grad():
+                    rows.append(measure(f"opslot cuda, forward only [{name}]", lambda: lambda: ours(xd), 10 * D * T))
+
         if args.tune:  # bench library knobs: the forward's row held in registers; the tiled dx kernel
             with K.bench_library("mhc --tune") as lib:
                 if lib is not None:
@@ -182,39 +190,21 @@ def _collapse_rows(copy_bw, args, out, head):
                             (256, 1, "rows held up to 256 threads"),
                         ) + tuple((0, v, f"dx {v}: {DX_VARIANTS[v]}") for v in args.dx_versions):
                             set_tuning(hold, dxv)
-                            rows.append(measure(f"opslot cuda [{name}]", lambda: fb(ours), nbytes))
-                            if dxv == 1:
-                                with torch.no_grad():
-                                    rows.append(
-                                        measure(
-                                            f"opslot cuda, forward only [{name}]", lambda: lambda: ours(xd), 10 * D * T
-                                        )
-                                    )
-                            elif args.profile:
+                            knob_rows(name, forward=dxv == 1)
+                            if dxv != 1 and args.profile:
                                 K.kernel_breakdown(f"mhc/{what} {T}x4x{D} [{name}]", fb(ours), out)
                         set_tuning(0, 1)
                         fwd_threads = K.knob(lib, "opslot_mhc_collapse_set_tuning", 1)
                         for n in args.fwd_threads:
                             fwd_threads(n)
-                            name = f"forward collapse {n} threads"
-                            rows.append(measure(f"opslot cuda [{name}]", lambda: fb(ours), nbytes))
-                            with torch.no_grad():
-                                rows.append(
-                                    measure(f"opslot cuda, forward only [{name}]", lambda: lambda: ours(xd), 10 * D * T)
-                                )
+                            knob_rows(f"forward collapse {n} threads")
                         fwd_threads(0)
                         forms = K.knob(lib, "opslot_mhc_forms_set_tuning", 2) if args.forms else None
                         try:
                             for cf, cb in args.forms:
                                 forms(cf, cb)
                                 name = f"collapse_fwd {COLLAPSE_FORMS[cf]}, comb {COMB_FORMS[cb]}"
-                                rows.append(measure(f"opslot cuda [{name}]", lambda: fb(ours), nbytes))
-                                with torch.no_grad():
-                                    rows.append(
-                                        measure(
-                                            f"opslot cuda, forward only [{name}]", lambda: lambda: ours(xd), 10 * D * T
-                                        )
-                                    )
+                                knob_rows(name)
                                 if args.profile:
                                     K.kernel_breakdown(f"mhc/{what} {T}x4x{D} [{name}]", fb(ours), out)
                         finally:

@@ -81,6 +81,21 @@ __global__ void split3_kernel(const float* __restrict__ w, int64_t n, bf16* __re
   }
 }
 
+// The collapsed vector of one token: sum_j pw[j] * xs[j] in fp32, one rounding.
+template <typename T, int HC, int VEC>
+__device__ __forceinline__ Vec<T, VEC> collapse_vec(const Vec<T, VEC> (&xs)[HC],
+                                                    const float (&pw)[HC]) {
+  Vec<T, VEC> o;
+#pragma unroll
+  for (int e = 0; e < VEC; ++e) {
+    float acc = 0.f;
+#pragma unroll
+    for (int j = 0; j < HC; ++j) acc += pw[j] * to_float(xs[j].v[e]);
+    o.v[e] = from_float<T>(acc);
+  }
+  return o;
+}
+
 // ---- collapse forward: one block per token (rows that 16-byte vectors do not cover in two a
 // stream and thread; the pipelined kernel below elsewhere) --------------------------------------
 // kHold: the token's streams stay in registers between the sum of squares and the collapse (rows of
@@ -158,15 +173,7 @@ __global__ void __launch_bounds__(MAXT)
   for (int j = 0; j < HC; ++j) pw[j] = pre_s[j];
   T* ot = out + t * hidden;
   auto collapse = [&](const V(&xs)[HC], int64_t i) {
-    V o;
-#pragma unroll
-    for (int e = 0; e < VEC; ++e) {
-      float acc = 0.f;
-#pragma unroll
-      for (int j = 0; j < HC; ++j) acc += pw[j] * to_float(xs[j].v[e]);
-      o.v[e] = from_float<T>(acc);
-    }
-    reinterpret_cast<V*>(ot)[i] = o;
+    reinterpret_cast<V*>(ot)[i] = collapse_vec<T, HC, VEC>(xs, pw);
   };
   if constexpr (kHold) {
 #pragma unroll
@@ -265,15 +272,7 @@ __global__ void __launch_bounds__(MAXT)
           xs[j] = cur[j][v];
           opaque(xs[j]);
         }
-        V o;
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) {
-          float acc = 0.f;
-#pragma unroll
-          for (int j = 0; j < HC; ++j) acc += pw[j] * to_float(xs[j].v[e]);
-          o.v[e] = from_float<T>(acc);
-        }
-        reinterpret_cast<V*>(ot)[i] = o;
+        reinterpret_cast<V*>(ot)[i] = collapse_vec<T, HC, VEC>(xs, pw);
       }
     }
 #pragma unroll
