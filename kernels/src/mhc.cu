@@ -44,8 +44,9 @@ constexpr int g_collapse_form = 0;
 constexpr int g_comb_form = 0;
 #endif
 // The production forms: side by side on an H100 (docs/results/mhc_h200.md), the pipelined collapse
-// took 237 against 268 us at hidden 4096 and 397 against 490 at 7168 (16k tokens, 4 streams, bf16;
-// within 7 % of the copy rate), the lanes' Sinkhorn backward 30 against 50 us.
+// took 237 against 268 us for pre at hidden 4096 and 422 against 524 at 7168 (16k tokens, 4
+// streams, bf16; 91-98 % of the copy rate for its bytes with head's), the lanes' Sinkhorn backward
+// 30 against 50 us.
 constexpr int kCollapseForm = 2;
 constexpr int kCombForm = 2;
 
