@@ -26,17 +26,6 @@ namespace {
 // ------------------------------------------------------------------------------------------------
 // Launchers
 
-int num_sms() {
-  static std::atomic<int> cached[64];
-  int dev = 0, n = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0) return 132;
-  if (dev < 64 && (n = cached[dev].load(std::memory_order_relaxed)) > 0) return n;
-  if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0)
-    n = 132;
-  if (dev < 64) cached[dev].store(n, std::memory_order_relaxed);
-  return n;
-}
-
 // Resident blocks of `kernel` per SM (queried once per kernel; at least 1).
 template <typename K>
 int blocks_per_sm(K kernel, std::atomic<int>& cached) {

@@ -25,6 +25,19 @@ int check_launch(const char* what) {
   return OPSLOT_OK;
 }
 
+int num_sms() {
+  static DeviceMemo memo;  // a device's SM count does not change: asked once per device
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return 132;
+  int n = memo.get(dev, 0);
+  if (n <= 0) {
+    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0)
+      return 132;
+    memo.put(dev, 0, n);
+  }
+  return n;
+}
+
 bool device_is_sm90() {
   static DeviceMemo memo;  // a device's compute capability does not change: asked once per device
   int dev = 0;

@@ -59,6 +59,9 @@ int set_error(int code, const char* fmt, ...) __attribute__((format(printf, 2, 3
 // After a launch: the launch error, if any, as the entry point's return value.
 int check_launch(const char* what);
 
+// The SM count of the current device, asked once per device; 132 where the runtime cannot say.
+int num_sms();
+
 // The current device is compute capability 9.0 (H100/H200), where the sm_90a code runs: the
 // warpgroup-MMA kernels (wgmma_sm90.cuh) have bodies there only.
 bool device_is_sm90();

@@ -29,14 +29,6 @@ constexpr int g_lb_fwd_path = 0;
 constexpr int g_lb_bwd_path = 0;
 #endif
 
-int num_sms() {
-  int dev = 0, n = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return 132;
-  if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0)
-    return 132;
-  return n;
-}
-
 int64_t blocks_for(int64_t rows, int layers) {
   const int64_t need = (rows * layers + kWarps * 4 - 1) / (kWarps * 4);
   const int64_t cap = static_cast<int64_t>(num_sms()) * 4;

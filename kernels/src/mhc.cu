@@ -5,7 +5,6 @@
 // kernels of kernels/torch/mhc.cc) and docs/kernels.md "## mhc" for the design and its byte counts.
 // The kernels are in mhc_kernels.cuh (the token-row passes), mhc_dx.cuh (dx, dx + d fn) and
 // mhc_dx90.cuh (dx + d fn on warpgroup MMAs); this file holds their launchers and the C ABI.
-#include <atomic>
 #include <initializer_list>
 
 #include "mhc_dx90.cuh"
@@ -70,27 +69,22 @@ int collapse_fwd_threads(int64_t nvec) {
   return t;
 }
 
-// A grid of one wave of `Kernel` at `threads` (a power of two) a block on the current GPU: its SMs
-// times the blocks an SM holds (asked once per kernel and block size).
+// A grid of one wave of `Kernel` at `threads` a block on the current GPU: its SMs times the blocks
+// an SM holds (asked once per kernel, device and block size).
 template <auto Kernel>
 int one_wave(const char* what, int threads, int64_t* grid) {
-  static std::atomic<int> per_sm[11];  // by log2(threads)
-  int l = 0;
-  while ((1 << l) < threads) ++l;
-  int n = per_sm[l].load(std::memory_order_relaxed);
-  cudaError_t err = cudaSuccess;
-  if (n <= 0) {
+  static DeviceMemo per_sm;  // keyed by the block size
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  int n = err == cudaSuccess ? per_sm.get(dev, static_cast<uint32_t>(threads)) : -1;
+  if (err == cudaSuccess && n < 0) {
     err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, Kernel, threads, 0);
-    if (n < 1) n = 1;
-    if (err == cudaSuccess) per_sm[l].store(n, std::memory_order_relaxed);
+    if (err == cudaSuccess) per_sm.put(dev, static_cast<uint32_t>(threads), n);
   }
-  int dev = 0, sms = 0;
-  if (err == cudaSuccess) err = cudaGetDevice(&dev);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   if (err != cudaSuccess)
     return set_error(static_cast<int>(err), "%s: occupancy query failed: %s", what,
                      cudaGetErrorString(err));
-  *grid = static_cast<int64_t>(sms) * n;
+  *grid = static_cast<int64_t>(num_sms()) * (n > 0 ? n : 1);
   return OPSLOT_OK;
 }
 

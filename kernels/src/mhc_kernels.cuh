@@ -96,6 +96,91 @@ __device__ __forceinline__ Vec<T, VEC> collapse_vec(const Vec<T, VEC> (&xs)[HC],
   return o;
 }
 
+// A thread's share of token t's row: the vectors threadIdx.x + v * blockDim.x (v < NV, those before
+// nvec) of each stream, held in registers (the collapse forward's two kernels).
+template <typename T, int HC, int VEC, int NV>
+struct HeldRow {
+  using V = Vec<T, VEC>;
+  V v[HC][NV];
+  __device__ __forceinline__ void load(const T* x, int64_t t, int64_t hidden, int64_t nvec) {
+    const T* xt = x + t * HC * hidden;
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      const int64_t i = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+      if (i < nvec) {
+#pragma unroll
+        for (int j = 0; j < HC; ++j) v[j][k] = reinterpret_cast<const V*>(xt + j * hidden)[i];
+      }
+    }
+  }
+  // ss += the squares of the held values, vector by vector, stream by stream.
+  __device__ __forceinline__ void add_squares(int64_t nvec, float& ss) const {
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      if (threadIdx.x + static_cast<int64_t>(k) * blockDim.x < nvec) {
+#pragma unroll
+        for (int j = 0; j < HC; ++j) {
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) {
+            const float f = to_float(v[j][k].v[e]);
+            ss += f * f;
+          }
+        }
+      }
+    }
+  }
+  // The collapsed vectors of the held ones to ot (the token's output row).
+  __device__ __forceinline__ void store_collapsed(const float (&pw)[HC], T* ot,
+                                                  int64_t nvec) const {
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      const int64_t i = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+      if (i < nvec) {
+        V xs[HC];
+#pragma unroll
+        for (int j = 0; j < HC; ++j) {
+          xs[j] = v[j][k];
+          opaque(xs[j]);
+        }
+        reinterpret_cast<V*>(ot)[i] = collapse_vec<T, HC, VEC>(xs, pw);
+      }
+    }
+  }
+};
+
+// The GEMM's partial products of token t added: thread m < mixes gets mix m's, the others 0.
+__device__ __forceinline__ float gemm_partials(const float* p, int64_t t, int64_t ldp, int nsplit,
+                                               int mixes) {
+  float pacc = 0.f;
+  if (static_cast<int>(threadIdx.x) < mixes) {
+    for (int s = 0; s < nsplit; ++s) pacc += p[t * ldp + s * mixes + threadIdx.x];
+  }
+  return pacc;
+}
+
+// Token t's rstd, mixes and pre from this thread's part `ss` of the row's sum of squares and its
+// GEMM partials `pacc`: writes rstd[t] and mix[t, ..]; every thread gets pre in pw (a block-wide
+// sum, then a barrier after pre_s is written).
+template <int HC>
+__device__ __forceinline__ void token_weights(float ss, float pacc, int64_t t, int64_t hidden,
+                                              int mixes, const float* scale, const float* base,
+                                              float norm_eps, float hc_eps, float* mix, float* rstd,
+                                              float (*red)[32], float* pre_s, float (&pw)[HC]) {
+  float sum[1] = {ss};
+  block_sum<1>(sum, red);
+  const float r = rsqrtf(sum[0] / static_cast<float>(HC * hidden) + norm_eps);
+  if (static_cast<int>(threadIdx.x) < mixes) {
+    const int m = threadIdx.x;
+    const float mv = r * pacc;
+    mix[t * mixes + m] = mv;
+    if (m < HC) pre_s[m] = mhc::sigmoid(mv * scale[0] + base[m]) + hc_eps;
+  }
+  if (threadIdx.x == 0) rstd[t] = r;
+  __syncthreads();
+#pragma unroll
+  for (int j = 0; j < HC; ++j) pw[j] = pre_s[j];
+}
+
 // ---- collapse forward: one block per token (rows that 16-byte vectors do not cover in two a
 // stream and thread; the pipelined kernel below elsewhere) --------------------------------------
 // kHold: the token's streams stay in registers between the sum of squares and the collapse (rows of
@@ -109,92 +194,45 @@ __global__ void __launch_bounds__(MAXT)
                         T* __restrict__ out, float* __restrict__ mix, float* __restrict__ rstd,
                         int64_t hidden, int mixes) {
   using V = Vec<T, VEC>;
-  constexpr int NV = kHold ? kRowVectors : 1;
   __shared__ float red[1][32];
   __shared__ float pre_s[HC];
   const int64_t t = blockIdx.x;
   const int64_t nvec = hidden / VEC;
   const T* xt = x + t * HC * hidden;
   // the GEMM's partial products of this token, loaded before the row (they do not depend on it)
-  float pacc = 0.f;
-  if (static_cast<int>(threadIdx.x) < mixes) {
-    for (int s = 0; s < nsplit; ++s) pacc += p[t * ldp + s * mixes + threadIdx.x];
-  }
-  V xv[HC][NV];
-  float ss[1] = {0.f};
+  const float pacc = gemm_partials(p, t, ldp, nsplit, mixes);
+  HeldRow<T, HC, VEC, kHold ? kRowVectors : 1> row;
+  float ss = 0.f;
   if constexpr (kHold) {
-#pragma unroll
-    for (int v = 0; v < NV; ++v) {
-      const int64_t i = threadIdx.x + static_cast<int64_t>(v) * blockDim.x;
-      if (i < nvec) {
-#pragma unroll
-        for (int j = 0; j < HC; ++j) xv[j][v] = reinterpret_cast<const V*>(xt + j * hidden)[i];
-      }
-    }
-#pragma unroll
-    for (int v = 0; v < NV; ++v) {
-      if (threadIdx.x + static_cast<int64_t>(v) * blockDim.x < nvec) {
-#pragma unroll
-        for (int j = 0; j < HC; ++j) {
-#pragma unroll
-          for (int e = 0; e < VEC; ++e) {
-            const float f = to_float(xv[j][v].v[e]);
-            ss[0] += f * f;
-          }
-        }
-      }
-    }
-  } else {
-    for (int64_t i = threadIdx.x; i < nvec; i += blockDim.x) {
-#pragma unroll
-      for (int j = 0; j < HC; ++j) xv[j][0] = reinterpret_cast<const V*>(xt + j * hidden)[i];
-#pragma unroll
-      for (int j = 0; j < HC; ++j) {
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) {
-          const float f = to_float(xv[j][0].v[e]);
-          ss[0] += f * f;
-        }
-      }
-    }
-  }
-  block_sum<1>(ss, red);
-  const float r = rsqrtf(ss[0] / static_cast<float>(HC * hidden) + norm_eps);
-  if (static_cast<int>(threadIdx.x) < mixes) {
-    const int m = threadIdx.x;
-    const float mv = r * pacc;
-    mix[t * mixes + m] = mv;
-    if (m < HC) pre_s[m] = mhc::sigmoid(mv * scale[0] + base[m]) + hc_eps;
-  }
-  if (threadIdx.x == 0) rstd[t] = r;
-  __syncthreads();
-  float pw[HC];
-#pragma unroll
-  for (int j = 0; j < HC; ++j) pw[j] = pre_s[j];
-  T* ot = out + t * hidden;
-  auto collapse = [&](const V(&xs)[HC], int64_t i) {
-    reinterpret_cast<V*>(ot)[i] = collapse_vec<T, HC, VEC>(xs, pw);
-  };
-  if constexpr (kHold) {
-#pragma unroll
-    for (int v = 0; v < NV; ++v) {
-      const int64_t i = threadIdx.x + static_cast<int64_t>(v) * blockDim.x;
-      if (i < nvec) {
-        V xs[HC];
-#pragma unroll
-        for (int j = 0; j < HC; ++j) {
-          xs[j] = xv[j][v];
-          opaque(xs[j]);
-        }
-        collapse(xs, i);
-      }
-    }
+    row.load(x, t, hidden, nvec);
+    row.add_squares(nvec, ss);
   } else {
     for (int64_t i = threadIdx.x; i < nvec; i += blockDim.x) {
       V xs[HC];
 #pragma unroll
       for (int j = 0; j < HC; ++j) xs[j] = reinterpret_cast<const V*>(xt + j * hidden)[i];
-      collapse(xs, i);
+#pragma unroll
+      for (int j = 0; j < HC; ++j) {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+          const float f = to_float(xs[j].v[e]);
+          ss += f * f;
+        }
+      }
+    }
+  }
+  float pw[HC];
+  token_weights<HC>(ss, pacc, t, hidden, mixes, scale, base, norm_eps, hc_eps, mix, rstd, red,
+                    pre_s, pw);
+  T* ot = out + t * hidden;
+  if constexpr (kHold) {
+    row.store_collapsed(pw, ot, nvec);
+  } else {
+    for (int64_t i = threadIdx.x; i < nvec; i += blockDim.x) {
+      V xs[HC];
+#pragma unroll
+      for (int j = 0; j < HC; ++j) xs[j] = reinterpret_cast<const V*>(xt + j * hidden)[i];
+      reinterpret_cast<V*>(ot)[i] = collapse_vec<T, HC, VEC>(xs, pw);
     }
   }
 }
@@ -210,76 +248,24 @@ __global__ void __launch_bounds__(MAXT)
                              const float* __restrict__ base, float norm_eps, float hc_eps,
                              T* __restrict__ out, float* __restrict__ mix, float* __restrict__ rstd,
                              int64_t hidden, int mixes) {
-  using V = Vec<T, VEC>;
   __shared__ float red[1][32];
   __shared__ float pre_s[HC];
   const int64_t nvec = hidden / VEC;
-  const int tid = threadIdx.x;
-  auto load = [&](int64_t t, V(&r)[HC][NV], float& pacc) {
-    pacc = 0.f;
-    if (tid < mixes) {
-      for (int s = 0; s < nsplit; ++s) pacc += p[t * ldp + s * mixes + tid];
-    }
-    const T* xt = x + t * HC * hidden;
-#pragma unroll
-    for (int v = 0; v < NV; ++v) {
-      const int64_t i = tid + static_cast<int64_t>(v) * blockDim.x;
-      if (i < nvec) {
-#pragma unroll
-        for (int j = 0; j < HC; ++j) r[j][v] = reinterpret_cast<const V*>(xt + j * hidden)[i];
-      }
-    }
-  };
-  V cur[HC][NV], nxt[HC][NV];
-  float pc, pn = 0.f;
-  load(blockIdx.x, cur, pc);
+  HeldRow<T, HC, VEC, NV> cur, nxt;
+  float pc = gemm_partials(p, blockIdx.x, ldp, nsplit, mixes), pn = 0.f;
+  cur.load(x, blockIdx.x, hidden, nvec);
   for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
-    if (t + gridDim.x < tokens) load(t + gridDim.x, nxt, pn);
-    float ss[1] = {0.f};
-#pragma unroll
-    for (int v = 0; v < NV; ++v) {
-      if (tid + static_cast<int64_t>(v) * blockDim.x < nvec) {
-#pragma unroll
-        for (int j = 0; j < HC; ++j) {
-#pragma unroll
-          for (int e = 0; e < VEC; ++e) {
-            const float f = to_float(cur[j][v].v[e]);
-            ss[0] += f * f;
-          }
-        }
-      }
+    if (t + gridDim.x < tokens) {
+      pn = gemm_partials(p, t + gridDim.x, ldp, nsplit, mixes);
+      nxt.load(x, t + gridDim.x, hidden, nvec);
     }
-    block_sum<1>(ss, red);
-    const float r = rsqrtf(ss[0] / static_cast<float>(HC * hidden) + norm_eps);
-    if (tid < mixes) {
-      const float mv = r * pc;
-      mix[t * mixes + tid] = mv;
-      if (tid < HC) pre_s[tid] = mhc::sigmoid(mv * scale[0] + base[tid]) + hc_eps;
-    }
-    if (tid == 0) rstd[t] = r;
-    __syncthreads();
+    float ss = 0.f;
+    cur.add_squares(nvec, ss);
     float pw[HC];
-#pragma unroll
-    for (int j = 0; j < HC; ++j) pw[j] = pre_s[j];
-    T* ot = out + t * hidden;
-#pragma unroll
-    for (int v = 0; v < NV; ++v) {
-      const int64_t i = tid + static_cast<int64_t>(v) * blockDim.x;
-      if (i < nvec) {
-        V xs[HC];
-#pragma unroll
-        for (int j = 0; j < HC; ++j) {
-          xs[j] = cur[j][v];
-          opaque(xs[j]);
-        }
-        reinterpret_cast<V*>(ot)[i] = collapse_vec<T, HC, VEC>(xs, pw);
-      }
-    }
-#pragma unroll
-    for (int v = 0; v < NV; ++v) {
-#pragma unroll
-      for (int j = 0; j < HC; ++j) cur[j][v] = nxt[j][v];
-    }
+    token_weights<HC>(ss, pc, t, hidden, mixes, scale, base, norm_eps, hc_eps, mix, rstd, red,
+                      pre_s, pw);
+    cur.store_collapsed(pw, out + t * hidden, nvec);
+    cur = nxt;
     pc = pn;
   }
 }
@@ -314,12 +300,11 @@ struct CombLane {
     j = ec % HC;
     mask = blockDim.x >= 32 ? 0xffffffffu : (1u << blockDim.x) - 1u;
   }
-  // v[b] = entry b of this lane's column (kColumns) or row, as held by the lanes holding them.
-  template <bool kColumns>
-  __device__ __forceinline__ void line(float own, float (&v)[HC]) const {
+  // v[b] = entry b of this lane's column (columns) or row, as held by the lanes holding them.
+  __device__ __forceinline__ void line(bool columns, float own, float (&v)[HC]) const {
 #pragma unroll
     for (int b = 0; b < HC; ++b)
-      v[b] = __shfl_sync(mask, own, kColumns ? b * HC + j : i * HC + b, G);
+      v[b] = __shfl_sync(mask, own, columns ? b * HC + j : i * HC + b, G);
   }
 };
 
@@ -336,10 +321,7 @@ __device__ __forceinline__ float comb_lane_forward(const CombLane<HC>& L, const 
   for (int k = 1; k <= steps; ++k) {
     if (hist != nullptr) hist[(k - 1) * blockDim.x] = c;
     float v[HC];
-    if (k & 1)
-      L.template line<true>(c, v);
-    else
-      L.template line<false>(c, v);
+    L.line(k & 1, c, v);  // odd steps normalise the columns
     c = mhc::mul(c, mhc::line_inv<HC>(v, eps));
   }
   return c;
@@ -353,8 +335,7 @@ __global__ void comb_fwd_lanes_kernel(int64_t tokens, int iters, const float* __
   constexpr int M = (2 + HC) * HC;
   const CombLane<HC> L(tokens);
   const float* mt = mix + L.t * M;
-  if (L.live && L.e < HC)
-    post[L.t * HC + L.e] = 2.f * mhc::sigmoid(mt[HC + L.e] * scale[1] + base[HC + L.e]);
+  if (L.live && L.e < HC) post[L.t * HC + L.e] = mhc::post_value<HC>(mt, base, scale[1], L.e);
   const float c = comb_lane_forward<HC>(L, mt, base, scale[2], iters, eps, nullptr);
   if (L.live) comb[L.t * HC * HC + L.e] = c;
 }
@@ -371,30 +352,24 @@ __global__ void comb_bwd_lanes_kernel(int64_t tokens, int iters, const float* __
   const CombLane<HC> L(tokens);
   const float* mt = mix + L.t * M;
   float* dt = da + L.t * M;
-  if (L.live && L.e < HC) {
-    const float s = mhc::sigmoid(mt[HC + L.e] * scale[1] + base[HC + L.e]);
-    dt[HC + L.e] = g_post != nullptr ? g_post[L.t * HC + L.e] * 2.f * s * (1.f - s) : 0.f;
-  }
+  if (L.live && L.e < HC)
+    dt[HC + L.e] = mhc::post_grad<HC>(mt, base, scale[1], L.e,
+                                      g_post != nullptr ? g_post + L.t * HC : nullptr);
   float* h = hist + threadIdx.x;
   comb_lane_forward<HC>(L, mt, base, scale[2], iters, eps, h);
   float dc = g_comb != nullptr && L.live ? g_comb[L.t * HC * HC + L.e] : 0.f;
   for (int k = mhc::sinkhorn_steps(iters); k >= 1; --k) {
     const float c = h[(k - 1) * blockDim.x];
     float v[HC], dv[HC];
-    if (k & 1) {
-      L.template line<true>(c, v);
-      L.template line<true>(dc, dv);
-    } else {
-      L.template line<false>(c, v);
-      L.template line<false>(dc, dv);
-    }
+    L.line(k & 1, c, v);
+    L.line(k & 1, dc, dv);
     const float inv = mhc::line_inv<HC>(v, eps);
     const float dot = mhc::line_dot<HC>(dv, v, inv);
     dc = mhc::mul(dc - dot, inv);
   }
   float p[HC], dv[HC];
   mhc::softmax_row<HC>(mt, base, scale[2], L.i, p);
-  L.template line<false>(dc, dv);
+  L.line(false, dc, dv);
   const float dot = mhc::softmax_dot<HC>(dv, p);
   if (L.live) dt[2 * HC + L.e] = p[L.j] * (dc - dot);
 }

@@ -61,6 +61,19 @@ OPSLOT_MHC_FN int sinkhorn_steps(int iters) { return iters > 1 ? 2 * iters - 1 :
 // The scale group of mix m: 0 pre, 1 post, 2 comb.
 OPSLOT_MHC_FN int group(int m, int hc) { return m < hc ? 0 : (m < 2 * hc ? 1 : 2); }
 
+// post[j] = 2 sigmoid(mix[hc + j] * s1 + base[hc + j]), and the gradient of its pre-activation from
+// g, the gradient of post (null: none, 0).
+template <int HC>
+OPSLOT_MHC_FN float post_value(const float* mix, const float* base, float s1, int j) {
+  return 2.f * sigmoid(mix[HC + j] * s1 + base[HC + j]);
+}
+template <int HC>
+OPSLOT_MHC_FN float post_grad(const float* mix, const float* base, float s1, int j,
+                              const float* g) {
+  const float s = sigmoid(mix[HC + j] * s1 + base[HC + j]);
+  return g != nullptr ? g[j] * 2.f * s * (1.f - s) : 0.f;
+}
+
 // Row i of the softmax of the comb logits (max-subtracted, as torch's softmax).
 template <int HC>
 OPSLOT_MHC_FN void softmax_row(const float* mix, const float* base, float s2, int i,
@@ -164,7 +177,7 @@ OPSLOT_MHC_FN void comb_forward(const float* mix, const float* base, const float
                                 float eps, float* post, float* comb, float* hist, int ld) {
   if (post != nullptr) {
     OPSLOT_MHC_UNROLL
-    for (int j = 0; j < HC; ++j) post[j] = 2.f * sigmoid(mix[HC + j] * scale[1] + base[HC + j]);
+    for (int j = 0; j < HC; ++j) post[j] = post_value<HC>(mix, base, scale[1], j);
   }
   float c[HC][HC];
   comb_softmax<HC>(mix, base, scale[2], c);
@@ -197,10 +210,7 @@ OPSLOT_MHC_FN void comb_backward(const float* mix, const float* base, const floa
                                  float eps, const float* g_post, const float* g_comb, float* da,
                                  float* hist, int ld) {
   OPSLOT_MHC_UNROLL
-  for (int j = 0; j < HC; ++j) {
-    const float s = sigmoid(mix[HC + j] * scale[1] + base[HC + j]);
-    da[HC + j] = g_post != nullptr ? g_post[j] * 2.f * s * (1.f - s) : 0.f;
-  }
+  for (int j = 0; j < HC; ++j) da[HC + j] = post_grad<HC>(mix, base, scale[1], j, g_post);
   comb_forward<HC>(mix, base, scale, iters, eps, nullptr, nullptr, hist, ld);
   float dc[HC][HC];
   OPSLOT_MHC_UNROLL

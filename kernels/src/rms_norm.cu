@@ -18,20 +18,6 @@
 namespace opslot {
 namespace {
 
-// The SM count of the current device, asked once per device (atomics: a race asks twice and
-// stores the same value).
-int num_sms() {
-  static std::atomic<int> cached[64];
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0) return 132;
-  int n = dev < 64 ? cached[dev].load(std::memory_order_relaxed) : 0;
-  if (n > 0) return n;
-  if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0)
-    n = 132;
-  if (dev < 64) cached[dev].store(n, std::memory_order_relaxed);
-  return n;
-}
-
 int pow2ceil(int64_t v) {
   int p = 1;
   while (p < v) p <<= 1;
