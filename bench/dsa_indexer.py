@@ -271,7 +271,7 @@ TOPK_PATHS = {
 
 
 def order_keys(t):
-    """kernels/src/topk.cu's order_key of each fp32 value (NaN above +inf, -0.0 below +0.0), as int32 bits."""
+    """kernels/src/topk_select.cuh's order_key of each fp32 value (NaN above +inf, -0.0 below +0.0), as int32 bits."""
     b = t.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
     k = torch.where(b >= 0x80000000, b ^ 0xFFFFFFFF, b | 0x80000000)
     k = torch.where(t.isnan(), 0xFFFFFFFF, k)

@@ -101,16 +101,16 @@ OPSLOT_API int opslot_mhc_forms_set_tuning(int collapse_form, int comb_form);
  * candidates; production's rows of more than 16384 columns take 512); 15 (an experiment) the
  * one-read pass with its first threshold at a sampled rank of its first round's keys (f m + 4
  * sqrt(f m) + 4, f = k / n, m the round's keys) instead of k, lowered to production's where it
- * proves too high (kernels/src/topk.cu, Start: kSample); 16 the same in 256-thread blocks. All give
+ * proves too high (kernels/src/topk_long.cuh, Start: kSample); 16 the same in 256-thread blocks. All give
  * the same bits. */
 OPSLOT_API int opslot_topk_set_tuning(int path);
 
 /* Paths 13 and 14's thresholds: lo[r] (device memory, one a row of the next calls' [batch * seq]
- * rows) the order key (kernels/src/topk.cu, order_key) from which row r's one-read pass keeps
+ * rows) the order key (kernels/src/topk_select.cuh, order_key) from which row r's one-read pass keeps
  * candidates. */
 OPSLOT_API int opslot_topk_set_hint(const uint32_t* lo);
 
-/* Where the long-row top-k kernel's one-read pass spends its time (kernels/src/topk.cu,
+/* Where the long-row top-k kernel's one-read pass spends its time (kernels/src/topk_long.cuh,
  * PhaseClock): reset 1 clears the counters; reset 0 copies them to out[10]: the clock cycles of
  * the block's first thread summed over rows in 0 the first round's threshold, 1 the rounds, 2 the
  * cuts of the candidates, 3 the select, 4 the write; then 5 rows, 6 cuts and 7 rounds counted, 8

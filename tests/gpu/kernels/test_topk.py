@@ -253,7 +253,7 @@ def test_every_kernel_gives_the_same_bits():
 
 
 def test_one_read_pass_cuts_its_candidates_and_gives_up():
-    """The long-row kernel's one-read pass (kernels/src/topk.cu, stream_topk): rounds of 8192 keys whose keys at
+    """The long-row kernel's one-read pass (kernels/src/topk_long.cuh, stream_topk): rounds of 8192 keys whose keys at
     or above a threshold join at most 11264 candidates in shared memory; a round that would overflow them is
     taken again after the candidates are cut to the k-th largest's bucket, and a second overflow hands the row
     to the two-read path. An ascending row (a cut every round), a descending one (none after the first; from a
@@ -284,7 +284,7 @@ def test_one_read_pass_cuts_its_candidates_and_gives_up():
 
 
 def order_keys(t):
-    """kernels/src/topk.cu's order_key of each fp32 value (NaN above +inf, -0.0 below +0.0), as int32 bits."""
+    """kernels/src/topk_select.cuh's order_key of each fp32 value (NaN above +inf, -0.0 below +0.0), as int32 bits."""
     b = t.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
     k = torch.where(b >= 0x80000000, b ^ 0xFFFFFFFF, b | 0x80000000)
     k = torch.where(t.isnan(), 0xFFFFFFFF, k)
@@ -368,7 +368,7 @@ def test_the_phase_probe_counts_the_one_read_pass():
 
 
 def test_a_sampled_threshold_too_high_is_lowered():
-    """The bench library's path 15: the one-read pass from a sampled first threshold (kernels/src/topk.cu, Start:
+    """The bench library's path 15: the one-read pass from a sampled first threshold (kernels/src/topk_long.cuh, Start:
     kSample), counted by the probe: on noise it stays; where the second round adds fewer than half the sampled
     rank (a descending row) or the row ends with fewer than k candidates (noise that drops after two rounds), it
     is lowered to the first round's k-th largest and the pass starts again (two rounds read again for the first,
