@@ -101,13 +101,13 @@ OPSLOT_API int opslot_mhc_forms_set_tuning(int collapse_form, int comb_form);
  * candidates; production's rows of more than 16384 columns take 512); 15 (an experiment) the
  * one-read pass with its first threshold at a sampled rank of its first round's keys (f m + 4
  * sqrt(f m) + 4, f = k / n, m the round's keys) instead of k, lowered to production's where it
- * proves too high (kernels/src/topk_long.cuh, Start: kSample); 16 the same in 256-thread blocks. All give
- * the same bits. */
+ * proves too high (kernels/src/topk_long.cuh, Start: kSample); 16 the same in 256-thread blocks.
+ * All give the same bits. */
 OPSLOT_API int opslot_topk_set_tuning(int path);
 
 /* Paths 13 and 14's thresholds: lo[r] (device memory, one a row of the next calls' [batch * seq]
- * rows) the order key (kernels/src/topk_select.cuh, order_key) from which row r's one-read pass keeps
- * candidates. */
+ * rows) the order key (kernels/src/topk_select.cuh, order_key) from which row r's one-read pass
+ * keeps candidates. */
 OPSLOT_API int opslot_topk_set_hint(const uint32_t* lo);
 
 /* Where the long-row top-k kernel's one-read pass spends its time (kernels/src/topk_long.cuh,
