@@ -62,6 +62,27 @@ int check_launch(const char* what);
 // The SM count of the current device, asked once per device; 132 where the runtime cannot say.
 int num_sms();
 
+// Blocks of `kernel` an SM holds at `threads` threads and `smem` bytes of dynamic shared memory
+// on `device`, at least 1, into *out: asked of the runtime once per `key` (the launch's shape) and
+// kept in `memo` (one per kernel). A failed query is recorded for opslot_last_error() ("<what>:
+// occupancy query failed: ...") and its code returned.
+template <typename Kernel>
+int blocks_per_sm(Kernel kernel, int threads, size_t smem, int device, DeviceMemo& memo,
+                  uint32_t key, const char* what, int* out) {
+  int n = memo.get(device, key);
+  if (n < 0) {
+    const cudaError_t err =
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem);
+    if (err != cudaSuccess)
+      return set_error(static_cast<int>(err), "%s: occupancy query failed: %s", what,
+                       cudaGetErrorString(err));
+    if (n < 1) n = 1;
+    memo.put(device, key, n);
+  }
+  *out = n;
+  return OPSLOT_OK;
+}
+
 // The current device is compute capability 9.0 (H100/H200), where the sm_90a code runs: the
 // warpgroup-MMA kernels (wgmma_sm90.cuh) have bodies there only.
 bool device_is_sm90();

@@ -108,17 +108,10 @@ int launch_fast_k(const LbLayers& L, const LbArgs& b, int64_t owned_rows, cudaSt
       if (memo) opted_in[dev].store(smem, std::memory_order_release);
     }
   }
-  int occ = last_occupancy.get(dev, static_cast<uint32_t>(smem));
-  if (occ < 0) {
-    int n = 0;
-    cudaError_t err =
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kFastWarps * 32, smem);
-    if (err != cudaSuccess)
-      return set_error(static_cast<int>(err), "load_balancing: occupancy query failed: %s",
-                       cudaGetErrorString(err));
-    occ = n > 0 ? n : 1;
-    last_occupancy.put(dev, static_cast<uint32_t>(smem), occ);
-  }
+  int occ = 0;
+  if (int rc = blocks_per_sm(kernel, kFastWarps * 32, static_cast<size_t>(smem), dev,
+                             last_occupancy, static_cast<uint32_t>(smem), "load_balancing", &occ))
+    return rc;
   const int64_t cap = static_cast<int64_t>(num_sms()) * occ;
   const int64_t grid = owned_rows < cap ? owned_rows : cap;
   kernel<<<static_cast<unsigned>(grid), kFastWarps * 32, smem, s>>>(L, b, owned_rows);

@@ -48,6 +48,8 @@ constexpr int g_comb_form = 0;
 // 30 against 50 us.
 constexpr int kCollapseForm = 2;
 constexpr int kCombForm = 2;
+int collapse_form() { return g_collapse_form != 0 ? g_collapse_form : kCollapseForm; }
+int comb_form() { return g_comb_form != 0 ? g_comb_form : kCombForm; }
 
 // ---- launch helpers -----------------------------------------------------------------------------
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -74,17 +76,15 @@ int collapse_fwd_threads(int64_t nvec) {
 template <auto Kernel>
 int one_wave(const char* what, int threads, int64_t* grid) {
   static DeviceMemo per_sm;  // keyed by the block size
-  int dev = 0;
-  cudaError_t err = cudaGetDevice(&dev);
-  int n = err == cudaSuccess ? per_sm.get(dev, static_cast<uint32_t>(threads)) : -1;
-  if (err == cudaSuccess && n < 0) {
-    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, Kernel, threads, 0);
-    if (err == cudaSuccess) per_sm.put(dev, static_cast<uint32_t>(threads), n);
-  }
+  int dev = 0, n = 0;
+  const cudaError_t err = cudaGetDevice(&dev);
   if (err != cudaSuccess)
     return set_error(static_cast<int>(err), "%s: occupancy query failed: %s", what,
                      cudaGetErrorString(err));
-  *grid = static_cast<int64_t>(num_sms()) * (n > 0 ? n : 1);
+  if (int rc =
+          blocks_per_sm(Kernel, threads, 0, dev, per_sm, static_cast<uint32_t>(threads), what, &n))
+    return rc;
+  *grid = static_cast<int64_t>(num_sms()) * n;
   return OPSLOT_OK;
 }
 
@@ -373,11 +373,11 @@ OPSLOT_API int opslot_mhc_collapse_fwd(int dtype, int64_t tokens, int64_t hc, in
             static_cast<const T*>(x), p, static_cast<int>(nsplit), ldp, scale, base, norm_eps,
             hc_eps, static_cast<T*>(out), mix, rstd, hidden, static_cast<int>(mixes));
       };
-      const int form = g_collapse_form != 0 ? g_collapse_form : kCollapseForm;
       const int64_t nv = (nvec + threads - 1) / threads;
-      if (form == 2 && vec && !held && g_fwd_threads == 0 && nv <= 2) {
-        auto pipe = [&](auto kernel_tag) {
-          constexpr auto kernel = decltype(kernel_tag)::value;
+      if (collapse_form() == 2 && vec && !held && g_fwd_threads == 0 && nv <= 2) {
+        auto pipe = [&](auto nv_tag) {  // nv_tag: 16-byte vectors a stream and thread
+          constexpr auto kernel =
+              &collapse_fwd_pipe_kernel<T, HC, kVec, decltype(nv_tag)::value, kCollapseFwdThreads>;
           int64_t grid = 0;
           if (int rc = one_wave<kernel>(what, threads, &grid)) return rc;
           if (grid > tokens) grid = tokens;
@@ -386,13 +386,8 @@ OPSLOT_API int opslot_mhc_collapse_fwd(int dtype, int64_t tokens, int64_t hc, in
               norm_eps, hc_eps, static_cast<T*>(out), mix, rstd, hidden, static_cast<int>(mixes));
           return check_launch(what);
         };
-        if (nv == 1)
-          return pipe(std::integral_constant<
-                      decltype(&collapse_fwd_pipe_kernel<T, HC, kVec, 1, kCollapseFwdThreads>),
-                      &collapse_fwd_pipe_kernel<T, HC, kVec, 1, kCollapseFwdThreads>>{});
-        return pipe(std::integral_constant<
-                    decltype(&collapse_fwd_pipe_kernel<T, HC, kVec, 2, kCollapseFwdThreads>),
-                    &collapse_fwd_pipe_kernel<T, HC, kVec, 2, kCollapseFwdThreads>>{});
+        if (nv == 1) return pipe(std::integral_constant<int, 1>{});
+        return pipe(std::integral_constant<int, 2>{});
       }
       if constexpr (kBench) {  // the held rows and other block sizes: bench library only
         if (g_fwd_threads != 0 && vec && !held) {
@@ -429,7 +424,7 @@ OPSLOT_API int opslot_mhc_comb_fwd(int64_t tokens, int64_t hc, int64_t iters, co
   return dispatch_hc(hc, what, [&](auto hc_tag) -> int {
     constexpr int HC = decltype(hc_tag)::value;
     if constexpr (kBench) {
-      if ((g_comb_form != 0 ? g_comb_form : kCombForm) == 1) {
+      if (comb_form() == 1) {
         const unsigned blocks = static_cast<unsigned>((tokens + 127) / 128);
         comb_fwd_kernel<HC><<<blocks, 128, 0, s>>>(tokens, static_cast<int>(iters), mix, scale,
                                                    base, hc_eps, post, comb);
@@ -460,7 +455,7 @@ OPSLOT_API int opslot_mhc_comb_bwd(int64_t tokens, int64_t hc, int64_t iters, co
     constexpr int HC = decltype(hc_tag)::value;
     // a block keeps the steps' matrices of 8 tokens (32 in the bench library's thread-a-token
     // form), fewer where they do not fit in 200 KB
-    const bool lanes = (g_comb_form != 0 ? g_comb_form : kCombForm) == 2;
+    const bool lanes = comb_form() == 2;
     constexpr int G = comb_lanes<HC>();
     const int64_t per_token = static_cast<int64_t>(mhc::sinkhorn_steps(static_cast<int>(iters))) *
                               (lanes ? G : HC * HC) * static_cast<int64_t>(sizeof(float));

@@ -227,17 +227,10 @@ int launch_pipe_inst(const RmsArgs& a, const PipeGeometry& p, cudaStream_t strea
   // threads (< 2^11) and shared memory (< 2^21 bytes): one 32-bit key.
   static_assert(kPipeMaxThreads < (1 << 11) && kPipeMaxSmem < (int64_t(1) << 21), "memo key");
   const uint32_t key = static_cast<uint32_t>(p.smem) << 11 | static_cast<uint32_t>(p.threads);
-  int c_occ = last_occupancy.get(dev, key);
-  if (c_occ < 0) {
-    int n = 0;
-    cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, p.threads,
-                                                                    static_cast<size_t>(p.smem));
-    if (err != cudaSuccess)
-      return set_error(static_cast<int>(err), "rms_norm: occupancy query failed: %s",
-                       cudaGetErrorString(err));
-    c_occ = n > 0 ? n : 1;
-    last_occupancy.put(dev, key, c_occ);
-  }
+  int c_occ = 0;
+  if (int rc = blocks_per_sm(kernel, p.threads, static_cast<size_t>(p.smem), dev, last_occupancy,
+                             key, "rms_norm", &c_occ))
+    return rc;
   const int occ = g_tuning.pipe_blocks_per_sm > 0 && g_tuning.pipe_blocks_per_sm < c_occ
                       ? g_tuning.pipe_blocks_per_sm
                       : c_occ;
