@@ -451,6 +451,15 @@ TEST_CASE("Refuses what CPython's compiler rejects and tree-sitter accepts", "[p
   CHECK(ParseError("x = {1: *a}\n")
             .find(":1:9: error: cannot parse Python: cannot use a starred "
                   "expression in a dictionary value") != std::string::npos);
+  // A starred operand of an operator (an edit_body text found by the fuzz suite).
+  CHECK(ParseError("x = a.coe& * b.float()\n")
+            .find(":1:12: error: cannot parse Python: invalid syntax") != std::string::npos);
+  for (const char* bad :
+       {"x = a + *b\n", "x = a < *b\n", "x = a and *b\n", "x = not *a\n", "x = -*a\n",
+        "x = a if *b else c\n", "f(a & *b)\n", "x = [a | *b]\n", "x = [*a or b]\n"}) {
+    INFO(bad);
+    CHECK(ParseError(bad).find("error: cannot parse Python: invalid syntax") != std::string::npos);
+  }
   // A header without a body (tree-sitter accepts it at the end of a file; found by the fuzz suite).
   CHECK(ParseError("x = 1\nclass A(B):\n")
             .find(":2:1: error: cannot parse Python: expected an "
@@ -489,6 +498,12 @@ TEST_CASE("Refuses what CPython's compiler rejects and tree-sitter accepts", "[p
                          "print(*a, sep='')\n", "return_value = (*a, b)\n", "*a, b\n", "x = *a,\n",
                          "a, b = *m.shape, v\n", "f([*x.size()[:-1]])\n", "y = [*zip(*f)][1]\n",
                          "x = {1: [*a]}\n", "(*a,)\n", "x = (*a, *b)\n", "(*a,) = b\n"}) {
+    INFO(ok);
+    CHECK(PyModule::Parse("ok.py", ok).ok());
+  }
+  // So is an operator inside a starred expression.
+  for (const char* ok : {"print(*a + b)\n", "f(*a.b & c)\n", "x = a * -b ** c\n",
+                         "f(*a if b else c)\n", "f(*a or b)\n", "f(*a < b)\n", "f(*not a)\n"}) {
     INFO(ok);
     CHECK(PyModule::Parse("ok.py", ok).ok());
   }

@@ -163,7 +163,8 @@ std::optional<TSNode> FirstErrorNode(TSNode root);
 /// The first construct (document order) of an error-free tree that tree-sitter-python accepts and
 /// CPython rejects, with CPython 3.11's message: a starred expression alone as an assignment or
 /// `for` target (`*a = b`, `*a.b = c`, `for *a in b`), alone as a statement or an assignment's
-/// value (`*a`, `x = *a`), in parentheses alone (`(*a)`), or as a dictionary value (`{k: *v}`);
+/// value (`*a`, `x = *a`), in parentheses alone (`(*a)`), as a dictionary value (`{k: *v}`) or as
+/// an operand of an operator (`a & *b`, CPython's "invalid syntax");
 /// and a block with no statement (a header at the end of the file, or comments only).
 /// Found by the fuzz suite (a spec body patchgen accepted and CPython did not compile). Only
 /// contexts that are errors whatever tree-sitter's reading: it parses `*a.b` as `(*a).b`, so a

@@ -158,17 +158,41 @@ std::optional<std::string> CompileError(TSNode n, const char* field) {
   if (Is(n, "list_splat") && field && std::strcmp(field, "value") == 0 &&
       Is(ts_node_parent(n), "pair"))
     return "cannot use a starred expression in a dictionary value";  // `{k: *v}`
+  if (Is(n, "binary_operator") || Is(n, "boolean_operator") || Is(n, "comparison_operator") ||
+      Is(n, "unary_operator") || Is(n, "not_operator") || Is(n, "conditional_expression")) {
+    uint32_t count = ts_node_named_child_count(n);  // the operands
+    for (uint32_t i = 0; i < count; ++i)
+      if (LoneStarred(ts_node_named_child(n, i))) return "invalid syntax";  // `a & *b`
+  }
   return std::nullopt;
 }
 
 // Whether CompileError can return anything for `n`.
 bool MayBeCompileError(TSNode n) {
-  static const std::vector<bool> kTable = SymbolTable(
-      PythonLanguage(),
-      {"class_definition", "function_definition", "if_statement", "elif_clause", "else_clause",
-       "for_statement", "while_statement", "with_statement", "try_statement", "except_clause",
-       "finally_clause", "assignment", "for_in_clause", "expression_statement",
-       "parenthesized_expression", "tuple", "tuple_pattern", "list_splat"});
+  static const std::vector<bool> kTable = SymbolTable(PythonLanguage(), {"class_definition",
+                                                                         "function_definition",
+                                                                         "if_statement",
+                                                                         "elif_clause",
+                                                                         "else_clause",
+                                                                         "for_statement",
+                                                                         "while_statement",
+                                                                         "with_statement",
+                                                                         "try_statement",
+                                                                         "except_clause",
+                                                                         "finally_clause",
+                                                                         "assignment",
+                                                                         "for_in_clause",
+                                                                         "expression_statement",
+                                                                         "parenthesized_expression",
+                                                                         "tuple",
+                                                                         "tuple_pattern",
+                                                                         "list_splat",
+                                                                         "binary_operator",
+                                                                         "boolean_operator",
+                                                                         "comparison_operator",
+                                                                         "unary_operator",
+                                                                         "not_operator",
+                                                                         "conditional_expression"});
   return InTable(kTable, n);
 }
 
@@ -182,6 +206,9 @@ TSNode ComplaintLocation(TSNode n) {
     TSNode side = ts_node_child_by_field_name(n, f, static_cast<uint32_t>(std::strlen(f)));
     if (!ts_node_is_null(side) && LoneStarred(side)) return side;
   }
+  uint32_t count = ts_node_named_child_count(n);  // an operator's starred operand
+  for (uint32_t i = 0; i < count; ++i)
+    if (LoneStarred(ts_node_named_child(n, i))) return ts_node_named_child(n, i);
   return n;
 }
 
