@@ -129,6 +129,18 @@ bool LoneStarredInParentheses(TSNode n) {
   return true;
 }
 
+// The first operand of `n`, when an operator (binary, boolean, comparison, unary, `not`,
+// conditional), that is a starred expression alone (`a & *b`, which CPython refuses); else null.
+TSNode StarredOperand(TSNode n) {
+  if (!Is(n, "binary_operator") && !Is(n, "boolean_operator") && !Is(n, "comparison_operator") &&
+      !Is(n, "unary_operator") && !Is(n, "not_operator") && !Is(n, "conditional_expression"))
+    return TSNode{};
+  uint32_t count = ts_node_named_child_count(n);  // the operands
+  for (uint32_t i = 0; i < count; ++i)
+    if (LoneStarred(ts_node_named_child(n, i))) return ts_node_named_child(n, i);
+  return TSNode{};
+}
+
 // CPython's complaint about node `n` (met in document order), if it is one.
 std::optional<std::string> CompileError(TSNode n, const char* field) {
   if (const char* owner = BlockOwner(n)) {
@@ -158,12 +170,7 @@ std::optional<std::string> CompileError(TSNode n, const char* field) {
   if (Is(n, "list_splat") && field && std::strcmp(field, "value") == 0 &&
       Is(ts_node_parent(n), "pair"))
     return "cannot use a starred expression in a dictionary value";  // `{k: *v}`
-  if (Is(n, "binary_operator") || Is(n, "boolean_operator") || Is(n, "comparison_operator") ||
-      Is(n, "unary_operator") || Is(n, "not_operator") || Is(n, "conditional_expression")) {
-    uint32_t count = ts_node_named_child_count(n);  // the operands
-    for (uint32_t i = 0; i < count; ++i)
-      if (LoneStarred(ts_node_named_child(n, i))) return "invalid syntax";  // `a & *b`
-  }
+  if (!ts_node_is_null(StarredOperand(n))) return "invalid syntax";  // `a & *b`
   return std::nullopt;
 }
 
@@ -206,10 +213,8 @@ TSNode ComplaintLocation(TSNode n) {
     TSNode side = ts_node_child_by_field_name(n, f, static_cast<uint32_t>(std::strlen(f)));
     if (!ts_node_is_null(side) && LoneStarred(side)) return side;
   }
-  uint32_t count = ts_node_named_child_count(n);  // an operator's starred operand
-  for (uint32_t i = 0; i < count; ++i)
-    if (LoneStarred(ts_node_named_child(n, i))) return ts_node_named_child(n, i);
-  return n;
+  TSNode operand = StarredOperand(n);
+  return ts_node_is_null(operand) ? n : operand;
 }
 
 // The byte offsets of every `*` of a source, and whether a node's bytes hold one.
