@@ -86,16 +86,29 @@ Sections SplitSections(std::string_view data) {
 }
 
 namespace {
+// PATCHGEN_FUZZ_SCRATCH, else a new mkdtemp folder. Its path reaches the target's behaviour (its
+// length: the spec paths in strings and diagnostics; its bytes: `extends` identities compared with
+// memcmp, which libFuzzer's CMP mutations may copy into inputs), so fuzz/run_fuzz.sh
+// --deterministic names one fixed folder here.
 // Never destroyed: the atexit handler that removes the folder runs after static destructors.
 const std::string& ScratchRoot() {
   static const std::string* root = [] {
-    auto* tmpl = new std::string((fs::temp_directory_path() / "patchgen-fuzz-XXXXXX").string());
-    if (!::mkdtemp(tmpl->data())) Fail("mkdtemp failed");
+    const char* given = std::getenv("PATCHGEN_FUZZ_SCRATCH");
+    std::string* dir;
+    if (given != nullptr && *given != '\0') {
+      dir = new std::string(given);
+      std::error_code ec;
+      fs::create_directories(*dir, ec);
+      if (ec) Fail("cannot create PATCHGEN_FUZZ_SCRATCH", *dir + ": " + ec.message());
+    } else {
+      dir = new std::string((fs::temp_directory_path() / "patchgen-fuzz-XXXXXX").string());
+      if (!::mkdtemp(dir->data())) Fail("mkdtemp failed");
+    }
     std::atexit([] {
       std::error_code ec;
       fs::remove_all(ScratchRoot(), ec);
     });
-    return tmpl;
+    return dir;
   }();
   return *root;
 }

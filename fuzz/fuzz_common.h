@@ -34,7 +34,8 @@ struct Sections {
 };
 Sections SplitSections(std::string_view data);
 
-/// A per-process scratch folder (removed at exit), emptied by each call.
+/// A per-process scratch folder (removed at exit; PATCHGEN_FUZZ_SCRATCH if set, else a new
+/// temporary folder), emptied by each call.
 std::string FreshScratchDir();
 
 /// When PATCHGEN_FUZZ_DUMP names a folder, writes `text` there as NAME (for the CPython check of
