@@ -151,9 +151,12 @@ struct HeldRow {
 // The GEMM's partial products of token t added: thread m < mixes gets mix m's, the others 0.
 __device__ __forceinline__ float gemm_partials(const float* p, int64_t t, int64_t ldp, int nsplit,
                                                int mixes) {
+  // (m an int: with threadIdx.x's unsigned sum in the index, the pipelined collapse took 75
+  // registers at hc 4 and one vector a stream, not 64: one block an SM instead of two)
+  const int m = threadIdx.x;
   float pacc = 0.f;
-  if (static_cast<int>(threadIdx.x) < mixes) {
-    for (int s = 0; s < nsplit; ++s) pacc += p[t * ldp + s * mixes + threadIdx.x];
+  if (m < mixes) {
+    for (int s = 0; s < nsplit; ++s) pacc += p[t * ldp + s * mixes + m];
   }
   return pacc;
 }
@@ -240,9 +243,12 @@ __global__ void __launch_bounds__(MAXT)
 // ---- collapse forward, pipelined: a block walks the tokens blockIdx.x, + gridDim.x, ... with the
 // next token's row (and its GEMM partials) loaded into registers while the current one is reduced
 // and collapsed. NV vectors per stream and thread cover the row (nvec <= blockDim.x * NV); the sums
-// in collapse_fwd_kernel's order, so with its block size its bits.
+// in collapse_fwd_kernel's order, so with its block size its bits. One vector a stream and thread
+// (hc 4 at D 4096), or one stream: two blocks an SM, bound to 64 registers here so that no change
+// of the code halves that silently (cad9d54 took it to 75, one block an SM: pre's forward 17 %
+// slower).
 template <typename T, int HC, int VEC, int NV, int MAXT>
-__global__ void __launch_bounds__(MAXT)
+__global__ void __launch_bounds__(MAXT, NV == 1 || HC == 1 ? 2 : 1)
     collapse_fwd_pipe_kernel(int64_t tokens, const T* __restrict__ x, const float* __restrict__ p,
                              int nsplit, int64_t ldp, const float* __restrict__ scale,
                              const float* __restrict__ base, float norm_eps, float hc_eps,
