@@ -151,8 +151,7 @@ struct HeldRow {
 // The GEMM's partial products of token t added: thread m < mixes gets mix m's, the others 0.
 __device__ __forceinline__ float gemm_partials(const float* p, int64_t t, int64_t ldp, int nsplit,
                                                int mixes) {
-  // (m an int: with threadIdx.x's unsigned sum in the index, the pipelined collapse took 75
-  // registers at hc 4 and one vector a stream, not 64: one block an SM instead of two)
+  // m an int: an unsigned threadIdx.x in the index costs the pipelined collapse registers
   const int m = threadIdx.x;
   float pacc = 0.f;
   if (m < mixes) {
@@ -244,9 +243,8 @@ __global__ void __launch_bounds__(MAXT)
 // next token's row (and its GEMM partials) loaded into registers while the current one is reduced
 // and collapsed. NV vectors per stream and thread cover the row (nvec <= blockDim.x * NV); the sums
 // in collapse_fwd_kernel's order, so with its block size its bits. One vector a stream and thread
-// (hc 4 at D 4096), or one stream: two blocks an SM, bound to 64 registers here so that no change
-// of the code halves that silently (cad9d54 took it to 75, one block an SM: pre's forward 17 %
-// slower).
+// (hc 4 at D 4096), or one stream: two blocks an SM, held by the bound to 64 registers (at 65 the
+// one-wave grid halves and pre's forward at D 4096 takes 1.17x as long; over 64, ptxas spills).
 template <typename T, int HC, int VEC, int NV, int MAXT>
 __global__ void __launch_bounds__(MAXT, NV == 1 || HC == 1 ? 2 : 1)
     collapse_fwd_pipe_kernel(int64_t tokens, const T* __restrict__ x, const float* __restrict__ p,

@@ -129,12 +129,19 @@ bool LoneStarredInParentheses(TSNode n) {
   return true;
 }
 
-// The first operand of `n`, when an operator (binary, boolean, comparison, unary, `not`,
-// conditional), that is a starred expression alone (`a & *b`, which CPython refuses); else null.
+// Whether `n` is an operator whose operands CPython reads as expressions: binary, boolean,
+// comparison, unary, `not`, conditional.
+bool IsOperator(TSNode n) {
+  static const std::vector<bool> kTable =
+      SymbolTable(PythonLanguage(), {"binary_operator", "boolean_operator", "comparison_operator",
+                                     "unary_operator", "not_operator", "conditional_expression"});
+  return InTable(kTable, n);
+}
+
+// The first operand of `n`, when an operator (IsOperator), that is a starred expression alone
+// (`a & *b`, which CPython refuses); else null.
 TSNode StarredOperand(TSNode n) {
-  if (!Is(n, "binary_operator") && !Is(n, "boolean_operator") && !Is(n, "comparison_operator") &&
-      !Is(n, "unary_operator") && !Is(n, "not_operator") && !Is(n, "conditional_expression"))
-    return TSNode{};
+  if (!IsOperator(n)) return TSNode{};
   uint32_t count = ts_node_named_child_count(n);  // the operands
   for (uint32_t i = 0; i < count; ++i)
     if (LoneStarred(ts_node_named_child(n, i))) return ts_node_named_child(n, i);
@@ -176,31 +183,13 @@ std::optional<std::string> CompileError(TSNode n, const char* field) {
 
 // Whether CompileError can return anything for `n`.
 bool MayBeCompileError(TSNode n) {
-  static const std::vector<bool> kTable = SymbolTable(PythonLanguage(), {"class_definition",
-                                                                         "function_definition",
-                                                                         "if_statement",
-                                                                         "elif_clause",
-                                                                         "else_clause",
-                                                                         "for_statement",
-                                                                         "while_statement",
-                                                                         "with_statement",
-                                                                         "try_statement",
-                                                                         "except_clause",
-                                                                         "finally_clause",
-                                                                         "assignment",
-                                                                         "for_in_clause",
-                                                                         "expression_statement",
-                                                                         "parenthesized_expression",
-                                                                         "tuple",
-                                                                         "tuple_pattern",
-                                                                         "list_splat",
-                                                                         "binary_operator",
-                                                                         "boolean_operator",
-                                                                         "comparison_operator",
-                                                                         "unary_operator",
-                                                                         "not_operator",
-                                                                         "conditional_expression"});
-  return InTable(kTable, n);
+  static const std::vector<bool> kTable = SymbolTable(
+      PythonLanguage(),
+      {"class_definition", "function_definition", "if_statement", "elif_clause", "else_clause",
+       "for_statement", "while_statement", "with_statement", "try_statement", "except_clause",
+       "finally_clause", "assignment", "for_in_clause", "expression_statement",
+       "parenthesized_expression", "tuple", "tuple_pattern", "list_splat"});
+  return InTable(kTable, n) || IsOperator(n);
 }
 
 // Where the complaint about `n` points: the starred expression alone in a statement or in
