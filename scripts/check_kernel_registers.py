@@ -149,10 +149,21 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("objects", type=Path, help="folder searched for *.ptxas (the kernels' build folder)")
     ap.add_argument("--budget", type=Path, required=True)
+    ap.add_argument(
+        "--sources",
+        type=Path,
+        help="the kernels' source folder: a report whose <name>.cu is not there (a removed source's, left "
+        "in the build folder) is skipped, and said so",
+    )
     ap.add_argument("--cxxfilt", default="c++filt")
     ap.add_argument("--table", action="store_true", help="print every function's registers and spills")
     args = ap.parse_args(argv)
     reports = sorted(args.objects.rglob("*.ptxas"))
+    if args.sources:
+        stale = [r for r in reports if not (args.sources / r.name.removesuffix(".o.ptxas")).is_file()]
+        for r in stale:
+            print(f"check_kernel_registers: skipped {r}: no {r.name.removesuffix('.o.ptxas')} in {args.sources}")
+        reports = [r for r in reports if r not in stale]
     if not reports:
         print(f"check_kernel_registers: no *.ptxas under {args.objects}", file=sys.stderr)
         return 2

@@ -101,6 +101,28 @@ def test_an_unbudgeted_spill_and_a_line_matching_nothing_fail(tmp_path):
     ]
 
 
+def test_a_removed_sources_report_is_skipped_and_said_so(tmp_path):
+    objs, src = tmp_path / "objs", tmp_path / "src"
+    objs.mkdir()
+    src.mkdir()
+    (src / "mhc.cu").write_text("")
+    (objs / "mhc.cu.o.ptxas").write_text(report([(COLLAPSE, "sm_90a", 64, 0)]))
+    (objs / "gone.cu.o.ptxas").write_text(report([(TOPK, "sm_90a", 64, 136)]))
+    (tmp_path / "budget.txt").write_text("sm_90a 64 0 opslot::collapse_fwd_pipe_kernel<*>\n")
+    out = subprocess.run(
+        [sys.executable, SCRIPT, objs, "--budget", tmp_path / "budget.txt", "--sources", src],
+        capture_output=True,
+        text=True,
+    )
+    assert (out.returncode, out.stdout.splitlines()) == (
+        0,
+        [
+            f"check_kernel_registers: skipped {objs / 'gone.cu.o.ptxas'}: no gone.cu in {src}",
+            "check_kernel_registers: 1 kernels in 1 reports, 1 budget lines, 0 kernels spill; ok",
+        ],
+    )
+
+
 def test_patterns_treat_only_star_as_special():
     assert regs.glob_regex("a<*, 1, 512>").match("a<float, 4, 4, 1, 512>")
     assert not regs.glob_regex("a<*, 1, 512>").match("a<float, 4, 4, 2, 512>")
