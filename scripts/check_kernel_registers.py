@@ -26,7 +26,7 @@ from pathlib import Path
 
 ENTRY = re.compile(r"^ptxas info +: Compiling entry function '([^']+)' for '([^']+)'")
 PROPS = re.compile(r"^ptxas info +: Function properties for (\S+)")
-STACK = re.compile(r"^ +(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+SPILLS = re.compile(r"^ +\d+ bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 USED = re.compile(r"^ptxas info +: Used (\d+) registers")
 
 
@@ -35,7 +35,6 @@ class Function:
     mangled: str
     target: str
     registers: int = 0
-    stack: int = 0
     spill_stores: int = 0
     spill_loads: int = 0
     name: str = ""
@@ -66,8 +65,8 @@ def parse_report(text, source):
             props_of = None
         elif m := PROPS.match(line):
             props_of = m.group(1)
-        elif (m := STACK.match(line)) and current and props_of == current.mangled:
-            current.stack, current.spill_stores, current.spill_loads = map(int, m.groups())
+        elif (m := SPILLS.match(line)) and current and props_of == current.mangled:
+            current.spill_stores, current.spill_loads = map(int, m.groups())
         elif (m := USED.match(line)) and current:
             current.registers = int(m.group(1))
     if any(f.registers == 0 for f in functions):
@@ -160,10 +159,14 @@ def main(argv=None):
     args = ap.parse_args(argv)
     reports = sorted(args.objects.rglob("*.ptxas"))
     if args.sources:
-        stale = [r for r in reports if not (args.sources / r.name.removesuffix(".o.ptxas")).is_file()]
-        for r in stale:
-            print(f"check_kernel_registers: skipped {r}: no {r.name.removesuffix('.o.ptxas')} in {args.sources}")
-        reports = [r for r in reports if r not in stale]
+        kept = []
+        for r in reports:
+            source = r.name.removesuffix(".o.ptxas")
+            if (args.sources / source).is_file():
+                kept.append(r)
+            else:
+                print(f"check_kernel_registers: skipped {r}: no {source} in {args.sources}")
+        reports = kept
     if not reports:
         print(f"check_kernel_registers: no *.ptxas under {args.objects}", file=sys.stderr)
         return 2
