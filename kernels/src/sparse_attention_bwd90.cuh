@@ -76,7 +76,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   const QueryRows<T> rows(p, qi);
   const int hb = blockIdx.y, h0 = hb * kRows, nhb = gridDim.y;
   const int ntiles = static_cast<int>((p.K + kBk - 1) / kBk);
-  const int npad = NB * 8, nvalid = static_cast<int>(p.dqk / 8);
+  const int nvalid = static_cast<int>(p.dqk / 8);
 
   // Copies as in fwd_wgmma_kernel: thread (lr, lk) loads rows lr and lr + 32 of Q and dO, row lr of
   // a key tile, chunks lk, lk + 8, ...
@@ -85,10 +85,10 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     const int r = lr + half * kBk, h = h0 + r;
     const T* q = h < p.H ? rows.q + h * p.qs2 : nullptr;
     const T* o = h < p.H ? dout + (qi * p.H + h) * p.dv : nullptr;
-    load_row_sw(sQ, kRows, sw + half * kBk * 128, lk, npad, nvalid,
-                reinterpret_cast<const unsigned char*>(q), rows.q);
-    load_row_sw(sdO, kRows, sw + half * kBk * 128, lk, NVB * 8, NVB * 8,
-                reinterpret_cast<const unsigned char*>(o), dout);
+    load_row_sw<NB>(sQ, kRows, sw + half * kBk * 128, lk, nvalid,
+                    reinterpret_cast<const unsigned char*>(q), rows.q);
+    load_row_sw<NVB>(sdO, kRows, sw + half * kBk * 128, lk, NVB * 8,
+                     reinterpret_cast<const unsigned char*>(o), dout);
   }
   // The index of row lr of a tile, read a tile ahead of its copies (raw: -1 past K; the range check
   // at the copy), so that its latency is not on the path of every tile.
@@ -100,9 +100,9 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     const int st = tile % kBwdStages;
     const int id = key_in_range(p, raw);
     if (lk == 0) sIdx[st * kBk + lr] = id;
-    load_row_sw(sK + st * NB * kBlkK, kBk, sw, lk, npad, nvalid,
-                id >= 0 ? reinterpret_cast<const unsigned char*>(rows.kv + id * p.kvs1) : nullptr,
-                rows.kv);
+    load_row_sw<NB>(
+        sK + st * NB * kBlkK, kBk, sw, lk, nvalid,
+        id >= 0 ? reinterpret_cast<const unsigned char*>(rows.kv + id * p.kvs1) : nullptr, rows.kv);
   };
   if (ntiles > 0) issue(0, raw_index(0));
   cp_async_commit();
@@ -179,7 +179,8 @@ __global__ void __launch_bounds__(kWgThreads, 1)
       for (int e = 0; e < 16; ++e) {
         const float sv = wg == 0 ? sc[e] : other[e], dpv = wg == 0 ? other[e] : sc[e];
         const int i = (e >> 1) & 1, c = (e >> 2) * 8 + 2 * qd + (e & 1);
-        const float pe = valid[((e >> 2) << 1) | (e & 1)] ? exp2f(sv * p.scale_log2 - l2[i]) : 0.f;
+        const float pe =
+            valid[((e >> 2) << 1) | (e & 1)] ? exp2_ftz(sv * p.scale_log2 - l2[i]) : 0.f;
         ds[e] = pe * (dpv - dl[i]) * p.scale;
         *reinterpret_cast<T*>(tile + sw_off(c, row0 + 8 * i)) = from_float<T>(wg == 0 ? pe : ds[e]);
       }

@@ -26,6 +26,17 @@ constexpr float kMaskedBelow = -65504.f;  // float16's finfo.min: every float dt
 __device__ __forceinline__ float neg_inf() { return -__int_as_float(0x7f800000); }
 __device__ __forceinline__ float pos_inf() { return __int_as_float(0x7f800000); }
 
+// 2^x for the softmax's P and rescale factors, forward and backward: exp2f's instruction without
+// the range check and rescale exp2f wraps around it for results below 2^-126, which are 0 here
+// instead of subnormal (ex2.approx.ftz). The bits differ from exp2f's only there: a key 126 or more
+// (log2 units) below its row's maximum, whose P adds less than half an ulp to the row's sum (at
+// least 1); 16 such calls a thread and tile cost about 100 instructions on the softmax's path.
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // The problem as the kernels read it (passed by value).
 struct Dev {
   int64_t B, S, T, H, dqk, dv, K;
@@ -173,12 +184,12 @@ __device__ __forceinline__ void softmax_tile(float (&s)[16], const int* tile_idx
     mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
     mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
     mnew[i] = fmaxf(m_run[i], mx[i]);
-    alpha[i] = mnew[i] == neg_inf() ? 1.f : exp2f(m_run[i] - mnew[i]);
+    alpha[i] = mnew[i] == neg_inf() ? 1.f : exp2_ftz(m_run[i] - mnew[i]);
   }
 #pragma unroll
   for (int e = 0; e < 16; ++e) {
     const int i = (e >> 1) & 1;
-    s[e] = mnew[i] == neg_inf() ? 0.f : exp2f(s[e] - mnew[i]);
+    s[e] = mnew[i] == neg_inf() ? 0.f : exp2_ftz(s[e] - mnew[i]);
     sum[i] += s[e];
   }
 #pragma unroll

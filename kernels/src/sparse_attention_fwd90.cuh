@@ -35,18 +35,36 @@ size_t fwd90_smem(const Dev& d) {
          (kWgStages * kBk + kWgThreads / 32) * sizeof(int);
 }
 
-// One row of a swizzled tile (blocks of `rows` rows, 1024-byte aligned): this thread's 16-byte
-// chunks lk, lk + 8, ... < npad of row `row` (the eight threads of a row take one 128-byte piece of
-// it per copy), the chunks at or past `nvalid` and a row src == nullptr zero. cp.async; the caller
-// commits and waits. sw: the thread's byte offset inside a block (row 128 + swizzled chunk).
-__device__ __forceinline__ void load_row_sw(unsigned char* dst, int rows, int sw, int lk, int npad,
+// One row of a swizzled tile (blocks of `rows` rows, 1024-byte aligned): this thread's kChunks
+// 16-byte chunks lk, lk + 8, ... of row `row` (the eight threads of a row take one 128-byte piece
+// of it per copy), the chunks at or past `nvalid` and a row src == nullptr zero. cp.async; the
+// caller commits and waits. sw: the thread's byte offset inside a block (row 128 + swizzled chunk).
+// Where every chunk is valid (Dqk and dv multiples of 64: both models), each copy is one
+// instruction with constant offsets from one pointer (a skipped row reads none of any_global's
+// bytes, which hold at least 8 kChunks chunks); elsewhere a chunk past nvalid takes any_global as
+// its address.
+template <int kChunks>
+__device__ __forceinline__ void load_row_sw(unsigned char* dst, int rows, int sw, int lk,
                                             int nvalid, const unsigned char* src,
                                             const void* any_global) {
-  for (int m = 0; m * 8 < npad; ++m) {
+  const uint32_t d = smem_u32(dst + sw);
+  if (nvalid >= 8 * kChunks) {
+    const int size = src != nullptr ? 16 : 0;
+    const unsigned char* base =
+        (src != nullptr ? src : static_cast<const unsigned char*>(any_global)) + lk * 16;
+#pragma unroll
+    for (int m = 0; m < kChunks; ++m) {
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d + m * rows * 128),
+                   "l"(base + m * 128), "r"(size)
+                   : "memory");
+    }
+    return;
+  }
+#pragma unroll
+  for (int m = 0; m < kChunks; ++m) {
     const int c = lk + 8 * m;
     const bool on = src != nullptr && c < nvalid;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
-                     smem_u32(dst + m * rows * 128 + sw)),
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d + m * rows * 128),
                  "l"(on ? static_cast<const void*>(src + c * 16) : any_global), "r"(on ? 16 : 0)
                  : "memory");
   }
@@ -95,7 +113,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   using namespace opslot::sm90;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
-  const int nblk = p.dpad / 64, npad = p.dpad / 8, nvalid = static_cast<int>(p.dqk / 8);
+  const int nblk = p.dpad / 64, nvalid = static_cast<int>(p.dqk / 8);
   unsigned char* sQ = smem;
   unsigned char* sK = sQ + nblk * kBlkQ;  // kWgStages tiles of nblk blocks
   float* sX = reinterpret_cast<float*>(sK + kWgStages * nblk * kBlkK);
@@ -112,11 +130,12 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   // the query block), chunks lk, lk + 8, ...
   const int lr = tid >> 3, lk = tid & 7, sw = lr * 128 + ((lk ^ (lr & 7)) << 4);
   static_assert(kWgThreads / 8 == kBk && kRows == 2 * kBk, "one key row per 8 threads");
+  static_assert(KS % 2 == 0, "a row is KS / 2 chunks a thread (Dqk padded to 64 columns)");
   for (int half = 0; half < 2; ++half) {
     const int r = lr + half * kBk;
     const T* src = h0 + r < p.H ? rows.q + (h0 + r) * p.qs2 : nullptr;
-    load_row_sw(sQ, kRows, sw + half * kBk * 128, lk, npad, nvalid,
-                reinterpret_cast<const unsigned char*>(src), rows.q);
+    load_row_sw<KS / 2>(sQ, kRows, sw + half * kBk * 128, lk, nvalid,
+                        reinterpret_cast<const unsigned char*>(src), rows.q);
   }
   // The index of row lr of a tile, read a tile ahead of its copies (raw: -1 past K; the range check
   // at the copy), so that its latency is not on the path of every tile.
@@ -124,25 +143,26 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     const int64_t j = static_cast<int64_t>(tile) * kBk + lr;
     return tile < ntiles && j < p.K ? rows.idx[j] : -1;
   };
-  // Tile `tile`'s indices and its copies into its stage (a tile past the last: indices -1, no
-  // copies), one commit group either way.
-  auto issue = [&](int tile, int raw) {
-    const int st = tile % kWgStages;
+  // Tile `tile`'s indices and its copies into its stage st (a tile past the last: indices -1, no
+  // copies), one commit group either way. The stages are passed, not computed from the tile (a tile
+  // is in stage tile % kWgStages: the loop rotates them).
+  auto issue = [&](int tile, int st, int raw) {
     // key_in_range past the last tile, written out: the form of the measured kernel (key_in_range
     // itself compiles to other instructions here)
     const int id = tile < ntiles && raw >= 0 && raw < p.T ? raw : -1;
     if (lk == 0) sIdx[st * kBk + lr] = id;
     if (tile < ntiles)
-      load_row_sw(sK + st * nblk * kBlkK, kBk, sw, lk, npad, nvalid,
-                  id >= 0 ? reinterpret_cast<const unsigned char*>(rows.kv + id * p.kvs1) : nullptr,
-                  rows.kv);
+      load_row_sw<KS / 2>(
+          sK + st * nblk * kBlkK, kBk, sw, lk, nvalid,
+          id >= 0 ? reinterpret_cast<const unsigned char*>(rows.kv + id * p.kvs1) : nullptr,
+          rows.kv);
     cp_async_commit();
   };
   // Whether a tile has a valid key: a barrier, after which the copies the caller waited for are
   // visible to every thread and to the MMAs.
-  auto tile_live = [&](int tile) {
+  auto tile_live = [&](int st) {
     fence_async_smem();
-    return __syncthreads_or(tid < kBk && sIdx[(tile % kWgStages) * kBk + tid] >= 0);
+    return __syncthreads_or(tid < kBk && sIdx[st * kBk + tid] >= 0);
   };
 
   const int vb0 = wg * 4;
@@ -164,13 +184,13 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   // Zeroes sn, then issues the MMAs of this warpgroup's half of S = Q K^T for a tile with a valid
   // key (`live`, a barrier's result: __any_sync shows ptxas it is warp-uniform, else it serializes
   // the MMAs), then commits; the caller waits.
-  auto issue_s = [&](int tile, int live) {
+  auto issue_s = [&](int st, int live) {
 #pragma unroll
     for (int e = 0; e < 16; ++e) sn[e] = 0.f;
     reg_fence(sn);
     fence_o_pa();
     wg_fence();
-    const uint32_t dk0 = desc_lo(sK + (tile % kWgStages) * nblk * kBlkK);
+    const uint32_t dk0 = desc_lo(sK + st * nblk * kBlkK);
     if (__any_sync(0xffffffffu, live && wg == 0))
       s_half<T, KS, 0>(sn, dq0, dk0);
     else if (__any_sync(0xffffffffu, live))
@@ -181,7 +201,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   // (both warpgroups hold the same bits): P into pa, the running max and sum updated, and O
   // rescaled once `o_ready` has waited for its MMAs. A tile without a valid key (sn zero, every
   // index -1) leaves the state as it is, bit for bit (alpha 1, P 0).
-  auto softmax_s = [&](int tile, auto&& o_ready) {
+  auto softmax_s = [&](int st, auto&& o_ready) {
     reg_fence(sn);
 #pragma unroll
     for (int e = 0; e < 16; ++e) sX[(wg * 16 + e) * 128 + t] = sn[e];
@@ -190,7 +210,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
 #pragma unroll
     for (int e = 0; e < 16; ++e) sc[e] = sX[e * 128 + t] + sX[(16 + e) * 128 + t];  // S0 + S1
     float alpha[2];
-    softmax_tile(sc, sIdx + (tile % kWgStages) * kBk, p.scale_log2, qd, m_run, l_run, alpha);
+    softmax_tile(sc, sIdx + st * kBk, p.scale_log2, qd, m_run, l_run, alpha);
     uint32_t pn[kBk / 16][4];  // not pa: the current tile's P V may still read it
 #pragma unroll
     for (int kk = 0; kk < kBk / 16; ++kk) {
@@ -212,12 +232,13 @@ __global__ void __launch_bounds__(kWgThreads, 1)
       for (int j = 0; j < 4; ++j) pa[kk][j] = pn[kk][j];
   };
 
-  // Tile tile's P V for this warpgroup's 256 output columns (P in pa), issued and committed.
-  auto issue_pv = [&](int tile, int live) {
+  // The P V of the tile in stage st for this warpgroup's 256 output columns (P in pa), issued and
+  // committed.
+  auto issue_pv = [&](int st, int live) {
     fence_o_pa();
     wg_fence();
     if (__any_sync(0xffffffffu, live)) {
-      const uint32_t dk0 = desc_lo(sK + (tile % kWgStages) * nblk * kBlkK) + vb0 * (kBlkK / 16);
+      const uint32_t dk0 = desc_lo(sK + st * nblk * kBlkK) + vb0 * (kBlkK / 16);
 #pragma unroll
       for (int kk = 0; kk < kBk / 16; ++kk)
 #pragma unroll
@@ -232,9 +253,9 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   // once every warpgroup's P V of tile it is complete. Only the tiles up to the last with a valid
   // key are visited (the -1 that end early queries' lists cost nothing): each thread scans its
   // share of the indices while the first copies land.
-  issue(0, raw_index(0));  // with the query rows
-  issue(1, raw_index(1));
-  issue(2, raw_index(2));
+  issue(0, 0, raw_index(0));  // with the query rows
+  issue(1, 1, raw_index(1));
+  issue(2, 2, raw_index(2));
   int next = raw_index(3);
   int* sLast = sIdx + kWgStages * kBk;  // the last valid slot, per warp
   scan_last_valid(p, rows.idx, tid, sLast);
@@ -246,22 +267,27 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   softmax_s(0, [] {});
   cp_async_wait<1>();  // tile 1
   int live_next = tile_live(1);
+  int s0 = 0, s1 = 1, s2 = 2;  // the stages of tiles it, it + 1 and it + 2
   for (int it = 0; it + 1 < nlive; ++it) {
-    issue_s(it + 1, live_next);
-    issue_pv(it, live);
+    issue_s(s1, live_next);
+    issue_pv(s0, live);
     wg_wait<1>();  // S of tile it + 1
-    softmax_s(it + 1, [&] {
+    softmax_s(s1, [&] {
       wg_wait<0>();  // P V of tile it
       fence_o_pa();
     });
     cp_async_wait<0>();  // tile it + 2
     live = live_next;
-    live_next = tile_live(it + 2);
-    issue(it + 3, next);  // into tile it's stage
+    live_next = tile_live(s2);
+    issue(it + 3, s0, next);  // into tile it's stage
     next = raw_index(it + 4);
+    const int done = s0;
+    s0 = s1;
+    s1 = s2;
+    s2 = done;
   }
-  if (nlive > 0) {  // the last tile's P V
-    issue_pv(nlive - 1, live);
+  if (nlive > 0) {  // the last tile's P V (stage s0)
+    issue_pv(s0, live);
     wg_wait<0>();
 #pragma unroll
     for (int bb = 0; bb < 4; ++bb) reg_fence(o[bb]);

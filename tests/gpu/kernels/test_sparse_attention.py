@@ -156,11 +156,13 @@ def test_which_forward_kernel_runs():
     assert _launched("fwd_", q, kv, idx, 512) == {"fwd_wgmma_kernel" if hopper else "fwd_mma_kernel"}
     assert _launched("fwd_", q, kv, idx, 448) == {"fwd_mma_kernel"}
     assert _launched("fwd_", q[..., :516], kv[..., :516], idx, 512) == {"fwd_mma_kernel"}  # 1032-byte rows
-    shapes = [  # H, D, T, K, sinks: 7, 5, 1 and 2 tiles of keys
+    shapes = [  # H, D, T, K, sinks: 7, 5, 1 and 2 tiles of keys; Dqk 520 (not a multiple of 64: the
+        # copies' per-chunk form, load_row_sw)
         (70, 576, 300, 200, None),
         (64, 512, 260, 160, torch.randn(64, device="cuda")),
         (64, 576, 40, 20, None),
         (64, 576, 50, 40, torch.randn(64, device="cuda")),
+        (5, 520, 90, 77, torch.randn(5, device="cuda")),
     ]
     inputs = []
     for dtype in (torch.bfloat16, torch.float16):
