@@ -53,8 +53,8 @@ __host__ __device__ __forceinline__ int64_t cdiv(int64_t a, int64_t b) { return 
 template <typename T>
 __device__ __forceinline__ float sigmoid_t(float z) {
   if (sizeof(T) == 4) return 1.f / (1.f + expf(-z));
-  float e, r;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(z * -1.4426950408889634f));
+  const float e = ex2_ftz(z * -1.4426950408889634f);
+  float r;
   asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(1.f + e));
   return r;
 }

@@ -185,12 +185,30 @@ __device__ __forceinline__ void st_stream(V* p, const V& v) {
   }
 }
 
+// 2^x as the bare MUFU.EX2 (ex2.approx.ftz, relative error ~2^-22): results below 2^-126 are 0.
+// exp2f is the same instruction plus a range check and a rescale for those (subnormal) results.
+__device__ __forceinline__ float ex2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // Asynchronous 16-byte global -> shared copies (sm_80+): each thread's copies form groups, and
 // cp_async_wait<N>() returns when at most N of this thread's groups are still in flight. A copy is
 // visible to the thread that issued it after the wait; other threads need a barrier as well.
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+// The same, or 16 zero bytes where !live (src-size 0: gmem is not read, but stays a valid address);
+// smem as a shared-window address (a block's base plus constant offsets folds into the copies).
+__device__ __forceinline__ void cp16_or_zero(unsigned smem, const void* gmem, bool live) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem),
+               "r"(live ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void cp16_or_zero(void* smem, const void* gmem, bool live) {
+  cp16_or_zero(static_cast<unsigned>(__cvta_generic_to_shared(smem)), gmem, live);
 }
 // The same for N = 4, 8 or 16 bytes, through L1 (cp.async.ca).
 template <int N>

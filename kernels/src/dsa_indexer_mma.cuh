@@ -54,14 +54,6 @@ struct MmaParams {
   int64_t blocks;  // query blocks per batch row: ceil(S / qb)
 };
 
-// 16 bytes global -> shared, or 16 zero bytes when !live (src is then not read).
-__device__ __forceinline__ void cp16_or_zero(void* smem, const void* gmem, bool live) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem),
-               "r"(live ? 16 : 0)
-               : "memory");
-}
-
 // relu that keeps NaN (as torch.relu): one max.NaN instruction where a compare and a select took
 // two (-0.0 may give +0.0, a zero either way).
 __device__ __forceinline__ float relu(float x) {

@@ -250,10 +250,7 @@ __device__ void cp_token_tile(T* dst, int ldd, const T* src, int64_t lds, int ro
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
     const int r = i / vc, c = (i % vc) * V;
     const bool live = r < live_rows && c < live_cols;
-    const unsigned sa = static_cast<unsigned>(__cvta_generic_to_shared(dst + r * ldd + c));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa),
-                 "l"(live ? src + r * lds + c : src), "r"(live ? 16 : 0)
-                 : "memory");
+    cp16_or_zero(dst + r * ldd + c, live ? src + r * lds + c : src, live);
   }
 }
 

@@ -43,12 +43,6 @@ __device__ __forceinline__ float unord(unsigned o) {
   return __half2float(__ushort_as_half(static_cast<unsigned short>(b)));
 }
 
-__device__ __forceinline__ float ex2f(float x) {  // 2^x, MUFU.EX2 (relative error ~2^-22)
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
 // Chunks: C consecutive rows of one layer, the unit a warp takes (its row pointers are one
 // division away, and the next chunk's loads are issued before the current one is reduced).
 // Rows of a chunk past the layer's end compute on zeros with weight 0 and store nothing.
@@ -148,8 +142,8 @@ __global__ void __launch_bounds__(kWarpWarps * 32, MINB)
         lo = __half2float(__ushort_as_half(static_cast<unsigned short>(r.w[j] & 0xffffu)));
         hi = __half2float(__ushort_as_half(static_cast<unsigned short>(r.w[j] >> 16)));
       }
-      e[2 * j] = ex2f(fmaf(lo, kLog2e, off));
-      e[2 * j + 1] = ex2f(fmaf(hi, kLog2e, off));
+      e[2 * j] = ex2_ftz(fmaf(lo, kLog2e, off));
+      e[2 * j + 1] = ex2_ftz(fmaf(hi, kLog2e, off));
       s += e[2 * j] + e[2 * j + 1];
     }
     // The row sum in fixed point, one integer reduction instead of five shuffles (exact and
@@ -280,7 +274,7 @@ __global__ void __launch_bounds__(kWarpWarps * 32, MINB)
       float sum = 0.f, d = 0.f;
 #pragma unroll
       for (int i = 0; i < EPL; ++i) {
-        v[i] = ex2f(fmaf(v[i], kLog2e, off));
+        v[i] = ex2_ftz(fmaf(v[i], kLog2e, off));
         sum += v[i];
         d = fmaf(v[i], cf[i], d);
       }

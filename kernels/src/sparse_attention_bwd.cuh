@@ -145,7 +145,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
             const int r = rg * 16 + g + 8 * (e >> 1);
             const int c = kh * 16 + nt * 8 + 2 * qd + (e & 1);
             pe[e] =
-                sIdx[buf * kBk + c] >= 0 ? exp2_ftz(acc[0][nt][e] * p.scale_log2 - sLse2[r]) : 0.f;
+                sIdx[buf * kBk + c] >= 0 ? ex2_ftz(acc[0][nt][e] * p.scale_log2 - sLse2[r]) : 0.f;
             ds[e] = pe[e] * (sdP[(w8 * 8 + nt * 4 + e) * 32 + lane] - sDelta[r]) * p.scale;
           }
           const int off = (rg * 16 + g) * kLdP + kh * 16 + nt * 8 + 2 * qd;

@@ -180,7 +180,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
         const float sv = wg == 0 ? sc[e] : other[e], dpv = wg == 0 ? other[e] : sc[e];
         const int i = (e >> 1) & 1, c = (e >> 2) * 8 + 2 * qd + (e & 1);
         const float pe =
-            valid[((e >> 2) << 1) | (e & 1)] ? exp2_ftz(sv * p.scale_log2 - l2[i]) : 0.f;
+            valid[((e >> 2) << 1) | (e & 1)] ? ex2_ftz(sv * p.scale_log2 - l2[i]) : 0.f;
         ds[e] = pe * (dpv - dl[i]) * p.scale;
         *reinterpret_cast<T*>(tile + sw_off(c, row0 + 8 * i)) = from_float<T>(wg == 0 ? pe : ds[e]);
       }

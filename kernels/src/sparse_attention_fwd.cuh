@@ -26,17 +26,6 @@ constexpr float kMaskedBelow = -65504.f;  // float16's finfo.min: every float dt
 __device__ __forceinline__ float neg_inf() { return -__int_as_float(0x7f800000); }
 __device__ __forceinline__ float pos_inf() { return __int_as_float(0x7f800000); }
 
-// 2^x for the softmax's P and rescale factors, forward and backward: exp2f's instruction without
-// the range check and rescale exp2f wraps around it for results below 2^-126, which are 0 here
-// instead of subnormal (ex2.approx.ftz). The bits differ from exp2f's only there: a key 126 or more
-// (log2 units) below its row's maximum, whose P adds less than half an ulp to the row's sum (at
-// least 1); 16 such calls a thread and tile cost about 100 instructions on the softmax's path.
-__device__ __forceinline__ float exp2_ftz(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
 // The problem as the kernels read it (passed by value).
 struct Dev {
   int64_t B, S, T, H, dqk, dv, K;
@@ -137,10 +126,7 @@ __device__ __forceinline__ void load_rows(T* dst, int ldd, int nrows, int cols, 
     const T* s = src(r);
     for (int c = (threadIdx.x % tpr) * V; c < cpad; c += tpr * V) {
       const bool on = s != nullptr && c < cols;
-      const unsigned sa = smem_u32(dst + r * ldd + c);
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa),
-                   "l"(on ? static_cast<const void*>(s + c) : any_global), "r"(on ? 16 : 0)
-                   : "memory");
+      cp16_or_zero(dst + r * ldd + c, on ? static_cast<const void*>(s + c) : any_global, on);
     }
   } else {
     const int n = nrows * cpad;
@@ -167,7 +153,9 @@ __device__ __forceinline__ int key_of(const Dev& p, const int32_t* irow, int64_t
 // e] is row g + 8 (e / 2), key 8 j + 2 qd + e % 2 of the tile's 32 (tile_idx: their indices, -1
 // when skipped). The raw scores s become P (0 for skipped keys); m_run and l_run (log2 units) are
 // updated and alpha is each row's rescale of O. Both forward kernels run it, in the same order of
-// operations.
+// operations. 2^x is ex2_ftz, as in both backward kernels: exp2f's bits but for a key 126 or more
+// (log2 units) below its row's maximum, whose P is 0 instead of subnormal (less than half an ulp of
+// the row's sum, at least 1); exp2f's range check cost about 100 instructions a thread and tile.
 __device__ __forceinline__ void softmax_tile(float (&s)[16], const int* tile_idx, float scale_log2,
                                              int qd, float (&m_run)[2], float (&l_run)[2],
                                              float (&alpha)[2]) {
@@ -184,12 +172,12 @@ __device__ __forceinline__ void softmax_tile(float (&s)[16], const int* tile_idx
     mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
     mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
     mnew[i] = fmaxf(m_run[i], mx[i]);
-    alpha[i] = mnew[i] == neg_inf() ? 1.f : exp2_ftz(m_run[i] - mnew[i]);
+    alpha[i] = mnew[i] == neg_inf() ? 1.f : ex2_ftz(m_run[i] - mnew[i]);
   }
 #pragma unroll
   for (int e = 0; e < 16; ++e) {
     const int i = (e >> 1) & 1;
-    s[e] = mnew[i] == neg_inf() ? 0.f : exp2_ftz(s[e] - mnew[i]);
+    s[e] = mnew[i] == neg_inf() ? 0.f : ex2_ftz(s[e] - mnew[i]);
     sum[i] += s[e];
   }
 #pragma unroll

@@ -49,24 +49,18 @@ __device__ __forceinline__ void load_row_sw(unsigned char* dst, int rows, int sw
                                             const void* any_global) {
   const uint32_t d = smem_u32(dst + sw);
   if (nvalid >= 8 * kChunks) {
-    const int size = src != nullptr ? 16 : 0;
     const unsigned char* base =
         (src != nullptr ? src : static_cast<const unsigned char*>(any_global)) + lk * 16;
 #pragma unroll
-    for (int m = 0; m < kChunks; ++m) {
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d + m * rows * 128),
-                   "l"(base + m * 128), "r"(size)
-                   : "memory");
-    }
+    for (int m = 0; m < kChunks; ++m)
+      cp16_or_zero(d + m * rows * 128, base + m * 128, src != nullptr);
     return;
   }
 #pragma unroll
   for (int m = 0; m < kChunks; ++m) {
     const int c = lk + 8 * m;
     const bool on = src != nullptr && c < nvalid;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d + m * rows * 128),
-                 "l"(on ? static_cast<const void*>(src + c * 16) : any_global), "r"(on ? 16 : 0)
-                 : "memory");
+    cp16_or_zero(d + m * rows * 128, on ? static_cast<const void*>(src + c * 16) : any_global, on);
   }
 }
 
