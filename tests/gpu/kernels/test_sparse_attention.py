@@ -209,9 +209,10 @@ def _assert_same_passes(got, ref, what):
 
 def test_which_backward_kernel_runs():
     """The wgmma backward on compute capability 9.0 for bf16 with dv 512 and 16-byte rows, else the mma.sync
-    one (fp16, other dv); the bench library's knob (bit 1) selects the mma.sync one and bit 2 the pipelined
-    wgmma one, which give the same bits as the wgmma kernel (the same products in the same order) on odd shapes: heads in two padded blocks, a
-    partial last tile, whole tiles without keys, Dqk 576, 520 (not a multiple of 64) and 512, sinks."""
+    one (fp16, other dv); the bench library's knob selects the mma.sync one (bit 1) or the pipelined wgmma one
+    (bit 2, an experiment), which give the same bits as the wgmma kernel (the same products in the same order)
+    on odd shapes: heads in two padded blocks, a partial last tile, whole tiles without keys, Dqk 576, 520 (not
+    a multiple of 64) and 512, sinks."""
     hopper, q, kv, idx = _probe()
     assert _launched("bwd_", q, kv, idx, 512) == {"bwd_wgmma_kernel" if hopper else "bwd_mma_kernel"}
     assert _launched("bwd_", q, kv, idx, 448) == {"bwd_mma_kernel"}
