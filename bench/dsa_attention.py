@@ -18,8 +18,7 @@ Rows past the time budget are reported as skipped. `--profile` adds, per kernel 
 forward + backward launches with their mean device time (torch.profiler) and the copy bandwidth of the run;
 `--hashes` the SHA-256 of each kernel row's outputs and gradients (the same inputs every run: seed 0), to
 compare two builds bit for bit. `--mma-sync N` runs on the bench library with the mma.sync kernels where
-the wgmma ones would run (N: bit 0 the forward, bit 1 the backward; bit 2 the experiment
-`bwd_wgmma_pipe_kernel`), for side-by-side runs in one call.
+the wgmma ones would run (N: bit 0 the forward, bit 1 the backward), for side-by-side runs in one call.
 """
 
 from __future__ import annotations
@@ -313,8 +312,7 @@ def main():
         type=int,
         default=None,
         help="run on the bench library with opslot_sparse_mqa_set_tuning(N) (the rows say so): bit 0 the mma.sync "
-        "forward, bit 1 the mma.sync backward where the wgmma ones apply, bit 2 the pipelined wgmma backward "
-        "(an experiment)",
+        "forward, bit 1 the mma.sync backward where the wgmma ones apply",
     )
     args = ap.parse_args()
     if args.tuning is not None:

@@ -20,9 +20,6 @@
 // and the C ABI.
 #include "sparse_attention_bwd.cuh"
 #include "sparse_attention_bwd90.cuh"
-#ifdef OPSLOT_KERNELS_BENCH
-#include "sparse_attention_bwd90_pipe.cuh"
-#endif
 #include "sparse_attention_reduce.cuh"
 
 namespace opslot::sparse {
@@ -121,8 +118,7 @@ int set_smem(K kernel, size_t bytes, const char* what) {
 }
 
 // The kernels that take the mma.sync path where a wgmma one applies (opslot_sparse_mqa_set_tuning,
-// bench library only): bit 0 the forward, bit 1 the backward; 0 (the default) neither. Bit 2 (and
-// not bit 1): the experiment bwd_wgmma_pipe_kernel where bwd_wgmma_kernel applies.
+// bench library only): bit 0 the forward, bit 1 the backward; 0 (the default) neither.
 #ifdef OPSLOT_KERNELS_BENCH
 int g_mma_sync = 0;
 #else
@@ -230,13 +226,6 @@ OPSLOT_API int opslot_sparse_mqa_bwd_queries(const opslot_sparse_mqa_problem* p,
     } else {
       using W = std::conditional_t<std::is_same_v<T, __nv_bfloat16>, __nv_bfloat16, float>;
       if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-#ifdef OPSLOT_KERNELS_BENCH
-        if (use_bwd90(d, p->dtype, w) && (g_mma_sync & 4) != 0)
-          return launch(what, d.dpad == 512 ? bwd_wgmma_pipe_kernel<32> : bwd_wgmma_pipe_kernel<36>,
-                        dim3(nq, static_cast<unsigned>(head_blocks(*p))), kWgThreads, bwd90_smem(d),
-                        stream, d, go, o, lse, q_begin, static_cast<T*>(dq), static_cast<T*>(w),
-                        dsink_part);
-#endif
         if (use_bwd90(d, p->dtype, w))  // 512 <= Dqk <= 576: 32 or 36 k-steps of S
           return launch(what, d.dpad == 512 ? bwd_wgmma_kernel<32> : bwd_wgmma_kernel<36>,
                         dim3(nq, static_cast<unsigned>(head_blocks(*p))), kWgThreads, bwd90_smem(d),
@@ -345,10 +334,9 @@ OPSLOT_API int opslot_sparse_mqa_mask_indices(const void* mask, int mask_kind, i
 
 #ifdef OPSLOT_KERNELS_BENCH
 extern "C" OPSLOT_API int opslot_sparse_mqa_set_tuning(int mma_sync) {
-  if (mma_sync < 0 || mma_sync > 7)
+  if (mma_sync < 0 || mma_sync > 3)
     return set_error(OPSLOT_ERR_INVALID_ARGUMENT,
-                     "sparse mqa tuning: 0 to 7 (bit 0 the mma.sync forward, bit 1 the mma.sync "
-                     "backward, bit 2 the pipelined wgmma backward)");
+                     "sparse mqa tuning: mma_sync 0 to 3 (bit 0 the forward, bit 1 the backward)");
   g_mma_sync = mma_sync;
   return OPSLOT_OK;
 }

@@ -129,9 +129,7 @@ OPSLOT_API int opslot_dsa_scores_set_tuning(int kernel);
 /* Sparse MQA attention's kernels where the warpgroup-MMA ones apply (compute capability 9.0, dv
  * 512, rows that allow 16-byte copies; the backward bf16 only): mma_sync bit 0 runs the mma.sync
  * forward there, bit 1 the mma.sync backward (the sm_80 paths, for side-by-side runs and their
- * tests on an H200; the same bits either way); bit 2 (without bit 1) the experiment
- * bwd_wgmma_pipe_kernel, the warpgroup backward pipelined across key tiles (the same products in
- * the same order); 0 (the default) the wgmma kernels. */
+ * tests on an H200; the same bits either way); 0 (the default) the wgmma kernels. */
 OPSLOT_API int opslot_sparse_mqa_set_tuning(int mma_sync);
 
 #ifdef __cplusplus
