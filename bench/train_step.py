@@ -62,8 +62,8 @@ Configurations (rows) per model:
   of its gated backward on Hopper with Triton < 3.7.1 (timing only, as bench/gated_delta_rule.py).
 
 deepseek_v4 and glm_moe_dsa: also "opslot defaults, dsa_attention cuda" (the DSA attention kernels set
-explicitly: GLM-MoE-DSA's default is eager, DeepSeek-V4's is cuda on sm_90+, runtime/opslot/device_defaults.py,
-so there the row equals "opslot defaults"), and with --compile its compiled row; on CUDA devices only.
+explicitly: both models' default on sm_90+, runtime/opslot/device_defaults.py, so there the row equals "opslot
+defaults"; below sm_90 the default is eager), and with --compile its compiled row; on CUDA devices only.
 
 With --compile, three more rows per model under `torch.compile(model)` (inductor, default mode; at
 least 3 warm-up steps, which compile): upstream, opslot defaults, and opslot defaults with
@@ -172,7 +172,7 @@ class ModelDef:
     #: by its check_dsa_attention_implementation, the indexer needs eager's or sdpa's 4-D mask)
     opslot_sdpa: bool = True
     #: the "opslot defaults, dsa_attention cuda" rows: the DSA attention kernels set explicitly (the
-    #: default is eager for GLM-MoE-DSA, cuda for DeepSeek-V4 on sm_90+: runtime/opslot/device_defaults.py)
+    #: default on sm_90+, eager below: runtime/opslot/device_defaults.py)
     dsa_attention: bool = False
     #: fills what upstream's init leaves degenerate, on the reference model before its state_dict is taken
     #: (so every row gets it): fn(model, seed)

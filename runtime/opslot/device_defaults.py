@@ -36,21 +36,23 @@ CUDA_DEFAULTS: Dict[str, Optional[str]] = dict(
     chunk_gated_delta_rule_implementation="cuda",
     dsa_indexer_implementation="cuda",
     mhc_implementation="cuda",
-    # dsa_attention: eager for the field, `cuda` for DeepSeek-V4's variant (CUDA_VARIANT_DEFAULTS)
+    # dsa_attention: eager for the field, `cuda` for DeepSeek-V4's and GLM-MoE-DSA's variants on sm_90+
+    # (CUDA_VARIANT_DEFAULTS)
 )
 
 #: Defaults of single variants that differ from their field's in `CUDA_DEFAULTS`: (op, variant) ->
 #: (implementation, the least compute capability it is the default on), on the same CUDA machines; a
-#: field set explicitly overrides them. DeepSeek-V4's sparse attention runs its `cuda` kernel from
-#: sm_90 (its backward at head size 512 needs more shared memory than an A100 gives a block): upstream
-#: runs that model with eager attention only, whose mask the kernel reads, in training and generation
-#: (2.8x the training step of eager: docs/results/train_step_dsa_h200.md); it refuses attention dropout
-#: in training and `output_attentions`, naming `torch` and `eager`. GLM-MoE-DSA's stays eager: under
-#: Transformers 5.17 its kernel refuses a cache that holds tokens (docs/ops.md), so a default `cuda`
-#: would make generation fail; for training `cuda` is 3-5 % faster at 2x4096 tokens and takes 1.45 GiB
-#: more (docs/results/train_step_dsa_h200.md): set `dsa_attention_implementation="cuda"` to train.
+#: field set explicitly overrides them. The sparse attention of DeepSeek-V4 and GLM-MoE-DSA runs its
+#: `cuda` kernel from sm_90 (its backward at dv 512 needs more shared memory than an A100 gives a block).
+#: DeepSeek-V4: upstream runs it with eager attention only, whose mask the kernel reads, in training and
+#: generation (2.8x the training step of eager: docs/results/train_step_dsa_h200.md). GLM-MoE-DSA: the
+#: kernel serves training and generation under Transformers 5.17 (its cache of expanded keys and values)
+#: and 5.23 (its cache of latents); its training step is 5 % faster than eager's at 2x4096 tokens and
+#: 2.0x at 16384 (docs/results/train_step_dsa_h200.md). Both refuse attention dropout in training and
+#: `output_attentions`, naming `torch` and `eager`.
 CUDA_VARIANT_DEFAULTS: Dict[Tuple[str, str], Tuple[str, Tuple[int, int]]] = {
     ("dsa_attention", "deepseek_v4"): ("cuda", (9, 0)),
+    ("dsa_attention", "glm"): ("cuda", (9, 0)),
 }
 
 #: Defaults on NPU machines, applied to fields the user did not set.

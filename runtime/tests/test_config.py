@@ -117,42 +117,41 @@ def test_cpu_defaults_are_eager_and_cuda_defaults_need_the_library():
         set_cuda_kernels_check(None)
 
 
-def test_deepseek_v4_sparse_attention_defaults_to_its_cuda_kernel_glm_to_eager():
-    """`dsa_attention` keeps the field's default `eager`, but DeepSeek-V4's variant defaults to `cuda` where
-    the library runs on sm_90+ (CUDA_VARIANT_DEFAULTS); an explicit field overrides it, and off CUDA, below
-    sm_90 or without the library it is eager like the field."""
+def test_dsa_sparse_attention_defaults_to_its_cuda_kernel_on_sm90():
+    """`dsa_attention` keeps the field's default `eager`, but the DeepSeek-V4 and GLM-MoE-DSA variants default
+    to `cuda` where the library runs on sm_90+ (CUDA_VARIANT_DEFAULTS); an explicit field overrides them, and
+    off CUDA, below sm_90 or without the library they are eager like the field."""
     from opslot import CUDA_VARIANT_DEFAULTS
 
-    assert CUDA_VARIANT_DEFAULTS == {("dsa_attention", "deepseek_v4"): ("cuda", (9, 0))}
+    variants = ("deepseek_v4", "glm")
+    assert CUDA_VARIANT_DEFAULTS == {("dsa_attention", v): ("cuda", (9, 0)) for v in variants}
     cfg = OpsImplementationConfig()
     try:
         set_cuda_kernels_check(lambda: None)
         with use_device(H200):
             assert CUDA_DEFAULTS["dsa_attention_implementation"] == "eager"
             assert cfg.value("dsa_attention_implementation") == "eager"  # the field's default
-            assert cfg.choose("dsa_attention", "deepseek_v4") == ("cuda", "default")
-            assert cfg.choose("dsa_attention", "glm") == ("eager", "default")
-            assert cfg.validate([("dsa_attention", "deepseek_v4"), ("dsa_attention", "glm")]) == {
-                ("dsa_attention", "deepseek_v4"): "cuda",
-                ("dsa_attention", "glm"): "eager",
+            for v in variants:
+                assert cfg.choose("dsa_attention", v) == ("cuda", "default"), v
+            assert cfg.validate([("dsa_attention", v) for v in variants]) == {
+                ("dsa_attention", v): "cuda" for v in variants
             }
             for value in ("eager", "torch"):
                 explicit = OpsImplementationConfig(dsa_attention_implementation=value)
-                assert explicit.choose("dsa_attention", "deepseek_v4") == (value, "explicit")
-            explicit = OpsImplementationConfig(dsa_attention_implementation="cuda")
-            assert explicit.choose("dsa_attention", "glm") == ("cuda", "explicit")
+                for v in variants:
+                    assert explicit.choose("dsa_attention", v) == (value, "explicit"), (v, value)
         for older in ((8, 0), (8, 9), (7, 5)):  # below sm_90 the field's default (an A100's shared memory)
             with use_device(DeviceInfo("cuda", older)):
-                assert cfg.choose("dsa_attention", "deepseek_v4") == ("eager", "default"), older
+                for v in variants:
+                    assert cfg.choose("dsa_attention", v) == ("eager", "default"), (v, older)
         with use_device(DeviceInfo("cuda", (10, 0))):
-            assert cfg.choose("dsa_attention", "deepseek_v4") == ("cuda", "default")
+            for v in variants:
+                assert cfg.choose("dsa_attention", v) == ("cuda", "default"), v
         set_cuda_kernels_check(lambda: "libopslot_kernels.so not found")
-        with use_device(H200):
-            assert cfg.choose("dsa_attention", "deepseek_v4") == ("eager", "default")
-        with use_device(CPU):
-            assert cfg.choose("dsa_attention", "deepseek_v4") == ("eager", "default")
-        with use_device(NPU):
-            assert cfg.choose("dsa_attention", "deepseek_v4") == ("eager", "default")
+        for device in (H200, CPU, NPU):
+            with use_device(device):
+                for v in variants:
+                    assert cfg.choose("dsa_attention", v) == ("eager", "default"), (v, device)
     finally:
         set_cuda_kernels_check(None)
 

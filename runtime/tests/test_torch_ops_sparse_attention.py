@@ -504,13 +504,66 @@ def test_glm_glue_refusals_and_cache(sa):
     assert cache.get_seq_length(0) == 9  # upstream's cache contents: the expanded keys and values
     torch.testing.assert_close(cache.layers[0].keys, key)
     torch.testing.assert_close(cache.layers[0].values, value)
+    attn.v_head_dim = 576 - attn.qk_head_dim + 1  # the cached rows [v | k] must fit the kernel's head size
     _expect(
         ValueError,
-        "dsa_attention/glm: the cuda kernel attends over the latents of the tokens it is given and the cache "
-        "already holds tokens of this layer (it keeps the expanded per-head keys and values, not the latents): "
-        "generate with dsa_attention_implementation 'torch' or 'eager'",
+        f"dsa_attention/glm: attending over Transformers 5.17's cache (the expanded keys and values) needs "
+        f"qk_head_dim + v_head_dim <= 576, got {attn.qk_head_dim} + 553; use dsa_attention_implementation "
+        "'torch' or 'eager'",
         lambda: sa.dsa_attention_glm(attn, *ins, past_key_values=cache),
     )
+    assert cache.get_seq_length(0) == 9  # refused before the cache update
+
+
+def glm_over_expanded_cache(sa, mod, attn, ins, past, dout, dtype=None):
+    """Transformers 5.17's generation: a DynamicCache of the expanded keys and values of the first `past`
+    latents, then S queries with the latents of the S new tokens, through the `cuda` glue (`sa`) or, with
+    `sa` None, upstream's code (cache update, index mask, eager attention). Returns the output, the cache's
+    keys and values after the call, and the gradients of (q_pass, q_rot, the new k_pass, k_rot, kv_b_proj)
+    for the cotangent `dout`; the inputs are cast to `dtype` (default: kept)."""
+    from transformers import DynamicCache
+
+    q_pass, q_rot, k_pass, k_rot, topk, mask = ins
+    S = q_pass.shape[2]
+    cast = (lambda x: x) if dtype is None else (lambda x: x.to(dtype))
+    leaves = [
+        cast(x).detach().clone().requires_grad_() for x in (q_pass, q_rot, k_pass[:, :, past:], k_rot[:, :, past:])
+    ]
+    cache = DynamicCache(config=attn.config)
+    with torch.no_grad():
+        cache.update(*attn.expand_kv(cast(k_pass[:, :, :past]), cast(k_rot[:, :, :past])), attn.layer_idx)
+    mask = cast(mask)
+    if sa is not None:
+        out, _ = sa.dsa_attention_glm(attn, *leaves, topk, mask, past_key_values=cache)
+    else:
+        key, value = cache.update(*attn.expand_kv(*leaves[2:]), attn.layer_idx)
+        B, T = q_pass.shape[0], key.shape[2]
+        index_mask = torch.ones(B, S, T, dtype=torch.bool, device=key.device).scatter(-1, topk.long(), False)
+        mask = mask.masked_fill(index_mask.unsqueeze(1), torch.finfo(mask.dtype).min)
+        query = torch.cat(leaves[:2], dim=-1)
+        out, _ = mod.eager_attention_forward(attn, query, key, value, mask, scaling=attn.scaling)
+    attn.kv_b_proj.weight.grad = None
+    (out.float() * dout).sum().backward()
+    grads = [x.grad for x in leaves] + [attn.kv_b_proj.weight.grad.clone()]
+    layer = cache.layers[attn.layer_idx]
+    return out.detach(), layer.keys, layer.values, grads
+
+
+@pytest.mark.parametrize("S,past", [(1, 12), (4, 9)])  # a decoding step; a chunk after a cached prompt
+def test_glm_glue_over_the_expanded_cache_matches_upstream_eager(sa, S, past):
+    """Transformers 5.17's generation: outputs, the cache after the call and the gradients of the queries, the
+    new latents and kv_b_proj are upstream's (eager attention over the same cache)."""
+    mod, attn = glm_module()
+    gen = torch.Generator().manual_seed(11 + S)
+    ins = glm_inputs(attn, S=S, pad=2, gen=gen, past=past)
+    dout = torch.randn(2, S, attn.num_heads, attn.v_head_dim, generator=gen)
+    out, keys, values, grads = glm_over_expanded_cache(sa, mod, attn, ins, past, dout)
+    ref, ref_keys, ref_values, ref_grads = glm_over_expanded_cache(None, mod, attn, ins, past, dout)
+    assert out.shape == (2, S, attn.num_heads, attn.v_head_dim) and keys.shape[2] == past + S
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)  # every query sees keys (past >= pad)
+    assert torch.equal(keys, ref_keys) and torch.equal(values, ref_values)
+    for a, b, name in zip(grads, ref_grads, ("q_pass", "q_rot", "k_pass", "k_rot", "kv_b_proj")):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=name)
 
 
 def v4_inputs(B=2, H=3, S=12, D=32, window=4, comp=3, topk=2, gen=None):

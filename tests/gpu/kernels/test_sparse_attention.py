@@ -491,6 +491,35 @@ def test_glm_glue_after_cached_latents(S, past):
     assert torch.equal(out_none[0], out[0])  # batch row 0 has no padding
 
 
+@pytest.mark.parametrize("S,past", [(1, 700), (37, 300)])  # a decoding step; a chunk after a cached prompt
+def test_glm_glue_over_the_expanded_cache(S, past):
+    """Transformers 5.17's generation (the cache holds the expanded keys and values of `past` tokens), bf16 on
+    the GPU against upstream's eager attention in fp32 over the same cache: output, cache contents and the
+    gradients of the queries, the new latents and kv_b_proj."""
+    import copy
+
+    cpu = _runtime_tests()
+    mod, attn = cpu.glm_module(heads=8)
+    attn = attn.to("cuda", torch.bfloat16)
+    attn32 = copy.deepcopy(attn).float()
+    gen = torch.Generator().manual_seed(100 + S)
+    ins = [x.to("cuda") for x in cpu.glm_inputs(attn, B=2, S=S, pad=3, gen=gen, past=past)]
+    ins = [x.to(torch.bfloat16).float() for x in ins[:4]] + ins[4:]  # bf16 values for both sides
+    dout = torch.randn(2, S, 8, attn.v_head_dim, device="cuda")
+    out, keys, values, grads = cpu.glm_over_expanded_cache(_sa(), mod, attn, ins, past, dout, torch.bfloat16)
+    ref, ref_keys, ref_values, ref_grads = cpu.glm_over_expanded_cache(None, mod, attn32, ins, past, dout)
+    assert out.dtype == torch.bfloat16 and out.shape == (2, S, 8, attn.v_head_dim)
+    assert keys.dtype == torch.bfloat16 and keys.shape[2] == values.shape[2] == past + S
+    assert_close(out, ref, torch.bfloat16, "out")
+    assert_close(keys, ref_keys, torch.bfloat16, "cached keys")
+    assert_close(values, ref_values, torch.bfloat16, "cached values")
+    for a, b, name in zip(grads, ref_grads, ("q_pass", "q_rot", "k_pass", "k_rot", "kv_b_proj")):
+        assert_close(a, b, torch.bfloat16, name, scale=GRAD_SCALE[torch.bfloat16])
+    # deterministic: the same call again gives the same bits
+    again = cpu.glm_over_expanded_cache(_sa(), mod, attn, ins, past, dout, torch.bfloat16)
+    assert torch.equal(again[0], out) and all(torch.equal(a, b) for a, b in zip(again[3], grads))
+
+
 def test_deepseek_v4_glue_against_upstream_and_the_torch_kernel():
     """bf16 on the GPU against upstream's eager attention (with sinks) in fp32 on the same values."""
     cpu = _runtime_tests()

@@ -17,9 +17,12 @@ cannot serve they refuse with a message (never another implementation silently):
 - `dsa_attention_glm`: the absorbed (latent, MQA) form. q_lat[h] = W_uk[h]^T q_pass[h], q = [q_lat, q_rot],
   kv = [k_pass, k_rot] (one head), o_lat = sparse_mqa_attention(q, kv, indices), out[h] = W_uv[h] o_lat[h],
   with W_uk, W_uv kv_b_proj's weight split per head. A selected index is kept when the attention mask lets the
-  query see it (causal and padding: 0 / True in upstream's mask; without a mask, causal). With a cache,
-  upstream's cache update runs (the expanded keys and values, computed without autograd) when the layer's
-  cache is empty; a cache that already holds tokens is refused (the kernel needs the past tokens' latents).
+  query see it (causal and padding: 0 / True in upstream's mask; without a mask, causal). With a cache
+  (Transformers 5.17: upstream caches the expanded per-head keys and values, not the latents), upstream's
+  cache update runs: while the layer's cache is empty it stores the expanded keys and values (computed
+  without autograd) and the kernel attends over the latents as above; once it holds tokens, the kernel
+  attends over the cached keys and values, one (batch, head) pair a row: kv = [v | k] (one copy of the
+  layer's cache a call, its qk_head_dim + v_head_dim <= 576), q = [0 | q], dv = v_head_dim.
 - `dsa_attention_deepseek_v4`: each query's keys are the valid entries of upstream's mask (the sliding
   window's causal mask with the compressor's block bias concatenated), at most `sliding_window` + the
   compressor's entries (CSA: its indexer's top-k); `s_aux` are the sinks. Without a mask (sdpa/flash skipped
@@ -115,17 +118,26 @@ def _glm_indices(topk_indices: torch.Tensor, attention_mask, S: int, T: int) -> 
     return torch.where(ok, idx, torch.full_like(idx, -1)).to(torch.int32)
 
 
-def _glm_update_cache(module, k_pass, k_rot, past_key_values) -> None:
-    """Upstream's cache update (the expanded per-head keys and values), for an empty layer cache only."""
-    if past_key_values.get_seq_length(module.layer_idx) > 0:
+def _glm_from_cache(module, q_pass, q_rot, k_pass, k_rot, topk_indices, attention_mask, past_key_values):
+    """Transformers 5.17 once the layer's cache holds tokens: upstream's cache update (the expanded keys and
+    values of the new tokens, with autograd), then the kernel over the cached keys and values with every
+    (batch, head) pair as one row of one head: kv = [v | k], q = [0 | q] (the zeros meet v: the scores are
+    q . k), dv = v_head_dim. Returns [B, S, H, v_head_dim]."""
+    B, H, S, _ = q_pass.shape
+    dk, dv = module.qk_head_dim, module.v_head_dim
+    if dk + dv > 576:
         raise ValueError(
-            "dsa_attention/glm: the cuda kernel attends over the latents of the tokens it is given and the cache "
-            "already holds tokens of this layer (it keeps the expanded per-head keys and values, not the latents): "
-            "generate with dsa_attention_implementation 'torch' or 'eager'"
+            f"dsa_attention/glm: attending over Transformers 5.17's cache (the expanded keys and values) needs "
+            f"qk_head_dim + v_head_dim <= 576, got {dk} + {dv}; use dsa_attention_implementation 'torch' or 'eager'"
         )
-    with torch.no_grad():
-        key_states, value_states = module.expand_kv(k_pass, k_rot)
-    past_key_values.update(key_states, value_states, module.layer_idx)
+    keys, values = past_key_values.update(*module.expand_kv(k_pass, k_rot), module.layer_idx)
+    T = keys.shape[2]
+    kv = torch.cat([values, keys.to(values.dtype)], dim=-1).reshape(B * H, T, dv + dk)
+    q = torch.cat([q_pass, q_rot.to(q_pass.dtype)], dim=-1).to(kv.dtype)
+    q = torch.cat([q.new_zeros(B, H, S, dv), q], dim=-1).reshape(B * H, S, 1, dv + dk)
+    indices = _glm_indices(topk_indices, attention_mask, S, T).repeat_interleave(H, dim=0)
+    out, _ = _FWD(q, kv, indices, None, float(module.scaling), int(dv))
+    return out.view(B, H, S, dv).transpose(1, 2)
 
 
 def dsa_attention_glm(self, q_pass, q_rot, k_pass, k_rot, topk_indices, attention_mask, past_key_values=None, **kwargs):
@@ -133,7 +145,12 @@ def dsa_attention_glm(self, q_pass, q_rot, k_pass, k_rot, topk_indices, attentio
     (attn_output [B, S, H, v_head_dim], None)."""
     _refuse_unservable(self, "dsa_attention/glm", self.attention_dropout if self.training else 0.0, kwargs)
     if past_key_values is not None:
-        _glm_update_cache(self, k_pass, k_rot, past_key_values)
+        if past_key_values.get_seq_length(self.layer_idx) > 0:
+            return _glm_from_cache(
+                self, q_pass, q_rot, k_pass, k_rot, topk_indices, attention_mask, past_key_values
+            ), None
+        with torch.no_grad():
+            past_key_values.update(*self.expand_kv(k_pass, k_rot), self.layer_idx)
     B, H, S, nope = q_pass.shape
     T = k_pass.shape[2]
     lora, vdim = k_pass.shape[-1], self.v_head_dim
