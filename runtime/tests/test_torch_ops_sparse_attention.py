@@ -549,15 +549,22 @@ def glm_over_expanded_cache(sa, mod, attn, ins, past, dout, dtype=None):
     return out.detach(), layer.keys, layer.values, grads
 
 
-@pytest.mark.parametrize("S,past", [(1, 12), (4, 9)])  # a decoding step; a chunk after a cached prompt
-def test_glm_glue_over_the_expanded_cache_matches_upstream_eager(sa, S, past):
+# a decoding step and a 2-query chunk (S * K < T: the selected rows gathered); a chunk after a short prompt (all)
+@pytest.mark.parametrize("S,past", [(1, 12), (2, 30), (4, 9)])
+def test_glm_glue_over_the_expanded_cache_matches_upstream_eager(sa, S, past, monkeypatch):
     """Transformers 5.17's generation: outputs, the cache after the call and the gradients of the queries, the
-    new latents and kv_b_proj are upstream's (eager attention over the same cache)."""
+    new latents and kv_b_proj are upstream's (eager attention over the same cache); the kernel gets one key
+    head a (batch, head) pair, of the S * K selected rows where fewer than the cache's T."""
     mod, attn = glm_module()
     gen = torch.Generator().manual_seed(11 + S)
     ins = glm_inputs(attn, S=S, pad=2, gen=gen, past=past)
     dout = torch.randn(2, S, attn.num_heads, attn.v_head_dim, generator=gen)
+    calls = []
+    fwd = sa._FWD
+    monkeypatch.setattr(sa, "_FWD", lambda q, kv, *a: calls.append((tuple(q.shape), tuple(kv.shape))) or fwd(q, kv, *a))
     out, keys, values, grads = glm_over_expanded_cache(sa, mod, attn, ins, past, dout)
+    T, K, D = past + S, ins[4].shape[-1], attn.qk_head_dim + attn.v_head_dim
+    assert calls == [((2 * attn.num_heads, S, 1, D), (2 * attn.num_heads, S * K if S * K < T else T, D))]
     ref, ref_keys, ref_values, ref_grads = glm_over_expanded_cache(None, mod, attn, ins, past, dout)
     assert out.shape == (2, S, attn.num_heads, attn.v_head_dim) and keys.shape[2] == past + S
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)  # every query sees keys (past >= pad)

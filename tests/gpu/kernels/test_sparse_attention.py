@@ -491,7 +491,8 @@ def test_glm_glue_after_cached_latents(S, past):
     assert torch.equal(out_none[0], out[0])  # batch row 0 has no padding
 
 
-@pytest.mark.parametrize("S,past", [(1, 700), (37, 300)])  # a decoding step; a chunk after a cached prompt
+# a decoding step and a chunk (S * K < T: the selected rows gathered); a longer chunk (the whole cache)
+@pytest.mark.parametrize("S,past", [(1, 700), (37, 300), (64, 40)])
 def test_glm_glue_over_the_expanded_cache(S, past):
     """Transformers 5.17's generation (the cache holds the expanded keys and values of `past` tokens), bf16 on
     the GPU against upstream's eager attention in fp32 over the same cache: output, cache contents and the

@@ -21,8 +21,9 @@ cannot serve they refuse with a message (never another implementation silently):
   (Transformers 5.17: upstream caches the expanded per-head keys and values, not the latents), upstream's
   cache update runs: while the layer's cache is empty it stores the expanded keys and values (computed
   without autograd) and the kernel attends over the latents as above; once it holds tokens, the kernel
-  attends over the cached keys and values, one (batch, head) pair a row: kv = [v | k] (one copy of the
-  layer's cache a call, its qk_head_dim + v_head_dim <= 576), q = [0 | q], dv = v_head_dim.
+  attends over the cached keys and values, one (batch, head) pair a row: kv = [v | k] (its qk_head_dim +
+  v_head_dim <= 576; the S * K selected rows gathered where fewer than the cache's T, as in a decoding
+  step, else a copy of the layer's cache), q = [0 | q], dv = v_head_dim.
 - `dsa_attention_deepseek_v4`: each query's keys are the valid entries of upstream's mask (the sliding
   window's causal mask with the compressor's block bias concatenated), at most `sliding_window` + the
   compressor's entries (CSA: its indexer's top-k); `s_aux` are the sinks. Without a mask (sdpa/flash skipped
@@ -122,7 +123,8 @@ def _glm_from_cache(module, q_pass, q_rot, k_pass, k_rot, topk_indices, attentio
     """Transformers 5.17 once the layer's cache holds tokens: upstream's cache update (the expanded keys and
     values of the new tokens, with autograd), then the kernel over the cached keys and values with every
     (batch, head) pair as one row of one head: kv = [v | k], q = [0 | q] (the zeros meet v: the scores are
-    q . k), dv = v_head_dim. Returns [B, S, H, v_head_dim]."""
+    q . k), dv = v_head_dim. kv holds the selected rows (S * K of them, gathered: a decoding step) where
+    that is fewer than the cache's T, else all T. Returns [B, S, H, v_head_dim]."""
     B, H, S, _ = q_pass.shape
     dk, dv = module.qk_head_dim, module.v_head_dim
     if dk + dv > 576:
@@ -132,11 +134,19 @@ def _glm_from_cache(module, q_pass, q_rot, k_pass, k_rot, topk_indices, attentio
         )
     keys, values = past_key_values.update(*module.expand_kv(k_pass, k_rot), module.layer_idx)
     T = keys.shape[2]
-    kv = torch.cat([values, keys.to(values.dtype)], dim=-1).reshape(B * H, T, dv + dk)
+    indices = _glm_indices(topk_indices, attention_mask, S, T)  # [B, S, K], -1 where not seen
+    K = indices.shape[-1]
+    if S * K < T:  # gather the selected rows; query s then attends to rows s * K ... s * K + K - 1
+        pairs = torch.arange(B * H, device=indices.device).view(B, H, 1) * T  # (batch, head)'s first row
+        rows = (pairs + indices.clamp(min=0).long().view(B, 1, S * K)).view(-1)
+        keys = keys.reshape(B * H * T, dk).index_select(0, rows).view(B, H, S * K, dk)
+        values = values.reshape(B * H * T, dv).index_select(0, rows).view(B, H, S * K, dv)
+        slots = torch.arange(S * K, device=indices.device, dtype=torch.int32).view(1, S, K)
+        indices = torch.where(indices >= 0, slots, torch.full_like(indices, -1))
+    kv = torch.cat([values, keys.to(values.dtype)], dim=-1).reshape(B * H, keys.shape[2], dv + dk)
     q = torch.cat([q_pass, q_rot.to(q_pass.dtype)], dim=-1).to(kv.dtype)
     q = torch.cat([q.new_zeros(B, H, S, dv), q], dim=-1).reshape(B * H, S, 1, dv + dk)
-    indices = _glm_indices(topk_indices, attention_mask, S, T).repeat_interleave(H, dim=0)
-    out, _ = _FWD(q, kv, indices, None, float(module.scaling), int(dv))
+    out, _ = _FWD(q, kv, indices.repeat_interleave(H, dim=0), None, float(module.scaling), int(dv))
     return out.view(B, H, S, dv).transpose(1, 2)
 
 
