@@ -101,14 +101,17 @@ def measure(model, ids, new: int, iters: int, device: torch.device) -> Dict[str,
 
 def profile_generate(model, ids, new: int, device: torch.device, top: int) -> Dict[str, Any]:
     """One generate(--new tokens) call under torch.profiler: the device time of its kernels (total and the
-    `top` costliest), and the `top` host ops by self CPU time (where a slow decode step spends its time)."""
+    `top` costliest; kernel events only, not the operators that launched them), and the `top` host events by
+    self CPU time (where a slow decode step spends its time)."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize(device)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         timed_generate(model, ids, new, device)
     events = prof.key_averages()
-    gpu = sorted((e for e in events if e.self_device_time_total > 0), key=lambda e: -e.self_device_time_total)
+    # kernels only: an operator's event carries the device time of the kernels it launched as well
+    kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA and e.self_device_time_total > 0]
+    gpu = sorted(kernels, key=lambda e: -e.self_device_time_total)
     cpu = sorted(events, key=lambda e: -e.self_cpu_time_total)
     return dict(
         device_ms=sum(e.self_device_time_total for e in gpu) / 1e3,
