@@ -170,8 +170,7 @@ def run_model(key: str, args, device: torch.device, dtype: torch.dtype) -> Dict[
                 row["same_tokens"] = int((tokens == upstream_tokens).sum())
                 row["logits_rel_err"] = float((logits - upstream_logits).norm() / upstream_logits.norm())
         except Exception as exc:  # noqa: BLE001  (one row's failure must not stop the others)
-            oom = device.type == "cuda" and isinstance(exc, torch.cuda.OutOfMemoryError)
-            row["error"] = "OOM" if oom else f"{type(exc).__name__}: {str(exc)[:300]}"
+            row["error"] = ts.row_error(exc, device)
             traceback.print_exc()
         del model
         ts.free(device)

@@ -262,8 +262,7 @@ def run_model(mdef, args, device, dtype, steps: List[List[int]], out: Dict[str, 
             row.update(measure(model, [d[layout] for d in data], device, args.warmup, args.iters))
             row["real_tokens_per_s"] = args.tokens / (row["ms"] * 1e-3)
         except Exception as exc:  # noqa: BLE001
-            oom = device.type == "cuda" and isinstance(exc, torch.cuda.OutOfMemoryError)
-            row["error"] = "OOM" if oom else f"{type(exc).__name__}: {str(exc)[:300]}"
+            row["error"] = ts.row_error(exc, device)
             traceback.print_exc()
         del model
         ts.free(device)

@@ -582,6 +582,13 @@ def make_batch(vocab: int, batch: int, seq: int, device: torch.device, seed: int
     return dict(input_ids=ids, labels=ids, use_cache=False)
 
 
+def row_error(exc: BaseException, device: torch.device) -> str:
+    """A failed row's table cell: "OOM" for CUDA out-of-memory, else the exception's type and message."""
+    if device.type == "cuda" and isinstance(exc, torch.cuda.OutOfMemoryError):
+        return "OOM"
+    return f"{type(exc).__name__}: {str(exc)[:300]}"
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -987,8 +994,7 @@ def run_model(mdef: ModelDef, args, device: torch.device, dtype: torch.dtype, re
                 measure(model, inputs, device, warmup, args.iters, args.row_budget, args.profile, args.profile_glue)
             )
         except Exception as exc:  # noqa: BLE001  (one configuration's failure must not stop the others)
-            oom = device.type == "cuda" and isinstance(exc, torch.cuda.OutOfMemoryError)
-            row["error"] = "OOM" if oom else f"{type(exc).__name__}: {str(exc)[:300]}"
+            row["error"] = row_error(exc, device)
             traceback.print_exc()
         del model
         free(device)
