@@ -54,31 +54,33 @@ def row_ops(mdef, name: str) -> Optional[Dict[str, str]]:
     return {"upstream eager": None, "opslot defaults": attn}.get(name, dict(attn, dsa_attention_implementation="eager"))
 
 
+def greedy(new: int) -> Dict[str, Any]:
+    """generate()'s arguments for exactly `new` greedy tokens with a cache."""
+    return dict(
+        max_new_tokens=new, min_new_tokens=new, do_sample=False, use_cache=True, pad_token_id=0, eos_token_id=None
+    )
+
+
 def timed_generate(model, ids, new: int, device: torch.device):
     """(ms, generated tokens [B, new]) of one greedy generate() call."""
-    kwargs = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, use_cache=True, pad_token_id=0)
-    kwargs["eos_token_id"] = None
-    if device.type == "cuda":
+    cuda = device.type == "cuda"
+    if cuda:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        with torch.no_grad():
-            out = model.generate(ids, **kwargs)
+    t = time.perf_counter()
+    with torch.no_grad():
+        out = model.generate(ids, **greedy(new))
+    if cuda:
         end.record()
         end.synchronize()
-        ms = start.elapsed_time(end)
-    else:
-        t = time.perf_counter()
-        with torch.no_grad():
-            out = model.generate(ids, **kwargs)
-        ms = (time.perf_counter() - t) * 1e3
+    ms = start.elapsed_time(end) if cuda else (time.perf_counter() - t) * 1e3
     return ms, out[:, ids.shape[1] :].cpu()
 
 
 def first_logits(model, ids) -> torch.Tensor:
     """The logits of the first generated token (after the prompt's prefill), fp32 on the CPU."""
-    kwargs = dict(max_new_tokens=1, do_sample=False, use_cache=True, pad_token_id=0, eos_token_id=None)
     with torch.no_grad():
-        out = model.generate(ids, return_dict_in_generate=True, output_logits=True, **kwargs)
+        out = model.generate(ids, return_dict_in_generate=True, output_logits=True, **greedy(1))
     return out.logits[0].float().cpu()
 
 
@@ -93,7 +95,7 @@ def measure(model, ids, new: int, iters: int, device: torch.device) -> Dict[str,
     return dict(
         prefill_ms=prefill,
         total_ms=total,
-        decode_ms=(total - prefill) / max(new - 1, 1),
+        decode_ms=(total - prefill) / (new - 1),  # main() asks for new >= 2
         peak_gib=peak,
         tokens=runs[0][1],
     )

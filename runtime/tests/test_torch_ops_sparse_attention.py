@@ -406,11 +406,14 @@ def glm_inputs(attn, B=2, S=9, pad=2, gen=None, past=0):
     return q_pass, q_rot, k_pass, k_rot, topk, mask
 
 
-def glm_upstream(mod, attn, q_pass, q_rot, k_pass, k_rot, topk, mask):
-    """GlmMoeDsaAttention.forward's lines from the latents on (eager, no cache)."""
+def glm_upstream(mod, attn, q_pass, q_rot, k_pass, k_rot, topk, mask, cache=None):
+    """GlmMoeDsaAttention.forward's lines from the latents on (eager; with `cache`, 5.17's update of the
+    expanded keys and values)."""
     B, _, S, _ = q_pass.shape
     query = torch.cat((q_pass, q_rot), dim=-1)
     key, value = attn.expand_kv(k_pass, k_rot)
+    if cache is not None:
+        key, value = cache.update(key, value, attn.layer_idx)
     index_mask = topk.new_ones((B, S, key.shape[2]), dtype=torch.bool).scatter(-1, topk.long(), False).unsqueeze(1)
     if mask.dtype == torch.bool:
         mask = mask & ~index_mask
@@ -524,7 +527,6 @@ def glm_over_expanded_cache(sa, mod, attn, ins, past, dout, dtype=None):
     from transformers import DynamicCache
 
     q_pass, q_rot, k_pass, k_rot, topk, mask = ins
-    S = q_pass.shape[2]
     cast = (lambda x: x) if dtype is None else (lambda x: x.to(dtype))
     leaves = [
         cast(x).detach().clone().requires_grad_() for x in (q_pass, q_rot, k_pass[:, :, past:], k_rot[:, :, past:])
@@ -536,12 +538,7 @@ def glm_over_expanded_cache(sa, mod, attn, ins, past, dout, dtype=None):
     if sa is not None:
         out, _ = sa.dsa_attention_glm(attn, *leaves, topk, mask, past_key_values=cache)
     else:
-        key, value = cache.update(*attn.expand_kv(*leaves[2:]), attn.layer_idx)
-        B, T = q_pass.shape[0], key.shape[2]
-        index_mask = torch.ones(B, S, T, dtype=torch.bool, device=key.device).scatter(-1, topk.long(), False)
-        mask = mask.masked_fill(index_mask.unsqueeze(1), torch.finfo(mask.dtype).min)
-        query = torch.cat(leaves[:2], dim=-1)
-        out, _ = mod.eager_attention_forward(attn, query, key, value, mask, scaling=attn.scaling)
+        out = glm_upstream(mod, attn, *leaves, topk, mask, cache=cache)
     attn.kv_b_proj.weight.grad = None
     (out.float() * dout).sum().backward()
     grads = [x.grad for x in leaves] + [attn.kv_b_proj.weight.grad.clone()]
