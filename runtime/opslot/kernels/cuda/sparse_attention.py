@@ -45,6 +45,8 @@ _MASK = C.torch_op("sparse_mqa_mask_indices")
 
 #: Additive-mask entries at or below this (every float dtype's finfo.min, and -inf) are masked.
 MASKED_BELOW = -65504.0
+#: The kernel's largest head size Dqk (kernels/include/opslot_kernels/sparse_attention.h, "Limits").
+MAX_DQK = 576
 
 
 def sparse_mqa_attention(
@@ -127,10 +129,10 @@ def _glm_from_cache(module, q_pass, q_rot, k_pass, k_rot, topk_indices, attentio
     that is fewer than the cache's T, else all T. Returns [B, S, H, v_head_dim]."""
     B, H, S, _ = q_pass.shape
     dk, dv = module.qk_head_dim, module.v_head_dim
-    if dk + dv > 576:
+    if dk + dv > MAX_DQK:
         raise ValueError(
             f"dsa_attention/glm: attending over Transformers 5.17's cache (the expanded keys and values) needs "
-            f"qk_head_dim + v_head_dim <= 576, got {dk} + {dv}; use dsa_attention_implementation 'torch' or 'eager'"
+            f"qk_head_dim + v_head_dim <= {MAX_DQK}, got {dk} + {dv}; use dsa_attention_implementation 'torch' or 'eager'"
         )
     keys, values = past_key_values.update(*module.expand_kv(k_pass, k_rot), module.layer_idx)
     T = keys.shape[2]
