@@ -655,7 +655,17 @@ def test_deepseek_v4_glue_refusals(sa):
     )
     bias = mask.clone()
     bias[0, 0, 5, 5] = -2.0
-    with pytest.raises(RuntimeError, match="additive bias"):
-        call(module, q, kv, bias, scaling=0.2, sliding_window=4, s_aux=module.sinks)
-    with pytest.raises(RuntimeError, match="more valid keys"):  # a window wider than the module's
-        call(module, q, kv, mask, scaling=0.2, sliding_window=2, s_aux=module.sinks)
+    not_built = (
+        "dsa_attention/deepseek_v4: the attention mask is not one DeepseekV4Attention builds: a query has more "
+        "valid keys than the sliding window plus the compressor's entries allow, or the mask holds values other "
+        "than 0 and the dtype's minimum (an additive bias, which the cuda kernel cannot apply); use "
+        "dsa_attention_implementation 'torch'"
+    )
+    _expect(
+        RuntimeError, not_built, lambda: call(module, q, kv, bias, scaling=0.2, sliding_window=4, s_aux=module.sinks)
+    )
+    # a window wider than the module's
+    _expect(
+        RuntimeError, not_built, lambda: call(module, q, kv, mask, scaling=0.2, sliding_window=2, s_aux=module.sinks)
+    )
+    call(module, q, kv, mask, scaling=0.2, sliding_window=4, s_aux=module.sinks)  # the mask it builds passes
