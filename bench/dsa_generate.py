@@ -15,11 +15,16 @@ DynamicCache (Transformers 5.17: GLM-MoE-DSA caches its expanded per-head keys a
 
 Measures (the user path: CUDA events around the Python call; generate() is driven from the host, so there
 is no device-only timing): prefill ms = generate(max_new_tokens=1); decode ms/token = (generate(--new
-tokens) - prefill) / (--new - 1); each the median of --iters calls after one warm-up call; peak GiB over a
-row's calls; "first logits vs upstream" = the relative error (2-norm) of the first generated token's logits
-against upstream eager's (the prefill's numerics); "same tokens" = how many generated tokens equal upstream
-eager's (greedy in bf16 on Transformers' random init, whose logits are nearly flat: different rounding
-flips a close argmax, after which the sequences part, so few equal tokens are no error by themselves).
+tokens) - prefill) / (--new - 1); each the median of --iters calls after one warm-up call, with the range of
+the whole calls' decode in brackets. Every row's model stays resident and the calls run in interleaved
+rounds (each round a prefill and a whole call of every row, its order rotated by one each round): decoding
+is host-bound, and rows timed one after another drift apart with the process's state. Peak GiB = the row's
+own: the largest rise of allocated memory over one of its calls plus its own weights (the other rows'
+resident models do not count). "first logits vs upstream" = the relative error (2-norm) of the first
+generated token's logits against upstream eager's (the prefill's numerics); "same tokens" = how many
+generated tokens equal upstream eager's (greedy in bf16 on Transformers' random init, whose logits are
+nearly flat: different rounding flips a close argmax, after which the sequences part, so few equal tokens
+are no error by themselves).
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("train_step", ROOT / "bench" / "train_step.py")
@@ -84,21 +89,73 @@ def first_logits(model, ids) -> torch.Tensor:
     return out.logits[0].float().cpu()
 
 
-def measure(model, ids, new: int, iters: int, device: torch.device) -> Dict[str, Any]:
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    timed_generate(model, ids, new, device)  # warm-up
-    prefill = statistics.median(timed_generate(model, ids, 1, device)[0] for _ in range(iters))
-    runs = [timed_generate(model, ids, new, device) for _ in range(iters)]
-    total = statistics.median(ms for ms, _ in runs)
-    peak = torch.cuda.max_memory_allocated(device) / ts.GiB if device.type == "cuda" else None
-    return dict(
-        prefill_ms=prefill,
-        total_ms=total,
-        decode_ms=(total - prefill) / (new - 1),  # main() asks for new >= 2
-        peak_gib=peak,
-        tokens=runs[0][1],
-    )
+def own_bytes(model) -> int:
+    """The bytes of a model's parameters and buffers."""
+    return sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+
+
+class Row:
+    """One configuration's model and what its calls measured: prefill and whole-call times (ms), and its
+    own peak (the largest rise of allocated memory over one of its calls, plus its own weights, so that the
+    other rows' resident models do not count)."""
+
+    def __init__(self, name: str, model, device: torch.device) -> None:
+        self.name, self.model, self.device = name, model, device
+        self.weights = own_bytes(model)
+        self.prefill: List[float] = []
+        self.total: List[float] = []
+        self.peak = 0
+        self.tokens = None
+
+    def call(self, ids, new: int) -> float:
+        cuda = self.device.type == "cuda"
+        if cuda:
+            base = torch.cuda.memory_allocated(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+        ms, tokens = timed_generate(self.model, ids, new, self.device)
+        if cuda:
+            self.peak = max(self.peak, torch.cuda.max_memory_allocated(self.device) - base + self.weights)
+        if new > 1 and self.tokens is None:
+            self.tokens = tokens
+        return ms
+
+    def result(self, new: int) -> Dict[str, Any]:
+        prefill, total = statistics.median(self.prefill), statistics.median(self.total)
+        return dict(
+            prefill_ms=prefill,
+            total_ms=total,
+            decode_ms=(total - prefill) / (new - 1),  # main() asks for new >= 2
+            prefill_ms_range=[min(self.prefill), max(self.prefill)],
+            decode_ms_range=[(min(self.total) - prefill) / (new - 1), (max(self.total) - prefill) / (new - 1)],
+            peak_gib=self.peak / ts.GiB if self.device.type == "cuda" else None,
+        )
+
+
+def measure(rows: List[Row], ids, new: int, iters: int) -> Dict[str, str]:
+    """Interleaved rounds: one warm-up call a row, then --iters rounds, each a prefill and a whole call of
+    every row, the row order rotated by one each round (decoding is host-bound, and its time drifts over
+    a process's life: rows timed one after another differed by up to 46 % where interleaved rounds of the
+    same models did not). Returns {row name: error} for the rows that failed (dropped from later rounds)."""
+    failed: Dict[str, str] = {}
+
+    def attempt(row: Row, fn) -> None:
+        if row.name in failed:
+            return
+        try:
+            fn()
+        except Exception as exc:  # noqa: BLE001  (one row's failure must not stop the others)
+            failed[row.name] = ts.row_error(exc, row.device)
+            traceback.print_exc()
+            row.model = None
+            ts.free(row.device)
+
+    for row in rows:
+        attempt(row, lambda: row.call(ids, new))
+    for it in range(iters):
+        for row in rows[it % len(rows) :] + rows[: it % len(rows)]:
+            attempt(row, lambda: row.prefill.append(row.call(ids, 1)))
+            attempt(row, lambda: row.total.append(row.call(ids, new)))
+    return failed
 
 
 def profile_generate(model, ids, new: int, device: torch.device, top: int) -> Dict[str, Any]:
@@ -122,9 +179,28 @@ def profile_generate(model, ids, new: int, device: torch.device, top: int) -> Di
     )
 
 
-def run_model(key: str, args, device: torch.device, dtype: torch.dtype) -> Dict[str, Any]:
+def build_row(name: str, mdef, config, module, up_cls, state, device, dtype) -> Tuple[Row, str]:
+    """(the row with its model, its kernels cell)."""
     from opslot import binding_plan, build_model
 
+    ops = row_ops(mdef, name)
+    if ops is None:
+        model = ts.construct(lambda: up_cls(copy.deepcopy(config)), device, dtype)
+        kernels = f"attention={config._attn_implementation}"
+    else:
+        model = ts.construct(
+            lambda: build_model(copy.deepcopy(config), ops=ops, module=module, model_class=mdef.causal_lm),
+            device,
+            dtype,
+        )
+        plan = binding_plan(model)
+        kernels = ", ".join(sorted({f"{e.op}/{e.variant}={e.impl}" for e in plan.entries if e.op.startswith("dsa")}))
+    model.load_state_dict(state, strict=True)
+    model.eval()
+    return Row(name, model, device), kernels
+
+
+def run_model(key: str, args, device: torch.device, dtype: torch.dtype) -> Dict[str, Any]:
     mdef = ts.MODELS[key]
     config = ts.make_config(mdef, args.tiny)
     if getattr(config, "output_router_logits", False):
@@ -141,43 +217,42 @@ def run_model(key: str, args, device: torch.device, dtype: torch.dtype) -> Dict[
     gen = torch.Generator().manual_seed(args.seed + 1)
     ids = torch.randint(1, config.vocab_size, (args.batch, args.prompt), generator=gen).to(device)
     entry: Dict[str, Any] = dict(model=key, batch=args.batch, prompt=args.prompt, new=args.new, rows=[])
-    upstream_tokens = upstream_logits = None
-    for name in args.rows or ROWS:
-        row: Dict[str, Any] = dict(name=name)
-        model = None
+    names = args.rows or list(ROWS)
+    rows: List[Row] = []
+    cells: Dict[str, Dict[str, Any]] = {name: dict(name=name) for name in names}
+    for name in names:  # every row's model resident, so that the rounds can interleave them
         try:
-            ops = row_ops(mdef, name)
-            if ops is None:
-                model = ts.construct(lambda: up_cls(copy.deepcopy(config)), device, dtype)
-                row["kernels"] = f"attention={config._attn_implementation}"
-            else:
-                model = ts.construct(
-                    lambda: build_model(copy.deepcopy(config), ops=ops, module=module, model_class=mdef.causal_lm),
-                    device,
-                    dtype,
-                )
-                plan = binding_plan(model)
-                row["kernels"] = ", ".join(
-                    sorted({f"{e.op}/{e.variant}={e.impl}" for e in plan.entries if e.op.startswith("dsa")})
-                )
-            model.load_state_dict(state, strict=True)
-            model.eval()
-            row.update(measure(model, ids, args.new, args.iters, device))
-            if args.profile and device.type == "cuda":
-                row["profile"] = profile_generate(model, ids, args.new, device, args.profile)
-            tokens, logits = row.pop("tokens"), first_logits(model, ids)
-            if name == "upstream eager":
-                upstream_tokens, upstream_logits = tokens, logits
-            if upstream_tokens is not None:
-                row["same_tokens"] = int((tokens == upstream_tokens).sum())
-                row["logits_rel_err"] = float((logits - upstream_logits).norm() / upstream_logits.norm())
-        except Exception as exc:  # noqa: BLE001  (one row's failure must not stop the others)
-            row["error"] = ts.row_error(exc, device)
+            row, cells[name]["kernels"] = build_row(name, mdef, config, module, up_cls, state, device, dtype)
+            rows.append(row)
+        except Exception as exc:  # noqa: BLE001
+            cells[name]["error"] = ts.row_error(exc, device)
             traceback.print_exc()
-        del model
-        ts.free(device)
-        entry["rows"].append(row)
-        print(key, json.dumps(row), flush=True)
+    for name, error in measure(rows, ids, args.new, args.iters).items():
+        cells[name]["error"] = error
+    upstream_tokens = upstream_logits = None
+    for row in rows:
+        cell = cells[row.name]
+        if cell.get("error"):
+            continue
+        try:
+            cell.update(row.result(args.new))
+            if args.profile and device.type == "cuda":
+                cell["profile"] = profile_generate(row.model, ids, args.new, device, args.profile)
+            logits = first_logits(row.model, ids)
+            if row.name == "upstream eager":
+                upstream_tokens, upstream_logits = row.tokens, logits
+            if upstream_tokens is not None:
+                cell["same_tokens"] = int((row.tokens == upstream_tokens).sum())
+                cell["logits_rel_err"] = float((logits - upstream_logits).norm() / upstream_logits.norm())
+        except Exception as exc:  # noqa: BLE001
+            cell["error"] = ts.row_error(exc, device)
+            traceback.print_exc()
+    for row in rows:
+        row.model = None
+    ts.free(device)
+    for name in names:
+        entry["rows"].append(cells[name])
+        print(key, json.dumps(cells[name]), flush=True)
     return entry
 
 
@@ -185,7 +260,8 @@ def table(entries: List[Dict[str, Any]], header: str) -> str:
     lines = [
         header,
         "",
-        "| model | configuration | prefill ms | decode ms/token | peak GiB | first logits vs upstream | same tokens | kernels |",
+        "| model | configuration | prefill ms | decode ms/token (range) | peak GiB | first logits vs upstream | same tokens "
+        "| kernels |",
     ]
     lines.append("|---|---|---:|---:|---:|---:|---:|---|")
     for e in entries:
@@ -197,8 +273,10 @@ def table(entries: List[Dict[str, Any]], header: str) -> str:
             peak = "n/a" if r["peak_gib"] is None else f"{r['peak_gib']:.2f}"
             same = f"{r.get('same_tokens', 'n/a')} / {e['batch'] * e['new']}"
             err = "n/a" if r.get("logits_rel_err") is None else f"{r['logits_rel_err']:.2e}"
+            lo, hi = r["decode_ms_range"]
             lines.append(
-                f"| {shape} | {r['name']} | {r['prefill_ms']:.1f} | {r['decode_ms']:.2f} | {peak} | {err} | {same} | "
+                f"| {shape} | {r['name']} | {r['prefill_ms']:.1f} | {r['decode_ms']:.2f} ({lo:.2f}–{hi:.2f}) | {peak} | "
+                f"{err} | {same} | "
                 f"{r['kernels']} |"
             )
     for e in entries:
