@@ -523,7 +523,8 @@ def glm_over_expanded_cache(sa, mod, attn, ins, past, dout, dtype=None):
     latents, then S queries with the latents of the S new tokens, through the `cuda` glue (`sa`) or, with
     `sa` None, upstream's code (cache update, index mask, eager attention). Returns the output, the cache's
     keys and values after the call, and the gradients of (q_pass, q_rot, the new k_pass, k_rot, kv_b_proj)
-    for the cotangent `dout`; the inputs are cast to `dtype` (default: kept)."""
+    for the cotangent `dout` (None: the call runs under torch.no_grad, as generate() does, and there are no
+    gradients); the inputs are cast to `dtype` (default: kept)."""
     from transformers import DynamicCache
 
     q_pass, q_rot, k_pass, k_rot, topk, mask = ins
@@ -535,27 +536,32 @@ def glm_over_expanded_cache(sa, mod, attn, ins, past, dout, dtype=None):
     with torch.no_grad():
         cache.update(*attn.expand_kv(cast(k_pass[:, :, :past]), cast(k_rot[:, :, :past])), attn.layer_idx)
     mask = cast(mask)
-    if sa is not None:
-        out, _ = sa.dsa_attention_glm(attn, *leaves, topk, mask, past_key_values=cache)
-    else:
-        out = glm_upstream(mod, attn, *leaves, topk, mask, cache=cache)
-    attn.kv_b_proj.weight.grad = None
-    (out.float() * dout).sum().backward()
-    grads = [x.grad for x in leaves] + [attn.kv_b_proj.weight.grad.clone()]
+    with torch.set_grad_enabled(dout is not None):
+        if sa is not None:
+            out, _ = sa.dsa_attention_glm(attn, *leaves, topk, mask, past_key_values=cache)
+        else:
+            out = glm_upstream(mod, attn, *leaves, topk, mask, cache=cache)
+    grads = None
+    if dout is not None:
+        attn.kv_b_proj.weight.grad = None
+        (out.float() * dout).sum().backward()
+        grads = [x.grad for x in leaves] + [attn.kv_b_proj.weight.grad.clone()]
     layer = cache.layers[attn.layer_idx]
     return out.detach(), layer.keys, layer.values, grads
 
 
-# a decoding step and a 2-query chunk (S * K < T: the selected rows gathered); a chunk after a short prompt (all)
+# a decoding step and a 2-query chunk (S * K < T: the selected rows gathered); a chunk after a short prompt
+# (all); with autograd (gathers concatenated) and under no_grad (gathers written into one buffer)
+@pytest.mark.parametrize("grad", [True, False], ids=["grad", "no_grad"])
 @pytest.mark.parametrize("S,past", [(1, 12), (2, 30), (4, 9)])
-def test_glm_glue_over_the_expanded_cache_matches_upstream_eager(sa, S, past, monkeypatch):
+def test_glm_glue_over_the_expanded_cache_matches_upstream_eager(sa, S, past, grad, monkeypatch):
     """Transformers 5.17's generation: outputs, the cache after the call and the gradients of the queries, the
     new latents and kv_b_proj are upstream's (eager attention over the same cache); the kernel gets one key
     head a (batch, head) pair, of the S * K selected rows where fewer than the cache's T."""
     mod, attn = glm_module()
     gen = torch.Generator().manual_seed(11 + S)
     ins = glm_inputs(attn, S=S, pad=2, gen=gen, past=past)
-    dout = torch.randn(2, S, attn.num_heads, attn.v_head_dim, generator=gen)
+    dout = torch.randn(2, S, attn.num_heads, attn.v_head_dim, generator=gen) if grad else None
     calls = []
     fwd = sa._FWD
     monkeypatch.setattr(sa, "_FWD", lambda q, kv, *a: calls.append((tuple(q.shape), tuple(kv.shape))) or fwd(q, kv, *a))
@@ -566,8 +572,9 @@ def test_glm_glue_over_the_expanded_cache_matches_upstream_eager(sa, S, past, mo
     assert out.shape == (2, S, attn.num_heads, attn.v_head_dim) and keys.shape[2] == past + S
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)  # every query sees keys (past >= pad)
     assert torch.equal(keys, ref_keys) and torch.equal(values, ref_values)
-    for a, b, name in zip(grads, ref_grads, ("q_pass", "q_rot", "k_pass", "k_rot", "kv_b_proj")):
+    for a, b, name in zip(grads or [], ref_grads or [], ("q_pass", "q_rot", "k_pass", "k_rot", "kv_b_proj")):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=name)
+    assert (grads is None) == (not grad)
 
 
 def v4_inputs(B=2, H=3, S=12, D=32, window=4, comp=3, topk=2, gen=None):

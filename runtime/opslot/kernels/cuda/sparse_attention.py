@@ -23,7 +23,8 @@ cannot serve they refuse with a message (never another implementation silently):
   without autograd) and the kernel attends over the latents as above; once it holds tokens, the kernel
   attends over the cached keys and values, one (batch, head) pair a row: kv = [v | k] (its qk_head_dim +
   v_head_dim <= 576; the S * K selected rows gathered where fewer than the cache's T, as in a decoding
-  step, else a copy of the layer's cache), q = [0 | q], dv = v_head_dim.
+  step, without autograd straight into kv's two halves, else a copy of the layer's cache), q = [0 | q],
+  dv = v_head_dim.
 - `dsa_attention_deepseek_v4`: each query's keys are the valid entries of upstream's mask (the sliding
   window's causal mask with the compressor's block bias concatenated), at most `sliding_window` + the
   compressor's entries (CSA: its indexer's top-k); `s_aux` are the sinks. Without a mask (sdpa/flash skipped
@@ -138,14 +139,22 @@ def _glm_from_cache(module, q_pass, q_rot, k_pass, k_rot, topk_indices, attentio
     T = keys.shape[2]
     indices = _glm_indices(topk_indices, attention_mask, S, T)  # [B, S, K], -1 where not seen
     K = indices.shape[-1]
+    keys = keys.to(values.dtype)
     if S * K < T:  # gather the selected rows; query s then attends to rows s * K ... s * K + K - 1
         pairs = torch.arange(B * H, device=indices.device).view(B, H, 1) * T  # (batch, head)'s first row
         rows = (pairs + indices.clamp(min=0).long().view(B, 1, S * K)).view(-1)
-        keys = keys.reshape(B * H * T, dk).index_select(0, rows).view(B, H, S * K, dk)
-        values = values.reshape(B * H * T, dv).index_select(0, rows).view(B, H, S * K, dv)
+        values, keys = values.reshape(B * H * T, dv), keys.reshape(B * H * T, dk)
+        if torch.is_grad_enabled() and (keys.requires_grad or values.requires_grad):
+            kv = torch.cat([values.index_select(0, rows), keys.index_select(0, rows)], dim=-1)
+        else:  # generation: each gather writes its half of the rows (out= has no autograd), no concatenation
+            kv = values.new_empty(B * H * S * K, dv + dk)
+            torch.index_select(values, 0, rows, out=kv[:, :dv])
+            torch.index_select(keys, 0, rows, out=kv[:, dv:])
+        kv = kv.view(B * H, S * K, dv + dk)
         slots = torch.arange(S * K, device=indices.device, dtype=torch.int32).view(1, S, K)
-        indices = torch.where(indices >= 0, slots, torch.full_like(indices, -1))
-    kv = torch.cat([values, keys.to(values.dtype)], dim=-1).reshape(B * H, keys.shape[2], dv + dk)
+        indices = torch.where(indices >= 0, slots, -1)
+    else:
+        kv = torch.cat([values, keys], dim=-1).reshape(B * H, T, dv + dk)
     q = torch.cat([q_pass, q_rot.to(q_pass.dtype)], dim=-1).to(kv.dtype)
     q = torch.cat([q.new_zeros(B, H, S, dv), q], dim=-1).reshape(B * H, S, 1, dv + dk)
     out, _ = _FWD(q, kv, indices.repeat_interleave(H, dim=0), None, float(module.scaling), int(dv))
