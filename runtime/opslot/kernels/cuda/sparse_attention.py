@@ -227,12 +227,11 @@ def dsa_attention_deepseek_v4(
     else:
         m = _mask_rows(attention_mask, B, S, T, slot)
         indices, status = _MASK(m, _v4_max_keys(self, S, T, sliding_window))
-        torch._assert_async(  # one check for both status bits: a decoding step pays it in every layer
+        torch._assert_async(  # one check of both status bits (a decoding step pays it in every layer)
             status == 0,
-            f"{slot}: the attention mask is not one DeepseekV4Attention builds: a query has more valid keys than the "
-            "sliding window plus the compressor's entries allow, or the mask holds values other than 0 and the "
-            "dtype's minimum (an additive bias, which the cuda kernel cannot apply); use dsa_attention_implementation "
-            "'torch'",
+            f"{slot}: the mask is not DeepseekV4Attention's: a query with more valid keys than the window plus the "
+            "compressor's entries, or values other than 0 and the dtype's minimum (a bias); use "
+            "dsa_attention_implementation 'torch'",  # under 255 characters: torch._assert_async's limit on CUDA
         )
     sinks = None if s_aux is None else s_aux.float()
     scale = float(D**-0.5 if scaling is None else scaling)
