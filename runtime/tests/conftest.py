@@ -34,3 +34,26 @@ def _restore_device_detection():
     opslot.set_device_detector(lambda: opslot.DeviceInfo("cpu"))
     yield
     opslot.set_device_detector(None)
+
+
+#: torch._assert_async refuses a message of this many characters or more on CUDA, not on the CPU.
+ASSERT_ASYNC_MESSAGE_LIMIT = 255
+
+
+@pytest.fixture(autouse=True)
+def _assert_async_messages_fit_cuda(monkeypatch):
+    """Every torch._assert_async call of a test checks its message against CUDA's limit, so that a message
+    too long fails here, on the CPU, and not first on a GPU (where the call raises instead of checking)."""
+    real = torch._assert_async
+
+    def checked(cond, msg=None):
+        if msg is None:
+            return real(cond)
+        if len(msg) >= ASSERT_ASYNC_MESSAGE_LIMIT:
+            raise AssertionError(
+                f"torch._assert_async message of {len(msg)} characters, CUDA refuses {ASSERT_ASYNC_MESSAGE_LIMIT} "
+                f"or more: {msg!r}"
+            )
+        return real(cond, msg)
+
+    monkeypatch.setattr(torch, "_assert_async", checked)

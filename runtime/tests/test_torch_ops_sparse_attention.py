@@ -667,7 +667,6 @@ def test_deepseek_v4_glue_refusals(sa):
         "window plus the compressor's entries, or values other than 0 and the dtype's minimum (a bias); use "
         "dsa_attention_implementation 'torch'"
     )
-    assert len(not_built) < 255  # torch._assert_async refuses longer messages on CUDA (not on the CPU)
     _expect(
         RuntimeError, not_built, lambda: call(module, q, kv, bias, scaling=0.2, sliding_window=4, s_aux=module.sinks)
     )
