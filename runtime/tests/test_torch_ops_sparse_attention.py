@@ -399,8 +399,9 @@ def glm_inputs(attn, B=2, S=9, pad=2, gen=None, past=0):
     k_rot = torch.randn(B, 1, T, rope, generator=gen)
     visible = torch.ones(S, T).tril(past).bool().expand(B, S, T).clone()
     visible[1, :, :pad] = False  # batch row 1 is left-padded: its first `pad` keys are padding
-    # as the indexer selects: the top 6 of random scores with the invisible keys at -inf (visible ones first)
-    scores = torch.rand(B, S, T, generator=gen).masked_fill(~visible, -INF)
+    # the top 6 of random scores, the visible keys first (the indexer puts the invisible ones at -inf; here
+    # they are below every visible key in a random order, so that any of them, e.g. the next one, may be picked)
+    scores = torch.rand(B, S, T, generator=gen) - 2.0 * (~visible)
     topk = scores.topk(min(6, T), dim=-1).indices.to(torch.int32)
     mask = torch.zeros(B, 1, S, T).masked_fill(~visible[:, None], torch.finfo(torch.float32).min)
     return q_pass, q_rot, k_pass, k_rot, topk, mask
@@ -551,16 +552,17 @@ def glm_over_expanded_cache(sa, mod, attn, ins, past, dout, dtype=None):
 
 
 # a decoding step and a 2-query chunk (S * K < T: the selected rows gathered); a chunk after a short prompt
-# (all); with autograd (gathers concatenated) and under no_grad (gathers written into one buffer)
+# (all); a decoding step whose padded batch row sees 4 keys (2 of the 6 selected rows hidden); with autograd
+# (gathers concatenated) and under no_grad (gathers written into one buffer)
 @pytest.mark.parametrize("grad", [True, False], ids=["grad", "no_grad"])
-@pytest.mark.parametrize("S,past", [(1, 12), (2, 30), (4, 9)])
-def test_glm_glue_over_the_expanded_cache_matches_upstream_eager(sa, S, past, grad, monkeypatch):
+@pytest.mark.parametrize("S,past,pad", [(1, 12, 2), (2, 30, 2), (4, 9, 2), (1, 12, 9)])
+def test_glm_glue_over_the_expanded_cache_matches_upstream_eager(sa, S, past, pad, grad, monkeypatch):
     """Transformers 5.17's generation: outputs, the cache after the call and the gradients of the queries, the
     new latents and kv_b_proj are upstream's (eager attention over the same cache); the kernel gets one key
     head a (batch, head) pair, of the S * K selected rows where fewer than the cache's T."""
     mod, attn = glm_module()
     gen = torch.Generator().manual_seed(11 + S)
-    ins = glm_inputs(attn, S=S, pad=2, gen=gen, past=past)
+    ins = glm_inputs(attn, S=S, pad=pad, gen=gen, past=past)
     dout = torch.randn(2, S, attn.num_heads, attn.v_head_dim, generator=gen) if grad else None
     calls = []
     fwd = sa._FWD
@@ -575,6 +577,34 @@ def test_glm_glue_over_the_expanded_cache_matches_upstream_eager(sa, S, past, gr
     for a, b, name in zip(grads or [], ref_grads or [], ("q_pass", "q_rot", "k_pass", "k_rot", "kv_b_proj")):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=name)
     assert (grads is None) == (not grad)
+
+
+@pytest.mark.parametrize("cached", [False, True], ids=["latents", "expanded_cache"])
+def test_glm_glue_skips_selections_outside_the_keys(sa, cached):
+    """A selected index outside [0, T) (-1, or T and beyond) is skipped, like one the mask hides: the glue's
+    output with such indices is upstream's with a padding key (hidden) in their place. A decoding step over
+    T = 13 keys, in the latent form and over 5.17's expanded cache (the selected rows gathered)."""
+    mod, attn = glm_module()
+    S, past = 1, 12
+    ins = glm_inputs(attn, S=S, pad=2, gen=torch.Generator().manual_seed(23), past=past)
+    topk, hidden = ins[4].clone(), ins[4].clone()
+    T = past + S
+    topk[1, :, 0], topk[1, :, 1] = -1, T + 3  # batch row 1's two best selections, out of range ...
+    hidden[1, :, :2] = 0  # ... and in the reference its padding key 0, which the mask hides
+
+    def glue(sel):
+        if cached:
+            return glm_over_expanded_cache(sa, mod, attn, (*ins[:4], sel, ins[5]), past, None)[0]
+        with torch.no_grad():
+            return sa.dsa_attention_glm(attn, *ins[:4], sel, ins[5])[0]
+
+    if cached:
+        ref = glm_over_expanded_cache(None, mod, attn, (*ins[:4], hidden, ins[5]), past, None)[0]
+    else:
+        with torch.no_grad():
+            ref = glm_upstream(mod, attn, *ins[:4], hidden, ins[5])
+    torch.testing.assert_close(glue(topk), ref, rtol=1e-4, atol=1e-5)
+    assert (glue(ins[4])[1] - ref[1]).abs().max() > 1e-3  # the two selections counted before they moved out
 
 
 def v4_inputs(B=2, H=3, S=12, D=32, window=4, comp=3, topk=2, gen=None):

@@ -95,31 +95,31 @@ def _mask_rows(mask: torch.Tensor, B: int, S: int, T: int, slot: str) -> torch.T
     return m.expand(B, S, T)
 
 
-def _glm_indices(topk_indices: torch.Tensor, attention_mask, S: int, T: int) -> torch.Tensor:
-    """The indexer's selection with every index the query may not see (causal, padding) set to -1."""
+def _glm_indices(topk_indices: torch.Tensor, attention_mask, S: int, T: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(the indexer's selection with every index the query may not see (causal, padding) set to -1, int32;
+    the selection clamped into [0, T), int64: a row to read for every slot, seen or not)."""
     slot = "dsa_attention/glm"
     idx = topk_indices
-    B = idx.shape[0]
-    in_range = (idx >= 0) & (idx < T)
-    safe = torch.where(in_range, idx, torch.zeros_like(idx)).long()
-    if attention_mask is None:
-        query_pos = torch.arange(S, device=idx.device) + (T - S)
-        ok = in_range & (safe <= query_pos.view(1, S, 1))
+    m = None if attention_mask is None else _mask_rows(attention_mask, idx.shape[0], S, T, slot)
+    if T == 0:
+        return torch.full_like(idx, -1, dtype=torch.int32), torch.zeros_like(idx, dtype=torch.long)
+    safe = idx.clamp(0, T - 1).long()
+    in_range = safe == idx  # clamping changed nothing
+    if m is None:
+        ok = in_range & (safe <= torch.arange(T - S, T, device=idx.device).view(1, S, 1))
     else:
-        m = _mask_rows(attention_mask, B, S, T, slot)
-        if T == 0:
-            return torch.full_like(idx, -1, dtype=torch.int32)
         g = m.gather(-1, safe)
         if g.dtype == torch.bool:
             ok = in_range & g
         else:
-            ok = in_range & (g == 0)
+            visible = g == 0
+            ok = in_range & visible
             torch._assert_async(
-                ((g == 0) | (g <= MASKED_BELOW)).all(),
+                (visible | (g <= MASKED_BELOW)).all(),
                 f"{slot}: the attention mask holds values other than 0 and the dtype's minimum at selected keys "
                 "(an additive bias): the cuda kernel cannot apply it; use dsa_attention_implementation 'torch'",
             )
-    return torch.where(ok, idx, torch.full_like(idx, -1)).to(torch.int32)
+    return torch.where(ok, idx, -1).to(torch.int32), safe
 
 
 def _glm_from_cache(module, q_pass, q_rot, k_pass, k_rot, topk_indices, attention_mask, past_key_values):
@@ -137,12 +137,12 @@ def _glm_from_cache(module, q_pass, q_rot, k_pass, k_rot, topk_indices, attentio
         )
     keys, values = past_key_values.update(*module.expand_kv(k_pass, k_rot), module.layer_idx)
     T = keys.shape[2]
-    indices = _glm_indices(topk_indices, attention_mask, S, T)  # [B, S, K], -1 where not seen
+    indices, safe = _glm_indices(topk_indices, attention_mask, S, T)  # [B, S, K], -1 where not seen
     K = indices.shape[-1]
     keys = keys.to(values.dtype)
     if S * K < T:  # gather the selected rows; query s then attends to rows s * K ... s * K + K - 1
-        pairs = torch.arange(B * H, device=indices.device).view(B, H, 1) * T  # (batch, head)'s first row
-        rows = (pairs + indices.clamp(min=0).long().view(B, 1, S * K)).view(-1)
+        pairs = torch.arange(0, B * H * T, T, device=indices.device).view(B, H, 1)  # (batch, head)'s first row
+        rows = (pairs + safe.view(B, 1, S * K)).view(-1)  # a slot not seen reads a row the kernel skips
         values, keys = values.reshape(B * H * T, dv), keys.reshape(B * H * T, dk)
         if torch.is_grad_enabled() and (keys.requires_grad or values.requires_grad):
             kv = torch.cat([values.index_select(0, rows), keys.index_select(0, rows)], dim=-1)
@@ -155,8 +155,8 @@ def _glm_from_cache(module, q_pass, q_rot, k_pass, k_rot, topk_indices, attentio
         indices = torch.where(indices >= 0, slots, -1)
     else:
         kv = torch.cat([values, keys], dim=-1).reshape(B * H, T, dv + dk)
-    q = torch.cat([q_pass, q_rot.to(q_pass.dtype)], dim=-1).to(kv.dtype)
-    q = torch.cat([q.new_zeros(B, H, S, dv), q], dim=-1).reshape(B * H, S, 1, dv + dk)
+    q = torch.cat([kv.new_zeros(B, H, S, dv), q_pass.to(kv.dtype), q_rot.to(kv.dtype)], dim=-1)
+    q = q.reshape(B * H, S, 1, dv + dk)
     out, _ = _FWD(q, kv, indices.repeat_interleave(H, dim=0), None, float(module.scaling), int(dv))
     return out.view(B, H, S, dv).transpose(1, 2)
 
@@ -180,7 +180,7 @@ def dsa_attention_glm(self, q_pass, q_rot, k_pass, k_rot, topk_indices, attentio
     q_lat = torch.einsum("bhsn,hnl->bshl", q_pass, w_uk)
     q = torch.cat([q_lat, q_rot.transpose(1, 2).to(q_lat.dtype)], dim=-1)
     kv = torch.cat([k_pass[:, 0], k_rot[:, 0].to(k_pass.dtype)], dim=-1)
-    indices = _glm_indices(topk_indices, attention_mask, S, T)
+    indices, _ = _glm_indices(topk_indices, attention_mask, S, T)
     o_lat, _ = _FWD(q, kv, indices, None, float(self.scaling), int(lora))
     return torch.einsum("bshl,hvl->bshv", o_lat, w_uv), None
 
