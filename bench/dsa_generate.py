@@ -132,10 +132,8 @@ class Row:
 
 
 def measure(rows: List[Row], ids, new: int, iters: int) -> Dict[str, str]:
-    """Interleaved rounds: one warm-up call a row, then --iters rounds, each a prefill and a whole call of
-    every row, the row order rotated by one each round (decoding is host-bound, and its time drifts over
-    a process's life: rows timed one after another differed by up to 46 % where interleaved rounds of the
-    same models did not). Returns {row name: error} for the rows that failed (dropped from later rounds)."""
+    """Interleaved rounds (the module's docstring): one warm-up call a row, then --iters rounds. Returns
+    {row name: error} for the rows that failed (dropped from later rounds)."""
     failed: Dict[str, str] = {}
 
     def attempt(row: Row, fn) -> None:
@@ -167,11 +165,8 @@ def profile_generate(model, ids, new: int, device: torch.device, top: int) -> Di
     torch.cuda.synchronize(device)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         timed_generate(model, ids, new, device)
-    events = prof.key_averages()
-    # kernels only: an operator's event carries the device time of the kernels it launched as well
-    kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA and e.self_device_time_total > 0]
-    gpu = sorted(kernels, key=lambda e: -e.self_device_time_total)
-    cpu = sorted(events, key=lambda e: -e.self_cpu_time_total)
+    gpu = ts.kernel_events(prof)
+    cpu = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
     return dict(
         device_ms=sum(e.self_device_time_total for e in gpu) / 1e3,
         kernels=[dict(name=e.key[:90], calls=e.count, ms=round(e.self_device_time_total / 1e3, 3)) for e in gpu[:top]],

@@ -633,6 +633,13 @@ def glue_profile(step: Callable[[], Any], top: int) -> List[Dict[str, Any]]:
     return [dict(chain=k, calls=int(n), ms=ms) for k, (n, ms) in ranked]
 
 
+def kernel_events(prof) -> List[Any]:
+    """A profile's kernels (not the operators that launched them, whose events carry their kernels' device
+    time too), costliest first."""
+    events = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return sorted((e for e in events if e.self_device_time_total > 0), key=lambda e: -e.self_device_time_total)
+
+
 def step_profile(step: Callable[[], Any], top: int) -> Dict[str, Any]:
     """One step under torch.profiler: the `top` kernels by device time, and the step's kernel total."""
     from torch.profiler import ProfilerActivity, profile
@@ -641,9 +648,8 @@ def step_profile(step: Callable[[], Any], top: int) -> Dict[str, Any]:
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         step()
         torch.cuda.synchronize()
-    events = [e for e in prof.key_averages() if getattr(e, "self_device_time_total", 0) > 0]
+    events = kernel_events(prof)
     total_us = sum(e.self_device_time_total for e in events)
-    events.sort(key=lambda e: -e.self_device_time_total)
     kernels = [dict(name=e.key, calls=e.count, ms=e.self_device_time_total / 1e3) for e in events[:top]]
     return dict(total_ms=total_us / 1e3, kernels=kernels, count=len(events))
 
