@@ -25,6 +25,7 @@
 #include "opslot_kernels/rms_norm.h"
 #include "opslot_kernels/rope.h"
 #include "opslot_kernels/sparse_attention.h"
+#include "opslot_kernels/sparse_mha.h"
 #include "opslot_kernels/swiglu.h"
 #include "opslot_kernels/topk.h"
 
@@ -86,6 +87,8 @@
   X(opslot_sparse_mqa_bwd_reduce)            \
   X(opslot_sparse_mqa_dsink_reduce)          \
   X(opslot_sparse_mqa_mask_indices)          \
+  X(opslot_sparse_mha_scratch_floats)        \
+  X(opslot_sparse_mha_fwd)                   \
   X(opslot_silu_mul_fwd)                     \
   X(opslot_silu_mul_bwd)                     \
   X(opslot_silu_mul_clamped_fwd)             \

@@ -480,6 +480,19 @@ def test_sparse_attention(on):
         "sparse_mqa_attention_bwd: dout is on cpu, q on DEV" + SHARE,
         lambda: O.sparse_mqa_attention_bwd(cpu(1, 4, 2, 64), q, kv, idx, None, out, lse, 0.1, 64),
     )
+    k, v = on(1, 2, 8, 64), on(1, 2, 8, 32)
+    expect(
+        on,
+        ValueError,
+        "sparse_mha_attention: v is on cpu, q on DEV" + SHARE,
+        lambda: O.sparse_mha_attention(q, k, cpu(1, 2, 8, 32), idx, 0.1),
+    )
+    expect(
+        on,
+        ValueError,
+        "sparse_mha_attention: indices is on cpu, q on DEV" + SHARE,
+        lambda: O.sparse_mha_attention(q, k, v, cpu(1, 4, 3, dtype=I32), 0.1),
+    )
 
 
 # -- hostile arguments, at random ----------------------------------------------------------------
@@ -507,7 +520,7 @@ def _hostile_call(rng: random.Random, gen: torch.Generator):
         return shape if rng.random() < 0.8 else other
 
     b, s, h, n = dim(), dim(), dim(), dim()
-    kind = rng.choice(["topk", "mask_limit", "scores", "attn", "attn_bwd", "mask_idx", "pre", "head", "post"])
+    kind = rng.choice(["topk", "mask_limit", "scores", "attn", "attn_bwd", "mha", "mask_idx", "pre", "head", "post"])
     if kind == "topk":
         scores = t(*[dim() for _ in range(rng.randint(0, 3))], dt=rng.choice([F32, F32, BF16]))
         lim = t(*scores.shape[:-1], dt=rng.choice([I32, I64])) if rng.random() < 0.3 and scores.dim() else None
@@ -530,6 +543,15 @@ def _hostile_call(rng: random.Random, gen: torch.Generator):
             return "sparse_mqa_attention", lambda: O.sparse_mqa_attention(q, kv, idx, sinks, 0.1, dv)
         out, lse = t(b, s, h, max(dv, 0)), t(*maybe([b, s, h], [b, s]), dt=F32)
         return "sparse_mqa_attention", lambda: O.sparse_mqa_attention_bwd(out, q, kv, idx, sinks, out, lse, 0.1, dv)
+    if kind == "mha":
+        d, hk = rng.choice([0, 1, 16, 513]), rng.choice([0, 1, 2, 3])
+        q, k, v = (
+            t(b, s, h, d),
+            t(*maybe([b, hk, n, d], [b, n, d])),
+            t(*maybe([b, hk, n, rng.choice([1, 8])], [b, hk, n])),
+        )
+        idx = torch.randint(-2, n + 3, (b, s, dim()), generator=gen).to(rng.choice([I32, I32, I64]))
+        return "sparse_mha_attention", lambda: O.sparse_mha_attention(q, k, v, idx, 0.1)
     if kind == "mask_idx":
         m = t(*[dim() for _ in range(rng.randint(1, 4))], dt=rng.choice([torch.bool, F32]))
         return "sparse_mqa_mask_indices", lambda: O.sparse_mqa_mask_indices(m, rng.choice([-1, 0, 1, 3]))
