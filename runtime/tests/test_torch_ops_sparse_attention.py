@@ -512,8 +512,8 @@ def test_glm_glue_refusals_and_cache(sa):
     _expect(
         ValueError,
         f"dsa_attention/glm: attending over Transformers 5.17's cache (the expanded keys and values) needs "
-        f"qk_head_dim + v_head_dim <= 576, got {attn.qk_head_dim} + 553; use dsa_attention_implementation "
-        "'torch' or 'eager'",
+        f"qk_head_dim + v_head_dim <= 576 and each <= 512, got {attn.qk_head_dim} + 553; use "
+        "dsa_attention_implementation 'torch' or 'eager'",
         lambda: sa.dsa_attention_glm(attn, *ins, past_key_values=cache),
     )
     assert cache.get_seq_length(0) == 9  # refused before the cache update
@@ -551,25 +551,32 @@ def glm_over_expanded_cache(sa, mod, attn, ins, past, dout, dtype=None):
     return out.detach(), layer.keys, layer.values, grads
 
 
-# a decoding step and a 2-query chunk (S * K < T: the selected rows gathered); a chunk after a short prompt
-# (all); a decoding step whose padded batch row sees 4 keys (2 of the 6 selected rows hidden); with autograd
-# (gathers concatenated) and under no_grad (gathers written into one buffer)
+# a decoding step and a 2-query chunk (S * K < T: the selected rows gathered with autograd); a chunk after a
+# short prompt (all); a decoding step whose padded batch row sees 4 keys (2 of the 6 selected rows hidden); with
+# autograd (sparse_mqa_attention over [v | k]) and under no_grad (sparse_mha_attention over the cache itself)
 @pytest.mark.parametrize("grad", [True, False], ids=["grad", "no_grad"])
 @pytest.mark.parametrize("S,past,pad", [(1, 12, 2), (2, 30, 2), (4, 9, 2), (1, 12, 9)])
 def test_glm_glue_over_the_expanded_cache_matches_upstream_eager(sa, S, past, pad, grad, monkeypatch):
     """Transformers 5.17's generation: outputs, the cache after the call and the gradients of the queries, the
-    new latents and kv_b_proj are upstream's (eager attention over the same cache); the kernel gets one key
-    head a (batch, head) pair, of the S * K selected rows where fewer than the cache's T."""
+    new latents and kv_b_proj are upstream's (eager attention over the same cache). With autograd the kernel
+    gets one key head a (batch, head) pair, of the S * K selected rows where fewer than the cache's T; without,
+    the forward-only op gets the queries and the layer's cached keys and values as they are."""
     mod, attn = glm_module()
     gen = torch.Generator().manual_seed(11 + S)
     ins = glm_inputs(attn, S=S, pad=pad, gen=gen, past=past)
     dout = torch.randn(2, S, attn.num_heads, attn.v_head_dim, generator=gen) if grad else None
     calls = []
-    fwd = sa._FWD
-    monkeypatch.setattr(sa, "_FWD", lambda q, kv, *a: calls.append((tuple(q.shape), tuple(kv.shape))) or fwd(q, kv, *a))
+    fwd, mha = sa._FWD, sa._MHA
+    monkeypatch.setattr(sa, "_FWD", lambda q, kv, *a: calls.append(("mqa", q.shape, kv.shape)) or fwd(q, kv, *a))
+    monkeypatch.setattr(
+        sa, "_MHA", lambda q, k, v, *a: calls.append(("mha", q.shape, k.shape, v.shape)) or mha(q, k, v, *a)
+    )
     out, keys, values, grads = glm_over_expanded_cache(sa, mod, attn, ins, past, dout)
-    T, K, D = past + S, ins[4].shape[-1], attn.qk_head_dim + attn.v_head_dim
-    assert calls == [((2 * attn.num_heads, S, 1, D), (2 * attn.num_heads, S * K if S * K < T else T, D))]
+    T, K, H, dk, dv = past + S, ins[4].shape[-1], attn.num_heads, attn.qk_head_dim, attn.v_head_dim
+    if grad:
+        assert calls == [("mqa", (2 * H, S, 1, dk + dv), (2 * H, S * K if S * K < T else T, dk + dv))]
+    else:
+        assert calls == [("mha", (2, S, H, dk), (2, H, T, dk), (2, H, T, dv))]
     ref, ref_keys, ref_values, ref_grads = glm_over_expanded_cache(None, mod, attn, ins, past, dout)
     assert out.shape == (2, S, attn.num_heads, attn.v_head_dim) and keys.shape[2] == past + S
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)  # every query sees keys (past >= pad)

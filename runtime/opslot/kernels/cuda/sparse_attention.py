@@ -10,7 +10,10 @@ math) and Autograd kernels:
   `opslot::sparse_mqa_attention_bwd` (deterministic: no float atomics).
 - `opslot::sparse_mqa_mask_indices(mask [B, S, T], topk) -> (indices, status)`: the valid columns of each
   mask row (0 / True; masked: <= -65504 / False) in order, padded with -1.
-kernels/include/opslot_kernels/sparse_attention.h and docs/kernels.md describe the kernels.
+- `opslot::sparse_mha_attention(q [B, S, H, dk], k [B, Hkv, T, dk], v [B, Hkv, T, dv], indices int32
+  [B, S, K], scale) -> (out [B, S, H, dv], lse)` (kernels/torch/sparse_mha.cc): per-head keys and values, one
+  index list a query for all of its heads; forward only (its Autograd kernel refuses a call needing grad).
+kernels/include/opslot_kernels/sparse_attention.h, sparse_mha.h and docs/kernels.md describe the kernels.
 
 The slot kernels run the same mathematics as upstream with other rounding (bf16 tolerance); what they
 cannot serve they refuse with a message (never another implementation silently):
@@ -20,10 +23,11 @@ cannot serve they refuse with a message (never another implementation silently):
   query see it (causal and padding: 0 / True in upstream's mask; without a mask, causal). With a cache
   (Transformers 5.17: upstream caches the expanded per-head keys and values, not the latents), upstream's
   cache update runs: while the layer's cache is empty it stores the expanded keys and values (computed
-  without autograd) and the kernel attends over the latents as above; once it holds tokens, the kernel
-  attends over the cached keys and values, one (batch, head) pair a row: kv = [v | k] (its qk_head_dim +
-  v_head_dim <= 576; the S * K selected rows gathered where fewer than the cache's T, as in a decoding
-  step, without autograd straight into kv's two halves, else a copy of the layer's cache), q = [0 | q],
+  without autograd) and the kernel attends over the latents as above; once it holds tokens, attention runs
+  over the cached keys and values (qk_head_dim + v_head_dim <= 576, each <= 512): without autograd (a
+  decoding step of generate()) `sparse_mha_attention` reads the selected rows of every head from the cache;
+  with autograd the differentiable kernel takes one (batch, head) pair a row, kv = [v | k] (the S * K
+  selected rows gathered where fewer than the cache's T, else a copy of the layer's cache), q = [0 | q],
   dv = v_head_dim.
 - `dsa_attention_deepseek_v4`: each query's keys are the valid entries of upstream's mask (the sliding
   window's causal mask with the compressor's block bias concatenated), at most `sliding_window` + the
@@ -43,11 +47,14 @@ from . import _ops_common as C
 C.require_library_on_cuda_machines()
 _FWD = C.torch_op("sparse_mqa_attention")  # its Autograd kernel's backward calls sparse_mqa_attention_bwd
 _MASK = C.torch_op("sparse_mqa_mask_indices")
+_MHA = C.torch_op("sparse_mha_attention")  # forward only (kernels/torch/sparse_mha.cc)
 
 #: Additive-mask entries at or below this (every float dtype's finfo.min, and -inf) are masked.
 MASKED_BELOW = -65504.0
 #: The kernel's largest head size Dqk (kernels/include/opslot_kernels/sparse_attention.h, "Limits").
 MAX_DQK = 576
+#: sparse_mha_attention's largest dk and dv (kernels/include/opslot_kernels/sparse_mha.h, "Limits").
+MAX_MHA_DIM = 512
 
 
 def sparse_mqa_attention(
@@ -124,32 +131,34 @@ def _glm_indices(topk_indices: torch.Tensor, attention_mask, S: int, T: int) -> 
 
 def _glm_from_cache(module, q_pass, q_rot, k_pass, k_rot, topk_indices, attention_mask, past_key_values):
     """Transformers 5.17 once the layer's cache holds tokens: upstream's cache update (the expanded keys and
-    values of the new tokens, with autograd), then the kernel over the cached keys and values with every
-    (batch, head) pair as one row of one head: kv = [v | k], q = [0 | q] (the zeros meet v: the scores are
-    q . k), dv = v_head_dim. kv holds the selected rows (S * K of them, gathered: a decoding step) where
-    that is fewer than the cache's T, else all T. Returns [B, S, H, v_head_dim]."""
+    values of the new tokens, with autograd), then attention over the cached keys and values. Without
+    autograd (generate()), `sparse_mha_attention` reads each query's selected rows of every head straight from
+    the cache. With autograd, the differentiable kernel with every (batch, head) pair as one row of one head:
+    kv = [v | k], q = [0 | q] (the zeros meet v: the scores are q . k), dv = v_head_dim; kv holds the selected
+    rows (S * K of them, gathered) where that is fewer than the cache's T, else all T. Returns
+    [B, S, H, v_head_dim]."""
     B, H, S, _ = q_pass.shape
     dk, dv = module.qk_head_dim, module.v_head_dim
-    if dk + dv > MAX_DQK:
+    if dk + dv > MAX_DQK or max(dk, dv) > MAX_MHA_DIM:
         raise ValueError(
             f"dsa_attention/glm: attending over Transformers 5.17's cache (the expanded keys and values) needs "
-            f"qk_head_dim + v_head_dim <= {MAX_DQK}, got {dk} + {dv}; use dsa_attention_implementation 'torch' or 'eager'"
+            f"qk_head_dim + v_head_dim <= {MAX_DQK} and each <= {MAX_MHA_DIM}, got {dk} + {dv}; use "
+            "dsa_attention_implementation 'torch' or 'eager'"
         )
     keys, values = past_key_values.update(*module.expand_kv(k_pass, k_rot), module.layer_idx)
     T = keys.shape[2]
     indices, safe = _glm_indices(topk_indices, attention_mask, S, T)  # [B, S, K], -1 where not seen
     K = indices.shape[-1]
     keys = keys.to(values.dtype)
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q_pass, q_rot, keys, values))
+    if not grad:  # generation: no gather, no copy of the cache
+        q = torch.cat([q_pass.to(values.dtype), q_rot.to(values.dtype)], dim=-1).transpose(1, 2)
+        return _MHA(q, keys, values, indices, float(module.scaling))[0]
     if S * K < T:  # gather the selected rows; query s then attends to rows s * K ... s * K + K - 1
         pairs = torch.arange(0, B * H * T, T, device=indices.device).view(B, H, 1)  # (batch, head)'s first row
         rows = (pairs + safe.view(B, 1, S * K)).view(-1)  # a slot not seen reads a row the kernel skips
         values, keys = values.reshape(B * H * T, dv), keys.reshape(B * H * T, dk)
-        if torch.is_grad_enabled() and (keys.requires_grad or values.requires_grad):
-            kv = torch.cat([values.index_select(0, rows), keys.index_select(0, rows)], dim=-1)
-        else:  # generation: each gather writes its half of the rows (out= has no autograd), no concatenation
-            kv = values.new_empty(B * H * S * K, dv + dk)
-            torch.index_select(values, 0, rows, out=kv[:, :dv])
-            torch.index_select(keys, 0, rows, out=kv[:, dv:])
+        kv = torch.cat([values.index_select(0, rows), keys.index_select(0, rows)], dim=-1)
         kv = kv.view(B * H, S * K, dv + dk)
         slots = torch.arange(S * K, device=indices.device, dtype=torch.int32).view(1, S, K)
         indices = torch.where(indices >= 0, slots, -1)
