@@ -57,7 +57,7 @@ int check(const opslot_sparse_mqa_problem* p, const char* what) {
                      what, static_cast<long long>(p->dqk), static_cast<long long>(p->dv), kMaxDqk,
                      kMaxDv);
   }
-  if (p->batch * p->seqlen > 0 && (p->q == nullptr || p->indices == nullptr ||
+  if (p->batch * p->seqlen > 0 && (p->q == nullptr || (p->indices == nullptr && p->topk > 0) ||
                                    (p->kv == nullptr && p->kvlen > 0 && p->topk > 0))) {
     return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: null input pointer", what);
   }

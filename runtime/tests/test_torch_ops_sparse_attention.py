@@ -111,6 +111,7 @@ CASES = [
     (2, 3, 4, 24, 1, 1, 8, True, 0.0, False),  # T = 1, K = 1
     (1, 4, 1, 576, 6, 3, 512, True, 0.0, False),  # GLM-5's absorbed head dims
     (3, 2, 5, 16, 4, 6, 16, False, 0.5, False),  # K > T (the tail of every row is -1)
+    (2, 3, 4, 24, 5, 0, 8, True, 0.0, False),  # K = 0: every row without keys
 ]
 
 

@@ -90,6 +90,9 @@ CASES = {
     # dv 512 (the Hopper forward): heads in two padded blocks, a partial last tile, a key out of range
     "dv512_h70_k45": (2, 5, 70, 512, 90, 45, 512, True, 0.2, True),
     "dv512_d520": (1, 7, 3, 520, 40, 33, 512, False, 0.1, False),  # Dqk not a multiple of 64
+    # empty index lists (K = 0: no index pointer): out 0, lse -inf or the sink, zero gradients
+    "k0_sinks": (2, 3, 5, 40, 13, 0, 24, True, 0.0, False),
+    "k0_dv512": (1, 2, 3, 512, 9, 0, 512, False, 0.0, False),
 }
 
 
