@@ -41,10 +41,9 @@ void check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   TORCH_CHECK_VALUE(v.sym_sizes().slice(0, 3) == k.sym_sizes().slice(0, 3), kOp, ": k ",
                     py_shape(k.sym_sizes()), " and v ", py_shape(v.sym_sizes()),
                     " must agree in batch, kv_heads and kv_len");
-  TORCH_CHECK_VALUE(s[2] >= 1 && k.sym_size(1) >= 1 && s[2] % k.sym_size(1) == 0, kOp,
-                    ": heads ", s[2], " must be a positive multiple of kv_heads ", k.sym_size(1));
-  TORCH_CHECK_VALUE(s[3] >= 1 && s[3] <= kMaxDim && v.sym_size(3) >= 1 &&
-                        v.sym_size(3) <= kMaxDim,
+  TORCH_CHECK_VALUE(s[2] >= 1 && k.sym_size(1) >= 1 && s[2] % k.sym_size(1) == 0, kOp, ": heads ",
+                    s[2], " must be a positive multiple of kv_heads ", k.sym_size(1));
+  TORCH_CHECK_VALUE(s[3] >= 1 && s[3] <= kMaxDim && v.sym_size(3) >= 1 && v.sym_size(3) <= kMaxDim,
                     kOp, ": the kernel takes head dims 1 <= dk, dv <= ", kMaxDim, ", got dk ", s[3],
                     " and dv ", v.sym_size(3));
   TORCH_CHECK_TYPE(indices.scalar_type() == at::kInt, kOp, ": indices must be int32, got ",
@@ -124,8 +123,8 @@ Two fwd_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   at::Tensor sc = at::einsum("bshd,bshkd->bshk", {q.to(at::kFloat), kg}) * scale;
   sc = sc.masked_fill(valid.logical_not().unsqueeze(2), -std::numeric_limits<double>::infinity());
   at::Tensor lse = at::logsumexp(sc, -1);
-  at::Tensor p = at::where(lse.isneginf().unsqueeze(-1), at::zeros_like(sc),
-                           (sc - lse.unsqueeze(-1)).exp());
+  at::Tensor p =
+      at::where(lse.isneginf().unsqueeze(-1), at::zeros_like(sc), (sc - lse.unsqueeze(-1)).exp());
   at::Tensor out = at::einsum("bshk,bshkd->bshd", {p, vg});
   return {out.to(q.scalar_type()).contiguous(), lse.contiguous()};
 }
@@ -133,7 +132,8 @@ Two fwd_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
 Two fwd_autograd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                  const at::Tensor& indices, double scale) {
   TORCH_CHECK_NOT_IMPLEMENTED(
-      !(at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad())),
+      !(at::GradMode::is_enabled() &&
+        (q.requires_grad() || k.requires_grad() || v.requires_grad())),
       kOp,
       ": has no backward (a decoding-step forward); call it under torch.no_grad() or with inputs "
       "that do not require grad");

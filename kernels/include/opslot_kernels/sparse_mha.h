@@ -1,5 +1,5 @@
-/* Sparse multi-head attention over per-head key and value caches, forward only: the decoding step of
- * GLM-MoE-DSA under Transformers 5.17, whose cache holds every head's expanded keys and values.
+/* Sparse multi-head attention over per-head key and value caches, forward only: the decoding step
+ * of GLM-MoE-DSA under Transformers 5.17, whose cache holds every head's expanded keys and values.
  *
  * q [B, S, H, dk], k [B, Hkv, T, dk], v [B, Hkv, T, dv] (H a multiple of Hkv: query head h reads kv
  * head h / (H / Hkv)), indices int32 [B, S, K]: the keys query (b, s) attends to, the same list for
@@ -40,8 +40,8 @@ typedef struct {
   int64_t idx_stride[2];  /* batch, token */
 } opslot_sparse_mha_problem;
 
-/* The fp32 scratch opslot_sparse_mha_fwd needs for the problem's split keys (0 where each row is one
- * CTA's); -1 on an invalid problem (opslot_last_error() says why). */
+/* The fp32 scratch opslot_sparse_mha_fwd needs for the problem's split keys (0 where each row is
+ * one CTA's); -1 on an invalid problem (opslot_last_error() says why). */
 OPSLOT_API int64_t opslot_sparse_mha_scratch_floats(const opslot_sparse_mha_problem* p);
 
 /* out [B, S, H, dv] in `dtype`, lse fp32 [B, S, H] (natural log); scratch: the floats
