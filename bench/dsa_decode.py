@@ -13,20 +13,14 @@ queries, 64 heads, qk_head_dim 256, v_head_dim 256, 2048 selected keys):
   at that rate. The kernel rows give their fraction of it.
 
 Two timings per row: the device time (a CUDA graph of the call, replayed) and the user path (CUDA events
-around the eager Python call), and each output's relative error against an fp32 reference.
+around the eager Python call). Outputs are checked against an fp32 reference before timing.
 
     python3 bench/dsa_decode.py --out $OUT/dsa_decode.md [--contexts 4096,16384,65536] [--batch 1]
-
-`--tune TARGET:GROUP,...` adds rows of `sparse_mha_attention` on the bench library with
-`opslot_sparse_mha_set_tuning(TARGET, GROUP)` (the CTAs the key splits aim at, the keys a warp loads at
-once; 0:0 the defaults), side by side with the production rows.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import ctypes
 import os
 import subprocess
 import sys
@@ -41,7 +35,7 @@ sys.path.insert(0, BENCH)
 from triton.testing import do_bench, do_bench_cudagraph  # noqa: E402
 
 import kernels as BK  # noqa: E402  (bench/kernels.py: the copy bandwidth)
-from opslot.kernels.cuda import _lib, sparse_attention as SA  # noqa: E402
+from opslot.kernels.cuda import sparse_attention as SA  # noqa: E402
 
 BF = torch.bfloat16
 H, DK, DV, K = 64, 256, 256, 2048
@@ -106,29 +100,7 @@ def timings(call):
     return dev, user
 
 
-@contextlib.contextmanager
-def tuned(target, group):
-    """The bench library, with its sparse_mha knob set inside the block (reset after)."""
-    with _lib.using_library(_lib.bench_library_path()) as lib:
-        knob = lib.opslot_sparse_mha_set_tuning
-        knob.argtypes, knob.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-        if knob(target, group) != 0:
-            raise ValueError(f"opslot_sparse_mha_set_tuning({target}, {group}): {lib.opslot_last_error().decode()}")
-        try:
-            yield
-        finally:
-            knob(0, 0)
-
-
-def tuned_call(call, target, group):
-    def run():
-        with tuned(target, group):
-            return call()
-
-    return run
-
-
-def context_rows(B, T, bw, gen, tunes=()):
+def context_rows(B, T, bw, gen):
     """The table rows of one cache length: each path's device and user-path ms, checked against fp32 first."""
     q, keys, values, sel = inputs(B, T, gen)
     scale = DK**-0.5
@@ -138,14 +110,6 @@ def context_rows(B, T, bw, gen, tunes=()):
     rows = [
         ("`sparse_mha_attention` (ours, generate()'s path)", lambda: ours(q, keys, values, sel, scale), True),
         ("gathers + `sparse_mqa_attention` (the previous path)", lambda: gathered(q, keys, values, sel, scale), True),
-        *[
-            (
-                f"`sparse_mha_attention` [bench library: target {t} CTAs, {g} keys a warp]",
-                tuned_call(lambda: ours(q, keys, values, sel, scale), t, g),
-                True,
-            )
-            for t, g in tunes
-        ],
         ("upstream SDPA, dense with the index mask", lambda: sdpa(q, keys, values, mask, scale), False),
         ("upstream eager, dense with the index mask", lambda: eager(q, keys, values, mask, scale), False),
     ]
@@ -156,7 +120,7 @@ def context_rows(B, T, bw, gen, tunes=()):
         dev, user = timings(call)
         results.append((name, dev, user, err, kernel))
         print(f"T={T} {name}: device {dev:.4f} ms, user {user:.4f} ms, err {err:.2e}", flush=True)
-    sdpa_dev = next(r[1] for r in results if r[0].startswith("upstream SDPA"))
+    sdpa_dev = results[2][1]
     lines = []
     for name, dev, user, err, kernel in results:
         frac = f"{nbytes / (dev * 1e-3) / bw * 100:.1f} %" if kernel else ""
@@ -169,7 +133,6 @@ def main() -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--contexts", default="4096,16384,65536")
     ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--tune", default="", help="TARGET:GROUP,...: bench-library rows of sparse_mha_attention")
     args = ap.parse_args()
     bw = BK.copy_bandwidth()
     commit = subprocess.run(
@@ -186,8 +149,7 @@ def main() -> int:
     ]
     gen = torch.Generator(device="cuda").manual_seed(0)
     for T in [int(x) for x in args.contexts.split(",")]:
-        tunes = [tuple(int(v) for v in x.split(":")) for x in args.tune.split(",") if x]
-        lines += context_rows(args.batch, T, bw, gen, tunes)
+        lines += context_rows(args.batch, T, bw, gen)
         torch.cuda.empty_cache()
     nbytes = args.batch * H * K * (DK + DV) * 2
     lines += [

@@ -23,10 +23,10 @@ namespace {
 
 constexpr int kThreads = 128;  // four warps a CTA
 constexpr int kWarps = kThreads / 32;
-constexpr int kGroup = 4;              // keys a warp loads at once
-constexpr int kMaxDim = 512;           // dk and dv
+constexpr int kGroup = 4;            // keys a warp loads at once
+constexpr int kMaxDim = 512;         // dk and dv
 constexpr int64_t kTargetCtas = 1024;  // split keys until the grid has about this many CTAs
-constexpr int64_t kMinKeys = 64;       // keys a split at least
+constexpr int64_t kMinKeys = 64;     // keys a split at least
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -82,11 +82,10 @@ __device__ __forceinline__ float warp_sum(float x) {
 }
 
 // One split of one row's keys: lane l holds chunks l, l + 32, ... (NC of them, E elements each)
-// of the query, key, value and output rows; a warp loads G keys at once.
-template <typename T, int E, int NC, int G>
-__global__ void __launch_bounds__(kThreads, 1)
-    split_kernel(const Dev p, T* __restrict__ out, float* __restrict__ lse,
-                 float* __restrict__ part) {
+// of the query, key, value and output rows.
+template <typename T, int E, int NC>
+__global__ void __launch_bounds__(kThreads)
+    split_kernel(const Dev p, T* __restrict__ out, float* __restrict__ lse, float* __restrict__ part) {
   __shared__ float s_m[kWarps], s_l[kWarps];
   __shared__ float s_o[kWarps][kMaxDim];
   const int64_t row = blockIdx.x;
@@ -111,69 +110,61 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   float m_run = neg_inf(), l_run = 0.f;
   const int64_t j0 = split * p.per_split, j1 = min(p.K, j0 + p.per_split);
-  // A warp's groups of G keys are kWarps * G apart; their indices come 32 at a time (the next 32 /
-  // G groups): lane L reads the index of slot L % G of group L / G, and each group takes its G from
-  // the lanes by shuffles (no dependent index load in front of every group's rows).
-  constexpr int kPer = 32 / G;
-  const int64_t stride = kWarps * G;
-  for (int64_t base = j0 + warp * G; base < j1; base += kPer * stride) {
-    const int64_t jl = base + (lane / G) * stride + lane % G;
-    const int xl = jl < j1 ? idx[jl] : -1;
-    const int mine = xl >= 0 && xl < p.T ? xl : -1;
-#pragma unroll 1
-    for (int i = 0; i < kPer && base + i * stride < j1; ++i) {
-      int64_t id[G];
+  for (int64_t g = j0 + warp * kGroup; g < j1; g += kWarps * kGroup) {
+    int64_t id[kGroup];
 #pragma unroll
-      for (int u = 0; u < G; ++u) id[u] = __shfl_sync(0xffffffffu, mine, i * G + u);
-      Raw<T, E> kx[G][NC], vx[G][NC];  // converted where used: fewer registers
-#pragma unroll
-      for (int u = 0; u < G; ++u) {
-#pragma unroll
-        for (int m = 0; m < NC; ++m) {
-          const int c = lane + 32 * m;
-          kx[u][m] =
-              id[u] >= 0 && c < nck ? load_raw<T, E>(kb + id[u] * p.ks2 + c * E) : zero_raw<T, E>();
-          vx[u][m] =
-              id[u] >= 0 && c < ncv ? load_raw<T, E>(vb + id[u] * p.vs2 + c * E) : zero_raw<T, E>();
-        }
-      }
-      float sc[G];
-      float mx = m_run;
-#pragma unroll
-      for (int u = 0; u < G; ++u) {
-        float d = 0.f;
-#pragma unroll
-        for (int m = 0; m < NC; ++m) {
-          float x[E];
-          to_floats<T, E>(kx[u][m], x);
-#pragma unroll
-          for (int e = 0; e < E; ++e) d = fmaf(qf[m][e], x[e], d);
-        }
-        d = warp_sum(d);
-        sc[u] = id[u] >= 0 ? d : neg_inf();
-        mx = fmaxf(mx, sc[u]);
-      }
-      if (mx == neg_inf()) continue;  // no valid key yet (the same on every lane)
-      const float alpha = exp2f(m_run - mx);
-      l_run *= alpha;
-#pragma unroll
-      for (int m = 0; m < NC; ++m)
-#pragma unroll
-        for (int e = 0; e < E; ++e) acc[m][e] *= alpha;
-#pragma unroll
-      for (int u = 0; u < G; ++u) {
-        const float pu = exp2f(sc[u] - mx);
-        l_run += pu;
-#pragma unroll
-        for (int m = 0; m < NC; ++m) {
-          float x[E];
-          to_floats<T, E>(vx[u][m], x);
-#pragma unroll
-          for (int e = 0; e < E; ++e) acc[m][e] = fmaf(pu, x[e], acc[m][e]);
-        }
-      }
-      m_run = mx;
+    for (int u = 0; u < kGroup; ++u) {
+      const int x = g + u < j1 ? idx[g + u] : -1;
+      id[u] = x >= 0 && x < p.T ? x : -1;
     }
+    Raw<T, E> kx[kGroup][NC], vx[kGroup][NC];  // converted where used: fewer registers
+#pragma unroll
+    for (int u = 0; u < kGroup; ++u) {
+#pragma unroll
+      for (int m = 0; m < NC; ++m) {
+        const int c = lane + 32 * m;
+        kx[u][m] = id[u] >= 0 && c < nck ? load_raw<T, E>(kb + id[u] * p.ks2 + c * E)
+                                          : zero_raw<T, E>();
+        vx[u][m] = id[u] >= 0 && c < ncv ? load_raw<T, E>(vb + id[u] * p.vs2 + c * E)
+                                          : zero_raw<T, E>();
+      }
+    }
+    float sc[kGroup];
+    float mx = m_run;
+#pragma unroll
+    for (int u = 0; u < kGroup; ++u) {
+      float d = 0.f;
+#pragma unroll
+      for (int m = 0; m < NC; ++m) {
+        float x[E];
+        to_floats<T, E>(kx[u][m], x);
+#pragma unroll
+        for (int e = 0; e < E; ++e) d = fmaf(qf[m][e], x[e], d);
+      }
+      d = warp_sum(d);
+      sc[u] = id[u] >= 0 ? d : neg_inf();
+      mx = fmaxf(mx, sc[u]);
+    }
+    if (mx == neg_inf()) continue;  // no valid key yet (the same on every lane)
+    const float alpha = exp2f(m_run - mx);
+    l_run *= alpha;
+#pragma unroll
+    for (int m = 0; m < NC; ++m)
+#pragma unroll
+      for (int e = 0; e < E; ++e) acc[m][e] *= alpha;
+#pragma unroll
+    for (int u = 0; u < kGroup; ++u) {
+      const float pu = exp2f(sc[u] - mx);
+      l_run += pu;
+#pragma unroll
+      for (int m = 0; m < NC; ++m) {
+        float x[E];
+        to_floats<T, E>(vx[u][m], x);
+#pragma unroll
+        for (int e = 0; e < E; ++e) acc[m][e] = fmaf(pu, x[e], acc[m][e]);
+      }
+    }
+    m_run = mx;
   }
 
   // The four warps merged, warp 0 first.
@@ -223,8 +214,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 // A row's splits combined in split order: out and lse.
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
-    merge_kernel(const Dev p, T* __restrict__ out, float* __restrict__ lse,
-                 const float* __restrict__ part) {
+    merge_kernel(const Dev p, T* __restrict__ out, float* __restrict__ lse, const float* __restrict__ part) {
   const int64_t row = blockIdx.x;
   const float* ml = part + p.rows * p.nsplit * p.dv + row * p.nsplit * 2;
   const float* po = part + row * p.nsplit * p.dv;
@@ -276,20 +266,10 @@ int check(const opslot_sparse_mha_problem* p, const char* what) {
 
 int64_t rows_of(const opslot_sparse_mha_problem& p) { return p.batch * p.seqlen * p.heads; }
 
-// The CTAs the key splits aim at, and the keys a warp loads at once where a lane holds one chunk of
-// a row (opslot_sparse_mha_set_tuning, bench library only; else kTargetCtas and kGroup).
-#ifdef OPSLOT_KERNELS_BENCH
-int64_t g_target_ctas = kTargetCtas;
-int g_group = kGroup;
-#else
-constexpr int64_t g_target_ctas = kTargetCtas;
-constexpr int g_group = kGroup;
-#endif
-
 // Splits of each row's keys: a function of the shapes only (the results' bits follow from it).
 int64_t splits_of(int64_t rows, int64_t K) {
   if (rows == 0 || K <= kMinKeys) return 1;
-  const int64_t n = std::min((g_target_ctas + rows - 1) / rows, (K + kMinKeys - 1) / kMinKeys);
+  const int64_t n = std::min((kTargetCtas + rows - 1) / rows, (K + kMinKeys - 1) / kMinKeys);
   if (n <= 1) return 1;
   const int64_t per = (K + n - 1) / n;
   return (K + per - 1) / per;
@@ -297,12 +277,9 @@ int64_t splits_of(int64_t rows, int64_t K) {
 
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
-// 16-byte loads apply: dims a multiple of 16 bytes, every row of q, k and v starting 16-byte
-// aligned.
+// 16-byte loads apply: dims a multiple of 16 bytes, every row of q, k and v starting 16-byte aligned.
 bool vec_ok(const opslot_sparse_mha_problem& p, int es) {
-  auto stride_ok = [&](int64_t stride, int64_t size) {
-    return size <= 1 || (stride * es) % 16 == 0;
-  };
+  auto stride_ok = [&](int64_t stride, int64_t size) { return size <= 1 || (stride * es) % 16 == 0; };
   return (p.dk * es) % 16 == 0 && (p.dv * es) % 16 == 0 && aligned16(p.q) && aligned16(p.k) &&
          aligned16(p.v) && stride_ok(p.q_stride[0], p.batch) &&
          stride_ok(p.q_stride[1], p.seqlen) && stride_ok(p.q_stride[2], p.heads) &&
@@ -315,18 +292,6 @@ template <typename K, typename... A>
 int launch(const char* what, K kernel, dim3 grid, cudaStream_t stream, A... args) {
   kernel<<<grid, kThreads, 0, stream>>>(args...);
   return check_launch(what);
-}
-
-// split_kernel with kGroup keys a warp at once (the bench library: g_group where a lane holds one
-// chunk of a row; more chunks would spill).
-template <typename T, int E, int NC>
-int launch_split(const char* what, dim3 grid, cudaStream_t st, const Dev& d, T* out, float* lse,
-                 float* scratch) {
-  if constexpr (kBench && NC == 1) {
-    if (g_group != kGroup)
-      return launch(what, split_kernel<T, E, NC, 12 - kGroup>, grid, st, d, out, lse, scratch);
-  }
-  return launch(what, split_kernel<T, E, NC, kGroup>, grid, st, d, out, lse, scratch);
 }
 
 }  // namespace
@@ -389,14 +354,14 @@ OPSLOT_API int opslot_sparse_mha_fwd(const opslot_sparse_mha_problem* p, void* o
       constexpr int E = 16 / sizeof(T);  // 8 (16-bit rows: at most two chunks a lane) or 4
       const int64_t chunks = (std::max(p->dk, p->dv) / E + 31) / 32;  // a lane's chunks
       if (chunks <= 1) {
-        rc = launch_split<T, E, 1>(what, grid, st, d, o, lse, scratch);
+        rc = launch(what, split_kernel<T, E, 1>, grid, st, d, o, lse, scratch);
       } else if (E == 8 || chunks <= 2) {
-        rc = launch_split<T, E, 2>(what, grid, st, d, o, lse, scratch);
+        rc = launch(what, split_kernel<T, E, 2>, grid, st, d, o, lse, scratch);
       } else if constexpr (E == 4) {
-        rc = launch_split<T, E, 4>(what, grid, st, d, o, lse, scratch);
+        rc = launch(what, split_kernel<T, E, 4>, grid, st, d, o, lse, scratch);
       }
     } else {
-      rc = launch_split<T, 1, kMaxDim / 32>(what, grid, st, d, o, lse, scratch);
+      rc = launch(what, split_kernel<T, 1, kMaxDim / 32>, grid, st, d, o, lse, scratch);
     }
     if (rc != OPSLOT_OK || nsplit == 1) return rc;
     return launch(what, merge_kernel<T>, dim3(static_cast<unsigned>(rows)), st, d, o, lse,
@@ -405,16 +370,3 @@ OPSLOT_API int opslot_sparse_mha_fwd(const opslot_sparse_mha_problem* p, void* o
 }
 
 }  // extern "C"
-
-#ifdef OPSLOT_KERNELS_BENCH
-extern "C" OPSLOT_API int opslot_sparse_mha_set_tuning(int target_ctas, int group) {
-  if (target_ctas < 0 || (group != 0 && group != 4 && group != 8))
-    return set_error(OPSLOT_ERR_INVALID_ARGUMENT,
-                     "sparse mha tuning: target_ctas >= 0 (0: the default %lld), group 0 (the "
-                     "default %d), 4 or 8",
-                     static_cast<long long>(kTargetCtas), kGroup);
-  g_target_ctas = target_ctas == 0 ? kTargetCtas : target_ctas;
-  g_group = group == 0 ? kGroup : group;
-  return OPSLOT_OK;
-}
-#endif  // OPSLOT_KERNELS_BENCH

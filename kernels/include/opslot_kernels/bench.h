@@ -132,11 +132,6 @@ OPSLOT_API int opslot_dsa_scores_set_tuning(int kernel);
  * tests on an H200; the same bits either way); 0 (the default) the wgmma kernels. */
 OPSLOT_API int opslot_sparse_mqa_set_tuning(int mma_sync);
 
-/* sparse_mha_attention: the CTAs the key splits aim at (0: the default, 1024; the split count
- * changes the bits) and the keys a warp loads at once where a lane holds one 16-byte chunk of a row
- * (0: the default, 4; or 8). */
-OPSLOT_API int opslot_sparse_mha_set_tuning(int target_ctas, int group);
-
 #ifdef __cplusplus
 }
 #endif
