@@ -13,7 +13,7 @@ queries, 64 heads, qk_head_dim 256, v_head_dim 256, 2048 selected keys):
   at that rate. The kernel rows give their fraction of it.
 
 Two timings per row: the device time (a CUDA graph of the call, replayed) and the user path (CUDA events
-around the eager Python call). Outputs are checked against an fp32 reference before timing.
+around the eager Python call), and each output's relative error against an fp32 reference.
 
     python3 bench/dsa_decode.py --out $OUT/dsa_decode.md [--contexts 4096,16384,65536] [--batch 1]
 """
