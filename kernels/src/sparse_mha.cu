@@ -23,10 +23,10 @@ namespace {
 
 constexpr int kThreads = 128;  // four warps a CTA
 constexpr int kWarps = kThreads / 32;
-constexpr int kGroup = 4;            // keys a warp loads at once
-constexpr int kMaxDim = 512;         // dk and dv
+constexpr int kGroup = 4;              // keys a warp loads at once
+constexpr int kMaxDim = 512;           // dk and dv
 constexpr int64_t kTargetCtas = 1024;  // split keys until the grid has about this many CTAs
-constexpr int64_t kMinKeys = 64;     // keys a split at least
+constexpr int64_t kMinKeys = 64;       // keys a split at least
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -85,7 +85,8 @@ __device__ __forceinline__ float warp_sum(float x) {
 // of the query, key, value and output rows.
 template <typename T, int E, int NC>
 __global__ void __launch_bounds__(kThreads)
-    split_kernel(const Dev p, T* __restrict__ out, float* __restrict__ lse, float* __restrict__ part) {
+    split_kernel(const Dev p, T* __restrict__ out, float* __restrict__ lse,
+                 float* __restrict__ part) {
   __shared__ float s_m[kWarps], s_l[kWarps];
   __shared__ float s_o[kWarps][kMaxDim];
   const int64_t row = blockIdx.x;
@@ -123,10 +124,10 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int m = 0; m < NC; ++m) {
         const int c = lane + 32 * m;
-        kx[u][m] = id[u] >= 0 && c < nck ? load_raw<T, E>(kb + id[u] * p.ks2 + c * E)
-                                          : zero_raw<T, E>();
-        vx[u][m] = id[u] >= 0 && c < ncv ? load_raw<T, E>(vb + id[u] * p.vs2 + c * E)
-                                          : zero_raw<T, E>();
+        kx[u][m] =
+            id[u] >= 0 && c < nck ? load_raw<T, E>(kb + id[u] * p.ks2 + c * E) : zero_raw<T, E>();
+        vx[u][m] =
+            id[u] >= 0 && c < ncv ? load_raw<T, E>(vb + id[u] * p.vs2 + c * E) : zero_raw<T, E>();
       }
     }
     float sc[kGroup];
@@ -214,7 +215,8 @@ __global__ void __launch_bounds__(kThreads)
 // A row's splits combined in split order: out and lse.
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
-    merge_kernel(const Dev p, T* __restrict__ out, float* __restrict__ lse, const float* __restrict__ part) {
+    merge_kernel(const Dev p, T* __restrict__ out, float* __restrict__ lse,
+                 const float* __restrict__ part) {
   const int64_t row = blockIdx.x;
   const float* ml = part + p.rows * p.nsplit * p.dv + row * p.nsplit * 2;
   const float* po = part + row * p.nsplit * p.dv;
@@ -277,9 +279,12 @@ int64_t splits_of(int64_t rows, int64_t K) {
 
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
-// 16-byte loads apply: dims a multiple of 16 bytes, every row of q, k and v starting 16-byte aligned.
+// 16-byte loads apply: dims a multiple of 16 bytes, every row of q, k and v starting 16-byte
+// aligned.
 bool vec_ok(const opslot_sparse_mha_problem& p, int es) {
-  auto stride_ok = [&](int64_t stride, int64_t size) { return size <= 1 || (stride * es) % 16 == 0; };
+  auto stride_ok = [&](int64_t stride, int64_t size) {
+    return size <= 1 || (stride * es) % 16 == 0;
+  };
   return (p.dk * es) % 16 == 0 && (p.dv * es) % 16 == 0 && aligned16(p.q) && aligned16(p.k) &&
          aligned16(p.v) && stride_ok(p.q_stride[0], p.batch) &&
          stride_ok(p.q_stride[1], p.seqlen) && stride_ok(p.q_stride[2], p.heads) &&
