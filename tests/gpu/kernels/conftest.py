@@ -13,6 +13,7 @@ libopslot_kernels). Kept generic: other ops' test files use the same helpers.
 
 import contextlib
 import ctypes
+import importlib
 import os
 import sys
 
@@ -68,6 +69,14 @@ def assert_close(
     err = rel_err(out, ref, floor)
     tol = TOLERANCE[dtype] * scale
     assert err <= tol, f"{what}: relative error {err:.3g} > {tol:.3g}"
+
+
+def runtime_test_module(name: str):
+    """A module of runtime/tests (the CPU tests), whose references and inputs a GPU test shares."""
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "..", "runtime", "tests")
+    if path not in sys.path:
+        sys.path.insert(0, path)
+    return importlib.import_module(name)
 
 
 def bench_library_path():

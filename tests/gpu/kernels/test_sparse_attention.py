@@ -9,13 +9,10 @@ determinism across runs and across the backward's chunking; strided inputs; opch
 kernel against its CPU kernel; the GLM and DeepSeek-V4 glue against upstream's eager attention and the
 slots' `torch` kernels on tiny modules."""
 
-import os
-import sys
-
 import pytest
 import torch
 
-from conftest import assert_close, bench_library, knob, launched, requires_cuda
+from conftest import assert_close, bench_library, knob, launched, requires_cuda, runtime_test_module
 
 pytestmark = requires_cuda
 
@@ -33,12 +30,7 @@ def _sa():
 
 
 def _runtime_tests():
-    path = os.path.join(os.path.dirname(__file__), "..", "..", "..", "runtime", "tests")
-    if path not in sys.path:
-        sys.path.insert(0, path)
-    import test_torch_ops_sparse_attention as cpu_tests
-
-    return cpu_tests
+    return runtime_test_module("test_torch_ops_sparse_attention")
 
 
 def dense_reference(q, kv, idx, sinks, scale, dv):

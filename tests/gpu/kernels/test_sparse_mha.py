@@ -5,13 +5,10 @@ and lse, bf16 / fp16 / fp32; the 16-byte path (one, two and four chunks a lane) 
 kernel); GQA, K = 1, T = 1, K > T, rows without keys, indices out of range, empty inputs; strided views;
 bitwise determinism; opcheck and CUDA-graph capture; the Autograd kernel's refusal."""
 
-import os
-import sys
-
 import pytest
 import torch
 
-from conftest import assert_close, launched, requires_cuda
+from conftest import assert_close, launched, requires_cuda, runtime_test_module
 
 pytestmark = requires_cuda
 
@@ -20,12 +17,7 @@ O = torch.ops.opslot  # noqa: E741
 
 
 def _cpu_tests():
-    path = os.path.join(os.path.dirname(__file__), "..", "..", "..", "runtime", "tests")
-    if path not in sys.path:
-        sys.path.insert(0, path)
-    import test_torch_ops_sparse_mha as cpu_tests
-
-    return cpu_tests
+    return runtime_test_module("test_torch_ops_sparse_mha")
 
 
 @pytest.fixture(scope="module", autouse=True)
