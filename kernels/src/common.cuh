@@ -185,6 +185,19 @@ __device__ __forceinline__ void st_stream(V* p, const V& v) {
   }
 }
 
+constexpr float kLog2e = 1.4426950408889634f;  // log2(e): e^x = 2^(x log2 e)
+constexpr float kLn2 = 0.6931471805599453f;    // ln(2): log x = log2(x) ln 2
+
+__device__ __forceinline__ float neg_inf() { return -__int_as_float(0x7f800000); }
+__device__ __forceinline__ float pos_inf() { return __int_as_float(0x7f800000); }
+
+// The sum of v over the 32 lanes of a full warp (every lane gets it; the same order on every lane).
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
 // 2^x as the bare MUFU.EX2 (ex2.approx.ftz, relative error ~2^-22): results below 2^-126 are 0.
 // exp2f is the same instruction plus a range check and a rescale for those (subnormal) results.
 __device__ __forceinline__ float ex2_ftz(float x) {

@@ -69,7 +69,6 @@ __global__ void __launch_bounds__(kWarpWarps * 32, MINB)
     lb_fwd_warp_kernel(const __grid_constant__ LbLayers L, LbArgs a, int64_t partial_rows) {
   extern __shared__ float wsm[];  // [kWarpWarps][2E]
   constexpr int C = 4;            // rows per chunk
-  constexpr float kLog2e = 1.4426950408889634f;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int E = 32 * EPL, K = a.top_k;
   const Chunking ch = chunking(a, C);
@@ -205,7 +204,6 @@ __global__ void __launch_bounds__(kWarpWarps * 32, MINB)
   constexpr int RPW = 32 / LPR;
   constexpr int S = NV == 1 ? 2 : 1;
   constexpr int C = RPW * S;
-  constexpr float kLog2e = 1.4426950408889634f;
   using V = Vec<T, VPV>;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int q = lane % LPR, sub = lane / LPR;

@@ -19,12 +19,7 @@ constexpr int kMaxDv = 512;       // largest dv (8 warps x 64 columns in the for
 constexpr int kFwdThreads = 256;  // 8 warps
 constexpr int kBwdThreads = 512;  // 16 warps
 constexpr int kSimtThreads = 128;
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kMaskedBelow = -65504.f;  // float16's finfo.min: every float dtype's min is <= this
-
-__device__ __forceinline__ float neg_inf() { return -__int_as_float(0x7f800000); }
-__device__ __forceinline__ float pos_inf() { return __int_as_float(0x7f800000); }
 
 // The problem as the kernels read it (passed by value).
 struct Dev {

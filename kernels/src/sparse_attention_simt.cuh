@@ -15,12 +15,6 @@ constexpr int kSimtD = kMaxDqk / 32;  // Dqk elements per lane
 constexpr int kSimtDv = kMaxDv / 32;  // dv elements per lane
 constexpr int kSimtWarps = kSimtThreads / 32;
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
 // Grid (B * S, H).
 template <typename T>
 __global__ void __launch_bounds__(kSimtThreads)

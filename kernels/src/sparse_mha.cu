@@ -27,8 +27,6 @@ constexpr int kGroup = 4;              // keys a warp loads at once
 constexpr int kMaxDim = 512;           // dk and dv
 constexpr int64_t kTargetCtas = 1024;  // split keys until the grid has about this many CTAs
 constexpr int64_t kMinKeys = 64;       // keys a split at least
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
 
 struct Dev {
   int64_t rows, S, T, H, group, dk, dv, K, per_split;
@@ -40,8 +38,6 @@ struct Dev {
   const int32_t* idx;
   int64_t qs0, qs1, qs2, ks0, ks1, ks2, vs0, vs1, vs2, is0, is1;
 };
-
-__device__ __forceinline__ float neg_inf() { return -__int_as_float(0x7f800000); }
 
 // A chunk of E elements of T as loaded (16 bytes where E > 1), and as floats.
 template <typename T, int E>
@@ -73,12 +69,6 @@ __device__ __forceinline__ void to_floats(const Raw<T, E>& r, float (&x)[E]) {
 #pragma unroll
     for (int e = 0; e < E; ++e) x[e] = to_float(v.v[e]);
   }
-}
-
-__device__ __forceinline__ float warp_sum(float x) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
-  return x;
 }
 
 // One split of one row's keys: lane l holds chunks l, l + 32, ... (NC of them, E elements each)
