@@ -51,13 +51,14 @@ def dense_reference(q, kv, idx, sinks, scale, dv):
 
 
 def distinct_indices(B, S, T, K, skip=0.0, oob=False, gen=None):
-    """int32 [B, S, K]: distinct keys per row (a random permutation), some slots -1, optionally some >= T."""
+    """int32 [B, S, K]: distinct keys per row (a random permutation), some slots -1 (all where K > T), optionally
+    slot 0 past T; B * S or K may be 0."""
     rows = [torch.randperm(max(T, K), generator=gen)[:K] for _ in range(B * S)]
-    idx = torch.stack(rows).view(B, S, K)
+    idx = torch.stack(rows).view(B, S, K) if rows else torch.zeros(B, S, K, dtype=torch.long)
     idx = torch.where(idx < T, idx, torch.full_like(idx, -1))
     if skip:
         idx = torch.where(torch.rand(B, S, K, generator=gen) < skip, torch.full_like(idx, -1), idx)
-    if oob:
+    if oob and K:
         idx[..., 0] = T + 3
     return idx.to(torch.int32)
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from test_kernel_library_symbols import _library
+from test_torch_ops_sparse_attention import distinct_indices
 
 O = torch.ops.opslot  # noqa: E741
 INF = float("inf")
@@ -40,24 +41,12 @@ def dense_reference(q, k, v, idx, scale):
     return torch.einsum("bsht,bhtd->bshd", p, v), lse
 
 
-def indices(B, S, T, K, skip=0.0, oob=False, gen=None):
-    """int32 [B, S, K]: distinct keys a row, some slots -1 (all where K > T), optionally slot 0 past T."""
-    rows = [torch.randperm(max(T, K), generator=gen)[:K] for _ in range(B * S)]
-    idx = torch.stack(rows).view(B, S, K) if rows else torch.zeros(B, S, K, dtype=torch.long)
-    idx = torch.where(idx < T, idx, -1)
-    if skip:
-        idx = torch.where(torch.rand(B, S, K, generator=gen) < skip, -1, idx)
-    if oob and K:
-        idx[..., 0] = T + 3
-    return idx.to(torch.int32)
-
-
 def inputs(B, S, H, Hkv, dk, dv, T, K, skip=0.0, oob=False, dtype=torch.float32, seed=0):
     gen = torch.Generator().manual_seed(seed)
     q = torch.randn(B, S, H, dk, generator=gen).to(dtype)
     k = torch.randn(B, Hkv, T, dk, generator=gen).to(dtype)
     v = torch.randn(B, Hkv, T, dv, generator=gen).to(dtype)
-    return q, k, v, indices(B, S, T, K, skip, oob, gen)
+    return q, k, v, distinct_indices(B, S, T, K, skip, oob, gen)
 
 
 def test_registered_from_cpp_with_every_key():
