@@ -83,6 +83,15 @@ int blocks_per_sm(Kernel kernel, int threads, size_t smem, int device, DeviceMem
   return OPSLOT_OK;
 }
 
+// A pointer 16-byte aligned (a 16-byte load or cp.async from it applies).
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// A dimension's stride keeps its rows 16-byte aligned (elements of es bytes); a dimension of one
+// element never moves, so its stride does not matter.
+inline bool stride16_ok(int64_t stride, int64_t size, int es) {
+  return size <= 1 || (stride * es) % 16 == 0;
+}
+
 // The current device is compute capability 9.0 (H100/H200), where the sm_90a code runs: the
 // warpgroup-MMA kernels (wgmma_sm90.cuh) have bodies there only.
 bool device_is_sm90();

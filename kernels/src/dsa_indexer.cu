@@ -109,8 +109,6 @@ int set_smem(const void* kernel, size_t bytes, const char* what) {
   return OPSLOT_OK;
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 // A stride matters only where its dimension has more than one element.
 bool stride_ok(int64_t size, int64_t stride) { return size <= 1 || stride % 8 == 0; }
 

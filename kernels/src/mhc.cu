@@ -52,7 +52,6 @@ int collapse_form() { return g_collapse_form != 0 ? g_collapse_form : kCollapseF
 int comb_form() { return g_comb_form != 0 ? g_comb_form : kCombForm; }
 
 // ---- launch helpers -----------------------------------------------------------------------------
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // Threads of a per-token block that streams its row: about two vectors per thread, 64 .. 256.
 int stream_threads(int64_t nvec) {

@@ -30,13 +30,6 @@ namespace {
 
 int round_up(int64_t x, int m) { return static_cast<int>((x + m - 1) / m * m); }
 
-bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
-
-// A stride of a dimension of size > 1 whose bytes are not a multiple of 16 rules out cp.async.
-bool stride_ok(int64_t stride, int64_t size, int es) {
-  return size <= 1 || (stride * es) % 16 == 0;
-}
-
 int check(const opslot_sparse_mqa_problem* p, const char* what) {
   if (p == nullptr) return set_error(OPSLOT_ERR_INVALID_ARGUMENT, "%s: no problem given", what);
   if (p->dtype != OPSLOT_FLOAT32 && p->dtype != OPSLOT_FLOAT16 && p->dtype != OPSLOT_BFLOAT16)
@@ -91,10 +84,10 @@ Dev make_dev(const opslot_sparse_mqa_problem& p) {
   d.dvpad = round_up(p.dv, 64);
   d.ldq = d.dpad + 8;
   d.ldo = d.dvpad + 8;
-  d.q_vec = (p.dqk * es) % 16 == 0 && aligned16(p.q) && stride_ok(p.q_stride[0], p.batch, es) &&
-            stride_ok(p.q_stride[1], p.seqlen, es) && stride_ok(p.q_stride[2], p.heads, es);
-  d.kv_vec = (p.dqk * es) % 16 == 0 && aligned16(p.kv) && stride_ok(p.kv_stride[0], p.batch, es) &&
-             stride_ok(p.kv_stride[1], p.kvlen, es);
+  d.q_vec = (p.dqk * es) % 16 == 0 && aligned16(p.q) && stride16_ok(p.q_stride[0], p.batch, es) &&
+            stride16_ok(p.q_stride[1], p.seqlen, es) && stride16_ok(p.q_stride[2], p.heads, es);
+  d.kv_vec = (p.dqk * es) % 16 == 0 && aligned16(p.kv) &&
+             stride16_ok(p.kv_stride[0], p.batch, es) && stride16_ok(p.kv_stride[1], p.kvlen, es);
   d.do_vec = false;
   return d;
 }

@@ -267,20 +267,15 @@ int64_t splits_of(int64_t rows, int64_t K) {
   return (K + per - 1) / per;
 }
 
-bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
-
 // 16-byte loads apply: dims a multiple of 16 bytes, every row of q, k and v starting 16-byte
 // aligned.
 bool vec_ok(const opslot_sparse_mha_problem& p, int es) {
-  auto stride_ok = [&](int64_t stride, int64_t size) {
-    return size <= 1 || (stride * es) % 16 == 0;
-  };
   return (p.dk * es) % 16 == 0 && (p.dv * es) % 16 == 0 && aligned16(p.q) && aligned16(p.k) &&
-         aligned16(p.v) && stride_ok(p.q_stride[0], p.batch) &&
-         stride_ok(p.q_stride[1], p.seqlen) && stride_ok(p.q_stride[2], p.heads) &&
-         stride_ok(p.k_stride[0], p.batch) && stride_ok(p.k_stride[1], p.kv_heads) &&
-         stride_ok(p.k_stride[2], p.kvlen) && stride_ok(p.v_stride[0], p.batch) &&
-         stride_ok(p.v_stride[1], p.kv_heads) && stride_ok(p.v_stride[2], p.kvlen);
+         aligned16(p.v) && stride16_ok(p.q_stride[0], p.batch, es) &&
+         stride16_ok(p.q_stride[1], p.seqlen, es) && stride16_ok(p.q_stride[2], p.heads, es) &&
+         stride16_ok(p.k_stride[0], p.batch, es) && stride16_ok(p.k_stride[1], p.kv_heads, es) &&
+         stride16_ok(p.k_stride[2], p.kvlen, es) && stride16_ok(p.v_stride[0], p.batch, es) &&
+         stride16_ok(p.v_stride[1], p.kv_heads, es) && stride16_ok(p.v_stride[2], p.kvlen, es);
 }
 
 template <typename K, typename... A>

@@ -154,8 +154,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 template <typename T, bool kClamp>
 int run(bool bwd, int64_t n, const void* gate, const void* up, const void* grad, void* a, void* b,
         float limit, cudaStream_t s) {
