@@ -207,6 +207,15 @@ void check_shape(const char* op, const char* name, const at::Tensor& t, c10::Sym
                     py_shape(t.sym_sizes()));
 }
 
+void check_query_indices(const char* op, const at::Tensor& indices, c10::SymIntArrayRef q_sizes) {
+  TORCH_CHECK_TYPE(indices.scalar_type() == at::kInt, op, ": indices must be int32, got ",
+                   py_dtype(indices.scalar_type()));
+  TORCH_CHECK_VALUE(
+      indices.dim() == 3 && indices.sym_size(0) == q_sizes[0] && indices.sym_size(1) == q_sizes[1],
+      op, ": indices must be [batch, seq, topk] with batch and seq of q ",
+      py_shape(q_sizes.slice(0, 2)), ", got ", py_shape(indices.sym_sizes()));
+}
+
 std::string py_shape(c10::SymIntArrayRef sizes) {
   std::string text = "(";
   for (size_t i = 0; i < sizes.size(); ++i) text += (i ? ", " : "") + c10::str(sizes[i]);

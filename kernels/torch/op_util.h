@@ -101,6 +101,10 @@ void check_one_device(const char* op, std::initializer_list<Arg> args);
 // the kernels read as that many elements.
 void check_shape(const char* op, const char* name, const at::Tensor& t, c10::SymIntArrayRef want);
 
+// The sparse attention ops' index lists: TypeError unless int32, ValueError unless [batch, seq,
+// topk] with q's batch and seq (q_sizes: q's [batch, seq, ...]).
+void check_query_indices(const char* op, const at::Tensor& indices, c10::SymIntArrayRef q_sizes);
+
 // What Python prints: a shape as a tuple ("(2, 3)", "(4,)", "()"), a dtype ("torch.float32").
 std::string py_shape(c10::SymIntArrayRef sizes);
 std::string py_dtype(at::ScalarType dtype);

@@ -52,12 +52,7 @@ void check(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& indices,
   auto s = q.sym_sizes();
   TORCH_CHECK_VALUE(kv.sym_size(0) == s[0] && kv.sym_size(2) == s[3], op, ": q ", py_shape(s),
                     " and kv ", py_shape(kv.sym_sizes()), " must agree in batch and head dim");
-  TORCH_CHECK_TYPE(indices.scalar_type() == at::kInt, op, ": indices must be int32, got ",
-                   py_dtype(indices.scalar_type()));
-  TORCH_CHECK_VALUE(
-      indices.dim() == 3 && indices.sym_size(0) == s[0] && indices.sym_size(1) == s[1], op,
-      ": indices must be [batch, seq, topk] with batch and seq of q ", py_shape(s.slice(0, 2)),
-      ", got ", py_shape(indices.sym_sizes()));
+  check_query_indices(op, indices, s);
   if (sinks.has_value()) {
     TORCH_CHECK_TYPE(sinks->scalar_type() == at::kFloat, op, ": sinks must be float32, got ",
                      py_dtype(sinks->scalar_type()));

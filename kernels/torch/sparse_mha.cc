@@ -46,12 +46,7 @@ void check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   TORCH_CHECK_VALUE(s[3] >= 1 && s[3] <= kMaxDim && v.sym_size(3) >= 1 && v.sym_size(3) <= kMaxDim,
                     kOp, ": the kernel takes head dims 1 <= dk, dv <= ", kMaxDim, ", got dk ", s[3],
                     " and dv ", v.sym_size(3));
-  TORCH_CHECK_TYPE(indices.scalar_type() == at::kInt, kOp, ": indices must be int32, got ",
-                   py_dtype(indices.scalar_type()));
-  TORCH_CHECK_VALUE(
-      indices.dim() == 3 && indices.sym_size(0) == s[0] && indices.sym_size(1) == s[1], kOp,
-      ": indices must be [batch, seq, topk] with batch and seq of q ", py_shape(s.slice(0, 2)),
-      ", got ", py_shape(indices.sym_sizes()));
+  check_query_indices(kOp, indices, s);
   check_one_device(kOp, {{"q", q}, {"k", k}, {"v", v}, {"indices", indices}});
 }
 
